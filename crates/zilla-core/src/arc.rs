@@ -1,0 +1,2 @@
+//! arc (ENGINE: being written)
+pub const TUNABLES: &[crate::kstat::TunableDef] = &[];

@@ -1,0 +1,1 @@
+//! dmu (ENGINE: being written)

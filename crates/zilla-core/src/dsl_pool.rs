@@ -1,0 +1,2 @@
+//! dsl_pool (ENGINE: being written)
+pub const TUNABLES: &[crate::kstat::TunableDef] = &[];

@@ -1,0 +1,1 @@
+//! metaslab (ENGINE: being written)

@@ -1,0 +1,2 @@
+//! scan (ENGINE: being written)
+pub const TUNABLES: &[crate::kstat::TunableDef] = &[];

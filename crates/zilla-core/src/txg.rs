@@ -1,0 +1,2 @@
+//! txg (ENGINE: being written)
+pub const TUNABLES: &[crate::kstat::TunableDef] = &[];

@@ -1,0 +1,1 @@
+//! Test devices: crash simulation and fault injection (HELPER: implement).
