@@ -148,6 +148,8 @@ pub struct PoolInner {
     pub sync_lock: Mutex<()>,
     pub opener: Opener,
     pub suspended: AtomicBool,
+    /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
+    pub abandoned: AtomicBool,
     pub scan: crate::scan::ScanControl,
 }
 
@@ -414,6 +416,9 @@ impl PoolInner {
             let kick = |open: u64| self.dirty.should_kick(open);
             let has = |open: u64| self.has_dirty(open);
             let Some(txg) = self.txg.wait_for_work(&kick, &has) else { return };
+            if self.abandoned.load(Ordering::Acquire) {
+                return;
+            }
             let mut backoff_ms = 10;
             loop {
                 match self.spa_sync(txg) {
@@ -424,7 +429,7 @@ impl PoolInner {
                     Err(e) => {
                         tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
                         self.txg.mark_sync_failed(e.to_string());
-                        if self.txg.is_shutting_down() && backoff_ms >= 1000 {
+                        if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
                             return;
                         }
                         std::thread::sleep(std::time::Duration::from_millis(backoff_ms));
