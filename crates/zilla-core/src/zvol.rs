@@ -215,10 +215,13 @@ impl Volume {
                 }
                 Some(buf.into())
             };
+            // a free record costs memory, not a block write: count it as 512 bytes so a
+            // flush after an unmap still sees dirty state
+            let cost = if new.is_some() { bs as u64 } else { 512 };
             let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
             drop(shard);
             if newly {
-                self.pool.dirty.add(hold.txg, bs as u64);
+                self.pool.dirty.add(hold.txg, cost);
             }
             return Ok(hold.txg);
         }
