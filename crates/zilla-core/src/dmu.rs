@@ -121,7 +121,26 @@ pub const ERROR_LOG_MAX: usize = 100;
 /// A block allocated and prepared in syncing context, not yet written.
 pub struct PendingWrite {
     pub dva: Dva,
-    pub data: Arc<Vec<u8>>,
+    pub data: Arc<[u8]>,
+}
+
+/// Bytes of aggregated writes materialised at once while issuing a sync's batch.
+pub const ISSUE_WINDOW_BYTES: usize = 64 << 20;
+/// Largest aggregated write (zfs_vdev_aggregation_limit).
+pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
+
+enum Run {
+    Single(u32, u64, Arc<[u8]>),
+    Merged(u32, u64, Vec<u8>),
+}
+
+impl Run {
+    fn parts(&self) -> (u32, u64, &[u8]) {
+        match self {
+            Run::Single(v, o, d) => (*v, *o, d),
+            Run::Merged(v, o, d) => (*v, *o, d),
+        }
+    }
 }
 
 impl PoolIo {
@@ -191,7 +210,7 @@ impl PoolIo {
     #[allow(clippy::too_many_arguments)]
     pub fn alloc_block(
         &self,
-        logical: &[u8],
+        logical: &Arc<[u8]>,
         txg: u64,
         kind: u8,
         level: u8,
@@ -203,7 +222,7 @@ impl PoolIo {
     ) -> Result<BlockPointer> {
         let p = crate::zio::prepare(logical, algo, comp);
         let asize = p.asize();
-        let data = Arc::new(p.data);
+        let data = p.data;
         let mut bp = BlockPointer {
             dva: [Dva::default(); 3],
             lsize: p.lsize,
@@ -239,23 +258,58 @@ impl PoolIo {
     }
 
     /// Issue a batch of writes: sorted, adjacent blocks merged up to 1 MiB, spread over
-    /// `threads` workers. Fails if any write fails on every child.
+    /// `threads` workers, at most ISSUE_WINDOW_BYTES of merged copies in memory at once.
+    /// Fails if any write fails on every child.
     pub fn issue_writes(&self, mut batch: Vec<PendingWrite>, txg: u64, threads: usize) -> Result<()> {
         batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
-        // aggregate runs
-        let mut runs: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+        let mut window: Vec<Run> = Vec::new();
+        let mut window_bytes = 0usize;
+        let mut pending: Option<Run> = None;
         for w in batch {
-            if let Some(last) = runs.last_mut() {
-                if last.0 == w.dva.vdev && last.1 + last.2.len() as u64 == w.dva.offset && last.2.len() + w.data.len() <= (1 << 20) {
-                    last.2.extend_from_slice(&w.data);
-                    continue;
+            pending = match pending.take() {
+                None => Some(Run::Single(w.dva.vdev, w.dva.offset, w.data)),
+                Some(run) => {
+                    let (v, o, d) = run.parts();
+                    let len = d.len();
+                    if v == w.dva.vdev && o + len as u64 == w.dva.offset && len + w.data.len() <= AGGREGATION_LIMIT_BYTES {
+                        let merged = match run {
+                            Run::Single(v, o, d) => {
+                                let mut m = Vec::with_capacity(AGGREGATION_LIMIT_BYTES.min(d.len() * 8));
+                                m.extend_from_slice(&d);
+                                m.extend_from_slice(&w.data);
+                                Run::Merged(v, o, m)
+                            }
+                            Run::Merged(v, o, mut m) => {
+                                m.extend_from_slice(&w.data);
+                                Run::Merged(v, o, m)
+                            }
+                        };
+                        Some(merged)
+                    } else {
+                        window_bytes += len;
+                        window.push(run);
+                        if window_bytes >= ISSUE_WINDOW_BYTES {
+                            self.issue_runs(std::mem::take(&mut window), txg, threads)?;
+                            window_bytes = 0;
+                        }
+                        Some(Run::Single(w.dva.vdev, w.dva.offset, w.data))
+                    }
                 }
-            }
-            runs.push((w.dva.vdev, w.dva.offset, w.data.to_vec()));
+            };
+        }
+        if let Some(run) = pending {
+            window.push(run);
+        }
+        self.issue_runs(window, txg, threads)
+    }
+
+    fn issue_runs(&self, runs: Vec<Run>, txg: u64, threads: usize) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed: Mutex<Option<Error>> = Mutex::new(None);
-        let workers = threads.clamp(1, runs.len().max(1));
+        let workers = threads.clamp(1, runs.len());
         std::thread::scope(|s| {
             for _ in 0..workers {
                 s.spawn(|| loop {
@@ -263,7 +317,7 @@ impl PoolIo {
                     if i >= runs.len() {
                         break;
                     }
-                    let (v, off, ref data) = runs[i];
+                    let (v, off, data) = runs[i].parts();
                     let r = match self.top(v) {
                         Some(t) => t.write(IoClass::AsyncWrite, data, off, txg).map_err(Error::Io),
                         None => Err(Error::Corrupt(format!("write to unknown vdev {v}"))),
@@ -445,6 +499,7 @@ pub fn apply_changes(
         if fill == 0 {
             return Ok(BlockPointer::hole());
         }
+        let ind: Arc<[u8]> = ind.into();
         io.alloc_block(&ind, pol.txg, blkptr::KIND_INDIRECT, level as u8, fill, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)
     }
     if changes.is_empty() {
@@ -648,9 +703,11 @@ pub fn write_mos(io: &PoolIo, blob: &[u8], txg: u64, batch: &mut Vec<PendingWrit
     for (i, c) in chunks.iter().enumerate() {
         let mut buf = c.to_vec();
         buf.resize(c.len().div_ceil(4096) * 4096, 0);
+        let buf: Arc<[u8]> = buf.into();
         let bp = io.alloc_block(&buf, txg, blkptr::KIND_MOS_CHUNK, 0, 1, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
         index[i * BlockPointer::SIZE..(i + 1) * BlockPointer::SIZE].copy_from_slice(&bp.encode());
     }
+    let index: Arc<[u8]> = index.into();
     let mut ibp = io.alloc_block(&index, txg, blkptr::KIND_MOS_INDEX, 1, chunks.len() as u64, ChecksumAlgo::Fletcher4, Compression::Lz4, 3, batch)?;
     ibp.fill = blob.len() as u64;
     // fill of the index = exact blob length; the checksum covers data only, so this is safe

@@ -67,7 +67,7 @@ impl RangeAllocator {
             .or_else(|| self.free.range(..self.cursor).find(|(_, &l)| l >= len))
             .map(|(&s, &l)| (s, l));
         let (start, extent_len) = found?;
-        let at = if start < self.cursor && start + extent_len - self.cursor >= len { self.cursor } else { start };
+        let at = if start < self.cursor && start + extent_len > self.cursor && start + extent_len - self.cursor >= len { self.cursor } else { start };
         self.remove_range(at, len);
         self.cursor = at + len;
         Some(at)

@@ -40,6 +40,13 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn try_read_cached(&self, _offset: u64, _buf: &mut [u8]) -> Option<Result<()>> {
         None
     }
+    /// Apply a non-FUA write without blocking (no throttle delay, no device read, no
+    /// txg wait); `None` means "call `write` from a blocking context". A `None` may come
+    /// after part of the write was applied: writes are idempotent, so the caller simply
+    /// calls `write` with the same data.
+    fn try_write_nonblocking(&self, _offset: u64, _data: &[u8]) -> Option<Result<()>> {
+        None
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -322,6 +329,44 @@ impl BlockVolume for Volume {
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_write(offset, data.len() as u64)?;
         self.modify(offset, data.len() as u64, Some(data), false, fua)
+    }
+
+    fn try_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+        if let Err(e) = self.check_write(offset, data.len() as u64) {
+            return Some(Err(e));
+        }
+        if self.vol.props.read().value("sync") == "always" {
+            return None;
+        }
+        let max = crate::dsl_pool::dirty_data_max();
+        if crate::dsl_pool::delay_ns(self.pool.dirty.total() + data.len() as u64, max) > 0 {
+            return None;
+        }
+        if let Err(e) = self.check_space(data.len() as u64) {
+            return Some(Err(e));
+        }
+        let bs = self.bs();
+        let end = offset + data.len() as u64;
+        let mut pos = offset;
+        let mut max_txg = 0;
+        while pos < end {
+            let blkid = pos / bs;
+            let in_off = (pos % bs) as usize;
+            let n = ((bs - pos % bs).min(end - pos)) as usize;
+            if n as u64 != bs && self.read_block_cached(blkid).is_none() {
+                return None;
+            }
+            let patch = &data[(pos - offset) as usize..(pos - offset) as usize + n];
+            match self.update_block(blkid, in_off, Some(patch), n, false) {
+                Ok(t) => max_txg = max_txg.max(t),
+                Err(e) => return Some(Err(e)),
+            }
+            pos += n as u64;
+        }
+        if max_txg > 0 && self.pool.dirty.should_kick(max_txg) {
+            self.pool.txg.request_sync(max_txg);
+        }
+        Some(Ok(()))
     }
 
     fn flush(&self) -> Result<()> {

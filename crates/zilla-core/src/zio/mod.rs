@@ -31,9 +31,10 @@ pub fn round_up(n: u64, unit: u64) -> u64 {
     n.div_ceil(unit) * unit
 }
 
-/// A block ready to be allocated and written.
+/// A block ready to be allocated and written. `data` shares the caller's buffer when no
+/// transform was needed (uncompressed and already a multiple of the allocation unit).
 pub struct PreparedBlock {
-    pub data: Vec<u8>,
+    pub data: std::sync::Arc<[u8]>,
     pub lsize: u32,
     pub psize: u32,
     pub compression: Compression,
@@ -48,22 +49,27 @@ impl PreparedBlock {
 }
 
 /// Compress (if asked and worth it), pad to the allocation unit, checksum.
-pub fn prepare(logical: &[u8], algo: ChecksumAlgo, comp: Compression) -> PreparedBlock {
+pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression) -> PreparedBlock {
     let lsize = logical.len() as u32;
-    let (mut data, psize, used) = match comp {
-        Compression::Off => (logical.to_vec(), lsize, Compression::Off),
-        c => match compress::compress(c, logical) {
-            Some(z) => {
-                let p = z.len() as u32;
-                (z, p, c)
-            }
-            None => (logical.to_vec(), lsize, Compression::Off),
-        },
+    let compressed = match comp {
+        Compression::Off => None,
+        c => compress::compress(c, logical).map(|z| (z, c)),
+    };
+    if compressed.is_none() && logical.len() as u64 % ALLOC_UNIT == 0 {
+        let checksum = checksum::compute(algo, logical);
+        return PreparedBlock { data: logical.clone(), lsize, psize: lsize, compression: Compression::Off, algo, checksum };
+    }
+    let (mut data, psize, used) = match compressed {
+        Some((z, c)) => {
+            let p = z.len() as u32;
+            (z, p, c)
+        }
+        None => (logical.to_vec(), lsize, Compression::Off),
     };
     let asize = round_up(data.len() as u64, ALLOC_UNIT) as usize;
     data.resize(asize, 0);
     let checksum = checksum::compute(algo, &data);
-    PreparedBlock { data, lsize, psize, compression: used, algo, checksum }
+    PreparedBlock { data: data.into(), lsize, psize, compression: used, algo, checksum }
 }
 
 /// Does `phys` (asize bytes read from a device) match `bp`?
