@@ -27,7 +27,7 @@ pub struct SlowVolume {
 }
 
 macro_rules! forward_volume {
-    ($ty:ty, $inner:ident) => {
+    ($ty:ty, $inner:tt) => {
         impl BlockVolume for $ty {
             fn name(&self) -> String { self.$inner.name() }
             fn size(&self) -> u64 { self.$inner.size() }
