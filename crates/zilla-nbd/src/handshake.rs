@@ -268,7 +268,7 @@ fn info_or_go(
     }
     // Always sent: the spec allows unrequested info, and with a minimum of 1 no client
     // is constrained by it.
-    let preferred_bytes = export.volume.block_size().clamp(4096, config.payload_max_bytes);
+    let preferred_bytes = export.volume.block_size().max(4096).min(config.payload_max_bytes);
     let mut body = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
     body.extend_from_slice(&1u32.to_be_bytes());
     body.extend_from_slice(&preferred_bytes.to_be_bytes());

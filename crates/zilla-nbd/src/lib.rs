@@ -19,6 +19,9 @@ pub mod proto;
 pub mod registry;
 pub mod server;
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 mod framing;
 mod handshake;
 mod transmission;

@@ -311,7 +311,8 @@ pub struct RequestLimits {
 
 /// Check a request against the session: known command, flags valid for it, range
 /// inside the export, length within the payload cap, write permission. Returns the NBD
-/// error to send, or Ok. Writes past the end are ENOSPC, other range errors EINVAL.
+/// error to send, or Ok. WRITE/WRITE_ZEROES past the end are ENOSPC, other range errors
+/// EINVAL, as the spec recommends.
 pub fn validate_request(request: &Request, limits: &RequestLimits) -> Result<(), u32> {
     let allowed_flags = match request.command {
         CMD_READ if limits.structured_replies => CMD_FLAG_FUA | CMD_FLAG_DF,
@@ -342,7 +343,9 @@ pub fn validate_request(request: &Request, limits: &RequestLimits) -> Result<(),
     }
     let end = request.offset.checked_add(u64::from(request.length));
     if end.map_or(true, |end| end > limits.export_bytes) {
-        return Err(if is_write { NBD_ENOSPC } else { NBD_EINVAL });
+        // The spec: writes and write-zeroes past the end are ENOSPC, reads and trims EINVAL.
+        let grows = matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES);
+        return Err(if grows { NBD_ENOSPC } else { NBD_EINVAL });
     }
     Ok(())
 }
@@ -463,6 +466,8 @@ mod tests {
         let ro = RequestLimits { read_only: true, ..limits() };
         let write = Request { command: CMD_WRITE, ..read };
         assert_eq!(validate_request(&write, &ro), Err(NBD_EPERM));
+        let trim_past_end = Request { command: CMD_TRIM, ..past_end };
+        assert_eq!(validate_request(&trim_past_end, &limits()), Err(NBD_EINVAL));
         let huge_trim = Request { command: CMD_TRIM, length: u32::MAX, offset: 0, ..read };
         let big = RequestLimits { export_bytes: 1 << 40, ..limits() };
         assert_eq!(validate_request(&huge_trim, &big), Ok(()));

@@ -50,7 +50,12 @@ pub struct NbdServer {
 }
 
 impl NbdServer {
+    /// Build a server. Call [`NbdConfig::validate`] first to reject bad tunables; the
+    /// server itself clamps them into a safe range rather than failing.
     pub fn new(registry: Arc<dyn ExportRegistry>, config: NbdConfig) -> NbdServer {
+        if let Err(problem) = config.validate() {
+            tracing::warn!(%problem, "nbd: config out of range; values are clamped");
+        }
         NbdServer { registry, config: Arc::new(config), stats: Arc::new(NbdStats::default()) }
     }
 

@@ -101,10 +101,14 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (reply_sender, reply_receiver) = mpsc::channel::<Reply>(config.in_flight_requests_max + 8);
+    let (reply_sender, reply_receiver) = mpsc::channel::<Reply>(config.in_flight_requests_max.clamp(1, 4096) + 8);
     let writer_task = tokio::spawn(write_replies(writer, reply_receiver));
-    let requests_budget = Arc::new(Semaphore::new(config.in_flight_requests_max));
-    let bytes_budget = Arc::new(Semaphore::new(config.in_flight_bytes_max));
+    // Clamped so that wait_idle's acquire_many(u32) can take every slot, and a single
+    // request can never ask for more bytes than the budget holds (that would hang).
+    let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
+    let bytes_max = config.in_flight_bytes_max.max(config.payload_max_bytes as usize).min(u32::MAX as usize);
+    let requests_budget = Arc::new(Semaphore::new(requests_max));
+    let bytes_budget = Arc::new(Semaphore::new(bytes_max));
     let volume = session.export.volume.clone();
     let limits = RequestLimits {
         export_bytes: volume.size(),
@@ -133,7 +137,7 @@ where
                 }
                 continue;
             }
-            _ = wait_idle(&requests_budget, config.in_flight_requests_max), if stopping => {
+            _ = wait_idle(&requests_budget, requests_max), if stopping => {
                 break ReaderEnd::Shutdown;
             }
             _ = tokio::time::sleep_until(stop_deadline), if stopping => break ReaderEnd::Shutdown,
@@ -177,7 +181,7 @@ where
 
     // Let in-flight requests finish and hand their replies to the writer, then close.
     let deadline = if end == ReaderEnd::Shutdown { stop_deadline } else { Instant::now() + config.shutdown_grace };
-    let _ = tokio::time::timeout_at(deadline, wait_idle(&requests_budget, config.in_flight_requests_max)).await;
+    let _ = tokio::time::timeout_at(deadline, wait_idle(&requests_budget, requests_max)).await;
     drop(context);
     let writer_abort = writer_task.abort_handle();
     match tokio::time::timeout_at(deadline + Duration::from_secs(1), writer_task).await {

@@ -382,3 +382,24 @@ async fn random_bytes_after_handshake_never_kill_the_server() {
     let mut client = RawClient::open(server.addr, "pool/vol").await;
     assert_eq!(client.write(1, 0, b"alive").await, 0);
 }
+
+#[test]
+fn whole_connection_survives_random_client_bytes() {
+    // Goal: the fuzz target's path (handshake + transmission from arbitrary bytes)
+    // runs in every default test run. Method: seeded random inputs, with and without
+    // a valid handshake prefix; half of the later ones get a request magic planted.
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("NBD_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    println!("whole_connection seed={seed} (rerun with NBD_TEST_SEED={seed})");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for round in 0..200 {
+        let mut bytes = vec![0u8; rng.gen_range(0..600)];
+        rng.fill(&mut bytes[..]);
+        let with_prefix = round % 2 == 0;
+        if with_prefix && bytes.len() >= 28 && rng.gen_bool(0.5) {
+            bytes[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+            bytes[24..28].copy_from_slice(&(rng.gen_range(0..64u32)).to_be_bytes());
+        }
+        zilla_nbd::fuzzing::drive_connection(&bytes, with_prefix);
+    }
+}
