@@ -25,7 +25,7 @@ for round in 1 2; do
       iops=$(fio --name=b --ioengine=nbd --uri="$uri" --rw=$rw --bs=4k --iodepth=32 \
         --numjobs=1 --runtime="$runtime_s" --time_based --size=${size_mib}m \
         --output-format=terse --terse-version=3 | awk -F';' -v rw=$rw \
-        '{ print (rw == "randread") ? $8 : $49 }')
+        'NF > 40 { print (rw == "randread") ? $8 : $49 }' | tr -d '\n')
       echo "round=$round server=$name rw=$rw bs=4k qd=32 iops=$iops"
     done
   done

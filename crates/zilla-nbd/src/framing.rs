@@ -27,6 +27,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         FrameReader { inner, buffer: BytesMut::with_capacity(BUFFER_BYTES) }
     }
 
+    /// Bytes already read from the socket and not yet consumed.
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// Make at least `wanted` bytes available in the buffer. Cancel-safe.
     async fn fill(&mut self, wanted: usize) -> io::Result<()> {
         while self.buffer.len() < wanted {

@@ -15,7 +15,9 @@
 //! request becomes one contiguous `Reply` buffer (header and data together, so no reply
 //! interleaves with another) sent to the connection's single writer task, which
 //! batches whatever is queued into one flush. Replies therefore leave in completion
-//! order, not request order; the cookie ties them together.
+//! order, not request order; the cookie ties them together. Inline replies are gathered
+//! while more requests are already buffered and handed over as one batch, so a burst
+//! of cached reads costs one writer wake-up and one socket write, not one each.
 //!
 //! Bounds: at most `in_flight_requests_max` requests and `in_flight_bytes_max` payload
 //! bytes are in flight per connection, counting from dispatch until the writer has
@@ -55,6 +57,8 @@ use crate::NbdConfig;
 pub const BLOCK_STATUS_SPAN_MAX_BYTES: u64 = 1 << 30;
 /// Most extents returned in one BLOCK_STATUS reply (the spec allows up to 2^20).
 pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1 << 16;
+/// Inline replies gathered before the reader hands them to the writer.
+const REPLY_BATCH_MAX: usize = 64;
 /// Size of the buffered writer in front of the socket.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
@@ -77,7 +81,7 @@ struct RequestContext {
     volume: Arc<dyn BlockVolume>,
     structured_replies: bool,
     base_allocation_context_id: Option<u32>,
-    replies: mpsc::Sender<Reply>,
+    replies: mpsc::Sender<Vec<Reply>>,
 }
 
 /// Why the reader stopped.
@@ -101,7 +105,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (reply_sender, reply_receiver) = mpsc::channel::<Reply>(config.in_flight_requests_max.clamp(1, 4096) + 8);
+    let (reply_sender, reply_receiver) = mpsc::channel::<Vec<Reply>>(config.in_flight_requests_max.clamp(1, 4096) + 8);
     let writer_task = tokio::spawn(write_replies(writer, reply_receiver));
     // Clamped so that wait_idle's acquire_many(u32) can take every slot, and a single
     // request can never ask for more bytes than the budget holds (that would hang).
@@ -126,7 +130,13 @@ where
 
     let mut stopping = *shutdown.borrow();
     let mut stop_deadline = Instant::now() + config.shutdown_grace;
+    // Replies produced inline by the reader, handed to the writer as one batch when the
+    // reader runs out of buffered requests (one wake-up and one write per batch).
+    let mut batch: Vec<Reply> = Vec::new();
     let end = loop {
+        if !batch.is_empty() && (reader.buffered_bytes() < REQUEST_HEADER_BYTES || batch.len() >= REPLY_BATCH_MAX) {
+            let _ = context.replies.send(std::mem::take(&mut batch)).await;
+        }
         let header = tokio::select! {
             biased;
             changed = shutdown.changed(), if !stopping => {
@@ -165,7 +175,14 @@ where
             send_error(&context, &request, error, "", no_budget()).await;
             continue;
         }
-        let budget = acquire_budget(&requests_budget, &bytes_budget, &request).await;
+        let budget = match try_acquire_budget(&requests_budget, &bytes_budget, &request) {
+            Some(budget) => budget,
+            None => {
+                // The batch holds budget; hand it over before waiting for budget to free.
+                let _ = context.replies.send(std::mem::take(&mut batch)).await;
+                acquire_budget(&requests_budget, &bytes_budget, &request).await
+            }
+        };
         let payload = if has_payload {
             let mut payload = vec![0u8; request.length as usize];
             if reader.read_into(&mut payload).await.is_err() {
@@ -175,8 +192,11 @@ where
         } else {
             Vec::new()
         };
-        dispatch(&context, request, payload, budget).await;
+        dispatch(&context, request, payload, budget, &mut batch);
     };
+    if !batch.is_empty() {
+        let _ = context.replies.send(batch).await;
+    }
     tracing::debug!(?end, "nbd: connection reader stopped");
 
     // Let in-flight requests finish and hand their replies to the writer, then close.
@@ -204,11 +224,21 @@ fn no_budget() -> Budget {
     Budget { _request: None, _bytes: None }
 }
 
-async fn acquire_budget(requests: &Arc<Semaphore>, bytes: &Arc<Semaphore>, request: &Request) -> Budget {
-    let payload_bytes = match request.command {
+fn budget_bytes(request: &Request) -> u32 {
+    match request.command {
         CMD_READ | CMD_WRITE => request.length.max(1),
         _ => 1,
-    };
+    }
+}
+
+fn try_acquire_budget(requests: &Arc<Semaphore>, bytes: &Arc<Semaphore>, request: &Request) -> Option<Budget> {
+    let request_permit = requests.clone().try_acquire_owned().ok()?;
+    let bytes_permit = bytes.clone().try_acquire_many_owned(budget_bytes(request)).ok()?;
+    Some(Budget { _request: Some(request_permit), _bytes: Some(bytes_permit) })
+}
+
+async fn acquire_budget(requests: &Arc<Semaphore>, bytes: &Arc<Semaphore>, request: &Request) -> Budget {
+    let payload_bytes = budget_bytes(request);
     // The semaphores are never closed, so acquisition only fails if they were; then
     // run without that budget rather than panic.
     let request_permit = requests.clone().acquire_owned().await.ok();
@@ -216,23 +246,23 @@ async fn acquire_budget(requests: &Arc<Semaphore>, bytes: &Arc<Semaphore>, reque
     Budget { _request: request_permit, _bytes: bytes_permit }
 }
 
-/// Start one validated request.
-async fn dispatch(context: &RequestContext, request: Request, payload: Vec<u8>, budget: Budget) {
+/// Start one validated request. Replies made inline go into `batch`.
+fn dispatch(context: &RequestContext, request: Request, payload: Vec<u8>, budget: Budget, batch: &mut Vec<Reply>) {
     if request.command == CMD_READ {
         if let Some(reply) = try_read_inline(context, &request) {
-            let _ = context.replies.send(Reply { bytes: reply, _budget: budget }).await;
+            batch.push(Reply { bytes: reply, _budget: budget });
             return;
         }
     }
     if request.command == CMD_CACHE {
         // A prefetch hint; the ARC decides what stays in memory. Acknowledge at once.
-        let _ = context.replies.send(Reply { bytes: simple_reply(0, request.cookie), _budget: budget }).await;
+        batch.push(Reply { bytes: simple_reply(0, request.cookie), _budget: budget });
         return;
     }
     let context = context.clone();
     tokio::task::spawn_blocking(move || {
         let bytes = execute_blocking(&context, &request, payload);
-        let _ = context.replies.blocking_send(Reply { bytes, _budget: budget });
+        let _ = context.replies.blocking_send(vec![Reply { bytes, _budget: budget }]);
     });
 }
 
@@ -363,7 +393,7 @@ async fn send_error(context: &RequestContext, request: &Request, error: u32, mes
     } else {
         simple_reply(error, request.cookie)
     };
-    let _ = context.replies.send(Reply { bytes, _budget: budget }).await;
+    let _ = context.replies.send(vec![Reply { bytes, _budget: budget }]).await;
 }
 
 /// BLOCK_STATUS for base:allocation: holes are HOLE|ZERO, data is 0.
@@ -407,13 +437,16 @@ fn block_status(context: &RequestContext, request: &Request) -> Vec<u8> {
 
 /// The writer task: write replies in the order they complete, batching whatever is
 /// already queued into one flush.
-async fn write_replies<W: AsyncWrite + Unpin>(writer: W, mut replies: mpsc::Receiver<Reply>) -> io::Result<()> {
+async fn write_replies<W: AsyncWrite + Unpin>(writer: W, mut replies: mpsc::Receiver<Vec<Reply>>) -> io::Result<()> {
     let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
-    while let Some(reply) = replies.recv().await {
-        out.write_all(&reply.bytes).await?;
-        drop(reply);
-        while let Ok(reply) = replies.try_recv() {
+    while let Some(batch) = replies.recv().await {
+        for reply in batch {
             out.write_all(&reply.bytes).await?;
+        }
+        while let Ok(batch) = replies.try_recv() {
+            for reply in batch {
+                out.write_all(&reply.bytes).await?;
+            }
         }
         out.flush().await?;
     }
