@@ -342,7 +342,7 @@ pub fn validate_request(request: &Request, limits: &RequestLimits) -> Result<(),
         _ => {}
     }
     let end = request.offset.checked_add(u64::from(request.length));
-    if end.map_or(true, |end| end > limits.export_bytes) {
+    if end.is_none_or(|end| end > limits.export_bytes) {
         // The spec: writes and write-zeroes past the end are ENOSPC, reads and trims EINVAL.
         let grows = matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES);
         return Err(if grows { NBD_ENOSPC } else { NBD_EINVAL });
@@ -488,7 +488,7 @@ mod tests {
             let n = bytes.len().min(REQUEST_HEADER_BYTES);
             request_header[..n].copy_from_slice(&bytes[..n]);
             // Force the magic half the time so the field decoding and validation run.
-            if bytes.first().map_or(false, |b| b & 1 == 1) {
+            if bytes.first().is_some_and(|b| b & 1 == 1) {
                 request_header[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
             }
             if let Ok(request) = parse_request(&request_header) {

@@ -48,7 +48,7 @@ fn serve(registry: StaticRegistry) -> ThreadServer {
 }
 
 fn have(tool: &str) -> bool {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().map_or(false, |o| o.status.success());
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success());
     if !found {
         println!("NOTICE: {tool} not installed; skipping its checks (apt-get install -y fio libnbd-bin qemu-utils)");
     }
