@@ -136,11 +136,11 @@ impl FileDevice {
     }
 
     fn offset_aligned(&self, offset: u64, len: usize) -> bool {
-        offset % self.offset_align as u64 == 0 && len % self.offset_align == 0
+        offset.is_multiple_of(self.offset_align as u64) && len.is_multiple_of(self.offset_align)
     }
 
     fn mem_aligned(&self, ptr: *const u8) -> bool {
-        (ptr as usize) % self.mem_align == 0
+        (ptr as usize).is_multiple_of(self.mem_align)
     }
 
     /// Covering aligned range of `offset..offset+len`: (start, length).

@@ -138,7 +138,7 @@ mod tests {
     fn fletcher4_reference(data: &[u8]) -> [u64; 4] {
         let (mut a, mut b, mut c, mut d) = (0u64, 0u64, 0u64, 0u64);
         let mut padded = data.to_vec();
-        while padded.len() % 4 != 0 {
+        while !padded.len().is_multiple_of(4) {
             padded.push(0);
         }
         for w in padded.chunks_exact(4) {
