@@ -108,9 +108,6 @@ impl BlockVolume for MemVolume {
     fn flush(&self) -> Result<()> {
         Ok(())
     }
-    fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<Result<()>> {
-        Some(self.read(offset, buf))
-    }
     fn try_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
         Some(self.write(offset, data, false))
     }

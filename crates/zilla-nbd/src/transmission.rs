@@ -254,6 +254,18 @@ fn dispatch(context: &RequestContext, request: Request, payload: Vec<u8>, budget
             return;
         }
     }
+    if request.command == CMD_WRITE && request.flags & CMD_FLAG_FUA == 0 {
+        // The fast path for writes: a write the volume can take without blocking (no
+        // throttle delay, no device read) is applied on the reactor thread.
+        if let Some(result) = context.volume.try_write_nonblocking(request.offset, &payload) {
+            let bytes = match result {
+                Ok(()) => simple_reply(0, request.cookie),
+                Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
+            };
+            batch.push(Reply { bytes, _budget: budget });
+            return;
+        }
+    }
     if request.command == CMD_CACHE {
         // A prefetch hint; the ARC decides what stays in memory. Acknowledge at once.
         batch.push(Reply { bytes: simple_reply(0, request.cookie), _budget: budget });
