@@ -161,6 +161,7 @@ fn fio_randwrite_verify_multi_conn() {
             "--size=8m",
             "--offset_increment=8m",
             "--verify=crc32c",
+            "--verify_state_save=0",
             "--do_verify=1",
             "--group_reporting",
         ],
