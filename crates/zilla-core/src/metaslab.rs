@@ -87,6 +87,9 @@ impl RangeAllocator {
     }
 
     pub fn is_free(&self, at: u64, len: u64) -> bool {
+        if at.checked_add(len).is_none() {
+            return false;
+        }
         match self.free.range(..=at).next_back() {
             Some((&s, &l)) => s <= at && at + len <= s + l,
             None => false,
@@ -95,7 +98,7 @@ impl RangeAllocator {
 
     /// Mark an allocated range (import). Error if any part is already allocated.
     pub fn claim(&mut self, at: u64, len: u64) -> Result<()> {
-        if at + len > self.size || !self.is_free(at, len) {
+        if len == 0 || at.checked_add(len).map_or(true, |end| end > self.size) || !self.is_free(at, len) {
             return Err(Error::Corrupt(format!("space map claims {at}+{len} twice or out of range")));
         }
         self.remove_range(at, len);
