@@ -328,7 +328,21 @@ impl Metaslabs {
             let cnt = r.u32()?;
             let mut list = Vec::new();
             for _ in 0..cnt {
-                list.push(Dva { vdev: r.u32()?, asize: r.u32()?, offset: r.u64()? });
+                let d = Dva { vdev: r.u32()?, asize: r.u32()?, offset: r.u64()? };
+                // a deferred free must name allocated space, or releasing it later would
+                // corrupt the free tree
+                let ok = match self.vdevs.get(d.vdev as usize).and_then(|v| v.as_ref()) {
+                    Some((_, a)) => {
+                        d.asize > 0
+                            && d.offset.checked_add(d.asize as u64).is_some_and(|e| e <= a.size)
+                            && a.free.range(..d.offset + d.asize as u64).next_back().map_or(true, |(&fs, &fl)| fs + fl <= d.offset)
+                    }
+                    None => false,
+                };
+                if !ok {
+                    return Err(Error::Corrupt(format!("defer list names unallocated space {d:?}")));
+                }
+                list.push(d);
             }
             self.defer.insert(txg, list);
         }
