@@ -114,6 +114,9 @@ pub struct PoolIo {
     pub errors: IoErrors,
     /// Recent unrecoverable block errors (bounded, for `status -v`).
     pub error_log: Mutex<Vec<String>>,
+    /// Normal-class (size, allocated) as of the last sync, read lock-free by writers.
+    pub space_size: std::sync::atomic::AtomicU64,
+    pub space_alloc: std::sync::atomic::AtomicU64,
 }
 
 pub const ERROR_LOG_MAX: usize = 100;
@@ -144,6 +147,17 @@ impl Run {
 }
 
 impl PoolIo {
+    /// Refresh the lock-free space snapshot from the allocator.
+    pub fn refresh_space(&self) {
+        let (size, alloc) = self.ms.lock().space(Role::Normal);
+        self.space_size.store(size, std::sync::atomic::Ordering::Relaxed);
+        self.space_alloc.store(alloc, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn space(&self) -> (u64, u64) {
+        (self.space_size.load(std::sync::atomic::Ordering::Relaxed), self.space_alloc.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     pub fn top(&self, id: u32) -> Option<Arc<TopVdev>> {
         self.vdevs.read().iter().find(|t| t.id == id).cloned()
     }

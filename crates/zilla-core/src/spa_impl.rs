@@ -309,13 +309,17 @@ impl PoolInner {
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
         let _g = self.sync_lock.lock();
         let ms_snapshot = self.io.ms.lock().clone();
-        match self.spa_sync_inner(txg) {
+        let r = self.spa_sync_inner(txg);
+        if r.is_err() {
+            *self.io.ms.lock() = ms_snapshot;
+        }
+        self.io.refresh_space();
+        match r {
             Ok(()) => {
                 self.suspended.store(false, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
-                *self.io.ms.lock() = ms_snapshot;
                 self.suspended.store(true, Ordering::Relaxed);
                 Err(e)
             }

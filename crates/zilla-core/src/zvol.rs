@@ -112,7 +112,7 @@ impl Volume {
 
     /// Refuse new dirty data when the pool could not hold it after copy-on-write.
     fn check_space(&self, new_bytes: u64) -> Result<()> {
-        let (size, alloc) = self.pool.io.ms.lock().space(crate::vdev::Role::Normal);
+        let (size, alloc) = self.pool.io.space();
         let dirty = self.pool.dirty.total();
         let need = alloc + dirty + dirty / 16 + new_bytes;
         if need + slop_bytes(size) > size {
