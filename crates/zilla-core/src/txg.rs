@@ -50,6 +50,9 @@ struct State {
 
 pub struct TxgState {
     state: Mutex<State>,
+    /// Mirror of `state.open_txg`, changed only under the exclusive hold lock, so holders
+    /// read it without the state mutex.
+    open_txg: std::sync::atomic::AtomicU64,
     cv: Condvar,
     hold: RwLock<()>,
 }
@@ -73,12 +76,13 @@ impl TxgState {
             }),
             cv: Condvar::new(),
             hold: RwLock::new(()),
+            open_txg: std::sync::atomic::AtomicU64::new(last_synced + 1),
         }
     }
 
     pub fn hold(&self) -> TxgHold<'_> {
         let g = self.hold.read();
-        let txg = self.state.lock().open_txg;
+        let txg = self.open_txg.load(std::sync::atomic::Ordering::Acquire);
         TxgHold { txg, _guard: g }
     }
 
@@ -150,6 +154,7 @@ impl TxgState {
         let mut s = self.state.lock();
         let t = s.open_txg;
         s.open_txg += 1;
+        self.open_txg.store(s.open_txg, std::sync::atomic::Ordering::Release);
         Some(t)
     }
 
@@ -165,6 +170,8 @@ impl TxgState {
         let mut s = self.state.lock();
         s.synced_txg = txg;
         s.open_txg = txg + 1;
+        let _w = self.hold.write();
+        self.open_txg.store(txg + 1, std::sync::atomic::Ordering::Release);
         self.cv.notify_all();
     }
 
