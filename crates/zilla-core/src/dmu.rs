@@ -1,1 +1,685 @@
-//! dmu (ENGINE: being written)
+//! dmu: block I/O through the ARC, volume block-pointer trees, dirty records, the MOS.
+//!
+//! Theory of operation
+//! -------------------
+//! A volume is a tree of block pointers. Level 0 blocks hold `volblocksize` bytes of
+//! data; an indirect block is 128 KiB holding 1024 block pointers; the root pointer sits
+//! in the volume's record in the object directory (MOS):
+//!
+//! ```text
+//!   uberblock ─► MOS index ─► MOS chunks (volumes, space maps, defer lists, scan state)
+//!                                  │ volume record: root bp, nlevels
+//!                                  ▼
+//!                      L2 indirect [bp × 1024] ─► L1 indirect [bp × 1024] ─► L0 data
+//! ```
+//!
+//! Writes never touch the tree directly: they become *dirty records* — the new content of
+//! a whole block (or "free") tagged with the txg they joined — kept in per-volume shards.
+//! Reads look at the newest dirty record first, then at the committed tree. When txg T
+//! syncs, its records are written to fresh locations, every indirect block on the path
+//! to them is rewritten (copy-on-write), the old blocks go to the defer list, and the new
+//! root is published; only then are T's records dropped, so a reader always finds the
+//! data either dirty or committed.
+//!
+//! A partial-block write needs the block's old content (read-modify-write). It is read
+//! without any lock; a per-shard `commit_gen` counter detects a sync that committed the
+//! block meanwhile, in which case the read is retried.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::arc::{ArcCache, BlockKey, BufKind};
+use crate::metaslab::Metaslabs;
+use crate::vdev::mirror::{TopVdev, VerifyResult};
+use crate::vdev::{IoClass, Role};
+use crate::zio::blkptr::{self, BlockPointer, Dva};
+use crate::zio::checksum::ChecksumAlgo;
+use crate::zio::compress::Compression;
+use crate::{Error, Result};
+
+pub const INDIRECT_SIZE: usize = 128 << 10;
+pub const INDIRECT_SHIFT: u32 = 10;
+pub const EPB: u64 = 1 << INDIRECT_SHIFT;
+pub const MOS_CHUNK_SIZE: usize = 128 << 10;
+pub const MOS_MAGIC: u64 = 0x5a494c4c_414d4f53; // "ZILLAMOS"
+pub const MOS_VERSION: u64 = 1;
+
+/// Little-endian reader over untrusted bytes: every read is bounds-checked.
+pub struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(b: &'a [u8]) -> Self {
+        Reader { b, pos: 0 }
+    }
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.b.len() - self.pos < n {
+            return Err(Error::Corrupt("object directory truncated".into()));
+        }
+        let s = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.bytes(1)?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().unwrap()))
+    }
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().unwrap()))
+    }
+    pub fn string(&mut self) -> Result<String> {
+        let n = self.u32()? as usize;
+        if n > 1 << 20 {
+            return Err(Error::Corrupt("string too long".into()));
+        }
+        String::from_utf8(self.bytes(n)?.to_vec()).map_err(|_| Error::Corrupt("bad utf-8".into()))
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Number of tree levels (including L0) for `nblocks` blocks.
+pub fn levels_for(nblocks: u64) -> u8 {
+    let mut levels = 1u8;
+    let mut span = 1u64;
+    while span < nblocks {
+        span = span.saturating_mul(EPB);
+        levels += 1;
+    }
+    levels
+}
+
+/// Counters for `zpool status` (scrub/self-heal) and errors.
+#[derive(Debug, Default)]
+pub struct IoErrors {
+    pub self_healed_bytes: std::sync::atomic::AtomicU64,
+    pub unrecoverable: std::sync::atomic::AtomicU64,
+}
+
+/// The engine's block I/O: vdev tree, allocator, ARC.
+pub struct PoolIo {
+    pub vdevs: RwLock<Vec<Arc<TopVdev>>>,
+    pub ms: Mutex<Metaslabs>,
+    pub arc: ArcCache,
+    pub errors: IoErrors,
+    /// Recent unrecoverable block errors (bounded, for `status -v`).
+    pub error_log: Mutex<Vec<String>>,
+}
+
+pub const ERROR_LOG_MAX: usize = 100;
+
+/// A block allocated and prepared in syncing context, not yet written.
+pub struct PendingWrite {
+    pub dva: Dva,
+    pub data: Arc<Vec<u8>>,
+}
+
+impl PoolIo {
+    pub fn top(&self, id: u32) -> Option<Arc<TopVdev>> {
+        self.vdevs.read().iter().find(|t| t.id == id).cloned()
+    }
+
+    fn log_error(&self, msg: String) {
+        let mut l = self.error_log.lock();
+        if l.len() >= ERROR_LOG_MAX {
+            l.remove(0);
+        }
+        l.push(msg);
+        self.errors.unrecoverable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Read and verify a block; ARC first. `cache` = insert into the ARC.
+    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
+        assert!(!bp.is_hole());
+        let key = BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth };
+        if let Some(d) = self.arc.lookup(&key) {
+            return Ok(d);
+        }
+        let mut last: Option<io::Error> = None;
+        let mut all_checksum = true;
+        for dva in bp.copies() {
+            let Some(tvd) = self.top(dva.vdev) else {
+                all_checksum = false;
+                continue;
+            };
+            let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+            match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify) {
+                Ok(r) => {
+                    if r.repaired_bytes > 0 {
+                        self.errors.self_healed_bytes.fetch_add(r.repaired_bytes, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    let data: Arc<[u8]> = crate::zio::finish_read(bp, r.data)?.into();
+                    if data.len() != bp.lsize as usize {
+                        return Err(Error::Corrupt("decompressed size mismatch".into()));
+                    }
+                    if cache {
+                        self.arc.insert(key, data.clone(), kind);
+                    }
+                    return Ok(data);
+                }
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::InvalidData {
+                        all_checksum = false;
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        let where_ = format!("vdev {} offset {:#x} birth {}", bp.dva[0].vdev, bp.dva[0].offset, bp.birth);
+        self.log_error(format!("<0x{:x}> {where_}", bp.dva[0].offset));
+        if all_checksum {
+            Err(Error::Checksum(where_))
+        } else {
+            Err(Error::Io(io::Error::new(
+                io::ErrorKind::Other,
+                format!("{where_}: {}", last.map(|e| e.to_string()).unwrap_or_else(|| "no copy readable".into())),
+            )))
+        }
+    }
+
+    /// Prepare and allocate a block in syncing context; the write is queued in `batch`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn alloc_block(
+        &self,
+        logical: &[u8],
+        txg: u64,
+        kind: u8,
+        level: u8,
+        fill: u64,
+        algo: ChecksumAlgo,
+        comp: Compression,
+        copies: usize,
+        batch: &mut Vec<PendingWrite>,
+    ) -> Result<BlockPointer> {
+        let p = crate::zio::prepare(logical, algo, comp);
+        let asize = p.asize();
+        let data = Arc::new(p.data);
+        let mut bp = BlockPointer {
+            dva: [Dva::default(); 3],
+            lsize: p.lsize,
+            psize: p.psize,
+            birth: txg,
+            fill,
+            checksum_code: p.algo.code(),
+            compression_code: p.compression.code(),
+            kind,
+            level,
+            checksum: p.checksum,
+        };
+        let mut ms = self.ms.lock();
+        let ntop = ms.vdevs.iter().flatten().filter(|(r, _)| *r == Role::Normal).count();
+        let copies = copies.min(ntop).clamp(1, 3);
+        for i in 0..copies {
+            let avoid = if i > 0 { Some(bp.dva[0].vdev) } else { None };
+            match ms.alloc(Role::Normal, asize, avoid) {
+                Ok(d) => bp.dva[i] = d,
+                Err(e) => {
+                    for d in bp.dva.iter().take(i) {
+                        ms.free_now(d);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        drop(ms);
+        for d in bp.copies() {
+            batch.push(PendingWrite { dva: *d, data: data.clone() });
+        }
+        Ok(bp)
+    }
+
+    /// Issue a batch of writes: sorted, adjacent blocks merged up to 1 MiB, spread over
+    /// `threads` workers. Fails if any write fails on every child.
+    pub fn issue_writes(&self, mut batch: Vec<PendingWrite>, txg: u64, threads: usize) -> Result<()> {
+        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
+        // aggregate runs
+        let mut runs: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+        for w in batch {
+            if let Some(last) = runs.last_mut() {
+                if last.0 == w.dva.vdev && last.1 + last.2.len() as u64 == w.dva.offset && last.2.len() + w.data.len() <= (1 << 20) {
+                    last.2.extend_from_slice(&w.data);
+                    continue;
+                }
+            }
+            runs.push((w.dva.vdev, w.dva.offset, w.data.to_vec()));
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed: Mutex<Option<Error>> = Mutex::new(None);
+        let workers = threads.clamp(1, runs.len().max(1));
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= runs.len() {
+                        break;
+                    }
+                    let (v, off, ref data) = runs[i];
+                    let r = match self.top(v) {
+                        Some(t) => t.write(IoClass::AsyncWrite, data, off, txg).map_err(Error::Io),
+                        None => Err(Error::Corrupt(format!("write to unknown vdev {v}"))),
+                    };
+                    if let Err(e) = r {
+                        *failed.lock() = Some(e);
+                    }
+                });
+            }
+        });
+        match failed.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Free a block's copies in txg `txg` (deferred) and drop it from the ARC.
+    pub fn free_block(&self, bp: &BlockPointer, txg: u64) {
+        if bp.is_hole() {
+            return;
+        }
+        self.arc.evict(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth });
+        let mut ms = self.ms.lock();
+        for d in bp.copies() {
+            ms.free_deferred(txg, *d);
+        }
+    }
+
+    pub fn read_indirect(&self, bp: &BlockPointer, class: IoClass) -> Result<Arc<[u8]>> {
+        let d = self.read_block(bp, class, BufKind::Metadata, true)?;
+        if d.len() != INDIRECT_SIZE || bp.kind != blkptr::KIND_INDIRECT {
+            return Err(Error::Corrupt(format!("indirect block has size {} kind {}", d.len(), bp.kind)));
+        }
+        Ok(d)
+    }
+}
+
+fn child_bp(ind: &[u8], idx: u64) -> Result<BlockPointer> {
+    let o = idx as usize * BlockPointer::SIZE;
+    BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]).ok_or_else(|| Error::Corrupt("bad block pointer in indirect block".into()))
+}
+
+/// Committed root of a volume's tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeRoot {
+    pub bp: BlockPointer,
+    pub nlevels: u8,
+}
+
+/// Find the L0 block pointer of `blkid` (hole if unwritten).
+pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: u64, class: IoClass) -> Result<BlockPointer> {
+    let mut bp = root.bp;
+    for level in (1..root.nlevels as u32).rev() {
+        if bp.is_hole() {
+            return Ok(bp);
+        }
+        let ind = io.read_indirect(&bp, class)?;
+        let idx = (blkid >> (INDIRECT_SHIFT * (level - 1))) & (EPB - 1);
+        bp = child_bp(&ind, idx)?;
+    }
+    Ok(bp)
+}
+
+/// Visit every non-hole L0 block pointer whose blkid lies in `[first, last]`, in order,
+/// skipping hole subtrees. `f` returns false to stop.
+pub fn walk_range(
+    io: &PoolIo,
+    root: &TreeRoot,
+    first: u64,
+    last: u64,
+    class: IoClass,
+    f: &mut dyn FnMut(u64, &BlockPointer) -> Result<bool>,
+) -> Result<bool> {
+    fn rec(
+        io: &PoolIo,
+        bp: &BlockPointer,
+        level: u32,
+        base: u64,
+        first: u64,
+        last: u64,
+        class: IoClass,
+        f: &mut dyn FnMut(u64, &BlockPointer) -> Result<bool>,
+    ) -> Result<bool> {
+        if bp.is_hole() {
+            return Ok(true);
+        }
+        if level == 0 {
+            return f(base, bp);
+        }
+        let span = EPB.pow(level - 1);
+        let ind = io.read_indirect(bp, class)?;
+        let lo = first.saturating_sub(base) / span;
+        let hi = ((last - base) / span).min(EPB - 1);
+        for idx in lo..=hi {
+            let c = child_bp(&ind, idx)?;
+            if !rec(io, &c, level - 1, base + idx * span, first, last, class, f)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+    rec(io, &root.bp, root.nlevels as u32 - 1, 0, first, last, class, f)
+}
+
+/// Visit every block pointer of the tree (indirects included), parents before children.
+pub fn walk_all(io: &PoolIo, root: &TreeRoot, class: IoClass, f: &mut dyn FnMut(&BlockPointer, u8) -> Result<()>) -> Result<()> {
+    fn rec(io: &PoolIo, bp: &BlockPointer, level: u32, class: IoClass, f: &mut dyn FnMut(&BlockPointer, u8) -> Result<()>) -> Result<()> {
+        if bp.is_hole() {
+            return Ok(());
+        }
+        f(bp, level as u8)?;
+        if level == 0 {
+            return Ok(());
+        }
+        let ind = io.read_indirect(bp, class)?;
+        for idx in 0..EPB {
+            let c = child_bp(&ind, idx)?;
+            rec(io, &c, level - 1, class, f)?;
+        }
+        Ok(())
+    }
+    rec(io, &root.bp, root.nlevels as u32 - 1, class, f)
+}
+
+/// Per-volume settings the syncing context needs.
+pub struct WritePolicy {
+    pub algo: ChecksumAlgo,
+    pub comp: Compression,
+    pub txg: u64,
+}
+
+/// Apply sorted L0 changes to the tree rooted at `root`: write new indirects (queued in
+/// `batch`), free replaced blocks in `txg`. Returns the new root.
+pub fn apply_changes(
+    io: &PoolIo,
+    root: &TreeRoot,
+    changes: &[(u64, BlockPointer)],
+    pol: &WritePolicy,
+    batch: &mut Vec<PendingWrite>,
+) -> Result<TreeRoot> {
+    fn rec(
+        io: &PoolIo,
+        bp: &BlockPointer,
+        level: u32,
+        base: u64,
+        changes: &[(u64, BlockPointer)],
+        pol: &WritePolicy,
+        batch: &mut Vec<PendingWrite>,
+    ) -> Result<BlockPointer> {
+        if level == 0 {
+            debug_assert_eq!(changes.len(), 1);
+            io.free_block(bp, pol.txg);
+            return Ok(changes[0].1);
+        }
+        let span = EPB.pow(level - 1);
+        let mut ind: Vec<u8> = if bp.is_hole() {
+            vec![0u8; INDIRECT_SIZE]
+        } else {
+            io.read_indirect(bp, IoClass::AsyncRead)?.to_vec()
+        };
+        let mut i = 0;
+        while i < changes.len() {
+            let idx = (changes[i].0 - base) / span;
+            let mut j = i + 1;
+            while j < changes.len() && (changes[j].0 - base) / span == idx {
+                j += 1;
+            }
+            let old = child_bp(&ind, idx)?;
+            let new = rec(io, &old, level - 1, base + idx * span, &changes[i..j], pol, batch)?;
+            let o = idx as usize * BlockPointer::SIZE;
+            ind[o..o + BlockPointer::SIZE].copy_from_slice(&new.encode());
+            i = j;
+        }
+        io.free_block(bp, pol.txg);
+        let mut fill = 0u64;
+        for idx in 0..EPB {
+            fill += child_bp(&ind, idx)?.fill;
+        }
+        if fill == 0 {
+            return Ok(BlockPointer::hole());
+        }
+        io.alloc_block(&ind, pol.txg, blkptr::KIND_INDIRECT, level as u8, fill, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)
+    }
+    if changes.is_empty() {
+        return Ok(*root);
+    }
+    let bp = rec(io, &root.bp, root.nlevels as u32 - 1, 0, changes, pol, batch)?;
+    Ok(TreeRoot { bp, nlevels: root.nlevels })
+}
+
+// ---------------------------------------------------------------------------------------
+// Dirty records
+
+pub const DIRTY_SHARDS: usize = 64;
+
+#[derive(Clone)]
+pub struct DirtyVersion {
+    pub txg: u64,
+    /// None = the block was freed (reads as zeros, hole).
+    pub data: Option<Arc<[u8]>>,
+}
+
+#[derive(Default)]
+pub struct DirtyShard {
+    pub blocks: HashMap<u64, Vec<DirtyVersion>>,
+    /// Incremented whenever a sync drops committed records from this shard.
+    pub commit_gen: u64,
+}
+
+pub struct DirtySet {
+    pub shards: Vec<Mutex<DirtyShard>>,
+}
+
+impl Default for DirtySet {
+    fn default() -> Self {
+        DirtySet { shards: (0..DIRTY_SHARDS).map(|_| Mutex::new(DirtyShard::default())).collect() }
+    }
+}
+
+impl DirtySet {
+    pub fn shard(&self, blkid: u64) -> &Mutex<DirtyShard> {
+        &self.shards[(blkid as usize) % DIRTY_SHARDS]
+    }
+    /// Newest dirty version of a block: Some(None) = freed, Some(Some) = data.
+    pub fn newest(&self, blkid: u64) -> Option<Option<Arc<[u8]>>> {
+        self.shard(blkid).lock().blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone())
+    }
+    /// Insert a version for `txg`; returns true if this block became newly dirty in txg.
+    pub fn insert(shard: &mut DirtyShard, blkid: u64, txg: u64, data: Option<Arc<[u8]>>) -> bool {
+        let v = shard.blocks.entry(blkid).or_default();
+        match v.last_mut() {
+            Some(last) if last.txg == txg => {
+                last.data = data;
+                false
+            }
+            _ => {
+                v.push(DirtyVersion { txg, data });
+                true
+            }
+        }
+    }
+    /// Every record of txg `txg`, sorted by blkid.
+    pub fn collect(&self, txg: u64) -> Vec<(u64, Option<Arc<[u8]>>)> {
+        let mut out = Vec::new();
+        for s in &self.shards {
+            let s = s.lock();
+            for (&blk, vs) in &s.blocks {
+                if let Some(v) = vs.iter().find(|v| v.txg == txg) {
+                    out.push((blk, v.data.clone()));
+                }
+            }
+        }
+        out.sort_by_key(|x| x.0);
+        out
+    }
+    /// Drop every record of a txg <= `txg` (it is committed).
+    pub fn retire(&self, txg: u64) {
+        for s in &self.shards {
+            let mut s = s.lock();
+            s.blocks.retain(|_, vs| {
+                vs.retain(|v| v.txg > txg);
+                !vs.is_empty()
+            });
+            s.commit_gen += 1;
+        }
+    }
+    pub fn has_dirty(&self, txg: u64) -> bool {
+        self.shards.iter().any(|s| s.lock().blocks.values().any(|vs| vs.iter().any(|v| v.txg == txg)))
+    }
+    pub fn clear(&self) {
+        for s in &self.shards {
+            let mut s = s.lock();
+            s.blocks.clear();
+            s.commit_gen += 1;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The object directory (MOS)
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRecord {
+    pub id: u64,
+    pub name: String,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub root: TreeRoot,
+    pub props: crate::props::PropSet,
+    pub created_txg: u64,
+}
+
+/// Everything the MOS holds, decoded.
+#[derive(Debug, Clone)]
+pub struct Mos {
+    pub txg: u64,
+    pub next_volume_id: u64,
+    pub volumes: Vec<VolumeRecord>,
+    /// Trees of destroyed volumes still to be freed (freed in the next sync).
+    pub scan_state: String,
+    pub pool_props: String,
+}
+
+impl Mos {
+    pub fn encode(&self, ms: &Metaslabs) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&MOS_MAGIC.to_le_bytes());
+        out.extend_from_slice(&MOS_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.txg.to_le_bytes());
+        out.extend_from_slice(&self.next_volume_id.to_le_bytes());
+        out.extend_from_slice(&(self.volumes.len() as u32).to_le_bytes());
+        for v in &self.volumes {
+            out.extend_from_slice(&v.id.to_le_bytes());
+            put_str(&mut out, &v.name);
+            out.extend_from_slice(&v.volsize.to_le_bytes());
+            out.extend_from_slice(&v.volblocksize.to_le_bytes());
+            out.push(v.root.nlevels);
+            out.extend_from_slice(&v.root.bp.encode());
+            put_str(&mut out, &serde_json::to_string(&v.props.local).unwrap_or_default());
+            out.extend_from_slice(&v.created_txg.to_le_bytes());
+        }
+        ms.encode(&mut out);
+        put_str(&mut out, &self.scan_state);
+        put_str(&mut out, &self.pool_props);
+        out
+    }
+
+    pub fn decode(b: &[u8], ms: &mut Metaslabs) -> Result<Mos> {
+        let mut r = Reader::new(b);
+        if r.u64()? != MOS_MAGIC {
+            return Err(Error::Corrupt("bad object directory magic".into()));
+        }
+        let ver = r.u64()?;
+        if ver != MOS_VERSION {
+            return Err(Error::Corrupt(format!("unsupported object directory version {ver}")));
+        }
+        let txg = r.u64()?;
+        let next_volume_id = r.u64()?;
+        let n = r.u32()?;
+        if n > 1_000_000 {
+            return Err(Error::Corrupt("absurd volume count".into()));
+        }
+        let mut volumes = Vec::new();
+        for _ in 0..n {
+            let id = r.u64()?;
+            let name = r.string()?;
+            let volsize = r.u64()?;
+            let volblocksize = r.u32()?;
+            let nlevels = r.u8()?;
+            let bp = BlockPointer::decode(r.bytes(BlockPointer::SIZE)?).ok_or_else(|| Error::Corrupt("bad volume root".into()))?;
+            let props_json = r.string()?;
+            let local: BTreeMap<String, String> =
+                serde_json::from_str(&props_json).map_err(|e| Error::Corrupt(format!("volume properties: {e}")))?;
+            let created_txg = r.u64()?;
+            if !(1..=8).contains(&nlevels) || !volblocksize.is_power_of_two() {
+                return Err(Error::Corrupt(format!("volume {name}: bad geometry")));
+            }
+            volumes.push(VolumeRecord {
+                id,
+                name,
+                volsize,
+                volblocksize,
+                root: TreeRoot { bp, nlevels },
+                props: crate::props::PropSet { local },
+                created_txg,
+            });
+        }
+        ms.decode_into(&mut r)?;
+        let scan_state = r.string()?;
+        let pool_props = r.string()?;
+        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props })
+    }
+}
+
+/// Write the MOS blob as chunks plus an index block; returns the index bp.
+pub fn write_mos(io: &PoolIo, blob: &[u8], txg: u64, batch: &mut Vec<PendingWrite>) -> Result<BlockPointer> {
+    let chunks: Vec<&[u8]> = blob.chunks(MOS_CHUNK_SIZE).collect();
+    if chunks.len() > (INDIRECT_SIZE / BlockPointer::SIZE) {
+        return Err(Error::NoSpace);
+    }
+    let mut index = vec![0u8; (chunks.len() * BlockPointer::SIZE).div_ceil(4096).max(1) * 4096];
+    for (i, c) in chunks.iter().enumerate() {
+        let mut buf = c.to_vec();
+        buf.resize(c.len().div_ceil(4096) * 4096, 0);
+        let bp = io.alloc_block(&buf, txg, blkptr::KIND_MOS_CHUNK, 0, 1, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
+        index[i * BlockPointer::SIZE..(i + 1) * BlockPointer::SIZE].copy_from_slice(&bp.encode());
+    }
+    let mut ibp = io.alloc_block(&index, txg, blkptr::KIND_MOS_INDEX, 1, chunks.len() as u64, ChecksumAlgo::Fletcher4, Compression::Lz4, 3, batch)?;
+    ibp.fill = blob.len() as u64;
+    // fill of the index = exact blob length; the checksum covers data only, so this is safe
+    Ok(ibp)
+}
+
+/// Every bp of the MOS (index first), for freeing and scrubbing.
+pub fn mos_blocks(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Result<Vec<BlockPointer>> {
+    let ind = io.read_block(index, class, BufKind::Metadata, false)?;
+    let nchunks = (index.fill as usize).div_ceil(MOS_CHUNK_SIZE);
+    if nchunks * BlockPointer::SIZE > ind.len() {
+        return Err(Error::Corrupt("MOS index too small".into()));
+    }
+    let mut out = vec![*index];
+    for i in 0..nchunks {
+        out.push(child_bp(&ind, i as u64)?);
+    }
+    Ok(out)
+}
+
+pub fn read_mos_blob(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Result<Vec<u8>> {
+    let bps = mos_blocks(io, index, class)?;
+    let mut blob = Vec::with_capacity(index.fill as usize);
+    for bp in &bps[1..] {
+        if bp.is_hole() {
+            return Err(Error::Corrupt("hole in MOS".into()));
+        }
+        blob.extend_from_slice(&io.read_block(bp, class, BufKind::Metadata, false)?);
+    }
+    blob.truncate(index.fill as usize);
+    Ok(blob)
+}

@@ -1,2 +1,501 @@
-//! scan (ENGINE: being written)
-pub const TUNABLES: &[crate::kstat::TunableDef] = &[];
+//! scan: scrub and resilver.
+//!
+//! Theory of operation
+//! -------------------
+//! A scan walks every block reachable from the newest committed state — the labels, the
+//! MOS blocks, then every volume's tree in blkid order — and hands each block pointer to
+//! the mirror code, which reads *every* copy on every readable child (scrub class),
+//! verifies it against the pointer's checksum and rewrites bad copies from a good one.
+//! A resilver is the same walk restricted to blocks born in some child's DTL (the txgs it
+//! missed); subtrees born before the oldest missed txg are skipped whole, because a
+//! parent is always at least as new as its children.
+//!
+//! The walk proceeds one L1 span (1024 blocks) at a time against a fresh snapshot of the
+//! volume root, recording a bookmark `(phase, volume id, blkid)` after each span. The
+//! bookmark and counters live in the MOS (`scan_state`, JSON), so a paused scrub — or one
+//! running when the pool was exported — resumes where it stopped.
+//!
+//! A block found bad on every copy is rechecked against the current tree before it is
+//! counted: the walk reads a snapshot, and a block freed and reused meanwhile is not an
+//! error.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::dmu::{self, TreeRoot, EPB};
+use crate::kstat::TunableDef;
+use crate::spa_impl::PoolInner;
+use crate::vdev::mirror::VerifyResult;
+use crate::vdev::IoClass;
+use crate::zio::blkptr::BlockPointer;
+use crate::{Error, Result};
+
+pub const TUNABLES: &[TunableDef] = &[TunableDef {
+    name: "zfs_scan_pause_every_spans",
+    default: 0,
+    description: "testing aid: pause the scan after this many L1 spans (0 = never)",
+}];
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Bookmark {
+    pub phase: u8,
+    pub volume_id: u64,
+    pub blkid: u64,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ScanStatus {
+    /// "" (never), "scrub", "resilver"
+    pub func: String,
+    /// "scanning", "paused", "finished", "canceled"
+    pub state: String,
+    pub start_time_s: u64,
+    pub end_time_s: u64,
+    pub examined_bytes: u64,
+    pub to_examine_bytes: u64,
+    pub repaired_bytes: u64,
+    pub errors: u64,
+    pub bookmark: Bookmark,
+    /// Resilver: txg when it started (DTL entries up to it are cleared on success).
+    pub start_txg: u64,
+    pub min_txg: u64,
+}
+
+#[derive(Default)]
+pub struct ScanControl {
+    status: Mutex<ScanStatus>,
+    cv: Condvar,
+    running: AtomicBool,
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn now_s() -> u64 {
+    crate::spa_impl::now_ns() / 1_000_000_000
+}
+
+fn persist(inner: &PoolInner, mark_changed: bool) {
+    let s = inner.scan.status.lock().clone();
+    let json = serde_json::to_string(&s).unwrap_or_default();
+    let mut m = inner.meta.lock();
+    m.scan_state = json;
+    if mark_changed {
+        m.changed = true;
+    }
+}
+
+pub fn status(inner: &PoolInner) -> ScanStatus {
+    inner.scan.status.lock().clone()
+}
+
+pub fn is_resilvering(inner: &PoolInner) -> bool {
+    let s = inner.scan.status.lock();
+    s.func == "resilver" && s.state == "scanning"
+}
+
+fn launch(inner: &Arc<PoolInner>) {
+    if inner.scan.running.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    inner.scan.stop.store(false, Ordering::Release);
+    let i = inner.clone();
+    let h = std::thread::Builder::new()
+        .name(format!("scan_{}", inner.name))
+        .spawn(move || {
+            let r = run(&i);
+            if let Err(e) = r {
+                tracing::warn!(pool = %i.name, "scan stopped: {e}");
+                let mut s = i.scan.status.lock();
+                if s.state == "scanning" {
+                    s.state = "paused".into();
+                }
+            }
+            i.scan.running.store(false, Ordering::Release);
+            persist(&i, true);
+            i.scan.cv.notify_all();
+        })
+        .expect("spawn scan thread");
+    *inner.scan.thread.lock() = Some(h);
+}
+
+fn join(inner: &PoolInner) {
+    if let Some(h) = inner.scan.thread.lock().take() {
+        let _ = h.join();
+    }
+}
+
+pub fn start_scrub(inner: &Arc<PoolInner>) -> Result<()> {
+    {
+        let mut s = inner.scan.status.lock();
+        if s.state == "scanning" && inner.scan.running.load(Ordering::Acquire) {
+            if s.func == "resilver" {
+                return Err(Error::Busy("a resilver is in progress".into()));
+            }
+            return Err(Error::Busy("a scrub is already in progress (pause it with -p, stop it with -s)".into()));
+        }
+        if s.state == "paused" && s.func == "scrub" {
+            s.state = "scanning".into();
+        } else {
+            *s = ScanStatus {
+                func: "scrub".into(),
+                state: "scanning".into(),
+                start_time_s: now_s(),
+                to_examine_bytes: allocated_bytes(inner),
+                ..Default::default()
+            };
+        }
+    }
+    join(inner);
+    persist(inner, true);
+    launch(inner);
+    Ok(())
+}
+
+pub fn start_resilver(inner: &Arc<PoolInner>) {
+    let min_txg = inner.leaves.read().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(0);
+    if inner.scan.running.load(Ordering::Acquire) {
+        // restart as a resilver: resilver takes priority over a scrub
+        inner.scan.stop.store(true, Ordering::Release);
+        join(inner);
+    }
+    {
+        let mut s = inner.scan.status.lock();
+        *s = ScanStatus {
+            func: "resilver".into(),
+            state: "scanning".into(),
+            start_time_s: now_s(),
+            to_examine_bytes: allocated_bytes(inner),
+            start_txg: inner.txg.open_txg(),
+            min_txg,
+            ..Default::default()
+        };
+    }
+    persist(inner, true);
+    launch(inner);
+}
+
+pub fn pause(inner: &Arc<PoolInner>) -> Result<()> {
+    {
+        let s = inner.scan.status.lock();
+        if s.state != "scanning" {
+            return Err(Error::invalid("there is no active scrub"));
+        }
+        if s.func == "resilver" {
+            return Err(Error::invalid("a resilver cannot be paused"));
+        }
+    }
+    inner.scan.stop.store(true, Ordering::Release);
+    join(inner);
+    inner.scan.status.lock().state = "paused".into();
+    persist(inner, true);
+    Ok(())
+}
+
+pub fn cancel(inner: &Arc<PoolInner>) -> Result<()> {
+    {
+        let s = inner.scan.status.lock();
+        if s.state != "scanning" && s.state != "paused" {
+            return Err(Error::invalid("there is no active scrub"));
+        }
+        if s.func == "resilver" {
+            return Err(Error::invalid("a resilver cannot be canceled"));
+        }
+    }
+    inner.scan.stop.store(true, Ordering::Release);
+    join(inner);
+    {
+        let mut s = inner.scan.status.lock();
+        s.state = "canceled".into();
+        s.end_time_s = now_s();
+    }
+    persist(inner, true);
+    Ok(())
+}
+
+/// Block until no scan is running.
+pub fn wait(inner: &PoolInner) {
+    let mut s = inner.scan.status.lock();
+    while inner.scan.running.load(Ordering::Acquire) {
+        inner.scan.cv.wait_for(&mut s, std::time::Duration::from_millis(100));
+    }
+}
+
+/// Export: stop a running scan, keeping it resumable (state stays "scanning" on disk).
+pub fn pause_for_export(inner: &Arc<PoolInner>) {
+    if inner.scan.running.load(Ordering::Acquire) {
+        inner.scan.stop.store(true, Ordering::Release);
+        join(inner);
+        inner.scan.status.lock().state = "scanning".into();
+        persist(inner, true);
+    }
+}
+
+pub fn stop(inner: &PoolInner) {
+    inner.scan.stop.store(true, Ordering::Release);
+    join(inner);
+}
+
+pub fn resume_after_import(inner: &Arc<PoolInner>) {
+    let json = inner.meta.lock().scan_state.clone();
+    if json.is_empty() {
+        return;
+    }
+    if let Ok(s) = serde_json::from_str::<ScanStatus>(&json) {
+        let resume = s.state == "scanning";
+        *inner.scan.status.lock() = s;
+        if resume {
+            launch(inner);
+        }
+    }
+}
+
+fn allocated_bytes(inner: &PoolInner) -> u64 {
+    inner.io.ms.lock().space(crate::vdev::Role::Normal).1
+}
+
+/// Scrub one block pointer on every copy; returns false if it is unrecoverable.
+fn scrub_bp(inner: &PoolInner, bp: &BlockPointer) -> bool {
+    let mut ok_somewhere = false;
+    let mut any = false;
+    for dva in bp.copies() {
+        let Some(tvd) = inner.io.top(dva.vdev) else { continue };
+        any = true;
+        let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+        let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
+        let mut s = inner.scan.status.lock();
+        s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
+        s.repaired_bytes += o.repaired_bytes;
+        drop(s);
+        if o.repaired_bytes > 0 {
+            inner.io.errors.self_healed_bytes.fetch_add(o.repaired_bytes, Ordering::Relaxed);
+        }
+        if !o.unrecoverable {
+            ok_somewhere = true;
+        }
+    }
+    ok_somewhere || !any
+}
+
+fn check_labels(inner: &PoolInner) {
+    let mut bad = 0;
+    for leaf in inner.leaves.read().iter() {
+        if !leaf.readable() {
+            continue;
+        }
+        match crate::vdev::label::scan_labels(&**leaf.device()) {
+            Ok(s) => bad += s.bad_labels,
+            Err(_) => bad += crate::vdev::label::LABELS,
+        }
+    }
+    if bad > 0 {
+        tracing::info!(pool = %inner.name, bad, "scrub: rewriting damaged labels");
+        if inner.write_config_labels("active").is_ok() {
+            inner.scan.status.lock().repaired_bytes += bad as u64 * crate::vdev::label::CONFIG_REGION_SIZE as u64;
+        }
+    }
+}
+
+fn run(inner: &Arc<PoolInner>) -> Result<()> {
+    let (func, min_txg) = {
+        let s = inner.scan.status.lock();
+        (s.func.clone(), s.min_txg)
+    };
+    let resilver = func == "resilver";
+    let stop = || inner.scan.stop.load(Ordering::Acquire) || inner.txg.is_shutting_down();
+    let mut spans = 0u64;
+    let pause_every = crate::kstat::tun("zfs_scan_pause_every_spans");
+    let mut bm = inner.scan.status.lock().bookmark.clone();
+    if bm.phase == 0 {
+        if !resilver {
+            check_labels(inner);
+        }
+        let mos_root = inner.meta.lock().mos_root;
+        if !mos_root.is_hole() {
+            for bp in dmu::mos_blocks(&inner.io, &mos_root, IoClass::Scrub)? {
+                if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp) {
+                    inner.scan.status.lock().errors += 1;
+                }
+            }
+        }
+        bm = Bookmark { phase: 1, volume_id: 0, blkid: 0 };
+        inner.scan.status.lock().bookmark = bm.clone();
+    }
+    let mut vols: Vec<_> = inner.volumes.read().values().cloned().collect();
+    vols.sort_by_key(|v| v.id);
+    for v in vols {
+        if v.id < bm.volume_id {
+            continue;
+        }
+        let mut blk = if v.id == bm.volume_id { bm.blkid } else { 0 };
+        let nblocks = v.nblocks();
+        while blk < nblocks {
+            if stop() {
+                return Ok(());
+            }
+            let last = (blk + EPB - 1).min(nblocks - 1);
+            let root: TreeRoot = *v.committed.read();
+            let mut bad: Vec<(u64, BlockPointer)> = Vec::new();
+            walk_span(inner, &root, blk, last, if resilver { min_txg } else { 0 }, &mut bad)?;
+            for (blkid, bp) in bad {
+                // recheck against the current tree: a block freed meanwhile is not an error
+                let cur = *v.committed.read();
+                if let Ok(now) = dmu::lookup(&inner.io, &cur, blkid, IoClass::Scrub) {
+                    if now == bp && !v.destroyed.load(Ordering::Acquire) {
+                        inner.scan.status.lock().errors += 1;
+                        inner.io.error_log.lock().push(format!("{}/{} block {blkid} (birth {})", inner.name, v.name, bp.birth));
+                        inner.io.errors.unrecoverable.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            blk = last + 1;
+            {
+                let mut s = inner.scan.status.lock();
+                s.bookmark = Bookmark { phase: 1, volume_id: v.id, blkid: blk };
+            }
+            persist(inner, false);
+            spans += 1;
+            if pause_every > 0 && spans % pause_every == 0 {
+                inner.scan.stop.store(true, Ordering::Release);
+                inner.scan.status.lock().state = "paused".into();
+                return Ok(());
+            }
+        }
+    }
+    // done
+    {
+        let mut s = inner.scan.status.lock();
+        s.state = "finished".into();
+        s.end_time_s = now_s();
+        s.bookmark = Bookmark::default();
+    }
+    if resilver {
+        let start_txg = inner.scan.status.lock().start_txg;
+        for l in inner.leaves.read().iter() {
+            if !l.readable() {
+                continue;
+            }
+            let d: Vec<(u64, u64)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg + 1), b)).collect();
+            l.set_dtl(d);
+        }
+        let _ = inner.write_config_labels("active");
+    }
+    Ok(())
+}
+
+/// Scrub every block of `[first, last]` (indirects included) born at or after `min_txg`.
+fn walk_span(inner: &PoolInner, root: &TreeRoot, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
+    fn rec(inner: &PoolInner, bp: &BlockPointer, level: u32, base: u64, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
+        if bp.is_hole() || bp.birth < min_txg {
+            return Ok(());
+        }
+        // an indirect is scrubbed in the first span it covers; L0s in their own span
+        if (level == 0 || base >= first) && !scrub_bp(inner, bp) {
+            if level == 0 {
+                bad.push((base, *bp));
+            } else {
+                inner.scan.status.lock().errors += 1;
+            }
+            return Ok(());
+        }
+        if level == 0 {
+            return Ok(());
+        }
+        let span = EPB.pow(level - 1);
+        let ind = match inner.io.read_indirect(bp, IoClass::Scrub) {
+            Ok(i) => i,
+            Err(_) => return Ok(()),
+        };
+        let lo = first.saturating_sub(base) / span;
+        let hi = ((last - base) / span).min(EPB - 1);
+        for idx in lo..=hi {
+            let o = idx as usize * BlockPointer::SIZE;
+            let Some(c) = BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]) else { continue };
+            rec(inner, &c, level - 1, base + idx * span, first, last, min_txg, bad)?;
+        }
+        Ok(())
+    }
+    rec(inner, &root.bp, root.nlevels as u32 - 1, 0, first, last, min_txg, bad)
+}
+
+/// `scan:` line of `zilla pool status`.
+pub fn scan_line(inner: &PoolInner) -> String {
+    let s = inner.scan.status.lock().clone();
+    if s.func.is_empty() {
+        return "none requested".into();
+    }
+    let pct = if s.to_examine_bytes == 0 { 100.0 } else { (s.examined_bytes as f64 * 100.0 / (s.to_examine_bytes as f64 * 2.0)).min(100.0) };
+    let dur = s.end_time_s.saturating_sub(s.start_time_s);
+    let hms = format!("{:02}:{:02}:{:02}", dur / 3600, dur / 60 % 60, dur % 60);
+    match (s.func.as_str(), s.state.as_str()) {
+        ("scrub", "scanning") => format!(
+            "scrub in progress since {}\n\t{} scanned, {} repaired, {:.2}% done",
+            fmt_time(s.start_time_s),
+            nicenum(s.examined_bytes),
+            nicenum(s.repaired_bytes),
+            pct
+        ),
+        ("scrub", "paused") => format!("scrub paused since {}\n\t{} scanned, {} repaired", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
+        ("scrub", "canceled") => format!("scrub canceled on {}", fmt_time(s.end_time_s)),
+        ("scrub", _) => format!("scrub repaired {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
+        ("resilver", "scanning") => format!("resilver in progress since {}\n\t{} scanned, {} resilvered", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
+        ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
+        _ => "none requested".into(),
+    }
+}
+
+/// ZFS-style human number (1.50G, 16K, 0B).
+pub fn nicenum(n: u64) -> String {
+    const U: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
+    if n < 1024 {
+        return format!("{n}{}", U[0]);
+    }
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if v < 10.0 {
+        format!("{:.2}{}", v, U[i])
+    } else if v < 100.0 {
+        format!("{:.1}{}", v, U[i])
+    } else {
+        format!("{:.0}{}", v, U[i])
+    }
+}
+
+/// "Sat Nov 21 19:45:00 2026" (UTC).
+pub fn fmt_time(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // civil from days (Howard Hinnant)
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    let wd = ((days % 7 + 11) % 7) as usize; // 1970-01-01 was a Thursday
+    const W: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+    const M: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    format!("{} {} {:2} {:02}:{:02}:{:02} {}", W[wd], M[(m - 1) as usize], d, rem / 3600, rem / 60 % 60, rem % 60, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn formats() {
+        assert_eq!(nicenum(0), "0B");
+        assert_eq!(nicenum(16384), "16.0K");
+        assert_eq!(nicenum(1536 << 20), "1.50G");
+        assert_eq!(fmt_time(0), "Thu Jan  1 00:00:00 1970");
+        assert_eq!(fmt_time(1_795_290_300), "Sat Nov 21 19:45:00 2026");
+    }
+}

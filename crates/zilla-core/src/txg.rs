@@ -1,2 +1,194 @@
-//! txg (ENGINE: being written)
-pub const TUNABLES: &[crate::kstat::TunableDef] = &[];
+//! txg: transaction groups.
+//!
+//! Theory of operation
+//! -------------------
+//! Every change joins the *open* txg. The sync thread (spa) periodically *quiesces* it —
+//! waits for writers that hold it to finish inserting their dirty records — opens the
+//! next one, and *syncs* the quiesced txg to disk. So at any instant there is one open
+//! txg accepting writes, at most one being quiesced and at most one syncing (three
+//! active at most, as in OpenZFS):
+//!
+//! ```text
+//!   open T+1  ◄── writers (hold: shared lock for the few µs of the insert)
+//!   syncing T ──► dirty blocks written, trees rebuilt, uberblock T committed
+//! ```
+//!
+//! A sync starts when `zfs_txg_timeout` seconds passed since the previous one started,
+//! when the open txg's dirty data passes `zfs_dirty_data_sync_percent` of
+//! `zfs_dirty_data_max` (dsl_pool kicks it), or when someone waits for a txg
+//! (`wait_synced`, used by flush and FUA until the intent log exists).
+//!
+//! Txg numbers start at TXG_INITIAL; per-txg arrays elsewhere are rings of TXG_SIZE
+//! indexed by `txg & TXG_MASK`.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+
+use crate::kstat::TunableDef;
+use crate::{Error, Result};
+
+pub const TXG_INITIAL: u64 = 4;
+pub const TXG_SIZE: usize = 4;
+pub const TXG_MASK: u64 = 3;
+
+pub const TUNABLES: &[TunableDef] = &[
+    TunableDef { name: "zfs_txg_timeout", default: 5, description: "seconds between txg syncs when nothing else triggers one (txg.c)" },
+];
+
+#[derive(Debug)]
+struct State {
+    open_txg: u64,
+    synced_txg: u64,
+    /// Highest txg somebody asked to have synced.
+    sync_requested: u64,
+    last_sync_start: Instant,
+    shutting_down: bool,
+    /// An error from the last sync (the pool is suspended until it succeeds).
+    sync_error: Option<String>,
+}
+
+pub struct TxgState {
+    state: Mutex<State>,
+    cv: Condvar,
+    hold: RwLock<()>,
+}
+
+/// Proof that the holder may insert dirty records into txg `txg`.
+pub struct TxgHold<'a> {
+    pub txg: u64,
+    _guard: RwLockReadGuard<'a, ()>,
+}
+
+impl TxgState {
+    pub fn new(last_synced: u64) -> TxgState {
+        TxgState {
+            state: Mutex::new(State {
+                open_txg: last_synced + 1,
+                synced_txg: last_synced,
+                sync_requested: 0,
+                last_sync_start: Instant::now(),
+                shutting_down: false,
+                sync_error: None,
+            }),
+            cv: Condvar::new(),
+            hold: RwLock::new(()),
+        }
+    }
+
+    pub fn hold(&self) -> TxgHold<'_> {
+        let g = self.hold.read();
+        let txg = self.state.lock().open_txg;
+        TxgHold { txg, _guard: g }
+    }
+
+    pub fn open_txg(&self) -> u64 {
+        self.state.lock().open_txg
+    }
+    pub fn synced_txg(&self) -> u64 {
+        self.state.lock().synced_txg
+    }
+
+    /// Ask for txg `txg` to be synced soon (kick).
+    pub fn request_sync(&self, txg: u64) {
+        let mut s = self.state.lock();
+        if txg > s.sync_requested {
+            s.sync_requested = txg;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Block until txg `txg` is on disk.
+    pub fn wait_synced(&self, txg: u64) -> Result<()> {
+        let mut s = self.state.lock();
+        if txg > s.sync_requested {
+            s.sync_requested = txg;
+            self.cv.notify_all();
+        }
+        while s.synced_txg < txg {
+            if s.shutting_down && s.synced_txg < txg {
+                // the final sync at export covers everything; keep waiting unless it failed
+            }
+            if let Some(e) = &s.sync_error {
+                if s.shutting_down {
+                    return Err(Error::Io(std::io::Error::other(e.clone())));
+                }
+            }
+            self.cv.wait_for(&mut s, Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Sync thread: wait until a txg should be synced; returns the quiesced txg, or None
+    /// when shutting down with nothing left to do.
+    pub fn wait_for_work(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
+        let mut s = self.state.lock();
+        loop {
+            let timeout = Duration::from_secs(crate::kstat::tun("zfs_txg_timeout").max(1));
+            let open = s.open_txg;
+            let due = s.last_sync_start.elapsed() >= timeout;
+            let wanted = s.sync_requested >= open || dirty_kick(open);
+            if s.shutting_down {
+                if has_dirty(open) || s.sync_requested >= open {
+                    break;
+                }
+                return None;
+            }
+            if wanted || (due && has_dirty(open)) {
+                break;
+            }
+            if due {
+                s.last_sync_start = Instant::now();
+            }
+            let left = timeout.saturating_sub(s.last_sync_start.elapsed()).max(Duration::from_millis(10));
+            self.cv.wait_for(&mut s, left);
+        }
+        s.last_sync_start = Instant::now();
+        drop(s);
+        // quiesce: wait for every holder of the open txg, then open the next
+        let _w = self.hold.write();
+        let mut s = self.state.lock();
+        let t = s.open_txg;
+        s.open_txg += 1;
+        Some(t)
+    }
+
+    pub fn mark_synced(&self, txg: u64) {
+        let mut s = self.state.lock();
+        s.synced_txg = txg;
+        s.sync_error = None;
+        self.cv.notify_all();
+    }
+
+    /// Pool creation synced txg `txg` directly: open the next one.
+    pub fn initial_synced(&self, txg: u64) {
+        let mut s = self.state.lock();
+        s.synced_txg = txg;
+        s.open_txg = txg + 1;
+        self.cv.notify_all();
+    }
+
+    pub fn mark_sync_failed(&self, msg: String) {
+        let mut s = self.state.lock();
+        s.sync_error = Some(msg);
+        self.cv.notify_all();
+    }
+
+    pub fn sync_error(&self) -> Option<String> {
+        self.state.lock().sync_error.clone()
+    }
+
+    pub fn begin_shutdown(&self) {
+        let mut s = self.state.lock();
+        s.shutting_down = true;
+        self.cv.notify_all();
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.state.lock().shutting_down
+    }
+
+    pub fn notify(&self) {
+        self.cv.notify_all();
+    }
+}

@@ -41,3 +41,344 @@ pub trait BlockVolume: Send + Sync + 'static {
         None
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The engine's volume
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::arc::{BlockKey, BufKind};
+use crate::dmu::{self, DirtySet};
+use crate::spa_impl::{PoolInner, VolumeState};
+use crate::vdev::IoClass;
+use crate::Error;
+
+/// A volume of an imported pool. Cheap to clone (shares the pool and volume state).
+pub struct Volume {
+    pool: Arc<PoolInner>,
+    vol: Arc<VolumeState>,
+}
+
+/// Bytes kept free for metadata (spa_slop_shift = 5: 1/32 of the pool), at least 4 MiB.
+fn slop_bytes(size: u64) -> u64 {
+    (size / 32).max(4 << 20).min(size / 2)
+}
+
+impl Volume {
+    pub fn new(pool: Arc<PoolInner>, vol: Arc<VolumeState>) -> Volume {
+        Volume { pool, vol }
+    }
+
+    fn bs(&self) -> u64 {
+        self.vol.volblocksize as u64
+    }
+
+    fn check_live(&self) -> Result<()> {
+        if self.vol.destroyed.load(Ordering::Acquire) {
+            return Err(Error::NotFound(format!("volume '{}/{}' was destroyed", self.pool.name, self.vol.name)));
+        }
+        if self.pool.txg.is_shutting_down() {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
+    }
+
+    fn check_read(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_live()?;
+        if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
+            return Err(Error::invalid(format!("range {offset}+{len} beyond volume size {}", self.vol.volsize)));
+        }
+        Ok(())
+    }
+
+    fn check_write(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_live()?;
+        if self.vol.props.read().value("readonly") == "on" {
+            return Err(Error::ReadOnly(format!("{}/{}", self.pool.name, self.vol.name)));
+        }
+        if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// Refuse new dirty data when the pool could not hold it after copy-on-write.
+    fn check_space(&self, new_bytes: u64) -> Result<()> {
+        let (size, alloc) = self.pool.io.ms.lock().space(crate::vdev::Role::Normal);
+        let dirty = self.pool.dirty.total();
+        let need = alloc + dirty + dirty / 16 + new_bytes;
+        if need + slop_bytes(size) > size {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    fn primary_cache_data(&self) -> bool {
+        self.vol.props.read().value("primarycache") == "all"
+    }
+
+    /// Content of a committed block (None = hole).
+    fn read_committed(&self, blkid: u64, class: IoClass) -> Result<Option<Arc<[u8]>>> {
+        let root = *self.vol.committed.read();
+        let bp = dmu::lookup(&self.pool.io, &root, blkid, class)?;
+        if bp.is_hole() {
+            return Ok(None);
+        }
+        let cache = self.primary_cache_data();
+        Ok(Some(self.pool.io.read_block(&bp, class, BufKind::Data, cache)?))
+    }
+
+    /// Newest content of a block: dirty first, then committed. Dirty must be checked first
+    /// (see dmu: records are dropped only after the new root is published).
+    fn read_block(&self, blkid: u64) -> Result<Option<Arc<[u8]>>> {
+        if let Some(d) = self.vol.dirty.newest(blkid) {
+            return Ok(d);
+        }
+        self.read_committed(blkid, IoClass::SyncRead)
+    }
+
+    /// Non-blocking variant: only ARC and dirty data.
+    fn read_block_cached(&self, blkid: u64) -> Option<Option<Arc<[u8]>>> {
+        if let Some(d) = self.vol.dirty.newest(blkid) {
+            return Some(d);
+        }
+        let root = *self.vol.committed.read();
+        let io = &self.pool.io;
+        let mut bp = root.bp;
+        for level in (1..root.nlevels as u32).rev() {
+            if bp.is_hole() {
+                return Some(None);
+            }
+            let ind = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
+            let idx = ((blkid >> (dmu::INDIRECT_SHIFT * (level - 1))) & (dmu::EPB - 1)) as usize;
+            let o = idx * crate::zio::blkptr::BlockPointer::SIZE;
+            bp = crate::zio::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
+        }
+        if bp.is_hole() {
+            return Some(None);
+        }
+        let d = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
+        if d.len() != self.bs() as usize {
+            return None;
+        }
+        Some(Some(d))
+    }
+
+    /// Replace `[in_off, in_off+patch.len())` of block `blkid` (None patch = zeros), or the
+    /// whole block. `whole_hole` = free the block instead of writing zeros.
+    fn update_block(&self, blkid: u64, in_off: usize, patch: Option<&[u8]>, len: usize, whole_hole: bool) -> Result<u64> {
+        let bs = self.bs() as usize;
+        let full = in_off == 0 && len == bs;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            // base content for a partial update, read without locks
+            let (base, gen) = if full {
+                (None, 0)
+            } else {
+                let shard = self.vol.dirty.shard(blkid).lock();
+                let gen = shard.commit_gen;
+                let has = shard.blocks.contains_key(&blkid);
+                drop(shard);
+                if has {
+                    (None, gen)
+                } else {
+                    (Some(self.read_committed(blkid, IoClass::SyncRead)?), gen)
+                }
+            };
+            let hold = self.pool.txg.hold();
+            let mut shard = self.vol.dirty.shard(blkid).lock();
+            let newest = shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone());
+            let base_now: Option<Arc<[u8]>> = if full {
+                None
+            } else if let Some(n) = newest {
+                n
+            } else if shard.commit_gen != gen || base.is_none() {
+                if attempts > 100 {
+                    return Err(Error::Busy("block changed too often during a partial write".into()));
+                }
+                continue;
+            } else {
+                base.flatten()
+            };
+            let new: Option<Arc<[u8]>> = if whole_hole && full {
+                None
+            } else {
+                let mut buf = match base_now {
+                    Some(b) => b.to_vec(),
+                    None => vec![0u8; bs],
+                };
+                match patch {
+                    Some(p) => buf[in_off..in_off + len].copy_from_slice(p),
+                    None => buf[in_off..in_off + len].fill(0),
+                }
+                Some(buf.into())
+            };
+            let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
+            drop(shard);
+            if newly {
+                self.pool.dirty.add(hold.txg, bs as u64);
+            }
+            return Ok(hold.txg);
+        }
+    }
+
+    fn after_write(&self, txg: u64, fua: bool) -> Result<()> {
+        if self.pool.dirty.should_kick(txg) {
+            self.pool.txg.request_sync(txg);
+        }
+        let sync = self.vol.props.read().value("sync");
+        if sync == "always" || (fua && sync != "disabled") {
+            self.pool.txg.wait_synced(txg)?;
+        }
+        Ok(())
+    }
+
+    fn modify(&self, offset: u64, len: u64, data: Option<&[u8]>, free_whole: bool, fua: bool) -> Result<()> {
+        let bs = self.bs();
+        let mut pos = offset;
+        let end = offset + len;
+        let mut max_txg = 0;
+        while pos < end {
+            let blkid = pos / bs;
+            let in_off = (pos % bs) as usize;
+            let n = ((bs - pos % bs).min(end - pos)) as usize;
+            self.pool.dirty.throttle(&|| self.pool.txg.is_shutting_down());
+            if data.is_some() || !free_whole || n as u64 != bs {
+                self.check_space(bs)?;
+            }
+            let patch = data.map(|d| &d[(pos - offset) as usize..(pos - offset) as usize + n]);
+            let t = self.update_block(blkid, in_off, patch, n, free_whole)?;
+            max_txg = max_txg.max(t);
+            pos += n as u64;
+        }
+        if max_txg > 0 {
+            self.after_write(max_txg, fua)?;
+        }
+        Ok(())
+    }
+
+    pub fn volume_state(&self) -> &Arc<VolumeState> {
+        &self.vol
+    }
+}
+
+impl BlockVolume for Volume {
+    fn name(&self) -> String {
+        format!("{}/{}", self.pool.name, self.vol.name)
+    }
+    fn size(&self) -> u64 {
+        self.vol.volsize
+    }
+    fn block_size(&self) -> u32 {
+        self.vol.volblocksize
+    }
+    fn read_only(&self) -> bool {
+        self.vol.props.read().value("readonly") == "on"
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_read(offset, buf.len() as u64)?;
+        let bs = self.bs();
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let blkid = pos / bs;
+            let in_off = (pos % bs) as usize;
+            let n = ((bs as usize - in_off).min(buf.len() - done)) as usize;
+            match self.read_block(blkid)? {
+                Some(d) => buf[done..done + n].copy_from_slice(&d[in_off..in_off + n]),
+                None => buf[done..done + n].fill(0),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<Result<()>> {
+        if let Err(e) = self.check_read(offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        let bs = self.bs();
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let blkid = pos / bs;
+            let in_off = (pos % bs) as usize;
+            let n = ((bs as usize - in_off).min(buf.len() - done)) as usize;
+            match self.read_block_cached(blkid)? {
+                Some(d) => buf[done..done + n].copy_from_slice(&d[in_off..in_off + n]),
+                None => buf[done..done + n].fill(0),
+            }
+            done += n;
+        }
+        Some(Ok(()))
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_write(offset, data.len() as u64)?;
+        self.modify(offset, data.len() as u64, Some(data), false, fua)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.check_live()?;
+        if self.vol.props.read().value("sync") == "disabled" {
+            return Ok(());
+        }
+        if self.pool.dirty.total() == 0 && !self.pool.meta.lock().changed {
+            return Ok(());
+        }
+        let t = self.pool.txg.open_txg();
+        self.pool.txg.wait_synced(t)
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_write(offset, len)?;
+        self.modify(offset, len, None, true, false)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_write(offset, len)?;
+        self.modify(offset, len, None, true, false)
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.check_read(offset, len)?;
+        if len == 0 {
+            return Ok(vec![]);
+        }
+        let bs = self.bs();
+        let first = offset / bs;
+        let last = (offset + len - 1) / bs;
+        // committed allocation map over the range
+        let root = *self.vol.committed.read();
+        let mut allocated: Vec<u64> = Vec::new();
+        dmu::walk_range(&self.pool.io, &root, first, last, IoClass::SyncRead, &mut |blk, _| {
+            allocated.push(blk);
+            Ok(true)
+        })?;
+        let mut alloc_iter = allocated.into_iter().peekable();
+        let mut out: Vec<Extent> = Vec::new();
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let blkid = pos / bs;
+            let n = (bs - pos % bs).min(end - pos);
+            while alloc_iter.peek().map_or(false, |&b| b < blkid) {
+                alloc_iter.next();
+            }
+            let committed_data = alloc_iter.peek() == Some(&blkid);
+            let hole = match self.vol.dirty.newest(blkid) {
+                Some(d) => d.is_none(),
+                None => !committed_data,
+            };
+            match out.last_mut() {
+                Some(l) if l.hole == hole => l.length += n,
+                _ => out.push(Extent { offset: pos, length: n, hole }),
+            }
+            pos += n;
+        }
+        Ok(out)
+    }
+}

@@ -1,21 +1,399 @@
-//! Leaf devices backed by a regular file or a block device (HELPER: implement).
-use std::io;
-use std::path::Path;
+//! Leaf devices backed by a regular file or a block device.
+//!
+//! Theory of operation
+//! -------------------
+//! A [`FileDevice`] is one open file descriptor used with positional I/O (`pread` /
+//! `pwrite`), so any number of threads may use it at once without a lock.
+//!
+//! Opening probes for O_DIRECT: the file is opened O_RDWR|O_DIRECT and one aligned 4 KiB
+//! read is tried; if either step fails with EINVAL (tmpfs on older kernels, some FUSE
+//! and network file systems) the file is reopened buffered. [`FileDevice::is_direct`]
+//! tells which. With O_DIRECT the page cache is out of the way, so the engine's own
+//! caches (ARC, L2ARC) and the latency models see the device itself.
+//!
+//! O_DIRECT needs the buffer address aligned to `dio_mem_align` and offset and length
+//! to `dio_offset_align` (statx STATX_DIOALIGN, Linux 6.1+; 4096 when unknown, which is
+//! always safe). Misaligned requests are bounced through an aligned buffer:
+//!
+//! ```text
+//!   aligned buf + aligned offset/len  -> pread/pwrite directly
+//!   misaligned buffer address only    -> copy through an aligned bounce buffer
+//!   misaligned offset or length       -> reads: read the covering aligned range;
+//!                                        writes: read-modify-write of the covering
+//!                                        range, serialised by `rmw_lock`
+//! ```
+//!
+//! The engine issues 512-byte multiples, so the read-modify-write path only runs when
+//! the device's alignment is larger (4Kn disks); it is not atomic against a concurrent
+//! plain write to the same sector, which the engine never issues.
+//!
+//! Geometry: regular files report their length (rounded down to 512), not rotational,
+//! 512/4096-byte logical/physical sectors. Block devices (loop devices included) report
+//! lseek(SEEK_END), BLKSSZGET/BLKPBSZGET, and /sys/dev/block/M:m/queue/rotational.
+//! flush is fdatasync; discard is fallocate(PUNCH_HOLE|KEEP_SIZE), ignored where
+//! unsupported (discard is advisory).
 
-pub struct FileDevice {}
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use rustix::fs::{AtFlags, FallocateFlags, SeekFrom, StatxFlags};
+
+/// Alignment assumed for O_DIRECT when statx cannot tell (safe for every device).
+const DIO_ALIGN_DEFAULT: usize = 4096;
+const PROBE_BYTES: usize = 4096;
+const SECTOR_BYTES: u64 = 512;
+
+/// A leaf backed by a regular file or block device.
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    /// Opened with O_DIRECT (the probe succeeded).
+    direct: bool,
+    is_block: bool,
+    size_bytes: u64,
+    /// Required buffer address alignment for O_DIRECT (1 when buffered).
+    mem_align: usize,
+    /// Required offset/length alignment for O_DIRECT (1 when buffered).
+    offset_align: usize,
+    rotational: bool,
+    logical_sector_bytes: u32,
+    physical_sector_bytes: u32,
+    /// Serialises read-modify-write of partially covered sectors.
+    rmw_lock: Mutex<()>,
+}
 
 impl FileDevice {
     /// Open read-write; O_DIRECT where the file system allows it, else buffered.
-    pub fn open(_path: &Path) -> io::Result<FileDevice> {
-        todo!()
+    pub fn open(path: &Path) -> io::Result<FileDevice> {
+        let (file, direct) = match Self::open_direct(path) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Self::open_mode(path, 0)?, false),
+            Err(e) => return Err(e),
+        };
+        let meta = file.metadata()?;
+        let is_block = meta.file_type().is_block_device();
+        if !is_block && !meta.file_type().is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file or block device"));
+        }
+        let (mem_align, offset_align) = if direct { dio_alignment(&file) } else { (1, 1) };
+        let (size_bytes, rotational, logical, physical) = if is_block {
+            let size = rustix::fs::seek(&file, SeekFrom::End(0))?;
+            let logical = rustix::fs::ioctl_blksszget(&file).unwrap_or(512);
+            let physical = rustix::fs::ioctl_blkpbszget(&file).unwrap_or(logical).max(logical);
+            (size, block_rotational(meta.rdev()), logical, physical)
+        } else {
+            (meta.len() / SECTOR_BYTES * SECTOR_BYTES, false, 512, 4096)
+        };
+        Ok(FileDevice {
+            file,
+            path: path.to_path_buf(),
+            direct,
+            is_block,
+            size_bytes,
+            mem_align,
+            offset_align,
+            rotational,
+            logical_sector_bytes: logical,
+            physical_sector_bytes: physical,
+            rmw_lock: Mutex::new(()),
+        })
+    }
+
+    /// Whether I/O bypasses the page cache (O_DIRECT).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open_mode(path: &Path, flags: i32) -> io::Result<File> {
+        OpenOptions::new().read(true).write(true).custom_flags(flags | libc::O_CLOEXEC).open(path)
+    }
+
+    /// Open O_DIRECT and prove it works with one aligned read (EINVAL means no).
+    fn open_direct(path: &Path) -> io::Result<File> {
+        let file = Self::open_mode(path, libc::O_DIRECT)?;
+        let mut probe = AlignedBuf::new(PROBE_BYTES, DIO_ALIGN_DEFAULT);
+        match file.read_at(probe.as_mut_slice(), 0) {
+            Ok(_) => Ok(file),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn check_range(&self, offset: u64, len: usize) -> io::Result<()> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.size_bytes => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("I/O at {offset}+{len} beyond device size {}", self.size_bytes),
+            )),
+        }
+    }
+
+    fn offset_aligned(&self, offset: u64, len: usize) -> bool {
+        offset % self.offset_align as u64 == 0 && len % self.offset_align == 0
+    }
+
+    fn mem_aligned(&self, ptr: *const u8) -> bool {
+        (ptr as usize) % self.mem_align == 0
+    }
+
+    /// Covering aligned range of `offset..offset+len`: (start, length).
+    fn covering(&self, offset: u64, len: usize) -> (u64, usize) {
+        let a = self.offset_align as u64;
+        let start = offset / a * a;
+        let end = (offset + len as u64).div_ceil(a) * a;
+        (start, (end - start) as usize)
+    }
+
+    /// Read into an aligned buffer, tolerating a short read past the device end as long
+    /// as the bytes up to `needed` arrived (a file whose length is not aligned).
+    fn read_aligned(&self, buf: &mut [u8], offset: u64, needed: usize) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if done < needed {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
+        }
+        Ok(())
     }
 }
 
 impl super::Device for FileDevice {
-    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> { todo!() }
-    fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<()> { todo!() }
-    fn flush(&self) -> io::Result<()> { todo!() }
-    fn size(&self) -> u64 { todo!() }
-    fn rotational(&self) -> bool { false }
-    fn kind(&self) -> String { "file".into() }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len())?;
+        if !self.direct || (self.offset_aligned(offset, buf.len()) && self.mem_aligned(buf.as_ptr())) {
+            let len = buf.len();
+            return self.read_aligned(buf, offset, len);
+        }
+        let (start, cover) = self.covering(offset, buf.len());
+        let mut bounce = AlignedBuf::new(cover, self.mem_align.max(self.offset_align));
+        let skip = (offset - start) as usize;
+        self.read_aligned(bounce.as_mut_slice(), start, skip + buf.len())?;
+        buf.copy_from_slice(&bounce.as_slice()[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len())?;
+        if !self.direct || (self.offset_aligned(offset, buf.len()) && self.mem_aligned(buf.as_ptr())) {
+            return self.file.write_all_at(buf, offset);
+        }
+        let align = self.mem_align.max(self.offset_align);
+        if self.offset_aligned(offset, buf.len()) {
+            let mut bounce = AlignedBuf::new(buf.len(), align);
+            bounce.as_mut_slice().copy_from_slice(buf);
+            return self.file.write_all_at(bounce.as_slice(), offset);
+        }
+        let _rmw = self.rmw_lock.lock();
+        let (start, cover) = self.covering(offset, buf.len());
+        let mut bounce = AlignedBuf::new(cover, align);
+        let skip = (offset - start) as usize;
+        self.read_aligned(bounce.as_mut_slice(), start, skip + buf.len())?;
+        bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
+        self.file.write_all_at(bounce.as_slice(), start)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        rustix::fs::fdatasync(&self.file)?;
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn rotational(&self) -> bool {
+        self.rotational
+    }
+
+    fn logical_sector_size(&self) -> u32 {
+        self.logical_sector_bytes
+    }
+
+    fn physical_sector_size(&self) -> u32 {
+        self.physical_sector_bytes
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_range(offset, len.min(usize::MAX as u64) as usize)?;
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, offset, len) {
+            Ok(()) => Ok(()),
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn kind(&self) -> String {
+        if self.is_block { "disk".into() } else { "file".into() }
+    }
+}
+
+/// O_DIRECT (memory, offset) alignment from statx STATX_DIOALIGN, else 4096 for both.
+fn dio_alignment(file: &File) -> (usize, usize) {
+    match rustix::fs::statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) {
+        Ok(st) if st.stx_mask & StatxFlags::DIOALIGN.bits() != 0 && st.stx_dio_offset_align != 0 => {
+            let valid = |a: u32| (a as usize).is_power_of_two() && a as usize <= 1 << 20;
+            let mem = if valid(st.stx_dio_mem_align) { st.stx_dio_mem_align as usize } else { DIO_ALIGN_DEFAULT };
+            let off = if valid(st.stx_dio_offset_align) { st.stx_dio_offset_align as usize } else { DIO_ALIGN_DEFAULT };
+            (mem, off)
+        }
+        _ => (DIO_ALIGN_DEFAULT, DIO_ALIGN_DEFAULT),
+    }
+}
+
+/// /sys/dev/block/M:m/queue/rotational, or the parent disk's for a partition.
+/// Unknown means not rotational (virtual and loop devices report 0 anyway).
+fn block_rotational(rdev: u64) -> bool {
+    let dev = PathBuf::from(format!("/sys/dev/block/{}:{}", rustix::fs::major(rdev), rustix::fs::minor(rdev)));
+    for candidate in [dev.join("queue/rotational"), dev.join("../queue/rotational")] {
+        if let Ok(s) = std::fs::read_to_string(&candidate) {
+            return s.trim() == "1";
+        }
+    }
+    false
+}
+
+/// A heap buffer whose usable slice starts at an `align`-aligned address. Built from a
+/// plain Vec over-allocated by `align` bytes, so no unsafe code is needed.
+struct AlignedBuf {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize, align: usize) -> AlignedBuf {
+        assert!(align.is_power_of_two(), "alignment {align} not a power of two");
+        let storage = vec![0u8; len + align];
+        let misalign = storage.as_ptr() as usize % align;
+        let start = if misalign == 0 { 0 } else { align - misalign };
+        AlignedBuf { storage, start, len }
+    }
+    fn as_slice(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vdev::Device;
+
+    fn temp_device(len: u64) -> (tempfile::TempDir, FileDevice) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leaf0");
+        let f = File::create(&path).unwrap();
+        f.set_len(len).unwrap();
+        drop(f);
+        let dev = FileDevice::open(&path).unwrap();
+        (dir, dev)
+    }
+
+    #[test]
+    fn file_geometry() {
+        let (_d, dev) = temp_device(4 << 20);
+        assert_eq!(dev.size(), 4 << 20);
+        assert!(!dev.rotational());
+        assert_eq!(dev.kind(), "file");
+        assert_eq!((dev.logical_sector_size(), dev.physical_sector_size()), (512, 4096));
+        eprintln!("direct={} mem_align={} offset_align={}", dev.is_direct(), dev.mem_align, dev.offset_align);
+    }
+
+    #[test]
+    fn aligned_and_unaligned_round_trips() {
+        // Goal: any buffer address, offset and length round-trips, through O_DIRECT's
+        // bounce paths when direct. Method: write patterns at awkward places, read back
+        // through both aligned and misaligned buffers, and check the neighbours survive.
+        for force_align in [None, Some(4096)] {
+            let (_d, mut dev) = temp_device(1 << 20);
+            if let (Some(a), true) = (force_align, dev.is_direct()) {
+                // Exercise the 4Kn read-modify-write path on a 512-aligned file system.
+                dev.mem_align = a;
+                dev.offset_align = a;
+            }
+            round_trips(&dev);
+        }
+    }
+
+    fn round_trips(dev: &FileDevice) {
+        let pattern: Vec<u8> = (0..20000u32).map(|i| (i * 7 + 3) as u8).collect();
+        dev.write_at(&pattern[..8192], 0).unwrap();
+        for (off, len, skew) in [(4096u64, 4096usize, 1usize), (8192, 512, 0), (10240, 1536, 3), (12345, 777, 5), (65536 - 100, 300, 0)] {
+            let mut src = vec![0u8; len + skew];
+            src[skew..].copy_from_slice(&pattern[..len]);
+            dev.write_at(&src[skew..], off).unwrap();
+            let mut dst = vec![0u8; len + 1];
+            dev.read_at(&mut dst[1..], off).unwrap();
+            assert_eq!(&dst[1..], &pattern[..len], "off {off} len {len}");
+        }
+        let mut first = AlignedBuf::new(4096, 4096);
+        dev.read_at(first.as_mut_slice(), 0).unwrap();
+        assert_eq!(first.as_slice(), &pattern[..4096]);
+        // The unaligned write at 12345 left bytes around it intact.
+        let mut around = vec![0u8; 2];
+        dev.read_at(&mut around, 12344).unwrap();
+        assert_eq!(around, vec![0, pattern[0]]);
+        dev.flush().unwrap();
+        assert!(dev.read_at(&mut [0u8; 512], (1 << 20) - 256).is_err());
+        assert!(dev.write_at(&[0u8; 512], 1 << 20).is_err());
+    }
+
+    #[test]
+    fn tmpfs_falls_back_or_works() {
+        // Goal: on tmpfs (O_DIRECT unsupported on older kernels) open still succeeds.
+        let Ok(dir) = tempfile::tempdir_in("/dev/shm") else { return };
+        let path = dir.path().join("leaf");
+        File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let dev = FileDevice::open(&path).unwrap();
+        eprintln!("tmpfs direct={}", dev.is_direct());
+        round_trips(&dev);
+    }
+
+    #[test]
+    fn discard_punches_holes() {
+        let (_d, dev) = temp_device(1 << 20);
+        dev.write_at(&vec![9u8; 65536], 0).unwrap();
+        dev.discard(0, 65536).unwrap();
+        let mut buf = vec![1u8; 65536];
+        dev.read_at(&mut buf, 0).unwrap();
+        // Where PUNCH_HOLE is supported the range reads back as zeros.
+        assert!(buf.iter().all(|&b| b == 0) || buf.iter().all(|&b| b == 9));
+    }
+
+    #[test]
+    fn missing_file_is_not_found() {
+        let e = FileDevice::open(Path::new("/nonexistent/zilla/leaf")).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let dir = tempfile::tempdir().unwrap();
+        assert!(FileDevice::open(dir.path()).is_err(), "a directory is not a device");
+    }
+
+    #[test]
+    fn block_device_when_available() {
+        // Goal: geometry of a real block device. Runs only when ZILLA_TEST_BLOCKDEV
+        // names a writable one (e.g. a loop device); otherwise a no-op.
+        let Ok(path) = std::env::var("ZILLA_TEST_BLOCKDEV") else { return };
+        let dev = FileDevice::open(Path::new(&path)).unwrap();
+        assert_eq!(dev.kind(), "disk");
+        assert!(dev.size() > 0);
+        assert!(dev.logical_sector_size() >= 512);
+        let mut buf = vec![0u8; 4096];
+        dev.read_at(&mut buf, 0).unwrap();
+    }
 }

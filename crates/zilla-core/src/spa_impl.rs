@@ -1,0 +1,437 @@
+//! spa internals: the pool state shared by the sync thread, volumes and admin calls.
+//!
+//! Theory of operation
+//! -------------------
+//! [`PoolInner`] is owned by `spa::Pool` and shared (`Arc`) with every open volume and
+//! the background threads (txg sync, scan). The sync thread is the only writer of the
+//! committed state (volume roots, MOS, uberblocks); open context only adds dirty records.
+//!
+//! spa_sync(T), the commit protocol (docs/design.md, crash analysis):
+//!
+//! ```text
+//!  1. snapshot the allocator (restored if the sync fails, so nothing leaks)
+//!  2. per volume: allocate + write T's dirty blocks, rewrite indirects (COW),
+//!     old blocks -> defer[T]; destroyed volumes' trees -> defer[T]
+//!  3. old MOS blocks -> defer[T]; defer lists of txg <= T-3 return to the free trees
+//!  4. encode MOS (volumes, space maps, defer lists, scan state), write it
+//!  5. flush every leaf                               <- data durable
+//!  6. uberblock T into slot T%32 of all 4 labels of every leaf, flush   <- commit point
+//!  7. publish new roots, drop T's dirty records, retire T's dirty bytes
+//! ```
+//! A crash before 6 completes on some device leaves uberblock T-1 the newest valid one;
+//! every block T-1 references is intact because nothing it references was freed for
+//! reuse (frees wait two txgs).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::dmu::{self, DirtySet, Mos, PoolIo, TreeRoot, VolumeRecord, WritePolicy};
+use crate::dsl_pool::DirtyAccounting;
+use crate::props::PropSet;
+use crate::txg::TxgState;
+use crate::vdev::label::{self, Uberblock};
+use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
+use crate::vdev::{Device, LeafSpec, Role};
+use crate::zio::blkptr::{self, BlockPointer};
+use crate::zio::checksum::ChecksumAlgo;
+use crate::{Error, Result};
+
+/// Opens a leaf device from its spec; tests substitute crash or fault devices.
+pub type Opener = Arc<dyn Fn(&LeafSpec, Role) -> Result<Arc<dyn Device>> + Send + Sync>;
+
+pub fn default_opener() -> Opener {
+    Arc::new(|spec: &LeafSpec, role: Role| crate::vdev::open_leaf(spec, role))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeafConfig {
+    pub guid: u64,
+    pub spec: LeafSpec,
+    #[serde(default)]
+    pub offline: bool,
+    /// Txg at which the leaf went offline (its DTL starts there).
+    #[serde(default)]
+    pub offline_since: u64,
+    #[serde(default)]
+    pub dtl: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TopConfig {
+    pub id: u32,
+    pub guid: u64,
+    pub role: Role,
+    pub mirror: bool,
+    pub ashift: u8,
+    pub children: Vec<LeafConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolConfig {
+    pub name: String,
+    pub guid: u64,
+    pub version: u64,
+    /// active | exported | destroyed
+    pub state: String,
+    pub txg: u64,
+    pub tops: Vec<TopConfig>,
+    pub props: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LabelJson {
+    pub this_guid: u64,
+    pub config: PoolConfig,
+}
+
+impl PoolConfig {
+    pub fn guid_sum(&self) -> u64 {
+        self.tops.iter().flat_map(|t| t.children.iter()).fold(0u64, |a, l| a.wrapping_add(l.guid))
+    }
+}
+
+/// In-memory state of one volume.
+pub struct VolumeState {
+    pub id: u64,
+    pub name: String,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub created_txg: u64,
+    pub props: RwLock<PropSet>,
+    pub committed: RwLock<TreeRoot>,
+    pub dirty: DirtySet,
+    pub destroyed: AtomicBool,
+}
+
+impl VolumeState {
+    pub fn nblocks(&self) -> u64 {
+        self.volsize.div_ceil(self.volblocksize as u64)
+    }
+    pub fn record(&self, root: TreeRoot) -> VolumeRecord {
+        VolumeRecord {
+            id: self.id,
+            name: self.name.clone(),
+            volsize: self.volsize,
+            volblocksize: self.volblocksize,
+            root,
+            props: self.props.read().clone(),
+            created_txg: self.created_txg,
+        }
+    }
+}
+
+/// MOS fields that are not volumes.
+pub struct MosMeta {
+    pub next_volume_id: u64,
+    pub mos_root: BlockPointer,
+    /// Roots of destroyed volumes whose blocks are freed in the next sync.
+    pub doomed: Vec<TreeRoot>,
+    pub scan_state: String,
+    /// Something in the MOS changed (props, volumes) even if no data is dirty.
+    pub changed: bool,
+}
+
+pub struct PoolInner {
+    pub name: String,
+    pub guid: u64,
+    pub io: PoolIo,
+    pub txg: TxgState,
+    pub dirty: DirtyAccounting,
+    pub config: Mutex<PoolConfig>,
+    pub leaves: RwLock<Vec<Arc<Leaf>>>,
+    pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
+    pub meta: Mutex<MosMeta>,
+    /// Serialises syncs with config changes (attach/detach/add/online/offline).
+    pub sync_lock: Mutex<()>,
+    pub opener: Opener,
+    pub suspended: AtomicBool,
+    pub scan: crate::scan::ScanControl,
+}
+
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+pub fn new_guid() -> u64 {
+    loop {
+        let g: u64 = rand::random();
+        if g != 0 {
+            return g;
+        }
+    }
+}
+
+impl PoolInner {
+    pub fn tops(&self) -> Vec<Arc<TopVdev>> {
+        self.io.vdevs.read().clone()
+    }
+
+    /// Leaves that carry uberblocks (normal + log classes).
+    fn ub_leaves(&self) -> Vec<Arc<Leaf>> {
+        self.tops().iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).flat_map(|t| t.children()).collect()
+    }
+
+    pub fn find_leaf(&self, name: &str) -> Option<(Arc<TopVdev>, Arc<Leaf>)> {
+        for t in self.tops() {
+            for c in t.children() {
+                if c.spec.display() == name
+                    || c.spec.path.to_string_lossy() == name
+                    || c.spec.path.file_name().map(|f| f.to_string_lossy() == name).unwrap_or(false)
+                    || c.guid.to_string() == name
+                {
+                    return Some((t.clone(), c));
+                }
+            }
+        }
+        None
+    }
+
+    /// Refresh the config's per-leaf state from the live tree.
+    pub fn refresh_config(&self) -> PoolConfig {
+        let mut cfg = self.config.lock();
+        let synced = self.txg.synced_txg();
+        for t in cfg.tops.iter_mut() {
+            for l in t.children.iter_mut() {
+                if let Some(leaf) = self.leaves.read().iter().find(|x| x.guid == l.guid) {
+                    let off = leaf.state() == LeafState::Offline;
+                    if off && !l.offline {
+                        l.offline_since = synced + 1;
+                    }
+                    l.offline = off;
+                    l.dtl = leaf.dtl();
+                    l.spec = leaf.spec.clone();
+                }
+            }
+        }
+        cfg.clone()
+    }
+
+    /// Write the config to every leaf's labels: even labels, flush, odd labels, flush.
+    pub fn write_config_labels(&self, state: &str) -> Result<()> {
+        let mut cfg = self.refresh_config();
+        cfg.state = state.to_string();
+        cfg.txg = self.txg.open_txg();
+        *self.config.lock() = cfg.clone();
+        let leaves = self.leaves.read().clone();
+        for pass in [[0usize, 2], [1, 3]] {
+            let mut ok = 0;
+            for leaf in &leaves {
+                if leaf.state() != LeafState::Online {
+                    continue;
+                }
+                let json = serde_json::to_vec(&LabelJson { this_guid: leaf.guid, config: cfg.clone() }).unwrap();
+                let dev = leaf.device();
+                let size = dev.size();
+                let mut good = true;
+                for l in pass {
+                    let off = label::label_offset(size, l);
+                    let buf = label::encode_config(&json, cfg.txg, off)?;
+                    if dev.write_at(&buf, off).is_err() {
+                        good = false;
+                    }
+                }
+                if good && dev.flush().is_ok() {
+                    ok += 1;
+                } else {
+                    leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if ok == 0 && !leaves.is_empty() {
+                return Err(Error::Io(std::io::Error::other("could not write the pool config to any device")));
+            }
+        }
+        Ok(())
+    }
+
+    fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
+        let leaves = self.ub_leaves();
+        let ok = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for leaf in &leaves {
+                if leaf.state() != LeafState::Online {
+                    continue;
+                }
+                let ok = &ok;
+                s.spawn(move || {
+                    let dev = leaf.device();
+                    let size = dev.size();
+                    let mut good = true;
+                    for l in 0..label::LABELS {
+                        let off = label::ub_offset(size, l, ub.txg);
+                        if leaf.queue.write(crate::vdev::IoClass::SyncWrite, &ub.encode(off), off).is_err() {
+                            good = false;
+                        }
+                    }
+                    if good && leaf.queue.flush().is_ok() {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        if ok.load(Ordering::Relaxed) == 0 {
+            return Err(Error::Io(std::io::Error::other("could not write the uberblock to any device")));
+        }
+        Ok(())
+    }
+
+    fn flush_all(&self) -> Result<()> {
+        let tops = self.tops();
+        let mut err = None;
+        std::thread::scope(|s| {
+            let hs: Vec<_> = tops.iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).map(|t| s.spawn(move || t.flush())).collect();
+            for h in hs {
+                if let Ok(Err(e)) = h.join() {
+                    err = Some(e);
+                }
+            }
+        });
+        match err {
+            Some(e) => Err(Error::Io(e)),
+            None => Ok(()),
+        }
+    }
+
+    pub fn has_dirty(&self, txg: u64) -> bool {
+        if self.dirty.txg_dirty(txg) > 0 || self.meta.lock().changed {
+            return true;
+        }
+        self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
+    }
+
+    /// Sync txg `txg`. On failure the allocator is restored and the dirty records stay.
+    pub fn spa_sync(&self, txg: u64) -> Result<()> {
+        let _g = self.sync_lock.lock();
+        let ms_snapshot = self.io.ms.lock().clone();
+        match self.spa_sync_inner(txg) {
+            Ok(()) => {
+                self.suspended.store(false, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                *self.io.ms.lock() = ms_snapshot;
+                self.suspended.store(true, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    fn spa_sync_inner(&self, txg: u64) -> Result<()> {
+        let threads = 8;
+        let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
+        let mut batch = Vec::new();
+        let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
+        for v in &vols {
+            let recs = v.dirty.collect(txg);
+            let root = *v.committed.read();
+            if recs.is_empty() {
+                new_roots.push((v.clone(), root));
+                continue;
+            }
+            let props = v.props.read().clone();
+            let algo = ChecksumAlgo::from_prop(&props.value("checksum")).unwrap_or(ChecksumAlgo::Fletcher4);
+            let comp = crate::props::parse_compression(&props.value("compression")).unwrap_or(crate::zio::compress::Compression::Off);
+            let pol = WritePolicy { algo, comp, txg };
+            let mut changes = Vec::with_capacity(recs.len());
+            for (blkid, data) in recs {
+                let bp = match data {
+                    Some(d) => self.io.alloc_block(&d, txg, blkptr::KIND_DATA, 0, 1, algo, comp, 1, &mut batch)?,
+                    None => BlockPointer::hole(),
+                };
+                changes.push((blkid, bp));
+            }
+            let nr = dmu::apply_changes(&self.io, &root, &changes, &pol, &mut batch)?;
+            new_roots.push((v.clone(), nr));
+        }
+        // destroyed volumes
+        let (doomed, old_mos, next_id, scan_state) = {
+            let m = self.meta.lock();
+            (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone())
+        };
+        for root in &doomed {
+            let mut bps = Vec::new();
+            dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
+                bps.push(*bp);
+                Ok(())
+            })?;
+            for bp in bps {
+                self.io.free_block(&bp, txg);
+            }
+        }
+        self.io.issue_writes(std::mem::take(&mut batch), txg, threads)?;
+        // the MOS
+        if !old_mos.is_hole() {
+            for bp in dmu::mos_blocks(&self.io, &old_mos, crate::vdev::IoClass::AsyncRead)? {
+                self.io.free_block(&bp, txg);
+            }
+        }
+        let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
+        let mos = Mos {
+            txg,
+            next_volume_id: next_id,
+            volumes: new_roots.iter().map(|(v, r)| v.record(*r)).collect(),
+            scan_state,
+            pool_props,
+        };
+        let blob = {
+            let mut ms = self.io.ms.lock();
+            ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
+            mos.encode(&ms)
+        };
+        let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
+        self.io.issue_writes(batch, txg, threads)?;
+        self.flush_all()?;
+        let ub = Uberblock {
+            txg,
+            guid_sum: self.config.lock().guid_sum(),
+            timestamp_ns: now_ns(),
+            pool_guid: self.guid,
+            root: mos_root,
+        };
+        self.write_uberblocks(&ub)?;
+        // committed: publish
+        for (v, r) in &new_roots {
+            *v.committed.write() = *r;
+            v.dirty.retire(txg);
+        }
+        {
+            let mut m = self.meta.lock();
+            m.mos_root = mos_root;
+            m.doomed.retain(|d| !doomed.contains(d));
+            m.changed = false;
+        }
+        self.dirty.retire(txg);
+        Ok(())
+    }
+
+    /// The sync thread body.
+    pub fn sync_loop(self: &Arc<Self>) {
+        loop {
+            let kick = |open: u64| self.dirty.should_kick(open);
+            let has = |open: u64| self.has_dirty(open);
+            let Some(txg) = self.txg.wait_for_work(&kick, &has) else { return };
+            let mut backoff_ms = 10;
+            loop {
+                match self.spa_sync(txg) {
+                    Ok(()) => {
+                        self.txg.mark_synced(txg);
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
+                        self.txg.mark_sync_failed(e.to_string());
+                        if self.txg.is_shutting_down() && backoff_ms >= 1000 {
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(backoff_ms));
+                        backoff_ms = (backoff_ms * 2).min(1000);
+                    }
+                }
+            }
+        }
+    }
+}
