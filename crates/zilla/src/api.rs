@@ -118,3 +118,12 @@ pub struct DaemonInfo {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Empty {}
+
+/// GET /v1/iostat: the engine's cumulative snapshot plus when the pool was imported
+/// (wall-clock ns), so the first report can be an average since import.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IostatEntry {
+    pub opened_ns: u64,
+    #[serde(flatten)]
+    pub snapshot: zilla_core::spa::IostatSnapshot,
+}

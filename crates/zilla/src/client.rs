@@ -19,7 +19,8 @@ impl Client {
     }
 
     fn no_daemon(&self) -> String {
-        let d = self.state_dir.display();
+        let abs = std::env::current_dir().map(|c| c.join(&self.state_dir)).unwrap_or_else(|_| self.state_dir.clone());
+        let d = abs.display();
         format!("no daemon is serving {d} (start one with `zilla serve --state-dir {d}`)")
     }
 

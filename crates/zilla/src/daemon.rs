@@ -69,6 +69,9 @@ pub struct ServeOpts {
 #[derive(Default)]
 pub struct PoolTable {
     pools: RwLock<BTreeMap<String, Arc<Pool>>>,
+    /// Wall-clock ns when each pool was imported here: iostat's first report is the
+    /// average since then, as zpool's is since boot.
+    opened_ns: RwLock<BTreeMap<String, u64>>,
 }
 
 impl PoolTable {
@@ -78,10 +81,16 @@ impl PoolTable {
     pub fn all(&self) -> Vec<(String, Arc<Pool>)> {
         self.pools.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
+    pub fn opened_ns(&self, name: &str) -> u64 {
+        self.opened_ns.read().get(name).copied().unwrap_or(0)
+    }
     fn insert(&self, name: String, pool: Arc<Pool>) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.opened_ns.write().insert(name.clone(), now.as_nanos() as u64);
         self.pools.write().insert(name, pool);
     }
     fn remove(&self, name: &str) -> Option<Arc<Pool>> {
+        self.opened_ns.write().remove(name);
         self.pools.write().remove(name)
     }
 }
@@ -506,9 +515,21 @@ async fn pool_status(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
     Ok(Json(blocking(move || Ok(pools.iter().map(|p| p.status()).collect())).await?))
 }
 
-async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::IostatSnapshot>> {
+async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<IostatEntry>> {
     let pools = select_pools(&d, &q)?;
-    Ok(Json(blocking(move || Ok(pools.iter().map(|p| p.iostat()).collect())).await?))
+    let table = d.pools.clone();
+    Ok(Json(
+        blocking(move || {
+            Ok(pools
+                .iter()
+                .map(|p| {
+                    let snapshot = p.iostat();
+                    IostatEntry { opened_ns: table.opened_ns(&snapshot.pool), snapshot }
+                })
+                .collect())
+        })
+        .await?,
+    ))
 }
 
 fn check_pool_name(name: &str) -> Result<(), ApiError> {

@@ -8,6 +8,7 @@ use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VdevS
 use zilla_core::vdev::queue::LeafStats;
 use zilla_core::vdev::{IoClass, Role};
 
+use crate::api::IostatEntry;
 use crate::units::{nicebytes, nicenum, nicetime_ns, parse_size};
 
 // ---------------------------------------------------------------------------------
@@ -382,14 +383,18 @@ impl Fmt {
     }
 }
 
-/// Seconds a snapshot's counters cover when there is no previous snapshot: the
-/// engine's timestamp is nanoseconds since the pool was opened.
-pub fn since_open_secs(s: &IostatSnapshot) -> f64 {
-    (s.timestamp_ns as f64 / 1e9).max(1e-3)
+/// Seconds a snapshot's counters cover when there is no previous snapshot (both
+/// timestamps are wall-clock ns).
+fn since_open_secs(s: &IostatSnapshot, opened_ns: u64) -> f64 {
+    (s.timestamp_ns.saturating_sub(opened_ns) as f64 / 1e9).max(1.0)
 }
 
 /// One iostat report (header + rows) for `cur` against `prev` (None = since open).
-pub fn iostat_report(cur: &[IostatSnapshot], prev: Option<&[IostatSnapshot]>, f: IostatFlags) -> String {
+pub fn iostat_report(entries: &[IostatEntry], prev: Option<&[IostatEntry]>, f: IostatFlags) -> String {
+    let cur: Vec<IostatSnapshot> = entries.iter().map(|e| e.snapshot.clone()).collect();
+    let prev: Option<Vec<IostatSnapshot>> = prev.map(|p| p.iter().map(|e| e.snapshot.clone()).collect());
+    let opened = |pool: &str| entries.iter().find(|e| e.snapshot.pool == pool).map_or(0, |e| e.opened_ns);
+    let (cur, prev) = (cur.as_slice(), prev.as_deref());
     if f.histograms {
         return iostat_histograms(cur, prev, f);
     }
@@ -407,7 +412,7 @@ pub fn iostat_report(cur: &[IostatSnapshot], prev: Option<&[IostatSnapshot]>, f:
         let p = prev.and_then(|ps| ps.iter().find(|p| p.pool == s.pool));
         let secs = match p {
             Some(p) => ((s.timestamp_ns.saturating_sub(p.timestamp_ns)) as f64 / 1e9).max(1e-3),
-            None => since_open_secs(s),
+            None => since_open_secs(s, opened(&s.pool)),
         };
         rows.push(iostat_row(&s.pool, Some((s.alloc, s.free)), &s.stats, p.map(|p| &p.stats), secs, &fm, f));
         if f.verbose {
@@ -441,7 +446,7 @@ fn push_iostat_node(
     fm: &Fmt,
     f: IostatFlags,
 ) {
-    let cap = if v.children.is_empty() { None } else { Some((v.alloc, v.free)) };
+    let cap = if v.children.is_empty() && v.alloc + v.free == 0 { None } else { Some((v.alloc, v.free)) };
     let name = format!("{}{}", "  ".repeat(depth), v.name);
     rows.push(iostat_row(&name, cap, &v.stats, prev.map(|p| &p.stats), secs, fm, f));
     for c in &v.children {

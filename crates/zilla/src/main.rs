@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use zilla_core::spa::{ImportablePool, IostatSnapshot, PoolListRow, PoolStatus, ScrubCmd, TopSpec, VolumeInfo};
+use zilla_core::spa::{ImportablePool, PoolListRow, PoolStatus, ScrubCmd, TopSpec, VolumeInfo};
 use zilla_core::vdev::LeafSpec;
 
 use crate::api::*;
@@ -667,10 +667,10 @@ fn iostat_args(args: &[String]) -> Result<(Vec<String>, Option<f64>, Option<u64>
 
 async fn iostat(c: &Client, f: IostatFlags, args: &[String]) -> Result<(), String> {
     let (pools, interval, count) = iostat_args(args)?;
-    let mut prev: Option<Vec<IostatSnapshot>> = None;
+    let mut prev: Option<Vec<IostatEntry>> = None;
     let mut n = 0u64;
     loop {
-        let cur: Vec<IostatSnapshot> = fetch(c, "/v1/iostat", &pools).await?;
+        let cur: Vec<IostatEntry> = fetch(c, "/v1/iostat", &pools).await?;
         if cur.is_empty() {
             println!("no pools available");
             return Ok(());

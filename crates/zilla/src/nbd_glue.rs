@@ -14,12 +14,10 @@ use zilla_core::zvol::BlockVolume;
 use crate::daemon::PoolTable;
 
 /// The export registry over the daemon's pool table.
-#[allow(dead_code)] // used once the NBD server is wired in (see spawn)
 pub struct Exports {
     pools: Arc<PoolTable>,
 }
 
-#[allow(dead_code)]
 impl Exports {
     /// (name, size) of every volume, sorted by name.
     pub fn list(&self) -> Vec<(String, u64)> {
@@ -47,37 +45,45 @@ impl Exports {
     }
 }
 
+impl zilla_nbd::ExportRegistry for Exports {
+    fn list(&self) -> Vec<zilla_nbd::ExportInfo> {
+        Exports::list(self)
+            .into_iter()
+            .map(|(name, size)| zilla_nbd::ExportInfo {
+                name,
+                description: format!("zilla volume, {}", crate::units::nicebytes(size)),
+            })
+            .collect()
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
+        Exports::open(self, name)
+    }
+}
+
 /// Start serving NBD on the TCP listener (if any) and the unix socket until `stop`
 /// turns true. The returned task ends when the server has stopped accepting and its
-/// in-flight requests have finished or failed.
+/// in-flight requests have finished or failed (bounded by the server's grace time).
 pub fn spawn(
     pools: Arc<PoolTable>,
     tcp: Option<TcpListener>,
     unix: UnixListener,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let _exports = Arc::new(Exports { pools });
-    // TODO(nbd): replace this block with the zilla-nbd server once it lands, roughly:
-    //   impl zilla_nbd::ExportRegistry for Exports { list -> ExportInfo, open -> open }
-    //   let server = zilla_nbd::NbdServer::new();
-    //   let a = tcp.map(|l| tokio::spawn(server.clone().serve_tcp(l, exports.clone(), stop.clone())));
-    //   let b = tokio::spawn(server.serve_unix(unix, exports, stop));
-    //   join both.
+    let server = zilla_nbd::NbdServer::new(Arc::new(Exports { pools }), zilla_nbd::NbdConfig::default());
     tokio::spawn(async move {
-        tracing::warn!("NBD server not built into this binary yet: connections will be closed");
-        loop {
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                c = accept_tcp(&tcp) => drop(c),
-                c = unix.accept() => drop(c),
+        let tcp_server = server.clone();
+        let tcp_stop = stop.clone();
+        let tcp_task = async move {
+            match tcp {
+                Some(l) => tcp_server.serve_tcp(l, tcp_stop).await,
+                None => Ok(()),
+            }
+        };
+        let (a, b) = tokio::join!(tcp_task, server.serve_unix(unix, stop));
+        for r in [a, b] {
+            if let Err(e) = r {
+                tracing::error!("NBD server stopped: {e}");
             }
         }
     })
-}
-
-async fn accept_tcp(l: &Option<TcpListener>) -> std::io::Result<tokio::net::TcpStream> {
-    match l {
-        Some(l) => l.accept().await.map(|(s, _)| s),
-        None => std::future::pending().await,
-    }
 }

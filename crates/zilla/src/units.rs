@@ -75,22 +75,17 @@ fn nice(n: u64, unit0: &str) -> String {
     format!("{x:.0}{u}")
 }
 
-/// Time in nanoseconds as zpool iostat -l prints it: ns, us, ms, s.
+/// Time in nanoseconds as zpool iostat -l prints it (`zfs_nicenum` TIME format):
+/// 1000-based ns/us/ms/s, whole numbers rounded down, so `4.17ms` shows as `4ms`.
 pub fn nicetime_ns(ns: u64) -> String {
     const UNITS: [&str; 4] = ["ns", "us", "ms", "s"];
     let mut index = 0;
-    let mut v = ns as f64;
-    while v >= 1000.0 && index < 3 {
-        v /= 1000.0;
+    let mut v = ns;
+    while v >= 1000 && index < 3 {
+        v /= 1000;
         index += 1;
     }
-    if index == 0 || v >= 100.0 {
-        format!("{:.0}{}", v, UNITS[index])
-    } else if v >= 10.0 {
-        format!("{:.1}{}", v, UNITS[index])
-    } else {
-        format!("{:.2}{}", v, UNITS[index])
-    }
+    format!("{v}{}", UNITS[index])
 }
 
 #[cfg(test)]
@@ -127,7 +122,8 @@ mod tests {
         assert_eq!(nicebytes(1023 * 1024 + 1000), "1024K");
         assert_eq!(nicenum(1000), "1000");
         assert_eq!(nicenum(10 << 30), "10G");
-        assert_eq!(nicetime_ns(4_170_000), "4.17ms");
+        assert_eq!(nicetime_ns(4_170_000), "4ms");
+        assert_eq!(nicetime_ns(999_999), "999us");
         assert_eq!(nicetime_ns(512), "512ns");
     }
 }
