@@ -625,7 +625,7 @@ async fn device_op(c: &Client, op: &str, pool: &str, device: Option<String>) -> 
 
 fn format_importable(p: &ImportablePool) -> String {
     let mut o = format!("   pool: {}\n     id: {}\n  state: {}\n", p.name, p.guid, p.state);
-    let action = if p.state == "ONLINE" {
+    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") {
         "The pool can be imported using its name or numeric identifier."
     } else {
         "The pool cannot be imported: some devices are missing or damaged."
