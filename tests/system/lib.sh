@@ -8,6 +8,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ZILLA=${ZILLA_BIN:-$ROOT/target/release/zilla}
 [ -x "$ZILLA" ] || { echo "no zilla binary at $ZILLA (cargo build --release)"; exit 1; }
+ZILLA=$(realpath "$ZILLA")
 T=$(mktemp -d /tmp/zilla-systest.XXXXXX)
 STATE=$T/state
 mkdir -p "$T/disks"
