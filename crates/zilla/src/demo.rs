@@ -148,7 +148,7 @@ fn print_banner(dir: &Path, state: &Path, info: &crate::api::DaemonInfo) {
     o.push_str(&format!("  qemu:         qemu-img info {nbd}\n"));
     o.push_str(&format!("                qemu-img convert -p -O raw {nbd} /tmp/vol0.raw\n"));
     o.push_str(&format!(
-        "  fio:          fio --name=demo --ioengine=nbd --uri={nbd} --rw=randrw --bs=4k --iodepth=16 --size=64M --runtime=10 --time_based\n"
+        "  fio:          fio --name=demo --ioengine=nbd --uri={nbd} --rw=randrw --bs=4k --iodepth=16 --offset=256M --size=64M --runtime=10 --time_based\n"
     ));
     if let Some(h) = &info.http {
         o.push_str(&format!("  browser:      http://{}/\n", h.replace("0.0.0.0", "127.0.0.1")));
