@@ -60,6 +60,23 @@ nbdcopy "$(nbd_unix_uri tank/v1)" "$T/back"
 cmp -n $((8 << 20)) "$T/data" "$T/back" || fail "data differs after export/import"
 [ "$(z get -H logbias tank/v1 | cut -f3)" = throughput ] || fail "property lost across export/import"
 
+# Scrub, device state changes, detach/attach.
+z pool scrub -w tank
+z pool status tank | grep -q 'scan: scrub repaired' || fail "no scrub result in status"
+z pool offline tank "$T/disks/tank-b1"
+z pool status tank | grep -q 'state: DEGRADED' || fail "offline did not degrade the pool"
+z pool status -x | grep -q 'pool: tank' || fail "status -x does not show the degraded pool"
+z pool online tank "$T/disks/tank-b1"
+z pool clear tank
+z pool detach tank "$T/disks/tank-b1"
+z pool status tank | grep -q 'tank-b1' && fail "detached leaf still listed"
+z pool attach tank "$T/disks/tank-b0" "$T/disks/tank-b1"
+for i in $(seq 100); do z pool status -x | grep -q 'all pools are healthy' && break; sleep 0.2; done
+z pool status tank | tee "$T/st2"
+grep -q 'tank-b1' "$T/st2" || fail "attached leaf not listed"
+grep -q 'state: ONLINE' "$T/st2" || fail "pool not ONLINE after attach"
+grep -q '"tank-b1"\|tank-b1' "$STATE/zilla.cache" || fail "cache file not updated after attach"
+
 # The daemon re-imports its pools after a restart (cache file).
 stop_daemon
 grep -q '"tank"' "$STATE/zilla.cache" || fail "cache file does not list tank"
