@@ -1105,15 +1105,25 @@ impl Pool {
             Some(d) => {
                 let (_, l) = inner.find_leaf(d).ok_or_else(|| Error::NotFound(format!("device '{d}' in pool '{}'", inner.name)))?;
                 l.clear_errors();
+                if l.state() == LeafState::Faulted {
+                    l.set_state(LeafState::Online);
+                }
             }
             None => {
                 for l in inner.leaves.read().iter() {
                     l.clear_errors();
+                    if l.state() == LeafState::Faulted {
+                        l.set_state(LeafState::Online);
+                    }
                 }
                 inner.io.errors.unrecoverable.store(0, Ordering::Relaxed);
                 inner.io.error_log.lock().clear();
             }
         }
+        if inner.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty()) {
+            crate::scan::start_resilver(inner);
+        }
+        inner.suspended.store(false, Ordering::Relaxed);
         Ok(())
     }
 
