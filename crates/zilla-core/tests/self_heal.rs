@@ -402,3 +402,28 @@ fn both_copies_bad_is_an_error_never_wrong_data() {
     drop(v);
     pool.export().unwrap();
 }
+
+// ---- ditto copies -----------------------------------------------------------------
+
+/// An indirect block has two DVAs on different top-level vdevs. With dva[0] bad on
+/// every child of its mirror, reads use dva[1]; a scrub must rewrite dva[0] from the
+/// good ditto copy (otherwise one more failure loses the block).
+#[test]
+fn indirect_ditto_copy_bad_on_whole_mirror_is_repaired_by_scrub() {
+    let (rig, pool) = setup();
+    let bp = root(&pool).bp;
+    let d = bp.dva[0];
+    assert_ne!(bp.dva[1].vdev, d.vdev);
+    for (i, n) in children(&pool, d.vdev).iter().enumerate() {
+        corrupt(&rig, n, &d, 30 + i as u64);
+    }
+    pool.export().unwrap();
+    let pool = rig.import();
+    rig.check_all(&pool);
+    let line = scrub(&pool);
+    assert_scrub_repaired(&line);
+    for n in children(&pool, d.vdev) {
+        assert!(zilla_core::zio::verify(&bp, &bytes(&rig, &n, &d)), "ditto copy dva[0] on {n} still bad after scrub ({line})");
+    }
+    pool.export().unwrap();
+}
