@@ -154,6 +154,15 @@ pub fn start_scrub(inner: &Arc<PoolInner>) -> Result<()> {
 }
 
 pub fn start_resilver(inner: &Arc<PoolInner>) {
+    // An online leaf's open-ended DTL range (offline across an export: "missing from
+    // offline_since on") ends now; left open it would survive every resilver.
+    let open = inner.txg.open_txg();
+    for l in inner.leaves.read().iter().filter(|l| l.readable()) {
+        let d = l.dtl();
+        if d.iter().any(|r| r.1 > open) {
+            l.set_dtl(d.into_iter().map(|(a, b)| (a, b.min(open))).collect());
+        }
+    }
     let min_txg = inner.leaves.read().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(0);
     if inner.scan.running.load(Ordering::Acquire) {
         // restart as a resilver: resilver takes priority over a scrub
