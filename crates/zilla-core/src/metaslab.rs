@@ -361,6 +361,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// An extent wholly before the cursor (found by the wrap-around search) must be
+    /// allocated from its start; this used to underflow and panic the sync thread.
+    #[test]
+    fn alloc_from_extent_before_cursor() {
+        let mut a = RangeAllocator::new(16 * 4096);
+        let x = a.alloc(4 * 4096).unwrap();
+        let _y = a.alloc(12 * 4096).unwrap(); // cursor at the end, nothing free after it
+        a.free(x, 4 * 4096);
+        assert_eq!(a.alloc(2 * 4096), Some(x));
+        assert_eq!(a.free_bytes(), 2 * 4096);
+    }
+
     proptest! {
         /// Model test: allocations never overlap, frees restore, accounting holds.
         #[test]

@@ -187,9 +187,10 @@ impl TopVdev {
         self.children.read().clone()
     }
 
-    /// Usable bytes for allocation: the smallest child, minus the label areas.
+    /// Usable bytes for allocation: the smallest child, minus the label areas. Children
+    /// missing at import (size 0) do not count, or a degraded mirror would have no space.
     pub fn asize(&self) -> u64 {
-        let min = self.children.read().iter().map(|c| c.device().size()).min().unwrap_or(0);
+        let min = self.children.read().iter().map(|c| c.device().size()).filter(|&s| s > 0).min().unwrap_or(0);
         super::label::usable_end(min).saturating_sub(super::label::DATA_START)
     }
 
