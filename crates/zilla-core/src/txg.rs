@@ -46,6 +46,8 @@ struct State {
     shutting_down: bool,
     /// An error from the last sync (the pool is suspended until it succeeds).
     sync_error: Option<String>,
+    /// The sync thread died (a bug): waiters get an error instead of hanging.
+    fatal: Option<String>,
 }
 
 pub struct TxgState {
@@ -73,6 +75,7 @@ impl TxgState {
                 last_sync_start: Instant::now(),
                 shutting_down: false,
                 sync_error: None,
+                fatal: None,
             }),
             cv: Condvar::new(),
             hold: RwLock::new(()),
@@ -110,8 +113,8 @@ impl TxgState {
             self.cv.notify_all();
         }
         while s.synced_txg < txg {
-            if s.shutting_down && s.synced_txg < txg {
-                // the final sync at export covers everything; keep waiting unless it failed
+            if let Some(f) = &s.fatal {
+                return Err(Error::Io(std::io::Error::other(format!("txg sync thread failed: {f}"))));
             }
             if let Some(e) = &s.sync_error {
                 if s.shutting_down {
@@ -182,7 +185,15 @@ impl TxgState {
     }
 
     pub fn sync_error(&self) -> Option<String> {
-        self.state.lock().sync_error.clone()
+        let s = self.state.lock();
+        s.fatal.clone().or_else(|| s.sync_error.clone())
+    }
+
+    /// The sync thread is gone: fail every waiter from now on.
+    pub fn mark_fatal(&self, msg: String) {
+        let mut s = self.state.lock();
+        s.fatal = Some(msg);
+        self.cv.notify_all();
     }
 
     pub fn begin_shutdown(&self) {
