@@ -308,6 +308,10 @@ impl PoolInner {
     /// Sync txg `txg`. On failure the allocator is restored and the dirty records stay.
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
         let _g = self.sync_lock.lock();
+        // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
+        // and T-2 never reference them), so release them outside the snapshot: a sync
+        // retried after ENOSPC then sees that space.
+        self.io.ms.lock().release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
         let ms_snapshot = self.io.ms.lock().clone();
         let r = self.spa_sync_inner(txg);
         if r.is_err() {
@@ -385,7 +389,6 @@ impl PoolInner {
         };
         let blob = {
             let mut ms = self.io.ms.lock();
-            ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
             mos.encode(&ms)
         };
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;

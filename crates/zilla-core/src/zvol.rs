@@ -110,6 +110,29 @@ impl Volume {
         Ok(())
     }
 
+    /// Like `check_space`, but when the estimate fails while dirty data or deferred
+    /// frees are pending, wait for txgs to sync (which turns dirty bytes into exact
+    /// allocations and returns frees older than three txgs) and try again; ENOSPC only
+    /// when the write does not fit even then (OpenZFS: ERESTART from
+    /// dsl_dir_tempreserve_space, then dmu_tx_wait).
+    fn reserve_space(&self, new_bytes: u64) -> Result<()> {
+        let mut attempts = 0;
+        loop {
+            match self.check_space(new_bytes) {
+                Err(Error::NoSpace) if attempts < crate::metaslab::TXG_DEFER_SIZE as usize + 2 => {
+                    let pending = self.pool.dirty.total() > 0 || self.pool.io.ms.lock().deferred_bytes() > 0;
+                    if !pending {
+                        return Err(Error::NoSpace);
+                    }
+                    attempts += 1;
+                    let t = self.pool.txg.open_txg();
+                    self.pool.txg.wait_synced(t)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Refuse new dirty data when the pool could not hold it after copy-on-write.
     fn check_space(&self, new_bytes: u64) -> Result<()> {
         let (size, alloc) = self.pool.io.space();
@@ -256,7 +279,7 @@ impl Volume {
             let n = ((bs - pos % bs).min(end - pos)) as usize;
             self.pool.dirty.throttle(&|| self.pool.txg.is_shutting_down());
             if data.is_some() || !free_whole || n as u64 != bs {
-                self.check_space(bs)?;
+                self.reserve_space(bs)?;
             }
             let patch = data.map(|d| &d[(pos - offset) as usize..(pos - offset) as usize + n]);
             let t = self.update_block(blkid, in_off, patch, n, free_whole)?;
@@ -342,8 +365,8 @@ impl BlockVolume for Volume {
         if crate::dsl_pool::delay_ns(self.pool.dirty.total() + data.len() as u64, max) > 0 {
             return None;
         }
-        if let Err(e) = self.check_space(data.len() as u64) {
-            return Some(Err(e));
+        if self.check_space(data.len() as u64).is_err() {
+            return None; // the blocking path waits for syncs before answering ENOSPC
         }
         let bs = self.bs();
         let end = offset + data.len() as u64;
