@@ -138,6 +138,8 @@ fn overwrites_wait_for_sync_instead_of_enospc() {
             let data = pattern(round * 1000 + off / chunk as u64, chunk);
             v.write(off, &data, false).unwrap_or_else(|e| panic!("round {round} offset {off}: {e}"));
         }
+        // commit the round: the next one overwrites blocks whose old copies are allocated
+        v.flush().unwrap();
     }
     v.flush().unwrap();
     let mut back = vec![0u8; chunk];
