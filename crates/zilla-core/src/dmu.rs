@@ -117,6 +117,8 @@ pub struct PoolIo {
     /// Normal-class (size, allocated) as of the last sync, read lock-free by writers.
     pub space_size: std::sync::atomic::AtomicU64,
     pub space_alloc: std::sync::atomic::AtomicU64,
+    /// Aligned aggregation buffers for sync writes.
+    pub write_buffers: crate::zio::abd::BufPool,
 }
 
 pub const ERROR_LOG_MAX: usize = 100;
@@ -127,23 +129,17 @@ pub struct PendingWrite {
     pub data: Arc<[u8]>,
 }
 
-/// Bytes of aggregated writes materialised at once while issuing a sync's batch.
-pub const ISSUE_WINDOW_BYTES: usize = 64 << 20;
 /// Largest aggregated write (zfs_vdev_aggregation_limit).
 pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
+/// Idle aggregation buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
+pub const WRITE_BUFFERS_POOLED: usize = 32;
 
-enum Run {
-    Single(u32, u64, Arc<[u8]>),
-    Merged(u32, u64, Vec<u8>),
-}
-
-impl Run {
-    fn parts(&self) -> (u32, u64, &[u8]) {
-        match self {
-            Run::Single(v, o, d) => (*v, *o, d),
-            Run::Merged(v, o, d) => (*v, *o, d),
-        }
-    }
+/// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
+struct Run {
+    vdev: u32,
+    offset: u64,
+    bytes: usize,
+    blocks: std::ops::Range<usize>,
 }
 
 impl PoolIo {
@@ -246,6 +242,21 @@ impl PoolIo {
         batch: &mut Vec<PendingWrite>,
     ) -> Result<BlockPointer> {
         let p = crate::zio::prepare(logical, algo, comp);
+        self.alloc_prepared(p, txg, kind, level, fill, copies, batch)
+    }
+
+    /// Allocate space for an already prepared (checksummed, compressed) block.
+    #[allow(clippy::too_many_arguments)]
+    pub fn alloc_prepared(
+        &self,
+        p: crate::zio::PreparedBlock,
+        txg: u64,
+        kind: u8,
+        level: u8,
+        fill: u64,
+        copies: usize,
+        batch: &mut Vec<PendingWrite>,
+    ) -> Result<BlockPointer> {
         let asize = p.asize();
         let data = p.data;
         let mut bp = BlockPointer {
@@ -282,59 +293,41 @@ impl PoolIo {
         Ok(bp)
     }
 
-    /// Issue a batch of writes: sorted, adjacent blocks merged up to 1 MiB, spread over
-    /// `threads` workers, at most ISSUE_WINDOW_BYTES of merged copies in memory at once.
-    /// Fails if any write fails on every child.
+    /// Issue a batch of writes: sorted, adjacent blocks of one vdev merged into aligned
+    /// runs of up to 1 MiB, runs of different top-level vdevs interleaved so every mirror
+    /// works at once, `threads` workers each copying a run into a pooled aligned buffer
+    /// and writing it (mirror children in parallel). Fails if a run could not be written
+    /// to any child.
     pub fn issue_writes(&self, mut batch: Vec<PendingWrite>, txg: u64, threads: usize) -> Result<()> {
-        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
-        let mut window: Vec<Run> = Vec::new();
-        let mut window_bytes = 0usize;
-        let mut pending: Option<Run> = None;
-        for w in batch {
-            pending = match pending.take() {
-                None => Some(Run::Single(w.dva.vdev, w.dva.offset, w.data)),
-                Some(run) => {
-                    let (v, o, d) = run.parts();
-                    let len = d.len();
-                    if v == w.dva.vdev && o + len as u64 == w.dva.offset && len + w.data.len() <= AGGREGATION_LIMIT_BYTES {
-                        let merged = match run {
-                            Run::Single(v, o, d) => {
-                                let mut m = Vec::with_capacity(AGGREGATION_LIMIT_BYTES.min(d.len() * 8));
-                                m.extend_from_slice(&d);
-                                m.extend_from_slice(&w.data);
-                                Run::Merged(v, o, m)
-                            }
-                            Run::Merged(v, o, mut m) => {
-                                m.extend_from_slice(&w.data);
-                                Run::Merged(v, o, m)
-                            }
-                        };
-                        Some(merged)
-                    } else {
-                        window_bytes += len;
-                        window.push(run);
-                        if window_bytes >= ISSUE_WINDOW_BYTES {
-                            self.issue_runs(std::mem::take(&mut window), txg, threads)?;
-                            window_bytes = 0;
-                        }
-                        Some(Run::Single(w.dva.vdev, w.dva.offset, w.data))
-                    }
-                }
-            };
-        }
-        if let Some(run) = pending {
-            window.push(run);
-        }
-        self.issue_runs(window, txg, threads)
-    }
-
-    fn issue_runs(&self, runs: Vec<Run>, txg: u64, threads: usize) -> Result<()> {
-        if runs.is_empty() {
+        if batch.is_empty() {
             return Ok(());
+        }
+        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
+        let mut per_vdev: BTreeMap<u32, Vec<Run>> = BTreeMap::new();
+        for (i, w) in batch.iter().enumerate() {
+            let runs = per_vdev.entry(w.dva.vdev).or_default();
+            match runs.last_mut() {
+                Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
+                    r.bytes += w.data.len();
+                    r.blocks.end = i + 1;
+                }
+                _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
+            }
+        }
+        // round-robin across vdevs
+        let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
+        let mut runs: Vec<Run> = Vec::new();
+        while queues.iter().any(|q| !q.is_empty()) {
+            for q in queues.iter_mut() {
+                if let Some(r) = q.pop_front() {
+                    runs.push(r);
+                }
+            }
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed: Mutex<Option<Error>> = Mutex::new(None);
         let workers = threads.clamp(1, runs.len());
+        let batch = &batch;
         std::thread::scope(|s| {
             for _ in 0..workers {
                 s.spawn(|| loop {
@@ -342,11 +335,16 @@ impl PoolIo {
                     if i >= runs.len() {
                         break;
                     }
-                    let (v, off, data) = runs[i].parts();
-                    let r = match self.top(v) {
-                        Some(t) => t.write(IoClass::AsyncWrite, data, off, txg).map_err(Error::Io),
-                        None => Err(Error::Corrupt(format!("write to unknown vdev {v}"))),
+                    let run = &runs[i];
+                    let mut buf = self.write_buffers.get(run.bytes);
+                    for w in &batch[run.blocks.clone()] {
+                        buf.extend_from_slice(&w.data);
+                    }
+                    let r = match self.top(run.vdev) {
+                        Some(t) => t.write(IoClass::AsyncWrite, buf.as_slice(), run.offset, txg).map_err(Error::Io),
+                        None => Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev))),
                     };
+                    self.write_buffers.put(buf);
                     if let Err(e) = r {
                         *failed.lock() = Some(e);
                     }

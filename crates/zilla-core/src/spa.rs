@@ -364,6 +364,7 @@ impl Pool {
                 error_log: Mutex::new(Vec::new()),
                 space_size: Default::default(),
                 space_alloc: Default::default(),
+                write_buffers: crate::zio::abd::BufPool::new(dmu::AGGREGATION_LIMIT_BYTES, dmu::WRITE_BUFFERS_POOLED),
             },
             txg: TxgState::new(crate::txg::TXG_INITIAL - 1),
             dirty: DirtyAccounting::new(),
@@ -544,6 +545,7 @@ impl Pool {
             error_log: Mutex::new(Vec::new()),
             space_size: Default::default(),
             space_alloc: Default::default(),
+            write_buffers: crate::zio::abd::BufPool::new(dmu::AGGREGATION_LIMIT_BYTES, dmu::WRITE_BUFFERS_POOLED),
         };
         // newest uberblock whose MOS reads back
         let mut loaded = None;

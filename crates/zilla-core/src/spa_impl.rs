@@ -93,6 +93,24 @@ impl PoolConfig {
     }
 }
 
+/// Checksum and compress a txg's dirty blocks on all cores (order preserved).
+fn prepare_parallel(
+    recs: &[(u64, Option<Arc<[u8]>>)],
+    algo: ChecksumAlgo,
+    comp: crate::zio::compress::Compression,
+) -> Vec<Option<crate::zio::PreparedBlock>> {
+    let one = |d: &Option<Arc<[u8]>>| d.as_ref().map(|d| crate::zio::prepare(d, algo, comp));
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    if cpus < 2 || recs.len() < 64 {
+        return recs.iter().map(|(_, d)| one(d)).collect();
+    }
+    let chunk = recs.len().div_ceil(cpus);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = recs.chunks(chunk).map(|c| s.spawn(move || c.iter().map(|(_, d)| one(d)).collect::<Vec<_>>())).collect();
+        handles.into_iter().flat_map(|h| h.join().expect("prepare worker panicked")).collect()
+    })
+}
+
 /// In-memory state of one volume.
 pub struct VolumeState {
     pub id: u64,
@@ -333,8 +351,10 @@ impl PoolInner {
     fn spa_sync_inner(&self, txg: u64) -> Result<()> {
         let threads = 8;
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
+        let mut data_batch = Vec::new();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
+        let mut trees: Vec<(Arc<VolumeState>, TreeRoot, Vec<(u64, BlockPointer)>, WritePolicy)> = Vec::new();
         for v in &vols {
             let recs = v.dirty.collect(txg);
             let root = *v.committed.read();
@@ -345,33 +365,49 @@ impl PoolInner {
             let props = v.props.read().clone();
             let algo = ChecksumAlgo::from_prop(&props.value("checksum")).unwrap_or(ChecksumAlgo::Fletcher4);
             let comp = crate::props::parse_compression(&props.value("compression")).unwrap_or(crate::zio::compress::Compression::Off);
-            let pol = WritePolicy { algo, comp, txg };
+            // checksum and compress on every core, then allocate in blkid order
+            let prepared = prepare_parallel(&recs, algo, comp);
             let mut changes = Vec::with_capacity(recs.len());
-            for (blkid, data) in recs {
-                let bp = match data {
-                    Some(d) => self.io.alloc_block(&d, txg, blkptr::KIND_DATA, 0, 1, algo, comp, 1, &mut batch)?,
+            for ((blkid, _), p) in recs.iter().zip(prepared) {
+                let bp = match p {
+                    Some(p) => self.io.alloc_prepared(p, txg, blkptr::KIND_DATA, 0, 1, 1, &mut data_batch)?,
                     None => BlockPointer::hole(),
                 };
-                changes.push((blkid, bp));
+                changes.push((*blkid, bp));
             }
-            let nr = dmu::apply_changes(&self.io, &root, &changes, &pol, &mut batch)?;
-            new_roots.push((v.clone(), nr));
+            trees.push((v.clone(), root, changes, WritePolicy { algo, comp, txg }));
         }
-        // destroyed volumes
         let (doomed, old_mos, next_id, scan_state) = {
             let m = self.meta.lock();
             (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone())
         };
-        for root in &doomed {
-            let mut bps = Vec::new();
-            dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
-                bps.push(*bp);
+        // data blocks go to the disks while this thread rebuilds the indirect blocks
+        std::thread::scope(|s| -> Result<()> {
+            let io = &self.io;
+            let data = std::mem::take(&mut data_batch);
+            let writer = s.spawn(move || io.issue_writes(data, txg, threads));
+            let rebuilt = (|| -> Result<()> {
+                for (v, root, changes, pol) in &trees {
+                    let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch)?;
+                    new_roots.push((v.clone(), nr));
+                }
+                // destroyed volumes
+                for root in &doomed {
+                    let mut bps = Vec::new();
+                    dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
+                        bps.push(*bp);
+                        Ok(())
+                    })?;
+                    for bp in bps {
+                        self.io.free_block(&bp, txg);
+                    }
+                }
                 Ok(())
-            })?;
-            for bp in bps {
-                self.io.free_block(&bp, txg);
-            }
-        }
+            })();
+            let written = writer.join().unwrap_or_else(|_| Err(Error::Corrupt("sync writer panicked".into())));
+            rebuilt?;
+            written
+        })?;
         self.io.issue_writes(std::mem::take(&mut batch), txg, threads)?;
         // the MOS
         if !old_mos.is_hole() {
@@ -388,7 +424,7 @@ impl PoolInner {
             pool_props,
         };
         let blob = {
-            let mut ms = self.io.ms.lock();
+            let ms = self.io.ms.lock();
             mos.encode(&ms)
         };
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;

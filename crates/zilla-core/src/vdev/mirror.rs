@@ -79,6 +79,9 @@ pub struct Leaf {
 /// DTL; `zilla pool clear` or `online` brings it back and resilvers what it missed.
 pub const FAULT_AFTER_CONSECUTIVE_ERRORS: u32 = 10;
 
+/// Mirror writes at least this large are issued to the children in parallel.
+pub const PARALLEL_CHILD_WRITE_BYTES: usize = 64 << 10;
+
 impl Leaf {
     pub fn new(guid: u64, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
         Leaf {
@@ -208,27 +211,50 @@ impl TopVdev {
 
     /// Write `buf` at data offset `offset` (relative to DATA_START) on every writable child.
     /// Children that miss it get `txg` in their DTL. Ok if at least one child succeeded.
+    /// Large writes go to the children in parallel (one device latency, not N).
     pub fn write(&self, class: IoClass, buf: &[u8], offset: u64, txg: u64) -> io::Result<()> {
         let phys = super::label::DATA_START + offset;
         let children = self.children();
-        let mut ok = 0;
-        let mut last_err = None;
+        let mut writable: Vec<&Arc<Leaf>> = Vec::with_capacity(children.len());
         for c in &children {
-            if !c.readable() {
+            if c.readable() {
+                writable.push(c);
+            } else {
                 c.dtl_add(txg);
-                continue;
             }
+        }
+        let one = |c: &Leaf| -> io::Result<()> {
             match c.queue.write(class, buf, phys) {
                 Ok(()) => {
                     c.note_ok();
-                    ok += 1
+                    Ok(())
                 }
                 Err(e) => {
                     c.write_errors.fetch_add(1, Ordering::Relaxed);
                     c.dtl_add(txg);
                     self.note_error(c, &e);
-                    last_err = Some(e);
+                    Err(e)
                 }
+            }
+        };
+        let results: Vec<io::Result<()>> = if writable.len() > 1 && buf.len() >= PARALLEL_CHILD_WRITE_BYTES {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = writable[1..].iter().map(|c| s.spawn(|| one(c))).collect();
+                let mut out = vec![one(writable[0])];
+                for h in handles {
+                    out.push(h.join().unwrap_or_else(|_| Err(io::Error::other("mirror child writer panicked"))));
+                }
+                out
+            })
+        } else {
+            writable.iter().map(|c| one(c)).collect()
+        };
+        let mut last_err = None;
+        let mut ok = 0;
+        for r in results {
+            match r {
+                Ok(()) => ok += 1,
+                Err(e) => last_err = Some(e),
             }
         }
         if ok > 0 {

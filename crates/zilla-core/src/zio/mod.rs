@@ -16,6 +16,7 @@
 //! fails. Blocks with no parent (labels, uberblocks) use embedded checksums instead
 //! (vdev::label).
 
+pub mod abd;
 pub mod blkptr;
 pub mod checksum;
 pub mod compress;
