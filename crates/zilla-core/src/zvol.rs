@@ -56,7 +56,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::arc::{BlockKey, BufKind};
-use crate::dmu::{self, DirtySet};
+use crate::dmu::{self, DirtySet, TreeRoot};
 use crate::spa_impl::{PoolInner, VolumeState};
 use crate::vdev::IoClass;
 use crate::Error;
@@ -168,23 +168,38 @@ impl Volume {
         self.read_committed(blkid, IoClass::SyncRead)
     }
 
-    /// Non-blocking variant: only ARC and dirty data.
-    fn read_block_cached(&self, blkid: u64) -> Option<Option<Arc<[u8]>>> {
+    /// Non-blocking variant: only ARC and dirty data. `memo` keeps the level-1 indirect
+    /// of the previous block so a multi-block read walks the tree once per 1024 blocks;
+    /// it is tied to the root it was read from and dropped when a sync publishes a new
+    /// one (the root is re-read after each dirty check, as the dmu ordering requires).
+    fn read_block_cached(&self, blkid: u64, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<Option<Arc<[u8]>>> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Some(d);
         }
         let root = *self.vol.committed.read();
         let io = &self.pool.io;
-        let mut bp = root.bp;
-        for level in (1..root.nlevels as u32).rev() {
-            if bp.is_hole() {
-                return Some(None);
+        let bp = match memo {
+            Some((r, l1idx, l1)) if *r == root && *l1idx == blkid >> dmu::INDIRECT_SHIFT && root.nlevels >= 2 => {
+                let o = (blkid & (dmu::EPB - 1)) as usize * crate::zio::blkptr::BlockPointer::SIZE;
+                crate::zio::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?
             }
-            let ind = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
-            let idx = ((blkid >> (dmu::INDIRECT_SHIFT * (level - 1))) & (dmu::EPB - 1)) as usize;
-            let o = idx * crate::zio::blkptr::BlockPointer::SIZE;
-            bp = crate::zio::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
-        }
+            _ => {
+                let mut bp = root.bp;
+                for level in (1..root.nlevels as u32).rev() {
+                    if bp.is_hole() {
+                        return Some(None);
+                    }
+                    let ind = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
+                    let idx = ((blkid >> (dmu::INDIRECT_SHIFT * (level - 1))) & (dmu::EPB - 1)) as usize;
+                    let o = idx * crate::zio::blkptr::BlockPointer::SIZE;
+                    bp = crate::zio::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
+                    if level == 1 {
+                        *memo = Some((root, blkid >> dmu::INDIRECT_SHIFT, ind));
+                    }
+                }
+                bp
+            }
+        };
         if bp.is_hole() {
             return Some(None);
         }
@@ -335,12 +350,13 @@ impl BlockVolume for Volume {
         }
         let bs = self.bs();
         let mut done = 0usize;
+        let mut memo = None;
         while done < buf.len() {
             let pos = offset + done as u64;
             let blkid = pos / bs;
             let in_off = (pos % bs) as usize;
             let n = ((bs as usize - in_off).min(buf.len() - done)) as usize;
-            match self.read_block_cached(blkid)? {
+            match self.read_block_cached(blkid, &mut memo)? {
                 Some(d) => buf[done..done + n].copy_from_slice(&d[in_off..in_off + n]),
                 None => buf[done..done + n].fill(0),
             }
@@ -376,7 +392,7 @@ impl BlockVolume for Volume {
             let blkid = pos / bs;
             let in_off = (pos % bs) as usize;
             let n = ((bs - pos % bs).min(end - pos)) as usize;
-            if n as u64 != bs && self.read_block_cached(blkid).is_none() {
+            if n as u64 != bs && self.read_block_cached(blkid, &mut None).is_none() {
                 return None;
             }
             let patch = &data[(pos - offset) as usize..(pos - offset) as usize + n];

@@ -62,6 +62,15 @@ fn check_read(vols: &[Arc<dyn BlockVolume>], model: &[MemVolume], vol: usize, of
         let first = a.iter().zip(&b).position(|(x, y)| x != y).unwrap();
         panic!("{what}: vol {} read {off}+{len} differs at byte {} (abs {})", VOLS[vol].0, first, off + first as u64);
     }
+    // the front ends' non-blocking path must agree whenever it answers
+    let mut c = vec![0xa5u8; len as usize];
+    if let Some(r) = vols[vol].try_read_cached(off, &mut c) {
+        r.expect("cached read");
+        if c != b {
+            let first = c.iter().zip(&b).position(|(x, y)| x != y).unwrap();
+            panic!("{what}: vol {} cached read {off}+{len} differs at byte {}", VOLS[vol].0, first);
+        }
+    }
 }
 
 fn check_block_status(vols: &[Arc<dyn BlockVolume>], model: &[MemVolume], vol: usize, off: u64, len: u64) {
