@@ -1,1 +1,829 @@
-fn main() {}
+//! zilla: the daemon (`serve`, `demo`) and the admin CLI, one binary.
+//!
+//! The CLI contract is ARCHITECTURE.md section 5 (docs/cli.md is the admin guide).
+//! Admin commands are thin clients of the daemon serving `--state-dir` (JSON over
+//! HTTP on DIR/zilla.sock); they print in the shapes of zpool(8) and zfs(8). Every
+//! failure is one line on stderr, `zilla: ...`, and exit status 1 (2 for bad usage).
+
+mod api;
+mod client;
+mod daemon;
+mod demo;
+mod format;
+mod nbd_glue;
+mod units;
+mod web;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use zilla_core::spa::{ImportablePool, PoolListRow, PoolStatus, ScrubCmd, TopSpec, VolumeInfo};
+use zilla_core::vdev::LeafSpec;
+
+use crate::api::*;
+use crate::client::{enc, Client};
+use crate::format::IostatFlags;
+
+#[derive(Parser)]
+#[command(
+    name = "zilla",
+    version,
+    about = "Zilla: a hybrid storage pool (mirrors, SLOG, L2ARC) serving block volumes over NBD and iSCSI",
+    disable_help_subcommand = true,
+    propagate_version = false
+)]
+struct Cli {
+    /// State directory of the daemon to run or talk to [default: /var/lib/zilla as
+    /// root, ./zilla-state otherwise]
+    #[arg(long, global = true, env = "ZILLA_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the daemon in the foreground
+    Serve(ServeArgs),
+    /// Create (or reuse) a demo pool with emulated disks and serve it
+    Demo {
+        /// Directory for the backing files and state [default: ./zilla-demo]
+        dir: Option<PathBuf>,
+        #[command(flatten)]
+        listen: ListenArgs,
+    },
+    /// Pool commands (as zpool)
+    #[command(subcommand)]
+    Pool(PoolCmd),
+    /// Volume commands (as zfs for volumes)
+    #[command(subcommand)]
+    Volume(VolumeCmd),
+    /// Show properties: NAME PROPERTY VALUE SOURCE
+    Get {
+        /// Scripted: no header, tab-separated
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Exact numbers
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// PROP[,PROP...] or all
+        props: String,
+        /// POOL/NAME (volume properties) or POOL (pool properties)
+        name: String,
+    },
+    /// Set a volume property: PROP=VALUE POOL/NAME
+    Set {
+        assignment: String,
+        name: String,
+    },
+    /// ARC statistics every INTERVAL seconds
+    Arcstat {
+        interval: Option<f64>,
+        count: Option<u64>,
+    },
+    /// Read or change run-time tunables
+    #[command(subcommand)]
+    Tunable(TunableCmd),
+}
+
+#[derive(Args, Clone)]
+struct ListenArgs {
+    /// NBD TCP address ("off" to disable; the unix socket DIR/nbd.sock is always served)
+    #[arg(long, value_name = "ADDR", default_value = daemon::DEFAULT_NBD)]
+    nbd: String,
+    /// iSCSI address (accepted; the iSCSI target is not served yet)
+    #[arg(long, value_name = "ADDR", default_value = daemon::DEFAULT_ISCSI)]
+    iscsi: String,
+    /// HTTP address for the status page and /metrics ("off" to disable)
+    #[arg(long, value_name = "ADDR", default_value = daemon::DEFAULT_HTTP)]
+    http: String,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    listen: ListenArgs,
+    /// Config file: lines `nbd = "ADDR"`, `iscsi = "ADDR"`, `http = "ADDR"`
+    /// (command-line options given explicitly win)
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum PoolCmd {
+    /// Create a pool: POOL VDEV... (mirror A B, log [mirror] C D, cache E, spare F)
+    Create {
+        #[arg(short = 'f')]
+        force: bool,
+        /// Pool property, e.g. ashift=12
+        #[arg(short = 'o', value_name = "PROP=VAL")]
+        props: Vec<String>,
+        pool: String,
+        #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
+        vdevs: Vec<String>,
+    },
+    /// Show pool health and the device tree
+    Status {
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// Only pools with problems
+        #[arg(short = 'x')]
+        problems: bool,
+        pools: Vec<String>,
+    },
+    /// One line per pool
+    List {
+        #[arg(short = 'H')]
+        scripted: bool,
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Columns: name,size,alloc,free,ckpoint,expandsz,frag,cap,dedup,health,altroot,ashift
+        #[arg(short = 'o', value_name = "COLS")]
+        columns: Option<String>,
+        pools: Vec<String>,
+    },
+    /// I/O statistics: [POOL] [INTERVAL [COUNT]]
+    Iostat {
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// Average latencies
+        #[arg(short = 'l')]
+        latency: bool,
+        /// Queue depths
+        #[arg(short = 'q')]
+        queues: bool,
+        /// Latency histograms
+        #[arg(short = 'w')]
+        histograms: bool,
+        #[arg(short = 'H')]
+        scripted: bool,
+        #[arg(short = 'p')]
+        parsable: bool,
+        args: Vec<String>,
+    },
+    /// Start, pause (-p) or stop (-s) a scrub; -w waits for it
+    Scrub {
+        #[arg(short = 'w')]
+        wait: bool,
+        #[arg(short = 'p', conflicts_with = "stop")]
+        pause: bool,
+        #[arg(short = 's')]
+        stop: bool,
+        pool: String,
+    },
+    /// Import a pool, or list importable pools when POOL is not given
+    Import {
+        /// Search this directory or device (repeatable) [default: /dev]
+        #[arg(short = 'd', value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        #[arg(short = 'f')]
+        force: bool,
+        /// Pool name or numeric id
+        pool: Option<String>,
+    },
+    /// Export a pool (sync, close its devices, forget it)
+    Export { pool: String },
+    /// Destroy a pool (wipe its labels)
+    Destroy {
+        #[arg(short = 'f')]
+        force: bool,
+        pool: String,
+    },
+    /// Add top-level vdevs: POOL VDEV...
+    Add {
+        #[arg(short = 'f')]
+        force: bool,
+        pool: String,
+        #[arg(required = true, num_args = 1..)]
+        vdevs: Vec<String>,
+    },
+    /// Attach NEW_DEVICE as a mirror of DEVICE
+    Attach {
+        #[arg(short = 'f')]
+        force: bool,
+        pool: String,
+        device: String,
+        new_device: String,
+    },
+    /// Detach DEVICE from its mirror
+    Detach { pool: String, device: String },
+    /// Take DEVICE offline
+    Offline { pool: String, device: String },
+    /// Bring DEVICE online
+    Online { pool: String, device: String },
+    /// Replace DEVICE with NEW_DEVICE (or with itself)
+    Replace {
+        #[arg(short = 'f')]
+        force: bool,
+        pool: String,
+        device: String,
+        new_device: Option<String>,
+    },
+    /// Clear device error counters
+    Clear { pool: String, device: Option<String> },
+}
+
+#[derive(Subcommand)]
+enum VolumeCmd {
+    /// Create a volume: -V SIZE POOL/NAME
+    Create {
+        /// Sparse (no reservation)
+        #[arg(short = 's')]
+        sparse: bool,
+        /// Size, e.g. 10G
+        #[arg(short = 'V', value_name = "SIZE", value_parser = units::parse_size)]
+        size: u64,
+        /// volblocksize [default: 16K]
+        #[arg(short = 'b', value_name = "BLOCKSIZE", value_parser = units::parse_size)]
+        blocksize: Option<u64>,
+        #[arg(short = 'o', value_name = "PROP=VAL")]
+        props: Vec<String>,
+        name: String,
+    },
+    /// List volumes
+    List {
+        #[arg(short = 'H')]
+        scripted: bool,
+        #[arg(short = 'p')]
+        parsable: bool,
+        pools: Vec<String>,
+    },
+    /// Destroy a volume
+    Destroy { name: String },
+}
+
+#[derive(Subcommand)]
+enum TunableCmd {
+    /// Show one tunable or all
+    Get {
+        #[arg(short = 'H')]
+        scripted: bool,
+        name: Option<String>,
+    },
+    /// Set NAME=VALUE (sizes like 1G accepted)
+    Set { assignment: String },
+}
+
+/// Exit with one line on stderr.
+fn die(msg: impl std::fmt::Display) -> ! {
+    eprintln!("zilla: {msg}");
+    std::process::exit(1)
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            {
+                let _ = e.print();
+                std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+            }
+            // One line: clap's first line without its "error: " prefix.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
+            eprintln!("zilla: {first} (see 'zilla --help')");
+            std::process::exit(2);
+        }
+    };
+    let state_dir = cli.state_dir.clone().unwrap_or_else(default_state_dir);
+    match cli.cmd {
+        Cmd::Serve(args) => serve(state_dir, args),
+        Cmd::Demo { dir, listen } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from("zilla-demo"));
+            init_tracing();
+            let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
+            if let Err(e) = rt.block_on(demo::run(dir, listen_opts(&listen))) {
+                die(format!("{e:#}"));
+            }
+        }
+        cmd => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
+            let client = Client::new(&state_dir);
+            if let Err(e) = rt.block_on(admin(&client, cmd)) {
+                die(e);
+            }
+        }
+    }
+}
+
+fn default_state_dir() -> PathBuf {
+    if rustix::process::geteuid().is_root() {
+        PathBuf::from("/var/lib/zilla")
+    } else {
+        PathBuf::from("zilla-state")
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+fn off(addr: &str) -> Option<String> {
+    match addr {
+        "off" | "none" | "" => None,
+        a => Some(a.to_string()),
+    }
+}
+
+struct Listen {
+    nbd: Option<String>,
+    iscsi: Option<String>,
+    http: Option<String>,
+}
+
+fn listen_opts(l: &ListenArgs) -> Listen {
+    Listen { nbd: off(&l.nbd), iscsi: off(&l.iscsi), http: off(&l.http) }
+}
+
+fn serve(state_dir: PathBuf, args: ServeArgs) {
+    init_tracing();
+    let mut listen = args.listen.clone();
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| die(format!("cannot read {}: {e}", path.display())));
+        let explicit = |name: &str| std::env::args().any(|a| a == format!("--{name}") || a.starts_with(&format!("--{name}=")));
+        for (k, v) in parse_config(&text).unwrap_or_else(|e| die(format!("{}: {e}", path.display()))) {
+            match k.as_str() {
+                "nbd" if !explicit("nbd") => listen.nbd = v,
+                "iscsi" if !explicit("iscsi") => listen.iscsi = v,
+                "http" if !explicit("http") => listen.http = v,
+                "nbd" | "iscsi" | "http" => {}
+                other => die(format!("{}: unknown setting '{other}' (expected nbd, iscsi, http)", path.display())),
+            }
+        }
+    }
+    let l = listen_opts(&listen);
+    let lock = daemon::lock_state_dir(&state_dir).unwrap_or_else(|e| die(format!("{e:#}")));
+    let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http };
+    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
+    if let Err(e) = rt.block_on(daemon::run(opts, lock, vec![], |_| {})) {
+        die(format!("{e:#}"));
+    }
+    // Engine threads blocked in I/O must not keep a stopped daemon alive.
+    rt.shutdown_timeout(Duration::from_secs(2));
+}
+
+/// The config file: `key = "value"` or `key = value` lines, `#` comments.
+fn parse_config(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = vec![];
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (k, v) = line.split_once('=').ok_or_else(|| format!("line {}: expected key = \"value\"", i + 1))?;
+        let v = v.trim().trim_matches('"').to_string();
+        out.push((k.trim().to_string(), v));
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------
+// Admin commands
+
+/// "cannot VERB 'X': why", except that "no daemon" stands alone.
+fn ctx(what: String) -> impl FnOnce(String) -> String {
+    move |e| if e.starts_with("no daemon is serving") { e } else { format!("{what}: {e}") }
+}
+
+fn absolutize(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().map(|c| c.join(p)).unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+fn resolve_leaf(mut l: LeafSpec) -> Result<LeafSpec, String> {
+    l.path = absolutize(&l.path);
+    if !l.path.exists() {
+        let p = l.path.display();
+        return Err(format!("cannot open '{p}': no such device or file (create it first, e.g. `truncate -s 1G {p}`)"));
+    }
+    Ok(l)
+}
+
+/// Parse the zpool vdev grammar here, so relative paths mean the caller's cwd.
+fn parse_tops(args: &[String]) -> Result<Vec<TopSpec>, String> {
+    let mut tops = zilla_core::spa::parse_vdev_args(args).map_err(|e| e.to_string())?;
+    for t in &mut tops {
+        for l in &mut t.leaves {
+            *l = resolve_leaf(l.clone())?;
+        }
+    }
+    Ok(tops)
+}
+
+/// A device name as the user typed it: an existing relative path becomes absolute
+/// (the daemon's cwd is not ours); anything else is passed on as a vdev name.
+fn device_name(d: &str) -> String {
+    match LeafSpec::parse(d) {
+        Ok(l) if l.path.is_relative() && l.path.exists() => LeafSpec { path: absolutize(&l.path), model: l.model }.display(),
+        _ => d.to_string(),
+    }
+}
+
+fn parse_assignment(a: &str) -> Result<(String, String), String> {
+    match a.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("bad property assignment '{a}': expected PROP=VALUE")),
+    }
+}
+
+fn pool_query(pools: &[String]) -> Vec<Option<String>> {
+    if pools.is_empty() {
+        vec![None]
+    } else {
+        pools.iter().cloned().map(Some).collect()
+    }
+}
+
+async fn fetch<T: serde::de::DeserializeOwned>(c: &Client, route: &str, pools: &[String]) -> Result<Vec<T>, String> {
+    let mut out = vec![];
+    for p in pool_query(pools) {
+        let r: Vec<T> = match &p {
+            Some(p) => c.get(&format!("{route}?pool={}", enc(p))).await.map_err(ctx(format!("cannot open '{p}'")))?,
+            None => c.get(route).await?,
+        };
+        out.extend(r);
+    }
+    Ok(out)
+}
+
+async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
+    match cmd {
+        Cmd::Pool(p) => pool_cmd(c, p).await,
+        Cmd::Volume(v) => volume_cmd(c, v).await,
+        Cmd::Get { scripted, parsable, props, name } => {
+            let props: Vec<String> = if props == "all" {
+                vec![]
+            } else {
+                props.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+            };
+            let rows: Vec<zilla_core::props::PropRow> =
+                c.post("/v1/get", &GetReq { name: name.clone(), props }).await.map_err(ctx(format!("cannot open '{name}'")))?;
+            print!("{}", format::prop_rows(&rows, scripted, parsable));
+            Ok(())
+        }
+        Cmd::Set { assignment, name } => {
+            let (property, value) = parse_assignment(&assignment)?;
+            let _: Empty = c
+                .post("/v1/set", &SetReq { name: name.clone(), property, value })
+                .await
+                .map_err(ctx(format!("cannot set property for '{name}'")))?;
+            Ok(())
+        }
+        Cmd::Arcstat { interval, count } => arcstat(c, interval, count).await,
+        Cmd::Tunable(t) => tunable_cmd(c, t).await,
+        Cmd::Serve(_) | Cmd::Demo { .. } => unreachable!("handled in main"),
+    }
+}
+
+async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
+    match cmd {
+        PoolCmd::Create { force, props, pool, vdevs } => {
+            let err = ctx(format!("cannot create '{pool}'"));
+            let props = props.iter().map(|p| parse_assignment(p)).collect::<Result<Vec<_>, _>>().map_err(ctx(format!("cannot create '{pool}'")))?;
+            let tops = match parse_tops(&vdevs) {
+                Ok(t) => t,
+                Err(e) => return Err(err(e)),
+            };
+            let _: Empty = c.post("/v1/pools", &CreatePool { name: pool.clone(), tops, force, props }).await.map_err(err)?;
+        }
+        PoolCmd::Status { verbose, problems, pools } => {
+            let st: Vec<PoolStatus> = fetch(c, "/v1/status", &pools).await?;
+            if st.is_empty() {
+                println!("no pools available");
+                return Ok(());
+            }
+            let shown: Vec<&PoolStatus> = st.iter().filter(|s| !problems || !format::is_healthy(s)).collect();
+            if shown.is_empty() {
+                match pools.as_slice() {
+                    [one] => println!("pool '{one}' is healthy"),
+                    _ => println!("all pools are healthy"),
+                }
+                return Ok(());
+            }
+            let text: Vec<String> = shown.iter().map(|s| format::pool_status(s, verbose)).collect();
+            print!("{}", text.join("\n"));
+        }
+        PoolCmd::List { scripted, parsable, columns, pools } => {
+            let cols = format::list_columns(columns.as_deref())?;
+            let rows: Vec<PoolListRow> = fetch(c, "/v1/pools", &pools).await?;
+            if rows.is_empty() && !scripted {
+                println!("no pools available");
+                return Ok(());
+            }
+            print!("{}", format::pool_list(&rows, &cols, scripted, parsable));
+        }
+        PoolCmd::Iostat { verbose, latency, queues, histograms, scripted, parsable, args } => {
+            let f = IostatFlags { verbose, latency, queues, histograms, scripted, parsable };
+            iostat(c, f, &args).await?;
+        }
+        PoolCmd::Scrub { wait, pause, stop, pool } => {
+            let cmd = if stop {
+                ScrubCmd::Stop
+            } else if pause {
+                ScrubCmd::Pause
+            } else {
+                ScrubCmd::Start
+            };
+            let _: Empty = c
+                .post(&format!("/v1/pools/{}/scrub", enc(&pool)), &ScrubReq { cmd, wait })
+                .await
+                .map_err(ctx(format!("cannot scrub '{pool}'")))?;
+        }
+        PoolCmd::Import { dirs, force: _, pool } => {
+            let dirs: Vec<String> = dirs.iter().map(|d| absolutize(d).display().to_string()).collect();
+            match pool {
+                Some(name) => {
+                    let _: Empty = c
+                        .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()) })
+                        .await
+                        .map_err(ctx(format!("cannot import '{name}'")))?;
+                }
+                None => {
+                    let found: Vec<ImportablePool> = c
+                        .post("/v1/importable", &ImportReq { dirs, name: None })
+                        .await
+                        .map_err(ctx("cannot discover pools".to_string()))?;
+                    if found.is_empty() {
+                        return Err("no pools available to import".into());
+                    }
+                    for (i, p) in found.iter().enumerate() {
+                        if i > 0 {
+                            println!();
+                        }
+                        print!("{}", format_importable(p));
+                    }
+                }
+            }
+        }
+        PoolCmd::Export { pool } => {
+            let _: Empty = c
+                .post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {})
+                .await
+                .map_err(ctx(format!("cannot export '{pool}'")))?;
+        }
+        PoolCmd::Destroy { force: _, pool } => {
+            let _: Empty =
+                c.delete(&format!("/v1/pools/{}", enc(&pool))).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
+        }
+        PoolCmd::Add { force, pool, vdevs } => {
+            let err = ctx(format!("cannot add to '{pool}'"));
+            let tops = match parse_tops(&vdevs) {
+                Ok(t) => t,
+                Err(e) => return Err(err(e)),
+            };
+            let _: Empty = c.post(&format!("/v1/pools/{}/add", enc(&pool)), &AddReq { tops, force }).await.map_err(err)?;
+        }
+        PoolCmd::Attach { force, pool, device, new_device } => {
+            let err = ctx(format!("cannot attach {new_device} to {device}"));
+            let new = match LeafSpec::parse(&new_device).map_err(|e| e.to_string()).and_then(resolve_leaf) {
+                Ok(l) => l,
+                Err(e) => return Err(err(e)),
+            };
+            let req = DeviceReq { device: Some(device_name(&device)), new: Some(new), force };
+            let _: Empty = c.post(&format!("/v1/pools/{}/attach", enc(&pool)), &req).await.map_err(err)?;
+        }
+        PoolCmd::Replace { force, pool, device, new_device } => {
+            let err = ctx(format!("cannot replace {device} with {}", new_device.as_deref().unwrap_or(&device)));
+            let new = match new_device.as_deref().map(|n| LeafSpec::parse(n).map_err(|e| e.to_string()).and_then(resolve_leaf)) {
+                Some(Err(e)) => return Err(err(e)),
+                Some(Ok(l)) => Some(l),
+                None => None,
+            };
+            let req = DeviceReq { device: Some(device_name(&device)), new, force };
+            let _: Empty = c.post(&format!("/v1/pools/{}/replace", enc(&pool)), &req).await.map_err(err)?;
+        }
+        PoolCmd::Detach { pool, device } => device_op(c, "detach", &pool, Some(device)).await?,
+        PoolCmd::Offline { pool, device } => device_op(c, "offline", &pool, Some(device)).await?,
+        PoolCmd::Online { pool, device } => device_op(c, "online", &pool, Some(device)).await?,
+        PoolCmd::Clear { pool, device } => device_op(c, "clear", &pool, device).await?,
+    }
+    Ok(())
+}
+
+async fn device_op(c: &Client, op: &str, pool: &str, device: Option<String>) -> Result<(), String> {
+    let what = match &device {
+        Some(d) if op == "clear" => format!("cannot clear errors for {d}"),
+        Some(d) => format!("cannot {op} {d}"),
+        None => format!("cannot clear errors for '{pool}'"),
+    };
+    let req = DeviceReq { device: device.as_deref().map(device_name), new: None, force: false };
+    let _: Empty = c.post(&format!("/v1/pools/{}/{op}", enc(pool)), &req).await.map_err(ctx(what))?;
+    Ok(())
+}
+
+fn format_importable(p: &ImportablePool) -> String {
+    let mut o = format!("   pool: {}\n     id: {}\n  state: {}\n", p.name, p.guid, p.state);
+    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") {
+        "The pool can be imported using its name or numeric identifier."
+    } else {
+        "The pool cannot be imported: some devices are missing or damaged."
+    };
+    o.push_str(&format!(" action: {action}\n config:\n\n\t{}  {}\n", p.name, p.state));
+    for l in &p.leaves {
+        o.push_str(&format!("\t  {}\n", l.display()));
+    }
+    o
+}
+
+/// `[POOL] [INTERVAL [COUNT]]`, as zpool: trailing numbers are interval and count.
+fn iostat_args(args: &[String]) -> Result<(Vec<String>, Option<f64>, Option<u64>), String> {
+    let mut pools: Vec<String> = args.to_vec();
+    let mut nums = vec![];
+    while let Some(last) = pools.last() {
+        if nums.len() < 2 && last.parse::<f64>().is_ok() {
+            nums.insert(0, pools.pop().unwrap());
+        } else {
+            break;
+        }
+    }
+    let interval = match nums.first() {
+        Some(s) => {
+            let v: f64 = s.parse().map_err(|_| format!("bad interval '{s}'"))?;
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(format!("bad interval '{s}': must be greater than zero"));
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let count = match nums.get(1) {
+        Some(s) => Some(s.parse::<u64>().map_err(|_| format!("bad count '{s}': expected a whole number"))?),
+        None => None,
+    };
+    Ok((pools, interval, count))
+}
+
+async fn iostat(c: &Client, f: IostatFlags, args: &[String]) -> Result<(), String> {
+    let (pools, interval, count) = iostat_args(args)?;
+    let mut prev: Option<Vec<IostatEntry>> = None;
+    let mut n = 0u64;
+    loop {
+        let cur: Vec<IostatEntry> = fetch(c, "/v1/iostat", &pools).await?;
+        if cur.is_empty() {
+            println!("no pools available");
+            return Ok(());
+        }
+        print!("{}", format::iostat_report(&cur, prev.as_deref(), f));
+        n += 1;
+        let Some(iv) = interval else { return Ok(()) };
+        if count.is_some_and(|c| n >= c) {
+            return Ok(());
+        }
+        prev = Some(cur);
+        tokio::time::sleep(Duration::from_secs_f64(iv)).await;
+    }
+}
+
+async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
+    let cols = ["time", "read", "miss", "miss%", "size", "c", "avail"];
+    let mut prev: Option<std::collections::BTreeMap<String, u64>> = None;
+    let mut n = 0;
+    println!("{}", cols.iter().map(|c| format!("{c:>8}")).collect::<String>());
+    loop {
+        let cur: std::collections::BTreeMap<String, u64> = c.get("/v1/arcstats").await?;
+        let get = |k: &str| cur.get(k).copied();
+        let d = |k: &str| -> Option<u64> {
+            let now = get(k)?;
+            Some(now.saturating_sub(prev.as_ref().and_then(|p| p.get(k).copied()).unwrap_or(0)))
+        };
+        let reads = match (d("hits"), d("misses")) {
+            (Some(h), Some(m)) => Some(h + m),
+            _ => None,
+        };
+        let miss_pct = match (reads, d("misses")) {
+            (Some(r), Some(m)) if r > 0 => Some(m * 100 / r),
+            (Some(_), Some(_)) => Some(0),
+            _ => None,
+        };
+        let time = {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 86400;
+            format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+        };
+        let show = |v: Option<u64>| v.map(units::nicenum).unwrap_or_else(|| "-".into());
+        let avail = match (get("c"), get("size")) {
+            (Some(c), Some(s)) => Some(c.saturating_sub(s)),
+            _ => None,
+        };
+        let vals = [time, show(reads), show(d("misses")), show(miss_pct), show(get("size")), show(get("c")), show(avail)];
+        println!("{}", vals.iter().map(|v| format!("{v:>8}")).collect::<String>());
+        n += 1;
+        let Some(iv) = interval else { break };
+        if count.is_some_and(|c| n >= c) {
+            break;
+        }
+        prev = Some(cur);
+        tokio::time::sleep(Duration::from_secs_f64(iv)).await;
+    }
+    Ok(())
+}
+
+async fn volume_cmd(c: &Client, cmd: VolumeCmd) -> Result<(), String> {
+    match cmd {
+        VolumeCmd::Create { sparse, size, blocksize, props, name } => {
+            let err = ctx(format!("cannot create '{name}'"));
+            let mut volblocksize = blocksize.unwrap_or(16 * 1024);
+            let mut rest = vec![];
+            for p in &props {
+                let (k, v) = parse_assignment(p).map_err(ctx(format!("cannot create '{name}'")))?;
+                if k == "volblocksize" {
+                    volblocksize = units::parse_size(&v).map_err(ctx(format!("cannot create '{name}'")))?;
+                } else {
+                    rest.push((k, v));
+                }
+            }
+            let volblocksize = u32::try_from(volblocksize).map_err(|_| err(format!("bad volblocksize {volblocksize}")))?;
+            let req = CreateVolume { name: name.clone(), volsize: size, volblocksize, sparse, props: rest };
+            let _: Empty = c.post("/v1/volumes", &req).await.map_err(ctx(format!("cannot create '{name}'")))?;
+        }
+        VolumeCmd::List { scripted, parsable, pools } => {
+            let vols: Vec<VolumeInfo> = fetch(c, "/v1/volumes", &pools).await?;
+            if vols.is_empty() && !scripted {
+                println!("no datasets available");
+                return Ok(());
+            }
+            print!("{}", format::volume_list(&vols, scripted, parsable));
+        }
+        VolumeCmd::Destroy { name } => {
+            let err = ctx(format!("cannot destroy '{name}'"));
+            let Some((pool, vol)) = name.split_once('/') else {
+                return Err(err("not a volume name (expected POOL/NAME)".into()));
+            };
+            let _: Empty = c.delete(&format!("/v1/volumes/{}/{}", enc(pool), enc(vol))).await.map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
+    match cmd {
+        TunableCmd::Get { scripted, name } => {
+            let mut rows: Vec<TunableRow> = c.get("/v1/tunables").await?;
+            if let Some(n) = &name {
+                rows.retain(|r| &r.name == n);
+                if rows.is_empty() {
+                    return Err(format!("unknown tunable '{n}'"));
+                }
+            }
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| vec![r.name.clone(), r.value.to_string(), r.default.to_string(), r.description.clone()])
+                .collect();
+            use format::Align::*;
+            print!("{}", format::table(&["NAME", "VALUE", "DEFAULT", "DESCRIPTION"], &[Left, Right, Right, Left], &cells, scripted));
+        }
+        TunableCmd::Set { assignment } => {
+            let (name, v) = parse_assignment(&assignment)?;
+            let err = ctx(format!("cannot set tunable '{name}'"));
+            let value = match units::parse_size(&v) {
+                Ok(n) => n,
+                Err(_) => return Err(err(format!("bad value '{v}': expected a number (size suffixes K, M, G allowed)"))),
+            };
+            let _: Empty = c.post("/v1/tunables", &TunableSet { name: name.clone(), value }).await.map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn iostat_positional_args() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(iostat_args(&s(&["tank", "1", "3"])).unwrap(), (s(&["tank"]), Some(1.0), Some(3)));
+        assert_eq!(iostat_args(&s(&["2"])).unwrap(), (vec![], Some(2.0), None));
+        assert_eq!(iostat_args(&s(&[])).unwrap(), (vec![], None, None));
+        assert!(iostat_args(&s(&["0"])).is_err());
+    }
+
+    #[test]
+    fn config_lines() {
+        let c = parse_config("# x\nnbd = \"127.0.0.1:1\"\nhttp=off\n").unwrap();
+        assert_eq!(c, vec![("nbd".into(), "127.0.0.1:1".into()), ("http".into(), "off".into())]);
+        assert!(parse_config("garbage").is_err());
+    }
+}

@@ -1,0 +1,822 @@
+//! The daemon: `zilla serve` (and `zilla demo`, which runs the same code in-process).
+//!
+//! Theory of operation
+//! -------------------
+//! One process owns one *state directory*:
+//!
+//! ```text
+//!   DIR/zilla.lock    flock'd for the daemon's lifetime; holds its pid
+//!   DIR/zilla.cache   JSON: the pools this daemon has imported and their leaf specs
+//!   DIR/zilla.sock    admin API: JSON over HTTP/1.1 (the CLI talks to this)
+//!   DIR/nbd.sock      NBD over a unix socket (TCP on --nbd as well)
+//! ```
+//!
+//! Start: take the lock (a second daemon on the same directory is refused), remove a
+//! stale socket, read the cache file and import each pool from its exact leaf list
+//! (a pool that fails is logged and kept in the cache as unavailable, never fatal),
+//! then serve the admin API, NBD, and the HTTP page/metrics.
+//!
+//! Every change to the set of pools or their devices (create, import, export,
+//! destroy, add, attach, detach, replace) rewrites the cache file atomically (write a
+//! temporary file, fsync, rename, fsync the directory), under the admin mutex that
+//! serialises configuration changes.
+//!
+//! Stop (SIGTERM/SIGINT): stop accepting everywhere, give the NBD server a bounded time
+//! to finish in-flight requests, then `sync` and `export` every pool *without* removing
+//! it from the cache, so the next start imports it again; remove the sockets; exit 0.
+//!
+//! Engine calls block (device I/O, txg syncs); the async side reaches them only
+//! through `spawn_blocking`. A panic inside the engine becomes a 500 for that request,
+//! not a dead daemon.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use zilla_core::spa::{CreateOptions, Pool};
+use zilla_core::vdev::LeafSpec;
+
+use crate::api::*;
+
+pub const DEFAULT_NBD: &str = "127.0.0.1:10809";
+pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
+pub const DEFAULT_ISCSI: &str = "127.0.0.1:3260";
+/// How long in-flight NBD requests get to finish at shutdown.
+const NBD_DRAIN: Duration = Duration::from_secs(10);
+
+/// Where the daemon listens. `None` = that listener is off.
+#[derive(Debug, Clone)]
+pub struct ServeOpts {
+    pub nbd: Option<String>,
+    pub iscsi: Option<String>,
+    pub http: Option<String>,
+}
+
+/// The imported pools, by name. Shared with the NBD export registry, which looks a
+/// volume up on every new connection so a new volume is exported at once.
+#[derive(Default)]
+pub struct PoolTable {
+    pools: RwLock<BTreeMap<String, Arc<Pool>>>,
+    /// Wall-clock ns when each pool was imported here: iostat's first report is the
+    /// average since then, as zpool's is since boot.
+    opened_ns: RwLock<BTreeMap<String, u64>>,
+}
+
+impl PoolTable {
+    pub fn get(&self, name: &str) -> Option<Arc<Pool>> {
+        self.pools.read().get(name).cloned()
+    }
+    pub fn all(&self) -> Vec<(String, Arc<Pool>)> {
+        self.pools.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+    pub fn opened_ns(&self, name: &str) -> u64 {
+        self.opened_ns.read().get(name).copied().unwrap_or(0)
+    }
+    fn insert(&self, name: String, pool: Arc<Pool>) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.opened_ns.write().insert(name.clone(), now.as_nanos() as u64);
+        self.pools.write().insert(name, pool);
+    }
+    fn remove(&self, name: &str) -> Option<Arc<Pool>> {
+        self.opened_ns.write().remove(name);
+        self.pools.write().remove(name)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// State directory: lock and cache file
+
+/// The exclusive lock on DIR/zilla.lock; released when dropped (the fd closes).
+pub struct StateLock {
+    _file: File,
+    pub dir: PathBuf,
+}
+
+/// Create the state directory and take its lock, or say who holds it.
+pub fn lock_state_dir(dir: &Path) -> anyhow::Result<StateLock> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create state directory {}", dir.display()))?;
+    let dir = dir.canonicalize().with_context(|| format!("state directory {}", dir.display()))?;
+    let path = dir.join("zilla.lock");
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        if e == rustix::io::Errno::WOULDBLOCK {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            let who = if pid.is_empty() { String::new() } else { format!(" (pid {pid})") };
+            bail!("another zilla daemon{who} is already serving {}", dir.display());
+        }
+        return Err(anyhow!("cannot lock {}: {e}", path.display()));
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(StateLock { _file: file, dir })
+}
+
+/// DIR/zilla.cache: the pools to import at start.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CacheFile {
+    pub version: u32,
+    pub pools: Vec<CacheEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheEntry {
+    pub name: String,
+    pub guid: u64,
+    pub leaves: Vec<LeafSpec>,
+}
+
+const CACHE_VERSION: u32 = 1;
+
+pub fn read_cache(dir: &Path) -> anyhow::Result<CacheFile> {
+    let path = dir.join("zilla.cache");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let c: CacheFile =
+                serde_json::from_slice(&bytes).with_context(|| format!("{} is not a valid cache file", path.display()))?;
+            if c.version != CACHE_VERSION {
+                bail!("{}: unsupported cache file version {}", path.display(), c.version);
+            }
+            Ok(c)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CacheFile { version: CACHE_VERSION, pools: vec![] }),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+fn write_cache(dir: &Path, cache: &CacheFile) -> std::io::Result<()> {
+    let path = dir.join("zilla.cache");
+    let tmp = dir.join("zilla.cache.tmp");
+    let mut f = File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(cache).expect("cache serializes"))?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    File::open(dir)?.sync_all()
+}
+
+// ---------------------------------------------------------------------------------
+// The daemon
+
+pub struct Daemon {
+    pub state_dir: PathBuf,
+    pub pools: Arc<PoolTable>,
+    /// Cache entries whose import failed at start: kept so a later start retries,
+    /// dropped when a pool of that name is created, imported or destroyed.
+    unavailable: Mutex<Vec<CacheEntry>>,
+    /// Serialises configuration changes and cache-file writes.
+    admin: tokio::sync::Mutex<()>,
+    pub info: DaemonInfo,
+}
+
+/// An API error: HTTP status plus a one-line message.
+#[derive(Debug)]
+pub struct ApiError(pub StatusCode, pub String);
+
+impl ApiError {
+    fn bad(msg: impl Into<String>) -> Self {
+        ApiError(StatusCode::BAD_REQUEST, msg.into())
+    }
+    fn not_found(msg: impl Into<String>) -> Self {
+        ApiError(StatusCode::NOT_FOUND, msg.into())
+    }
+}
+
+impl From<zilla_core::Error> for ApiError {
+    fn from(e: zilla_core::Error) -> Self {
+        use zilla_core::Error as E;
+        let status = match &e {
+            E::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            E::NotFound(_) => StatusCode::NOT_FOUND,
+            E::Exists(_) | E::Busy(_) => StatusCode::CONFLICT,
+            E::ReadOnly(_) => StatusCode::FORBIDDEN,
+            E::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+            E::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// Run an engine call on the blocking pool; a panic becomes a 500.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = match e.try_into_panic() {
+                Ok(p) => p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".into()),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!("engine call panicked: {msg}");
+            Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("internal error in the storage engine: {msg}")))
+        }
+    }
+}
+
+impl Daemon {
+    fn pool(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
+        self.pools.get(name).ok_or_else(|| ApiError::not_found("no such pool"))
+    }
+
+    /// Split "pool/vol" and find the pool.
+    fn volume_pool(&self, full: &str) -> Result<(Arc<Pool>, String), ApiError> {
+        let (p, v) = full
+            .split_once('/')
+            .filter(|(p, v)| !p.is_empty() && !v.is_empty())
+            .ok_or_else(|| ApiError::bad(format!("'{full}' is not a volume name (expected POOL/NAME)")))?;
+        Ok((self.pool(p)?, v.to_string()))
+    }
+
+    /// Rewrite DIR/zilla.cache from the imported pools (+ unavailable ones). Called
+    /// with the admin mutex held.
+    async fn save_cache(self: &Arc<Self>) -> Result<(), ApiError> {
+        let d = self.clone();
+        blocking(move || {
+            let mut pools: Vec<CacheEntry> = d
+                .pools
+                .all()
+                .into_iter()
+                .map(|(name, p)| CacheEntry { name, guid: p.guid(), leaves: p.leaf_specs() })
+                .collect();
+            pools.extend(d.unavailable.lock().iter().cloned());
+            pools.sort_by(|a, b| a.name.cmp(&b.name));
+            write_cache(&d.state_dir, &CacheFile { version: CACHE_VERSION, pools })
+                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write cache file: {e}")))
+        })
+        .await
+    }
+
+    fn forget_unavailable(&self, name: &str) {
+        self.unavailable.lock().retain(|e| e.name != name);
+    }
+
+    /// Import every pool in the cache file that is not imported yet.
+    async fn import_cached(self: &Arc<Self>) -> anyhow::Result<()> {
+        let cache = read_cache(&self.state_dir)?;
+        for entry in cache.pools {
+            if self.pools.get(&entry.name).is_some() {
+                continue;
+            }
+            let leaves = entry.leaves.clone();
+            let name = entry.name.clone();
+            match blocking(move || Pool::import_leaves(&leaves).map_err(ApiError::from)).await {
+                Ok(pool) => {
+                    let got = pool.name();
+                    if got != name {
+                        tracing::warn!("cache entry '{name}' imported as pool '{got}'");
+                    }
+                    tracing::info!("imported pool '{got}' from the cache file");
+                    self.pools.insert(got, pool);
+                }
+                Err(ApiError(_, msg)) => {
+                    tracing::error!("cannot import pool '{name}' from the cache file: {msg}; skipping it");
+                    self.unavailable.lock().push(entry);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sync and export every pool (keeping the cache file as it is).
+    async fn export_all(self: &Arc<Self>) {
+        let _g = self.admin.lock().await;
+        if let Err(ApiError(_, e)) = self.save_cache().await {
+            tracing::error!("{e}");
+        }
+        for (name, pool) in self.pools.all() {
+            let n = name.clone();
+            let r = blocking(move || {
+                pool.sync()?;
+                pool.export()?;
+                Ok(())
+            })
+            .await;
+            match r {
+                Ok(()) => tracing::info!("exported pool '{n}'"),
+                Err(ApiError(_, e)) => tracing::error!("cannot export pool '{n}': {e}"),
+            }
+            self.pools.remove(&name);
+        }
+    }
+}
+
+/// Run the daemon until SIGTERM/SIGINT. `preimported` pools (the demo's) are added
+/// before the cache file is read. `ready` is called once every listener is bound.
+pub async fn run(
+    opts: ServeOpts,
+    lock: StateLock,
+    preimported: Vec<Arc<Pool>>,
+    ready: impl FnOnce(&DaemonInfo),
+) -> anyhow::Result<()> {
+    let dir = lock.dir.clone();
+    let admin_sock = dir.join("zilla.sock");
+    let nbd_sock = dir.join("nbd.sock");
+    for s in [&admin_sock, &nbd_sock] {
+        // We hold the lock, so any socket here is left over from a daemon that died.
+        if s.exists() {
+            std::fs::remove_file(s).with_context(|| format!("cannot remove stale socket {}", s.display()))?;
+        }
+    }
+
+    // Bind everything first so a busy port fails the start before pools are touched.
+    let admin_listener = tokio::net::UnixListener::bind(&admin_sock)
+        .with_context(|| format!("cannot listen on {}", admin_sock.display()))?;
+    let nbd_tcp = match &opts.nbd {
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for NBD on {a}"))?),
+        None => None,
+    };
+    let nbd_unix = tokio::net::UnixListener::bind(&nbd_sock)
+        .with_context(|| format!("cannot listen on {}", nbd_sock.display()))?;
+    let http = match &opts.http {
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for HTTP on {a}"))?),
+        None => None,
+    };
+
+    let info = DaemonInfo {
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        state_dir: dir.display().to_string(),
+        nbd_tcp: nbd_tcp.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
+        nbd_unix: Some(nbd_sock.display().to_string()),
+        iscsi: opts.iscsi.clone(),
+        http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
+    };
+    let daemon = Arc::new(Daemon {
+        state_dir: dir.clone(),
+        pools: Arc::new(PoolTable::default()),
+        unavailable: Mutex::new(vec![]),
+        admin: tokio::sync::Mutex::new(()),
+        info: info.clone(),
+    });
+    for p in preimported {
+        let name = p.name();
+        daemon.pools.insert(name, p);
+    }
+    daemon.import_cached().await?;
+    {
+        let _g = daemon.admin.lock().await;
+        if let Err(ApiError(_, e)) = daemon.save_cache().await {
+            tracing::error!("{e}");
+        }
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let admin_task = {
+        let app = admin_router(daemon.clone());
+        let mut rx = stop_rx.clone();
+        tokio::spawn(async move {
+            axum::serve(admin_listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await
+        })
+    };
+    let nbd_task = crate::nbd_glue::spawn(daemon.pools.clone(), nbd_tcp, nbd_unix, stop_rx.clone());
+    let http_task = http.map(|l| {
+        let app = crate::web::router(daemon.clone());
+        let mut rx = stop_rx.clone();
+        tokio::spawn(async move {
+            axum::serve(l, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await
+        })
+    });
+
+    tracing::info!(
+        "serving {}: admin {}, NBD {} and {}, HTTP {}",
+        dir.display(),
+        admin_sock.display(),
+        info.nbd_tcp.as_deref().unwrap_or("off"),
+        nbd_sock.display(),
+        info.http.as_deref().unwrap_or("off")
+    );
+    if let Some(i) = &opts.iscsi {
+        tracing::warn!("iSCSI on {i} is not served yet (the iSCSI target is a later issue)");
+    }
+    ready(&info);
+
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(NBD_DRAIN, nbd_task).await.is_err() {
+        tracing::warn!("NBD connections did not finish within {NBD_DRAIN:?}; exporting anyway");
+    }
+    // Admin requests still running (e.g. `scrub -w`) must not hold shutdown forever.
+    let _ = tokio::time::timeout(Duration::from_secs(5), admin_task).await;
+    if let Some(t) = http_task {
+        let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+    }
+    daemon.export_all().await;
+    let _ = std::fs::remove_file(&admin_sock);
+    let _ = std::fs::remove_file(&nbd_sock);
+    tracing::info!("stopped");
+    drop(lock);
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Admin API routes
+
+fn admin_router(d: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/v1/info", get(info))
+        .route("/v1/pools", get(pool_list).post(pool_create))
+        .route("/v1/status", get(pool_status))
+        .route("/v1/iostat", get(pool_iostat))
+        .route("/v1/importable", post(pool_importable))
+        .route("/v1/import", post(pool_import))
+        .route("/v1/pools/{pool}", delete(pool_destroy))
+        .route("/v1/pools/{pool}/export", post(pool_export))
+        .route("/v1/pools/{pool}/scrub", post(pool_scrub))
+        .route("/v1/pools/{pool}/add", post(pool_add))
+        .route("/v1/pools/{pool}/{op}", post(pool_device_op))
+        .route("/v1/pools/{pool}/props", get(pool_props))
+        .route("/v1/volumes", get(volume_list).post(volume_create))
+        .route("/v1/volumes/{pool}/{name}", delete(volume_destroy))
+        .route("/v1/get", post(prop_get))
+        .route("/v1/set", post(prop_set))
+        .route("/v1/tunables", get(tunable_list).post(tunable_set))
+        .route("/v1/arcstats", get(arcstats))
+        .fallback(|| async { ApiError::not_found("no such API route") })
+        .with_state(d)
+}
+
+async fn info(State(d): State<Arc<Daemon>>) -> Json<DaemonInfo> {
+    Json(d.info.clone())
+}
+
+#[derive(Deserialize)]
+struct PoolQuery {
+    pool: Option<String>,
+}
+
+/// The named pool, or every pool (sorted by name).
+fn select_pools(d: &Daemon, q: &PoolQuery) -> Result<Vec<Arc<Pool>>, ApiError> {
+    match &q.pool {
+        Some(p) => Ok(vec![d.pool(p)?]),
+        None => Ok(d.pools.all().into_iter().map(|(_, p)| p).collect()),
+    }
+}
+
+async fn pool_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::PoolListRow>> {
+    let pools = select_pools(&d, &q)?;
+    Ok(Json(blocking(move || Ok(pools.iter().map(|p| p.list_row()).collect())).await?))
+}
+
+async fn pool_status(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::PoolStatus>> {
+    let pools = select_pools(&d, &q)?;
+    Ok(Json(blocking(move || Ok(pools.iter().map(|p| p.status()).collect())).await?))
+}
+
+async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<IostatEntry>> {
+    let pools = select_pools(&d, &q)?;
+    let table = d.pools.clone();
+    Ok(Json(
+        blocking(move || {
+            Ok(pools
+                .iter()
+                .map(|p| {
+                    let snapshot = p.iostat();
+                    IostatEntry { opened_ns: table.opened_ns(&snapshot.pool), snapshot }
+                })
+                .collect())
+        })
+        .await?,
+    ))
+}
+
+fn check_pool_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if !ok {
+        return Err(ApiError::bad(format!(
+            "invalid pool name '{name}': must start with a letter and contain only letters, digits, '_', '-', '.' and ':'"
+        )));
+    }
+    if ["mirror", "raidz", "draid", "spare", "log", "cache"].iter().any(|r| name.starts_with(r)) {
+        return Err(ApiError::bad(format!("invalid pool name '{name}': name is reserved")));
+    }
+    Ok(())
+}
+
+async fn pool_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreatePool>) -> ApiResult<Empty> {
+    check_pool_name(&req.name)?;
+    let _g = d.admin.lock().await;
+    if d.pools.get(&req.name).is_some() {
+        return Err(ApiError(StatusCode::CONFLICT, "pool already exists".into()));
+    }
+    let mut opts = CreateOptions { force: req.force, ashift: None, props: vec![] };
+    for (k, v) in req.props {
+        if k == "ashift" {
+            let a: u8 = v.parse().ok().filter(|a| (9..=16).contains(a)).ok_or_else(|| {
+                ApiError::bad(format!("bad value '{v}' for property 'ashift': expected 9..16"))
+            })?;
+            opts.ashift = Some(a);
+        } else {
+            opts.props.push((k, v));
+        }
+    }
+    let name = req.name.clone();
+    let pool = blocking(move || Ok(Pool::create(&name, req.tops, opts)?)).await?;
+    d.forget_unavailable(&req.name);
+    d.pools.insert(req.name.clone(), pool);
+    d.save_cache().await?;
+    tracing::info!("created pool '{}'", req.name);
+    Ok(Json(Empty {}))
+}
+
+fn search_paths(dirs: &[String]) -> Vec<PathBuf> {
+    if dirs.is_empty() {
+        vec![PathBuf::from("/dev")]
+    } else {
+        dirs.iter().map(PathBuf::from).collect()
+    }
+}
+
+async fn pool_importable(State(_d): State<Arc<Daemon>>, Json(req): Json<ImportReq>) -> ApiResult<Vec<zilla_core::spa::ImportablePool>> {
+    let search = search_paths(&req.dirs);
+    Ok(Json(blocking(move || Ok(Pool::find_importable(&search)?)).await?))
+}
+
+async fn pool_import(State(d): State<Arc<Daemon>>, Json(req): Json<ImportReq>) -> ApiResult<Empty> {
+    let _g = d.admin.lock().await;
+    if let Some(n) = &req.name {
+        if d.pools.get(n).is_some() {
+            return Err(ApiError(StatusCode::CONFLICT, "a pool with that name is already imported".into()));
+        }
+    }
+    let search = search_paths(&req.dirs);
+    let name = req.name.clone();
+    let pool = blocking(move || Ok(Pool::import(&search, name.as_deref())?)).await?;
+    let name = pool.name();
+    if d.pools.get(&name).is_some() {
+        // Imported by guid under a name we already have: undo.
+        let p = pool.clone();
+        let _ = blocking(move || Ok(p.export()?)).await;
+        return Err(ApiError(StatusCode::CONFLICT, format!("a pool named '{name}' is already imported")));
+    }
+    d.forget_unavailable(&name);
+    d.pools.insert(name.clone(), pool);
+    d.save_cache().await?;
+    tracing::info!("imported pool '{name}'");
+    Ok(Json(Empty {}))
+}
+
+async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Empty> {
+    let _g = d.admin.lock().await;
+    let p = d.pool(&pool)?;
+    blocking(move || Ok(p.export()?)).await?;
+    d.pools.remove(&pool);
+    d.save_cache().await?;
+    tracing::info!("exported pool '{pool}'");
+    Ok(Json(Empty {}))
+}
+
+async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Empty> {
+    let _g = d.admin.lock().await;
+    let p = match d.pools.get(&pool) {
+        Some(p) => p,
+        None => {
+            let was_unavailable = d.unavailable.lock().iter().any(|e| e.name == pool);
+            if was_unavailable {
+                d.forget_unavailable(&pool);
+                d.save_cache().await?;
+                return Ok(Json(Empty {}));
+            }
+            return Err(ApiError::not_found("no such pool"));
+        }
+    };
+    blocking(move || Ok(p.destroy()?)).await?;
+    d.pools.remove(&pool);
+    d.save_cache().await?;
+    tracing::info!("destroyed pool '{pool}'");
+    Ok(Json(Empty {}))
+}
+
+async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Json(req): Json<ScrubReq>) -> ApiResult<Empty> {
+    let p = d.pool(&pool)?;
+    blocking(move || {
+        p.scrub(req.cmd)?;
+        if req.wait && req.cmd == zilla_core::spa::ScrubCmd::Start {
+            p.scrub_wait()?;
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(Json(Empty {}))
+}
+
+async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Json(req): Json<AddReq>) -> ApiResult<Empty> {
+    let _g = d.admin.lock().await;
+    let p = d.pool(&pool)?;
+    blocking(move || Ok(p.add(req.tops, req.force)?)).await?;
+    d.save_cache().await?;
+    Ok(Json(Empty {}))
+}
+
+/// attach, detach, replace, offline, online, clear.
+async fn pool_device_op(
+    State(d): State<Arc<Daemon>>,
+    UrlPath((pool, op)): UrlPath<(String, String)>,
+    Json(req): Json<DeviceReq>,
+) -> ApiResult<Empty> {
+    let _g = d.admin.lock().await;
+    let p = d.pool(&pool)?;
+    let device = req.device.clone();
+    let need_dev = || device.clone().ok_or_else(|| ApiError::bad("missing device"));
+    let changes_config = matches!(op.as_str(), "attach" | "detach" | "replace");
+    match op.as_str() {
+        "attach" => {
+            let dev = need_dev()?;
+            let new = req.new.ok_or_else(|| ApiError::bad("missing new device"))?;
+            blocking(move || Ok(p.attach(&dev, &new, req.force)?)).await?
+        }
+        "replace" => {
+            let dev = need_dev()?;
+            let new = match req.new {
+                Some(n) => n,
+                None => LeafSpec::parse(&dev).map_err(ApiError::from)?,
+            };
+            blocking(move || Ok(p.replace(&dev, &new, req.force)?)).await?
+        }
+        "detach" => {
+            let dev = need_dev()?;
+            blocking(move || Ok(p.detach(&dev)?)).await?
+        }
+        "offline" => {
+            let dev = need_dev()?;
+            blocking(move || Ok(p.offline(&dev)?)).await?
+        }
+        "online" => {
+            let dev = need_dev()?;
+            blocking(move || Ok(p.online(&dev)?)).await?
+        }
+        "clear" => blocking(move || Ok(p.clear(device.as_deref())?)).await?,
+        other => return Err(ApiError::not_found(format!("unknown pool operation '{other}'"))),
+    }
+    if changes_config {
+        d.save_cache().await?;
+    }
+    Ok(Json(Empty {}))
+}
+
+async fn pool_props(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Vec<zilla_core::props::PropRow>> {
+    let p = d.pool(&pool)?;
+    Ok(Json(blocking(move || Ok(p.get_pool_props())).await?))
+}
+
+async fn volume_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::VolumeInfo>> {
+    let pools = select_pools(&d, &q)?;
+    let mut v = blocking(move || Ok(pools.iter().flat_map(|p| p.volumes()).collect::<Vec<_>>())).await?;
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Json(v))
+}
+
+fn check_volume_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad(format!(
+            "invalid volume name '{name}': use letters, digits, '_', '-', '.' and ':' (no further '/')"
+        )))
+    }
+}
+
+async fn volume_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreateVolume>) -> ApiResult<Empty> {
+    let (p, vol) = d.volume_pool(&req.name)?;
+    check_volume_name(&vol)?;
+    if req.volsize == 0 {
+        return Err(ApiError::bad("volume size must be greater than zero"));
+    }
+    if !req.volblocksize.is_power_of_two() || !(512..=128 * 1024).contains(&req.volblocksize) {
+        return Err(ApiError::bad(format!(
+            "bad volblocksize {}: must be a power of two from 512 to 128K",
+            req.volblocksize
+        )));
+    }
+    if req.volsize % req.volblocksize as u64 != 0 {
+        return Err(ApiError::bad(format!(
+            "volume size must be a multiple of volume block size ({})",
+            crate::units::nicebytes(req.volblocksize as u64)
+        )));
+    }
+    for (k, v) in &req.props {
+        zilla_core::props::validate(k, v)?;
+    }
+    blocking(move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, req.sparse, &req.props)?)).await?;
+    tracing::info!("created volume '{}'", req.name);
+    Ok(Json(Empty {}))
+}
+
+async fn volume_destroy(State(d): State<Arc<Daemon>>, UrlPath((pool, name)): UrlPath<(String, String)>) -> ApiResult<Empty> {
+    let p = d.pool(&pool)?;
+    blocking(move || Ok(p.volume_destroy(&name)?)).await?;
+    Ok(Json(Empty {}))
+}
+
+async fn prop_get(State(d): State<Arc<Daemon>>, Json(req): Json<GetReq>) -> ApiResult<Vec<zilla_core::props::PropRow>> {
+    if !req.name.contains('/') {
+        // A pool: its pool properties (zpool get).
+        let p = d.pool(&req.name)?;
+        let rows = blocking(move || Ok(p.get_pool_props())).await?;
+        if req.props.is_empty() {
+            return Ok(Json(rows));
+        }
+        let mut out = vec![];
+        for want in &req.props {
+            match rows.iter().find(|r| &r.property == want) {
+                Some(r) => out.push(r.clone()),
+                None => return Err(ApiError::bad(format!("unknown property '{want}'"))),
+            }
+        }
+        return Ok(Json(out));
+    }
+    let (p, vol) = d.volume_pool(&req.name)?;
+    Ok(Json(blocking(move || Ok(p.get_props(&vol, &req.props)?)).await?))
+}
+
+async fn prop_set(State(d): State<Arc<Daemon>>, Json(req): Json<SetReq>) -> ApiResult<Empty> {
+    let (p, vol) = d.volume_pool(&req.name)?;
+    zilla_core::props::validate(&req.property, &req.value)?;
+    blocking(move || Ok(p.set_prop(&vol, &req.property, &req.value)?)).await?;
+    Ok(Json(Empty {}))
+}
+
+async fn tunable_list() -> Json<Vec<TunableRow>> {
+    let rows = zilla_core::kstat::registry()
+        .list()
+        .into_iter()
+        .map(|(def, value)| TunableRow {
+            name: def.name.into(),
+            value,
+            default: def.default,
+            description: def.description.into(),
+        })
+        .collect();
+    Json(rows)
+}
+
+async fn tunable_set(Json(req): Json<TunableSet>) -> ApiResult<Empty> {
+    zilla_core::kstat::registry().set(&req.name, req.value)?;
+    tracing::info!("tunable {} set to {}", req.name, req.value);
+    Ok(Json(Empty {}))
+}
+
+/// arcstats kstat names -> values. The engine does not export ARC counters yet, so
+/// this is empty; `zilla arcstat` says so.
+// TODO(arc): fill from the engine's arc stats once zilla-core exposes them.
+async fn arcstats() -> Json<BTreeMap<String, u64>> {
+    Json(BTreeMap::new())
+}

@@ -1,0 +1,711 @@
+//! Text output in the shapes of zpool(8) and zfs(8): status trees, list tables,
+//! iostat reports, property rows. Shared by the CLI and the daemon's status page.
+
+use std::fmt::Write;
+
+use zilla_core::props::PropRow;
+use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
+use zilla_core::vdev::queue::LeafStats;
+use zilla_core::vdev::{IoClass, Role};
+
+use crate::api::IostatEntry;
+use crate::units::{nicebytes, nicenum, nicetime_ns, parse_size};
+
+// ---------------------------------------------------------------------------------
+// Tables
+
+/// Column alignment.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// A zfs-style table: two spaces between columns, header in capitals; scripted
+/// (`-H`) = no header, one tab between fields.
+pub fn table(headers: &[&str], align: &[Align], rows: &[Vec<String>], scripted: bool) -> String {
+    let mut out = String::new();
+    if scripted {
+        for r in rows {
+            out.push_str(&r.join("\t"));
+            out.push('\n');
+        }
+        return out;
+    }
+    let mut width: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let last = i + 1 == cells.len();
+            let w = width[i];
+            match align[i] {
+                Align::Left if last => s.push_str(c),
+                Align::Left => s.push_str(&format!("{c:<w$}")),
+                Align::Right => s.push_str(&format!("{c:>w$}")),
+            }
+            if !last {
+                s.push_str("  ");
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    out.push_str(&line(headers.to_vec()));
+    for r in rows {
+        out.push_str(&line(r.iter().map(|s| s.as_str()).collect()));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------
+// pool status
+
+/// Is this pool in perfect health (for `status -x`)?
+pub fn is_healthy(s: &PoolStatus) -> bool {
+    fn clean(v: &VdevStatus) -> bool {
+        v.read_errors == 0 && v.write_errors == 0 && v.cksum_errors == 0 && v.children.iter().all(clean)
+    }
+    s.state == "ONLINE" && s.status.is_empty() && s.error_list.is_empty() && s.config.iter().all(clean)
+}
+
+/// The config list without a root node, whichever way the engine reports it.
+fn top_level(s: &PoolStatus) -> (Option<&VdevStatus>, &[VdevStatus]) {
+    match s.config.as_slice() {
+        [root] if root.name == s.name => (Some(root), &root.children),
+        all => (None, all),
+    }
+}
+
+pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "  pool: {}", s.name);
+    let _ = writeln!(o, " state: {}", s.state);
+    if !s.status.is_empty() {
+        let _ = writeln!(o, "status: {}", indent_para(&s.status));
+    }
+    if !s.action.is_empty() {
+        let _ = writeln!(o, "action: {}", indent_para(&s.action));
+    }
+    let scan = if s.scan.is_empty() { "none requested" } else { &s.scan };
+    let _ = writeln!(o, "  scan: {}", indent_para(scan));
+    let _ = writeln!(o, "config:\n");
+
+    let (root, tops) = top_level(s);
+    let mut rows: Vec<(String, &str, String, String, String, &str)> = vec![];
+    let (r, w, c) = root.map_or((0, 0, 0), |r| (r.read_errors, r.write_errors, r.cksum_errors));
+    rows.push((s.name.clone(), &s.state, r.to_string(), w.to_string(), c.to_string(), ""));
+    let mut classes: Vec<(Role, &str)> = vec![(Role::Normal, "")];
+    classes.extend([(Role::Log, "logs"), (Role::Cache, "cache"), (Role::Spare, "spares")]);
+    for (role, header) in classes {
+        let members: Vec<&VdevStatus> = tops.iter().filter(|v| v.role == role).collect();
+        if members.is_empty() {
+            continue;
+        }
+        if !header.is_empty() {
+            rows.push((header.to_string(), "", String::new(), String::new(), String::new(), ""));
+        }
+        for v in members {
+            push_vdev(&mut rows, v, 1);
+        }
+    }
+    let namew = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(10);
+    let _ = writeln!(o, "\t{:<namew$}  {:<8} {:>5} {:>5} {:>5}", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+    for (name, state, r, w, c, note) in rows {
+        if state.is_empty() {
+            let _ = writeln!(o, "\t{name}");
+            continue;
+        }
+        let line = format!("\t{name:<namew$}  {state:<8} {r:>5} {w:>5} {c:>5}  {note}");
+        let _ = writeln!(o, "{}", line.trim_end());
+    }
+    let _ = writeln!(o);
+    let errors = if s.errors.is_empty() { "No known data errors" } else { &s.errors };
+    let _ = writeln!(o, "errors: {errors}");
+    if verbose && !s.error_list.is_empty() {
+        let _ = writeln!(o);
+        for e in &s.error_list {
+            let _ = writeln!(o, "        {e}");
+        }
+    }
+    o
+}
+
+type StatusRow<'a> = (String, &'a str, String, String, String, &'a str);
+
+fn push_vdev<'a>(rows: &mut Vec<StatusRow<'a>>, v: &'a VdevStatus, depth: usize) {
+    let name = format!("{}{}", "  ".repeat(depth), v.name);
+    rows.push((
+        name,
+        &v.state,
+        nicenum(v.read_errors),
+        nicenum(v.write_errors),
+        nicenum(v.cksum_errors),
+        &v.note,
+    ));
+    for c in &v.children {
+        push_vdev(rows, c, depth + 1);
+    }
+}
+
+fn indent_para(s: &str) -> String {
+    s.lines().collect::<Vec<_>>().join("\n\t")
+}
+
+// ---------------------------------------------------------------------------------
+// pool list
+
+pub const LIST_COLUMNS: &[&str] =
+    &["name", "size", "alloc", "free", "ckpoint", "expandsz", "frag", "cap", "dedup", "health", "altroot"];
+const LIST_EXTRA: &[&str] = &["ashift", "allocated", "fragmentation", "capacity"];
+
+/// Check `-o` column names; returns the canonical short names.
+pub fn list_columns(spec: Option<&str>) -> Result<Vec<String>, String> {
+    let Some(spec) = spec else {
+        return Ok(LIST_COLUMNS.iter().map(|s| s.to_string()).collect());
+    };
+    spec.split(',')
+        .map(|c| {
+            let c = c.trim().to_ascii_lowercase();
+            let c = match c.as_str() {
+                "allocated" => "alloc".to_string(),
+                "fragmentation" => "frag".to_string(),
+                "capacity" => "cap".to_string(),
+                _ => c,
+            };
+            if LIST_COLUMNS.contains(&c.as_str()) || LIST_EXTRA.contains(&c.as_str()) {
+                Ok(c)
+            } else {
+                Err(format!("invalid column '{c}': expected one of {}, ashift", LIST_COLUMNS.join(", ")))
+            }
+        })
+        .collect()
+}
+
+pub fn pool_list(rows: &[PoolListRow], cols: &[String], scripted: bool, parsable: bool) -> String {
+    let size = |n: u64| if parsable { n.to_string() } else { nicebytes(n) };
+    let pct = |n: u64| if parsable { n.to_string() } else { format!("{n}%") };
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            cols.iter()
+                .map(|c| match c.as_str() {
+                    "name" => r.name.clone(),
+                    "size" => size(r.size),
+                    "alloc" => size(r.alloc),
+                    "free" => size(r.free),
+                    "frag" => pct(r.frag_percent),
+                    "cap" => pct(r.cap_percent),
+                    "dedup" => if parsable { "1.00".into() } else { "1.00x".into() },
+                    "health" => r.health.clone(),
+                    "ashift" => r.ashift.to_string(),
+                    _ => "-".into(),
+                })
+                .collect()
+        })
+        .collect();
+    let headers: Vec<String> = cols.iter().map(|c| c.to_ascii_uppercase()).collect();
+    let headers: Vec<&str> = headers.iter().map(|s| s.as_str()).collect();
+    let align: Vec<Align> = cols
+        .iter()
+        .map(|c| if matches!(c.as_str(), "name" | "altroot") { Align::Left } else { Align::Right })
+        .collect();
+    table(&headers, &align, &cells, scripted)
+}
+
+// ---------------------------------------------------------------------------------
+// zilla get / volume list
+
+const SIZE_PROPS: &[&str] =
+    &["volsize", "volblocksize", "used", "logicalused", "referenced", "size", "allocated", "free"];
+
+/// `zfs get`: NAME PROPERTY VALUE SOURCE. Size-valued properties are shown as
+/// nicenums, or exact bytes with `-p`, whichever form the engine returned.
+pub fn prop_rows(rows: &[PropRow], scripted: bool, parsable: bool) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut value = r.value.clone();
+            if SIZE_PROPS.contains(&r.property.as_str()) {
+                if parsable {
+                    if let Ok(n) = parse_size(&value) {
+                        value = n.to_string();
+                    }
+                } else if let Ok(n) = value.parse::<u64>() {
+                    value = nicebytes(n);
+                }
+            }
+            vec![r.name.clone(), r.property.clone(), value, r.source.clone()]
+        })
+        .collect();
+    table(&["NAME", "PROPERTY", "VALUE", "SOURCE"], &[Align::Left; 4], &cells, scripted)
+}
+
+pub fn volume_list(vols: &[VolumeInfo], scripted: bool, parsable: bool) -> String {
+    let size = |n: u64| if parsable { n.to_string() } else { nicebytes(n) };
+    let cells: Vec<Vec<String>> = vols
+        .iter()
+        .map(|v| {
+            vec![
+                v.name.clone(),
+                size(v.used),
+                size(v.volsize),
+                size(v.volblocksize as u64),
+                if v.readonly { "on".into() } else { "off".into() },
+            ]
+        })
+        .collect();
+    let a = [Align::Left, Align::Right, Align::Right, Align::Right, Align::Right];
+    table(&["NAME", "USED", "VOLSIZE", "VOLBLOCK", "RDONLY"], &a, &cells, scripted)
+}
+
+// ---------------------------------------------------------------------------------
+// pool iostat
+
+#[derive(Clone, Copy, Default)]
+pub struct IostatFlags {
+    pub verbose: bool,
+    pub latency: bool,
+    pub queues: bool,
+    pub histograms: bool,
+    pub scripted: bool,
+    pub parsable: bool,
+}
+
+const READ_CLASSES: [IoClass; 3] = [IoClass::SyncRead, IoClass::AsyncRead, IoClass::Scrub];
+const WRITE_CLASSES: [IoClass; 2] = [IoClass::SyncWrite, IoClass::AsyncWrite];
+
+fn sub_hist(cur: &[Vec<u64>], prev: Option<&[Vec<u64>]>, class: IoClass) -> Vec<u64> {
+    let c = cur.get(class as usize).cloned().unwrap_or_default();
+    match prev.and_then(|p| p.get(class as usize)) {
+        Some(p) => c.iter().enumerate().map(|(i, v)| v.saturating_sub(*p.get(i).unwrap_or(&0))).collect(),
+        None => c,
+    }
+}
+
+fn add_hist(a: &mut Vec<u64>, b: &[u64]) {
+    if a.len() < b.len() {
+        a.resize(b.len(), 0);
+    }
+    for (i, v) in b.iter().enumerate() {
+        a[i] += v;
+    }
+}
+
+/// Average of a log2 histogram, bucket i counted as 2^i ns (as zpool iostat -l does).
+fn hist_avg(h: &[u64]) -> Option<u64> {
+    let count: u64 = h.iter().sum();
+    if count == 0 {
+        return None;
+    }
+    let sum: u128 = h.iter().enumerate().map(|(i, &c)| c as u128 * (1u128 << i.min(63))).sum();
+    Some((sum / count as u128) as u64)
+}
+
+/// One node's numbers over an interval.
+struct Delta {
+    ops_r: f64,
+    ops_w: f64,
+    bw_r: f64,
+    bw_w: f64,
+    total: Vec<Vec<u64>>,
+    disk: Vec<Vec<u64>>,
+    queued: [u32; 5],
+    active: [u32; 5],
+}
+
+fn delta(cur: &LeafStats, prev: Option<&LeafStats>, secs: f64) -> Delta {
+    let d = |arr_c: &[u64; 5], arr_p: Option<&[u64; 5]>, classes: &[IoClass]| -> f64 {
+        classes
+            .iter()
+            .map(|&c| arr_c[c as usize].saturating_sub(arr_p.map_or(0, |p| p[c as usize])))
+            .sum::<u64>() as f64
+            / secs
+    };
+    let pops = prev.map(|p| &p.ops);
+    let pbytes = prev.map(|p| &p.bytes);
+    Delta {
+        ops_r: d(&cur.ops, pops, &READ_CLASSES),
+        ops_w: d(&cur.ops, pops, &WRITE_CLASSES),
+        bw_r: d(&cur.bytes, pbytes, &READ_CLASSES),
+        bw_w: d(&cur.bytes, pbytes, &WRITE_CLASSES),
+        total: IoClass::ALL
+            .iter()
+            .map(|&c| sub_hist(&cur.total_latency_hist, prev.map(|p| p.total_latency_hist.as_slice()), c))
+            .collect(),
+        disk: IoClass::ALL
+            .iter()
+            .map(|&c| sub_hist(&cur.disk_latency_hist, prev.map(|p| p.disk_latency_hist.as_slice()), c))
+            .collect(),
+        queued: cur.queued,
+        active: cur.active,
+    }
+}
+
+impl Delta {
+    fn merged(h: &[Vec<u64>], classes: &[IoClass]) -> Vec<u64> {
+        let mut out = vec![];
+        for &c in classes {
+            add_hist(&mut out, &h[c as usize]);
+        }
+        out
+    }
+}
+
+struct Fmt {
+    parsable: bool,
+}
+
+impl Fmt {
+    fn num(&self, v: f64) -> String {
+        if self.parsable {
+            format!("{}", v.round() as u64)
+        } else {
+            nicenum(v.round() as u64)
+        }
+    }
+    fn bytes(&self, v: u64) -> String {
+        if self.parsable {
+            v.to_string()
+        } else {
+            nicenum(v)
+        }
+    }
+    fn time(&self, v: Option<u64>) -> String {
+        match v {
+            None => "-".into(),
+            Some(ns) if self.parsable => ns.to_string(),
+            Some(ns) => nicetime_ns(ns),
+        }
+    }
+}
+
+/// Seconds a snapshot's counters cover when there is no previous snapshot (both
+/// timestamps are wall-clock ns).
+fn since_open_secs(s: &IostatSnapshot, opened_ns: u64) -> f64 {
+    (s.timestamp_ns.saturating_sub(opened_ns) as f64 / 1e9).max(1.0)
+}
+
+/// One iostat report (header + rows) for `cur` against `prev` (None = since open).
+pub fn iostat_report(entries: &[IostatEntry], prev: Option<&[IostatEntry]>, f: IostatFlags) -> String {
+    let cur: Vec<IostatSnapshot> = entries.iter().map(|e| e.snapshot.clone()).collect();
+    let prev: Option<Vec<IostatSnapshot>> = prev.map(|p| p.iter().map(|e| e.snapshot.clone()).collect());
+    let opened = |pool: &str| entries.iter().find(|e| e.snapshot.pool == pool).map_or(0, |e| e.opened_ns);
+    let (cur, prev) = (cur.as_slice(), prev.as_deref());
+    if f.histograms {
+        return iostat_histograms(cur, prev, f);
+    }
+    let fm = Fmt { parsable: f.parsable };
+    let mut headers = vec!["pool", "alloc", "free", "read", "write", "read", "write"];
+    if f.latency {
+        headers.extend(["total_wait", "", "disk_wait", "", "syncq_wait", "", "asyncq_wait", "", "scrub", "trim"]);
+    }
+    if f.queues {
+        headers.extend(["syncq_read", "", "syncq_write", "", "asyncq_read", "", "asyncq_write", "", "scrubq_read", ""]);
+    }
+    let mut rows: Vec<Vec<String>> = vec![];
+    let mut separators: Vec<usize> = vec![];
+    for s in cur {
+        let p = prev.and_then(|ps| ps.iter().find(|p| p.pool == s.pool));
+        let secs = match p {
+            Some(p) => ((s.timestamp_ns.saturating_sub(p.timestamp_ns)) as f64 / 1e9).max(1e-3),
+            None => since_open_secs(s, opened(&s.pool)),
+        };
+        rows.push(iostat_row(&s.pool, Some((s.alloc, s.free)), &s.stats, p.map(|p| &p.stats), secs, &fm, f));
+        if f.verbose {
+            for (role, header) in [(Role::Normal, ""), (Role::Log, "logs"), (Role::Cache, "cache")] {
+                let members: Vec<&IostatNode> = s.vdevs.iter().filter(|v| v.role == role).collect();
+                if members.is_empty() {
+                    continue;
+                }
+                if !header.is_empty() {
+                    let mut r = vec![header.to_string()];
+                    r.resize(rows[0].len(), "-".into());
+                    rows.push(r);
+                }
+                for v in members {
+                    let pv = p.and_then(|p| p.vdevs.iter().find(|x| x.name == v.name));
+                    push_iostat_node(&mut rows, v, pv, 1, secs, &fm, f);
+                }
+            }
+            separators.push(rows.len());
+        }
+    }
+    render_iostat(&headers, &rows, &separators, f)
+}
+
+fn push_iostat_node(
+    rows: &mut Vec<Vec<String>>,
+    v: &IostatNode,
+    prev: Option<&IostatNode>,
+    depth: usize,
+    secs: f64,
+    fm: &Fmt,
+    f: IostatFlags,
+) {
+    let cap = if v.children.is_empty() && v.alloc + v.free == 0 { None } else { Some((v.alloc, v.free)) };
+    let name = format!("{}{}", "  ".repeat(depth), v.name);
+    rows.push(iostat_row(&name, cap, &v.stats, prev.map(|p| &p.stats), secs, fm, f));
+    for c in &v.children {
+        let pc = prev.and_then(|p| p.children.iter().find(|x| x.name == c.name));
+        push_iostat_node(rows, c, pc, depth + 1, secs, fm, f);
+    }
+}
+
+fn iostat_row(
+    name: &str,
+    cap: Option<(u64, u64)>,
+    cur: &LeafStats,
+    prev: Option<&LeafStats>,
+    secs: f64,
+    fm: &Fmt,
+    f: IostatFlags,
+) -> Vec<String> {
+    let d = delta(cur, prev, secs);
+    let mut r = vec![name.to_string()];
+    match cap {
+        Some((a, fr)) => r.extend([fm.bytes(a), fm.bytes(fr)]),
+        None => r.extend(["-".into(), "-".into()]),
+    }
+    r.extend([fm.num(d.ops_r), fm.num(d.ops_w), fm.num(d.bw_r), fm.num(d.bw_w)]);
+    if f.latency {
+        let tot_r = hist_avg(&Delta::merged(&d.total, &READ_CLASSES[..2]));
+        let tot_w = hist_avg(&Delta::merged(&d.total, &WRITE_CLASSES));
+        let disk_r = hist_avg(&Delta::merged(&d.disk, &READ_CLASSES[..2]));
+        let disk_w = hist_avg(&Delta::merged(&d.disk, &WRITE_CLASSES));
+        // Queue wait = total - device time, per class.
+        let qwait = |c: IoClass| -> Option<u64> {
+            let t = hist_avg(&d.total[c as usize])?;
+            let k = hist_avg(&d.disk[c as usize]).unwrap_or(0);
+            Some(t.saturating_sub(k))
+        };
+        let scrub = hist_avg(&d.total[IoClass::Scrub as usize]);
+        r.extend([
+            fm.time(tot_r),
+            fm.time(tot_w),
+            fm.time(disk_r),
+            fm.time(disk_w),
+            fm.time(qwait(IoClass::SyncRead)),
+            fm.time(qwait(IoClass::SyncWrite)),
+            fm.time(qwait(IoClass::AsyncRead)),
+            fm.time(qwait(IoClass::AsyncWrite)),
+            fm.time(scrub),
+            "-".into(),
+        ]);
+    }
+    if f.queues {
+        for c in [IoClass::SyncRead, IoClass::SyncWrite, IoClass::AsyncRead, IoClass::AsyncWrite, IoClass::Scrub] {
+            r.push(fm.num(d.queued[c as usize] as f64));
+            r.push(fm.num(d.active[c as usize] as f64));
+        }
+    }
+    r
+}
+
+fn render_iostat(headers: &[&str], rows: &[Vec<String>], separators: &[usize], f: IostatFlags) -> String {
+    if f.scripted {
+        return table(headers, &vec![Align::Left; headers.len()], rows, true);
+    }
+    let namew = rows.iter().map(|r| r[0].len()).max().unwrap_or(4).max(10);
+    let colw = if f.parsable {
+        rows.iter().flat_map(|r| r[1..].iter().map(|c| c.len())).max().unwrap_or(5).max(5)
+    } else {
+        5
+    };
+    let mut o = String::new();
+    // Group header line: capacity / operations / bandwidth [/ total_wait ...].
+    let mut groups = vec!["capacity", "operations", "bandwidth"];
+    let mut sub: Vec<String> = vec!["alloc", "free", "read", "write", "read", "write"].into_iter().map(String::from).collect();
+    if f.latency {
+        groups.extend(["total_wait", "disk_wait", "syncq_wait", "asyncq_wait"]);
+        sub.extend(["read", "write", "read", "write", "read", "write", "read", "write"].map(String::from));
+    }
+    let mut line1 = format!("{:<namew$}", "");
+    for g in &groups {
+        let w = colw * 2 + 2;
+        line1.push_str(&format!("  {g:^w$}"));
+    }
+    if f.latency {
+        line1.push_str(&format!("  {:>colw$}  {:>colw$}", "scrub", "trim"));
+        sub.extend(["wait".into(), "wait".into()]);
+    }
+    if f.queues {
+        for g in ["syncq_read", "syncq_write", "asyncq_read", "asyncq_write", "scrubq_read"] {
+            let w = colw * 2 + 2;
+            line1.push_str(&format!("  {g:^w$}"));
+            sub.extend(["pend".into(), "activ".into()]);
+        }
+    }
+    o.push_str(line1.trim_end());
+    o.push('\n');
+    let mut line2 = format!("{:<namew$}", "pool");
+    for s in &sub {
+        line2.push_str(&format!("  {s:>colw$}"));
+    }
+    o.push_str(&line2);
+    o.push('\n');
+    let dashes = {
+        let mut l = "-".repeat(namew);
+        for _ in &sub {
+            l.push_str(&format!("  {}", "-".repeat(colw)));
+        }
+        l
+    };
+    o.push_str(&dashes);
+    o.push('\n');
+    for (i, r) in rows.iter().enumerate() {
+        let mut l = format!("{:<namew$}", r[0]);
+        for c in &r[1..] {
+            l.push_str(&format!("  {c:>colw$}"));
+        }
+        o.push_str(&l);
+        o.push('\n');
+        if separators.contains(&(i + 1)) {
+            o.push_str(&dashes);
+            o.push('\n');
+        }
+    }
+    o
+}
+
+/// `-w`: latency histograms, one table per pool (and per vdev with -v).
+fn iostat_histograms(cur: &[IostatSnapshot], prev: Option<&[IostatSnapshot]>, f: IostatFlags) -> String {
+    let mut o = String::new();
+    for s in cur {
+        let p = prev.and_then(|ps| ps.iter().find(|p| p.pool == s.pool));
+        o.push_str(&histogram_table(&s.pool, &s.stats, p.map(|p| &p.stats), f));
+        if f.verbose {
+            fn walk(o: &mut String, v: &IostatNode, pv: Option<&IostatNode>, f: IostatFlags) {
+                o.push_str(&histogram_table(&v.name, &v.stats, pv.map(|p| &p.stats), f));
+                for c in &v.children {
+                    walk(o, c, pv.and_then(|p| p.children.iter().find(|x| x.name == c.name)), f);
+                }
+            }
+            for v in &s.vdevs {
+                walk(&mut o, v, p.and_then(|p| p.vdevs.iter().find(|x| x.name == v.name)), f);
+            }
+        }
+    }
+    o
+}
+
+fn histogram_table(name: &str, cur: &LeafStats, prev: Option<&LeafStats>, f: IostatFlags) -> String {
+    let d = delta(cur, prev, 1.0);
+    let cols: Vec<Vec<u64>> = vec![
+        Delta::merged(&d.total, &READ_CLASSES[..2]),
+        Delta::merged(&d.total, &WRITE_CLASSES),
+        Delta::merged(&d.disk, &READ_CLASSES[..2]),
+        Delta::merged(&d.disk, &WRITE_CLASSES),
+        d.total[IoClass::SyncRead as usize].clone(),
+        d.total[IoClass::SyncWrite as usize].clone(),
+        d.total[IoClass::AsyncRead as usize].clone(),
+        d.total[IoClass::AsyncWrite as usize].clone(),
+        d.total[IoClass::Scrub as usize].clone(),
+    ];
+    let n = zilla_core::kstat::HISTOGRAM_BUCKETS;
+    let fm = Fmt { parsable: f.parsable };
+    let rows: Vec<Vec<String>> = (0..n)
+        .map(|i| {
+            let mut r = vec![bucket_label(i, f.parsable)];
+            r.extend(cols.iter().map(|c| fm.num(*c.get(i).unwrap_or(&0) as f64)));
+            r
+        })
+        .collect();
+    let mut headers = vec![name, "read", "write", "read", "write", "read", "write", "read", "write", "scrub"];
+    if f.scripted {
+        return table(&headers, &[Align::Left; 10], &rows, true);
+    }
+    let mut o = format!(
+        "{:<10}  {:^12}  {:^12}  {:^12}  {:^12}  {:^5}\n",
+        name, "total_wait", "disk_wait", "sync_total", "async_total", "scrub"
+    );
+    headers[0] = "latency";
+    o.push_str(&table(&headers, &[Align::Left, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right], &rows, false));
+    o.push('\n');
+    o
+}
+
+/// Bucket i holds [2^i, 2^(i+1)) ns; zpool labels it with its upper bound.
+fn bucket_label(i: usize, parsable: bool) -> String {
+    let ns: u64 = (1u64 << (i + 1)) - 1;
+    if parsable {
+        return ns.to_string();
+    }
+    let (v, u) = if ns < 1_000 {
+        (ns, "ns")
+    } else if ns < 1_000_000 {
+        (ns / 1_000, "us")
+    } else if ns < 1_000_000_000 {
+        (ns / 1_000_000, "ms")
+    } else {
+        (ns / 1_000_000_000, "s")
+    };
+    format!("{v}{u}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(name: &str, state: &str) -> VdevStatus {
+        VdevStatus {
+            name: name.into(),
+            kind: "file".into(),
+            role: Role::Normal,
+            state: state.into(),
+            read_errors: 0,
+            write_errors: 0,
+            cksum_errors: 0,
+            note: String::new(),
+            children: vec![],
+        }
+    }
+
+    #[test]
+    fn status_tree_has_zpool_shape() {
+        let mut m = leaf("mirror-0", "ONLINE");
+        m.kind = "mirror".into();
+        m.children = vec![leaf("/d/a", "ONLINE"), leaf("/d/b", "ONLINE")];
+        let mut log = leaf("sim-ssd:/d/log", "ONLINE");
+        log.role = Role::Log;
+        let s = PoolStatus {
+            name: "tank".into(),
+            guid: 1,
+            state: "ONLINE".into(),
+            status: String::new(),
+            action: String::new(),
+            scan: String::new(),
+            config: vec![m, log],
+            errors: String::new(),
+            error_list: vec![],
+        };
+        let out = pool_status(&s, false);
+        assert!(out.contains("  pool: tank\n state: ONLINE\n  scan: none requested\nconfig:\n\n"));
+        assert!(out.contains("\tNAME              STATE     READ WRITE CKSUM\n"), "{out}");
+        assert!(out.contains("\t  mirror-0        ONLINE       0     0     0\n"), "{out}");
+        assert!(out.contains("\t    /d/a          ONLINE       0     0     0\n"), "{out}");
+        assert!(out.contains("\tlogs\n\t  sim-ssd:/d/log"), "{out}");
+        assert!(out.ends_with("errors: No known data errors\n"));
+        assert!(is_healthy(&s));
+    }
+
+    #[test]
+    fn scripted_tables_use_tabs() {
+        let t = table(&["A", "B"], &[Align::Left, Align::Right], &[vec!["x".into(), "1".into()]], true);
+        assert_eq!(t, "x\t1\n");
+        let t = table(&["NAME", "SIZE"], &[Align::Left, Align::Right], &[vec!["tank".into(), "1.50G".into()]], false);
+        assert_eq!(t, "NAME   SIZE\ntank  1.50G\n");
+    }
+
+    #[test]
+    fn histogram_labels() {
+        assert_eq!(bucket_label(0, false), "1ns");
+        assert_eq!(bucket_label(9, false), "1us");
+        assert_eq!(bucket_label(19, false), "1ms");
+        assert_eq!(bucket_label(36, false), "137s");
+        assert_eq!(hist_avg(&[0, 0, 4]), Some(4));
+    }
+}
