@@ -114,6 +114,9 @@ pub struct PoolIo {
     pub errors: IoErrors,
     /// Recent unrecoverable block errors (bounded, for `status -v`).
     pub error_log: Mutex<Vec<String>>,
+    /// Normal-class (size, allocated) as of the last sync, read lock-free by writers.
+    pub space_size: std::sync::atomic::AtomicU64,
+    pub space_alloc: std::sync::atomic::AtomicU64,
 }
 
 pub const ERROR_LOG_MAX: usize = 100;
@@ -144,6 +147,17 @@ impl Run {
 }
 
 impl PoolIo {
+    /// Refresh the lock-free space snapshot from the allocator.
+    pub fn refresh_space(&self) {
+        let (size, alloc) = self.ms.lock().space(Role::Normal);
+        self.space_size.store(size, std::sync::atomic::Ordering::Relaxed);
+        self.space_alloc.store(alloc, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn space(&self) -> (u64, u64) {
+        (self.space_size.load(std::sync::atomic::Ordering::Relaxed), self.space_alloc.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     pub fn top(&self, id: u32) -> Option<Arc<TopVdev>> {
         self.vdevs.read().iter().find(|t| t.id == id).cloned()
     }
@@ -166,6 +180,7 @@ impl PoolIo {
         }
         let mut last: Option<io::Error> = None;
         let mut all_checksum = true;
+        let mut failed: Vec<(Arc<TopVdev>, Dva)> = Vec::new();
         for dva in bp.copies() {
             let Some(tvd) = self.top(dva.vdev) else {
                 all_checksum = false;
@@ -174,8 +189,17 @@ impl PoolIo {
             let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
             match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify) {
                 Ok(r) => {
-                    if r.repaired_bytes > 0 {
-                        self.errors.self_healed_bytes.fetch_add(r.repaired_bytes, std::sync::atomic::Ordering::Relaxed);
+                    let mut healed = r.repaired_bytes;
+                    // ditto self-heal: a copy bad on every child of its mirror is rewritten
+                    // from this good one (never touching a copy that read back good)
+                    for (ftvd, fdva) in failed.drain(..) {
+                        let still_allocated = !self.ms.lock().vdevs.get(fdva.vdev as usize).and_then(|v| v.as_ref()).map_or(true, |(_, a)| a.is_free(fdva.offset, fdva.asize as u64));
+                        if still_allocated && ftvd.write(IoClass::AsyncWrite, &r.data, fdva.offset, bp.birth).is_ok() {
+                            healed += fdva.asize as u64;
+                        }
+                    }
+                    if healed > 0 {
+                        self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
                     let data: Arc<[u8]> = crate::zio::finish_read(bp, r.data)?.into();
                     if data.len() != bp.lsize as usize {
@@ -190,6 +214,7 @@ impl PoolIo {
                     if e.kind() != io::ErrorKind::InvalidData {
                         all_checksum = false;
                     }
+                    failed.push((tvd.clone(), *dva));
                     last = Some(e);
                 }
             }

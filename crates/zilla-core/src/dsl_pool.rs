@@ -26,6 +26,8 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use parking_lot::{Condvar, Mutex};
 
 use crate::kstat::{tun, TunableDef};
@@ -59,13 +61,6 @@ pub fn delay_ns(dirty: u64, max: u64) -> u64 {
     (d as u64).min(tun("zfs_delay_max_ns"))
 }
 
-#[derive(Debug, Default)]
-struct State {
-    total: u64,
-    per_txg: [u64; TXG_SIZE],
-    last_wakeup: Option<Instant>,
-}
-
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct ThrottleStats {
     pub dirty_bytes: u64,
@@ -74,11 +69,16 @@ pub struct ThrottleStats {
     pub blocked_writes: u64,
 }
 
+/// Dirty bytes in atomics, so the common case (well below the delay threshold) takes no
+/// lock; the mutex is only for writers that must sleep.
 pub struct DirtyAccounting {
-    state: Mutex<State>,
+    total: AtomicU64,
+    per_txg: [AtomicU64; TXG_SIZE],
+    last_wakeup: Mutex<Option<Instant>>,
+    blocked_mu: Mutex<()>,
     cv: Condvar,
-    delayed: std::sync::atomic::AtomicU64,
-    blocked: std::sync::atomic::AtomicU64,
+    delayed: AtomicU64,
+    blocked: AtomicU64,
 }
 
 impl Default for DirtyAccounting {
@@ -90,38 +90,43 @@ impl Default for DirtyAccounting {
 impl DirtyAccounting {
     pub fn new() -> DirtyAccounting {
         DirtyAccounting {
-            state: Mutex::new(State::default()),
+            total: AtomicU64::new(0),
+            per_txg: std::array::from_fn(|_| AtomicU64::new(0)),
+            last_wakeup: Mutex::new(None),
+            blocked_mu: Mutex::new(()),
             cv: Condvar::new(),
-            delayed: Default::default(),
-            blocked: Default::default(),
+            delayed: AtomicU64::new(0),
+            blocked: AtomicU64::new(0),
         }
     }
 
     /// Called before a writer dirties data: apply the delay curve, block at max.
     /// `abort` is polled so shutdown can release blocked writers.
     pub fn throttle(&self, abort: &dyn Fn() -> bool) {
-        use std::sync::atomic::Ordering::Relaxed;
         let max = dirty_data_max();
-        let mut s = self.state.lock();
-        if s.total >= max {
+        if self.total.load(Relaxed) >= max {
             self.blocked.fetch_add(1, Relaxed);
-            while s.total >= max && !abort() {
-                self.cv.wait_for(&mut s, Duration::from_millis(50));
+            let mut g = self.blocked_mu.lock();
+            while self.total.load(Relaxed) >= max && !abort() {
+                self.cv.wait_for(&mut g, Duration::from_millis(50));
             }
         }
-        let d = delay_ns(s.total, max);
+        let d = delay_ns(self.total.load(Relaxed), max);
         if d == 0 {
             return;
         }
         self.delayed.fetch_add(1, Relaxed);
         let now = Instant::now();
         let delay = Duration::from_nanos(d);
-        let wake = match s.last_wakeup {
-            Some(last) if last + delay > now + delay => last + delay,
-            _ => now + delay,
+        let wake = {
+            let mut last = self.last_wakeup.lock();
+            let wake = match *last {
+                Some(l) if l + delay > now + delay => l + delay,
+                _ => now + delay,
+            };
+            *last = Some(wake);
+            wake
         };
-        s.last_wakeup = Some(wake);
-        drop(s);
         let left = wake.saturating_duration_since(Instant::now());
         if !left.is_zero() {
             std::thread::sleep(left);
@@ -129,13 +134,12 @@ impl DirtyAccounting {
     }
 
     pub fn add(&self, txg: u64, bytes: u64) {
-        let mut s = self.state.lock();
-        s.total += bytes;
-        s.per_txg[(txg & TXG_MASK) as usize] += bytes;
+        self.per_txg[(txg & TXG_MASK) as usize].fetch_add(bytes, Relaxed);
+        self.total.fetch_add(bytes, Relaxed);
     }
 
     pub fn txg_dirty(&self, txg: u64) -> u64 {
-        self.state.lock().per_txg[(txg & TXG_MASK) as usize]
+        self.per_txg[(txg & TXG_MASK) as usize].load(Relaxed)
     }
 
     /// The open txg is big enough that it should be synced now.
@@ -145,23 +149,22 @@ impl DirtyAccounting {
 
     /// Txg `txg` has been written: its dirty bytes are no longer dirty.
     pub fn retire(&self, txg: u64) {
-        let mut s = self.state.lock();
-        let i = (txg & TXG_MASK) as usize;
-        s.total -= s.per_txg[i];
-        s.per_txg[i] = 0;
+        let n = self.per_txg[(txg & TXG_MASK) as usize].swap(0, Relaxed);
+        self.total.fetch_sub(n, Relaxed);
+        let _g = self.blocked_mu.lock();
         self.cv.notify_all();
     }
 
     pub fn total(&self) -> u64 {
-        self.state.lock().total
+        self.total.load(Relaxed)
     }
 
     pub fn wake_all(&self) {
+        let _g = self.blocked_mu.lock();
         self.cv.notify_all();
     }
 
     pub fn stats(&self) -> ThrottleStats {
-        use std::sync::atomic::Ordering::Relaxed;
         ThrottleStats {
             dirty_bytes: self.total(),
             dirty_max: dirty_data_max(),

@@ -154,6 +154,15 @@ pub fn start_scrub(inner: &Arc<PoolInner>) -> Result<()> {
 }
 
 pub fn start_resilver(inner: &Arc<PoolInner>) {
+    // An online leaf's open-ended DTL range (offline across an export: "missing from
+    // offline_since on") ends now; left open it would survive every resilver.
+    let open = inner.txg.open_txg();
+    for l in inner.leaves.read().iter().filter(|l| l.readable()) {
+        let d = l.dtl();
+        if d.iter().any(|r| r.1 > open) {
+            l.set_dtl(d.into_iter().map(|(a, b)| (a, b.min(open))).collect());
+        }
+    }
     let min_txg = inner.leaves.read().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(0);
     if inner.scan.running.load(Ordering::Acquire) {
         // restart as a resilver: resilver takes priority over a scrub
@@ -259,6 +268,7 @@ fn allocated_bytes(inner: &PoolInner) -> u64 {
 fn scrub_bp(inner: &PoolInner, bp: &BlockPointer) -> bool {
     let mut ok_somewhere = false;
     let mut any = false;
+    let mut lost = Vec::new();
     for dva in bp.copies() {
         let Some(tvd) = inner.io.top(dva.vdev) else { continue };
         any = true;
@@ -273,9 +283,35 @@ fn scrub_bp(inner: &PoolInner, bp: &BlockPointer) -> bool {
         }
         if !o.unrecoverable {
             ok_somewhere = true;
+        } else {
+            lost.push((tvd, *dva));
         }
     }
+    if ok_somewhere && !lost.is_empty() {
+        repair_ditto(inner, bp, &lost);
+    }
     ok_somewhere || !any
+}
+
+/// Some DVAs of `bp` are bad on every child of their mirror but another DVA is good:
+/// rewrite the bad DVAs from a good copy (every DVA holds the same physical bytes).
+fn repair_ditto(inner: &PoolInner, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::zio::blkptr::Dva)]) {
+    let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+    let good = bp.copies().filter(|d| !lost.iter().any(|(_, l)| l == *d)).find_map(|d| {
+        let tvd = inner.io.top(d.vdev)?;
+        tvd.read_verified(IoClass::Scrub, d.offset, d.asize as usize, bp.birth, &verify).ok()
+    });
+    let Some(good) = good else { return };
+    for (tvd, d) in lost {
+        if good.data.len() != d.asize as usize {
+            continue;
+        }
+        if tvd.write(IoClass::AsyncWrite, &good.data, d.offset, bp.birth).is_ok() {
+            let n = d.asize as u64 * tvd.children().iter().filter(|c| c.readable()).count() as u64;
+            inner.scan.status.lock().repaired_bytes += n;
+            inner.io.errors.self_healed_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+    }
 }
 
 fn check_labels(inner: &PoolInner) {

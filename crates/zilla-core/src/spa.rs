@@ -362,6 +362,8 @@ impl Pool {
                 arc: crate::arc::ArcCache::new(crate::arc::default_arc_max()),
                 errors: Default::default(),
                 error_log: Mutex::new(Vec::new()),
+                space_size: Default::default(),
+                space_alloc: Default::default(),
             },
             txg: TxgState::new(crate::txg::TXG_INITIAL - 1),
             dirty: DirtyAccounting::new(),
@@ -540,6 +542,8 @@ impl Pool {
             arc: crate::arc::ArcCache::new(crate::arc::default_arc_max()),
             errors: Default::default(),
             error_log: Mutex::new(Vec::new()),
+            space_size: Default::default(),
+            space_alloc: Default::default(),
         };
         // newest uberblock whose MOS reads back
         let mut loaded = None;
@@ -580,6 +584,7 @@ impl Pool {
             )));
         };
         *io.ms.lock() = ms;
+        io.refresh_space();
         // leaves that were offline missed every txg since
         for l in &leaves {
             if l.state() == LeafState::Offline {
@@ -970,6 +975,7 @@ impl Pool {
             inner.config.lock().tops.push(tc);
         }
         inner.meta.lock().changed = true;
+        inner.io.refresh_space();
         drop(_g);
         inner.write_config_labels("active")?;
         self.sync()
@@ -1099,15 +1105,25 @@ impl Pool {
             Some(d) => {
                 let (_, l) = inner.find_leaf(d).ok_or_else(|| Error::NotFound(format!("device '{d}' in pool '{}'", inner.name)))?;
                 l.clear_errors();
+                if l.state() == LeafState::Faulted {
+                    l.set_state(LeafState::Online);
+                }
             }
             None => {
                 for l in inner.leaves.read().iter() {
                     l.clear_errors();
+                    if l.state() == LeafState::Faulted {
+                        l.set_state(LeafState::Online);
+                    }
                 }
                 inner.io.errors.unrecoverable.store(0, Ordering::Relaxed);
                 inner.io.error_log.lock().clear();
             }
         }
+        if inner.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty()) {
+            crate::scan::start_resilver(inner);
+        }
+        inner.suspended.store(false, Ordering::Relaxed);
         Ok(())
     }
 

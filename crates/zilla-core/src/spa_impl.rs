@@ -309,13 +309,17 @@ impl PoolInner {
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
         let _g = self.sync_lock.lock();
         let ms_snapshot = self.io.ms.lock().clone();
-        match self.spa_sync_inner(txg) {
+        let r = self.spa_sync_inner(txg);
+        if r.is_err() {
+            *self.io.ms.lock() = ms_snapshot;
+        }
+        self.io.refresh_space();
+        match r {
             Ok(()) => {
                 self.suspended.store(false, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
-                *self.io.ms.lock() = ms_snapshot;
                 self.suspended.store(true, Ordering::Relaxed);
                 Err(e)
             }
@@ -421,7 +425,18 @@ impl PoolInner {
             }
             let mut backoff_ms = 10;
             loop {
-                match self.spa_sync(txg) {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
+                let r = match r {
+                    Ok(r) => r,
+                    Err(p) => {
+                        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                        tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
+                        self.suspended.store(true, Ordering::Relaxed);
+                        self.txg.mark_fatal(format!("txg {txg}: {msg}"));
+                        return;
+                    }
+                };
+                match r {
                     Ok(()) => {
                         self.txg.mark_synced(txg);
                         break;

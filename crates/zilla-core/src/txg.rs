@@ -46,10 +46,15 @@ struct State {
     shutting_down: bool,
     /// An error from the last sync (the pool is suspended until it succeeds).
     sync_error: Option<String>,
+    /// The sync thread died (a bug): waiters get an error instead of hanging.
+    fatal: Option<String>,
 }
 
 pub struct TxgState {
     state: Mutex<State>,
+    /// Mirror of `state.open_txg`, changed only under the exclusive hold lock, so holders
+    /// read it without the state mutex.
+    open_txg: std::sync::atomic::AtomicU64,
     cv: Condvar,
     hold: RwLock<()>,
 }
@@ -70,15 +75,17 @@ impl TxgState {
                 last_sync_start: Instant::now(),
                 shutting_down: false,
                 sync_error: None,
+                fatal: None,
             }),
             cv: Condvar::new(),
             hold: RwLock::new(()),
+            open_txg: std::sync::atomic::AtomicU64::new(last_synced + 1),
         }
     }
 
     pub fn hold(&self) -> TxgHold<'_> {
         let g = self.hold.read();
-        let txg = self.state.lock().open_txg;
+        let txg = self.open_txg.load(std::sync::atomic::Ordering::Acquire);
         TxgHold { txg, _guard: g }
     }
 
@@ -106,8 +113,8 @@ impl TxgState {
             self.cv.notify_all();
         }
         while s.synced_txg < txg {
-            if s.shutting_down && s.synced_txg < txg {
-                // the final sync at export covers everything; keep waiting unless it failed
+            if let Some(f) = &s.fatal {
+                return Err(Error::Io(std::io::Error::other(format!("txg sync thread failed: {f}"))));
             }
             if let Some(e) = &s.sync_error {
                 if s.shutting_down {
@@ -150,6 +157,7 @@ impl TxgState {
         let mut s = self.state.lock();
         let t = s.open_txg;
         s.open_txg += 1;
+        self.open_txg.store(s.open_txg, std::sync::atomic::Ordering::Release);
         Some(t)
     }
 
@@ -165,6 +173,8 @@ impl TxgState {
         let mut s = self.state.lock();
         s.synced_txg = txg;
         s.open_txg = txg + 1;
+        let _w = self.hold.write();
+        self.open_txg.store(txg + 1, std::sync::atomic::Ordering::Release);
         self.cv.notify_all();
     }
 
@@ -175,7 +185,15 @@ impl TxgState {
     }
 
     pub fn sync_error(&self) -> Option<String> {
-        self.state.lock().sync_error.clone()
+        let s = self.state.lock();
+        s.fatal.clone().or_else(|| s.sync_error.clone())
+    }
+
+    /// The sync thread is gone: fail every waiter from now on.
+    pub fn mark_fatal(&self, msg: String) {
+        let mut s = self.state.lock();
+        s.fatal = Some(msg);
+        self.cv.notify_all();
     }
 
     pub fn begin_shutdown(&self) {

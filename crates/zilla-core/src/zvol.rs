@@ -112,7 +112,7 @@ impl Volume {
 
     /// Refuse new dirty data when the pool could not hold it after copy-on-write.
     fn check_space(&self, new_bytes: u64) -> Result<()> {
-        let (size, alloc) = self.pool.io.ms.lock().space(crate::vdev::Role::Normal);
+        let (size, alloc) = self.pool.io.space();
         let dirty = self.pool.dirty.total();
         let need = alloc + dirty + dirty / 16 + new_bytes;
         if need + slop_bytes(size) > size {
@@ -399,7 +399,10 @@ impl BlockVolume for Volume {
         let bs = self.bs();
         let first = offset / bs;
         let last = (offset + len - 1) / bs;
-        // committed allocation map over the range
+        // dirty records first, then the committed tree: a sync that publishes a block
+        // and drops its record in between is then seen in the tree (see dmu)
+        let dirty: std::collections::HashMap<u64, bool> =
+            (first..=last).filter_map(|b| self.vol.dirty.newest(b).map(|d| (b, d.is_none()))).collect();
         let root = *self.vol.committed.read();
         let mut allocated: Vec<u64> = Vec::new();
         dmu::walk_range(&self.pool.io, &root, first, last, IoClass::SyncRead, &mut |blk, _| {
@@ -417,8 +420,8 @@ impl BlockVolume for Volume {
                 alloc_iter.next();
             }
             let committed_data = alloc_iter.peek() == Some(&blkid);
-            let hole = match self.vol.dirty.newest(blkid) {
-                Some(d) => d.is_none(),
+            let hole = match dirty.get(&blkid) {
+                Some(&h) => h,
                 None => !committed_data,
             };
             match out.last_mut() {

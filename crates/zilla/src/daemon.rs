@@ -814,9 +814,25 @@ async fn tunable_set(Json(req): Json<TunableSet>) -> ApiResult<Empty> {
     Ok(Json(Empty {}))
 }
 
-/// arcstats kstat names -> values. The engine does not export ARC counters yet, so
-/// this is empty; `zilla arcstat` says so.
-// TODO(arc): fill from the engine's arc stats once zilla-core exposes them.
-async fn arcstats() -> Json<BTreeMap<String, u64>> {
-    Json(BTreeMap::new())
+/// arcstats kstat names -> values, summed over the imported pools (each pool has its
+/// own ARC; the names are those of /proc/spl/kstat/zfs/arcstats).
+async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
+    let mut m: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, pool) in d.pools.all() {
+        let a = pool.arc_stats();
+        for (k, v) in [
+            ("hits", a.hits),
+            ("misses", a.misses),
+            ("size", a.size),
+            ("c", a.c_max),
+            ("c_max", a.c_max),
+            ("data_size", a.data_size),
+            ("metadata_size", a.metadata_size),
+            ("evict_skip", 0),
+            ("deleted", a.evictions),
+        ] {
+            *m.entry(k.to_string()).or_default() += v;
+        }
+    }
+    Json(m)
 }

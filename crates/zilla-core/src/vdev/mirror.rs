@@ -70,7 +70,14 @@ pub struct Leaf {
     pub cksum_errors: AtomicU64,
     /// Txg ranges [first, last] this child is missing (needs resilver).
     dtl: Mutex<Vec<(u64, u64)>>,
+    /// I/O errors since the last success: too many fault the leaf (zfs-diagnosis style).
+    consecutive_errors: std::sync::atomic::AtomicU32,
 }
+
+/// A leaf with this many I/O errors in a row, or one that reports ENXIO (gone), is
+/// FAULTED while a sibling can still serve: it stops receiving I/O and accumulates a
+/// DTL; `zilla pool clear` or `online` brings it back and resilvers what it missed.
+pub const FAULT_AFTER_CONSECUTIVE_ERRORS: u32 = 10;
 
 impl Leaf {
     pub fn new(guid: u64, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
@@ -83,6 +90,13 @@ impl Leaf {
             write_errors: AtomicU64::new(0),
             cksum_errors: AtomicU64::new(0),
             dtl: Mutex::new(Vec::new()),
+            consecutive_errors: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    fn note_ok(&self) {
+        if self.consecutive_errors.load(Ordering::Relaxed) != 0 {
+            self.consecutive_errors.store(0, Ordering::Relaxed);
         }
     }
     pub fn device(&self) -> &Arc<dyn Device> {
@@ -156,13 +170,27 @@ pub enum VerifyResult {
 }
 
 impl TopVdev {
+    /// Count an I/O error on `c` and fault it if it looks dead and a sibling is healthy.
+    fn note_error(&self, c: &Leaf, e: &io::Error) {
+        let n = c.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
+        let gone = e.raw_os_error() == Some(libc::ENXIO);
+        if (gone || n >= FAULT_AFTER_CONSECUTIVE_ERRORS) && c.state() == LeafState::Online {
+            let sibling_ok = self.children.read().iter().any(|o| o.guid != c.guid && o.readable());
+            if sibling_ok {
+                c.set_state(LeafState::Faulted);
+                tracing::warn!(device = %c.spec.display(), errors = n, "device faulted after I/O errors: {e}");
+            }
+        }
+    }
+
     pub fn children(&self) -> Vec<Arc<Leaf>> {
         self.children.read().clone()
     }
 
-    /// Usable bytes for allocation: the smallest child, minus the label areas.
+    /// Usable bytes for allocation: the smallest child, minus the label areas. Children
+    /// missing at import (size 0) do not count, or a degraded mirror would have no space.
     pub fn asize(&self) -> u64 {
-        let min = self.children.read().iter().map(|c| c.device().size()).min().unwrap_or(0);
+        let min = self.children.read().iter().map(|c| c.device().size()).filter(|&s| s > 0).min().unwrap_or(0);
         super::label::usable_end(min).saturating_sub(super::label::DATA_START)
     }
 
@@ -191,10 +219,14 @@ impl TopVdev {
                 continue;
             }
             match c.queue.write(class, buf, phys) {
-                Ok(()) => ok += 1,
+                Ok(()) => {
+                    c.note_ok();
+                    ok += 1
+                }
                 Err(e) => {
                     c.write_errors.fetch_add(1, Ordering::Relaxed);
                     c.dtl_add(txg);
+                    self.note_error(c, &e);
                     last_err = Some(e);
                 }
             }
@@ -286,6 +318,7 @@ impl TopVdev {
                 }
                 Err(e) => {
                     c.read_errors.fetch_add(1, Ordering::Relaxed);
+                    self.note_error(c, &e);
                     last_err = Some(e);
                     failed.push(i);
                 }
@@ -339,8 +372,9 @@ impl TopVdev {
                     }
                     bad.push(i);
                 }
-                Err(_) => {
+                Err(e) => {
                     c.read_errors.fetch_add(1, Ordering::Relaxed);
+                    self.note_error(c, &e);
                     bad.push(i);
                 }
             }

@@ -1,0 +1,116 @@
+//! Offline a mirror child, write while it is away, online it: resilver must copy what
+//! it missed, so the other child can then be lost without losing data.
+mod common;
+use common::*;
+use std::sync::Arc;
+use zilla_core::spa::Pool;
+use zilla_core::vdev::fault::{FaultDevice, MemDevice};
+use zilla_core::vdev::label::{self, DATA_START};
+
+const SIZE: u64 = 48 << 20;
+
+fn setup() -> (DevSet, Vec<Arc<FaultDevice>>) {
+    let devs = DevSet::default();
+    let mut v = vec![];
+    for n in ["m0a", "m0b", "m1a", "m1b"] {
+        let f = Arc::new(FaultDevice::new(Arc::new(MemDevice::new(SIZE))));
+        devs.insert(n, f.clone());
+        v.push(f);
+    }
+    (devs, v)
+}
+
+fn check(pool: &Pool, written: &[(u64, Vec<u8>)]) {
+    let v = pool.open_volume("vol").unwrap();
+    for (off, data) in written {
+        let mut b = vec![0u8; data.len()];
+        v.read(*off, &mut b).unwrap_or_else(|e| panic!("read at {off}: {e}"));
+        assert!(&b == data, "data at {off} differs");
+    }
+}
+
+/// Destroy m0a's whole data area (every block copy it holds).
+fn wreck_m0a(f: &FaultDevice) {
+    let end = label::usable_end(SIZE);
+    f.corrupt(DATA_START, end - DATA_START, 99).unwrap();
+}
+
+fn offline_write_online(export_while_offline: bool) {
+    let (devs, f) = setup();
+    let mut pool = create(&devs, two_mirrors());
+    pool.volume_create("vol", 16 << 20, 16384, true, &[]).unwrap();
+    let mut written = vec![];
+    {
+        let v = pool.open_volume("vol").unwrap();
+        let d = pattern(1, 1 << 20);
+        v.write(0, &d, false).unwrap();
+        v.flush().unwrap();
+        written.push((0u64, d));
+    }
+    pool.offline("m0b").unwrap();
+    assert_eq!(pool.status().state, "DEGRADED");
+    {
+        let v = pool.open_volume("vol").unwrap();
+        for i in 1..6u64 {
+            let d = pattern(10 + i, 512 << 10);
+            v.write(i * (2 << 20) + 4096, &d, false).unwrap();
+            v.flush().unwrap();
+            written.push((i * (2 << 20) + 4096, d));
+        }
+        // overwrite part of the old data too
+        let d = pattern(50, 64 << 10);
+        v.write(100 << 10, &d, true).unwrap();
+        written[0].1[100 << 10..(100 << 10) + d.len()].copy_from_slice(&d);
+    }
+    if export_while_offline {
+        pool.export().unwrap();
+        drop(pool);
+        pool = import(&devs);
+        assert_eq!(pool.status().state, "DEGRADED", "m0b stays offline across export/import");
+    }
+    {
+        let inner = pool.inner();
+        let root = *inner.volumes.read().get("vol").unwrap().committed.read();
+        let (mut bad, mut total) = (0, 0);
+        zilla_core::dmu::walk_all(&inner.io, &root, zilla_core::vdev::IoClass::SyncRead, &mut |bp, _| {
+            for d in bp.copies() { if d.vdev == 0 { total += 1;
+                let mut b = vec![0u8; d.asize as usize];
+                zilla_core::vdev::Device::read_at(&*f[1], &mut b, DATA_START + d.offset).unwrap();
+                if !zilla_core::zio::verify(bp, &b) { bad += 1; } } }
+            Ok(())
+        }).unwrap();
+        assert!(bad > 0, "m0b should be missing some of the {total} block copies on mirror-0");
+    }
+    pool.online("m0b").unwrap();
+    pool.scrub_wait().unwrap();
+    let st = pool.status();
+    check(&pool, &written);
+    assert_eq!(st.state, "ONLINE", "after resilver: {st:?}");
+    assert!(st.scan.starts_with("resilvered"), "{}", st.scan);
+    assert!(st.scan.contains("with 0 errors"), "{}", st.scan);
+    check(&pool, &written);
+    // now lose m0a's copies: m0b must have everything (export first: cold ARC on import)
+    pool.export().unwrap();
+    drop(pool);
+    wreck_m0a(&f[0]);
+    let pool = import(&devs);
+    check(&pool, &written);
+    assert_eq!(pool.status().errors, "No known data errors");
+    // a scrub repairs m0a from m0b and finds nothing unrecoverable
+    pool.scrub(zilla_core::spa::ScrubCmd::Start).unwrap();
+    pool.scrub_wait().unwrap();
+    let st = pool.status();
+    assert!(st.scan.contains("with 0 errors"), "{}", st.scan);
+    assert_eq!(st.state, "ONLINE");
+    pool.export().unwrap();
+}
+
+#[test]
+fn offlined_child_is_resilvered_on_online() {
+    offline_write_online(false);
+}
+
+#[test]
+fn offlined_child_is_resilvered_after_export_import() {
+    offline_write_online(true);
+}
