@@ -105,8 +105,10 @@ impl ArcCache {
     }
 
     fn shard(&self, k: &BlockKey) -> &Mutex<Shard> {
-        let h = (k.offset >> 12) ^ (k.vdev as u64).wrapping_mul(0x9e37_79b9) ^ k.birth.wrapping_mul(31);
-        &self.shards[(h as usize) % SHARDS]
+        // multiplicative hash of the whole key, top bits: block offsets are multiples of
+        // the block size, so low bits of the raw offset would reach only a few shards
+        let h = (k.offset ^ (k.vdev as u64).rotate_left(48) ^ k.birth.rotate_left(24)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.shards[(h >> 60) as usize % SHARDS]
     }
 
     pub fn lookup(&self, k: &BlockKey) -> Option<Arc<[u8]>> {
@@ -219,6 +221,14 @@ mod tests {
         assert!(st.evictions > 0);
         let k = BlockKey { vdev: 0, offset: 999 << 12, birth: 1 };
         assert!(arc.lookup(&k).is_some());
+        // 16K-aligned blocks of one txg must spread over (almost) every shard
+        let used: std::collections::HashSet<usize> = (0..256u64)
+            .map(|i| {
+                let key = BlockKey { vdev: 1, offset: i << 14, birth: 7 };
+                arc.shard(&key) as *const _ as usize
+            })
+            .collect();
+        assert!(used.len() >= SHARDS - 2, "only {} of {SHARDS} shards used", used.len());
         arc.evict(&k);
         assert!(arc.lookup(&k).is_none());
     }

@@ -355,6 +355,9 @@ impl PoolInner {
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
         let mut trees: Vec<(Arc<VolumeState>, TreeRoot, Vec<(u64, BlockPointer)>, WritePolicy)> = Vec::new();
+        // blocks written in this txg, cached in the ARC once the txg commits (a partial
+        // overwrite of a recently written block then needs no device read)
+        let mut written: Vec<(crate::arc::BlockKey, Arc<[u8]>)> = Vec::new();
         for v in &vols {
             let recs = v.dirty.collect(txg);
             let root = *v.committed.read();
@@ -367,12 +370,16 @@ impl PoolInner {
             let comp = crate::props::parse_compression(&props.value("compression")).unwrap_or(crate::zio::compress::Compression::Off);
             // checksum and compress on every core, then allocate in blkid order
             let prepared = prepare_parallel(&recs, algo, comp);
+            let cache = props.value("primarycache") == "all";
             let mut changes = Vec::with_capacity(recs.len());
-            for ((blkid, _), p) in recs.iter().zip(prepared) {
+            for ((blkid, data), p) in recs.iter().zip(prepared) {
                 let bp = match p {
                     Some(p) => self.io.alloc_prepared(p, txg, blkptr::KIND_DATA, 0, 1, 1, &mut data_batch)?,
                     None => BlockPointer::hole(),
                 };
+                if let (true, Some(d)) = (cache, data) {
+                    written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
+                }
                 changes.push((*blkid, bp));
             }
             trees.push((v.clone(), root, changes, WritePolicy { algo, comp, txg }));
@@ -438,7 +445,11 @@ impl PoolInner {
             root: mos_root,
         };
         self.write_uberblocks(&ub)?;
-        // committed: publish
+        // committed: publish. ARC entries only now: a failed sync is retried with new
+        // allocations, and a key (vdev, offset, birth) must never name other content.
+        for (k, d) in written {
+            self.io.arc.insert(k, d, crate::arc::BufKind::Data);
+        }
         for (v, r) in &new_roots {
             *v.committed.write() = *r;
             v.dirty.retire(txg);
