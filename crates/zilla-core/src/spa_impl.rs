@@ -93,6 +93,11 @@ impl PoolConfig {
     }
 }
 
+/// Dirty blocks prepared and handed to the issuer at a time during a sync.
+pub const SYNC_CHUNK_BLOCKS: usize = 512;
+/// Prepared chunks that may wait for the issuer (bounds the sync's extra memory).
+pub const SYNC_PIPELINE_CHUNKS: usize = 4;
+
 /// Checksum and compress a txg's dirty blocks on all cores (order preserved).
 fn prepare_parallel(
     recs: &[(u64, Option<Arc<[u8]>>)],
@@ -351,49 +356,64 @@ impl PoolInner {
     fn spa_sync_inner(&self, txg: u64) -> Result<()> {
         let threads = 8;
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
-        let mut data_batch = Vec::new();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
-        let mut trees: Vec<(Arc<VolumeState>, TreeRoot, Vec<(u64, BlockPointer)>, WritePolicy)> = Vec::new();
         // blocks written in this txg, cached in the ARC once the txg commits (a partial
         // overwrite of a recently written block then needs no device read)
         let mut written: Vec<(crate::arc::BlockKey, Arc<[u8]>)> = Vec::new();
-        for v in &vols {
-            let recs = v.dirty.collect(txg);
-            let root = *v.committed.read();
-            if recs.is_empty() {
-                new_roots.push((v.clone(), root));
-                continue;
-            }
-            let props = v.props.read().clone();
-            let algo = ChecksumAlgo::from_prop(&props.value("checksum")).unwrap_or(ChecksumAlgo::Fletcher4);
-            let comp = crate::props::parse_compression(&props.value("compression")).unwrap_or(crate::zio::compress::Compression::Off);
-            // checksum and compress on every core, then allocate in blkid order
-            let prepared = prepare_parallel(&recs, algo, comp);
-            let cache = props.value("primarycache") == "all";
-            let mut changes = Vec::with_capacity(recs.len());
-            for ((blkid, data), p) in recs.iter().zip(prepared) {
-                let bp = match p {
-                    Some(p) => self.io.alloc_prepared(p, txg, blkptr::KIND_DATA, 0, 1, 1, &mut data_batch)?,
-                    None => BlockPointer::hole(),
-                };
-                if let (true, Some(d)) = (cache, data) {
-                    written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
-                }
-                changes.push((*blkid, bp));
-            }
-            trees.push((v.clone(), root, changes, WritePolicy { algo, comp, txg }));
-        }
         let (doomed, old_mos, next_id, scan_state) = {
             let m = self.meta.lock();
             (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone())
         };
-        // data blocks go to the disks while this thread rebuilds the indirect blocks
+        // Pipeline: data blocks are checksummed and allocated in chunks; each chunk goes
+        // to the issuer thread while the next one is prepared, and the indirect blocks
+        // are rebuilt while the last chunks are still being written.
+        let (tx, rx) = crossbeam_channel::bounded::<Vec<dmu::PendingWrite>>(SYNC_PIPELINE_CHUNKS);
         std::thread::scope(|s| -> Result<()> {
             let io = &self.io;
-            let data = std::mem::take(&mut data_batch);
-            let writer = s.spawn(move || io.issue_writes(data, txg, threads));
-            let rebuilt = (|| -> Result<()> {
+            let issuer = s.spawn(move || {
+                let mut r = Ok(());
+                for chunk in rx {
+                    if r.is_ok() {
+                        r = io.issue_writes(chunk, txg, threads);
+                    }
+                }
+                r
+            });
+            let produced = (|| -> Result<()> {
+                let mut trees = Vec::new();
+                for v in &vols {
+                    let recs = v.dirty.collect(txg);
+                    let root = *v.committed.read();
+                    if recs.is_empty() {
+                        new_roots.push((v.clone(), root));
+                        continue;
+                    }
+                    let props = v.props.read().clone();
+                    let algo = ChecksumAlgo::from_prop(&props.value("checksum")).unwrap_or(ChecksumAlgo::Fletcher4);
+                    let comp = crate::props::parse_compression(&props.value("compression")).unwrap_or(crate::zio::compress::Compression::Off);
+                    let cache = props.value("primarycache") == "all";
+                    let mut changes = Vec::with_capacity(recs.len());
+                    for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
+                        // checksum and compress on every core, then allocate in blkid order
+                        let prepared = prepare_parallel(chunk, algo, comp);
+                        let mut chunk_batch = Vec::with_capacity(chunk.len());
+                        for ((blkid, data), p) in chunk.iter().zip(prepared) {
+                            let bp = match p {
+                                Some(p) => self.io.alloc_prepared(p, txg, blkptr::KIND_DATA, 0, 1, 1, &mut chunk_batch)?,
+                                None => BlockPointer::hole(),
+                            };
+                            if let (true, Some(d)) = (cache, data) {
+                                written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
+                            }
+                            changes.push((*blkid, bp));
+                        }
+                        if tx.send(chunk_batch).is_err() {
+                            break; // the issuer stopped on an error; it reports it
+                        }
+                    }
+                    trees.push((v.clone(), root, changes, WritePolicy { algo, comp, txg }));
+                }
                 for (v, root, changes, pol) in &trees {
                     let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch)?;
                     new_roots.push((v.clone(), nr));
@@ -411,9 +431,10 @@ impl PoolInner {
                 }
                 Ok(())
             })();
-            let written = writer.join().unwrap_or_else(|_| Err(Error::Corrupt("sync writer panicked".into())));
-            rebuilt?;
-            written
+            drop(tx);
+            let issued = issuer.join().unwrap_or_else(|_| Err(Error::Corrupt("sync writer panicked".into())));
+            produced?;
+            issued
         })?;
         self.io.issue_writes(std::mem::take(&mut batch), txg, threads)?;
         // the MOS
