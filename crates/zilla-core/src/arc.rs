@@ -7,15 +7,17 @@
 //! can never be stale, only unreachable. The cache holds *logical* (verified,
 //! decompressed) buffers as `Arc<[u8]>`, shared with readers without copying.
 //!
-//! This first version is a sharded LRU bounded in bytes (`zfs_arc_max`); the adaptive
-//! MRU/MFU lists with ghost lists and the L2ARC feed replace the per-shard LRU behind the
-//! same interface: `lookup`, `insert`, `evict`, `stats`. Each shard is a small mutex held
-//! only for the map operation, never across I/O.
+//! This first version is a sharded CLOCK cache (second-chance LRU approximation)
+//! bounded in bytes (`zfs_arc_max`): a hit only sets the entry's referenced bit, so the
+//! hot read path is one hash lookup under a shard mutex; eviction walks the shard's ring,
+//! giving referenced entries a second chance. The adaptive MRU/MFU lists with ghost
+//! lists and the L2ARC feed replace it behind the same interface: `lookup`, `insert`,
+//! `evict`, `stats`. A shard mutex is held only for the map operation, never across I/O.
 //!
-//! Bounds: total bytes ≤ c_max (per shard c_max / SHARDS, evicting the least recently
-//! used buffers of that shard on insert).
+//! Bounds: total bytes ≤ c_max (per shard c_max / SHARDS, evicting on insert); the ring
+//! holds at most 2 × entries + 1024 slots (stale slots of freed blocks are compacted).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -45,16 +47,27 @@ pub enum BufKind {
 
 struct Entry {
     data: Arc<[u8]>,
-    tick: u64,
+    referenced: bool,
+    /// Matches the ring slot that owns this entry; older slots for the key are stale.
+    generation: u64,
     kind: BufKind,
 }
 
 #[derive(Default)]
 struct Shard {
     map: HashMap<BlockKey, Entry>,
-    lru: BTreeMap<u64, BlockKey>,
+    ring: VecDeque<(BlockKey, u64)>,
     bytes: u64,
-    tick: u64,
+    generation: u64,
+}
+
+impl Shard {
+    fn compact_if_needed(&mut self) {
+        if self.ring.len() > 2 * self.map.len() + 1024 {
+            let map = &self.map;
+            self.ring.retain(|(k, g)| map.get(k).is_some_and(|e| e.generation == *g));
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -112,31 +125,18 @@ impl ArcCache {
     }
 
     pub fn lookup(&self, k: &BlockKey) -> Option<Arc<[u8]>> {
-        let mut s = self.shard(k).lock();
-        s.tick += 1;
-        let tick = s.tick;
-        let found = match s.map.get_mut(k) {
-            Some(e) => {
-                let old = e.tick;
-                e.tick = tick;
-                Some((old, e.data.clone()))
-            }
-            None => None,
+        let found = {
+            let mut s = self.shard(k).lock();
+            s.map.get_mut(k).map(|e| {
+                e.referenced = true;
+                e.data.clone()
+            })
         };
-        match found {
-            Some((old, data)) => {
-                s.lru.remove(&old);
-                s.lru.insert(tick, *k);
-                drop(s);
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                Some(data)
-            }
-            None => {
-                drop(s);
-                self.misses.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
+        match &found {
+            Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
+            None => self.misses.fetch_add(1, Ordering::Relaxed),
+        };
+        found
     }
 
     pub fn insert(&self, k: BlockKey, data: Arc<[u8]>, kind: BufKind) {
@@ -146,24 +146,40 @@ impl ArcCache {
             return;
         }
         let mut s = self.shard(&k).lock();
-        s.tick += 1;
-        let tick = s.tick;
-        if let Some(old) = s.map.insert(k, Entry { data, tick, kind }) {
-            s.lru.remove(&old.tick);
+        s.generation += 1;
+        let generation = s.generation;
+        if let Some(old) = s.map.insert(k, Entry { data, referenced: false, generation, kind }) {
             s.bytes -= old.data.len() as u64;
             self.account(old.kind, old.data.len() as u64, false);
         }
-        s.lru.insert(tick, k);
+        s.ring.push_back((k, generation));
         s.bytes += len;
         self.account(kind, len, true);
-        while s.bytes > limit {
-            let Some((_, victim)) = s.lru.pop_first() else { break };
-            if let Some(e) = s.map.remove(&victim) {
+        // CLOCK: evict unreferenced entries from the ring's head, second chance otherwise
+        let mut budget = 2 * s.ring.len() + 1;
+        while s.bytes > limit && budget > 0 {
+            budget -= 1;
+            let Some((victim, g)) = s.ring.pop_front() else { break };
+            let second_chance = match s.map.get_mut(&victim) {
+                Some(e) if e.generation == g => {
+                    if e.referenced {
+                        e.referenced = false;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                _ => continue, // stale slot
+            };
+            if second_chance {
+                s.ring.push_back((victim, g));
+            } else if let Some(e) = s.map.remove(&victim) {
                 s.bytes -= e.data.len() as u64;
                 self.account(e.kind, e.data.len() as u64, false);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
             }
         }
+        s.compact_if_needed();
     }
 
     fn account(&self, kind: BufKind, len: u64, add: bool) {
@@ -182,10 +198,10 @@ impl ArcCache {
     pub fn evict(&self, k: &BlockKey) {
         let mut s = self.shard(k).lock();
         if let Some(e) = s.map.remove(k) {
-            s.lru.remove(&e.tick);
             s.bytes -= e.data.len() as u64;
             self.account(e.kind, e.data.len() as u64, false);
         }
+        s.compact_if_needed();
     }
 
     pub fn set_c_max(&self, bytes: u64) {

@@ -447,17 +447,31 @@ fn block_status(context: &RequestContext, request: &Request) -> Vec<u8> {
     reply
 }
 
+/// Replies at least this large bypass the writer's buffer.
+const DIRECT_REPLY_BYTES: usize = 32 * 1024;
+
+async fn write_reply<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, bytes: &[u8]) -> io::Result<()> {
+    if bytes.len() >= DIRECT_REPLY_BYTES {
+        out.flush().await?;
+        out.get_mut().write_all(bytes).await
+    } else {
+        out.write_all(bytes).await
+    }
+}
+
 /// The writer task: write replies in the order they complete, batching whatever is
-/// already queued into one flush.
+/// already queued into one flush. Small replies are gathered in a buffer; a large one
+/// (read data) goes straight to the socket after the buffer, so its bytes are copied
+/// once (volume -> reply) rather than again into the buffer.
 async fn write_replies<W: AsyncWrite + Unpin>(writer: W, mut replies: mpsc::Receiver<Vec<Reply>>) -> io::Result<()> {
     let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
     while let Some(batch) = replies.recv().await {
         for reply in batch {
-            out.write_all(&reply.bytes).await?;
+            write_reply(&mut out, &reply.bytes).await?;
         }
         while let Ok(batch) = replies.try_recv() {
             for reply in batch {
-                out.write_all(&reply.bytes).await?;
+                write_reply(&mut out, &reply.bytes).await?;
             }
         }
         out.flush().await?;
