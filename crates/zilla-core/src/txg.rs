@@ -57,6 +57,8 @@ pub struct TxgState {
     open_txg: std::sync::atomic::AtomicU64,
     cv: Condvar,
     hold: RwLock<()>,
+    /// Mirror of `state.shutting_down` for the data path (checked on every request).
+    shutting_down: std::sync::atomic::AtomicBool,
 }
 
 /// Proof that the holder may insert dirty records into txg `txg`.
@@ -80,6 +82,7 @@ impl TxgState {
             cv: Condvar::new(),
             hold: RwLock::new(()),
             open_txg: std::sync::atomic::AtomicU64::new(last_synced + 1),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -199,11 +202,12 @@ impl TxgState {
     pub fn begin_shutdown(&self) {
         let mut s = self.state.lock();
         s.shutting_down = true;
+        self.shutting_down.store(true, std::sync::atomic::Ordering::Release);
         self.cv.notify_all();
     }
 
     pub fn is_shutting_down(&self) -> bool {
-        self.state.lock().shutting_down
+        self.shutting_down.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn notify(&self) {
