@@ -82,6 +82,44 @@ struct RequestContext {
     structured_replies: bool,
     base_allocation_context_id: Option<u32>,
     replies: mpsc::Sender<Vec<Reply>>,
+    buffers: Arc<ReplyBuffers>,
+}
+
+/// Large read-reply buffers the writer hands back after sending them, so the next read
+/// of the same size reuses initialised memory instead of zero-filling a fresh one.
+/// Bounded: at most REPLY_BUFFERS_POOLED buffers, each at most REPLY_BUFFER_MAX_BYTES.
+#[derive(Default)]
+struct ReplyBuffers {
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+const REPLY_BUFFERS_POOLED: usize = 64;
+const REPLY_BUFFER_MIN_BYTES: usize = 32 * 1024;
+const REPLY_BUFFER_MAX_BYTES: usize = 4 << 20;
+
+impl ReplyBuffers {
+    /// A buffer of exactly `len` bytes (contents unspecified).
+    fn take(&self, len: usize) -> Vec<u8> {
+        if len >= REPLY_BUFFER_MIN_BYTES {
+            if let Ok(mut free) = self.free.lock() {
+                if let Some(i) = free.iter().position(|b| b.len() >= len) {
+                    let mut b = free.swap_remove(i);
+                    b.truncate(len);
+                    return b;
+                }
+            }
+        }
+        vec![0u8; len]
+    }
+    fn give(&self, b: Vec<u8>) {
+        if (REPLY_BUFFER_MIN_BYTES..=REPLY_BUFFER_MAX_BYTES).contains(&b.len()) {
+            if let Ok(mut free) = self.free.lock() {
+                if free.len() < REPLY_BUFFERS_POOLED {
+                    free.push(b);
+                }
+            }
+        }
+    }
 }
 
 /// Why the reader stopped.
@@ -106,7 +144,8 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (reply_sender, reply_receiver) = mpsc::channel::<Vec<Reply>>(config.in_flight_requests_max.clamp(1, 4096) + 8);
-    let writer_task = tokio::spawn(write_replies(writer, reply_receiver));
+    let buffers = Arc::new(ReplyBuffers::default());
+    let writer_task = tokio::spawn(write_replies(writer, reply_receiver, buffers.clone()));
     // Clamped so that wait_idle's acquire_many(u32) can take every slot, and a single
     // request can never ask for more bytes than the budget holds (that would hang).
     let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
@@ -126,6 +165,7 @@ where
         structured_replies: session.structured_replies,
         base_allocation_context_id: session.base_allocation_context_id,
         replies: reply_sender,
+        buffers,
     };
 
     let mut stopping = *shutdown.borrow();
@@ -285,8 +325,12 @@ fn try_read_inline(context: &RequestContext, request: &Request) -> Option<Vec<u8
         return Some(read_reply_empty(context, request.cookie));
     }
     let prefix = read_prefix_bytes(context);
-    let mut buffer = vec![0u8; prefix + length];
-    match context.volume.try_read_cached(request.offset, &mut buffer[prefix..])? {
+    let mut buffer = context.buffers.take(prefix + length);
+    let Some(result) = context.volume.try_read_cached(request.offset, &mut buffer[prefix..]) else {
+        context.buffers.give(buffer);
+        return None;
+    };
+    match result {
         Ok(()) => {
             finish_read_reply(context, request, &mut buffer);
             Some(buffer)
@@ -463,15 +507,21 @@ async fn write_reply<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, bytes: &[u8]
 /// already queued into one flush. Small replies are gathered in a buffer; a large one
 /// (read data) goes straight to the socket after the buffer, so its bytes are copied
 /// once (volume -> reply) rather than again into the buffer.
-async fn write_replies<W: AsyncWrite + Unpin>(writer: W, mut replies: mpsc::Receiver<Vec<Reply>>) -> io::Result<()> {
+async fn write_replies<W: AsyncWrite + Unpin>(
+    writer: W,
+    mut replies: mpsc::Receiver<Vec<Reply>>,
+    buffers: Arc<ReplyBuffers>,
+) -> io::Result<()> {
     let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
     while let Some(batch) = replies.recv().await {
         for reply in batch {
             write_reply(&mut out, &reply.bytes).await?;
+            buffers.give(reply.bytes);
         }
         while let Ok(batch) = replies.try_recv() {
             for reply in batch {
                 write_reply(&mut out, &reply.bytes).await?;
+                buffers.give(reply.bytes);
             }
         }
         out.flush().await?;
