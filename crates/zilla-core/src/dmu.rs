@@ -143,6 +143,19 @@ struct Run {
 }
 
 impl PoolIo {
+    pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs) -> PoolIo {
+        PoolIo {
+            vdevs: RwLock::new(vdevs),
+            ms: Mutex::new(ms),
+            arc: ArcCache::new(crate::arc::default_arc_max()),
+            errors: Default::default(),
+            error_log: Mutex::new(Vec::new()),
+            space_size: Default::default(),
+            space_alloc: Default::default(),
+            write_buffers: crate::zio::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED),
+        }
+    }
+
     /// Refresh the lock-free space snapshot from the allocator.
     pub fn refresh_space(&self) {
         let (size, alloc) = self.ms.lock().space(Role::Normal);

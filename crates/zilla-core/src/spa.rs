@@ -356,16 +356,7 @@ impl Pool {
         let inner = Arc::new(PoolInner {
             name: name.to_string(),
             guid,
-            io: PoolIo {
-                vdevs: RwLock::new(vdevs),
-                ms: Mutex::new(ms),
-                arc: crate::arc::ArcCache::new(crate::arc::default_arc_max()),
-                errors: Default::default(),
-                error_log: Mutex::new(Vec::new()),
-                space_size: Default::default(),
-                space_alloc: Default::default(),
-                write_buffers: crate::zio::abd::BufPool::new(dmu::AGGREGATION_LIMIT_BYTES, dmu::WRITE_BUFFERS_POOLED),
-            },
+            io: PoolIo::new(vdevs, ms),
             txg: TxgState::new(crate::txg::TXG_INITIAL - 1),
             dirty: DirtyAccounting::new(),
             config: Mutex::new(config),
@@ -537,16 +528,7 @@ impl Pool {
         if ubs.is_empty() {
             return Err(Error::Corrupt(format!("pool '{}': no valid uberblock on any device", cfg.name)));
         }
-        let io = PoolIo {
-            vdevs: RwLock::new(vdevs),
-            ms: Mutex::new(Metaslabs::new()),
-            arc: crate::arc::ArcCache::new(crate::arc::default_arc_max()),
-            errors: Default::default(),
-            error_log: Mutex::new(Vec::new()),
-            space_size: Default::default(),
-            space_alloc: Default::default(),
-            write_buffers: crate::zio::abd::BufPool::new(dmu::AGGREGATION_LIMIT_BYTES, dmu::WRITE_BUFFERS_POOLED),
-        };
+        let io = PoolIo::new(vdevs, Metaslabs::new());
         // newest uberblock whose MOS reads back
         let mut loaded = None;
         let mut last_err = None;

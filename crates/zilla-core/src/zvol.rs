@@ -67,6 +67,32 @@ pub struct Volume {
     vol: Arc<VolumeState>,
 }
 
+/// One block's share of a byte range: `(blkid, offset in block, offset in range, len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockChunk {
+    pub blkid: u64,
+    pub in_block: usize,
+    pub in_range: usize,
+    pub len: usize,
+}
+
+/// Split `[offset, offset+len)` at block boundaries of `block_size`.
+pub fn block_chunks(offset: u64, len: u64, block_size: u64) -> impl Iterator<Item = BlockChunk> {
+    debug_assert!(block_size > 0);
+    let end = offset + len;
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let in_block = pos % block_size;
+        let n = (block_size - in_block).min(end - pos);
+        let c = BlockChunk { blkid: pos / block_size, in_block: in_block as usize, in_range: (pos - offset) as usize, len: n as usize };
+        pos += n;
+        Some(c)
+    })
+}
+
 /// Bytes kept free for metadata (spa_slop_shift = 5: 1/32 of the pool), at least 4 MiB.
 fn slop_bytes(size: u64) -> u64 {
     (size / 32).max(4 << 20).min(size / 2)
@@ -285,21 +311,15 @@ impl Volume {
 
     fn modify(&self, offset: u64, len: u64, data: Option<&[u8]>, free_whole: bool, fua: bool) -> Result<()> {
         let bs = self.bs();
-        let mut pos = offset;
-        let end = offset + len;
         let mut max_txg = 0;
-        while pos < end {
-            let blkid = pos / bs;
-            let in_off = (pos % bs) as usize;
-            let n = ((bs - pos % bs).min(end - pos)) as usize;
+        for c in block_chunks(offset, len, bs) {
             self.pool.dirty.throttle(&|| self.pool.txg.is_shutting_down());
-            if data.is_some() || !free_whole || n as u64 != bs {
+            if data.is_some() || !free_whole || c.len as u64 != bs {
                 self.reserve_space(bs)?;
             }
-            let patch = data.map(|d| &d[(pos - offset) as usize..(pos - offset) as usize + n]);
-            let t = self.update_block(blkid, in_off, patch, n, free_whole)?;
+            let patch = data.map(|d| &d[c.in_range..c.in_range + c.len]);
+            let t = self.update_block(c.blkid, c.in_block, patch, c.len, free_whole)?;
             max_txg = max_txg.max(t);
-            pos += n as u64;
         }
         if max_txg > 0 {
             self.after_write(max_txg, fua)?;
@@ -328,18 +348,12 @@ impl BlockVolume for Volume {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_read(offset, buf.len() as u64)?;
-        let bs = self.bs();
-        let mut done = 0usize;
-        while done < buf.len() {
-            let pos = offset + done as u64;
-            let blkid = pos / bs;
-            let in_off = (pos % bs) as usize;
-            let n = ((bs as usize - in_off).min(buf.len() - done)) as usize;
-            match self.read_block(blkid)? {
-                Some(d) => buf[done..done + n].copy_from_slice(&d[in_off..in_off + n]),
-                None => buf[done..done + n].fill(0),
+        for c in block_chunks(offset, buf.len() as u64, self.bs()) {
+            let out = &mut buf[c.in_range..c.in_range + c.len];
+            match self.read_block(c.blkid)? {
+                Some(d) => out.copy_from_slice(&d[c.in_block..c.in_block + c.len]),
+                None => out.fill(0),
             }
-            done += n;
         }
         Ok(())
     }
@@ -348,19 +362,13 @@ impl BlockVolume for Volume {
         if let Err(e) = self.check_read(offset, buf.len() as u64) {
             return Some(Err(e));
         }
-        let bs = self.bs();
-        let mut done = 0usize;
         let mut memo = None;
-        while done < buf.len() {
-            let pos = offset + done as u64;
-            let blkid = pos / bs;
-            let in_off = (pos % bs) as usize;
-            let n = ((bs as usize - in_off).min(buf.len() - done)) as usize;
-            match self.read_block_cached(blkid, &mut memo)? {
-                Some(d) => buf[done..done + n].copy_from_slice(&d[in_off..in_off + n]),
-                None => buf[done..done + n].fill(0),
+        for c in block_chunks(offset, buf.len() as u64, self.bs()) {
+            let out = &mut buf[c.in_range..c.in_range + c.len];
+            match self.read_block_cached(c.blkid, &mut memo)? {
+                Some(d) => out.copy_from_slice(&d[c.in_block..c.in_block + c.len]),
+                None => out.fill(0),
             }
-            done += n;
         }
         Some(Ok(()))
     }
@@ -385,22 +393,16 @@ impl BlockVolume for Volume {
             return None; // the blocking path waits for syncs before answering ENOSPC
         }
         let bs = self.bs();
-        let end = offset + data.len() as u64;
-        let mut pos = offset;
         let mut max_txg = 0;
-        while pos < end {
-            let blkid = pos / bs;
-            let in_off = (pos % bs) as usize;
-            let n = ((bs - pos % bs).min(end - pos)) as usize;
-            if n as u64 != bs && self.read_block_cached(blkid, &mut None).is_none() {
+        for c in block_chunks(offset, data.len() as u64, bs) {
+            if c.len as u64 != bs && self.read_block_cached(c.blkid, &mut None).is_none() {
                 return None;
             }
-            let patch = &data[(pos - offset) as usize..(pos - offset) as usize + n];
-            match self.update_block(blkid, in_off, Some(patch), n, false) {
+            let patch = &data[c.in_range..c.in_range + c.len];
+            match self.update_block(c.blkid, c.in_block, Some(patch), c.len, false) {
                 Ok(t) => max_txg = max_txg.max(t),
                 Err(e) => return Some(Err(e)),
             }
-            pos += n as u64;
         }
         if max_txg > 0 && self.pool.dirty.should_kick(max_txg) {
             self.pool.txg.request_sync(max_txg);
@@ -470,5 +472,22 @@ impl BlockVolume for Volume {
             pos += n;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod block_chunk_tests {
+    use super::*;
+    #[test]
+    fn chunks_cover_the_range_exactly() {
+        let v: Vec<BlockChunk> = block_chunks(100, 20_000, 4096).collect();
+        assert_eq!(v.first().unwrap(), &BlockChunk { blkid: 0, in_block: 100, in_range: 0, len: 3996 });
+        assert_eq!(v.iter().map(|c| c.len).sum::<usize>(), 20_000);
+        for w in v.windows(2) {
+            assert_eq!(w[0].in_range + w[0].len, w[1].in_range);
+            assert_eq!(w[0].blkid + 1, w[1].blkid);
+            assert_eq!(w[1].in_block, 0);
+        }
+        assert_eq!(block_chunks(5, 0, 512).count(), 0);
     }
 }
