@@ -532,24 +532,8 @@ async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
     ))
 }
 
-fn check_pool_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
-    if !ok {
-        return Err(ApiError::bad(format!(
-            "invalid pool name '{name}': must start with a letter and contain only letters, digits, '_', '-', '.' and ':'"
-        )));
-    }
-    if ["mirror", "raidz", "draid", "spare", "log", "cache"].iter().any(|r| name.starts_with(r)) {
-        return Err(ApiError::bad(format!("invalid pool name '{name}': name is reserved")));
-    }
-    Ok(())
-}
-
 async fn pool_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreatePool>) -> ApiResult<Empty> {
-    check_pool_name(&req.name)?;
+    zilla_core::spa::validate_pool_name(&req.name)?;
     let _g = d.admin.lock().await;
     if d.pools.get(&req.name).is_some() {
         return Err(ApiError(StatusCode::CONFLICT, "pool already exists".into()));
@@ -721,22 +705,9 @@ async fn volume_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
     Ok(Json(v))
 }
 
-fn check_volume_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 200
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad(format!(
-            "invalid volume name '{name}': use letters, digits, '_', '-', '.' and ':' (no further '/')"
-        )))
-    }
-}
-
 async fn volume_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreateVolume>) -> ApiResult<Empty> {
     let (p, vol) = d.volume_pool(&req.name)?;
-    check_volume_name(&vol)?;
+    zilla_core::spa::validate_volume_name(&vol)?;
     if req.volsize == 0 {
         return Err(ApiError::bad("volume size must be greater than zero"));
     }
