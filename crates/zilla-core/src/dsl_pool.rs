@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::kstat::{tun, TunableDef};
+use crate::kstat::{Tun, TunableDef};
 use crate::txg::{TXG_MASK, TXG_SIZE};
 
 pub const TUNABLES: &[TunableDef] = &[
@@ -41,8 +41,14 @@ pub const TUNABLES: &[TunableDef] = &[
     TunableDef { name: "zfs_delay_max_ns", default: 100_000_000, description: "longest single write delay (dmu_tx.c MSEC2NSEC(100))" },
 ];
 
+static DIRTY_DATA_MAX: Tun = Tun::new("zfs_dirty_data_max");
+static DIRTY_DATA_SYNC_PERCENT: Tun = Tun::new("zfs_dirty_data_sync_percent");
+static DELAY_MIN_DIRTY_PERCENT: Tun = Tun::new("zfs_delay_min_dirty_percent");
+static DELAY_SCALE: Tun = Tun::new("zfs_delay_scale");
+static DELAY_MAX_NS: Tun = Tun::new("zfs_delay_max_ns");
+
 pub fn dirty_data_max() -> u64 {
-    match tun("zfs_dirty_data_max") {
+    match DIRTY_DATA_MAX.get() {
         0 => (crate::arc::physical_memory_bytes() / 10).min(4 << 30),
         v => v,
     }
@@ -50,15 +56,15 @@ pub fn dirty_data_max() -> u64 {
 
 /// Delay for one write at `dirty` bytes of `max` (dmu_tx_delay).
 pub fn delay_ns(dirty: u64, max: u64) -> u64 {
-    let min = max * tun("zfs_delay_min_dirty_percent") / 100;
+    let min = max * DELAY_MIN_DIRTY_PERCENT.get() / 100;
     if dirty <= min {
         return 0;
     }
     if dirty >= max {
-        return tun("zfs_delay_max_ns");
+        return DELAY_MAX_NS.get();
     }
-    let d = tun("zfs_delay_scale") as u128 * (dirty - min) as u128 / (max - dirty) as u128;
-    (d as u64).min(tun("zfs_delay_max_ns"))
+    let d = DELAY_SCALE.get() as u128 * (dirty - min) as u128 / (max - dirty) as u128;
+    (d as u64).min(DELAY_MAX_NS.get())
 }
 
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
@@ -144,7 +150,7 @@ impl DirtyAccounting {
 
     /// The open txg is big enough that it should be synced now.
     pub fn should_kick(&self, open_txg: u64) -> bool {
-        self.txg_dirty(open_txg) >= dirty_data_max() * tun("zfs_dirty_data_sync_percent") / 100
+        self.txg_dirty(open_txg) >= dirty_data_max() * DIRTY_DATA_SYNC_PERCENT.get() / 100
     }
 
     /// Txg `txg` has been written: its dirty bytes are no longer dirty.

@@ -113,6 +113,22 @@ pub fn tunable(name: &str) -> &'static AtomicU64 {
     registry().handle(name)
 }
 
+/// A tunable read on a hot path: the registry lookup happens once, then every read is
+/// one relaxed atomic load. Declare as `static X: Tun = Tun::new("name");`.
+pub struct Tun {
+    name: &'static str,
+    cell: OnceLock<&'static AtomicU64>,
+}
+
+impl Tun {
+    pub const fn new(name: &'static str) -> Tun {
+        Tun { name, cell: OnceLock::new() }
+    }
+    pub fn get(&self) -> u64 {
+        self.cell.get_or_init(|| tunable(self.name)).load(Ordering::Relaxed)
+    }
+}
+
 /// Current value of a tunable.
 pub fn tun(name: &str) -> u64 {
     tunable(name).load(Ordering::Relaxed)

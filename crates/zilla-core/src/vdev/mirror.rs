@@ -30,7 +30,13 @@ use parking_lot::Mutex;
 
 use super::queue::LeafQueue;
 use super::{Device, IoClass, LeafSpec, Role};
-use crate::kstat::tun;
+use crate::kstat::Tun;
+
+static ROTATING_INC: Tun = Tun::new("zfs_vdev_mirror_rotating_inc");
+static ROTATING_SEEK_INC: Tun = Tun::new("zfs_vdev_mirror_rotating_seek_inc");
+static ROTATING_SEEK_OFFSET: Tun = Tun::new("zfs_vdev_mirror_rotating_seek_offset");
+static NON_ROTATING_INC: Tun = Tun::new("zfs_vdev_mirror_non_rotating_inc");
+static NON_ROTATING_SEEK_INC: Tun = Tun::new("zfs_vdev_mirror_non_rotating_seek_inc");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LeafState {
@@ -273,12 +279,12 @@ impl TopVdev {
         let rotating = c.device().rotational();
         let last = c.queue.last_offset();
         let inc = if last == offset {
-            if rotating { tun("zfs_vdev_mirror_rotating_inc") } else { tun("zfs_vdev_mirror_non_rotating_inc") }
+            if rotating { ROTATING_INC.get() } else { NON_ROTATING_INC.get() }
         } else if rotating {
-            let seek_inc = tun("zfs_vdev_mirror_rotating_seek_inc");
-            if last.abs_diff(offset) <= tun("zfs_vdev_mirror_rotating_seek_offset") { seek_inc / 2 } else { seek_inc }
+            let seek_inc = ROTATING_SEEK_INC.get();
+            if last.abs_diff(offset) <= ROTATING_SEEK_OFFSET.get() { seek_inc / 2 } else { seek_inc }
         } else {
-            tun("zfs_vdev_mirror_non_rotating_seek_inc")
+            NON_ROTATING_SEEK_INC.get()
         };
         c.queue.pending() as u64 + inc
     }
