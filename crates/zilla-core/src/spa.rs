@@ -864,11 +864,15 @@ impl Pool {
                 }
             }
         }
-        let ms = self.inner.io.ms.lock().clone();
+        // space per top-level vdev, read under the allocator lock without copying its trees
+        let tops = self.inner.tops();
+        let (vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
+            let ms = self.inner.io.ms.lock();
+            (tops.iter().map(|t| ms.vdev_space(t.id)).collect(), ms.space(Role::Normal))
+        };
         let mut total = LeafStats::default();
         let mut vdevs = Vec::new();
-        for t in self.inner.tops() {
-            let (size, alloc) = ms.vdev_space(t.id);
+        for (t, &(size, alloc)) in tops.iter().zip(&vdev_space) {
             let mut tstats = LeafStats::default();
             let mut children = Vec::new();
             for c in t.children() {
@@ -889,7 +893,6 @@ impl Pool {
                 vdevs.push(c);
             }
         }
-        let (size, alloc) = ms.space(Role::Normal);
         IostatSnapshot {
             pool: self.inner.name.clone(),
             timestamp_ns: crate::spa_impl::now_ns(),
