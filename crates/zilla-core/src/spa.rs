@@ -307,7 +307,7 @@ impl Pool {
             let mut v = Vec::new();
             for l in &t.leaves {
                 let dev = opener(l, t.role)?;
-                check_device_free(&**dev_ref(&dev), l, opts.force)?;
+                check_device_free(&*dev, l, opts.force)?;
                 v.push(Opened { spec: l.clone(), dev });
             }
             opened_tops.push((t.clone(), v));
@@ -1060,9 +1060,6 @@ impl Pool {
         match leaf.state() {
             LeafState::Online => return Ok(()),
             LeafState::Unavail => {
-                // try to reopen
-                let d = (inner.opener)(&leaf.spec, Role::Normal)?;
-                let _ = d;
                 return Err(Error::invalid(format!("cannot online {dev}: device was missing at import; export and import the pool")));
             }
             _ => {}
@@ -1276,10 +1273,6 @@ impl Drop for Pool {
             self.abandon();
         }
     }
-}
-
-fn dev_ref(d: &Arc<dyn Device>) -> &Arc<dyn Device> {
-    d
 }
 
 /// Refuse a device that carries a label of an active or exported pool unless forced.

@@ -34,7 +34,7 @@ pub mod queue;
 pub mod sim;
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::kstat::TunableDef;
@@ -155,10 +155,6 @@ pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> 
         }
         Some(other) => return Err(crate::Error::invalid(format!("unknown device model '{other}'"))),
     })
-}
-
-pub fn path_exists(p: &Path) -> bool {
-    p.exists()
 }
 
 /// Mirror read-selection tunables (vdev_mirror.c defaults).
