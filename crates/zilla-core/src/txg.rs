@@ -25,16 +25,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 
-use crate::kstat::TunableDef;
+use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result};
 
 pub const TXG_INITIAL: u64 = 4;
 pub const TXG_SIZE: usize = 4;
 pub const TXG_MASK: u64 = 3;
 
-pub const TUNABLES: &[TunableDef] = &[
-    TunableDef { name: "zfs_txg_timeout", default: 5, description: "seconds between txg syncs when nothing else triggers one (txg.c)" },
-];
+pub static ZFS_TXG_TIMEOUT: Tunable =
+    Tunable::new("zfs_txg_timeout", 5, 1, 86400, Applies::Live, "seconds between txg syncs when nothing else triggers one (txg.c)");
 
 #[derive(Debug)]
 struct State {
@@ -134,7 +133,7 @@ impl TxgState {
     pub fn wait_for_work(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
         let mut s = self.state.lock();
         loop {
-            let timeout = Duration::from_secs(crate::kstat::tun("zfs_txg_timeout").max(1));
+            let timeout = Duration::from_secs(ZFS_TXG_TIMEOUT.get().max(1));
             let open = s.open_txg;
             let due = s.last_sync_start.elapsed() >= timeout;
             let wanted = s.sync_requested >= open || dirty_kick(open);
