@@ -24,12 +24,13 @@
 //! When the open txg alone passes `zfs_dirty_data_sync_percent` of max, the sync thread
 //! is kicked.
 
-use std::time::{Duration, Instant};
-
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::txg::{TXG_MASK, TXG_SIZE};
 
@@ -76,27 +77,25 @@ pub struct ThrottleStats {
 /// Dirty bytes in atomics, so the common case (well below the delay threshold) takes no
 /// lock; the mutex is only for writers that must sleep.
 pub struct DirtyAccounting {
+    /// Clock and sleeps of the delay curve.
+    env: Arc<dyn Env>,
     total: AtomicU64,
     per_txg: [AtomicU64; TXG_SIZE],
-    last_wakeup: Mutex<Option<Instant>>,
+    /// Env clock (ns) of the last delayed writer's wakeup.
+    last_wakeup_ns: Mutex<Option<u64>>,
     blocked_mu: Mutex<()>,
     cv: Condvar,
     delayed: AtomicU64,
     blocked: AtomicU64,
 }
 
-impl Default for DirtyAccounting {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl DirtyAccounting {
-    pub fn new() -> DirtyAccounting {
+    pub fn new(env: Arc<dyn Env>) -> DirtyAccounting {
         DirtyAccounting {
+            env,
             total: AtomicU64::new(0),
             per_txg: std::array::from_fn(|_| AtomicU64::new(0)),
-            last_wakeup: Mutex::new(None),
+            last_wakeup_ns: Mutex::new(None),
             blocked_mu: Mutex::new(()),
             cv: Condvar::new(),
             delayed: AtomicU64::new(0),
@@ -120,21 +119,17 @@ impl DirtyAccounting {
             return;
         }
         self.delayed.fetch_add(1, Relaxed);
-        let now = Instant::now();
-        let delay = Duration::from_nanos(d);
+        let now = self.env.now_ns();
         let wake = {
-            let mut last = self.last_wakeup.lock();
+            let mut last = self.last_wakeup_ns.lock();
             let wake = match *last {
-                Some(l) if l + delay > now + delay => l + delay,
-                _ => now + delay,
+                Some(l) if l > now => l + d,
+                _ => now + d,
             };
             *last = Some(wake);
             wake
         };
-        let left = wake.saturating_duration_since(Instant::now());
-        if !left.is_zero() {
-            std::thread::sleep(left);
-        }
+        self.env.sleep_until_ns(wake);
     }
 
     pub fn add(&self, txg: u64, bytes: u64) {

@@ -3,7 +3,8 @@
 //! Layers, bottom to top (a module only uses modules listed above it):
 //!
 //! ```text
-//!   error, kstat          errors; counters and log2 latency histograms; tunables
+//!   error, kstat, env     errors; counters and log2 latency histograms; tunables;
+//!                         clock, sleeps, thread spawns, randomness (real or simulated)
 //!   vdev                  leaves (file, sim-hdd, sim-ssd, crash, fault), per-leaf queue,
 //!                         mirror, labels
 //!   zio                   checksums, compression, block pointers
@@ -20,6 +21,7 @@
 
 pub mod error;
 pub mod kstat;
+pub mod env;
 pub mod vdev;
 pub mod zio;
 pub mod metaslab;

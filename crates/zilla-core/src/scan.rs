@@ -75,8 +75,8 @@ pub struct ScanControl {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-fn now_s() -> u64 {
-    crate::spa_impl::now_ns() / 1_000_000_000
+fn now_s(inner: &PoolInner) -> u64 {
+    inner.env.unix_time_ns() / 1_000_000_000
 }
 
 fn persist(inner: &PoolInner, mark_changed: bool) {
@@ -104,9 +104,9 @@ fn launch(inner: &Arc<PoolInner>) {
     }
     inner.scan.stop.store(false, Ordering::Release);
     let i = inner.clone();
-    let h = std::thread::Builder::new()
-        .name(format!("scan_{}", inner.name))
-        .spawn(move || {
+    let h = inner.env.spawn(
+        format!("scan_{}", inner.name),
+        Box::new(move || {
             let r = run(&i);
             if let Err(e) = r {
                 tracing::warn!(pool = %i.name, "scan stopped: {e}");
@@ -118,8 +118,9 @@ fn launch(inner: &Arc<PoolInner>) {
             i.scan.running.store(false, Ordering::Release);
             persist(&i, true);
             i.scan.cv.notify_all();
-        })
-        .expect("spawn scan thread");
+        }),
+    )
+    .expect("spawn scan thread");
     *inner.scan.thread.lock() = Some(h);
 }
 
@@ -144,7 +145,7 @@ pub fn start_scrub(inner: &Arc<PoolInner>) -> Result<()> {
             *s = ScanStatus {
                 func: "scrub".into(),
                 state: "scanning".into(),
-                start_time_s: now_s(),
+                start_time_s: now_s(inner),
                 to_examine_bytes: allocated_bytes(inner),
                 ..Default::default()
             };
@@ -177,7 +178,7 @@ pub fn start_resilver(inner: &Arc<PoolInner>) {
         *s = ScanStatus {
             func: "resilver".into(),
             state: "scanning".into(),
-            start_time_s: now_s(),
+            start_time_s: now_s(inner),
             to_examine_bytes: allocated_bytes(inner),
             start_txg: inner.txg.open_txg(),
             min_txg,
@@ -220,7 +221,7 @@ pub fn cancel(inner: &Arc<PoolInner>) -> Result<()> {
     {
         let mut s = inner.scan.status.lock();
         s.state = "canceled".into();
-        s.end_time_s = now_s();
+        s.end_time_s = now_s(inner);
     }
     persist(inner, true);
     Ok(())
@@ -406,7 +407,7 @@ fn run(inner: &Arc<PoolInner>) -> Result<()> {
     {
         let mut s = inner.scan.status.lock();
         s.state = "finished".into();
-        s.end_time_s = now_s();
+        s.end_time_s = now_s(inner);
         s.bookmark = Bookmark::default();
     }
     if resilver {

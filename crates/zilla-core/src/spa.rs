@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::props::PropRow;
 use crate::vdev::queue::LeafStats;
+use crate::env::Env;
 use crate::vdev::{LeafSpec, Role};
 use crate::zvol::BlockVolume;
 use crate::{Error, Result};
@@ -83,6 +84,8 @@ pub struct CreateOptions {
     pub ashift: Option<u8>,
     /// Pool properties (-o name=value): ashift, autoreplace, failmode.
     pub props: Vec<(String, String)>,
+    /// Clock, sleeps, threads and randomness; None = the real world (`env::real()`).
+    pub env: Option<Arc<dyn Env>>,
 }
 
 /// One node of `zilla pool status`'s config tree.
@@ -276,10 +279,7 @@ fn ashift_of(dev: &dyn Device) -> u8 {
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Arc<Pool> {
         let t = inner.clone();
-        let handle = std::thread::Builder::new()
-            .name(format!("txg_sync_{}", inner.name))
-            .spawn(move || t.sync_loop())
-            .expect("spawn txg sync thread");
+        let handle = inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || t.sync_loop())).expect("spawn txg sync thread");
         let pool = Arc::new(Pool { inner, sync_thread: Mutex::new(Some(handle)), closed: false.into() });
         crate::scan::resume_after_import(&pool.inner);
         pool
@@ -314,17 +314,18 @@ impl Pool {
         }
         let ashift = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| ashift_of(&*o.dev)).max().unwrap_or(12);
         let pool_props = pool_props_with_defaults(&props, ashift)?;
-        let guid = new_guid();
+        let env = opts.env.clone().unwrap_or_else(crate::env::real);
+        let guid = new_guid(&*env);
         let mut cfg_tops = Vec::new();
         let mut leaves = Vec::new();
         let mut vdevs = Vec::new();
         let mut ms = Metaslabs::new();
         for (id, (t, opened)) in opened_tops.into_iter().enumerate() {
-            let tguid = new_guid();
+            let tguid = new_guid(&*env);
             let mut children = Vec::new();
             let mut leaf_objs = Vec::new();
             for o in opened {
-                let g = new_guid();
+                let g = new_guid(&*env);
                 children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: 0, dtl: vec![] });
                 let leaf = Arc::new(Leaf::new(g, o.spec, o.dev));
                 leaves.push(leaf.clone());
@@ -357,8 +358,8 @@ impl Pool {
             name: name.to_string(),
             guid,
             io: PoolIo::new(vdevs, ms),
-            txg: TxgState::new(crate::txg::TXG_INITIAL - 1),
-            dirty: DirtyAccounting::new(),
+            txg: TxgState::new(crate::txg::TXG_INITIAL - 1, env.clone()),
+            dirty: DirtyAccounting::new(env.clone()),
             config: Mutex::new(config),
             leaves: RwLock::new(leaves),
             volumes: RwLock::new(BTreeMap::new()),
@@ -374,6 +375,7 @@ impl Pool {
             suspended: false.into(),
             abandoned: false.into(),
             scan: Default::default(),
+            env,
         });
         // wipe stale uberblock rings, then config labels, then the first txg
         for leaf in inner.leaves.read().iter() {
@@ -426,6 +428,11 @@ impl Pool {
     }
 
     pub fn import_with(specs: &[LeafSpec], opener: Opener) -> Result<Arc<Pool>> {
+        Self::import_with_env(specs, opener, crate::env::real())
+    }
+
+    /// Import with a given Env (tests: a simulated clock and seeded randomness).
+    pub fn import_with_env(specs: &[LeafSpec], opener: Opener, env: Arc<dyn Env>) -> Result<Arc<Pool>> {
         if specs.is_empty() {
             return Err(Error::invalid("no devices to import from"));
         }
@@ -605,8 +612,8 @@ impl Pool {
             name: cfg.name.clone(),
             guid: cfg.guid,
             io,
-            txg: TxgState::new(ub.txg),
-            dirty: DirtyAccounting::new(),
+            txg: TxgState::new(ub.txg, env.clone()),
+            dirty: DirtyAccounting::new(env.clone()),
             config: Mutex::new(cfg),
             leaves: RwLock::new(leaves),
             volumes: RwLock::new(volumes),
@@ -622,6 +629,7 @@ impl Pool {
             suspended: false.into(),
             abandoned: false.into(),
             scan: Default::default(),
+            env,
         });
         // rewrite labels: marks the pool active and repairs damaged label copies
         if let Err(e) = inner.write_config_labels("active") {
@@ -895,7 +903,7 @@ impl Pool {
         }
         IostatSnapshot {
             pool: self.inner.name.clone(),
-            timestamp_ns: crate::spa_impl::now_ns(),
+            timestamp_ns: self.inner.env.unix_time_ns(),
             alloc,
             free: size - alloc,
             stats: total,
@@ -943,12 +951,12 @@ impl Pool {
                 let dev = (inner.opener)(l, t.role)?;
                 check_device_free(&*dev, l, force)?;
                 label::wipe_labels(&*dev)?;
-                let g = new_guid();
+                let g = new_guid(&*inner.env);
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
                 cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: 0, dtl: vec![] });
             }
             let ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(12);
-            let top = Arc::new(TopVdev { id: next_id, guid: new_guid(), role: t.role, is_mirror: t.mirror, ashift, children: RwLock::new(kids.clone()) });
+            let top = Arc::new(TopVdev { id: next_id, guid: new_guid(&*inner.env), role: t.role, is_mirror: t.mirror, ashift, children: RwLock::new(kids.clone()) });
             new_tops.push((top, TopConfig { id: next_id, guid: 0, role: t.role, mirror: t.mirror, ashift, children: cfg_kids }, kids));
             next_id += 1;
         }
@@ -984,7 +992,7 @@ impl Pool {
             return Err(Error::invalid(format!("{} is too small to attach", new.display())));
         }
         label::wipe_labels(&*dev)?;
-        let g = new_guid();
+        let g = new_guid(&*inner.env);
         let leaf = Arc::new(Leaf::new(g, new.clone(), dev));
         // it has nothing: every txg up to now is missing
         leaf.set_dtl(vec![(1, inner.txg.open_txg())]);

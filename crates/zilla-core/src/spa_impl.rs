@@ -174,15 +174,14 @@ pub struct PoolInner {
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
     pub abandoned: AtomicBool,
     pub scan: crate::scan::ScanControl,
+    /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
+    pub env: Arc<dyn crate::env::Env>,
 }
 
-pub fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-}
-
-pub fn new_guid() -> u64 {
+/// A random non-zero guid from `env`'s RNG (seeded under simulation).
+pub fn new_guid(env: &dyn crate::env::Env) -> u64 {
     loop {
-        let g: u64 = rand::random();
+        let g = env.random_u64();
         if g != 0 {
             return g;
         }
@@ -461,7 +460,7 @@ impl PoolInner {
         let ub = Uberblock {
             txg,
             guid_sum: self.config.lock().guid_sum(),
-            timestamp_ns: now_ns(),
+            timestamp_ns: self.env.unix_time_ns(),
             pool_guid: self.guid,
             root: mos_root,
         };
@@ -518,7 +517,7 @@ impl PoolInner {
                         if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
                             return;
                         }
-                        std::thread::sleep(std::time::Duration::from_millis(backoff_ms));
+                        self.env.sleep_ns(backoff_ms * 1_000_000);
                         backoff_ms = (backoff_ms * 2).min(1000);
                     }
                 }

@@ -21,10 +21,12 @@
 //! Txg numbers start at TXG_INITIAL; per-txg arrays elsewhere are rings of TXG_SIZE
 //! indexed by `txg & TXG_MASK`.
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 
+use crate::env::{self, Env};
 use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result};
 
@@ -41,7 +43,8 @@ struct State {
     synced_txg: u64,
     /// Highest txg somebody asked to have synced.
     sync_requested: u64,
-    last_sync_start: Instant,
+    /// Env clock (ns) when the previous sync started.
+    last_sync_start_ns: u64,
     shutting_down: bool,
     /// An error from the last sync (the pool is suspended until it succeeds).
     sync_error: Option<String>,
@@ -50,6 +53,8 @@ struct State {
 }
 
 pub struct TxgState {
+    /// Clock of the txg timer (`zfs_txg_timeout`).
+    env: Arc<dyn Env>,
     state: Mutex<State>,
     /// Mirror of `state.open_txg`, changed only under the exclusive hold lock, so holders
     /// read it without the state mutex.
@@ -67,13 +72,13 @@ pub struct TxgHold<'a> {
 }
 
 impl TxgState {
-    pub fn new(last_synced: u64) -> TxgState {
+    pub fn new(last_synced: u64, env: Arc<dyn Env>) -> TxgState {
         TxgState {
             state: Mutex::new(State {
                 open_txg: last_synced + 1,
                 synced_txg: last_synced,
                 sync_requested: 0,
-                last_sync_start: Instant::now(),
+                last_sync_start_ns: env.now_ns(),
                 shutting_down: false,
                 sync_error: None,
                 fatal: None,
@@ -82,6 +87,7 @@ impl TxgState {
             hold: RwLock::new(()),
             open_txg: std::sync::atomic::AtomicU64::new(last_synced + 1),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            env,
         }
     }
 
@@ -133,9 +139,9 @@ impl TxgState {
     pub fn wait_for_work(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
         let mut s = self.state.lock();
         loop {
-            let timeout = Duration::from_secs(ZFS_TXG_TIMEOUT.get().max(1));
+            let timeout_ns = ZFS_TXG_TIMEOUT.get().max(1).saturating_mul(1_000_000_000);
             let open = s.open_txg;
-            let due = s.last_sync_start.elapsed() >= timeout;
+            let due = self.env.now_ns().saturating_sub(s.last_sync_start_ns) >= timeout_ns;
             let wanted = s.sync_requested >= open || dirty_kick(open);
             if s.shutting_down {
                 if has_dirty(open) || s.sync_requested >= open {
@@ -147,12 +153,13 @@ impl TxgState {
                 break;
             }
             if due {
-                s.last_sync_start = Instant::now();
+                s.last_sync_start_ns = self.env.now_ns();
             }
-            let left = timeout.saturating_sub(s.last_sync_start.elapsed()).max(Duration::from_millis(10));
-            self.cv.wait_for(&mut s, left);
+            // Re-check at least every 10 ms of Env time (dirty_kick is not notified).
+            let deadline = (s.last_sync_start_ns + timeout_ns).max(self.env.now_ns() + 10_000_000);
+            env::wait_until(&*self.env, &self.cv, &mut s, deadline);
         }
-        s.last_sync_start = Instant::now();
+        s.last_sync_start_ns = self.env.now_ns();
         drop(s);
         // quiesce: wait for every holder of the open txg, then open the next
         let _w = self.hold.write();

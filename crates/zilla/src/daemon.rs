@@ -538,7 +538,7 @@ async fn pool_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreatePool>) 
     if d.pools.get(&req.name).is_some() {
         return Err(ApiError(StatusCode::CONFLICT, "pool already exists".into()));
     }
-    let mut opts = CreateOptions { force: req.force, ashift: None, props: vec![] };
+    let mut opts = CreateOptions { force: req.force, ashift: None, props: vec![], ..Default::default() };
     for (k, v) in req.props {
         if k == "ashift" {
             let a: u8 = v.parse().ok().filter(|a| (9..=16).contains(a)).ok_or_else(|| {

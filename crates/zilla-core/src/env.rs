@@ -1,0 +1,300 @@
+//! env: the engine's clock, sleeps, thread spawns and randomness.
+//!
+//! Theory of operation
+//! -------------------
+//! Everything the engine needs from the world besides its devices comes through one
+//! [`Env`] it is given at pool create or import (`Arc<dyn Env>`): a monotonic clock
+//! (`now_ns`), a wall clock for timestamps written to disk (`unix_time_ns`), sleeps,
+//! named thread spawns, and random numbers. Nothing below spa reads `Instant::now`,
+//! calls `thread::sleep` or draws from a global RNG on its own: a test can then swap
+//! the world.
+//!
+//! ```text
+//!                 RealEnv (default)                 SimEnv (tests, the simulator)
+//!   now_ns        Instant since process start       virtual clock, starts at 0
+//!   unix_time_ns  SystemTime                        fixed epoch + virtual clock
+//!   sleep_until   thread::sleep                     clock = max(clock, deadline); returns
+//!   timed waits   Condvar::wait_for(left)           poll the caller's condvar in short
+//!                                                   real slices until the clock passes
+//!   spawn         named std thread                  named std thread (counted)
+//!   random_u64    OS-seeded RNG                     one seeded RNG (StdRng)
+//! ```
+//!
+//! SimEnv's clock is a *warp* clock: a sleep never blocks, it moves virtual time forward
+//! to its deadline (or leaves it where it is if another thread already moved it further).
+//! So concurrent sleepers overlap (each completes at its own deadline, virtual time is the
+//! latest of them), and a device that serialises its requests (sim-hdd) does so by its
+//! own `busy until` bookkeeping against this clock, not by sleeping. Under SimEnv a pool
+//! of sim devices runs as fast as the CPU allows while its clock shows the modelled time.
+//!
+//! The engine still runs on real threads under SimEnv (txg sync, scan, the I/O workers),
+//! so the order in which threads interleave is the OS scheduler's. What is deterministic
+//! for a seed is everything one driver thread does and sees: its operations, their
+//! results and the bytes read (docs/design.md, "The Env seam").
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+/// A thread body handed to [`Env::spawn`].
+pub type ThreadBody = Box<dyn FnOnce() + Send + 'static>;
+
+/// The engine's view of time, threads and randomness. All methods may be called from
+/// any thread.
+pub trait Env: Send + Sync + 'static {
+    /// Monotonic nanoseconds since an arbitrary origin (never goes backwards).
+    fn now_ns(&self) -> u64;
+    /// Nanoseconds since the Unix epoch, for timestamps stored on disk.
+    fn unix_time_ns(&self) -> u64;
+    /// Block (or, simulated, advance the clock) until `now_ns() >= deadline_ns`.
+    fn sleep_until_ns(&self, deadline_ns: u64);
+    /// Start a named thread running `body`.
+    fn spawn(&self, name: String, body: ThreadBody) -> std::io::Result<JoinHandle<()>>;
+    /// A uniformly random 64-bit number (seeded under simulation).
+    fn random_u64(&self) -> u64;
+    /// True for a virtual clock: sleeps return at once and timed waits poll.
+    fn is_simulated(&self) -> bool;
+    /// Threads started through `spawn` so far.
+    fn threads_spawned(&self) -> u64;
+
+    /// Sleep for `ns` nanoseconds of this Env's time.
+    fn sleep_ns(&self, ns: u64) {
+        self.sleep_until_ns(self.now_ns().saturating_add(ns));
+    }
+}
+
+impl fmt::Debug for dyn Env {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.is_simulated() { "SimEnv" } else { "RealEnv" };
+        write!(f, "{kind}(now_ns={})", self.now_ns())
+    }
+}
+
+/// Largest real time a simulated timed wait blocks before it re-reads the virtual clock.
+const SIM_POLL: Duration = Duration::from_millis(2);
+
+/// Wait on `cv` (releasing `guard`) until notified or until this Env's clock reaches
+/// `deadline_ns`. Returns true if the deadline has passed. Spurious returns happen (as
+/// with any condvar): callers re-check their condition in a loop.
+pub fn wait_until<T>(env: &dyn Env, cv: &Condvar, guard: &mut MutexGuard<'_, T>, deadline_ns: u64) -> bool {
+    let now = env.now_ns();
+    if now >= deadline_ns {
+        return true;
+    }
+    let left = Duration::from_nanos(deadline_ns - now);
+    if env.is_simulated() {
+        // Virtual time moves only when some thread sleeps; look again shortly.
+        cv.wait_for(guard, left.min(SIM_POLL));
+    } else {
+        cv.wait_for(guard, left);
+    }
+    env.now_ns() >= deadline_ns
+}
+
+/// The process-wide real Env, shared by every pool that was not given another one.
+pub fn real() -> Arc<dyn Env> {
+    static REAL: OnceLock<Arc<RealEnv>> = OnceLock::new();
+    REAL.get_or_init(|| Arc::new(RealEnv::new())).clone()
+}
+
+// ------------------------------------------------------------------------------------
+// RealEnv
+// ------------------------------------------------------------------------------------
+
+/// The operating system's clock, threads and randomness.
+#[derive(Debug)]
+pub struct RealEnv {
+    origin: Instant,
+    threads_spawned: AtomicU64,
+}
+
+impl Default for RealEnv {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RealEnv {
+    pub fn new() -> RealEnv {
+        RealEnv { origin: Instant::now(), threads_spawned: AtomicU64::new(0) }
+    }
+}
+
+impl Env for RealEnv {
+    fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    fn unix_time_ns(&self) -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    }
+
+    fn sleep_until_ns(&self, deadline_ns: u64) {
+        let now = self.now_ns();
+        if deadline_ns > now {
+            std::thread::sleep(Duration::from_nanos(deadline_ns - now));
+        }
+    }
+
+    fn spawn(&self, name: String, body: ThreadBody) -> std::io::Result<JoinHandle<()>> {
+        let h = std::thread::Builder::new().name(name).spawn(body)?;
+        self.threads_spawned.fetch_add(1, Ordering::Relaxed);
+        Ok(h)
+    }
+
+    fn random_u64(&self) -> u64 {
+        rand::random()
+    }
+
+    fn is_simulated(&self) -> bool {
+        false
+    }
+
+    fn threads_spawned(&self) -> u64 {
+        self.threads_spawned.load(Ordering::Relaxed)
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// SimEnv
+// ------------------------------------------------------------------------------------
+
+/// Unix time the virtual clock's zero corresponds to (2008-11-10, the day Fishworks
+/// shipped; any fixed value keeps on-disk timestamps reproducible).
+pub const SIM_EPOCH_UNIX_NS: u64 = 1_226_275_200_000_000_000;
+
+/// A virtual clock (see "warp clock" above) and one seeded RNG.
+#[derive(Debug)]
+pub struct SimEnv {
+    seed: u64,
+    clock_ns: AtomicU64,
+    rng: Mutex<StdRng>,
+    threads_spawned: AtomicU64,
+}
+
+impl SimEnv {
+    pub fn new(seed: u64) -> SimEnv {
+        SimEnv {
+            seed,
+            clock_ns: AtomicU64::new(0),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            threads_spawned: AtomicU64::new(0),
+        }
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Move the clock forward by `ns` (a driver's think time).
+    pub fn advance_ns(&self, ns: u64) {
+        self.clock_ns.fetch_add(ns, Ordering::AcqRel);
+    }
+}
+
+impl Env for SimEnv {
+    fn now_ns(&self) -> u64 {
+        self.clock_ns.load(Ordering::Acquire)
+    }
+
+    fn unix_time_ns(&self) -> u64 {
+        SIM_EPOCH_UNIX_NS + self.now_ns()
+    }
+
+    fn sleep_until_ns(&self, deadline_ns: u64) {
+        self.clock_ns.fetch_max(deadline_ns, Ordering::AcqRel);
+    }
+
+    fn spawn(&self, name: String, body: ThreadBody) -> std::io::Result<JoinHandle<()>> {
+        let h = std::thread::Builder::new().name(name).spawn(body)?;
+        self.threads_spawned.fetch_add(1, Ordering::Relaxed);
+        Ok(h)
+    }
+
+    fn random_u64(&self) -> u64 {
+        self.rng.lock().next_u64()
+    }
+
+    fn is_simulated(&self) -> bool {
+        true
+    }
+
+    fn threads_spawned(&self) -> u64 {
+        self.threads_spawned.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sim_sleeps_move_the_clock_not_the_thread() {
+        // Goal: an hour of simulated sleeping takes no real time; the clock is the
+        // latest deadline any sleeper asked for and never goes backwards.
+        let env = SimEnv::new(1);
+        let t = Instant::now();
+        env.sleep_ns(3_600_000_000_000);
+        assert_eq!(env.now_ns(), 3_600_000_000_000);
+        env.sleep_until_ns(5);
+        assert_eq!(env.now_ns(), 3_600_000_000_000, "an earlier deadline leaves the clock alone");
+        env.advance_ns(10);
+        assert_eq!(env.now_ns(), 3_600_000_000_010);
+        assert_eq!(env.unix_time_ns(), SIM_EPOCH_UNIX_NS + 3_600_000_000_010);
+        assert!(t.elapsed() < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn sim_rng_is_seeded() {
+        let draw = |seed| {
+            let e = SimEnv::new(seed);
+            (0..4).map(|_| e.random_u64()).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn timed_wait_follows_the_env_clock() {
+        // Goal: a timed wait under SimEnv ends when virtual time passes its deadline
+        // (moved by another thread's sleep), not after real time.
+        let env = Arc::new(SimEnv::new(3));
+        let cv = Condvar::new();
+        let mu = Mutex::new(());
+        let e2 = env.clone();
+        let mover = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            e2.sleep_ns(5_000_000_000);
+        });
+        let mut g = mu.lock();
+        let t = Instant::now();
+        while !wait_until(&*env, &cv, &mut g, 5_000_000_000) {}
+        mover.join().unwrap();
+        assert!(env.now_ns() >= 5_000_000_000);
+        assert!(t.elapsed() < Duration::from_secs(2));
+        // RealEnv: the deadline is real time.
+        let real = RealEnv::new();
+        let t = Instant::now();
+        let d = real.now_ns() + 30_000_000;
+        while !wait_until(&real, &cv, &mut g, d) {}
+        assert!(t.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn spawn_names_and_counts_threads() {
+        for env in [real(), Arc::new(SimEnv::new(1)) as Arc<dyn Env>] {
+            let before = env.threads_spawned();
+            let h = env
+                .spawn("env_test".into(), Box::new(|| assert_eq!(std::thread::current().name(), Some("env_test"))))
+                .unwrap();
+            h.join().unwrap();
+            assert_eq!(env.threads_spawned(), before + 1);
+        }
+    }
+}
