@@ -30,7 +30,6 @@ pub mod dmu;
 pub mod txg;
 pub mod dsl_pool;
 pub mod spa;
-pub mod spa_impl;
 pub mod scan;
 pub mod zvol;
 pub mod props;
