@@ -25,18 +25,21 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 
 use crate::dmu::{self, TreeRoot, EPB};
-use crate::kstat::TunableDef;
+use crate::kstat::{Applies, Tunable};
 use crate::spa::PoolInner;
 use crate::vdev::mirror::VerifyResult;
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
 use crate::{Error, Result};
 
-pub const TUNABLES: &[TunableDef] = &[TunableDef {
-    name: "zfs_scan_pause_every_spans",
-    default: 0,
-    description: "testing aid: pause the scan after this many L1 spans (0 = never)",
-}];
+pub static ZFS_SCAN_PAUSE_EVERY_SPANS: Tunable = Tunable::new(
+    "zfs_scan_pause_every_spans",
+    0,
+    0,
+    u32::MAX as u64,
+    Applies::Live,
+    "testing aid: pause the scan after this many L1 spans (0 = never)",
+);
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Bookmark {
@@ -342,7 +345,7 @@ fn run(inner: &Arc<PoolInner>) -> Result<()> {
     let resilver = func == "resilver";
     let stop = || inner.scan.stop.load(Ordering::Acquire) || inner.txg.is_shutting_down();
     let mut spans = 0u64;
-    let pause_every = crate::kstat::tun("zfs_scan_pause_every_spans");
+    let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
     let mut bm = inner.scan.status.lock().bookmark.clone();
     if bm.phase == 0 {
         if !resilver {

@@ -20,7 +20,7 @@ fn scrub_pauses_and_resumes_across_export() {
     drop(v);
 
     // pause after the first span
-    zilla_core::kstat::registry().set("zfs_scan_pause_every_spans", 1).unwrap();
+    zilla_core::tunables().set("zfs_scan_pause_every_spans", 1).unwrap();
     pool.scrub(ScrubCmd::Start).unwrap();
     pool.scrub_wait().unwrap();
     let s = scan_status(&pool);
@@ -33,7 +33,7 @@ fn scrub_pauses_and_resumes_across_export() {
 
     pool.export().unwrap();
     drop(pool);
-    zilla_core::kstat::registry().set("zfs_scan_pause_every_spans", 0).unwrap();
+    zilla_core::tunables().set("zfs_scan_pause_every_spans", 0).unwrap();
     let pool = import(&devs);
     let s = scan_status(&pool);
     assert_eq!(s.state, "paused", "paused state must survive export: {s:?}");

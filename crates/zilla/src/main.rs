@@ -785,10 +785,15 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
             }
             let cells: Vec<Vec<String>> = rows
                 .iter()
-                .map(|r| vec![r.name.clone(), r.value.to_string(), r.default.to_string(), r.description.clone()])
+                .map(|r| {
+                    let auto = if r.zero_is_auto { "0," } else { "" };
+                    let range = format!("{auto}{}..{}", r.min, r.max);
+                    vec![r.name.clone(), r.value.to_string(), r.default.to_string(), range, r.applies.clone(), r.description.clone()]
+                })
                 .collect();
             use format::Align::*;
-            print!("{}", format::table(&["NAME", "VALUE", "DEFAULT", "DESCRIPTION"], &[Left, Right, Right, Left], &cells, scripted));
+            let headers = ["NAME", "VALUE", "DEFAULT", "RANGE", "APPLIES", "DESCRIPTION"];
+            print!("{}", format::table(&headers, &[Left, Right, Right, Left, Left, Left], &cells, scripted));
         }
         TunableCmd::Set { assignment } => {
             let (name, v) = parse_assignment(&assignment)?;
