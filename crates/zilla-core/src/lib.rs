@@ -16,7 +16,6 @@ pub mod dmu;
 pub mod txg;
 pub mod dsl_pool;
 pub mod spa;
-pub mod spa_impl;
 pub mod scan;
 pub mod zvol;
 pub mod props;
@@ -40,7 +39,6 @@ pub const LAYERS: &[&[&str]] = &[
     &["dmu"],          // object directory, volume block-pointer trees, dirty records
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
-    &["spa_impl"],     // pool internals (being folded into spa/)
     &["spa"],          // the pool: create/import/export, sync, uberblocks
 ];
 

@@ -11,7 +11,9 @@ mod daemon;
 mod demo;
 mod format;
 mod nbd_glue;
+mod status_text;
 mod units;
+mod vdev_grammar;
 mod web;
 
 use std::path::{Path, PathBuf};
@@ -418,7 +420,7 @@ fn resolve_leaf(mut l: LeafSpec) -> Result<LeafSpec, String> {
 
 /// Parse the zpool vdev grammar here, so relative paths mean the caller's cwd.
 fn parse_tops(args: &[String]) -> Result<Vec<TopSpec>, String> {
-    let mut tops = zilla_core::spa::parse_vdev_args(args).map_err(|e| e.to_string())?;
+    let mut tops = crate::vdev_grammar::parse_vdev_args(args).map_err(|e| e.to_string())?;
     for t in &mut tops {
         for l in &mut t.leaves {
             *l = resolve_leaf(l.clone())?;
