@@ -12,9 +12,10 @@
 //!   arc                   DRAM block cache keyed by block identity
 //!   dmu                   object directory, volume block-pointer trees, dirty records
 //!   txg, dsl_pool         transaction groups, dirty accounting, write throttle
+//!   zvol, scan            the Volume API the front ends use; scrub and resilver. Each
+//!                         sees its pool only through a narrow trait (zvol::VolumePool,
+//!                         scan::ScanPool) that spa implements
 //!   spa                   the pool: create/import/export, sync, uberblocks
-//!   scan                  scrub and resilver
-//!   zvol                  the Volume API the front ends use
 //! ```
 //!
 //! No sockets, no HTTP, no async runtime here: front ends live in their own crates.
