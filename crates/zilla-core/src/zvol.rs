@@ -58,6 +58,7 @@ use std::sync::Arc;
 use crate::arc::{BlockKey, BufKind};
 use crate::dmu::{self, DirtySet, PoolIo, TreeRoot, VolumeState};
 use crate::dsl_pool::DirtyAccounting;
+use crate::props::{CachePolicy, SyncPolicy};
 use crate::txg::TxgState;
 use crate::vdev::IoClass;
 use crate::Error;
@@ -142,7 +143,7 @@ impl Volume {
 
     fn check_write(&self, offset: u64, len: u64) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().value("readonly") == "on" {
+        if self.vol.props.read().typed().readonly {
             return Err(Error::ReadOnly(format!("{}/{}", self.pool.pool_name(), self.vol.name)));
         }
         if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
@@ -186,7 +187,7 @@ impl Volume {
     }
 
     fn primary_cache_data(&self) -> bool {
-        self.vol.props.read().value("primarycache") == "all"
+        self.vol.props.read().typed().primarycache == CachePolicy::All
     }
 
     /// Content of a committed block (None = hole).
@@ -317,8 +318,8 @@ impl Volume {
         if self.pool.dirty().should_kick(txg) {
             self.pool.txg().request_sync(txg);
         }
-        let sync = self.vol.props.read().value("sync");
-        if sync == "always" || (fua && sync != "disabled") {
+        let sync = self.vol.props.read().typed().sync;
+        if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
             self.pool.txg().wait_synced(txg)?;
         }
         Ok(())
@@ -358,7 +359,7 @@ impl BlockVolume for Volume {
         self.vol.volblocksize
     }
     fn read_only(&self) -> bool {
-        self.vol.props.read().value("readonly") == "on"
+        self.vol.props.read().typed().readonly
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -397,7 +398,7 @@ impl BlockVolume for Volume {
         if let Err(e) = self.check_write(offset, data.len() as u64) {
             return Some(Err(e));
         }
-        if self.vol.props.read().value("sync") == "always" {
+        if self.vol.props.read().typed().sync == SyncPolicy::Always {
             return None;
         }
         let max = crate::dsl_pool::dirty_data_max();
@@ -427,7 +428,7 @@ impl BlockVolume for Volume {
 
     fn flush(&self) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().value("sync") == "disabled" {
+        if self.vol.props.read().typed().sync == SyncPolicy::Disabled {
             return Ok(());
         }
         if self.pool.dirty().total() == 0 && !self.pool.mos_changed() {
