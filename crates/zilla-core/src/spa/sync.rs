@@ -20,8 +20,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{PoolInner, VolumeState};
-use crate::dmu::{self, Mos, TreeRoot, WritePolicy};
+use super::PoolInner;
+use crate::dmu::{self, Mos, TreeRoot, VolumeState, WritePolicy};
 use crate::vdev::label::Uberblock;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
