@@ -118,7 +118,9 @@ pub struct PoolIo {
     pub space_size: std::sync::atomic::AtomicU64,
     pub space_alloc: std::sync::atomic::AtomicU64,
     /// Aligned aggregation buffers for sync writes.
-    pub write_buffers: crate::zio::abd::BufPool,
+    pub write_buffers: Arc<crate::vdev::abd::BufPool>,
+    /// Checksum/compress workers, started at the first sync.
+    prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
 }
 
 pub const ERROR_LOG_MAX: usize = 100;
@@ -152,8 +154,14 @@ impl PoolIo {
             error_log: Mutex::new(Vec::new()),
             space_size: Default::default(),
             space_alloc: Default::default(),
-            write_buffers: crate::zio::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED),
+            write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
+            prepare: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The pool's checksum/compress workers (started once, on first use).
+    pub fn prepare_workers(&self, env: &Arc<dyn crate::env::Env>, pool: &str) -> &crate::zio::workers::PrepareWorkers {
+        self.prepare.get_or_init(|| crate::zio::workers::PrepareWorkers::start(env, pool))
     }
 
     /// Refresh the lock-free space snapshot from the allocator.
@@ -210,7 +218,7 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    let data: Arc<[u8]> = crate::zio::finish_read(bp, r.data)?.into();
+                    let data: Arc<[u8]> = crate::zio::finish_read(bp, &r.data)?;
                     if data.len() != bp.lsize as usize {
                         return Err(Error::Corrupt("decompressed size mismatch".into()));
                     }
@@ -306,68 +314,11 @@ impl PoolIo {
         Ok(bp)
     }
 
-    /// Issue a batch of writes: sorted, adjacent blocks of one vdev merged into aligned
-    /// runs of up to 1 MiB, runs of different top-level vdevs interleaved so every mirror
-    /// works at once, `threads` workers each copying a run into a pooled aligned buffer
-    /// and writing it (mirror children in parallel). Fails if a run could not be written
-    /// to any child.
-    pub fn issue_writes(&self, mut batch: Vec<PendingWrite>, txg: u64, threads: usize) -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
-        let mut per_vdev: BTreeMap<u32, Vec<Run>> = BTreeMap::new();
-        for (i, w) in batch.iter().enumerate() {
-            let runs = per_vdev.entry(w.dva.vdev).or_default();
-            match runs.last_mut() {
-                Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
-                    r.bytes += w.data.len();
-                    r.blocks.end = i + 1;
-                }
-                _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
-            }
-        }
-        // round-robin across vdevs
-        let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
-        let mut runs: Vec<Run> = Vec::new();
-        while queues.iter().any(|q| !q.is_empty()) {
-            for q in queues.iter_mut() {
-                if let Some(r) = q.pop_front() {
-                    runs.push(r);
-                }
-            }
-        }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let failed: Mutex<Option<Error>> = Mutex::new(None);
-        let workers = threads.clamp(1, runs.len());
-        let batch = &batch;
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= runs.len() {
-                        break;
-                    }
-                    let run = &runs[i];
-                    let mut buf = self.write_buffers.get(run.bytes);
-                    for w in &batch[run.blocks.clone()] {
-                        buf.extend_from_slice(&w.data);
-                    }
-                    let r = match self.top(run.vdev) {
-                        Some(t) => t.write(IoClass::AsyncWrite, buf.as_slice(), run.offset, txg).map_err(Error::Io),
-                        None => Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev))),
-                    };
-                    self.write_buffers.put(buf);
-                    if let Err(e) = r {
-                        *failed.lock() = Some(e);
-                    }
-                });
-            }
-        });
-        match failed.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+    /// Issue a batch of writes and wait for them (see [`SyncWriter`]).
+    pub fn issue_writes(&self, batch: Vec<PendingWrite>, txg: u64) -> Result<()> {
+        let w = SyncWriter::new(self, txg);
+        w.issue(batch)?;
+        w.finish()
     }
 
     /// Free a block's copies in txg `txg` (deferred) and drop it from the ARC.
@@ -389,6 +340,129 @@ impl PoolIo {
         }
         Ok(d)
     }
+}
+
+/// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
+/// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
+/// into a pooled buffer), runs of different vdevs are interleaved so every mirror works
+/// at once, and each run becomes one mirror write (one request per child, all in
+/// flight). At most `window` runs are in flight: `issue` blocks only when the window is
+/// full, so the caller prepares the next batch while the devices write this one.
+/// `finish` waits for everything and reports the first run no child could write.
+pub struct SyncWriter<'a> {
+    io: &'a PoolIo,
+    txg: u64,
+    window: usize,
+    state: Arc<(Mutex<WriterState>, parking_lot::Condvar)>,
+}
+
+#[derive(Default)]
+struct WriterState {
+    in_flight: usize,
+    failed: Option<Error>,
+}
+
+impl<'a> SyncWriter<'a> {
+    pub fn new(io: &'a PoolIo, txg: u64) -> SyncWriter<'a> {
+        let ntops = io.vdevs.read().len().max(1);
+        let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
+        let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
+        SyncWriter { io, txg, window, state: Arc::new((Mutex::new(WriterState::default()), parking_lot::Condvar::new())) }
+    }
+
+    /// Submit a batch (merged into runs); blocks only while the window is full.
+    pub fn issue(&self, mut batch: Vec<PendingWrite>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
+        for run in interleaved_runs(&batch) {
+            let Some(top) = self.io.top(run.vdev) else {
+                return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
+            };
+            let mut buf = self.io.write_buffers.get(run.bytes);
+            for w in &batch[run.blocks.clone()] {
+                buf.extend_from_slice(&w.data);
+            }
+            self.wait_below(self.window)?;
+            let buf = Arc::new(buf);
+            let (state, keep) = (self.state.clone(), buf.clone());
+            let pool = self.io.write_buffers.clone();
+            top.write_async(IoClass::AsyncWrite, buf, run.offset, self.txg, Box::new(move |o| {
+                let r = o.into_result();
+                if let Ok(b) = Arc::try_unwrap(keep) {
+                    pool.put(b);
+                }
+                let mut st = state.0.lock();
+                st.in_flight -= 1;
+                if let (Err(e), None) = (r, &st.failed) {
+                    st.failed = Some(Error::Io(e.into()));
+                }
+                state.1.notify_all();
+            }));
+        }
+        Ok(())
+    }
+
+    /// Block until fewer than `n` runs are in flight, then count one more.
+    fn wait_below(&self, n: usize) -> Result<()> {
+        let mut st = self.state.0.lock();
+        while st.in_flight >= n {
+            self.state.1.wait(&mut st);
+        }
+        if let Some(e) = st.failed.take() {
+            return Err(e);
+        }
+        st.in_flight += 1;
+        Ok(())
+    }
+
+    /// Wait for every run; the first failure, if any.
+    pub fn finish(self) -> Result<()> {
+        let mut st = self.state.0.lock();
+        while st.in_flight > 0 {
+            self.state.1.wait(&mut st);
+        }
+        match st.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for SyncWriter<'_> {
+    fn drop(&mut self) {
+        // Never return while a completion may still touch the pool's buffers.
+        let mut st = self.state.0.lock();
+        while st.in_flight > 0 {
+            self.state.1.wait(&mut st);
+        }
+    }
+}
+
+/// Merge a sorted batch into runs and interleave the vdevs' runs round-robin.
+fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
+    let mut per_vdev: BTreeMap<u32, Vec<Run>> = BTreeMap::new();
+    for (i, w) in batch.iter().enumerate() {
+        let runs = per_vdev.entry(w.dva.vdev).or_default();
+        match runs.last_mut() {
+            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
+                r.bytes += w.data.len();
+                r.blocks.end = i + 1;
+            }
+            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
+        }
+    }
+    let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
+    let mut runs: Vec<Run> = Vec::new();
+    while queues.iter().any(|q| !q.is_empty()) {
+        for q in queues.iter_mut() {
+            if let Some(r) = q.pop_front() {
+                runs.push(r);
+            }
+        }
+    }
+    runs
 }
 
 fn child_bp(ind: &[u8], idx: u64) -> Result<BlockPointer> {
