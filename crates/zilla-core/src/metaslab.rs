@@ -11,8 +11,9 @@
 //! moves to the next vdev every `metaslab_aliquot` bytes (512 KiB), skipping full ones.
 //!
 //! Frees are deferred: a block freed in txg T goes to `defer[T]` and returns to the free
-//! tree only when txg T+2 syncs (TXG_DEFER_SIZE = 2), so the trees of the previous two
-//! uberblocks stay intact on disk.
+//! tree when txg T+3 starts to sync (each sync of S first releases the lists through
+//! S - TXG_DEFER_SIZE - 1), so while S syncs, the trees of the two uberblocks before it
+//! (S-1 and S-2, the fallbacks if S never lands) stay intact on disk.
 //!
 //! Invariants (asserted): an extent is never freed twice, never allocated twice, and
 //! `allocated + free == size` for every vdev. The persisted form (in the MOS) is the
@@ -158,7 +159,8 @@ pub struct Metaslabs {
     pub vdevs: Vec<Option<(Role, RangeAllocator)>>,
     rotor: usize,
     rotor_bytes: u64,
-    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE syncs.
+    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE + 1 starts
+    /// to sync.
     pub defer: BTreeMap<u64, Vec<Dva>>,
 }
 

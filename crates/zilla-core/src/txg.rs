@@ -215,8 +215,4 @@ impl TxgState {
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(std::sync::atomic::Ordering::Acquire)
     }
-
-    pub fn notify(&self) {
-        self.cv.notify_all();
-    }
 }
