@@ -290,10 +290,9 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
 fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
     let io = inner.io();
     let tops = io.vdevs.read().clone();
-    let ms = io.ms.lock();
     tops.iter()
         .filter(|t| t.role == crate::vdev::Role::Normal)
-        .map(|t| ms.vdev_space(t.id).1 * t.children().len() as u64)
+        .map(|t| io.ms.vdev_space(t.id).1 * t.children().len() as u64)
         .sum()
 }
 
