@@ -91,6 +91,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &dsl_pool::ZFS_DELAY_MAX_NS,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
+    &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
 ]);
 
 /// The registry of every engine tunable.
@@ -166,7 +167,7 @@ mod fuzz_smoke {
     #[test]
     fn mos_decoder_rejects_bit_flips() {
         // a real MOS with every single-byte corruption: decode must not panic
-        let mut ms = crate::metaslab::Metaslabs::new();
+        let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
         let mos = crate::dmu::Mos { txg: 9, next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into() };
         let blob = mos.encode(&ms);

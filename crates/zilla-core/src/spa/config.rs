@@ -196,7 +196,7 @@ impl Pool {
         }
         for (top, tc, kids) in new_tops {
             if matches!(top.role, Role::Normal | Role::Log) {
-                inner.io.ms.lock().add_vdev(top.id, top.role, top.asize());
+                inner.io.ms.add_vdev(top.id, top.role, top.asize());
             }
             inner.leaves.write().extend(kids);
             inner.io.vdevs.write().push(top);
@@ -240,7 +240,7 @@ impl Pool {
             }
         }
         inner.write_config_labels("active")?;
-        crate::scan::start_resilver(inner);
+        crate::scan::start_resilver(&inner.scanner());
         Ok(())
     }
 
@@ -311,7 +311,7 @@ impl Pool {
         }
         inner.write_config_labels("active")?;
         if !leaf.dtl_empty() {
-            crate::scan::start_resilver(inner);
+            crate::scan::start_resilver(&inner.scanner());
         }
         Ok(())
     }
@@ -319,7 +319,7 @@ impl Pool {
     pub fn replace(&self, old: &str, new: &LeafSpec, force: bool) -> Result<()> {
         self.check_open()?;
         self.attach(old, new, force)?;
-        crate::scan::wait(&self.inner);
+        crate::scan::wait(&self.inner.scanner());
         self.detach(old)
     }
 
@@ -346,7 +346,7 @@ impl Pool {
             }
         }
         if inner.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty()) {
-            crate::scan::start_resilver(inner);
+            crate::scan::start_resilver(&inner.scanner());
         }
         inner.suspended.store(false, Ordering::Relaxed);
         Ok(())

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::config::{check_device_free, open_top, pool_props_with_defaults};
-use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, VolumeState, POOL_VERSION};
+use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
-use crate::dmu::{self, PoolIo};
+use crate::dmu::{self, PoolIo, VolumeState};
 use crate::env::Env;
 use crate::metaslab::Metaslabs;
 use crate::vdev::label;
@@ -75,7 +75,7 @@ impl Pool {
         let mut cfg_tops = Vec::new();
         let mut leaves = Vec::new();
         let mut vdevs = Vec::new();
-        let mut ms = Metaslabs::new();
+        let ms = Metaslabs::new();
         for (id, (t, opened)) in opened_tops.into_iter().enumerate() {
             let tguid = new_guid(&*env);
             let mut children = Vec::new();
@@ -297,7 +297,7 @@ impl Pool {
                 last_err.map(|e| e.to_string()).unwrap_or_default()
             )));
         };
-        *io.ms.lock() = ms;
+        io.ms.replace_with(ms);
         io.refresh_space();
         // leaves that were offline missed every txg since
         for l in &leaves {
@@ -344,7 +344,7 @@ impl Pool {
         // leaves returning with a DTL get resilvered
         for l in pool.inner.leaves.read().iter() {
             if l.state() == LeafState::Online && !l.dtl_empty() {
-                crate::scan::start_resilver(&pool.inner);
+                crate::scan::start_resilver(&pool.inner.scanner());
                 break;
             }
         }

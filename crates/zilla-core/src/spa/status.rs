@@ -111,7 +111,7 @@ impl Pool {
     pub fn status(&self) -> PoolStatus {
         let inner = &self.inner;
         let mut config = Vec::new();
-        let resilvering = crate::scan::is_resilvering(inner);
+        let resilvering = crate::scan::is_resilvering(&inner.scanner());
         for t in inner.tops() {
             let kids: Vec<VdevStatus> = t
                 .children()
@@ -152,7 +152,7 @@ impl Pool {
             name: inner.name.clone(),
             guid: inner.guid,
             state: self.health(),
-            scan: crate::scan::status(inner),
+            scan: crate::scan::status(&inner.scanner()),
             config,
             data_errors: inner.io.errors.unrecoverable.load(Ordering::Relaxed),
             error_list: inner.io.error_log.lock().clone(),
@@ -160,7 +160,7 @@ impl Pool {
     }
 
     pub fn list_row(&self) -> PoolListRow {
-        let ms = self.inner.io.ms.lock();
+        let ms = &self.inner.io.ms;
         let (size, alloc) = ms.space(Role::Normal);
         PoolListRow {
             name: self.inner.name.clone(),
@@ -201,7 +201,7 @@ impl Pool {
         // space per top-level vdev, read under the allocator lock without copying its trees
         let tops = self.inner.tops();
         let (vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
-            let ms = self.inner.io.ms.lock();
+            let ms = &self.inner.io.ms;
             (tops.iter().map(|t| ms.vdev_space(t.id)).collect(), ms.space(Role::Normal))
         };
         let mut total = LeafStats::default();

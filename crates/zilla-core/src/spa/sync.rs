@@ -20,14 +20,24 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{PoolInner, VolumeState};
-use crate::dmu::{self, Mos, TreeRoot, WritePolicy};
+use super::PoolInner;
+use crate::dmu::{self, Mos, TreeRoot, VolumeState, WritePolicy};
 use crate::vdev::label::Uberblock;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
 use crate::zio::blkptr::{self, BlockPointer};
 use crate::zio::checksum::ChecksumAlgo;
+use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result};
+
+pub static ZFS_DEBUG_FAIL_SYNC_ASSERTION: Tunable = Tunable::new(
+    "zfs_debug_fail_sync_assertion",
+    0,
+    0,
+    1,
+    Applies::Live,
+    "testing aid: 1 makes the next txg sync fail an assertion before it writes anything (exercises the broken-invariant policy: the daemon stops)",
+);
 
 /// Dirty blocks prepared and handed to the issuer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
@@ -116,17 +126,24 @@ impl PoolInner {
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
     }
 
-    /// Sync txg `txg`. On failure the allocator is restored and the dirty records stay.
+    /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
+    /// undone (nothing allocated meanwhile outside the sync) and the dirty records stay.
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
+        assert!(
+            ZFS_DEBUG_FAIL_SYNC_ASSERTION.get() == 0,
+            "zfs_debug_fail_sync_assertion is set: txg {txg} of pool {} stops at a failed assertion",
+            self.name
+        );
         let _g = self.sync_lock.lock();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
-        // and T-2 never reference them), so release them outside the snapshot: a sync
+        // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
-        self.io.ms.lock().release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
-        let ms_snapshot = self.io.ms.lock().clone();
+        self.io.ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
+        self.io.ms.begin_sync(txg);
         let r = self.spa_sync_inner(txg);
-        if r.is_err() {
-            *self.io.ms.lock() = ms_snapshot;
+        match r {
+            Ok(()) => self.io.ms.end_sync(txg),
+            Err(_) => self.io.ms.undo_sync(txg),
         }
         self.io.refresh_space();
         match r {
@@ -238,10 +255,7 @@ impl PoolInner {
             scan_state,
             pool_props,
         };
-        let blob = {
-            let ms = self.io.ms.lock();
-            mos.encode(&ms)
-        };
+        let blob = mos.encode(&self.io.ms);
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
         self.io.issue_writes(batch, txg, threads)?;
         self.flush_all()?;
