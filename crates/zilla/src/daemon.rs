@@ -526,7 +526,7 @@ async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
                 .iter()
                 .map(|p| {
                     let snapshot = p.iostat();
-                    IostatEntry { opened_ns: table.opened_ns(&snapshot.pool), snapshot }
+                    IostatEntry::new(table.opened_ns(&snapshot.pool), &snapshot)
                 })
                 .collect())
         })
