@@ -342,10 +342,6 @@ impl Volume {
         }
         Ok(())
     }
-
-    pub fn volume_state(&self) -> &Arc<VolumeState> {
-        &self.vol
-    }
 }
 
 impl BlockVolume for Volume {

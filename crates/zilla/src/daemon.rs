@@ -728,7 +728,7 @@ async fn volume_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreateVolum
     for (k, v) in &req.props {
         zilla_core::props::validate(k, v)?;
     }
-    blocking(move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, req.sparse, &req.props)?)).await?;
+    blocking(move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, &req.props)?)).await?;
     tracing::info!("created volume '{}'", req.name);
     Ok(Json(Empty {}))
 }
