@@ -82,6 +82,13 @@ pub fn verify(bp: &BlockPointer, phys: &[u8]) -> bool {
     }
 }
 
+/// [`verify`] in the form the mirror's verified reads take (`read_verified`,
+/// `scrub_block`): one copy's bytes judged against `bp`.
+pub fn verify_copy(bp: &BlockPointer, phys: &[u8]) -> crate::vdev::mirror::VerifyResult {
+    use crate::vdev::mirror::VerifyResult;
+    if verify(bp, phys) { VerifyResult::Good } else { VerifyResult::Bad }
+}
+
 /// Turn verified physical bytes into logical bytes (one copy, into the shared buffer
 /// the ARC and the callers keep).
 pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<std::sync::Arc<[u8]>> {
