@@ -77,7 +77,7 @@ fn threads_for(bytes: u64) -> (u64, usize) {
     let before = env.threads_spawned();
     let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves }];
     let pool: Arc<Pool> = Pool::create("threads", tops, CreateOptions::default()).expect("create");
-    pool.volume_create("v", bytes, 131072, true, &[]).unwrap();
+    pool.volume_create("v", bytes, 131072, &[]).unwrap();
     let v = pool.open_volume("v").unwrap();
     let chunk: Vec<u8> = (0..MIB).map(|i| (i * 31 % 251) as u8).collect();
     for off in (0..bytes).step_by(MIB as usize) {
