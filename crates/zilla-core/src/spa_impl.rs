@@ -233,6 +233,13 @@ impl PoolInner {
         cfg.clone()
     }
 
+    /// Some leaf's DTL differs from the one in the last config written to the labels.
+    fn dtl_changed(&self) -> bool {
+        let cfg = self.config.lock();
+        let leaves = self.leaves.read();
+        cfg.tops.iter().flat_map(|t| t.children.iter()).any(|lc| leaves.iter().any(|l| l.guid == lc.guid && l.dtl() != lc.dtl))
+    }
+
     /// Write the config to every leaf's labels: even labels, flush, odd labels, flush.
     pub fn write_config_labels(&self, state: &str) -> Result<()> {
         let mut cfg = self.refresh_config();
@@ -457,6 +464,13 @@ impl PoolInner {
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
         self.io.issue_writes(batch, txg, threads)?;
         self.flush_all()?;
+        // A leaf that missed writes of this txg (faulted, failing) must have that in its
+        // DTL on disk before the txg commits: else a power cut forgets it, the leaf comes
+        // back looking complete, and detaching its partner loses data (found by the
+        // seeded simulation; OpenZFS writes DTLs every sync).
+        if self.dtl_changed() {
+            self.write_config_labels("active")?;
+        }
         let ub = Uberblock {
             txg,
             guid_sum: self.config.lock().guid_sum(),

@@ -135,6 +135,23 @@ impl TxgState {
         Ok(())
     }
 
+    /// Like `wait_synced`, but gives up (false) as soon as `abort()` says so or the sync
+    /// thread fails; for background work that must not outlive a pool being stopped.
+    pub fn wait_synced_unless(&self, txg: u64, abort: &dyn Fn() -> bool) -> bool {
+        let mut s = self.state.lock();
+        if txg > s.sync_requested {
+            s.sync_requested = txg;
+            self.cv.notify_all();
+        }
+        while s.synced_txg < txg {
+            if abort() || s.fatal.is_some() || s.shutting_down {
+                return false;
+            }
+            self.cv.wait_for(&mut s, Duration::from_millis(10));
+        }
+        true
+    }
+
     /// Sync thread: wait until a txg should be synced; returns the quiesced txg, or None
     /// when shutting down with nothing left to do.
     pub fn wait_for_work(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
