@@ -56,6 +56,8 @@ expect_error "bad interval" z pool iostat tank 0
 expect_error "unknown tunable 'no_such_tunable'" z tunable set no_such_tunable=1
 expect_error "bad value" z tunable set zfs_txg_timeout=soon
 expect_error "unknown tunable" z tunable get no_such_tunable
+expect_error "zfs_vdev_max_active: value 0 is out of range \(allowed 1 to 10000\)" z tunable set zfs_vdev_max_active=0
+expect_error "zfs_arc_max: value 4096 is out of range \(allowed 0 \(auto\) or 67108864 to" z tunable set zfs_arc_max=4096
 
 # A second daemon on the same state directory.
 expect_error "another zilla daemon \(pid $DAEMON_PID\) is already serving" \

@@ -8,7 +8,8 @@
 //! decompressed) buffers as `Arc<[u8]>`, shared with readers without copying.
 //!
 //! This first version is a sharded CLOCK cache (second-chance LRU approximation)
-//! bounded in bytes (`zfs_arc_max`): a hit only sets the entry's referenced bit, so the
+//! bounded in bytes (`zfs_arc_max`, followed live: lowering it trims every shard at
+//! the next insert): a hit only sets the entry's referenced bit, so the
 //! hot read path is one hash lookup under a shard mutex; eviction walks the shard's ring,
 //! giving referenced entries a second chance. The adaptive MRU/MFU lists with ghost
 //! lists and the L2ARC feed replace it behind the same interface: `lookup`, `insert`,
@@ -23,12 +24,17 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::kstat::TunableDef;
+use crate::kstat::{Applies, Tunable};
 
-pub const TUNABLES: &[TunableDef] = &[
-    TunableDef { name: "zfs_arc_max", default: 0, description: "ARC size limit in bytes; 0 = auto: 1/8 of RAM, at least 64 MiB (OpenZFS uses 5/8 of RAM; Zilla shares the box with its clients)" },
-    TunableDef { name: "zfs_arc_min", default: 0, description: "ARC floor in bytes; 0 = auto (max(RAM/32, 32 MiB), arc.c)" },
-];
+/// There is no `zfs_arc_min`: the ARC never shrinks under memory pressure yet, so a
+/// floor would have nothing to hold back. It comes with the adaptive ARC.
+pub static ZFS_ARC_MAX: Tunable = Tunable::new_auto(
+    "zfs_arc_max",
+    64 << 20,
+    1 << 50,
+    Applies::Live,
+    "ARC size limit in bytes per pool; 0 = auto: 1/8 of RAM, at least 64 MiB (OpenZFS: 5/8 of RAM, min 64 MiB; Zilla shares the box with its clients). Lowering it evicts at once",
+);
 
 const SHARDS: usize = 16;
 
@@ -81,9 +87,19 @@ pub struct ArcStats {
     pub evictions: u64,
 }
 
+/// Where the byte limit comes from.
+enum SizeLimit {
+    /// A fixed limit (tests, experiments).
+    Fixed(u64),
+    /// `zfs_arc_max`, read live; `auto_bytes` is its meaning when 0.
+    Tunable { auto_bytes: u64 },
+}
+
 pub struct ArcCache {
     shards: Vec<Mutex<Shard>>,
-    c_max: AtomicU64,
+    limit: SizeLimit,
+    /// The limit the shards were last trimmed to; a change trims every shard.
+    c_max_applied: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -97,24 +113,58 @@ pub fn physical_memory_bytes() -> u64 {
     if pages > 0 && page > 0 { pages as u64 * page as u64 } else { 4 << 30 }
 }
 
-pub fn default_arc_max() -> u64 {
-    match crate::kstat::tun("zfs_arc_max") {
-        0 => (physical_memory_bytes() / 8).max(64 << 20),
-        v => v,
-    }
-}
-
 impl ArcCache {
+    /// A cache with a fixed byte limit, independent of `zfs_arc_max`.
     pub fn new(c_max: u64) -> ArcCache {
-        ArcCache {
+        Self::with_limit(SizeLimit::Fixed(c_max))
+    }
+
+    /// A cache bounded by the `zfs_arc_max` tunable, following changes live.
+    pub fn following_tunable() -> ArcCache {
+        Self::with_limit(SizeLimit::Tunable { auto_bytes: (physical_memory_bytes() / 8).max(64 << 20) })
+    }
+
+    fn with_limit(limit: SizeLimit) -> ArcCache {
+        let cache = ArcCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            c_max: AtomicU64::new(c_max),
+            limit,
+            c_max_applied: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             data_bytes: AtomicU64::new(0),
             meta_bytes: AtomicU64::new(0),
+        };
+        cache.c_max_applied.store(cache.c_max(), Ordering::Relaxed);
+        cache
+    }
+
+    /// Current byte limit.
+    pub fn c_max(&self) -> u64 {
+        match self.limit {
+            SizeLimit::Fixed(b) => b,
+            SizeLimit::Tunable { auto_bytes } => match ZFS_ARC_MAX.get() {
+                0 => auto_bytes,
+                b => b,
+            },
         }
+    }
+
+    /// Per-shard limit; when the limit went down since the last call, every shard is
+    /// trimmed to it now rather than at its next insert.
+    fn shard_limit(&self) -> u64 {
+        let c_max = self.c_max();
+        let limit = c_max / SHARDS as u64;
+        // a plain load on the common path: no shared cache line written per insert
+        if self.c_max_applied.load(Ordering::Relaxed) != c_max {
+            let before = self.c_max_applied.swap(c_max, Ordering::Relaxed);
+            if c_max < before {
+                for shard in &self.shards {
+                    self.evict_to(&mut shard.lock(), limit);
+                }
+            }
+        }
+        limit
     }
 
     fn shard(&self, k: &BlockKey) -> &Mutex<Shard> {
@@ -141,7 +191,7 @@ impl ArcCache {
 
     pub fn insert(&self, k: BlockKey, data: Arc<[u8]>, kind: BufKind) {
         let len = data.len() as u64;
-        let limit = self.c_max.load(Ordering::Relaxed) / SHARDS as u64;
+        let limit = self.shard_limit();
         if len > limit {
             return;
         }
@@ -155,7 +205,13 @@ impl ArcCache {
         s.ring.push_back((k, generation));
         s.bytes += len;
         self.account(kind, len, true);
-        // CLOCK: evict unreferenced entries from the ring's head, second chance otherwise
+        self.evict_to(&mut s, limit);
+        s.compact_if_needed();
+    }
+
+    /// CLOCK: evict unreferenced entries from the ring's head, second chance otherwise,
+    /// until the shard holds at most `limit` bytes.
+    fn evict_to(&self, s: &mut Shard, limit: u64) {
         let mut budget = 2 * s.ring.len() + 1;
         while s.bytes > limit && budget > 0 {
             budget -= 1;
@@ -179,7 +235,6 @@ impl ArcCache {
                 self.evictions.fetch_add(1, Ordering::Relaxed);
             }
         }
-        s.compact_if_needed();
     }
 
     fn account(&self, kind: BufKind, len: u64, add: bool) {
@@ -204,10 +259,6 @@ impl ArcCache {
         s.compact_if_needed();
     }
 
-    pub fn set_c_max(&self, bytes: u64) {
-        self.c_max.store(bytes, Ordering::Relaxed);
-    }
-
     pub fn stats(&self) -> ArcStats {
         let d = self.data_bytes.load(Ordering::Relaxed);
         let m = self.meta_bytes.load(Ordering::Relaxed);
@@ -217,7 +268,7 @@ impl ArcCache {
             data_size: d,
             metadata_size: m,
             size: d + m,
-            c_max: self.c_max.load(Ordering::Relaxed),
+            c_max: self.c_max(),
             evictions: self.evictions.load(Ordering::Relaxed),
         }
     }
@@ -247,5 +298,26 @@ mod tests {
         assert!(used.len() >= SHARDS - 2, "only {} of {SHARDS} shards used", used.len());
         arc.evict(&k);
         assert!(arc.lookup(&k).is_none());
+    }
+
+    #[test]
+    fn zfs_arc_max_applies_live() {
+        let arc = ArcCache::following_tunable();
+        let auto = arc.c_max();
+        assert!(auto >= 64 << 20);
+        ZFS_ARC_MAX.set(128 << 20).unwrap();
+        assert_eq!(arc.stats().c_max, 128 << 20);
+        let block = 128 << 10;
+        for i in 0..800u64 {
+            arc.insert(BlockKey { vdev: 0, offset: i * block, birth: 1 }, vec![0u8; block as usize].into(), BufKind::Data);
+        }
+        assert!(arc.stats().size > 64 << 20, "{:?}", arc.stats());
+        ZFS_ARC_MAX.set(64 << 20).unwrap();
+        arc.insert(BlockKey { vdev: 1, offset: 0, birth: 1 }, vec![0u8; 4096].into(), BufKind::Metadata);
+        let st = arc.stats();
+        assert!(st.size <= 64 << 20, "lowering zfs_arc_max must trim the ARC: {st:?}");
+        assert!(ZFS_ARC_MAX.set(4096).is_err(), "below the 64 MiB floor");
+        ZFS_ARC_MAX.set(0).unwrap();
+        assert_eq!(arc.c_max(), auto);
     }
 }

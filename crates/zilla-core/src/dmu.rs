@@ -147,7 +147,7 @@ impl PoolIo {
         PoolIo {
             vdevs: RwLock::new(vdevs),
             ms: Mutex::new(ms),
-            arc: ArcCache::new(crate::arc::default_arc_max()),
+            arc: ArcCache::following_tunable(),
             errors: Default::default(),
             error_log: Mutex::new(Vec::new()),
             space_size: Default::default(),

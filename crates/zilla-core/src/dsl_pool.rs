@@ -31,25 +31,23 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::env::Env;
-use crate::kstat::{Tun, TunableDef};
+use crate::kstat::{Applies, Tunable};
 use crate::txg::{TXG_MASK, TXG_SIZE};
 
-pub const TUNABLES: &[TunableDef] = &[
-    TunableDef { name: "zfs_dirty_data_max", default: 0, description: "dirty data limit in bytes; 0 = auto: min(10% of RAM, 4 GiB) (dsl_pool.c)" },
-    TunableDef { name: "zfs_dirty_data_sync_percent", default: 20, description: "open-txg dirty percent of max that starts a sync (dsl_pool.c)" },
-    TunableDef { name: "zfs_delay_min_dirty_percent", default: 60, description: "dirty percent of max where the write delay starts (dmu_tx.c)" },
-    TunableDef { name: "zfs_delay_scale", default: 500_000, description: "delay curve scale in ns (dmu_tx.c)" },
-    TunableDef { name: "zfs_delay_max_ns", default: 100_000_000, description: "longest single write delay (dmu_tx.c MSEC2NSEC(100))" },
-];
+pub static ZFS_DIRTY_DATA_MAX: Tunable =
+    Tunable::new_auto("zfs_dirty_data_max", 1 << 20, 1 << 44, Applies::Live, "dirty data limit in bytes; 0 = auto: min(10% of RAM, 4 GiB) (dsl_pool.c)");
+pub static ZFS_DIRTY_DATA_SYNC_PERCENT: Tunable =
+    Tunable::new("zfs_dirty_data_sync_percent", 20, 1, 100, Applies::Live, "open-txg dirty percent of max that starts a sync (dsl_pool.c)");
+pub static ZFS_DELAY_MIN_DIRTY_PERCENT: Tunable =
+    Tunable::new("zfs_delay_min_dirty_percent", 60, 0, 100, Applies::Live, "dirty percent of max where the write delay starts (dmu_tx.c)");
+pub static ZFS_DELAY_SCALE: Tunable =
+    Tunable::new("zfs_delay_scale", 500_000, 0, 10_000_000_000, Applies::Live, "delay curve scale in ns (dmu_tx.c)");
+pub static ZFS_DELAY_MAX_NS: Tunable =
+    Tunable::new("zfs_delay_max_ns", 100_000_000, 0, 10_000_000_000, Applies::Live, "longest single write delay (dmu_tx.c MSEC2NSEC(100))");
 
-static DIRTY_DATA_MAX: Tun = Tun::new("zfs_dirty_data_max");
-static DIRTY_DATA_SYNC_PERCENT: Tun = Tun::new("zfs_dirty_data_sync_percent");
-static DELAY_MIN_DIRTY_PERCENT: Tun = Tun::new("zfs_delay_min_dirty_percent");
-static DELAY_SCALE: Tun = Tun::new("zfs_delay_scale");
-static DELAY_MAX_NS: Tun = Tun::new("zfs_delay_max_ns");
 
 pub fn dirty_data_max() -> u64 {
-    match DIRTY_DATA_MAX.get() {
+    match ZFS_DIRTY_DATA_MAX.get() {
         0 => (crate::arc::physical_memory_bytes() / 10).min(4 << 30),
         v => v,
     }
@@ -57,15 +55,15 @@ pub fn dirty_data_max() -> u64 {
 
 /// Delay for one write at `dirty` bytes of `max` (dmu_tx_delay).
 pub fn delay_ns(dirty: u64, max: u64) -> u64 {
-    let min = max * DELAY_MIN_DIRTY_PERCENT.get() / 100;
+    let min = max * ZFS_DELAY_MIN_DIRTY_PERCENT.get() / 100;
     if dirty <= min {
         return 0;
     }
     if dirty >= max {
-        return DELAY_MAX_NS.get();
+        return ZFS_DELAY_MAX_NS.get();
     }
-    let d = DELAY_SCALE.get() as u128 * (dirty - min) as u128 / (max - dirty) as u128;
-    (d as u64).min(DELAY_MAX_NS.get())
+    let d = ZFS_DELAY_SCALE.get() as u128 * (dirty - min) as u128 / (max - dirty) as u128;
+    (d as u64).min(ZFS_DELAY_MAX_NS.get())
 }
 
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
@@ -145,7 +143,7 @@ impl DirtyAccounting {
 
     /// The open txg is big enough that it should be synced now.
     pub fn should_kick(&self, open_txg: u64) -> bool {
-        self.txg_dirty(open_txg) >= dirty_data_max() * DIRTY_DATA_SYNC_PERCENT.get() / 100
+        self.txg_dirty(open_txg) >= dirty_data_max() * ZFS_DIRTY_DATA_SYNC_PERCENT.get() / 100
     }
 
     /// Txg `txg` has been written: its dirty bytes are no longer dirty.

@@ -47,4 +47,10 @@ impl Error {
     }
 }
 
+impl From<crate::kstat::TunableError> for Error {
+    fn from(e: crate::kstat::TunableError) -> Self {
+        Error::InvalidArgument(e.to_string())
+    }
+}
+
 pub type Result<T> = std::result::Result<T, Error>;

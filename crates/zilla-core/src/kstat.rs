@@ -1,4 +1,4 @@
-//! kstat: counters, power-of-two latency histograms and the tunables registry.
+//! kstat: counters, power-of-two latency histograms and tunables.
 //!
 //! Theory of operation
 //! -------------------
@@ -7,15 +7,17 @@
 //! `zpool iostat -w`: bucket `i` counts samples in `[2^i, 2^(i+1))` nanoseconds, 0..=36
 //! (up to ~68 s; larger samples land in the last bucket).
 //!
-//! Tunables are process-wide (as OpenZFS module parameters are). Each module that owns
-//! tunables declares a `pub const TUNABLES: &[TunableDef]` slice with the default and a
-//! one-line description that names its source; `registry()` gathers them once. Reading a
-//! tunable on a hot path: keep the `&'static AtomicU64` returned by `tunable()`.
+//! Tunables are process-wide (as OpenZFS module parameters are). kstat imports nothing
+//! from the rest of the crate: each module that owns tunables declares them as typed
+//! statics (`pub static ZFS_TXG_TIMEOUT: Tunable = Tunable::new(..)`) with a default, a
+//! valid range, what a change does ([`Applies`]) and a one-line description naming where
+//! the default comes from. The crate root assembles them once into a [`Registry`]
+//! (`zilla_core::tunables()`), which the admin API lists and sets by name. The owning
+//! module reads its static directly: one relaxed atomic load, no lookup by name, so hot
+//! paths may read tunables freely. A value outside `min..=max` is refused with an error
+//! that names the range; a name lookup never panics.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-
 pub const HISTOGRAM_BUCKETS: usize = 37;
 
 /// A log2 latency histogram (nanoseconds), lock-free.
@@ -43,95 +45,149 @@ impl Histogram {
     }
 }
 
-/// One tunable's definition: name (OpenZFS name where one exists), default, and a
-/// description that states where the default comes from.
-#[derive(Debug, Clone, Copy)]
-pub struct TunableDef {
+/// When a changed tunable takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applies {
+    /// Read on every use: the next I/O, sync or eviction sees the new value.
+    Live,
+    /// Read when a device is opened (pool create, import, attach, replace).
+    NextDeviceOpen,
+    /// Read when a pool is created or imported.
+    NextPoolOpen,
+}
+
+impl Applies {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Applies::Live => "live",
+            Applies::NextDeviceOpen => "next device open",
+            Applies::NextPoolOpen => "next pool open",
+        }
+    }
+}
+
+impl std::fmt::Display for Applies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One tunable: its definition and its live value.
+#[derive(Debug)]
+pub struct Tunable {
+    /// OpenZFS module-parameter name where one exists.
     pub name: &'static str,
     pub default: u64,
+    /// Smallest and largest accepted value (inclusive).
+    pub min: u64,
+    pub max: u64,
+    /// 0 is also accepted and means "computed automatically" (see the description).
+    pub zero_is_auto: bool,
+    pub applies: Applies,
+    /// One line; says where the default comes from.
     pub description: &'static str,
+    value: AtomicU64,
 }
 
-pub struct Registry {
-    values: BTreeMap<&'static str, (TunableDef, &'static AtomicU64)>,
+/// A refused tunable lookup or change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunableError {
+    Unknown { name: String },
+    OutOfRange { name: &'static str, value: u64, min: u64, max: u64, zero_is_auto: bool },
 }
+
+impl std::fmt::Display for TunableError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TunableError::Unknown { name } => write!(f, "unknown tunable '{name}'"),
+            TunableError::OutOfRange { name, value, min, max, zero_is_auto } => {
+                let auto = if *zero_is_auto { "0 (auto) or " } else { "" };
+                write!(f, "{name}: value {value} is out of range (allowed {auto}{min} to {max})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TunableError {}
+
+impl Tunable {
+    /// A tunable set to its default. `min <= default <= max` is checked at compile time
+    /// for statics (a const panic).
+    pub const fn new(name: &'static str, default: u64, min: u64, max: u64, applies: Applies, description: &'static str) -> Tunable {
+        assert!(min <= default && default <= max, "tunable default outside its range");
+        Tunable { name, default, min, max, zero_is_auto: false, applies, description, value: AtomicU64::new(default) }
+    }
+
+    /// A tunable whose default 0 means "computed automatically"; an explicit value must
+    /// lie in `min..=max`.
+    pub const fn new_auto(name: &'static str, min: u64, max: u64, applies: Applies, description: &'static str) -> Tunable {
+        assert!(min <= max, "tunable range empty");
+        Tunable { name, default: 0, min, max, zero_is_auto: true, applies, description, value: AtomicU64::new(0) }
+    }
+
+    pub fn in_range(&self, value: u64) -> bool {
+        (value == 0 && self.zero_is_auto) || (self.min..=self.max).contains(&value)
+    }
+
+    /// Current value: one relaxed atomic load.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+
+    /// Change the value; refused (and unchanged) outside `min..=max`.
+    pub fn set(&self, value: u64) -> Result<(), TunableError> {
+        if !self.in_range(value) {
+            let (name, min, max, zero_is_auto) = (self.name, self.min, self.max, self.zero_is_auto);
+            return Err(TunableError::OutOfRange { name, value, min, max, zero_is_auto });
+        }
+        self.value.store(value, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Every tunable of the crate by name; built once at the crate root from the modules'
+/// statics.
+pub struct Registry {
+    tunables: &'static [&'static Tunable],
+}
+
+/// Longest name quoted back in an error (names come from clients).
+const NAME_QUOTE_MAX: usize = 100;
 
 impl Registry {
+    pub const fn new(tunables: &'static [&'static Tunable]) -> Registry {
+        Registry { tunables }
+    }
+
+    /// The tunable called `name`, if any (never panics).
+    pub fn find(&self, name: &str) -> Option<&'static Tunable> {
+        self.tunables.iter().copied().find(|t| t.name == name)
+    }
+
     pub fn get(&self, name: &str) -> Option<u64> {
-        self.values.get(name).map(|(_, v)| v.load(Ordering::Relaxed))
+        self.find(name).map(Tunable::get)
     }
-    pub fn set(&self, name: &str, value: u64) -> crate::Result<()> {
-        match self.values.get(name) {
-            Some((_, v)) => {
-                v.store(value, Ordering::Relaxed);
-                Ok(())
-            }
-            None => Err(crate::Error::invalid(format!("unknown tunable '{name}'"))),
+
+    pub fn set(&self, name: &str, value: u64) -> Result<(), TunableError> {
+        match self.find(name) {
+            Some(t) => t.set(value),
+            None => Err(TunableError::Unknown { name: name.chars().take(NAME_QUOTE_MAX).collect() }),
         }
     }
-    /// (definition, current value) for every tunable, sorted by name.
-    pub fn list(&self) -> Vec<(TunableDef, u64)> {
-        self.values.values().map(|(d, v)| (*d, v.load(Ordering::Relaxed))).collect()
+
+    /// Every tunable, sorted by name.
+    pub fn list(&self) -> Vec<&'static Tunable> {
+        let mut v = self.tunables.to_vec();
+        v.sort_by_key(|t| t.name);
+        v
     }
-    pub fn handle(&self, name: &str) -> &'static AtomicU64 {
-        match self.values.get(name) {
-            Some((_, v)) => v,
-            None => panic!("tunable {name} is not declared in any module's TUNABLES"),
-        }
+
+    /// Names declared more than once (a test asserts there are none).
+    pub fn duplicate_names(&self) -> Vec<&'static str> {
+        let names: Vec<&str> = self.list().iter().map(|t| t.name).collect();
+        names.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect()
     }
-}
-
-fn all_defs() -> Vec<&'static [TunableDef]> {
-    vec![
-        crate::vdev::TUNABLES,
-        crate::vdev::sim::TUNABLES,
-        crate::vdev::queue::TUNABLES,
-        crate::arc::TUNABLES,
-        crate::txg::TUNABLES,
-        crate::dsl_pool::TUNABLES,
-        crate::scan::TUNABLES,
-    ]
-}
-
-pub fn registry() -> &'static Registry {
-    static REG: OnceLock<Registry> = OnceLock::new();
-    REG.get_or_init(|| {
-        let mut values = BTreeMap::new();
-        for defs in all_defs() {
-            for d in defs {
-                let cell: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(d.default)));
-                let old = values.insert(d.name, (*d, cell));
-                assert!(old.is_none(), "tunable {} declared twice", d.name);
-            }
-        }
-        Registry { values }
-    })
-}
-
-/// A tunable's live cell. Panics if no module declares `name` (a programming error).
-pub fn tunable(name: &str) -> &'static AtomicU64 {
-    registry().handle(name)
-}
-
-/// A tunable read on a hot path: the registry lookup happens once, then every read is
-/// one relaxed atomic load. Declare as `static X: Tun = Tun::new("name");`.
-pub struct Tun {
-    name: &'static str,
-    cell: OnceLock<&'static AtomicU64>,
-}
-
-impl Tun {
-    pub const fn new(name: &'static str) -> Tun {
-        Tun { name, cell: OnceLock::new() }
-    }
-    pub fn get(&self) -> u64 {
-        self.cell.get_or_init(|| tunable(self.name)).load(Ordering::Relaxed)
-    }
-}
-
-/// Current value of a tunable.
-pub fn tun(name: &str) -> u64 {
-    tunable(name).load(Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -146,10 +202,31 @@ mod tests {
         assert_eq!(Histogram::bucket_of(1024), 10);
         assert_eq!(Histogram::bucket_of(u64::MAX), HISTOGRAM_BUCKETS - 1);
     }
+
+    static T_A: Tunable = Tunable::new("t_a", 5, 1, 10, Applies::Live, "test");
+    static T_B: Tunable = Tunable::new("t_b", 0, 0, 0, Applies::NextPoolOpen, "test");
+    static T_C: Tunable = Tunable::new_auto("t_c", 100, 200, Applies::Live, "test");
+    static REG: Registry = Registry::new(&[&T_B, &T_A, &T_C]);
+
     #[test]
-    fn registry_has_defaults() {
-        let r = registry();
-        assert!(r.get("zfs_txg_timeout").is_some());
-        assert!(r.set("no_such_tunable", 1).is_err());
+    fn registry_lookup_set_and_ranges() {
+        assert_eq!(REG.get("t_a"), Some(5));
+        assert!(REG.get("no_such_tunable").is_none());
+        assert_eq!(REG.set("no_such_tunable", 1), Err(TunableError::Unknown { name: "no_such_tunable".into() }));
+        let long = "x".repeat(5000);
+        let e = REG.set(&long, 1).unwrap_err().to_string();
+        assert!(e.len() < 150, "{e}");
+        let e = REG.set("t_a", 0).unwrap_err();
+        assert_eq!(e.to_string(), "t_a: value 0 is out of range (allowed 1 to 10)");
+        assert_eq!(REG.set("t_a", 11).unwrap_err(), TunableError::OutOfRange { name: "t_a", value: 11, min: 1, max: 10, zero_is_auto: false });
+        assert_eq!(T_A.get(), 5, "a refused value leaves the tunable unchanged");
+        REG.set("t_a", 10).unwrap();
+        assert_eq!(T_A.get(), 10);
+        assert_eq!(REG.list().iter().map(|t| t.name).collect::<Vec<_>>(), ["t_a", "t_b", "t_c"]);
+        assert_eq!(REG.set("t_c", 99).unwrap_err().to_string(), "t_c: value 99 is out of range (allowed 0 (auto) or 100 to 200)");
+        REG.set("t_c", 150).unwrap();
+        REG.set("t_c", 0).unwrap();
+        assert_eq!(T_C.get(), 0);
+        assert!(REG.duplicate_names().is_empty());
     }
 }

@@ -30,13 +30,69 @@ pub mod dmu;
 pub mod txg;
 pub mod dsl_pool;
 pub mod spa;
-pub mod spa_impl;
 pub mod scan;
 pub mod zvol;
 pub mod props;
 pub mod memvol;
 
 pub use error::{Error, Result};
+
+/// Every tunable of the engine by name: the admin API's `tunable get` / `tunable set`.
+/// Each module declares its own as typed statics and reads them directly; this list is
+/// the one place that gathers them (a unit test checks that no name is declared twice).
+pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
+    &vdev::queue::ZFS_VDEV_SYNC_READ_MIN_ACTIVE,
+    &vdev::queue::ZFS_VDEV_SYNC_READ_MAX_ACTIVE,
+    &vdev::queue::ZFS_VDEV_SYNC_WRITE_MIN_ACTIVE,
+    &vdev::queue::ZFS_VDEV_SYNC_WRITE_MAX_ACTIVE,
+    &vdev::queue::ZFS_VDEV_ASYNC_READ_MIN_ACTIVE,
+    &vdev::queue::ZFS_VDEV_ASYNC_READ_MAX_ACTIVE,
+    &vdev::queue::ZFS_VDEV_ASYNC_WRITE_MIN_ACTIVE,
+    &vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE,
+    &vdev::queue::ZFS_VDEV_SCRUB_MIN_ACTIVE,
+    &vdev::queue::ZFS_VDEV_SCRUB_MAX_ACTIVE,
+    &vdev::queue::ZFS_VDEV_MAX_ACTIVE,
+    &vdev::sim::SIM_HDD_RPM,
+    &vdev::sim::SIM_HDD_SEEK_SETTLE_US,
+    &vdev::sim::SIM_HDD_SEEK_FULL_STROKE_US,
+    &vdev::sim::SIM_HDD_TRANSFER_MB_S,
+    &vdev::sim::SIM_HDD_WRITE_CACHE_BYTES,
+    &vdev::sim::SIM_HDD_CACHE_WRITE_US,
+    &vdev::sim::SIM_HDD_NCQ_DEPTH,
+    &vdev::sim::SIM_HDD_INTERFACE_MB_S,
+    &vdev::sim::SIM_SSD_LOG_WRITE_LATENCY_US,
+    &vdev::sim::SIM_SSD_LOG_WRITE_MB_S,
+    &vdev::sim::SIM_SSD_LOG_READ_LATENCY_US,
+    &vdev::sim::SIM_SSD_LOG_READ_MB_S,
+    &vdev::sim::SIM_SSD_LOG_FLUSH_US,
+    &vdev::sim::SIM_SSD_LOG_CHANNELS,
+    &vdev::sim::SIM_SSD_CACHE_READ_LATENCY_US,
+    &vdev::sim::SIM_SSD_CACHE_READ_MB_S,
+    &vdev::sim::SIM_SSD_CACHE_WRITE_LATENCY_US,
+    &vdev::sim::SIM_SSD_CACHE_WRITE_MB_S,
+    &vdev::sim::SIM_SSD_CACHE_FLUSH_US,
+    &vdev::sim::SIM_SSD_CACHE_CHANNELS,
+    &vdev::sim::SIM_SEED,
+    &vdev::sim::SIM_SPIN_US,
+    &vdev::ZFS_VDEV_MIRROR_ROTATING_INC,
+    &vdev::ZFS_VDEV_MIRROR_ROTATING_SEEK_INC,
+    &vdev::ZFS_VDEV_MIRROR_ROTATING_SEEK_OFFSET,
+    &vdev::ZFS_VDEV_MIRROR_NON_ROTATING_INC,
+    &vdev::ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC,
+    &txg::ZFS_TXG_TIMEOUT,
+    &dsl_pool::ZFS_DIRTY_DATA_MAX,
+    &dsl_pool::ZFS_DIRTY_DATA_SYNC_PERCENT,
+    &dsl_pool::ZFS_DELAY_MIN_DIRTY_PERCENT,
+    &dsl_pool::ZFS_DELAY_SCALE,
+    &dsl_pool::ZFS_DELAY_MAX_NS,
+    &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
+    &arc::ZFS_ARC_MAX,
+]);
+
+/// The registry of every engine tunable.
+pub fn tunables() -> &'static kstat::Registry {
+    &TUNABLES
+}
 
 /// Feed arbitrary bytes to every decoder of on-disk structures (block pointers,
 /// uberblocks, label config regions, the MOS stream, compressed payloads). Used by the
@@ -69,6 +125,27 @@ pub fn fuzz_ondisk_decoders(data: &[u8]) {
     let _ = dmu::Mos::decode(&framed, &mut ms2);
     for c in [zio::compress::Compression::Lz4, zio::compress::Compression::Zstd(3)] {
         let _ = zio::compress::decompress(c, data, 16384);
+    }
+}
+
+#[cfg(test)]
+mod tunable_registry {
+    #[test]
+    fn every_tunable_once_with_a_sane_range() {
+        let reg = super::tunables();
+        assert!(reg.duplicate_names().is_empty(), "declared twice: {:?}", reg.duplicate_names());
+        for t in reg.list() {
+            assert!(t.in_range(t.default), "{}: default outside its range", t.name);
+            assert!(!t.description.is_empty(), "{}: no description", t.name);
+        }
+        assert!(reg.get("zfs_txg_timeout").is_some());
+        assert!(reg.set("no_such_tunable", 1).is_err());
+        // the examples: nonsense values are refused and leave the value alone
+        let e = reg.set("zfs_vdev_max_active", 0).unwrap_err().to_string();
+        assert!(e.contains("out of range") && e.contains("1 to 10000"), "{e}");
+        assert_eq!(reg.get("zfs_vdev_max_active"), Some(1000));
+        let e = reg.set("zfs_arc_max", 4096).unwrap_err().to_string();
+        assert!(e.contains("0 (auto) or 67108864"), "{e}");
     }
 }
 

@@ -25,18 +25,21 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 
 use crate::dmu::{self, TreeRoot, EPB};
-use crate::kstat::TunableDef;
-use crate::spa_impl::PoolInner;
+use crate::kstat::{Applies, Tunable};
+use crate::spa::PoolInner;
 use crate::vdev::mirror::VerifyResult;
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
 use crate::{Error, Result};
 
-pub const TUNABLES: &[TunableDef] = &[TunableDef {
-    name: "zfs_scan_pause_every_spans",
-    default: 0,
-    description: "testing aid: pause the scan after this many L1 spans (0 = never)",
-}];
+pub static ZFS_SCAN_PAUSE_EVERY_SPANS: Tunable = Tunable::new(
+    "zfs_scan_pause_every_spans",
+    0,
+    0,
+    u32::MAX as u64,
+    Applies::Live,
+    "testing aid: pause the scan after this many L1 spans (0 = never)",
+);
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Bookmark {
@@ -58,7 +61,8 @@ pub struct ScanStatus {
     pub repaired_bytes: u64,
     pub errors: u64,
     pub bookmark: Bookmark,
-    /// Resilver: txg when it started (DTL entries up to it are cleared on success).
+    /// Resilver: the last synced txg when the pass started (DTL entries up to it are
+    /// cleared on success; later ones get another pass).
     pub start_txg: u64,
     pub min_txg: u64,
 }
@@ -378,7 +382,7 @@ fn run(inner: &Arc<PoolInner>) -> Result<()> {
     let resilver = func == "resilver";
     let stop = || inner.scan.stop.load(Ordering::Acquire) || inner.txg.is_shutting_down();
     let mut spans = 0u64;
-    let pause_every = crate::kstat::tun("zfs_scan_pause_every_spans");
+    let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
     let mut bm = inner.scan.status.lock().bookmark.clone();
     if bm.phase == 0 {
         if !resilver {
@@ -492,83 +496,3 @@ fn walk_span(inner: &PoolInner, root: &TreeRoot, first: u64, last: u64, min_txg:
     rec(inner, &root.bp, root.nlevels as u32 - 1, 0, first, last, min_txg, bad)
 }
 
-/// `scan:` line of `zilla pool status`.
-pub fn scan_line(inner: &PoolInner) -> String {
-    let s = inner.scan.status.lock().clone();
-    if s.func.is_empty() {
-        return "none requested".into();
-    }
-    let pct = if s.to_examine_bytes == 0 { 100.0 } else { (s.examined_bytes as f64 * 100.0 / (s.to_examine_bytes as f64 * 2.0)).min(100.0) };
-    let dur = s.end_time_s.saturating_sub(s.start_time_s);
-    let hms = format!("{:02}:{:02}:{:02}", dur / 3600, dur / 60 % 60, dur % 60);
-    match (s.func.as_str(), s.state.as_str()) {
-        ("scrub", "scanning") => format!(
-            "scrub in progress since {}\n\t{} scanned, {} repaired, {:.2}% done",
-            fmt_time(s.start_time_s),
-            nicenum(s.examined_bytes),
-            nicenum(s.repaired_bytes),
-            pct
-        ),
-        ("scrub", "paused") => format!("scrub paused since {}\n\t{} scanned, {} repaired", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
-        ("scrub", "canceled") => format!("scrub canceled on {}", fmt_time(s.end_time_s)),
-        ("scrub", _) => format!("scrub repaired {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
-        ("resilver", "scanning") => format!("resilver in progress since {}\n\t{} scanned, {} resilvered", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
-        ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
-        _ => "none requested".into(),
-    }
-}
-
-/// ZFS-style human number (1.50G, 16K, 0B).
-pub fn nicenum(n: u64) -> String {
-    const U: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
-    if n < 1024 {
-        return format!("{n}{}", U[0]);
-    }
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if v < 10.0 {
-        format!("{:.2}{}", v, U[i])
-    } else if v < 100.0 {
-        format!("{:.1}{}", v, U[i])
-    } else {
-        format!("{:.0}{}", v, U[i])
-    }
-}
-
-/// "Sat Nov 21 19:45:00 2026" (UTC).
-pub fn fmt_time(secs: u64) -> String {
-    let days = (secs / 86400) as i64;
-    let rem = secs % 86400;
-    // civil from days (Howard Hinnant)
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    let wd = ((days % 7 + 11) % 7) as usize; // 1970-01-01 was a Thursday
-    const W: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
-    const M: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    format!("{} {} {:2} {:02}:{:02}:{:02} {}", W[wd], M[(m - 1) as usize], d, rem / 3600, rem / 60 % 60, rem % 60, y)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn formats() {
-        assert_eq!(nicenum(0), "0B");
-        assert_eq!(nicenum(16384), "16.0K");
-        assert_eq!(nicenum(1536 << 20), "1.50G");
-        assert_eq!(fmt_time(0), "Thu Jan  1 00:00:00 1970");
-        assert_eq!(fmt_time(1_795_290_300), "Sat Nov 21 19:45:00 2026");
-    }
-}

@@ -27,16 +27,15 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 
 use crate::env::{self, Env};
-use crate::kstat::TunableDef;
+use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result};
 
 pub const TXG_INITIAL: u64 = 4;
 pub const TXG_SIZE: usize = 4;
 pub const TXG_MASK: u64 = 3;
 
-pub const TUNABLES: &[TunableDef] = &[
-    TunableDef { name: "zfs_txg_timeout", default: 5, description: "seconds between txg syncs when nothing else triggers one (txg.c)" },
-];
+pub static ZFS_TXG_TIMEOUT: Tunable =
+    Tunable::new("zfs_txg_timeout", 5, 1, 86400, Applies::Live, "seconds between txg syncs when nothing else triggers one (txg.c)");
 
 #[derive(Debug)]
 struct State {
@@ -157,7 +156,7 @@ impl TxgState {
     pub fn wait_for_work(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
         let mut s = self.state.lock();
         loop {
-            let timeout_ns = crate::kstat::tun("zfs_txg_timeout").max(1).saturating_mul(1_000_000_000);
+            let timeout_ns = ZFS_TXG_TIMEOUT.get().max(1).saturating_mul(1_000_000_000);
             let open = s.open_txg;
             let due = self.env.now_ns().saturating_sub(s.last_sync_start_ns) >= timeout_ns;
             let wanted = s.sync_requested >= open || dirty_kick(open);

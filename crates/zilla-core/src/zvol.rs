@@ -57,7 +57,7 @@ use std::sync::Arc;
 
 use crate::arc::{BlockKey, BufKind};
 use crate::dmu::{self, DirtySet, TreeRoot};
-use crate::spa_impl::{PoolInner, VolumeState};
+use crate::spa::{PoolInner, VolumeState};
 use crate::vdev::IoClass;
 use crate::Error;
 

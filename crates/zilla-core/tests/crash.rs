@@ -115,7 +115,7 @@ fn apply(model: &mut [u8], off: u64, data: Option<&[u8]>, len: u64) {
 }
 
 fn run(seed: u64, iterations: usize) {
-    zilla_core::kstat::registry().set("zfs_txg_timeout", 3600).unwrap();
+    zilla_core::tunables().set("zfs_txg_timeout", 3600).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // create the pool on clean devices (no crash during create)
     let (_dom, set) = domain(vec![vec![0u8; DEV_SIZE as usize]; 4], i64::MAX, 0);

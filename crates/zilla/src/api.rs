@@ -95,6 +95,16 @@ pub struct TunableRow {
     pub name: String,
     pub value: u64,
     pub default: u64,
+    /// Accepted range (inclusive); 0 is also accepted when `zero_is_auto`.
+    #[serde(default)]
+    pub min: u64,
+    #[serde(default)]
+    pub max: u64,
+    #[serde(default)]
+    pub zero_is_auto: bool,
+    /// When a change takes effect: "live", "next device open", "next pool open".
+    #[serde(default)]
+    pub applies: String,
     pub description: String,
 }
 

@@ -766,21 +766,25 @@ async fn prop_set(State(d): State<Arc<Daemon>>, Json(req): Json<SetReq>) -> ApiR
 }
 
 async fn tunable_list() -> Json<Vec<TunableRow>> {
-    let rows = zilla_core::kstat::registry()
+    let rows = zilla_core::tunables()
         .list()
         .into_iter()
-        .map(|(def, value)| TunableRow {
-            name: def.name.into(),
-            value,
-            default: def.default,
-            description: def.description.into(),
+        .map(|t| TunableRow {
+            name: t.name.into(),
+            value: t.get(),
+            default: t.default,
+            min: t.min,
+            max: t.max,
+            zero_is_auto: t.zero_is_auto,
+            applies: t.applies.as_str().into(),
+            description: t.description.into(),
         })
         .collect();
     Json(rows)
 }
 
 async fn tunable_set(Json(req): Json<TunableSet>) -> ApiResult<Empty> {
-    zilla_core::kstat::registry().set(&req.name, req.value)?;
+    zilla_core::tunables().set(&req.name, req.value).map_err(zilla_core::Error::from)?;
     tracing::info!("tunable {} set to {}", req.name, req.value);
     Ok(Json(Empty {}))
 }

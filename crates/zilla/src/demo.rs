@@ -81,7 +81,7 @@ async fn prepare_pool(dir: &Path, state: &Path) -> anyhow::Result<Option<Arc<Poo
             .with_context(|| format!("cannot create {}", path.display()))?;
         f.set_len(*size).with_context(|| format!("cannot size {}", path.display()))?;
     }
-    let tops = zilla_core::spa::parse_vdev_args(&vdev_args(dir)).map_err(|e| anyhow!(e))?;
+    let tops = crate::vdev_grammar::parse_vdev_args(&vdev_args(dir)).map_err(|e| anyhow!(e))?;
     let pool = engine(move || Pool::create(POOL, tops, CreateOptions { force: true, ..Default::default() }))
         .await
         .context("cannot create the demo pool")?;

@@ -9,6 +9,7 @@ use zilla_core::vdev::queue::LeafStats;
 use zilla_core::vdev::{IoClass, Role};
 
 use crate::api::IostatEntry;
+use crate::status_text::{errors_line, scan_line, status_action};
 use crate::units::{nicebytes, nicenum, nicetime_ns, parse_size};
 
 // ---------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ pub fn is_healthy(s: &PoolStatus) -> bool {
     fn clean(v: &VdevStatus) -> bool {
         v.read_errors == 0 && v.write_errors == 0 && v.cksum_errors == 0 && v.children.iter().all(clean)
     }
-    s.state == "ONLINE" && s.status.is_empty() && s.error_list.is_empty() && s.config.iter().all(clean)
+    s.state == "ONLINE" && status_action(s).0.is_empty() && s.error_list.is_empty() && s.config.iter().all(clean)
 }
 
 /// The config list without a root node, whichever way the engine reports it.
@@ -84,14 +85,14 @@ pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "  pool: {}", s.name);
     let _ = writeln!(o, " state: {}", s.state);
-    if !s.status.is_empty() {
-        let _ = writeln!(o, "status: {}", indent_para(&s.status));
+    let (status, action) = status_action(s);
+    if !status.is_empty() {
+        let _ = writeln!(o, "status: {}", indent_para(&status));
     }
-    if !s.action.is_empty() {
-        let _ = writeln!(o, "action: {}", indent_para(&s.action));
+    if !action.is_empty() {
+        let _ = writeln!(o, "action: {}", indent_para(&action));
     }
-    let scan = if s.scan.is_empty() { "none requested" } else { &s.scan };
-    let _ = writeln!(o, "  scan: {}", indent_para(scan));
+    let _ = writeln!(o, "  scan: {}", indent_para(&scan_line(&s.scan)));
     let _ = writeln!(o, "config:\n");
 
     let (root, tops) = top_level(s);
@@ -123,8 +124,7 @@ pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
         let _ = writeln!(o, "{}", line.trim_end());
     }
     let _ = writeln!(o);
-    let errors = if s.errors.is_empty() { "No known data errors" } else { &s.errors };
-    let _ = writeln!(o, "errors: {errors}");
+    let _ = writeln!(o, "errors: {}", errors_line(s));
     if verbose && !s.error_list.is_empty() {
         let _ = writeln!(o);
         for e in &s.error_list {
@@ -675,11 +675,9 @@ mod tests {
             name: "tank".into(),
             guid: 1,
             state: "ONLINE".into(),
-            status: String::new(),
-            action: String::new(),
-            scan: String::new(),
+            scan: Default::default(),
             config: vec![m, log],
-            errors: String::new(),
+            data_errors: 0,
             error_list: vec![],
         };
         let out = pool_status(&s, false);

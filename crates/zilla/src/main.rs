@@ -11,7 +11,9 @@ mod daemon;
 mod demo;
 mod format;
 mod nbd_glue;
+mod status_text;
 mod units;
+mod vdev_grammar;
 mod web;
 
 use std::path::{Path, PathBuf};
@@ -418,7 +420,7 @@ fn resolve_leaf(mut l: LeafSpec) -> Result<LeafSpec, String> {
 
 /// Parse the zpool vdev grammar here, so relative paths mean the caller's cwd.
 fn parse_tops(args: &[String]) -> Result<Vec<TopSpec>, String> {
-    let mut tops = zilla_core::spa::parse_vdev_args(args).map_err(|e| e.to_string())?;
+    let mut tops = crate::vdev_grammar::parse_vdev_args(args).map_err(|e| e.to_string())?;
     for t in &mut tops {
         for l in &mut t.leaves {
             *l = resolve_leaf(l.clone())?;
@@ -783,10 +785,15 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
             }
             let cells: Vec<Vec<String>> = rows
                 .iter()
-                .map(|r| vec![r.name.clone(), r.value.to_string(), r.default.to_string(), r.description.clone()])
+                .map(|r| {
+                    let auto = if r.zero_is_auto { "0," } else { "" };
+                    let range = format!("{auto}{}..{}", r.min, r.max);
+                    vec![r.name.clone(), r.value.to_string(), r.default.to_string(), range, r.applies.clone(), r.description.clone()]
+                })
                 .collect();
             use format::Align::*;
-            print!("{}", format::table(&["NAME", "VALUE", "DEFAULT", "DESCRIPTION"], &[Left, Right, Right, Left], &cells, scripted));
+            let headers = ["NAME", "VALUE", "DEFAULT", "RANGE", "APPLIES", "DESCRIPTION"];
+            print!("{}", format::table(&headers, &[Left, Right, Right, Left, Left, Left], &cells, scripted));
         }
         TunableCmd::Set { assignment } => {
             let (name, v) = parse_assignment(&assignment)?;

@@ -30,13 +30,11 @@ use parking_lot::Mutex;
 
 use super::queue::LeafQueue;
 use super::{Device, IoClass, LeafSpec, Role};
-use crate::kstat::Tun;
-
-static ROTATING_INC: Tun = Tun::new("zfs_vdev_mirror_rotating_inc");
-static ROTATING_SEEK_INC: Tun = Tun::new("zfs_vdev_mirror_rotating_seek_inc");
-static ROTATING_SEEK_OFFSET: Tun = Tun::new("zfs_vdev_mirror_rotating_seek_offset");
-static NON_ROTATING_INC: Tun = Tun::new("zfs_vdev_mirror_non_rotating_inc");
-static NON_ROTATING_SEEK_INC: Tun = Tun::new("zfs_vdev_mirror_non_rotating_seek_inc");
+use super::{
+    ZFS_VDEV_MIRROR_NON_ROTATING_INC as NON_ROTATING_INC, ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC as NON_ROTATING_SEEK_INC,
+    ZFS_VDEV_MIRROR_ROTATING_INC as ROTATING_INC, ZFS_VDEV_MIRROR_ROTATING_SEEK_INC as ROTATING_SEEK_INC,
+    ZFS_VDEV_MIRROR_ROTATING_SEEK_OFFSET as ROTATING_SEEK_OFFSET,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LeafState {

@@ -37,7 +37,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::kstat::TunableDef;
+use crate::kstat::{Applies, Tunable};
 
 /// The narrow device seam. Offsets and lengths passed by the engine are multiples of
 /// 512 (and of 1<<ashift for data); implementations must accept any buffer alignment
@@ -158,10 +158,13 @@ pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> 
 }
 
 /// Mirror read-selection tunables (vdev_mirror.c defaults).
-pub const TUNABLES: &[TunableDef] = &[
-    TunableDef { name: "zfs_vdev_mirror_rotating_inc", default: 0, description: "load added for a sequential read on a rotating child (vdev_mirror.c)" },
-    TunableDef { name: "zfs_vdev_mirror_rotating_seek_inc", default: 5, description: "load added for a seeking read on a rotating child (vdev_mirror.c)" },
-    TunableDef { name: "zfs_vdev_mirror_rotating_seek_offset", default: 1 << 20, description: "distance within which a rotating read counts as a short seek (vdev_mirror.c)" },
-    TunableDef { name: "zfs_vdev_mirror_non_rotating_inc", default: 0, description: "load added for a sequential read on a non-rotating child (vdev_mirror.c)" },
-    TunableDef { name: "zfs_vdev_mirror_non_rotating_seek_inc", default: 1, description: "load added for a seeking read on a non-rotating child (vdev_mirror.c)" },
-];
+pub static ZFS_VDEV_MIRROR_ROTATING_INC: Tunable =
+    Tunable::new("zfs_vdev_mirror_rotating_inc", 0, 0, 1000, Applies::Live, "load added for a sequential read on a rotating child (vdev_mirror.c)");
+pub static ZFS_VDEV_MIRROR_ROTATING_SEEK_INC: Tunable =
+    Tunable::new("zfs_vdev_mirror_rotating_seek_inc", 5, 0, 1000, Applies::Live, "load added for a seeking read on a rotating child (vdev_mirror.c)");
+pub static ZFS_VDEV_MIRROR_ROTATING_SEEK_OFFSET: Tunable =
+    Tunable::new("zfs_vdev_mirror_rotating_seek_offset", 1 << 20, 0, 1 << 40, Applies::Live, "distance within which a rotating read counts as a short seek (vdev_mirror.c)");
+pub static ZFS_VDEV_MIRROR_NON_ROTATING_INC: Tunable =
+    Tunable::new("zfs_vdev_mirror_non_rotating_inc", 0, 0, 1000, Applies::Live, "load added for a sequential read on a non-rotating child (vdev_mirror.c)");
+pub static ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC: Tunable =
+    Tunable::new("zfs_vdev_mirror_non_rotating_seek_inc", 1, 0, 1000, Applies::Live, "load added for a seeking read on a non-rotating child (vdev_mirror.c)");

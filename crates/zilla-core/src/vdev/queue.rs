@@ -48,22 +48,48 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::{Device, IoClass};
-use crate::kstat::{Histogram, TunableDef};
+use crate::kstat::{Applies, Histogram, Tunable};
 
 const CLASSES: usize = IoClass::ALL.len();
 
-pub const TUNABLES: &[TunableDef] = &[
-    TunableDef { name: "zfs_vdev_sync_read_min_active", default: 10, description: "sync read I/Os always admitted per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_sync_read_max_active", default: 10, description: "max active sync read I/Os per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_sync_write_min_active", default: 10, description: "sync write (ZIL) I/Os always admitted per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_sync_write_max_active", default: 10, description: "max active sync write I/Os per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_async_read_min_active", default: 1, description: "async read (prefetch) I/Os always admitted per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_async_read_max_active", default: 3, description: "max active async read I/Os per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_async_write_min_active", default: 2, description: "async write (txg sync) I/Os always admitted per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_async_write_max_active", default: 10, description: "max active async write I/Os per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_scrub_min_active", default: 1, description: "scrub/resilver I/Os always admitted per leaf (vdev_queue.c default)" },
-    TunableDef { name: "zfs_vdev_scrub_max_active", default: 3, description: "max active scrub/resilver I/Os per leaf (vdev_queue.c code default; man page says 2)" },
-    TunableDef { name: "zfs_vdev_max_active", default: 1000, description: "max active I/Os per leaf, all classes (vdev_queue.c default)" },
+pub static ZFS_VDEV_SYNC_READ_MIN_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_sync_read_min_active", 10, 1, 1000, Applies::Live, "sync read I/Os always admitted per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_SYNC_READ_MAX_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_sync_read_max_active", 10, 1, 1000, Applies::Live, "max active sync read I/Os per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_SYNC_WRITE_MIN_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_sync_write_min_active", 10, 1, 1000, Applies::Live, "sync write (ZIL) I/Os always admitted per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_SYNC_WRITE_MAX_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_sync_write_max_active", 10, 1, 1000, Applies::Live, "max active sync write I/Os per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_ASYNC_READ_MIN_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_async_read_min_active", 1, 1, 1000, Applies::Live, "async read (prefetch) I/Os always admitted per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_ASYNC_READ_MAX_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_async_read_max_active", 3, 1, 1000, Applies::Live, "max active async read I/Os per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_ASYNC_WRITE_MIN_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_async_write_min_active", 2, 1, 1000, Applies::Live, "async write (txg sync) I/Os always admitted per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_async_write_max_active", 10, 1, 1000, Applies::Live, "max active async write I/Os per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_SCRUB_MIN_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_scrub_min_active", 1, 1, 1000, Applies::Live, "scrub/resilver I/Os always admitted per leaf (vdev_queue.c default)");
+pub static ZFS_VDEV_SCRUB_MAX_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_scrub_max_active", 3, 1, 1000, Applies::Live, "max active scrub/resilver I/Os per leaf (vdev_queue.c code default; man page says 2)");
+pub static ZFS_VDEV_MAX_ACTIVE: Tunable =
+    Tunable::new("zfs_vdev_max_active", 1000, 1, 10000, Applies::Live, "max active I/Os per leaf, all classes (vdev_queue.c default)");
+
+/// Per class (IoClass as usize): the `zfs_vdev_<class>_min_active` tunables.
+pub static MIN_ACTIVE: [&Tunable; CLASSES] = [
+    &ZFS_VDEV_SYNC_READ_MIN_ACTIVE,
+    &ZFS_VDEV_SYNC_WRITE_MIN_ACTIVE,
+    &ZFS_VDEV_ASYNC_READ_MIN_ACTIVE,
+    &ZFS_VDEV_ASYNC_WRITE_MIN_ACTIVE,
+    &ZFS_VDEV_SCRUB_MIN_ACTIVE,
+];
+/// Per class: the `zfs_vdev_<class>_max_active` tunables.
+pub static MAX_ACTIVE: [&Tunable; CLASSES] = [
+    &ZFS_VDEV_SYNC_READ_MAX_ACTIVE,
+    &ZFS_VDEV_SYNC_WRITE_MAX_ACTIVE,
+    &ZFS_VDEV_ASYNC_READ_MAX_ACTIVE,
+    &ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE,
+    &ZFS_VDEV_SCRUB_MAX_ACTIVE,
 ];
 
 /// Snapshot of one leaf's statistics (cumulative since open).
@@ -102,13 +128,11 @@ pub struct QueueLimits {
 impl QueueLimits {
     /// Current values of the `zfs_vdev_*_active` tunables.
     pub fn from_tunables() -> QueueLimits {
-        let get = |c: IoClass, which: &str| {
-            crate::kstat::tun(&format!("zfs_vdev_{}_{which}_active", c.name())).min(u32::MAX as u64) as u32
-        };
+        let get = |t: &Tunable| t.get().min(u32::MAX as u64) as u32;
         QueueLimits {
-            min_active: IoClass::ALL.map(|c| get(c, "min")),
-            max_active: IoClass::ALL.map(|c| get(c, "max")),
-            max_active_total: crate::kstat::tun("zfs_vdev_max_active").min(u32::MAX as u64) as u32,
+            min_active: MIN_ACTIVE.map(get),
+            max_active: MAX_ACTIVE.map(get),
+            max_active_total: get(&ZFS_VDEV_MAX_ACTIVE),
         }
     }
 
@@ -125,19 +149,14 @@ impl QueueLimits {
 
 /// Where the limits come from: the live tunables (default) or fixed values (tests).
 enum LimitSource {
-    Tunables { min: [&'static AtomicU64; CLASSES], max: [&'static AtomicU64; CLASSES], total: &'static AtomicU64 },
+    Tunables,
     Fixed(QueueLimits),
 }
 
 impl LimitSource {
     fn current(&self) -> QueueLimits {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed).min(u32::MAX as u64) as u32;
         match self {
-            LimitSource::Tunables { min, max, total } => QueueLimits {
-                min_active: min.map(load),
-                max_active: max.map(load),
-                max_active_total: load(total),
-            },
+            LimitSource::Tunables => QueueLimits::from_tunables(),
             LimitSource::Fixed(l) => *l,
         }
         .sane()
@@ -227,13 +246,7 @@ impl Drop for Slot<'_> {
 impl LeafQueue {
     /// A queue whose limits follow the `zfs_vdev_*_active` tunables live.
     pub fn new(dev: Arc<dyn Device>) -> LeafQueue {
-        let h = |c: IoClass, which: &str| crate::kstat::tunable(&format!("zfs_vdev_{}_{which}_active", c.name()));
-        let limits = LimitSource::Tunables {
-            min: IoClass::ALL.map(|c| h(c, "min")),
-            max: IoClass::ALL.map(|c| h(c, "max")),
-            total: crate::kstat::tunable("zfs_vdev_max_active"),
-        };
-        Self::build(dev, limits)
+        Self::build(dev, LimitSource::Tunables)
     }
 
     /// A queue with fixed limits, independent of the tunables (tests, experiments).

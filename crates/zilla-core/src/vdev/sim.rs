@@ -52,7 +52,7 @@
 //! cores shared with compilers); single samples may deviate by about the scheduler's
 //! jitter. Threads that wait also get 1 ns timer slack (prctl) so sleeps wake on time.
 //!
-//! Every parameter is a tunable (`TUNABLES`), read when a device is opened.
+//! Every parameter is a tunable (the `SIM_*` statics), read when a device is opened.
 //! [`SimProfile::expected_service_time_ns`] is the model as a pure function, for tests
 //! and for documentation of accuracy (the tests below compare measured means with it).
 
@@ -68,32 +68,58 @@ use rand::{Rng, SeedableRng};
 
 use super::Device;
 use crate::env::Env;
-use crate::kstat::TunableDef;
+use crate::kstat::{Applies, Tunable};
 
-pub const TUNABLES: &[TunableDef] = &[
-    TunableDef { name: "sim_hdd_rpm", default: 7200, description: "sim-hdd spindle speed; 7200 rpm class (Seagate Barracuda 7200.12 datasheet; seed 000: '7200 RPM disks')" },
-    TunableDef { name: "sim_hdd_seek_settle_us", default: 1000, description: "sim-hdd shortest (track-to-track) seek incl. settle; ~1 ms for 7200 rpm desktop drives (Barracuda 7200.12 class)" },
-    TunableDef { name: "sim_hdd_seek_full_stroke_us", default: 15000, description: "sim-hdd full-stroke seek; chosen so the uniform-random mean, settle + 8/15 (full - settle), is the Barracuda 7200.12 datasheet's 8.5 ms average seek" },
-    TunableDef { name: "sim_hdd_transfer_mb_s", default: 150, description: "sim-hdd sustained media rate, MB/s; Barracuda 7200.12 datasheet: up to 160 MB/s outer, ~125 MB/s average" },
-    TunableDef { name: "sim_hdd_write_cache_bytes", default: 16 << 20, description: "sim-hdd volatile write cache; 16 MiB (Barracuda 7200.12 datasheet cache size)" },
-    TunableDef { name: "sim_hdd_cache_write_us", default: 20, description: "sim-hdd command overhead of a write absorbed by the cache; SATA command round trip class" },
-    TunableDef { name: "sim_hdd_ncq_depth", default: 1, description: "sim-hdd commands the drive accepts at once (NCQ; 1..32). 1: served in the order issued, so the vdev queue's scheduler alone decides the order and QD1 specs hold at any load; 32 (the Barracuda 7200.12's NCQ) lets the drive reorder shortest-seek-first with aging" },
-    TunableDef { name: "sim_hdd_interface_mb_s", default: 300, description: "sim-hdd host interface rate into the cache, MB/s; SATA 3 Gb/s (Barracuda 7200.12)" },
-    TunableDef { name: "sim_ssd_log_write_latency_us", default: 100, description: "log SSD per-write latency; seed 000: Logzilla 'as high as 10,000 IOPS' (0.1 ms), ARCHITECTURE s7" },
-    TunableDef { name: "sim_ssd_log_write_mb_s", default: 105, description: "log SSD write rate, MB/s; seed 000: Logzilla 'as high as 100 Mbytes/sec', ARCHITECTURE s7: ~100-110 MB/s" },
-    TunableDef { name: "sim_ssd_log_read_latency_us", default: 100, description: "log SSD per-read latency (STEC ZeusIOPS class; reads only at ZIL replay)" },
-    TunableDef { name: "sim_ssd_log_read_mb_s", default: 250, description: "log SSD read rate, MB/s (STEC ZeusIOPS class)" },
-    TunableDef { name: "sim_ssd_log_flush_us", default: 20, description: "log SSD cache flush; power-loss-protected DRAM makes it a command round trip (seed 000: flushes to Logzilla are cheap)" },
-    TunableDef { name: "sim_ssd_log_channels", default: 1, description: "log SSD I/Os served in parallel; 1 matches seed 000's 10,000 IOPS at 0.1 ms each" },
-    TunableDef { name: "sim_ssd_cache_read_latency_us", default: 250, description: "cache SSD per-read latency; ARCHITECTURE s7: 0.2-0.5 ms (seed 004: Readzilla 0.4-0.6 ms incl. queueing)" },
-    TunableDef { name: "sim_ssd_cache_read_mb_s", default: 250, description: "cache SSD read rate, MB/s (2008 MLC SATA SSD class, Readzilla)" },
-    TunableDef { name: "sim_ssd_cache_write_latency_us", default: 500, description: "cache SSD per-write latency; read-optimised MLC writes slowly (ARCHITECTURE s7)" },
-    TunableDef { name: "sim_ssd_cache_write_mb_s", default: 100, description: "cache SSD write rate, MB/s (2008 MLC SATA SSD class)" },
-    TunableDef { name: "sim_ssd_cache_flush_us", default: 100, description: "cache SSD cache flush; no power-loss protection, modest cost (L2ARC never flushes)" },
-    TunableDef { name: "sim_ssd_cache_channels", default: 4, description: "cache SSD I/Os served in parallel (flash channels); 4 (ARCHITECTURE s7: several channels)" },
-    TunableDef { name: "sim_seed", default: 1, description: "seed of the sim-hdd rotational-delay RNG (each device mixes in its open order)" },
-    TunableDef { name: "sim_spin_us", default: 50, description: "sim devices sleep (1 ns timer slack) until this long before a deadline, then spin: sub-ms accuracy vs. CPU burnt" },
-];
+pub static SIM_HDD_RPM: Tunable =
+    Tunable::new("sim_hdd_rpm", 7200, 1000, 20000, Applies::NextDeviceOpen, "sim-hdd spindle speed; 7200 rpm class (Seagate Barracuda 7200.12 datasheet; seed 000: '7200 RPM disks')");
+pub static SIM_HDD_SEEK_SETTLE_US: Tunable =
+    Tunable::new("sim_hdd_seek_settle_us", 1000, 0, 10_000_000, Applies::NextDeviceOpen, "sim-hdd shortest (track-to-track) seek incl. settle; ~1 ms for 7200 rpm desktop drives (Barracuda 7200.12 class)");
+pub static SIM_HDD_SEEK_FULL_STROKE_US: Tunable =
+    Tunable::new("sim_hdd_seek_full_stroke_us", 15000, 0, 10_000_000, Applies::NextDeviceOpen, "sim-hdd full-stroke seek; chosen so the uniform-random mean, settle + 8/15 (full - settle), is the Barracuda 7200.12 datasheet's 8.5 ms average seek");
+pub static SIM_HDD_TRANSFER_MB_S: Tunable =
+    Tunable::new("sim_hdd_transfer_mb_s", 150, 1, 1_000_000, Applies::NextDeviceOpen, "sim-hdd sustained media rate, MB/s; Barracuda 7200.12 datasheet: up to 160 MB/s outer, ~125 MB/s average");
+pub static SIM_HDD_WRITE_CACHE_BYTES: Tunable =
+    Tunable::new("sim_hdd_write_cache_bytes", 16 << 20, 0, 1 << 34, Applies::NextDeviceOpen, "sim-hdd volatile write cache; 16 MiB (Barracuda 7200.12 datasheet cache size)");
+pub static SIM_HDD_CACHE_WRITE_US: Tunable =
+    Tunable::new("sim_hdd_cache_write_us", 20, 0, 10_000_000, Applies::NextDeviceOpen, "sim-hdd command overhead of a write absorbed by the cache; SATA command round trip class");
+pub static SIM_HDD_NCQ_DEPTH: Tunable = Tunable::new(
+    "sim_hdd_ncq_depth",
+    1,
+    1,
+    32,
+    Applies::NextDeviceOpen,
+    "sim-hdd commands the drive accepts at once (NCQ). 1: served in the order issued, so the vdev queue's scheduler alone decides the order and QD1 specs hold at any load; 32 (the Barracuda 7200.12's NCQ) lets the drive reorder shortest-seek-first with aging",
+);
+pub static SIM_HDD_INTERFACE_MB_S: Tunable =
+    Tunable::new("sim_hdd_interface_mb_s", 300, 1, 1_000_000, Applies::NextDeviceOpen, "sim-hdd host interface rate into the cache, MB/s; SATA 3 Gb/s (Barracuda 7200.12)");
+pub static SIM_SSD_LOG_WRITE_LATENCY_US: Tunable =
+    Tunable::new("sim_ssd_log_write_latency_us", 100, 0, 10_000_000, Applies::NextDeviceOpen, "log SSD per-write latency; seed 000: Logzilla 'as high as 10,000 IOPS' (0.1 ms), ARCHITECTURE s7");
+pub static SIM_SSD_LOG_WRITE_MB_S: Tunable =
+    Tunable::new("sim_ssd_log_write_mb_s", 105, 1, 1_000_000, Applies::NextDeviceOpen, "log SSD write rate, MB/s; seed 000: Logzilla 'as high as 100 Mbytes/sec', ARCHITECTURE s7: ~100-110 MB/s");
+pub static SIM_SSD_LOG_READ_LATENCY_US: Tunable =
+    Tunable::new("sim_ssd_log_read_latency_us", 100, 0, 10_000_000, Applies::NextDeviceOpen, "log SSD per-read latency (STEC ZeusIOPS class; reads only at ZIL replay)");
+pub static SIM_SSD_LOG_READ_MB_S: Tunable =
+    Tunable::new("sim_ssd_log_read_mb_s", 250, 1, 1_000_000, Applies::NextDeviceOpen, "log SSD read rate, MB/s (STEC ZeusIOPS class)");
+pub static SIM_SSD_LOG_FLUSH_US: Tunable =
+    Tunable::new("sim_ssd_log_flush_us", 20, 0, 10_000_000, Applies::NextDeviceOpen, "log SSD cache flush; power-loss-protected DRAM makes it a command round trip (seed 000: flushes to Logzilla are cheap)");
+pub static SIM_SSD_LOG_CHANNELS: Tunable =
+    Tunable::new("sim_ssd_log_channels", 1, 1, 1024, Applies::NextDeviceOpen, "log SSD I/Os served in parallel; 1 matches seed 000's 10,000 IOPS at 0.1 ms each");
+pub static SIM_SSD_CACHE_READ_LATENCY_US: Tunable =
+    Tunable::new("sim_ssd_cache_read_latency_us", 250, 0, 10_000_000, Applies::NextDeviceOpen, "cache SSD per-read latency; ARCHITECTURE s7: 0.2-0.5 ms (seed 004: Readzilla 0.4-0.6 ms incl. queueing)");
+pub static SIM_SSD_CACHE_READ_MB_S: Tunable =
+    Tunable::new("sim_ssd_cache_read_mb_s", 250, 1, 1_000_000, Applies::NextDeviceOpen, "cache SSD read rate, MB/s (2008 MLC SATA SSD class, Readzilla)");
+pub static SIM_SSD_CACHE_WRITE_LATENCY_US: Tunable =
+    Tunable::new("sim_ssd_cache_write_latency_us", 500, 0, 10_000_000, Applies::NextDeviceOpen, "cache SSD per-write latency; read-optimised MLC writes slowly (ARCHITECTURE s7)");
+pub static SIM_SSD_CACHE_WRITE_MB_S: Tunable =
+    Tunable::new("sim_ssd_cache_write_mb_s", 100, 1, 1_000_000, Applies::NextDeviceOpen, "cache SSD write rate, MB/s (2008 MLC SATA SSD class)");
+pub static SIM_SSD_CACHE_FLUSH_US: Tunable =
+    Tunable::new("sim_ssd_cache_flush_us", 100, 0, 10_000_000, Applies::NextDeviceOpen, "cache SSD cache flush; no power-loss protection, modest cost (L2ARC never flushes)");
+pub static SIM_SSD_CACHE_CHANNELS: Tunable =
+    Tunable::new("sim_ssd_cache_channels", 4, 1, 1024, Applies::NextDeviceOpen, "cache SSD I/Os served in parallel (flash channels); 4 (ARCHITECTURE s7: several channels)");
+pub static SIM_SEED: Tunable =
+    Tunable::new("sim_seed", 1, 0, u64::MAX, Applies::NextDeviceOpen, "seed of the sim-hdd rotational-delay RNG (each device mixes in its open order)");
+pub static SIM_SPIN_US: Tunable =
+    Tunable::new("sim_spin_us", 50, 0, 1_000_000, Applies::NextDeviceOpen, "sim devices sleep (1 ns timer slack) until this long before a deadline, then spin: sub-ms accuracy vs. CPU burnt");
 
 /// Most lateness remembered for repayment (see "Overshoot credit").
 const LAG_CAP_NS: u64 = 20_000_000;
@@ -151,50 +177,73 @@ pub struct SimProfile {
     pub spin_ns: u64,
 }
 
-fn tun(name: &str) -> u64 {
-    crate::kstat::tun(name)
+/// The `sim_ssd_<class>_*` tunables of one SSD class (log or cache).
+struct SsdTunables {
+    read_latency_us: &'static Tunable,
+    read_mb_s: &'static Tunable,
+    write_latency_us: &'static Tunable,
+    write_mb_s: &'static Tunable,
+    flush_us: &'static Tunable,
+    channels: &'static Tunable,
 }
+
+static LOG_SSD: SsdTunables = SsdTunables {
+    read_latency_us: &SIM_SSD_LOG_READ_LATENCY_US,
+    read_mb_s: &SIM_SSD_LOG_READ_MB_S,
+    write_latency_us: &SIM_SSD_LOG_WRITE_LATENCY_US,
+    write_mb_s: &SIM_SSD_LOG_WRITE_MB_S,
+    flush_us: &SIM_SSD_LOG_FLUSH_US,
+    channels: &SIM_SSD_LOG_CHANNELS,
+};
+
+static CACHE_SSD: SsdTunables = SsdTunables {
+    read_latency_us: &SIM_SSD_CACHE_READ_LATENCY_US,
+    read_mb_s: &SIM_SSD_CACHE_READ_MB_S,
+    write_latency_us: &SIM_SSD_CACHE_WRITE_LATENCY_US,
+    write_mb_s: &SIM_SSD_CACHE_WRITE_MB_S,
+    flush_us: &SIM_SSD_CACHE_FLUSH_US,
+    channels: &SIM_SSD_CACHE_CHANNELS,
+};
 
 /// Distinguishes devices opened from the same tunables (replayable: open order).
 static DEVICES_OPENED: AtomicU64 = AtomicU64::new(0);
 
 fn next_seed() -> u64 {
     let n = DEVICES_OPENED.fetch_add(1, Ordering::Relaxed);
-    tun("sim_seed").wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n)
+    SIM_SEED.get().wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n)
 }
 
 impl SimProfile {
     /// 7200 rpm HDD with a volatile write cache, from the `sim_hdd_*` tunables.
     pub fn hdd_from_tunables() -> SimProfile {
-        let rpm = tun("sim_hdd_rpm").max(1);
+        let rpm = SIM_HDD_RPM.get().max(1);
         SimProfile {
             model: SimModel::Hdd,
             kind: "sim-hdd",
             channels: 1,
-            ncq_depth: tun("sim_hdd_ncq_depth").clamp(1, 32) as u32,
+            ncq_depth: SIM_HDD_NCQ_DEPTH.get().clamp(1, 32) as u32,
             rotation_ns: 60_000_000_000 / rpm,
-            seek_settle_ns: tun("sim_hdd_seek_settle_us") * 1000,
-            seek_full_stroke_ns: tun("sim_hdd_seek_full_stroke_us") * 1000,
-            transfer_bytes_s: tun("sim_hdd_transfer_mb_s").max(1) * 1_000_000,
-            write_cache_bytes: tun("sim_hdd_write_cache_bytes"),
-            cache_write_ns: tun("sim_hdd_cache_write_us") * 1000,
-            interface_bytes_s: tun("sim_hdd_interface_mb_s").max(1) * 1_000_000,
+            seek_settle_ns: SIM_HDD_SEEK_SETTLE_US.get() * 1000,
+            seek_full_stroke_ns: SIM_HDD_SEEK_FULL_STROKE_US.get() * 1000,
+            transfer_bytes_s: SIM_HDD_TRANSFER_MB_S.get().max(1) * 1_000_000,
+            write_cache_bytes: SIM_HDD_WRITE_CACHE_BYTES.get(),
+            cache_write_ns: SIM_HDD_CACHE_WRITE_US.get() * 1000,
+            interface_bytes_s: SIM_HDD_INTERFACE_MB_S.get().max(1) * 1_000_000,
             read_latency_ns: 0,
             read_bytes_s: 1,
             write_latency_ns: 0,
             write_bytes_s: 1,
             flush_ns: 0,
             seed: next_seed(),
-            spin_ns: tun("sim_spin_us") * 1000,
+            spin_ns: SIM_SPIN_US.get() * 1000,
         }
     }
 
-    fn ssd(prefix: &str) -> SimProfile {
-        let t = |what: &str| tun(&format!("sim_ssd_{prefix}_{what}"));
+    fn ssd(t: &SsdTunables) -> SimProfile {
         SimProfile {
             model: SimModel::Ssd,
             kind: "sim-ssd",
-            channels: t("channels").clamp(1, 1024) as u32,
+            channels: t.channels.get().clamp(1, 1024) as u32,
             ncq_depth: 1,
             rotation_ns: 0,
             seek_settle_ns: 0,
@@ -203,24 +252,24 @@ impl SimProfile {
             write_cache_bytes: 0,
             cache_write_ns: 0,
             interface_bytes_s: 1,
-            read_latency_ns: t("read_latency_us") * 1000,
-            read_bytes_s: t("read_mb_s").max(1) * 1_000_000,
-            write_latency_ns: t("write_latency_us") * 1000,
-            write_bytes_s: t("write_mb_s").max(1) * 1_000_000,
-            flush_ns: t("flush_us") * 1000,
+            read_latency_ns: t.read_latency_us.get() * 1000,
+            read_bytes_s: t.read_mb_s.get().max(1) * 1_000_000,
+            write_latency_ns: t.write_latency_us.get() * 1000,
+            write_bytes_s: t.write_mb_s.get().max(1) * 1_000_000,
+            flush_ns: t.flush_us.get() * 1000,
             seed: next_seed(),
-            spin_ns: tun("sim_spin_us") * 1000,
+            spin_ns: SIM_SPIN_US.get() * 1000,
         }
     }
 
     /// Write-optimised, power-loss-protected log SSD (Logzilla / STEC ZeusIOPS class).
     pub fn log_ssd_from_tunables() -> SimProfile {
-        Self::ssd("log")
+        Self::ssd(&LOG_SSD)
     }
 
     /// Read-optimised cache SSD (Readzilla class), several channels.
     pub fn cache_ssd_from_tunables() -> SimProfile {
-        Self::ssd("cache")
+        Self::ssd(&CACHE_SSD)
     }
 
     fn transfer_ns(len_bytes: u64, bytes_s: u64) -> u64 {

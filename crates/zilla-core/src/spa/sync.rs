@@ -1,11 +1,7 @@
-//! spa internals: the pool state shared by the sync thread, volumes and admin calls.
+//! spa sync: the txg commit protocol and the sync thread.
 //!
 //! Theory of operation
 //! -------------------
-//! [`PoolInner`] is owned by `spa::Pool` and shared (`Arc`) with every open volume and
-//! the background threads (txg sync, scan). The sync thread is the only writer of the
-//! committed state (volume roots, MOS, uberblocks); open context only adds dirty records.
-//!
 //! spa_sync(T), the commit protocol (docs/design.md, crash analysis):
 //!
 //! ```text
@@ -20,78 +16,18 @@
 //! ```
 //! A crash before 6 completes on some device leaves uberblock T-1 the newest valid one;
 //! every block T-1 references is intact because nothing it references was freed for
-//! reuse (frees wait two txgs).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
-
-use crate::dmu::{self, DirtySet, Mos, PoolIo, TreeRoot, VolumeRecord, WritePolicy};
-use crate::dsl_pool::DirtyAccounting;
-use crate::props::PropSet;
-use crate::txg::TxgState;
-use crate::vdev::label::{self, Uberblock};
-use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
-use crate::vdev::{Device, LeafSpec, Role};
+use super::{PoolInner, VolumeState};
+use crate::dmu::{self, Mos, TreeRoot, WritePolicy};
+use crate::vdev::label::Uberblock;
+use crate::vdev::mirror::{Leaf, LeafState};
+use crate::vdev::{label, Role};
 use crate::zio::blkptr::{self, BlockPointer};
 use crate::zio::checksum::ChecksumAlgo;
 use crate::{Error, Result};
-
-/// Opens a leaf device from its spec; tests substitute crash or fault devices.
-pub type Opener = Arc<dyn Fn(&LeafSpec, Role) -> Result<Arc<dyn Device>> + Send + Sync>;
-
-pub fn default_opener() -> Opener {
-    Arc::new(|spec: &LeafSpec, role: Role| crate::vdev::open_leaf(spec, role))
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LeafConfig {
-    pub guid: u64,
-    pub spec: LeafSpec,
-    #[serde(default)]
-    pub offline: bool,
-    /// Txg at which the leaf went offline (its DTL starts there).
-    #[serde(default)]
-    pub offline_since: u64,
-    #[serde(default)]
-    pub dtl: Vec<(u64, u64)>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TopConfig {
-    pub id: u32,
-    pub guid: u64,
-    pub role: Role,
-    pub mirror: bool,
-    pub ashift: u8,
-    pub children: Vec<LeafConfig>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PoolConfig {
-    pub name: String,
-    pub guid: u64,
-    pub version: u64,
-    /// active | exported | destroyed
-    pub state: String,
-    pub txg: u64,
-    pub tops: Vec<TopConfig>,
-    pub props: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct LabelJson {
-    pub this_guid: u64,
-    pub config: PoolConfig,
-}
-
-impl PoolConfig {
-    pub fn guid_sum(&self) -> u64 {
-        self.tops.iter().flat_map(|t| t.children.iter()).fold(0u64, |a, l| a.wrapping_add(l.guid))
-    }
-}
 
 /// Dirty blocks prepared and handed to the issuer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
@@ -116,166 +52,12 @@ fn prepare_parallel(
     })
 }
 
-/// In-memory state of one volume.
-pub struct VolumeState {
-    pub id: u64,
-    pub name: String,
-    pub volsize: u64,
-    pub volblocksize: u32,
-    pub created_txg: u64,
-    pub props: RwLock<PropSet>,
-    pub committed: RwLock<TreeRoot>,
-    pub dirty: DirtySet,
-    pub destroyed: AtomicBool,
-}
-
-impl VolumeState {
-    pub fn nblocks(&self) -> u64 {
-        self.volsize.div_ceil(self.volblocksize as u64)
-    }
-    pub fn record(&self, root: TreeRoot) -> VolumeRecord {
-        VolumeRecord {
-            id: self.id,
-            name: self.name.clone(),
-            volsize: self.volsize,
-            volblocksize: self.volblocksize,
-            root,
-            props: self.props.read().clone(),
-            created_txg: self.created_txg,
-        }
-    }
-}
-
-/// MOS fields that are not volumes.
-pub struct MosMeta {
-    pub next_volume_id: u64,
-    pub mos_root: BlockPointer,
-    /// Roots of destroyed volumes whose blocks are freed in the next sync.
-    pub doomed: Vec<TreeRoot>,
-    pub scan_state: String,
-    /// Something in the MOS changed (props, volumes) even if no data is dirty.
-    pub changed: bool,
-}
-
-pub struct PoolInner {
-    pub name: String,
-    pub guid: u64,
-    pub io: PoolIo,
-    pub txg: TxgState,
-    pub dirty: DirtyAccounting,
-    pub config: Mutex<PoolConfig>,
-    pub leaves: RwLock<Vec<Arc<Leaf>>>,
-    pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
-    pub meta: Mutex<MosMeta>,
-    /// Serialises syncs with config changes (attach/detach/add/online/offline).
-    pub sync_lock: Mutex<()>,
-    pub opener: Opener,
-    pub suspended: AtomicBool,
-    /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
-    pub abandoned: AtomicBool,
-    pub scan: crate::scan::ScanControl,
-    /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
-    pub env: Arc<dyn crate::env::Env>,
-}
-
-/// A random non-zero guid from `env`'s RNG (seeded under simulation).
-pub fn new_guid(env: &dyn crate::env::Env) -> u64 {
-    loop {
-        let g = env.random_u64();
-        if g != 0 {
-            return g;
-        }
-    }
-}
-
 impl PoolInner {
-    pub fn tops(&self) -> Vec<Arc<TopVdev>> {
-        self.io.vdevs.read().clone()
-    }
-
     /// Leaves that carry uberblocks (normal + log classes).
     fn ub_leaves(&self) -> Vec<Arc<Leaf>> {
         self.tops().iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).flat_map(|t| t.children()).collect()
     }
 
-    pub fn find_leaf(&self, name: &str) -> Option<(Arc<TopVdev>, Arc<Leaf>)> {
-        for t in self.tops() {
-            for c in t.children() {
-                if c.spec.display() == name
-                    || c.spec.path.to_string_lossy() == name
-                    || c.spec.path.file_name().map(|f| f.to_string_lossy() == name).unwrap_or(false)
-                    || c.guid.to_string() == name
-                {
-                    return Some((t.clone(), c));
-                }
-            }
-        }
-        None
-    }
-
-    /// Refresh the config's per-leaf state from the live tree.
-    pub fn refresh_config(&self) -> PoolConfig {
-        let mut cfg = self.config.lock();
-        let synced = self.txg.synced_txg();
-        for t in cfg.tops.iter_mut() {
-            for l in t.children.iter_mut() {
-                if let Some(leaf) = self.leaves.read().iter().find(|x| x.guid == l.guid) {
-                    let off = leaf.state() == LeafState::Offline;
-                    if off && !l.offline {
-                        l.offline_since = synced + 1;
-                    }
-                    l.offline = off;
-                    l.dtl = leaf.dtl();
-                    l.spec = leaf.spec.clone();
-                }
-            }
-        }
-        cfg.clone()
-    }
-
-    /// Some leaf's DTL differs from the one in the last config written to the labels.
-    fn dtl_changed(&self) -> bool {
-        let cfg = self.config.lock();
-        let leaves = self.leaves.read();
-        cfg.tops.iter().flat_map(|t| t.children.iter()).any(|lc| leaves.iter().any(|l| l.guid == lc.guid && l.dtl() != lc.dtl))
-    }
-
-    /// Write the config to every leaf's labels: even labels, flush, odd labels, flush.
-    pub fn write_config_labels(&self, state: &str) -> Result<()> {
-        let mut cfg = self.refresh_config();
-        cfg.state = state.to_string();
-        cfg.txg = self.txg.open_txg();
-        *self.config.lock() = cfg.clone();
-        let leaves = self.leaves.read().clone();
-        for pass in [[0usize, 2], [1, 3]] {
-            let mut ok = 0;
-            for leaf in &leaves {
-                if leaf.state() != LeafState::Online {
-                    continue;
-                }
-                let json = serde_json::to_vec(&LabelJson { this_guid: leaf.guid, config: cfg.clone() }).unwrap();
-                let dev = leaf.device();
-                let size = dev.size();
-                let mut good = true;
-                for l in pass {
-                    let off = label::label_offset(size, l);
-                    let buf = label::encode_config(&json, cfg.txg, off)?;
-                    if dev.write_at(&buf, off).is_err() {
-                        good = false;
-                    }
-                }
-                if good && dev.flush().is_ok() {
-                    ok += 1;
-                } else {
-                    leaf.write_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if ok == 0 && !leaves.is_empty() {
-                return Err(Error::Io(std::io::Error::other("could not write the pool config to any device")));
-            }
-        }
-        Ok(())
-    }
 
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
         let leaves = self.ub_leaves();

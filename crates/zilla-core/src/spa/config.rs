@@ -1,0 +1,392 @@
+//! spa config: the pool configuration kept in every leaf's labels, and the admin
+//! operations that change it (add, attach, detach, offline, online, replace, clear).
+//!
+//! Theory of operation
+//! -------------------
+//! [`PoolConfig`] is the vdev tree as JSON in each leaf's label (with that leaf's own
+//! guid, [`LabelJson`]). A config change updates the live tree under `sync_lock` (so no
+//! sync sees half a change), then rewrites the labels: even copies, flush, odd copies,
+//! flush, so a crash leaves at least one intact copy of either the old or new config.
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::{new_guid, Pool, PoolInner, TopSpec};
+use crate::vdev::label;
+use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
+use crate::vdev::{Device, LeafSpec, Role};
+use crate::{Error, Result};
+
+/// Opens a leaf device from its spec; tests substitute crash or fault devices.
+pub type Opener = Arc<dyn Fn(&LeafSpec, Role) -> Result<Arc<dyn Device>> + Send + Sync>;
+
+pub fn default_opener() -> Opener {
+    Arc::new(|spec: &LeafSpec, role: Role| crate::vdev::open_leaf(spec, role))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeafConfig {
+    pub guid: u64,
+    pub spec: LeafSpec,
+    #[serde(default)]
+    pub offline: bool,
+    /// Txg at which the leaf went offline (its DTL starts there).
+    #[serde(default)]
+    pub offline_since: u64,
+    #[serde(default)]
+    pub dtl: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TopConfig {
+    pub id: u32,
+    pub guid: u64,
+    pub role: Role,
+    pub mirror: bool,
+    pub ashift: u8,
+    pub children: Vec<LeafConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolConfig {
+    pub name: String,
+    pub guid: u64,
+    pub version: u64,
+    /// active | exported | destroyed
+    pub state: String,
+    pub txg: u64,
+    pub tops: Vec<TopConfig>,
+    pub props: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LabelJson {
+    pub this_guid: u64,
+    pub config: PoolConfig,
+}
+
+impl PoolConfig {
+    pub fn guid_sum(&self) -> u64 {
+        self.tops.iter().flat_map(|t| t.children.iter()).fold(0u64, |a, l| a.wrapping_add(l.guid))
+    }
+}
+
+pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -> Result<BTreeMap<String, String>> {
+    let mut m = BTreeMap::new();
+    m.insert("ashift".to_string(), ashift.to_string());
+    m.insert("autoreplace".to_string(), "off".to_string());
+    m.insert("failmode".to_string(), "wait".to_string());
+    for (k, v) in props {
+        let v = v.trim().to_ascii_lowercase();
+        match k.as_str() {
+            "ashift" => {
+                let a: u8 = v.parse().map_err(|_| Error::invalid(format!("bad ashift '{v}'")))?;
+                if a != 0 && !(9..=16).contains(&a) {
+                    return Err(Error::invalid(format!("ashift {a} out of range (9..16)")));
+                }
+            }
+            "autoreplace" => {
+                if v != "on" && v != "off" {
+                    return Err(Error::invalid(format!("bad value '{v}' for autoreplace: expected on or off")));
+                }
+            }
+            "failmode" => {
+                if v != "wait" && v != "continue" {
+                    return Err(Error::invalid(format!("bad value '{v}' for failmode: expected wait or continue")));
+                }
+            }
+            _ => return Err(Error::invalid(format!("unknown pool property '{k}'"))),
+        }
+        m.insert(k.clone(), v);
+    }
+    Ok(m)
+}
+
+/// The live top-level vdev for a config entry: the one place a `TopVdev` is built.
+pub(super) fn open_top(tc: &TopConfig, children: Vec<Arc<Leaf>>) -> Arc<TopVdev> {
+    Arc::new(TopVdev { id: tc.id, guid: tc.guid, role: tc.role, is_mirror: tc.mirror, ashift: tc.ashift, children: RwLock::new(children) })
+}
+
+impl PoolInner {
+    /// Refresh the config's per-leaf state from the live tree.
+    pub fn refresh_config(&self) -> PoolConfig {
+        let mut cfg = self.config.lock();
+        let synced = self.txg.synced_txg();
+        for t in cfg.tops.iter_mut() {
+            for l in t.children.iter_mut() {
+                if let Some(leaf) = self.leaves.read().iter().find(|x| x.guid == l.guid) {
+                    let off = leaf.state() == LeafState::Offline;
+                    if off && !l.offline {
+                        l.offline_since = synced + 1;
+                    }
+                    l.offline = off;
+                    l.dtl = leaf.dtl();
+                    l.spec = leaf.spec.clone();
+                }
+            }
+        }
+        cfg.clone()
+    }
+
+    /// Some leaf's DTL differs from the one in the last config written to the labels.
+    pub(crate) fn dtl_changed(&self) -> bool {
+        let cfg = self.config.lock();
+        let leaves = self.leaves.read();
+        cfg.tops.iter().flat_map(|t| t.children.iter()).any(|lc| leaves.iter().any(|l| l.guid == lc.guid && l.dtl() != lc.dtl))
+    }
+
+    /// Write the config to every leaf's labels: even labels, flush, odd labels, flush.
+    pub fn write_config_labels(&self, state: &str) -> Result<()> {
+        let mut cfg = self.refresh_config();
+        cfg.state = state.to_string();
+        cfg.txg = self.txg.open_txg();
+        *self.config.lock() = cfg.clone();
+        let leaves = self.leaves.read().clone();
+        for pass in [[0usize, 2], [1, 3]] {
+            let mut ok = 0;
+            for leaf in &leaves {
+                if leaf.state() != LeafState::Online {
+                    continue;
+                }
+                let json = serde_json::to_vec(&LabelJson { this_guid: leaf.guid, config: cfg.clone() }).unwrap();
+                let dev = leaf.device();
+                let size = dev.size();
+                let mut good = true;
+                for l in pass {
+                    let off = label::label_offset(size, l);
+                    let buf = label::encode_config(&json, cfg.txg, off)?;
+                    if dev.write_at(&buf, off).is_err() {
+                        good = false;
+                    }
+                }
+                if good && dev.flush().is_ok() {
+                    ok += 1;
+                } else {
+                    leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if ok == 0 && !leaves.is_empty() {
+                return Err(Error::Io(std::io::Error::other("could not write the pool config to any device")));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Pool {
+    pub fn add(&self, tops: Vec<TopSpec>, force: bool) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let _g = inner.sync_lock.lock();
+        let mut new_tops = Vec::new();
+        let mut next_id = inner.tops().iter().map(|t| t.id + 1).max().unwrap_or(0);
+        for t in &tops {
+            let mut kids = Vec::new();
+            let mut cfg_kids = Vec::new();
+            for l in &t.leaves {
+                if inner.find_leaf(&l.display()).is_some() {
+                    return Err(Error::invalid(format!("{} is already in pool '{}'", l.display(), inner.name)));
+                }
+                let dev = (inner.opener)(l, t.role)?;
+                check_device_free(&*dev, l, force)?;
+                label::wipe_labels(&*dev)?;
+                let g = new_guid(&*inner.env);
+                kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
+                cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: 0, dtl: vec![] });
+            }
+            let ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(12);
+            let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
+            new_tops.push((open_top(&tc, kids.clone()), tc, kids));
+            next_id += 1;
+        }
+        for (top, tc, kids) in new_tops {
+            if matches!(top.role, Role::Normal | Role::Log) {
+                inner.io.ms.lock().add_vdev(top.id, top.role, top.asize());
+            }
+            inner.leaves.write().extend(kids);
+            inner.io.vdevs.write().push(top);
+            inner.config.lock().tops.push(tc);
+        }
+        inner.meta.lock().changed = true;
+        inner.io.refresh_space();
+        drop(_g);
+        inner.write_config_labels("active")?;
+        self.sync()
+    }
+
+    pub fn attach(&self, existing: &str, new: &LeafSpec, force: bool) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let (top, _) = inner.find_leaf(existing).ok_or_else(|| Error::NotFound(format!("device '{existing}' in pool '{}'", inner.name)))?;
+        if top.role == Role::Cache || top.role == Role::Spare {
+            return Err(Error::invalid("cannot attach to a cache or spare device"));
+        }
+        if inner.find_leaf(&new.display()).is_some() {
+            return Err(Error::invalid(format!("{} is already in pool '{}'", new.display(), inner.name)));
+        }
+        let dev = (inner.opener)(new, top.role)?;
+        check_device_free(&*dev, new, force)?;
+        if label::usable_end(dev.size()) < top.asize() + label::DATA_START {
+            return Err(Error::invalid(format!("{} is too small to attach", new.display())));
+        }
+        label::wipe_labels(&*dev)?;
+        let g = new_guid(&*inner.env);
+        let leaf = Arc::new(Leaf::new(g, new.clone(), dev));
+        // it has nothing: every txg up to now is missing
+        leaf.set_dtl(vec![(1, inner.txg.open_txg())]);
+        {
+            let _g = inner.sync_lock.lock();
+            top.children.write().push(leaf.clone());
+            inner.leaves.write().push(leaf);
+            let mut cfg = inner.config.lock();
+            if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
+                tc.children.push(LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: 0, dtl: vec![] });
+                tc.mirror = true;
+            }
+        }
+        inner.write_config_labels("active")?;
+        crate::scan::start_resilver(inner);
+        Ok(())
+    }
+
+    pub fn detach(&self, dev: &str) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let (top, leaf) = inner.find_leaf(dev).ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
+        let kids = top.children();
+        if top.role == Role::Normal || top.role == Role::Log {
+            if kids.len() < 2 {
+                return Err(Error::invalid(format!("cannot detach {dev}: only a device of a mirror can be detached")));
+            }
+            let others_good = kids.iter().any(|c| c.guid != leaf.guid && c.readable() && c.dtl_empty());
+            if !others_good {
+                return Err(Error::invalid(format!("cannot detach {dev}: no valid replicas")));
+            }
+        }
+        {
+            let _g = inner.sync_lock.lock();
+            top.children.write().retain(|c| c.guid != leaf.guid);
+            inner.leaves.write().retain(|c| c.guid != leaf.guid);
+            let mut cfg = inner.config.lock();
+            for tc in cfg.tops.iter_mut() {
+                tc.children.retain(|c| c.guid != leaf.guid);
+            }
+            if top.role == Role::Cache || top.role == Role::Spare {
+                cfg.tops.retain(|t| t.id != top.id);
+            }
+        }
+        if top.role == Role::Cache || top.role == Role::Spare {
+            inner.io.vdevs.write().retain(|t| t.id != top.id);
+        }
+        let _ = label::wipe_labels(&**leaf.device());
+        inner.write_config_labels("active")
+    }
+
+    pub fn offline(&self, dev: &str) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let (top, leaf) = inner.find_leaf(dev).ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
+        if leaf.state() == LeafState::Offline {
+            return Ok(());
+        }
+        if matches!(top.role, Role::Normal | Role::Log) && !top.children().iter().any(|c| c.guid != leaf.guid && c.readable()) {
+            return Err(Error::invalid(format!("cannot offline {dev}: no valid replicas")));
+        }
+        {
+            let _g = inner.sync_lock.lock();
+            leaf.set_state(LeafState::Offline);
+        }
+        inner.write_config_labels("active")
+    }
+
+    pub fn online(&self, dev: &str) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let (_top, leaf) = inner.find_leaf(dev).ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
+        match leaf.state() {
+            LeafState::Online => return Ok(()),
+            LeafState::Unavail => {
+                return Err(Error::invalid(format!("cannot online {dev}: device was missing at import; export and import the pool")));
+            }
+            _ => {}
+        }
+        {
+            let _g = inner.sync_lock.lock();
+            leaf.set_state(LeafState::Online);
+        }
+        inner.write_config_labels("active")?;
+        if !leaf.dtl_empty() {
+            crate::scan::start_resilver(inner);
+        }
+        Ok(())
+    }
+
+    pub fn replace(&self, old: &str, new: &LeafSpec, force: bool) -> Result<()> {
+        self.check_open()?;
+        self.attach(old, new, force)?;
+        crate::scan::wait(&self.inner);
+        self.detach(old)
+    }
+
+    pub fn clear(&self, dev: Option<&str>) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        match dev {
+            Some(d) => {
+                let (_, l) = inner.find_leaf(d).ok_or_else(|| Error::NotFound(format!("device '{d}' in pool '{}'", inner.name)))?;
+                l.clear_errors();
+                if l.state() == LeafState::Faulted {
+                    l.set_state(LeafState::Online);
+                }
+            }
+            None => {
+                for l in inner.leaves.read().iter() {
+                    l.clear_errors();
+                    if l.state() == LeafState::Faulted {
+                        l.set_state(LeafState::Online);
+                    }
+                }
+                inner.io.errors.unrecoverable.store(0, Ordering::Relaxed);
+                inner.io.error_log.lock().clear();
+            }
+        }
+        if inner.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty()) {
+            crate::scan::start_resilver(inner);
+        }
+        inner.suspended.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+}
+
+/// Refuse a device that carries a label of an active or exported pool unless forced.
+pub(super) fn check_device_free(dev: &dyn Device, spec: &LeafSpec, force: bool) -> Result<()> {
+    if dev.size() < label::MIN_DEVICE_SIZE {
+        return Err(Error::invalid(format!(
+            "{} is too small ({} bytes; at least {} MiB needed)",
+            spec.display(),
+            dev.size(),
+            label::MIN_DEVICE_SIZE >> 20
+        )));
+    }
+    if force {
+        return Ok(());
+    }
+    if let Ok(scan) = label::scan_labels(dev) {
+        if let Some((_, j)) = scan.config {
+            if let Ok(lj) = serde_json::from_slice::<LabelJson>(&j) {
+                if lj.config.state != "destroyed" {
+                    return Err(Error::Busy(format!(
+                        "{} is part of {} pool '{}'; use -f to override",
+                        spec.display(),
+                        if lj.config.state == "exported" { "exported" } else { "active" },
+                        lj.config.name
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,509 @@
+//! spa: the storage pool — create, import, export, destroy, config changes, status.
+//!
+//! Theory of operation
+//! -------------------
+//! `Pool` is the handle the daemon holds; [`PoolInner`] is the pool state it shares
+//! (`Arc`) with every open volume and the background threads (txg sync, scan). The sync
+//! thread is the only writer of the committed state (volume roots, MOS, uberblocks); open
+//! context only adds dirty records.
+//!
+//! Creating a pool writes labels with the config to every leaf and syncs an initial txg
+//! (empty MOS), so a pool exists on disk exactly when an uberblock for it is durable.
+//! Importing scans the labels of the given devices, groups them by pool guid, takes the
+//! config with the highest config txg, checks that every top-level vdev has at least one
+//! readable child, then loads the MOS from the newest uberblock whose tree reads back
+//! (falling back to older uberblocks in the ring if the newest is damaged).
+//!
+//! ```text
+//!  mod.rs     Pool handle, PoolInner, volumes (create/destroy/props), lifecycle
+//!  config.rs  on-label config (PoolConfig), label writes, add/attach/detach/online/...
+//!  import.rs  create, find importable pools, import (label scan, uberblock choice)
+//!  sync.rs    spa_sync: the txg commit protocol, and the sync thread
+//!  status.rs  structured status, list, iostat, pool properties
+//!  verify.rs  zdb-style space accounting check (tests)
+//! ```
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::dmu::{self, DirtySet, PoolIo, TreeRoot, VolumeRecord};
+use crate::dsl_pool::DirtyAccounting;
+use crate::env::Env;
+use crate::props::{PropRow, PropSet};
+use crate::txg::TxgState;
+use crate::vdev::label;
+use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
+use crate::vdev::{LeafSpec, Role};
+use crate::zio::blkptr::BlockPointer;
+use crate::zvol::BlockVolume;
+use crate::{Error, Result};
+
+mod config;
+mod import;
+mod status;
+mod sync;
+mod verify;
+
+pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
+pub use import::ImportablePool;
+pub use status::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
+pub use sync::{SYNC_CHUNK_BLOCKS, SYNC_PIPELINE_CHUNKS};
+
+/// One top-level vdev as the user asked for it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TopSpec {
+    pub role: Role,
+    pub mirror: bool,
+    pub leaves: Vec<LeafSpec>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    pub force: bool,
+    pub ashift: Option<u8>,
+    /// Pool properties (-o name=value): ashift, autoreplace, failmode.
+    pub props: Vec<(String, String)>,
+    /// Clock, sleeps, threads and randomness; None = the real world (`env::real()`).
+    pub env: Option<Arc<dyn Env>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrubCmd {
+    Start,
+    Pause,
+    Stop,
+}
+
+pub const POOL_VERSION: u64 = 1;
+pub const MAX_VOLBLOCKSIZE: u32 = 128 << 10;
+pub const MIN_VOLBLOCKSIZE: u32 = 4096;
+
+pub fn validate_pool_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name.chars().next().map_or(false, |c| c.is_ascii_alphabetic())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if !ok {
+        return Err(Error::invalid(format!(
+            "invalid pool name '{name}': must begin with a letter and contain only letters, digits, '_', '-', '.', ':'"
+        )));
+    }
+    if ["mirror", "raidz", "draid", "spare", "log", "cache"].iter().any(|r| name.starts_with(r)) {
+        return Err(Error::invalid(format!("invalid pool name '{name}': name is reserved")));
+    }
+    Ok(())
+}
+
+pub fn validate_volume_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if !ok {
+        return Err(Error::invalid(format!(
+            "invalid volume name '{name}': use letters, digits, '_', '-', '.', ':' (no '/')"
+        )));
+    }
+    Ok(())
+}
+
+/// In-memory state of one volume.
+pub struct VolumeState {
+    pub id: u64,
+    pub name: String,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub created_txg: u64,
+    pub props: RwLock<PropSet>,
+    pub committed: RwLock<TreeRoot>,
+    pub dirty: DirtySet,
+    pub destroyed: AtomicBool,
+}
+
+impl VolumeState {
+    pub fn nblocks(&self) -> u64 {
+        self.volsize.div_ceil(self.volblocksize as u64)
+    }
+    pub fn record(&self, root: TreeRoot) -> VolumeRecord {
+        VolumeRecord {
+            id: self.id,
+            name: self.name.clone(),
+            volsize: self.volsize,
+            volblocksize: self.volblocksize,
+            root,
+            props: self.props.read().clone(),
+            created_txg: self.created_txg,
+        }
+    }
+}
+
+/// MOS fields that are not volumes.
+pub struct MosMeta {
+    pub next_volume_id: u64,
+    pub mos_root: BlockPointer,
+    /// Roots of destroyed volumes whose blocks are freed in the next sync.
+    pub doomed: Vec<TreeRoot>,
+    pub scan_state: String,
+    /// Something in the MOS changed (props, volumes) even if no data is dirty.
+    pub changed: bool,
+}
+
+pub struct PoolInner {
+    pub name: String,
+    pub guid: u64,
+    pub io: PoolIo,
+    pub txg: TxgState,
+    pub dirty: DirtyAccounting,
+    pub config: Mutex<PoolConfig>,
+    pub leaves: RwLock<Vec<Arc<Leaf>>>,
+    pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
+    pub meta: Mutex<MosMeta>,
+    /// Serialises syncs with config changes (attach/detach/add/online/offline).
+    pub sync_lock: Mutex<()>,
+    pub opener: Opener,
+    pub suspended: AtomicBool,
+    /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
+    pub abandoned: AtomicBool,
+    pub scan: crate::scan::ScanControl,
+    /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
+    pub env: Arc<dyn crate::env::Env>,
+}
+
+/// A random non-zero guid from `env`'s RNG (seeded under simulation).
+pub fn new_guid(env: &dyn crate::env::Env) -> u64 {
+    loop {
+        let g = env.random_u64();
+        if g != 0 {
+            return g;
+        }
+    }
+}
+
+impl PoolInner {
+    /// The one constructor: `synced_txg` is the last txg on disk (the new pool's
+    /// first txg is `synced_txg + 1`).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        config: PoolConfig,
+        io: PoolIo,
+        leaves: Vec<Arc<Leaf>>,
+        volumes: BTreeMap<String, Arc<VolumeState>>,
+        meta: MosMeta,
+        synced_txg: u64,
+        opener: Opener,
+        env: Arc<dyn Env>,
+    ) -> Arc<PoolInner> {
+        Arc::new(PoolInner {
+            name: config.name.clone(),
+            guid: config.guid,
+            io,
+            txg: TxgState::new(synced_txg, env.clone()),
+            dirty: DirtyAccounting::new(env.clone()),
+            config: Mutex::new(config),
+            leaves: RwLock::new(leaves),
+            volumes: RwLock::new(volumes),
+            meta: Mutex::new(meta),
+            sync_lock: Mutex::new(()),
+            opener,
+            suspended: false.into(),
+            abandoned: false.into(),
+            scan: Default::default(),
+            env,
+        })
+    }
+
+    pub fn tops(&self) -> Vec<Arc<TopVdev>> {
+        self.io.vdevs.read().clone()
+    }
+
+
+    pub fn find_leaf(&self, name: &str) -> Option<(Arc<TopVdev>, Arc<Leaf>)> {
+        for t in self.tops() {
+            for c in t.children() {
+                if c.spec.display() == name
+                    || c.spec.path.to_string_lossy() == name
+                    || c.spec.path.file_name().map(|f| f.to_string_lossy() == name).unwrap_or(false)
+                    || c.guid.to_string() == name
+                {
+                    return Some((t.clone(), c));
+                }
+            }
+        }
+        None
+    }
+}
+
+pub struct Pool {
+    inner: Arc<PoolInner>,
+    sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Pool {
+    fn from_inner(inner: Arc<PoolInner>) -> Arc<Pool> {
+        let t = inner.clone();
+        let handle = inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || t.sync_loop())).expect("spawn txg sync thread");
+        let pool = Arc::new(Pool { inner, sync_thread: Mutex::new(Some(handle)), closed: false.into() });
+        crate::scan::resume_after_import(&pool.inner);
+        pool
+    }
+
+    pub fn inner(&self) -> &Arc<PoolInner> {
+        &self.inner
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
+    }
+
+    fn stop_threads(&self) {
+        self.inner.txg.begin_shutdown();
+        self.inner.dirty.wake_all();
+        if let Some(h) = self.sync_thread.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    pub fn export(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Err(Error::invalid(format!("pool '{}' is already exported", self.inner.name)));
+        }
+        crate::scan::pause_for_export(&self.inner);
+        // final sync of everything dirty
+        let open = self.inner.txg.open_txg();
+        self.inner.txg.request_sync(open);
+        self.stop_threads();
+        if let Some(e) = self.inner.txg.sync_error() {
+            return Err(Error::Io(std::io::Error::other(format!("final sync failed: {e}"))));
+        }
+        self.inner.write_config_labels("exported")?;
+        Ok(())
+    }
+
+    /// Stop the background threads without syncing (tests: simulated crash).
+    pub fn abandon(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.inner.abandoned.store(true, Ordering::Release);
+        crate::scan::stop(&self.inner);
+        self.inner.txg.begin_shutdown();
+        self.inner.suspended.store(true, Ordering::Relaxed);
+        // drop dirty data so the final-sync path has nothing to do
+        for v in self.inner.volumes.read().values() {
+            v.dirty.clear();
+        }
+        self.inner.meta.lock().changed = false;
+        for t in crate::txg::TXG_INITIAL..self.inner.txg.open_txg() + 1 {
+            self.inner.dirty.retire(t);
+        }
+        if let Some(h) = self.sync_thread.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    pub fn destroy(&self) -> Result<()> {
+        self.check_open()?;
+        self.closed.store(true, Ordering::Release);
+        crate::scan::stop(&self.inner);
+        self.stop_threads();
+        for leaf in self.inner.leaves.read().iter() {
+            if leaf.state() == LeafState::Unavail {
+                continue;
+            }
+            if let Err(e) = label::wipe_labels(&**leaf.device()) {
+                tracing::warn!("destroy: could not wipe {}: {e}", leaf.spec.display());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn name(&self) -> String {
+        self.inner.name.clone()
+    }
+    pub fn guid(&self) -> u64 {
+        self.inner.guid
+    }
+    pub fn leaf_specs(&self) -> Vec<LeafSpec> {
+        self.inner.leaves.read().iter().map(|l| l.spec.clone()).collect()
+    }
+    pub fn synced_txg(&self) -> u64 {
+        self.inner.txg.synced_txg()
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.check_open()?;
+        let t = self.inner.txg.open_txg();
+        self.inner.txg.wait_synced(t)
+    }
+
+    pub fn arc_stats(&self) -> crate::arc::ArcStats {
+        self.inner.io.arc.stats()
+    }
+
+    pub fn throttle_stats(&self) -> crate::dsl_pool::ThrottleStats {
+        self.inner.dirty.stats()
+    }
+
+    pub fn scrub(&self, cmd: ScrubCmd) -> Result<()> {
+        self.check_open()?;
+        match cmd {
+            ScrubCmd::Start => crate::scan::start_scrub(&self.inner),
+            ScrubCmd::Pause => crate::scan::pause(&self.inner),
+            ScrubCmd::Stop => crate::scan::cancel(&self.inner),
+        }
+    }
+
+    pub fn scrub_wait(&self) -> Result<()> {
+        crate::scan::wait(&self.inner);
+        Ok(())
+    }
+
+    // ---- volumes -------------------------------------------------------------------
+
+    pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, sparse: bool, props: &[(String, String)]) -> Result<()> {
+        let _ = sparse; // reservations are not implemented: every volume is sparse
+        self.check_open()?;
+        validate_volume_name(name)?;
+        if !volblocksize.is_power_of_two() || !(MIN_VOLBLOCKSIZE..=MAX_VOLBLOCKSIZE).contains(&volblocksize) {
+            return Err(Error::invalid(format!("volblocksize {volblocksize} must be a power of two from 4K to 128K")));
+        }
+        if volsize == 0 || volsize % volblocksize as u64 != 0 {
+            return Err(Error::invalid(format!("volsize {volsize} must be a non-zero multiple of volblocksize ({volblocksize})")));
+        }
+        if volsize > (1u64 << 50) {
+            return Err(Error::invalid("volsize too large (max 1 PiB)"));
+        }
+        let mut ps = crate::props::PropSet::default();
+        for (k, v) in props {
+            if k == "volblocksize" || k == "volsize" {
+                return Err(Error::invalid(format!("use -b / -V for '{k}'")));
+            }
+            ps.set(k, v)?;
+        }
+        let inner = &self.inner;
+        let mut vols = inner.volumes.write();
+        if vols.contains_key(name) {
+            return Err(Error::Exists(format!("{}/{name}", inner.name)));
+        }
+        let id = {
+            let mut m = inner.meta.lock();
+            let id = m.next_volume_id;
+            m.next_volume_id += 1;
+            m.changed = true;
+            id
+        };
+        let nlevels = dmu::levels_for(volsize / volblocksize as u64);
+        vols.insert(
+            name.to_string(),
+            Arc::new(VolumeState {
+                id,
+                name: name.to_string(),
+                volsize,
+                volblocksize,
+                created_txg: inner.txg.open_txg(),
+                props: RwLock::new(ps),
+                committed: RwLock::new(TreeRoot { bp: BlockPointer::hole(), nlevels }),
+                dirty: Default::default(),
+                destroyed: false.into(),
+            }),
+        );
+        drop(vols);
+        self.sync()
+    }
+
+    pub fn volume_destroy(&self, name: &str) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        // sync first so the tree we free is complete
+        self.sync()?;
+        let _g = inner.sync_lock.lock();
+        let v = inner.volumes.write().remove(name).ok_or_else(|| Error::NotFound(format!("volume '{}/{name}'", inner.name)))?;
+        v.destroyed.store(true, Ordering::Release);
+        let root = *v.committed.read();
+        let mut m = inner.meta.lock();
+        if !root.bp.is_hole() {
+            m.doomed.push(root);
+        }
+        m.changed = true;
+        drop(m);
+        drop(_g);
+        self.sync()
+    }
+
+    pub fn volumes(&self) -> Vec<VolumeInfo> {
+        self.inner
+            .volumes
+            .read()
+            .values()
+            .map(|v| VolumeInfo {
+                name: format!("{}/{}", self.inner.name, v.name),
+                volsize: v.volsize,
+                volblocksize: v.volblocksize,
+                used: v.committed.read().bp.fill * v.volblocksize as u64,
+                readonly: v.props.read().value("readonly") == "on",
+            })
+            .collect()
+    }
+
+    pub fn open_volume(&self, name: &str) -> Result<Arc<dyn BlockVolume>> {
+        Ok(self.open_zvol(name)?)
+    }
+
+    pub fn open_zvol(&self, name: &str) -> Result<Arc<crate::zvol::Volume>> {
+        self.check_open()?;
+        let v = self.inner.volumes.read().get(name).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{name}'", self.inner.name)))?;
+        Ok(Arc::new(crate::zvol::Volume::new(self.inner.clone(), v)))
+    }
+
+    pub fn get_props(&self, volume: &str, props: &[String]) -> Result<Vec<PropRow>> {
+        let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
+        let full = format!("{}/{}", self.inner.name, v.name);
+        let ps = v.props.read().clone();
+        let used = v.committed.read().bp.fill * v.volblocksize as u64;
+        let mut all: Vec<(String, String, String)> = vec![
+            ("volsize".into(), v.volsize.to_string(), "local".into()),
+            ("volblocksize".into(), v.volblocksize.to_string(), "default".into()),
+            ("used".into(), used.to_string(), "-".into()),
+            ("referenced".into(), used.to_string(), "-".into()),
+            ("logicalused".into(), used.to_string(), "-".into()),
+        ];
+        for d in crate::props::PROPS {
+            let (val, src) = ps.get(d.name);
+            all.push((d.name.into(), val, src.into()));
+        }
+        let wanted: Vec<String> = if props.is_empty() || props.iter().any(|p| p == "all") {
+            all.iter().map(|a| a.0.clone()).collect()
+        } else {
+            props.to_vec()
+        };
+        let mut out = Vec::new();
+        for w in wanted {
+            match all.iter().find(|a| a.0 == w) {
+                Some((p, val, src)) => out.push(PropRow { name: full.clone(), property: p.clone(), value: val.clone(), source: src.clone() }),
+                None => return Err(Error::invalid(format!("unknown property '{w}'"))),
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn set_prop(&self, volume: &str, prop: &str, value: &str) -> Result<()> {
+        self.check_open()?;
+        let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
+        v.props.write().set(prop, value)?;
+        self.inner.meta.lock().changed = true;
+        self.sync()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if !self.closed.load(Ordering::Acquire) {
+            // not exported: behave like a crash (nothing more is written)
+            self.abandon();
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! spa status: what `zilla pool status`, `list`, `iostat` and `get` report, as data.
+//!
+//! Theory of operation
+//! -------------------
+//! Everything here is read-only snapshots of live counters and state; the prose that
+//! `zpool status` prints around them (status/action paragraphs, the scan line) is the
+//! binary's business.
+use std::sync::atomic::Ordering;
+
+use super::Pool;
+use crate::props::PropRow;
+use crate::vdev::queue::LeafStats;
+use crate::vdev::Role;
+
+/// One node of `zilla pool status`'s config tree.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct VdevStatus {
+    /// Leaf: its spec string; mirror: "mirror-N"; class headers are not nodes.
+    pub name: String,
+    /// "mirror", "file", "disk", "sim-hdd", "sim-ssd", ...
+    pub kind: String,
+    pub role: Role,
+    /// ONLINE, DEGRADED, FAULTED, OFFLINE, UNAVAIL, REMOVED
+    pub state: String,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub cksum_errors: u64,
+    /// e.g. "(resilvering)" or "" 
+    pub note: String,
+    pub children: Vec<VdevStatus>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub guid: u64,
+    /// ONLINE, DEGRADED, UNAVAIL, SUSPENDED
+    pub state: String,
+    /// The last or current scrub/resilver (`func` empty: never run).
+    pub scan: crate::scan::ScanStatus,
+    pub config: Vec<VdevStatus>,
+    /// Blocks that could not be read or repaired since the last `clear`.
+    pub data_errors: u64,
+    /// The affected blocks (`status -v`).
+    pub error_list: Vec<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PoolListRow {
+    pub name: String,
+    pub size: u64,
+    pub alloc: u64,
+    pub free: u64,
+    pub frag_percent: u64,
+    pub cap_percent: u64,
+    pub health: String,
+    pub ashift: u8,
+}
+
+/// One vdev in an iostat snapshot (cumulative counters; the CLI takes differences).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct IostatNode {
+    pub name: String,
+    pub role: Role,
+    pub alloc: u64,
+    pub free: u64,
+    /// Sum over children for interior nodes.
+    pub stats: LeafStats,
+    pub children: Vec<IostatNode>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct IostatSnapshot {
+    pub pool: String,
+    pub timestamp_ns: u64,
+    pub alloc: u64,
+    pub free: u64,
+    pub stats: LeafStats,
+    pub vdevs: Vec<IostatNode>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct VolumeInfo {
+    /// "pool/name"
+    pub name: String,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub used: u64,
+    pub readonly: bool,
+}
+
+impl Pool {
+    fn health(&self) -> String {
+        if self.inner.suspended.load(Ordering::Relaxed) {
+            return "SUSPENDED".into();
+        }
+        let mut worst = "ONLINE";
+        for t in self.inner.tops() {
+            if t.role == Role::Cache || t.role == Role::Spare {
+                continue;
+            }
+            match t.state_name() {
+                "UNAVAIL" if t.role == Role::Normal => return "UNAVAIL".into(),
+                "ONLINE" => {}
+                _ => worst = "DEGRADED",
+            }
+        }
+        worst.into()
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let inner = &self.inner;
+        let mut config = Vec::new();
+        let resilvering = crate::scan::is_resilvering(inner);
+        for t in inner.tops() {
+            let kids: Vec<VdevStatus> = t
+                .children()
+                .iter()
+                .map(|c| VdevStatus {
+                    name: c.spec.display(),
+                    kind: c.device().kind(),
+                    role: t.role,
+                    state: c.state().name().to_string(),
+                    read_errors: c.read_errors.load(Ordering::Relaxed),
+                    write_errors: c.write_errors.load(Ordering::Relaxed),
+                    cksum_errors: c.cksum_errors.load(Ordering::Relaxed),
+                    note: if resilvering && !c.dtl_empty() { "(resilvering)".into() } else { String::new() },
+                    children: vec![],
+                })
+                .collect();
+            let state = match t.role {
+                Role::Cache | Role::Spare => if kids.iter().all(|k| k.state == "ONLINE") { "ONLINE" } else { "UNAVAIL" },
+                _ => t.state_name(),
+            };
+            if t.is_mirror {
+                config.push(VdevStatus {
+                    name: format!("mirror-{}", t.id),
+                    kind: "mirror".into(),
+                    role: t.role,
+                    state: state.into(),
+                    read_errors: 0,
+                    write_errors: 0,
+                    cksum_errors: 0,
+                    note: String::new(),
+                    children: kids,
+                });
+            } else {
+                config.extend(kids);
+            }
+        }
+        PoolStatus {
+            name: inner.name.clone(),
+            guid: inner.guid,
+            state: self.health(),
+            scan: crate::scan::status(inner),
+            config,
+            data_errors: inner.io.errors.unrecoverable.load(Ordering::Relaxed),
+            error_list: inner.io.error_log.lock().clone(),
+        }
+    }
+
+    pub fn list_row(&self) -> PoolListRow {
+        let ms = self.inner.io.ms.lock();
+        let (size, alloc) = ms.space(Role::Normal);
+        PoolListRow {
+            name: self.inner.name.clone(),
+            size,
+            alloc,
+            free: size - alloc,
+            frag_percent: ms.frag_percent(),
+            cap_percent: if size == 0 { 0 } else { alloc * 100 / size },
+            health: self.health(),
+            ashift: self.inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(12),
+        }
+    }
+
+    pub fn iostat(&self) -> IostatSnapshot {
+        fn add(a: &mut LeafStats, b: &LeafStats) {
+            for i in 0..5 {
+                a.ops[i] += b.ops[i];
+                a.bytes[i] += b.bytes[i];
+                a.queued[i] += b.queued[i];
+                a.active[i] += b.active[i];
+            }
+            a.flushes += b.flushes;
+            for (ha, hb) in [(&mut a.total_latency_hist, &b.total_latency_hist), (&mut a.disk_latency_hist, &b.disk_latency_hist)] {
+                if ha.len() < hb.len() {
+                    ha.resize(hb.len(), vec![]);
+                }
+                for (x, y) in ha.iter_mut().zip(hb.iter()) {
+                    if x.len() < y.len() {
+                        x.resize(y.len(), 0);
+                    }
+                    for (p, q) in x.iter_mut().zip(y.iter()) {
+                        *p += q;
+                    }
+                }
+            }
+        }
+        // space per top-level vdev, read under the allocator lock without copying its trees
+        let tops = self.inner.tops();
+        let (vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
+            let ms = self.inner.io.ms.lock();
+            (tops.iter().map(|t| ms.vdev_space(t.id)).collect(), ms.space(Role::Normal))
+        };
+        let mut total = LeafStats::default();
+        let mut vdevs = Vec::new();
+        for (t, &(size, alloc)) in tops.iter().zip(&vdev_space) {
+            let mut tstats = LeafStats::default();
+            let mut children = Vec::new();
+            for c in t.children() {
+                let s = c.queue.stats();
+                add(&mut tstats, &s);
+                children.push(IostatNode { name: c.spec.display(), role: t.role, alloc: 0, free: 0, stats: s, children: vec![] });
+            }
+            if t.role == Role::Normal {
+                add(&mut total, &tstats);
+            }
+            let name = if t.is_mirror { format!("mirror-{}", t.id) } else { children[0].name.clone() };
+            if t.is_mirror {
+                vdevs.push(IostatNode { name, role: t.role, alloc, free: size - alloc, stats: tstats, children });
+            } else {
+                let mut c = children.pop().unwrap();
+                c.alloc = alloc;
+                c.free = size - alloc;
+                vdevs.push(c);
+            }
+        }
+        IostatSnapshot {
+            pool: self.inner.name.clone(),
+            timestamp_ns: self.inner.env.unix_time_ns(),
+            alloc,
+            free: size - alloc,
+            stats: total,
+            vdevs,
+        }
+    }
+
+    pub fn get_pool_props(&self) -> Vec<PropRow> {
+        let row = self.list_row();
+        let cfg = self.inner.config.lock().clone();
+        let mut out = vec![];
+        let mut push = |p: &str, v: String, s: &str| out.push(PropRow { name: cfg.name.clone(), property: p.into(), value: v, source: s.into() });
+        push("size", row.size.to_string(), "-");
+        push("allocated", row.alloc.to_string(), "-");
+        push("free", row.free.to_string(), "-");
+        push("capacity", format!("{}%", row.cap_percent), "-");
+        push("fragmentation", format!("{}%", row.frag_percent), "-");
+        push("health", row.health.clone(), "-");
+        push("guid", cfg.guid.to_string(), "-");
+        for (k, v) in &cfg.props {
+            push(k, v.clone(), if k == "ashift" { "local" } else { "default" });
+        }
+        out
+    }
+
+}

@@ -1,0 +1,125 @@
+//! status_text: the prose `zpool status` prints around the engine's structured status:
+//! the `status:` and `action:` paragraphs, the `scan:` line and the `errors:` line.
+//!
+//! Theory of operation
+//! -------------------
+//! The engine reports health, per-device error counters, the scan record and the
+//! data-error count as data (`spa::PoolStatus`); the words an administrator reads are
+//! chosen here, from those fields alone, so the daemon, the CLI and the web page agree.
+use zilla_core::scan::ScanStatus;
+use zilla_core::spa::{PoolStatus, VdevStatus};
+
+/// `status:` and `action:` paragraphs; both empty when there is nothing to say.
+pub fn status_action(s: &PoolStatus) -> (String, String) {
+    let (status, action): (&str, &str) = match s.state.as_str() {
+        "ONLINE" if device_errors(&s.config) > 0 => (
+            "One or more devices has experienced an unrecoverable error.  An\n\tattempt was made to correct the error.  Applications are unaffected.",
+            "Determine if the device needs to be replaced, and clear the errors\n\tusing 'zilla pool clear' or replace the device with 'zilla pool replace'.",
+        ),
+        "ONLINE" => ("", ""),
+        "DEGRADED" => (
+            "One or more devices is offline, missing or resilvering.  Sufficient replicas exist for\n\tthe pool to continue functioning in a degraded state.",
+            "Online the device using 'zilla pool online' or replace it with 'zilla pool replace'.",
+        ),
+        "SUSPENDED" => (
+            "The pool is suspended: a txg could not be written.",
+            "Check the devices; writes wait until the pool can be synced (failmode=wait).",
+        ),
+        _ => ("One or more devices could not be used.", "Attach the missing device and import again."),
+    };
+    (status.to_string(), action.to_string())
+}
+
+/// Read + write + checksum errors over every device in the tree.
+fn device_errors(vdevs: &[VdevStatus]) -> u64 {
+    vdevs.iter().map(|v| v.read_errors + v.write_errors + v.cksum_errors + device_errors(&v.children)).sum()
+}
+
+/// `errors:` line.
+pub fn errors_line(s: &PoolStatus) -> String {
+    match s.data_errors {
+        0 => "No known data errors".into(),
+        n => format!("{n} data errors, use '-v' for a list"),
+    }
+}
+
+/// `scan:` line of `zilla pool status`.
+pub fn scan_line(s: &ScanStatus) -> String {
+    if s.func.is_empty() {
+        return "none requested".into();
+    }
+    let pct = if s.to_examine_bytes == 0 { 100.0 } else { (s.examined_bytes as f64 * 100.0 / (s.to_examine_bytes as f64 * 2.0)).min(100.0) };
+    let dur = s.end_time_s.saturating_sub(s.start_time_s);
+    let hms = format!("{:02}:{:02}:{:02}", dur / 3600, dur / 60 % 60, dur % 60);
+    match (s.func.as_str(), s.state.as_str()) {
+        ("scrub", "scanning") => format!(
+            "scrub in progress since {}\n\t{} scanned, {} repaired, {:.2}% done",
+            fmt_time(s.start_time_s),
+            nicenum(s.examined_bytes),
+            nicenum(s.repaired_bytes),
+            pct
+        ),
+        ("scrub", "paused") => format!("scrub paused since {}\n\t{} scanned, {} repaired", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
+        ("scrub", "canceled") => format!("scrub canceled on {}", fmt_time(s.end_time_s)),
+        ("scrub", _) => format!("scrub repaired {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
+        ("resilver", "scanning") => format!("resilver in progress since {}\n\t{} scanned, {} resilvered", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
+        ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
+        _ => "none requested".into(),
+    }
+}
+
+/// ZFS-style human number (1.50G, 16K, 0B).
+pub fn nicenum(n: u64) -> String {
+    const U: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
+    if n < 1024 {
+        return format!("{n}{}", U[0]);
+    }
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if v < 10.0 {
+        format!("{:.2}{}", v, U[i])
+    } else if v < 100.0 {
+        format!("{:.1}{}", v, U[i])
+    } else {
+        format!("{:.0}{}", v, U[i])
+    }
+}
+
+/// "Sat Nov 21 19:45:00 2026" (UTC).
+pub fn fmt_time(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // civil from days (Howard Hinnant)
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    let wd = ((days % 7 + 11) % 7) as usize; // 1970-01-01 was a Thursday
+    const W: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+    const M: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    format!("{} {} {:2} {:02}:{:02}:{:02} {}", W[wd], M[(m - 1) as usize], d, rem / 3600, rem / 60 % 60, rem % 60, y)
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn formats() {
+        assert_eq!(nicenum(0), "0B");
+        assert_eq!(nicenum(16384), "16.0K");
+        assert_eq!(nicenum(1536 << 20), "1.50G");
+        assert_eq!(fmt_time(0), "Thu Jan  1 00:00:00 1970");
+        assert_eq!(fmt_time(1_795_290_300), "Sat Nov 21 19:45:00 2026");
+    }
+}
