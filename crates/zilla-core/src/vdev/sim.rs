@@ -1048,11 +1048,38 @@ mod tests {
         assert!(real_ns * 20.0 < virtual_ns as f64, "SimEnv must run much faster than real time");
     }
 
+    /// An in-memory disk whose reads take 1 ms of real time: under SimEnv a request is
+    /// otherwise served before another thread can queue behind it.
+    struct SlowMem(MemDevice);
+
+    impl Device for SlowMem {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            std::thread::sleep(Duration::from_millis(1));
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            self.0.write_at(buf, offset)
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn rotational(&self) -> bool {
+            true
+        }
+        fn kind(&self) -> String {
+            "slow-mem".into()
+        }
+    }
+
     /// Run `threads` x `per_thread` random 4K reads on a SimEnv sim-hdd of `depth`;
     /// returns (virtual ns per I/O, device stats).
     fn sim_hdd_concurrent(depth: u32, threads: usize, per_thread: usize) -> (f64, SimStats) {
         let env = Arc::new(SimEnv::new(9));
-        let dev = sim_device(SimProfile { ncq_depth: depth, ..hdd() }, &env);
+        let inner = Arc::new(SlowMem(MemDevice::new(DEVICE_BYTES)));
+        let dev = Arc::new(SimDevice::with_env(inner, SimProfile { ncq_depth: depth, ..hdd() }, env.clone()));
         let offs = offsets(threads * per_thread, 23, 4096);
         std::thread::scope(|s| {
             for t in 0..threads {
@@ -1074,9 +1101,9 @@ mod tests {
         // virtual clock advances by every request's full service time: no overlap, no
         // gain over QD1); at depth 32 the drive's shortest-seek-first choice among the
         // queued commands shortens the mean seek, so the same load finishes sooner.
-        let (per_io_1, st1) = sim_hdd_concurrent(1, 8, 100);
-        let (per_io_32, _) = sim_hdd_concurrent(32, 8, 100);
-        assert_eq!((per_io_1 * 800.0).round() as u64, st1.modelled_ns, "depth 1: service times add up, nothing overlaps");
+        let (per_io_1, st1) = sim_hdd_concurrent(1, 8, 40);
+        let (per_io_32, _) = sim_hdd_concurrent(32, 8, 40);
+        assert_eq!((per_io_1 * 320.0).round() as u64, st1.modelled_ns, "depth 1: service times add up, nothing overlaps");
         let p = hdd();
         let qd1_spec = (p.mean_random_seek_ns() + p.rotation_ns / 2) as f64;
         eprintln!("sim-hdd 8 callers: depth 1 {:.2} ms/IO, depth 32 {:.2} ms/IO (QD1 spec {:.2} ms)", per_io_1 / 1e6, per_io_32 / 1e6, qd1_spec / 1e6);
