@@ -673,7 +673,7 @@ impl Mos {
             out.extend_from_slice(&v.volblocksize.to_le_bytes());
             out.push(v.root.nlevels);
             out.extend_from_slice(&v.root.bp.encode());
-            put_str(&mut out, &serde_json::to_string(&v.props.local).unwrap_or_default());
+            put_str(&mut out, &serde_json::to_string(v.props.local()).unwrap_or_default());
             out.extend_from_slice(&v.created_txg.to_le_bytes());
         }
         ms.encode(&mut out);
@@ -718,7 +718,7 @@ impl Mos {
                 volsize,
                 volblocksize,
                 root: TreeRoot { bp, nlevels },
-                props: crate::props::PropSet { local },
+                props: crate::props::PropSet::from_local(local),
                 created_txg,
             });
         }

@@ -57,6 +57,7 @@ use std::sync::Arc;
 
 use crate::arc::{BlockKey, BufKind};
 use crate::dmu::{self, DirtySet, TreeRoot};
+use crate::props::{CachePolicy, SyncPolicy};
 use crate::spa::{PoolInner, VolumeState};
 use crate::vdev::IoClass;
 use crate::Error;
@@ -127,7 +128,7 @@ impl Volume {
 
     fn check_write(&self, offset: u64, len: u64) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().value("readonly") == "on" {
+        if self.vol.props.read().typed().readonly {
             return Err(Error::ReadOnly(format!("{}/{}", self.pool.name, self.vol.name)));
         }
         if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
@@ -171,7 +172,7 @@ impl Volume {
     }
 
     fn primary_cache_data(&self) -> bool {
-        self.vol.props.read().value("primarycache") == "all"
+        self.vol.props.read().typed().primarycache == CachePolicy::All
     }
 
     /// Content of a committed block (None = hole).
@@ -302,8 +303,8 @@ impl Volume {
         if self.pool.dirty.should_kick(txg) {
             self.pool.txg.request_sync(txg);
         }
-        let sync = self.vol.props.read().value("sync");
-        if sync == "always" || (fua && sync != "disabled") {
+        let sync = self.vol.props.read().typed().sync;
+        if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
             self.pool.txg.wait_synced(txg)?;
         }
         Ok(())
@@ -343,7 +344,7 @@ impl BlockVolume for Volume {
         self.vol.volblocksize
     }
     fn read_only(&self) -> bool {
-        self.vol.props.read().value("readonly") == "on"
+        self.vol.props.read().typed().readonly
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -382,7 +383,7 @@ impl BlockVolume for Volume {
         if let Err(e) = self.check_write(offset, data.len() as u64) {
             return Some(Err(e));
         }
-        if self.vol.props.read().value("sync") == "always" {
+        if self.vol.props.read().typed().sync == SyncPolicy::Always {
             return None;
         }
         let max = crate::dsl_pool::dirty_data_max();
@@ -412,7 +413,7 @@ impl BlockVolume for Volume {
 
     fn flush(&self) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().value("sync") == "disabled" {
+        if self.vol.props.read().typed().sync == SyncPolicy::Disabled {
             return Ok(());
         }
         if self.pool.dirty.total() == 0 && !self.pool.meta.lock().changed {

@@ -444,7 +444,7 @@ impl Pool {
                 volsize: v.volsize,
                 volblocksize: v.volblocksize,
                 used: v.committed.read().bp.fill * v.volblocksize as u64,
-                readonly: v.props.read().value("readonly") == "on",
+                readonly: v.props.read().typed().readonly,
             })
             .collect()
     }
@@ -464,16 +464,16 @@ impl Pool {
         let full = format!("{}/{}", self.inner.name, v.name);
         let ps = v.props.read().clone();
         let used = v.committed.read().bp.fill * v.volblocksize as u64;
-        let mut all: Vec<(String, String, String)> = vec![
-            ("volsize".into(), v.volsize.to_string(), "local".into()),
-            ("volblocksize".into(), v.volblocksize.to_string(), "default".into()),
-            ("used".into(), used.to_string(), "-".into()),
-            ("referenced".into(), used.to_string(), "-".into()),
-            ("logicalused".into(), used.to_string(), "-".into()),
+        let mut all: Vec<(String, String, String, Option<&str>)> = vec![
+            ("volsize".into(), v.volsize.to_string(), "local".into(), None),
+            ("volblocksize".into(), v.volblocksize.to_string(), "default".into(), None),
+            ("used".into(), used.to_string(), "-".into(), None),
+            ("referenced".into(), used.to_string(), "-".into(), None),
+            ("logicalused".into(), used.to_string(), "-".into(), None),
         ];
         for d in crate::props::PROPS {
             let (val, src) = ps.get(d.name);
-            all.push((d.name.into(), val, src.into()));
+            all.push((d.name.into(), val, src.into(), d.no_effect_yet));
         }
         let wanted: Vec<String> = if props.is_empty() || props.iter().any(|p| p == "all") {
             all.iter().map(|a| a.0.clone()).collect()
@@ -483,7 +483,13 @@ impl Pool {
         let mut out = Vec::new();
         for w in wanted {
             match all.iter().find(|a| a.0 == w) {
-                Some((p, val, src)) => out.push(PropRow { name: full.clone(), property: p.clone(), value: val.clone(), source: src.clone() }),
+                Some((p, val, src, note)) => out.push(PropRow {
+                    name: full.clone(),
+                    property: p.clone(),
+                    value: val.clone(),
+                    source: src.clone(),
+                    note: note.map(String::from),
+                }),
                 None => return Err(Error::invalid(format!("unknown property '{w}'"))),
             }
         }

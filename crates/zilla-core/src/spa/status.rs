@@ -240,7 +240,7 @@ impl Pool {
         let row = self.list_row();
         let cfg = self.inner.config.lock().clone();
         let mut out = vec![];
-        let mut push = |p: &str, v: String, s: &str| out.push(PropRow { name: cfg.name.clone(), property: p.into(), value: v, source: s.into() });
+        let mut push = |p: &str, v: String, s: &str| out.push(PropRow { name: cfg.name.clone(), property: p.into(), value: v, source: s.into(), note: None });
         push("size", row.size.to_string(), "-");
         push("allocated", row.alloc.to_string(), "-");
         push("free", row.free.to_string(), "-");

@@ -177,10 +177,9 @@ impl PoolInner {
                         new_roots.push((v.clone(), root));
                         continue;
                     }
-                    let props = v.props.read().clone();
-                    let algo = ChecksumAlgo::from_prop(&props.value("checksum")).unwrap_or(ChecksumAlgo::Fletcher4);
-                    let comp = crate::props::parse_compression(&props.value("compression")).unwrap_or(crate::zio::compress::Compression::Off);
-                    let cache = props.value("primarycache") == "all";
+                    let props = v.props.read().typed();
+                    let (algo, comp) = (props.checksum, props.compression);
+                    let cache = props.primarycache == crate::props::CachePolicy::All;
                     let mut changes = Vec::with_capacity(recs.len());
                     for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
                         // checksum and compress on every core, then allocate in blkid order
