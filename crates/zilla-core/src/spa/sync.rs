@@ -238,20 +238,11 @@ impl PoolInner {
             scan_state,
             pool_props,
         };
-        let blob = {
-            let ms = self.io.ms.lock();
-            mos.encode(&ms)
-        };
+        let blob = mos.encode(&self.io.ms.lock());
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
         self.io.issue_writes(batch, txg, threads)?;
         self.flush_all()?;
-        // A leaf that missed writes of this txg (faulted, failing) must have that in its
-        // DTL on disk before the txg commits: else a power cut forgets it, the leaf comes
-        // back looking complete, and detaching its partner loses data (found by the
-        // seeded simulation; OpenZFS writes DTLs every sync).
-        if self.dtl_changed() {
-            self.write_config_labels("active")?;
-        }
+        self.persist_changed_dtls()?;
         let ub = Uberblock {
             txg,
             guid_sum: self.config.lock().guid_sum(),
