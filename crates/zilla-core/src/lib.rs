@@ -168,7 +168,7 @@ mod fuzz_smoke {
     #[test]
     fn mos_decoder_rejects_bit_flips() {
         // a real MOS with every single-byte corruption: decode must not panic
-        let mut ms = crate::metaslab::Metaslabs::new();
+        let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
         let mos = crate::dmu::Mos { txg: 9, next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into() };
         let blob = mos.encode(&ms);

@@ -320,7 +320,7 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
 }
 
 fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
-    inner.io().ms.lock().space(crate::vdev::Role::Normal).1
+    inner.io().ms.space(crate::vdev::Role::Normal).1
 }
 
 /// Scrub one block pointer on every copy; returns false if it is unrecoverable.

@@ -162,7 +162,7 @@ impl Volume {
         loop {
             match self.check_space(new_bytes) {
                 Err(Error::NoSpace) if attempts < crate::metaslab::TXG_DEFER_SIZE as usize + 2 => {
-                    let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.lock().deferred_bytes() > 0;
+                    let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.deferred_bytes() > 0;
                     if !pending {
                         return Err(Error::NoSpace);
                     }

@@ -215,7 +215,7 @@ impl Pool {
         }
         for (top, tc, kids) in new_tops {
             if matches!(top.role, Role::Normal | Role::Log) {
-                inner.io.ms.lock().add_vdev(top.id, top.role, top.asize());
+                inner.io.ms.add_vdev(top.id, top.role, top.asize());
             }
             inner.leaves.write().extend(kids);
             inner.io.vdevs.write().push(top);

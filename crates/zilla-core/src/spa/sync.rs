@@ -69,7 +69,10 @@ impl PoolInner {
     }
 
 
+    /// Commit `ub` (spa_sync step 6). First the labels, if some leaf's DTL changed: what
+    /// a leaf missed must be on disk before the txg that it missed commits.
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
+        self.persist_changed_dtls()?;
         let leaves = self.ub_leaves();
         let ok = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
@@ -126,7 +129,8 @@ impl PoolInner {
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
     }
 
-    /// Sync txg `txg`. On failure the allocator is restored and the dirty records stay.
+    /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
+    /// undone (nothing allocated meanwhile outside the sync) and the dirty records stay.
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
         assert!(
             ZFS_DEBUG_FAIL_SYNC_ASSERTION.get() == 0,
@@ -135,13 +139,14 @@ impl PoolInner {
         );
         let _g = self.sync_lock.lock();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
-        // and T-2 never reference them), so release them outside the snapshot: a sync
+        // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
-        self.io.ms.lock().release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
-        let ms_snapshot = self.io.ms.lock().clone();
+        self.io.ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
+        self.io.ms.begin_sync(txg);
         let r = self.spa_sync_inner(txg);
-        if r.is_err() {
-            *self.io.ms.lock() = ms_snapshot;
+        match r {
+            Ok(()) => self.io.ms.end_sync(txg),
+            Err(_) => self.io.ms.undo_sync(txg),
         }
         self.io.refresh_space();
         match r {
@@ -253,11 +258,10 @@ impl PoolInner {
             scan_state,
             pool_props,
         };
-        let blob = mos.encode(&self.io.ms.lock());
+        let blob = mos.encode(&self.io.ms);
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
         self.io.issue_writes(batch, txg, threads)?;
         self.flush_all()?;
-        self.persist_changed_dtls()?;
         let ub = Uberblock {
             txg,
             guid_sum: self.config.lock().guid_sum(),
