@@ -289,42 +289,52 @@ impl PoolInner {
         Ok(())
     }
 
-    /// The sync thread body.
-    pub fn sync_loop(self: &Arc<Self>) {
-        loop {
-            let kick = |open: u64| self.dirty.should_kick(open);
-            let has = |open: u64| self.has_dirty(open);
-            let Some(txg) = self.txg.wait_for_work(&kick, &has) else { return };
-            if self.abandoned.load(Ordering::Acquire) {
-                return;
+    /// The quiesce thread body: closes open txgs and hands them to the sync thread.
+    pub(super) fn quiesce_loop(self: &Arc<Self>) {
+        let kick = |open: u64| self.dirty.should_kick(open);
+        let has = |open: u64| self.has_dirty(open);
+        while self.txg.quiesce_next(&kick, &has).is_some() {}
+    }
+
+    /// The sync thread body: syncs quiesced txgs in order, retrying a failed one.
+    pub(super) fn sync_loop(self: &Arc<Self>) {
+        while let Some(txg) = self.txg.wait_for_sync_work() {
+            if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
+                break;
             }
-            let mut backoff_ms = 10;
-            loop {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
-                let r = match r {
-                    Ok(r) => r,
-                    Err(p) => {
-                        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-                        tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
-                        self.suspended.store(true, Ordering::Relaxed);
-                        self.txg.mark_fatal(format!("txg {txg}: {msg}"));
-                        return;
+        }
+        self.txg.sync_thread_exited();
+    }
+
+    /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
+    /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
+    fn sync_until_done(&self, txg: u64) -> bool {
+        let mut backoff_ms = 10;
+        loop {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
+            let r = match r {
+                Ok(r) => r,
+                Err(p) => {
+                    let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
+                    self.suspended.store(true, Ordering::Relaxed);
+                    self.txg.mark_fatal(format!("txg {txg}: {msg}"));
+                    return false;
+                }
+            };
+            match r {
+                Ok(()) => {
+                    self.txg.mark_synced(txg);
+                    return true;
+                }
+                Err(e) => {
+                    tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
+                    self.txg.mark_sync_failed(e.to_string());
+                    if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
+                        return false;
                     }
-                };
-                match r {
-                    Ok(()) => {
-                        self.txg.mark_synced(txg);
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
-                        self.txg.mark_sync_failed(e.to_string());
-                        if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
-                            return;
-                        }
-                        self.env.sleep_ns(backoff_ms * 1_000_000);
-                        backoff_ms = (backoff_ms * 2).min(1000);
-                    }
+                    self.env.sleep_ns(backoff_ms * 1_000_000);
+                    backoff_ms = (backoff_ms * 2).min(1000);
                 }
             }
         }
