@@ -33,7 +33,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::arc::{ArcCache, BlockKey, BufKind};
 use crate::metaslab::Metaslabs;
-use crate::vdev::mirror::{TopVdev, VerifyResult};
+use crate::vdev::mirror::TopVdev;
 use crate::vdev::{IoClass, Role};
 use crate::zio::blkptr::{self, BlockPointer, Dva};
 use crate::zio::checksum::ChecksumAlgo;
@@ -196,7 +196,7 @@ impl PoolIo {
                 all_checksum = false;
                 continue;
             };
-            let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+            let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
             match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify) {
                 Ok(r) => {
                     let mut healed = r.repaired_bytes;
@@ -641,8 +641,10 @@ pub struct Mos {
     pub txg: u64,
     pub next_volume_id: u64,
     pub volumes: Vec<VolumeRecord>,
-    /// Trees of destroyed volumes still to be freed (freed in the next sync).
+    /// The scan's status and bookmark (`scan::ScanStatus` as JSON; empty when no scan
+    /// ever ran), so a paused or interrupted scrub resumes after import.
     pub scan_state: String,
+    /// Pool properties (JSON).
     pub pool_props: String,
 }
 

@@ -267,7 +267,8 @@ pub struct Metaslabs {
     classes: [Mutex<AllocClass>; 2],
     /// Top-level vdev id -> class index, for frees and claims that name only a DVA.
     vdev_class: RwLock<BTreeMap<u32, usize>>,
-    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE syncs.
+    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE + 1 starts
+    /// to sync.
     defer: Mutex<DeferLists>,
 }
 

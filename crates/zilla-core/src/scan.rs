@@ -28,7 +28,7 @@ use crate::dmu::{self, PoolIo, TreeRoot, VolumeState, EPB};
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::txg::TxgState;
-use crate::vdev::mirror::{Leaf, VerifyResult};
+use crate::vdev::mirror::Leaf;
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
 use crate::{Error, Result};
@@ -57,7 +57,9 @@ pub struct ScanStatus {
     pub state: String,
     pub start_time_s: u64,
     pub end_time_s: u64,
+    /// Bytes read so far, every copy on every mirror child counted.
     pub examined_bytes: u64,
+    /// Bytes the whole scan reads, counted the same way (allocated × children).
     pub to_examine_bytes: u64,
     pub repaired_bytes: u64,
     pub errors: u64,
@@ -319,8 +321,16 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
     }
 }
 
+/// Bytes a scan reads: every allocated byte of every normal top-level vdev, once per
+/// child, counted as `examined_bytes` is, so progress ends at 100 % for a single disk
+/// and an n-way mirror alike.
 fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
-    inner.io().ms.space(crate::vdev::Role::Normal).1
+    let io = inner.io();
+    let tops = io.vdevs.read().clone();
+    tops.iter()
+        .filter(|t| t.role == crate::vdev::Role::Normal)
+        .map(|t| io.ms.vdev_space(t.id).1 * t.children().len() as u64)
+        .sum()
 }
 
 /// Scrub one block pointer on every copy; returns false if it is unrecoverable.
@@ -331,7 +341,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
     for dva in bp.copies() {
         let Some(tvd) = inner.io().top(dva.vdev) else { continue };
         any = true;
-        let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+        let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
         let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
         let mut s = inner.scan().status.lock();
         s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
@@ -355,7 +365,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
 /// Some DVAs of `bp` are bad on every child of their mirror but another DVA is good:
 /// rewrite the bad DVAs from a good copy (every DVA holds the same physical bytes).
 fn repair_ditto(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::zio::blkptr::Dva)]) {
-    let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+    let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
     let good = bp.copies().filter(|d| !lost.iter().any(|(_, l)| l == *d)).find_map(|d| {
         let tvd = inner.io().top(d.vdev)?;
         tvd.read_verified(IoClass::Scrub, d.offset, d.asize as usize, bp.birth, &verify).ok()

@@ -228,7 +228,7 @@ impl Sim {
         let pool = Pool::create_with("sim", tops(), opts, world.set.opener()).expect("create pool");
         for (name, size, vbs) in VOLUMES {
             let props: Vec<(String, String)> = if vbs > 4096 { vec![("compression".into(), "lz4".into())] } else { vec![] };
-            pool.volume_create(name, size, vbs, true, &props).expect("create volume");
+            pool.volume_create(name, size, vbs, &props).expect("create volume");
         }
         let vols = VOLUMES.iter().map(|v| pool.open_volume(v.0).unwrap()).collect();
         let ledgers = VOLUMES.iter().map(|v| Ledger::new(v.1)).collect();

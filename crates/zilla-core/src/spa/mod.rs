@@ -324,10 +324,6 @@ impl Pool {
         self.inner.io.arc.stats()
     }
 
-    pub fn throttle_stats(&self) -> crate::dsl_pool::ThrottleStats {
-        self.inner.dirty.stats()
-    }
-
     pub fn scrub(&self, cmd: ScrubCmd) -> Result<()> {
         self.check_open()?;
         match cmd {
@@ -349,8 +345,9 @@ impl Pool {
 
     // ---- volumes -------------------------------------------------------------------
 
-    pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, sparse: bool, props: &[(String, String)]) -> Result<()> {
-        let _ = sparse; // reservations are not implemented: every volume is sparse
+    /// Create a volume. Every volume is sparse (thin): reservations do not exist yet, so
+    /// the CLI's `-s` is the only behaviour.
+    pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, props: &[(String, String)]) -> Result<()> {
         self.check_open()?;
         validate_volume_name(name)?;
         if !volblocksize.is_power_of_two() || !(MIN_VOLBLOCKSIZE..=MAX_VOLBLOCKSIZE).contains(&volblocksize) {

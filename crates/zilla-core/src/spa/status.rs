@@ -180,6 +180,7 @@ impl Pool {
                 a.ops[i] += b.ops[i];
                 a.bytes[i] += b.bytes[i];
                 a.queued[i] += b.queued[i];
+                a.errors[i] += b.errors[i];
                 a.active[i] += b.active[i];
             }
             a.flushes += b.flushes;
