@@ -230,6 +230,23 @@ impl TxgState {
         Ok(())
     }
 
+    /// Like `wait_synced`, but gives up (false) as soon as `abort()` says so or the sync
+    /// thread fails; for background work that must not outlive a pool being stopped.
+    pub fn wait_synced_unless(&self, txg: u64, abort: &dyn Fn() -> bool) -> bool {
+        let mut s = self.state.lock();
+        if txg > s.sync_requested {
+            s.sync_requested = txg;
+            self.cv.notify_all();
+        }
+        while s.synced_txg < txg {
+            if abort() || s.fatal.is_some() || s.shutting_down {
+                return false;
+            }
+            self.cv.wait_for(&mut s, Duration::from_millis(10));
+        }
+        true
+    }
+
     /// Quiesce thread: wait until the open txg is asked for (by the sync thread or a
     /// dirty kick) and the previous quiesced txg was taken, then close it, wait for its
     /// holders and hand it to the sync thread. Returns that txg, or None when the thread

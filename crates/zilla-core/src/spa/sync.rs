@@ -51,8 +51,10 @@ impl PoolInner {
     /// Uberblock `ub` into its slot of all four labels of every online leaf, then a
     /// flush, all leaves at once: per leaf four write requests and a flush request,
     /// which its queue issues only after those writes completed. Ok if at least one leaf
-    /// wrote all four and flushed.
+    /// wrote all four and flushed. First the labels, if some leaf's DTL changed: what a
+    /// leaf missed must be on disk before the txg that it missed commits.
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
+        self.persist_changed_dtls()?;
         use crate::vdev::queue::IoRequest;
         use crate::vdev::IoClass;
         let leaves: Vec<Arc<Leaf>> = self.ub_leaves().into_iter().filter(|l| l.state() == LeafState::Online).collect();
