@@ -15,10 +15,11 @@
 //! failures since the last one. Every accepted TCP socket gets TCP_NODELAY: replies
 //! are small and latency-bound.
 //!
-//! Connection cap: when all `connections_max` slots are taken, the accept loop asks
-//! the connection whose last request is oldest (at least `EVICT_IDLE_MIN` ago, nothing
-//! in flight) to close, so idle clients cannot lock new ones out; if none qualifies,
-//! new clients wait in the listen backlog until a slot frees.
+//! Connection cap: when all `connections_max` slots are taken, the accept loop holds
+//! the newly accepted client (one at a time; later ones wait in the listen backlog)
+//! and asks the connection whose last request is oldest (at least `EVICT_IDLE_MIN`
+//! ago, nothing in flight) to close, retrying every `EVICT_RETRY_INTERVAL` until a
+//! slot frees. So idle clients cannot lock new ones out.
 
 use std::collections::HashMap;
 use std::io;
@@ -42,6 +43,8 @@ const ACCEPT_RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
 const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// A connection is evicted at the cap only after this long without a request.
 const EVICT_IDLE_MIN: Duration = Duration::from_secs(5);
+/// How often a client waiting for a slot retries the eviction.
+const EVICT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often idle pooled reply buffers are trimmed.
 const BUFFER_TRIM_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -197,20 +200,6 @@ impl NbdServer {
             }
             // Reap finished connection tasks so the set stays bounded.
             while connections.try_join_next().is_some() {}
-            let slot = match connection_slots.clone().try_acquire_owned() {
-                Ok(slot) => Ok(slot),
-                Err(_) => {
-                    self.evict_idlest(&slots);
-                    tokio::select! {
-                        changed = shutdown.changed() => {
-                            if changed.is_err() { break; }
-                            continue;
-                        }
-                        slot = connection_slots.clone().acquire_owned() => slot,
-                    }
-                }
-            };
-            let Ok(slot) = slot else { break };
             let accepted = tokio::select! {
                 changed = shutdown.changed() => {
                     if changed.is_err() { break; }
@@ -237,6 +226,20 @@ impl NbdServer {
                     continue;
                 }
             };
+            // The accepted client waits here (one descriptor beyond the cap at most)
+            // until a slot frees; idle connections are asked to make room meanwhile.
+            let slot = loop {
+                if let Ok(slot) = connection_slots.clone().try_acquire_owned() {
+                    break Some(slot);
+                }
+                self.evict_idlest(&slots);
+                tokio::select! {
+                    _ = shutdown.wait_for(|stop| *stop) => break None,
+                    slot = connection_slots.clone().acquire_owned() => break slot.ok(),
+                    _ = tokio::time::sleep(EVICT_RETRY_INTERVAL) => {}
+                }
+            };
+            let Some(slot) = slot else { break };
             next_id += 1;
             let id = next_id;
             let connection = Arc::new(ConnectionSlot::default());
