@@ -776,3 +776,33 @@ pub fn read_mos_blob(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Resul
     blob.truncate(index.fill as usize);
     Ok(blob)
 }
+
+/// In-memory state of one volume.
+pub struct VolumeState {
+    pub id: u64,
+    pub name: String,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub created_txg: u64,
+    pub props: RwLock<crate::props::PropSet>,
+    pub committed: RwLock<TreeRoot>,
+    pub dirty: DirtySet,
+    pub destroyed: std::sync::atomic::AtomicBool,
+}
+
+impl VolumeState {
+    pub fn nblocks(&self) -> u64 {
+        self.volsize.div_ceil(self.volblocksize as u64)
+    }
+    pub fn record(&self, root: TreeRoot) -> VolumeRecord {
+        VolumeRecord {
+            id: self.id,
+            name: self.name.clone(),
+            volsize: self.volsize,
+            volblocksize: self.volblocksize,
+            root,
+            props: self.props.read().clone(),
+            created_txg: self.created_txg,
+        }
+    }
+}

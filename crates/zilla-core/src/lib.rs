@@ -91,6 +91,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &dsl_pool::ZFS_DELAY_MAX_NS,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
+    &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
 ]);
 
 /// The registry of every engine tunable.

@@ -111,7 +111,7 @@ impl Pool {
     pub fn status(&self) -> PoolStatus {
         let inner = &self.inner;
         let mut config = Vec::new();
-        let resilvering = crate::scan::is_resilvering(inner);
+        let resilvering = crate::scan::is_resilvering(&inner.scanner());
         for t in inner.tops() {
             let kids: Vec<VdevStatus> = t
                 .children()
@@ -152,7 +152,7 @@ impl Pool {
             name: inner.name.clone(),
             guid: inner.guid,
             state: self.health(),
-            scan: crate::scan::status(inner),
+            scan: crate::scan::status(&inner.scanner()),
             config,
             data_errors: inner.io.errors.unrecoverable.load(Ordering::Relaxed),
             error_list: inner.io.error_log.lock().clone(),
