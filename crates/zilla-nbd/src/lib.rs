@@ -22,6 +22,7 @@ pub mod server;
 #[doc(hidden)]
 pub mod fuzzing;
 
+mod connection_slot;
 mod framing;
 mod handshake;
 mod transmission;

@@ -24,15 +24,16 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use zilla_frontend::{ExportRegistry, Frontend, FrontendConfig};
 
+use crate::connection_slot::{now_ms, ConnectionSlot};
 use crate::framing::FrameReader;
 use crate::{handshake, transmission, NbdConfig};
 
@@ -83,27 +84,6 @@ impl NbdStats {
             connections_evicted: load(&self.connections_evicted),
             accept_errors: load(&self.accept_errors),
         }
-    }
-}
-
-/// Milliseconds since the first call (a coarse monotonic clock for idle ages); never 0.
-fn now_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
-}
-
-/// What the accept loop knows about one live connection.
-#[derive(Default)]
-pub(crate) struct ConnectionSlot {
-    /// `now_ms()` of the last request read; 0 until transmission starts.
-    last_request_ms: AtomicU64,
-    /// Asks the connection to close if nothing is in flight.
-    pub(crate) evict: Notify,
-}
-
-impl ConnectionSlot {
-    pub(crate) fn touch(&self) {
-        self.last_request_ms.store(now_ms(), Ordering::Relaxed);
     }
 }
 
@@ -226,38 +206,11 @@ impl NbdServer {
                     continue;
                 }
             };
-            // The accepted client waits here (one descriptor beyond the cap at most)
-            // until a slot frees; idle connections are asked to make room meanwhile.
-            let slot = loop {
-                if let Ok(slot) = connection_slots.clone().try_acquire_owned() {
-                    break Some(slot);
-                }
-                self.evict_idlest(&slots);
-                tokio::select! {
-                    _ = shutdown.wait_for(|stop| *stop) => break None,
-                    slot = connection_slots.clone().acquire_owned() => break slot.ok(),
-                    _ = tokio::time::sleep(EVICT_RETRY_INTERVAL) => {}
-                }
-            };
+            let slot = self.wait_for_slot(&connection_slots, &slots, &mut shutdown).await;
             let Some(slot) = slot else { break };
             next_id += 1;
-            let id = next_id;
-            let connection = Arc::new(ConnectionSlot::default());
-            if let Ok(mut table) = slots.lock() {
-                table.insert(id, connection.clone());
-            }
-            let server = self.clone();
-            let connection_shutdown = shutdown.clone();
-            let table = slots.clone();
-            connections.spawn(async move {
-                let _slot = slot;
-                if let Err(error) = server.serve_connection(read_half, write_half, &connection, connection_shutdown).await {
-                    tracing::debug!(%error, "nbd: connection ended with an error");
-                }
-                if let Ok(mut table) = table.lock() {
-                    table.remove(&id);
-                }
-            });
+            let (server, connection_shutdown) = (self.clone(), shutdown.clone());
+            connections.spawn(server.run_registered(read_half, write_half, slot, slots.clone(), next_id, connection_shutdown));
         }
         // Connections saw the same signal; give them the grace period plus a margin.
         let drain = async { while connections.join_next().await.is_some() {} };
@@ -266,6 +219,53 @@ impl NbdServer {
             connections.abort_all();
         }
         Ok(())
+    }
+
+    /// A slot for a client just accepted. At the cap the client waits here (one
+    /// descriptor beyond the cap at most) while idle connections are asked to make
+    /// room. `None` when shutting down.
+    async fn wait_for_slot(
+        &self,
+        connection_slots: &Arc<Semaphore>,
+        slots: &SlotTable,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Option<OwnedSemaphorePermit> {
+        loop {
+            if let Ok(slot) = connection_slots.clone().try_acquire_owned() {
+                return Some(slot);
+            }
+            self.evict_idlest(slots);
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return None,
+                slot = connection_slots.clone().acquire_owned() => return slot.ok(),
+                _ = tokio::time::sleep(EVICT_RETRY_INTERVAL) => {}
+            }
+        }
+    }
+
+    /// One connection task: listed in the slot table for its lifetime.
+    async fn run_registered<R, W>(
+        self,
+        read_half: R,
+        write_half: W,
+        _slot: OwnedSemaphorePermit,
+        slots: Arc<SlotTable>,
+        id: u64,
+        shutdown: watch::Receiver<bool>,
+    ) where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let connection = Arc::new(ConnectionSlot::default());
+        if let Ok(mut table) = slots.lock() {
+            table.insert(id, connection.clone());
+        }
+        if let Err(error) = self.serve_connection(read_half, write_half, &connection, shutdown).await {
+            tracing::debug!(%error, "nbd: connection ended with an error");
+        }
+        if let Ok(mut table) = slots.lock() {
+            table.remove(&id);
+        }
     }
 
     /// At the connection cap: ask the connection idle longest to close.

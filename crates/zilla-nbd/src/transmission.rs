@@ -65,7 +65,7 @@ use zilla_frontend::{BudgetPermit, BudgetShare, Frontend, IoKind, VolumeIoStats}
 use crate::framing::FrameReader;
 use crate::handshake::Session;
 use crate::proto::*;
-use crate::server::ConnectionSlot;
+use crate::connection_slot::ConnectionSlot;
 use crate::NbdConfig;
 
 /// Largest range one BLOCK_STATUS request examines; clients ask again for the rest.
