@@ -33,7 +33,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::arc::{ArcCache, BlockKey, BufKind};
 use crate::metaslab::Metaslabs;
-use crate::vdev::mirror::{TopVdev, VerifyResult};
+use crate::vdev::mirror::TopVdev;
 use crate::vdev::{IoClass, Role};
 use crate::zio::blkptr::{self, BlockPointer, Dva};
 use crate::zio::checksum::ChecksumAlgo;
@@ -109,7 +109,8 @@ pub struct IoErrors {
 /// The engine's block I/O: vdev tree, allocator, ARC.
 pub struct PoolIo {
     pub vdevs: RwLock<Vec<Arc<TopVdev>>>,
-    pub ms: Mutex<Metaslabs>,
+    /// The allocators, one per class, each with its own lock.
+    pub ms: Metaslabs,
     pub arc: ArcCache,
     pub errors: IoErrors,
     /// Recent unrecoverable block errors (bounded, for `status -v`).
@@ -146,7 +147,7 @@ impl PoolIo {
     pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs) -> PoolIo {
         PoolIo {
             vdevs: RwLock::new(vdevs),
-            ms: Mutex::new(ms),
+            ms,
             arc: ArcCache::following_tunable(),
             errors: Default::default(),
             error_log: Mutex::new(Vec::new()),
@@ -158,7 +159,7 @@ impl PoolIo {
 
     /// Refresh the lock-free space snapshot from the allocator.
     pub fn refresh_space(&self) {
-        let (size, alloc) = self.ms.lock().space(Role::Normal);
+        let (size, alloc) = self.ms.space(Role::Normal);
         self.space_size.store(size, std::sync::atomic::Ordering::Relaxed);
         self.space_alloc.store(alloc, std::sync::atomic::Ordering::Relaxed);
     }
@@ -195,14 +196,14 @@ impl PoolIo {
                 all_checksum = false;
                 continue;
             };
-            let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+            let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
             match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify) {
                 Ok(r) => {
                     let mut healed = r.repaired_bytes;
                     // ditto self-heal: a copy bad on every child of its mirror is rewritten
                     // from this good one (never touching a copy that read back good)
                     for (ftvd, fdva) in failed.drain(..) {
-                        let still_allocated = !self.ms.lock().vdevs.get(fdva.vdev as usize).and_then(|v| v.as_ref()).map_or(true, |(_, a)| a.is_free(fdva.offset, fdva.asize as u64));
+                        let still_allocated = self.ms.is_allocated(&fdva);
                         if still_allocated && ftvd.write(IoClass::AsyncWrite, &r.data, fdva.offset, bp.birth).is_ok() {
                             healed += fdva.asize as u64;
                         }
@@ -284,22 +285,10 @@ impl PoolIo {
             level,
             checksum: p.checksum,
         };
-        let mut ms = self.ms.lock();
-        let ntop = ms.vdevs.iter().flatten().filter(|(r, _)| *r == Role::Normal).count();
-        let copies = copies.min(ntop).clamp(1, 3);
-        for i in 0..copies {
-            let avoid = if i > 0 { Some(bp.dva[0].vdev) } else { None };
-            match ms.alloc(Role::Normal, asize, avoid) {
-                Ok(d) => bp.dva[i] = d,
-                Err(e) => {
-                    for d in bp.dva.iter().take(i) {
-                        ms.free_now(d);
-                    }
-                    return Err(e);
-                }
-            }
+        // syncing context: the allocation joins txg's undo list
+        for (slot, d) in bp.dva.iter_mut().zip(self.ms.alloc(Role::Normal, asize, copies, Some(txg))?) {
+            *slot = d;
         }
-        drop(ms);
         for d in bp.copies() {
             batch.push(PendingWrite { dva: *d, data: data.clone() });
         }
@@ -376,9 +365,8 @@ impl PoolIo {
             return;
         }
         self.arc.evict(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth });
-        let mut ms = self.ms.lock();
         for d in bp.copies() {
-            ms.free_deferred(txg, *d);
+            self.ms.free_deferred(txg, *d);
         }
     }
 
@@ -653,8 +641,10 @@ pub struct Mos {
     pub txg: u64,
     pub next_volume_id: u64,
     pub volumes: Vec<VolumeRecord>,
-    /// Trees of destroyed volumes still to be freed (freed in the next sync).
+    /// The scan's status and bookmark (`scan::ScanStatus` as JSON; empty when no scan
+    /// ever ran), so a paused or interrupted scrub resumes after import.
     pub scan_state: String,
+    /// Pool properties (JSON).
     pub pool_props: String,
 }
 

@@ -28,7 +28,7 @@ use crate::dmu::{self, PoolIo, TreeRoot, VolumeState, EPB};
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::txg::TxgState;
-use crate::vdev::mirror::{Leaf, VerifyResult};
+use crate::vdev::mirror::Leaf;
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
 use crate::{Error, Result};
@@ -57,12 +57,15 @@ pub struct ScanStatus {
     pub state: String,
     pub start_time_s: u64,
     pub end_time_s: u64,
+    /// Bytes read so far, every copy on every mirror child counted.
     pub examined_bytes: u64,
+    /// Bytes the whole scan reads, counted the same way (allocated × children).
     pub to_examine_bytes: u64,
     pub repaired_bytes: u64,
     pub errors: u64,
     pub bookmark: Bookmark,
-    /// Resilver: txg when it started (DTL entries up to it are cleared on success).
+    /// Resilver: the last synced txg when the pass started (DTL entries up to it are
+    /// cleared on success; later ones get another pass).
     pub start_txg: u64,
     pub min_txg: u64,
 }
@@ -125,7 +128,12 @@ fn launch(inner: &Arc<dyn ScanPool>) {
     let h = inner.env().spawn(
         format!("scan_{}", inner.pool_name()),
         Box::new(move || {
-            let r = run(&i);
+            let mut r = run(&i);
+            let mut passes = 1;
+            while passes < MAX_RESILVER_PASSES && r.is_ok() && another_pass(&i) {
+                r = run(&i);
+                passes += 1;
+            }
             if let Err(e) = r {
                 tracing::warn!(pool = %i.pool_name(), "scan stopped: {e}");
                 let mut s = i.scan().status.lock();
@@ -140,6 +148,34 @@ fn launch(inner: &Arc<dyn ScanPool>) {
     )
     .expect("spawn scan thread");
     *inner.scan().thread.lock() = Some(h);
+}
+
+/// Bound on resilver passes in one launch (each pass waits for a txg to sync first); a
+/// leaf that keeps missing writes is left DEGRADED with its DTL for the admin.
+const MAX_RESILVER_PASSES: u32 = 8;
+
+/// After a finished resilver: if a readable leaf still has DTL entries (txgs that were
+/// syncing when the pass started), wait for the next txg to sync and set up another
+/// pass over them. Returns false when nothing is left (or the scan was stopped).
+fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
+    let (func, state, start_txg) = {
+        let s = inner.scan().status.lock();
+        (s.func.clone(), s.state.clone(), s.start_txg)
+    };
+    let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
+    if func != "resilver" || state != "finished" || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
+        return false;
+    }
+    let abort = || inner.scan().stop.load(Ordering::Acquire);
+    if !inner.txg().wait_synced_unless(start_txg + 1, &abort) {
+        return false;
+    }
+    let mut s = inner.scan().status.lock();
+    s.state = "scanning".into();
+    s.start_txg = inner.txg().synced_txg();
+    s.min_txg = remaining.into_iter().min().unwrap_or(0);
+    s.bookmark = Bookmark::default();
+    true
 }
 
 fn join(inner: &Arc<dyn ScanPool>) {
@@ -198,7 +234,10 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             state: "scanning".into(),
             start_time_s: now_s(inner),
             to_examine_bytes: allocated_bytes(inner),
-            start_txg: inner.txg().open_txg(),
+            // The last txg whose blocks the walk is sure to see (committed trees). A txg
+            // syncing now may have skipped the leaf and commit behind the walk: its DTL
+            // entry stays and the resilver runs another pass (see `another_pass`).
+            start_txg: inner.txg().synced_txg(),
             min_txg,
             ..Default::default()
         };
@@ -282,8 +321,16 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
     }
 }
 
+/// Bytes a scan reads: every allocated byte of every normal top-level vdev, once per
+/// child, counted as `examined_bytes` is, so progress ends at 100 % for a single disk
+/// and an n-way mirror alike.
 fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
-    inner.io().ms.lock().space(crate::vdev::Role::Normal).1
+    let io = inner.io();
+    let tops = io.vdevs.read().clone();
+    tops.iter()
+        .filter(|t| t.role == crate::vdev::Role::Normal)
+        .map(|t| io.ms.vdev_space(t.id).1 * t.children().len() as u64)
+        .sum()
 }
 
 /// Scrub one block pointer on every copy; returns false if it is unrecoverable.
@@ -294,7 +341,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
     for dva in bp.copies() {
         let Some(tvd) = inner.io().top(dva.vdev) else { continue };
         any = true;
-        let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+        let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
         let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
         let mut s = inner.scan().status.lock();
         s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
@@ -318,7 +365,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
 /// Some DVAs of `bp` are bad on every child of their mirror but another DVA is good:
 /// rewrite the bad DVAs from a good copy (every DVA holds the same physical bytes).
 fn repair_ditto(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::zio::blkptr::Dva)]) {
-    let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+    let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
     let good = bp.copies().filter(|d| !lost.iter().any(|(_, l)| l == *d)).find_map(|d| {
         let tvd = inner.io().top(d.vdev)?;
         tvd.read_verified(IoClass::Scrub, d.offset, d.asize as usize, bp.birth, &verify).ok()

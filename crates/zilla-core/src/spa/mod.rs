@@ -213,15 +213,19 @@ impl PoolInner {
 
 pub struct Pool {
     inner: Arc<PoolInner>,
-    sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The txg quiesce and sync threads.
+    txg_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     closed: std::sync::atomic::AtomicBool,
 }
 
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Arc<Pool> {
-        let t = inner.clone();
-        let handle = inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || t.sync_loop())).expect("spawn txg sync thread");
-        let pool = Arc::new(Pool { inner, sync_thread: Mutex::new(Some(handle)), closed: false.into() });
+        let (q, s) = (inner.clone(), inner.clone());
+        let threads = vec![
+            inner.env.spawn(format!("txg_quiesce_{}", inner.name), Box::new(move || q.quiesce_loop())).expect("spawn txg quiesce thread"),
+            inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || s.sync_loop())).expect("spawn txg sync thread"),
+        ];
+        let pool = Arc::new(Pool { inner, txg_threads: Mutex::new(threads), closed: false.into() });
         crate::scan::resume_after_import(&pool.inner.scanner());
         pool
     }
@@ -234,12 +238,17 @@ impl Pool {
         Ok(())
     }
 
+    fn join_txg_threads(&self) {
+        let threads = std::mem::take(&mut *self.txg_threads.lock());
+        for h in threads {
+            let _ = h.join();
+        }
+    }
+
     fn stop_threads(&self) {
         self.inner.txg.begin_shutdown();
         self.inner.dirty.wake_all();
-        if let Some(h) = self.sync_thread.lock().take() {
-            let _ = h.join();
-        }
+        self.join_txg_threads();
     }
 
     pub fn export(&self) -> Result<()> {
@@ -273,9 +282,7 @@ impl Pool {
         for t in crate::txg::TXG_INITIAL..self.inner.txg.open_txg() + 1 {
             self.inner.dirty.retire(t);
         }
-        if let Some(h) = self.sync_thread.lock().take() {
-            let _ = h.join();
-        }
+        self.join_txg_threads();
     }
 
     pub fn destroy(&self) -> Result<()> {
@@ -317,10 +324,6 @@ impl Pool {
         self.inner.io.arc.stats()
     }
 
-    pub fn throttle_stats(&self) -> crate::dsl_pool::ThrottleStats {
-        self.inner.dirty.stats()
-    }
-
     pub fn scrub(&self, cmd: ScrubCmd) -> Result<()> {
         self.check_open()?;
         match cmd {
@@ -342,8 +345,9 @@ impl Pool {
 
     // ---- volumes -------------------------------------------------------------------
 
-    pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, sparse: bool, props: &[(String, String)]) -> Result<()> {
-        let _ = sparse; // reservations are not implemented: every volume is sparse
+    /// Create a volume. Every volume is sparse (thin): reservations do not exist yet, so
+    /// the CLI's `-s` is the only behaviour.
+    pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, props: &[(String, String)]) -> Result<()> {
         self.check_open()?;
         validate_volume_name(name)?;
         if !volblocksize.is_power_of_two() || !(MIN_VOLBLOCKSIZE..=MAX_VOLBLOCKSIZE).contains(&volblocksize) {

@@ -160,7 +160,7 @@ impl Pool {
     }
 
     pub fn list_row(&self) -> PoolListRow {
-        let ms = self.inner.io.ms.lock();
+        let ms = &self.inner.io.ms;
         let (size, alloc) = ms.space(Role::Normal);
         PoolListRow {
             name: self.inner.name.clone(),
@@ -180,6 +180,7 @@ impl Pool {
                 a.ops[i] += b.ops[i];
                 a.bytes[i] += b.bytes[i];
                 a.queued[i] += b.queued[i];
+                a.errors[i] += b.errors[i];
                 a.active[i] += b.active[i];
             }
             a.flushes += b.flushes;
@@ -200,7 +201,7 @@ impl Pool {
         // space per top-level vdev, read under the allocator lock without copying its trees
         let tops = self.inner.tops();
         let (vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
-            let ms = self.inner.io.ms.lock();
+            let ms = &self.inner.io.ms;
             (tops.iter().map(|t| ms.vdev_space(t.id)).collect(), ms.space(Role::Normal))
         };
         let mut total = LeafStats::default();

@@ -69,7 +69,10 @@ impl PoolInner {
     }
 
 
+    /// Commit `ub` (spa_sync step 6). First the labels, if some leaf's DTL changed: what
+    /// a leaf missed must be on disk before the txg that it missed commits.
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
+        self.persist_changed_dtls()?;
         let leaves = self.ub_leaves();
         let ok = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
@@ -126,7 +129,8 @@ impl PoolInner {
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
     }
 
-    /// Sync txg `txg`. On failure the allocator is restored and the dirty records stay.
+    /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
+    /// undone (nothing allocated meanwhile outside the sync) and the dirty records stay.
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
         assert!(
             ZFS_DEBUG_FAIL_SYNC_ASSERTION.get() == 0,
@@ -135,13 +139,14 @@ impl PoolInner {
         );
         let _g = self.sync_lock.lock();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
-        // and T-2 never reference them), so release them outside the snapshot: a sync
+        // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
-        self.io.ms.lock().release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
-        let ms_snapshot = self.io.ms.lock().clone();
+        self.io.ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
+        self.io.ms.begin_sync(txg);
         let r = self.spa_sync_inner(txg);
-        if r.is_err() {
-            *self.io.ms.lock() = ms_snapshot;
+        match r {
+            Ok(()) => self.io.ms.end_sync(txg),
+            Err(_) => self.io.ms.undo_sync(txg),
         }
         self.io.refresh_space();
         match r {
@@ -253,10 +258,7 @@ impl PoolInner {
             scan_state,
             pool_props,
         };
-        let blob = {
-            let ms = self.io.ms.lock();
-            mos.encode(&ms)
-        };
+        let blob = mos.encode(&self.io.ms);
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
         self.io.issue_writes(batch, txg, threads)?;
         self.flush_all()?;
@@ -287,42 +289,53 @@ impl PoolInner {
         Ok(())
     }
 
-    /// The sync thread body.
-    pub fn sync_loop(self: &Arc<Self>) {
-        loop {
-            let kick = |open: u64| self.dirty.should_kick(open);
-            let has = |open: u64| self.has_dirty(open);
-            let Some(txg) = self.txg.wait_for_work(&kick, &has) else { return };
-            if self.abandoned.load(Ordering::Acquire) {
-                return;
+    /// The quiesce thread body: closes the open txg when the sync thread or a dirty kick
+    /// asks, waits for its holders, hands it to the sync thread.
+    pub(super) fn quiesce_loop(self: &Arc<Self>) {
+        while self.txg.quiesce_next().is_some() {}
+    }
+
+    /// The sync thread body: syncs quiesced txgs in order, retrying a failed one.
+    pub(super) fn sync_loop(self: &Arc<Self>) {
+        let kick = |open: u64| self.dirty.should_kick(open);
+        let has = |open: u64| self.has_dirty(open);
+        while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
+            if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
+                break;
             }
-            let mut backoff_ms = 10;
-            loop {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
-                let r = match r {
-                    Ok(r) => r,
-                    Err(p) => {
-                        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-                        tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
-                        self.suspended.store(true, Ordering::Relaxed);
-                        self.txg.mark_fatal(format!("txg {txg}: {msg}"));
-                        return;
+        }
+        self.txg.sync_thread_exited();
+    }
+
+    /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
+    /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
+    fn sync_until_done(&self, txg: u64) -> bool {
+        let mut backoff_ms = 10;
+        loop {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
+            let r = match r {
+                Ok(r) => r,
+                Err(p) => {
+                    let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
+                    self.suspended.store(true, Ordering::Relaxed);
+                    self.txg.mark_fatal(format!("txg {txg}: {msg}"));
+                    return false;
+                }
+            };
+            match r {
+                Ok(()) => {
+                    self.txg.mark_synced(txg);
+                    return true;
+                }
+                Err(e) => {
+                    tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
+                    self.txg.mark_sync_failed(e.to_string());
+                    if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
+                        return false;
                     }
-                };
-                match r {
-                    Ok(()) => {
-                        self.txg.mark_synced(txg);
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
-                        self.txg.mark_sync_failed(e.to_string());
-                        if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
-                            return;
-                        }
-                        self.env.sleep_ns(backoff_ms * 1_000_000);
-                        backoff_ms = (backoff_ms * 2).min(1000);
-                    }
+                    self.env.sleep_ns(backoff_ms * 1_000_000);
+                    backoff_ms = (backoff_ms * 2).min(1000);
                 }
             }
         }

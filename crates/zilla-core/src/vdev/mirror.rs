@@ -268,11 +268,6 @@ impl TopVdev {
         }
     }
 
-    /// Write to one specific child (resilver).
-    pub fn write_child(&self, child: &Leaf, class: IoClass, buf: &[u8], offset: u64) -> io::Result<()> {
-        child.queue.write(class, buf, super::label::DATA_START + offset)
-    }
-
     fn load_of(&self, c: &Leaf, offset: u64) -> u64 {
         let rotating = c.device().rotational();
         let last = c.queue.last_offset();

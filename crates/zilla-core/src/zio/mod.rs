@@ -82,6 +82,13 @@ pub fn verify(bp: &BlockPointer, phys: &[u8]) -> bool {
     }
 }
 
+/// [`verify`] in the form the mirror's verified reads take (`read_verified`,
+/// `scrub_block`): one copy's bytes judged against `bp`.
+pub fn verify_copy(bp: &BlockPointer, phys: &[u8]) -> crate::vdev::mirror::VerifyResult {
+    use crate::vdev::mirror::VerifyResult;
+    if verify(bp, phys) { VerifyResult::Good } else { VerifyResult::Bad }
+}
+
 /// Turn verified physical bytes into logical bytes.
 pub fn finish_read(bp: &BlockPointer, mut phys: Vec<u8>) -> std::io::Result<Vec<u8>> {
     match bp.compression() {
