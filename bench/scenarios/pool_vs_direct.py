@@ -77,10 +77,12 @@ def run_scenario(ctx):
     med = {label: build_medians(rs) for label, rs in runs.items()}
     results = results_for(med, d_w, d_r, ctx)
     print_tables(med, results, direct, runs["zilla"][0], cfg, ctx)
-    return {"config": cfg, "results": results, "direct": direct,
-            "zilla": runs["zilla"][0]["figures"], "memory": runs["zilla"][0]["memory"],
-            "zilla_runs": runs, "medians": med, "loadavg": loads,
-            "goals": goals(results, ctx)}
+    out = {"config": cfg, "results": results, "direct": direct,
+           "zilla": runs["zilla"][0]["figures"], "memory": runs["zilla"][0]["memory"],
+           "medians": med, "loadavg": loads, "goals": goals(results, ctx)}
+    if ctx.old is not None or len(runs["zilla"]) > 1:
+        out["zilla_runs"] = runs    # every round of every build ("zilla" is the first new one)
+    return out
 
 
 def prefill(files, cfg, wd):

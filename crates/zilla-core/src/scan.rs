@@ -123,7 +123,8 @@ pub struct ScanStatus {
     pub repaired_bytes: u64,
     pub errors: u64,
     pub bookmark: Bookmark,
-    /// Resilver: txg when it started (DTL entries up to it are cleared on success).
+    /// Resilver: the last synced txg when the pass started (DTL entries up to it are
+    /// cleared on success; later ones get another pass).
     pub start_txg: u64,
     pub min_txg: u64,
 }
@@ -186,7 +187,12 @@ fn launch(inner: &Arc<dyn ScanPool>) {
     let h = inner.env().spawn(
         format!("scan_{}", inner.pool_name()),
         Box::new(move || {
-            let r = run(&i);
+            let mut r = run(&i);
+            let mut passes = 1;
+            while passes < MAX_RESILVER_PASSES && r.is_ok() && another_pass(&i) {
+                r = run(&i);
+                passes += 1;
+            }
             if let Err(e) = r {
                 tracing::warn!(pool = %i.pool_name(), "scan stopped: {e}");
                 let mut s = i.scan().status.lock();
@@ -201,6 +207,34 @@ fn launch(inner: &Arc<dyn ScanPool>) {
     )
     .expect("spawn scan thread");
     *inner.scan().thread.lock() = Some(h);
+}
+
+/// Bound on resilver passes in one launch (each pass waits for a txg to sync first); a
+/// leaf that keeps missing writes is left DEGRADED with its DTL for the admin.
+const MAX_RESILVER_PASSES: u32 = 8;
+
+/// After a finished resilver: if a readable leaf still has DTL entries (txgs that were
+/// syncing when the pass started), wait for the next txg to sync and set up another
+/// pass over them. Returns false when nothing is left (or the scan was stopped).
+fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
+    let (func, state, start_txg) = {
+        let s = inner.scan().status.lock();
+        (s.func.clone(), s.state.clone(), s.start_txg)
+    };
+    let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
+    if func != "resilver" || state != "finished" || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
+        return false;
+    }
+    let abort = || inner.scan().stop.load(Ordering::Acquire);
+    if !inner.txg().wait_synced_unless(start_txg + 1, &abort) {
+        return false;
+    }
+    let mut s = inner.scan().status.lock();
+    s.state = "scanning".into();
+    s.start_txg = inner.txg().synced_txg();
+    s.min_txg = remaining.into_iter().min().unwrap_or(0);
+    s.bookmark = Bookmark::default();
+    true
 }
 
 fn join(inner: &Arc<dyn ScanPool>) {
@@ -259,7 +293,10 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             state: ScanState::Scanning,
             start_time_s: now_s(inner),
             to_examine_bytes: allocated_bytes(inner),
-            start_txg: inner.txg().open_txg(),
+            // The last txg whose blocks the walk is sure to see (committed trees). A txg
+            // syncing now may have skipped the leaf and commit behind the walk: its DTL
+            // entry stays and the resilver runs another pass (see `another_pass`).
+            start_txg: inner.txg().synced_txg(),
             min_txg,
             ..Default::default()
         };

@@ -22,18 +22,23 @@
 //! lock, so it either counted itself into T before the close (and is waited for) or sees
 //! T+1.
 //!
-//! Hand-off. The quiesce thread closes the open txg when it is wanted: somebody waits
-//! for it or asked for it (`wait_synced`, `request_sync`), its dirty data passed
-//! `zfs_dirty_data_sync_percent` of `zfs_dirty_data_max` (dsl_pool's kick), or
-//! `zfs_txg_timeout` seconds passed since the previous close and it has dirty data. It
-//! closes a txg only when the previous quiesced one has been taken by the sync thread,
-//! so at most one txg waits between the two threads. The sync thread takes quiesced
-//! txgs in order and syncs one at a time.
+//! Who closes a txg (as OpenZFS's txg_sync_thread / txg_quiesce_thread / txg_kick):
+//! - the sync thread, when it is idle and has a reason: somebody waits for the open txg
+//!   (`wait_synced`, `request_sync`), `zfs_txg_timeout` seconds passed since the previous
+//!   close and the open txg has dirty data, or shutdown with dirty data. It asks the
+//!   quiesce thread for the open txg and waits for the hand-off. Waiters therefore batch
+//!   into one txg while another syncs, exactly as before the split;
+//! - a dirty-data kick (`kick`: the open txg passed `zfs_dirty_data_sync_percent` of
+//!   `zfs_dirty_data_max`) prompts the quiesce thread directly, even while a txg syncs:
+//!   this is where the three states overlap and throughput comes from.
+//! The quiesce thread closes a txg only when the previous quiesced one has been taken by
+//! the sync thread, so at most one txg waits between them; the sync thread takes
+//! quiesced txgs in order and syncs one at a time.
 //!
-//! Shutdown. After `begin_shutdown` the quiesce thread closes the open txg once more if
-//! it has dirty data or was asked for, then exits (`quiesce_done`); the sync thread syncs
-//! what is quiesced and exits when nothing is left. Either thread's exit releases the
-//! other (`sync_done`, `fatal`), so neither waits for a partner that is gone.
+//! Shutdown. After `begin_shutdown` the sync thread asks for the open txg once more if
+//! it has dirty data or was asked for, syncs everything quiesced, and exits when nothing
+//! is left and no close is in progress (`sync_done`); the quiesce thread exits after it.
+//! A dead sync thread (`fatal`) releases the quiesce thread too.
 //!
 //! Txg numbers start at TXG_INITIAL; per-txg arrays elsewhere are rings of TXG_SIZE
 //! indexed by `txg & TXG_MASK` (three active txgs plus one being retired).
@@ -67,11 +72,15 @@ struct State {
     syncing_txg: u64,
     /// Highest txg somebody asked to have synced.
     sync_requested: u64,
+    /// Highest txg the sync thread asked the quiesce thread to close.
+    quiesce_wanted: u64,
+    /// Highest txg a dirty-data kick asked to close.
+    kicked: u64,
+    /// The quiesce thread is closing a txg (between the close and the hand-off).
+    quiescing: bool,
     /// Env clock (ns) when the previous txg was closed.
     last_close_ns: u64,
     shutting_down: bool,
-    /// The quiesce thread has exited: no more txgs will be quiesced.
-    quiesce_done: bool,
     /// The sync thread has exited: nothing quiesced will be taken.
     sync_done: bool,
     /// An error from the last sync (the pool is suspended until it succeeds).
@@ -140,9 +149,11 @@ impl TxgState {
                 quiesced_txg: 0,
                 syncing_txg: 0,
                 sync_requested: 0,
+                quiesce_wanted: 0,
+                kicked: 0,
+                quiescing: false,
                 last_close_ns: env.now_ns(),
                 shutting_down: false,
-                quiesce_done: false,
                 sync_done: false,
                 sync_error: None,
                 fatal: None,
@@ -170,13 +181,23 @@ impl TxgState {
     pub fn synced_txg(&self) -> u64 {
         self.state.lock().synced_txg
     }
-    /// (quiesced, syncing) txgs, 0 for none: how many txgs are active besides the open one.
+    /// (quiesced, syncing) txgs, 0 for none: the txgs active besides the open one.
     pub fn active(&self) -> (u64, u64) {
         let s = self.state.lock();
         (s.quiesced_txg, s.syncing_txg)
     }
 
-    /// Ask for txg `txg` to be synced soon (kick).
+    /// The open txg `txg` holds enough dirty data to be synced now: close it even while
+    /// another txg syncs.
+    pub fn kick(&self, txg: u64) {
+        let mut s = self.state.lock();
+        if txg > s.kicked {
+            s.kicked = txg;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Ask for txg `txg` to be synced soon.
     pub fn request_sync(&self, txg: u64) {
         let mut s = self.state.lock();
         if txg > s.sync_requested {
@@ -209,50 +230,49 @@ impl TxgState {
         Ok(())
     }
 
-    /// Quiesce thread: wait until the open txg should close and the previous quiesced
-    /// one was taken, then close it and wait for its holders. Returns the quiesced txg
-    /// (already handed to the sync thread), or None when the thread should exit.
-    pub fn quiesce_next(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
+    /// Like `wait_synced`, but gives up (false) as soon as `abort()` says so or the sync
+    /// thread fails; for background work that must not outlive a pool being stopped.
+    pub fn wait_synced_unless(&self, txg: u64, abort: &dyn Fn() -> bool) -> bool {
+        let mut s = self.state.lock();
+        if txg > s.sync_requested {
+            s.sync_requested = txg;
+            self.cv.notify_all();
+        }
+        while s.synced_txg < txg {
+            if abort() || s.fatal.is_some() || s.shutting_down {
+                return false;
+            }
+            self.cv.wait_for(&mut s, Duration::from_millis(10));
+        }
+        true
+    }
+
+    /// Quiesce thread: wait until the open txg is asked for (by the sync thread or a
+    /// dirty kick) and the previous quiesced txg was taken, then close it, wait for its
+    /// holders and hand it to the sync thread. Returns that txg, or None when the thread
+    /// should exit.
+    pub fn quiesce_next(&self) -> Option<u64> {
         let mut s = self.state.lock();
         loop {
             if s.fatal.is_some() || s.sync_done {
-                return self.quiesce_exit(s);
+                return None;
             }
-            let timeout_ns = ZFS_TXG_TIMEOUT.get().max(1).saturating_mul(1_000_000_000);
             let open = self.open_txg();
-            let due = self.env.now_ns().saturating_sub(s.last_close_ns) >= timeout_ns;
-            let wanted = s.sync_requested >= open || dirty_kick(open);
-            let slot_free = s.quiesced_txg == 0;
-            if s.shutting_down && slot_free {
-                if wanted || has_dirty(open) {
-                    break;
-                }
-                return self.quiesce_exit(s);
-            }
-            if slot_free && (wanted || (due && has_dirty(open))) {
+            if s.quiesced_txg == 0 && (s.quiesce_wanted >= open || s.kicked >= open) {
                 break;
             }
-            if due && slot_free {
-                s.last_close_ns = self.env.now_ns();
-            }
-            // Re-check at least every 10 ms of Env time (dirty_kick is not notified).
-            let deadline = (s.last_close_ns + timeout_ns).max(self.env.now_ns() + 10_000_000);
-            env::wait_until(&*self.env, &self.cv, &mut s, deadline);
+            self.cv.wait(&mut s);
         }
+        s.quiescing = true;
         s.last_close_ns = self.env.now_ns();
         drop(s);
         let t = self.close_open_txg();
         self.wait_holders(t);
         let mut s = self.state.lock();
+        s.quiescing = false;
         s.quiesced_txg = t;
         self.cv.notify_all();
         Some(t)
-    }
-
-    fn quiesce_exit(&self, mut s: parking_lot::MutexGuard<'_, State>) -> Option<u64> {
-        s.quiesce_done = true;
-        self.cv.notify_all();
-        None
     }
 
     /// Open the next txg under every shard lock; returns the one closed.
@@ -275,9 +295,10 @@ impl TxgState {
         }
     }
 
-    /// Sync thread: wait for the next quiesced txg and take it; None when the quiesce
-    /// thread has exited and nothing is left to sync.
-    pub fn wait_for_sync_work(&self) -> Option<u64> {
+    /// Sync thread: wait for the next quiesced txg and take it, asking the quiesce
+    /// thread for the open txg when there is a reason to sync it (a waiter, the timer
+    /// with dirty data, a kick, shutdown with dirty data). None: shut down, nothing left.
+    pub fn wait_for_sync_work(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
         let mut s = self.state.lock();
         loop {
             if s.quiesced_txg != 0 {
@@ -287,10 +308,30 @@ impl TxgState {
                 self.cv.notify_all();
                 return Some(t);
             }
-            if s.quiesce_done || s.fatal.is_some() {
+            if s.fatal.is_some() {
                 return None;
             }
-            self.cv.wait(&mut s);
+            let open = self.open_txg();
+            let timeout_ns = ZFS_TXG_TIMEOUT.get().max(1).saturating_mul(1_000_000_000);
+            let due = self.env.now_ns().saturating_sub(s.last_close_ns) >= timeout_ns;
+            let asked = s.quiesce_wanted >= open || s.kicked >= open;
+            let want = s.sync_requested >= open || dirty_kick(open) || ((due || s.shutting_down) && has_dirty(open));
+            if want && !asked {
+                s.quiesce_wanted = open;
+                self.cv.notify_all();
+            } else if !want && !asked && !s.quiescing && s.shutting_down {
+                return None;
+            } else if due && !want && !asked {
+                s.last_close_ns = self.env.now_ns();
+            }
+            if want || asked || s.quiescing {
+                // the hand-off is notified
+                self.cv.wait(&mut s);
+            } else {
+                // Re-check at least every 10 ms of Env time (dirty_kick is polled too).
+                let deadline = (s.last_close_ns + timeout_ns).max(self.env.now_ns() + 10_000_000);
+                env::wait_until(&*self.env, &self.cv, &mut s, deadline);
+            }
         }
     }
 
@@ -366,9 +407,9 @@ mod tests {
         let t = tx.open_txg();
         let h = tx.hold();
         assert_eq!(h.txg, t);
-        tx.request_sync(t);
+        tx.kick(t);
         let tx2 = tx.clone();
-        let q = std::thread::spawn(move || tx2.quiesce_next(&|_| false, &|_| true));
+        let q = std::thread::spawn(move || tx2.quiesce_next());
         // the close happens while we hold t; a new hold lands in t+1
         while tx.open_txg() == t {
             std::thread::yield_now();
@@ -384,24 +425,51 @@ mod tests {
         drop(h2);
     }
 
-    /// Three txgs active at once: one syncing, one quiesced, one open.
+    /// Three txgs active at once: one syncing, one quiesced (closed by a dirty kick
+    /// while the other syncs), one open.
     #[test]
     fn three_txgs_overlap() {
         let tx = state();
         let t = tx.open_txg();
-        tx.request_sync(t + 1);
-        assert_eq!(tx.quiesce_next(&|_| false, &|_| true), Some(t));
-        assert_eq!(tx.wait_for_sync_work(), Some(t));
-        // while t syncs, t+1 is quiesced and t+2 is open
-        assert_eq!(tx.quiesce_next(&|_| false, &|_| true), Some(t + 1));
+        tx.kick(t);
+        assert_eq!(tx.quiesce_next(), Some(t));
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t));
+        tx.kick(t + 1);
+        assert_eq!(tx.quiesce_next(), Some(t + 1));
         let h = tx.hold();
         assert_eq!(h.txg, t + 2);
         assert_eq!(tx.active(), (t + 1, t));
         drop(h);
         tx.mark_synced(t);
-        assert_eq!(tx.wait_for_sync_work(), Some(t + 1));
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t + 1));
         tx.mark_synced(t + 1);
         assert_eq!(tx.synced_txg(), t + 1);
+    }
+
+    /// A waiter's txg is closed only when the sync thread asks for it (it is idle), so
+    /// waiters that arrive during a sync share the next txg.
+    #[test]
+    fn waiters_batch_while_a_txg_syncs() {
+        let tx = state();
+        let t = tx.open_txg();
+        let q = {
+            let tx = tx.clone();
+            std::thread::spawn(move || while tx.quiesce_next().is_some() {})
+        };
+        tx.request_sync(t);
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t));
+        // t is syncing; waiters ask for t+1 but nobody closes it yet
+        tx.request_sync(t + 1);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(tx.open_txg(), t + 1, "a waiter closed a txg while another was syncing");
+        tx.mark_synced(t);
+        // the idle sync thread asks for t+1
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t + 1));
+        tx.mark_synced(t + 1);
+        tx.begin_shutdown();
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| false), None);
+        tx.sync_thread_exited();
+        q.join().unwrap();
     }
 
     /// A quiesced txg not yet taken blocks the next close (at most one in hand-off),
@@ -410,10 +478,10 @@ mod tests {
     fn one_txg_in_hand_off() {
         let tx = state();
         let t = tx.open_txg();
-        tx.request_sync(t + 5);
-        assert_eq!(tx.quiesce_next(&|_| false, &|_| true), Some(t));
+        tx.kick(t + 5);
+        assert_eq!(tx.quiesce_next(), Some(t));
         let tx2 = tx.clone();
-        let q = std::thread::spawn(move || tx2.quiesce_next(&|_| false, &|_| true));
+        let q = std::thread::spawn(move || tx2.quiesce_next());
         std::thread::sleep(Duration::from_millis(50));
         assert!(!q.is_finished(), "closed a second txg before the first was taken");
         assert_eq!(tx.open_txg(), t + 1);

@@ -316,7 +316,7 @@ impl Volume {
 
     fn after_write(&self, txg: u64, fua: bool) -> Result<()> {
         if self.pool.dirty().should_kick(txg) {
-            self.pool.txg().request_sync(txg);
+            self.pool.txg().kick(txg);
         }
         let sync = self.vol.props.read().typed().sync;
         if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
@@ -417,7 +417,7 @@ impl BlockVolume for Volume {
             }
         }
         if max_txg > 0 && self.pool.dirty().should_kick(max_txg) {
-            self.pool.txg().request_sync(max_txg);
+            self.pool.txg().kick(max_txg);
         }
         Some(Ok(()))
     }

@@ -69,7 +69,10 @@ impl PoolInner {
     }
 
 
+    /// Commit `ub` (spa_sync step 6). First the labels, if some leaf's DTL changed: what
+    /// a leaf missed must be on disk before the txg that it missed commits.
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
+        self.persist_changed_dtls()?;
         let leaves = self.ub_leaves();
         let ok = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
@@ -286,16 +289,17 @@ impl PoolInner {
         Ok(())
     }
 
-    /// The quiesce thread body: closes open txgs and hands them to the sync thread.
+    /// The quiesce thread body: closes the open txg when the sync thread or a dirty kick
+    /// asks, waits for its holders, hands it to the sync thread.
     pub(super) fn quiesce_loop(self: &Arc<Self>) {
-        let kick = |open: u64| self.dirty.should_kick(open);
-        let has = |open: u64| self.has_dirty(open);
-        while self.txg.quiesce_next(&kick, &has).is_some() {}
+        while self.txg.quiesce_next().is_some() {}
     }
 
     /// The sync thread body: syncs quiesced txgs in order, retrying a failed one.
     pub(super) fn sync_loop(self: &Arc<Self>) {
-        while let Some(txg) = self.txg.wait_for_sync_work() {
+        let kick = |open: u64| self.dirty.should_kick(open);
+        let has = |open: u64| self.has_dirty(open);
+        while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
             if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
                 break;
             }

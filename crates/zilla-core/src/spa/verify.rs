@@ -95,3 +95,12 @@ impl Pool {
         self.inner.leaves.read().clone()
     }
 }
+
+impl Pool {
+    /// (open, quiesced, syncing) txgs; 0 = none in that state.
+    #[doc(hidden)]
+    pub fn debug_txg_states(&self) -> (u64, u64, u64) {
+        let (q, s) = self.inner.txg.active();
+        (self.inner.txg.open_txg(), q, s)
+    }
+}
