@@ -219,10 +219,10 @@ const MAX_RESILVER_PASSES: u32 = 8;
 fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
     let (func, state, start_txg) = {
         let s = inner.scan().status.lock();
-        (s.func.clone(), s.state.clone(), s.start_txg)
+        (s.func, s.state, s.start_txg)
     };
     let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
-    if func != "resilver" || state != "finished" || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
+    if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
         return false;
     }
     let abort = || inner.scan().stop.load(Ordering::Acquire);
@@ -230,7 +230,7 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
         return false;
     }
     let mut s = inner.scan().status.lock();
-    s.state = "scanning".into();
+    s.state = ScanState::Scanning;
     s.start_txg = inner.txg().synced_txg();
     s.min_txg = remaining.into_iter().min().unwrap_or(0);
     s.bookmark = Bookmark::default();
