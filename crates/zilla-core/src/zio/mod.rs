@@ -20,6 +20,7 @@ pub mod abd;
 pub mod blkptr;
 pub mod checksum;
 pub mod compress;
+pub mod reader;
 
 use blkptr::BlockPointer;
 use checksum::{ChecksumAlgo, Checksum};
