@@ -113,6 +113,18 @@ struct Budgets {
 }
 
 impl Budgets {
+    fn new(config: &NbdConfig, frontend: &Frontend) -> Budgets {
+        // Clamped so that wait_idle's acquire_many(u32) can take every slot.
+        let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
+        Budgets {
+            requests: Arc::new(Semaphore::new(requests_max)),
+            requests_max,
+            memory: frontend.memory.share(),
+            volume_calls: frontend.volume_calls.share(),
+            zero_calls: Arc::new(Semaphore::new(ZERO_CALLS_PER_CONNECTION)),
+        }
+    }
+
     fn nothing_in_flight(&self) -> bool {
         self.requests.available_permits() >= self.requests_max
     }
@@ -193,15 +205,7 @@ where
 {
     let (reply_sender, reply_receiver) = mpsc::unbounded_channel::<Vec<Reply>>();
     let writer_task = tokio::spawn(write_replies(writer, reply_receiver, frontend.clone(), config.reply_stall_timeout));
-    // Clamped so that wait_idle's acquire_many(u32) can take every slot.
-    let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
-    let budgets = Budgets {
-        requests: Arc::new(Semaphore::new(requests_max)),
-        requests_max,
-        memory: frontend.memory.share(),
-        volume_calls: frontend.volume_calls.share(),
-        zero_calls: Arc::new(Semaphore::new(ZERO_CALLS_PER_CONNECTION)),
-    };
+    let budgets = Budgets::new(config, frontend);
     let volume = session.export.volume.clone();
     let limits = RequestLimits {
         export_bytes: volume.size(),
