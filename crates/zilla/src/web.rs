@@ -104,7 +104,7 @@ fn render_metrics(s: &Snapshot) -> String {
     };
     let pl = |r: &PoolListRow| format!("pool=\"{}\"", r.name);
     gauge(&mut o, "zfs_pool_health", "Health: 0 online, 1 degraded, 2 faulted, 3 offline, 4 unavail, 5 removed, 6 suspended", "gauge",
-        s.rows.iter().map(|r| (pl(r), health_code(&r.health) as f64)).collect());
+        s.rows.iter().map(|r| (pl(r), health_code(r.health.as_str()) as f64)).collect());
     gauge(&mut o, "zfs_pool_size_bytes", "Pool size in bytes", "gauge", s.rows.iter().map(|r| (pl(r), r.size as f64)).collect());
     gauge(&mut o, "zfs_pool_allocated_bytes", "Allocated bytes", "gauge", s.rows.iter().map(|r| (pl(r), r.alloc as f64)).collect());
     gauge(&mut o, "zfs_pool_free_bytes", "Free bytes", "gauge", s.rows.iter().map(|r| (pl(r), r.free as f64)).collect());

@@ -49,7 +49,7 @@ mod verify;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
 pub use import::ImportablePool;
-pub use status::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
+pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
 /// One top-level vdev as the user asked for it.
