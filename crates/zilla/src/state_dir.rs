@@ -148,9 +148,16 @@ pub fn lock(dir: &Path) -> anyhow::Result<StateLock> {
         }
         return Err(anyhow!("cannot lock {}: {e}", path.display()));
     }
-    file.set_len(0)?;
-    file.rewind()?;
-    writeln!(file, "{}", std::process::id())?;
+    // The pid is for the "already serving" message only: a full file system must not
+    // keep the daemon from starting.
+    let pid = (|| {
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())
+    })();
+    if let Err(e) = pid {
+        tracing::warn!("cannot write the pid to {}: {e}", path.display());
+    }
     Ok(StateLock { _file: file, dir: dir.to_path_buf() })
 }
 
