@@ -673,7 +673,7 @@ impl Mos {
             out.extend_from_slice(&v.volblocksize.to_le_bytes());
             out.push(v.root.nlevels);
             out.extend_from_slice(&v.root.bp.encode());
-            put_str(&mut out, &serde_json::to_string(&v.props.local).unwrap_or_default());
+            put_str(&mut out, &serde_json::to_string(v.props.local()).unwrap_or_default());
             out.extend_from_slice(&v.created_txg.to_le_bytes());
         }
         ms.encode(&mut out);
@@ -718,7 +718,7 @@ impl Mos {
                 volsize,
                 volblocksize,
                 root: TreeRoot { bp, nlevels },
-                props: crate::props::PropSet { local },
+                props: crate::props::PropSet::from_local(local),
                 created_txg,
             });
         }
@@ -775,4 +775,34 @@ pub fn read_mos_blob(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Resul
     }
     blob.truncate(index.fill as usize);
     Ok(blob)
+}
+
+/// In-memory state of one volume.
+pub struct VolumeState {
+    pub id: u64,
+    pub name: String,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub created_txg: u64,
+    pub props: RwLock<crate::props::PropSet>,
+    pub committed: RwLock<TreeRoot>,
+    pub dirty: DirtySet,
+    pub destroyed: std::sync::atomic::AtomicBool,
+}
+
+impl VolumeState {
+    pub fn nblocks(&self) -> u64 {
+        self.volsize.div_ceil(self.volblocksize as u64)
+    }
+    pub fn record(&self, root: TreeRoot) -> VolumeRecord {
+        VolumeRecord {
+            id: self.id,
+            name: self.name.clone(),
+            volsize: self.volsize,
+            volblocksize: self.volblocksize,
+            root,
+            props: self.props.read().clone(),
+            created_txg: self.created_txg,
+        }
+    }
 }

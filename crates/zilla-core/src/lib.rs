@@ -1,21 +1,7 @@
 //! zilla-core: the pool engine.
 //!
-//! Layers, bottom to top (a module only uses modules listed above it):
-//!
-//! ```text
-//!   error, kstat, env     errors; counters and log2 latency histograms; tunables;
-//!                         clock, sleeps, thread spawns, randomness (real or simulated)
-//!   vdev                  leaves (file, sim-hdd, sim-ssd, crash, fault), per-leaf queue,
-//!                         mirror, labels
-//!   zio                   checksums, compression, block pointers
-//!   metaslab              space allocation per top-level vdev, deferred frees
-//!   arc                   DRAM block cache keyed by block identity
-//!   dmu                   object directory, volume block-pointer trees, dirty records
-//!   txg, dsl_pool         transaction groups, dirty accounting, write throttle
-//!   spa                   the pool: create/import/export, sync, uberblocks
-//!   scan                  scrub and resilver
-//!   zvol                  the Volume API the front ends use
-//! ```
+//! Layers: see [`LAYERS`], the one table of them (a module imports only from rows
+//! below its own; `tests/tidy.rs` enforces it in the default test run).
 //!
 //! No sockets, no HTTP, no async runtime here: front ends live in their own crates.
 
@@ -36,6 +22,25 @@ pub mod props;
 pub mod memvol;
 
 pub use error::{Error, Result};
+
+/// The engine's layers, bottom row first (shared/ARCHITECTURE.md section 2). A module
+/// may import only modules of lower rows: not sideways within its row, never upward.
+/// News travels up as return values and completions. The tidy test
+/// (`tests/tidy.rs`) parses every `crate::` path and fails on any other edge that is not
+/// in its shrinking allow-list of known violations.
+pub const LAYERS: &[&[&str]] = &[
+    &["kstat", "env"], // counters, histograms, tunables; clock, sleep, spawn, randomness
+    &["error"],        // engine errors (one errno each)
+    &["vdev", "txg"],  // leaves, per-leaf queue, mirror, labels; txg state machine
+    &["zio"],          // checksums, compression, block pointers, the I/O pipeline
+    &["metaslab", "props"], // space allocation per top-level vdev; typed volume properties
+    &["arc"],          // DRAM block cache
+    &["dsl_pool"],     // dirty accounting and the write throttle
+    &["dmu"],          // object directory, volume block-pointer trees, dirty records
+    &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
+    &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
+    &["spa"],          // the pool: create/import/export, sync, uberblocks
+];
 
 /// Every tunable of the engine by name: the admin API's `tunable get` / `tunable set`.
 /// Each module declares its own as typed statics and reads them directly; this list is
@@ -86,6 +91,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &dsl_pool::ZFS_DELAY_MAX_NS,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
+    &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
 ]);
 
 /// The registry of every engine tunable.

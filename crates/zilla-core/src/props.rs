@@ -1,12 +1,105 @@
 //! Volume properties with ZFS names and values (ARCHITECTURE.md section 4).
 //!
-//! A volume stores only its *local* values; everything else is the default. `get`
-//! reports SOURCE as `local` or `default` (or `-` for read-only statistics), as
-//! `zfs get` does.
+//! A volume stores only its *local* values (the on-disk form: name -> string); everything
+//! else is the default. `get` reports SOURCE as `local` or `default` (or `-` for
+//! read-only statistics), as `zfs get` does.
+//!
+//! The data path never reads a string: every `set` (and every decode) recomputes the
+//! typed [`VolumeProps`], a small `Copy` struct of enums that the volume's readers copy
+//! out under its lock: no allocation and no string compare per I/O.
 
 use std::collections::BTreeMap;
 
+use crate::zio::checksum::ChecksumAlgo;
+use crate::zio::compress::Compression;
 use crate::{Error, Result};
+
+/// `sync`: when a write is on stable storage before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncPolicy {
+    /// FUA writes and flushes are honoured.
+    #[default]
+    Standard,
+    /// Every write is treated as FUA.
+    Always,
+    /// FUA and flushes are acknowledged without waiting (data at risk).
+    Disabled,
+}
+
+/// `logbias`: where synchronous writes go (latency: the log device; throughput: the pool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogBias {
+    #[default]
+    Latency,
+    Throughput,
+}
+
+/// `primarycache` / `secondarycache`: what the cache may hold for this volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CachePolicy {
+    #[default]
+    All,
+    Metadata,
+    None,
+}
+
+/// Every settable property of a volume, typed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeProps {
+    pub sync: SyncPolicy,
+    pub logbias: LogBias,
+    /// Write cache enabled as seen by initiators (SCSI WCE bit).
+    pub wce: bool,
+    pub primarycache: CachePolicy,
+    pub secondarycache: CachePolicy,
+    pub compression: Compression,
+    pub checksum: ChecksumAlgo,
+    pub readonly: bool,
+}
+
+impl Default for VolumeProps {
+    fn default() -> Self {
+        VolumeProps {
+            sync: SyncPolicy::Standard,
+            logbias: LogBias::Latency,
+            wce: false,
+            primarycache: CachePolicy::All,
+            secondarycache: CachePolicy::All,
+            compression: Compression::Off,
+            checksum: ChecksumAlgo::Fletcher4,
+            readonly: false,
+        }
+    }
+}
+
+impl VolumeProps {
+    /// Apply one validated (normalised) value; unknown names and values are ignored so
+    /// a decoded record with a newer property never fails.
+    fn apply(&mut self, name: &str, v: &str) {
+        let cache = |v: &str| match v {
+            "metadata" => CachePolicy::Metadata,
+            "none" => CachePolicy::None,
+            _ => CachePolicy::All,
+        };
+        match name {
+            "sync" => {
+                self.sync = match v {
+                    "always" => SyncPolicy::Always,
+                    "disabled" => SyncPolicy::Disabled,
+                    _ => SyncPolicy::Standard,
+                }
+            }
+            "logbias" => self.logbias = if v == "throughput" { LogBias::Throughput } else { LogBias::Latency },
+            "wce" => self.wce = v == "on",
+            "primarycache" => self.primarycache = cache(v),
+            "secondarycache" => self.secondarycache = cache(v),
+            "compression" => self.compression = parse_compression(v).unwrap_or(Compression::Off),
+            "checksum" => self.checksum = ChecksumAlgo::from_prop(v).unwrap_or(ChecksumAlgo::Fletcher4),
+            "readonly" => self.readonly = v == "on",
+            _ => {}
+        }
+    }
+}
 
 pub struct PropDef {
     pub name: &'static str,
@@ -15,17 +108,19 @@ pub struct PropDef {
     pub values: &'static [&'static str],
     /// Can be changed after creation.
     pub settable: bool,
+    /// Accepted and stored, but nothing acts on it yet: why (shown by `zilla get`).
+    pub no_effect_yet: Option<&'static str>,
 }
 
 pub const PROPS: &[PropDef] = &[
-    PropDef { name: "sync", default: "standard", values: &["standard", "always", "disabled"], settable: true },
-    PropDef { name: "logbias", default: "latency", values: &["latency", "throughput"], settable: true },
-    PropDef { name: "wce", default: "off", values: &["off", "on"], settable: true },
-    PropDef { name: "primarycache", default: "all", values: &["all", "metadata", "none"], settable: true },
-    PropDef { name: "secondarycache", default: "all", values: &["all", "metadata", "none"], settable: true },
-    PropDef { name: "compression", default: "off", values: &[], settable: true },
-    PropDef { name: "checksum", default: "on", values: &["on", "fletcher4", "blake3", "sha256", "off"], settable: true },
-    PropDef { name: "readonly", default: "off", values: &["off", "on"], settable: true },
+    PropDef { name: "sync", default: "standard", values: &["standard", "always", "disabled"], settable: true, no_effect_yet: None },
+    PropDef { name: "logbias", default: "latency", values: &["latency", "throughput"], settable: true, no_effect_yet: Some("there is no intent log yet") },
+    PropDef { name: "wce", default: "off", values: &["off", "on"], settable: true, no_effect_yet: Some("it reaches initiators with the iSCSI target") },
+    PropDef { name: "primarycache", default: "all", values: &["all", "metadata", "none"], settable: true, no_effect_yet: None },
+    PropDef { name: "secondarycache", default: "all", values: &["all", "metadata", "none"], settable: true, no_effect_yet: Some("there is no L2ARC yet") },
+    PropDef { name: "compression", default: "off", values: &[], settable: true, no_effect_yet: None },
+    PropDef { name: "checksum", default: "on", values: &["on", "fletcher4", "blake3", "sha256", "off"], settable: true, no_effect_yet: None },
+    PropDef { name: "readonly", default: "off", values: &["off", "on"], settable: true, no_effect_yet: None },
 ];
 
 /// Read-only / create-time properties reported by `get` but not in `PROPS`.
@@ -80,13 +175,30 @@ pub fn parse_compression(v: &str) -> Result<crate::zio::compress::Compression> {
     }
 }
 
-/// Local property values of one volume.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Local property values of one volume, and their typed form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PropSet {
-    pub local: BTreeMap<String, String>,
+    /// The on-disk form: property name -> normalised value, local values only.
+    local: BTreeMap<String, String>,
+    typed: VolumeProps,
 }
 
 impl PropSet {
+    /// From decoded local values (values that do not parse fall back to the default).
+    pub fn from_local(local: BTreeMap<String, String>) -> PropSet {
+        let mut typed = VolumeProps::default();
+        for (k, v) in &local {
+            typed.apply(k, v);
+        }
+        PropSet { local, typed }
+    }
+    pub fn local(&self) -> &BTreeMap<String, String> {
+        &self.local
+    }
+    /// The typed values the data path reads (a copy: no allocation).
+    pub fn typed(&self) -> VolumeProps {
+        self.typed
+    }
     pub fn get(&self, name: &str) -> (String, &'static str) {
         match self.local.get(name) {
             Some(v) => (v.clone(), "local"),
@@ -98,6 +210,7 @@ impl PropSet {
     }
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
         let v = validate(name, value)?;
+        self.typed.apply(name, &v);
         self.local.insert(name.to_string(), v);
         Ok(())
     }
@@ -110,6 +223,9 @@ pub struct PropRow {
     pub property: String,
     pub value: String,
     pub source: String,
+    /// Set for properties that are stored but not acted on yet: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 #[cfg(test)]
@@ -127,5 +243,29 @@ mod tests {
         assert_eq!(p.get("logbias"), ("latency".to_string(), "default"));
         p.set("logbias", "throughput").unwrap();
         assert_eq!(p.get("logbias"), ("throughput".to_string(), "local"));
+        assert_eq!(p.typed().logbias, LogBias::Throughput);
+    }
+
+    #[test]
+    fn typed_values_follow_every_set_and_decode() {
+        let mut p = PropSet::default();
+        assert_eq!(p.typed(), VolumeProps::default());
+        for (name, value) in [("sync", "always"), ("primarycache", "metadata"), ("compression", "zstd-7"), ("checksum", "sha256"), ("readonly", "on"), ("wce", "on"), ("secondarycache", "none")] {
+            p.set(name, value).unwrap();
+        }
+        let t = p.typed();
+        assert_eq!(t.sync, SyncPolicy::Always);
+        assert_eq!(t.primarycache, CachePolicy::Metadata);
+        assert_eq!(t.secondarycache, CachePolicy::None);
+        assert_eq!(t.compression, Compression::Zstd(7));
+        assert_eq!(t.checksum, ChecksumAlgo::Sha256);
+        assert!(t.readonly && t.wce);
+        assert!(p.set("sync", "sometimes").is_err());
+        assert_eq!(p.typed().sync, SyncPolicy::Always, "a refused value changes nothing");
+        let decoded = PropSet::from_local(p.local().clone());
+        assert_eq!(decoded, p);
+        // a value that no longer parses (newer or damaged record) decodes to the default
+        let odd = PropSet::from_local([("sync".to_string(), "sometimes".to_string())].into());
+        assert_eq!(odd.typed().sync, SyncPolicy::Standard);
     }
 }

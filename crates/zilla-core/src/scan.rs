@@ -24,10 +24,11 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::dmu::{self, TreeRoot, EPB};
+use crate::dmu::{self, PoolIo, TreeRoot, VolumeState, EPB};
+use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
-use crate::spa::PoolInner;
-use crate::vdev::mirror::VerifyResult;
+use crate::txg::TxgState;
+use crate::vdev::mirror::{Leaf, VerifyResult};
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
 use crate::{Error, Result};
@@ -66,6 +67,28 @@ pub struct ScanStatus {
     pub min_txg: u64,
 }
 
+/// What a scan sees of its pool: the narrow context spa hands to scan. spa implements
+/// it, so scan never names the pool type and the layering points down.
+pub trait ScanPool: Send + Sync {
+    fn pool_name(&self) -> &str;
+    /// Verified reads and mirror repair, the allocator's totals, the error log.
+    fn io(&self) -> &PoolIo;
+    fn env(&self) -> &dyn Env;
+    /// This pool's scan state and thread.
+    fn scan(&self) -> &ScanControl;
+    fn txg(&self) -> &TxgState;
+    /// Root of the committed MOS (its blocks are scanned first).
+    fn mos_root(&self) -> BlockPointer;
+    /// The scan record as last stored in the MOS (JSON, empty if none).
+    fn saved_scan_state(&self) -> String;
+    /// Store the scan record in the MOS with the next sync; `mark_changed` forces one.
+    fn save_scan_state(&self, json: String, mark_changed: bool);
+    fn volumes(&self) -> Vec<Arc<VolumeState>>;
+    fn leaves(&self) -> Vec<Arc<Leaf>>;
+    /// Rewrite every leaf's labels (repairs damaged copies; records DTL changes).
+    fn rewrite_labels(&self) -> Result<()>;
+}
+
 #[derive(Default)]
 pub struct ScanControl {
     status: Mutex<ScanStatus>,
@@ -75,65 +98,60 @@ pub struct ScanControl {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-fn now_s(inner: &PoolInner) -> u64 {
-    inner.env.unix_time_ns() / 1_000_000_000
+fn now_s(inner: &Arc<dyn ScanPool>) -> u64 {
+    inner.env().unix_time_ns() / 1_000_000_000
 }
 
-fn persist(inner: &PoolInner, mark_changed: bool) {
-    let s = inner.scan.status.lock().clone();
-    let json = serde_json::to_string(&s).unwrap_or_default();
-    let mut m = inner.meta.lock();
-    m.scan_state = json;
-    if mark_changed {
-        m.changed = true;
-    }
+fn persist(inner: &Arc<dyn ScanPool>, mark_changed: bool) {
+    let s = inner.scan().status.lock().clone();
+    inner.save_scan_state(serde_json::to_string(&s).unwrap_or_default(), mark_changed);
 }
 
-pub fn status(inner: &PoolInner) -> ScanStatus {
-    inner.scan.status.lock().clone()
+pub fn status(inner: &Arc<dyn ScanPool>) -> ScanStatus {
+    inner.scan().status.lock().clone()
 }
 
-pub fn is_resilvering(inner: &PoolInner) -> bool {
-    let s = inner.scan.status.lock();
+pub fn is_resilvering(inner: &Arc<dyn ScanPool>) -> bool {
+    let s = inner.scan().status.lock();
     s.func == "resilver" && s.state == "scanning"
 }
 
-fn launch(inner: &Arc<PoolInner>) {
-    if inner.scan.running.swap(true, Ordering::AcqRel) {
+fn launch(inner: &Arc<dyn ScanPool>) {
+    if inner.scan().running.swap(true, Ordering::AcqRel) {
         return;
     }
-    inner.scan.stop.store(false, Ordering::Release);
+    inner.scan().stop.store(false, Ordering::Release);
     let i = inner.clone();
-    let h = inner.env.spawn(
-        format!("scan_{}", inner.name),
+    let h = inner.env().spawn(
+        format!("scan_{}", inner.pool_name()),
         Box::new(move || {
             let r = run(&i);
             if let Err(e) = r {
-                tracing::warn!(pool = %i.name, "scan stopped: {e}");
-                let mut s = i.scan.status.lock();
+                tracing::warn!(pool = %i.pool_name(), "scan stopped: {e}");
+                let mut s = i.scan().status.lock();
                 if s.state == "scanning" {
                     s.state = "paused".into();
                 }
             }
-            i.scan.running.store(false, Ordering::Release);
+            i.scan().running.store(false, Ordering::Release);
             persist(&i, true);
-            i.scan.cv.notify_all();
+            i.scan().cv.notify_all();
         }),
     )
     .expect("spawn scan thread");
-    *inner.scan.thread.lock() = Some(h);
+    *inner.scan().thread.lock() = Some(h);
 }
 
-fn join(inner: &PoolInner) {
-    if let Some(h) = inner.scan.thread.lock().take() {
+fn join(inner: &Arc<dyn ScanPool>) {
+    if let Some(h) = inner.scan().thread.lock().take() {
         let _ = h.join();
     }
 }
 
-pub fn start_scrub(inner: &Arc<PoolInner>) -> Result<()> {
+pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
-        let mut s = inner.scan.status.lock();
-        if s.state == "scanning" && inner.scan.running.load(Ordering::Acquire) {
+        let mut s = inner.scan().status.lock();
+        if s.state == "scanning" && inner.scan().running.load(Ordering::Acquire) {
             if s.func == "resilver" {
                 return Err(Error::Busy("a resilver is in progress".into()));
             }
@@ -157,30 +175,30 @@ pub fn start_scrub(inner: &Arc<PoolInner>) -> Result<()> {
     Ok(())
 }
 
-pub fn start_resilver(inner: &Arc<PoolInner>) {
+pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
     // An online leaf's open-ended DTL range (offline across an export: "missing from
     // offline_since on") ends now; left open it would survive every resilver.
-    let open = inner.txg.open_txg();
-    for l in inner.leaves.read().iter().filter(|l| l.readable()) {
+    let open = inner.txg().open_txg();
+    for l in inner.leaves().iter().filter(|l| l.readable()) {
         let d = l.dtl();
         if d.iter().any(|r| r.1 > open) {
             l.set_dtl(d.into_iter().map(|(a, b)| (a, b.min(open))).collect());
         }
     }
-    let min_txg = inner.leaves.read().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(0);
-    if inner.scan.running.load(Ordering::Acquire) {
+    let min_txg = inner.leaves().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(0);
+    if inner.scan().running.load(Ordering::Acquire) {
         // restart as a resilver: resilver takes priority over a scrub
-        inner.scan.stop.store(true, Ordering::Release);
+        inner.scan().stop.store(true, Ordering::Release);
         join(inner);
     }
     {
-        let mut s = inner.scan.status.lock();
+        let mut s = inner.scan().status.lock();
         *s = ScanStatus {
             func: "resilver".into(),
             state: "scanning".into(),
             start_time_s: now_s(inner),
             to_examine_bytes: allocated_bytes(inner),
-            start_txg: inner.txg.open_txg(),
+            start_txg: inner.txg().open_txg(),
             min_txg,
             ..Default::default()
         };
@@ -189,9 +207,9 @@ pub fn start_resilver(inner: &Arc<PoolInner>) {
     launch(inner);
 }
 
-pub fn pause(inner: &Arc<PoolInner>) -> Result<()> {
+pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
-        let s = inner.scan.status.lock();
+        let s = inner.scan().status.lock();
         if s.state != "scanning" {
             return Err(Error::invalid("there is no active scrub"));
         }
@@ -199,16 +217,16 @@ pub fn pause(inner: &Arc<PoolInner>) -> Result<()> {
             return Err(Error::invalid("a resilver cannot be paused"));
         }
     }
-    inner.scan.stop.store(true, Ordering::Release);
+    inner.scan().stop.store(true, Ordering::Release);
     join(inner);
-    inner.scan.status.lock().state = "paused".into();
+    inner.scan().status.lock().state = "paused".into();
     persist(inner, true);
     Ok(())
 }
 
-pub fn cancel(inner: &Arc<PoolInner>) -> Result<()> {
+pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
-        let s = inner.scan.status.lock();
+        let s = inner.scan().status.lock();
         if s.state != "scanning" && s.state != "paused" {
             return Err(Error::invalid("there is no active scrub"));
         }
@@ -216,10 +234,10 @@ pub fn cancel(inner: &Arc<PoolInner>) -> Result<()> {
             return Err(Error::invalid("a resilver cannot be canceled"));
         }
     }
-    inner.scan.stop.store(true, Ordering::Release);
+    inner.scan().stop.store(true, Ordering::Release);
     join(inner);
     {
-        let mut s = inner.scan.status.lock();
+        let mut s = inner.scan().status.lock();
         s.state = "canceled".into();
         s.end_time_s = now_s(inner);
     }
@@ -228,62 +246,62 @@ pub fn cancel(inner: &Arc<PoolInner>) -> Result<()> {
 }
 
 /// Block until no scan is running.
-pub fn wait(inner: &PoolInner) {
-    let mut s = inner.scan.status.lock();
-    while inner.scan.running.load(Ordering::Acquire) {
-        inner.scan.cv.wait_for(&mut s, std::time::Duration::from_millis(100));
+pub fn wait(inner: &Arc<dyn ScanPool>) {
+    let mut s = inner.scan().status.lock();
+    while inner.scan().running.load(Ordering::Acquire) {
+        inner.scan().cv.wait_for(&mut s, std::time::Duration::from_millis(100));
     }
 }
 
 /// Export: stop a running scan, keeping it resumable (state stays "scanning" on disk).
-pub fn pause_for_export(inner: &Arc<PoolInner>) {
-    if inner.scan.running.load(Ordering::Acquire) {
-        inner.scan.stop.store(true, Ordering::Release);
+pub fn pause_for_export(inner: &Arc<dyn ScanPool>) {
+    if inner.scan().running.load(Ordering::Acquire) {
+        inner.scan().stop.store(true, Ordering::Release);
         join(inner);
-        inner.scan.status.lock().state = "scanning".into();
+        inner.scan().status.lock().state = "scanning".into();
         persist(inner, true);
     }
 }
 
-pub fn stop(inner: &PoolInner) {
-    inner.scan.stop.store(true, Ordering::Release);
+pub fn stop(inner: &Arc<dyn ScanPool>) {
+    inner.scan().stop.store(true, Ordering::Release);
     join(inner);
 }
 
-pub fn resume_after_import(inner: &Arc<PoolInner>) {
-    let json = inner.meta.lock().scan_state.clone();
+pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
+    let json = inner.saved_scan_state();
     if json.is_empty() {
         return;
     }
     if let Ok(s) = serde_json::from_str::<ScanStatus>(&json) {
         let resume = s.state == "scanning";
-        *inner.scan.status.lock() = s;
+        *inner.scan().status.lock() = s;
         if resume {
             launch(inner);
         }
     }
 }
 
-fn allocated_bytes(inner: &PoolInner) -> u64 {
-    inner.io.ms.lock().space(crate::vdev::Role::Normal).1
+fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
+    inner.io().ms.lock().space(crate::vdev::Role::Normal).1
 }
 
 /// Scrub one block pointer on every copy; returns false if it is unrecoverable.
-fn scrub_bp(inner: &PoolInner, bp: &BlockPointer) -> bool {
+fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
     let mut ok_somewhere = false;
     let mut any = false;
     let mut lost = Vec::new();
     for dva in bp.copies() {
-        let Some(tvd) = inner.io.top(dva.vdev) else { continue };
+        let Some(tvd) = inner.io().top(dva.vdev) else { continue };
         any = true;
         let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
         let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
-        let mut s = inner.scan.status.lock();
+        let mut s = inner.scan().status.lock();
         s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
         s.repaired_bytes += o.repaired_bytes;
         drop(s);
         if o.repaired_bytes > 0 {
-            inner.io.errors.self_healed_bytes.fetch_add(o.repaired_bytes, Ordering::Relaxed);
+            inner.io().errors.self_healed_bytes.fetch_add(o.repaired_bytes, Ordering::Relaxed);
         }
         if !o.unrecoverable {
             ok_somewhere = true;
@@ -299,10 +317,10 @@ fn scrub_bp(inner: &PoolInner, bp: &BlockPointer) -> bool {
 
 /// Some DVAs of `bp` are bad on every child of their mirror but another DVA is good:
 /// rewrite the bad DVAs from a good copy (every DVA holds the same physical bytes).
-fn repair_ditto(inner: &PoolInner, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::zio::blkptr::Dva)]) {
+fn repair_ditto(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::zio::blkptr::Dva)]) {
     let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
     let good = bp.copies().filter(|d| !lost.iter().any(|(_, l)| l == *d)).find_map(|d| {
-        let tvd = inner.io.top(d.vdev)?;
+        let tvd = inner.io().top(d.vdev)?;
         tvd.read_verified(IoClass::Scrub, d.offset, d.asize as usize, bp.birth, &verify).ok()
     });
     let Some(good) = good else { return };
@@ -312,15 +330,15 @@ fn repair_ditto(inner: &PoolInner, bp: &BlockPointer, lost: &[(Arc<crate::vdev::
         }
         if tvd.write(IoClass::AsyncWrite, &good.data, d.offset, bp.birth).is_ok() {
             let n = d.asize as u64 * tvd.children().iter().filter(|c| c.readable()).count() as u64;
-            inner.scan.status.lock().repaired_bytes += n;
-            inner.io.errors.self_healed_bytes.fetch_add(n, Ordering::Relaxed);
+            inner.scan().status.lock().repaired_bytes += n;
+            inner.io().errors.self_healed_bytes.fetch_add(n, Ordering::Relaxed);
         }
     }
 }
 
-fn check_labels(inner: &PoolInner) {
+fn check_labels(inner: &Arc<dyn ScanPool>) {
     let mut bad = 0;
-    for leaf in inner.leaves.read().iter() {
+    for leaf in inner.leaves().iter() {
         if !leaf.readable() {
             continue;
         }
@@ -330,39 +348,39 @@ fn check_labels(inner: &PoolInner) {
         }
     }
     if bad > 0 {
-        tracing::info!(pool = %inner.name, bad, "scrub: rewriting damaged labels");
-        if inner.write_config_labels("active").is_ok() {
-            inner.scan.status.lock().repaired_bytes += bad as u64 * crate::vdev::label::CONFIG_REGION_SIZE as u64;
+        tracing::info!(pool = %inner.pool_name(), bad, "scrub: rewriting damaged labels");
+        if inner.rewrite_labels().is_ok() {
+            inner.scan().status.lock().repaired_bytes += bad as u64 * crate::vdev::label::CONFIG_REGION_SIZE as u64;
         }
     }
 }
 
-fn run(inner: &Arc<PoolInner>) -> Result<()> {
+fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     let (func, min_txg) = {
-        let s = inner.scan.status.lock();
+        let s = inner.scan().status.lock();
         (s.func.clone(), s.min_txg)
     };
     let resilver = func == "resilver";
-    let stop = || inner.scan.stop.load(Ordering::Acquire) || inner.txg.is_shutting_down();
+    let stop = || inner.scan().stop.load(Ordering::Acquire) || inner.txg().is_shutting_down();
     let mut spans = 0u64;
     let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
-    let mut bm = inner.scan.status.lock().bookmark.clone();
+    let mut bm = inner.scan().status.lock().bookmark.clone();
     if bm.phase == 0 {
         if !resilver {
             check_labels(inner);
         }
-        let mos_root = inner.meta.lock().mos_root;
+        let mos_root = inner.mos_root();
         if !mos_root.is_hole() {
-            for bp in dmu::mos_blocks(&inner.io, &mos_root, IoClass::Scrub)? {
+            for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
                 if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp) {
-                    inner.scan.status.lock().errors += 1;
+                    inner.scan().status.lock().errors += 1;
                 }
             }
         }
         bm = Bookmark { phase: 1, volume_id: 0, blkid: 0 };
-        inner.scan.status.lock().bookmark = bm.clone();
+        inner.scan().status.lock().bookmark = bm.clone();
     }
-    let mut vols: Vec<_> = inner.volumes.read().values().cloned().collect();
+    let mut vols: Vec<_> = inner.volumes();
     vols.sort_by_key(|v| v.id);
     for v in vols {
         if v.id < bm.volume_id {
@@ -381,52 +399,52 @@ fn run(inner: &Arc<PoolInner>) -> Result<()> {
             for (blkid, bp) in bad {
                 // recheck against the current tree: a block freed meanwhile is not an error
                 let cur = *v.committed.read();
-                if let Ok(now) = dmu::lookup(&inner.io, &cur, blkid, IoClass::Scrub) {
+                if let Ok(now) = dmu::lookup(inner.io(), &cur, blkid, IoClass::Scrub) {
                     if now == bp && !v.destroyed.load(Ordering::Acquire) {
-                        inner.scan.status.lock().errors += 1;
-                        inner.io.error_log.lock().push(format!("{}/{} block {blkid} (birth {})", inner.name, v.name, bp.birth));
-                        inner.io.errors.unrecoverable.fetch_add(1, Ordering::Relaxed);
+                        inner.scan().status.lock().errors += 1;
+                        inner.io().error_log.lock().push(format!("{}/{} block {blkid} (birth {})", inner.pool_name(), v.name, bp.birth));
+                        inner.io().errors.unrecoverable.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
             blk = last + 1;
             {
-                let mut s = inner.scan.status.lock();
+                let mut s = inner.scan().status.lock();
                 s.bookmark = Bookmark { phase: 1, volume_id: v.id, blkid: blk };
             }
             persist(inner, false);
             spans += 1;
             if pause_every > 0 && spans % pause_every == 0 {
-                inner.scan.stop.store(true, Ordering::Release);
-                inner.scan.status.lock().state = "paused".into();
+                inner.scan().stop.store(true, Ordering::Release);
+                inner.scan().status.lock().state = "paused".into();
                 return Ok(());
             }
         }
     }
     // done
     {
-        let mut s = inner.scan.status.lock();
+        let mut s = inner.scan().status.lock();
         s.state = "finished".into();
         s.end_time_s = now_s(inner);
         s.bookmark = Bookmark::default();
     }
     if resilver {
-        let start_txg = inner.scan.status.lock().start_txg;
-        for l in inner.leaves.read().iter() {
+        let start_txg = inner.scan().status.lock().start_txg;
+        for l in inner.leaves().iter() {
             if !l.readable() {
                 continue;
             }
             let d: Vec<(u64, u64)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg + 1), b)).collect();
             l.set_dtl(d);
         }
-        let _ = inner.write_config_labels("active");
+        let _ = inner.rewrite_labels();
     }
     Ok(())
 }
 
 /// Scrub every block of `[first, last]` (indirects included) born at or after `min_txg`.
-fn walk_span(inner: &PoolInner, root: &TreeRoot, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
-    fn rec(inner: &PoolInner, bp: &BlockPointer, level: u32, base: u64, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
+fn walk_span(inner: &Arc<dyn ScanPool>, root: &TreeRoot, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
+    fn rec(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, level: u32, base: u64, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
         if bp.is_hole() || bp.birth < min_txg {
             return Ok(());
         }
@@ -435,7 +453,7 @@ fn walk_span(inner: &PoolInner, root: &TreeRoot, first: u64, last: u64, min_txg:
             if level == 0 {
                 bad.push((base, *bp));
             } else {
-                inner.scan.status.lock().errors += 1;
+                inner.scan().status.lock().errors += 1;
             }
             return Ok(());
         }
@@ -443,7 +461,7 @@ fn walk_span(inner: &PoolInner, root: &TreeRoot, first: u64, last: u64, min_txg:
             return Ok(());
         }
         let span = EPB.pow(level - 1);
-        let ind = match inner.io.read_indirect(bp, IoClass::Scrub) {
+        let ind = match inner.io().read_indirect(bp, IoClass::Scrub) {
             Ok(i) => i,
             Err(_) => return Ok(()),
         };

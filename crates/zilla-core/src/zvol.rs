@@ -56,14 +56,30 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::arc::{BlockKey, BufKind};
-use crate::dmu::{self, DirtySet, TreeRoot};
-use crate::spa::{PoolInner, VolumeState};
+use crate::dmu::{self, DirtySet, PoolIo, TreeRoot, VolumeState};
+use crate::dsl_pool::DirtyAccounting;
+use crate::props::{CachePolicy, SyncPolicy};
+use crate::txg::TxgState;
 use crate::vdev::IoClass;
 use crate::Error;
 
+/// What a volume sees of its pool: the narrow context spa hands to zvol. spa implements
+/// it, so zvol never names the pool type and the layering points down.
+pub trait VolumePool: Send + Sync {
+    fn pool_name(&self) -> &str;
+    /// Block I/O: verified reads through the ARC, space.
+    fn io(&self) -> &PoolIo;
+    /// Holds on the open txg, sync requests and waits.
+    fn txg(&self) -> &TxgState;
+    /// Dirty-data accounting and the write throttle.
+    fn dirty(&self) -> &DirtyAccounting;
+    /// Something in the MOS (properties, volumes) changed and waits for a sync.
+    fn mos_changed(&self) -> bool;
+}
+
 /// A volume of an imported pool. Cheap to clone (shares the pool and volume state).
 pub struct Volume {
-    pool: Arc<PoolInner>,
+    pool: Arc<dyn VolumePool>,
     vol: Arc<VolumeState>,
 }
 
@@ -99,7 +115,7 @@ fn slop_bytes(size: u64) -> u64 {
 }
 
 impl Volume {
-    pub fn new(pool: Arc<PoolInner>, vol: Arc<VolumeState>) -> Volume {
+    pub fn new(pool: Arc<dyn VolumePool>, vol: Arc<VolumeState>) -> Volume {
         Volume { pool, vol }
     }
 
@@ -109,9 +125,9 @@ impl Volume {
 
     fn check_live(&self) -> Result<()> {
         if self.vol.destroyed.load(Ordering::Acquire) {
-            return Err(Error::NotFound(format!("volume '{}/{}' was destroyed", self.pool.name, self.vol.name)));
+            return Err(Error::NotFound(format!("volume '{}/{}' was destroyed", self.pool.pool_name(), self.vol.name)));
         }
-        if self.pool.txg.is_shutting_down() {
+        if self.pool.txg().is_shutting_down() {
             return Err(Error::Shutdown);
         }
         Ok(())
@@ -127,8 +143,8 @@ impl Volume {
 
     fn check_write(&self, offset: u64, len: u64) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().value("readonly") == "on" {
-            return Err(Error::ReadOnly(format!("{}/{}", self.pool.name, self.vol.name)));
+        if self.vol.props.read().typed().readonly {
+            return Err(Error::ReadOnly(format!("{}/{}", self.pool.pool_name(), self.vol.name)));
         }
         if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
             return Err(Error::NoSpace);
@@ -146,13 +162,13 @@ impl Volume {
         loop {
             match self.check_space(new_bytes) {
                 Err(Error::NoSpace) if attempts < crate::metaslab::TXG_DEFER_SIZE as usize + 2 => {
-                    let pending = self.pool.dirty.total() > 0 || self.pool.io.ms.lock().deferred_bytes() > 0;
+                    let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.lock().deferred_bytes() > 0;
                     if !pending {
                         return Err(Error::NoSpace);
                     }
                     attempts += 1;
-                    let t = self.pool.txg.open_txg();
-                    self.pool.txg.wait_synced(t)?;
+                    let t = self.pool.txg().open_txg();
+                    self.pool.txg().wait_synced(t)?;
                 }
                 r => return r,
             }
@@ -161,8 +177,8 @@ impl Volume {
 
     /// Refuse new dirty data when the pool could not hold it after copy-on-write.
     fn check_space(&self, new_bytes: u64) -> Result<()> {
-        let (size, alloc) = self.pool.io.space();
-        let dirty = self.pool.dirty.total();
+        let (size, alloc) = self.pool.io().space();
+        let dirty = self.pool.dirty().total();
         let need = alloc + dirty + dirty / 16 + new_bytes;
         if need + slop_bytes(size) > size {
             return Err(Error::NoSpace);
@@ -171,18 +187,18 @@ impl Volume {
     }
 
     fn primary_cache_data(&self) -> bool {
-        self.vol.props.read().value("primarycache") == "all"
+        self.vol.props.read().typed().primarycache == CachePolicy::All
     }
 
     /// Content of a committed block (None = hole).
     fn read_committed(&self, blkid: u64, class: IoClass) -> Result<Option<Arc<[u8]>>> {
         let root = *self.vol.committed.read();
-        let bp = dmu::lookup(&self.pool.io, &root, blkid, class)?;
+        let bp = dmu::lookup(&self.pool.io(), &root, blkid, class)?;
         if bp.is_hole() {
             return Ok(None);
         }
         let cache = self.primary_cache_data();
-        Ok(Some(self.pool.io.read_block(&bp, class, BufKind::Data, cache)?))
+        Ok(Some(self.pool.io().read_block(&bp, class, BufKind::Data, cache)?))
     }
 
     /// Newest content of a block: dirty first, then committed. Dirty must be checked first
@@ -203,7 +219,7 @@ impl Volume {
             return Some(d);
         }
         let root = *self.vol.committed.read();
-        let io = &self.pool.io;
+        let io = &self.pool.io();
         let bp = match memo {
             Some((r, l1idx, l1)) if *r == root && *l1idx == blkid >> dmu::INDIRECT_SHIFT && root.nlevels >= 2 => {
                 let o = (blkid & (dmu::EPB - 1)) as usize * crate::zio::blkptr::BlockPointer::SIZE;
@@ -258,7 +274,7 @@ impl Volume {
                     (Some(self.read_committed(blkid, IoClass::SyncRead)?), gen)
                 }
             };
-            let hold = self.pool.txg.hold();
+            let hold = self.pool.txg().hold();
             let mut shard = self.vol.dirty.shard(blkid).lock();
             let newest = shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone());
             let base_now: Option<Arc<[u8]>> = if full {
@@ -292,19 +308,19 @@ impl Volume {
             let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
             drop(shard);
             if newly {
-                self.pool.dirty.add(hold.txg, cost);
+                self.pool.dirty().add(hold.txg, cost);
             }
             return Ok(hold.txg);
         }
     }
 
     fn after_write(&self, txg: u64, fua: bool) -> Result<()> {
-        if self.pool.dirty.should_kick(txg) {
-            self.pool.txg.request_sync(txg);
+        if self.pool.dirty().should_kick(txg) {
+            self.pool.txg().request_sync(txg);
         }
-        let sync = self.vol.props.read().value("sync");
-        if sync == "always" || (fua && sync != "disabled") {
-            self.pool.txg.wait_synced(txg)?;
+        let sync = self.vol.props.read().typed().sync;
+        if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
+            self.pool.txg().wait_synced(txg)?;
         }
         Ok(())
     }
@@ -313,7 +329,7 @@ impl Volume {
         let bs = self.bs();
         let mut max_txg = 0;
         for c in block_chunks(offset, len, bs) {
-            self.pool.dirty.throttle(&|| self.pool.txg.is_shutting_down());
+            self.pool.dirty().throttle(&|| self.pool.txg().is_shutting_down());
             if data.is_some() || !free_whole || c.len as u64 != bs {
                 self.reserve_space(bs)?;
             }
@@ -334,7 +350,7 @@ impl Volume {
 
 impl BlockVolume for Volume {
     fn name(&self) -> String {
-        format!("{}/{}", self.pool.name, self.vol.name)
+        format!("{}/{}", self.pool.pool_name(), self.vol.name)
     }
     fn size(&self) -> u64 {
         self.vol.volsize
@@ -343,7 +359,7 @@ impl BlockVolume for Volume {
         self.vol.volblocksize
     }
     fn read_only(&self) -> bool {
-        self.vol.props.read().value("readonly") == "on"
+        self.vol.props.read().typed().readonly
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -382,11 +398,11 @@ impl BlockVolume for Volume {
         if let Err(e) = self.check_write(offset, data.len() as u64) {
             return Some(Err(e));
         }
-        if self.vol.props.read().value("sync") == "always" {
+        if self.vol.props.read().typed().sync == SyncPolicy::Always {
             return None;
         }
         let max = crate::dsl_pool::dirty_data_max();
-        if crate::dsl_pool::delay_ns(self.pool.dirty.total() + data.len() as u64, max) > 0 {
+        if crate::dsl_pool::delay_ns(self.pool.dirty().total() + data.len() as u64, max) > 0 {
             return None;
         }
         if self.check_space(data.len() as u64).is_err() {
@@ -404,22 +420,22 @@ impl BlockVolume for Volume {
                 Err(e) => return Some(Err(e)),
             }
         }
-        if max_txg > 0 && self.pool.dirty.should_kick(max_txg) {
-            self.pool.txg.request_sync(max_txg);
+        if max_txg > 0 && self.pool.dirty().should_kick(max_txg) {
+            self.pool.txg().request_sync(max_txg);
         }
         Some(Ok(()))
     }
 
     fn flush(&self) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().value("sync") == "disabled" {
+        if self.vol.props.read().typed().sync == SyncPolicy::Disabled {
             return Ok(());
         }
-        if self.pool.dirty.total() == 0 && !self.pool.meta.lock().changed {
+        if self.pool.dirty().total() == 0 && !self.pool.mos_changed() {
             return Ok(());
         }
-        let t = self.pool.txg.open_txg();
-        self.pool.txg.wait_synced(t)
+        let t = self.pool.txg().open_txg();
+        self.pool.txg().wait_synced(t)
     }
 
     fn unmap(&self, offset: u64, len: u64) -> Result<()> {
@@ -446,7 +462,7 @@ impl BlockVolume for Volume {
             (first..=last).filter_map(|b| self.vol.dirty.newest(b).map(|d| (b, d.is_none()))).collect();
         let root = *self.vol.committed.read();
         let mut allocated: Vec<u64> = Vec::new();
-        dmu::walk_range(&self.pool.io, &root, first, last, IoClass::SyncRead, &mut |blk, _| {
+        dmu::walk_range(&self.pool.io(), &root, first, last, IoClass::SyncRead, &mut |blk, _| {
             allocated.push(blk);
             Ok(true)
         })?;

@@ -69,10 +69,9 @@ fn offline_write_online(export_while_offline: bool) {
         assert_eq!(pool.status().state, "DEGRADED", "m0b stays offline across export/import");
     }
     {
-        let inner = pool.inner();
-        let root = *inner.volumes.read().get("vol").unwrap().committed.read();
+        let root = pool.debug_volume_root("vol").unwrap();
         let (mut bad, mut total) = (0, 0);
-        zilla_core::dmu::walk_all(&inner.io, &root, zilla_core::vdev::IoClass::SyncRead, &mut |bp, _| {
+        zilla_core::dmu::walk_all(pool.debug_io(), &root, zilla_core::vdev::IoClass::SyncRead, &mut |bp, _| {
             for d in bp.copies() { if d.vdev == 0 { total += 1;
                 let mut b = vec![0u8; d.asize as usize];
                 zilla_core::vdev::Device::read_at(&*f[1], &mut b, DATA_START + d.offset).unwrap();

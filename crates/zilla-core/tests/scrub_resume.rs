@@ -5,7 +5,7 @@ use zilla_core::scan::ScanStatus;
 use zilla_core::spa::ScrubCmd;
 
 fn scan_status(pool: &zilla_core::spa::Pool) -> ScanStatus {
-    zilla_core::scan::status(pool.inner())
+    pool.scan_status()
 }
 
 #[test]

@@ -68,17 +68,17 @@ fn setup() -> (Rig, Arc<Pool>) {
 }
 
 fn root(pool: &Pool) -> dmu::TreeRoot {
-    *pool.inner().volumes.read().get("vol").unwrap().committed.read()
+    pool.debug_volume_root("vol").unwrap()
 }
 
 fn l0(pool: &Pool, blkid: u64) -> BlockPointer {
-    let bp = dmu::lookup(&pool.inner().io, &root(pool), blkid, IoClass::SyncRead).unwrap();
+    let bp = dmu::lookup(pool.debug_io(), &root(pool), blkid, IoClass::SyncRead).unwrap();
     assert!(!bp.is_hole());
     bp
 }
 
 fn children(pool: &Pool, vdev: u32) -> Vec<String> {
-    pool.inner().io.top(vdev).unwrap().children().iter().map(|c| c.spec.display()).collect()
+    pool.debug_io().top(vdev).unwrap().children().iter().map(|c| c.spec.display()).collect()
 }
 
 /// The child the mirror reads first for a block at data offset `off` of top `vdev`
@@ -90,7 +90,7 @@ fn first_reader(pool: Option<&Pool>, names: &[String], last: &HashMap<String, u6
         .iter()
         .map(|n| {
             let l = match pool {
-                Some(p) => p.inner().leaves.read().iter().find(|c| &c.spec.display() == n).unwrap().queue.last_offset(),
+                Some(p) => p.debug_leaves().iter().find(|c| &c.spec.display() == n).unwrap().queue.last_offset(),
                 None => last.get(n).copied().unwrap_or(0),
             };
             if l == phys { 0 } else { 1 }
@@ -165,7 +165,7 @@ fn data_block_heals_on_read_after_import() {
     // live pool: evict the block from the ARC, damage the copy read first, read again
     let bp = l0(&pool, 60);
     let d = bp.dva[0];
-    pool.inner().io.arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+    pool.debug_io().arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
     let names = children(&pool, d.vdev);
     let bad = first_reader(Some(&pool), &names, &HashMap::new(), d.offset);
     corrupt(&rig, &bad, &d, 2);
@@ -242,8 +242,8 @@ fn indirect_block_repaired_by_scrub() {
 /// first; import must succeed, count the error and rewrite the copy.
 fn mos_heal_on_import(which: usize) {
     let (rig, pool) = setup();
-    let mos_root = pool.inner().meta.lock().mos_root;
-    let bps = dmu::mos_blocks(&pool.inner().io, &mos_root, IoClass::SyncRead).unwrap();
+    let mos_root = pool.debug_mos_root();
+    let bps = dmu::mos_blocks(pool.debug_io(), &mos_root, IoClass::SyncRead).unwrap();
     assert!(bps.len() >= 2);
     let tops: Vec<Vec<String>> = (0..2).map(|v| children(&pool, v)).collect();
     pool.abandon();
@@ -279,8 +279,8 @@ fn mos_chunk_heals_on_import() {
 #[test]
 fn mos_blocks_repaired_by_scrub() {
     let (rig, pool) = setup();
-    let mos_root = pool.inner().meta.lock().mos_root;
-    let bps = dmu::mos_blocks(&pool.inner().io, &mos_root, IoClass::SyncRead).unwrap();
+    let mos_root = pool.debug_mos_root();
+    let bps = dmu::mos_blocks(pool.debug_io(), &mos_root, IoClass::SyncRead).unwrap();
     let mut damaged = vec![];
     for (i, bp) in bps.iter().enumerate() {
         let d = bp.dva[0];

@@ -26,8 +26,9 @@
 //! it from the cache, so the next start imports it again; remove the sockets; exit 0.
 //!
 //! Engine calls block (device I/O, txg syncs); the async side reaches them only
-//! through `spawn_blocking`. A panic inside the engine becomes a 500 for that request,
-//! not a dead daemon.
+//! through `spawn_blocking`. A panic anywhere is a broken invariant: the panic hook
+//! (`stop_on_broken_invariant` in main.rs) logs it and stops the daemon; see
+//! docs/design.md "Broken invariants".
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -186,7 +187,8 @@ where
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
-/// Run an engine call on the blocking pool; a panic becomes a 500.
+/// Run an engine call on the blocking pool. (A panic stops the daemon in the panic hook
+/// before it could get here; the 500 remains for embedders without that hook.)
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {

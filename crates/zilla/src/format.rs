@@ -241,7 +241,16 @@ pub fn prop_rows(rows: &[PropRow], scripted: bool, parsable: bool) -> String {
             vec![r.name.clone(), r.property.clone(), value, r.source.clone()]
         })
         .collect();
-    table(&["NAME", "PROPERTY", "VALUE", "SOURCE"], &[Align::Left; 4], &cells, scripted)
+    let mut out = table(&["NAME", "PROPERTY", "VALUE", "SOURCE"], &[Align::Left; 4], &cells, scripted);
+    if !scripted {
+        // properties that are stored but not acted on yet say so under the table
+        let noted: std::collections::BTreeSet<(&str, &str)> =
+            rows.iter().filter_map(|r| Some((r.property.as_str(), r.note.as_deref()?))).collect();
+        for (property, note) in noted {
+            out += &format!("note: {property} is stored but has no effect yet: {note}\n");
+        }
+    }
+    out
 }
 
 pub fn volume_list(vols: &[VolumeInfo], scripted: bool, parsable: bool) -> String {

@@ -303,6 +303,7 @@ fn main() {
         Cmd::Demo { dir, listen } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from("zilla-demo"));
             init_tracing();
+            stop_on_broken_invariant();
             let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
             if let Err(e) = rt.block_on(demo::run(dir, listen_opts(&listen))) {
                 die(format!("{e:#}"));
@@ -357,8 +358,31 @@ fn listen_opts(l: &ListenArgs) -> Listen {
     Listen { nbd: off(&l.nbd), iscsi: off(&l.iscsi), http: off(&l.http) }
 }
 
+/// The broken-invariant policy (docs/design.md "Broken invariants"): a panic anywhere
+/// in the daemon is a failed assertion, and the daemon stops at once with one clear log
+/// line instead of serving on with state it can no longer trust. Nothing is lost: the
+/// on-disk state is always the last synced txg, and the next start imports the pools.
+fn stop_on_broken_invariant() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let msg = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
+        let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_else(|| "?".into());
+        let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+        tracing::error!(
+            "internal error (broken invariant) in thread {thread} at {at}: {}; stopping the daemon (on-disk state is the last synced txg; the next start imports the pools)",
+            msg.as_deref().unwrap_or("panic")
+        );
+        let bt = std::backtrace::Backtrace::capture();
+        if bt.status() == std::backtrace::BacktraceStatus::Captured {
+            eprintln!("{bt}");
+        }
+        std::process::abort();
+    }));
+}
+
 fn serve(state_dir: PathBuf, args: ServeArgs) {
     init_tracing();
+    stop_on_broken_invariant();
     let mut listen = args.listen.clone();
     let mut settings = config::Settings::default();
     if let Some(path) = &args.config {

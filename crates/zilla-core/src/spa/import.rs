@@ -15,9 +15,9 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::config::{check_device_free, open_top, pool_props_with_defaults};
-use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, VolumeState, POOL_VERSION};
+use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
-use crate::dmu::{self, PoolIo};
+use crate::dmu::{self, PoolIo, VolumeState};
 use crate::env::Env;
 use crate::metaslab::Metaslabs;
 use crate::vdev::label;
@@ -344,7 +344,7 @@ impl Pool {
         // leaves returning with a DTL get resilvered
         for l in pool.inner.leaves.read().iter() {
             if l.state() == LeafState::Online && !l.dtl_empty() {
-                crate::scan::start_resilver(&pool.inner);
+                crate::scan::start_resilver(&pool.inner.scanner());
                 break;
             }
         }

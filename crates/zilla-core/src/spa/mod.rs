@@ -28,16 +28,17 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::dmu::{self, DirtySet, PoolIo, TreeRoot, VolumeRecord};
+use crate::dmu::{self, PoolIo, TreeRoot, VolumeState};
 use crate::dsl_pool::DirtyAccounting;
 use crate::env::Env;
-use crate::props::{PropRow, PropSet};
+use crate::props::PropRow;
 use crate::txg::TxgState;
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
 use crate::vdev::{LeafSpec, Role};
 use crate::zio::blkptr::BlockPointer;
-use crate::zvol::BlockVolume;
+use crate::scan::ScanPool;
+use crate::zvol::{BlockVolume, VolumePool};
 use crate::{Error, Result};
 
 mod config;
@@ -49,7 +50,7 @@ mod verify;
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
 pub use import::ImportablePool;
 pub use status::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
-pub use sync::{SYNC_CHUNK_BLOCKS, SYNC_PIPELINE_CHUNKS};
+pub use sync::{SYNC_CHUNK_BLOCKS, SYNC_PIPELINE_CHUNKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
 /// One top-level vdev as the user asked for it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -121,38 +122,8 @@ pub fn validate_volume_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// In-memory state of one volume.
-pub struct VolumeState {
-    pub id: u64,
-    pub name: String,
-    pub volsize: u64,
-    pub volblocksize: u32,
-    pub created_txg: u64,
-    pub props: RwLock<PropSet>,
-    pub committed: RwLock<TreeRoot>,
-    pub dirty: DirtySet,
-    pub destroyed: AtomicBool,
-}
-
-impl VolumeState {
-    pub fn nblocks(&self) -> u64 {
-        self.volsize.div_ceil(self.volblocksize as u64)
-    }
-    pub fn record(&self, root: TreeRoot) -> VolumeRecord {
-        VolumeRecord {
-            id: self.id,
-            name: self.name.clone(),
-            volsize: self.volsize,
-            volblocksize: self.volblocksize,
-            root,
-            props: self.props.read().clone(),
-            created_txg: self.created_txg,
-        }
-    }
-}
-
 /// MOS fields that are not volumes.
-pub struct MosMeta {
+pub(crate) struct MosMeta {
     pub next_volume_id: u64,
     pub mos_root: BlockPointer,
     /// Roots of destroyed volumes whose blocks are freed in the next sync.
@@ -162,29 +133,29 @@ pub struct MosMeta {
     pub changed: bool,
 }
 
-pub struct PoolInner {
-    pub name: String,
-    pub guid: u64,
-    pub io: PoolIo,
-    pub txg: TxgState,
-    pub dirty: DirtyAccounting,
-    pub config: Mutex<PoolConfig>,
-    pub leaves: RwLock<Vec<Arc<Leaf>>>,
-    pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
-    pub meta: Mutex<MosMeta>,
+pub(crate) struct PoolInner {
+    name: String,
+    guid: u64,
+    io: PoolIo,
+    txg: TxgState,
+    dirty: DirtyAccounting,
+    config: Mutex<PoolConfig>,
+    leaves: RwLock<Vec<Arc<Leaf>>>,
+    volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
+    meta: Mutex<MosMeta>,
     /// Serialises syncs with config changes (attach/detach/add/online/offline).
-    pub sync_lock: Mutex<()>,
-    pub opener: Opener,
-    pub suspended: AtomicBool,
+    sync_lock: Mutex<()>,
+    opener: Opener,
+    suspended: AtomicBool,
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
-    pub abandoned: AtomicBool,
-    pub scan: crate::scan::ScanControl,
+    abandoned: AtomicBool,
+    scan: crate::scan::ScanControl,
     /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
-    pub env: Arc<dyn crate::env::Env>,
+    env: Arc<dyn crate::env::Env>,
 }
 
 /// A random non-zero guid from `env`'s RNG (seeded under simulation).
-pub fn new_guid(env: &dyn crate::env::Env) -> u64 {
+pub(crate) fn new_guid(env: &dyn crate::env::Env) -> u64 {
     loop {
         let g = env.random_u64();
         if g != 0 {
@@ -194,6 +165,11 @@ pub fn new_guid(env: &dyn crate::env::Env) -> u64 {
 }
 
 impl PoolInner {
+    /// This pool as its scan thread sees it.
+    pub(super) fn scanner(self: &Arc<Self>) -> Arc<dyn ScanPool> {
+        self.clone()
+    }
+
     /// The one constructor: `synced_txg` is the last txg on disk (the new pool's
     /// first txg is `synced_txg + 1`).
     #[allow(clippy::too_many_arguments)]
@@ -258,13 +234,10 @@ impl Pool {
         let t = inner.clone();
         let handle = inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || t.sync_loop())).expect("spawn txg sync thread");
         let pool = Arc::new(Pool { inner, sync_thread: Mutex::new(Some(handle)), closed: false.into() });
-        crate::scan::resume_after_import(&pool.inner);
+        crate::scan::resume_after_import(&pool.inner.scanner());
         pool
     }
 
-    pub fn inner(&self) -> &Arc<PoolInner> {
-        &self.inner
-    }
 
     fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
@@ -285,7 +258,7 @@ impl Pool {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Err(Error::invalid(format!("pool '{}' is already exported", self.inner.name)));
         }
-        crate::scan::pause_for_export(&self.inner);
+        crate::scan::pause_for_export(&self.inner.scanner());
         // final sync of everything dirty
         let open = self.inner.txg.open_txg();
         self.inner.txg.request_sync(open);
@@ -301,7 +274,7 @@ impl Pool {
     pub fn abandon(&self) {
         self.closed.store(true, Ordering::Release);
         self.inner.abandoned.store(true, Ordering::Release);
-        crate::scan::stop(&self.inner);
+        crate::scan::stop(&self.inner.scanner());
         self.inner.txg.begin_shutdown();
         self.inner.suspended.store(true, Ordering::Relaxed);
         // drop dirty data so the final-sync path has nothing to do
@@ -320,7 +293,7 @@ impl Pool {
     pub fn destroy(&self) -> Result<()> {
         self.check_open()?;
         self.closed.store(true, Ordering::Release);
-        crate::scan::stop(&self.inner);
+        crate::scan::stop(&self.inner.scanner());
         self.stop_threads();
         for leaf in self.inner.leaves.read().iter() {
             if leaf.state() == LeafState::Unavail {
@@ -363,14 +336,19 @@ impl Pool {
     pub fn scrub(&self, cmd: ScrubCmd) -> Result<()> {
         self.check_open()?;
         match cmd {
-            ScrubCmd::Start => crate::scan::start_scrub(&self.inner),
-            ScrubCmd::Pause => crate::scan::pause(&self.inner),
-            ScrubCmd::Stop => crate::scan::cancel(&self.inner),
+            ScrubCmd::Start => crate::scan::start_scrub(&self.inner.scanner()),
+            ScrubCmd::Pause => crate::scan::pause(&self.inner.scanner()),
+            ScrubCmd::Stop => crate::scan::cancel(&self.inner.scanner()),
         }
     }
 
+    /// The last or current scrub/resilver.
+    pub fn scan_status(&self) -> crate::scan::ScanStatus {
+        crate::scan::status(&self.inner.scanner())
+    }
+
     pub fn scrub_wait(&self) -> Result<()> {
-        crate::scan::wait(&self.inner);
+        crate::scan::wait(&self.inner.scanner());
         Ok(())
     }
 
@@ -456,7 +434,7 @@ impl Pool {
                 volsize: v.volsize,
                 volblocksize: v.volblocksize,
                 used: v.committed.read().bp.fill * v.volblocksize as u64,
-                readonly: v.props.read().value("readonly") == "on",
+                readonly: v.props.read().typed().readonly,
             })
             .collect()
     }
@@ -468,7 +446,7 @@ impl Pool {
     pub fn open_zvol(&self, name: &str) -> Result<Arc<crate::zvol::Volume>> {
         self.check_open()?;
         let v = self.inner.volumes.read().get(name).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{name}'", self.inner.name)))?;
-        Ok(Arc::new(crate::zvol::Volume::new(self.inner.clone(), v)))
+        Ok(Arc::new(crate::zvol::Volume::new(self.inner.clone() as Arc<dyn VolumePool>, v)))
     }
 
     pub fn get_props(&self, volume: &str, props: &[String]) -> Result<Vec<PropRow>> {
@@ -476,16 +454,16 @@ impl Pool {
         let full = format!("{}/{}", self.inner.name, v.name);
         let ps = v.props.read().clone();
         let used = v.committed.read().bp.fill * v.volblocksize as u64;
-        let mut all: Vec<(String, String, String)> = vec![
-            ("volsize".into(), v.volsize.to_string(), "local".into()),
-            ("volblocksize".into(), v.volblocksize.to_string(), "default".into()),
-            ("used".into(), used.to_string(), "-".into()),
-            ("referenced".into(), used.to_string(), "-".into()),
-            ("logicalused".into(), used.to_string(), "-".into()),
+        let mut all: Vec<(String, String, String, Option<&str>)> = vec![
+            ("volsize".into(), v.volsize.to_string(), "local".into(), None),
+            ("volblocksize".into(), v.volblocksize.to_string(), "default".into(), None),
+            ("used".into(), used.to_string(), "-".into(), None),
+            ("referenced".into(), used.to_string(), "-".into(), None),
+            ("logicalused".into(), used.to_string(), "-".into(), None),
         ];
         for d in crate::props::PROPS {
             let (val, src) = ps.get(d.name);
-            all.push((d.name.into(), val, src.into()));
+            all.push((d.name.into(), val, src.into(), d.no_effect_yet));
         }
         let wanted: Vec<String> = if props.is_empty() || props.iter().any(|p| p == "all") {
             all.iter().map(|a| a.0.clone()).collect()
@@ -495,7 +473,13 @@ impl Pool {
         let mut out = Vec::new();
         for w in wanted {
             match all.iter().find(|a| a.0 == w) {
-                Some((p, val, src)) => out.push(PropRow { name: full.clone(), property: p.clone(), value: val.clone(), source: src.clone() }),
+                Some((p, val, src, note)) => out.push(PropRow {
+                    name: full.clone(),
+                    property: p.clone(),
+                    value: val.clone(),
+                    source: src.clone(),
+                    note: note.map(String::from),
+                }),
                 None => return Err(Error::invalid(format!("unknown property '{w}'"))),
             }
         }
@@ -517,5 +501,61 @@ impl Drop for Pool {
             // not exported: behave like a crash (nothing more is written)
             self.abandon();
         }
+    }
+}
+
+impl VolumePool for PoolInner {
+    fn pool_name(&self) -> &str {
+        &self.name
+    }
+    fn io(&self) -> &PoolIo {
+        &self.io
+    }
+    fn txg(&self) -> &TxgState {
+        &self.txg
+    }
+    fn dirty(&self) -> &DirtyAccounting {
+        &self.dirty
+    }
+    fn mos_changed(&self) -> bool {
+        self.meta.lock().changed
+    }
+}
+
+impl ScanPool for PoolInner {
+    fn pool_name(&self) -> &str {
+        &self.name
+    }
+    fn io(&self) -> &PoolIo {
+        &self.io
+    }
+    fn env(&self) -> &dyn Env {
+        &*self.env
+    }
+    fn scan(&self) -> &crate::scan::ScanControl {
+        &self.scan
+    }
+    fn txg(&self) -> &TxgState {
+        &self.txg
+    }
+    fn mos_root(&self) -> BlockPointer {
+        self.meta.lock().mos_root
+    }
+    fn saved_scan_state(&self) -> String {
+        self.meta.lock().scan_state.clone()
+    }
+    fn save_scan_state(&self, json: String, mark_changed: bool) {
+        let mut m = self.meta.lock();
+        m.scan_state = json;
+        m.changed |= mark_changed;
+    }
+    fn volumes(&self) -> Vec<Arc<VolumeState>> {
+        self.volumes.read().values().cloned().collect()
+    }
+    fn leaves(&self) -> Vec<Arc<Leaf>> {
+        self.leaves.read().clone()
+    }
+    fn rewrite_labels(&self) -> Result<()> {
+        self.write_config_labels("active")
     }
 }

@@ -111,7 +111,7 @@ impl Pool {
     pub fn status(&self) -> PoolStatus {
         let inner = &self.inner;
         let mut config = Vec::new();
-        let resilvering = crate::scan::is_resilvering(inner);
+        let resilvering = crate::scan::is_resilvering(&inner.scanner());
         for t in inner.tops() {
             let kids: Vec<VdevStatus> = t
                 .children()
@@ -152,7 +152,7 @@ impl Pool {
             name: inner.name.clone(),
             guid: inner.guid,
             state: self.health(),
-            scan: crate::scan::status(inner),
+            scan: crate::scan::status(&inner.scanner()),
             config,
             data_errors: inner.io.errors.unrecoverable.load(Ordering::Relaxed),
             error_list: inner.io.error_log.lock().clone(),
@@ -240,7 +240,7 @@ impl Pool {
         let row = self.list_row();
         let cfg = self.inner.config.lock().clone();
         let mut out = vec![];
-        let mut push = |p: &str, v: String, s: &str| out.push(PropRow { name: cfg.name.clone(), property: p.into(), value: v, source: s.into() });
+        let mut push = |p: &str, v: String, s: &str| out.push(PropRow { name: cfg.name.clone(), property: p.into(), value: v, source: s.into(), note: None });
         push("size", row.size.to_string(), "-");
         push("allocated", row.alloc.to_string(), "-");
         push("free", row.free.to_string(), "-");

@@ -20,14 +20,24 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{PoolInner, VolumeState};
-use crate::dmu::{self, Mos, TreeRoot, WritePolicy};
+use super::PoolInner;
+use crate::dmu::{self, Mos, TreeRoot, VolumeState, WritePolicy};
 use crate::vdev::label::Uberblock;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
 use crate::zio::blkptr::{self, BlockPointer};
 use crate::zio::checksum::ChecksumAlgo;
+use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result};
+
+pub static ZFS_DEBUG_FAIL_SYNC_ASSERTION: Tunable = Tunable::new(
+    "zfs_debug_fail_sync_assertion",
+    0,
+    0,
+    1,
+    Applies::Live,
+    "testing aid: 1 makes the next txg sync fail an assertion before it writes anything (exercises the broken-invariant policy: the daemon stops)",
+);
 
 /// Dirty blocks prepared and handed to the issuer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
@@ -118,6 +128,11 @@ impl PoolInner {
 
     /// Sync txg `txg`. On failure the allocator is restored and the dirty records stay.
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
+        assert!(
+            ZFS_DEBUG_FAIL_SYNC_ASSERTION.get() == 0,
+            "zfs_debug_fail_sync_assertion is set: txg {txg} of pool {} stops at a failed assertion",
+            self.name
+        );
         let _g = self.sync_lock.lock();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the snapshot: a sync
@@ -177,10 +192,9 @@ impl PoolInner {
                         new_roots.push((v.clone(), root));
                         continue;
                     }
-                    let props = v.props.read().clone();
-                    let algo = ChecksumAlgo::from_prop(&props.value("checksum")).unwrap_or(ChecksumAlgo::Fletcher4);
-                    let comp = crate::props::parse_compression(&props.value("compression")).unwrap_or(crate::zio::compress::Compression::Off);
-                    let cache = props.value("primarycache") == "all";
+                    let props = v.props.read().typed();
+                    let (algo, comp) = (props.checksum, props.compression);
+                    let cache = props.primarycache == crate::props::CachePolicy::All;
                     let mut changes = Vec::with_capacity(recs.len());
                     for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
                         // checksum and compress on every core, then allocate in blkid order

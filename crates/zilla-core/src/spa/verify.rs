@@ -80,3 +80,24 @@ impl Pool {
         Ok(())
     }
 }
+
+/// zdb-like read access for tests and debugging tools: not a stable API.
+impl Pool {
+    #[doc(hidden)]
+    pub fn debug_io(&self) -> &crate::dmu::PoolIo {
+        &self.inner.io
+    }
+    /// The committed (last synced) tree root of a volume.
+    #[doc(hidden)]
+    pub fn debug_volume_root(&self, volume: &str) -> Option<crate::dmu::TreeRoot> {
+        self.inner.volumes.read().get(volume).map(|v| *v.committed.read())
+    }
+    #[doc(hidden)]
+    pub fn debug_mos_root(&self) -> BlockPointer {
+        self.inner.meta.lock().mos_root
+    }
+    #[doc(hidden)]
+    pub fn debug_leaves(&self) -> Vec<std::sync::Arc<crate::vdev::mirror::Leaf>> {
+        self.inner.leaves.read().clone()
+    }
+}
