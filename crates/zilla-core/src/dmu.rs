@@ -33,7 +33,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::arc::{ArcCache, BlockKey, BufKind};
 use crate::metaslab::Metaslabs;
-use crate::vdev::mirror::{TopVdev, VerifyResult};
+use crate::vdev::mirror::TopVdev;
 use crate::vdev::{IoClass, Role};
 use crate::zio::blkptr::{self, BlockPointer, Dva};
 use crate::zio::checksum::ChecksumAlgo;
@@ -47,41 +47,7 @@ pub const MOS_CHUNK_SIZE: usize = 128 << 10;
 pub const MOS_MAGIC: u64 = 0x5a494c4c_414d4f53; // "ZILLAMOS"
 pub const MOS_VERSION: u64 = 1;
 
-/// Little-endian reader over untrusted bytes: every read is bounds-checked.
-pub struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    pub fn new(b: &'a [u8]) -> Self {
-        Reader { b, pos: 0 }
-    }
-    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.b.len() - self.pos < n {
-            return Err(Error::Corrupt("object directory truncated".into()));
-        }
-        let s = &self.b[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-    pub fn u8(&mut self) -> Result<u8> {
-        Ok(self.bytes(1)?[0])
-    }
-    pub fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().unwrap()))
-    }
-    pub fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().unwrap()))
-    }
-    pub fn string(&mut self) -> Result<String> {
-        let n = self.u32()? as usize;
-        if n > 1 << 20 {
-            return Err(Error::Corrupt("string too long".into()));
-        }
-        String::from_utf8(self.bytes(n)?.to_vec()).map_err(|_| Error::Corrupt("bad utf-8".into()))
-    }
-}
+pub use crate::zio::reader::Reader;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u32).to_le_bytes());
@@ -109,7 +75,8 @@ pub struct IoErrors {
 /// The engine's block I/O: vdev tree, allocator, ARC.
 pub struct PoolIo {
     pub vdevs: RwLock<Vec<Arc<TopVdev>>>,
-    pub ms: Mutex<Metaslabs>,
+    /// The allocators, one per class, each with its own lock.
+    pub ms: Metaslabs,
     pub arc: ArcCache,
     pub errors: IoErrors,
     /// Recent unrecoverable block errors (bounded, for `status -v`).
@@ -118,7 +85,9 @@ pub struct PoolIo {
     pub space_size: std::sync::atomic::AtomicU64,
     pub space_alloc: std::sync::atomic::AtomicU64,
     /// Aligned aggregation buffers for sync writes.
-    pub write_buffers: crate::zio::abd::BufPool,
+    pub write_buffers: Arc<crate::vdev::abd::BufPool>,
+    /// Checksum/compress workers, started at the first sync.
+    prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
 }
 
 pub const ERROR_LOG_MAX: usize = 100;
@@ -146,19 +115,25 @@ impl PoolIo {
     pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs) -> PoolIo {
         PoolIo {
             vdevs: RwLock::new(vdevs),
-            ms: Mutex::new(ms),
+            ms,
             arc: ArcCache::following_tunable(),
             errors: Default::default(),
             error_log: Mutex::new(Vec::new()),
             space_size: Default::default(),
             space_alloc: Default::default(),
-            write_buffers: crate::zio::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED),
+            write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
+            prepare: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The pool's checksum/compress workers (started once, on first use).
+    pub fn prepare_workers(&self, env: &Arc<dyn crate::env::Env>, pool: &str) -> &crate::zio::workers::PrepareWorkers {
+        self.prepare.get_or_init(|| crate::zio::workers::PrepareWorkers::start(env, pool))
     }
 
     /// Refresh the lock-free space snapshot from the allocator.
     pub fn refresh_space(&self) {
-        let (size, alloc) = self.ms.lock().space(Role::Normal);
+        let (size, alloc) = self.ms.space(Role::Normal);
         self.space_size.store(size, std::sync::atomic::Ordering::Relaxed);
         self.space_alloc.store(alloc, std::sync::atomic::Ordering::Relaxed);
     }
@@ -195,14 +170,14 @@ impl PoolIo {
                 all_checksum = false;
                 continue;
             };
-            let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+            let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
             match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify) {
                 Ok(r) => {
                     let mut healed = r.repaired_bytes;
                     // ditto self-heal: a copy bad on every child of its mirror is rewritten
                     // from this good one (never touching a copy that read back good)
                     for (ftvd, fdva) in failed.drain(..) {
-                        let still_allocated = !self.ms.lock().vdevs.get(fdva.vdev as usize).and_then(|v| v.as_ref()).map_or(true, |(_, a)| a.is_free(fdva.offset, fdva.asize as u64));
+                        let still_allocated = self.ms.is_allocated(&fdva);
                         if still_allocated && ftvd.write(IoClass::AsyncWrite, &r.data, fdva.offset, bp.birth).is_ok() {
                             healed += fdva.asize as u64;
                         }
@@ -210,7 +185,7 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    let data: Arc<[u8]> = crate::zio::finish_read(bp, r.data)?.into();
+                    let data: Arc<[u8]> = crate::zio::finish_read(bp, &r.data)?;
                     if data.len() != bp.lsize as usize {
                         return Err(Error::Corrupt("decompressed size mismatch".into()));
                     }
@@ -284,90 +259,21 @@ impl PoolIo {
             level,
             checksum: p.checksum,
         };
-        let mut ms = self.ms.lock();
-        let ntop = ms.vdevs.iter().flatten().filter(|(r, _)| *r == Role::Normal).count();
-        let copies = copies.min(ntop).clamp(1, 3);
-        for i in 0..copies {
-            let avoid = if i > 0 { Some(bp.dva[0].vdev) } else { None };
-            match ms.alloc(Role::Normal, asize, avoid) {
-                Ok(d) => bp.dva[i] = d,
-                Err(e) => {
-                    for d in bp.dva.iter().take(i) {
-                        ms.free_now(d);
-                    }
-                    return Err(e);
-                }
-            }
+        // syncing context: the allocation joins txg's undo list
+        for (slot, d) in bp.dva.iter_mut().zip(self.ms.alloc(Role::Normal, asize, copies, Some(txg))?) {
+            *slot = d;
         }
-        drop(ms);
         for d in bp.copies() {
             batch.push(PendingWrite { dva: *d, data: data.clone() });
         }
         Ok(bp)
     }
 
-    /// Issue a batch of writes: sorted, adjacent blocks of one vdev merged into aligned
-    /// runs of up to 1 MiB, runs of different top-level vdevs interleaved so every mirror
-    /// works at once, `threads` workers each copying a run into a pooled aligned buffer
-    /// and writing it (mirror children in parallel). Fails if a run could not be written
-    /// to any child.
-    pub fn issue_writes(&self, mut batch: Vec<PendingWrite>, txg: u64, threads: usize) -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
-        let mut per_vdev: BTreeMap<u32, Vec<Run>> = BTreeMap::new();
-        for (i, w) in batch.iter().enumerate() {
-            let runs = per_vdev.entry(w.dva.vdev).or_default();
-            match runs.last_mut() {
-                Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
-                    r.bytes += w.data.len();
-                    r.blocks.end = i + 1;
-                }
-                _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
-            }
-        }
-        // round-robin across vdevs
-        let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
-        let mut runs: Vec<Run> = Vec::new();
-        while queues.iter().any(|q| !q.is_empty()) {
-            for q in queues.iter_mut() {
-                if let Some(r) = q.pop_front() {
-                    runs.push(r);
-                }
-            }
-        }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let failed: Mutex<Option<Error>> = Mutex::new(None);
-        let workers = threads.clamp(1, runs.len());
-        let batch = &batch;
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= runs.len() {
-                        break;
-                    }
-                    let run = &runs[i];
-                    let mut buf = self.write_buffers.get(run.bytes);
-                    for w in &batch[run.blocks.clone()] {
-                        buf.extend_from_slice(&w.data);
-                    }
-                    let r = match self.top(run.vdev) {
-                        Some(t) => t.write(IoClass::AsyncWrite, buf.as_slice(), run.offset, txg).map_err(Error::Io),
-                        None => Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev))),
-                    };
-                    self.write_buffers.put(buf);
-                    if let Err(e) = r {
-                        *failed.lock() = Some(e);
-                    }
-                });
-            }
-        });
-        match failed.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+    /// Issue a batch of writes and wait for them (see [`SyncWriter`]).
+    pub fn issue_writes(&self, batch: Vec<PendingWrite>, txg: u64) -> Result<()> {
+        let w = SyncWriter::new(self, txg);
+        w.issue(batch)?;
+        w.finish()
     }
 
     /// Free a block's copies in txg `txg` (deferred) and drop it from the ARC.
@@ -376,9 +282,8 @@ impl PoolIo {
             return;
         }
         self.arc.evict(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth });
-        let mut ms = self.ms.lock();
         for d in bp.copies() {
-            ms.free_deferred(txg, *d);
+            self.ms.free_deferred(txg, *d);
         }
     }
 
@@ -389,6 +294,129 @@ impl PoolIo {
         }
         Ok(d)
     }
+}
+
+/// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
+/// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
+/// into a pooled buffer), runs of different vdevs are interleaved so every mirror works
+/// at once, and each run becomes one mirror write (one request per child, all in
+/// flight). At most `window` runs are in flight: `issue` blocks only when the window is
+/// full, so the caller prepares the next batch while the devices write this one.
+/// `finish` waits for everything and reports the first run no child could write.
+pub struct SyncWriter<'a> {
+    io: &'a PoolIo,
+    txg: u64,
+    window: usize,
+    state: Arc<(Mutex<WriterState>, parking_lot::Condvar)>,
+}
+
+#[derive(Default)]
+struct WriterState {
+    in_flight: usize,
+    failed: Option<Error>,
+}
+
+impl<'a> SyncWriter<'a> {
+    pub fn new(io: &'a PoolIo, txg: u64) -> SyncWriter<'a> {
+        let ntops = io.vdevs.read().len().max(1);
+        let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
+        let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
+        SyncWriter { io, txg, window, state: Arc::new((Mutex::new(WriterState::default()), parking_lot::Condvar::new())) }
+    }
+
+    /// Submit a batch (merged into runs); blocks only while the window is full.
+    pub fn issue(&self, mut batch: Vec<PendingWrite>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
+        for run in interleaved_runs(&batch) {
+            let Some(top) = self.io.top(run.vdev) else {
+                return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
+            };
+            let mut buf = self.io.write_buffers.get(run.bytes);
+            for w in &batch[run.blocks.clone()] {
+                buf.extend_from_slice(&w.data);
+            }
+            self.wait_below(self.window)?;
+            let buf = Arc::new(buf);
+            let (state, keep) = (self.state.clone(), buf.clone());
+            let pool = self.io.write_buffers.clone();
+            top.write_async(IoClass::AsyncWrite, buf, run.offset, self.txg, Box::new(move |o| {
+                let r = o.into_result();
+                if let Ok(b) = Arc::try_unwrap(keep) {
+                    pool.put(b);
+                }
+                let mut st = state.0.lock();
+                st.in_flight -= 1;
+                if let (Err(e), None) = (r, &st.failed) {
+                    st.failed = Some(Error::Io(e.into()));
+                }
+                state.1.notify_all();
+            }));
+        }
+        Ok(())
+    }
+
+    /// Block until fewer than `n` runs are in flight, then count one more.
+    fn wait_below(&self, n: usize) -> Result<()> {
+        let mut st = self.state.0.lock();
+        while st.in_flight >= n {
+            self.state.1.wait(&mut st);
+        }
+        if let Some(e) = st.failed.take() {
+            return Err(e);
+        }
+        st.in_flight += 1;
+        Ok(())
+    }
+
+    /// Wait for every run; the first failure, if any.
+    pub fn finish(self) -> Result<()> {
+        let mut st = self.state.0.lock();
+        while st.in_flight > 0 {
+            self.state.1.wait(&mut st);
+        }
+        match st.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for SyncWriter<'_> {
+    fn drop(&mut self) {
+        // Never return while a completion may still touch the pool's buffers.
+        let mut st = self.state.0.lock();
+        while st.in_flight > 0 {
+            self.state.1.wait(&mut st);
+        }
+    }
+}
+
+/// Merge a sorted batch into runs and interleave the vdevs' runs round-robin.
+fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
+    let mut per_vdev: BTreeMap<u32, Vec<Run>> = BTreeMap::new();
+    for (i, w) in batch.iter().enumerate() {
+        let runs = per_vdev.entry(w.dva.vdev).or_default();
+        match runs.last_mut() {
+            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
+                r.bytes += w.data.len();
+                r.blocks.end = i + 1;
+            }
+            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
+        }
+    }
+    let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
+    let mut runs: Vec<Run> = Vec::new();
+    while queues.iter().any(|q| !q.is_empty()) {
+        for q in queues.iter_mut() {
+            if let Some(r) = q.pop_front() {
+                runs.push(r);
+            }
+        }
+    }
+    runs
 }
 
 fn child_bp(ind: &[u8], idx: u64) -> Result<BlockPointer> {
@@ -653,8 +681,10 @@ pub struct Mos {
     pub txg: u64,
     pub next_volume_id: u64,
     pub volumes: Vec<VolumeRecord>,
-    /// Trees of destroyed volumes still to be freed (freed in the next sync).
+    /// The scan's status and bookmark (`scan::ScanStatus` as JSON; empty when no scan
+    /// ever ran), so a paused or interrupted scrub resumes after import.
     pub scan_state: String,
+    /// Pool properties (JSON).
     pub pool_props: String,
 }
 

@@ -63,6 +63,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::sim::SIM_HDD_TRANSFER_MB_S,
     &vdev::sim::SIM_HDD_WRITE_CACHE_BYTES,
     &vdev::sim::SIM_HDD_CACHE_WRITE_US,
+    &vdev::sim::SIM_HDD_NCQ_DEPTH,
     &vdev::sim::SIM_HDD_INTERFACE_MB_S,
     &vdev::sim::SIM_SSD_LOG_WRITE_LATENCY_US,
     &vdev::sim::SIM_SSD_LOG_WRITE_MB_S,
@@ -167,7 +168,7 @@ mod fuzz_smoke {
     #[test]
     fn mos_decoder_rejects_bit_flips() {
         // a real MOS with every single-byte corruption: decode must not panic
-        let mut ms = crate::metaslab::Metaslabs::new();
+        let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
         let mos = crate::dmu::Mos { txg: 9, next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into() };
         let blob = mos.encode(&ms);

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use parking_lot::Mutex;
 
-use crate::zvol::{BlockVolume, Extent};
+use crate::zvol::{block_chunks, BlockVolume, Extent};
 use crate::{Error, Result};
 
 pub struct MemVolume {
@@ -42,18 +42,12 @@ impl MemVolume {
     fn zero_range(&self, offset: u64, len: u64) {
         let bs = self.block_size as u64;
         let mut blocks = self.blocks.lock();
-        let mut pos = offset;
-        let end = offset + len;
-        while pos < end {
-            let blk = pos / bs;
-            let in_off = (pos % bs) as usize;
-            let n = ((bs - pos % bs).min(end - pos)) as usize;
-            if in_off == 0 && n as u64 == bs {
-                blocks.remove(&blk);
-            } else if let Some(b) = blocks.get_mut(&blk) {
-                b[in_off..in_off + n].fill(0);
+        for c in block_chunks(offset, len, bs) {
+            if c.len as u64 == bs {
+                blocks.remove(&c.blkid);
+            } else if let Some(b) = blocks.get_mut(&c.blkid) {
+                b[c.in_block..c.in_block + c.len].fill(0);
             }
-            pos += n as u64;
         }
     }
 }
@@ -73,35 +67,23 @@ impl BlockVolume for MemVolume {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        let bs = self.block_size as u64;
         let blocks = self.blocks.lock();
-        let mut done = 0usize;
-        while done < buf.len() {
-            let pos = offset + done as u64;
-            let blk = pos / bs;
-            let in_off = (pos % bs) as usize;
-            let n = ((bs as usize - in_off).min(buf.len() - done)) as usize;
-            match blocks.get(&blk) {
-                Some(b) => buf[done..done + n].copy_from_slice(&b[in_off..in_off + n]),
-                None => buf[done..done + n].fill(0),
+        for c in block_chunks(offset, buf.len() as u64, self.block_size as u64) {
+            let out = &mut buf[c.in_range..c.in_range + c.len];
+            match blocks.get(&c.blkid) {
+                Some(b) => out.copy_from_slice(&b[c.in_block..c.in_block + c.len]),
+                None => out.fill(0),
             }
-            done += n;
         }
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<()> {
         self.check_write(offset, data.len() as u64)?;
-        let bs = self.block_size as u64;
+        let bs = self.block_size as usize;
         let mut blocks = self.blocks.lock();
-        let mut done = 0usize;
-        while done < data.len() {
-            let pos = offset + done as u64;
-            let blk = pos / bs;
-            let in_off = (pos % bs) as usize;
-            let n = ((bs as usize - in_off).min(data.len() - done)) as usize;
-            let b = blocks.entry(blk).or_insert_with(|| vec![0u8; bs as usize].into_boxed_slice());
-            b[in_off..in_off + n].copy_from_slice(&data[done..done + n]);
-            done += n;
+        for c in block_chunks(offset, data.len() as u64, bs as u64) {
+            let b = blocks.entry(c.blkid).or_insert_with(|| vec![0u8; bs].into_boxed_slice());
+            b[c.in_block..c.in_block + c.len].copy_from_slice(&data[c.in_range..c.in_range + c.len]);
         }
         Ok(())
     }
@@ -123,20 +105,15 @@ impl BlockVolume for MemVolume {
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.check(offset, len)?;
-        let bs = self.block_size as u64;
         let blocks = self.blocks.lock();
         let mut out: Vec<Extent> = Vec::new();
-        let end = offset + len;
-        let mut pos = offset;
-        while pos < end {
-            let blk = pos / bs;
-            let n = (bs - pos % bs).min(end - pos);
-            let hole = !blocks.contains_key(&blk);
+        for c in block_chunks(offset, len, self.block_size as u64) {
+            let (pos, n) = (offset + c.in_range as u64, c.len as u64);
+            let hole = !blocks.contains_key(&c.blkid);
             match out.last_mut() {
                 Some(last) if last.hole == hole => last.length += n,
                 _ => out.push(Extent { offset: pos, length: n, hole }),
             }
-            pos += n;
         }
         Ok(out)
     }

@@ -7,18 +7,28 @@
 //! from a cursor that follows the last allocation, so a txg's blocks land next to each
 //! other and the sync can aggregate them into large writes (OpenZFS "dynamic fit").
 //!
-//! Data is striped across the top-level vdevs of the normal class with a rotor that
-//! moves to the next vdev every `metaslab_aliquot` bytes (512 KiB), skipping full ones.
+//! Space is kept per allocation class (normal: the data vdevs; log: the SLOG vdevs),
+//! each class behind its own lock, so the intent log can allocate log blocks while a
+//! txg sync allocates data blocks. Within a class, data is striped across its top-level
+//! vdevs with a rotor that moves to the next vdev every `metaslab_aliquot` bytes
+//! (512 KiB), skipping full ones.
 //!
-//! Frees are deferred: a block freed in txg T goes to `defer[T]` and returns to the free
-//! tree only when txg T+2 syncs (TXG_DEFER_SIZE = 2), so the trees of the previous two
-//! uberblocks stay intact on disk.
+//! Frees are deferred: a block freed in txg T goes to `defer[T]`, and the sync of T+3
+//! returns it to the free tree before it allocates (TXG_DEFER_SIZE = 2: the trees of
+//! the two uberblocks before T's stay intact on disk, and T-1's too while T syncs).
+//!
+//! A sync that fails is undone exactly: every allocation made for the txg being synced
+//! goes on that sync's undo list (`begin_sync` .. `end_sync` / `undo_sync`), and the
+//! frees it deferred are cut back to the mark taken when it began. Nothing else is
+//! rolled back, so allocations made meanwhile outside the sync (log blocks) survive.
 //!
 //! Invariants (asserted): an extent is never freed twice, never allocated twice, and
 //! `allocated + free == size` for every vdev. The persisted form (in the MOS) is the
 //! list of allocated extents per vdev plus the defer lists; see docs/on-disk-format.md.
 
 use std::collections::BTreeMap;
+
+use parking_lot::{Mutex, RwLock};
 
 use crate::vdev::Role;
 use crate::zio::blkptr::Dva;
@@ -151,32 +161,35 @@ impl RangeAllocator {
     }
 }
 
-/// All allocators of a pool plus the defer lists.
+/// One allocation class (normal or log): the allocators of its top-level vdevs, the
+/// rotor that stripes across them, and the undo list of the sync in progress.
 #[derive(Debug, Clone)]
-pub struct Metaslabs {
-    /// Indexed by top-level vdev id; None for ids not in the tree (removed) or cache.
-    pub vdevs: Vec<Option<(Role, RangeAllocator)>>,
+struct AllocClass {
+    /// (top-level vdev id, allocator), sorted by id.
+    vdevs: Vec<(u32, RangeAllocator)>,
     rotor: usize,
     rotor_bytes: u64,
-    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE syncs.
-    pub defer: BTreeMap<u64, Vec<Dva>>,
+    /// The txg whose sync is in progress (0: none) and what it allocated so far: the
+    /// per-sync undo list. Allocations outside a sync (the intent log) are not in it.
+    sync_txg: u64,
+    sync_allocs: Vec<Dva>,
 }
 
-impl Metaslabs {
-    pub fn new() -> Metaslabs {
-        Metaslabs { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, defer: BTreeMap::new() }
+impl AllocClass {
+    fn new() -> AllocClass {
+        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: 0, sync_allocs: Vec::new() }
     }
 
-    pub fn add_vdev(&mut self, id: u32, role: Role, size: u64) {
-        let id = id as usize;
-        if self.vdevs.len() <= id {
-            self.vdevs.resize(id + 1, None);
-        }
-        self.vdevs[id] = Some((role, RangeAllocator::new(size)));
+    fn get_mut(&mut self, vdev: u32) -> Option<&mut RangeAllocator> {
+        self.vdevs.iter_mut().find(|(id, _)| *id == vdev).map(|(_, a)| a)
     }
 
-    /// Allocate `len` bytes in class `role`, avoiding vdev `avoid` when another has room.
-    pub fn alloc(&mut self, role: Role, len: u64, avoid: Option<u32>) -> Result<Dva> {
+    fn get(&self, vdev: u32) -> Option<&RangeAllocator> {
+        self.vdevs.iter().find(|(id, _)| *id == vdev).map(|(_, a)| a)
+    }
+
+    /// Allocate `len` bytes, avoiding vdev `avoid` when another has room.
+    fn alloc(&mut self, len: u64, avoid: Option<u32>) -> Result<Dva> {
         let n = self.vdevs.len();
         if n == 0 {
             return Err(Error::NoSpace);
@@ -187,87 +200,252 @@ impl Metaslabs {
         }
         for pass in 0..2 {
             for k in 0..n {
-                let id = (self.rotor + k) % n;
-                if pass == 0 && avoid == Some(id as u32) && n > 1 {
+                let i = (self.rotor + k) % n;
+                let (id, a) = &mut self.vdevs[i];
+                if pass == 0 && avoid == Some(*id) && n > 1 {
                     continue;
                 }
-                if let Some((r, a)) = self.vdevs[id].as_mut() {
-                    if *r != role {
-                        continue;
+                if let Some(off) = a.alloc(len) {
+                    let dva = Dva { vdev: *id, asize: len as u32, offset: off };
+                    if k != 0 {
+                        self.rotor = i;
+                        self.rotor_bytes = 0;
                     }
-                    if let Some(off) = a.alloc(len) {
-                        if k != 0 {
-                            self.rotor = id;
-                            self.rotor_bytes = 0;
-                        }
-                        if avoid.is_none() {
-                            self.rotor_bytes += len;
-                        }
-                        return Ok(Dva { vdev: id as u32, asize: len as u32, offset: off });
+                    if avoid.is_none() {
+                        self.rotor_bytes += len;
                     }
+                    return Ok(dva);
                 }
             }
         }
         Err(Error::NoSpace)
     }
 
-    pub fn claim(&mut self, dva: &Dva) -> Result<()> {
-        match self.vdevs.get_mut(dva.vdev as usize).and_then(|v| v.as_mut()) {
-            Some((_, a)) => a.claim(dva.offset, dva.asize as u64),
+    /// `copies` DVAs of `len` bytes on distinct vdevs where possible; all or nothing.
+    fn alloc_copies(&mut self, len: u64, copies: usize) -> Result<Vec<Dva>> {
+        let copies = copies.min(self.vdevs.len()).clamp(1, 3);
+        let mut out: Vec<Dva> = Vec::with_capacity(copies);
+        for i in 0..copies {
+            let avoid = if i > 0 { Some(out[0].vdev) } else { None };
+            match self.alloc(len, avoid) {
+                Ok(d) => out.push(d),
+                Err(e) => {
+                    for d in &out {
+                        self.free_now(d);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn free_now(&mut self, dva: &Dva) {
+        if let Some(a) = self.get_mut(dva.vdev) {
+            a.free(dva.offset, dva.asize as u64);
+        }
+    }
+}
+
+/// The class a top-level vdev's space belongs to.
+fn class_index(role: Role) -> Option<usize> {
+    match role {
+        Role::Normal => Some(0),
+        Role::Log => Some(1),
+        Role::Cache | Role::Spare => None,
+    }
+}
+
+/// All allocators of a pool: one per allocation class, each behind its own lock, plus
+/// the defer lists.
+///
+/// Locks (docs/design.md, "Lock order"): each class lock, `vdev_class` and `defer` are
+/// leaves: none of them is held while another is taken.
+#[derive(Debug)]
+pub struct Metaslabs {
+    /// Indexed by [`class_index`]: normal, log.
+    classes: [Mutex<AllocClass>; 2],
+    /// Top-level vdev id -> class index, for frees and claims that name only a DVA.
+    vdev_class: RwLock<BTreeMap<u32, usize>>,
+    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE + 1 starts
+    /// to sync.
+    defer: Mutex<DeferLists>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct DeferLists {
+    lists: BTreeMap<u64, Vec<Dva>>,
+    /// Length of `lists[sync_txg]` when that txg's sync began (its undo mark).
+    sync_txg: u64,
+    sync_mark: usize,
+}
+
+impl Metaslabs {
+    pub fn new() -> Metaslabs {
+        Metaslabs {
+            classes: [Mutex::new(AllocClass::new()), Mutex::new(AllocClass::new())],
+            vdev_class: RwLock::new(BTreeMap::new()),
+            defer: Mutex::new(DeferLists::default()),
+        }
+    }
+
+    /// Replace every allocator and defer list with `other`'s (import: the space maps of
+    /// the uberblock that was chosen).
+    pub fn replace_with(&self, other: Metaslabs) {
+        let [n, l] = other.classes;
+        *self.classes[0].lock() = n.into_inner();
+        *self.classes[1].lock() = l.into_inner();
+        *self.vdev_class.write() = other.vdev_class.into_inner();
+        *self.defer.lock() = other.defer.into_inner();
+    }
+
+    /// Give top-level vdev `id` of class `role` an allocator of `size` bytes.
+    pub fn add_vdev(&self, id: u32, role: Role, size: u64) {
+        let Some(ci) = class_index(role) else { return };
+        let mut c = self.classes[ci].lock();
+        c.vdevs.retain(|(v, _)| *v != id);
+        c.vdevs.push((id, RangeAllocator::new(size)));
+        c.vdevs.sort_by_key(|(v, _)| *v);
+        self.vdev_class.write().insert(id, ci);
+    }
+
+    fn class_of(&self, vdev: u32) -> Option<&Mutex<AllocClass>> {
+        self.vdev_class.read().get(&vdev).map(|&ci| &self.classes[ci])
+    }
+
+    /// Allocate `copies` DVAs of `len` bytes in class `role` for the sync of `txg`
+    /// (recorded in that sync's undo list), or outside any sync (`txg` = None).
+    pub fn alloc(&self, role: Role, len: u64, copies: usize, txg: Option<u64>) -> Result<Vec<Dva>> {
+        let ci = class_index(role).ok_or(Error::NoSpace)?;
+        let mut c = self.classes[ci].lock();
+        let dvas = c.alloc_copies(len, copies)?;
+        if let Some(t) = txg {
+            assert_eq!(c.sync_txg, t, "allocation for txg {t} outside its sync");
+            c.sync_allocs.extend_from_slice(&dvas);
+        }
+        Ok(dvas)
+    }
+
+    /// Number of top-level vdevs in class `role`.
+    pub fn vdev_count(&self, role: Role) -> usize {
+        class_index(role).map_or(0, |ci| self.classes[ci].lock().vdevs.len())
+    }
+
+    pub fn claim(&self, dva: &Dva) -> Result<()> {
+        let c = self.class_of(dva.vdev).ok_or_else(|| Error::Corrupt(format!("block on unknown vdev {}", dva.vdev)))?;
+        match c.lock().get_mut(dva.vdev) {
+            Some(a) => a.claim(dva.offset, dva.asize as u64),
             None => Err(Error::Corrupt(format!("block on unknown vdev {}", dva.vdev))),
         }
     }
 
     /// Free immediately (a block allocated and never made reachable).
-    pub fn free_now(&mut self, dva: &Dva) {
-        if let Some(Some((_, a))) = self.vdevs.get_mut(dva.vdev as usize) {
-            a.free(dva.offset, dva.asize as u64);
+    pub fn free_now(&self, dva: &Dva) {
+        if let Some(c) = self.class_of(dva.vdev) {
+            c.lock().free_now(dva);
         }
     }
 
-    pub fn free_deferred(&mut self, txg: u64, dva: Dva) {
-        self.defer.entry(txg).or_default().push(dva);
+    /// Is any part of `dva` allocated?
+    pub fn is_allocated(&self, dva: &Dva) -> bool {
+        self.class_of(dva.vdev).is_some_and(|c| c.lock().get(dva.vdev).is_some_and(|a| !a.is_free(dva.offset, dva.asize as u64)))
+    }
+
+    pub fn free_deferred(&self, txg: u64, dva: Dva) {
+        self.defer.lock().lists.entry(txg).or_default().push(dva);
     }
 
     /// Release every defer list of a txg <= `txg`.
-    pub fn release_through(&mut self, txg: u64) {
-        let keep = self.defer.split_off(&(txg + 1));
-        let done = std::mem::replace(&mut self.defer, keep);
-        for (_, list) in done {
-            for d in list {
-                self.free_now(&d);
+    pub fn release_through(&self, txg: u64) {
+        let done = {
+            let mut d = self.defer.lock();
+            let keep = d.lists.split_off(&(txg + 1));
+            std::mem::replace(&mut d.lists, keep)
+        };
+        for d in done.into_values().flatten() {
+            self.free_now(&d);
+        }
+    }
+
+    /// The sync of `txg` begins: start its undo list in every class and mark its defer
+    /// list.
+    pub fn begin_sync(&self, txg: u64) {
+        for c in &self.classes {
+            let mut c = c.lock();
+            c.sync_txg = txg;
+            c.sync_allocs.clear();
+        }
+        let mut d = self.defer.lock();
+        d.sync_mark = d.lists.get(&txg).map_or(0, |l| l.len());
+        d.sync_txg = txg;
+    }
+
+    /// The sync of `txg` committed: its allocations stay.
+    pub fn end_sync(&self, txg: u64) {
+        for c in &self.classes {
+            let mut c = c.lock();
+            debug_assert_eq!(c.sync_txg, txg);
+            c.sync_txg = 0;
+            c.sync_allocs.clear();
+        }
+        self.defer.lock().sync_txg = 0;
+    }
+
+    /// The sync of `txg` failed: free exactly what it allocated and forget the frees it
+    /// deferred (its retry frees the same blocks again). Nothing else is touched, so
+    /// space allocated meanwhile outside the sync (log blocks) stays allocated.
+    pub fn undo_sync(&self, txg: u64) {
+        for c in &self.classes {
+            let mut c = c.lock();
+            debug_assert_eq!(c.sync_txg, txg);
+            let allocs = std::mem::take(&mut c.sync_allocs);
+            for d in allocs.iter().rev() {
+                c.free_now(d);
+            }
+            c.sync_txg = 0;
+        }
+        let mut d = self.defer.lock();
+        let mark = d.sync_mark;
+        if let Some(l) = d.lists.get_mut(&txg) {
+            l.truncate(mark);
+            if l.is_empty() {
+                d.lists.remove(&txg);
             }
         }
+        d.sync_txg = 0;
     }
 
     pub fn deferred_bytes(&self) -> u64 {
-        self.defer.values().flatten().map(|d| d.asize as u64).sum()
+        self.defer.lock().lists.values().flatten().map(|d| d.asize as u64).sum()
     }
 
+    /// Every deferred free (the leak check).
+    pub fn deferred(&self) -> Vec<Dva> {
+        self.defer.lock().lists.values().flatten().copied().collect()
+    }
+
+    /// (size, allocated) bytes of class `role`.
     pub fn space(&self, role: Role) -> (u64, u64) {
-        let mut size = 0;
-        let mut alloc = 0;
-        for (r, a) in self.vdevs.iter().flatten() {
-            if *r == role {
-                size += a.size;
-                alloc += a.allocated_bytes();
-            }
-        }
-        (size, alloc)
+        let Some(ci) = class_index(role) else { return (0, 0) };
+        let c = self.classes[ci].lock();
+        c.vdevs.iter().fold((0, 0), |(s, a), (_, r)| (s + r.size, a + r.allocated_bytes()))
     }
 
+    /// (size, allocated) bytes of top-level vdev `id`.
     pub fn vdev_space(&self, id: u32) -> (u64, u64) {
-        match self.vdevs.get(id as usize).and_then(|v| v.as_ref()) {
-            Some((_, a)) => (a.size, a.allocated_bytes()),
+        match self.class_of(id) {
+            Some(c) => c.lock().get(id).map_or((0, 0), |a| (a.size, a.allocated_bytes())),
             None => (0, 0),
         }
     }
 
     pub fn frag_percent(&self) -> u64 {
         let (mut ext, mut free) = (0u64, 0u64);
-        for (_, a) in self.vdevs.iter().flatten() {
-            ext += a.free_extents() as u64;
-            free += a.free_bytes();
+        for c in &self.classes {
+            for (_, a) in &c.lock().vdevs {
+                ext += a.free_extents() as u64;
+                free += a.free_bytes();
+            }
         }
         if free == 0 {
             return 0;
@@ -277,24 +455,37 @@ impl Metaslabs {
         100u64.saturating_sub((mean * 100 / (16 << 20)).min(100))
     }
 
+    /// Allocated extents of every vdev, by vdev id (classes merged).
+    pub fn extents(&self) -> BTreeMap<u32, Vec<(u64, u64)>> {
+        let mut out = BTreeMap::new();
+        for c in &self.classes {
+            for (id, a) in &c.lock().vdevs {
+                out.insert(*id, a.allocated_extents());
+            }
+        }
+        out
+    }
+
     /// Persisted form: per vdev id the allocated extents; plus defer lists.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&(self.vdevs.len() as u32).to_le_bytes());
-        for v in &self.vdevs {
-            match v {
+        let ext = self.extents();
+        let n = ext.keys().next_back().map_or(0, |&m| m as usize + 1);
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        for id in 0..n as u32 {
+            match ext.get(&id) {
                 None => out.extend_from_slice(&u32::MAX.to_le_bytes()),
-                Some((_, a)) => {
-                    let ext = a.allocated_extents();
-                    out.extend_from_slice(&(ext.len() as u32).to_le_bytes());
-                    for (s, l) in ext {
+                Some(list) => {
+                    out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+                    for (s, l) in list {
                         out.extend_from_slice(&s.to_le_bytes());
                         out.extend_from_slice(&l.to_le_bytes());
                     }
                 }
             }
         }
-        out.extend_from_slice(&(self.defer.len() as u32).to_le_bytes());
-        for (txg, list) in &self.defer {
+        let d = self.defer.lock();
+        out.extend_from_slice(&(d.lists.len() as u32).to_le_bytes());
+        for (txg, list) in &d.lists {
             out.extend_from_slice(&txg.to_le_bytes());
             out.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for d in list {
@@ -306,7 +497,7 @@ impl Metaslabs {
     }
 
     /// Load the persisted form into allocators already created with `add_vdev`.
-    pub fn decode_into(&mut self, r: &mut crate::dmu::Reader) -> Result<()> {
+    pub fn decode_into(&mut self, r: &mut crate::zio::reader::Reader) -> Result<()> {
         let n = r.u32()? as usize;
         for id in 0..n {
             let count = r.u32()?;
@@ -316,8 +507,9 @@ impl Metaslabs {
             for _ in 0..count {
                 let s = r.u64()?;
                 let l = r.u64()?;
-                match self.vdevs.get_mut(id).and_then(|v| v.as_mut()) {
-                    Some((_, a)) => a.claim(s, l)?,
+                let ci = self.vdev_class.get_mut().get(&(id as u32)).copied();
+                match ci.and_then(|ci| self.classes[ci].get_mut().get_mut(id as u32)) {
+                    Some(a) => a.claim(s, l)?,
                     None => return Err(Error::Corrupt(format!("space map for unknown vdev {id}"))),
                 }
             }
@@ -331,8 +523,9 @@ impl Metaslabs {
                 let d = Dva { vdev: r.u32()?, asize: r.u32()?, offset: r.u64()? };
                 // a deferred free must name allocated space, or releasing it later would
                 // corrupt the free tree
-                let ok = match self.vdevs.get(d.vdev as usize).and_then(|v| v.as_ref()) {
-                    Some((_, a)) => {
+                let ci = self.vdev_class.get_mut().get(&d.vdev).copied();
+                let ok = match ci.and_then(|ci| self.classes[ci].get_mut().get(d.vdev)) {
+                    Some(a) => {
                         d.asize > 0
                             && d.offset.checked_add(d.asize as u64).is_some_and(|e| e <= a.size)
                             && a.free.range(..d.offset + d.asize as u64).next_back().map_or(true, |(&fs, &fl)| fs + fl <= d.offset)
@@ -344,7 +537,7 @@ impl Metaslabs {
                 }
                 list.push(d);
             }
-            self.defer.insert(txg, list);
+            self.defer.get_mut().lists.insert(txg, list);
         }
         Ok(())
     }
@@ -399,6 +592,48 @@ mod tests {
                 prop_assert_eq!(ext, used);
             }
         }
+    }
+
+    /// A failed sync undoes exactly its own allocations and deferred frees: log blocks
+    /// allocated meanwhile (the intent log, outside the sync) stay allocated.
+    #[test]
+    fn failed_sync_undoes_only_its_own_allocations() {
+        let ms = Metaslabs::new();
+        ms.add_vdev(0, Role::Normal, 1 << 20);
+        ms.add_vdev(1, Role::Log, 1 << 20);
+        // state before the sync: one committed block, one older deferred free
+        let kept = ms.alloc(Role::Normal, 4096, 1, None).unwrap()[0];
+        let old_free = ms.alloc(Role::Normal, 4096, 1, None).unwrap()[0];
+        ms.free_deferred(7, old_free);
+        ms.begin_sync(7);
+        let synced = ms.alloc(Role::Normal, 8192, 1, Some(7)).unwrap()[0];
+        let log = ms.alloc(Role::Log, 4096, 1, None).unwrap()[0];
+        ms.free_deferred(7, kept);
+        assert_eq!(ms.space(Role::Normal).1, 4096 * 2 + 8192);
+        ms.undo_sync(7);
+        assert!(!ms.is_allocated(&synced), "the sync's own block must be freed");
+        assert!(ms.is_allocated(&log), "a log block allocated during the sync must survive");
+        assert!(ms.is_allocated(&kept) && ms.is_allocated(&old_free));
+        assert_eq!(ms.deferred(), vec![old_free], "only the sync's deferred frees are forgotten");
+        assert_eq!(ms.space(Role::Normal).1, 4096 * 2);
+        assert_eq!(ms.space(Role::Log).1, 4096);
+        // a committed sync keeps everything
+        ms.begin_sync(8);
+        let b = ms.alloc(Role::Normal, 4096, 1, Some(8)).unwrap()[0];
+        ms.end_sync(8);
+        assert!(ms.is_allocated(&b));
+    }
+
+    /// Classes never lend each other space.
+    #[test]
+    fn classes_are_separate() {
+        let ms = Metaslabs::new();
+        ms.add_vdev(0, Role::Normal, 64 << 10);
+        ms.add_vdev(1, Role::Log, 1 << 20);
+        assert_eq!(ms.alloc(Role::Normal, 64 << 10, 1, None).unwrap()[0].vdev, 0);
+        assert!(matches!(ms.alloc(Role::Normal, 4096, 1, None), Err(Error::NoSpace)));
+        assert_eq!(ms.alloc(Role::Log, 4096, 1, None).unwrap()[0].vdev, 1);
+        assert!(matches!(ms.alloc(Role::Cache, 4096, 1, None), Err(Error::NoSpace)));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::dmu::{self, PoolIo, TreeRoot, VolumeState, EPB};
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::txg::TxgState;
-use crate::vdev::mirror::{Leaf, VerifyResult};
+use crate::vdev::mirror::Leaf;
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
 use crate::{Error, Result};
@@ -49,20 +49,82 @@ pub struct Bookmark {
     pub blkid: u64,
 }
 
+/// What a scan does. Serialized as "", "scrub", "resilver" (the MOS `scan_state` JSON).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanFunc {
+    /// No scan has ever run on this pool.
+    #[default]
+    #[serde(rename = "")]
+    None,
+    Scrub,
+    Resilver,
+}
+
+/// Where a scan is. Serialized as "", "scanning", "paused", "finished", "canceled".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanState {
+    /// No scan has ever run.
+    #[default]
+    #[serde(rename = "")]
+    None,
+    Scanning,
+    Paused,
+    Finished,
+    Canceled,
+}
+
+impl ScanFunc {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScanFunc::None => "",
+            ScanFunc::Scrub => "scrub",
+            ScanFunc::Resilver => "resilver",
+        }
+    }
+}
+
+impl ScanState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScanState::None => "",
+            ScanState::Scanning => "scanning",
+            ScanState::Paused => "paused",
+            ScanState::Finished => "finished",
+            ScanState::Canceled => "canceled",
+        }
+    }
+}
+
+/// Compare with the serialized name ("scrub", "paused", ...).
+impl PartialEq<&str> for ScanFunc {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<&str> for ScanState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ScanStatus {
-    /// "" (never), "scrub", "resilver"
-    pub func: String,
-    /// "scanning", "paused", "finished", "canceled"
-    pub state: String,
+    pub func: ScanFunc,
+    pub state: ScanState,
     pub start_time_s: u64,
     pub end_time_s: u64,
+    /// Bytes read so far, every copy on every mirror child counted.
     pub examined_bytes: u64,
+    /// Bytes the whole scan reads, counted the same way (allocated × children).
     pub to_examine_bytes: u64,
     pub repaired_bytes: u64,
     pub errors: u64,
     pub bookmark: Bookmark,
-    /// Resilver: txg when it started (DTL entries up to it are cleared on success).
+    /// Resilver: the last synced txg when the pass started (DTL entries up to it are
+    /// cleared on success; later ones get another pass).
     pub start_txg: u64,
     pub min_txg: u64,
 }
@@ -113,7 +175,7 @@ pub fn status(inner: &Arc<dyn ScanPool>) -> ScanStatus {
 
 pub fn is_resilvering(inner: &Arc<dyn ScanPool>) -> bool {
     let s = inner.scan().status.lock();
-    s.func == "resilver" && s.state == "scanning"
+    s.func == ScanFunc::Resilver && s.state == ScanState::Scanning
 }
 
 fn launch(inner: &Arc<dyn ScanPool>) {
@@ -125,12 +187,17 @@ fn launch(inner: &Arc<dyn ScanPool>) {
     let h = inner.env().spawn(
         format!("scan_{}", inner.pool_name()),
         Box::new(move || {
-            let r = run(&i);
+            let mut r = run(&i);
+            let mut passes = 1;
+            while passes < MAX_RESILVER_PASSES && r.is_ok() && another_pass(&i) {
+                r = run(&i);
+                passes += 1;
+            }
             if let Err(e) = r {
                 tracing::warn!(pool = %i.pool_name(), "scan stopped: {e}");
                 let mut s = i.scan().status.lock();
-                if s.state == "scanning" {
-                    s.state = "paused".into();
+                if s.state == ScanState::Scanning {
+                    s.state = ScanState::Paused;
                 }
             }
             i.scan().running.store(false, Ordering::Release);
@@ -142,6 +209,34 @@ fn launch(inner: &Arc<dyn ScanPool>) {
     *inner.scan().thread.lock() = Some(h);
 }
 
+/// Bound on resilver passes in one launch (each pass waits for a txg to sync first); a
+/// leaf that keeps missing writes is left DEGRADED with its DTL for the admin.
+const MAX_RESILVER_PASSES: u32 = 8;
+
+/// After a finished resilver: if a readable leaf still has DTL entries (txgs that were
+/// syncing when the pass started), wait for the next txg to sync and set up another
+/// pass over them. Returns false when nothing is left (or the scan was stopped).
+fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
+    let (func, state, start_txg) = {
+        let s = inner.scan().status.lock();
+        (s.func, s.state, s.start_txg)
+    };
+    let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
+    if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
+        return false;
+    }
+    let abort = || inner.scan().stop.load(Ordering::Acquire);
+    if !inner.txg().wait_synced_unless(start_txg + 1, &abort) {
+        return false;
+    }
+    let mut s = inner.scan().status.lock();
+    s.state = ScanState::Scanning;
+    s.start_txg = inner.txg().synced_txg();
+    s.min_txg = remaining.into_iter().min().unwrap_or(0);
+    s.bookmark = Bookmark::default();
+    true
+}
+
 fn join(inner: &Arc<dyn ScanPool>) {
     if let Some(h) = inner.scan().thread.lock().take() {
         let _ = h.join();
@@ -151,18 +246,18 @@ fn join(inner: &Arc<dyn ScanPool>) {
 pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
         let mut s = inner.scan().status.lock();
-        if s.state == "scanning" && inner.scan().running.load(Ordering::Acquire) {
-            if s.func == "resilver" {
+        if s.state == ScanState::Scanning && inner.scan().running.load(Ordering::Acquire) {
+            if s.func == ScanFunc::Resilver {
                 return Err(Error::Busy("a resilver is in progress".into()));
             }
             return Err(Error::Busy("a scrub is already in progress (pause it with -p, stop it with -s)".into()));
         }
-        if s.state == "paused" && s.func == "scrub" {
-            s.state = "scanning".into();
+        if s.state == ScanState::Paused && s.func == ScanFunc::Scrub {
+            s.state = ScanState::Scanning;
         } else {
             *s = ScanStatus {
-                func: "scrub".into(),
-                state: "scanning".into(),
+                func: ScanFunc::Scrub,
+                state: ScanState::Scanning,
                 start_time_s: now_s(inner),
                 to_examine_bytes: allocated_bytes(inner),
                 ..Default::default()
@@ -194,11 +289,14 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
     {
         let mut s = inner.scan().status.lock();
         *s = ScanStatus {
-            func: "resilver".into(),
-            state: "scanning".into(),
+            func: ScanFunc::Resilver,
+            state: ScanState::Scanning,
             start_time_s: now_s(inner),
             to_examine_bytes: allocated_bytes(inner),
-            start_txg: inner.txg().open_txg(),
+            // The last txg whose blocks the walk is sure to see (committed trees). A txg
+            // syncing now may have skipped the leaf and commit behind the walk: its DTL
+            // entry stays and the resilver runs another pass (see `another_pass`).
+            start_txg: inner.txg().synced_txg(),
             min_txg,
             ..Default::default()
         };
@@ -210,16 +308,16 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
 pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
         let s = inner.scan().status.lock();
-        if s.state != "scanning" {
+        if s.state != ScanState::Scanning {
             return Err(Error::invalid("there is no active scrub"));
         }
-        if s.func == "resilver" {
+        if s.func == ScanFunc::Resilver {
             return Err(Error::invalid("a resilver cannot be paused"));
         }
     }
     inner.scan().stop.store(true, Ordering::Release);
     join(inner);
-    inner.scan().status.lock().state = "paused".into();
+    inner.scan().status.lock().state = ScanState::Paused;
     persist(inner, true);
     Ok(())
 }
@@ -227,10 +325,10 @@ pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
 pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
         let s = inner.scan().status.lock();
-        if s.state != "scanning" && s.state != "paused" {
+        if s.state != ScanState::Scanning && s.state != ScanState::Paused {
             return Err(Error::invalid("there is no active scrub"));
         }
-        if s.func == "resilver" {
+        if s.func == ScanFunc::Resilver {
             return Err(Error::invalid("a resilver cannot be canceled"));
         }
     }
@@ -238,7 +336,7 @@ pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
     join(inner);
     {
         let mut s = inner.scan().status.lock();
-        s.state = "canceled".into();
+        s.state = ScanState::Canceled;
         s.end_time_s = now_s(inner);
     }
     persist(inner, true);
@@ -258,7 +356,7 @@ pub fn pause_for_export(inner: &Arc<dyn ScanPool>) {
     if inner.scan().running.load(Ordering::Acquire) {
         inner.scan().stop.store(true, Ordering::Release);
         join(inner);
-        inner.scan().status.lock().state = "scanning".into();
+        inner.scan().status.lock().state = ScanState::Scanning;
         persist(inner, true);
     }
 }
@@ -274,7 +372,7 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
         return;
     }
     if let Ok(s) = serde_json::from_str::<ScanStatus>(&json) {
-        let resume = s.state == "scanning";
+        let resume = s.state == ScanState::Scanning;
         *inner.scan().status.lock() = s;
         if resume {
             launch(inner);
@@ -282,8 +380,16 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
     }
 }
 
+/// Bytes a scan reads: every allocated byte of every normal top-level vdev, once per
+/// child, counted as `examined_bytes` is, so progress ends at 100 % for a single disk
+/// and an n-way mirror alike.
 fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
-    inner.io().ms.lock().space(crate::vdev::Role::Normal).1
+    let io = inner.io();
+    let tops = io.vdevs.read().clone();
+    tops.iter()
+        .filter(|t| t.role == crate::vdev::Role::Normal)
+        .map(|t| io.ms.vdev_space(t.id).1 * t.children().len() as u64)
+        .sum()
 }
 
 /// Scrub one block pointer on every copy; returns false if it is unrecoverable.
@@ -294,7 +400,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
     for dva in bp.copies() {
         let Some(tvd) = inner.io().top(dva.vdev) else { continue };
         any = true;
-        let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+        let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
         let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
         let mut s = inner.scan().status.lock();
         s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
@@ -318,7 +424,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
 /// Some DVAs of `bp` are bad on every child of their mirror but another DVA is good:
 /// rewrite the bad DVAs from a good copy (every DVA holds the same physical bytes).
 fn repair_ditto(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::zio::blkptr::Dva)]) {
-    let verify = |b: &[u8]| if crate::zio::verify(bp, b) { VerifyResult::Good } else { VerifyResult::Bad };
+    let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
     let good = bp.copies().filter(|d| !lost.iter().any(|(_, l)| l == *d)).find_map(|d| {
         let tvd = inner.io().top(d.vdev)?;
         tvd.read_verified(IoClass::Scrub, d.offset, d.asize as usize, bp.birth, &verify).ok()
@@ -358,9 +464,9 @@ fn check_labels(inner: &Arc<dyn ScanPool>) {
 fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     let (func, min_txg) = {
         let s = inner.scan().status.lock();
-        (s.func.clone(), s.min_txg)
+        (s.func, s.min_txg)
     };
-    let resilver = func == "resilver";
+    let resilver = func == ScanFunc::Resilver;
     let stop = || inner.scan().stop.load(Ordering::Acquire) || inner.txg().is_shutting_down();
     let mut spans = 0u64;
     let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
@@ -416,7 +522,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             spans += 1;
             if pause_every > 0 && spans % pause_every == 0 {
                 inner.scan().stop.store(true, Ordering::Release);
-                inner.scan().status.lock().state = "paused".into();
+                inner.scan().status.lock().state = ScanState::Paused;
                 return Ok(());
             }
         }
@@ -424,7 +530,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     // done
     {
         let mut s = inner.scan().status.lock();
-        s.state = "finished".into();
+        s.state = ScanState::Finished;
         s.end_time_s = now_s(inner);
         s.bookmark = Bookmark::default();
     }

@@ -162,7 +162,7 @@ impl Volume {
         loop {
             match self.check_space(new_bytes) {
                 Err(Error::NoSpace) if attempts < crate::metaslab::TXG_DEFER_SIZE as usize + 2 => {
-                    let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.lock().deferred_bytes() > 0;
+                    let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.deferred_bytes() > 0;
                     if !pending {
                         return Err(Error::NoSpace);
                     }
@@ -316,7 +316,7 @@ impl Volume {
 
     fn after_write(&self, txg: u64, fua: bool) -> Result<()> {
         if self.pool.dirty().should_kick(txg) {
-            self.pool.txg().request_sync(txg);
+            self.pool.txg().kick(txg);
         }
         let sync = self.vol.props.read().typed().sync;
         if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
@@ -341,10 +341,6 @@ impl Volume {
             self.after_write(max_txg, fua)?;
         }
         Ok(())
-    }
-
-    pub fn volume_state(&self) -> &Arc<VolumeState> {
-        &self.vol
     }
 }
 
@@ -421,7 +417,7 @@ impl BlockVolume for Volume {
             }
         }
         if max_txg > 0 && self.pool.dirty().should_kick(max_txg) {
-            self.pool.txg().request_sync(max_txg);
+            self.pool.txg().kick(max_txg);
         }
         Some(Ok(()))
     }

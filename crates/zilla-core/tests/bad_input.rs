@@ -13,7 +13,7 @@ const SIZE: u64 = 32 << 20;
 /// A pool with one volume holding known data; returns the data.
 fn pool_with_data(devs: &DevSet) -> (Arc<Pool>, Vec<u8>) {
     let pool = create(devs, two_mirrors());
-    pool.volume_create("vol", 8 << 20, 16384, true, &[]).unwrap();
+    pool.volume_create("vol", 8 << 20, 16384, &[]).unwrap();
     let v = pool.open_volume("vol").unwrap();
     let data = pattern(5, 3 << 20);
     v.write(12345, &data, false).unwrap();
@@ -154,26 +154,26 @@ fn volume_and_property_errors() {
         other => panic!("{what}: expected InvalidArgument, got {other:?}"),
     };
     // exists
-    let e = pool.volume_create("vol", 1 << 20, 16384, true, &[]).unwrap_err();
+    let e = pool.volume_create("vol", 1 << 20, 16384, &[]).unwrap_err();
     assert!(matches!(e, Error::Exists(_)), "{e:?}");
     assert_eq!(e.errno(), libc::EEXIST);
     // names
     for bad in ["", "a/b", "a b", "vol\0", "ü", "a@b", &"x".repeat(201)] {
-        inval(pool.volume_create(bad, 1 << 20, 16384, true, &[]), &format!("name {bad:?}"));
+        inval(pool.volume_create(bad, 1 << 20, 16384, &[]), &format!("name {bad:?}"));
     }
     // volblocksize
     for bs in [0u32, 3000, 12288, 2048, 256 << 10] {
-        inval(pool.volume_create("v2", 1 << 20, bs, true, &[]), &format!("volblocksize {bs}"));
+        inval(pool.volume_create("v2", 1 << 20, bs, &[]), &format!("volblocksize {bs}"));
     }
     // volsize
-    inval(pool.volume_create("v2", 0, 16384, true, &[]), "volsize 0");
-    inval(pool.volume_create("v2", 10000, 4096, true, &[]), "volsize not a multiple");
+    inval(pool.volume_create("v2", 0, 16384, &[]), "volsize 0");
+    inval(pool.volume_create("v2", 10000, 4096, &[]), "volsize not a multiple");
     // properties
     let p = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
-    inval(pool.volume_create("v2", 1 << 20, 16384, true, &p("nosuchprop", "1")), "unknown property");
-    inval(pool.volume_create("v2", 1 << 20, 16384, true, &p("compression", "bogus")), "bad compression");
-    inval(pool.volume_create("v2", 1 << 20, 16384, true, &p("sync", "sometimes")), "bad sync");
-    inval(pool.volume_create("v2", 1 << 20, 16384, true, &p("volblocksize", "4096")), "volblocksize as prop");
+    inval(pool.volume_create("v2", 1 << 20, 16384, &p("nosuchprop", "1")), "unknown property");
+    inval(pool.volume_create("v2", 1 << 20, 16384, &p("compression", "bogus")), "bad compression");
+    inval(pool.volume_create("v2", 1 << 20, 16384, &p("sync", "sometimes")), "bad sync");
+    inval(pool.volume_create("v2", 1 << 20, 16384, &p("volblocksize", "4096")), "volblocksize as prop");
     inval(pool.set_prop("vol", "nosuchprop", "1"), "set unknown");
     inval(pool.set_prop("vol", "readonly", "maybe"), "set bad value");
     inval(pool.set_prop("vol", "volsize", "1"), "set read-only prop");

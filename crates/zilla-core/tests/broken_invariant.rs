@@ -11,7 +11,7 @@ use common::*;
 fn failed_sync_assertion_suspends_the_pool_and_import_recovers() {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 64 << 20);
     let pool = create(&devs, two_mirrors());
-    pool.volume_create("vol", 8 << 20, 4096, true, &[]).unwrap();
+    pool.volume_create("vol", 8 << 20, 4096, &[]).unwrap();
     let v = pool.open_volume("vol").unwrap();
     let synced = pattern(1, 1 << 20);
     v.write(0, &synced, false).unwrap();

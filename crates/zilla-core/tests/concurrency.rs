@@ -17,7 +17,7 @@ fn partial_writes_into_shared_blocks_lose_nothing() {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 64 << 20);
     let pool = create(&devs, two_mirrors());
     let volsize: u64 = 2 << 20;
-    pool.volume_create("vol", volsize, BS as u32, true, &[]).unwrap();
+    pool.volume_create("vol", volsize, BS as u32, &[]).unwrap();
     let vol = pool.open_volume("vol").unwrap();
     let nblocks = volsize as usize / BS;
     let stop = Arc::new(AtomicBool::new(false));

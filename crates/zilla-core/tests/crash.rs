@@ -120,8 +120,8 @@ fn run(seed: u64, iterations: usize) {
     // create the pool on clean devices (no crash during create)
     let (_dom, set) = domain(vec![vec![0u8; DEV_SIZE as usize]; 4], i64::MAX, 0);
     let pool = Pool::create_with("tank", two_mirrors(), CreateOptions::default(), set.opener()).unwrap();
-    pool.volume_create("a", VOLSIZE, 4096, true, &[]).unwrap();
-    pool.volume_create("b", VOLSIZE / 2, 16384, true, &[("compression".into(), "lz4".into())]).unwrap();
+    pool.volume_create("a", VOLSIZE, 4096, &[]).unwrap();
+    pool.volume_create("b", VOLSIZE / 2, 16384, &[("compression".into(), "lz4".into())]).unwrap();
     pool.export().unwrap();
     drop(pool);
     let mut images: Vec<Vec<u8>> = NAMES.iter().map(|n| {

@@ -18,7 +18,7 @@ fn dead_child_is_faulted_then_resilvered_after_clear() {
     }
     let dev = |name: &str| faults.iter().find(|(n, _)| *n == name).unwrap().1.clone();
     let pool = create(&devs, two_mirrors());
-    pool.volume_create("vol", 16 << 20, 16384, true, &[]).unwrap();
+    pool.volume_create("vol", 16 << 20, 16384, &[]).unwrap();
     let v = pool.open_volume("vol").unwrap();
     let first = pattern(1, 8 << 20);
     v.write(0, &first, false).unwrap();

@@ -12,7 +12,7 @@ fn fill_pool_until_enospc_then_recover() {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 24 << 20);
     let pool = create(&devs, two_mirrors());
     // much larger than the pool
-    pool.volume_create("big", 256 << 20, 16384, true, &[]).unwrap();
+    pool.volume_create("big", 256 << 20, 16384, &[]).unwrap();
     let v = pool.open_volume("big").unwrap();
     let mut acked: Vec<(u64, u64)> = vec![]; // (offset, seed)
     let mut off = 0u64;
@@ -95,7 +95,7 @@ fn fill_pool_until_enospc_then_recover() {
 fn fill_pool_with_dirty_data_then_flush() {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 24 << 20);
     let pool = create(&devs, two_mirrors());
-    pool.volume_create("big", 256 << 20, 4096, true, &[]).unwrap();
+    pool.volume_create("big", 256 << 20, 4096, &[]).unwrap();
     let v = pool.open_volume("big").unwrap();
     let mut acked = vec![];
     let mut off = 0u64;
@@ -130,7 +130,7 @@ fn overwrites_wait_for_sync_instead_of_enospc() {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 64 << 20);
     let pool = create(&devs, two_mirrors());
     let volsize: u64 = 88 << 20;
-    pool.volume_create("big", volsize, 16384, true, &[]).unwrap();
+    pool.volume_create("big", volsize, 16384, &[]).unwrap();
     let v = pool.open_volume("big").unwrap();
     let chunk = 1 << 20;
     for round in 0..3u64 {

@@ -100,7 +100,7 @@ fn run(ops: Vec<Op>) {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 32 << 20);
     let mut pool = create(&devs, two_mirrors());
     for (n, s, b) in VOLS {
-        pool.volume_create(n, s, b, true, &[]).unwrap();
+        pool.volume_create(n, s, b, &[]).unwrap();
     }
     let model: Vec<MemVolume> = VOLS.iter().map(|(n, s, b)| MemVolume::new(n, *s, *b)).collect();
     let mut vols = open_all(&pool);

@@ -6,7 +6,7 @@ use zilla_core::zvol::BlockVolume;
 fn write_export_import_read() {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 64 << 20);
     let pool = create(&devs, two_mirrors());
-    pool.volume_create("vol", 32 << 20, 16384, true, &[]).unwrap();
+    pool.volume_create("vol", 32 << 20, 16384, &[]).unwrap();
     let v = pool.open_volume("vol").unwrap();
     let data = pattern(1, 1 << 20);
     v.write(4096, &data, false).unwrap();

@@ -38,7 +38,7 @@ fn wreck_m0a(f: &FaultDevice) {
 fn offline_write_online(export_while_offline: bool) {
     let (devs, f) = setup();
     let mut pool = create(&devs, two_mirrors());
-    pool.volume_create("vol", 16 << 20, 16384, true, &[]).unwrap();
+    pool.volume_create("vol", 16 << 20, 16384, &[]).unwrap();
     let mut written = vec![];
     {
         let v = pool.open_volume("vol").unwrap();

@@ -13,7 +13,7 @@ fn scrub_pauses_and_resumes_across_export() {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 64 << 20);
     let pool = create(&devs, two_mirrors());
     // 3 L1 spans of 4K blocks
-    pool.volume_create("vol", 12 << 20, 4096, true, &[]).unwrap();
+    pool.volume_create("vol", 12 << 20, 4096, &[]).unwrap();
     let v = pool.open_volume("vol").unwrap();
     v.write(0, &pattern(7, 12 << 20), false).unwrap();
     v.flush().unwrap();

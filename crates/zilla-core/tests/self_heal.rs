@@ -54,7 +54,7 @@ fn setup() -> (Rig, Arc<Pool>) {
         faults.insert(n.to_string(), f);
     }
     let pool = create(&devs, two_mirrors());
-    pool.volume_create("vol", VOLSIZE, BS as u32, true, &[]).unwrap();
+    pool.volume_create("vol", VOLSIZE, BS as u32, &[]).unwrap();
     let v = pool.open_volume("vol").unwrap();
     let mut written = vec![];
     for (i, off) in [0u64, 8 << 20].into_iter().enumerate() {

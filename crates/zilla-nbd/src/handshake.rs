@@ -36,7 +36,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::framing::FrameReader;
 use crate::proto::{self, *};
-use crate::registry::{resolve_export, ExportRegistry, ResolvedExport};
+use zilla_frontend::{resolve_export, ExportRegistry, ResolvedExport};
 use crate::NbdConfig;
 
 /// Context id we hand out for `base:allocation` on SET_META_CONTEXT.

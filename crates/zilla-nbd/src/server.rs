@@ -3,33 +3,53 @@
 //! ```text
 //!   accept ──> [connection task]: handshake (timeout) ──> transmission ──> close
 //!     ^             one tokio task per connection, at most `connections_max`
+//!     │             per listener; at the cap, the connection idle longest is evicted
 //!     └── stops when the shutdown signal fires; then waits (bounded) for the
 //!         connection tasks, which answer ESHUTDOWN and drain in-flight requests.
 //! ```
 //!
 //! The shutdown signal is a `tokio::sync::watch::Receiver<bool>`: the daemon sends
-//! `true` (or drops the sender) to stop. Accept errors (EMFILE and friends) are logged
-//! and retried after a short pause rather than ending the server. Every accepted TCP
-//! socket gets TCP_NODELAY: replies are small and latency-bound.
+//! `true` (or drops the sender) to stop. Accept errors (EMFILE and friends) do not end
+//! the server: the loop backs off (10 ms doubling to 1 s, reset by the next success)
+//! and logs at most one warning per `ACCEPT_ERROR_LOG_INTERVAL`, with the count of
+//! failures since the last one. Every accepted TCP socket gets TCP_NODELAY: replies
+//! are small and latency-bound.
+//!
+//! Connection cap: when all `connections_max` slots are taken, the accept loop holds
+//! the newly accepted client (one at a time; later ones wait in the listen backlog)
+//! and asks the connection whose last request is oldest (at least `EVICT_IDLE_MIN`
+//! ago, nothing in flight) to close, retrying every `EVICT_RETRY_INTERVAL` until a
+//! slot frees. So idle clients cannot lock new ones out.
 
+use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use zilla_frontend::{ExportRegistry, Frontend, FrontendConfig};
 
+use crate::connection_slot::{now_ms, ConnectionSlot};
 use crate::framing::FrameReader;
-use crate::registry::ExportRegistry;
 use crate::{handshake, transmission, NbdConfig};
 
-/// Pause after a failed accept (e.g. out of file descriptors) before trying again.
-const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// First pause after a failed accept; doubles up to `ACCEPT_RETRY_PAUSE_MAX`.
+const ACCEPT_RETRY_PAUSE_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
+/// At most one accept-failure warning per interval.
+const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// A connection is evicted at the cap only after this long without a request.
+const EVICT_IDLE_MIN: Duration = Duration::from_secs(5);
+/// How often a client waiting for a slot retries the eviction.
+const EVICT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How often idle pooled reply buffers are trimmed.
+const BUFFER_TRIM_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Counters for the admin API / analytics.
+/// Counters for the admin API / metrics.
 #[derive(Debug, Default)]
 pub struct NbdStats {
     /// Connections accepted since start.
@@ -38,25 +58,61 @@ pub struct NbdStats {
     pub connections_active: AtomicU64,
     /// Connections that reached the transmission phase.
     pub sessions_started: AtomicU64,
+    /// Idle connections closed to make room at the connection cap.
+    pub connections_evicted: AtomicU64,
+    /// Failed accept calls (EMFILE, ENFILE, ...).
+    pub accept_errors: AtomicU64,
 }
 
-/// The NBD server: a registry of exports plus configuration. Cheap to clone; every
-/// clone serves the same registry and shares counters.
+/// Plain copy of [`NbdStats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NbdStatsSnapshot {
+    pub connections_accepted: u64,
+    pub connections_active: u64,
+    pub sessions_started: u64,
+    pub connections_evicted: u64,
+    pub accept_errors: u64,
+}
+
+impl NbdStats {
+    pub fn snapshot(&self) -> NbdStatsSnapshot {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        NbdStatsSnapshot {
+            connections_accepted: load(&self.connections_accepted),
+            connections_active: load(&self.connections_active),
+            sessions_started: load(&self.sessions_started),
+            connections_evicted: load(&self.connections_evicted),
+            accept_errors: load(&self.accept_errors),
+        }
+    }
+}
+
+type SlotTable = Mutex<HashMap<u64, Arc<ConnectionSlot>>>;
+
+/// The NBD server: the shared front end plus configuration. Cheap to clone; every
+/// clone serves the same registry and shares counters and budgets.
 #[derive(Clone)]
 pub struct NbdServer {
-    registry: Arc<dyn ExportRegistry>,
+    frontend: Arc<Frontend>,
     config: Arc<NbdConfig>,
     stats: Arc<NbdStats>,
 }
 
 impl NbdServer {
-    /// Build a server. Call [`NbdConfig::validate`] first to reject bad tunables; the
-    /// server itself clamps them into a safe range rather than failing.
+    /// A server with its own front end (default budgets) over `registry`; for tests
+    /// and embeddings. The daemon uses [`NbdServer::with_frontend`].
     pub fn new(registry: Arc<dyn ExportRegistry>, config: NbdConfig) -> NbdServer {
+        NbdServer::with_frontend(Frontend::new(registry, FrontendConfig::default()), config)
+    }
+
+    /// A server sharing `frontend` (registry, budgets, statistics) with other front
+    /// ends. Call [`NbdConfig::validate`] first to reject bad tunables; the server
+    /// clamps them into a safe range rather than failing.
+    pub fn with_frontend(frontend: Arc<Frontend>, config: NbdConfig) -> NbdServer {
         if let Err(problem) = config.validate() {
             tracing::warn!(%problem, "nbd: config out of range; values are clamped");
         }
-        NbdServer { registry, config: Arc::new(config), stats: Arc::new(NbdStats::default()) }
+        NbdServer { frontend, config: Arc::new(config), stats: Arc::new(NbdStats::default()) }
     }
 
     pub fn stats(&self) -> &NbdStats {
@@ -65,6 +121,10 @@ impl NbdServer {
 
     pub fn config(&self) -> &NbdConfig {
         &self.config
+    }
+
+    pub fn frontend(&self) -> &Arc<Frontend> {
+        &self.frontend
     }
 
     /// Serve NBD on a TCP listener until `shutdown` becomes true (or its sender is
@@ -98,7 +158,7 @@ impl NbdServer {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (read_half, write_half) = tokio::io::split(stream);
-        self.serve_connection(read_half, write_half, shutdown).await
+        self.serve_connection(read_half, write_half, &ConnectionSlot::default(), shutdown).await
     }
 
     async fn accept_loop<A, F, R, W>(&self, mut shutdown: watch::Receiver<bool>, mut accept: A) -> io::Result<()>
@@ -108,57 +168,134 @@ impl NbdServer {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let connection_slots = Arc::new(Semaphore::new(self.config.connections_max));
+        let connection_slots = Arc::new(Semaphore::new(self.config.connections_max.clamp(1, 1 << 20)));
+        let slots: Arc<SlotTable> = Arc::default();
         let mut connections = JoinSet::new();
+        let mut backoff = AcceptBackoff::default();
+        let mut trim = tokio::time::interval(BUFFER_TRIM_INTERVAL);
+        let mut next_id = 0u64;
         loop {
             if *shutdown.borrow() {
                 break;
             }
             // Reap finished connection tasks so the set stays bounded.
             while connections.try_join_next().is_some() {}
-            let slot = tokio::select! {
-                changed = shutdown.changed() => {
-                    if changed.is_err() { break; }
-                    continue;
-                }
-                slot = connection_slots.clone().acquire_owned() => slot,
-            };
-            let Ok(slot) = slot else { break };
             let accepted = tokio::select! {
                 changed = shutdown.changed() => {
                     if changed.is_err() { break; }
                     continue;
                 }
+                _ = trim.tick() => {
+                    self.frontend.buffers.trim();
+                    continue;
+                }
                 accepted = accept() => accepted,
             };
             let (read_half, write_half) = match accepted {
-                Ok(halves) => halves,
+                Ok(halves) => {
+                    backoff.succeeded();
+                    halves
+                }
                 Err(error) => {
-                    tracing::warn!(%error, "nbd: accept failed");
-                    tokio::time::sleep(ACCEPT_RETRY_PAUSE).await;
+                    self.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+                    let pause = backoff.failed(&error);
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = shutdown.changed() => {}
+                    }
                     continue;
                 }
             };
-            let server = self.clone();
-            let connection_shutdown = shutdown.clone();
-            connections.spawn(async move {
-                let _slot = slot;
-                if let Err(error) = server.serve_connection(read_half, write_half, connection_shutdown).await {
-                    tracing::debug!(%error, "nbd: connection ended with an error");
-                }
-            });
+            let slot = self.wait_for_slot(&connection_slots, &slots, &mut shutdown).await;
+            let Some(slot) = slot else { break };
+            next_id += 1;
+            let (server, connection_shutdown) = (self.clone(), shutdown.clone());
+            connections.spawn(server.run_registered(read_half, write_half, slot, slots.clone(), next_id, connection_shutdown));
         }
         // Connections saw the same signal; give them the grace period plus a margin.
         let drain = async { while connections.join_next().await.is_some() {} };
-        if tokio::time::timeout(self.config.shutdown_grace + Duration::from_secs(2), drain).await.is_err() {
+        if tokio::time::timeout(self.config.shutdown_grace + Duration::from_secs(1), drain).await.is_err() {
             tracing::warn!("nbd: connections still open after the shutdown grace period; aborting them");
             connections.abort_all();
         }
         Ok(())
     }
 
+    /// A slot for a client just accepted. At the cap the client waits here (one
+    /// descriptor beyond the cap at most) while idle connections are asked to make
+    /// room. `None` when shutting down.
+    async fn wait_for_slot(
+        &self,
+        connection_slots: &Arc<Semaphore>,
+        slots: &SlotTable,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Option<OwnedSemaphorePermit> {
+        loop {
+            if let Ok(slot) = connection_slots.clone().try_acquire_owned() {
+                return Some(slot);
+            }
+            self.evict_idlest(slots);
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return None,
+                slot = connection_slots.clone().acquire_owned() => return slot.ok(),
+                _ = tokio::time::sleep(EVICT_RETRY_INTERVAL) => {}
+            }
+        }
+    }
+
+    /// One connection task: listed in the slot table for its lifetime.
+    async fn run_registered<R, W>(
+        self,
+        read_half: R,
+        write_half: W,
+        _slot: OwnedSemaphorePermit,
+        slots: Arc<SlotTable>,
+        id: u64,
+        shutdown: watch::Receiver<bool>,
+    ) where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let connection = Arc::new(ConnectionSlot::default());
+        if let Ok(mut table) = slots.lock() {
+            table.insert(id, connection.clone());
+        }
+        if let Err(error) = self.serve_connection(read_half, write_half, &connection, shutdown).await {
+            tracing::debug!(%error, "nbd: connection ended with an error");
+        }
+        if let Ok(mut table) = slots.lock() {
+            table.remove(&id);
+        }
+    }
+
+    /// At the connection cap: ask the connection idle longest to close.
+    fn evict_idlest(&self, slots: &SlotTable) {
+        let Ok(table) = slots.lock() else { return };
+        let newest_allowed = now_ms().saturating_sub(EVICT_IDLE_MIN.as_millis() as u64);
+        let idlest = table
+            .values()
+            .filter(|c| {
+                let last = c.last_request_ms.load(Ordering::Relaxed);
+                last != 0 && last <= newest_allowed
+            })
+            .min_by_key(|c| c.last_request_ms.load(Ordering::Relaxed));
+        if let Some(connection) = idlest {
+            // Not again before it has had time to go (it may also refuse: busy).
+            connection.last_request_ms.store(now_ms(), Ordering::Relaxed);
+            connection.evict.notify_one();
+            self.stats.connections_evicted.fetch_add(1, Ordering::Relaxed);
+            tracing::info!("nbd: connection cap reached; closing the connection idle longest");
+        }
+    }
+
     /// Run one connection: handshake, then transmission.
-    async fn serve_connection<R, W>(&self, read_half: R, mut write_half: W, mut shutdown: watch::Receiver<bool>) -> io::Result<()>
+    async fn serve_connection<R, W>(
+        &self,
+        read_half: R,
+        mut write_half: W,
+        slot: &ConnectionSlot,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> io::Result<()>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -167,7 +304,8 @@ impl NbdServer {
         self.stats.connections_active.fetch_add(1, Ordering::Relaxed);
         let _active = ActiveGuard(&self.stats);
         let mut reader = FrameReader::new(read_half);
-        let negotiation = handshake::negotiate(&mut reader, &mut write_half, &*self.registry, &self.config);
+        let registry = &*self.frontend.registry;
+        let negotiation = handshake::negotiate(&mut reader, &mut write_half, registry, &self.config);
         let session = tokio::select! {
             result = tokio::time::timeout(self.config.handshake_timeout, negotiation) => match result {
                 Ok(Ok(Some(session))) => session,
@@ -183,7 +321,45 @@ impl NbdServer {
         };
         self.stats.sessions_started.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(export = %session.export.name, flags = session.transmission_flags, "nbd: transmission");
-        transmission::run(reader, write_half, session, &self.config, shutdown).await
+        transmission::run(reader, write_half, session, &self.config, &self.frontend, slot, shutdown).await
+    }
+}
+
+/// Accept-failure pacing: exponential pause, one log line per interval.
+struct AcceptBackoff {
+    pause: Duration,
+    failures_unlogged: u64,
+    last_logged: Option<Instant>,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> AcceptBackoff {
+        AcceptBackoff { pause: ACCEPT_RETRY_PAUSE_MIN, failures_unlogged: 0, last_logged: None }
+    }
+}
+
+impl AcceptBackoff {
+    fn succeeded(&mut self) {
+        self.pause = ACCEPT_RETRY_PAUSE_MIN;
+    }
+
+    /// Record a failure; returns how long to pause before the next accept.
+    fn failed(&mut self, error: &io::Error) -> Duration {
+        self.failures_unlogged += 1;
+        let due = self.last_logged.is_none_or(|at| at.elapsed() >= ACCEPT_ERROR_LOG_INTERVAL);
+        if due {
+            tracing::warn!(
+                %error,
+                failures = self.failures_unlogged,
+                "nbd: accept failed (out of file descriptors?); backing off, next report in {:?}",
+                ACCEPT_ERROR_LOG_INTERVAL
+            );
+            self.failures_unlogged = 0;
+            self.last_logged = Some(Instant::now());
+        }
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(ACCEPT_RETRY_PAUSE_MAX);
+        pause
     }
 }
 

@@ -1,37 +1,50 @@
 //! transmission: the pipelined request loop of one connection.
 //!
 //! ```text
-//!   socket read half                                          socket write half
-//!        |                                                           ^
-//!   [reader loop] --parse/validate--> fast path: try_read_cached ----+
-//!        |                            (inline, no thread hop)        |
-//!        +--> spawn_blocking(volume call) --> Reply --> mpsc --> [writer task]
+//!   socket read half                                             socket write half
+//!        |                                                              ^
+//!   [reader loop] --budget--> fast path: try_read_cached / try_write ---+
+//!        |                     (inline on the reactor, no thread hop)   |
+//!        +--call permit--> spawn_blocking(volume call) --> Reply --> [writer task]
+//!                          (never waits on a socket: the         (unbounded queue,
+//!                           reply queue cannot block)             bounded by budget)
 //! ```
 //!
 //! The reader parses one 28-byte header at a time, validates it against the session
-//! ([`proto::validate_request`]), reads a WRITE payload, and dispatches: reads that the
-//! volume can serve from memory (`try_read_cached`) are answered inline; everything
-//! else runs on tokio's blocking pool, because `BlockVolume` calls block. Each finished
-//! request becomes one contiguous `Reply` buffer (header and data together, so no reply
-//! interleaves with another) sent to the connection's single writer task, which
-//! batches whatever is queued into one flush. Replies therefore leave in completion
-//! order, not request order; the cookie ties them together. Inline replies are gathered
-//! while more requests are already buffered and handed over as one batch, so a burst
-//! of cached reads costs one writer wake-up and one socket write, not one each.
+//! ([`proto::validate_request`]), reads a WRITE payload, and dispatches: reads the
+//! volume can serve from memory and writes it can take without blocking are answered
+//! inline; everything else runs on tokio's blocking pool, because `BlockVolume` calls
+//! block. Each finished request becomes one contiguous `Reply` buffer (header and data
+//! together, so no reply interleaves with another) queued to the connection's own
+//! writer task, which batches whatever is queued into one flush. Replies leave in
+//! completion order; the cookie ties them to requests.
 //!
-//! Bounds: at most `in_flight_requests_max` requests and `in_flight_bytes_max` payload
-//! bytes are in flight per connection, counting from dispatch until the writer has
-//! taken the reply; when either budget is spent the reader stops reading, which
-//! pushes back on the client through TCP. READ/WRITE lengths above `payload_max_bytes`
-//! get EINVAL; for a WRITE the payload cannot be skipped safely, so the connection is
-//! then closed. BLOCK_STATUS looks at no more than `BLOCK_STATUS_SPAN_MAX_BYTES` and
-//! returns at most `BLOCK_STATUS_EXTENTS_MAX` extents per request.
+//! Bounds. Every reply, error replies included, holds a request permit (at most
+//! `in_flight_requests_max` per connection) and a share of the daemon-wide memory
+//! budget ([`zilla_frontend::SharedBudget`]; READ/WRITE count their length) from the
+//! moment the reader takes the request until the writer has put the reply on the
+//! wire. A volume call additionally holds a permit of the daemon-wide volume-call
+//! budget while it runs on the blocking pool. The reply queue is unbounded because
+//! the request permits already bound it, so a blocking thread never waits for a
+//! client: when a client stops reading, its replies wait in its own queue, its budget
+//! runs out, and its own reader stops reading requests. Nobody else waits for it.
+//! Its writer gives up when the socket accepts nothing for `reply_stall_timeout` and
+//! the connection closes, returning its budget.
 //!
-//! Ending: NBD_CMD_DISC, EOF, a bad magic or an I/O error stop the reader; then the
+//! READ/WRITE lengths above `payload_max_bytes` get EINVAL; for a WRITE the payload
+//! cannot be skipped safely, so the connection is then closed. TRIM and WRITE_ZEROES
+//! run as volume calls of at most `ZERO_CALL_MAX_BYTES` each, so a 1 GiB TRIM never
+//! holds the volume for one long call. BLOCK_STATUS looks at no more than
+//! `BLOCK_STATUS_SPAN_MAX_BYTES` and returns at most `BLOCK_STATUS_EXTENTS_MAX` extents.
+//!
+//! Ending: NBD_CMD_DISC, EOF, a bad magic, an I/O error, the idle timeout (nothing in
+//! flight and no request for `idle_timeout`: the client sees the connection closed, as
+//! on a server restart) or an eviction by the accept loop stop the reader; then the
 //! connection waits for in-flight requests (bounded by `shutdown_grace`) and lets the
 //! writer drain before closing. When the server's shutdown signal fires, new requests
 //! are answered ESHUTDOWN while in-flight ones finish, and the connection closes as
-//! soon as nothing is in flight (or the grace period ends).
+//! soon as nothing is in flight or the grace period ends, whichever is first; a writer
+//! still stuck on a client that does not read is then aborted.
 //!
 //! Errors on the wire: EINVAL (bad range, bad flags, unknown command, BLOCK_STATUS
 //! without a negotiated context), ENOSPC (write past end), EPERM (read-only), the
@@ -47,32 +60,74 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use zilla_core::zvol::BlockVolume;
+use zilla_frontend::{BudgetPermit, BudgetShare, Frontend, IoKind, VolumeIoStats};
 
 use crate::framing::FrameReader;
 use crate::handshake::Session;
 use crate::proto::*;
+use crate::connection_slot::ConnectionSlot;
 use crate::NbdConfig;
 
 /// Largest range one BLOCK_STATUS request examines; clients ask again for the rest.
 pub const BLOCK_STATUS_SPAN_MAX_BYTES: u64 = 1 << 30;
 /// Most extents returned in one BLOCK_STATUS reply (the spec allows up to 2^20).
 pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1 << 16;
+/// TRIM / WRITE_ZEROES are applied in volume calls of at most this many bytes.
+pub const ZERO_CALL_MAX_BYTES: u64 = 64 << 20;
+/// TRIM / WRITE_ZEROES requests one connection may have running at once: they are
+/// long and dirty much metadata, so a flood of them must not crowd the txg.
+const ZERO_CALLS_PER_CONNECTION: usize = 1;
 /// Inline replies gathered before the reader hands them to the writer.
 const REPLY_BATCH_MAX: usize = 64;
 /// Size of the buffered writer in front of the socket.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
+const WRITE_BUFFER_BYTES: usize = 64 * 1024;
+/// Memory units charged for a reply without data (header, error text, bookkeeping).
+const SMALL_REPLY_UNITS: usize = 256;
+/// Memory units charged for a BLOCK_STATUS reply (its largest size).
+const BLOCK_STATUS_REPLY_UNITS: usize = 32 + 8 * BLOCK_STATUS_EXTENTS_MAX;
+/// Large replies are written in pieces of this size, each within the stall timeout.
+const WRITE_PIECE_BYTES: usize = 1 << 20;
+/// "Never" for a disabled idle timeout.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// One reply, ready to write, holding the in-flight budget it was given until the
-/// writer has consumed it.
+/// One reply, ready to write, holding its budget until the writer has consumed it.
 struct Reply {
     bytes: Vec<u8>,
     _budget: Budget,
 }
 
-/// The per-request share of the connection's in-flight budget.
+/// The per-request share of the budgets.
 struct Budget {
-    _request: Option<OwnedSemaphorePermit>,
-    _bytes: Option<OwnedSemaphorePermit>,
+    _request: OwnedSemaphorePermit,
+    _memory: BudgetPermit,
+}
+
+/// The connection's budgets, used by its reader only.
+struct Budgets {
+    requests: Arc<Semaphore>,
+    requests_max: usize,
+    memory: BudgetShare,
+    volume_calls: BudgetShare,
+    /// TRIM / WRITE_ZEROES in flight on this connection (`ZERO_CALLS_PER_CONNECTION`).
+    zero_calls: Arc<Semaphore>,
+}
+
+impl Budgets {
+    fn new(config: &NbdConfig, frontend: &Frontend) -> Budgets {
+        // Clamped so that wait_idle's acquire_many(u32) can take every slot.
+        let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
+        Budgets {
+            requests: Arc::new(Semaphore::new(requests_max)),
+            requests_max,
+            memory: frontend.memory.share(),
+            volume_calls: frontend.volume_calls.share(),
+            zero_calls: Arc::new(Semaphore::new(ZERO_CALLS_PER_CONNECTION)),
+        }
+    }
+
+    fn nothing_in_flight(&self) -> bool {
+        self.requests.available_permits() >= self.requests_max
+    }
 }
 
 /// Everything a request needs once dispatched; cheap to clone into a blocking task.
@@ -81,44 +136,44 @@ struct RequestContext {
     volume: Arc<dyn BlockVolume>,
     structured_replies: bool,
     base_allocation_context_id: Option<u32>,
-    replies: mpsc::Sender<Vec<Reply>>,
-    buffers: Arc<ReplyBuffers>,
+    replies: mpsc::UnboundedSender<Vec<Reply>>,
+    frontend: Arc<Frontend>,
+    io_stats: Arc<VolumeIoStats>,
 }
 
-/// Large read-reply buffers the writer hands back after sending them, so the next read
-/// of the same size reuses initialised memory instead of zero-filling a fresh one.
-/// Bounded: at most REPLY_BUFFERS_POOLED buffers, each at most REPLY_BUFFER_MAX_BYTES.
-#[derive(Default)]
-struct ReplyBuffers {
-    free: std::sync::Mutex<Vec<Vec<u8>>>,
-}
-
-const REPLY_BUFFERS_POOLED: usize = 64;
-const REPLY_BUFFER_MIN_BYTES: usize = 32 * 1024;
-const REPLY_BUFFER_MAX_BYTES: usize = 4 << 20;
-
-impl ReplyBuffers {
-    /// A buffer of exactly `len` bytes (contents unspecified).
-    fn take(&self, len: usize) -> Vec<u8> {
-        if len >= REPLY_BUFFER_MIN_BYTES {
-            if let Ok(mut free) = self.free.lock() {
-                if let Some(i) = free.iter().position(|b| b.len() >= len) {
-                    let mut b = free.swap_remove(i);
-                    b.truncate(len);
-                    return b;
-                }
-            }
+impl RequestContext {
+    /// Queue replies for the writer. Never blocks; if the writer is gone the replies
+    /// (and their budget) are dropped.
+    fn send(&self, replies: Vec<Reply>) {
+        if !replies.is_empty() {
+            let _ = self.replies.send(replies);
         }
-        vec![0u8; len]
     }
-    fn give(&self, b: Vec<u8>) {
-        if (REPLY_BUFFER_MIN_BYTES..=REPLY_BUFFER_MAX_BYTES).contains(&b.len()) {
-            if let Ok(mut free) = self.free.lock() {
-                if free.len() < REPLY_BUFFERS_POOLED {
-                    free.push(b);
-                }
-            }
-        }
+
+    fn record(&self, request: &Request, reply: &[u8], started: Instant) {
+        let kind = match request.command {
+            CMD_READ => IoKind::Read,
+            CMD_WRITE => IoKind::Write,
+            CMD_FLUSH => IoKind::Flush,
+            CMD_TRIM => IoKind::Trim,
+            CMD_WRITE_ZEROES => IoKind::WriteZeroes,
+            _ => IoKind::Other,
+        };
+        let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.io_stats.record(kind, u64::from(request.length), latency_ns, reply_failed(reply));
+    }
+}
+
+/// Whether an encoded reply reports an error (simple reply error field, or a
+/// structured chunk of an error type).
+fn reply_failed(reply: &[u8]) -> bool {
+    if reply.len() < 8 {
+        return false;
+    }
+    match u32::from_be_bytes([reply[0], reply[1], reply[2], reply[3]]) {
+        SIMPLE_REPLY_MAGIC => u32::from_be_bytes([reply[4], reply[5], reply[6], reply[7]]) != 0,
+        STRUCTURED_REPLY_MAGIC => reply[6] & 0x80 != 0,
+        _ => false,
     }
 }
 
@@ -129,6 +184,9 @@ enum ReaderEnd {
     ClientGone,
     ProtocolError,
     Shutdown,
+    IdleTimeout,
+    Evicted,
+    WriterGone,
 }
 
 /// Run the transmission phase until the client leaves or the server stops.
@@ -137,21 +195,17 @@ pub(crate) async fn run<R, W>(
     writer: W,
     session: Session,
     config: &NbdConfig,
+    frontend: &Arc<Frontend>,
+    slot: &ConnectionSlot,
     mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (reply_sender, reply_receiver) = mpsc::channel::<Vec<Reply>>(config.in_flight_requests_max.clamp(1, 4096) + 8);
-    let buffers = Arc::new(ReplyBuffers::default());
-    let writer_task = tokio::spawn(write_replies(writer, reply_receiver, buffers.clone()));
-    // Clamped so that wait_idle's acquire_many(u32) can take every slot, and a single
-    // request can never ask for more bytes than the budget holds (that would hang).
-    let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
-    let bytes_max = config.in_flight_bytes_max.max(config.payload_max_bytes as usize).min(u32::MAX as usize);
-    let requests_budget = Arc::new(Semaphore::new(requests_max));
-    let bytes_budget = Arc::new(Semaphore::new(bytes_max));
+    let (reply_sender, reply_receiver) = mpsc::unbounded_channel::<Vec<Reply>>();
+    let writer_task = tokio::spawn(write_replies(writer, reply_receiver, frontend.clone(), config.reply_stall_timeout));
+    let budgets = Budgets::new(config, frontend);
     let volume = session.export.volume.clone();
     let limits = RequestLimits {
         export_bytes: volume.size(),
@@ -165,17 +219,21 @@ where
         structured_replies: session.structured_replies,
         base_allocation_context_id: session.base_allocation_context_id,
         replies: reply_sender,
-        buffers,
+        frontend: frontend.clone(),
+        io_stats: frontend.io_stats.volume(&session.export.name),
     };
 
     let mut stopping = *shutdown.borrow();
     let mut stop_deadline = Instant::now() + config.shutdown_grace;
+    let idle_timeout = if config.idle_timeout.is_zero() { FAR_FUTURE } else { config.idle_timeout };
+    let mut idle_deadline = Instant::now() + idle_timeout;
+    slot.touch();
     // Replies produced inline by the reader, handed to the writer as one batch when the
     // reader runs out of buffered requests (one wake-up and one write per batch).
     let mut batch: Vec<Reply> = Vec::new();
     let end = loop {
         if !batch.is_empty() && (reader.buffered_bytes() < REQUEST_HEADER_BYTES || batch.len() >= REPLY_BATCH_MAX) {
-            let _ = context.replies.send(std::mem::take(&mut batch)).await;
+            context.send(std::mem::take(&mut batch));
         }
         let header = tokio::select! {
             biased;
@@ -187,12 +245,22 @@ where
                 }
                 continue;
             }
-            _ = wait_idle(&requests_budget, requests_max), if stopping => {
-                break ReaderEnd::Shutdown;
-            }
+            _ = wait_idle(&budgets), if stopping => break ReaderEnd::Shutdown,
             _ = tokio::time::sleep_until(stop_deadline), if stopping => break ReaderEnd::Shutdown,
+            _ = context.replies.closed() => break ReaderEnd::WriterGone,
+            _ = slot.evict.notified() => {
+                if budgets.nothing_in_flight() { break ReaderEnd::Evicted }
+                continue;
+            }
+            _ = tokio::time::sleep_until(idle_deadline) => {
+                if budgets.nothing_in_flight() { break ReaderEnd::IdleTimeout }
+                idle_deadline = Instant::now() + idle_timeout;
+                continue;
+            }
             header = reader.read_array::<REQUEST_HEADER_BYTES>() => header,
         };
+        idle_deadline = Instant::now() + idle_timeout;
+        slot.touch();
         let Ok(header) = header else { break ReaderEnd::ClientGone };
         let Ok(request) = parse_request(&header) else {
             tracing::debug!("nbd: bad request magic, closing");
@@ -201,54 +269,42 @@ where
         if request.command == CMD_DISC {
             break ReaderEnd::Disconnect;
         }
-        let has_payload = request.command == CMD_WRITE;
-        if has_payload && request.length > config.payload_max_bytes {
-            tracing::debug!(length = request.length, "nbd: write payload over the cap, closing");
-            send_error(&context, &request, NBD_EINVAL, "payload too large", no_budget()).await;
-            break ReaderEnd::ProtocolError;
-        }
+        let started = Instant::now();
         let verdict = if stopping { Err(NBD_ESHUTDOWN) } else { validate_request(&request, &limits) };
-        if let Err(error) = verdict {
-            if has_payload && reader.skip(u64::from(request.length)).await.is_err() {
-                break ReaderEnd::ClientGone;
-            }
-            send_error(&context, &request, error, "", no_budget()).await;
-            continue;
+        let step = take_request(&mut reader, &context, &budgets, &mut batch, request, verdict, config, started);
+        if let Err(end) = step.await {
+            break end;
         }
-        let budget = match try_acquire_budget(&requests_budget, &bytes_budget, &request) {
-            Some(budget) => budget,
-            None => {
-                // The batch holds budget; hand it over before waiting for budget to free.
-                let _ = context.replies.send(std::mem::take(&mut batch)).await;
-                acquire_budget(&requests_budget, &bytes_budget, &request).await
-            }
-        };
-        let payload = if has_payload {
-            let mut payload = vec![0u8; request.length as usize];
-            if reader.read_into(&mut payload).await.is_err() {
-                break ReaderEnd::ClientGone;
-            }
-            payload
-        } else {
-            Vec::new()
-        };
-        dispatch(&context, request, payload, budget, &mut batch);
     };
-    if !batch.is_empty() {
-        let _ = context.replies.send(batch).await;
+    context.send(std::mem::take(&mut batch));
+    if end == ReaderEnd::IdleTimeout {
+        tracing::info!("nbd: closing a connection idle for {:?}", config.idle_timeout);
+    } else {
+        tracing::debug!(?end, "nbd: connection reader stopped");
     }
-    tracing::debug!(?end, "nbd: connection reader stopped");
+    finish(context, budgets, writer_task, end, stop_deadline, config).await
+}
 
-    // Let in-flight requests finish and hand their replies to the writer, then close.
+/// After the reader stopped: let in-flight requests finish and the writer drain, both
+/// bounded by the grace period; then abort a writer stuck on a client that does not read.
+async fn finish(
+    context: RequestContext,
+    budgets: Budgets,
+    writer_task: tokio::task::JoinHandle<io::Result<()>>,
+    end: ReaderEnd,
+    stop_deadline: Instant,
+    config: &NbdConfig,
+) -> io::Result<()> {
     let deadline = if end == ReaderEnd::Shutdown { stop_deadline } else { Instant::now() + config.shutdown_grace };
-    let _ = tokio::time::timeout_at(deadline, wait_idle(&requests_budget, requests_max)).await;
+    if end != ReaderEnd::WriterGone {
+        let _ = tokio::time::timeout_at(deadline, wait_idle(&budgets)).await;
+    }
     drop(context);
     let writer_abort = writer_task.abort_handle();
-    match tokio::time::timeout_at(deadline + Duration::from_secs(1), writer_task).await {
+    match tokio::time::timeout_at(deadline + Duration::from_millis(500), writer_task).await {
         Ok(Ok(result)) => result,
         Ok(Err(_join_error)) => Ok(()),
         Err(_elapsed) => {
-            // A client that stopped reading must not pin the writer task forever.
             writer_abort.abort();
             Ok(())
         }
@@ -256,66 +312,141 @@ where
 }
 
 /// Resolves when every request slot is free, i.e. nothing is in flight.
-async fn wait_idle(requests_budget: &Semaphore, requests_max: usize) {
-    let _all = requests_budget.acquire_many(requests_max as u32).await;
+async fn wait_idle(budgets: &Budgets) {
+    let _all = budgets.requests.acquire_many(budgets.requests_max as u32).await;
 }
 
-fn no_budget() -> Budget {
-    Budget { _request: None, _bytes: None }
-}
-
-fn budget_bytes(request: &Request) -> u32 {
+/// Memory units a request holds until its reply is written.
+fn memory_units(context: &RequestContext, request: &Request) -> usize {
     match request.command {
-        CMD_READ | CMD_WRITE => request.length.max(1),
-        _ => 1,
+        CMD_READ => request.length as usize + read_prefix_bytes(context),
+        CMD_WRITE => request.length as usize + SMALL_REPLY_UNITS,
+        CMD_BLOCK_STATUS => BLOCK_STATUS_REPLY_UNITS,
+        _ => SMALL_REPLY_UNITS,
     }
 }
 
-fn try_acquire_budget(requests: &Arc<Semaphore>, bytes: &Arc<Semaphore>, request: &Request) -> Option<Budget> {
-    let request_permit = requests.clone().try_acquire_owned().ok()?;
-    let bytes_permit = bytes.clone().try_acquire_many_owned(budget_bytes(request)).ok()?;
-    Some(Budget { _request: Some(request_permit), _bytes: Some(bytes_permit) })
-}
-
-async fn acquire_budget(requests: &Arc<Semaphore>, bytes: &Arc<Semaphore>, request: &Request) -> Budget {
-    let payload_bytes = budget_bytes(request);
-    // The semaphores are never closed, so acquisition only fails if they were; then
-    // run without that budget rather than panic.
-    let request_permit = requests.clone().acquire_owned().await.ok();
-    let bytes_permit = bytes.clone().acquire_many_owned(payload_bytes).await.ok();
-    Budget { _request: request_permit, _bytes: bytes_permit }
-}
-
-/// Start one validated request. Replies made inline go into `batch`.
-fn dispatch(context: &RequestContext, request: Request, payload: Vec<u8>, budget: Budget, batch: &mut Vec<Reply>) {
-    if request.command == CMD_READ {
-        if let Some(reply) = try_read_inline(context, &request) {
-            batch.push(Reply { bytes: reply, _budget: budget });
-            return;
+/// Take a request permit and `units` of memory: at once if possible, otherwise hand
+/// the inline batch (which holds budget) to the writer first and wait. Waiting here
+/// stalls only this connection's reader.
+async fn acquire_budget(budgets: &Budgets, context: &RequestContext, batch: &mut Vec<Reply>, units: usize) -> Budget {
+    if let Ok(request) = budgets.requests.clone().try_acquire_owned() {
+        if let Some(memory) = budgets.memory.try_acquire(units) {
+            return Budget { _request: request, _memory: memory };
         }
     }
-    if request.command == CMD_WRITE && request.flags & CMD_FLAG_FUA == 0 {
-        // The fast path for writes: a write the volume can take without blocking (no
-        // throttle delay, no device read) is applied on the reactor thread.
-        if let Some(result) = context.volume.try_write_nonblocking(request.offset, &payload) {
-            let bytes = match result {
-                Ok(()) => simple_reply(0, request.cookie),
-                Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
-            };
-            batch.push(Reply { bytes, _budget: budget });
-            return;
-        }
+    context.send(std::mem::take(batch));
+    let memory = budgets.memory.acquire(units).await;
+    // The semaphore is never closed; if it were, waiting forever is wrong, so make a
+    // fresh permit rather than panic.
+    let request = match budgets.requests.clone().acquire_owned().await {
+        Ok(permit) => permit,
+        Err(_) => Arc::new(Semaphore::new(1)).try_acquire_owned().expect("fresh semaphore has a permit"),
+    };
+    Budget { _request: request, _memory: memory }
+}
+
+/// Read the rest of one request (its payload) and answer or dispatch it. `Err` ends
+/// the connection.
+#[allow(clippy::too_many_arguments)]
+async fn take_request<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    context: &RequestContext,
+    budgets: &Budgets,
+    batch: &mut Vec<Reply>,
+    request: Request,
+    verdict: Result<(), u32>,
+    config: &NbdConfig,
+    started: Instant,
+) -> Result<(), ReaderEnd> {
+    let has_payload = request.command == CMD_WRITE;
+    if has_payload && request.length > config.payload_max_bytes {
+        tracing::debug!(length = request.length, "nbd: write payload over the cap, closing");
+        let budget = acquire_budget(budgets, context, batch, SMALL_REPLY_UNITS).await;
+        batch.push(error_reply(context, &request, NBD_EINVAL, "payload too large", budget));
+        return Err(ReaderEnd::ProtocolError);
     }
-    if request.command == CMD_CACHE {
-        // A prefetch hint; the ARC decides what stays in memory. Acknowledge at once.
-        batch.push(Reply { bytes: simple_reply(0, request.cookie), _budget: budget });
+    if let Err(error) = verdict {
+        if has_payload && reader.skip(u64::from(request.length)).await.is_err() {
+            return Err(ReaderEnd::ClientGone);
+        }
+        let budget = acquire_budget(budgets, context, batch, SMALL_REPLY_UNITS).await;
+        let reply = error_reply(context, &request, error, "", budget);
+        context.record(&request, &reply.bytes, started);
+        batch.push(reply);
+        return Ok(());
+    }
+    let budget = acquire_budget(budgets, context, batch, memory_units(context, &request)).await;
+    let payload = if has_payload {
+        let mut payload = vec![0u8; request.length as usize];
+        if reader.read_into(&mut payload).await.is_err() {
+            return Err(ReaderEnd::ClientGone);
+        }
+        payload
+    } else {
+        Vec::new()
+    };
+    dispatch(context, budgets, request, payload, budget, batch, started).await;
+    Ok(())
+}
+
+/// Start one validated request. Replies made inline go into `batch`; a volume call
+/// waits for a volume-call permit (stalling only this reader) and then runs on the
+/// blocking pool.
+async fn dispatch(
+    context: &RequestContext,
+    budgets: &Budgets,
+    request: Request,
+    payload: Vec<u8>,
+    budget: Budget,
+    batch: &mut Vec<Reply>,
+    started: Instant,
+) {
+    if let Some(bytes) = try_inline(context, &request, &payload) {
+        context.record(&request, &bytes, started);
+        batch.push(Reply { bytes, _budget: budget });
         return;
     }
+    let zero_call = if matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES) {
+        context.send(std::mem::take(batch));
+        budgets.zero_calls.clone().acquire_owned().await.ok()
+    } else {
+        None
+    };
+    let call = match budgets.volume_calls.try_acquire(1) {
+        Some(call) => call,
+        None => {
+            context.send(std::mem::take(batch));
+            budgets.volume_calls.acquire(1).await
+        }
+    };
     let context = context.clone();
     tokio::task::spawn_blocking(move || {
         let bytes = execute_blocking(&context, &request, payload);
-        let _ = context.replies.blocking_send(vec![Reply { bytes, _budget: budget }]);
+        drop((call, zero_call));
+        context.record(&request, &bytes, started);
+        context.send(vec![Reply { bytes, _budget: budget }]);
     });
+}
+
+/// Requests answered on the reactor thread: cached reads, writes the volume takes
+/// without blocking, CACHE hints. `None`: needs a volume call.
+fn try_inline(context: &RequestContext, request: &Request, payload: &[u8]) -> Option<Vec<u8>> {
+    match request.command {
+        CMD_READ => try_read_inline(context, request),
+        // A write the volume can take without blocking (no throttle delay, no device
+        // read) is applied here.
+        CMD_WRITE if request.flags & CMD_FLAG_FUA == 0 => {
+            let result = context.volume.try_write_nonblocking(request.offset, payload)?;
+            Some(match result {
+                Ok(()) => simple_reply(0, request.cookie),
+                Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
+            })
+        }
+        // A prefetch hint; the ARC decides what stays in memory. Acknowledge at once.
+        CMD_CACHE => Some(simple_reply(0, request.cookie)),
+        _ => None,
+    }
 }
 
 /// The fast path: answer a READ from memory without leaving the reactor thread.
@@ -325,9 +456,9 @@ fn try_read_inline(context: &RequestContext, request: &Request) -> Option<Vec<u8
         return Some(read_reply_empty(context, request.cookie));
     }
     let prefix = read_prefix_bytes(context);
-    let mut buffer = context.buffers.take(prefix + length);
+    let mut buffer = context.frontend.buffers.take(prefix + length);
     let Some(result) = context.volume.try_read_cached(request.offset, &mut buffer[prefix..]) else {
-        context.buffers.give(buffer);
+        context.frontend.buffers.give(buffer);
         return None;
     };
     match result {
@@ -350,19 +481,38 @@ fn execute_blocking(context: &RequestContext, request: &Request, payload: Vec<u8
         CMD_BLOCK_STATUS => return block_status(context, request),
         CMD_WRITE => volume.write(offset, &payload, fua),
         CMD_FLUSH => volume.flush(),
-        CMD_TRIM => volume.unmap(offset, length).and_then(|()| if fua { volume.flush() } else { Ok(()) }),
+        CMD_TRIM => in_pieces(offset, length, |at, len| volume.unmap(at, len))
+            .and_then(|()| if fua { volume.flush() } else { Ok(()) }),
         // NO_HOLE asks for provisioned zeros; a copy-on-write pool cannot promise
         // space for future overwrites either way, so zeroing is done the cheap way
         // (which also makes FAST_ZERO always succeed).
-        CMD_WRITE_ZEROES => {
-            volume.write_zeroes(offset, length).and_then(|()| if fua { volume.flush() } else { Ok(()) })
-        }
+        CMD_WRITE_ZEROES => in_pieces(offset, length, |at, len| volume.write_zeroes(at, len))
+            .and_then(|()| if fua { volume.flush() } else { Ok(()) }),
         _ => return simple_reply(NBD_EINVAL, request.cookie),
     };
     match result {
         Ok(()) => simple_reply(0, request.cookie),
         Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
     }
+}
+
+/// Apply `op` to `[offset, offset+length)` in pieces of at most `ZERO_CALL_MAX_BYTES`,
+/// so one huge TRIM does not hold the volume in one long call.
+fn in_pieces(
+    offset: u64,
+    length: u64,
+    mut op: impl FnMut(u64, u64) -> zilla_core::Result<()>,
+) -> zilla_core::Result<()> {
+    if length == 0 {
+        return op(offset, 0);
+    }
+    let mut done = 0;
+    while done < length {
+        let piece = (length - done).min(ZERO_CALL_MAX_BYTES);
+        op(offset + done, piece)?;
+        done += piece;
+    }
+    Ok(())
 }
 
 /// A READ that missed the cache. With structured replies, a range that is entirely a
@@ -387,7 +537,7 @@ fn read_blocking(context: &RequestContext, request: &Request) -> Vec<u8> {
         }
     }
     let prefix = read_prefix_bytes(context);
-    let mut buffer = vec![0u8; prefix + length];
+    let mut buffer = context.frontend.buffers.take(prefix + length);
     match context.volume.read(request.offset, &mut buffer[prefix..]) {
         Ok(()) => {
             finish_read_reply(context, request, &mut buffer);
@@ -439,8 +589,8 @@ fn simple_reply(error: u32, cookie: u64) -> Vec<u8> {
     reply
 }
 
-/// Answer an error without touching the volume.
-async fn send_error(context: &RequestContext, request: &Request, error: u32, message: &str, budget: Budget) {
+/// An error reply that does not touch the volume.
+fn error_reply(context: &RequestContext, request: &Request, error: u32, message: &str, budget: Budget) -> Reply {
     let structured = context.structured_replies && matches!(request.command, CMD_READ | CMD_BLOCK_STATUS);
     let bytes = if structured {
         let mut reply = Vec::new();
@@ -449,7 +599,7 @@ async fn send_error(context: &RequestContext, request: &Request, error: u32, mes
     } else {
         simple_reply(error, request.cookie)
     };
-    let _ = context.replies.send(vec![Reply { bytes, _budget: budget }]).await;
+    Reply { bytes, _budget: budget }
 }
 
 /// BLOCK_STATUS for base:allocation: holes are HOLE|ZERO, data is 0.
@@ -494,37 +644,52 @@ fn block_status(context: &RequestContext, request: &Request) -> Vec<u8> {
 /// Replies at least this large bypass the writer's buffer.
 const DIRECT_REPLY_BYTES: usize = 32 * 1024;
 
-async fn write_reply<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, bytes: &[u8]) -> io::Result<()> {
-    if bytes.len() >= DIRECT_REPLY_BYTES {
-        out.flush().await?;
-        out.get_mut().write_all(bytes).await
-    } else {
-        out.write_all(bytes).await
+fn stalled() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "client stopped reading replies")
+}
+
+/// Write one reply; every piece must be accepted by the socket within `stall`.
+async fn write_reply<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, bytes: &[u8], stall: Duration) -> io::Result<()> {
+    if bytes.len() < DIRECT_REPLY_BYTES {
+        return tokio::time::timeout(stall, out.write_all(bytes)).await.map_err(|_| stalled())?;
     }
+    tokio::time::timeout(stall, out.flush()).await.map_err(|_| stalled())??;
+    for piece in bytes.chunks(WRITE_PIECE_BYTES) {
+        tokio::time::timeout(stall, out.get_mut().write_all(piece)).await.map_err(|_| stalled())??;
+    }
+    Ok(())
 }
 
 /// The writer task: write replies in the order they complete, batching whatever is
 /// already queued into one flush. Small replies are gathered in a buffer; a large one
 /// (read data) goes straight to the socket after the buffer, so its bytes are copied
-/// once (volume -> reply) rather than again into the buffer.
+/// once (volume -> reply) rather than again into the buffer. Reply buffers go back to
+/// the daemon-wide pool. A socket that accepts nothing for `stall` ends the task
+/// (and with it the connection); the queued replies and their budget are dropped.
 async fn write_replies<W: AsyncWrite + Unpin>(
     writer: W,
-    mut replies: mpsc::Receiver<Vec<Reply>>,
-    buffers: Arc<ReplyBuffers>,
+    mut replies: mpsc::UnboundedReceiver<Vec<Reply>>,
+    frontend: Arc<Frontend>,
+    stall: Duration,
 ) -> io::Result<()> {
+    let stall = if stall.is_zero() { FAR_FUTURE } else { stall };
     let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
     while let Some(batch) = replies.recv().await {
-        for reply in batch {
-            write_reply(&mut out, &reply.bytes).await?;
-            buffers.give(reply.bytes);
-        }
-        while let Ok(batch) = replies.try_recv() {
+        let mut next = Some(batch);
+        while let Some(batch) = next {
             for reply in batch {
-                write_reply(&mut out, &reply.bytes).await?;
-                buffers.give(reply.bytes);
+                let Reply { bytes, _budget } = reply;
+                let written = write_reply(&mut out, &bytes, stall).await;
+                frontend.buffers.give(bytes);
+                if let Err(error) = written {
+                    tracing::info!(%error, "nbd: closing connection");
+                    return Err(error);
+                }
             }
+            next = replies.try_recv().ok();
         }
-        out.flush().await?;
+        tokio::time::timeout(stall, out.flush()).await.map_err(|_| stalled())??;
     }
-    out.shutdown().await
+    let _ = tokio::time::timeout(stall, out.shutdown()).await;
+    Ok(())
 }

@@ -1,13 +1,17 @@
 //! The admin API's request and response bodies (JSON over HTTP/1.1 on DIR/zilla.sock).
 //!
 //! The CLI is a thin client of these routes; docs/cli.md lists them. Responses reuse
-//! the engine's serde types (`PoolStatus`, `PoolListRow`, `IostatSnapshot`, ...).
+//! the engine's serde types (`PoolStatus`, `PoolListRow`, ...), except iostat, whose
+//! per-class counters are re-keyed by class name here ([`IostatEntry`]).
 //! Errors are `{"error": "..."}` with a 4xx (the request is wrong) or 5xx (the engine
 //! failed) status.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
-use zilla_core::spa::{ScrubCmd, TopSpec};
-use zilla_core::vdev::LeafSpec;
+use zilla_core::spa::{IostatNode, IostatSnapshot, ScrubCmd, TopSpec};
+use zilla_core::vdev::queue::LeafStats;
+use zilla_core::vdev::{IoClass, LeafSpec, Role};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -129,11 +133,179 @@ pub struct DaemonInfo {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Empty {}
 
-/// GET /v1/iostat: the engine's cumulative snapshot plus when the pool was imported
+/// GET /v1/iostat: one pool's cumulative counters plus when the pool was imported
 /// (wall-clock ns), so the first report can be an average since import.
+///
+/// Per-class statistics are maps keyed by class name (`"sync_read"`, `"sync_write"`,
+/// `"async_read"`, `"async_write"`, `"scrub"`), never arrays by position: a client reads
+/// the classes it knows by name, so a new or reordered `IoClass` cannot shift its numbers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IostatEntry {
     pub opened_ns: u64,
-    #[serde(flatten)]
-    pub snapshot: zilla_core::spa::IostatSnapshot,
+    pub pool: String,
+    pub timestamp_ns: u64,
+    pub alloc: u64,
+    pub free: u64,
+    /// Sum over the normal-class top-level vdevs.
+    pub stats: IoStats,
+    pub vdevs: Vec<IostatVdev>,
+}
+
+/// One vdev in an iostat entry; interior nodes (mirrors) carry the sum of their children.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IostatVdev {
+    pub name: String,
+    pub role: Role,
+    pub alloc: u64,
+    pub free: u64,
+    pub stats: IoStats,
+    pub children: Vec<IostatVdev>,
+}
+
+/// Whether an I/O class moves data from the device (read) or to it (write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoDirection {
+    #[default]
+    Read,
+    Write,
+}
+
+/// One I/O class's counters on one vdev (cumulative since import, except queued/active).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClassIoStats {
+    pub direction: IoDirection,
+    pub ops: u64,
+    pub bytes: u64,
+    /// I/Os the device failed (not counted in ops/bytes).
+    pub errors: u64,
+    /// Waiting in the leaf queue right now.
+    pub queued: u32,
+    /// Issued to the device right now.
+    pub active: u32,
+    /// Queue + device latency, log2 buckets of ns (zpool iostat -w).
+    pub total_latency_hist: Vec<u64>,
+    /// Device service time, log2 buckets of ns.
+    pub disk_latency_hist: Vec<u64>,
+}
+
+/// A vdev's statistics: one record per I/O class, keyed by class name.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IoStats {
+    pub classes: BTreeMap<String, ClassIoStats>,
+    pub flushes: u64,
+    /// Flush latency, log2 buckets of ns.
+    pub flush_latency_hist: Vec<u64>,
+}
+
+static NO_CLASS_STATS: ClassIoStats = ClassIoStats {
+    direction: IoDirection::Read,
+    ops: 0,
+    bytes: 0,
+    errors: 0,
+    queued: 0,
+    active: 0,
+    total_latency_hist: Vec::new(),
+    disk_latency_hist: Vec::new(),
+};
+
+impl IoStats {
+    /// The engine's per-leaf snapshot, re-keyed by class name.
+    pub fn from_leaf(s: &LeafStats) -> IoStats {
+        let hist = |h: &[Vec<u64>], c: IoClass| h.get(c as usize).cloned().unwrap_or_default();
+        let classes = IoClass::ALL
+            .iter()
+            .map(|&c| {
+                let i = c as usize;
+                let direction = if c.is_read() { IoDirection::Read } else { IoDirection::Write };
+                let cs = ClassIoStats {
+                    direction,
+                    ops: s.ops[i],
+                    bytes: s.bytes[i],
+                    errors: s.errors[i],
+                    queued: s.queued[i],
+                    active: s.active[i],
+                    total_latency_hist: hist(&s.total_latency_hist, c),
+                    disk_latency_hist: hist(&s.disk_latency_hist, c),
+                };
+                (c.name().to_string(), cs)
+            })
+            .collect();
+        IoStats { classes, flushes: s.flushes, flush_latency_hist: s.flush_latency_hist.clone() }
+    }
+
+    /// One class's counters (all zero if the daemon did not report that class).
+    pub fn class(&self, c: IoClass) -> &ClassIoStats {
+        self.classes.get(c.name()).unwrap_or(&NO_CLASS_STATS)
+    }
+}
+
+impl IostatVdev {
+    fn from_node(n: &IostatNode) -> IostatVdev {
+        IostatVdev {
+            name: n.name.clone(),
+            role: n.role,
+            alloc: n.alloc,
+            free: n.free,
+            stats: IoStats::from_leaf(&n.stats),
+            children: n.children.iter().map(IostatVdev::from_node).collect(),
+        }
+    }
+}
+
+impl IostatEntry {
+    pub fn new(opened_ns: u64, s: &IostatSnapshot) -> IostatEntry {
+        IostatEntry {
+            opened_ns,
+            pool: s.pool.clone(),
+            timestamp_ns: s.timestamp_ns,
+            alloc: s.alloc,
+            free: s.free,
+            stats: IoStats::from_leaf(&s.stats),
+            vdevs: s.vdevs.iter().map(IostatVdev::from_node).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf_with(class: IoClass, ops: u64, bytes: u64) -> LeafStats {
+        let mut s = LeafStats::default();
+        s.ops[class as usize] = ops;
+        s.bytes[class as usize] = bytes;
+        s.errors[class as usize] = 1;
+        s
+    }
+
+    #[test]
+    fn iostat_classes_are_keyed_by_name() {
+        let st = IoStats::from_leaf(&leaf_with(IoClass::Scrub, 3, 49152));
+        let v = serde_json::to_value(&st).unwrap();
+        let classes = v["classes"].as_object().unwrap();
+        let names: Vec<&str> = classes.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["async_read", "async_write", "scrub", "sync_read", "sync_write"]);
+        assert_eq!(v["classes"]["scrub"]["ops"], 3);
+        assert_eq!(v["classes"]["scrub"]["bytes"], 49152);
+        assert_eq!(v["classes"]["scrub"]["errors"], 1);
+        assert_eq!(v["classes"]["scrub"]["direction"], "read");
+        assert_eq!(v["classes"]["async_write"]["direction"], "write");
+        assert_eq!(v["classes"]["sync_read"]["ops"], 0);
+    }
+
+    #[test]
+    fn iostat_reader_ignores_unknown_classes_and_defaults_missing_ones() {
+        let json = r#"{"classes": {"trim": {"direction": "write", "ops": 9},
+                                   "sync_write": {"direction": "write", "ops": 7, "bytes": 4096}},
+                       "flushes": 2}"#;
+        let st: IoStats = serde_json::from_str(json).unwrap();
+        assert_eq!(st.class(IoClass::SyncWrite).ops, 7);
+        assert_eq!(st.class(IoClass::SyncWrite).bytes, 4096);
+        assert_eq!(st.class(IoClass::SyncRead).ops, 0);
+        assert_eq!(st.class(IoClass::Scrub).bytes, 0);
+        assert_eq!(st.flushes, 2);
+    }
 }

@@ -547,7 +547,7 @@ async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
                 .iter()
                 .map(|p| {
                     let snapshot = p.iostat();
-                    IostatEntry { opened_ns: table.opened_ns(&snapshot.pool), snapshot }
+                    IostatEntry::new(table.opened_ns(&snapshot.pool), &snapshot)
                 })
                 .collect())
         })
@@ -750,7 +750,7 @@ async fn volume_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<Creat
     for (k, v) in &req.props {
         zilla_core::props::validate(k, v)?;
     }
-    blocking(move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, req.sparse, &req.props)?)).await?;
+    blocking(move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, &req.props)?)).await?;
     tracing::info!("created volume '{}'", req.name);
     Ok(Json(Empty {}))
 }

@@ -95,7 +95,7 @@ async fn prepare_volume(pool: Arc<Pool>) -> anyhow::Result<()> {
         if pool.volumes().iter().any(|v| v.name == format!("{POOL}/{VOLUME}")) {
             return Ok(());
         }
-        pool.volume_create(VOLUME, VOLSIZE, 16 * 1024, true, &[])?;
+        pool.volume_create(VOLUME, VOLSIZE, 16 * 1024, &[])?;
         let vol = pool.open_volume(VOLUME)?;
         let mut header = vec![0u8; 4096];
         let text = b"ZILLA DEMO VOLUME demo/vol0\nThis block was written by `zilla demo`.\n";

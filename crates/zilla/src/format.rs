@@ -4,11 +4,10 @@
 use std::fmt::Write;
 
 use zilla_core::props::PropRow;
-use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
-use zilla_core::vdev::queue::LeafStats;
+use zilla_core::spa::{PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 use zilla_core::vdev::{IoClass, Role};
 
-use crate::api::IostatEntry;
+use crate::api::{IoStats, IostatEntry, IostatVdev};
 use crate::status_text::{errors_line, scan_line, status_action};
 use crate::units::{nicebytes, nicenum, nicetime_ns, parse_size};
 
@@ -98,7 +97,7 @@ pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
     let (root, tops) = top_level(s);
     let mut rows: Vec<(String, &str, String, String, String, &str)> = vec![];
     let (r, w, c) = root.map_or((0, 0, 0), |r| (r.read_errors, r.write_errors, r.cksum_errors));
-    rows.push((s.name.clone(), &s.state, r.to_string(), w.to_string(), c.to_string(), ""));
+    rows.push((s.name.clone(), s.state.as_str(), r.to_string(), w.to_string(), c.to_string(), ""));
     let mut classes: Vec<(Role, &str)> = vec![(Role::Normal, "")];
     classes.extend([(Role::Log, "logs"), (Role::Cache, "cache"), (Role::Spare, "spares")]);
     for (role, header) in classes {
@@ -200,7 +199,7 @@ pub fn pool_list(rows: &[PoolListRow], cols: &[String], scripted: bool, parsable
                     "frag" => pct(r.frag_percent),
                     "cap" => pct(r.cap_percent),
                     "dedup" => if parsable { "1.00".into() } else { "1.00x".into() },
-                    "health" => r.health.clone(),
+                    "health" => r.health.to_string(),
                     "ashift" => r.ashift.to_string(),
                     _ => "-".into(),
                 })
@@ -287,11 +286,10 @@ pub struct IostatFlags {
 const READ_CLASSES: [IoClass; 3] = [IoClass::SyncRead, IoClass::AsyncRead, IoClass::Scrub];
 const WRITE_CLASSES: [IoClass; 2] = [IoClass::SyncWrite, IoClass::AsyncWrite];
 
-fn sub_hist(cur: &[Vec<u64>], prev: Option<&[Vec<u64>]>, class: IoClass) -> Vec<u64> {
-    let c = cur.get(class as usize).cloned().unwrap_or_default();
-    match prev.and_then(|p| p.get(class as usize)) {
-        Some(p) => c.iter().enumerate().map(|(i, v)| v.saturating_sub(*p.get(i).unwrap_or(&0))).collect(),
-        None => c,
+fn sub_hist(cur: &[u64], prev: Option<&[u64]>) -> Vec<u64> {
+    match prev {
+        Some(p) => cur.iter().enumerate().map(|(i, v)| v.saturating_sub(*p.get(i).unwrap_or(&0))).collect(),
+        None => cur.to_vec(),
     }
 }
 
@@ -314,7 +312,12 @@ fn hist_avg(h: &[u64]) -> Option<u64> {
     Some((sum / count as u128) as u64)
 }
 
-/// One node's numbers over an interval.
+/// Where class `c` sits in `IoClass::ALL` (the index of Delta's per-class vectors).
+fn slot(c: IoClass) -> usize {
+    IoClass::ALL.iter().position(|&x| x == c).unwrap_or(0)
+}
+
+/// One node's numbers over an interval; per-class vectors are indexed like `IoClass::ALL`.
 struct Delta {
     ops_r: f64,
     ops_w: f64,
@@ -322,35 +325,30 @@ struct Delta {
     bw_w: f64,
     total: Vec<Vec<u64>>,
     disk: Vec<Vec<u64>>,
-    queued: [u32; 5],
-    active: [u32; 5],
+    queued: [u32; IoClass::ALL.len()],
+    active: [u32; IoClass::ALL.len()],
 }
 
-fn delta(cur: &LeafStats, prev: Option<&LeafStats>, secs: f64) -> Delta {
-    let d = |arr_c: &[u64; 5], arr_p: Option<&[u64; 5]>, classes: &[IoClass]| -> f64 {
+fn delta(cur: &IoStats, prev: Option<&IoStats>, secs: f64) -> Delta {
+    let d = |field: fn(&crate::api::ClassIoStats) -> u64, classes: &[IoClass]| -> f64 {
         classes
             .iter()
-            .map(|&c| arr_c[c as usize].saturating_sub(arr_p.map_or(0, |p| p[c as usize])))
+            .map(|&c| field(cur.class(c)).saturating_sub(prev.map_or(0, |p| field(p.class(c)))))
             .sum::<u64>() as f64
             / secs
     };
-    let pops = prev.map(|p| &p.ops);
-    let pbytes = prev.map(|p| &p.bytes);
+    let hist = |field: fn(&crate::api::ClassIoStats) -> &Vec<u64>| -> Vec<Vec<u64>> {
+        IoClass::ALL.iter().map(|&c| sub_hist(field(cur.class(c)), prev.map(|p| field(p.class(c)).as_slice()))).collect()
+    };
     Delta {
-        ops_r: d(&cur.ops, pops, &READ_CLASSES),
-        ops_w: d(&cur.ops, pops, &WRITE_CLASSES),
-        bw_r: d(&cur.bytes, pbytes, &READ_CLASSES),
-        bw_w: d(&cur.bytes, pbytes, &WRITE_CLASSES),
-        total: IoClass::ALL
-            .iter()
-            .map(|&c| sub_hist(&cur.total_latency_hist, prev.map(|p| p.total_latency_hist.as_slice()), c))
-            .collect(),
-        disk: IoClass::ALL
-            .iter()
-            .map(|&c| sub_hist(&cur.disk_latency_hist, prev.map(|p| p.disk_latency_hist.as_slice()), c))
-            .collect(),
-        queued: cur.queued,
-        active: cur.active,
+        ops_r: d(|s| s.ops, &READ_CLASSES),
+        ops_w: d(|s| s.ops, &WRITE_CLASSES),
+        bw_r: d(|s| s.bytes, &READ_CLASSES),
+        bw_w: d(|s| s.bytes, &WRITE_CLASSES),
+        total: hist(|s| &s.total_latency_hist),
+        disk: hist(|s| &s.disk_latency_hist),
+        queued: IoClass::ALL.map(|c| cur.class(c).queued),
+        active: IoClass::ALL.map(|c| cur.class(c).active),
     }
 }
 
@@ -358,7 +356,7 @@ impl Delta {
     fn merged(h: &[Vec<u64>], classes: &[IoClass]) -> Vec<u64> {
         let mut out = vec![];
         for &c in classes {
-            add_hist(&mut out, &h[c as usize]);
+            add_hist(&mut out, &h[slot(c)]);
         }
         out
     }
@@ -394,16 +392,12 @@ impl Fmt {
 
 /// Seconds a snapshot's counters cover when there is no previous snapshot (both
 /// timestamps are wall-clock ns).
-fn since_open_secs(s: &IostatSnapshot, opened_ns: u64) -> f64 {
-    (s.timestamp_ns.saturating_sub(opened_ns) as f64 / 1e9).max(1.0)
+fn since_open_secs(s: &IostatEntry) -> f64 {
+    (s.timestamp_ns.saturating_sub(s.opened_ns) as f64 / 1e9).max(1.0)
 }
 
 /// One iostat report (header + rows) for `cur` against `prev` (None = since open).
-pub fn iostat_report(entries: &[IostatEntry], prev: Option<&[IostatEntry]>, f: IostatFlags) -> String {
-    let cur: Vec<IostatSnapshot> = entries.iter().map(|e| e.snapshot.clone()).collect();
-    let prev: Option<Vec<IostatSnapshot>> = prev.map(|p| p.iter().map(|e| e.snapshot.clone()).collect());
-    let opened = |pool: &str| entries.iter().find(|e| e.snapshot.pool == pool).map_or(0, |e| e.opened_ns);
-    let (cur, prev) = (cur.as_slice(), prev.as_deref());
+pub fn iostat_report(cur: &[IostatEntry], prev: Option<&[IostatEntry]>, f: IostatFlags) -> String {
     if f.histograms {
         return iostat_histograms(cur, prev, f);
     }
@@ -421,12 +415,12 @@ pub fn iostat_report(entries: &[IostatEntry], prev: Option<&[IostatEntry]>, f: I
         let p = prev.and_then(|ps| ps.iter().find(|p| p.pool == s.pool));
         let secs = match p {
             Some(p) => ((s.timestamp_ns.saturating_sub(p.timestamp_ns)) as f64 / 1e9).max(1e-3),
-            None => since_open_secs(s, opened(&s.pool)),
+            None => since_open_secs(s),
         };
         rows.push(iostat_row(&s.pool, Some((s.alloc, s.free)), &s.stats, p.map(|p| &p.stats), secs, &fm, f));
         if f.verbose {
             for (role, header) in [(Role::Normal, ""), (Role::Log, "logs"), (Role::Cache, "cache")] {
-                let members: Vec<&IostatNode> = s.vdevs.iter().filter(|v| v.role == role).collect();
+                let members: Vec<&IostatVdev> = s.vdevs.iter().filter(|v| v.role == role).collect();
                 if members.is_empty() {
                     continue;
                 }
@@ -448,8 +442,8 @@ pub fn iostat_report(entries: &[IostatEntry], prev: Option<&[IostatEntry]>, f: I
 
 fn push_iostat_node(
     rows: &mut Vec<Vec<String>>,
-    v: &IostatNode,
-    prev: Option<&IostatNode>,
+    v: &IostatVdev,
+    prev: Option<&IostatVdev>,
     depth: usize,
     secs: f64,
     fm: &Fmt,
@@ -467,8 +461,8 @@ fn push_iostat_node(
 fn iostat_row(
     name: &str,
     cap: Option<(u64, u64)>,
-    cur: &LeafStats,
-    prev: Option<&LeafStats>,
+    cur: &IoStats,
+    prev: Option<&IoStats>,
     secs: f64,
     fm: &Fmt,
     f: IostatFlags,
@@ -487,11 +481,11 @@ fn iostat_row(
         let disk_w = hist_avg(&Delta::merged(&d.disk, &WRITE_CLASSES));
         // Queue wait = total - device time, per class.
         let qwait = |c: IoClass| -> Option<u64> {
-            let t = hist_avg(&d.total[c as usize])?;
-            let k = hist_avg(&d.disk[c as usize]).unwrap_or(0);
+            let t = hist_avg(&d.total[slot(c)])?;
+            let k = hist_avg(&d.disk[slot(c)]).unwrap_or(0);
             Some(t.saturating_sub(k))
         };
-        let scrub = hist_avg(&d.total[IoClass::Scrub as usize]);
+        let scrub = hist_avg(&d.total[slot(IoClass::Scrub)]);
         r.extend([
             fm.time(tot_r),
             fm.time(tot_w),
@@ -507,8 +501,8 @@ fn iostat_row(
     }
     if f.queues {
         for c in [IoClass::SyncRead, IoClass::SyncWrite, IoClass::AsyncRead, IoClass::AsyncWrite, IoClass::Scrub] {
-            r.push(fm.num(d.queued[c as usize] as f64));
-            r.push(fm.num(d.active[c as usize] as f64));
+            r.push(fm.num(d.queued[slot(c)] as f64));
+            r.push(fm.num(d.active[slot(c)] as f64));
         }
     }
     r
@@ -581,13 +575,13 @@ fn render_iostat(headers: &[&str], rows: &[Vec<String>], separators: &[usize], f
 }
 
 /// `-w`: latency histograms, one table per pool (and per vdev with -v).
-fn iostat_histograms(cur: &[IostatSnapshot], prev: Option<&[IostatSnapshot]>, f: IostatFlags) -> String {
+fn iostat_histograms(cur: &[IostatEntry], prev: Option<&[IostatEntry]>, f: IostatFlags) -> String {
     let mut o = String::new();
     for s in cur {
         let p = prev.and_then(|ps| ps.iter().find(|p| p.pool == s.pool));
         o.push_str(&histogram_table(&s.pool, &s.stats, p.map(|p| &p.stats), f));
         if f.verbose {
-            fn walk(o: &mut String, v: &IostatNode, pv: Option<&IostatNode>, f: IostatFlags) {
+            fn walk(o: &mut String, v: &IostatVdev, pv: Option<&IostatVdev>, f: IostatFlags) {
                 o.push_str(&histogram_table(&v.name, &v.stats, pv.map(|p| &p.stats), f));
                 for c in &v.children {
                     walk(o, c, pv.and_then(|p| p.children.iter().find(|x| x.name == c.name)), f);
@@ -601,18 +595,18 @@ fn iostat_histograms(cur: &[IostatSnapshot], prev: Option<&[IostatSnapshot]>, f:
     o
 }
 
-fn histogram_table(name: &str, cur: &LeafStats, prev: Option<&LeafStats>, f: IostatFlags) -> String {
+fn histogram_table(name: &str, cur: &IoStats, prev: Option<&IoStats>, f: IostatFlags) -> String {
     let d = delta(cur, prev, 1.0);
     let cols: Vec<Vec<u64>> = vec![
         Delta::merged(&d.total, &READ_CLASSES[..2]),
         Delta::merged(&d.total, &WRITE_CLASSES),
         Delta::merged(&d.disk, &READ_CLASSES[..2]),
         Delta::merged(&d.disk, &WRITE_CLASSES),
-        d.total[IoClass::SyncRead as usize].clone(),
-        d.total[IoClass::SyncWrite as usize].clone(),
-        d.total[IoClass::AsyncRead as usize].clone(),
-        d.total[IoClass::AsyncWrite as usize].clone(),
-        d.total[IoClass::Scrub as usize].clone(),
+        d.total[slot(IoClass::SyncRead)].clone(),
+        d.total[slot(IoClass::SyncWrite)].clone(),
+        d.total[slot(IoClass::AsyncRead)].clone(),
+        d.total[slot(IoClass::AsyncWrite)].clone(),
+        d.total[slot(IoClass::Scrub)].clone(),
     ];
     let n = zilla_core::kstat::HISTOGRAM_BUCKETS;
     let fm = Fmt { parsable: f.parsable };
@@ -659,6 +653,34 @@ fn bucket_label(i: usize, parsable: bool) -> String {
 mod tests {
     use super::*;
 
+    fn iostat_entry(timestamp_ns: u64, class: IoClass, ops: u64, bytes: u64) -> IostatEntry {
+        let mut s = zilla_core::vdev::queue::LeafStats::default();
+        s.ops[class as usize] = ops;
+        s.bytes[class as usize] = bytes;
+        IostatEntry {
+            opened_ns: 0,
+            pool: "tank".into(),
+            timestamp_ns,
+            alloc: 0,
+            free: 0,
+            stats: crate::api::IoStats::from_leaf(&s),
+            vdevs: vec![],
+        }
+    }
+
+    #[test]
+    fn iostat_counts_scrub_as_reads_by_class_name() {
+        let f = IostatFlags { scripted: true, parsable: true, ..Default::default() };
+        let prev = [iostat_entry(1_000_000_000, IoClass::Scrub, 0, 0)];
+        let cur = [iostat_entry(3_000_000_000, IoClass::Scrub, 200, 2_000_000)];
+        let out = iostat_report(&cur, Some(&prev), f);
+        // pool alloc free read-ops write-ops read-bw write-bw, over 2 s
+        assert_eq!(out.trim_end(), "tank\t0\t0\t100\t0\t1000000\t0");
+        let cur = [iostat_entry(3_000_000_000, IoClass::AsyncWrite, 20, 4_000_000)];
+        let out = iostat_report(&cur, Some(&prev), f);
+        assert_eq!(out.trim_end(), "tank\t0\t0\t0\t10\t0\t2000000");
+    }
+
     fn leaf(name: &str, state: &str) -> VdevStatus {
         VdevStatus {
             name: name.into(),
@@ -683,7 +705,7 @@ mod tests {
         let s = PoolStatus {
             name: "tank".into(),
             guid: 1,
-            state: "ONLINE".into(),
+            state: zilla_core::spa::PoolHealth::Online,
             scan: Default::default(),
             config: vec![m, log],
             data_errors: 0,

@@ -6,6 +6,7 @@
 //! The engine reports health, per-device error counters, the scan record and the
 //! data-error count as data (`spa::PoolStatus`); the words an administrator reads are
 //! chosen here, from those fields alone, so the daemon, the CLI and the web page agree.
+use crate::units::nicebytes;
 use zilla_core::scan::ScanStatus;
 use zilla_core::spa::{PoolStatus, VdevStatus};
 
@@ -45,47 +46,26 @@ pub fn errors_line(s: &PoolStatus) -> String {
 
 /// `scan:` line of `zilla pool status`.
 pub fn scan_line(s: &ScanStatus) -> String {
-    if s.func.is_empty() {
+    if s.func == zilla_core::scan::ScanFunc::None {
         return "none requested".into();
     }
-    let pct = if s.to_examine_bytes == 0 { 100.0 } else { (s.examined_bytes as f64 * 100.0 / (s.to_examine_bytes as f64 * 2.0)).min(100.0) };
+    let pct = if s.to_examine_bytes == 0 { 100.0 } else { (s.examined_bytes as f64 * 100.0 / s.to_examine_bytes as f64).min(100.0) };
     let dur = s.end_time_s.saturating_sub(s.start_time_s);
     let hms = format!("{:02}:{:02}:{:02}", dur / 3600, dur / 60 % 60, dur % 60);
     match (s.func.as_str(), s.state.as_str()) {
         ("scrub", "scanning") => format!(
             "scrub in progress since {}\n\t{} scanned, {} repaired, {:.2}% done",
             fmt_time(s.start_time_s),
-            nicenum(s.examined_bytes),
-            nicenum(s.repaired_bytes),
+            nicebytes(s.examined_bytes),
+            nicebytes(s.repaired_bytes),
             pct
         ),
-        ("scrub", "paused") => format!("scrub paused since {}\n\t{} scanned, {} repaired", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
+        ("scrub", "paused") => format!("scrub paused since {}\n\t{} scanned, {} repaired", fmt_time(s.start_time_s), nicebytes(s.examined_bytes), nicebytes(s.repaired_bytes)),
         ("scrub", "canceled") => format!("scrub canceled on {}", fmt_time(s.end_time_s)),
-        ("scrub", _) => format!("scrub repaired {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
-        ("resilver", "scanning") => format!("resilver in progress since {}\n\t{} scanned, {} resilvered", fmt_time(s.start_time_s), nicenum(s.examined_bytes), nicenum(s.repaired_bytes)),
-        ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicenum(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
+        ("scrub", _) => format!("scrub repaired {} in {hms} with {} errors on {}", nicebytes(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
+        ("resilver", "scanning") => format!("resilver in progress since {}\n\t{} scanned, {} resilvered", fmt_time(s.start_time_s), nicebytes(s.examined_bytes), nicebytes(s.repaired_bytes)),
+        ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicebytes(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
         _ => "none requested".into(),
-    }
-}
-
-/// ZFS-style human number (1.50G, 16K, 0B).
-pub fn nicenum(n: u64) -> String {
-    const U: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
-    if n < 1024 {
-        return format!("{n}{}", U[0]);
-    }
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if v < 10.0 {
-        format!("{:.2}{}", v, U[i])
-    } else if v < 100.0 {
-        format!("{:.1}{}", v, U[i])
-    } else {
-        format!("{:.0}{}", v, U[i])
     }
 }
 
@@ -116,9 +96,11 @@ mod tests {
     use super::*;
     #[test]
     fn formats() {
-        assert_eq!(nicenum(0), "0B");
-        assert_eq!(nicenum(16384), "16.0K");
-        assert_eq!(nicenum(1536 << 20), "1.50G");
+        // one size formatter for the whole CLI (units::nicebytes, zfs_nicebytes rules):
+        // exact multiples print without decimals, as zpool status does
+        assert_eq!(nicebytes(0), "0B");
+        assert_eq!(nicebytes(16384), "16K");
+        assert_eq!(nicebytes(1536 << 20), "1.50G");
         assert_eq!(fmt_time(0), "Thu Jan  1 00:00:00 1970");
         assert_eq!(fmt_time(1_795_290_300), "Sat Nov 21 19:45:00 2026");
     }

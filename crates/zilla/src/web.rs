@@ -152,7 +152,7 @@ fn render_metrics(s: &Snapshot) -> String {
     let mut reg = Registry::default();
     let pl = |r: &PoolListRow| labels(&[("pool", &r.name)]);
     gauges(&mut reg, "zfs_pool_health", "Health: 0 online, 1 degraded, 2 faulted, 3 offline, 4 unavail, 5 removed, 6 suspended",
-        s.rows.iter().map(|r| (pl(r), health_code(&r.health) as i64)));
+        s.rows.iter().map(|r| (pl(r), health_code(r.health.as_str()) as i64)));
     gauges(&mut reg, "zfs_pool_size_bytes", "Pool size in bytes", s.rows.iter().map(|r| (pl(r), r.size as i64)));
     gauges(&mut reg, "zfs_pool_allocated_bytes", "Allocated bytes", s.rows.iter().map(|r| (pl(r), r.alloc as i64)));
     gauges(&mut reg, "zfs_pool_free_bytes", "Free bytes", s.rows.iter().map(|r| (pl(r), r.free as i64)));

@@ -130,6 +130,25 @@ impl PoolInner {
         cfg.clone()
     }
 
+    /// spa_sync, after the data flush and before the uberblock: a leaf that missed writes
+    /// of this txg (faulted, failing) must have that in its DTL on disk before the txg
+    /// commits; else a power cut forgets it, the leaf comes back looking complete, and
+    /// detaching its partner loses data (found by the seeded simulation; OpenZFS writes
+    /// DTLs every sync).
+    pub(crate) fn persist_changed_dtls(&self) -> Result<()> {
+        if self.dtl_changed() {
+            self.write_config_labels("active")?;
+        }
+        Ok(())
+    }
+
+    /// Some leaf's DTL differs from the one in the last config written to the labels.
+    fn dtl_changed(&self) -> bool {
+        let cfg = self.config.lock();
+        let leaves = self.leaves.read();
+        cfg.tops.iter().flat_map(|t| t.children.iter()).any(|lc| leaves.iter().any(|l| l.guid == lc.guid && l.dtl() != lc.dtl))
+    }
+
     /// Write the config to every leaf's labels: even labels, flush, odd labels, flush.
     pub fn write_config_labels(&self, state: &str) -> Result<()> {
         let mut cfg = self.refresh_config();
@@ -196,7 +215,7 @@ impl Pool {
         }
         for (top, tc, kids) in new_tops {
             if matches!(top.role, Role::Normal | Role::Log) {
-                inner.io.ms.lock().add_vdev(top.id, top.role, top.asize());
+                inner.io.ms.add_vdev(top.id, top.role, top.asize());
             }
             inner.leaves.write().extend(kids);
             inner.io.vdevs.write().push(top);

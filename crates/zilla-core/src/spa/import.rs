@@ -75,7 +75,7 @@ impl Pool {
         let mut cfg_tops = Vec::new();
         let mut leaves = Vec::new();
         let mut vdevs = Vec::new();
-        let mut ms = Metaslabs::new();
+        let ms = Metaslabs::new();
         for (id, (t, opened)) in opened_tops.into_iter().enumerate() {
             let tguid = new_guid(&*env);
             let mut children = Vec::new();
@@ -297,7 +297,7 @@ impl Pool {
                 last_err.map(|e| e.to_string()).unwrap_or_default()
             )));
         };
-        *io.ms.lock() = ms;
+        io.ms.replace_with(ms);
         io.refresh_space();
         // leaves that were offline missed every txg since
         for l in &leaves {

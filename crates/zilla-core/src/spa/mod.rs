@@ -49,8 +49,8 @@ mod verify;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
 pub use import::ImportablePool;
-pub use status::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
-pub use sync::{SYNC_CHUNK_BLOCKS, SYNC_PIPELINE_CHUNKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
+pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
+pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
 /// One top-level vdev as the user asked for it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -225,15 +225,19 @@ impl PoolInner {
 
 pub struct Pool {
     inner: Arc<PoolInner>,
-    sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The txg quiesce and sync threads.
+    txg_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     closed: std::sync::atomic::AtomicBool,
 }
 
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Arc<Pool> {
-        let t = inner.clone();
-        let handle = inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || t.sync_loop())).expect("spawn txg sync thread");
-        let pool = Arc::new(Pool { inner, sync_thread: Mutex::new(Some(handle)), closed: false.into() });
+        let (q, s) = (inner.clone(), inner.clone());
+        let threads = vec![
+            inner.env.spawn(format!("txg_quiesce_{}", inner.name), Box::new(move || q.quiesce_loop())).expect("spawn txg quiesce thread"),
+            inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || s.sync_loop())).expect("spawn txg sync thread"),
+        ];
+        let pool = Arc::new(Pool { inner, txg_threads: Mutex::new(threads), closed: false.into() });
         crate::scan::resume_after_import(&pool.inner.scanner());
         pool
     }
@@ -246,12 +250,17 @@ impl Pool {
         Ok(())
     }
 
+    fn join_txg_threads(&self) {
+        let threads = std::mem::take(&mut *self.txg_threads.lock());
+        for h in threads {
+            let _ = h.join();
+        }
+    }
+
     fn stop_threads(&self) {
         self.inner.txg.begin_shutdown();
         self.inner.dirty.wake_all();
-        if let Some(h) = self.sync_thread.lock().take() {
-            let _ = h.join();
-        }
+        self.join_txg_threads();
     }
 
     pub fn export(&self) -> Result<()> {
@@ -285,9 +294,7 @@ impl Pool {
         for t in crate::txg::TXG_INITIAL..self.inner.txg.open_txg() + 1 {
             self.inner.dirty.retire(t);
         }
-        if let Some(h) = self.sync_thread.lock().take() {
-            let _ = h.join();
-        }
+        self.join_txg_threads();
     }
 
     pub fn destroy(&self) -> Result<()> {
@@ -329,10 +336,6 @@ impl Pool {
         self.inner.io.arc.stats()
     }
 
-    pub fn throttle_stats(&self) -> crate::dsl_pool::ThrottleStats {
-        self.inner.dirty.stats()
-    }
-
     pub fn scrub(&self, cmd: ScrubCmd) -> Result<()> {
         self.check_open()?;
         match cmd {
@@ -354,8 +357,9 @@ impl Pool {
 
     // ---- volumes -------------------------------------------------------------------
 
-    pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, sparse: bool, props: &[(String, String)]) -> Result<()> {
-        let _ = sparse; // reservations are not implemented: every volume is sparse
+    /// Create a volume. Every volume is sparse (thin): reservations do not exist yet, so
+    /// the CLI's `-s` is the only behaviour.
+    pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, props: &[(String, String)]) -> Result<()> {
         self.check_open()?;
         validate_volume_name(name)?;
         if !volblocksize.is_power_of_two() || !(MIN_VOLBLOCKSIZE..=MAX_VOLBLOCKSIZE).contains(&volblocksize) {

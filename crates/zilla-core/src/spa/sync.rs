@@ -26,7 +26,6 @@ use crate::vdev::label::Uberblock;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
 use crate::zio::blkptr::{self, BlockPointer};
-use crate::zio::checksum::ChecksumAlgo;
 use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result};
 
@@ -39,28 +38,8 @@ pub static ZFS_DEBUG_FAIL_SYNC_ASSERTION: Tunable = Tunable::new(
     "testing aid: 1 makes the next txg sync fail an assertion before it writes anything (exercises the broken-invariant policy: the daemon stops)",
 );
 
-/// Dirty blocks prepared and handed to the issuer at a time during a sync.
+/// Dirty blocks prepared, allocated and handed to the writer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
-/// Prepared chunks that may wait for the issuer (bounds the sync's extra memory).
-pub const SYNC_PIPELINE_CHUNKS: usize = 4;
-
-/// Checksum and compress a txg's dirty blocks on all cores (order preserved).
-fn prepare_parallel(
-    recs: &[(u64, Option<Arc<[u8]>>)],
-    algo: ChecksumAlgo,
-    comp: crate::zio::compress::Compression,
-) -> Vec<Option<crate::zio::PreparedBlock>> {
-    let one = |d: &Option<Arc<[u8]>>| d.as_ref().map(|d| crate::zio::prepare(d, algo, comp));
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
-    if cpus < 2 || recs.len() < 64 {
-        return recs.iter().map(|(_, d)| one(d)).collect();
-    }
-    let chunk = recs.len().div_ceil(cpus);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = recs.chunks(chunk).map(|c| s.spawn(move || c.iter().map(|(_, d)| one(d)).collect::<Vec<_>>())).collect();
-        handles.into_iter().flat_map(|h| h.join().expect("prepare worker panicked")).collect()
-    })
-}
 
 impl PoolInner {
     /// Leaves that carry uberblocks (normal + log classes).
@@ -69,50 +48,64 @@ impl PoolInner {
     }
 
 
+    /// Uberblock `ub` into its slot of all four labels of every online leaf, then a
+    /// flush, all leaves at once: per leaf four write requests and a flush request,
+    /// which its queue issues only after those writes completed. Ok if at least one leaf
+    /// wrote all four and flushed. First the labels, if some leaf's DTL changed: what a
+    /// leaf missed must be on disk before the txg that it missed commits.
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
-        let leaves = self.ub_leaves();
-        let ok = std::sync::atomic::AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for leaf in &leaves {
-                if leaf.state() != LeafState::Online {
-                    continue;
-                }
-                let ok = &ok;
-                s.spawn(move || {
-                    let dev = leaf.device();
-                    let size = dev.size();
-                    let mut good = true;
-                    for l in 0..label::LABELS {
-                        let off = label::ub_offset(size, l, ub.txg);
-                        if leaf.queue.write(crate::vdev::IoClass::SyncWrite, &ub.encode(off), off).is_err() {
-                            good = false;
-                        }
-                    }
-                    if good && leaf.queue.flush().is_ok() {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
+        self.persist_changed_dtls()?;
+        use crate::vdev::queue::IoRequest;
+        use crate::vdev::IoClass;
+        let leaves: Vec<Arc<Leaf>> = self.ub_leaves().into_iter().filter(|l| l.state() == LeafState::Online).collect();
+        let (tx, rx) = crossbeam_channel::unbounded::<(usize, bool)>();
+        for (i, leaf) in leaves.iter().enumerate() {
+            let size = leaf.device().size();
+            for l in 0..label::LABELS {
+                let off = label::ub_offset(size, l, ub.txg);
+                let buf = Arc::new(crate::vdev::abd::AlignedBuf::copy_of(&ub.encode(off)));
+                let tx = tx.clone();
+                leaf.queue.submit(IoRequest::write(IoClass::SyncWrite, off, buf, Box::new(move |d| {
+                    let _ = tx.send((i, d.result.is_ok()));
+                })));
             }
-        });
-        if ok.load(Ordering::Relaxed) == 0 {
+            let tx = tx.clone();
+            leaf.queue.submit(IoRequest::flush(Box::new(move |d| {
+                let _ = tx.send((i, d.result.is_ok()));
+            })));
+        }
+        drop(tx);
+        let mut good = vec![true; leaves.len()];
+        for (i, ok) in rx.iter() {
+            good[i] &= ok;
+        }
+        for (leaf, _) in leaves.iter().zip(&good).filter(|(_, g)| !**g) {
+            leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if !good.iter().any(|g| *g) {
             return Err(Error::Io(std::io::Error::other("could not write the uberblock to any device")));
         }
         Ok(())
     }
 
+    /// Flush every data-holding top-level vdev, all at once (one flush request per child).
     fn flush_all(&self) -> Result<()> {
-        let tops = self.tops();
+        let tops: Vec<_> = self.tops().into_iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).collect();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        for t in &tops {
+            let tx = tx.clone();
+            t.flush_async(Box::new(move |o| {
+                let _ = tx.send(o);
+            }));
+        }
+        drop(tx);
         let mut err = None;
-        std::thread::scope(|s| {
-            let hs: Vec<_> = tops.iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).map(|t| s.spawn(move || t.flush())).collect();
-            for h in hs {
-                if let Ok(Err(e)) = h.join() {
-                    err = Some(e);
-                }
+        for o in rx.iter() {
+            if o.written == 0 {
+                let e = o.failed.into_iter().next().map(|(_, e)| e.to_io()).unwrap_or_else(|| std::io::Error::other("no writable device"));
+                err = Some(e);
             }
-        });
+        }
         match err {
             Some(e) => Err(Error::Io(e)),
             None => Ok(()),
@@ -126,7 +119,8 @@ impl PoolInner {
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
     }
 
-    /// Sync txg `txg`. On failure the allocator is restored and the dirty records stay.
+    /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
+    /// undone (nothing allocated meanwhile outside the sync) and the dirty records stay.
     pub fn spa_sync(&self, txg: u64) -> Result<()> {
         assert!(
             ZFS_DEBUG_FAIL_SYNC_ASSERTION.get() == 0,
@@ -135,13 +129,14 @@ impl PoolInner {
         );
         let _g = self.sync_lock.lock();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
-        // and T-2 never reference them), so release them outside the snapshot: a sync
+        // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
-        self.io.ms.lock().release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
-        let ms_snapshot = self.io.ms.lock().clone();
+        self.io.ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
+        self.io.ms.begin_sync(txg);
         let r = self.spa_sync_inner(txg);
-        if r.is_err() {
-            *self.io.ms.lock() = ms_snapshot;
+        match r {
+            Ok(()) => self.io.ms.end_sync(txg),
+            Err(_) => self.io.ms.undo_sync(txg),
         }
         self.io.refresh_space();
         match r {
@@ -157,7 +152,6 @@ impl PoolInner {
     }
 
     fn spa_sync_inner(&self, txg: u64) -> Result<()> {
-        let threads = 8;
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
@@ -168,77 +162,40 @@ impl PoolInner {
             let m = self.meta.lock();
             (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone())
         };
-        // Pipeline: data blocks are checksummed and allocated in chunks; each chunk goes
-        // to the issuer thread while the next one is prepared, and the indirect blocks
-        // are rebuilt while the last chunks are still being written.
-        let (tx, rx) = crossbeam_channel::bounded::<Vec<dmu::PendingWrite>>(SYNC_PIPELINE_CHUNKS);
-        std::thread::scope(|s| -> Result<()> {
-            let io = &self.io;
-            let issuer = s.spawn(move || {
-                let mut r = Ok(());
-                for chunk in rx {
-                    if r.is_ok() {
-                        r = io.issue_writes(chunk, txg, threads);
-                    }
-                }
-                r
-            });
-            let produced = (|| -> Result<()> {
-                let mut trees = Vec::new();
-                for v in &vols {
-                    let recs = v.dirty.collect(txg);
-                    let root = *v.committed.read();
-                    if recs.is_empty() {
-                        new_roots.push((v.clone(), root));
-                        continue;
-                    }
-                    let props = v.props.read().typed();
-                    let (algo, comp) = (props.checksum, props.compression);
-                    let cache = props.primarycache == crate::props::CachePolicy::All;
-                    let mut changes = Vec::with_capacity(recs.len());
-                    for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
-                        // checksum and compress on every core, then allocate in blkid order
-                        let prepared = prepare_parallel(chunk, algo, comp);
-                        let mut chunk_batch = Vec::with_capacity(chunk.len());
-                        for ((blkid, data), p) in chunk.iter().zip(prepared) {
-                            let bp = match p {
-                                Some(p) => self.io.alloc_prepared(p, txg, blkptr::KIND_DATA, 0, 1, 1, &mut chunk_batch)?,
-                                None => BlockPointer::hole(),
-                            };
-                            if let (true, Some(d)) = (cache, data) {
-                                written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
-                            }
-                            changes.push((*blkid, bp));
-                        }
-                        if tx.send(chunk_batch).is_err() {
-                            break; // the issuer stopped on an error; it reports it
-                        }
-                    }
-                    trees.push((v.clone(), root, changes, WritePolicy { algo, comp, txg }));
-                }
-                for (v, root, changes, pol) in &trees {
-                    let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch)?;
-                    new_roots.push((v.clone(), nr));
-                }
-                // destroyed volumes
-                for root in &doomed {
-                    let mut bps = Vec::new();
-                    dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
-                        bps.push(*bp);
-                        Ok(())
-                    })?;
-                    for bp in bps {
-                        self.io.free_block(&bp, txg);
-                    }
-                }
+        // Pipeline: data blocks are checksummed (pool workers) and allocated in chunks;
+        // each chunk's writes are submitted without waiting while the next chunk is
+        // prepared, and the indirect blocks are rebuilt while the last chunks are still
+        // being written.
+        let writer = dmu::SyncWriter::new(&self.io, txg);
+        let mut trees = Vec::new();
+        for v in &vols {
+            let recs = v.dirty.collect(txg);
+            let root = *v.committed.read();
+            if recs.is_empty() {
+                new_roots.push((v.clone(), root));
+                continue;
+            }
+            let changes = self.sync_volume_data(v, &recs, txg, &writer, &mut written)?;
+            let props = v.props.read().typed();
+            trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg }));
+        }
+        for (v, root, changes, pol) in &trees {
+            let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch)?;
+            new_roots.push((v.clone(), nr));
+        }
+        // destroyed volumes
+        for root in &doomed {
+            let mut bps = Vec::new();
+            dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
+                bps.push(*bp);
                 Ok(())
-            })();
-            drop(tx);
-            let issued = issuer.join().unwrap_or_else(|_| Err(Error::Corrupt("sync writer panicked".into())));
-            produced?;
-            issued
-        })?;
-        self.io.issue_writes(std::mem::take(&mut batch), txg, threads)?;
+            })?;
+            for bp in bps {
+                self.io.free_block(&bp, txg);
+            }
+        }
+        writer.issue(std::mem::take(&mut batch))?;
+        writer.finish()?;
         // the MOS
         if !old_mos.is_hole() {
             for bp in dmu::mos_blocks(&self.io, &old_mos, crate::vdev::IoClass::AsyncRead)? {
@@ -253,12 +210,9 @@ impl PoolInner {
             scan_state,
             pool_props,
         };
-        let blob = {
-            let ms = self.io.ms.lock();
-            mos.encode(&ms)
-        };
+        let blob = mos.encode(&self.io.ms);
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
-        self.io.issue_writes(batch, txg, threads)?;
+        self.io.issue_writes(batch, txg)?;
         self.flush_all()?;
         let ub = Uberblock {
             txg,
@@ -287,42 +241,86 @@ impl PoolInner {
         Ok(())
     }
 
-    /// The sync thread body.
-    pub fn sync_loop(self: &Arc<Self>) {
-        loop {
-            let kick = |open: u64| self.dirty.should_kick(open);
-            let has = |open: u64| self.has_dirty(open);
-            let Some(txg) = self.txg.wait_for_work(&kick, &has) else { return };
-            if self.abandoned.load(Ordering::Acquire) {
-                return;
-            }
-            let mut backoff_ms = 10;
-            loop {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
-                let r = match r {
-                    Ok(r) => r,
-                    Err(p) => {
-                        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-                        tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
-                        self.suspended.store(true, Ordering::Relaxed);
-                        self.txg.mark_fatal(format!("txg {txg}: {msg}"));
-                        return;
-                    }
+    /// Prepare, allocate and submit one volume's dirty data blocks of `txg`; returns the
+    /// L0 changes (blkid, new bp) for the tree rewrite.
+    fn sync_volume_data(
+        &self,
+        v: &VolumeState,
+        recs: &[(u64, Option<Arc<[u8]>>)],
+        txg: u64,
+        writer: &dmu::SyncWriter<'_>,
+        written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
+    ) -> Result<Vec<(u64, BlockPointer)>> {
+        let props = v.props.read().typed();
+        let (algo, comp) = (props.checksum, props.compression);
+        let cache = props.primarycache == crate::props::CachePolicy::All;
+        let workers = self.io.prepare_workers(&self.env, &self.name);
+        let mut changes = Vec::with_capacity(recs.len());
+        for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
+            let prepared = workers.prepare_all(chunk, algo, comp);
+            let mut chunk_batch = Vec::with_capacity(chunk.len());
+            for ((blkid, data), p) in chunk.iter().zip(prepared) {
+                let bp = match p {
+                    Some(p) => self.io.alloc_prepared(p, txg, blkptr::KIND_DATA, 0, 1, 1, &mut chunk_batch)?,
+                    None => BlockPointer::hole(),
                 };
-                match r {
-                    Ok(()) => {
-                        self.txg.mark_synced(txg);
-                        break;
+                if let (true, Some(d)) = (cache, data) {
+                    written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
+                }
+                changes.push((*blkid, bp));
+            }
+            writer.issue(chunk_batch)?;
+        }
+        Ok(changes)
+    }
+
+    /// The quiesce thread body: closes the open txg when the sync thread or a dirty kick
+    /// asks, waits for its holders, hands it to the sync thread.
+    pub(super) fn quiesce_loop(self: &Arc<Self>) {
+        while self.txg.quiesce_next().is_some() {}
+    }
+
+    /// The sync thread body: syncs quiesced txgs in order, retrying a failed one.
+    pub(super) fn sync_loop(self: &Arc<Self>) {
+        let kick = |open: u64| self.dirty.should_kick(open);
+        let has = |open: u64| self.has_dirty(open);
+        while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
+            if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
+                break;
+            }
+        }
+        self.txg.sync_thread_exited();
+    }
+
+    /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
+    /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
+    fn sync_until_done(&self, txg: u64) -> bool {
+        let mut backoff_ms = 10;
+        loop {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
+            let r = match r {
+                Ok(r) => r,
+                Err(p) => {
+                    let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
+                    self.suspended.store(true, Ordering::Relaxed);
+                    self.txg.mark_fatal(format!("txg {txg}: {msg}"));
+                    return false;
+                }
+            };
+            match r {
+                Ok(()) => {
+                    self.txg.mark_synced(txg);
+                    return true;
+                }
+                Err(e) => {
+                    tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
+                    self.txg.mark_sync_failed(e.to_string());
+                    if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
+                        return false;
                     }
-                    Err(e) => {
-                        tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
-                        self.txg.mark_sync_failed(e.to_string());
-                        if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
-                            return;
-                        }
-                        self.env.sleep_ns(backoff_ms * 1_000_000);
-                        backoff_ms = (backoff_ms * 2).min(1000);
-                    }
+                    self.env.sleep_ns(backoff_ms * 1_000_000);
+                    backoff_ms = (backoff_ms * 2).min(1000);
                 }
             }
         }

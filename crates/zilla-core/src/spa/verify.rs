@@ -42,11 +42,8 @@ impl Pool {
             })
             .map_err(|e| e.to_string())?;
         }
-        let ms = inner.io.ms.lock().clone();
-        for list in ms.defer.values() {
-            for d in list {
-                used.push((d.vdev, d.offset, d.asize as u64));
-            }
+        for d in inner.io.ms.deferred() {
+            used.push((d.vdev, d.offset, d.asize as u64));
         }
         used.sort();
         for w in used.windows(2) {
@@ -54,17 +51,14 @@ impl Pool {
                 return Err(format!("double allocation: vdev {} {:#x}+{} overlaps {:#x}+{}", w[0].0, w[0].1, w[0].2, w[1].1, w[1].2));
             }
         }
-        for (id, v) in ms.vdevs.iter().enumerate() {
-            let Some((_, a)) = v else { continue };
+        for (id, alloc) in inner.io.ms.extents() {
             let mut walked: Vec<(u64, u64)> = Vec::new();
-            for &(vd, off, len) in used.iter().filter(|u| u.0 as usize == id) {
-                let _ = vd;
+            for &(_, off, len) in used.iter().filter(|u| u.0 == id) {
                 match walked.last_mut() {
                     Some(l) if l.0 + l.1 == off => l.1 += len,
                     _ => walked.push((off, len)),
                 }
             }
-            let alloc = a.allocated_extents();
             if alloc != walked {
                 let a_sum: u64 = alloc.iter().map(|x| x.1).sum();
                 let w_sum: u64 = walked.iter().map(|x| x.1).sum();
@@ -99,5 +93,14 @@ impl Pool {
     #[doc(hidden)]
     pub fn debug_leaves(&self) -> Vec<std::sync::Arc<crate::vdev::mirror::Leaf>> {
         self.inner.leaves.read().clone()
+    }
+}
+
+impl Pool {
+    /// (open, quiesced, syncing) txgs; 0 = none in that state.
+    #[doc(hidden)]
+    pub fn debug_txg_states(&self) -> (u64, u64, u64) {
+        let (q, s) = self.inner.txg.active();
+        (self.inner.txg.open_txg(), q, s)
     }
 }

@@ -39,6 +39,8 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
+
+use super::abd::AlignedBuf;
 use rustix::fs::{AtFlags, FallocateFlags, SeekFrom, StatxFlags};
 
 /// Alignment assumed for O_DIRECT when statx cannot tell (safe for every device).
@@ -118,7 +120,7 @@ impl FileDevice {
     /// Open O_DIRECT and prove it works with one aligned read (EINVAL means no).
     fn open_direct(path: &Path) -> io::Result<File> {
         let file = Self::open_mode(path, libc::O_DIRECT)?;
-        let mut probe = AlignedBuf::new(PROBE_BYTES, DIO_ALIGN_DEFAULT);
+        let mut probe = AlignedBuf::zeroed_aligned(PROBE_BYTES, DIO_ALIGN_DEFAULT);
         match file.read_at(probe.as_mut_slice(), 0) {
             Ok(_) => Ok(file),
             Err(e) => Err(e),
@@ -178,7 +180,7 @@ impl super::Device for FileDevice {
             return self.read_aligned(buf, offset, len);
         }
         let (start, cover) = self.covering(offset, buf.len());
-        let mut bounce = AlignedBuf::new(cover, self.mem_align.max(self.offset_align));
+        let mut bounce = AlignedBuf::zeroed_aligned(cover, self.mem_align.max(self.offset_align));
         let skip = (offset - start) as usize;
         self.read_aligned(bounce.as_mut_slice(), start, skip + buf.len())?;
         buf.copy_from_slice(&bounce.as_slice()[skip..skip + buf.len()]);
@@ -192,13 +194,13 @@ impl super::Device for FileDevice {
         }
         let align = self.mem_align.max(self.offset_align);
         if self.offset_aligned(offset, buf.len()) {
-            let mut bounce = AlignedBuf::new(buf.len(), align);
+            let mut bounce = AlignedBuf::zeroed_aligned(buf.len(), align);
             bounce.as_mut_slice().copy_from_slice(buf);
             return self.file.write_all_at(bounce.as_slice(), offset);
         }
         let _rmw = self.rmw_lock.lock();
         let (start, cover) = self.covering(offset, buf.len());
-        let mut bounce = AlignedBuf::new(cover, align);
+        let mut bounce = AlignedBuf::zeroed_aligned(cover, align);
         let skip = (offset - start) as usize;
         self.read_aligned(bounce.as_mut_slice(), start, skip + buf.len())?;
         bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
@@ -239,6 +241,16 @@ impl super::Device for FileDevice {
     fn kind(&self) -> String {
         if self.is_block { "disk".into() } else { "file".into() }
     }
+
+    fn raw_target(&self) -> Option<super::RawTarget> {
+        use std::os::fd::AsRawFd;
+        Some(super::RawTarget {
+            fd: self.file.as_raw_fd(),
+            mem_align: self.mem_align,
+            offset_align: self.offset_align,
+            size_bytes: self.size_bytes,
+        })
+    }
 }
 
 /// O_DIRECT (memory, offset) alignment from statx STATX_DIOALIGN, else 4096 for both.
@@ -264,30 +276,6 @@ fn block_rotational(rdev: u64) -> bool {
         }
     }
     false
-}
-
-/// A heap buffer whose usable slice starts at an `align`-aligned address. Built from a
-/// plain Vec over-allocated by `align` bytes, so no unsafe code is needed.
-struct AlignedBuf {
-    storage: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize, align: usize) -> AlignedBuf {
-        assert!(align.is_power_of_two(), "alignment {align} not a power of two");
-        let storage = vec![0u8; len + align];
-        let misalign = storage.as_ptr() as usize % align;
-        let start = if misalign == 0 { 0 } else { align - misalign };
-        AlignedBuf { storage, start, len }
-    }
-    fn as_slice(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
-    }
 }
 
 #[cfg(test)]
@@ -342,7 +330,7 @@ mod tests {
             dev.read_at(&mut dst[1..], off).unwrap();
             assert_eq!(&dst[1..], &pattern[..len], "off {off} len {len}");
         }
-        let mut first = AlignedBuf::new(4096, 4096);
+        let mut first = AlignedBuf::zeroed_aligned(4096, 4096);
         dev.read_at(first.as_mut_slice(), 0).unwrap();
         assert_eq!(first.as_slice(), &pattern[..4096]);
         // The unaligned write at 12345 left bytes around it intact.

@@ -23,13 +23,14 @@
 //! Error counters (READ / WRITE / CKSUM of `zpool status`) are per leaf, atomics.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::queue::LeafQueue;
-use super::{Device, IoClass, LeafSpec, Role};
+use super::abd::AlignedBuf;
+use super::queue::{IoRequest, LeafQueue};
+use super::{Device, IoClass, IoError, IoErrorKind, IoOp, LeafSpec, Role};
 use super::{
     ZFS_VDEV_MIRROR_NON_ROTATING_INC as NON_ROTATING_INC, ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC as NON_ROTATING_SEEK_INC,
     ZFS_VDEV_MIRROR_ROTATING_INC as ROTATING_INC, ZFS_VDEV_MIRROR_ROTATING_SEEK_INC as ROTATING_SEEK_INC,
@@ -83,15 +84,13 @@ pub struct Leaf {
 /// DTL; `zilla pool clear` or `online` brings it back and resilvers what it missed.
 pub const FAULT_AFTER_CONSECUTIVE_ERRORS: u32 = 10;
 
-/// Mirror writes at least this large are issued to the children in parallel.
-pub const PARALLEL_CHILD_WRITE_BYTES: usize = 64 << 10;
-
 impl Leaf {
     pub fn new(guid: u64, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
+        let queue = LeafQueue::new(dev, &spec.display());
         Leaf {
             guid,
             spec,
-            queue: LeafQueue::new(dev),
+            queue,
             state: AtomicU8::new(LeafState::Online as u8),
             read_errors: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
@@ -149,7 +148,7 @@ impl Leaf {
 
 /// Result of a verified read: the data plus repair bookkeeping.
 pub struct MirrorRead {
-    pub data: Vec<u8>,
+    pub data: AlignedBuf,
     pub repaired_bytes: u64,
 }
 
@@ -178,9 +177,9 @@ pub enum VerifyResult {
 
 impl TopVdev {
     /// Count an I/O error on `c` and fault it if it looks dead and a sibling is healthy.
-    fn note_error(&self, c: &Leaf, e: &io::Error) {
+    fn note_error(&self, c: &Leaf, e: &IoError) {
         let n = c.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
-        let gone = e.raw_os_error() == Some(libc::ENXIO);
+        let gone = e.is_gone();
         if (gone || n >= FAULT_AFTER_CONSECUTIVE_ERRORS) && c.state() == LeafState::Online {
             let sibling_ok = self.children.read().iter().any(|o| o.guid != c.guid && o.readable());
             if sibling_ok {
@@ -213,64 +212,66 @@ impl TopVdev {
         }
     }
 
-    /// Write `buf` at data offset `offset` (relative to DATA_START) on every writable child.
-    /// Children that miss it get `txg` in their DTL. Ok if at least one child succeeded.
-    /// Large writes go to the children in parallel (one device latency, not N).
-    pub fn write(&self, class: IoClass, buf: &[u8], offset: u64, txg: u64) -> io::Result<()> {
+    /// Write `data` at data offset `offset` (relative to DATA_START) on every writable
+    /// child: one child request each, sharing the buffer, all in flight at once. Children
+    /// that miss it (not online, or their write fails) get `txg` in their DTL. `done` runs
+    /// once, on the engine thread of the last child to finish, with every child's result.
+    pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: u64, done: WriteDone) {
         let phys = super::label::DATA_START + offset;
-        let children = self.children();
-        let mut writable: Vec<&Arc<Leaf>> = Vec::with_capacity(children.len());
-        for c in &children {
-            if c.readable() {
-                writable.push(c);
-            } else {
-                c.dtl_add(txg);
-            }
-        }
-        let one = |c: &Leaf| -> io::Result<()> {
-            match c.queue.write(class, buf, phys) {
-                Ok(()) => {
-                    c.note_ok();
-                    Ok(())
-                }
-                Err(e) => {
-                    c.write_errors.fetch_add(1, Ordering::Relaxed);
+        let writable: Vec<Arc<Leaf>> = self
+            .children()
+            .into_iter()
+            .filter(|c| {
+                let ok = c.readable();
+                if !ok {
                     c.dtl_add(txg);
-                    self.note_error(c, &e);
-                    Err(e)
                 }
-            }
-        };
-        let results: Vec<io::Result<()>> = if writable.len() > 1 && buf.len() >= PARALLEL_CHILD_WRITE_BYTES {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = writable[1..].iter().map(|c| s.spawn(|| one(c))).collect();
-                let mut out = vec![one(writable[0])];
-                for h in handles {
-                    out.push(h.join().unwrap_or_else(|_| Err(io::Error::other("mirror child writer panicked"))));
-                }
-                out
+                ok
             })
-        } else {
-            writable.iter().map(|c| one(c)).collect()
-        };
-        let mut last_err = None;
-        let mut ok = 0;
-        for r in results {
-            match r {
-                Ok(()) => ok += 1,
-                Err(e) => last_err = Some(e),
-            }
+            .collect();
+        if writable.is_empty() {
+            done(WriteOutcome { written: 0, failed: Vec::new(), len: data.len() as u64, offset: phys });
+            return;
         }
-        if ok > 0 {
-            Ok(())
-        } else {
-            Err(last_err.unwrap_or_else(|| io::Error::new(io::ErrorKind::Other, "no writable device in vdev")))
+        let fan = Arc::new(Fanout {
+            left: AtomicU32::new(writable.len() as u32),
+            outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len: data.len() as u64, offset: phys }),
+            done: Mutex::new(Some(done)),
+        });
+        for c in writable {
+            let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
+            let req = IoRequest::write(class, phys, data.clone(), Box::new(move |d| {
+                // Let go of the shared buffer before the last child reports, so the
+                // caller gets it back for reuse.
+                let super::queue::IoDone { result, data, .. } = d;
+                drop(data);
+                match result {
+                    Ok(()) => {
+                        leaf.note_ok();
+                        fan.outcome.lock().written += 1;
+                    }
+                    Err(e) => {
+                        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                        leaf.dtl_add(txg);
+                        top.note_error(&leaf, &e);
+                        fan.outcome.lock().failed.push((leaf.guid, e));
+                    }
+                }
+                fan.child_done();
+            }));
+            c.queue.submit(req);
         }
     }
 
-    /// Write to one specific child (resilver).
-    pub fn write_child(&self, child: &Leaf, class: IoClass, buf: &[u8], offset: u64) -> io::Result<()> {
-        child.queue.write(class, buf, super::label::DATA_START + offset)
+    /// Blocking write of `buf` (copied once into an aligned buffer). Ok if at least one
+    /// child wrote it.
+    pub fn write(self: &Arc<Self>, class: IoClass, buf: &[u8], offset: u64, txg: u64) -> io::Result<()> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.write_async(class, Arc::new(AlignedBuf::copy_of(buf)), offset, txg, Box::new(move |o| {
+            let _ = tx.send(o);
+        }));
+        let o = rx.recv().map_err(|_| io::Error::other("mirror write completion lost"))?;
+        o.into_result().map_err(io::Error::from)
     }
 
     fn load_of(&self, c: &Leaf, offset: u64) -> u64 {
@@ -327,12 +328,11 @@ impl TopVdev {
         let children = self.children();
         let order = self.read_order(&children, phys, birth);
         let mut failed: Vec<usize> = Vec::new();
-        let mut last_err: Option<io::Error> = None;
+        let mut last_err: Option<IoError> = None;
         for &i in &order {
             let c = &children[i];
-            let mut buf = vec![0u8; len];
-            match c.queue.read(class, &mut buf, phys) {
-                Ok(()) => {
+            match c.queue.read_buf(class, len, phys) {
+                Ok(buf) => {
                     if verify(&buf) == VerifyResult::Good {
                         let mut repaired = 0;
                         for &f in &failed {
@@ -343,7 +343,7 @@ impl TopVdev {
                         return Ok(MirrorRead { data: buf, repaired_bytes: repaired });
                     }
                     c.cksum_errors.fetch_add(1, Ordering::Relaxed);
-                    last_err = Some(io::Error::new(io::ErrorKind::InvalidData, "checksum mismatch"));
+                    last_err = Some(IoError::checksum(&c.queue_name(), phys, len as u64));
                     failed.push(i);
                 }
                 Err(e) => {
@@ -354,7 +354,7 @@ impl TopVdev {
                 }
             }
         }
-        Err(last_err.unwrap_or_else(|| io::Error::new(io::ErrorKind::Other, "no readable device in vdev")))
+        Err(last_err.map(io::Error::from).unwrap_or_else(|| io::Error::new(io::ErrorKind::Other, "no readable device in vdev")))
     }
 
     fn repair(&self, c: &Leaf, good: &[u8], phys: u64) -> bool {
@@ -382,21 +382,20 @@ impl TopVdev {
     ) -> ScrubOutcome {
         let phys = super::label::DATA_START + offset;
         let children = self.children();
-        let mut good: Option<Vec<u8>> = None;
+        let mut good: Option<AlignedBuf> = None;
         let mut bad: Vec<usize> = Vec::new();
         let mut out = ScrubOutcome::default();
         for (i, c) in children.iter().enumerate() {
             if !c.readable() {
                 continue;
             }
-            let mut buf = vec![0u8; len];
-            match c.queue.read(IoClass::Scrub, &mut buf, phys) {
-                Ok(()) if verify(&buf) == VerifyResult::Good => {
+            match c.queue.read_buf(IoClass::Scrub, len, phys) {
+                Ok(buf) if verify(&buf) == VerifyResult::Good => {
                     if good.is_none() {
                         good = Some(buf);
                     }
                 }
-                Ok(()) => {
+                Ok(_) => {
                     if !c.dtl_contains(birth) {
                         c.cksum_errors.fetch_add(1, Ordering::Relaxed);
                     }
@@ -423,21 +422,102 @@ impl TopVdev {
         out
     }
 
-    pub fn flush(&self) -> io::Result<()> {
-        let mut ok = 0;
-        let mut err = None;
-        for c in self.children() {
-            if !c.readable() {
-                continue;
-            }
-            match c.queue.flush() {
-                Ok(()) => ok += 1,
-                Err(e) => {
-                    c.write_errors.fetch_add(1, Ordering::Relaxed);
-                    err = Some(e)
+    /// Flush every online child (each flush waits, in its leaf's queue, for the writes
+    /// submitted before it). `done` gets how many children flushed and each failure.
+    pub fn flush_async(self: &Arc<Self>, done: WriteDone) {
+        let online: Vec<Arc<Leaf>> = self.children().into_iter().filter(|c| c.readable()).collect();
+        if online.is_empty() {
+            done(WriteOutcome { written: 0, failed: Vec::new(), len: 0, offset: 0 });
+            return;
+        }
+        let fan = Arc::new(Fanout {
+            left: AtomicU32::new(online.len() as u32),
+            outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len: 0, offset: 0 }),
+            done: Mutex::new(Some(done)),
+        });
+        for c in online {
+            let (fan, leaf) = (fan.clone(), c.clone());
+            c.queue.submit(IoRequest::flush(Box::new(move |d| {
+                match d.result {
+                    Ok(()) => fan.outcome.lock().written += 1,
+                    Err(e) => {
+                        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                        fan.outcome.lock().failed.push((leaf.guid, e));
+                    }
                 }
+                fan.child_done();
+            })));
+        }
+    }
+
+    /// Blocking flush: Ok if at least one online child flushed.
+    pub fn flush(self: &Arc<Self>) -> io::Result<()> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.flush_async(Box::new(move |o| {
+            let _ = tx.send(o);
+        }));
+        let o = rx.recv().map_err(|_| io::Error::other("mirror flush completion lost"))?;
+        if o.written > 0 {
+            return Ok(());
+        }
+        Err(o.failed.into_iter().next().map(|(_, e)| e.to_io()).unwrap_or_else(|| io::Error::other("no writable device")))
+    }
+}
+
+/// Called once with the combined result of a mirror write or flush.
+pub type WriteDone = Box<dyn FnOnce(WriteOutcome) + Send>;
+
+/// What a mirror write (or flush) did on its children: errors are values, so a caller
+/// can record which child missed which txg.
+#[derive(Debug)]
+pub struct WriteOutcome {
+    /// Children that completed it.
+    pub written: u32,
+    /// Children that failed it, by guid, with the error.
+    pub failed: Vec<(u64, IoError)>,
+    pub len: u64,
+    /// Physical offset on the children.
+    pub offset: u64,
+}
+
+impl WriteOutcome {
+    /// Ok if at least one child holds the data (the others are in their DTLs).
+    pub fn into_result(self) -> Result<(), IoError> {
+        if self.written > 0 {
+            return Ok(());
+        }
+        Err(self.failed.into_iter().next().map(|(_, e)| e).unwrap_or(IoError {
+            device: "mirror".into(),
+            op: IoOp::Write,
+            offset: self.offset,
+            len: self.len,
+            kind: IoErrorKind::Io,
+            errno: Some(libc::ENXIO),
+            detail: "no writable device in vdev".into(),
+        }))
+    }
+}
+
+/// Combines the children's completions of one mirror request.
+struct Fanout {
+    left: AtomicU32,
+    outcome: Mutex<WriteOutcome>,
+    done: Mutex<Option<WriteDone>>,
+}
+
+impl Fanout {
+    fn child_done(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let o = std::mem::replace(&mut *self.outcome.lock(), WriteOutcome { written: 0, failed: Vec::new(), len: 0, offset: 0 });
+            if let Some(done) = self.done.lock().take() {
+                done(o);
             }
         }
-        if ok > 0 { Ok(()) } else { Err(err.unwrap_or_else(|| io::Error::new(io::ErrorKind::Other, "no writable device"))) }
+    }
+}
+
+impl Leaf {
+    fn queue_name(&self) -> Arc<str> {
+        self.spec.display().into()
     }
 }

@@ -7,9 +7,12 @@
 //! seam, so tests can put a crash-simulating ([`fault::CrashDevice`]), fault-injecting
 //! ([`fault::FaultDevice`]) or latency-modelled ([`sim::SimDevice`]) device under any leaf.
 //!
-//! Every leaf I/O passes through the leaf's [`queue::LeafQueue`], tagged with its OpenZFS
-//! class ([`IoClass`]). The queue admits I/Os per class up to the class's max_active and
-//! keeps the per-leaf statistics (operations, bytes, latency histograms per class).
+//! Every leaf I/O is a request value ([`queue::IoRequest`]: class, operation, offset, an
+//! owned [`abd::AlignedBuf`], a completion) queued on the leaf's [`queue::LeafQueue`], per
+//! OpenZFS class ([`IoClass`]). The queue issues requests up to each class's max_active
+//! through the leaf's device engine (worker threads, or io_uring) and completes each with
+//! a typed result ([`IoError`] keeps device, offset, operation and kind). It also keeps
+//! the per-leaf statistics (operations, bytes, latency histograms per class).
 //!
 //! A *top-level vdev* is a single leaf or an N-way mirror ([`mirror`]). Data is striped
 //! across top-level vdevs by the allocator (metaslab). Every leaf carries four labels
@@ -26,12 +29,14 @@
 //! Leaf spec strings (CLI): `PATH` (file or block device), `sim-hdd:PATH`,
 //! `sim-ssd:PATH` (profile chosen by role: log SSD for `log`, read SSD otherwise).
 
+pub mod abd;
 pub mod fault;
 pub mod file;
 pub mod label;
 pub mod mirror;
 pub mod queue;
 pub mod sim;
+pub mod uring;
 
 use std::io;
 use std::path::PathBuf;
@@ -66,6 +71,109 @@ pub trait Device: Send + Sync + 'static {
     }
     /// Short kind name shown in `pool status`: "file", "disk", "sim-hdd", "sim-ssd", ...
     fn kind(&self) -> String;
+    /// The file descriptor and alignment rules under this device, when its reads, writes
+    /// and flushes are exactly pread/pwrite/fdatasync on that descriptor (the io_uring
+    /// engine then issues them itself). None for modelled and test devices.
+    fn raw_target(&self) -> Option<RawTarget> {
+        None
+    }
+}
+
+/// A device the io_uring engine can drive directly (see [`Device::raw_target`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RawTarget {
+    pub fd: std::os::fd::RawFd,
+    /// Buffer address alignment the descriptor needs (1 when buffered).
+    pub mem_align: usize,
+    /// Offset and length alignment the descriptor needs (1 when buffered).
+    pub offset_align: usize,
+    pub size_bytes: u64,
+}
+
+/// What a failed I/O failed with. Kept apart because callers act differently: a
+/// checksum error means another copy may be good (and this one is repaired); an I/O
+/// error counts toward faulting the device; corruption is a decoded structure that
+/// makes no sense (SCSI: MEDIUM ERROR for checksum/corrupt, HARDWARE ERROR for I/O).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoErrorKind {
+    /// The device refused or failed the operation (errno in [`IoError::errno`]).
+    Io,
+    /// The bytes arrived but do not match the block pointer's checksum.
+    Checksum,
+    /// The bytes arrived but decode to nonsense (sizes, magic).
+    Corrupt,
+}
+
+/// Operation of a leaf request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoOp {
+    Read,
+    Write,
+    Flush,
+    Discard,
+}
+
+impl IoOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoOp::Read => "read",
+            IoOp::Write => "write",
+            IoOp::Flush => "flush",
+            IoOp::Discard => "discard",
+        }
+    }
+}
+
+/// The error value a leaf request completes with: which device, which operation at
+/// which offset and length, what kind of failure, and the OS error if there was one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoError {
+    pub device: Arc<str>,
+    pub op: IoOp,
+    pub offset: u64,
+    pub len: u64,
+    pub kind: IoErrorKind,
+    pub errno: Option<i32>,
+    pub detail: String,
+}
+
+impl IoError {
+    /// An OS-level failure of `op` on `device`.
+    pub fn from_io(device: &Arc<str>, op: IoOp, offset: u64, len: u64, e: &io::Error) -> IoError {
+        IoError { device: device.clone(), op, offset, len, kind: IoErrorKind::Io, errno: e.raw_os_error(), detail: e.to_string() }
+    }
+    /// A copy that failed verification.
+    pub fn checksum(device: &Arc<str>, offset: u64, len: u64) -> IoError {
+        IoError { device: device.clone(), op: IoOp::Read, offset, len, kind: IoErrorKind::Checksum, errno: None, detail: "checksum mismatch".into() }
+    }
+    /// The device is gone (ENXIO): it is faulted at once, not after repeated errors.
+    pub fn is_gone(&self) -> bool {
+        self.errno == Some(libc::ENXIO)
+    }
+    /// The `io::Error` for callers that speak std: kind InvalidData for checksum and
+    /// corruption, the errno's kind otherwise; the message keeps device and offset.
+    pub fn to_io(&self) -> io::Error {
+        let kind = match (self.kind, self.errno) {
+            (IoErrorKind::Checksum | IoErrorKind::Corrupt, _) => io::ErrorKind::InvalidData,
+            (IoErrorKind::Io, Some(e)) => io::Error::from_raw_os_error(e).kind(),
+            (IoErrorKind::Io, None) => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, self.to_string())
+    }
+}
+
+impl std::fmt::Display for IoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} of {} bytes at offset {:#x}: {}", self.device, self.op.name(), self.len, self.offset, self.detail)
+    }
+}
+
+impl std::error::Error for IoError {}
+
+impl From<IoError> for io::Error {
+    fn from(e: IoError) -> io::Error {
+        e.to_io()
+    }
 }
 
 /// OpenZFS I/O classes (vdev_queue.c), in priority order.

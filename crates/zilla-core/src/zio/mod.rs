@@ -16,10 +16,11 @@
 //! fails. Blocks with no parent (labels, uberblocks) use embedded checksums instead
 //! (vdev::label).
 
-pub mod abd;
 pub mod blkptr;
 pub mod checksum;
 pub mod compress;
+pub mod reader;
+pub mod workers;
 
 use blkptr::BlockPointer;
 use checksum::{ChecksumAlgo, Checksum};
@@ -82,16 +83,21 @@ pub fn verify(bp: &BlockPointer, phys: &[u8]) -> bool {
     }
 }
 
-/// Turn verified physical bytes into logical bytes.
-pub fn finish_read(bp: &BlockPointer, mut phys: Vec<u8>) -> std::io::Result<Vec<u8>> {
+/// [`verify`] in the form the mirror's verified reads take (`read_verified`,
+/// `scrub_block`): one copy's bytes judged against `bp`.
+pub fn verify_copy(bp: &BlockPointer, phys: &[u8]) -> crate::vdev::mirror::VerifyResult {
+    use crate::vdev::mirror::VerifyResult;
+    if verify(bp, phys) { VerifyResult::Good } else { VerifyResult::Bad }
+}
+
+/// Turn verified physical bytes into logical bytes (one copy, into the shared buffer
+/// the ARC and the callers keep).
+pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<std::sync::Arc<[u8]>> {
     match bp.compression() {
-        Some(Compression::Off) => {
-            phys.truncate(bp.lsize as usize);
-            Ok(phys)
-        }
+        Some(Compression::Off) => Ok(phys[..(bp.lsize as usize).min(phys.len())].into()),
         Some(c) => {
             let p = (bp.psize as usize).min(phys.len());
-            compress::decompress(c, &phys[..p], bp.lsize as usize)
+            compress::decompress(c, &phys[..p], bp.lsize as usize).map(Into::into)
         }
         None => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "unknown compression code")),
     }

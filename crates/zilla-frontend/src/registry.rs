@@ -1,4 +1,4 @@
-//! registry: how the NBD server finds volumes by export name.
+//! registry: how a front end finds volumes by export name.
 //!
 //! The daemon implements [`ExportRegistry`] over its pools; tests use
 //! [`StaticRegistry`]. Export names are `POOL/NAME`. The empty export name (what a

@@ -1,0 +1,85 @@
+"""The servers under test: a zilla daemon and an nbdkit server.
+
+Theory of operation: each server is a child process in its own session with its log in
+the scenario's workdir, listening on free loopback TCP ports; the constructor returns
+once it accepts connections (and, for zilla, once its admin socket exists), and the
+process is stopped at exit even if the scenario fails (proc.spawn). A zilla daemon gets
+its own state dir, so an old and a new build can run side by side.
+"""
+
+import os
+import socket
+import time
+
+from .admin import AdminClient
+from .machine import free_port
+from .proc import BenchError, run, spawn, stop
+
+
+def wait_port(port, proc, what, timeout_s=30):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"{what} exited with {proc.returncode} before listening")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise BenchError(f"{what} did not listen on port {port} within {timeout_s}s")
+
+
+class Zilla:
+    """`zilla serve` of one build (build.Build) with its own state dir in `workdir`."""
+
+    def __init__(self, build, workdir):
+        self.build = build
+        self.label = build.label
+        self.state = os.path.join(workdir, f"{self.label}-state")
+        os.makedirs(self.state, exist_ok=True)
+        self.nbd_port = free_port()
+        self.http_port = free_port()
+        self.logpath = os.path.join(workdir, f"{self.label}.log")
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        self.proc = spawn([build.binary, "--state-dir", self.state, "serve",
+                           "--nbd", f"127.0.0.1:{self.nbd_port}",
+                           "--http", f"127.0.0.1:{self.http_port}"], self.logpath, env=env)
+        self.pid = self.proc.pid
+        wait_port(self.nbd_port, self.proc, f"{self.label} serve")
+        sock = os.path.join(self.state, "zilla.sock")
+        deadline = time.time() + 30
+        while not os.path.exists(sock):
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise BenchError(f"{self.label} admin socket {sock} did not appear; "
+                                 f"see {self.logpath}")
+            time.sleep(0.1)
+        self.admin = AdminClient(sock)
+
+    def cli(self, *args):
+        return run([self.build.binary, "--state-dir", self.state] + list(args)).stdout
+
+    def uri(self, export):
+        return f"nbd://127.0.0.1:{self.nbd_port}/{export}"
+
+    def stop(self):
+        stop(self.proc)
+
+
+class Nbdkit:
+    """`nbdkit file IMAGE` (page cache, default threads)."""
+
+    label = "nbdkit"
+
+    def __init__(self, workdir, image):
+        self.port = free_port()
+        self.logpath = os.path.join(workdir, "nbdkit.log")
+        self.proc = spawn(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(self.port), "file",
+                           image], self.logpath)
+        self.pid = self.proc.pid
+        wait_port(self.port, self.proc, "nbdkit")
+
+    def uri(self):
+        return f"nbd://127.0.0.1:{self.port}/"
+
+    def stop(self):
+        stop(self.proc)

@@ -1,0 +1,105 @@
+"""Processes, logging and cleanup.
+
+Theory of operation: every process a scenario starts is registered here (`spawn`) and
+every temp dir comes from `make_workdir`; an atexit hook plus SIGINT/SIGTERM/SIGHUP
+handlers terminate the processes (then kill them after a grace period) and remove the
+temp dirs on exit, error or signal. `BENCH_KEEP=1` keeps the temp dirs for inspection.
+Logging goes to stderr, so stdout carries only the tables and the final JSON line.
+"""
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+# The repository root (bench/lib/proc.py -> ..).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_procs = []      # Popen objects we started, newest last
+_tmpdirs = []    # temp dirs we created
+
+
+class BenchError(Exception):
+    """A failure the runner reports as one line (exit 1)."""
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, check=True, capture=True, timeout=None, **kw):
+    """Run a command; with check, a non-zero exit raises BenchError with its last
+    stderr line."""
+    r = subprocess.run(cmd, stdout=subprocess.PIPE if capture else None,
+                       stderr=subprocess.PIPE if capture else None, text=True,
+                       timeout=timeout, **kw)
+    if check and r.returncode != 0:
+        err = (r.stderr or "").strip().splitlines()
+        raise BenchError(f"command failed ({r.returncode}): {' '.join(map(str, cmd))}"
+                         + (f"\n  {err[-1]}" if err else ""))
+    return r
+
+
+def spawn(cmd, logpath, env=None):
+    """Start a long-running process in its own session, output to `logpath`; it is
+    terminated at exit."""
+    with open(logpath, "w") as logf:
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+    _procs.append(p)
+    return p
+
+
+def stop(p, grace_s=60):
+    """Terminate one process we started (SIGTERM, then SIGKILL after `grace_s`)."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if p in _procs:
+        _procs.remove(p)
+
+
+def make_workdir(prefix="zilla-bench-"):
+    """A fresh temp dir under $BENCH_TMPDIR (default $TMPDIR or /tmp), removed at exit."""
+    base = os.environ.get("BENCH_TMPDIR") or tempfile.gettempdir()
+    d = tempfile.mkdtemp(prefix=prefix, dir=base)
+    _tmpdirs.append(d)
+    return d
+
+
+def cleanup():
+    for p in reversed(_procs):
+        try:
+            stop(p, grace_s=20)
+        except Exception:
+            try:
+                p.kill()
+                p.wait(timeout=5)
+            except Exception:
+                pass
+    _procs.clear()
+    for d in _tmpdirs:
+        if os.environ.get("BENCH_KEEP") == "1":
+            log(f"kept {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+    _tmpdirs.clear()
+
+
+def _on_signal(signum, _frame):
+    log(f"caught signal {signum}, cleaning up")
+    sys.exit(128 + signum)   # runs atexit
+
+
+def install_cleanup():
+    atexit.register(cleanup)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _on_signal)

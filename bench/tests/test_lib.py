@@ -1,0 +1,109 @@
+"""Unit tests of the harness itself (no daemon, no fio): run by tests/run, or
+`python3 -m unittest discover -s bench/tests -t bench`."""
+
+import importlib.machinery
+import importlib.util
+import os
+import tempfile
+import unittest
+
+from lib import admin, goals, packages, tables
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def leaf(name, classes):
+    return {"name": name, "children": [], "stats": {"classes": classes, "flushes": 0}}
+
+
+class FakeAdmin(admin.AdminClient):
+    def __init__(self, snapshot):
+        super().__init__("/nonexistent")
+        self.snapshot = snapshot
+
+    def iostat(self, pool):
+        return self.snapshot
+
+
+class StatsByName(unittest.TestCase):
+    def test_every_class_counted_by_direction_scrub_included(self):
+        a = leaf("d0", {"sync_read": {"direction": "read", "bytes": 100, "ops": 1},
+                        "scrub": {"direction": "read", "bytes": 1000, "ops": 2},
+                        "async_write": {"direction": "write", "bytes": 7, "ops": 3}})
+        b = leaf("d1", {"trim": {"direction": "write", "bytes": 5, "ops": 4,
+                                 "queued": 2, "active": 1}})
+        snap = {"vdevs": [{"name": "mirror-0", "children": [a, b], "stats": {}}]}
+        c = FakeAdmin(snap)
+        self.assertEqual(c.device_bytes("p"), {"read": 1100, "write": 12, "read_ops": 3,
+                                               "write_ops": 7, "leaves": 2})
+        self.assertEqual(c.leaf_queues("p"), {"d0": (0, 0), "d1": (2, 1)})
+
+    def test_legacy_arrays_decode_through_the_old_class_order(self):
+        st = {"ops": [1, 2, 3, 4, 5], "bytes": [10, 20, 30, 40, 50],
+              "queued": [0, 0, 0, 6, 0], "active": [0, 0, 0, 0, 9]}
+        cl = admin.class_stats(st)
+        self.assertEqual(cl["scrub"], {"direction": "read", "ops": 5, "bytes": 50,
+                                       "errors": 0, "queued": 0, "active": 9})
+        self.assertEqual(cl["async_write"]["queued"], 6)
+        c = FakeAdmin({"vdevs": [{"name": "f0", "children": [], "stats": st}]})
+        self.assertEqual(c.device_bytes("p")["read"], 10 + 30 + 50)
+        self.assertEqual(c.device_bytes("p")["write"], 20 + 40)
+
+
+class Goals(unittest.TestCase):
+    def test_goal_record(self):
+        self.assertEqual(goals.goal("x", ">=", 0.95, 0.951),
+                         {"goal": "x", "target": ">= 0.95", "measured": 0.951, "unit": "x",
+                          "met": True})
+        self.assertFalse(goals.new_over_old("y", 0.94, "204d980")["met"])
+        self.assertFalse(goals.goal("z", ">=", 1.0, None)["met"])
+
+    def test_ratio_of_missing_is_none(self):
+        self.assertIsNone(tables.ratio(None, 2))
+        self.assertIsNone(tables.ratio(1, 0))
+        self.assertEqual(tables.ratio(1, 3), 0.333)
+
+
+class PackageList(unittest.TestCase):
+    def test_shared_list_names_what_the_scenarios_run(self):
+        t = packages.package_table()
+        for cmd in ("fio", "nbdkit", "nbdcopy"):
+            self.assertIn(cmd, t)
+        self.assertEqual(t["nbdcopy"], "libnbd-bin")
+
+    def test_malformed_line_is_refused(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("fio fio\njustonefield\n")
+        try:
+            with self.assertRaises(Exception) as e:
+                packages.package_table(f.name)
+            self.assertIn(":2:", str(e.exception))
+        finally:
+            os.unlink(f.name)
+
+
+class Arguments(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        loader = importlib.machinery.SourceFileLoader("bench_run", os.path.join(BENCH, "run"))
+        spec = importlib.util.spec_from_loader("bench_run", loader)
+        cls.runner = importlib.util.module_from_spec(spec)
+        loader.exec_module(cls.runner)
+
+    def test_compare_old_forms(self):
+        p = self.runner.parse_args
+        os.environ.pop("BENCH_COMPARE_OLD", None)
+        self.assertEqual(p(["pool-vs-direct"]), ("pool-vs-direct", False, None))
+        self.assertEqual(p(["--compare-old", "nbd-vs-nbdkit", "--quick"]),
+                         ("nbd-vs-nbdkit", True, "204d980"))
+        self.assertEqual(p(["nbd-vs-nbdkit", "--compare-old", "abc123"]),
+                         ("nbd-vs-nbdkit", False, "abc123"))
+        self.assertEqual(p(["nbd-vs-nbdkit", "--compare-old=HEAD~3"]),
+                         ("nbd-vs-nbdkit", False, "HEAD~3"))
+        for bad in (["nope"], ["nbd-vs-nbdkit", "--fast"], [], ["nbd-vs-nbdkit", "--compare-old="]):
+            with self.assertRaises(ValueError):
+                p(bad)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,252 @@
+//! uring: the io_uring device engine of a leaf queue.
+//!
+//! Theory of operation
+//! -------------------
+//! For a leaf whose device is a plain descriptor ([`Device::raw_target`]: a file or a
+//! block device, O_DIRECT or buffered), the queue's selected requests become io_uring
+//! submissions instead of calls on a worker thread:
+//!
+//! ```text
+//!   submit / finish (any thread, queue lock held)
+//!       └─ take_issuable(): requests the min/max_active selection allows now
+//!   (queue lock released)
+//!       └─ per request: aligned and in range?  yes -> SQE (READ / WRITE / FSYNC datasync)
+//!                                              no  -> performed synchronously right here
+//!          submit()                                   (O_DIRECT bounce path; rare)
+//!   reaper thread (one per leaf): submit_and_wait(1), then per CQE:
+//!       result < 0 -> IoError with the errno; short transfer -> redone synchronously
+//!       finish(): statistics, completion, release the slot, take_issuable() again
+//! ```
+//!
+//! The in-flight table (slab indexed by user_data) owns each request and its buffer
+//! while the kernel uses it: the buffer's heap memory does not move until the CQE is
+//! reaped. In flight at once is bounded by the queue's selection (max_active). The
+//! submission queue is pushed under `sq_lock` by whichever thread issues; only the reaper
+//! reads the completion queue. Shutdown pushes a NOP tagged [`STOP`]; the reaper exits
+//! once every in-flight request has completed.
+//!
+//! Discards are performed synchronously (fallocate is cheap and rare). If the kernel
+//! refuses io_uring (seccomp, old kernel), [`UringEngine::start`] returns None and the
+//! leaf uses worker threads.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use io_uring::{opcode, types, IoUring};
+use parking_lot::{Mutex, MutexGuard};
+
+use super::queue::{IoData, Queued, QueueState, Shared};
+use super::{IoError, IoOp, RawTarget};
+
+/// user_data of the shutdown NOP.
+const STOP: u64 = u64::MAX;
+/// Submission queue entries (the completion queue gets twice as many).
+const RING_ENTRIES: u32 = 256;
+
+struct InFlight {
+    q: Queued,
+    data: IoData,
+    issued_at: Instant,
+    /// Bytes the kernel must transfer (reads and writes).
+    expect: u64,
+}
+
+/// Owners of in-flight requests, indexed by user_data.
+#[derive(Default)]
+struct Slab {
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    used: usize,
+}
+
+impl Slab {
+    fn insert(&mut self, f: InFlight) -> u64 {
+        self.used += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(f);
+                i as u64
+            }
+            None => {
+                self.slots.push(Some(f));
+                (self.slots.len() - 1) as u64
+            }
+        }
+    }
+    fn take(&mut self, id: u64) -> Option<InFlight> {
+        let f = self.slots.get_mut(id as usize)?.take()?;
+        self.free.push(id as usize);
+        self.used -= 1;
+        Some(f)
+    }
+}
+
+/// One leaf's io_uring instance and its reaper.
+pub struct UringEngine {
+    ring: IoUring,
+    target: RawTarget,
+    sq_lock: Mutex<()>,
+    inflight: Mutex<Slab>,
+    stopping: AtomicBool,
+}
+
+impl UringEngine {
+    /// Set up a ring for the queue's device and start its reaper; None if the device is
+    /// not a plain descriptor or the kernel refuses io_uring.
+    pub(super) fn start(sh: &Arc<Shared>) -> Option<Arc<UringEngine>> {
+        let target = sh.device().raw_target()?;
+        let ring = match IoUring::new(RING_ENTRIES) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(device = %sh.name, "io_uring unavailable, using worker threads: {e}");
+                return None;
+            }
+        };
+        let eng = Arc::new(UringEngine {
+            ring,
+            target,
+            sq_lock: Mutex::new(()),
+            inflight: Mutex::new(Slab::default()),
+            stopping: AtomicBool::new(false),
+        });
+        let (e2, sh2) = (eng.clone(), sh.clone());
+        let name = format!("zio_uring_{}", sh.name.rsplit('/').next().unwrap_or("leaf"));
+        let name: String = name.chars().take(15).collect();
+        if let Err(e) = crate::env::real().spawn(name, Box::new(move || e2.reap(&sh2))) {
+            tracing::warn!(device = %sh.name, "cannot start the io_uring reaper, using worker threads: {e}");
+            return None;
+        }
+        Some(eng)
+    }
+
+    /// Issue whatever the selection allows now; `st` is the queue lock, released here.
+    pub(super) fn dispatch(&self, sh: &Arc<Shared>, mut st: MutexGuard<'_, QueueState>) {
+        let ready = sh.take_issuable(&mut st);
+        drop(st);
+        if ready.is_empty() {
+            return;
+        }
+        let mut pushed = false;
+        for mut q in ready {
+            let data = q.req.data_take();
+            match self.sqe_for(&q, &data) {
+                Some((entry, expect)) => {
+                    sh.note_issue(q.req.offset, q.req.len);
+                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at: Instant::now(), expect });
+                    self.push(entry.user_data(id));
+                    pushed = true;
+                }
+                None => {
+                    let (issued_at, r, data) = sh.perform(q.req.op, q.req.offset, q.req.len, data);
+                    sh.finish(q, data, issued_at, r);
+                }
+            }
+        }
+        if pushed {
+            if let Err(e) = self.ring.submit() {
+                tracing::error!(device = %sh.name, "io_uring submit failed: {e}");
+            }
+        }
+    }
+
+    /// The SQE for a request the kernel can do directly, with the bytes it must move.
+    fn sqe_for(&self, q: &Queued, data: &IoData) -> Option<(io_uring::squeue::Entry, u64)> {
+        let t = &self.target;
+        let fd = types::Fd(t.fd);
+        let (off, len) = (q.req.offset, q.req.len);
+        let fits = |ptr: *const u8| {
+            off.checked_add(len).is_some_and(|end| end <= t.size_bytes)
+                && off.is_multiple_of(t.offset_align as u64)
+                && len.is_multiple_of(t.offset_align as u64)
+                && (ptr as usize).is_multiple_of(t.mem_align)
+                && len <= u32::MAX as u64
+        };
+        match (q.req.op, data) {
+            (IoOp::Read, IoData::Read(b)) if fits(b.as_slice().as_ptr()) => {
+                // The buffer is owned by the in-flight slab until the CQE; its heap
+                // memory does not move when the AlignedBuf value does.
+                let ptr = b.as_slice().as_ptr() as *mut u8;
+                Some((opcode::Read::new(fd, ptr, len as u32).offset(off).build(), len))
+            }
+            (IoOp::Write, IoData::Write(b)) if fits(b.as_slice().as_ptr()) => {
+                Some((opcode::Write::new(fd, b.as_slice().as_ptr(), len as u32).offset(off).build(), len))
+            }
+            (IoOp::Flush, _) => Some((opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(), 0)),
+            _ => None,
+        }
+    }
+
+    fn push(&self, entry: io_uring::squeue::Entry) {
+        let _g = self.sq_lock.lock();
+        loop {
+            // SAFETY: sq_lock makes this the only SubmissionQueue alive; the entry's
+            // buffer stays owned by the in-flight slab until its completion is reaped.
+            let mut sq = unsafe { self.ring.submission_shared() };
+            if unsafe { sq.push(&entry) }.is_ok() {
+                return;
+            }
+            drop(sq);
+            // Full: hand what is there to the kernel and try again.
+            let _ = self.ring.submit();
+        }
+    }
+
+    /// Stop the reaper once everything in flight has completed.
+    pub(super) fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.push(opcode::Nop::new().build().user_data(STOP));
+        let _ = self.ring.submit();
+    }
+
+    fn reap(self: Arc<Self>, sh: &Arc<Shared>) {
+        let mut stop_seen = false;
+        loop {
+            if stop_seen && self.inflight.lock().used == 0 {
+                return;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) => {
+                    tracing::error!(device = %sh.name, "io_uring wait failed: {e}");
+                    std::thread::yield_now();
+                }
+            }
+            // SAFETY: only this thread reads the completion queue.
+            let done: Vec<(u64, i32)> = unsafe { self.ring.completion_shared() }.map(|c| (c.user_data(), c.result())).collect();
+            for (id, res) in done {
+                if id == STOP {
+                    stop_seen = true;
+                    continue;
+                }
+                let Some(f) = self.inflight.lock().take(id) else { continue };
+                self.complete(sh, f, res);
+            }
+        }
+    }
+
+    fn complete(&self, sh: &Arc<Shared>, f: InFlight, res: i32) {
+        let InFlight { q, data, issued_at, expect } = f;
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            let err = IoError::from_io(&sh.name, q.req.op, q.req.offset, q.req.len, &e);
+            return sh.finish(q, data, issued_at, Err(err));
+        }
+        if (res as u64) < expect {
+            // Short transfer (end of a file whose length is not aligned): redo it the
+            // synchronous way, which handles it.
+            let (issued_at, r, data) = sh.perform(q.req.op, q.req.offset, q.req.len, data);
+            return sh.finish(q, data, issued_at, r);
+        }
+        sh.finish(q, data, issued_at, Ok(()))
+    }
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        debug_assert!(self.inflight.get_mut().used == 0, "io_uring engine dropped with requests in flight");
+    }
+}
+

@@ -1,0 +1,157 @@
+//! zilla-frontend: the narrow interface every front end (NBD today, iSCSI later) and
+//! the web layer share. Only the daemon knows pools, front ends and the web together;
+//! each of them sees this crate:
+//!
+//! - [`registry`]: volumes by export name ([`ExportRegistry`], [`resolve_export`]);
+//! - [`budget`]: daemon-wide budgets for in-flight bytes and volume calls, shared
+//!   fairly by connections ([`SharedBudget`], [`BudgetShare`]);
+//! - [`buffers`]: one byte-bounded, idle-trimmed pool of reply buffers;
+//! - [`iostats`]: per-volume I/O counters the front ends record and analytics read.
+//!
+//! [`Frontend`] bundles them; the daemon builds one from a [`FrontendConfig`] and hands
+//! the same `Arc<Frontend>` to every front end, so a second protocol shares the same
+//! memory budget rather than adding its own.
+//!
+//! Memory bound of the front ends (see docs/design.md, "Memory bound"):
+//! `memory_budget_bytes + buffer_pool_bytes_max + connections * per-connection fixed
+//! buffers`; nothing a client sends can make a front end hold more.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub mod budget;
+pub mod buffers;
+pub mod iostats;
+pub mod registry;
+
+pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
+pub use buffers::{BufferPool, BufferPoolStats};
+pub use iostats::{IoKind, IoStatsTable, VolumeIoSnapshot, VolumeIoStats};
+pub use registry::{resolve_export, ExportInfo, ExportRegistry, ResolvedExport, StaticRegistry};
+
+/// Largest single request any front end accepts (NBD advertises it as its maximum
+/// block size); the unit of the per-connection minimum.
+pub const REQUEST_MAX_BYTES: usize = 32 << 20;
+
+/// Daemon-wide front-end limits. Every field bounds something.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontendConfig {
+    /// Bytes of request and reply data in flight across all connections.
+    pub memory_budget_bytes: usize,
+    /// Part of the memory budget kept for connections that hold nothing yet.
+    pub memory_reserve_bytes: usize,
+    /// Most bytes one connection may hold in flight.
+    pub memory_per_connection_max_bytes: usize,
+    /// Volume calls (blocking-pool threads) in flight across all connections.
+    pub volume_calls_max: usize,
+    /// Most volume calls one connection may have in flight.
+    pub volume_calls_per_connection_max: usize,
+    /// Bytes of idle reply buffers kept for reuse.
+    pub buffer_pool_bytes_max: usize,
+    /// Idle pooled buffers are freed after this long.
+    pub buffer_idle_trim: Duration,
+}
+
+impl Default for FrontendConfig {
+    fn default() -> FrontendConfig {
+        FrontendConfig {
+            memory_budget_bytes: 256 << 20,
+            memory_reserve_bytes: 2 * REQUEST_MAX_BYTES,
+            memory_per_connection_max_bytes: 2 * REQUEST_MAX_BYTES,
+            volume_calls_max: 64,
+            volume_calls_per_connection_max: 16,
+            buffer_pool_bytes_max: 64 << 20,
+            buffer_idle_trim: Duration::from_secs(10),
+        }
+    }
+}
+
+impl FrontendConfig {
+    /// Check the relations between fields; a one-line reason on failure.
+    pub fn validate(&self) -> Result<(), String> {
+        let min_budget = 2 * REQUEST_MAX_BYTES + 64 * 1024;
+        if self.memory_budget_bytes < min_budget {
+            return Err(format!("memory budget {} bytes is below the minimum {min_budget}", self.memory_budget_bytes));
+        }
+        if self.memory_reserve_bytes < REQUEST_MAX_BYTES || self.memory_reserve_bytes >= self.memory_budget_bytes {
+            return Err(format!(
+                "memory reserve {} bytes must be at least one request ({REQUEST_MAX_BYTES}) and below the budget",
+                self.memory_reserve_bytes
+            ));
+        }
+        if self.memory_per_connection_max_bytes < REQUEST_MAX_BYTES {
+            return Err(format!(
+                "per-connection memory {} bytes is below one request ({REQUEST_MAX_BYTES})",
+                self.memory_per_connection_max_bytes
+            ));
+        }
+        if self.volume_calls_max < 2 || self.volume_calls_max > 4096 {
+            return Err(format!("volume calls {} out of range 2..=4096", self.volume_calls_max));
+        }
+        if self.volume_calls_per_connection_max == 0 || self.volume_calls_per_connection_max > self.volume_calls_max {
+            return Err(format!(
+                "volume calls per connection {} out of range 1..={}",
+                self.volume_calls_per_connection_max, self.volume_calls_max
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the front ends share; one per daemon.
+pub struct Frontend {
+    pub config: FrontendConfig,
+    pub registry: Arc<dyn ExportRegistry>,
+    /// Bytes of request and reply data in flight.
+    pub memory: Arc<SharedBudget>,
+    /// Volume calls in flight (each may hold a blocking-pool thread).
+    pub volume_calls: Arc<SharedBudget>,
+    pub buffers: BufferPool,
+    pub io_stats: IoStatsTable,
+}
+
+/// Everything /metrics shows about the front ends.
+#[derive(Debug, Clone)]
+pub struct FrontendStats {
+    pub memory: BudgetStats,
+    pub volume_calls: BudgetStats,
+    pub buffers: BufferPoolStats,
+}
+
+impl Frontend {
+    /// Build from a config; out-of-range values are clamped (call
+    /// [`FrontendConfig::validate`] first to refuse them instead).
+    pub fn new(registry: Arc<dyn ExportRegistry>, config: FrontendConfig) -> Arc<Frontend> {
+        let calls_reserve = (config.volume_calls_max / 8).max(1);
+        Arc::new(Frontend {
+            memory: SharedBudget::new(
+                "memory_bytes",
+                config.memory_budget_bytes,
+                config.memory_reserve_bytes,
+                config.memory_per_connection_max_bytes,
+            ),
+            volume_calls: SharedBudget::new(
+                "volume_calls",
+                config.volume_calls_max,
+                calls_reserve,
+                config.volume_calls_per_connection_max,
+            ),
+            buffers: BufferPool::new(
+                config.buffer_pool_bytes_max,
+                REQUEST_MAX_BYTES + 4096,
+                config.buffer_idle_trim,
+            ),
+            io_stats: IoStatsTable::default(),
+            registry,
+            config,
+        })
+    }
+
+    pub fn stats(&self) -> FrontendStats {
+        FrontendStats {
+            memory: self.memory.stats(),
+            volume_calls: self.volume_calls.stats(),
+            buffers: self.buffers.stats(),
+        }
+    }
+}
