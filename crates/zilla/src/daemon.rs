@@ -38,7 +38,6 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use parking_lot::{Mutex, RwLock};
@@ -131,40 +130,7 @@ pub struct Daemon {
     pub info: DaemonInfo,
 }
 
-/// An API error: HTTP status plus a one-line message.
-#[derive(Debug)]
-pub struct ApiError(pub StatusCode, pub String);
-
-impl ApiError {
-    fn bad(msg: impl Into<String>) -> Self {
-        ApiError(StatusCode::BAD_REQUEST, msg.into())
-    }
-    fn not_found(msg: impl Into<String>) -> Self {
-        ApiError(StatusCode::NOT_FOUND, msg.into())
-    }
-}
-
-impl From<zilla_core::Error> for ApiError {
-    fn from(e: zilla_core::Error) -> Self {
-        use zilla_core::Error as E;
-        let status = match &e {
-            E::InvalidArgument(_) => StatusCode::BAD_REQUEST,
-            E::NotFound(_) => StatusCode::NOT_FOUND,
-            E::Exists(_) | E::Busy(_) => StatusCode::CONFLICT,
-            E::ReadOnly(_) => StatusCode::FORBIDDEN,
-            E::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
-            E::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(status, e.to_string())
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(ErrorBody { error: crate::clip::clip_message(&self.1) })).into_response()
-    }
-}
+pub use crate::api_error::ApiError;
 
 /// A JSON request body whose rejection (bad JSON, wrong type) is an [`ApiError`]: one
 /// line, `{"error": ...}`, with any echoed value clipped.

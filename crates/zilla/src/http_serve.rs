@@ -35,7 +35,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 
-use crate::daemon::ApiError;
+use crate::api_error::ApiError;
 
 /// Limits of one HTTP listener.
 #[derive(Debug, Clone, Copy)]
