@@ -497,7 +497,7 @@ impl Metaslabs {
     }
 
     /// Load the persisted form into allocators already created with `add_vdev`.
-    pub fn decode_into(&mut self, r: &mut crate::dmu::Reader) -> Result<()> {
+    pub fn decode_into(&mut self, r: &mut crate::zio::reader::Reader) -> Result<()> {
         let n = r.u32()? as usize;
         for id in 0..n {
             let count = r.u32()?;

@@ -49,12 +49,71 @@ pub struct Bookmark {
     pub blkid: u64,
 }
 
+/// What a scan does. Serialized as "", "scrub", "resilver" (the MOS `scan_state` JSON).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanFunc {
+    /// No scan has ever run on this pool.
+    #[default]
+    #[serde(rename = "")]
+    None,
+    Scrub,
+    Resilver,
+}
+
+/// Where a scan is. Serialized as "", "scanning", "paused", "finished", "canceled".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanState {
+    /// No scan has ever run.
+    #[default]
+    #[serde(rename = "")]
+    None,
+    Scanning,
+    Paused,
+    Finished,
+    Canceled,
+}
+
+impl ScanFunc {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScanFunc::None => "",
+            ScanFunc::Scrub => "scrub",
+            ScanFunc::Resilver => "resilver",
+        }
+    }
+}
+
+impl ScanState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScanState::None => "",
+            ScanState::Scanning => "scanning",
+            ScanState::Paused => "paused",
+            ScanState::Finished => "finished",
+            ScanState::Canceled => "canceled",
+        }
+    }
+}
+
+/// Compare with the serialized name ("scrub", "paused", ...).
+impl PartialEq<&str> for ScanFunc {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<&str> for ScanState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ScanStatus {
-    /// "" (never), "scrub", "resilver"
-    pub func: String,
-    /// "scanning", "paused", "finished", "canceled"
-    pub state: String,
+    pub func: ScanFunc,
+    pub state: ScanState,
     pub start_time_s: u64,
     pub end_time_s: u64,
     /// Bytes read so far, every copy on every mirror child counted.
@@ -116,7 +175,7 @@ pub fn status(inner: &Arc<dyn ScanPool>) -> ScanStatus {
 
 pub fn is_resilvering(inner: &Arc<dyn ScanPool>) -> bool {
     let s = inner.scan().status.lock();
-    s.func == "resilver" && s.state == "scanning"
+    s.func == ScanFunc::Resilver && s.state == ScanState::Scanning
 }
 
 fn launch(inner: &Arc<dyn ScanPool>) {
@@ -137,8 +196,8 @@ fn launch(inner: &Arc<dyn ScanPool>) {
             if let Err(e) = r {
                 tracing::warn!(pool = %i.pool_name(), "scan stopped: {e}");
                 let mut s = i.scan().status.lock();
-                if s.state == "scanning" {
-                    s.state = "paused".into();
+                if s.state == ScanState::Scanning {
+                    s.state = ScanState::Paused;
                 }
             }
             i.scan().running.store(false, Ordering::Release);
@@ -160,10 +219,10 @@ const MAX_RESILVER_PASSES: u32 = 8;
 fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
     let (func, state, start_txg) = {
         let s = inner.scan().status.lock();
-        (s.func.clone(), s.state.clone(), s.start_txg)
+        (s.func, s.state, s.start_txg)
     };
     let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
-    if func != "resilver" || state != "finished" || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
+    if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
         return false;
     }
     let abort = || inner.scan().stop.load(Ordering::Acquire);
@@ -171,7 +230,7 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
         return false;
     }
     let mut s = inner.scan().status.lock();
-    s.state = "scanning".into();
+    s.state = ScanState::Scanning;
     s.start_txg = inner.txg().synced_txg();
     s.min_txg = remaining.into_iter().min().unwrap_or(0);
     s.bookmark = Bookmark::default();
@@ -187,18 +246,18 @@ fn join(inner: &Arc<dyn ScanPool>) {
 pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
         let mut s = inner.scan().status.lock();
-        if s.state == "scanning" && inner.scan().running.load(Ordering::Acquire) {
-            if s.func == "resilver" {
+        if s.state == ScanState::Scanning && inner.scan().running.load(Ordering::Acquire) {
+            if s.func == ScanFunc::Resilver {
                 return Err(Error::Busy("a resilver is in progress".into()));
             }
             return Err(Error::Busy("a scrub is already in progress (pause it with -p, stop it with -s)".into()));
         }
-        if s.state == "paused" && s.func == "scrub" {
-            s.state = "scanning".into();
+        if s.state == ScanState::Paused && s.func == ScanFunc::Scrub {
+            s.state = ScanState::Scanning;
         } else {
             *s = ScanStatus {
-                func: "scrub".into(),
-                state: "scanning".into(),
+                func: ScanFunc::Scrub,
+                state: ScanState::Scanning,
                 start_time_s: now_s(inner),
                 to_examine_bytes: allocated_bytes(inner),
                 ..Default::default()
@@ -230,8 +289,8 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
     {
         let mut s = inner.scan().status.lock();
         *s = ScanStatus {
-            func: "resilver".into(),
-            state: "scanning".into(),
+            func: ScanFunc::Resilver,
+            state: ScanState::Scanning,
             start_time_s: now_s(inner),
             to_examine_bytes: allocated_bytes(inner),
             // The last txg whose blocks the walk is sure to see (committed trees). A txg
@@ -249,16 +308,16 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
 pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
         let s = inner.scan().status.lock();
-        if s.state != "scanning" {
+        if s.state != ScanState::Scanning {
             return Err(Error::invalid("there is no active scrub"));
         }
-        if s.func == "resilver" {
+        if s.func == ScanFunc::Resilver {
             return Err(Error::invalid("a resilver cannot be paused"));
         }
     }
     inner.scan().stop.store(true, Ordering::Release);
     join(inner);
-    inner.scan().status.lock().state = "paused".into();
+    inner.scan().status.lock().state = ScanState::Paused;
     persist(inner, true);
     Ok(())
 }
@@ -266,10 +325,10 @@ pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
 pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
     {
         let s = inner.scan().status.lock();
-        if s.state != "scanning" && s.state != "paused" {
+        if s.state != ScanState::Scanning && s.state != ScanState::Paused {
             return Err(Error::invalid("there is no active scrub"));
         }
-        if s.func == "resilver" {
+        if s.func == ScanFunc::Resilver {
             return Err(Error::invalid("a resilver cannot be canceled"));
         }
     }
@@ -277,7 +336,7 @@ pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
     join(inner);
     {
         let mut s = inner.scan().status.lock();
-        s.state = "canceled".into();
+        s.state = ScanState::Canceled;
         s.end_time_s = now_s(inner);
     }
     persist(inner, true);
@@ -297,7 +356,7 @@ pub fn pause_for_export(inner: &Arc<dyn ScanPool>) {
     if inner.scan().running.load(Ordering::Acquire) {
         inner.scan().stop.store(true, Ordering::Release);
         join(inner);
-        inner.scan().status.lock().state = "scanning".into();
+        inner.scan().status.lock().state = ScanState::Scanning;
         persist(inner, true);
     }
 }
@@ -313,7 +372,7 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
         return;
     }
     if let Ok(s) = serde_json::from_str::<ScanStatus>(&json) {
-        let resume = s.state == "scanning";
+        let resume = s.state == ScanState::Scanning;
         *inner.scan().status.lock() = s;
         if resume {
             launch(inner);
@@ -405,9 +464,9 @@ fn check_labels(inner: &Arc<dyn ScanPool>) {
 fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     let (func, min_txg) = {
         let s = inner.scan().status.lock();
-        (s.func.clone(), s.min_txg)
+        (s.func, s.min_txg)
     };
-    let resilver = func == "resilver";
+    let resilver = func == ScanFunc::Resilver;
     let stop = || inner.scan().stop.load(Ordering::Acquire) || inner.txg().is_shutting_down();
     let mut spans = 0u64;
     let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
@@ -463,7 +522,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             spans += 1;
             if pause_every > 0 && spans % pause_every == 0 {
                 inner.scan().stop.store(true, Ordering::Release);
-                inner.scan().status.lock().state = "paused".into();
+                inner.scan().status.lock().state = ScanState::Paused;
                 return Ok(());
             }
         }
@@ -471,7 +530,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     // done
     {
         let mut s = inner.scan().status.lock();
-        s.state = "finished".into();
+        s.state = ScanState::Finished;
         s.end_time_s = now_s(inner);
         s.bookmark = Bookmark::default();
     }

@@ -74,6 +74,9 @@ pub const BLOCK_STATUS_SPAN_MAX_BYTES: u64 = 1 << 30;
 pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1 << 16;
 /// TRIM / WRITE_ZEROES are applied in volume calls of at most this many bytes.
 pub const ZERO_CALL_MAX_BYTES: u64 = 64 << 20;
+/// TRIM / WRITE_ZEROES requests one connection may have running at once: they are
+/// long and dirty much metadata, so a flood of them must not crowd the txg.
+const ZERO_CALLS_PER_CONNECTION: usize = 1;
 /// Inline replies gathered before the reader hands them to the writer.
 const REPLY_BATCH_MAX: usize = 64;
 /// Size of the buffered writer in front of the socket.
@@ -105,9 +108,23 @@ struct Budgets {
     requests_max: usize,
     memory: BudgetShare,
     volume_calls: BudgetShare,
+    /// TRIM / WRITE_ZEROES in flight on this connection (`ZERO_CALLS_PER_CONNECTION`).
+    zero_calls: Arc<Semaphore>,
 }
 
 impl Budgets {
+    fn new(config: &NbdConfig, frontend: &Frontend) -> Budgets {
+        // Clamped so that wait_idle's acquire_many(u32) can take every slot.
+        let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
+        Budgets {
+            requests: Arc::new(Semaphore::new(requests_max)),
+            requests_max,
+            memory: frontend.memory.share(),
+            volume_calls: frontend.volume_calls.share(),
+            zero_calls: Arc::new(Semaphore::new(ZERO_CALLS_PER_CONNECTION)),
+        }
+    }
+
     fn nothing_in_flight(&self) -> bool {
         self.requests.available_permits() >= self.requests_max
     }
@@ -188,14 +205,7 @@ where
 {
     let (reply_sender, reply_receiver) = mpsc::unbounded_channel::<Vec<Reply>>();
     let writer_task = tokio::spawn(write_replies(writer, reply_receiver, frontend.clone(), config.reply_stall_timeout));
-    // Clamped so that wait_idle's acquire_many(u32) can take every slot.
-    let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
-    let budgets = Budgets {
-        requests: Arc::new(Semaphore::new(requests_max)),
-        requests_max,
-        memory: frontend.memory.share(),
-        volume_calls: frontend.volume_calls.share(),
-    };
+    let budgets = Budgets::new(config, frontend);
     let volume = session.export.volume.clone();
     let limits = RequestLimits {
         export_bytes: volume.size(),
@@ -397,6 +407,12 @@ async fn dispatch(
         batch.push(Reply { bytes, _budget: budget });
         return;
     }
+    let zero_call = if matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES) {
+        context.send(std::mem::take(batch));
+        budgets.zero_calls.clone().acquire_owned().await.ok()
+    } else {
+        None
+    };
     let call = match budgets.volume_calls.try_acquire(1) {
         Some(call) => call,
         None => {
@@ -407,7 +423,7 @@ async fn dispatch(
     let context = context.clone();
     tokio::task::spawn_blocking(move || {
         let bytes = execute_blocking(&context, &request, payload);
-        drop(call);
+        drop((call, zero_call));
         context.record(&request, &bytes, started);
         context.send(vec![Reply { bytes, _budget: budget }]);
     });

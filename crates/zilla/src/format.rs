@@ -97,7 +97,7 @@ pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
     let (root, tops) = top_level(s);
     let mut rows: Vec<(String, &str, String, String, String, &str)> = vec![];
     let (r, w, c) = root.map_or((0, 0, 0), |r| (r.read_errors, r.write_errors, r.cksum_errors));
-    rows.push((s.name.clone(), &s.state, r.to_string(), w.to_string(), c.to_string(), ""));
+    rows.push((s.name.clone(), s.state.as_str(), r.to_string(), w.to_string(), c.to_string(), ""));
     let mut classes: Vec<(Role, &str)> = vec![(Role::Normal, "")];
     classes.extend([(Role::Log, "logs"), (Role::Cache, "cache"), (Role::Spare, "spares")]);
     for (role, header) in classes {
@@ -199,7 +199,7 @@ pub fn pool_list(rows: &[PoolListRow], cols: &[String], scripted: bool, parsable
                     "frag" => pct(r.frag_percent),
                     "cap" => pct(r.cap_percent),
                     "dedup" => if parsable { "1.00".into() } else { "1.00x".into() },
-                    "health" => r.health.clone(),
+                    "health" => r.health.to_string(),
                     "ashift" => r.ashift.to_string(),
                     _ => "-".into(),
                 })
@@ -705,7 +705,7 @@ mod tests {
         let s = PoolStatus {
             name: "tank".into(),
             guid: 1,
-            state: "ONLINE".into(),
+            state: zilla_core::spa::PoolHealth::Online,
             scan: Default::default(),
             config: vec![m, log],
             data_errors: 0,

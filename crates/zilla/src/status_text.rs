@@ -46,7 +46,7 @@ pub fn errors_line(s: &PoolStatus) -> String {
 
 /// `scan:` line of `zilla pool status`.
 pub fn scan_line(s: &ScanStatus) -> String {
-    if s.func.is_empty() {
+    if s.func == zilla_core::scan::ScanFunc::None {
         return "none requested".into();
     }
     let pct = if s.to_examine_bytes == 0 { 100.0 } else { (s.examined_bytes as f64 * 100.0 / s.to_examine_bytes as f64).min(100.0) };

@@ -30,12 +30,48 @@ pub struct VdevStatus {
     pub children: Vec<VdevStatus>,
 }
 
+/// A pool's health, as `zpool status` names it (serialized the same way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PoolHealth {
+    Online,
+    /// Some redundancy lost; every block still readable.
+    Degraded,
+    /// A normal-class top-level vdev is gone: data unreachable.
+    Unavail,
+    /// A txg sync failed: nothing more is written until it succeeds.
+    Suspended,
+}
+
+impl PoolHealth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolHealth::Online => "ONLINE",
+            PoolHealth::Degraded => "DEGRADED",
+            PoolHealth::Unavail => "UNAVAIL",
+            PoolHealth::Suspended => "SUSPENDED",
+        }
+    }
+}
+
+impl std::fmt::Display for PoolHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Compare with the `zpool status` name ("ONLINE", ...).
+impl PartialEq<&str> for PoolHealth {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PoolStatus {
     pub name: String,
     pub guid: u64,
-    /// ONLINE, DEGRADED, UNAVAIL, SUSPENDED
-    pub state: String,
+    pub state: PoolHealth,
     /// The last or current scrub/resilver (`func` empty: never run).
     pub scan: crate::scan::ScanStatus,
     pub config: Vec<VdevStatus>,
@@ -53,7 +89,7 @@ pub struct PoolListRow {
     pub free: u64,
     pub frag_percent: u64,
     pub cap_percent: u64,
-    pub health: String,
+    pub health: PoolHealth,
     pub ashift: u8,
 }
 
@@ -90,22 +126,22 @@ pub struct VolumeInfo {
 }
 
 impl Pool {
-    fn health(&self) -> String {
+    fn health(&self) -> PoolHealth {
         if self.inner.suspended.load(Ordering::Relaxed) {
-            return "SUSPENDED".into();
+            return PoolHealth::Suspended;
         }
-        let mut worst = "ONLINE";
+        let mut worst = PoolHealth::Online;
         for t in self.inner.tops() {
             if t.role == Role::Cache || t.role == Role::Spare {
                 continue;
             }
             match t.state_name() {
-                "UNAVAIL" if t.role == Role::Normal => return "UNAVAIL".into(),
+                "UNAVAIL" if t.role == Role::Normal => return PoolHealth::Unavail,
                 "ONLINE" => {}
-                _ => worst = "DEGRADED",
+                _ => worst = PoolHealth::Degraded,
             }
         }
-        worst.into()
+        worst
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -247,7 +283,7 @@ impl Pool {
         push("free", row.free.to_string(), "-");
         push("capacity", format!("{}%", row.cap_percent), "-");
         push("fragmentation", format!("{}%", row.frag_percent), "-");
-        push("health", row.health.clone(), "-");
+        push("health", row.health.to_string(), "-");
         push("guid", cfg.guid.to_string(), "-");
         for (k, v) in &cfg.props {
             push(k, v.clone(), if k == "ashift" { "local" } else { "default" });

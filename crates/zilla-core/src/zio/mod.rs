@@ -19,6 +19,7 @@
 pub mod blkptr;
 pub mod checksum;
 pub mod compress;
+pub mod reader;
 pub mod workers;
 
 use blkptr::BlockPointer;
