@@ -31,20 +31,17 @@
 //! docs/design.md "Broken invariants".
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::Context;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::watch;
 use zilla_core::spa::{CreateOptions, Pool};
 use zilla_core::vdev::LeafSpec;
@@ -56,13 +53,33 @@ pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
 pub const DEFAULT_ISCSI: &str = "127.0.0.1:3260";
 /// How long in-flight NBD requests get to finish at shutdown.
 const NBD_DRAIN: Duration = Duration::from_secs(10);
+/// How long running admin requests get to finish at shutdown.
+const ADMIN_DRAIN: Duration = Duration::from_secs(5);
+/// How long running page and /metrics requests get to finish at shutdown.
+const HTTP_DRAIN: Duration = Duration::from_secs(2);
 
-/// Where the daemon listens. `None` = that listener is off.
+/// Where the daemon listens (`None` = that listener is off) and its limits.
 #[derive(Debug, Clone)]
 pub struct ServeOpts {
     pub nbd: Option<String>,
     pub iscsi: Option<String>,
     pub http: Option<String>,
+    /// Config-file settings (limits, admin_group).
+    pub settings: crate::config::Settings,
+}
+
+impl ServeOpts {
+    pub fn new(nbd: Option<String>, iscsi: Option<String>, http: Option<String>) -> ServeOpts {
+        ServeOpts { nbd, iscsi, http, settings: Default::default() }
+    }
+}
+
+/// Prepare the state directory (create it private, refuse one others can write) and
+/// take its lock.
+pub fn lock_state_dir(dir: &Path, settings: &crate::config::Settings) -> anyhow::Result<StateLock> {
+    let gid = crate::config::admin_gid(settings)?;
+    let dir = crate::state_dir::prepare(dir, gid)?;
+    crate::state_dir::lock(&dir)
 }
 
 /// The imported pools, by name. Shared with the NBD export registry, which looks a
@@ -96,85 +113,8 @@ impl PoolTable {
     }
 }
 
-// ---------------------------------------------------------------------------------
-// State directory: lock and cache file
-
-/// The exclusive lock on DIR/zilla.lock; released when dropped (the fd closes).
-pub struct StateLock {
-    _file: File,
-    pub dir: PathBuf,
-}
-
-/// Create the state directory and take its lock, or say who holds it.
-pub fn lock_state_dir(dir: &Path) -> anyhow::Result<StateLock> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create state directory {}", dir.display()))?;
-    let dir = dir.canonicalize().with_context(|| format!("state directory {}", dir.display()))?;
-    let path = dir.join("zilla.lock");
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        if e == rustix::io::Errno::WOULDBLOCK {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            let pid = pid.trim();
-            let who = if pid.is_empty() { String::new() } else { format!(" (pid {pid})") };
-            bail!("another zilla daemon{who} is already serving {}", dir.display());
-        }
-        return Err(anyhow!("cannot lock {}: {e}", path.display()));
-    }
-    file.set_len(0)?;
-    file.rewind()?;
-    writeln!(file, "{}", std::process::id())?;
-    Ok(StateLock { _file: file, dir })
-}
-
-/// DIR/zilla.cache: the pools to import at start.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CacheFile {
-    pub version: u32,
-    pub pools: Vec<CacheEntry>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CacheEntry {
-    pub name: String,
-    pub guid: u64,
-    pub leaves: Vec<LeafSpec>,
-}
-
-const CACHE_VERSION: u32 = 1;
-
-pub fn read_cache(dir: &Path) -> anyhow::Result<CacheFile> {
-    let path = dir.join("zilla.cache");
-    match std::fs::read(&path) {
-        Ok(bytes) => {
-            let c: CacheFile =
-                serde_json::from_slice(&bytes).with_context(|| format!("{} is not a valid cache file", path.display()))?;
-            if c.version != CACHE_VERSION {
-                bail!("{}: unsupported cache file version {}", path.display(), c.version);
-            }
-            Ok(c)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CacheFile { version: CACHE_VERSION, pools: vec![] }),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
-}
-
-fn write_cache(dir: &Path, cache: &CacheFile) -> std::io::Result<()> {
-    let path = dir.join("zilla.cache");
-    let tmp = dir.join("zilla.cache.tmp");
-    let mut f = File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(cache).expect("cache serializes"))?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
-    File::open(dir)?.sync_all()
-}
+pub use crate::state_dir::{read_cache, CacheEntry, CacheFile, StateLock, CACHE_VERSION};
+use crate::state_dir::write_cache;
 
 // ---------------------------------------------------------------------------------
 // The daemon
@@ -190,38 +130,24 @@ pub struct Daemon {
     pub info: DaemonInfo,
 }
 
-/// An API error: HTTP status plus a one-line message.
-#[derive(Debug)]
-pub struct ApiError(pub StatusCode, pub String);
+pub use crate::api_error::ApiError;
 
-impl ApiError {
-    fn bad(msg: impl Into<String>) -> Self {
-        ApiError(StatusCode::BAD_REQUEST, msg.into())
-    }
-    fn not_found(msg: impl Into<String>) -> Self {
-        ApiError(StatusCode::NOT_FOUND, msg.into())
-    }
-}
+/// A JSON request body whose rejection (bad JSON, wrong type) is an [`ApiError`]: one
+/// line, `{"error": ...}`, with any echoed value clipped.
+pub struct ApiJson<T>(pub T);
 
-impl From<zilla_core::Error> for ApiError {
-    fn from(e: zilla_core::Error) -> Self {
-        use zilla_core::Error as E;
-        let status = match &e {
-            E::InvalidArgument(_) => StatusCode::BAD_REQUEST,
-            E::NotFound(_) => StatusCode::NOT_FOUND,
-            E::Exists(_) | E::Busy(_) => StatusCode::CONFLICT,
-            E::ReadOnly(_) => StatusCode::FORBIDDEN,
-            E::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
-            E::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(status, e.to_string())
-    }
-}
+impl<T, S> axum::extract::FromRequest<S> for ApiJson<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(r) => Err(ApiError(r.status(), r.body_text())),
+        }
     }
 }
 
@@ -263,23 +189,87 @@ impl Daemon {
         Ok((self.pool(p)?, v.to_string()))
     }
 
-    /// Rewrite DIR/zilla.cache from the imported pools (+ unavailable ones). Called
-    /// with the admin mutex held.
-    async fn save_cache(self: &Arc<Self>) -> Result<(), ApiError> {
+    /// Rewrite DIR/zilla.cache from the imported pools (+ unavailable ones), leaving
+    /// out `without`. Called with the admin mutex held.
+    async fn save_cache_without(self: &Arc<Self>, without: Option<&str>) -> Result<(), ApiError> {
         let d = self.clone();
+        let without = without.map(str::to_string);
         blocking(move || {
             let mut pools: Vec<CacheEntry> = d
                 .pools
                 .all()
                 .into_iter()
+                .filter(|(name, _)| Some(name) != without.as_ref())
                 .map(|(name, p)| CacheEntry { name, guid: p.guid(), leaves: p.leaf_specs() })
                 .collect();
-            pools.extend(d.unavailable.lock().iter().cloned());
+            pools.extend(d.unavailable.lock().iter().filter(|e| Some(&e.name) != without.as_ref()).cloned());
             pools.sort_by(|a, b| a.name.cmp(&b.name));
-            write_cache(&d.state_dir, &CacheFile { version: CACHE_VERSION, pools })
-                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write cache file: {e}")))
+            write_cache(&d.state_dir, &CacheFile { version: CACHE_VERSION, pools }).map_err(|e| {
+                let path = d.state_dir.join("zilla.cache");
+                ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write the cache file {}: {e}", path.display()))
+            })
         })
         .await
+    }
+
+    async fn save_cache(self: &Arc<Self>) -> Result<(), ApiError> {
+        self.save_cache_without(None).await
+    }
+
+    /// Put a just-created or just-imported pool in the table and the cache file; if
+    /// the cache file cannot be written, take it out again and `undo` it (destroy or
+    /// export), so nothing changed. The error says what failed and what was undone.
+    async fn commit_new_pool(
+        self: &Arc<Self>,
+        name: &str,
+        pool: Arc<Pool>,
+        undo: fn(&Pool) -> zilla_core::Result<()>,
+        undone: &str,
+    ) -> Result<(), ApiError> {
+        let was_unavailable: Vec<CacheEntry> = self.unavailable.lock().iter().filter(|e| e.name == name).cloned().collect();
+        self.forget_unavailable(name);
+        self.pools.insert(name.to_string(), pool.clone());
+        let Err(ApiError(status, msg)) = self.save_cache().await else {
+            return Ok(());
+        };
+        self.pools.remove(name);
+        self.unavailable.lock().extend(was_unavailable);
+        let outcome = match blocking(move || Ok(undo(&pool)?)).await {
+            Ok(()) => undone.to_string(),
+            Err(ApiError(_, e)) => format!("undoing it failed as well ({e})"),
+        };
+        tracing::error!("pool '{name}': {msg}; {outcome}");
+        Err(ApiError(status, format!("{msg}; {outcome}")))
+    }
+
+    /// Export or destroy a pool all or nothing: the cache file is written without it
+    /// first (failure: nothing changed), then the engine acts (failure: the cache file
+    /// is written with it again), then the table forgets it.
+    async fn retire_pool(self: &Arc<Self>, name: &str, act: fn(&Pool) -> zilla_core::Result<()>) -> Result<(), ApiError> {
+        let p = self.pool(name)?;
+        self.save_cache_without(Some(name)).await.map_err(|ApiError(s, m)| ApiError(s, format!("{m}; nothing was changed")))?;
+        if let Err(e) = blocking(move || Ok(act(&p)?)).await {
+            if let Err(ApiError(_, m)) = self.save_cache().await {
+                tracing::error!("pool '{name}' stays imported but is missing from the cache file: {m}");
+            }
+            return Err(e);
+        }
+        self.pools.remove(name);
+        Ok(())
+    }
+
+    /// After a device change the engine already committed to the labels: write the
+    /// cache file, or say clearly that only the cache file is behind.
+    async fn save_cache_after_device_change(self: &Arc<Self>, what: &str) -> Result<(), ApiError> {
+        self.save_cache().await.map_err(|ApiError(s, m)| {
+            ApiError(
+                s,
+                format!(
+                    "{what} was done in the pool, but {m}; the pool's labels have the new layout \
+                     and the daemon rewrites the cache file at the next change and at shutdown"
+                ),
+            )
+        })
     }
 
     fn forget_unavailable(&self, name: &str) {
@@ -345,11 +335,18 @@ pub async fn run(
     ready: impl FnOnce(&DaemonInfo),
 ) -> anyhow::Result<()> {
     let dir = lock.dir.clone();
+    let admin_gid = crate::config::admin_gid(&opts.settings)?;
+    let fd_limit = crate::config::raise_nofile_limit();
+    let nbd_listeners = 1 + opts.nbd.is_some() as usize;
+    let nbd_config = zilla_nbd::NbdConfig::default();
+    let limits = crate::config::Limits::resolve(&opts.settings, fd_limit, nbd_listeners, nbd_config.connections_max)?;
+    let nbd_config = zilla_nbd::NbdConfig { connections_max: limits.nbd_connections_max, ..nbd_config };
+    tracing::info!("{}", limits.describe());
     let admin_sock = dir.join("zilla.sock");
     let nbd_sock = dir.join("nbd.sock");
     for s in [&admin_sock, &nbd_sock] {
         // We hold the lock, so any socket here is left over from a daemon that died.
-        if s.exists() {
+        if std::fs::symlink_metadata(s).is_ok() {
             std::fs::remove_file(s).with_context(|| format!("cannot remove stale socket {}", s.display()))?;
         }
     }
@@ -357,12 +354,14 @@ pub async fn run(
     // Bind everything first so a busy port fails the start before pools are touched.
     let admin_listener = tokio::net::UnixListener::bind(&admin_sock)
         .with_context(|| format!("cannot listen on {}", admin_sock.display()))?;
+    crate::state_dir::secure_socket(&admin_sock, admin_gid)?;
     let nbd_tcp = match &opts.nbd {
         Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for NBD on {a}"))?),
         None => None,
     };
     let nbd_unix = tokio::net::UnixListener::bind(&nbd_sock)
         .with_context(|| format!("cannot listen on {}", nbd_sock.display()))?;
+    crate::state_dir::secure_socket(&nbd_sock, admin_gid)?;
     let http = match &opts.http {
         Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for HTTP on {a}"))?),
         None => None,
@@ -398,27 +397,16 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_task = {
-        let app = admin_router(daemon.clone());
-        let mut rx = stop_rx.clone();
-        tokio::spawn(async move {
-            axum::serve(admin_listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await
-        })
+        let app = crate::http_serve::with_body_limits(admin_router(daemon.clone()), limits.admin);
+        let listener = crate::http_serve::Listener::Unix(admin_listener);
+        // Admin requests still running (e.g. `scrub -w`) must not hold shutdown forever.
+        tokio::spawn(crate::http_serve::serve("admin API", listener, app, limits.admin, stop_rx.clone(), ADMIN_DRAIN))
     };
-    let nbd_task = crate::nbd_glue::spawn(daemon.pools.clone(), nbd_tcp, nbd_unix, stop_rx.clone());
+    let nbd_task = crate::nbd_glue::spawn(daemon.pools.clone(), nbd_tcp, nbd_unix, stop_rx.clone(), nbd_config);
     let http_task = http.map(|l| {
-        let app = crate::web::router(daemon.clone());
-        let mut rx = stop_rx.clone();
-        tokio::spawn(async move {
-            axum::serve(l, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await
-        })
+        let app = crate::http_serve::with_body_limits(crate::web::router(daemon.clone()), limits.http);
+        let listener = crate::http_serve::Listener::Tcp(l);
+        tokio::spawn(crate::http_serve::serve("HTTP", listener, app, limits.http, stop_rx.clone(), HTTP_DRAIN))
     });
 
     tracing::info!(
@@ -440,10 +428,9 @@ pub async fn run(
     if tokio::time::timeout(NBD_DRAIN, nbd_task).await.is_err() {
         tracing::warn!("NBD connections did not finish within {NBD_DRAIN:?}; exporting anyway");
     }
-    // Admin requests still running (e.g. `scrub -w`) must not hold shutdown forever.
-    let _ = tokio::time::timeout(Duration::from_secs(5), admin_task).await;
+    let _ = admin_task.await;
     if let Some(t) = http_task {
-        let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        let _ = t.await;
     }
     daemon.export_all().await;
     let _ = std::fs::remove_file(&admin_sock);
@@ -534,7 +521,7 @@ async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
     ))
 }
 
-async fn pool_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreatePool>) -> ApiResult<Empty> {
+async fn pool_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreatePool>) -> ApiResult<Empty> {
     zilla_core::spa::validate_pool_name(&req.name)?;
     let _g = d.admin.lock().await;
     if d.pools.get(&req.name).is_some() {
@@ -553,9 +540,7 @@ async fn pool_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreatePool>) 
     }
     let name = req.name.clone();
     let pool = blocking(move || Ok(Pool::create(&name, req.tops, opts)?)).await?;
-    d.forget_unavailable(&req.name);
-    d.pools.insert(req.name.clone(), pool);
-    d.save_cache().await?;
+    d.commit_new_pool(&req.name, pool, Pool::destroy, "the pool was destroyed again (nothing was created)").await?;
     tracing::info!("created pool '{}'", req.name);
     Ok(Json(Empty {}))
 }
@@ -568,12 +553,12 @@ fn search_paths(dirs: &[String]) -> Vec<PathBuf> {
     }
 }
 
-async fn pool_importable(State(_d): State<Arc<Daemon>>, Json(req): Json<ImportReq>) -> ApiResult<Vec<zilla_core::spa::ImportablePool>> {
+async fn pool_importable(State(_d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<Vec<zilla_core::spa::ImportablePool>> {
     let search = search_paths(&req.dirs);
     Ok(Json(blocking(move || Ok(Pool::find_importable(&search)?)).await?))
 }
 
-async fn pool_import(State(d): State<Arc<Daemon>>, Json(req): Json<ImportReq>) -> ApiResult<Empty> {
+async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
     if let Some(n) = &req.name {
         if d.pools.get(n).is_some() {
@@ -590,45 +575,35 @@ async fn pool_import(State(d): State<Arc<Daemon>>, Json(req): Json<ImportReq>) -
         let _ = blocking(move || Ok(p.export()?)).await;
         return Err(ApiError(StatusCode::CONFLICT, format!("a pool named '{name}' is already imported")));
     }
-    d.forget_unavailable(&name);
-    d.pools.insert(name.clone(), pool);
-    d.save_cache().await?;
+    d.commit_new_pool(&name, pool, Pool::export, "the pool was exported again (nothing was imported)").await?;
     tracing::info!("imported pool '{name}'");
     Ok(Json(Empty {}))
 }
 
 async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
-    let p = d.pool(&pool)?;
-    blocking(move || Ok(p.export()?)).await?;
-    d.pools.remove(&pool);
-    d.save_cache().await?;
+    d.retire_pool(&pool, Pool::export).await?;
     tracing::info!("exported pool '{pool}'");
     Ok(Json(Empty {}))
 }
 
 async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
-    let p = match d.pools.get(&pool) {
-        Some(p) => p,
-        None => {
-            let was_unavailable = d.unavailable.lock().iter().any(|e| e.name == pool);
-            if was_unavailable {
-                d.forget_unavailable(&pool);
-                d.save_cache().await?;
-                return Ok(Json(Empty {}));
-            }
-            return Err(ApiError::not_found("no such pool"));
+    if d.pools.get(&pool).is_none() {
+        let was_unavailable = d.unavailable.lock().iter().any(|e| e.name == pool);
+        if was_unavailable {
+            d.save_cache_without(Some(&pool)).await?;
+            d.forget_unavailable(&pool);
+            return Ok(Json(Empty {}));
         }
-    };
-    blocking(move || Ok(p.destroy()?)).await?;
-    d.pools.remove(&pool);
-    d.save_cache().await?;
+        return Err(ApiError::not_found("no such pool"));
+    }
+    d.retire_pool(&pool, Pool::destroy).await?;
     tracing::info!("destroyed pool '{pool}'");
     Ok(Json(Empty {}))
 }
 
-async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Json(req): Json<ScrubReq>) -> ApiResult<Empty> {
+async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<ScrubReq>) -> ApiResult<Empty> {
     let p = d.pool(&pool)?;
     blocking(move || {
         p.scrub(req.cmd)?;
@@ -641,11 +616,11 @@ async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>
     Ok(Json(Empty {}))
 }
 
-async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Json(req): Json<AddReq>) -> ApiResult<Empty> {
+async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<AddReq>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
     let p = d.pool(&pool)?;
     blocking(move || Ok(p.add(req.tops, req.force)?)).await?;
-    d.save_cache().await?;
+    d.save_cache_after_device_change("the add").await?;
     Ok(Json(Empty {}))
 }
 
@@ -653,18 +628,28 @@ async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, 
 async fn pool_device_op(
     State(d): State<Arc<Daemon>>,
     UrlPath((pool, op)): UrlPath<(String, String)>,
-    Json(req): Json<DeviceReq>,
+    ApiJson(req): ApiJson<DeviceReq>,
 ) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
     let p = d.pool(&pool)?;
     let device = req.device.clone();
     let need_dev = || device.clone().ok_or_else(|| ApiError::bad("missing device"));
-    let changes_config = matches!(op.as_str(), "attach" | "detach" | "replace");
+    let changes_config = matches!(op.as_str(), "detach" | "replace");
     match op.as_str() {
         "attach" => {
             let dev = need_dev()?;
             let new = req.new.ok_or_else(|| ApiError::bad("missing new device"))?;
-            blocking(move || Ok(p.attach(&dev, &new, req.force)?)).await?
+            let new_name = new.path.display().to_string();
+            let p2 = p.clone();
+            blocking(move || Ok(p.attach(&dev, &new, req.force)?)).await?;
+            if let Err(ApiError(status, msg)) = d.save_cache().await {
+                // Undo: detach the new device again, so the pool matches the cache file.
+                let outcome = match blocking(move || Ok(p2.detach(&new_name)?)).await {
+                    Ok(()) => "the new device was detached again (nothing was attached)".to_string(),
+                    Err(ApiError(_, e)) => format!("detaching the new device again failed as well ({e})"),
+                };
+                return Err(ApiError(status, format!("{msg}; {outcome}")));
+            }
         }
         "replace" => {
             let dev = need_dev()?;
@@ -690,7 +675,7 @@ async fn pool_device_op(
         other => return Err(ApiError::not_found(format!("unknown pool operation '{other}'"))),
     }
     if changes_config {
-        d.save_cache().await?;
+        d.save_cache_after_device_change(&format!("the {op}")).await?;
     }
     Ok(Json(Empty {}))
 }
@@ -707,16 +692,19 @@ async fn volume_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
     Ok(Json(v))
 }
 
-async fn volume_create(State(d): State<Arc<Daemon>>, Json(req): Json<CreateVolume>) -> ApiResult<Empty> {
+async fn volume_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreateVolume>) -> ApiResult<Empty> {
     let (p, vol) = d.volume_pool(&req.name)?;
     zilla_core::spa::validate_volume_name(&vol)?;
     if req.volsize == 0 {
         return Err(ApiError::bad("volume size must be greater than zero"));
     }
-    if !req.volblocksize.is_power_of_two() || !(512..=128 * 1024).contains(&req.volblocksize) {
+    let (min, max) = (zilla_core::spa::MIN_VOLBLOCKSIZE, zilla_core::spa::MAX_VOLBLOCKSIZE);
+    if !req.volblocksize.is_power_of_two() || !(min..=max).contains(&req.volblocksize) {
         return Err(ApiError::bad(format!(
-            "bad volblocksize {}: must be a power of two from 512 to 128K",
-            req.volblocksize
+            "bad volblocksize {}: must be a power of two from {} to {}",
+            req.volblocksize,
+            crate::units::nicebytes(min as u64),
+            crate::units::nicebytes(max as u64)
         )));
     }
     if req.volsize % req.volblocksize as u64 != 0 {
@@ -739,7 +727,7 @@ async fn volume_destroy(State(d): State<Arc<Daemon>>, UrlPath((pool, name)): Url
     Ok(Json(Empty {}))
 }
 
-async fn prop_get(State(d): State<Arc<Daemon>>, Json(req): Json<GetReq>) -> ApiResult<Vec<zilla_core::props::PropRow>> {
+async fn prop_get(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<GetReq>) -> ApiResult<Vec<zilla_core::props::PropRow>> {
     if !req.name.contains('/') {
         // A pool: its pool properties (zpool get).
         let p = d.pool(&req.name)?;
@@ -760,7 +748,7 @@ async fn prop_get(State(d): State<Arc<Daemon>>, Json(req): Json<GetReq>) -> ApiR
     Ok(Json(blocking(move || Ok(p.get_props(&vol, &req.props)?)).await?))
 }
 
-async fn prop_set(State(d): State<Arc<Daemon>>, Json(req): Json<SetReq>) -> ApiResult<Empty> {
+async fn prop_set(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<SetReq>) -> ApiResult<Empty> {
     let (p, vol) = d.volume_pool(&req.name)?;
     zilla_core::props::validate(&req.property, &req.value)?;
     blocking(move || Ok(p.set_prop(&vol, &req.property, &req.value)?)).await?;
@@ -785,7 +773,7 @@ async fn tunable_list() -> Json<Vec<TunableRow>> {
     Json(rows)
 }
 
-async fn tunable_set(Json(req): Json<TunableSet>) -> ApiResult<Empty> {
+async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
     zilla_core::tunables().set(&req.name, req.value).map_err(zilla_core::Error::from)?;
     tracing::info!("tunable {} set to {}", req.name, req.value);
     Ok(Json(Empty {}))

@@ -122,12 +122,12 @@ pub async fn run(dir: PathBuf, listen: Listen) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = dir.canonicalize()?;
     let state = dir.join("state");
-    let lock = daemon::lock_state_dir(&state)?;
+    let lock = daemon::lock_state_dir(&state, &Default::default())?;
     let pre = prepare_pool(&dir, &lock.dir).await?;
     if let Some(p) = &pre {
         prepare_volume(p.clone()).await?;
     }
-    let opts = daemon::ServeOpts { nbd: listen.nbd, iscsi: listen.iscsi, http: listen.http };
+    let opts = daemon::ServeOpts::new(listen.nbd, listen.iscsi, listen.http);
     let state_dir = lock.dir.clone();
     daemon::run(opts, lock, pre.into_iter().collect(), move |info| print_banner(&dir, &state_dir, info)).await
 }

@@ -6,11 +6,16 @@
 //! failure is one line on stderr, `zilla: ...`, and exit status 1 (2 for bad usage).
 
 mod api;
+mod api_error;
 mod client;
+mod clip;
+mod config;
 mod daemon;
 mod demo;
 mod format;
+mod http_serve;
 mod nbd_glue;
+mod state_dir;
 mod status_text;
 mod units;
 mod vdev_grammar;
@@ -106,8 +111,10 @@ struct ListenArgs {
 struct ServeArgs {
     #[command(flatten)]
     listen: ListenArgs,
-    /// Config file: lines `nbd = "ADDR"`, `iscsi = "ADDR"`, `http = "ADDR"`
-    /// (command-line options given explicitly win)
+    /// Config file: `key = value` lines: nbd, iscsi, http (addresses; options given
+    /// on the command line win), admin_group, admin_connections_max,
+    /// http_connections_max, nbd_connections_max, http_header_timeout_s,
+    /// http_body_max_bytes, fd_reserve (see docs/cli.md)
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 }
@@ -269,7 +276,7 @@ enum TunableCmd {
 
 /// Exit with one line on stderr.
 fn die(msg: impl std::fmt::Display) -> ! {
-    eprintln!("zilla: {msg}");
+    eprintln!("zilla: {}", clip::clip_message(&msg.to_string()));
     std::process::exit(1)
 }
 
@@ -378,43 +385,30 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
     init_tracing();
     stop_on_broken_invariant();
     let mut listen = args.listen.clone();
+    let mut settings = config::Settings::default();
     if let Some(path) = &args.config {
         let text = std::fs::read_to_string(path).unwrap_or_else(|e| die(format!("cannot read {}: {e}", path.display())));
+        settings = config::Settings::parse(&text).unwrap_or_else(|e| die(format!("{}: {e}", path.display())));
         let explicit = |name: &str| std::env::args().any(|a| a == format!("--{name}") || a.starts_with(&format!("--{name}=")));
-        for (k, v) in parse_config(&text).unwrap_or_else(|e| die(format!("{}: {e}", path.display()))) {
-            match k.as_str() {
-                "nbd" if !explicit("nbd") => listen.nbd = v,
-                "iscsi" if !explicit("iscsi") => listen.iscsi = v,
-                "http" if !explicit("http") => listen.http = v,
-                "nbd" | "iscsi" | "http" => {}
-                other => die(format!("{}: unknown setting '{other}' (expected nbd, iscsi, http)", path.display())),
+        for (name, from_file, arg) in [
+            ("nbd", &settings.nbd, &mut listen.nbd),
+            ("iscsi", &settings.iscsi, &mut listen.iscsi),
+            ("http", &settings.http, &mut listen.http),
+        ] {
+            if let (Some(v), false) = (from_file, explicit(name)) {
+                *arg = v.clone();
             }
         }
     }
     let l = listen_opts(&listen);
-    let lock = daemon::lock_state_dir(&state_dir).unwrap_or_else(|e| die(format!("{e:#}")));
-    let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http };
+    let lock = daemon::lock_state_dir(&state_dir, &settings).unwrap_or_else(|e| die(format!("{e:#}")));
+    let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http, settings };
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
     if let Err(e) = rt.block_on(daemon::run(opts, lock, vec![], |_| {})) {
         die(format!("{e:#}"));
     }
     // Engine threads blocked in I/O must not keep a stopped daemon alive.
     rt.shutdown_timeout(Duration::from_secs(2));
-}
-
-/// The config file: `key = "value"` or `key = value` lines, `#` comments.
-fn parse_config(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut out = vec![];
-    for (i, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let (k, v) = line.split_once('=').ok_or_else(|| format!("line {}: expected key = \"value\"", i + 1))?;
-        let v = v.trim().trim_matches('"').to_string();
-        out.push((k.trim().to_string(), v));
-    }
-    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------
@@ -853,8 +847,8 @@ mod tests {
 
     #[test]
     fn config_lines() {
-        let c = parse_config("# x\nnbd = \"127.0.0.1:1\"\nhttp=off\n").unwrap();
+        let c = config::parse_lines("# x\nnbd = \"127.0.0.1:1\"\nhttp=off\n").unwrap();
         assert_eq!(c, vec![("nbd".into(), "127.0.0.1:1".into()), ("http".into(), "off".into())]);
-        assert!(parse_config("garbage").is_err());
+        assert!(config::parse_lines("garbage").is_err());
     }
 }

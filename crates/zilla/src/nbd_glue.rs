@@ -68,8 +68,9 @@ pub fn spawn(
     tcp: Option<TcpListener>,
     unix: UnixListener,
     stop: watch::Receiver<bool>,
+    config: zilla_nbd::NbdConfig,
 ) -> JoinHandle<()> {
-    let server = zilla_nbd::NbdServer::new(Arc::new(Exports { pools }), zilla_nbd::NbdConfig::default());
+    let server = zilla_nbd::NbdServer::new(Arc::new(Exports { pools }), config);
     tokio::spawn(async move {
         let tcp_server = server.clone();
         let tcp_stop = stop.clone();

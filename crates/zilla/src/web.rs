@@ -1,9 +1,12 @@
 //! The HTTP side for people and Prometheus (--http ADDR, default 127.0.0.1:8080):
 //! `/` a small status page (the analytics UI with heat maps is a later issue) and
-//! `/metrics` in Prometheus text format with the names ZFS exporters use
-//! (pdf/zfs_exporter `zfs_pool_*`, richardelling/zpool_prometheus `zpool_stats_*`).
+//! `/metrics` in the OpenMetrics text format (what Prometheus scrapes), rendered by
+//! the prometheus-client crate (HELP, TYPE, `# EOF`; label values escaped here),
+//! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
+//! richardelling/zpool_prometheus `zpool_stats_*`; counters' samples end in `_total`).
 
 use std::fmt::Write;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -11,7 +14,13 @@ use axum::http::header;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use axum::Router;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VolumeInfo};
+use zilla_core::vdev::queue::LeafStats;
 use zilla_core::vdev::IoClass;
 
 use crate::daemon::Daemon;
@@ -89,42 +98,84 @@ fn health_code(h: &str) -> u8 {
 async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     let body = match snapshot(&d).await {
         Ok(s) => render_metrics(&s),
-        Err(e) => format!("# {e}\n"),
+        Err(e) => format!("# {}\n# EOF\n", e.replace('\n', " ")),
     };
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
-fn render_metrics(s: &Snapshot) -> String {
-    let mut o = String::new();
-    let gauge = |o: &mut String, name: &str, help: &str, kind: &str, samples: Vec<(String, f64)>| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in samples {
-            let _ = writeln!(o, "{name}{{{labels}}} {v}");
+/// A label value escaped as the exposition format requires (`\\`, `\"`, `\n`); the
+/// prometheus-client crate writes label values verbatim.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct LabelValue(String);
+
+impl EncodeLabelValue for LabelValue {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        let mut escaped = String::with_capacity(self.0.len());
+        for c in self.0.chars() {
+            match c {
+                '\\' => escaped.push_str("\\\\"),
+                '"' => escaped.push_str("\\\""),
+                '\n' => escaped.push_str("\\n"),
+                c => escaped.push(c),
+            }
         }
-    };
-    let pl = |r: &PoolListRow| format!("pool=\"{}\"", r.name);
-    gauge(&mut o, "zfs_pool_health", "Health: 0 online, 1 degraded, 2 faulted, 3 offline, 4 unavail, 5 removed, 6 suspended", "gauge",
-        s.rows.iter().map(|r| (pl(r), health_code(r.health.as_str()) as f64)).collect());
-    gauge(&mut o, "zfs_pool_size_bytes", "Pool size in bytes", "gauge", s.rows.iter().map(|r| (pl(r), r.size as f64)).collect());
-    gauge(&mut o, "zfs_pool_allocated_bytes", "Allocated bytes", "gauge", s.rows.iter().map(|r| (pl(r), r.alloc as f64)).collect());
-    gauge(&mut o, "zfs_pool_free_bytes", "Free bytes", "gauge", s.rows.iter().map(|r| (pl(r), r.free as f64)).collect());
-    gauge(&mut o, "zfs_pool_fragmentation_ratio", "Free space fragmentation (0..1)", "gauge",
-        s.rows.iter().map(|r| (pl(r), r.frag_percent as f64 / 100.0)).collect());
-    gauge(&mut o, "zfs_pool_readonly", "1 if the pool is read-only", "gauge", s.rows.iter().map(|r| (pl(r), 0.0)).collect());
+        encoder.write_str(&escaped)
+    }
+}
+
+type Labels = Vec<(&'static str, LabelValue)>;
+
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (*k, LabelValue(v.to_string()))).collect()
+}
+
+/// Register a gauge family and fill it.
+fn gauges(reg: &mut Registry, name: &str, help: &str, samples: impl IntoIterator<Item = (Labels, i64)>) {
+    let family = Family::<Labels, Gauge>::default();
+    for (l, v) in samples {
+        family.get_or_create(&l).set(v);
+    }
+    reg.register(name, help, family);
+}
+
+fn counters(reg: &mut Registry, name: &str, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
+    let family = Family::<Labels, Counter>::default();
+    for (l, v) in samples {
+        family.get_or_create(&l).inc_by(v);
+    }
+    reg.register(name, help, family);
+}
+
+/// The exposition (OpenMetrics text). Family names are those of the ZFS exporters;
+/// counter samples carry the `_total` suffix the format requires.
+fn render_metrics(s: &Snapshot) -> String {
+    let mut reg = Registry::default();
+    let pl = |r: &PoolListRow| labels(&[("pool", &r.name)]);
+    gauges(&mut reg, "zfs_pool_health", "Health: 0 online, 1 degraded, 2 faulted, 3 offline, 4 unavail, 5 removed, 6 suspended",
+        s.rows.iter().map(|r| (pl(r), health_code(r.health.as_str()) as i64)));
+    gauges(&mut reg, "zfs_pool_size_bytes", "Pool size in bytes", s.rows.iter().map(|r| (pl(r), r.size as i64)));
+    gauges(&mut reg, "zfs_pool_allocated_bytes", "Allocated bytes", s.rows.iter().map(|r| (pl(r), r.alloc as i64)));
+    gauges(&mut reg, "zfs_pool_free_bytes", "Free bytes", s.rows.iter().map(|r| (pl(r), r.free as i64)));
+    let frag = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    for r in &s.rows {
+        frag.get_or_create(&pl(r)).set(r.frag_percent as f64 / 100.0);
+    }
+    reg.register("zfs_pool_fragmentation_ratio", "Free space fragmentation (0..1)", frag);
+    gauges(&mut reg, "zfs_pool_readonly", "1 if the pool is read-only", s.rows.iter().map(|r| (pl(r), 0)));
     let vl = |v: &VolumeInfo| {
         let pool = v.name.split('/').next().unwrap_or("");
-        format!("name=\"{}\",pool=\"{pool}\",type=\"volume\"", v.name)
+        labels(&[("name", &v.name), ("pool", pool), ("type", "volume")])
     };
-    gauge(&mut o, "zfs_dataset_used_bytes", "Bytes used by the volume", "gauge", s.volumes.iter().map(|v| (vl(v), v.used as f64)).collect());
-    gauge(&mut o, "zfs_dataset_volume_size_bytes", "Volume size (volsize)", "gauge", s.volumes.iter().map(|v| (vl(v), v.volsize as f64)).collect());
+    gauges(&mut reg, "zfs_dataset_used_bytes", "Bytes used by the volume", s.volumes.iter().map(|v| (vl(v), v.used as i64)));
+    gauges(&mut reg, "zfs_dataset_volume_size_bytes", "Volume size (volsize)", s.volumes.iter().map(|v| (vl(v), v.volsize as i64)));
 
     // zpool_prometheus-style per-vdev counters: labels name (pool) and vdev path.
-    let mut rows: Vec<(String, &zilla_core::vdev::queue::LeafStats)> = vec![];
+    let mut rows: Vec<(Labels, &LeafStats)> = vec![];
     for snap in &s.iostat {
-        rows.push((format!("name=\"{}\",vdev=\"root\"", snap.pool), &snap.stats));
-        fn walk<'a>(pool: &str, prefix: &str, v: &'a IostatNode, out: &mut Vec<(String, &'a zilla_core::vdev::queue::LeafStats)>) {
-            let path = format!("{prefix}/{}", v.name.replace('"', "'"));
-            out.push((format!("name=\"{pool}\",vdev=\"{path}\""), &v.stats));
+        rows.push((labels(&[("name", &snap.pool), ("vdev", "root")]), &snap.stats));
+        fn walk<'a>(pool: &str, prefix: &str, v: &'a IostatNode, out: &mut Vec<(Labels, &'a LeafStats)>) {
+            let path = format!("{prefix}/{}", v.name);
+            out.push((labels(&[("name", pool), ("vdev", &path)]), &v.stats));
             for c in &v.children {
                 walk(pool, &path, c, out);
             }
@@ -133,12 +184,12 @@ fn render_metrics(s: &Snapshot) -> String {
             walk(&snap.pool, "root", v, &mut rows);
         }
     }
-    let sum = |st: &zilla_core::vdev::queue::LeafStats, bytes: bool, read: bool| -> f64 {
+    let sum = |st: &LeafStats, bytes: bool, read: bool| -> u64 {
         IoClass::ALL
             .iter()
             .filter(|c| c.is_read() == read)
             .map(|&c| if bytes { st.bytes[c as usize] } else { st.ops[c as usize] })
-            .sum::<u64>() as f64
+            .sum::<u64>()
     };
     for (name, bytes, read, help) in [
         ("zpool_stats_read_ops", false, true, "Read operations"),
@@ -146,8 +197,27 @@ fn render_metrics(s: &Snapshot) -> String {
         ("zpool_stats_read_bytes", true, true, "Bytes read"),
         ("zpool_stats_write_bytes", true, false, "Bytes written"),
     ] {
-        gauge(&mut o, name, help, "counter", rows.iter().map(|(l, st)| (l.clone(), sum(st, bytes, read))).collect());
+        counters(&mut reg, name, help, rows.iter().map(|(l, st)| (l.clone(), sum(st, bytes, read))));
     }
-    gauge(&mut o, "zpool_stats_flushes", "Cache flushes", "counter", rows.iter().map(|(l, st)| (l.clone(), st.flushes as f64)).collect());
-    o
+    counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
+        return format!("# cannot encode metrics: {e}\n# EOF\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut reg = Registry::default();
+        gauges(&mut reg, "t_bytes", "help", [(labels(&[("vdev", "a\nb\\c\"d")]), 1)]);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(out.contains(r#"t_bytes{vdev="a\nb\\c\"d"} 1"#), "{out}");
+        assert!(out.ends_with("# EOF\n"));
+    }
 }

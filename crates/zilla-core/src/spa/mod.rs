@@ -88,8 +88,10 @@ pub fn validate_pool_name(name: &str) -> Result<()> {
         && name.chars().next().map_or(false, |c| c.is_ascii_alphabetic())
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
     if !ok {
+        let shown: String = name.chars().take(100).collect();
+        let cut = if name.chars().nth(100).is_some() { "...(truncated)" } else { "" };
         return Err(Error::invalid(format!(
-            "invalid pool name '{name}': must begin with a letter and contain only letters, digits, '_', '-', '.', ':'"
+            "invalid pool name '{shown}{cut}': must begin with a letter and contain only letters, digits, '_', '-', '.', ':'"
         )));
     }
     if ["mirror", "raidz", "draid", "spare", "log", "cache"].iter().any(|r| name.starts_with(r)) {
@@ -98,14 +100,24 @@ pub fn validate_pool_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// A volume name: letters, digits, `_-.:`, at most 200 bytes; not `.` or `..` (they
+/// read as path components) and not starting with `-` (it reads as an option).
 pub fn validate_volume_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 200
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
     if !ok {
+        let shown: String = name.chars().take(100).collect();
+        let cut = if name.chars().nth(100).is_some() { "...(truncated)" } else { "" };
         return Err(Error::invalid(format!(
-            "invalid volume name '{name}': use letters, digits, '_', '-', '.', ':' (no '/')"
+            "invalid volume name '{shown}{cut}': use letters, digits, '_', '-', '.', ':' (no '/')"
         )));
+    }
+    if name == "." || name == ".." {
+        return Err(Error::invalid(format!("invalid volume name '{name}': '.' and '..' are reserved")));
+    }
+    if name.starts_with('-') {
+        return Err(Error::invalid(format!("invalid volume name '{name}': must not begin with '-'")));
     }
     Ok(())
 }

@@ -1,0 +1,234 @@
+//! The daemon's config file (`zilla serve --config FILE`) and the descriptor budget.
+//!
+//! Theory of operation
+//! -------------------
+//! The file is `key = value` lines (`#` comments, values optionally in double
+//! quotes). Listen addresses given on the command line win over the file.
+//!
+//! Every connection costs a descriptor, and a daemon out of descriptors cannot open a
+//! device, accept an admin call or write its cache file. So at start the soft
+//! RLIMIT_NOFILE is raised to the hard limit, and the connection caps must fit under
+//! it with `fd_reserve` descriptors left for devices, files and the runtime:
+//!
+//! ```text
+//!   admin_connections_max + http_connections_max
+//!     + nbd_connections_max * NBD listeners (unix socket, plus TCP when on)
+//!     + fd_reserve                                    <= RLIMIT_NOFILE
+//! ```
+//!
+//! Caps left at their defaults shrink to fit (NBD first, then HTTP; logged); caps set
+//! in the file that do not fit refuse the start with the sum spelled out.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+
+use crate::http_serve::HttpLimits;
+
+pub const DEFAULT_ADMIN_CONNECTIONS_MAX: usize = 64;
+pub const DEFAULT_HTTP_CONNECTIONS_MAX: usize = 256;
+pub const DEFAULT_HTTP_HEADER_TIMEOUT_S: u64 = 10;
+pub const DEFAULT_HTTP_BODY_MAX_BYTES: u64 = 1 << 20;
+pub const DEFAULT_FD_RESERVE: usize = 256;
+/// Smallest cap a default shrinks to; below it the start is refused.
+const CONNECTIONS_MIN: usize = 16;
+
+/// Settings read from the config file; `None` = not in the file (default applies).
+#[derive(Debug, Default, Clone)]
+pub struct Settings {
+    pub nbd: Option<String>,
+    pub iscsi: Option<String>,
+    pub http: Option<String>,
+    pub admin_group: Option<String>,
+    pub admin_connections_max: Option<usize>,
+    pub http_connections_max: Option<usize>,
+    pub nbd_connections_max: Option<usize>,
+    pub http_header_timeout_s: Option<u64>,
+    pub http_body_max_bytes: Option<u64>,
+    pub fd_reserve: Option<usize>,
+}
+
+pub const KEYS: &[&str] = &[
+    "nbd",
+    "iscsi",
+    "http",
+    "admin_group",
+    "admin_connections_max",
+    "http_connections_max",
+    "nbd_connections_max",
+    "http_header_timeout_s",
+    "http_body_max_bytes",
+    "fd_reserve",
+];
+
+/// `key = "value"` or `key = value` lines, `#` comments.
+pub fn parse_lines(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = vec![];
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (k, v) = line.split_once('=').ok_or_else(|| format!("line {}: expected key = \"value\"", i + 1))?;
+        let v = v.trim().trim_matches('"').to_string();
+        out.push((k.trim().to_string(), v));
+    }
+    Ok(out)
+}
+
+fn number(key: &str, v: &str, min: u64, max: u64) -> Result<u64, String> {
+    let n = crate::units::parse_size(v).map_err(|_| format!("{key}: '{}' is not a number", crate::clip::clip(v)))?;
+    if !(min..=max).contains(&n) {
+        return Err(format!("{key}: {n} is out of range (allowed {min} to {max})"));
+    }
+    Ok(n)
+}
+
+impl Settings {
+    pub fn parse(text: &str) -> Result<Settings, String> {
+        let mut s = Settings::default();
+        for (k, v) in parse_lines(text)? {
+            match k.as_str() {
+                "nbd" => s.nbd = Some(v),
+                "iscsi" => s.iscsi = Some(v),
+                "http" => s.http = Some(v),
+                "admin_group" => s.admin_group = Some(v),
+                "admin_connections_max" => s.admin_connections_max = Some(number(&k, &v, 1, 1 << 20)? as usize),
+                "http_connections_max" => s.http_connections_max = Some(number(&k, &v, 1, 1 << 20)? as usize),
+                "nbd_connections_max" => s.nbd_connections_max = Some(number(&k, &v, 1, 1 << 20)? as usize),
+                "http_header_timeout_s" => s.http_header_timeout_s = Some(number(&k, &v, 1, 3600)?),
+                "http_body_max_bytes" => s.http_body_max_bytes = Some(number(&k, &v, 4096, 1 << 30)?),
+                "fd_reserve" => s.fd_reserve = Some(number(&k, &v, 32, 1 << 20)? as usize),
+                other => {
+                    return Err(format!("unknown setting '{}' (expected one of: {})", crate::clip::clip(other), KEYS.join(", ")))
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// Raise the soft RLIMIT_NOFILE to the hard limit; returns the limit now in force.
+pub fn raise_nofile_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let cur = getrlimit(Resource::Nofile);
+    // Linux never reports an infinite RLIMIT_NOFILE; treat one as nr_open's default.
+    let hard = cur.maximum.unwrap_or(1 << 20);
+    let soft = cur.current.unwrap_or(hard);
+    if soft < hard {
+        match setrlimit(Resource::Nofile, Rlimit { current: Some(hard), maximum: cur.maximum }) {
+            Ok(()) => return hard,
+            Err(e) => tracing::warn!("cannot raise the descriptor limit from {soft} to {hard}: {e}"),
+        }
+    }
+    soft
+}
+
+/// The connection caps and HTTP limits in force.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub fd_limit: u64,
+    pub fd_reserve: usize,
+    pub admin: HttpLimits,
+    pub http: HttpLimits,
+    /// Per NBD listener.
+    pub nbd_connections_max: usize,
+    pub nbd_listeners: usize,
+}
+
+impl Limits {
+    /// Fit the caps under `fd_limit` (see the module comment).
+    pub fn resolve(s: &Settings, fd_limit: u64, nbd_listeners: usize, nbd_default: usize) -> anyhow::Result<Limits> {
+        let header_timeout = Duration::from_secs(s.http_header_timeout_s.unwrap_or(DEFAULT_HTTP_HEADER_TIMEOUT_S));
+        let body_max_bytes = s.http_body_max_bytes.unwrap_or(DEFAULT_HTTP_BODY_MAX_BYTES) as usize;
+        let reserve = s.fd_reserve.unwrap_or(DEFAULT_FD_RESERVE);
+        let admin = s.admin_connections_max.unwrap_or(DEFAULT_ADMIN_CONNECTIONS_MAX);
+        let mut http = s.http_connections_max.unwrap_or(DEFAULT_HTTP_CONNECTIONS_MAX);
+        let mut nbd = s.nbd_connections_max.unwrap_or(nbd_default);
+        let limit = usize::try_from(fd_limit).unwrap_or(usize::MAX);
+        let sum = |http: usize, nbd: usize| admin + http + nbd * nbd_listeners + reserve;
+        let spelled = |http: usize, nbd: usize| {
+            format!(
+                "admin {admin} + http {http} + nbd {nbd} x {nbd_listeners} listeners + fd_reserve {reserve} = {}",
+                sum(http, nbd)
+            )
+        };
+        if sum(http, nbd) > limit {
+            let wanted = spelled(http, nbd);
+            if s.nbd_connections_max.is_none() {
+                let room = limit.saturating_sub(sum(http, 0)) / nbd_listeners.max(1);
+                nbd = room.max(CONNECTIONS_MIN).min(nbd);
+            }
+            if sum(http, nbd) > limit && s.http_connections_max.is_none() {
+                http = limit.saturating_sub(sum(0, nbd)).max(CONNECTIONS_MIN).min(http);
+            }
+            if sum(http, nbd) > limit {
+                bail!(
+                    "the connection caps do not fit under the descriptor limit {fd_limit} (RLIMIT_NOFILE): {}; \
+                     lower them in the config file or raise the limit (ulimit -n / LimitNOFILE=)",
+                    spelled(http, nbd)
+                );
+            }
+            tracing::warn!("connection caps lowered to fit the descriptor limit {fd_limit}: wanted {wanted}, now {}", spelled(http, nbd));
+        }
+        Ok(Limits {
+            fd_limit,
+            fd_reserve: reserve,
+            admin: HttpLimits { connections_max: admin, header_timeout, body_max_bytes },
+            http: HttpLimits { connections_max: http, header_timeout, body_max_bytes },
+            nbd_connections_max: nbd,
+            nbd_listeners,
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "descriptor limit {}: admin {} + http {} + nbd {} x {} + reserve {} connections; \
+             header timeout {} s, body max {} bytes",
+            self.fd_limit,
+            self.admin.connections_max,
+            self.http.connections_max,
+            self.nbd_connections_max,
+            self.nbd_listeners,
+            self.fd_reserve,
+            self.http.header_timeout.as_secs(),
+            self.http.body_max_bytes
+        )
+    }
+}
+
+/// Resolve `admin_group` to a gid.
+pub fn admin_gid(s: &Settings) -> anyhow::Result<Option<u32>> {
+    s.admin_group.as_deref().map(crate::state_dir::group_id).transpose().map_err(|e| anyhow!("{e:#}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_keys_and_refuses_unknown_ones() {
+        let s = Settings::parse("# x\nnbd = \"127.0.0.1:1\"\nhttp=off\nhttp_body_max_bytes = 64K\n").unwrap();
+        assert_eq!(s.nbd.as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(s.http.as_deref(), Some("off"));
+        assert_eq!(s.http_body_max_bytes, Some(65536));
+        assert!(Settings::parse("garbage").is_err());
+        assert!(Settings::parse("frob = 1").unwrap_err().contains("unknown setting 'frob'"));
+        assert!(Settings::parse("http_connections_max = 0").unwrap_err().contains("out of range"));
+    }
+
+    #[test]
+    fn defaults_shrink_to_fit_and_explicit_caps_refuse() {
+        let s = Settings::default();
+        let l = Limits::resolve(&s, 1024, 2, 1024).unwrap();
+        let total = l.admin.connections_max + l.http.connections_max + l.nbd_connections_max * 2 + l.fd_reserve;
+        assert!(total <= 1024, "{total}");
+        assert!(l.nbd_connections_max >= CONNECTIONS_MIN);
+        let big = Limits::resolve(&s, 1 << 20, 2, 1024).unwrap();
+        assert_eq!(big.nbd_connections_max, 1024);
+        let explicit = Settings { nbd_connections_max: Some(1000), ..Default::default() };
+        let e = Limits::resolve(&explicit, 1024, 2, 1024).unwrap_err().to_string();
+        assert!(e.contains("do not fit under the descriptor limit 1024"), "{e}");
+        assert!(Limits::resolve(&s, 200, 2, 1024).is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! The state directory: who may touch it, its lock, and the cache file.
+//!
+//! Theory of operation
+//! -------------------
+//! The admin socket in the state directory is root-equivalent (it creates pools on
+//! any file the daemon can open), so the directory is the security boundary:
+//!
+//! ```text
+//!   DIR               0700 (0710 with admin_group), owned by the daemon's user;
+//!                     refused at start if another user owns it or can write it
+//!   DIR/zilla.lock    0600, opened O_NOFOLLOW, flock'd for the daemon's lifetime
+//!   DIR/zilla.cache   0600, replaced atomically: zilla.cache.tmp is created with
+//!                     O_CREAT|O_EXCL|O_NOFOLLOW (a file or symlink planted at that
+//!                     name is removed, never followed), fsync, rename, fsync DIR
+//!   DIR/zilla.sock    admin API, chmod 0600 right after bind (0660 + chgrp with
+//!                     admin_group)
+//!   DIR/nbd.sock      NBD, the same mode as the admin socket: volume data is no
+//!                     less private than the admin API
+//! ```
+//!
+//! Modes are set explicitly (mkdir mode, open mode, chmod after bind), so the umask the
+//! daemon was started under does not matter. A socket's mode is fixed before any
+//! client could reach it, because only the owner (and admin_group) can traverse DIR.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use serde::{Deserialize, Serialize};
+use zilla_core::vdev::LeafSpec;
+
+/// Mode of the state directory without and with an admin group.
+const DIR_MODE: u32 = 0o700;
+const DIR_MODE_GROUP: u32 = 0o710;
+/// Mode of the sockets without and with an admin group.
+const SOCKET_MODE: u32 = 0o600;
+const SOCKET_MODE_GROUP: u32 = 0o660;
+/// Mode of the lock and cache files.
+const FILE_MODE: u32 = 0o600;
+
+/// Create DIR (0700, or 0710 + group `admin_gid`) if missing, then check that it is
+/// ours and that nobody else can write it. Returns the canonical path.
+pub fn prepare(dir: &Path, admin_gid: Option<u32>) -> anyhow::Result<PathBuf> {
+    let want_mode = if admin_gid.is_some() { DIR_MODE_GROUP } else { DIR_MODE };
+    let created = !dir.exists();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(want_mode)
+        .create(dir)
+        .with_context(|| format!("cannot create state directory {}", dir.display()))?;
+    let dir = dir.canonicalize().with_context(|| format!("state directory {}", dir.display()))?;
+    if created {
+        // mkdir's mode went through the umask; set it exactly.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(want_mode))
+            .with_context(|| format!("cannot chmod state directory {}", dir.display()))?;
+    }
+    if let Some(gid) = admin_gid {
+        rustix::fs::chown(&dir, None, Some(rustix::fs::Gid::from_raw(gid)))
+            .with_context(|| format!("cannot give state directory {} to group {gid}", dir.display()))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(want_mode))
+            .with_context(|| format!("cannot chmod state directory {}", dir.display()))?;
+    }
+    check_private(&dir)?;
+    Ok(dir)
+}
+
+/// Refuse a directory another user owns or can write.
+fn check_private(dir: &Path) -> anyhow::Result<()> {
+    let md = std::fs::metadata(dir).with_context(|| format!("state directory {}", dir.display()))?;
+    if !md.is_dir() {
+        bail!("state directory {} is not a directory", dir.display());
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if md.uid() != me {
+        bail!(
+            "state directory {} is owned by uid {}, not by this user (uid {me}); refusing to use it",
+            dir.display(),
+            md.uid()
+        );
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        bail!(
+            "state directory {} is writable by other users (mode {mode:04o}); refusing to use it (chmod 700 {})",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Set a freshly bound socket's mode (and group).
+pub fn secure_socket(path: &Path, admin_gid: Option<u32>) -> anyhow::Result<()> {
+    if let Some(gid) = admin_gid {
+        rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid)))
+            .with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
+    }
+    let mode = if admin_gid.is_some() { SOCKET_MODE_GROUP } else { SOCKET_MODE };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot chmod {}", path.display()))
+}
+
+/// The gid of a group name (or a numeric gid), for `admin_group`.
+pub fn group_id(name: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let cname = std::ffi::CString::new(name).map_err(|_| anyhow!("bad group name"))?;
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; getgrnam_r writes only into grp/buf.
+    let rc = unsafe { libc::getgrnam_r(cname.as_ptr(), &mut grp, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() {
+        bail!("admin_group: no group named '{}'", crate::clip::clip(name));
+    }
+    Ok(grp.gr_gid)
+}
+
+/// The exclusive lock on DIR/zilla.lock; released when dropped (the fd closes).
+pub struct StateLock {
+    _file: File,
+    pub dir: PathBuf,
+}
+
+/// Take the state directory's lock (DIR must have passed [`prepare`]), or say who
+/// holds it.
+pub fn lock(dir: &Path) -> anyhow::Result<StateLock> {
+    let path = dir.join("zilla.lock");
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        if e == rustix::io::Errno::WOULDBLOCK {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            let who = if pid.is_empty() { String::new() } else { format!(" (pid {pid})") };
+            bail!("another zilla daemon{who} is already serving {}", dir.display());
+        }
+        return Err(anyhow!("cannot lock {}: {e}", path.display()));
+    }
+    // The pid is for the "already serving" message only: a full file system must not
+    // keep the daemon from starting.
+    let pid = (|| {
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())
+    })();
+    if let Err(e) = pid {
+        tracing::warn!("cannot write the pid to {}: {e}", path.display());
+    }
+    Ok(StateLock { _file: file, dir: dir.to_path_buf() })
+}
+
+/// DIR/zilla.cache: the pools to import at start.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CacheFile {
+    pub version: u32,
+    pub pools: Vec<CacheEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheEntry {
+    pub name: String,
+    pub guid: u64,
+    pub leaves: Vec<LeafSpec>,
+}
+
+pub const CACHE_VERSION: u32 = 1;
+const CACHE_NAME: &str = "zilla.cache";
+const CACHE_TMP_NAME: &str = "zilla.cache.tmp";
+
+pub fn read_cache(dir: &Path) -> anyhow::Result<CacheFile> {
+    let path = dir.join(CACHE_NAME);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let c: CacheFile =
+                serde_json::from_slice(&bytes).with_context(|| format!("{} is not a valid cache file", path.display()))?;
+            if c.version != CACHE_VERSION {
+                bail!("{}: unsupported cache file version {}", path.display(), c.version);
+            }
+            Ok(c)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CacheFile { version: CACHE_VERSION, pools: vec![] }),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Create `path` new, never following a symlink there. Something already at the
+/// name (a temp file left by a crash, or a planted symlink) is unlinked (unlink does
+/// not follow links) and the create retried once.
+fn create_private(path: &Path) -> std::io::Result<File> {
+    let open = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    };
+    match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let what = match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => "a symlink",
+                _ => "a stale file",
+            };
+            tracing::warn!("removing {what} at {} (not following it)", path.display());
+            std::fs::remove_file(path)?;
+            open()
+        }
+        r => r,
+    }
+}
+
+/// Replace DIR/zilla.cache atomically (temp file, fsync, rename, fsync DIR). On
+/// failure the old cache file is untouched and the temp file removed.
+pub fn write_cache(dir: &Path, cache: &CacheFile) -> std::io::Result<()> {
+    let path = dir.join(CACHE_NAME);
+    let tmp = dir.join(CACHE_TMP_NAME);
+    let r = (|| {
+        let mut f = create_private(&tmp)?;
+        f.write_all(&serde_json::to_vec_pretty(cache).expect("cache serializes"))?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r?;
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_private_whatever_the_umask() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("a/state");
+        let old = rustix::process::umask(rustix::fs::Mode::empty());
+        let r = prepare(&d, None);
+        rustix::process::umask(old);
+        let d = r.unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o7777, 0o700);
+    }
+
+    #[test]
+    fn refuses_a_world_writable_directory() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare(t.path(), None).unwrap_err().to_string();
+        assert!(e.contains("writable by other users"), "{e}");
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
+        assert!(prepare(t.path(), None).is_err());
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(prepare(t.path(), None).is_ok());
+    }
+
+    #[test]
+    fn cache_write_does_not_follow_a_planted_symlink() {
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let dir = t.path().join("state");
+        let dir = prepare(&dir, None).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(CACHE_TMP_NAME)).unwrap();
+        write_cache(&dir, &CacheFile { version: CACHE_VERSION, pools: vec![] }).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(read_cache(&dir).unwrap().pools.len(), 0);
+        let md = std::fs::symlink_metadata(dir.join(CACHE_NAME)).unwrap();
+        assert!(md.file_type().is_file());
+        assert_eq!(md.mode() & 0o777, 0o600);
+        assert!(!dir.join(CACHE_TMP_NAME).exists());
+    }
+}
