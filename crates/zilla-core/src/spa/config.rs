@@ -194,6 +194,8 @@ impl Pool {
         let _g = inner.sync_lock.lock();
         let mut new_tops = Vec::new();
         let mut next_id = inner.tops().iter().map(|t| t.id + 1).max().unwrap_or(0);
+        let new_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
+        check_distinct_leaves(&new_specs, &inner.leaves.read(), &inner.name)?;
         for t in &tops {
             let mut kids = Vec::new();
             let mut cfg_kids = Vec::new();
@@ -238,6 +240,7 @@ impl Pool {
         if inner.find_leaf(&new.display()).is_some() {
             return Err(Error::invalid(format!("{} is already in pool '{}'", new.display(), inner.name)));
         }
+        check_distinct_leaves(&[new], &inner.leaves.read(), &inner.name)?;
         let dev = (inner.opener)(new, top.role)?;
         check_device_free(&*dev, new, force)?;
         if label::usable_end(dev.size()) < top.asize() + label::DATA_START {
@@ -371,6 +374,40 @@ impl Pool {
         Ok(())
     }
 
+}
+
+/// Refuse leaves that are the same storage as each other or as a leaf already in the
+/// pool: compared by identity (st_rdev for block devices, st_dev/st_ino for files), so a
+/// symlink, a hard link or a second path to one file is caught. Runs before any leaf is
+/// opened (a second open would only fail on the leaf lock, with a vaguer message).
+pub(super) fn check_distinct_leaves(new: &[&LeafSpec], existing: &[Arc<Leaf>], pool: &str) -> Result<()> {
+    use crate::vdev::DeviceIdentity;
+    let existing: Vec<(DeviceIdentity, String)> =
+        existing.iter().filter_map(|l| l.device().identity().or_else(|| DeviceIdentity::of_path(&l.spec.path)).map(|i| (i, l.spec.display()))).collect();
+    let mut seen: Vec<(DeviceIdentity, String)> = Vec::new();
+    for spec in new {
+        let Some(id) = DeviceIdentity::of_path(&spec.path) else { continue };
+        if let Some((_, other)) = existing.iter().find(|(i, _)| *i == id) {
+            return Err(Error::invalid(format!("{} is already in pool '{pool}' (as {other})", spec.display())));
+        }
+        if let Some((_, other)) = seen.iter().find(|(i, _)| *i == id) {
+            return Err(Error::invalid(format!("{} and {other} are the same device; each leaf must be distinct", spec.display())));
+        }
+        seen.push((id, spec.display()));
+    }
+    Ok(())
+}
+
+/// The same check on opened devices (callers that pass devices through the API with an
+/// opener of their own): two devices reporting one identity are refused.
+pub(super) fn check_distinct_devices(devs: &[(&LeafSpec, &dyn Device)]) -> Result<()> {
+    for (i, (a_spec, a)) in devs.iter().enumerate() {
+        let Some(ida) = a.identity() else { continue };
+        if let Some((b_spec, _)) = devs[..i].iter().find(|(_, b)| b.identity() == Some(ida)) {
+            return Err(Error::invalid(format!("{} and {} are the same device; each leaf must be distinct", a_spec.display(), b_spec.display())));
+        }
+    }
+    Ok(())
 }
 
 /// Refuse a device that carries a label of an active or exported pool unless forced.

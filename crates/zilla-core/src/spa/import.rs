@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::config::{check_device_free, open_top, pool_props_with_defaults};
+use super::config::{check_device_free, check_distinct_devices, check_distinct_leaves, open_top, pool_props_with_defaults};
 use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
 use crate::dmu::{self, PoolIo, VolumeState};
@@ -58,6 +58,8 @@ impl Pool {
         if let Some(a) = opts.ashift {
             props.push(("ashift".into(), a.to_string()));
         }
+        let all_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
+        check_distinct_leaves(&all_specs, &[], name)?;
         let mut opened_tops: Vec<(TopSpec, Vec<Opened>)> = Vec::new();
         for t in &tops {
             let mut v = Vec::new();
@@ -68,6 +70,8 @@ impl Pool {
             }
             opened_tops.push((t.clone(), v));
         }
+        let all_devs: Vec<(&LeafSpec, &dyn Device)> = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| (&o.spec, &*o.dev)).collect();
+        check_distinct_devices(&all_devs)?;
         let ashift = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| ashift_of(&*o.dev)).max().unwrap_or(12);
         let pool_props = pool_props_with_defaults(&props, ashift)?;
         let env = opts.env.clone().unwrap_or_else(crate::env::real);
@@ -119,7 +123,7 @@ impl Pool {
     }
 
     pub fn find_importable(search: &[PathBuf]) -> Result<Vec<ImportablePool>> {
-        let found = scan_search_paths(search, &default_opener())?;
+        let found = scan_search_paths(search)?;
         let mut out: BTreeMap<u64, ImportablePool> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
@@ -171,6 +175,8 @@ impl Pool {
         for s in specs {
             let dev = match opener(s, Role::Normal) {
                 Ok(d) => d,
+                // held by a live pool (here or in another process): never import around it
+                Err(e @ Error::Busy(_)) => return Err(Error::Busy(format!("cannot import: {e}"))),
                 Err(e) => {
                     tracing::warn!("import: cannot open {}: {e}", s.display());
                     continue;
@@ -377,7 +383,7 @@ impl Device for MissingDevice {
 }
 
 /// Files (and block devices) in the search paths that carry a Zilla label.
-fn scan_search_paths(search: &[PathBuf], opener: &Opener) -> Result<Vec<(LeafSpec, LabelJson)>> {
+fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
     let mut files = Vec::new();
     for p in search {
         if p.is_dir() {
@@ -399,8 +405,9 @@ fn scan_search_paths(search: &[PathBuf], opener: &Opener) -> Result<Vec<(LeafSpe
             continue;
         }
         let raw = LeafSpec { path: f.clone(), model: None };
-        let Ok(dev) = opener(&raw, Role::Normal) else { continue };
-        let Ok(scan) = label::scan_labels(&*dev) else { continue };
+        // read-only and unlocked: listing must work while a pool holds the leaf
+        let Ok(dev) = crate::vdev::file::FileDevice::open_shared(&f) else { continue };
+        let Ok(scan) = label::scan_labels(&dev) else { continue };
         let Some((_, j)) = scan.config else { continue };
         let Ok(lj) = serde_json::from_slice::<LabelJson>(&j) else { continue };
         // keep the latency model recorded in the config for this leaf
