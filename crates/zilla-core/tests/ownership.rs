@@ -10,7 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use zilla_core::spa::{CreateOptions, Pool, TopSpec};
+use zilla_core::env::{Env, ThreadBody};
+use zilla_core::spa::{default_opener, CreateOptions, ImportOptions, Opener, Pool, TopSpec, ZFS_MULTIHOST_INTERVAL_MS};
+use zilla_core::vdev::file::FileDevice;
 use zilla_core::vdev::{LeafSpec, Role};
 use zilla_core::Error;
 
@@ -104,5 +106,122 @@ fn second_import_of_a_live_pool_fails_naming_the_leaf() {
     pool.export().unwrap();
     drop(pool);
     let pool = Pool::import_leaves(&l).expect("after export the leaves are free");
+    pool.export().unwrap();
+}
+
+// ---- row 7: hostid, state and the multihost heartbeat -----------------------------------
+
+/// The real world, except for the host id: plays another system in one process.
+struct HostEnv {
+    real: Arc<dyn Env>,
+    hostid: u32,
+}
+
+fn host(hostid: u32) -> Arc<dyn Env> {
+    Arc::new(HostEnv { real: zilla_core::env::real(), hostid })
+}
+
+impl Env for HostEnv {
+    fn now_ns(&self) -> u64 {
+        self.real.now_ns()
+    }
+    fn unix_time_ns(&self) -> u64 {
+        self.real.unix_time_ns()
+    }
+    fn sleep_until_ns(&self, deadline_ns: u64) {
+        self.real.sleep_until_ns(deadline_ns)
+    }
+    fn spawn(&self, name: String, body: ThreadBody) -> std::io::Result<std::thread::JoinHandle<()>> {
+        self.real.spawn(name, body)
+    }
+    fn random_u64(&self) -> u64 {
+        self.real.random_u64()
+    }
+    fn is_simulated(&self) -> bool {
+        false
+    }
+    fn threads_spawned(&self) -> u64 {
+        self.real.threads_spawned()
+    }
+    fn hostid(&self) -> u32 {
+        self.hostid
+    }
+}
+
+fn import_as(l: &[LeafSpec], hostid: u32, force: bool) -> zilla_core::Result<Arc<Pool>> {
+    Pool::import_with_options(l, default_opener(), host(hostid), ImportOptions { force, ..Default::default() })
+}
+
+fn read_back(pool: &Pool, data: &[u8]) {
+    let vol = pool.open_volume("v").unwrap();
+    let mut back = vec![0u8; data.len()];
+    vol.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn active_pool_of_another_host_needs_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = files(dir.path(), &["a", "b"]);
+    let opts = CreateOptions { env: Some(host(0x1111)), ..Default::default() };
+    let pool = Pool::create("tank", mirror(l.clone()), opts).unwrap();
+    let data = write_and_sync(&pool, 2);
+    // the host dies (no export): its labels say ACTIVE, hostid 1111
+    pool.abandon();
+    drop(pool);
+    let e = import_as(&l, 0x2222, false).map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::Busy(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("another system") && msg.contains("00001111") && msg.contains("-f"), "{msg}");
+    // the same host after its crash imports without -f
+    let pool = import_as(&l, 0x1111, false).expect("same host");
+    read_back(&pool, &data);
+    pool.abandon();
+    drop(pool);
+    // the other host with -f takes it over; its hostid is now in the labels
+    let pool = import_as(&l, 0x2222, true).expect("forced import");
+    read_back(&pool, &data);
+    pool.abandon();
+    drop(pool);
+    let e = import_as(&l, 0x1111, false).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("00002222"), "{e}");
+    // an exported pool imports anywhere without -f
+    let pool = import_as(&l, 0x2222, false).unwrap();
+    pool.export().unwrap();
+    drop(pool);
+    let pool = import_as(&l, 0x3333, false).expect("exported pool, another host");
+    read_back(&pool, &data);
+    pool.export().unwrap();
+}
+
+#[test]
+fn multihost_heartbeat_refuses_a_live_pool_even_forced() {
+    ZFS_MULTIHOST_INTERVAL_MS.set(100).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let l = files(dir.path(), &["a", "b"]);
+    let props = vec![("multihost".to_string(), "on".to_string())];
+    let pool = Pool::create("tank", mirror(l.clone()), CreateOptions { env: Some(host(0x1111)), props, ..Default::default() }).unwrap();
+    let data = write_and_sync(&pool, 3);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // another host reaching the same storage (no lock shared with us: the devices are
+    // opened without one), forcing: the heartbeat moves while it watches
+    let unlocked: Opener = Arc::new(|spec: &LeafSpec, _| {
+        Ok(Arc::new(FileDevice::open_shared(&spec.path).map_err(Error::Io)?) as Arc<dyn zilla_core::vdev::Device>)
+    });
+    let started = std::time::Instant::now();
+    let e = Pool::import_with_options(&l, unlocked.clone(), host(0x2222), ImportOptions { force: true, ..Default::default() })
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, Error::Busy(_)) && e.to_string().contains("heartbeat moved"), "{e:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200), "it waited two intervals");
+    // same host id, a process that bypassed the lock: refused as well
+    let e = Pool::import_with_options(&l, unlocked, host(0x1111), ImportOptions::default()).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("heartbeat moved"), "{e}");
+    read_back(&pool, &data);
+    // the first host dies: the heartbeat stops, a forced import by the other succeeds
+    pool.abandon();
+    drop(pool);
+    let pool = import_as(&l, 0x2222, true).expect("heartbeat stopped");
+    read_back(&pool, &data);
     pool.export().unwrap();
 }

@@ -38,6 +38,9 @@ pub struct ImportReq {
     /// Pool name or guid; None = list (for /importable) or the only one (for /import).
     #[serde(default)]
     pub name: Option<String>,
+    /// Import a pool that is active on another host id (`-f`).
+    #[serde(default)]
+    pub force: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

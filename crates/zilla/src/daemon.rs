@@ -567,7 +567,8 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     }
     let search = search_paths(&req.dirs);
     let name = req.name.clone();
-    let pool = blocking(move || Ok(Pool::import(&search, name.as_deref())?)).await?;
+    let opts = zilla_core::spa::ImportOptions { force: req.force, ..Default::default() };
+    let pool = blocking(move || Ok(Pool::import_opts(&search, name.as_deref(), opts)?)).await?;
     let name = pool.name();
     if d.pools.get(&name).is_some() {
         // Imported by guid under a name we already have: undo.

@@ -186,6 +186,7 @@ enum PoolCmd {
         /// Search this directory or device (repeatable) [default: /dev]
         #[arg(short = 'd', value_name = "DIR")]
         dirs: Vec<PathBuf>,
+        /// Import a pool that was not exported and was last used by another host id
         #[arg(short = 'f')]
         force: bool,
         /// Pool name or numeric id
@@ -566,18 +567,18 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 .await
                 .map_err(ctx(format!("cannot scrub '{pool}'")))?;
         }
-        PoolCmd::Import { dirs, force: _, pool } => {
+        PoolCmd::Import { dirs, force, pool } => {
             let dirs: Vec<String> = dirs.iter().map(|d| absolutize(d).display().to_string()).collect();
             match pool {
                 Some(name) => {
                     let _: Empty = c
-                        .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()) })
+                        .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force })
                         .await
                         .map_err(ctx(format!("cannot import '{name}'")))?;
                 }
                 None => {
                     let found: Vec<ImportablePool> = c
-                        .post("/v1/importable", &ImportReq { dirs, name: None })
+                        .post("/v1/importable", &ImportReq { dirs, name: None, force: false })
                         .await
                         .map_err(ctx("cannot discover pools".to_string()))?;
                     if found.is_empty() {

@@ -59,6 +59,12 @@ pub struct PoolConfig {
     pub txg: u64,
     pub tops: Vec<TopConfig>,
     pub props: BTreeMap<String, String>,
+    /// Host id of the system that last wrote the labels (0: a label from before hostids).
+    #[serde(default)]
+    pub hostid: u32,
+    /// Its host name, for messages only.
+    #[serde(default)]
+    pub hostname: String,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -78,6 +84,7 @@ pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -
     m.insert("ashift".to_string(), ashift.to_string());
     m.insert("autoreplace".to_string(), "off".to_string());
     m.insert("failmode".to_string(), "wait".to_string());
+    m.insert("multihost".to_string(), "off".to_string());
     for (k, v) in props {
         let v = v.trim().to_ascii_lowercase();
         match k.as_str() {
@@ -90,6 +97,11 @@ pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -
             "autoreplace" => {
                 if v != "on" && v != "off" {
                     return Err(Error::invalid(format!("bad value '{v}' for autoreplace: expected on or off")));
+                }
+            }
+            "multihost" => {
+                if v != "on" && v != "off" {
+                    return Err(Error::invalid(format!("bad value '{v}' for multihost: expected on or off")));
                 }
             }
             "failmode" => {
@@ -153,6 +165,8 @@ impl PoolInner {
     pub fn write_config_labels(&self, state: &str) -> Result<()> {
         let mut cfg = self.refresh_config();
         cfg.state = state.to_string();
+        cfg.hostid = self.env.hostid();
+        cfg.hostname = crate::env::system_hostname();
         cfg.txg = self.txg.open_txg();
         *self.config.lock() = cfg.clone();
         let leaves = self.leaves.read().clone();
@@ -296,6 +310,7 @@ impl Pool {
             inner.io.vdevs.write().retain(|t| t.id != top.id);
         }
         let _ = label::wipe_labels(&**leaf.device());
+        leaf.device().release();
         inner.write_config_labels("active")
     }
 

@@ -34,6 +34,34 @@ pub struct ImportablePool {
     pub leaves: Vec<LeafSpec>,
 }
 
+/// How to import (`zilla pool import [-f] [-F [-n]]`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImportOptions {
+    /// Import a pool that is active on another host id (not one whose heartbeat moves).
+    pub force: bool,
+    pub rewind: bool,
+    pub dry_run: bool,
+}
+
+/// Leaves opened (claimed) by a create or import in progress: released if it fails, so
+/// the next attempt does not find them held by the I/O threads of a half-built pool.
+#[derive(Default)]
+struct Claims(Vec<Arc<dyn Device>>);
+
+impl Claims {
+    fn keep(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            d.release();
+        }
+    }
+}
+
 struct Opened {
     spec: LeafSpec,
     dev: Arc<dyn Device>,
@@ -61,10 +89,12 @@ impl Pool {
         let all_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
         check_distinct_leaves(&all_specs, &[], name)?;
         let mut opened_tops: Vec<(TopSpec, Vec<Opened>)> = Vec::new();
+        let mut claims = Claims::default();
         for t in &tops {
             let mut v = Vec::new();
             for l in &t.leaves {
                 let dev = opener(l, t.role)?;
+                claims.0.push(dev.clone());
                 check_device_free(&*dev, l, opts.force)?;
                 v.push(Opened { spec: l.clone(), dev });
             }
@@ -107,6 +137,8 @@ impl Pool {
             txg: crate::txg::TXG_INITIAL,
             tops: cfg_tops,
             props: pool_props,
+            hostid: env.hostid(),
+            hostname: crate::env::system_hostname(),
         };
         let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true };
         let io = PoolIo::new(vdevs, ms);
@@ -119,6 +151,7 @@ impl Pool {
         let t = inner.txg.open_txg();
         inner.spa_sync(t)?;
         inner.txg.initial_synced(t);
+        claims.keep();
         Ok(Self::from_inner(inner))
     }
 
@@ -141,6 +174,11 @@ impl Pool {
     }
 
     pub fn import(search: &[PathBuf], name: Option<&str>) -> Result<Arc<Pool>> {
+        Self::import_opts(search, name, ImportOptions::default())
+    }
+
+    /// Find the pool `name` (or the only one) in `search` and import it with `opts`.
+    pub fn import_opts(search: &[PathBuf], name: Option<&str>, opts: ImportOptions) -> Result<Arc<Pool>> {
         let cands = Self::find_importable(search)?;
         let chosen: Vec<&ImportablePool> = match name {
             Some(n) => cands.iter().filter(|c| c.name == n || c.guid.to_string() == n).collect(),
@@ -148,7 +186,7 @@ impl Pool {
         };
         match chosen.len() {
             0 => Err(Error::NotFound(format!("pool '{}' (no importable pool found in the given directories)", name.unwrap_or("")))),
-            1 => Self::import_leaves(&chosen[0].leaves),
+            1 => Self::import_with_options(&chosen[0].leaves, default_opener(), crate::env::real(), opts),
             _ => Err(Error::invalid(format!(
                 "more than one importable pool{}: {}; name one (or its guid)",
                 name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
@@ -167,14 +205,23 @@ impl Pool {
 
     /// Import with a given Env (tests: a simulated clock and seeded randomness).
     pub fn import_with_env(specs: &[LeafSpec], opener: Opener, env: Arc<dyn Env>) -> Result<Arc<Pool>> {
+        Self::import_with_options(specs, opener, env, ImportOptions::default())
+    }
+
+    /// Import with options (`-f`: a pool active on another host id).
+    pub fn import_with_options(specs: &[LeafSpec], opener: Opener, env: Arc<dyn Env>, opts: ImportOptions) -> Result<Arc<Pool>> {
         if specs.is_empty() {
             return Err(Error::invalid("no devices to import from"));
         }
         // read every label
         let mut devs: Vec<(LeafSpec, Arc<dyn Device>, label::LabelScan, Option<LabelJson>)> = Vec::new();
+        let mut claims = Claims::default();
         for s in specs {
             let dev = match opener(s, Role::Normal) {
-                Ok(d) => d,
+                Ok(d) => {
+                    claims.0.push(d.clone());
+                    d
+                }
                 // held by a live pool (here or in another process): never import around it
                 Err(e @ Error::Busy(_)) => return Err(Error::Busy(format!("cannot import: {e}"))),
                 Err(e) => {
@@ -213,6 +260,9 @@ impl Pool {
                 }
             }
         }
+        let checked: Vec<(&dyn Device, &label::LabelScan)> =
+            devs.iter().filter(|d| d.3.as_ref().is_some_and(|lj| lj.config.guid == best_cfg.guid)).map(|d| (&*d.1, &d.2)).collect();
+        super::mmp::check_import_ownership(&best_cfg, &checked, &*env, opts.force)?;
         let mut cfg = best_cfg.clone();
         // build the tree, matching leaves by guid
         let mut vdevs = Vec::new();
@@ -226,7 +276,15 @@ impl Pool {
                 let leaf = match found {
                     Some((spec, dev, scan, _)) => {
                         let dev: Arc<dyn Device> = if spec.model.is_some() && t.role != Role::Normal {
-                            opener(spec, t.role).unwrap_or_else(|_| dev.clone())
+                            // reopen with the role's latency profile: hand over the claim
+                            dev.release();
+                            match opener(spec, t.role) {
+                                Ok(d) => {
+                                    claims.0.push(d.clone());
+                                    d
+                                }
+                                Err(e) => return Err(Error::Busy(format!("cannot import: {}: {e}", spec.display()))),
+                            }
                         } else {
                             dev.clone()
                         };
@@ -339,6 +397,7 @@ impl Pool {
         }
         let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false };
         let inner = PoolInner::new(cfg, io, leaves, volumes, meta, ub.txg, opener, env);
+        *inner.last_ub.lock() = Some(ub.clone());
         // rewrite labels: marks the pool active and repairs damaged label copies
         if let Err(e) = inner.write_config_labels("active") {
             tracing::warn!("import: could not rewrite labels: {e}");
@@ -346,6 +405,7 @@ impl Pool {
         if bad_labels > 0 {
             tracing::info!(pool = %inner.name, bad_labels, "rewrote damaged labels");
         }
+        claims.keep();
         let pool = Self::from_inner(inner);
         // leaves returning with a DTL get resilvered
         for l in pool.inner.leaves.read().iter() {

@@ -43,6 +43,11 @@ pub const SYNC_CHUNK_BLOCKS: usize = 512;
 
 impl PoolInner {
     /// Leaves that carry uberblocks (normal + log classes).
+    /// The ashift of the top-level vdev holding leaf `guid` (its label slot size).
+    pub(super) fn leaf_ashift(&self, guid: u64) -> u8 {
+        self.tops().iter().find(|t| t.children().iter().any(|c| c.guid == guid)).map_or(label::MIN_ASHIFT, |t| t.ashift)
+    }
+
     fn ub_leaves(&self) -> Vec<Arc<Leaf>> {
         self.tops().iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).flat_map(|t| t.children()).collect()
     }
@@ -62,8 +67,9 @@ impl PoolInner {
         for (i, leaf) in leaves.iter().enumerate() {
             let size = leaf.device().size();
             for l in 0..label::LABELS {
-                let off = label::ub_offset(size, l, ub.txg);
-                let buf = Arc::new(crate::vdev::abd::AlignedBuf::copy_of(&ub.encode(off)));
+                let ashift = self.leaf_ashift(leaf.guid);
+                let off = label::ub_offset_at(size, l, ub.txg, ashift);
+                let buf = Arc::new(crate::vdev::abd::AlignedBuf::copy_of(&ub.encode_slot(off, label::ub_slot_size(ashift))));
                 let tx = tx.clone();
                 leaf.queue.submit(IoRequest::write(IoClass::SyncWrite, off, buf, Box::new(move |d| {
                     let _ = tx.send((i, d.result.is_ok()));
@@ -220,8 +226,10 @@ impl PoolInner {
             timestamp_ns: self.env.unix_time_ns(),
             pool_guid: self.guid,
             root: mos_root,
+            heartbeat: None,
         };
         self.write_uberblocks(&ub)?;
+        *self.last_ub.lock() = Some(ub);
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
         for (k, d) in written {

@@ -32,10 +32,12 @@
 //! the rest here; an aligned write never touches bytes of another block's covering
 //! sectors unless the two writes overlap, which the allocator never issues.)
 //!
-//! Ownership: [`FileDevice::open`] takes the leaf for a pool. A regular file gets
-//! `flock(LOCK_EX|LOCK_NB)`, a block device is opened `O_EXCL` (the kernel's claim, which
-//! also fails while the device is mounted); a second opener, in this process or another,
-//! fails with `WouldBlock`/`ResourceBusy`. [`FileDevice::open_shared`] opens read-only and
+//! Ownership: [`FileDevice::open`] takes the leaf for a pool with a second descriptor,
+//! the *claim*: a regular file gets `flock(LOCK_EX|LOCK_NB)` on it, a block device is
+//! opened `O_EXCL` (the kernel's claim, which also fails while the device is mounted); a
+//! second opener, in this process or another, fails with `WouldBlock`/`ResourceBusy`.
+//! The claim is its own descriptor so export can drop it ([`Device::release`]) at once,
+//! while I/O threads that still hold the device wind down. [`FileDevice::open_shared`] opens read-only and
 //! unlocked, for reading labels (import scans, device checks).
 //!
 //! Geometry: regular files report their length (rounded down to 512), not rotational,
@@ -52,6 +54,8 @@ use std::path::{Path, PathBuf};
 use parking_lot::{Condvar, Mutex};
 
 use super::abd::AlignedBuf;
+#[allow(unused_imports)]
+use super::Device;
 use rustix::fs::{AtFlags, FallocateFlags, SeekFrom, StatxFlags};
 
 /// Alignment assumed for O_DIRECT when statx cannot tell (safe for every device).
@@ -77,6 +81,8 @@ pub struct FileDevice {
     /// Byte ranges being written; a read-modify-write waits for overlapping writes.
     write_ranges: RangeLock,
     identity: super::DeviceIdentity,
+    /// The descriptor that holds the leaf (flock / O_EXCL); None when shared or released.
+    claim: Mutex<Option<File>>,
 }
 
 /// A bounded set of locked byte ranges (at most one per writing thread).
@@ -128,17 +134,9 @@ impl FileDevice {
     }
 
     fn open_as(path: &Path, exclusive: bool) -> io::Result<FileDevice> {
-        let is_block = std::fs::metadata(path)?.file_type().is_block_device();
-        let mut flags = 0;
-        if exclusive && is_block {
-            flags |= libc::O_EXCL;
-        }
-        let (file, direct) = match Self::open_direct(path, flags, exclusive) {
+        let (file, direct) = match Self::open_direct(path, 0, exclusive) {
             Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Self::open_mode(path, flags, exclusive)?, false),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(io::Error::new(io::ErrorKind::ResourceBusy, "block device is open exclusively elsewhere (a pool, a mount)"))
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Self::open_mode(path, 0, exclusive)?, false),
             Err(e) => return Err(e),
         };
         let meta = file.metadata()?;
@@ -146,9 +144,7 @@ impl FileDevice {
         if !is_block && !meta.file_type().is_file() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file or block device"));
         }
-        if exclusive && !is_block {
-            lock_file(&file)?;
-        }
+        let claim = if exclusive { Some(claim_leaf(path, is_block)?) } else { None };
         let (mem_align, offset_align) = if direct { dio_alignment(&file) } else { (1, 1) };
         let (size_bytes, rotational, logical, physical) = if is_block {
             let size = rustix::fs::seek(&file, SeekFrom::End(0))?;
@@ -171,6 +167,7 @@ impl FileDevice {
             physical_sector_bytes: physical,
             write_ranges: RangeLock::default(),
             identity: super::DeviceIdentity::from_metadata(&meta),
+            claim: Mutex::new(claim),
         })
     }
 
@@ -320,6 +317,10 @@ impl super::Device for FileDevice {
         Some(self.identity)
     }
 
+    fn release(&self) {
+        self.claim.lock().take();
+    }
+
     fn raw_target(&self) -> Option<super::RawTarget> {
         use std::os::fd::AsRawFd;
         Some(super::RawTarget {
@@ -331,19 +332,32 @@ impl super::Device for FileDevice {
     }
 }
 
-/// Take a regular file for this pool: `flock(LOCK_EX|LOCK_NB)`, released when the file
-/// is closed (export, or the process dies). A file system without flock support (some
-/// network file systems: ENOLCK, EOPNOTSUPP) leaves the leaf unlocked, with a warning.
-fn lock_file(file: &File) -> io::Result<()> {
+/// Take a leaf for this pool with a descriptor of its own (so the claim can be dropped
+/// at export while I/O threads still hold the device): a block device opened `O_EXCL`
+/// (EBUSY while another pool holds it or it is mounted), a regular file with
+/// `flock(LOCK_EX|LOCK_NB)`. A file system without flock support (some network file
+/// systems: ENOLCK, EOPNOTSUPP) leaves the leaf unclaimed, with a warning.
+fn claim_leaf(path: &Path, is_block: bool) -> io::Result<File> {
     use rustix::fs::FlockOperation;
-    match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(()),
+    let flags = libc::O_CLOEXEC | if is_block { libc::O_EXCL } else { 0 };
+    let file = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            return Err(io::Error::new(io::ErrorKind::ResourceBusy, "block device is held exclusively elsewhere (a pool, a mount)"))
+        }
+        Err(e) => return Err(e),
+    };
+    if is_block {
+        return Ok(file);
+    }
+    match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
         Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
             Err(io::Error::new(io::ErrorKind::WouldBlock, "file is locked by another open (a pool in this or another process)"))
         }
         Err(e) if e == rustix::io::Errno::NOLCK || e == rustix::io::Errno::OPNOTSUPP => {
-            tracing::warn!("cannot lock leaf file ({e}): it is not protected against a second importer");
-            Ok(())
+            tracing::warn!("cannot lock leaf file {} ({e}): it is not protected against a second importer", path.display());
+            Ok(file)
         }
         Err(e) => Err(e.into()),
     }
@@ -473,8 +487,11 @@ mod tests {
         shared.read_at(&mut buf, 0).unwrap();
         assert!(shared.write_at(&buf, 0).is_err(), "a shared open is read-only");
         assert_eq!(shared.identity(), dev.identity());
-        drop(dev);
-        FileDevice::open(&path).expect("closing the first opener releases the leaf");
+        dev.release();
+        let again = FileDevice::open(&path).expect("releasing the claim frees the leaf");
+        assert_eq!(FileDevice::open(&path).err().map(|e| e.kind()), Some(io::ErrorKind::WouldBlock));
+        drop(again);
+        FileDevice::open(&path).expect("closing the device frees the leaf");
     }
 
     #[test]

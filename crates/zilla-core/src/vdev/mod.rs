@@ -82,6 +82,9 @@ pub trait Device: Send + Sync + 'static {
     fn identity(&self) -> Option<DeviceIdentity> {
         None
     }
+    /// Give up this pool's claim on the device (flock / O_EXCL) at export, destroy,
+    /// detach or a simulated crash; I/O threads may still hold the device afterwards.
+    fn release(&self) {}
 }
 
 /// A device's identity: block devices by their device number (st_rdev), regular files

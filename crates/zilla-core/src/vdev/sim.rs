@@ -720,6 +720,10 @@ impl Device for SimDevice {
     fn identity(&self) -> Option<super::DeviceIdentity> {
         self.inner.identity()
     }
+
+    fn release(&self) {
+        self.inner.release()
+    }
 }
 
 #[cfg(test)]
