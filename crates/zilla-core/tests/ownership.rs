@@ -225,3 +225,81 @@ fn multihost_heartbeat_refuses_a_live_pool_even_forced() {
     read_back(&pool, &data);
     pool.export().unwrap();
 }
+
+// ---- row 8: devices in use or with a signature are refused without -f -------------------
+
+fn single(l: &LeafSpec) -> Vec<TopSpec> {
+    mirror(vec![l.clone()])
+}
+
+#[test]
+fn create_and_add_refuse_signatures_without_force() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let l = files(dir.path(), &["ext4", "gpt", "swap", "plain", "xfs"]);
+    let put = |s: &LeafSpec, off: u64, b: &[u8]| std::fs::OpenOptions::new().write(true).open(&s.path).unwrap().write_all_at(b, off).unwrap();
+    put(&l[0], 1080, &[0x53, 0xEF]);
+    put(&l[1], 512, b"EFI PART");
+    put(&l[2], 4086, b"SWAPSPACE2");
+    put(&l[4], 0, b"XFSB");
+    for (s, what) in [(&l[0], "ext2/ext3/ext4"), (&l[1], "GPT"), (&l[2], "swap"), (&l[4], "xfs")] {
+        let e = Pool::create("tank", single(s), CreateOptions::default()).map(|_| ()).unwrap_err();
+        assert!(matches!(e, Error::Busy(_)), "{e:?}");
+        assert!(e.to_string().contains(what) && e.to_string().contains("-f"), "{what}: {e}");
+    }
+    let pool = Pool::create("tank", single(&l[3]), CreateOptions::default()).unwrap();
+    let e = pool.add(single(&l[0]), false).unwrap_err();
+    assert!(e.to_string().contains("ext2/ext3/ext4"), "add: {e}");
+    let e = pool.attach(&l[3].display(), &l[1], false).unwrap_err();
+    assert!(e.to_string().contains("GPT"), "attach: {e}");
+    pool.add(single(&l[0]), true).expect("add -f overwrites the signature");
+    pool.export().unwrap();
+    drop(pool);
+    // and the pool's own devices now carry a Zilla label, refused by name
+    let e = Pool::create("other", single(&l[3]), CreateOptions::default()).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("exported pool 'tank'"), "{e}");
+    Pool::create("other", single(&l[2]), CreateOptions { force: true, ..Default::default() }).unwrap().export().unwrap();
+}
+
+fn sh(cmd: &str) -> Option<String> {
+    let out = std::process::Command::new("sh").arg("-c").arg(cmd).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[test]
+fn mounted_devices_and_their_backing_files_are_refused() {
+    // Needs root, losetup and mkfs.ext4 (tests/run installs them); skipped otherwise.
+    let dir = tempfile::tempdir().unwrap();
+    let l = files(dir.path(), &["fs"]);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let Some(loopdev) = sh(&format!("losetup -f --show {}", l[0].path.display())) else {
+        eprintln!("skipped: no loop devices");
+        return;
+    };
+    let cleanup = |m: bool| {
+        if m {
+            sh(&format!("umount {}", mnt.display()));
+        }
+        sh(&format!("losetup -d {loopdev}"));
+    };
+    if sh(&format!("mkfs.ext4 -q -F {loopdev} && mount {loopdev} {}", mnt.display())).is_none() {
+        cleanup(false);
+        eprintln!("skipped: cannot mkfs.ext4/mount");
+        return;
+    }
+    let blk = spec(PathBuf::from(&loopdev));
+    let r1 = Pool::create("tank", single(&blk), CreateOptions::default()).map(|_| ());
+    let r2 = Pool::create("tank", single(&blk), CreateOptions { force: true, ..Default::default() }).map(|_| ());
+    let r3 = Pool::create("tank", single(&l[0]), CreateOptions::default()).map(|_| ());
+    cleanup(true);
+    let e1 = r1.unwrap_err().to_string();
+    assert!(e1.contains("mounted at") && e1.contains(&*mnt.to_string_lossy()), "{e1}");
+    assert!(r2.is_err(), "a mounted block device is refused even with -f");
+    let e3 = r3.unwrap_err().to_string();
+    assert!(e3.contains("backs") && e3.contains("mounted at"), "{e3}");
+    // unmounted and detached: only the ext4 signature is left, and -f takes it
+    let e = Pool::create("tank", single(&l[0]), CreateOptions::default()).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("ext2/ext3/ext4"), "{e}");
+    Pool::create("tank", single(&l[0]), CreateOptions { force: true, ..Default::default() }).unwrap().export().unwrap();
+}

@@ -217,6 +217,7 @@ impl Pool {
                 if inner.find_leaf(&l.display()).is_some() {
                     return Err(Error::invalid(format!("{} is already in pool '{}'", l.display(), inner.name)));
                 }
+                check_system_use(l, force)?;
                 let dev = (inner.opener)(l, t.role)?;
                 check_device_free(&*dev, l, force)?;
                 label::wipe_labels(&*dev)?;
@@ -255,6 +256,7 @@ impl Pool {
             return Err(Error::invalid(format!("{} is already in pool '{}'", new.display(), inner.name)));
         }
         check_distinct_leaves(&[new], &inner.leaves.read(), &inner.name)?;
+        check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
         check_device_free(&*dev, new, force)?;
         if label::usable_end(dev.size()) < top.asize() + label::DATA_START {
@@ -425,7 +427,20 @@ pub(super) fn check_distinct_devices(devs: &[(&LeafSpec, &dyn Device)]) -> Resul
     Ok(())
 }
 
-/// Refuse a device that carries a label of an active or exported pool unless forced.
+/// Refuse a device the system uses (mounted, a partition mounted, backing a loop device,
+/// held by device-mapper/md): before it is opened, so the error says why. Forcing lets a
+/// file that backs a loop device through; a mounted block device still fails its claim.
+pub(super) fn check_system_use(spec: &LeafSpec, force: bool) -> Result<()> {
+    match crate::vdev::inuse::in_use_by_system(&spec.path) {
+        Some(why) if !force || why.contains("mounted") && !why.contains(" backs ") => {
+            Err(Error::Busy(format!("{} is in use: {why}{}", spec.display(), if force { "" } else { "; use -f to override" })))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Refuse a device that carries a label of an active or exported pool, or a known file
+/// system, volume manager or partition table signature, unless forced.
 pub(super) fn check_device_free(dev: &dyn Device, spec: &LeafSpec, force: bool) -> Result<()> {
     if dev.size() < label::MIN_DEVICE_SIZE {
         return Err(Error::invalid(format!(
@@ -449,8 +464,12 @@ pub(super) fn check_device_free(dev: &dyn Device, spec: &LeafSpec, force: bool) 
                         lj.config.name
                     )));
                 }
+                return Ok(());
             }
         }
+    }
+    if let Some(sig) = crate::vdev::inuse::find_signature(dev) {
+        return Err(Error::Busy(format!("{} contains a {sig}; use -f to overwrite it", spec.display())));
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::config::{check_device_free, check_distinct_devices, check_distinct_leaves, open_top, pool_props_with_defaults};
+use super::config::{check_device_free, check_distinct_devices, check_distinct_leaves, check_system_use, open_top, pool_props_with_defaults};
 use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
 use crate::dmu::{self, PoolIo, VolumeState};
@@ -93,6 +93,7 @@ impl Pool {
         for t in &tops {
             let mut v = Vec::new();
             for l in &t.leaves {
+                check_system_use(l, opts.force)?;
                 let dev = opener(l, t.role)?;
                 claims.0.push(dev.clone());
                 check_device_free(&*dev, l, opts.force)?;

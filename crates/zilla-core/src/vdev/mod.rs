@@ -32,6 +32,7 @@
 pub mod abd;
 pub mod fault;
 pub mod file;
+pub mod inuse;
 pub mod label;
 pub mod mirror;
 pub mod queue;
