@@ -90,8 +90,10 @@ pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -
         match k.as_str() {
             "ashift" => {
                 let a: u8 = v.parse().map_err(|_| Error::invalid(format!("bad ashift '{v}'")))?;
-                if a != 0 && !(9..=16).contains(&a) {
-                    return Err(Error::invalid(format!("ashift {a} out of range (9..16)")));
+                if a != 0 && !(label::MIN_ASHIFT..=label::MAX_ASHIFT).contains(&a) {
+                    return Err(Error::invalid(format!(
+                        "ashift {a} not supported: 12 (4 KiB sectors) or 13 (8 KiB sectors), or 0 for automatic"
+                    )));
                 }
             }
             "autoreplace" => {
@@ -225,7 +227,11 @@ impl Pool {
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
                 cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: 0, dtl: vec![] });
             }
-            let ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(12);
+            let pool_ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(label::MIN_ASHIFT);
+            let mut ashift = pool_ashift;
+            for k in &kids {
+                ashift = ashift.max(device_ashift(&**k.device(), &k.spec)?);
+            }
             let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
             new_tops.push((open_top(&tc, kids.clone()), tc, kids));
             next_id += 1;
@@ -259,6 +265,16 @@ impl Pool {
         check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
         check_device_free(&*dev, new, force)?;
+        let need = device_ashift(&*dev, new)?;
+        if need > top.ashift {
+            return Err(Error::invalid(format!(
+                "{} has {}-byte sectors, larger than the vdev's ashift {} ({} bytes): a write would share a physical sector with live data",
+                new.display(),
+                1u32 << need,
+                top.ashift,
+                1u32 << top.ashift
+            )));
+        }
         if label::usable_end(dev.size()) < top.asize() + label::DATA_START {
             return Err(Error::invalid(format!("{} is too small to attach", new.display())));
         }
@@ -425,6 +441,17 @@ pub(super) fn check_distinct_devices(devs: &[(&LeafSpec, &dyn Device)]) -> Resul
         }
     }
     Ok(())
+}
+
+/// The smallest ashift `dev` can take: log2 of its larger sector size, at least 12;
+/// sectors beyond 8 KiB are refused (the label's uberblock ring would be too short).
+pub(super) fn device_ashift(dev: &dyn Device, spec: &LeafSpec) -> Result<u8> {
+    let sector = dev.logical_sector_size().max(dev.physical_sector_size()).max(512);
+    let a = (sector.next_power_of_two().trailing_zeros() as u8).max(label::MIN_ASHIFT);
+    if a > label::MAX_ASHIFT {
+        return Err(Error::invalid(format!("{}: {sector}-byte sectors are not supported (at most 8 KiB)", spec.display())));
+    }
+    Ok(a)
 }
 
 /// Refuse a device the system uses (mounted, a partition mounted, backing a loop device,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::config::{check_device_free, check_distinct_devices, check_distinct_leaves, check_system_use, open_top, pool_props_with_defaults};
+use super::config::{check_device_free, device_ashift, check_distinct_devices, check_distinct_leaves, check_system_use, open_top, pool_props_with_defaults};
 use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
 use crate::dmu::{self, PoolIo, VolumeState};
@@ -67,9 +67,85 @@ struct Opened {
     dev: Arc<dyn Device>,
 }
 
-fn ashift_of(dev: &dyn Device) -> u8 {
-    let s = dev.logical_sector_size().max(dev.physical_sector_size()).max(512);
-    (s.trailing_zeros() as u8).clamp(9, 16).max(12)
+/// Open (claim) every leaf of a new pool, refusing devices in use or with signatures.
+fn open_new_leaves(tops: &[TopSpec], opener: &Opener, force: bool, claims: &mut Claims) -> Result<Vec<(TopSpec, Vec<Opened>)>> {
+    let mut opened_tops = Vec::new();
+    for t in tops {
+        let mut v = Vec::new();
+        for l in &t.leaves {
+            check_system_use(l, force)?;
+            let dev = opener(l, t.role)?;
+            claims.0.push(dev.clone());
+            check_device_free(&*dev, l, force)?;
+            v.push(Opened { spec: l.clone(), dev });
+        }
+        opened_tops.push((t.clone(), v));
+    }
+    Ok(opened_tops)
+}
+
+/// Open (claim) and read the labels of every leaf given to import. A leaf that cannot
+/// be opened is skipped (it becomes UNAVAIL), except one held by a live pool.
+fn read_import_leaves(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<Vec<ImportLeaf>> {
+    let mut devs = Vec::new();
+    for s in specs {
+        let dev = match opener(s, Role::Normal) {
+            Ok(d) => {
+                claims.0.push(d.clone());
+                d
+            }
+            // held by a live pool (here or in another process): never import around it
+            Err(e @ Error::Busy(_)) => return Err(Error::Busy(format!("cannot import: {e}"))),
+            Err(e) => {
+                tracing::warn!("import: cannot open {}: {e}", s.display());
+                continue;
+            }
+        };
+        let scan = match label::scan_labels(&*dev) {
+            Ok(sc) => sc,
+            Err(e) => {
+                tracing::warn!("import: cannot read labels of {}: {e}", s.display());
+                continue;
+            }
+        };
+        let lj = scan.config.as_ref().and_then(|(_, j)| serde_json::from_slice::<LabelJson>(j).ok());
+        devs.push((s.clone(), dev, scan, lj));
+    }
+    Ok(devs)
+}
+
+/// One leaf as import found it: spec, device, labels, decoded config.
+type ImportLeaf = (LeafSpec, Arc<dyn Device>, label::LabelScan, Option<LabelJson>);
+
+/// A leaf with a latency model is reopened with its role's profile (log, cache): the
+/// claim is handed over from the first open.
+fn reopen_for_role(spec: &LeafSpec, dev: &Arc<dyn Device>, role: Role, opener: &Opener, claims: &mut Claims) -> Result<Arc<dyn Device>> {
+    if spec.model.is_none() || role == Role::Normal {
+        return Ok(dev.clone());
+    }
+    dev.release();
+    let d = opener(spec, role).map_err(|e| Error::Busy(format!("cannot import: {}: {e}", spec.display())))?;
+    claims.0.push(d.clone());
+    Ok(d)
+}
+
+/// The pool's ashift: `requested` (0 = automatic) or the largest sector of any leaf.
+/// A requested ashift below a leaf's sector size is refused: a write would share a
+/// physical sector with live data.
+fn choose_ashift(tops: &[(TopSpec, Vec<Opened>)], requested: u8) -> Result<u8> {
+    let mut needed = label::MIN_ASHIFT;
+    for o in tops.iter().flat_map(|(_, v)| v.iter()) {
+        let a = device_ashift(&*o.dev, &o.spec)?;
+        if requested != 0 && a > requested {
+            return Err(Error::invalid(format!(
+                "ashift {requested} is below the {}-byte sectors of {}: a write would share a physical sector with live data",
+                1u32 << a,
+                o.spec.display()
+            )));
+        }
+        needed = needed.max(a);
+    }
+    Ok(if requested == 0 { needed } else { requested })
 }
 
 impl Pool {
@@ -88,23 +164,13 @@ impl Pool {
         }
         let all_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
         check_distinct_leaves(&all_specs, &[], name)?;
-        let mut opened_tops: Vec<(TopSpec, Vec<Opened>)> = Vec::new();
         let mut claims = Claims::default();
-        for t in &tops {
-            let mut v = Vec::new();
-            for l in &t.leaves {
-                check_system_use(l, opts.force)?;
-                let dev = opener(l, t.role)?;
-                claims.0.push(dev.clone());
-                check_device_free(&*dev, l, opts.force)?;
-                v.push(Opened { spec: l.clone(), dev });
-            }
-            opened_tops.push((t.clone(), v));
-        }
+        let opened_tops = open_new_leaves(&tops, &opener, opts.force, &mut claims)?;
         let all_devs: Vec<(&LeafSpec, &dyn Device)> = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| (&o.spec, &*o.dev)).collect();
         check_distinct_devices(&all_devs)?;
-        let ashift = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| ashift_of(&*o.dev)).max().unwrap_or(12);
-        let pool_props = pool_props_with_defaults(&props, ashift)?;
+        let mut pool_props = pool_props_with_defaults(&props, 0)?;
+        let ashift = choose_ashift(&opened_tops, pool_props["ashift"].parse().unwrap_or(0))?;
+        pool_props.insert("ashift".into(), ashift.to_string());
         let env = opts.env.clone().unwrap_or_else(crate::env::real);
         let guid = new_guid(&*env);
         let mut cfg_tops = Vec::new();
@@ -214,32 +280,8 @@ impl Pool {
         if specs.is_empty() {
             return Err(Error::invalid("no devices to import from"));
         }
-        // read every label
-        let mut devs: Vec<(LeafSpec, Arc<dyn Device>, label::LabelScan, Option<LabelJson>)> = Vec::new();
         let mut claims = Claims::default();
-        for s in specs {
-            let dev = match opener(s, Role::Normal) {
-                Ok(d) => {
-                    claims.0.push(d.clone());
-                    d
-                }
-                // held by a live pool (here or in another process): never import around it
-                Err(e @ Error::Busy(_)) => return Err(Error::Busy(format!("cannot import: {e}"))),
-                Err(e) => {
-                    tracing::warn!("import: cannot open {}: {e}", s.display());
-                    continue;
-                }
-            };
-            let scan = match label::scan_labels(&*dev) {
-                Ok(sc) => sc,
-                Err(e) => {
-                    tracing::warn!("import: cannot read labels of {}: {e}", s.display());
-                    continue;
-                }
-            };
-            let lj = scan.config.as_ref().and_then(|(_, j)| serde_json::from_slice::<LabelJson>(j).ok());
-            devs.push((s.clone(), dev, scan, lj));
-        }
+        let devs = read_import_leaves(specs, &opener, &mut claims)?;
         let Some(best_cfg) = devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()) else {
             return Err(Error::NotFound(format!(
                 "no valid pool label on {}",
@@ -276,19 +318,7 @@ impl Pool {
                 let found = devs.iter().find(|d| d.3.as_ref().map(|lj| lj.this_guid) == Some(lc.guid));
                 let leaf = match found {
                     Some((spec, dev, scan, _)) => {
-                        let dev: Arc<dyn Device> = if spec.model.is_some() && t.role != Role::Normal {
-                            // reopen with the role's latency profile: hand over the claim
-                            dev.release();
-                            match opener(spec, t.role) {
-                                Ok(d) => {
-                                    claims.0.push(d.clone());
-                                    d
-                                }
-                                Err(e) => return Err(Error::Busy(format!("cannot import: {}: {e}", spec.display()))),
-                            }
-                        } else {
-                            dev.clone()
-                        };
+                        let dev = reopen_for_role(spec, dev, t.role, &opener, &mut claims)?;
                         ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == cfg.guid).cloned());
                         bad_labels += scan.bad_labels;
                         lc.spec = spec.clone();

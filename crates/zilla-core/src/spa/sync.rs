@@ -94,6 +94,21 @@ impl PoolInner {
         Ok(())
     }
 
+    /// Write txg `txg`'s uberblock (MOS at `root`) everywhere; it is then the newest.
+    fn commit_uberblock(&self, txg: u64, root: BlockPointer) -> Result<()> {
+        let ub = Uberblock {
+            txg,
+            guid_sum: self.config.lock().guid_sum(),
+            timestamp_ns: self.env.unix_time_ns(),
+            pool_guid: self.guid,
+            root,
+            heartbeat: None,
+        };
+        self.write_uberblocks(&ub)?;
+        *self.last_ub.lock() = Some(ub);
+        Ok(())
+    }
+
     /// Flush every data-holding top-level vdev, all at once (one flush request per child).
     fn flush_all(&self) -> Result<()> {
         let tops: Vec<_> = self.tops().into_iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).collect();
@@ -220,16 +235,7 @@ impl PoolInner {
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
         self.io.issue_writes(batch, txg)?;
         self.flush_all()?;
-        let ub = Uberblock {
-            txg,
-            guid_sum: self.config.lock().guid_sum(),
-            timestamp_ns: self.env.unix_time_ns(),
-            pool_guid: self.guid,
-            root: mos_root,
-            heartbeat: None,
-        };
-        self.write_uberblocks(&ub)?;
-        *self.last_ub.lock() = Some(ub);
+        self.commit_uberblock(txg, mos_root)?;
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
         for (k, d) in written {
@@ -265,7 +271,7 @@ impl PoolInner {
         let workers = self.io.prepare_workers(&self.env, &self.name);
         let mut changes = Vec::with_capacity(recs.len());
         for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
-            let prepared = workers.prepare_all(chunk, algo, comp);
+            let prepared = workers.prepare_all(chunk, algo, comp, self.io.alloc_unit());
             let mut chunk_batch = Vec::with_capacity(chunk.len());
             for ((blkid, data), p) in chunk.iter().zip(prepared) {
                 let bp = match p {
