@@ -26,7 +26,9 @@ pub mod registry;
 
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
-pub use iostats::{IoKind, IoStatsTable, VolumeIoSnapshot, VolumeIoStats};
+pub use iostats::{
+    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, VolumeIoSnapshot, VolumeIoStats,
+};
 pub use registry::{resolve_export, ExportInfo, ExportRegistry, ResolvedExport, StaticRegistry};
 
 /// Largest single request any front end accepts (NBD advertises it as its maximum
@@ -50,6 +52,8 @@ pub struct FrontendConfig {
     pub buffer_pool_bytes_max: usize,
     /// Idle pooled buffers are freed after this long.
     pub buffer_idle_trim: Duration,
+    /// Clients (protocol + peer host) whose counters are kept.
+    pub clients_max: usize,
 }
 
 impl Default for FrontendConfig {
@@ -62,6 +66,7 @@ impl Default for FrontendConfig {
             volume_calls_per_connection_max: 16,
             buffer_pool_bytes_max: 64 << 20,
             buffer_idle_trim: Duration::from_secs(10),
+            clients_max: 256,
         }
     }
 }
@@ -94,6 +99,9 @@ impl FrontendConfig {
                 self.volume_calls_per_connection_max, self.volume_calls_max
             ));
         }
+        if self.clients_max == 0 || self.clients_max > 65_536 {
+            return Err(format!("clients_max {} out of range 1..=65536", self.clients_max));
+        }
         Ok(())
     }
 }
@@ -108,6 +116,8 @@ pub struct Frontend {
     pub volume_calls: Arc<SharedBudget>,
     pub buffers: BufferPool,
     pub io_stats: IoStatsTable,
+    /// Per-client counters (bounded; see [`iostats`]).
+    pub clients: ClientStatsTable,
 }
 
 /// Everything /metrics shows about the front ends.
@@ -142,6 +152,7 @@ impl Frontend {
                 config.buffer_idle_trim,
             ),
             io_stats: IoStatsTable::default(),
+            clients: ClientStatsTable::new(config.clients_max),
             registry,
             config,
         })
