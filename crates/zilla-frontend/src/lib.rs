@@ -35,6 +35,15 @@ pub use registry::{resolve_export, ExportInfo, ExportRegistry, ResolvedExport, S
 /// block size); the unit of the per-connection minimum.
 pub const REQUEST_MAX_BYTES: usize = 32 << 20;
 
+/// Largest request (data plus reply header) that may use the memory budget's
+/// small-request lane (see [`budget`]).
+pub const LANE_REQUEST_MAX_BYTES: usize = (256 << 10) + 4096;
+
+/// The small-request lane of a memory budget: 1/16 of it, 1 to 16 MiB.
+pub fn lane_bytes(memory_budget_bytes: usize) -> usize {
+    (memory_budget_bytes / 16).clamp(1 << 20, 16 << 20)
+}
+
 /// Daemon-wide front-end limits. Every field bounds something.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrontendConfig {
@@ -78,9 +87,11 @@ impl FrontendConfig {
         if self.memory_budget_bytes < min_budget {
             return Err(format!("memory budget {} bytes is below the minimum {min_budget}", self.memory_budget_bytes));
         }
-        if self.memory_reserve_bytes < REQUEST_MAX_BYTES || self.memory_reserve_bytes >= self.memory_budget_bytes {
+        let pool = self.memory_budget_bytes - lane_bytes(self.memory_budget_bytes);
+        if self.memory_reserve_bytes < REQUEST_MAX_BYTES || self.memory_reserve_bytes >= pool {
             return Err(format!(
-                "memory reserve {} bytes must be at least one request ({REQUEST_MAX_BYTES}) and below the budget",
+                "memory reserve {} bytes must be at least one request ({REQUEST_MAX_BYTES}) and below the budget \
+                 less its small-request lane ({pool})",
                 self.memory_reserve_bytes
             ));
         }
@@ -134,11 +145,13 @@ impl Frontend {
     pub fn new(registry: Arc<dyn ExportRegistry>, config: FrontendConfig) -> Arc<Frontend> {
         let calls_reserve = (config.volume_calls_max / 8).max(1);
         Arc::new(Frontend {
-            memory: SharedBudget::new(
+            memory: SharedBudget::with_lane(
                 "memory_bytes",
                 config.memory_budget_bytes,
                 config.memory_reserve_bytes,
                 config.memory_per_connection_max_bytes,
+                lane_bytes(config.memory_budget_bytes),
+                LANE_REQUEST_MAX_BYTES,
             ),
             volume_calls: SharedBudget::new(
                 "volume_calls",

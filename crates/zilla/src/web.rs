@@ -237,12 +237,18 @@ fn render_metrics(s: &Snapshot) -> String {
     out
 }
 
+/// An unlabelled gauge.
 fn gauge(reg: &mut Registry, name: &str, help: &str, value: u64) {
-    gauges(reg, name, help, [(Labels::new(), i64::try_from(value).unwrap_or(i64::MAX))]);
+    let metric = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    metric.set(i64::try_from(value).unwrap_or(i64::MAX));
+    reg.register(name, help, metric);
 }
 
+/// An unlabelled counter.
 fn counter(reg: &mut Registry, name: &str, help: &str, value: u64) {
-    counters(reg, name, help, [(Labels::new(), value)]);
+    let metric = Counter::<u64>::default();
+    metric.inc_by(value);
+    reg.register(name, help, metric);
 }
 
 /// `zilla_frontend_*` (memory budget, volume calls, reply buffers) and `zilla_nbd_*`
@@ -298,5 +304,16 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         assert!(out.contains(r#"t_bytes{vdev="a\nb\\c\"d"} 1"#), "{out}");
         assert!(out.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn unlabelled_samples_have_no_braces() {
+        let mut reg = Registry::default();
+        gauge(&mut reg, "zilla_x_bytes", "help", 5);
+        counter(&mut reg, "zilla_y", "help", 7);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(out.contains("\nzilla_x_bytes 5\n"), "{out}");
+        assert!(out.contains("\nzilla_y_total 7\n"), "{out}");
     }
 }
