@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use super::{PoolConfig, PoolInner};
 use crate::env::Env;
+use crate::types::Guid;
 use crate::kstat::{Applies, Tunable};
 use crate::vdev::label::{self, Heartbeat, LabelScan, Uberblock};
 use crate::vdev::mirror::LeafState;
@@ -103,14 +104,14 @@ struct Activity {
     txg: u64,
 }
 
-fn activity_of(scans: &[&LabelScan], pool_guid: u64) -> Activity {
+fn activity_of(scans: &[&LabelScan], pool_guid: Guid) -> Activity {
     let heartbeat = scans
         .iter()
         .flat_map(|s| s.heartbeats.iter())
         .filter(|u| u.pool_guid == pool_guid)
         .filter_map(|u| u.heartbeat.map(|h| (u.timestamp_ns, h.seq, h.hostid)))
         .max();
-    let txg = scans.iter().flat_map(|s| s.uberblocks.iter()).filter(|u| u.pool_guid == pool_guid).map(|u| u.txg).max().unwrap_or(0);
+    let txg = scans.iter().flat_map(|s| s.uberblocks.iter()).filter(|u| u.pool_guid == pool_guid).map(|u| u.txg.get()).max().unwrap_or(0);
     Activity { heartbeat, txg }
 }
 

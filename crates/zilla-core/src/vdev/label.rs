@@ -42,6 +42,7 @@ use std::io;
 
 use crate::zio::blkptr::BlockPointer;
 use crate::zio::checksum::fletcher4;
+use crate::{Guid, Txg};
 
 pub const LABEL_SIZE: u64 = 256 << 10;
 pub const LABELS: usize = 4;
@@ -101,14 +102,14 @@ pub fn ub_ring_slots(ashift: u8) -> u64 {
 }
 
 /// Where txg `txg`'s uberblock goes in label `l`, at ashift 12.
-pub fn ub_offset(dev_size: u64, l: usize, txg: u64) -> u64 {
+pub fn ub_offset(dev_size: u64, l: usize, txg: Txg) -> u64 {
     ub_offset_at(dev_size, l, txg, MIN_ASHIFT)
 }
 
 /// Where txg `txg`'s uberblock goes in label `l` of a vdev of `ashift`.
-pub fn ub_offset_at(dev_size: u64, l: usize, txg: u64, ashift: u8) -> u64 {
+pub fn ub_offset_at(dev_size: u64, l: usize, txg: Txg, ashift: u8) -> u64 {
     let slot = ub_slot_size(ashift) as u64;
-    label_offset(dev_size, l) + CONFIG_REGION_SIZE as u64 + (txg % ub_ring_slots(ashift)) * slot
+    label_offset(dev_size, l) + CONFIG_REGION_SIZE as u64 + (txg.get() % ub_ring_slots(ashift)) * slot
 }
 
 /// The heartbeat slot of label `l` of a vdev of `ashift`.
@@ -155,10 +156,10 @@ pub fn verify_sealed(block: &[u8], offset: u64) -> bool {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uberblock {
-    pub txg: u64,
+    pub txg: Txg,
     pub guid_sum: u64,
     pub timestamp_ns: u64,
-    pub pool_guid: u64,
+    pub pool_guid: Guid,
     /// Root of the object directory (MOS) for this txg.
     pub root: BlockPointer,
     /// Set in the heartbeat slot only (multihost): who is writing it and how often.
@@ -186,10 +187,10 @@ impl Uberblock {
         let mut b = vec![0u8; slot_size];
         b[0..8].copy_from_slice(&UB_MAGIC.to_le_bytes());
         b[8..16].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b[16..24].copy_from_slice(&self.txg.to_le_bytes());
+        b[16..24].copy_from_slice(&self.txg.get().to_le_bytes());
         b[24..32].copy_from_slice(&self.guid_sum.to_le_bytes());
         b[32..40].copy_from_slice(&self.timestamp_ns.to_le_bytes());
-        b[40..48].copy_from_slice(&self.pool_guid.to_le_bytes());
+        b[40..48].copy_from_slice(&self.pool_guid.get().to_le_bytes());
         b[48..48 + BlockPointer::SIZE].copy_from_slice(&self.root.encode());
         if let Some(h) = self.heartbeat {
             let at = HEARTBEAT_AT;
@@ -219,10 +220,10 @@ impl Uberblock {
             interval_ms: u32::from_le_bytes(b[at + 20..at + 24].try_into().unwrap()),
         });
         Some(Uberblock {
-            txg: u(16),
+            txg: Txg(u(16)),
             guid_sum: u(24),
             timestamp_ns: u(32),
-            pool_guid: u(40),
+            pool_guid: Guid(u(40)),
             root: BlockPointer::decode(&b[48..48 + BlockPointer::SIZE])?,
             heartbeat,
         })
@@ -230,14 +231,14 @@ impl Uberblock {
 }
 
 /// Encode a config region: header + JSON, sealed with the region's offset.
-pub fn encode_config(json: &[u8], config_txg: u64, offset: u64) -> io::Result<Vec<u8>> {
+pub fn encode_config(json: &[u8], config_txg: Txg, offset: u64) -> io::Result<Vec<u8>> {
     if json.len() > CONFIG_REGION_SIZE - CONFIG_HEADER_SIZE - TRAILER_SIZE {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "pool config too large for label"));
     }
     let mut b = vec![0u8; CONFIG_REGION_SIZE];
     b[0..8].copy_from_slice(&LABEL_MAGIC.to_le_bytes());
     b[8..16].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    b[16..24].copy_from_slice(&config_txg.to_le_bytes());
+    b[16..24].copy_from_slice(&config_txg.get().to_le_bytes());
     b[24..28].copy_from_slice(&(json.len() as u32).to_le_bytes());
     b[CONFIG_HEADER_SIZE..CONFIG_HEADER_SIZE + json.len()].copy_from_slice(json);
     seal(&mut b, offset);
@@ -245,7 +246,7 @@ pub fn encode_config(json: &[u8], config_txg: u64, offset: u64) -> io::Result<Ve
 }
 
 /// Decode a config region: (config_txg, json bytes).
-pub fn decode_config(b: &[u8], offset: u64) -> Option<(u64, Vec<u8>)> {
+pub fn decode_config(b: &[u8], offset: u64) -> Option<(Txg, Vec<u8>)> {
     if b.len() != CONFIG_REGION_SIZE || !verify_sealed(b, offset) {
         return None;
     }
@@ -257,14 +258,14 @@ pub fn decode_config(b: &[u8], offset: u64) -> Option<(u64, Vec<u8>)> {
     if len > CONFIG_REGION_SIZE - CONFIG_HEADER_SIZE - TRAILER_SIZE {
         return None;
     }
-    Some((u(16), b[CONFIG_HEADER_SIZE..CONFIG_HEADER_SIZE + len].to_vec()))
+    Some((Txg(u(16)), b[CONFIG_HEADER_SIZE..CONFIG_HEADER_SIZE + len].to_vec()))
 }
 
 /// What one leaf's labels hold.
 #[derive(Debug, Clone)]
 pub struct LabelScan {
     /// Highest-txg valid config: (config_txg, json).
-    pub config: Option<(u64, Vec<u8>)>,
+    pub config: Option<(Txg, Vec<u8>)>,
     pub valid_configs: usize,
     pub uberblocks: Vec<Uberblock>,
     /// Multihost heartbeats (from heartbeat slots; not import candidates).
@@ -336,7 +337,7 @@ mod tests {
     }
     #[test]
     fn uberblock_slots_decode_at_their_own_size_only() {
-        let ub = Uberblock { txg: 7, guid_sum: 1, timestamp_ns: 2, pool_guid: 3, root: BlockPointer::hole(), heartbeat: None };
+        let ub = Uberblock { txg: Txg(7), guid_sum: 1, timestamp_ns: 2, pool_guid: Guid(3), root: BlockPointer::hole(), heartbeat: None };
         let b8 = ub.encode_slot(8192, 8192);
         assert_eq!(Uberblock::decode(&b8, 8192), Some(ub.clone()));
         assert_eq!(Uberblock::decode(&b8[..4096], 8192), None, "a 4K read of an 8K slot");
@@ -349,13 +350,13 @@ mod tests {
         assert_eq!(ub_ring_slots(12), 31);
         assert_eq!(ub_ring_slots(13), 15);
         assert_eq!(heartbeat_offset(1 << 30, 0, 13), CONFIG_REGION_SIZE as u64 + 15 * 8192);
-        assert_eq!(ub_offset_at(1 << 30, 0, 16, 13), CONFIG_REGION_SIZE as u64 + 8192);
+        assert_eq!(ub_offset_at(1 << 30, 0, Txg(16), 13), CONFIG_REGION_SIZE as u64 + 8192);
     }
 
     #[test]
     fn config_roundtrip() {
-        let b = encode_config(b"{\"a\":1}", 9, 0).unwrap();
-        assert_eq!(decode_config(&b, 0), Some((9, b"{\"a\":1}".to_vec())));
+        let b = encode_config(b"{\"a\":1}", Txg(9), 0).unwrap();
+        assert_eq!(decode_config(&b, 0), Some((Txg(9), b"{\"a\":1}".to_vec())));
         assert_eq!(decode_config(&b, LABEL_SIZE), None);
     }
 }
