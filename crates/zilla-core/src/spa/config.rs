@@ -458,12 +458,12 @@ pub(super) fn device_ashift(dev: &dyn Device, spec: &LeafSpec) -> Result<u8> {
 /// held by device-mapper/md): before it is opened, so the error says why. Forcing lets a
 /// file that backs a loop device through; a mounted block device still fails its claim.
 pub(super) fn check_system_use(spec: &LeafSpec, force: bool) -> Result<()> {
-    match crate::vdev::inuse::in_use_by_system(&spec.path) {
-        Some(why) if !force || why.contains("mounted") && !why.contains(" backs ") => {
-            Err(Error::Busy(format!("{} is in use: {why}{}", spec.display(), if force { "" } else { "; use -f to override" })))
-        }
-        _ => Ok(()),
+    let Some(why) = crate::vdev::inuse::in_use_by_system(&spec.path) else { return Ok(()) };
+    let overridable = why.contains(" backs ") || !why.contains("mounted");
+    if force && overridable {
+        return Ok(());
     }
+    Err(Error::Busy(format!("{} is in use: {why}{}", spec.display(), if overridable { "; use -f to override" } else { "" })))
 }
 
 /// Refuse a device that carries a label of an active or exported pool, or a known file
@@ -496,7 +496,7 @@ pub(super) fn check_device_free(dev: &dyn Device, spec: &LeafSpec, force: bool) 
         }
     }
     if let Some(sig) = crate::vdev::inuse::find_signature(dev) {
-        return Err(Error::Busy(format!("{} contains a {sig}; use -f to overwrite it", spec.display())));
+        return Err(Error::Busy(format!("{} has an existing {sig}; use -f to overwrite it", spec.display())));
     }
     Ok(())
 }

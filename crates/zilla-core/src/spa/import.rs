@@ -95,7 +95,7 @@ fn read_import_leaves(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) 
                 d
             }
             // held by a live pool (here or in another process): never import around it
-            Err(e @ Error::Busy(_)) => return Err(Error::Busy(format!("cannot import: {e}"))),
+            Err(e @ Error::Busy(_)) => return Err(e),
             Err(e) => {
                 tracing::warn!("import: cannot open {}: {e}", s.display());
                 continue;
@@ -124,7 +124,7 @@ fn reopen_for_role(spec: &LeafSpec, dev: &Arc<dyn Device>, role: Role, opener: &
         return Ok(dev.clone());
     }
     dev.release();
-    let d = opener(spec, role).map_err(|e| Error::Busy(format!("cannot import: {}: {e}", spec.display())))?;
+    let d = opener(spec, role)?;
     claims.0.push(d.clone());
     Ok(d)
 }
