@@ -686,6 +686,66 @@ pub struct Mos {
     pub scan_state: String,
     /// Pool properties (JSON).
     pub pool_props: String,
+    /// Health of every leaf: its DTL and whether it is faulted (the persistent home of
+    /// both, as OpenZFS keeps DTL space maps in the MOS). `None` in an object directory
+    /// written before this section existed (the DTLs were then in the labels).
+    pub leaf_health: Option<Vec<LeafHealth>>,
+}
+
+/// One leaf's persistent health record in the MOS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafHealth {
+    pub guid: u64,
+    pub faulted: bool,
+    /// Txg ranges [first, last] the leaf is missing (at most `DTL_MAX_RANGES`).
+    pub dtl: Vec<(u64, u64)>,
+}
+
+/// Most leaves a pool's health section may list (a crafted image cannot make decode
+/// allocate more).
+pub const MOS_MAX_LEAVES: u32 = 4096;
+
+fn encode_leaf_health(out: &mut Vec<u8>, recs: &[LeafHealth]) {
+    out.extend_from_slice(&(recs.len() as u32).to_le_bytes());
+    for r in recs {
+        out.extend_from_slice(&r.guid.to_le_bytes());
+        out.push(r.faulted as u8);
+        out.extend_from_slice(&(r.dtl.len() as u32).to_le_bytes());
+        for &(a, b) in &r.dtl {
+            out.extend_from_slice(&a.to_le_bytes());
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+    }
+}
+
+fn decode_leaf_health(r: &mut Reader<'_>) -> Result<Vec<LeafHealth>> {
+    let n = r.u32()?;
+    if n > MOS_MAX_LEAVES {
+        return Err(Error::Corrupt(format!("object directory lists {n} leaves (at most {MOS_MAX_LEAVES})")));
+    }
+    let mut recs = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let guid = r.u64()?;
+        let faulted = match r.u8()? {
+            0 => false,
+            1 => true,
+            f => return Err(Error::Corrupt(format!("leaf {guid}: bad health flags {f}"))),
+        };
+        let nr = r.u32()?;
+        if nr as usize > crate::vdev::mirror::DTL_MAX_RANGES {
+            return Err(Error::Corrupt(format!("leaf {guid}: {nr} DTL ranges")));
+        }
+        let mut dtl = Vec::with_capacity(nr as usize);
+        for _ in 0..nr {
+            let (a, b) = (r.u64()?, r.u64()?);
+            if a > b || dtl.last().is_some_and(|&(_, pb): &(u64, u64)| pb >= a) {
+                return Err(Error::Corrupt(format!("leaf {guid}: DTL ranges out of order")));
+            }
+            dtl.push((a, b));
+        }
+        recs.push(LeafHealth { guid, faulted, dtl });
+    }
+    Ok(recs)
 }
 
 impl Mos {
@@ -709,6 +769,9 @@ impl Mos {
         ms.encode(&mut out);
         put_str(&mut out, &self.scan_state);
         put_str(&mut out, &self.pool_props);
+        if let Some(h) = &self.leaf_health {
+            encode_leaf_health(&mut out, h);
+        }
         out
     }
 
@@ -755,7 +818,8 @@ impl Mos {
         ms.decode_into(&mut r)?;
         let scan_state = r.string()?;
         let pool_props = r.string()?;
-        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props })
+        let leaf_health = if r.remaining() > 0 { Some(decode_leaf_health(&mut r)?) } else { None };
+        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props, leaf_health })
     }
 }
 

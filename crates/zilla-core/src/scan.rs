@@ -392,8 +392,17 @@ fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
         .sum()
 }
 
+/// Leaves a resilver pass could not fully repair: their DTLs stay. `all` when a
+/// subtree could not be read at all (which children miss what under it is unknown).
+#[derive(Default)]
+struct Unrepaired {
+    leaves: std::collections::HashSet<u64>,
+    all: bool,
+}
+
 /// Scrub one block pointer on every copy; returns false if it is unrecoverable.
-fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
+/// Children whose bad copy could not be rewritten go into `unrepaired`.
+fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, unrepaired: &mut Unrepaired) -> bool {
     let mut ok_somewhere = false;
     let mut any = false;
     let mut lost = Vec::new();
@@ -402,6 +411,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
         any = true;
         let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
         let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
+        unrepaired.leaves.extend(o.unrepaired.iter().copied());
         let mut s = inner.scan().status.lock();
         s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
         s.repaired_bytes += o.repaired_bytes;
@@ -471,14 +481,16 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     let mut spans = 0u64;
     let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
     let mut bm = inner.scan().status.lock().bookmark.clone();
+    let mut unrepaired = Unrepaired::default();
     if bm.phase == 0 {
         if !resilver {
             check_labels(inner);
         }
         let mos_root = inner.mos_root();
         if !mos_root.is_hole() {
+            let _pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
             for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
-                if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp) {
+                if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp, &mut unrepaired) {
                     inner.scan().status.lock().errors += 1;
                 }
             }
@@ -499,9 +511,13 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
                 return Ok(());
             }
             let last = (blk + EPB - 1).min(nblocks - 1);
+            // the pin keeps every block of this root where it is while the span's
+            // repairs are written (a block freed meanwhile is not reused)
+            let pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
             let root: TreeRoot = *v.committed.read();
             let mut bad: Vec<(u64, BlockPointer)> = Vec::new();
-            walk_span(inner, &root, blk, last, if resilver { min_txg } else { 0 }, &mut bad)?;
+            walk_span(inner, &root, blk, last, if resilver { min_txg } else { 0 }, &mut bad, &mut unrepaired)?;
+            drop(pin);
             for (blkid, bp) in bad {
                 // recheck against the current tree: a block freed meanwhile is not an error
                 let cur = *v.committed.read();
@@ -536,8 +552,14 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     }
     if resilver {
         let start_txg = inner.scan().status.lock().start_txg;
+        if unrepaired.all {
+            tracing::warn!(pool = %inner.pool_name(), "resilver could not read part of the pool: every DTL is kept");
+        }
         for l in inner.leaves().iter() {
-            if !l.readable() {
+            if !l.readable() || unrepaired.all || unrepaired.leaves.contains(&l.guid) {
+                if unrepaired.leaves.contains(&l.guid) {
+                    tracing::warn!(pool = %inner.pool_name(), device = %l.spec.display(), "resilver could not repair every block on this device: its DTL is kept");
+                }
                 continue;
             }
             let d: Vec<(u64, u64)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg + 1), b)).collect();
@@ -548,18 +570,41 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     Ok(())
 }
 
-/// Scrub every block of `[first, last]` (indirects included) born at or after `min_txg`.
-fn walk_span(inner: &Arc<dyn ScanPool>, root: &TreeRoot, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
-    fn rec(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, level: u32, base: u64, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
-        if bp.is_hole() || bp.birth < min_txg {
+/// Scrub every block of `[first, last]` (indirects included) born at or after
+/// `min_txg`. An indirect block no copy of which reads back is an error, and its
+/// subtree is unrepaired (`unrepaired.all`): nothing under it was examined.
+fn walk_span(
+    inner: &Arc<dyn ScanPool>,
+    root: &TreeRoot,
+    first: u64,
+    last: u64,
+    min_txg: u64,
+    bad: &mut Vec<(u64, BlockPointer)>,
+    unrepaired: &mut Unrepaired,
+) -> Result<()> {
+    struct Walk<'a> {
+        inner: &'a Arc<dyn ScanPool>,
+        first: u64,
+        last: u64,
+        min_txg: u64,
+        bad: &'a mut Vec<(u64, BlockPointer)>,
+        unrepaired: &'a mut Unrepaired,
+    }
+    let mut w = Walk { inner, first, last, min_txg, bad, unrepaired };
+    return rec(&mut w, &root.bp, root.nlevels as u32 - 1, 0);
+
+    fn rec(w: &mut Walk<'_>, bp: &BlockPointer, level: u32, base: u64) -> Result<()> {
+        let (inner, first, last) = (w.inner, w.first, w.last);
+        if bp.is_hole() || bp.birth < w.min_txg {
             return Ok(());
         }
         // an indirect is scrubbed in the first span it covers; L0s in their own span
-        if (level == 0 || base >= first) && !scrub_bp(inner, bp) {
+        if (level == 0 || base >= first) && !scrub_bp(inner, bp, w.unrepaired) {
             if level == 0 {
-                bad.push((base, *bp));
+                w.bad.push((base, *bp));
             } else {
                 inner.scan().status.lock().errors += 1;
+                w.unrepaired.all = true;
             }
             return Ok(());
         }
@@ -569,17 +614,25 @@ fn walk_span(inner: &Arc<dyn ScanPool>, root: &TreeRoot, first: u64, last: u64, 
         let span = EPB.pow(level - 1);
         let ind = match inner.io().read_indirect(bp, IoClass::Scrub) {
             Ok(i) => i,
-            Err(_) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(pool = %inner.pool_name(), "scan: indirect block (birth {}) unreadable, its subtree is not examined: {e}", bp.birth);
+                inner.scan().status.lock().errors += 1;
+                w.unrepaired.all = true;
+                return Ok(());
+            }
         };
         let lo = first.saturating_sub(base) / span;
         let hi = ((last - base) / span).min(EPB - 1);
         for idx in lo..=hi {
             let o = idx as usize * BlockPointer::SIZE;
-            let Some(c) = BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]) else { continue };
-            rec(inner, &c, level - 1, base + idx * span, first, last, min_txg, bad)?;
+            let Some(c) = BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]) else {
+                inner.scan().status.lock().errors += 1;
+                w.unrepaired.all = true;
+                continue;
+            };
+            rec(w, &c, level - 1, base + idx * span)?;
         }
         Ok(())
     }
-    rec(inner, &root.bp, root.nlevels as u32 - 1, 0, first, last, min_txg, bad)
 }
 

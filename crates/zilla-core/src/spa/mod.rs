@@ -131,6 +131,8 @@ pub(crate) struct MosMeta {
     pub scan_state: String,
     /// Something in the MOS changed (props, volumes) even if no data is dirty.
     pub changed: bool,
+    /// Leaf health (DTLs, faults) as the committed MOS records it.
+    pub health: Vec<crate::dmu::LeafHealth>,
 }
 
 pub(crate) struct PoolInner {
@@ -145,6 +147,8 @@ pub(crate) struct PoolInner {
     meta: Mutex<MosMeta>,
     /// Serialises syncs with config changes (attach/detach/add/online/offline).
     sync_lock: Mutex<()>,
+    /// Serialises label writes (each config txg is written once, increasing).
+    config_write_lock: Mutex<()>,
     opener: Opener,
     suspended: AtomicBool,
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
@@ -194,6 +198,7 @@ impl PoolInner {
             volumes: RwLock::new(volumes),
             meta: Mutex::new(meta),
             sync_lock: Mutex::new(()),
+            config_write_lock: Mutex::new(()),
             opener,
             suspended: false.into(),
             abandoned: false.into(),

@@ -38,6 +38,34 @@ pub static ZFS_DEBUG_FAIL_SYNC_ASSERTION: Tunable = Tunable::new(
     "testing aid: 1 makes the next txg sync fail an assertion before it writes anything (exercises the broken-invariant policy: the daemon stops)",
 );
 
+/// How often a sync rewrites its txg because a device failed while it was written,
+/// before it gives up (the pool then suspends and retries with backoff).
+pub const SYNC_HEALTH_RETRIES: u32 = 5;
+
+/// Why one attempt at syncing a txg failed.
+#[derive(Debug)]
+enum SyncError {
+    /// A leaf's DTL or state changed after the MOS was encoded: write the txg again.
+    HealthChanged(String),
+    Failed(Error),
+}
+
+impl From<Error> for SyncError {
+    fn from(e: Error) -> Self {
+        SyncError::Failed(e)
+    }
+}
+
+/// Which leaves' health differs, for the log.
+fn health_diff(before: &[dmu::LeafHealth], after: &[dmu::LeafHealth]) -> String {
+    after
+        .iter()
+        .filter(|a| !before.contains(a))
+        .map(|a| format!("leaf {:016x} dtl [{}]{}", a.guid, crate::vdev::mirror::ranges_text(&a.dtl), if a.faulted { " faulted" } else { "" }))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Dirty blocks prepared, allocated and handed to the writer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
 
@@ -51,10 +79,10 @@ impl PoolInner {
     /// Uberblock `ub` into its slot of all four labels of every online leaf, then a
     /// flush, all leaves at once: per leaf four write requests and a flush request,
     /// which its queue issues only after those writes completed. Ok if at least one leaf
-    /// wrote all four and flushed. First the labels, if some leaf's DTL changed: what a
-    /// leaf missed must be on disk before the txg that it missed commits.
+    /// wrote all four and flushed. A leaf whose flush fails here gets what it may have
+    /// dropped in its DTL (recorded by the next txg's MOS; its data of this txg was
+    /// flushed by `flush_all` already).
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
-        self.persist_changed_dtls()?;
         use crate::vdev::queue::IoRequest;
         use crate::vdev::IoClass;
         let leaves: Vec<Arc<Leaf>> = self.ub_leaves().into_iter().filter(|l| l.state() == LeafState::Online).collect();
@@ -69,8 +97,12 @@ impl PoolInner {
                     let _ = tx.send((i, d.result.is_ok()));
                 })));
             }
-            let tx = tx.clone();
+            let (tx, l) = (tx.clone(), leaf.clone());
+            let (covered, _) = leaf.begin_flush(false);
             leaf.queue.submit(IoRequest::flush(Box::new(move |d| {
+                if d.result.is_err() {
+                    l.flush_failed(covered);
+                }
                 let _ = tx.send((i, d.result.is_ok()));
             })));
         }
@@ -88,7 +120,18 @@ impl PoolInner {
         Ok(())
     }
 
-    /// Flush every data-holding top-level vdev, all at once (one flush request per child).
+    /// Every leaf's health as the MOS records it: DTL and faulted state.
+    pub(crate) fn leaf_health(&self) -> Vec<dmu::LeafHealth> {
+        self.leaves
+            .read()
+            .iter()
+            .map(|l| dmu::LeafHealth { guid: l.guid, faulted: l.state() == LeafState::Faulted, dtl: l.dtl() })
+            .collect()
+    }
+
+    /// Flush every data-holding top-level vdev, all at once (one flush request per
+    /// child). Fails if some top-level vdev has no child that holds everything written
+    /// to it since its last flush (see `TopVdev::flush_async`).
     fn flush_all(&self) -> Result<()> {
         let tops: Vec<_> = self.tops().into_iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).collect();
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -116,6 +159,10 @@ impl PoolInner {
         if self.dirty.txg_dirty(txg) > 0 || self.meta.lock().changed {
             return true;
         }
+        // a DTL or fault not yet in the MOS
+        if self.leaf_health() != self.meta.lock().health {
+            return true;
+        }
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
     }
 
@@ -132,12 +179,24 @@ impl PoolInner {
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
         self.io.ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
-        self.io.ms.begin_sync(txg);
-        let r = self.spa_sync_inner(txg);
-        match r {
-            Ok(()) => self.io.ms.end_sync(txg),
-            Err(_) => self.io.ms.undo_sync(txg),
-        }
+        let mut attempt = 0;
+        let r = loop {
+            self.io.ms.begin_sync(txg);
+            let r = self.spa_sync_inner(txg);
+            match r {
+                Ok(()) => self.io.ms.end_sync(txg),
+                Err(_) => self.io.ms.undo_sync(txg),
+            }
+            attempt += 1;
+            match r {
+                Err(SyncError::HealthChanged(why)) if attempt < SYNC_HEALTH_RETRIES => {
+                    tracing::warn!(pool = %self.name, txg, attempt, "rewriting txg: {why}");
+                }
+                Err(SyncError::HealthChanged(why)) => break Err(Error::Io(std::io::Error::other(why))),
+                Err(SyncError::Failed(e)) => break Err(e),
+                Ok(()) => break Ok(()),
+            }
+        };
         self.io.refresh_space();
         match r {
             Ok(()) => {
@@ -151,7 +210,8 @@ impl PoolInner {
         }
     }
 
-    fn spa_sync_inner(&self, txg: u64) -> Result<()> {
+    /// Steps 2-7 of the commit protocol.
+    fn spa_sync_inner(&self, txg: u64) -> std::result::Result<(), SyncError> {
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
@@ -203,17 +263,28 @@ impl PoolInner {
             }
         }
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
+        // The health recorded is the latest: data writes of this txg have completed,
+        // so the DTL entries they caused are in it.
+        let health = self.leaf_health();
         let mos = Mos {
             txg,
             next_volume_id: next_id,
             volumes: new_roots.iter().map(|(v, r)| v.record(*r)).collect(),
             scan_state,
             pool_props,
+            leaf_health: Some(health.clone()),
         };
         let blob = mos.encode(&self.io.ms);
         let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
         self.io.issue_writes(batch, txg)?;
         self.flush_all()?;
+        // A child that failed a write or flush after the MOS was encoded missed (part
+        // of) this txg, and the MOS does not say so: committing would let a power cut
+        // forget it. Write the txg again, with the new DTL in its MOS.
+        let now = self.leaf_health();
+        if now != health {
+            return Err(SyncError::HealthChanged(format!("txg {txg}: a device failed while the txg was written: {}", health_diff(&health, &now))));
+        }
         let ub = Uberblock {
             txg,
             guid_sum: self.config.lock().guid_sum(),
@@ -234,6 +305,7 @@ impl PoolInner {
         {
             let mut m = self.meta.lock();
             m.mos_root = mos_root;
+            m.health = health;
             m.doomed.retain(|d| !doomed.contains(d));
             m.changed = false;
         }
