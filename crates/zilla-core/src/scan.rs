@@ -127,6 +127,10 @@ pub struct ScanStatus {
     /// cleared on success; later ones get another pass).
     pub start_txg: u64,
     pub min_txg: u64,
+    /// Resilver: devices whose blocks could not all be repaired in the last pass (their
+    /// DTLs were kept). Another pass is not tried; the admin is.
+    #[serde(default)]
+    pub unrepaired_devices: u64,
 }
 
 /// What a scan sees of its pool: the narrow context spa hands to scan. spa implements
@@ -222,7 +226,8 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
         (s.func, s.state, s.start_txg)
     };
     let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
-    if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
+    let unrepaired = inner.scan().status.lock().unrepaired_devices;
+    if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || unrepaired > 0 || inner.scan().stop.load(Ordering::Acquire) {
         return false;
     }
     let abort = || inner.scan().stop.load(Ordering::Acquire);
@@ -486,15 +491,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
         if !resilver {
             check_labels(inner);
         }
-        let mos_root = inner.mos_root();
-        if !mos_root.is_hole() {
-            let _pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
-            for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
-                if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp, &mut unrepaired) {
-                    inner.scan().status.lock().errors += 1;
-                }
-            }
-        }
+        scan_mos(inner, resilver, min_txg, &mut unrepaired)?;
         bm = Bookmark { phase: 1, volume_id: 0, blkid: 0 };
         inner.scan().status.lock().bookmark = bm.clone();
     }
@@ -551,23 +548,45 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
         s.bookmark = Bookmark::default();
     }
     if resilver {
-        let start_txg = inner.scan().status.lock().start_txg;
-        if unrepaired.all {
-            tracing::warn!(pool = %inner.pool_name(), "resilver could not read part of the pool: every DTL is kept");
-        }
-        for l in inner.leaves().iter() {
-            if !l.readable() || unrepaired.all || unrepaired.leaves.contains(&l.guid) {
-                if unrepaired.leaves.contains(&l.guid) {
-                    tracing::warn!(pool = %inner.pool_name(), device = %l.spec.display(), "resilver could not repair every block on this device: its DTL is kept");
-                }
-                continue;
-            }
-            let d: Vec<(u64, u64)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg + 1), b)).collect();
-            l.set_dtl(d);
-        }
-        let _ = inner.rewrite_labels();
+        finish_resilver(inner, &unrepaired);
     }
     Ok(())
+}
+
+/// Scan the MOS blocks (phase 0).
+fn scan_mos(inner: &Arc<dyn ScanPool>, resilver: bool, min_txg: u64, unrepaired: &mut Unrepaired) -> Result<()> {
+    let mos_root = inner.mos_root();
+    if !mos_root.is_hole() {
+        let _pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
+        for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
+            if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp, unrepaired) {
+                inner.scan().status.lock().errors += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A resilver pass finished: clear the DTL entries it covered (up to `start_txg`) on
+/// every readable leaf it fully repaired; keep the others' and say so.
+fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
+    let start_txg = inner.scan().status.lock().start_txg;
+    if unrepaired.all {
+        tracing::warn!(pool = %inner.pool_name(), "resilver could not read part of the pool: every DTL is kept");
+    }
+    inner.scan().status.lock().unrepaired_devices =
+        if unrepaired.all { inner.leaves().iter().filter(|l| !l.dtl_empty()).count() as u64 } else { unrepaired.leaves.len() as u64 };
+    for l in inner.leaves().iter() {
+        if !l.readable() || unrepaired.all || unrepaired.leaves.contains(&l.guid) {
+            if unrepaired.leaves.contains(&l.guid) {
+                tracing::warn!(pool = %inner.pool_name(), device = %l.spec.display(), "resilver could not repair every block on this device: its DTL is kept");
+            }
+            continue;
+        }
+        let d: Vec<(u64, u64)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg + 1), b)).collect();
+        l.set_dtl(d);
+    }
+    let _ = inner.rewrite_labels();
 }
 
 /// Scrub every block of `[first, last]` (indirects included) born at or after

@@ -48,7 +48,7 @@ mod sync;
 mod verify;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
-pub use import::ImportablePool;
+pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
@@ -153,6 +153,9 @@ pub(crate) struct PoolInner {
     suspended: AtomicBool,
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
     abandoned: AtomicBool,
+    /// A committed txg recorded new DTL entries on an online leaf: the sync thread
+    /// starts a resilver.
+    resilver_wanted: AtomicBool,
     scan: crate::scan::ScanControl,
     /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
     env: Arc<dyn crate::env::Env>,
@@ -202,6 +205,7 @@ impl PoolInner {
             opener,
             suspended: false.into(),
             abandoned: false.into(),
+            resilver_wanted: false.into(),
             scan: Default::default(),
             env,
         })

@@ -129,6 +129,18 @@ impl PoolInner {
             .collect()
     }
 
+    /// Some readable leaf has DTL entries in `now` that `before` lacked: it missed
+    /// writes (a failed write or flush) while staying online, so a resilver should
+    /// copy them to it.
+    fn dtl_grew_on_readable_leaf(&self, before: &[dmu::LeafHealth], now: &[dmu::LeafHealth]) -> bool {
+        let leaves = self.leaves.read();
+        now.iter().any(|h| {
+            let readable = leaves.iter().any(|l| l.guid == h.guid && l.readable());
+            let old = before.iter().find(|b| b.guid == h.guid).map(|b| b.dtl.clone()).unwrap_or_default();
+            readable && !crate::vdev::mirror::range_subtract(&h.dtl, &old).is_empty()
+        })
+    }
+
     /// Flush every data-holding top-level vdev, all at once (one flush request per
     /// child). Fails if some top-level vdev has no child that holds everything written
     /// to it since its last flush (see `TopVdev::flush_async`).
@@ -243,17 +255,7 @@ impl PoolInner {
             let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch)?;
             new_roots.push((v.clone(), nr));
         }
-        // destroyed volumes
-        for root in &doomed {
-            let mut bps = Vec::new();
-            dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
-                bps.push(*bp);
-                Ok(())
-            })?;
-            for bp in bps {
-                self.io.free_block(&bp, txg);
-            }
-        }
+        self.free_doomed(&doomed, txg)?;
         writer.issue(std::mem::take(&mut batch))?;
         writer.finish()?;
         // the MOS
@@ -263,28 +265,14 @@ impl PoolInner {
             }
         }
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
-        // The health recorded is the latest: data writes of this txg have completed,
-        // so the DTL entries they caused are in it.
-        let health = self.leaf_health();
-        let mos = Mos {
+        let (mos_root, health) = self.write_mos_and_flush(txg, Mos {
             txg,
             next_volume_id: next_id,
             volumes: new_roots.iter().map(|(v, r)| v.record(*r)).collect(),
             scan_state,
             pool_props,
-            leaf_health: Some(health.clone()),
-        };
-        let blob = mos.encode(&self.io.ms);
-        let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
-        self.io.issue_writes(batch, txg)?;
-        self.flush_all()?;
-        // A child that failed a write or flush after the MOS was encoded missed (part
-        // of) this txg, and the MOS does not say so: committing would let a power cut
-        // forget it. Write the txg again, with the new DTL in its MOS.
-        let now = self.leaf_health();
-        if now != health {
-            return Err(SyncError::HealthChanged(format!("txg {txg}: a device failed while the txg was written: {}", health_diff(&health, &now))));
-        }
+            leaf_health: None,
+        }, &mut batch)?;
         let ub = Uberblock {
             txg,
             guid_sum: self.config.lock().guid_sum(),
@@ -305,11 +293,48 @@ impl PoolInner {
         {
             let mut m = self.meta.lock();
             m.mos_root = mos_root;
+            if self.dtl_grew_on_readable_leaf(&m.health, &health) {
+                self.resilver_wanted.store(true, Ordering::Release);
+            }
             m.health = health;
             m.doomed.retain(|d| !doomed.contains(d));
             m.changed = false;
         }
         self.dirty.retire(txg);
+        Ok(())
+    }
+
+    /// Step 4-5: encode the MOS with the leaves' health as it is now (the txg's data
+    /// writes have completed, so the DTL entries they caused are in it), write it,
+    /// flush every leaf. A child that failed a write or flush after the MOS was
+    /// encoded missed (part of) this txg and the MOS does not say so: committing would
+    /// let a power cut forget it, so the txg is written again.
+    fn write_mos_and_flush(&self, txg: u64, mut mos: Mos, batch: &mut Vec<dmu::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
+        let health = self.leaf_health();
+        mos.leaf_health = Some(health.clone());
+        let blob = mos.encode(&self.io.ms);
+        let mos_root = dmu::write_mos(&self.io, &blob, txg, batch)?;
+        self.io.issue_writes(std::mem::take(batch), txg)?;
+        self.flush_all()?;
+        let now = self.leaf_health();
+        if now != health {
+            return Err(SyncError::HealthChanged(format!("txg {txg}: a device failed while the txg was written: {}", health_diff(&health, &now))));
+        }
+        Ok((mos_root, health))
+    }
+
+    /// Free every block of the destroyed volumes' trees in `txg`.
+    fn free_doomed(&self, doomed: &[TreeRoot], txg: u64) -> Result<()> {
+        for root in doomed {
+            let mut bps = Vec::new();
+            dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
+                bps.push(*bp);
+                Ok(())
+            })?;
+            for bp in bps {
+                self.io.free_block(&bp, txg);
+            }
+        }
         Ok(())
     }
 
@@ -359,6 +384,15 @@ impl PoolInner {
         while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
             if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
                 break;
+            }
+            if self.resilver_wanted.swap(false, Ordering::AcqRel) {
+                // not on this thread: starting a resilver may wait for a scrub thread
+                // that waits for a sync
+                let scanner = self.scanner();
+                let started = self.env.spawn(format!("resilver_start_{}", self.name), Box::new(move || crate::scan::start_resilver(&scanner)));
+                if let Err(e) = started {
+                    tracing::warn!(pool = %self.name, "could not start a resilver: {e}");
+                }
             }
         }
         self.txg.sync_thread_exited();
