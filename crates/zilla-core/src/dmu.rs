@@ -594,11 +594,20 @@ pub struct DirtyShard {
 
 pub struct DirtySet {
     pub shards: Vec<Mutex<DirtyShard>>,
+    /// Indirect blocks dirtied per txg, as (txg, level, index): each is rewritten by
+    /// that txg's sync, and space admission counts it once. Sharded by index.
+    indirects: Vec<Mutex<std::collections::HashSet<(u64, u8, u64)>>>,
 }
+
+/// Shards of [`DirtySet::indirects`].
+const INDIRECT_SHARDS: usize = 16;
 
 impl Default for DirtySet {
     fn default() -> Self {
-        DirtySet { shards: (0..DIRTY_SHARDS).map(|_| Mutex::new(DirtyShard::default())).collect() }
+        DirtySet {
+            shards: (0..DIRTY_SHARDS).map(|_| Mutex::new(DirtyShard::default())).collect(),
+            indirects: (0..INDIRECT_SHARDS).map(|_| Mutex::new(Default::default())).collect(),
+        }
     }
 }
 
@@ -639,6 +648,21 @@ impl DirtySet {
         out
     }
     /// Drop every record of a txg <= `txg` (it is committed).
+    /// Block `blkid` became dirty in `txg`: how many indirect blocks above it (in a
+    /// tree of `nlevels`) became dirty in `txg` with it.
+    pub fn note_indirects(&self, txg: u64, blkid: u64, nlevels: u8) -> u32 {
+        let mut n = 0;
+        for level in 1..nlevels.max(1) {
+            let idx = blkid >> (INDIRECT_SHIFT * level as u32);
+            let newly = self.indirects[(idx as usize) % INDIRECT_SHARDS].lock().insert((txg, level, idx));
+            if !newly {
+                break; // its parents are dirty already
+            }
+            n += 1;
+        }
+        n
+    }
+
     pub fn retire(&self, txg: u64) {
         for s in &self.shards {
             let mut s = s.lock();
@@ -646,7 +670,18 @@ impl DirtySet {
                 vs.retain(|v| v.txg > txg);
                 !vs.is_empty()
             });
+            // a burst of dirty blocks must not pin its table's memory for good
+            if s.blocks.capacity() > 64 && s.blocks.len() < s.blocks.capacity() / 4 {
+                s.blocks.shrink_to_fit();
+            }
             s.commit_gen += 1;
+        }
+        for m in &self.indirects {
+            let mut m = m.lock();
+            m.retain(|&(t, _, _)| t > txg);
+            if m.capacity() > 64 && m.len() < m.capacity() / 4 {
+                m.shrink_to_fit();
+            }
         }
     }
     pub fn has_dirty(&self, txg: u64) -> bool {
@@ -657,6 +692,9 @@ impl DirtySet {
             let mut s = s.lock();
             s.blocks.clear();
             s.commit_gen += 1;
+        }
+        for m in &self.indirects {
+            m.lock().clear();
         }
     }
 }

@@ -127,10 +127,11 @@ pub struct ScanStatus {
     /// cleared on success; later ones get another pass).
     pub start_txg: u64,
     pub min_txg: u64,
-    /// Resilver: devices whose blocks could not all be repaired in the last pass (their
-    /// DTLs were kept). Another pass is not tried; the admin is.
+    /// Resilver: devices (guids) whose blocks could not all be repaired in the last
+    /// pass; their DTLs were kept. Another pass is not tried for them: the admin is
+    /// (`zilla pool clear`, `online`, `replace`).
     #[serde(default)]
-    pub unrepaired_devices: u64,
+    pub unrepaired_devices: Vec<u64>,
 }
 
 /// What a scan sees of its pool: the narrow context spa hands to scan. spa implements
@@ -162,6 +163,9 @@ pub struct ScanControl {
     running: AtomicBool,
     stop: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Serialises starting, pausing and canceling: each is stop, join, set the status,
+    /// launch, and two of them interleaved could leave a scan stopped but "scanning".
+    control: Mutex<()>,
 }
 
 fn now_s(inner: &Arc<dyn ScanPool>) -> u64 {
@@ -175,6 +179,11 @@ fn persist(inner: &Arc<dyn ScanPool>, mark_changed: bool) {
 
 pub fn status(inner: &Arc<dyn ScanPool>) -> ScanStatus {
     inner.scan().status.lock().clone()
+}
+
+/// A scan thread is running (scrub or resilver).
+pub fn is_running(inner: &Arc<dyn ScanPool>) -> bool {
+    inner.scan().running.load(Ordering::Acquire)
 }
 
 pub fn is_resilvering(inner: &Arc<dyn ScanPool>) -> bool {
@@ -225,9 +234,10 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
         let s = inner.scan().status.lock();
         (s.func, s.state, s.start_txg)
     };
-    let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
-    let unrepaired = inner.scan().status.lock().unrepaired_devices;
-    if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || unrepaired > 0 || inner.scan().stop.load(Ordering::Acquire) {
+    let unrepaired = inner.scan().status.lock().unrepaired_devices.clone();
+    let remaining: Vec<u64> =
+        inner.leaves().iter().filter(|l| l.readable() && !unrepaired.contains(&l.guid)).flat_map(|l| l.dtl()).map(|r| r.0).collect();
+    if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
         return false;
     }
     let abort = || inner.scan().stop.load(Ordering::Acquire);
@@ -249,6 +259,7 @@ fn join(inner: &Arc<dyn ScanPool>) {
 }
 
 pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let _control = inner.scan().control.lock();
     {
         let mut s = inner.scan().status.lock();
         if s.state == ScanState::Scanning && inner.scan().running.load(Ordering::Acquire) {
@@ -276,6 +287,7 @@ pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
 }
 
 pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
+    let _control = inner.scan().control.lock();
     // An online leaf's open-ended DTL range (offline across an export: "missing from
     // offline_since on") ends now; left open it would survive every resilver.
     let open = inner.txg().open_txg();
@@ -311,6 +323,7 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
 }
 
 pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let _control = inner.scan().control.lock();
     {
         let s = inner.scan().status.lock();
         if s.state != ScanState::Scanning {
@@ -328,6 +341,7 @@ pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
 }
 
 pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let _control = inner.scan().control.lock();
     {
         let s = inner.scan().status.lock();
         if s.state != ScanState::Scanning && s.state != ScanState::Paused {
@@ -574,8 +588,11 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
     if unrepaired.all {
         tracing::warn!(pool = %inner.pool_name(), "resilver could not read part of the pool: every DTL is kept");
     }
-    inner.scan().status.lock().unrepaired_devices =
-        if unrepaired.all { inner.leaves().iter().filter(|l| !l.dtl_empty()).count() as u64 } else { unrepaired.leaves.len() as u64 };
+    inner.scan().status.lock().unrepaired_devices = if unrepaired.all {
+        inner.leaves().iter().filter(|l| !l.dtl_empty()).map(|l| l.guid).collect()
+    } else {
+        unrepaired.leaves.iter().copied().collect()
+    };
     for l in inner.leaves().iter() {
         if !l.readable() || unrepaired.all || unrepaired.leaves.contains(&l.guid) {
             if unrepaired.leaves.contains(&l.guid) {

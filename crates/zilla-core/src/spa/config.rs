@@ -336,6 +336,9 @@ impl Pool {
             leaf.set_state(LeafState::Online);
         }
         inner.write_config_labels("active")?;
+        if matches!(inner.meta.lock().health.iter().find(|h| h.guid == leaf.guid), Some(h) if h.faulted) {
+            self.sync()?; // a fault the MOS records is cleared there too
+        }
         if !leaf.dtl_empty() {
             crate::scan::start_resilver(&inner.scanner());
         }
@@ -379,10 +382,14 @@ impl Pool {
                 inner.io.error_log.lock().clear();
             }
         }
+        inner.suspended.store(false, Ordering::Relaxed);
+        // the cleared faults are in the MOS when clear returns (a power cut must not
+        // bring them back)
+        inner.meta.lock().changed = true;
+        self.sync()?;
         if inner.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty()) {
             crate::scan::start_resilver(&inner.scanner());
         }
-        inner.suspended.store(false, Ordering::Relaxed);
         Ok(())
     }
 

@@ -341,6 +341,11 @@ impl Pool {
         self.inner.txg.wait_synced(t)
     }
 
+    /// Dirty data and the write throttle: bytes dirty now, the limit, delayed writers.
+    pub fn throttle_stats(&self) -> crate::dsl_pool::ThrottleStats {
+        self.inner.dirty.stats()
+    }
+
     pub fn arc_stats(&self) -> crate::arc::ArcStats {
         self.inner.io.arc.stats()
     }

@@ -313,6 +313,7 @@ impl PoolInner {
         let health = self.leaf_health();
         mos.leaf_health = Some(health.clone());
         let blob = mos.encode(&self.io.ms);
+        self.dirty.note_mos_bytes(blob.len() as u64);
         let mos_root = dmu::write_mos(&self.io, &blob, txg, batch)?;
         self.io.issue_writes(std::mem::take(batch), txg)?;
         self.flush_all()?;
@@ -385,7 +386,10 @@ impl PoolInner {
             if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
                 break;
             }
-            if self.resilver_wanted.swap(false, Ordering::AcqRel) {
+            // (a running resilver takes new DTL entries in its next pass; one that
+            // finished meanwhile may have copied them already)
+            let missing = || self.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty());
+            if self.resilver_wanted.swap(false, Ordering::AcqRel) && !crate::scan::is_running(&self.scanner()) && missing() {
                 // not on this thread: starting a resilver may wait for a scrub thread
                 // that waits for a sync
                 let scanner = self.scanner();
