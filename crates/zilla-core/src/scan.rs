@@ -31,7 +31,7 @@ use crate::txg::TxgState;
 use crate::vdev::mirror::Leaf;
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
-use crate::{Error, Result};
+use crate::{Error, Result, Txg};
 
 pub static ZFS_SCAN_PAUSE_EVERY_SPANS: Tunable = Tunable::new(
     "zfs_scan_pause_every_spans",
@@ -125,13 +125,13 @@ pub struct ScanStatus {
     pub bookmark: Bookmark,
     /// Resilver: the last synced txg when the pass started (DTL entries up to it are
     /// cleared on success; later ones get another pass).
-    pub start_txg: u64,
-    pub min_txg: u64,
+    pub start_txg: Txg,
+    pub min_txg: Txg,
     /// Resilver: devices (guids) whose blocks could not all be repaired in the last
     /// pass; their DTLs were kept. Another pass is not tried for them: the admin is
     /// (`zilla pool clear`, `online`, `replace`).
     #[serde(default)]
-    pub unrepaired_devices: Vec<u64>,
+    pub unrepaired_devices: Vec<crate::Guid>,
 }
 
 /// What a scan sees of its pool: the narrow context spa hands to scan. spa implements
@@ -235,19 +235,19 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
         (s.func, s.state, s.start_txg)
     };
     let unrepaired = inner.scan().status.lock().unrepaired_devices.clone();
-    let remaining: Vec<u64> =
+    let remaining: Vec<Txg> =
         inner.leaves().iter().filter(|l| l.readable() && !unrepaired.contains(&l.guid)).flat_map(|l| l.dtl()).map(|r| r.0).collect();
     if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
         return false;
     }
     let abort = || inner.scan().stop.load(Ordering::Acquire);
-    if !inner.txg().wait_synced_unless(start_txg + 1, &abort) {
+    if !inner.txg().wait_synced_unless(start_txg.next(), &abort) {
         return false;
     }
     let mut s = inner.scan().status.lock();
     s.state = ScanState::Scanning;
     s.start_txg = inner.txg().synced_txg();
-    s.min_txg = remaining.into_iter().min().unwrap_or(0);
+    s.min_txg = remaining.into_iter().min().unwrap_or(Txg::ZERO);
     s.bookmark = Bookmark::default();
     true
 }
@@ -297,7 +297,7 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             l.set_dtl(d.into_iter().map(|(a, b)| (a, b.min(open))).collect());
         }
     }
-    let min_txg = inner.leaves().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(0);
+    let min_txg = inner.leaves().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(Txg::ZERO);
     if inner.scan().running.load(Ordering::Acquire) {
         // restart as a resilver: resilver takes priority over a scrub
         inner.scan().stop.store(true, Ordering::Release);
@@ -415,7 +415,7 @@ fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
 /// subtree could not be read at all (which children miss what under it is unknown).
 #[derive(Default)]
 struct Unrepaired {
-    leaves: std::collections::HashSet<u64>,
+    leaves: std::collections::HashSet<crate::Guid>,
     all: bool,
 }
 
@@ -527,7 +527,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             let pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
             let root: TreeRoot = *v.committed.read();
             let mut bad: Vec<(u64, BlockPointer)> = Vec::new();
-            walk_span(inner, &root, blk, last, if resilver { min_txg } else { 0 }, &mut bad, &mut unrepaired)?;
+            walk_span(inner, &root, blk, last, if resilver { min_txg } else { Txg::ZERO }, &mut bad, &mut unrepaired)?;
             drop(pin);
             for (blkid, bp) in bad {
                 // recheck against the current tree: a block freed meanwhile is not an error
@@ -568,7 +568,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
 }
 
 /// Scan the MOS blocks (phase 0).
-fn scan_mos(inner: &Arc<dyn ScanPool>, resilver: bool, min_txg: u64, unrepaired: &mut Unrepaired) -> Result<()> {
+fn scan_mos(inner: &Arc<dyn ScanPool>, resilver: bool, min_txg: Txg, unrepaired: &mut Unrepaired) -> Result<()> {
     let mos_root = inner.mos_root();
     if !mos_root.is_hole() {
         let _pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
@@ -600,7 +600,7 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
             }
             continue;
         }
-        let d: Vec<(u64, u64)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg + 1), b)).collect();
+        let d: Vec<(Txg, Txg)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg.next()), b)).collect();
         l.set_dtl(d);
     }
     let _ = inner.rewrite_labels();
@@ -614,7 +614,7 @@ fn walk_span(
     root: &TreeRoot,
     first: u64,
     last: u64,
-    min_txg: u64,
+    min_txg: Txg,
     bad: &mut Vec<(u64, BlockPointer)>,
     unrepaired: &mut Unrepaired,
 ) -> Result<()> {
@@ -622,7 +622,7 @@ fn walk_span(
         inner: &'a Arc<dyn ScanPool>,
         first: u64,
         last: u64,
-        min_txg: u64,
+        min_txg: Txg,
         bad: &'a mut Vec<(u64, BlockPointer)>,
         unrepaired: &'a mut Unrepaired,
     }

@@ -24,12 +24,12 @@ use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{Device, LeafSpec, Role};
 use crate::zio::blkptr::BlockPointer;
-use crate::{Error, Result};
+use crate::{Error, Guid, Result, Txg};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ImportablePool {
     pub name: String,
-    pub guid: u64,
+    pub guid: Guid,
     pub state: String,
     pub leaves: Vec<LeafSpec>,
 }
@@ -51,10 +51,10 @@ pub struct ImportOptions {
 pub struct RewindPlan {
     pub pool: String,
     /// The newest txg on disk, and when it was written.
-    pub newest_txg: u64,
+    pub newest_txg: Txg,
     pub newest_time_ns: u64,
     /// The txg the import loads (equal to newest_txg when no rewind is needed).
-    pub load_txg: u64,
+    pub load_txg: Txg,
     pub load_time_ns: u64,
     /// Seconds of acknowledged writes between the two that a rewind drops.
     pub dropped_seconds: f64,
@@ -110,7 +110,7 @@ impl Pool {
             let mut leaf_objs = Vec::new();
             for o in opened {
                 let g = new_guid(&*env);
-                children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: 0, dtl: vec![] });
+                children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
                 let leaf = Arc::new(Leaf::new(g, o.spec, o.dev));
                 leaves.push(leaf.clone());
                 leaf_objs.push(leaf);
@@ -134,7 +134,7 @@ impl Pool {
         };
         let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![] };
         let io = PoolIo::new(vdevs, ms);
-        let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL - 1, opener, env);
+        let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL.prev(), opener, env);
         // wipe stale uberblock rings, then config labels, then the first txg
         for leaf in inner.leaves.read().iter() {
             label::wipe_labels(&**leaf.device()).map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", leaf.spec.display()))))?;
@@ -148,7 +148,7 @@ impl Pool {
 
     pub fn find_importable(search: &[PathBuf]) -> Result<Vec<ImportablePool>> {
         let found = scan_search_paths(search, &default_opener())?;
-        let mut out: BTreeMap<u64, ImportablePool> = BTreeMap::new();
+        let mut out: BTreeMap<Guid, ImportablePool> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
                 continue;
@@ -219,9 +219,9 @@ impl Pool {
         for l in &leaves {
             if l.state() == LeafState::Offline {
                 if let Some(lc) = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid) {
-                    if lc.offline_since > 0 {
+                    if !lc.offline_since.is_zero() {
                         let mut d = l.dtl();
-                        d.push((lc.offline_since, u64::MAX / 2));
+                        d.push((lc.offline_since, Txg(u64::MAX / 2)));
                         l.set_dtl(d);
                     }
                 }
@@ -383,7 +383,7 @@ struct Chosen {
     ub: label::Uberblock,
     mos: crate::dmu::Mos,
     ms: Metaslabs,
-    newest_txg: u64,
+    newest_txg: Txg,
     plan: RewindPlan,
 }
 
@@ -448,9 +448,9 @@ fn choose_uberblock(io: &PoolIo, name: &str, mut ubs: Vec<label::Uberblock>, opt
     };
     let reason = format!("the object directory of txg {} cannot be read: {newest_err}", newest.txg);
     let mut last_err = String::new();
-    for ub in ubs.iter().skip(1).filter(|u| u.txg < newest.txg && newest.txg - u.txg <= REWIND_MAX_TXGS) {
+    for ub in ubs.iter().skip(1).filter(|u| u.txg < newest.txg && newest.txg.since(u.txg) <= REWIND_MAX_TXGS) {
         let r = load_mos(io, ub).and_then(|(mos, ms)| {
-            if newest.txg - ub.txg > crate::metaslab::TXG_DEFER_SIZE {
+            if newest.txg.since(ub.txg) > crate::metaslab::TXG_DEFER_SIZE {
                 verify_trees(io, &mos)?;
             }
             Ok((mos, ms))
@@ -491,7 +491,7 @@ fn apply_leaf_health(leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::M
                     l.set_state(LeafState::Faulted);
                 }
             }
-            None => l.set_dtl(vec![(1, mos.txg)]),
+            None => l.set_dtl(vec![(Txg(1), mos.txg)]),
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
 use crate::zio::blkptr::{self, BlockPointer};
 use crate::kstat::{Applies, Tunable};
-use crate::{Error, Result};
+use crate::{Error, Result, Txg};
 
 pub static ZFS_DEBUG_FAIL_SYNC_ASSERTION: Tunable = Tunable::new(
     "zfs_debug_fail_sync_assertion",
@@ -61,7 +61,7 @@ fn health_diff(before: &[dmu::LeafHealth], after: &[dmu::LeafHealth]) -> String 
     after
         .iter()
         .filter(|a| !before.contains(a))
-        .map(|a| format!("leaf {:016x} dtl [{}]{}", a.guid, crate::vdev::mirror::ranges_text(&a.dtl), if a.faulted { " faulted" } else { "" }))
+        .map(|a| format!("leaf {:016x} dtl [{}]{}", a.guid.get(), crate::vdev::mirror::ranges_text(&a.dtl), if a.faulted { " faulted" } else { "" }))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -167,7 +167,7 @@ impl PoolInner {
         }
     }
 
-    pub fn has_dirty(&self, txg: u64) -> bool {
+    pub fn has_dirty(&self, txg: Txg) -> bool {
         if self.dirty.txg_dirty(txg) > 0 || self.meta.lock().changed {
             return true;
         }
@@ -180,7 +180,7 @@ impl PoolInner {
 
     /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
     /// undone (nothing allocated meanwhile outside the sync) and the dirty records stay.
-    pub fn spa_sync(&self, txg: u64) -> Result<()> {
+    pub fn spa_sync(&self, txg: Txg) -> Result<()> {
         assert!(
             ZFS_DEBUG_FAIL_SYNC_ASSERTION.get() == 0,
             "zfs_debug_fail_sync_assertion is set: txg {txg} of pool {} stops at a failed assertion",
@@ -190,7 +190,7 @@ impl PoolInner {
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
-        self.io.ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
+        self.io.ms.release_through(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
         let mut attempt = 0;
         let r = loop {
             self.io.ms.begin_sync(txg);
@@ -202,7 +202,7 @@ impl PoolInner {
             attempt += 1;
             match r {
                 Err(SyncError::HealthChanged(why)) if attempt < SYNC_HEALTH_RETRIES => {
-                    tracing::warn!(pool = %self.name, txg, attempt, "rewriting txg: {why}");
+                    tracing::warn!(pool = %self.name, txg = txg.get(), attempt, "rewriting txg: {why}");
                 }
                 Err(SyncError::HealthChanged(why)) => break Err(Error::Io(std::io::Error::other(why))),
                 Err(SyncError::Failed(e)) => break Err(e),
@@ -223,7 +223,7 @@ impl PoolInner {
     }
 
     /// Steps 2-7 of the commit protocol.
-    fn spa_sync_inner(&self, txg: u64) -> std::result::Result<(), SyncError> {
+    fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
@@ -309,7 +309,7 @@ impl PoolInner {
     /// flush every leaf. A child that failed a write or flush after the MOS was
     /// encoded missed (part of) this txg and the MOS does not say so: committing would
     /// let a power cut forget it, so the txg is written again.
-    fn write_mos_and_flush(&self, txg: u64, mut mos: Mos, batch: &mut Vec<dmu::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
+    fn write_mos_and_flush(&self, txg: Txg, mut mos: Mos, batch: &mut Vec<dmu::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
         let health = self.leaf_health();
         mos.leaf_health = Some(health.clone());
         let blob = mos.encode(&self.io.ms);
@@ -325,7 +325,7 @@ impl PoolInner {
     }
 
     /// Free every block of the destroyed volumes' trees in `txg`.
-    fn free_doomed(&self, doomed: &[TreeRoot], txg: u64) -> Result<()> {
+    fn free_doomed(&self, doomed: &[TreeRoot], txg: Txg) -> Result<()> {
         for root in doomed {
             let mut bps = Vec::new();
             dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
@@ -345,7 +345,7 @@ impl PoolInner {
         &self,
         v: &VolumeState,
         recs: &[(u64, Option<Arc<[u8]>>)],
-        txg: u64,
+        txg: Txg,
         writer: &dmu::SyncWriter<'_>,
         written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
     ) -> Result<Vec<(u64, BlockPointer)>> {
@@ -380,8 +380,8 @@ impl PoolInner {
 
     /// The sync thread body: syncs quiesced txgs in order, retrying a failed one.
     pub(super) fn sync_loop(self: &Arc<Self>) {
-        let kick = |open: u64| self.dirty.should_kick(open);
-        let has = |open: u64| self.has_dirty(open);
+        let kick = |open: Txg| self.dirty.should_kick(open);
+        let has = |open: Txg| self.has_dirty(open);
         while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
             if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
                 break;
@@ -404,7 +404,7 @@ impl PoolInner {
 
     /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
     /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
-    fn sync_until_done(&self, txg: u64) -> bool {
+    fn sync_until_done(&self, txg: Txg) -> bool {
         let mut backoff_ms = 10;
         loop {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
@@ -412,7 +412,7 @@ impl PoolInner {
                 Ok(r) => r,
                 Err(p) => {
                     let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-                    tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
+                    tracing::error!(pool = %self.name, txg = txg.get(), "txg sync panicked, pool suspended: {msg}");
                     self.suspended.store(true, Ordering::Relaxed);
                     self.txg.mark_fatal(format!("txg {txg}: {msg}"));
                     return false;
@@ -424,7 +424,7 @@ impl PoolInner {
                     return true;
                 }
                 Err(e) => {
-                    tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
+                    tracing::error!(pool = %self.name, txg = txg.get(), "txg sync failed, pool suspended, retrying: {e}");
                     self.txg.mark_sync_failed(e.to_string());
                     if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
                         return false;

@@ -28,6 +28,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::{Guid, Txg};
+
 use super::abd::AlignedBuf;
 use super::queue::{IoRequest, LeafQueue};
 use super::{Device, IoClass, IoError, IoErrorKind, IoOp, LeafSpec, Role};
@@ -66,7 +68,7 @@ impl LeafState {
 
 /// One physical device of the pool.
 pub struct Leaf {
-    pub guid: u64,
+    pub guid: Guid,
     pub spec: LeafSpec,
     pub queue: LeafQueue,
     state: AtomicU8,
@@ -75,7 +77,7 @@ pub struct Leaf {
     pub cksum_errors: AtomicU64,
     /// Txg ranges [first, last] this child is missing (needs resilver), sorted, at most
     /// [`DTL_MAX_RANGES`]. Persistent: every sync stores it in the MOS (spa/sync.rs).
-    dtl: Mutex<Vec<(u64, u64)>>,
+    dtl: Mutex<Vec<(Txg, Txg)>>,
     /// Bumped on every DTL change; the sync compares it to notice a DTL that changed
     /// after the MOS recording it was encoded.
     dtl_generation: AtomicU64,
@@ -83,7 +85,7 @@ pub struct Leaf {
     /// flush. A failed flush may have dropped any of them (Linux drops the dirty pages
     /// of a failed fdatasync and reports the error once), so the whole range goes into
     /// the DTL.
-    unflushed: Mutex<Option<(u64, u64)>>,
+    unflushed: Mutex<Option<(Txg, Txg)>>,
     /// A write failed since the last flush was submitted: this leaf does not hold the
     /// txg being synced, whatever its next flush says.
     write_failed_since_flush: std::sync::atomic::AtomicBool,
@@ -101,7 +103,7 @@ pub const DTL_MAX_RANGES: usize = 64;
 pub const FAULT_AFTER_CONSECUTIVE_ERRORS: u32 = 10;
 
 impl Leaf {
-    pub fn new(guid: u64, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
+    pub fn new(guid: Guid, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
         let queue = LeafQueue::new(dev, &spec.display());
         Leaf {
             guid,
@@ -120,7 +122,7 @@ impl Leaf {
     }
 
     /// A write of a block born in `birth` was issued to this leaf.
-    pub fn note_unflushed(&self, birth: u64) {
+    pub fn note_unflushed(&self, birth: Txg) {
         let mut u = self.unflushed.lock();
         *u = Some(match *u {
             Some((lo, hi)) => (lo.min(birth), hi.max(birth)),
@@ -132,7 +134,7 @@ impl Leaf {
     /// set. With `consume` (the sync's data flush), whether the leaf held all of them
     /// is returned too (no write error since the previous data flush); other flushes
     /// (labels, uberblocks) leave that for the sync to see.
-    pub(crate) fn begin_flush(&self, consume: bool) -> (Option<(u64, u64)>, bool) {
+    pub(crate) fn begin_flush(&self, consume: bool) -> (Option<(Txg, Txg)>, bool) {
         let taken = self.unflushed.lock().take();
         let failed = if consume {
             self.write_failed_since_flush.swap(false, Ordering::AcqRel)
@@ -144,7 +146,7 @@ impl Leaf {
 
     /// A flush failed: everything it covered, and everything written since (the kernel
     /// may have dropped those pages too and will not say so again), is missing here.
-    pub(crate) fn flush_failed(&self, covered: Option<(u64, u64)>) {
+    pub(crate) fn flush_failed(&self, covered: Option<(Txg, Txg)>) {
         let later = *self.unflushed.lock();
         for (lo, hi) in [covered, later].into_iter().flatten() {
             self.dtl_add_range(lo, hi);
@@ -188,12 +190,12 @@ impl Leaf {
     pub fn readable(&self) -> bool {
         self.state() == LeafState::Online
     }
-    pub fn dtl(&self) -> Vec<(u64, u64)> {
+    pub fn dtl(&self) -> Vec<(Txg, Txg)> {
         self.dtl.lock().clone()
     }
-    pub fn set_dtl(&self, d: Vec<(u64, u64)>) {
+    pub fn set_dtl(&self, d: Vec<(Txg, Txg)>) {
         let mut cur = self.dtl.lock();
-        let mut n: Vec<(u64, u64)> = Vec::new();
+        let mut n: Vec<(Txg, Txg)> = Vec::new();
         for (lo, hi) in d {
             range_insert(&mut n, lo, hi);
         }
@@ -202,11 +204,11 @@ impl Leaf {
             self.dtl_generation.fetch_add(1, Ordering::AcqRel);
         }
     }
-    pub fn dtl_add(&self, txg: u64) {
+    pub fn dtl_add(&self, txg: Txg) {
         self.dtl_add_range(txg, txg)
     }
     /// Add txgs `lo..=hi` to the DTL.
-    pub fn dtl_add_range(&self, lo: u64, hi: u64) {
+    pub fn dtl_add_range(&self, lo: Txg, hi: Txg) {
         let mut d = self.dtl.lock();
         if d.iter().any(|&(a, b)| a <= lo && hi <= b) {
             return;
@@ -214,7 +216,7 @@ impl Leaf {
         range_insert(&mut d, lo, hi);
         self.dtl_generation.fetch_add(1, Ordering::AcqRel);
     }
-    pub fn dtl_contains(&self, txg: u64) -> bool {
+    pub fn dtl_contains(&self, txg: Txg) -> bool {
         self.dtl.lock().iter().any(|&(a, b)| txg >= a && txg <= b)
     }
     pub fn dtl_empty(&self) -> bool {
@@ -241,12 +243,12 @@ pub struct ScrubOutcome {
     pub unrecoverable: bool,
     /// Children whose copy was bad and could not be rewritten (by guid): a resilver
     /// must not clear their DTLs.
-    pub unrepaired: Vec<u64>,
+    pub unrepaired: Vec<Guid>,
 }
 
 pub struct TopVdev {
     pub id: u32,
-    pub guid: u64,
+    pub guid: Guid,
     pub role: Role,
     pub is_mirror: bool,
     pub ashift: u8,
@@ -300,7 +302,7 @@ impl TopVdev {
     /// child: one child request each, sharing the buffer, all in flight at once. Children
     /// that miss it (not online, or their write fails) get `txg` in their DTL. `done` runs
     /// once, on the engine thread of the last child to finish, with every child's result.
-    pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: u64, done: WriteDone) {
+    pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: Txg, done: WriteDone) {
         let phys = super::label::DATA_START + offset;
         let writable: Vec<Arc<Leaf>> = self
             .children()
@@ -351,7 +353,7 @@ impl TopVdev {
 
     /// Blocking write of `buf` (copied once into an aligned buffer). Ok if at least one
     /// child wrote it.
-    pub fn write(self: &Arc<Self>, class: IoClass, buf: &[u8], offset: u64, txg: u64) -> io::Result<()> {
+    pub fn write(self: &Arc<Self>, class: IoClass, buf: &[u8], offset: u64, txg: Txg) -> io::Result<()> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.write_async(class, Arc::new(AlignedBuf::copy_of(buf)), offset, txg, Box::new(move |o| {
             let _ = tx.send(o);
@@ -375,7 +377,7 @@ impl TopVdev {
     }
 
     /// Order in which to try the children for a read at `offset` of a block born in `birth`.
-    fn read_order(&self, children: &[Arc<Leaf>], phys: u64, birth: u64) -> Vec<usize> {
+    fn read_order(&self, children: &[Arc<Leaf>], phys: u64, birth: Txg) -> Vec<usize> {
         let mut fresh: Vec<(u64, usize)> = Vec::new();
         let mut stale: Vec<usize> = Vec::new();
         for (i, c) in children.iter().enumerate() {
@@ -407,7 +409,7 @@ impl TopVdev {
         class: IoClass,
         offset: u64,
         len: usize,
-        birth: u64,
+        birth: Txg,
         verify: &dyn Fn(&[u8]) -> VerifyResult,
     ) -> io::Result<MirrorRead> {
         let phys = super::label::DATA_START + offset;
@@ -445,7 +447,7 @@ impl TopVdev {
 
     /// Rewrite a bad copy on `c` from `good`. A failed repair puts the block's birth txg
     /// in `c`'s DTL: `c` is known to miss it, and a resilver retries it.
-    fn repair(&self, c: &Leaf, good: &[u8], phys: u64, birth: u64) -> bool {
+    fn repair(&self, c: &Leaf, good: &[u8], phys: u64, birth: Txg) -> bool {
         if !c.readable() {
             return false;
         }
@@ -469,7 +471,7 @@ impl TopVdev {
         &self,
         offset: u64,
         len: usize,
-        birth: u64,
+        birth: Txg,
         verify: &dyn Fn(&[u8]) -> VerifyResult,
     ) -> ScrubOutcome {
         let phys = super::label::DATA_START + offset;
@@ -581,7 +583,7 @@ pub struct WriteOutcome {
     /// Children that completed it.
     pub written: u32,
     /// Children that failed it, by guid, with the error.
-    pub failed: Vec<(u64, IoError)>,
+    pub failed: Vec<(Guid, IoError)>,
     pub len: u64,
     /// Physical offset on the children.
     pub offset: u64,
@@ -634,20 +636,20 @@ impl Leaf {
 /// Insert `lo..=hi` into the range set `d`, merging overlaps and neighbours; beyond
 /// [`DTL_MAX_RANGES`] the two ranges with the smallest gap merge (a superset: more
 /// resilver, never less).
-pub fn range_insert(d: &mut Vec<(u64, u64)>, lo: u64, hi: u64) {
+pub fn range_insert(d: &mut Vec<(Txg, Txg)>, lo: Txg, hi: Txg) {
     debug_assert!(lo <= hi, "DTL range {lo}..={hi} reversed");
     let (lo, hi) = (lo.min(hi), hi.max(lo));
     d.push((lo, hi));
     d.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(d.len());
+    let mut out: Vec<(Txg, Txg)> = Vec::with_capacity(d.len());
     for &(a, b) in d.iter() {
         match out.last_mut() {
-            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+            Some(last) if a.get() <= last.1.get().saturating_add(1) => last.1 = last.1.max(b),
             _ => out.push((a, b)),
         }
     }
     while out.len() > DTL_MAX_RANGES {
-        let i = (0..out.len() - 1).min_by_key(|&i| out[i + 1].0 - out[i].1).unwrap_or(0);
+        let i = (0..out.len() - 1).min_by_key(|&i| out[i + 1].0.since(out[i].1)).unwrap_or(0);
         out[i].1 = out[i + 1].1;
         out.remove(i + 1);
     }
@@ -656,7 +658,7 @@ pub fn range_insert(d: &mut Vec<(u64, u64)>, lo: u64, hi: u64) {
 }
 
 /// The txgs in both range sets.
-pub fn range_intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub fn range_intersect(a: &[(Txg, Txg)], b: &[(Txg, Txg)]) -> Vec<(Txg, Txg)> {
     let mut out = Vec::new();
     for &(a0, a1) in a {
         for &(b0, b1) in b {
@@ -671,7 +673,7 @@ pub fn range_intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 /// The txgs of `a` that are not in `b`.
-pub fn range_subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub fn range_subtract(a: &[(Txg, Txg)], b: &[(Txg, Txg)]) -> Vec<(Txg, Txg)> {
     let mut out = Vec::new();
     for &(lo, hi) in a {
         let mut cur = lo;
@@ -680,9 +682,9 @@ pub fn range_subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
                 continue;
             }
             if b0 > cur {
-                out.push((cur, b0 - 1));
+                out.push((cur, b0.prev()));
             }
-            cur = b1.saturating_add(1);
+            cur = Txg(b1.get().saturating_add(1));
             if cur > hi {
                 break;
             }
@@ -695,9 +697,9 @@ pub fn range_subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 /// "5", "5-9", "5-9, 12": ranges as an admin reads them (open ranges say "on").
-pub fn ranges_text(r: &[(u64, u64)]) -> String {
+pub fn ranges_text(r: &[(Txg, Txg)]) -> String {
     r.iter()
-        .map(|&(a, b)| if a == b { a.to_string() } else if b >= u64::MAX / 4 { format!("{a} on") } else { format!("{a}-{b}") })
+        .map(|&(a, b)| if a == b { a.get().to_string() } else if b.get() >= u64::MAX / 4 { format!("{} on", a.get()) } else { format!("{}-{}", a.get(), b.get()) })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -706,8 +708,8 @@ impl TopVdev {
     /// The txgs up to `through` that only `leaf` holds among this vdev's children: the
     /// ones every other child is missing (not readable, or in its DTL) while `leaf`
     /// has them. Removing or offlining `leaf` would lose those txgs' blocks.
-    pub fn txgs_only_on(&self, leaf: &Leaf, through: u64) -> Vec<(u64, u64)> {
-        let all = vec![(1, through)];
+    pub fn txgs_only_on(&self, leaf: &Leaf, through: Txg) -> Vec<(Txg, Txg)> {
+        let all = vec![(Txg(1), through)];
         let mut missing_elsewhere = all.clone();
         for c in self.children().iter().filter(|c| c.guid != leaf.guid) {
             let missing_on_c = if c.readable() { c.dtl() } else { all.clone() };
@@ -722,15 +724,19 @@ impl TopVdev {
 mod dtl_tests {
     use super::*;
 
+    fn r(v: &[(u64, u64)]) -> Vec<(Txg, Txg)> {
+        v.iter().map(|&(a, b)| (Txg(a), Txg(b))).collect()
+    }
+
     #[test]
     fn ranges_merge_subtract_intersect() {
         let mut d = Vec::new();
-        range_insert(&mut d, 5, 5);
-        range_insert(&mut d, 6, 8);
-        range_insert(&mut d, 12, 12);
-        assert_eq!(d, vec![(5, 8), (12, 12)]);
-        assert_eq!(range_subtract(&[(1, 20)], &d), vec![(1, 4), (9, 11), (13, 20)]);
-        assert_eq!(range_intersect(&[(1, 6), (11, 30)], &d), vec![(5, 6), (12, 12)]);
+        range_insert(&mut d, Txg(5), Txg(5));
+        range_insert(&mut d, Txg(6), Txg(8));
+        range_insert(&mut d, Txg(12), Txg(12));
+        assert_eq!(d, r(&[(5, 8), (12, 12)]));
+        assert_eq!(range_subtract(&r(&[(1, 20)]), &d), r(&[(1, 4), (9, 11), (13, 20)]));
+        assert_eq!(range_intersect(&r(&[(1, 6), (11, 30)]), &d), r(&[(5, 6), (12, 12)]));
         assert_eq!(ranges_text(&d), "5-8, 12");
     }
 
@@ -738,11 +744,11 @@ mod dtl_tests {
     fn range_set_is_bounded_and_a_superset() {
         let mut d = Vec::new();
         for i in 0..1000u64 {
-            range_insert(&mut d, i * 10, i * 10);
+            range_insert(&mut d, Txg(i * 10), Txg(i * 10));
         }
         assert!(d.len() <= DTL_MAX_RANGES);
         for i in 0..1000u64 {
-            assert!(d.iter().any(|&(a, b)| a <= i * 10 && i * 10 <= b), "txg {} dropped", i * 10);
+            assert!(d.iter().any(|&(a, b)| a.get() <= i * 10 && i * 10 <= b.get()), "txg {} dropped", i * 10);
         }
     }
 }
