@@ -149,7 +149,7 @@ impl Env for HostEnv {
 }
 
 fn import_as(l: &[LeafSpec], hostid: u32, force: bool) -> zilla_core::Result<Arc<Pool>> {
-    Pool::import_with_options(l, default_opener(), host(hostid), ImportOptions { force, ..Default::default() })
+    Pool::import_with_options(l, default_opener(), host(hostid), &ImportOptions { force, ..Default::default() })
 }
 
 fn read_back(pool: &Pool, data: &[u8]) {
@@ -209,13 +209,13 @@ fn multihost_heartbeat_refuses_a_live_pool_even_forced() {
         Ok(Arc::new(FileDevice::open_shared(&spec.path).map_err(Error::Io)?) as Arc<dyn zilla_core::vdev::Device>)
     });
     let started = std::time::Instant::now();
-    let e = Pool::import_with_options(&l, unlocked.clone(), host(0x2222), ImportOptions { force: true, ..Default::default() })
+    let e = Pool::import_with_options(&l, unlocked.clone(), host(0x2222), &ImportOptions { force: true, ..Default::default() })
         .map(|_| ())
         .unwrap_err();
     assert!(matches!(e, Error::Busy(_)) && e.to_string().contains("heartbeat moved"), "{e:?}");
     assert!(started.elapsed() >= std::time::Duration::from_millis(200), "it waited two intervals");
     // same host id, a process that bypassed the lock: refused as well
-    let e = Pool::import_with_options(&l, unlocked, host(0x1111), ImportOptions::default()).map(|_| ()).unwrap_err();
+    let e = Pool::import_with_options(&l, unlocked, host(0x1111), &ImportOptions::default()).map(|_| ()).unwrap_err();
     assert!(e.to_string().contains("heartbeat moved"), "{e}");
     read_back(&pool, &data);
     // the first host dies: the heartbeat stops, a forced import by the other succeeds
