@@ -32,7 +32,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
-use crate::txg::{TXG_MASK, TXG_SIZE};
+use crate::txg::TXG_SIZE;
+use crate::Txg;
 
 pub static ZFS_DIRTY_DATA_MAX: Tunable =
     Tunable::new_auto("zfs_dirty_data_max", 1 << 20, 1 << 44, Applies::Live, "dirty data limit in bytes; 0 = auto: min(10% of RAM, 4 GiB) (dsl_pool.c)");
@@ -87,6 +88,13 @@ pub struct DirtyAccounting {
     cv: Condvar,
     delayed: AtomicU64,
     blocked: AtomicU64,
+    /// Bytes the open and syncing txgs will allocate when they sync, as admitted: data
+    /// blocks at their logical size plus every indirect block they dirty (each written
+    /// anew by copy-on-write, in two copies). Space admission counts this, not `total`.
+    space_total: AtomicU64,
+    space_per_txg: [AtomicU64; TXG_SIZE],
+    /// Size of the last object directory written (its next version needs as much).
+    mos_bytes: AtomicU64,
 }
 
 impl DirtyAccounting {
@@ -100,6 +108,9 @@ impl DirtyAccounting {
             cv: Condvar::new(),
             delayed: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
+            space_total: AtomicU64::new(0),
+            space_per_txg: std::array::from_fn(|_| AtomicU64::new(0)),
+            mos_bytes: AtomicU64::new(0),
         }
     }
 
@@ -132,24 +143,43 @@ impl DirtyAccounting {
         self.env.sleep_until_ns(wake);
     }
 
-    pub fn add(&self, txg: u64, bytes: u64) {
-        self.per_txg[(txg & TXG_MASK) as usize].fetch_add(bytes, Relaxed);
+    /// `txg` will allocate `bytes` more when it syncs (see `space_total`).
+    pub fn add_space(&self, txg: Txg, bytes: u64) {
+        self.space_per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
+        self.space_total.fetch_add(bytes, Relaxed);
+    }
+
+    /// Bytes the unsynced txgs will allocate, plus what their object directories need
+    /// (two copies of the last one's size, for each of the open and syncing txgs).
+    pub fn space_pending(&self) -> u64 {
+        self.space_total.load(Relaxed) + 2 * (2 * self.mos_bytes.load(Relaxed) + (64 << 10))
+    }
+
+    /// The sync wrote an object directory of `bytes`.
+    pub fn note_mos_bytes(&self, bytes: u64) {
+        self.mos_bytes.store(bytes, Relaxed);
+    }
+
+    pub fn add(&self, txg: Txg, bytes: u64) {
+        self.per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
         self.total.fetch_add(bytes, Relaxed);
     }
 
-    pub fn txg_dirty(&self, txg: u64) -> u64 {
-        self.per_txg[(txg & TXG_MASK) as usize].load(Relaxed)
+    pub fn txg_dirty(&self, txg: Txg) -> u64 {
+        self.per_txg[txg.ring_slot(TXG_SIZE)].load(Relaxed)
     }
 
     /// The open txg is big enough that it should be synced now.
-    pub fn should_kick(&self, open_txg: u64) -> bool {
+    pub fn should_kick(&self, open_txg: Txg) -> bool {
         self.txg_dirty(open_txg) >= dirty_data_max() * ZFS_DIRTY_DATA_SYNC_PERCENT.get() / 100
     }
 
     /// Txg `txg` has been written: its dirty bytes are no longer dirty.
-    pub fn retire(&self, txg: u64) {
-        let n = self.per_txg[(txg & TXG_MASK) as usize].swap(0, Relaxed);
+    pub fn retire(&self, txg: Txg) {
+        let n = self.per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.total.fetch_sub(n, Relaxed);
+        let n = self.space_per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
+        self.space_total.fetch_sub(n, Relaxed);
         let _g = self.blocked_mu.lock();
         self.cv.notify_all();
     }

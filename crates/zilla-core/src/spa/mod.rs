@@ -39,7 +39,7 @@ use crate::vdev::{LeafSpec, Role};
 use crate::zio::blkptr::BlockPointer;
 use crate::scan::ScanPool;
 use crate::zvol::{BlockVolume, VolumePool};
-use crate::{Error, Result};
+use crate::{Error, Guid, Result, Txg};
 
 mod config;
 mod import;
@@ -48,7 +48,7 @@ mod sync;
 mod verify;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
-pub use import::ImportablePool;
+pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
@@ -131,11 +131,13 @@ pub(crate) struct MosMeta {
     pub scan_state: String,
     /// Something in the MOS changed (props, volumes) even if no data is dirty.
     pub changed: bool,
+    /// Leaf health (DTLs, faults) as the committed MOS records it.
+    pub health: Vec<crate::dmu::LeafHealth>,
 }
 
 pub(crate) struct PoolInner {
     name: String,
-    guid: u64,
+    guid: Guid,
     io: PoolIo,
     txg: TxgState,
     dirty: DirtyAccounting,
@@ -145,21 +147,26 @@ pub(crate) struct PoolInner {
     meta: Mutex<MosMeta>,
     /// Serialises syncs with config changes (attach/detach/add/online/offline).
     sync_lock: Mutex<()>,
+    /// Serialises label writes (each config txg is written once, increasing).
+    config_write_lock: Mutex<()>,
     opener: Opener,
     suspended: AtomicBool,
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
     abandoned: AtomicBool,
+    /// A committed txg recorded new DTL entries on an online leaf: the sync thread
+    /// starts a resilver.
+    resilver_wanted: AtomicBool,
     scan: crate::scan::ScanControl,
     /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
     env: Arc<dyn crate::env::Env>,
 }
 
 /// A random non-zero guid from `env`'s RNG (seeded under simulation).
-pub(crate) fn new_guid(env: &dyn crate::env::Env) -> u64 {
+pub(crate) fn new_guid(env: &dyn crate::env::Env) -> Guid {
     loop {
         let g = env.random_u64();
         if g != 0 {
-            return g;
+            return Guid(g);
         }
     }
 }
@@ -179,7 +186,7 @@ impl PoolInner {
         leaves: Vec<Arc<Leaf>>,
         volumes: BTreeMap<String, Arc<VolumeState>>,
         meta: MosMeta,
-        synced_txg: u64,
+        synced_txg: Txg,
         opener: Opener,
         env: Arc<dyn Env>,
     ) -> Arc<PoolInner> {
@@ -194,9 +201,11 @@ impl PoolInner {
             volumes: RwLock::new(volumes),
             meta: Mutex::new(meta),
             sync_lock: Mutex::new(()),
+            config_write_lock: Mutex::new(()),
             opener,
             suspended: false.into(),
             abandoned: false.into(),
+            resilver_wanted: false.into(),
             scan: Default::default(),
             env,
         })
@@ -291,8 +300,8 @@ impl Pool {
             v.dirty.clear();
         }
         self.inner.meta.lock().changed = false;
-        for t in crate::txg::TXG_INITIAL..self.inner.txg.open_txg() + 1 {
-            self.inner.dirty.retire(t);
+        for t in crate::txg::TXG_INITIAL.get()..=self.inner.txg.open_txg().get() {
+            self.inner.dirty.retire(Txg(t));
         }
         self.join_txg_threads();
     }
@@ -316,13 +325,13 @@ impl Pool {
     pub fn name(&self) -> String {
         self.inner.name.clone()
     }
-    pub fn guid(&self) -> u64 {
+    pub fn guid(&self) -> Guid {
         self.inner.guid
     }
     pub fn leaf_specs(&self) -> Vec<LeafSpec> {
         self.inner.leaves.read().iter().map(|l| l.spec.clone()).collect()
     }
-    pub fn synced_txg(&self) -> u64 {
+    pub fn synced_txg(&self) -> Txg {
         self.inner.txg.synced_txg()
     }
 
@@ -330,6 +339,11 @@ impl Pool {
         self.check_open()?;
         let t = self.inner.txg.open_txg();
         self.inner.txg.wait_synced(t)
+    }
+
+    /// Dirty data and the write throttle: bytes dirty now, the limit, delayed writers.
+    pub fn throttle_stats(&self) -> crate::dsl_pool::ThrottleStats {
+        self.inner.dirty.stats()
     }
 
     pub fn arc_stats(&self) -> crate::arc::ArcStats {
