@@ -310,7 +310,7 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions) ->
     let (devs, mut cfg) = read_labels(specs, opener)?;
     let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener)?;
     let io = PoolIo::new(vdevs, Metaslabs::new());
-    let chosen = choose_uberblock(&io, &cfg.name, ubs, opts)?;
+    let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
     Ok(Loaded { cfg, leaves, io, chosen, bad_labels })
 }
 
@@ -405,6 +405,23 @@ struct Chosen {
     plan: RewindPlan,
 }
 
+/// An uberblock written at or after the config's txg was written for the config's
+/// device set: the sum of its leaf guids must match (a mismatch means the labels and
+/// the uberblock describe different pools, or a device set that never existed).
+/// Older uberblocks may predate the config change (attach, detach) and are not checked.
+fn check_guid_sum(cfg: &PoolConfig, ub: &label::Uberblock) -> Result<()> {
+    if ub.txg >= cfg.txg && ub.guid_sum != cfg.guid_sum() {
+        return Err(Error::Corrupt(format!(
+            "uberblock of txg {} was written for another set of devices than the configuration (txg {}) lists (guid sum {:#x}, expected {:#x})",
+            ub.txg.get(),
+            cfg.txg.get(),
+            ub.guid_sum,
+            cfg.guid_sum()
+        )));
+    }
+    Ok(())
+}
+
 /// Load the MOS of `ub` into a fresh allocator, claiming the MOS's own blocks.
 fn load_mos(io: &PoolIo, ub: &label::Uberblock) -> Result<(crate::dmu::Mos, Metaslabs)> {
     let mut ms = Metaslabs::new();
@@ -445,7 +462,9 @@ pub const REWIND_MAX_TXGS: u64 = 32;
 /// Choose the uberblock to load: the newest valid one, always. If its MOS cannot be
 /// read, import fails, unless `opts.rewind`: then the newest older one that loads
 /// (and, beyond the free deferral, whose every block verifies) is chosen.
-fn choose_uberblock(io: &PoolIo, name: &str, mut ubs: Vec<label::Uberblock>, opts: &ImportOptions) -> Result<Chosen> {
+fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock>, opts: &ImportOptions) -> Result<Chosen> {
+    let name = cfg.name.as_str();
+    let load = |ub: &label::Uberblock| check_guid_sum(cfg, ub).and_then(|_| load_mos(io, ub));
     ubs.sort_by(|a, b| b.txg.cmp(&a.txg).then(b.timestamp_ns.cmp(&a.timestamp_ns)));
     ubs.dedup_by(|a, b| a == b);
     let Some(newest) = ubs.first().cloned() else {
@@ -460,14 +479,14 @@ fn choose_uberblock(io: &PoolIo, name: &str, mut ubs: Vec<label::Uberblock>, opt
         dropped_seconds: newest.timestamp_ns.saturating_sub(ub.timestamp_ns) as f64 / 1e9,
         reason,
     };
-    let newest_err = match load_mos(io, &newest) {
+    let newest_err = match load(&newest) {
         Ok((mos, ms)) => return Ok(Chosen { plan: plan_for(&newest, String::new()), ub: newest.clone(), mos, ms, newest_txg: newest.txg }),
         Err(e) => e,
     };
     let reason = format!("the object directory of txg {} cannot be read: {newest_err}", newest.txg);
     let mut last_err = String::new();
     for ub in ubs.iter().skip(1).filter(|u| u.txg < newest.txg && newest.txg.since(u.txg) <= REWIND_MAX_TXGS) {
-        let r = load_mos(io, ub).and_then(|(mos, ms)| {
+        let r = load(ub).and_then(|(mos, ms)| {
             if newest.txg.since(ub.txg) > crate::metaslab::TXG_DEFER_SIZE {
                 verify_trees(io, &mos)?;
             }
