@@ -596,3 +596,38 @@ fn scan_search_paths(search: &[PathBuf], opener: &Opener) -> Result<Vec<(LeafSpe
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(txg: u64, guids: &[u64]) -> PoolConfig {
+        let children = guids
+            .iter()
+            .map(|&g| LeafConfig { guid: Guid(g), spec: LeafSpec { path: format!("d{g}").into(), model: None }, offline: false, offline_since: Txg::ZERO, dtl: vec![] })
+            .collect();
+        PoolConfig {
+            name: "tank".into(),
+            guid: Guid(1),
+            version: super::super::POOL_VERSION,
+            state: "active".into(),
+            txg: Txg(txg),
+            tops: vec![TopConfig { id: 0, guid: Guid(9), role: Role::Normal, mirror: true, ashift: 12, children }],
+            props: BTreeMap::new(),
+        }
+    }
+
+    fn ub(txg: u64, guid_sum: u64) -> label::Uberblock {
+        label::Uberblock { txg: Txg(txg), guid_sum, timestamp_ns: 0, pool_guid: Guid(1), root: BlockPointer::hole() }
+    }
+
+    /// An uberblock written at or after the config's txg must carry the config's guid
+    /// sum; an older one may predate an attach or detach.
+    #[test]
+    fn guid_sum_is_checked_against_the_config_it_was_written_for() {
+        let c = cfg(10, &[3, 4]);
+        assert!(check_guid_sum(&c, &ub(12, 7)).is_ok());
+        assert!(check_guid_sum(&c, &ub(12, 3)).is_err(), "uberblock for another device set accepted");
+        assert!(check_guid_sum(&c, &ub(9, 3)).is_ok(), "an uberblock older than the config change refused");
+    }
+}
