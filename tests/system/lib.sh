@@ -56,10 +56,13 @@ wait_pid_gone() { # PID SECONDS
 z() { "$ZILLA" --state-dir "$STATE" "$@"; }
 
 # Start a daemon on $STATE (extra serve args allowed) and wait for its socket.
+# DAEMON_PREFIX (an array, e.g. (prlimit --nofile=1024:1024)) runs it under a wrapper
+# that execs it.
+DAEMON_PREFIX=()
 start_daemon() {
     NBD_PORT=${NBD_PORT:-$(free_port)}
     HTTP_PORT=${HTTP_PORT:-$(free_port)}
-    "$ZILLA" --state-dir "$STATE" serve --nbd "127.0.0.1:$NBD_PORT" --http "127.0.0.1:$HTTP_PORT" \
+    "${DAEMON_PREFIX[@]}" "$ZILLA" --state-dir "$STATE" serve --nbd "127.0.0.1:$NBD_PORT" --http "127.0.0.1:$HTTP_PORT" \
         --iscsi off "$@" >>"$T/daemon.log" 2>&1 &
     DAEMON_PID=$!
     local i

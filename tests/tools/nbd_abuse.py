@@ -6,6 +6,8 @@
   nbd_abuse.py bigreads HOST PORT EXPORT N  N clients: four 32 MiB reads each; never read
   nbd_abuse.py idle HOST PORT EXPORT N      N clients that finish the handshake, then idle
   nbd_abuse.py writeflush HOST PORT EXPORT  one 4 KiB write + FLUSH; prints seconds taken
+  nbd_abuse.py httphalf HOST PORT - N       N HTTP clients that send half a request line
+                                            and hold the connection
 
 The abusive modes print "ready" once every connection has sent its requests (or
 blocked trying) and then sleep until killed.
@@ -100,7 +102,26 @@ def idle(host, port, export, n):
         time.sleep(3600)
 
 
+def httphalf(host, port, n):
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((host, port), timeout=30)
+        s.sendall(b"GET /metr")
+        socks.append(s)
+    print("ready %d" % len(socks), flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def raise_nofile():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main():
+    raise_nofile()
     mode, host, port, export = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if mode == "writeflush":
         writeflush(host, port, export)
@@ -108,6 +129,8 @@ def main():
         abusers(host, port, export, int(sys.argv[5]), stall_requests)
     elif mode == "bigreads":
         abusers(host, port, export, int(sys.argv[5]), bigread_requests)
+    elif mode == "httphalf":
+        httphalf(host, port, int(sys.argv[5]))
     elif mode == "idle":
         idle(host, port, export, int(sys.argv[5]))
     else:

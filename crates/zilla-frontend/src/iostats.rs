@@ -5,12 +5,22 @@
 //! atomic adds, so the data path does no lookup and takes no lock. The table is keyed
 //! by export name ("POOL/NAME"); entries exist only for exports a client has opened
 //! and are dropped by [`IoStatsTable::retain`] when volumes go away, so it is bounded
-//! by the number of volumes. Per-client statistics will hang off the same seam (a
-//! session handle next to the volume handle) when the analytics work needs them.
+//! by the number of volumes.
+//!
+//! Per-client statistics use the same counters: a front end opens a [`ClientSession`]
+//! for each connection that reaches the data phase ([`ClientStatsTable::connect`],
+//! keyed by protocol and peer host: the IP address for TCP, `uid N` for a unix socket)
+//! and records every request on it as well. The table holds at most `clients_max`
+//! entries; a new client beyond that replaces the entry seen longest ago (preferring
+//! one with no open connection), so a scan of many source addresses costs a bounded
+//! table, not memory. Entries outlive their connections until replaced, so a client
+//! that reconnects keeps adding to the same counters.
 
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What a request did, as the statistics see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +130,128 @@ impl IoStatsTable {
     }
 }
 
+fn unix_now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Counters of one client (protocol + peer host), cumulative while it is in the table.
+#[derive(Debug, Default)]
+pub struct ClientIoStats {
+    pub io: VolumeIoStats,
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub first_seen_s: AtomicU64,
+    /// Unix seconds of the last connect or disconnect.
+    pub last_seen_s: AtomicU64,
+}
+
+/// One row of [`ClientStatsTable::snapshot`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientIoSnapshot {
+    pub protocol: String,
+    pub address: String,
+    pub connections_open: u64,
+    pub connections_total: u64,
+    pub first_seen_s: u64,
+    pub last_seen_s: u64,
+    pub io: VolumeIoSnapshot,
+}
+
+/// A connection's handle on its client's counters; counts the connection open until
+/// dropped.
+pub struct ClientSession {
+    stats: Arc<ClientIoStats>,
+}
+
+impl ClientSession {
+    pub fn stats(&self) -> &Arc<ClientIoStats> {
+        &self.stats
+    }
+}
+
+impl Drop for ClientSession {
+    fn drop(&mut self) {
+        self.stats.connections_open.fetch_sub(1, Ordering::Relaxed);
+        self.stats.last_seen_s.store(unix_now_s(), Ordering::Relaxed);
+    }
+}
+
+/// (protocol, address) to counters, at most `clients_max` entries.
+pub struct ClientStatsTable {
+    clients_max: usize,
+    clients: Mutex<HashMap<(String, String), Arc<ClientIoStats>>>,
+}
+
+impl ClientStatsTable {
+    pub fn new(clients_max: usize) -> ClientStatsTable {
+        ClientStatsTable { clients_max: clients_max.max(1), clients: Mutex::default() }
+    }
+
+    pub fn clients_max(&self) -> usize {
+        self.clients_max
+    }
+
+    /// A connection of `address` over `protocol` reached the data phase.
+    pub fn connect(&self, protocol: &str, address: &str) -> ClientSession {
+        let now = unix_now_s();
+        let stats = match self.clients.lock() {
+            Ok(mut clients) => {
+                let key = (protocol.to_string(), address.to_string());
+                if !clients.contains_key(&key) && clients.len() >= self.clients_max {
+                    Self::evict_one(&mut clients);
+                }
+                clients
+                    .entry(key)
+                    .or_insert_with(|| {
+                        let fresh = ClientIoStats::default();
+                        fresh.first_seen_s.store(now, Ordering::Relaxed);
+                        Arc::new(fresh)
+                    })
+                    .clone()
+            }
+            Err(_) => Arc::default(),
+        };
+        stats.connections_open.fetch_add(1, Ordering::Relaxed);
+        stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        stats.last_seen_s.store(now, Ordering::Relaxed);
+        ClientSession { stats }
+    }
+
+    /// Drop the entry seen longest ago, preferring one with no open connection.
+    fn evict_one(clients: &mut HashMap<(String, String), Arc<ClientIoStats>>) {
+        let victim = clients
+            .iter()
+            .min_by_key(|(_, c)| {
+                let open = c.connections_open.load(Ordering::Relaxed) > 0;
+                (open, c.last_seen_s.load(Ordering::Relaxed))
+            })
+            .map(|(key, _)| key.clone());
+        if let Some(key) = victim {
+            clients.remove(&key);
+        }
+    }
+
+    /// Every client's counters, sorted by protocol and address.
+    pub fn snapshot(&self) -> Vec<ClientIoSnapshot> {
+        let Ok(clients) = self.clients.lock() else { return Vec::new() };
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut rows: Vec<ClientIoSnapshot> = clients
+            .iter()
+            .map(|((protocol, address), c)| ClientIoSnapshot {
+                protocol: protocol.clone(),
+                address: address.clone(),
+                connections_open: load(&c.connections_open),
+                connections_total: load(&c.connections_total),
+                first_seen_s: load(&c.first_seen_s),
+                last_seen_s: load(&c.last_seen_s),
+                io: c.io.snapshot(),
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.protocol, &a.address).cmp(&(&b.protocol, &b.address)));
+        rows
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,5 +272,33 @@ mod tests {
         assert_eq!(snapshot[1].1.flush_ops, 1);
         table.retain(|name| name != "p/a");
         assert_eq!(table.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn client_table_is_bounded_and_keeps_connected_clients() {
+        let table = ClientStatsTable::new(2);
+        let a = table.connect("nbd", "10.0.0.1");
+        a.stats().io.record(IoKind::Write, 4096, 1, false);
+        {
+            let b = table.connect("nbd", "10.0.0.2");
+            assert_eq!(b.stats().connections_open.load(Ordering::Relaxed), 1);
+        }
+        let again = table.connect("nbd", "10.0.0.1");
+        assert!(Arc::ptr_eq(a.stats(), again.stats()), "same client, same counters");
+        // Full: the third client replaces the one with no open connection (10.0.0.2).
+        let _c = table.connect("nbd", "10.0.0.3");
+        let rows = table.snapshot();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].address, "10.0.0.1");
+        assert_eq!(rows[0].connections_open, 2);
+        assert_eq!(rows[0].connections_total, 2);
+        assert_eq!(rows[0].io.write_bytes, 4096);
+        assert_eq!(rows[1].address, "10.0.0.3");
+        drop((a, again));
+        assert_eq!(table.snapshot()[0].connections_open, 0);
+        // Even with every entry connected, a new client gets a row (the table never grows).
+        let _d = table.connect("nbd", "10.0.0.4");
+        let _e = table.connect("nbd", "10.0.0.5");
+        assert_eq!(table.snapshot().len(), 2);
     }
 }

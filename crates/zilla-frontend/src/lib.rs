@@ -26,12 +26,23 @@ pub mod registry;
 
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
-pub use iostats::{IoKind, IoStatsTable, VolumeIoSnapshot, VolumeIoStats};
+pub use iostats::{
+    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, VolumeIoSnapshot, VolumeIoStats,
+};
 pub use registry::{resolve_export, ExportInfo, ExportRegistry, ResolvedExport, StaticRegistry};
 
 /// Largest single request any front end accepts (NBD advertises it as its maximum
 /// block size); the unit of the per-connection minimum.
 pub const REQUEST_MAX_BYTES: usize = 32 << 20;
+
+/// Largest request (data plus reply header) that may use the memory budget's
+/// small-request lane (see [`budget`]).
+pub const LANE_REQUEST_MAX_BYTES: usize = (256 << 10) + 4096;
+
+/// The small-request lane of a memory budget: 1/16 of it, 1 to 16 MiB.
+pub fn lane_bytes(memory_budget_bytes: usize) -> usize {
+    (memory_budget_bytes / 16).clamp(1 << 20, 16 << 20)
+}
 
 /// Daemon-wide front-end limits. Every field bounds something.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +61,8 @@ pub struct FrontendConfig {
     pub buffer_pool_bytes_max: usize,
     /// Idle pooled buffers are freed after this long.
     pub buffer_idle_trim: Duration,
+    /// Clients (protocol + peer host) whose counters are kept.
+    pub clients_max: usize,
 }
 
 impl Default for FrontendConfig {
@@ -62,6 +75,7 @@ impl Default for FrontendConfig {
             volume_calls_per_connection_max: 16,
             buffer_pool_bytes_max: 64 << 20,
             buffer_idle_trim: Duration::from_secs(10),
+            clients_max: 256,
         }
     }
 }
@@ -73,9 +87,11 @@ impl FrontendConfig {
         if self.memory_budget_bytes < min_budget {
             return Err(format!("memory budget {} bytes is below the minimum {min_budget}", self.memory_budget_bytes));
         }
-        if self.memory_reserve_bytes < REQUEST_MAX_BYTES || self.memory_reserve_bytes >= self.memory_budget_bytes {
+        let pool = self.memory_budget_bytes - lane_bytes(self.memory_budget_bytes);
+        if self.memory_reserve_bytes < REQUEST_MAX_BYTES || self.memory_reserve_bytes >= pool {
             return Err(format!(
-                "memory reserve {} bytes must be at least one request ({REQUEST_MAX_BYTES}) and below the budget",
+                "memory reserve {} bytes must be at least one request ({REQUEST_MAX_BYTES}) and below the budget \
+                 less its small-request lane ({pool})",
                 self.memory_reserve_bytes
             ));
         }
@@ -94,6 +110,9 @@ impl FrontendConfig {
                 self.volume_calls_per_connection_max, self.volume_calls_max
             ));
         }
+        if self.clients_max == 0 || self.clients_max > 65_536 {
+            return Err(format!("clients_max {} out of range 1..=65536", self.clients_max));
+        }
         Ok(())
     }
 }
@@ -108,6 +127,8 @@ pub struct Frontend {
     pub volume_calls: Arc<SharedBudget>,
     pub buffers: BufferPool,
     pub io_stats: IoStatsTable,
+    /// Per-client counters (bounded; see [`iostats`]).
+    pub clients: ClientStatsTable,
 }
 
 /// Everything /metrics shows about the front ends.
@@ -124,11 +145,13 @@ impl Frontend {
     pub fn new(registry: Arc<dyn ExportRegistry>, config: FrontendConfig) -> Arc<Frontend> {
         let calls_reserve = (config.volume_calls_max / 8).max(1);
         Arc::new(Frontend {
-            memory: SharedBudget::new(
+            memory: SharedBudget::with_lane(
                 "memory_bytes",
                 config.memory_budget_bytes,
                 config.memory_reserve_bytes,
                 config.memory_per_connection_max_bytes,
+                lane_bytes(config.memory_budget_bytes),
+                LANE_REQUEST_MAX_BYTES,
             ),
             volume_calls: SharedBudget::new(
                 "volume_calls",
@@ -142,6 +165,7 @@ impl Frontend {
                 config.buffer_idle_trim,
             ),
             io_stats: IoStatsTable::default(),
+            clients: ClientStatsTable::new(config.clients_max),
             registry,
             config,
         })

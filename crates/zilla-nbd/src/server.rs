@@ -20,6 +20,11 @@
 //! and asks the connection whose last request is oldest (at least `EVICT_IDLE_MIN`
 //! ago, nothing in flight) to close, retrying every `EVICT_RETRY_INTERVAL` until a
 //! slot frees. So idle clients cannot lock new ones out.
+//!
+//! Statistics: [`NbdStats`] counts connections by fate and every request (totals of
+//! the protocol); each connection that reaches transmission also records into its
+//! client's row of the front end's bounded client table (peer IP for TCP, `uid N`
+//! for the unix socket) and into its volume's counters.
 
 use std::collections::HashMap;
 use std::io;
@@ -31,7 +36,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use zilla_frontend::{ExportRegistry, Frontend, FrontendConfig};
+use zilla_frontend::{ExportRegistry, Frontend, FrontendConfig, VolumeIoSnapshot, VolumeIoStats};
 
 use crate::connection_slot::{now_ms, ConnectionSlot};
 use crate::framing::FrameReader;
@@ -62,6 +67,13 @@ pub struct NbdStats {
     pub connections_evicted: AtomicU64,
     /// Failed accept calls (EMFILE, ENFILE, ...).
     pub accept_errors: AtomicU64,
+    /// Connections closed before transmission: a refused or unknown export, an
+    /// aborted or timed-out handshake, a protocol error.
+    pub connections_refused: AtomicU64,
+    /// Connections closed by the idle timeout.
+    pub connections_idle_timed_out: AtomicU64,
+    /// Requests and bytes of every session (the sum over clients and volumes).
+    pub io: VolumeIoStats,
 }
 
 /// Plain copy of [`NbdStats`].
@@ -72,6 +84,9 @@ pub struct NbdStatsSnapshot {
     pub sessions_started: u64,
     pub connections_evicted: u64,
     pub accept_errors: u64,
+    pub connections_refused: u64,
+    pub connections_idle_timed_out: u64,
+    pub io: VolumeIoSnapshot,
 }
 
 impl NbdStats {
@@ -83,11 +98,22 @@ impl NbdStats {
             sessions_started: load(&self.sessions_started),
             connections_evicted: load(&self.connections_evicted),
             accept_errors: load(&self.accept_errors),
+            connections_refused: load(&self.connections_refused),
+            connections_idle_timed_out: load(&self.connections_idle_timed_out),
+            io: self.io.snapshot(),
         }
     }
 }
 
 type SlotTable = Mutex<HashMap<u64, Arc<ConnectionSlot>>>;
+
+/// What a connection task needs to list itself in the slot table.
+struct Registration {
+    slot: OwnedSemaphorePermit,
+    slots: Arc<SlotTable>,
+    id: u64,
+    peer: String,
+}
 
 /// The NBD server: the shared front end plus configuration. Cheap to clone; every
 /// clone serves the same registry and shares counters and budgets.
@@ -115,7 +141,7 @@ impl NbdServer {
         NbdServer { frontend, config: Arc::new(config), stats: Arc::new(NbdStats::default()) }
     }
 
-    pub fn stats(&self) -> &NbdStats {
+    pub fn stats(&self) -> &Arc<NbdStats> {
         &self.stats
     }
 
@@ -137,7 +163,7 @@ impl NbdServer {
                 tracing::debug!(%peer, %error, "nbd: TCP_NODELAY failed");
             }
             let (read_half, write_half) = stream.into_split();
-            Ok((read_half, write_half))
+            Ok((read_half, write_half, peer.ip().to_string()))
         })
         .await
     }
@@ -147,7 +173,12 @@ impl NbdServer {
         let listener = &listener;
         self.accept_loop(shutdown, move || async move {
             let (stream, _peer) = listener.accept().await?;
-            Ok(stream.into_split())
+            let client = match stream.peer_cred() {
+                Ok(cred) => format!("uid {}", cred.uid()),
+                Err(_) => "unix".to_string(),
+            };
+            let (read_half, write_half) = stream.into_split();
+            Ok((read_half, write_half, client))
         })
         .await
     }
@@ -158,13 +189,13 @@ impl NbdServer {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (read_half, write_half) = tokio::io::split(stream);
-        self.serve_connection(read_half, write_half, &ConnectionSlot::default(), shutdown).await
+        self.serve_connection(read_half, write_half, &ConnectionSlot::default(), "stream", shutdown).await
     }
 
     async fn accept_loop<A, F, R, W>(&self, mut shutdown: watch::Receiver<bool>, mut accept: A) -> io::Result<()>
     where
         A: FnMut() -> F,
-        F: std::future::Future<Output = io::Result<(R, W)>>,
+        F: std::future::Future<Output = io::Result<(R, W, String)>>,
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
@@ -191,7 +222,7 @@ impl NbdServer {
                 }
                 accepted = accept() => accepted,
             };
-            let (read_half, write_half) = match accepted {
+            let (read_half, write_half, peer) = match accepted {
                 Ok(halves) => {
                     backoff.succeeded();
                     halves
@@ -210,7 +241,8 @@ impl NbdServer {
             let Some(slot) = slot else { break };
             next_id += 1;
             let (server, connection_shutdown) = (self.clone(), shutdown.clone());
-            connections.spawn(server.run_registered(read_half, write_half, slot, slots.clone(), next_id, connection_shutdown));
+            let registration = Registration { slot, slots: slots.clone(), id: next_id, peer };
+            connections.spawn(server.run_registered(read_half, write_half, registration, connection_shutdown));
         }
         // Connections saw the same signal; give them the grace period plus a margin.
         let drain = async { while connections.join_next().await.is_some() {} };
@@ -244,28 +276,22 @@ impl NbdServer {
     }
 
     /// One connection task: listed in the slot table for its lifetime.
-    async fn run_registered<R, W>(
-        self,
-        read_half: R,
-        write_half: W,
-        _slot: OwnedSemaphorePermit,
-        slots: Arc<SlotTable>,
-        id: u64,
-        shutdown: watch::Receiver<bool>,
-    ) where
+    async fn run_registered<R, W>(self, read_half: R, write_half: W, registration: Registration, shutdown: watch::Receiver<bool>)
+    where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        let Registration { slot: _slot, slots, id, peer } = registration;
         let connection = Arc::new(ConnectionSlot::default());
         if let Ok(mut table) = slots.lock() {
             table.insert(id, connection.clone());
         }
-        if let Err(error) = self.serve_connection(read_half, write_half, &connection, shutdown).await {
+        if let Err(error) = self.serve_connection(read_half, write_half, &connection, &peer, shutdown).await {
             tracing::debug!(%error, "nbd: connection ended with an error");
         }
         if let Ok(mut table) = slots.lock() {
             table.remove(&id);
-        }
+        };
     }
 
     /// At the connection cap: ask the connection idle longest to close.
@@ -294,6 +320,7 @@ impl NbdServer {
         read_half: R,
         mut write_half: W,
         slot: &ConnectionSlot,
+        peer: &str,
         mut shutdown: watch::Receiver<bool>,
     ) -> io::Result<()>
     where
@@ -306,13 +333,20 @@ impl NbdServer {
         let mut reader = FrameReader::new(read_half);
         let registry = &*self.frontend.registry;
         let negotiation = handshake::negotiate(&mut reader, &mut write_half, registry, &self.config);
+        let refused = || self.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
         let session = tokio::select! {
             result = tokio::time::timeout(self.config.handshake_timeout, negotiation) => match result {
                 Ok(Ok(Some(session))) => session,
-                Ok(Ok(None)) => return Ok(()),
-                Ok(Err(error)) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Ok(Err(error)) => return Err(error),
+                Ok(Ok(None)) => {
+                    refused();
+                    return Ok(());
+                }
+                Ok(Err(error)) => {
+                    refused();
+                    return if error.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(error) };
+                }
                 Err(_elapsed) => {
+                    refused();
                     tracing::debug!("nbd: handshake timed out");
                     return Ok(());
                 }
@@ -320,8 +354,10 @@ impl NbdServer {
             _ = wait_for_shutdown(&mut shutdown) => return Ok(()),
         };
         self.stats.sessions_started.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(export = %session.export.name, flags = session.transmission_flags, "nbd: transmission");
-        transmission::run(reader, write_half, session, &self.config, &self.frontend, slot, shutdown).await
+        tracing::debug!(export = %session.export.name, flags = session.transmission_flags, %peer, "nbd: transmission");
+        let client = self.frontend.clients.connect("nbd", peer);
+        let recorders = transmission::SessionRecorders { client: client.stats().clone(), server: self.stats.clone() };
+        transmission::run(reader, write_half, session, &self.config, &self.frontend, slot, recorders, shutdown).await
     }
 }
 

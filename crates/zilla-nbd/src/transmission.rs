@@ -60,12 +60,13 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use zilla_core::zvol::BlockVolume;
-use zilla_frontend::{BudgetPermit, BudgetShare, Frontend, IoKind, VolumeIoStats};
+use zilla_frontend::{BudgetPermit, BudgetShare, ClientIoStats, Frontend, IoKind, VolumeIoStats};
 
 use crate::framing::FrameReader;
 use crate::handshake::Session;
 use crate::proto::*;
 use crate::connection_slot::ConnectionSlot;
+use crate::server::NbdStats;
 use crate::NbdConfig;
 
 /// Largest range one BLOCK_STATUS request examines; clients ask again for the rest.
@@ -139,6 +140,15 @@ struct RequestContext {
     replies: mpsc::UnboundedSender<Vec<Reply>>,
     frontend: Arc<Frontend>,
     io_stats: Arc<VolumeIoStats>,
+    recorders: SessionRecorders,
+}
+
+/// Where a session's requests are counted besides its volume: its client's row and
+/// the server's totals.
+#[derive(Clone)]
+pub(crate) struct SessionRecorders {
+    pub(crate) client: Arc<ClientIoStats>,
+    pub(crate) server: Arc<NbdStats>,
 }
 
 impl RequestContext {
@@ -160,7 +170,10 @@ impl RequestContext {
             _ => IoKind::Other,
         };
         let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.io_stats.record(kind, u64::from(request.length), latency_ns, reply_failed(reply));
+        let (bytes, failed) = (u64::from(request.length), reply_failed(reply));
+        self.io_stats.record(kind, bytes, latency_ns, failed);
+        self.recorders.client.io.record(kind, bytes, latency_ns, failed);
+        self.recorders.server.io.record(kind, bytes, latency_ns, failed);
     }
 }
 
@@ -197,6 +210,7 @@ pub(crate) async fn run<R, W>(
     config: &NbdConfig,
     frontend: &Arc<Frontend>,
     slot: &ConnectionSlot,
+    recorders: SessionRecorders,
     mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<()>
 where
@@ -221,6 +235,7 @@ where
         replies: reply_sender,
         frontend: frontend.clone(),
         io_stats: frontend.io_stats.volume(&session.export.name),
+        recorders,
     };
 
     let mut stopping = *shutdown.borrow();
@@ -278,6 +293,7 @@ where
     };
     context.send(std::mem::take(&mut batch));
     if end == ReaderEnd::IdleTimeout {
+        context.recorders.server.connections_idle_timed_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!("nbd: closing a connection idle for {:?}", config.idle_timeout);
     } else {
         tracing::debug!(?end, "nbd: connection reader stopped");

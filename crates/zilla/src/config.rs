@@ -18,6 +18,10 @@
 //!
 //! Caps left at their defaults shrink to fit (NBD first, then HTTP; logged); caps set
 //! in the file that do not fit refuse the start with the sum spelled out.
+//!
+//! The front-end memory budget and the NBD per-connection limits come from the same
+//! file ([`frontend_config`], [`nbd_config`]); every value has a range, and a value
+//! out of range or inconsistent with another refuses the start with the reason.
 
 use std::time::Duration;
 
@@ -46,6 +50,13 @@ pub struct Settings {
     pub http_header_timeout_s: Option<u64>,
     pub http_body_max_bytes: Option<u64>,
     pub fd_reserve: Option<usize>,
+    pub frontend_memory_budget_bytes: Option<u64>,
+    pub frontend_buffer_pool_bytes_max: Option<u64>,
+    pub clients_max: Option<usize>,
+    pub nbd_in_flight_requests_max: Option<usize>,
+    pub nbd_idle_timeout_s: Option<u64>,
+    pub nbd_reply_stall_timeout_s: Option<u64>,
+    pub nbd_handshake_timeout_s: Option<u64>,
 }
 
 pub const KEYS: &[&str] = &[
@@ -59,6 +70,13 @@ pub const KEYS: &[&str] = &[
     "http_header_timeout_s",
     "http_body_max_bytes",
     "fd_reserve",
+    "frontend_memory_budget_bytes",
+    "frontend_buffer_pool_bytes_max",
+    "clients_max",
+    "nbd_in_flight_requests_max",
+    "nbd_idle_timeout_s",
+    "nbd_reply_stall_timeout_s",
+    "nbd_handshake_timeout_s",
 ];
 
 /// `key = "value"` or `key = value` lines, `#` comments.
@@ -99,6 +117,15 @@ impl Settings {
                 "http_header_timeout_s" => s.http_header_timeout_s = Some(number(&k, &v, 1, 3600)?),
                 "http_body_max_bytes" => s.http_body_max_bytes = Some(number(&k, &v, 4096, 1 << 30)?),
                 "fd_reserve" => s.fd_reserve = Some(number(&k, &v, 32, 1 << 20)? as usize),
+                "frontend_memory_budget_bytes" => {
+                    s.frontend_memory_budget_bytes = Some(number(&k, &v, FRONTEND_MEMORY_MIN_BYTES, 1 << 40)?)
+                }
+                "frontend_buffer_pool_bytes_max" => s.frontend_buffer_pool_bytes_max = Some(number(&k, &v, 0, 1 << 40)?),
+                "clients_max" => s.clients_max = Some(number(&k, &v, 1, 65_536)? as usize),
+                "nbd_in_flight_requests_max" => s.nbd_in_flight_requests_max = Some(number(&k, &v, 1, 65_536)? as usize),
+                "nbd_idle_timeout_s" => s.nbd_idle_timeout_s = Some(number(&k, &v, 0, 7 * 86_400)?),
+                "nbd_reply_stall_timeout_s" => s.nbd_reply_stall_timeout_s = Some(number(&k, &v, 0, 86_400)?),
+                "nbd_handshake_timeout_s" => s.nbd_handshake_timeout_s = Some(number(&k, &v, 1, 3600)?),
                 other => {
                     return Err(format!("unknown setting '{}' (expected one of: {})", crate::clip::clip(other), KEYS.join(", ")))
                 }
@@ -106,6 +133,45 @@ impl Settings {
         }
         Ok(s)
     }
+}
+
+/// Smallest front-end memory budget: two largest requests plus room for small ones.
+const FRONTEND_MEMORY_MIN_BYTES: u64 = 2 * zilla_frontend::REQUEST_MAX_BYTES as u64 + (64 << 10);
+
+/// The front-end budgets from the file (defaults: [`zilla_frontend::FrontendConfig`]).
+/// The part of the budget kept for connections holding nothing is two largest
+/// requests, or one when the budget is below four.
+pub fn frontend_config(s: &Settings) -> anyhow::Result<zilla_frontend::FrontendConfig> {
+    let defaults = zilla_frontend::FrontendConfig::default();
+    let request_max = zilla_frontend::REQUEST_MAX_BYTES;
+    let budget = s.frontend_memory_budget_bytes.map_or(defaults.memory_budget_bytes, |b| b as usize);
+    let reserve = if budget >= 4 * request_max { defaults.memory_reserve_bytes } else { request_max };
+    let config = zilla_frontend::FrontendConfig {
+        memory_budget_bytes: budget,
+        memory_reserve_bytes: reserve,
+        buffer_pool_bytes_max: s.frontend_buffer_pool_bytes_max.map_or(defaults.buffer_pool_bytes_max, |b| b as usize),
+        clients_max: s.clients_max.unwrap_or(defaults.clients_max),
+        ..defaults
+    };
+    config.validate().map_err(|e| anyhow!("front-end limits in the config file: {e}"))?;
+    Ok(config)
+}
+
+/// The NBD limits from the file (defaults: [`zilla_nbd::NbdConfig`]); the connection
+/// cap comes from [`Limits::resolve`].
+pub fn nbd_config(s: &Settings, connections_max: usize) -> anyhow::Result<zilla_nbd::NbdConfig> {
+    let defaults = zilla_nbd::NbdConfig::default();
+    let seconds = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_secs);
+    let config = zilla_nbd::NbdConfig {
+        in_flight_requests_max: s.nbd_in_flight_requests_max.unwrap_or(defaults.in_flight_requests_max),
+        idle_timeout: seconds(s.nbd_idle_timeout_s, defaults.idle_timeout),
+        reply_stall_timeout: seconds(s.nbd_reply_stall_timeout_s, defaults.reply_stall_timeout),
+        handshake_timeout: seconds(s.nbd_handshake_timeout_s, defaults.handshake_timeout),
+        connections_max,
+        ..defaults
+    };
+    config.validate().map_err(|e| anyhow!("NBD limits in the config file: {e}"))?;
+    Ok(config)
 }
 
 /// Raise the soft RLIMIT_NOFILE to the hard limit; returns the limit now in force.
@@ -215,6 +281,31 @@ mod tests {
         assert!(Settings::parse("garbage").is_err());
         assert!(Settings::parse("frob = 1").unwrap_err().contains("unknown setting 'frob'"));
         assert!(Settings::parse("http_connections_max = 0").unwrap_err().contains("out of range"));
+    }
+
+    #[test]
+    fn frontend_and_nbd_limits_come_from_the_file() {
+        let s = Settings::parse(
+            "frontend_memory_budget_bytes = 96M\nfrontend_buffer_pool_bytes_max = 8M\nclients_max = 10\n\
+             nbd_in_flight_requests_max = 16\nnbd_idle_timeout_s = 0\nnbd_reply_stall_timeout_s = 5\n",
+        )
+        .unwrap();
+        let f = frontend_config(&s).unwrap();
+        assert_eq!(f.memory_budget_bytes, 96 << 20);
+        assert_eq!(f.memory_reserve_bytes, zilla_frontend::REQUEST_MAX_BYTES);
+        assert_eq!(f.buffer_pool_bytes_max, 8 << 20);
+        assert_eq!(f.clients_max, 10);
+        let n = nbd_config(&s, 100).unwrap();
+        assert_eq!(n.in_flight_requests_max, 16);
+        assert_eq!(n.idle_timeout, Duration::ZERO);
+        assert_eq!(n.reply_stall_timeout, Duration::from_secs(5));
+        assert_eq!(n.connections_max, 100);
+        let d = frontend_config(&Settings::default()).unwrap();
+        assert_eq!(d, zilla_frontend::FrontendConfig::default());
+        let e = Settings::parse("frontend_memory_budget_bytes = 1M").unwrap_err();
+        assert!(e.contains("out of range (allowed 67174400 to"), "{e}");
+        let e = Settings::parse("nbd_in_flight_requests_max = 100000").unwrap_err();
+        assert!(e.contains("out of range (allowed 1 to 65536)"), "{e}");
     }
 
     #[test]

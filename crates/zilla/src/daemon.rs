@@ -128,6 +128,9 @@ pub struct Daemon {
     /// Serialises configuration changes and cache-file writes.
     admin: tokio::sync::Mutex<()>,
     pub info: DaemonInfo,
+    /// The NBD server (its counters, limits and the shared front end: memory budget,
+    /// per-volume and per-client statistics) for /metrics and the API.
+    pub nbd: zilla_nbd::NbdServer,
 }
 
 pub use crate::api_error::ApiError;
@@ -338,10 +341,20 @@ pub async fn run(
     let admin_gid = crate::config::admin_gid(&opts.settings)?;
     let fd_limit = crate::config::raise_nofile_limit();
     let nbd_listeners = 1 + opts.nbd.is_some() as usize;
-    let nbd_config = zilla_nbd::NbdConfig::default();
-    let limits = crate::config::Limits::resolve(&opts.settings, fd_limit, nbd_listeners, nbd_config.connections_max)?;
-    let nbd_config = zilla_nbd::NbdConfig { connections_max: limits.nbd_connections_max, ..nbd_config };
+    let nbd_default = zilla_nbd::NbdConfig::default().connections_max;
+    let limits = crate::config::Limits::resolve(&opts.settings, fd_limit, nbd_listeners, nbd_default)?;
+    let nbd_config = crate::config::nbd_config(&opts.settings, limits.nbd_connections_max)?;
+    let frontend_config = crate::config::frontend_config(&opts.settings)?;
     tracing::info!("{}", limits.describe());
+    tracing::info!(
+        "front end: memory budget {} bytes, reply-buffer pool {} bytes; NBD: {} requests in flight per connection, \
+         idle timeout {} s, reply stall {} s",
+        frontend_config.memory_budget_bytes,
+        frontend_config.buffer_pool_bytes_max,
+        nbd_config.in_flight_requests_max,
+        nbd_config.idle_timeout.as_secs(),
+        nbd_config.reply_stall_timeout.as_secs()
+    );
     let admin_sock = dir.join("zilla.sock");
     let nbd_sock = dir.join("nbd.sock");
     for s in [&admin_sock, &nbd_sock] {
@@ -376,12 +389,15 @@ pub async fn run(
         iscsi: opts.iscsi.clone(),
         http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
     };
+    let pools = Arc::new(PoolTable::default());
+    let nbd = crate::nbd_glue::server(pools.clone(), frontend_config, nbd_config);
     let daemon = Arc::new(Daemon {
         state_dir: dir.clone(),
-        pools: Arc::new(PoolTable::default()),
+        pools,
         unavailable: Mutex::new(vec![]),
         admin: tokio::sync::Mutex::new(()),
         info: info.clone(),
+        nbd,
     });
     for p in preimported {
         let name = p.name();
@@ -402,7 +418,7 @@ pub async fn run(
         // Admin requests still running (e.g. `scrub -w`) must not hold shutdown forever.
         tokio::spawn(crate::http_serve::serve("admin API", listener, app, limits.admin, stop_rx.clone(), ADMIN_DRAIN))
     };
-    let nbd_task = crate::nbd_glue::spawn(daemon.pools.clone(), nbd_tcp, nbd_unix, stop_rx.clone(), nbd_config);
+    let nbd_task = crate::nbd_glue::spawn(daemon.nbd.clone(), nbd_tcp, nbd_unix, stop_rx.clone());
     let http_task = http.map(|l| {
         let app = crate::http_serve::with_body_limits(crate::web::router(daemon.clone()), limits.http);
         let listener = crate::http_serve::Listener::Tcp(l);
@@ -473,6 +489,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/set", post(prop_set))
         .route("/v1/tunables", get(tunable_list).post(tunable_set))
         .route("/v1/arcstats", get(arcstats))
+        .route("/v1/clients", get(client_list))
         .fallback(|| async { ApiError::not_found("no such API route") })
         .with_state(d)
 }
@@ -777,6 +794,11 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
     zilla_core::tunables().set(&req.name, req.value).map_err(zilla_core::Error::from)?;
     tracing::info!("tunable {} set to {}", req.name, req.value);
     Ok(Json(Empty {}))
+}
+
+/// Per-client front-end counters (bounded table; see zilla-frontend iostats).
+async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
+    Json(d.nbd.frontend().clients.snapshot().iter().map(ClientRow::from).collect())
 }
 
 /// arcstats kstat names -> values, summed over the imported pools (each pool has its

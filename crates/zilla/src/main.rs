@@ -237,7 +237,8 @@ enum PoolCmd {
 enum VolumeCmd {
     /// Create a volume: -V SIZE POOL/NAME
     Create {
-        /// Sparse (no reservation)
+        /// Sparse (no reservation). Every volume is sparse until reservations
+        /// (refreservation) exist; without -s the CLI says so.
         #[arg(short = 's')]
         sparse: bool,
         /// Size, e.g. 10G
@@ -771,6 +772,9 @@ async fn volume_cmd(c: &Client, cmd: VolumeCmd) -> Result<(), String> {
             let volblocksize = u32::try_from(volblocksize).map_err(|_| err(format!("bad volblocksize {volblocksize}")))?;
             let req = CreateVolume { name: name.clone(), volsize: size, volblocksize, sparse, props: rest };
             let _: Empty = c.post("/v1/volumes", &req).await.map_err(ctx(format!("cannot create '{name}'")))?;
+            if !sparse {
+                eprintln!("note: '{}' was created sparse (no reservation): zilla has no refreservation yet", clip::clip(&name));
+            }
         }
         VolumeCmd::List { scripted, parsable, pools } => {
             let vols: Vec<VolumeInfo> = fetch(c, "/v1/volumes", &pools).await?;

@@ -60,17 +60,26 @@ impl zilla_nbd::ExportRegistry for Exports {
     }
 }
 
+/// The NBD server over the daemon's pools, with its own front end (memory budget,
+/// volume-call budget, reply buffers, statistics) built from the config file.
+pub fn server(
+    pools: Arc<PoolTable>,
+    frontend: zilla_frontend::FrontendConfig,
+    config: zilla_nbd::NbdConfig,
+) -> zilla_nbd::NbdServer {
+    let frontend = zilla_frontend::Frontend::new(Arc::new(Exports { pools }), frontend);
+    zilla_nbd::NbdServer::with_frontend(frontend, config)
+}
+
 /// Start serving NBD on the TCP listener (if any) and the unix socket until `stop`
 /// turns true. The returned task ends when the server has stopped accepting and its
 /// in-flight requests have finished or failed (bounded by the server's grace time).
 pub fn spawn(
-    pools: Arc<PoolTable>,
+    server: zilla_nbd::NbdServer,
     tcp: Option<TcpListener>,
     unix: UnixListener,
     stop: watch::Receiver<bool>,
-    config: zilla_nbd::NbdConfig,
 ) -> JoinHandle<()> {
-    let server = zilla_nbd::NbdServer::new(Arc::new(Exports { pools }), config);
     tokio::spawn(async move {
         let tcp_server = server.clone();
         let tcp_stop = stop.clone();

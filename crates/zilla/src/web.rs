@@ -3,7 +3,9 @@
 //! `/metrics` in the OpenMetrics text format (what Prometheus scrapes), rendered by
 //! the prometheus-client crate (HELP, TYPE, `# EOF`; label values escaped here),
 //! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
-//! richardelling/zpool_prometheus `zpool_stats_*`; counters' samples end in `_total`).
+//! richardelling/zpool_prometheus `zpool_stats_*`; counters' samples end in `_total`),
+//! and `zilla_frontend_*` / `zilla_nbd_*` for the front ends' memory budget, limits
+//! and connection and request counters.
 
 use std::fmt::Write;
 use std::sync::atomic::AtomicU64;
@@ -35,11 +37,38 @@ struct Snapshot {
     status: Vec<PoolStatus>,
     iostat: Vec<IostatSnapshot>,
     volumes: Vec<VolumeInfo>,
+    frontend: FrontendMetrics,
+}
+
+/// The front ends' side of /metrics: budgets, limits and NBD counters.
+struct FrontendMetrics {
+    stats: zilla_frontend::FrontendStats,
+    nbd: zilla_nbd::NbdStatsSnapshot,
+    nbd_connections_max: usize,
+    nbd_in_flight_requests_max: usize,
+    nbd_idle_timeout_s: u64,
+    nbd_reply_stall_timeout_s: u64,
+}
+
+impl FrontendMetrics {
+    fn of(d: &Daemon) -> FrontendMetrics {
+        let config = d.nbd.config();
+        FrontendMetrics {
+            stats: d.nbd.frontend().stats(),
+            nbd: d.nbd.stats().snapshot(),
+            nbd_connections_max: config.connections_max,
+            nbd_in_flight_requests_max: config.in_flight_requests_max,
+            nbd_idle_timeout_s: config.idle_timeout.as_secs(),
+            nbd_reply_stall_timeout_s: config.reply_stall_timeout.as_secs(),
+        }
+    }
 }
 
 async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
     let pools = d.pools.all();
+    let frontend = FrontendMetrics::of(d);
     tokio::task::spawn_blocking(move || Snapshot {
+        frontend,
         rows: pools.iter().map(|(_, p)| p.list_row()).collect(),
         status: pools.iter().map(|(_, p)| p.status()).collect(),
         iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
@@ -200,11 +229,67 @@ fn render_metrics(s: &Snapshot) -> String {
         counters(&mut reg, name, help, rows.iter().map(|(l, st)| (l.clone(), sum(st, bytes, read))));
     }
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
+    register_frontend(&mut reg, &s.frontend);
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
     }
     out
+}
+
+/// An unlabelled gauge.
+fn gauge(reg: &mut Registry, name: &str, help: &str, value: u64) {
+    let metric = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    metric.set(i64::try_from(value).unwrap_or(i64::MAX));
+    reg.register(name, help, metric);
+}
+
+/// An unlabelled counter.
+fn counter(reg: &mut Registry, name: &str, help: &str, value: u64) {
+    let metric = Counter::<u64>::default();
+    metric.inc_by(value);
+    reg.register(name, help, metric);
+}
+
+/// `zilla_frontend_*` (memory budget, volume calls, reply buffers) and `zilla_nbd_*`
+/// (limits, connections by fate, requests and bytes by operation).
+fn register_frontend(reg: &mut Registry, f: &FrontendMetrics) {
+    let (memory, calls, buffers) = (&f.stats.memory, &f.stats.volume_calls, &f.stats.buffers);
+    gauge(reg, "zilla_frontend_memory_budget_bytes", "Configured front-end memory budget for request and reply data", memory.total);
+    gauge(reg, "zilla_frontend_memory_in_use_bytes", "Front-end memory budget in use", memory.in_use);
+    gauge(reg, "zilla_frontend_memory_reserve_bytes", "Part of the budget kept for connections holding nothing", memory.reserve);
+    counter(reg, "zilla_frontend_memory_waits", "Requests that waited for the memory budget", memory.waits);
+    gauge(reg, "zilla_frontend_volume_calls_max", "Volume calls allowed in flight (blocking-pool threads)", calls.total);
+    gauge(reg, "zilla_frontend_volume_calls_in_use", "Volume calls in flight", calls.in_use);
+    gauge(reg, "zilla_frontend_buffer_pool_bytes", "Bytes of idle reply buffers kept for reuse", buffers.pooled_bytes);
+    gauge(reg, "zilla_frontend_buffer_pool_max_bytes", "Cap of the reply-buffer pool", buffers.bytes_max);
+    gauge(reg, "zilla_nbd_connections_max", "NBD connection cap per listener", f.nbd_connections_max as u64);
+    gauge(reg, "zilla_nbd_in_flight_requests_max", "NBD requests in flight per connection", f.nbd_in_flight_requests_max as u64);
+    gauge(reg, "zilla_nbd_idle_timeout_seconds", "NBD idle timeout after the handshake (0: never)", f.nbd_idle_timeout_s);
+    gauge(reg, "zilla_nbd_reply_stall_timeout_seconds", "NBD reply stall timeout (0: never)", f.nbd_reply_stall_timeout_s);
+    let n = &f.nbd;
+    gauge(reg, "zilla_nbd_connections_open", "NBD connections open", n.connections_active);
+    counter(reg, "zilla_nbd_connections_accepted", "NBD connections accepted", n.connections_accepted);
+    counter(reg, "zilla_nbd_sessions_started", "NBD connections that reached the data phase", n.sessions_started);
+    counter(reg, "zilla_nbd_connections_refused", "NBD connections closed in the handshake (refused or unknown export, abort or list only, timeout, protocol error)", n.connections_refused);
+    counter(reg, "zilla_nbd_connections_evicted", "Idle NBD connections closed to make room at the cap", n.connections_evicted);
+    counter(reg, "zilla_nbd_connections_idle_timed_out", "NBD connections closed by the idle timeout", n.connections_idle_timed_out);
+    counter(reg, "zilla_nbd_accept_errors", "Failed NBD accept calls (EMFILE and the like)", n.accept_errors);
+    let op = |name: &str| labels(&[("op", name)]);
+    let io = &n.io;
+    counters(reg, "zilla_nbd_requests", "NBD requests completed, by operation", [
+        (op("read"), io.read_ops),
+        (op("write"), io.write_ops),
+        (op("flush"), io.flush_ops),
+        (op("trim"), io.trim_ops),
+        (op("other"), io.other_ops),
+    ]);
+    counters(reg, "zilla_nbd_bytes", "NBD request bytes, by operation (trim includes write-zeroes)", [
+        (op("read"), io.read_bytes),
+        (op("write"), io.write_bytes),
+        (op("trim"), io.trim_bytes),
+    ]);
+    counter(reg, "zilla_nbd_request_errors", "NBD requests answered with an error", io.error_ops);
 }
 
 #[cfg(test)]
@@ -219,5 +304,16 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         assert!(out.contains(r#"t_bytes{vdev="a\nb\\c\"d"} 1"#), "{out}");
         assert!(out.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn unlabelled_samples_have_no_braces() {
+        let mut reg = Registry::default();
+        gauge(&mut reg, "zilla_x_bytes", "help", 5);
+        counter(&mut reg, "zilla_y", "help", 7);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(out.contains("\nzilla_x_bytes 5\n"), "{out}");
+        assert!(out.contains("\nzilla_y_total 7\n"), "{out}");
     }
 }
