@@ -604,7 +604,7 @@ impl Harness {
             pool.volume_create(name, size, bs, &props).unwrap();
             state.insert(name.to_string(), vec![0u8; size as usize]);
         }
-        let txg = pool.synced_txg();
+        let txg = pool.synced_txg().get();
         pool.export().unwrap();
         drop(pool);
         self.images = (0..NDEV)
@@ -677,7 +677,7 @@ impl Harness {
             self.stats.import_cuts += 1;
             return;
         }
-        let txg = pool.synced_txg();
+        let txg = pool.synced_txg().get();
         self.note(format!("imported txg {txg} (acked {}), absent {:?}, suspect {:?}, topology {:?}", self.ledger.acked_txg, self.absent, self.suspect, topology(&pool).iter().map(|t| t.iter().map(|l| format!("{}:{}{}", dev_name(l.dev), l.state, if l.dtl_empty { "" } else { "+dtl" })).collect::<Vec<_>>()).collect::<Vec<_>>()));
         let got = self.read_state(&pool);
         let history = self.ledger.history.clone();
@@ -823,12 +823,12 @@ impl Harness {
             if dom.crashed() {
                 return;
             }
-            let before = pool.synced_txg();
+            let before = pool.synced_txg().get();
             if pool.scan_status().state == "scanning" {
                 self.ledger.background_sync = true;
             }
             let (step, sync_op) = self.step(pool, dom, armed);
-            if !sync_op && pool.synced_txg() != before {
+            if !sync_op && pool.synced_txg().get() != before {
                 self.ledger.background_sync = true;
             }
             if matches!(step, Step::Stop) {
@@ -948,7 +948,7 @@ impl Harness {
     fn ack(&mut self, pool: &Pool, exact: bool) {
         self.stats.acks += 1;
         let exact = exact && !self.ledger.background_sync;
-        self.ledger.acknowledge(pool.synced_txg(), exact);
+        self.ledger.acknowledge(pool.synced_txg().get(), exact);
     }
 
     fn sync(&mut self, pool: &Arc<Pool>, dom: &Arc<Domain>) -> Step {
@@ -1135,7 +1135,7 @@ impl Harness {
                 Ok(p) => p,
                 Err(e) => self.fail(&format!("rewind to txg {old_txg} (imported {txg}): import failed: {e}")),
             };
-            if pool.synced_txg() != *old_txg {
+            if pool.synced_txg().get() != *old_txg {
                 // that uberblock was overwritten in its ring slot, or never on disk
                 pool.abandon();
                 continue;
@@ -1168,9 +1168,9 @@ fn drop_uberblocks_after(img: &mut [u8], txg: u64) {
     let size = img.len() as u64;
     for l in 0..label::LABELS {
         for slot in 0..label::UB_SLOTS {
-            let off = label::ub_offset(size, l, slot) as usize;
+            let off = label::ub_offset(size, l, zilla_core::Txg(slot)) as usize;
             let b = &img[off..off + label::UB_SLOT_SIZE];
-            if label::Uberblock::decode(b, off as u64).is_some_and(|u| u.txg > txg) {
+            if label::Uberblock::decode(b, off as u64).is_some_and(|u| u.txg.get() > txg) {
                 img[off..off + label::UB_SLOT_SIZE].fill(0);
             }
         }
@@ -1193,7 +1193,7 @@ fn run(seed: u64, iterations: usize, faults: Vec<Fault>) -> Stats {
     let (_dom, set) = domain(images, i64::MAX, 0);
     let p = Pool::import_with(&set.specs(), set.opener()).unwrap_or_else(|e| h.fail(&format!("final import: {e}")));
     let got = h.read_state(&p);
-    if let Err(e) = h.ledger.check_import(got, p.synced_txg()) {
+    if let Err(e) = h.ledger.check_import(got, p.synced_txg().get()) {
         h.fail(&format!("final import: {e}"));
     }
     p.check_space_accounting().unwrap_or_else(|e| h.fail(&format!("final space accounting: {e}")));
