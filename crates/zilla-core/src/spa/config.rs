@@ -156,9 +156,15 @@ impl PoolInner {
         cfg.txg = self.txg.open_txg();
         *self.config.lock() = cfg.clone();
         let leaves = self.leaves.read().clone();
+        self.write_labels(&cfg, &leaves)
+    }
+
+    /// Write `cfg` to the labels of `leaves`: even labels, flush, odd labels, flush. Ok if
+    /// every pass reached at least one online leaf.
+    fn write_labels(&self, cfg: &PoolConfig, leaves: &[Arc<Leaf>]) -> Result<()> {
         for pass in [[0usize, 2], [1, 3]] {
             let mut ok = 0;
-            for leaf in &leaves {
+            for leaf in leaves {
                 if leaf.state() != LeafState::Online {
                     continue;
                 }
@@ -213,6 +219,16 @@ impl Pool {
             new_tops.push((open_top(&tc, kids.clone()), tc, kids));
             next_id += 1;
         }
+        // The new leaves get the new config first: once any old leaf carries it, import
+        // needs them, and a power cut between the two would leave a config naming
+        // top-level vdevs with no label anywhere (an unimportable pool; found by the
+        // power-cut test).
+        let mut cfg = self.inner.refresh_config();
+        cfg.tops.extend(new_tops.iter().map(|(_, tc, _)| tc.clone()));
+        cfg.state = "active".to_string();
+        cfg.txg = inner.txg.open_txg();
+        let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
+        inner.write_labels(&cfg, &new_leaves)?;
         for (top, tc, kids) in new_tops {
             if matches!(top.role, Role::Normal | Role::Log) {
                 inner.io.ms.add_vdev(top.id, top.role, top.asize());
