@@ -146,7 +146,8 @@ impl PoolIo {
         self.vdevs.read().iter().find(|t| t.id == id).cloned()
     }
 
-    fn log_error(&self, msg: String) {
+    /// Record an unrecoverable block in the bounded error log (`zpool status -v`).
+    pub fn log_error(&self, msg: String) {
         let mut l = self.error_log.lock();
         if l.len() >= ERROR_LOG_MAX {
             l.remove(0);
@@ -840,8 +841,10 @@ impl Mos {
             let local: BTreeMap<String, String> =
                 serde_json::from_str(&props_json).map_err(|e| Error::Corrupt(format!("volume properties: {e}")))?;
             let created_txg = Txg(r.u64()?);
-            if !(1..=8).contains(&nlevels) || !volblocksize.is_power_of_two() {
-                return Err(Error::Corrupt(format!("volume {name}: bad geometry")));
+            // the tree's height follows from the geometry; anything else (a crafted
+            // nlevels = 8 would overflow EPB^7) is corrupt
+            if !(512..=(128 << 10)).contains(&volblocksize) || !volblocksize.is_power_of_two() || volsize == 0 || nlevels != levels_for(volsize.div_ceil(volblocksize as u64)) {
+                return Err(Error::Corrupt(format!("volume {name}: bad geometry (volsize {volsize}, volblocksize {volblocksize}, {nlevels} levels)")));
             }
             volumes.push(VolumeRecord {
                 id,
@@ -898,7 +901,8 @@ pub fn mos_blocks(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Result<V
 
 pub fn read_mos_blob(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Result<Vec<u8>> {
     let bps = mos_blocks(io, index, class)?;
-    let mut blob = Vec::with_capacity(index.fill as usize);
+    // `fill` is bounded by mos_blocks (at most 1024 chunks); reserve no more than that
+    let mut blob = Vec::with_capacity((index.fill as usize).min(bps.len().saturating_sub(1) * MOS_CHUNK_SIZE));
     for bp in &bps[1..] {
         if bp.is_hole() {
             return Err(Error::Corrupt("hole in MOS".into()));

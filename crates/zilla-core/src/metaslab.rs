@@ -545,6 +545,9 @@ impl Metaslabs {
             }
         }
         let nd = r.u32()?;
+        // every deferred extent, to refuse one named twice (or two that overlap): both
+        // would be released, and the second free would corrupt the free tree
+        let mut deferred: BTreeMap<(u32, u64), u64> = BTreeMap::new();
         for _ in 0..nd {
             let txg = Txg(r.u64()?);
             let cnt = r.u32()?;
@@ -565,6 +568,12 @@ impl Metaslabs {
                 if !ok {
                     return Err(Error::Corrupt(format!("defer list names unallocated space {d:?}")));
                 }
+                let end = d.offset + d.asize as u64;
+                let before = deferred.range(..(d.vdev, end)).next_back().filter(|((v, _), &e)| *v == d.vdev && e > d.offset);
+                if before.is_some() {
+                    return Err(Error::Corrupt(format!("defer lists name {d:?} twice (or overlapping)")));
+                }
+                deferred.insert((d.vdev, d.offset), end);
                 list.push(d);
             }
             self.defer.get_mut().lists.insert(txg, list);
@@ -594,6 +603,32 @@ mod tests {
         a.free(x, 4 * 4096);
         assert_eq!(a.alloc(2 * 4096), Some(x));
         assert_eq!(a.free_bytes(), 2 * 4096);
+    }
+
+    /// A crafted object directory naming one deferred extent twice (or two overlapping
+    /// ones) is corrupt: both would be released, and the second free would corrupt
+    /// the free tree (a double free that used to panic the sync thread).
+    #[test]
+    fn duplicate_defer_entries_are_refused() {
+        let enc = |lists: &[(u64, Vec<Dva>)]| {
+            let ms = Metaslabs::new();
+            ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 20);
+            ms.claim(&Dva { vdev: 0, asize: 64 << 10, offset: 0 }).unwrap();
+            for (t, l) in lists {
+                ms.defer.lock().lists.insert(Txg(*t), l.clone());
+            }
+            let mut out = Vec::new();
+            ms.encode(&mut out);
+            let mut fresh = Metaslabs::new();
+            fresh.add_vdev(0, crate::vdev::Role::Normal, 1 << 20);
+            fresh.decode_into(&mut crate::zio::reader::Reader::new(&out))
+        };
+        let d = Dva { vdev: 0, asize: 4096, offset: 8192 };
+        assert!(enc(&[(5, vec![d])]).is_ok());
+        assert!(enc(&[(5, vec![d, d])]).is_err(), "one extent deferred twice in a txg");
+        assert!(enc(&[(5, vec![d]), (6, vec![d])]).is_err(), "one extent deferred in two txgs");
+        let overlap = Dva { vdev: 0, asize: 8192, offset: 4096 };
+        assert!(enc(&[(5, vec![d]), (6, vec![overlap])]).is_err(), "overlapping deferred extents");
     }
 
     proptest! {

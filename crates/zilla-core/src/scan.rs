@@ -535,8 +535,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
                 if let Ok(now) = dmu::lookup(inner.io(), &cur, blkid, IoClass::Scrub) {
                     if now == bp && !v.destroyed.load(Ordering::Acquire) {
                         inner.scan().status.lock().errors += 1;
-                        inner.io().error_log.lock().push(format!("{}/{} block {blkid} (birth {})", inner.pool_name(), v.name, bp.birth));
-                        inner.io().errors.unrecoverable.fetch_add(1, Ordering::Relaxed);
+                        inner.io().log_error(format!("{}/{} block {blkid} (birth {})", inner.pool_name(), v.name, bp.birth));
                     }
                 }
             }

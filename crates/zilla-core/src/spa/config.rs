@@ -96,8 +96,13 @@ pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -
                 }
             }
             "failmode" => {
-                if v != "wait" && v != "continue" {
-                    return Err(Error::invalid(format!("bad value '{v}' for failmode: expected wait or continue")));
+                if v == "continue" {
+                    return Err(Error::invalid(
+                        "failmode=continue is not supported: while a pool is suspended its writes wait (failmode=wait)".to_string(),
+                    ));
+                }
+                if v != "wait" {
+                    return Err(Error::invalid(format!("bad value '{v}' for failmode: expected wait")));
                 }
             }
             _ => return Err(Error::invalid(format!("unknown pool property '{k}'"))),
@@ -239,18 +244,30 @@ impl Pool {
             let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
             inner.write_labels(&cfg, &new_leaves)?;
         }
+        // The new vdevs' labels are written before the allocator may place a block on
+        // them: a block there is never referenced from a pool whose labels do not know
+        // the vdev. On failure the tree is as before.
+        let guids: Vec<Guid> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().map(|k| k.guid)).collect();
+        let ids: Vec<u32> = new_tops.iter().map(|(t, _, _)| t.id).collect();
+        let mut alloc = Vec::new();
         for (top, tc, kids) in new_tops {
-            if matches!(top.role, Role::Normal | Role::Log) {
-                inner.io.ms.add_vdev(top.id, top.role, top.asize());
-            }
             inner.leaves.write().extend(kids);
+            alloc.push(top.clone());
             inner.io.vdevs.write().push(top);
             inner.config.lock().tops.push(tc);
+        }
+        if let Err(e) = inner.write_config_labels("active") {
+            inner.leaves.write().retain(|l| !guids.contains(&l.guid));
+            inner.io.vdevs.write().retain(|t| !ids.contains(&t.id));
+            inner.config.lock().tops.retain(|t| !ids.contains(&t.id));
+            return Err(e);
+        }
+        for top in alloc.iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)) {
+            inner.io.ms.add_vdev(top.id, top.role, top.asize());
         }
         inner.meta.lock().changed = true;
         inner.io.refresh_space();
         drop(_g);
-        inner.write_config_labels("active")?;
         self.sync()
     }
 

@@ -165,6 +165,24 @@ impl Pool {
     }
 
     pub fn import(search: &[PathBuf], name: Option<&str>) -> Result<Arc<Pool>> {
+        Self::import_found(search, name, &ImportOptions::default())
+    }
+
+    /// Import the pool `name` (or the only one) found in `search`, with `opts`.
+    pub fn import_found(search: &[PathBuf], name: Option<&str>, opts: &ImportOptions) -> Result<Arc<Pool>> {
+        let leaves = Self::find_one(search, name)?;
+        Self::import_with_options(&leaves, default_opener(), crate::env::real(), opts)
+    }
+
+    /// `import -F -n`: what a rewind of the pool `name` found in `search` would load and
+    /// drop, importing nothing.
+    pub fn rewind_plan_found(search: &[PathBuf], name: Option<&str>) -> Result<RewindPlan> {
+        let leaves = Self::find_one(search, name)?;
+        Self::rewind_plan(&leaves, default_opener())
+    }
+
+    /// The leaves of the one importable pool matching `name` (or the only one).
+    fn find_one(search: &[PathBuf], name: Option<&str>) -> Result<Vec<LeafSpec>> {
         let cands = Self::find_importable(search)?;
         let chosen: Vec<&ImportablePool> = match name {
             Some(n) => cands.iter().filter(|c| c.name == n || c.guid.to_string() == n).collect(),
@@ -172,7 +190,7 @@ impl Pool {
         };
         match chosen.len() {
             0 => Err(Error::NotFound(format!("pool '{}' (no importable pool found in the given directories)", name.unwrap_or("")))),
-            1 => Self::import_leaves(&chosen[0].leaves),
+            1 => Ok(chosen[0].leaves.clone()),
             _ => Err(Error::invalid(format!(
                 "more than one importable pool{}: {}; name one (or its guid)",
                 name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
