@@ -1055,7 +1055,9 @@ impl Harness {
 
     fn config_change(&mut self, pool: &Arc<Pool>, dom: &Arc<Domain>, armed: &Armed) -> Step {
         let tops = topology(pool);
-        let free = self.free_devices(&tops);
+        // a device with a fault this boot (a leaf just detached, still lying) never
+        // becomes a new copy: a lone lying copy may lose anything
+        let free: Vec<usize> = self.free_devices(&tops).into_iter().filter(|d| !armed.devs.contains(d)).collect();
         let which = self.rng.gen_range(0..6);
         let p = pool.clone();
         let force = true; // a freed device may still carry this pool's old label
