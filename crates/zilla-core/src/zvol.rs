@@ -40,6 +40,13 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn try_read_cached(&self, _offset: u64, _buf: &mut [u8]) -> Option<Result<()>> {
         None
     }
+    /// Like [`BlockVolume::try_read_cached`], but without copying: the in-memory block
+    /// buffers themselves (immutable, shared), in order, covering exactly `len` bytes
+    /// at `offset`. `None` also when the volume cannot share its buffers; then call
+    /// `try_read_cached`.
+    fn try_read_cached_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<SharedSlice>>> {
+        None
+    }
     /// Apply a non-FUA write without blocking (no throttle delay, no device read, no
     /// txg wait); `None` means "call `write` from a blocking context". A `None` may come
     /// after part of the write was applied: writes are idempotent, so the caller simply
@@ -47,6 +54,49 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn try_write_nonblocking(&self, _offset: u64, _data: &[u8]) -> Option<Result<()>> {
         None
     }
+}
+
+/// `len` bytes at `start` of an immutable buffer shared with the ARC or the dirty
+/// set: what a zero-copy read hands to a front end, which keeps it alive until the
+/// bytes are on the wire.
+#[derive(Clone)]
+pub struct SharedSlice {
+    data: std::sync::Arc<[u8]>,
+    start: usize,
+    len: usize,
+}
+
+impl SharedSlice {
+    /// `None` if the range is not inside `data`.
+    pub fn new(data: std::sync::Arc<[u8]>, start: usize, len: usize) -> Option<SharedSlice> {
+        (start.checked_add(len)? <= data.len()).then_some(SharedSlice { data, start, len })
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.data[self.start..self.start + self.len]
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for SharedSlice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedSlice({}..{} of {})", self.start, self.start + self.len, self.data.len())
+    }
+}
+
+/// Blocks one zero-copy read may share; a longer read is copied instead.
+pub const SHARED_READ_BLOCKS_MAX: u64 = 64;
+
+/// One shared block of zeros for holes in zero-copy reads, as large as the largest
+/// volblocksize (a larger hole piece makes the read fall back to copying).
+fn zero_block() -> &'static std::sync::Arc<[u8]> {
+    const ZERO_BLOCK_BYTES: usize = 128 << 10;
+    static ZEROS: std::sync::OnceLock<std::sync::Arc<[u8]>> = std::sync::OnceLock::new();
+    ZEROS.get_or_init(|| vec![0u8; ZERO_BLOCK_BYTES].into())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -419,6 +469,27 @@ impl BlockVolume for Volume {
             }
         }
         Some(Ok(()))
+    }
+
+    fn try_read_cached_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<SharedSlice>>> {
+        if let Err(e) = self.check_read(offset, len) {
+            return Some(Err(e));
+        }
+        let bs = self.bs();
+        let blocks = if len == 0 { 0 } else { (offset + len - 1) / bs - offset / bs + 1 };
+        if blocks > SHARED_READ_BLOCKS_MAX {
+            return None;
+        }
+        let mut memo = None;
+        let mut pieces = Vec::with_capacity(blocks as usize);
+        for c in block_chunks(offset, len, bs) {
+            let piece = match self.read_block_cached(c.blkid, &mut memo)? {
+                Some(d) => SharedSlice::new(d, c.in_block, c.len)?,
+                None => SharedSlice::new(zero_block().clone(), 0, c.len)?,
+            };
+            pieces.push(piece);
+        }
+        Some(Ok(pieces))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {

@@ -163,10 +163,16 @@ impl PoolInner {
         cfg.txg = self.txg.open_txg().max(cfg.txg.next());
         *self.config.lock() = cfg.clone();
         let leaves = self.leaves.read().clone();
+        self.write_labels(&cfg, &leaves)
+    }
+
+    /// Write `cfg` to the labels of `leaves`: even labels, flush, odd labels, flush. Ok if
+    /// every pass reached at least one online leaf.
+    fn write_labels(&self, cfg: &PoolConfig, leaves: &[Arc<Leaf>]) -> Result<()> {
         for pass in [[0usize, 2], [1, 3]] {
             let mut ok = 0;
             for leaf in leaves.iter().filter(|l| l.state() == LeafState::Online) {
-                if write_label_pass(leaf, &cfg, pass)? {
+                if write_label_pass(leaf, cfg, pass)? {
                     ok += 1;
                 }
             }
@@ -224,6 +230,19 @@ impl Pool {
             let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
             new_tops.push((open_top(&tc, kids.clone()), tc, kids));
             next_id += 1;
+        }
+        // The new leaves get the new config first: once any old leaf carries it, import
+        // needs them, and a power cut between the two would leave a config naming
+        // top-level vdevs with no label anywhere (an unimportable pool; found by the
+        // power-cut test).
+        {
+            let _w = inner.config_write_lock.lock();
+            let mut cfg = inner.refresh_config();
+            cfg.tops.extend(new_tops.iter().map(|(_, tc, _)| tc.clone()));
+            cfg.state = "active".to_string();
+            cfg.txg = inner.txg.open_txg().max(cfg.txg.next());
+            let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
+            inner.write_labels(&cfg, &new_leaves)?;
         }
         // The new vdevs' labels are written before the allocator may place a block on
         // them: a block there is never referenced from a pool whose labels do not know

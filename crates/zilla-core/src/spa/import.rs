@@ -274,6 +274,7 @@ impl Pool {
         if let Err(e) = inner.write_config_labels("active") {
             tracing::warn!("import: could not rewrite labels: {e}");
         }
+        spread_loaded_uberblock(&inner, &ub, newest_txg);
         if bad_labels > 0 {
             tracing::info!(pool = %inner.name, bad_labels, "rewrote damaged labels");
         }
@@ -529,6 +530,19 @@ fn apply_leaf_health(leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::M
                 }
             }
             None => l.set_dtl(vec![(Txg(1), mos.txg)]),
+        }
+    }
+}
+
+/// The loaded uberblock may be durable on one leaf only (the txg in flight at a power
+/// cut, its uberblock kept by one disk's cache). Its state is served from now on, so put
+/// it on every leaf: else detaching or losing that leaf rolls the pool back to a state
+/// older than what clients have read (found by the power-cut test). Not after a rewind:
+/// the skipped txgs' slots stay as they are.
+fn spread_loaded_uberblock(inner: &PoolInner, ub: &label::Uberblock, newest_txg: Txg) {
+    if ub.txg == newest_txg {
+        if let Err(e) = inner.write_uberblocks(ub) {
+            tracing::warn!("import: could not rewrite the uberblock: {e}");
         }
     }
 }
