@@ -12,32 +12,41 @@ fn scattered_writes_get_enospc_and_never_wedge_the_sync() {
     // two 2-way mirrors of 24 MiB: a ~46 MiB pool, as in the issue
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 24 << 20);
     let pool = create(&devs, two_mirrors());
-    pool.volume_create("vol", 256 << 20, 4096, &[]).unwrap();
+    pool.volume_create("vol", 1 << 30, 4096, &[]).unwrap();
     let v = pool.open_volume("vol").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(15);
     let mut acked: Vec<(u64, u64)> = Vec::new();
     let mut batch: Vec<(u64, u64)> = Vec::new();
     let mut enospc = 0;
+    // scattered over 1 GiB: nearly every write dirties its own indirect block; one txg
+    // takes them all (no flush until ENOSPC)
     for i in 0..20_000u64 {
-        let off = rng.gen_range(0..(256u64 << 20) / 4096) * 4096;
+        let off = rng.gen_range(0..(1u64 << 30) / 4096) * 4096;
         match v.write(off, &pattern(i, 4096), false) {
             Ok(()) => batch.push((off, i)),
             Err(Error::NoSpace) => enospc += 1,
             Err(e) => panic!("write {i}: {e}"),
         }
-        if i % 256 == 255 {
-            v.flush().unwrap_or_else(|e| panic!("flush after write {i}: {e} (the sync failed?)"));
-            for (o, s) in batch.drain(..) {
-                acked.retain(|&(ao, _)| ao != o);
-                acked.push((o, s));
-            }
-        }
-        if enospc > 500 {
+        if enospc > 100 {
             break;
         }
     }
-    assert!(enospc > 0, "a 46 MiB pool took 20,000 scattered 4 KiB writes into 256 MiB");
-    v.flush().expect("flush at ENOSPC");
+    assert!(enospc > 0, "a 46 MiB pool took 20,000 scattered 4 KiB writes into 1 GiB");
+    // the flush must complete: its txg was admitted, so it fits
+    let (tx, rx) = std::sync::mpsc::channel();
+    let v2 = v.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(v2.flush().map_err(|e| e.to_string()));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("flush at ENOSPC failed: {e}"),
+        Err(_) => panic!("flush at ENOSPC hangs: the admitted txg does not fit (sync fails for space)"),
+    }
+    for (o, s) in batch.drain(..) {
+        acked.retain(|&(ao, _)| ao != o);
+        acked.push((o, s));
+    }
     pool.sync().expect("a sync at ENOSPC");
     assert_eq!(pool.status().state.as_str(), "ONLINE", "the pool is not healthy at ENOSPC");
     let mut b = vec![0u8; 4096];
@@ -46,7 +55,7 @@ fn scattered_writes_get_enospc_and_never_wedge_the_sync() {
         assert!(b == pattern(s, 4096), "acknowledged write at {o} lost");
     }
     // frees work at ENOSPC, and make room for writes again
-    v.unmap(0, 128 << 20).expect("unmap at ENOSPC");
+    v.unmap(0, 1 << 30).expect("unmap at ENOSPC");
     v.flush().expect("flush after unmap");
     for _ in 0..4 {
         pool.sync().unwrap();

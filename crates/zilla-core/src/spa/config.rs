@@ -155,7 +155,9 @@ impl PoolInner {
     /// Refuse to `what` (detach, offline) `leaf` when it is the only child of `top`
     /// holding some txgs: the others are missing them (DTL) or cannot be read.
     fn refuse_if_only_holder(&self, top: &TopVdev, leaf: &Leaf, name: &str, what: &str) -> Result<()> {
-        let only = top.txgs_only_on(leaf, self.txg.open_txg());
+        let health = self.meta.lock().health.clone();
+        let committed = |g: Guid| health.iter().find(|h| h.guid == g).map(|h| h.dtl.clone()).unwrap_or_default();
+        let only = top.txgs_only_on(leaf, self.txg.open_txg(), &committed);
         if only.is_empty() {
             return Ok(());
         }
@@ -179,10 +181,16 @@ impl PoolInner {
         cfg.txg = self.txg.open_txg().max(cfg.txg.next());
         *self.config.lock() = cfg.clone();
         let leaves = self.leaves.read().clone();
+        self.write_labels(&cfg, &leaves)
+    }
+
+    /// Write `cfg` to the labels of `leaves`: even labels, flush, odd labels, flush. Ok if
+    /// every pass reached at least one online leaf.
+    fn write_labels(&self, cfg: &PoolConfig, leaves: &[Arc<Leaf>]) -> Result<()> {
         for pass in [[0usize, 2], [1, 3]] {
             let mut ok = 0;
             for leaf in leaves.iter().filter(|l| l.state() == LeafState::Online) {
-                if write_label_pass(leaf, &cfg, pass)? {
+                if write_label_pass(leaf, cfg, pass)? {
                     ok += 1;
                 }
             }
@@ -247,6 +255,19 @@ impl Pool {
             let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
             new_tops.push((open_top(&tc, kids.clone()), tc, kids));
             next_id += 1;
+        }
+        // The new leaves get the new config first: once any old leaf carries it, import
+        // needs them, and a power cut between the two would leave a config naming
+        // top-level vdevs with no label anywhere (an unimportable pool; found by the
+        // power-cut test).
+        {
+            let _w = inner.config_write_lock.lock();
+            let mut cfg = inner.refresh_config();
+            cfg.tops.extend(new_tops.iter().map(|(_, tc, _)| tc.clone()));
+            cfg.state = "active".to_string();
+            cfg.txg = inner.txg.open_txg().max(cfg.txg.next());
+            let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
+            inner.write_labels(&cfg, &new_leaves)?;
         }
         // The new vdevs' labels are written before the allocator may place a block on
         // them: a block there is never referenced from a pool whose labels do not know
@@ -404,6 +425,9 @@ impl Pool {
         self.check_open()?;
         self.attach(old, new, force)?;
         crate::scan::wait(&self.inner.scanner());
+        // the resilver's repairs and cleared DTL become durable before the old device
+        // goes (a cut in between must not leave the new one alone and incomplete)
+        self.sync()?;
         self.detach(old).map_err(|e| match e {
             Error::Busy(why) => Error::Busy(format!(
                 "replace of {old} by {} did not complete, both are kept: {why}",

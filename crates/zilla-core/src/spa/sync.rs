@@ -87,7 +87,7 @@ impl PoolInner {
     /// wrote all four and flushed. A leaf whose flush fails here gets what it may have
     /// dropped in its DTL (recorded by the next txg's MOS; its data of this txg was
     /// flushed by `flush_all` already).
-    fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
+    pub(super) fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
         use crate::vdev::queue::IoRequest;
         use crate::vdev::IoClass;
         let leaves: Vec<Arc<Leaf>> = self.ub_leaves().into_iter().filter(|l| l.state() == LeafState::Online).collect();
