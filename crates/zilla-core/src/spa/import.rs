@@ -701,11 +701,13 @@ mod tests {
             txg: Txg(txg),
             tops: vec![TopConfig { id: 0, guid: Guid(9), role: Role::Normal, mirror: true, ashift: 12, children }],
             props: BTreeMap::new(),
+            hostid: 0,
+            hostname: String::new(),
         }
     }
 
     fn ub(txg: u64, guid_sum: u64) -> label::Uberblock {
-        label::Uberblock { txg: Txg(txg), guid_sum, timestamp_ns: 0, pool_guid: Guid(1), root: BlockPointer::hole() }
+        label::Uberblock { txg: Txg(txg), guid_sum, timestamp_ns: 0, pool_guid: Guid(1), root: BlockPointer::hole(), heartbeat: None }
     }
 
     /// An uberblock written at or after the config's txg must carry the config's guid
