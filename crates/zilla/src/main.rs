@@ -576,39 +576,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 .await
                 .map_err(ctx(format!("cannot scrub '{pool}'")))?;
         }
-        PoolCmd::Import { dirs, force, rewind, dry_run, pool } => {
-            let dirs: Vec<String> = dirs.iter().map(|d| absolutize(d).display().to_string()).collect();
-            match pool {
-                Some(name) if dry_run => {
-                    let plan: zilla_core::spa::RewindPlan = c
-                        .post("/v1/import/rewind-plan", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
-                        .await
-                        .map_err(ctx(format!("cannot plan a rewind of '{name}'")))?;
-                    println!("{}", format_rewind_plan(&plan));
-                }
-                Some(name) => {
-                    let _: Empty = c
-                        .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
-                        .await
-                        .map_err(ctx(format!("cannot import '{name}'")))?;
-                }
-                None => {
-                    let found: Vec<ImportablePool> = c
-                        .post("/v1/importable", &ImportReq { dirs, name: None, ..Default::default() })
-                        .await
-                        .map_err(ctx("cannot discover pools".to_string()))?;
-                    if found.is_empty() {
-                        return Err("no pools available to import".into());
-                    }
-                    for (i, p) in found.iter().enumerate() {
-                        if i > 0 {
-                            println!();
-                        }
-                        print!("{}", format_importable(p));
-                    }
-                }
-            }
-        }
+        PoolCmd::Import { dirs, force, rewind, dry_run, pool } => import_cmd(c, dirs, force, rewind, dry_run, pool).await?,
         PoolCmd::Export { pool } => {
             let _: Empty = c
                 .post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {})
@@ -650,6 +618,42 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         PoolCmd::Offline { pool, device } => device_op(c, "offline", &pool, Some(device)).await?,
         PoolCmd::Online { pool, device } => device_op(c, "online", &pool, Some(device)).await?,
         PoolCmd::Clear { pool, device } => device_op(c, "clear", &pool, device).await?,
+    }
+    Ok(())
+}
+
+/// `zilla pool import`: list the importable pools, import one, or plan a rewind (-F -n).
+async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, force: bool, rewind: bool, dry_run: bool, pool: Option<String>) -> Result<(), String> {
+    let dirs: Vec<String> = dirs.iter().map(|d| absolutize(d).display().to_string()).collect();
+    match pool {
+        Some(name) if dry_run => {
+            let plan: zilla_core::spa::RewindPlan = c
+                .post("/v1/import/rewind-plan", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
+                .await
+                .map_err(ctx(format!("cannot plan a rewind of '{name}'")))?;
+            println!("{}", format_rewind_plan(&plan));
+        }
+        Some(name) => {
+            let _: Empty = c
+                .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
+                .await
+                .map_err(ctx(format!("cannot import '{name}'")))?;
+        }
+        None => {
+            let found: Vec<ImportablePool> = c
+                .post("/v1/importable", &ImportReq { dirs, name: None, ..Default::default() })
+                .await
+                .map_err(ctx("cannot discover pools".to_string()))?;
+            if found.is_empty() {
+                return Err("no pools available to import".into());
+            }
+            for (i, p) in found.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", format_importable(p));
+            }
+        }
     }
     Ok(())
 }
