@@ -38,7 +38,7 @@ use crate::vdev::{IoClass, Role};
 use crate::zio::blkptr::{self, BlockPointer, Dva};
 use crate::zio::checksum::ChecksumAlgo;
 use crate::zio::compress::Compression;
-use crate::{Error, Result};
+use crate::{Error, Result, Txg};
 
 pub const INDIRECT_SIZE: usize = 128 << 10;
 pub const INDIRECT_SHIFT: u32 = 10;
@@ -220,7 +220,7 @@ impl PoolIo {
     pub fn alloc_block(
         &self,
         logical: &Arc<[u8]>,
-        txg: u64,
+        txg: Txg,
         kind: u8,
         level: u8,
         fill: u64,
@@ -238,7 +238,7 @@ impl PoolIo {
     pub fn alloc_prepared(
         &self,
         p: crate::zio::PreparedBlock,
-        txg: u64,
+        txg: Txg,
         kind: u8,
         level: u8,
         fill: u64,
@@ -270,14 +270,14 @@ impl PoolIo {
     }
 
     /// Issue a batch of writes and wait for them (see [`SyncWriter`]).
-    pub fn issue_writes(&self, batch: Vec<PendingWrite>, txg: u64) -> Result<()> {
+    pub fn issue_writes(&self, batch: Vec<PendingWrite>, txg: Txg) -> Result<()> {
         let w = SyncWriter::new(self, txg);
         w.issue(batch)?;
         w.finish()
     }
 
     /// Free a block's copies in txg `txg` (deferred) and drop it from the ARC.
-    pub fn free_block(&self, bp: &BlockPointer, txg: u64) {
+    pub fn free_block(&self, bp: &BlockPointer, txg: Txg) {
         if bp.is_hole() {
             return;
         }
@@ -305,7 +305,7 @@ impl PoolIo {
 /// `finish` waits for everything and reports the first run no child could write.
 pub struct SyncWriter<'a> {
     io: &'a PoolIo,
-    txg: u64,
+    txg: Txg,
     window: usize,
     state: Arc<(Mutex<WriterState>, parking_lot::Condvar)>,
 }
@@ -317,7 +317,7 @@ struct WriterState {
 }
 
 impl<'a> SyncWriter<'a> {
-    pub fn new(io: &'a PoolIo, txg: u64) -> SyncWriter<'a> {
+    pub fn new(io: &'a PoolIo, txg: Txg) -> SyncWriter<'a> {
         let ntops = io.vdevs.read().len().max(1);
         let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
         let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
@@ -510,7 +510,7 @@ pub fn walk_all(io: &PoolIo, root: &TreeRoot, class: IoClass, f: &mut dyn FnMut(
 pub struct WritePolicy {
     pub algo: ChecksumAlgo,
     pub comp: Compression,
-    pub txg: u64,
+    pub txg: Txg,
 }
 
 /// Apply sorted L0 changes to the tree rooted at `root`: write new indirects (queued in
@@ -580,7 +580,7 @@ pub const DIRTY_SHARDS: usize = 64;
 
 #[derive(Clone)]
 pub struct DirtyVersion {
-    pub txg: u64,
+    pub txg: Txg,
     /// None = the block was freed (reads as zeros, hole).
     pub data: Option<Arc<[u8]>>,
 }
@@ -611,7 +611,7 @@ impl DirtySet {
         self.shard(blkid).lock().blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone())
     }
     /// Insert a version for `txg`; returns true if this block became newly dirty in txg.
-    pub fn insert(shard: &mut DirtyShard, blkid: u64, txg: u64, data: Option<Arc<[u8]>>) -> bool {
+    pub fn insert(shard: &mut DirtyShard, blkid: u64, txg: Txg, data: Option<Arc<[u8]>>) -> bool {
         let v = shard.blocks.entry(blkid).or_default();
         match v.last_mut() {
             Some(last) if last.txg == txg => {
@@ -625,7 +625,7 @@ impl DirtySet {
         }
     }
     /// Every record of txg `txg`, sorted by blkid.
-    pub fn collect(&self, txg: u64) -> Vec<(u64, Option<Arc<[u8]>>)> {
+    pub fn collect(&self, txg: Txg) -> Vec<(u64, Option<Arc<[u8]>>)> {
         let mut out = Vec::new();
         for s in &self.shards {
             let s = s.lock();
@@ -639,7 +639,7 @@ impl DirtySet {
         out
     }
     /// Drop every record of a txg <= `txg` (it is committed).
-    pub fn retire(&self, txg: u64) {
+    pub fn retire(&self, txg: Txg) {
         for s in &self.shards {
             let mut s = s.lock();
             s.blocks.retain(|_, vs| {
@@ -649,7 +649,7 @@ impl DirtySet {
             s.commit_gen += 1;
         }
     }
-    pub fn has_dirty(&self, txg: u64) -> bool {
+    pub fn has_dirty(&self, txg: Txg) -> bool {
         self.shards.iter().any(|s| s.lock().blocks.values().any(|vs| vs.iter().any(|v| v.txg == txg)))
     }
     pub fn clear(&self) {
@@ -672,13 +672,13 @@ pub struct VolumeRecord {
     pub volblocksize: u32,
     pub root: TreeRoot,
     pub props: crate::props::PropSet,
-    pub created_txg: u64,
+    pub created_txg: Txg,
 }
 
 /// Everything the MOS holds, decoded.
 #[derive(Debug, Clone)]
 pub struct Mos {
-    pub txg: u64,
+    pub txg: Txg,
     pub next_volume_id: u64,
     pub volumes: Vec<VolumeRecord>,
     /// The scan's status and bookmark (`scan::ScanStatus` as JSON; empty when no scan
@@ -693,7 +693,7 @@ impl Mos {
         let mut out = Vec::new();
         out.extend_from_slice(&MOS_MAGIC.to_le_bytes());
         out.extend_from_slice(&MOS_VERSION.to_le_bytes());
-        out.extend_from_slice(&self.txg.to_le_bytes());
+        out.extend_from_slice(&self.txg.get().to_le_bytes());
         out.extend_from_slice(&self.next_volume_id.to_le_bytes());
         out.extend_from_slice(&(self.volumes.len() as u32).to_le_bytes());
         for v in &self.volumes {
@@ -704,7 +704,7 @@ impl Mos {
             out.push(v.root.nlevels);
             out.extend_from_slice(&v.root.bp.encode());
             put_str(&mut out, &serde_json::to_string(v.props.local()).unwrap_or_default());
-            out.extend_from_slice(&v.created_txg.to_le_bytes());
+            out.extend_from_slice(&v.created_txg.get().to_le_bytes());
         }
         ms.encode(&mut out);
         put_str(&mut out, &self.scan_state);
@@ -721,7 +721,7 @@ impl Mos {
         if ver != MOS_VERSION {
             return Err(Error::Corrupt(format!("unsupported object directory version {ver}")));
         }
-        let txg = r.u64()?;
+        let txg = Txg(r.u64()?);
         let next_volume_id = r.u64()?;
         let n = r.u32()?;
         if n > 1_000_000 {
@@ -738,7 +738,7 @@ impl Mos {
             let props_json = r.string()?;
             let local: BTreeMap<String, String> =
                 serde_json::from_str(&props_json).map_err(|e| Error::Corrupt(format!("volume properties: {e}")))?;
-            let created_txg = r.u64()?;
+            let created_txg = Txg(r.u64()?);
             if !(1..=8).contains(&nlevels) || !volblocksize.is_power_of_two() {
                 return Err(Error::Corrupt(format!("volume {name}: bad geometry")));
             }
@@ -760,7 +760,7 @@ impl Mos {
 }
 
 /// Write the MOS blob as chunks plus an index block; returns the index bp.
-pub fn write_mos(io: &PoolIo, blob: &[u8], txg: u64, batch: &mut Vec<PendingWrite>) -> Result<BlockPointer> {
+pub fn write_mos(io: &PoolIo, blob: &[u8], txg: Txg, batch: &mut Vec<PendingWrite>) -> Result<BlockPointer> {
     let chunks: Vec<&[u8]> = blob.chunks(MOS_CHUNK_SIZE).collect();
     if chunks.len() > (INDIRECT_SIZE / BlockPointer::SIZE) {
         return Err(Error::NoSpace);
@@ -813,7 +813,7 @@ pub struct VolumeState {
     pub name: String,
     pub volsize: u64,
     pub volblocksize: u32,
-    pub created_txg: u64,
+    pub created_txg: Txg,
     pub props: RwLock<crate::props::PropSet>,
     pub committed: RwLock<TreeRoot>,
     pub dirty: DirtySet,

@@ -32,7 +32,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
-use crate::txg::{TXG_MASK, TXG_SIZE};
+use crate::txg::TXG_SIZE;
+use crate::Txg;
 
 pub static ZFS_DIRTY_DATA_MAX: Tunable =
     Tunable::new_auto("zfs_dirty_data_max", 1 << 20, 1 << 44, Applies::Live, "dirty data limit in bytes; 0 = auto: min(10% of RAM, 4 GiB) (dsl_pool.c)");
@@ -132,23 +133,23 @@ impl DirtyAccounting {
         self.env.sleep_until_ns(wake);
     }
 
-    pub fn add(&self, txg: u64, bytes: u64) {
-        self.per_txg[(txg & TXG_MASK) as usize].fetch_add(bytes, Relaxed);
+    pub fn add(&self, txg: Txg, bytes: u64) {
+        self.per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
         self.total.fetch_add(bytes, Relaxed);
     }
 
-    pub fn txg_dirty(&self, txg: u64) -> u64 {
-        self.per_txg[(txg & TXG_MASK) as usize].load(Relaxed)
+    pub fn txg_dirty(&self, txg: Txg) -> u64 {
+        self.per_txg[txg.ring_slot(TXG_SIZE)].load(Relaxed)
     }
 
     /// The open txg is big enough that it should be synced now.
-    pub fn should_kick(&self, open_txg: u64) -> bool {
+    pub fn should_kick(&self, open_txg: Txg) -> bool {
         self.txg_dirty(open_txg) >= dirty_data_max() * ZFS_DIRTY_DATA_SYNC_PERCENT.get() / 100
     }
 
     /// Txg `txg` has been written: its dirty bytes are no longer dirty.
-    pub fn retire(&self, txg: u64) {
-        let n = self.per_txg[(txg & TXG_MASK) as usize].swap(0, Relaxed);
+    pub fn retire(&self, txg: Txg) {
+        let n = self.per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.total.fetch_sub(n, Relaxed);
         let _g = self.blocked_mu.lock();
         self.cv.notify_all();

@@ -5,6 +5,7 @@
 //!
 //! No sockets, no HTTP, no async runtime here: front ends live in their own crates.
 
+pub mod types;
 pub mod error;
 pub mod kstat;
 pub mod env;
@@ -22,6 +23,7 @@ pub mod props;
 pub mod memvol;
 
 pub use error::{Error, Result};
+pub use types::{BlockId, Guid, Txg, VdevId};
 
 /// The engine's layers, bottom row first (shared/ARCHITECTURE.md section 2). A module
 /// may import only modules of lower rows: not sideways within its row, never upward.
@@ -29,7 +31,7 @@ pub use error::{Error, Result};
 /// (`tests/tidy.rs`) parses every `crate::` path and fails on any other edge that is not
 /// in its shrinking allow-list of known violations.
 pub const LAYERS: &[&[&str]] = &[
-    &["kstat", "env"], // counters, histograms, tunables; clock, sleep, spawn, randomness
+    &["kstat", "env", "types"], // counters, histograms, tunables; clock, sleep, spawn, randomness; Txg, Guid, VdevId, BlockId
     &["error"],        // engine errors (one errno each)
     &["vdev", "txg"],  // leaves, per-leaf queue, mirror, labels; txg state machine
     &["zio"],          // checksums, compression, block pointers, the I/O pipeline
@@ -170,7 +172,7 @@ mod fuzz_smoke {
         // a real MOS with every single-byte corruption: decode must not panic
         let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
-        let mos = crate::dmu::Mos { txg: 9, next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into() };
+        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into() };
         let blob = mos.encode(&ms);
         for i in 0..blob.len() {
             for v in [0u8, 0xff, 0x7f] {

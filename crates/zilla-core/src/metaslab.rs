@@ -32,7 +32,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::vdev::Role;
 use crate::zio::blkptr::Dva;
-use crate::{Error, Result};
+use crate::{Error, Result, Txg};
 
 pub const TXG_DEFER_SIZE: u64 = 2;
 pub const METASLAB_ALIQUOT: u64 = 512 << 10;
@@ -171,13 +171,13 @@ struct AllocClass {
     rotor_bytes: u64,
     /// The txg whose sync is in progress (0: none) and what it allocated so far: the
     /// per-sync undo list. Allocations outside a sync (the intent log) are not in it.
-    sync_txg: u64,
+    sync_txg: Txg,
     sync_allocs: Vec<Dva>,
 }
 
 impl AllocClass {
     fn new() -> AllocClass {
-        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: 0, sync_allocs: Vec::new() }
+        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new() }
     }
 
     fn get_mut(&mut self, vdev: u32) -> Option<&mut RangeAllocator> {
@@ -274,9 +274,9 @@ pub struct Metaslabs {
 
 #[derive(Debug, Default, Clone)]
 struct DeferLists {
-    lists: BTreeMap<u64, Vec<Dva>>,
+    lists: BTreeMap<Txg, Vec<Dva>>,
     /// Length of `lists[sync_txg]` when that txg's sync began (its undo mark).
-    sync_txg: u64,
+    sync_txg: Txg,
     sync_mark: usize,
 }
 
@@ -315,7 +315,7 @@ impl Metaslabs {
 
     /// Allocate `copies` DVAs of `len` bytes in class `role` for the sync of `txg`
     /// (recorded in that sync's undo list), or outside any sync (`txg` = None).
-    pub fn alloc(&self, role: Role, len: u64, copies: usize, txg: Option<u64>) -> Result<Vec<Dva>> {
+    pub fn alloc(&self, role: Role, len: u64, copies: usize, txg: Option<Txg>) -> Result<Vec<Dva>> {
         let ci = class_index(role).ok_or(Error::NoSpace)?;
         let mut c = self.classes[ci].lock();
         let dvas = c.alloc_copies(len, copies)?;
@@ -351,15 +351,15 @@ impl Metaslabs {
         self.class_of(dva.vdev).is_some_and(|c| c.lock().get(dva.vdev).is_some_and(|a| !a.is_free(dva.offset, dva.asize as u64)))
     }
 
-    pub fn free_deferred(&self, txg: u64, dva: Dva) {
+    pub fn free_deferred(&self, txg: Txg, dva: Dva) {
         self.defer.lock().lists.entry(txg).or_default().push(dva);
     }
 
     /// Release every defer list of a txg <= `txg`.
-    pub fn release_through(&self, txg: u64) {
+    pub fn release_through(&self, txg: Txg) {
         let done = {
             let mut d = self.defer.lock();
-            let keep = d.lists.split_off(&(txg + 1));
+            let keep = d.lists.split_off(&txg.next());
             std::mem::replace(&mut d.lists, keep)
         };
         for d in done.into_values().flatten() {
@@ -369,7 +369,7 @@ impl Metaslabs {
 
     /// The sync of `txg` begins: start its undo list in every class and mark its defer
     /// list.
-    pub fn begin_sync(&self, txg: u64) {
+    pub fn begin_sync(&self, txg: Txg) {
         for c in &self.classes {
             let mut c = c.lock();
             c.sync_txg = txg;
@@ -381,20 +381,20 @@ impl Metaslabs {
     }
 
     /// The sync of `txg` committed: its allocations stay.
-    pub fn end_sync(&self, txg: u64) {
+    pub fn end_sync(&self, txg: Txg) {
         for c in &self.classes {
             let mut c = c.lock();
             debug_assert_eq!(c.sync_txg, txg);
-            c.sync_txg = 0;
+            c.sync_txg = Txg::ZERO;
             c.sync_allocs.clear();
         }
-        self.defer.lock().sync_txg = 0;
+        self.defer.lock().sync_txg = Txg::ZERO;
     }
 
     /// The sync of `txg` failed: free exactly what it allocated and forget the frees it
     /// deferred (its retry frees the same blocks again). Nothing else is touched, so
     /// space allocated meanwhile outside the sync (log blocks) stays allocated.
-    pub fn undo_sync(&self, txg: u64) {
+    pub fn undo_sync(&self, txg: Txg) {
         for c in &self.classes {
             let mut c = c.lock();
             debug_assert_eq!(c.sync_txg, txg);
@@ -402,7 +402,7 @@ impl Metaslabs {
             for d in allocs.iter().rev() {
                 c.free_now(d);
             }
-            c.sync_txg = 0;
+            c.sync_txg = Txg::ZERO;
         }
         let mut d = self.defer.lock();
         let mark = d.sync_mark;
@@ -412,7 +412,7 @@ impl Metaslabs {
                 d.lists.remove(&txg);
             }
         }
-        d.sync_txg = 0;
+        d.sync_txg = Txg::ZERO;
     }
 
     pub fn deferred_bytes(&self) -> u64 {
@@ -486,7 +486,7 @@ impl Metaslabs {
         let d = self.defer.lock();
         out.extend_from_slice(&(d.lists.len() as u32).to_le_bytes());
         for (txg, list) in &d.lists {
-            out.extend_from_slice(&txg.to_le_bytes());
+            out.extend_from_slice(&txg.get().to_le_bytes());
             out.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for d in list {
                 out.extend_from_slice(&d.vdev.to_le_bytes());
@@ -516,7 +516,7 @@ impl Metaslabs {
         }
         let nd = r.u32()?;
         for _ in 0..nd {
-            let txg = r.u64()?;
+            let txg = Txg(r.u64()?);
             let cnt = r.u32()?;
             let mut list = Vec::new();
             for _ in 0..cnt {
@@ -604,13 +604,13 @@ mod tests {
         // state before the sync: one committed block, one older deferred free
         let kept = ms.alloc(Role::Normal, 4096, 1, None).unwrap()[0];
         let old_free = ms.alloc(Role::Normal, 4096, 1, None).unwrap()[0];
-        ms.free_deferred(7, old_free);
-        ms.begin_sync(7);
-        let synced = ms.alloc(Role::Normal, 8192, 1, Some(7)).unwrap()[0];
+        ms.free_deferred(Txg(7), old_free);
+        ms.begin_sync(Txg(7));
+        let synced = ms.alloc(Role::Normal, 8192, 1, Some(Txg(7))).unwrap()[0];
         let log = ms.alloc(Role::Log, 4096, 1, None).unwrap()[0];
-        ms.free_deferred(7, kept);
+        ms.free_deferred(Txg(7), kept);
         assert_eq!(ms.space(Role::Normal).1, 4096 * 2 + 8192);
-        ms.undo_sync(7);
+        ms.undo_sync(Txg(7));
         assert!(!ms.is_allocated(&synced), "the sync's own block must be freed");
         assert!(ms.is_allocated(&log), "a log block allocated during the sync must survive");
         assert!(ms.is_allocated(&kept) && ms.is_allocated(&old_free));
@@ -618,9 +618,9 @@ mod tests {
         assert_eq!(ms.space(Role::Normal).1, 4096 * 2);
         assert_eq!(ms.space(Role::Log).1, 4096);
         // a committed sync keeps everything
-        ms.begin_sync(8);
-        let b = ms.alloc(Role::Normal, 4096, 1, Some(8)).unwrap()[0];
-        ms.end_sync(8);
+        ms.begin_sync(Txg(8));
+        let b = ms.alloc(Role::Normal, 4096, 1, Some(Txg(8))).unwrap()[0];
+        ms.end_sync(Txg(8));
         assert!(ms.is_allocated(&b));
     }
 

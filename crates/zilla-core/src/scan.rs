@@ -31,7 +31,7 @@ use crate::txg::TxgState;
 use crate::vdev::mirror::Leaf;
 use crate::vdev::IoClass;
 use crate::zio::blkptr::BlockPointer;
-use crate::{Error, Result};
+use crate::{Error, Result, Txg};
 
 pub static ZFS_SCAN_PAUSE_EVERY_SPANS: Tunable = Tunable::new(
     "zfs_scan_pause_every_spans",
@@ -125,8 +125,8 @@ pub struct ScanStatus {
     pub bookmark: Bookmark,
     /// Resilver: the last synced txg when the pass started (DTL entries up to it are
     /// cleared on success; later ones get another pass).
-    pub start_txg: u64,
-    pub min_txg: u64,
+    pub start_txg: Txg,
+    pub min_txg: Txg,
 }
 
 /// What a scan sees of its pool: the narrow context spa hands to scan. spa implements
@@ -221,18 +221,18 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
         let s = inner.scan().status.lock();
         (s.func, s.state, s.start_txg)
     };
-    let remaining: Vec<u64> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
+    let remaining: Vec<Txg> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
     if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
         return false;
     }
     let abort = || inner.scan().stop.load(Ordering::Acquire);
-    if !inner.txg().wait_synced_unless(start_txg + 1, &abort) {
+    if !inner.txg().wait_synced_unless(start_txg.next(), &abort) {
         return false;
     }
     let mut s = inner.scan().status.lock();
     s.state = ScanState::Scanning;
     s.start_txg = inner.txg().synced_txg();
-    s.min_txg = remaining.into_iter().min().unwrap_or(0);
+    s.min_txg = remaining.into_iter().min().unwrap_or(Txg::ZERO);
     s.bookmark = Bookmark::default();
     true
 }
@@ -280,7 +280,7 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             l.set_dtl(d.into_iter().map(|(a, b)| (a, b.min(open))).collect());
         }
     }
-    let min_txg = inner.leaves().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(0);
+    let min_txg = inner.leaves().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(Txg::ZERO);
     if inner.scan().running.load(Ordering::Acquire) {
         // restart as a resilver: resilver takes priority over a scrub
         inner.scan().stop.store(true, Ordering::Release);
@@ -501,7 +501,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             let last = (blk + EPB - 1).min(nblocks - 1);
             let root: TreeRoot = *v.committed.read();
             let mut bad: Vec<(u64, BlockPointer)> = Vec::new();
-            walk_span(inner, &root, blk, last, if resilver { min_txg } else { 0 }, &mut bad)?;
+            walk_span(inner, &root, blk, last, if resilver { min_txg } else { Txg::ZERO }, &mut bad)?;
             for (blkid, bp) in bad {
                 // recheck against the current tree: a block freed meanwhile is not an error
                 let cur = *v.committed.read();
@@ -540,7 +540,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             if !l.readable() {
                 continue;
             }
-            let d: Vec<(u64, u64)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg + 1), b)).collect();
+            let d: Vec<(Txg, Txg)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg.next()), b)).collect();
             l.set_dtl(d);
         }
         let _ = inner.rewrite_labels();
@@ -549,8 +549,8 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
 }
 
 /// Scrub every block of `[first, last]` (indirects included) born at or after `min_txg`.
-fn walk_span(inner: &Arc<dyn ScanPool>, root: &TreeRoot, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
-    fn rec(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, level: u32, base: u64, first: u64, last: u64, min_txg: u64, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
+fn walk_span(inner: &Arc<dyn ScanPool>, root: &TreeRoot, first: u64, last: u64, min_txg: Txg, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
+    fn rec(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, level: u32, base: u64, first: u64, last: u64, min_txg: Txg, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
         if bp.is_hole() || bp.birth < min_txg {
             return Ok(());
         }

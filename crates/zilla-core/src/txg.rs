@@ -41,7 +41,7 @@
 //! A dead sync thread (`fatal`) releases the quiesce thread too.
 //!
 //! Txg numbers start at TXG_INITIAL; per-txg arrays elsewhere are rings of TXG_SIZE
-//! indexed by `txg & TXG_MASK` (three active txgs plus one being retired).
+//! indexed by `txg.ring_slot(TXG_SIZE)` (three active txgs plus one being retired).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -52,11 +52,10 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::env::{self, Env};
 use crate::kstat::{Applies, Tunable};
-use crate::{Error, Result};
+use crate::{Error, Result, Txg};
 
-pub const TXG_INITIAL: u64 = 4;
+pub const TXG_INITIAL: Txg = Txg(4);
 pub const TXG_SIZE: usize = 4;
-pub const TXG_MASK: u64 = 3;
 /// Shards of the txg hold counters (a power of two; bounded whatever the core count).
 pub const TXG_HOLD_SHARDS: usize = 16;
 
@@ -65,17 +64,17 @@ pub static ZFS_TXG_TIMEOUT: Tunable =
 
 #[derive(Debug)]
 struct State {
-    synced_txg: u64,
-    /// Closed and quiesced, waiting for the sync thread (0: none).
-    quiesced_txg: u64,
-    /// Being synced (0: none).
-    syncing_txg: u64,
+    synced_txg: Txg,
+    /// Closed and quiesced, waiting for the sync thread (ZERO: none).
+    quiesced_txg: Txg,
+    /// Being synced (ZERO: none).
+    syncing_txg: Txg,
     /// Highest txg somebody asked to have synced.
-    sync_requested: u64,
+    sync_requested: Txg,
     /// Highest txg the sync thread asked the quiesce thread to close.
-    quiesce_wanted: u64,
+    quiesce_wanted: Txg,
     /// Highest txg a dirty-data kick asked to close.
-    kicked: u64,
+    kicked: Txg,
     /// The quiesce thread is closing a txg (between the close and the hand-off).
     quiescing: bool,
     /// Env clock (ns) when the previous txg was closed.
@@ -92,7 +91,7 @@ struct State {
 /// One shard of hold counters, on its own cache lines.
 #[repr(align(128))]
 struct HoldShard {
-    /// Holders per txg, indexed by `txg & TXG_MASK`.
+    /// Holders per txg, indexed by `txg.ring_slot(TXG_SIZE)`.
     count: Mutex<[u64; TXG_SIZE]>,
     /// Signalled when a count drops to zero (the quiesce step waits on it).
     drained: Condvar,
@@ -103,7 +102,7 @@ pub struct TxgState {
     env: Arc<dyn Env>,
     state: Mutex<State>,
     cv: Condvar,
-    /// The open txg; changed only while every shard lock is held.
+    /// The open txg (its number); changed only while every shard lock is held.
     open_txg: AtomicU64,
     shards: Box<[HoldShard]>,
     /// Mirror of `state.shutting_down` for the data path (checked on every request).
@@ -112,14 +111,14 @@ pub struct TxgState {
 
 /// Proof that the holder may insert dirty records into txg `txg`; released on drop.
 pub struct TxgHold<'a> {
-    pub txg: u64,
+    pub txg: Txg,
     shard: &'a HoldShard,
 }
 
 impl Drop for TxgHold<'_> {
     fn drop(&mut self) {
         let mut c = self.shard.count.lock();
-        let slot = &mut c[(self.txg & TXG_MASK) as usize];
+        let slot = &mut c[self.txg.ring_slot(TXG_SIZE)];
         *slot -= 1;
         if *slot == 0 {
             self.shard.drained.notify_all();
@@ -142,15 +141,15 @@ fn my_shard() -> usize {
 }
 
 impl TxgState {
-    pub fn new(last_synced: u64, env: Arc<dyn Env>) -> TxgState {
+    pub fn new(last_synced: Txg, env: Arc<dyn Env>) -> TxgState {
         TxgState {
             state: Mutex::new(State {
                 synced_txg: last_synced,
-                quiesced_txg: 0,
-                syncing_txg: 0,
-                sync_requested: 0,
-                quiesce_wanted: 0,
-                kicked: 0,
+                quiesced_txg: Txg::ZERO,
+                syncing_txg: Txg::ZERO,
+                sync_requested: Txg::ZERO,
+                quiesce_wanted: Txg::ZERO,
+                kicked: Txg::ZERO,
                 quiescing: false,
                 last_close_ns: env.now_ns(),
                 shutting_down: false,
@@ -159,7 +158,7 @@ impl TxgState {
                 fatal: None,
             }),
             cv: Condvar::new(),
-            open_txg: AtomicU64::new(last_synced + 1),
+            open_txg: AtomicU64::new(last_synced.next().get()),
             shards: (0..TXG_HOLD_SHARDS).map(|_| HoldShard { count: Mutex::new([0; TXG_SIZE]), drained: Condvar::new() }).collect(),
             shutting_down: AtomicBool::new(false),
             env,
@@ -170,26 +169,26 @@ impl TxgState {
     pub fn hold(&self) -> TxgHold<'_> {
         let shard = &self.shards[my_shard()];
         let mut c = shard.count.lock();
-        let txg = self.open_txg.load(Ordering::Acquire);
-        c[(txg & TXG_MASK) as usize] += 1;
+        let txg = Txg(self.open_txg.load(Ordering::Acquire));
+        c[txg.ring_slot(TXG_SIZE)] += 1;
         TxgHold { txg, shard }
     }
 
-    pub fn open_txg(&self) -> u64 {
-        self.open_txg.load(Ordering::Acquire)
+    pub fn open_txg(&self) -> Txg {
+        Txg(self.open_txg.load(Ordering::Acquire))
     }
-    pub fn synced_txg(&self) -> u64 {
+    pub fn synced_txg(&self) -> Txg {
         self.state.lock().synced_txg
     }
-    /// (quiesced, syncing) txgs, 0 for none: the txgs active besides the open one.
-    pub fn active(&self) -> (u64, u64) {
+    /// (quiesced, syncing) txgs, ZERO for none: the txgs active besides the open one.
+    pub fn active(&self) -> (Txg, Txg) {
         let s = self.state.lock();
         (s.quiesced_txg, s.syncing_txg)
     }
 
     /// The open txg `txg` holds enough dirty data to be synced now: close it even while
     /// another txg syncs.
-    pub fn kick(&self, txg: u64) {
+    pub fn kick(&self, txg: Txg) {
         let mut s = self.state.lock();
         if txg > s.kicked {
             s.kicked = txg;
@@ -198,7 +197,7 @@ impl TxgState {
     }
 
     /// Ask for txg `txg` to be synced soon.
-    pub fn request_sync(&self, txg: u64) {
+    pub fn request_sync(&self, txg: Txg) {
         let mut s = self.state.lock();
         if txg > s.sync_requested {
             s.sync_requested = txg;
@@ -207,7 +206,7 @@ impl TxgState {
     }
 
     /// Block until txg `txg` is on disk.
-    pub fn wait_synced(&self, txg: u64) -> Result<()> {
+    pub fn wait_synced(&self, txg: Txg) -> Result<()> {
         let mut s = self.state.lock();
         if txg > s.sync_requested {
             s.sync_requested = txg;
@@ -232,7 +231,7 @@ impl TxgState {
 
     /// Like `wait_synced`, but gives up (false) as soon as `abort()` says so or the sync
     /// thread fails; for background work that must not outlive a pool being stopped.
-    pub fn wait_synced_unless(&self, txg: u64, abort: &dyn Fn() -> bool) -> bool {
+    pub fn wait_synced_unless(&self, txg: Txg, abort: &dyn Fn() -> bool) -> bool {
         let mut s = self.state.lock();
         if txg > s.sync_requested {
             s.sync_requested = txg;
@@ -251,14 +250,14 @@ impl TxgState {
     /// dirty kick) and the previous quiesced txg was taken, then close it, wait for its
     /// holders and hand it to the sync thread. Returns that txg, or None when the thread
     /// should exit.
-    pub fn quiesce_next(&self) -> Option<u64> {
+    pub fn quiesce_next(&self) -> Option<Txg> {
         let mut s = self.state.lock();
         loop {
             if s.fatal.is_some() || s.sync_done {
                 return None;
             }
             let open = self.open_txg();
-            if s.quiesced_txg == 0 && (s.quiesce_wanted >= open || s.kicked >= open) {
+            if s.quiesced_txg.is_zero() && (s.quiesce_wanted >= open || s.kicked >= open) {
                 break;
             }
             self.cv.wait(&mut s);
@@ -276,17 +275,17 @@ impl TxgState {
     }
 
     /// Open the next txg under every shard lock; returns the one closed.
-    fn close_open_txg(&self) -> u64 {
+    fn close_open_txg(&self) -> Txg {
         let guards: Vec<_> = self.shards.iter().map(|sh| sh.count.lock()).collect();
-        let t = self.open_txg.load(Ordering::Acquire);
-        self.open_txg.store(t + 1, Ordering::Release);
+        let t = Txg(self.open_txg.load(Ordering::Acquire));
+        self.open_txg.store(t.next().get(), Ordering::Release);
         drop(guards);
         t
     }
 
     /// Wait until no writer holds txg `t`.
-    fn wait_holders(&self, t: u64) {
-        let i = (t & TXG_MASK) as usize;
+    fn wait_holders(&self, t: Txg) {
+        let i = t.ring_slot(TXG_SIZE);
         for sh in self.shards.iter() {
             let mut c = sh.count.lock();
             while c[i] > 0 {
@@ -298,12 +297,12 @@ impl TxgState {
     /// Sync thread: wait for the next quiesced txg and take it, asking the quiesce
     /// thread for the open txg when there is a reason to sync it (a waiter, the timer
     /// with dirty data, a kick, shutdown with dirty data). None: shut down, nothing left.
-    pub fn wait_for_sync_work(&self, dirty_kick: &dyn Fn(u64) -> bool, has_dirty: &dyn Fn(u64) -> bool) -> Option<u64> {
+    pub fn wait_for_sync_work(&self, dirty_kick: &dyn Fn(Txg) -> bool, has_dirty: &dyn Fn(Txg) -> bool) -> Option<Txg> {
         let mut s = self.state.lock();
         loop {
-            if s.quiesced_txg != 0 {
+            if !s.quiesced_txg.is_zero() {
                 let t = s.quiesced_txg;
-                s.quiesced_txg = 0;
+                s.quiesced_txg = Txg::ZERO;
                 s.syncing_txg = t;
                 self.cv.notify_all();
                 return Some(t);
@@ -335,10 +334,10 @@ impl TxgState {
         }
     }
 
-    pub fn mark_synced(&self, txg: u64) {
+    pub fn mark_synced(&self, txg: Txg) {
         let mut s = self.state.lock();
         s.synced_txg = txg;
-        s.syncing_txg = 0;
+        s.syncing_txg = Txg::ZERO;
         s.sync_error = None;
         self.cv.notify_all();
     }
@@ -351,12 +350,12 @@ impl TxgState {
     }
 
     /// Pool creation synced txg `txg` directly: open the next one.
-    pub fn initial_synced(&self, txg: u64) {
+    pub fn initial_synced(&self, txg: Txg) {
         let mut s = self.state.lock();
         s.synced_txg = txg;
         drop(s);
         let guards: Vec<_> = self.shards.iter().map(|sh| sh.count.lock()).collect();
-        self.open_txg.store(txg + 1, Ordering::Release);
+        self.open_txg.store(txg.next().get(), Ordering::Release);
         drop(guards);
         self.cv.notify_all();
     }
@@ -396,7 +395,7 @@ mod tests {
     use super::*;
 
     fn state() -> Arc<TxgState> {
-        Arc::new(TxgState::new(TXG_INITIAL - 1, crate::env::real()))
+        Arc::new(TxgState::new(TXG_INITIAL.prev(), crate::env::real()))
     }
 
     /// Quiesce waits for every holder of the closed txg, and a hold taken after the
@@ -415,13 +414,13 @@ mod tests {
             std::thread::yield_now();
         }
         let h2 = tx.hold();
-        assert_eq!(h2.txg, t + 1);
+        assert_eq!(h2.txg, t.plus(1));
         std::thread::sleep(Duration::from_millis(50));
         assert!(!q.is_finished(), "quiesce finished while txg {t} was still held");
-        assert_eq!(tx.active(), (0, 0));
+        assert_eq!(tx.active(), (Txg::ZERO, Txg::ZERO));
         drop(h);
         assert_eq!(q.join().unwrap(), Some(t));
-        assert_eq!(tx.active(), (t, 0));
+        assert_eq!(tx.active(), (t, Txg::ZERO));
         drop(h2);
     }
 
@@ -434,16 +433,16 @@ mod tests {
         tx.kick(t);
         assert_eq!(tx.quiesce_next(), Some(t));
         assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t));
-        tx.kick(t + 1);
-        assert_eq!(tx.quiesce_next(), Some(t + 1));
+        tx.kick(t.plus(1));
+        assert_eq!(tx.quiesce_next(), Some(t.plus(1)));
         let h = tx.hold();
-        assert_eq!(h.txg, t + 2);
-        assert_eq!(tx.active(), (t + 1, t));
+        assert_eq!(h.txg, t.plus(2));
+        assert_eq!(tx.active(), (t.plus(1), t));
         drop(h);
         tx.mark_synced(t);
-        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t + 1));
-        tx.mark_synced(t + 1);
-        assert_eq!(tx.synced_txg(), t + 1);
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t.plus(1)));
+        tx.mark_synced(t.plus(1));
+        assert_eq!(tx.synced_txg(), t.plus(1));
     }
 
     /// A waiter's txg is closed only when the sync thread asks for it (it is idle), so
@@ -459,13 +458,13 @@ mod tests {
         tx.request_sync(t);
         assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t));
         // t is syncing; waiters ask for t+1 but nobody closes it yet
-        tx.request_sync(t + 1);
+        tx.request_sync(t.plus(1));
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(tx.open_txg(), t + 1, "a waiter closed a txg while another was syncing");
+        assert_eq!(tx.open_txg(), t.plus(1), "a waiter closed a txg while another was syncing");
         tx.mark_synced(t);
         // the idle sync thread asks for t+1
-        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t + 1));
-        tx.mark_synced(t + 1);
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t.plus(1)));
+        tx.mark_synced(t.plus(1));
         tx.begin_shutdown();
         assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| false), None);
         tx.sync_thread_exited();
@@ -478,13 +477,13 @@ mod tests {
     fn one_txg_in_hand_off() {
         let tx = state();
         let t = tx.open_txg();
-        tx.kick(t + 5);
+        tx.kick(t.plus(5));
         assert_eq!(tx.quiesce_next(), Some(t));
         let tx2 = tx.clone();
         let q = std::thread::spawn(move || tx2.quiesce_next());
         std::thread::sleep(Duration::from_millis(50));
         assert!(!q.is_finished(), "closed a second txg before the first was taken");
-        assert_eq!(tx.open_txg(), t + 1);
+        assert_eq!(tx.open_txg(), t.plus(1));
         tx.sync_thread_exited();
         assert_eq!(q.join().unwrap(), None);
     }

@@ -61,7 +61,7 @@ use crate::dsl_pool::DirtyAccounting;
 use crate::props::{CachePolicy, SyncPolicy};
 use crate::txg::TxgState;
 use crate::vdev::IoClass;
-use crate::Error;
+use crate::{Error, Txg};
 
 /// What a volume sees of its pool: the narrow context spa hands to zvol. spa implements
 /// it, so zvol never names the pool type and the layering points down.
@@ -254,7 +254,7 @@ impl Volume {
 
     /// Replace `[in_off, in_off+patch.len())` of block `blkid` (None patch = zeros), or the
     /// whole block. `whole_hole` = free the block instead of writing zeros.
-    fn update_block(&self, blkid: u64, in_off: usize, patch: Option<&[u8]>, len: usize, whole_hole: bool) -> Result<u64> {
+    fn update_block(&self, blkid: u64, in_off: usize, patch: Option<&[u8]>, len: usize, whole_hole: bool) -> Result<Txg> {
         let bs = self.bs() as usize;
         let full = in_off == 0 && len == bs;
         let mut attempts = 0;
@@ -314,7 +314,7 @@ impl Volume {
         }
     }
 
-    fn after_write(&self, txg: u64, fua: bool) -> Result<()> {
+    fn after_write(&self, txg: Txg, fua: bool) -> Result<()> {
         if self.pool.dirty().should_kick(txg) {
             self.pool.txg().kick(txg);
         }
@@ -327,7 +327,7 @@ impl Volume {
 
     fn modify(&self, offset: u64, len: u64, data: Option<&[u8]>, free_whole: bool, fua: bool) -> Result<()> {
         let bs = self.bs();
-        let mut max_txg = 0;
+        let mut max_txg = Txg::ZERO;
         for c in block_chunks(offset, len, bs) {
             self.pool.dirty().throttle(&|| self.pool.txg().is_shutting_down());
             if data.is_some() || !free_whole || c.len as u64 != bs {
@@ -337,7 +337,7 @@ impl Volume {
             let t = self.update_block(c.blkid, c.in_block, patch, c.len, free_whole)?;
             max_txg = max_txg.max(t);
         }
-        if max_txg > 0 {
+        if !max_txg.is_zero() {
             self.after_write(max_txg, fua)?;
         }
         Ok(())
@@ -405,7 +405,7 @@ impl BlockVolume for Volume {
             return None; // the blocking path waits for syncs before answering ENOSPC
         }
         let bs = self.bs();
-        let mut max_txg = 0;
+        let mut max_txg = Txg::ZERO;
         for c in block_chunks(offset, data.len() as u64, bs) {
             if c.len as u64 != bs && self.read_block_cached(c.blkid, &mut None).is_none() {
                 return None;
@@ -416,7 +416,7 @@ impl BlockVolume for Volume {
                 Err(e) => return Some(Err(e)),
             }
         }
-        if max_txg > 0 && self.pool.dirty().should_kick(max_txg) {
+        if !max_txg.is_zero() && self.pool.dirty().should_kick(max_txg) {
             self.pool.txg().kick(max_txg);
         }
         Some(Ok(()))

@@ -704,7 +704,7 @@ mod tests {
         log.role = Role::Log;
         let s = PoolStatus {
             name: "tank".into(),
-            guid: 1,
+            guid: zilla_core::Guid(1),
             state: zilla_core::spa::PoolHealth::Online,
             scan: Default::default(),
             config: vec![m, log],

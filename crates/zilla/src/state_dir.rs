@@ -171,7 +171,7 @@ pub struct CacheFile {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CacheEntry {
     pub name: String,
-    pub guid: u64,
+    pub guid: zilla_core::Guid,
     pub leaves: Vec<LeafSpec>,
 }
 

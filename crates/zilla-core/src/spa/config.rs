@@ -17,7 +17,7 @@ use super::{new_guid, Pool, PoolInner, TopSpec};
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
 use crate::vdev::{Device, LeafSpec, Role};
-use crate::{Error, Result};
+use crate::{Error, Guid, Result, Txg};
 
 /// Opens a leaf device from its spec; tests substitute crash or fault devices.
 pub type Opener = Arc<dyn Fn(&LeafSpec, Role) -> Result<Arc<dyn Device>> + Send + Sync>;
@@ -28,21 +28,21 @@ pub fn default_opener() -> Opener {
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeafConfig {
-    pub guid: u64,
+    pub guid: Guid,
     pub spec: LeafSpec,
     #[serde(default)]
     pub offline: bool,
     /// Txg at which the leaf went offline (its DTL starts there).
     #[serde(default)]
-    pub offline_since: u64,
+    pub offline_since: Txg,
     #[serde(default)]
-    pub dtl: Vec<(u64, u64)>,
+    pub dtl: Vec<(Txg, Txg)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopConfig {
     pub id: u32,
-    pub guid: u64,
+    pub guid: Guid,
     pub role: Role,
     pub mirror: bool,
     pub ashift: u8,
@@ -52,24 +52,24 @@ pub struct TopConfig {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolConfig {
     pub name: String,
-    pub guid: u64,
+    pub guid: Guid,
     pub version: u64,
     /// active | exported | destroyed
     pub state: String,
-    pub txg: u64,
+    pub txg: Txg,
     pub tops: Vec<TopConfig>,
     pub props: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LabelJson {
-    pub this_guid: u64,
+    pub this_guid: Guid,
     pub config: PoolConfig,
 }
 
 impl PoolConfig {
     pub fn guid_sum(&self) -> u64 {
-        self.tops.iter().flat_map(|t| t.children.iter()).fold(0u64, |a, l| a.wrapping_add(l.guid))
+        self.tops.iter().flat_map(|t| t.children.iter()).fold(0u64, |a, l| a.wrapping_add(l.guid.get()))
     }
 }
 
@@ -119,7 +119,7 @@ impl PoolInner {
                 if let Some(leaf) = self.leaves.read().iter().find(|x| x.guid == l.guid) {
                     let off = leaf.state() == LeafState::Offline;
                     if off && !l.offline {
-                        l.offline_since = synced + 1;
+                        l.offline_since = synced.next();
                     }
                     l.offline = off;
                     l.dtl = leaf.dtl();
@@ -206,7 +206,7 @@ impl Pool {
                 label::wipe_labels(&*dev)?;
                 let g = new_guid(&*inner.env);
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
-                cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: 0, dtl: vec![] });
+                cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
             }
             let ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(12);
             let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
@@ -247,14 +247,14 @@ impl Pool {
         let g = new_guid(&*inner.env);
         let leaf = Arc::new(Leaf::new(g, new.clone(), dev));
         // it has nothing: every txg up to now is missing
-        leaf.set_dtl(vec![(1, inner.txg.open_txg())]);
+        leaf.set_dtl(vec![(Txg(1), inner.txg.open_txg())]);
         {
             let _g = inner.sync_lock.lock();
             top.children.write().push(leaf.clone());
             inner.leaves.write().push(leaf);
             let mut cfg = inner.config.lock();
             if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
-                tc.children.push(LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: 0, dtl: vec![] });
+                tc.children.push(LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
                 tc.mirror = true;
             }
         }

@@ -24,12 +24,12 @@ use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{Device, LeafSpec, Role};
 use crate::zio::blkptr::BlockPointer;
-use crate::{Error, Result};
+use crate::{Error, Guid, Result, Txg};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ImportablePool {
     pub name: String,
-    pub guid: u64,
+    pub guid: Guid,
     pub state: String,
     pub leaves: Vec<LeafSpec>,
 }
@@ -82,7 +82,7 @@ impl Pool {
             let mut leaf_objs = Vec::new();
             for o in opened {
                 let g = new_guid(&*env);
-                children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: 0, dtl: vec![] });
+                children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
                 let leaf = Arc::new(Leaf::new(g, o.spec, o.dev));
                 leaves.push(leaf.clone());
                 leaf_objs.push(leaf);
@@ -106,7 +106,7 @@ impl Pool {
         };
         let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true };
         let io = PoolIo::new(vdevs, ms);
-        let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL - 1, opener, env);
+        let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL.prev(), opener, env);
         // wipe stale uberblock rings, then config labels, then the first txg
         for leaf in inner.leaves.read().iter() {
             label::wipe_labels(&**leaf.device()).map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", leaf.spec.display()))))?;
@@ -120,7 +120,7 @@ impl Pool {
 
     pub fn find_importable(search: &[PathBuf]) -> Result<Vec<ImportablePool>> {
         let found = scan_search_paths(search, &default_opener())?;
-        let mut out: BTreeMap<u64, ImportablePool> = BTreeMap::new();
+        let mut out: BTreeMap<Guid, ImportablePool> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
                 continue;
@@ -285,7 +285,7 @@ impl Pool {
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(pool = %cfg.name, txg = ub.txg, "uberblock unusable, trying an older one: {e}");
+                    tracing::warn!(pool = %cfg.name, txg = ub.txg.get(), "uberblock unusable, trying an older one: {e}");
                     last_err = Some(e);
                 }
             }
@@ -303,9 +303,9 @@ impl Pool {
         for l in &leaves {
             if l.state() == LeafState::Offline {
                 if let Some(lc) = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid) {
-                    if lc.offline_since > 0 {
+                    if !lc.offline_since.is_zero() {
                         let mut d = l.dtl();
-                        d.push((lc.offline_since, u64::MAX / 2));
+                        d.push((lc.offline_since, Txg(u64::MAX / 2)));
                         l.set_dtl(d);
                     }
                 }

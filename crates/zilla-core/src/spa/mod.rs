@@ -39,7 +39,7 @@ use crate::vdev::{LeafSpec, Role};
 use crate::zio::blkptr::BlockPointer;
 use crate::scan::ScanPool;
 use crate::zvol::{BlockVolume, VolumePool};
-use crate::{Error, Result};
+use crate::{Error, Guid, Result, Txg};
 
 mod config;
 mod import;
@@ -135,7 +135,7 @@ pub(crate) struct MosMeta {
 
 pub(crate) struct PoolInner {
     name: String,
-    guid: u64,
+    guid: Guid,
     io: PoolIo,
     txg: TxgState,
     dirty: DirtyAccounting,
@@ -155,11 +155,11 @@ pub(crate) struct PoolInner {
 }
 
 /// A random non-zero guid from `env`'s RNG (seeded under simulation).
-pub(crate) fn new_guid(env: &dyn crate::env::Env) -> u64 {
+pub(crate) fn new_guid(env: &dyn crate::env::Env) -> Guid {
     loop {
         let g = env.random_u64();
         if g != 0 {
-            return g;
+            return Guid(g);
         }
     }
 }
@@ -179,7 +179,7 @@ impl PoolInner {
         leaves: Vec<Arc<Leaf>>,
         volumes: BTreeMap<String, Arc<VolumeState>>,
         meta: MosMeta,
-        synced_txg: u64,
+        synced_txg: Txg,
         opener: Opener,
         env: Arc<dyn Env>,
     ) -> Arc<PoolInner> {
@@ -291,8 +291,8 @@ impl Pool {
             v.dirty.clear();
         }
         self.inner.meta.lock().changed = false;
-        for t in crate::txg::TXG_INITIAL..self.inner.txg.open_txg() + 1 {
-            self.inner.dirty.retire(t);
+        for t in crate::txg::TXG_INITIAL.get()..=self.inner.txg.open_txg().get() {
+            self.inner.dirty.retire(Txg(t));
         }
         self.join_txg_threads();
     }
@@ -316,13 +316,13 @@ impl Pool {
     pub fn name(&self) -> String {
         self.inner.name.clone()
     }
-    pub fn guid(&self) -> u64 {
+    pub fn guid(&self) -> Guid {
         self.inner.guid
     }
     pub fn leaf_specs(&self) -> Vec<LeafSpec> {
         self.inner.leaves.read().iter().map(|l| l.spec.clone()).collect()
     }
-    pub fn synced_txg(&self) -> u64 {
+    pub fn synced_txg(&self) -> Txg {
         self.inner.txg.synced_txg()
     }
 

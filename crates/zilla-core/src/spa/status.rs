@@ -11,6 +11,7 @@ use super::Pool;
 use crate::props::PropRow;
 use crate::vdev::queue::LeafStats;
 use crate::vdev::Role;
+use crate::Guid;
 
 /// One node of `zilla pool status`'s config tree.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -70,7 +71,7 @@ impl PartialEq<&str> for PoolHealth {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PoolStatus {
     pub name: String,
-    pub guid: u64,
+    pub guid: Guid,
     pub state: PoolHealth,
     /// The last or current scrub/resilver (`func` empty: never run).
     pub scan: crate::scan::ScanStatus,

@@ -27,7 +27,7 @@ use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
 use crate::zio::blkptr::{self, BlockPointer};
 use crate::kstat::{Applies, Tunable};
-use crate::{Error, Result};
+use crate::{Error, Result, Txg};
 
 pub static ZFS_DEBUG_FAIL_SYNC_ASSERTION: Tunable = Tunable::new(
     "zfs_debug_fail_sync_assertion",
@@ -112,7 +112,7 @@ impl PoolInner {
         }
     }
 
-    pub fn has_dirty(&self, txg: u64) -> bool {
+    pub fn has_dirty(&self, txg: Txg) -> bool {
         if self.dirty.txg_dirty(txg) > 0 || self.meta.lock().changed {
             return true;
         }
@@ -121,7 +121,7 @@ impl PoolInner {
 
     /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
     /// undone (nothing allocated meanwhile outside the sync) and the dirty records stay.
-    pub fn spa_sync(&self, txg: u64) -> Result<()> {
+    pub fn spa_sync(&self, txg: Txg) -> Result<()> {
         assert!(
             ZFS_DEBUG_FAIL_SYNC_ASSERTION.get() == 0,
             "zfs_debug_fail_sync_assertion is set: txg {txg} of pool {} stops at a failed assertion",
@@ -131,7 +131,7 @@ impl PoolInner {
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
-        self.io.ms.release_through(txg.saturating_sub(crate::metaslab::TXG_DEFER_SIZE + 1));
+        self.io.ms.release_through(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
         self.io.ms.begin_sync(txg);
         let r = self.spa_sync_inner(txg);
         match r {
@@ -151,7 +151,7 @@ impl PoolInner {
         }
     }
 
-    fn spa_sync_inner(&self, txg: u64) -> Result<()> {
+    fn spa_sync_inner(&self, txg: Txg) -> Result<()> {
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
@@ -247,7 +247,7 @@ impl PoolInner {
         &self,
         v: &VolumeState,
         recs: &[(u64, Option<Arc<[u8]>>)],
-        txg: u64,
+        txg: Txg,
         writer: &dmu::SyncWriter<'_>,
         written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
     ) -> Result<Vec<(u64, BlockPointer)>> {
@@ -282,8 +282,8 @@ impl PoolInner {
 
     /// The sync thread body: syncs quiesced txgs in order, retrying a failed one.
     pub(super) fn sync_loop(self: &Arc<Self>) {
-        let kick = |open: u64| self.dirty.should_kick(open);
-        let has = |open: u64| self.has_dirty(open);
+        let kick = |open: Txg| self.dirty.should_kick(open);
+        let has = |open: Txg| self.has_dirty(open);
         while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
             if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
                 break;
@@ -294,7 +294,7 @@ impl PoolInner {
 
     /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
     /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
-    fn sync_until_done(&self, txg: u64) -> bool {
+    fn sync_until_done(&self, txg: Txg) -> bool {
         let mut backoff_ms = 10;
         loop {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
@@ -302,7 +302,7 @@ impl PoolInner {
                 Ok(r) => r,
                 Err(p) => {
                     let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-                    tracing::error!(pool = %self.name, txg, "txg sync panicked, pool suspended: {msg}");
+                    tracing::error!(pool = %self.name, txg = txg.get(), "txg sync panicked, pool suspended: {msg}");
                     self.suspended.store(true, Ordering::Relaxed);
                     self.txg.mark_fatal(format!("txg {txg}: {msg}"));
                     return false;
@@ -314,7 +314,7 @@ impl PoolInner {
                     return true;
                 }
                 Err(e) => {
-                    tracing::error!(pool = %self.name, txg, "txg sync failed, pool suspended, retrying: {e}");
+                    tracing::error!(pool = %self.name, txg = txg.get(), "txg sync failed, pool suspended, retrying: {e}");
                     self.txg.mark_sync_failed(e.to_string());
                     if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
                         return false;

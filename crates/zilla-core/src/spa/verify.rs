@@ -101,6 +101,6 @@ impl Pool {
     #[doc(hidden)]
     pub fn debug_txg_states(&self) -> (u64, u64, u64) {
         let (q, s) = self.inner.txg.active();
-        (self.inner.txg.open_txg(), q, s)
+        (self.inner.txg.open_txg().get(), q.get(), s.get())
     }
 }

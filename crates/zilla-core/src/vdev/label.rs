@@ -30,6 +30,7 @@ use std::io;
 
 use crate::zio::blkptr::BlockPointer;
 use crate::zio::checksum::fletcher4;
+use crate::{Guid, Txg};
 
 pub const LABEL_SIZE: u64 = 256 << 10;
 pub const LABELS: usize = 4;
@@ -69,8 +70,8 @@ pub fn label_offset(dev_size: u64, l: usize) -> u64 {
     }
 }
 
-pub fn ub_offset(dev_size: u64, l: usize, txg: u64) -> u64 {
-    label_offset(dev_size, l) + CONFIG_REGION_SIZE as u64 + (txg % UB_SLOTS) * UB_SLOT_SIZE as u64
+pub fn ub_offset(dev_size: u64, l: usize, txg: Txg) -> u64 {
+    label_offset(dev_size, l) + CONFIG_REGION_SIZE as u64 + (txg.get() % UB_SLOTS) * UB_SLOT_SIZE as u64
 }
 
 /// Seal `block` with an embedded checksum whose verifier is `offset`.
@@ -111,10 +112,10 @@ pub fn verify_sealed(block: &[u8], offset: u64) -> bool {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uberblock {
-    pub txg: u64,
+    pub txg: Txg,
     pub guid_sum: u64,
     pub timestamp_ns: u64,
-    pub pool_guid: u64,
+    pub pool_guid: Guid,
     /// Root of the object directory (MOS) for this txg.
     pub root: BlockPointer,
 }
@@ -124,10 +125,10 @@ impl Uberblock {
         let mut b = vec![0u8; UB_SLOT_SIZE];
         b[0..8].copy_from_slice(&UB_MAGIC.to_le_bytes());
         b[8..16].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b[16..24].copy_from_slice(&self.txg.to_le_bytes());
+        b[16..24].copy_from_slice(&self.txg.get().to_le_bytes());
         b[24..32].copy_from_slice(&self.guid_sum.to_le_bytes());
         b[32..40].copy_from_slice(&self.timestamp_ns.to_le_bytes());
-        b[40..48].copy_from_slice(&self.pool_guid.to_le_bytes());
+        b[40..48].copy_from_slice(&self.pool_guid.get().to_le_bytes());
         b[48..48 + BlockPointer::SIZE].copy_from_slice(&self.root.encode());
         seal(&mut b, offset);
         b
@@ -141,24 +142,24 @@ impl Uberblock {
             return None;
         }
         Some(Uberblock {
-            txg: u(16),
+            txg: Txg(u(16)),
             guid_sum: u(24),
             timestamp_ns: u(32),
-            pool_guid: u(40),
+            pool_guid: Guid(u(40)),
             root: BlockPointer::decode(&b[48..48 + BlockPointer::SIZE])?,
         })
     }
 }
 
 /// Encode a config region: header + JSON, sealed with the region's offset.
-pub fn encode_config(json: &[u8], config_txg: u64, offset: u64) -> io::Result<Vec<u8>> {
+pub fn encode_config(json: &[u8], config_txg: Txg, offset: u64) -> io::Result<Vec<u8>> {
     if json.len() > CONFIG_REGION_SIZE - CONFIG_HEADER_SIZE - TRAILER_SIZE {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "pool config too large for label"));
     }
     let mut b = vec![0u8; CONFIG_REGION_SIZE];
     b[0..8].copy_from_slice(&LABEL_MAGIC.to_le_bytes());
     b[8..16].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    b[16..24].copy_from_slice(&config_txg.to_le_bytes());
+    b[16..24].copy_from_slice(&config_txg.get().to_le_bytes());
     b[24..28].copy_from_slice(&(json.len() as u32).to_le_bytes());
     b[CONFIG_HEADER_SIZE..CONFIG_HEADER_SIZE + json.len()].copy_from_slice(json);
     seal(&mut b, offset);
@@ -166,7 +167,7 @@ pub fn encode_config(json: &[u8], config_txg: u64, offset: u64) -> io::Result<Ve
 }
 
 /// Decode a config region: (config_txg, json bytes).
-pub fn decode_config(b: &[u8], offset: u64) -> Option<(u64, Vec<u8>)> {
+pub fn decode_config(b: &[u8], offset: u64) -> Option<(Txg, Vec<u8>)> {
     if b.len() != CONFIG_REGION_SIZE || !verify_sealed(b, offset) {
         return None;
     }
@@ -178,14 +179,14 @@ pub fn decode_config(b: &[u8], offset: u64) -> Option<(u64, Vec<u8>)> {
     if len > CONFIG_REGION_SIZE - CONFIG_HEADER_SIZE - TRAILER_SIZE {
         return None;
     }
-    Some((u(16), b[CONFIG_HEADER_SIZE..CONFIG_HEADER_SIZE + len].to_vec()))
+    Some((Txg(u(16)), b[CONFIG_HEADER_SIZE..CONFIG_HEADER_SIZE + len].to_vec()))
 }
 
 /// What one leaf's labels hold.
 #[derive(Debug, Clone)]
 pub struct LabelScan {
     /// Highest-txg valid config: (config_txg, json).
-    pub config: Option<(u64, Vec<u8>)>,
+    pub config: Option<(Txg, Vec<u8>)>,
     pub valid_configs: usize,
     pub uberblocks: Vec<Uberblock>,
     pub bad_labels: usize,
@@ -248,8 +249,8 @@ mod tests {
     }
     #[test]
     fn config_roundtrip() {
-        let b = encode_config(b"{\"a\":1}", 9, 0).unwrap();
-        assert_eq!(decode_config(&b, 0), Some((9, b"{\"a\":1}".to_vec())));
+        let b = encode_config(b"{\"a\":1}", Txg(9), 0).unwrap();
+        assert_eq!(decode_config(&b, 0), Some((Txg(9), b"{\"a\":1}".to_vec())));
         assert_eq!(decode_config(&b, LABEL_SIZE), None);
     }
 }

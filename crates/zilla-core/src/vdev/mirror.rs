@@ -28,6 +28,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::{Guid, Txg};
+
 use super::abd::AlignedBuf;
 use super::queue::{IoRequest, LeafQueue};
 use super::{Device, IoClass, IoError, IoErrorKind, IoOp, LeafSpec, Role};
@@ -66,7 +68,7 @@ impl LeafState {
 
 /// One physical device of the pool.
 pub struct Leaf {
-    pub guid: u64,
+    pub guid: Guid,
     pub spec: LeafSpec,
     pub queue: LeafQueue,
     state: AtomicU8,
@@ -74,7 +76,7 @@ pub struct Leaf {
     pub write_errors: AtomicU64,
     pub cksum_errors: AtomicU64,
     /// Txg ranges [first, last] this child is missing (needs resilver).
-    dtl: Mutex<Vec<(u64, u64)>>,
+    dtl: Mutex<Vec<(Txg, Txg)>>,
     /// I/O errors since the last success: too many fault the leaf (zfs-diagnosis style).
     consecutive_errors: std::sync::atomic::AtomicU32,
 }
@@ -85,7 +87,7 @@ pub struct Leaf {
 pub const FAULT_AFTER_CONSECUTIVE_ERRORS: u32 = 10;
 
 impl Leaf {
-    pub fn new(guid: u64, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
+    pub fn new(guid: Guid, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
         let queue = LeafQueue::new(dev, &spec.display());
         Leaf {
             guid,
@@ -117,23 +119,23 @@ impl Leaf {
     pub fn readable(&self) -> bool {
         self.state() == LeafState::Online
     }
-    pub fn dtl(&self) -> Vec<(u64, u64)> {
+    pub fn dtl(&self) -> Vec<(Txg, Txg)> {
         self.dtl.lock().clone()
     }
-    pub fn set_dtl(&self, d: Vec<(u64, u64)>) {
+    pub fn set_dtl(&self, d: Vec<(Txg, Txg)>) {
         *self.dtl.lock() = d;
     }
-    pub fn dtl_add(&self, txg: u64) {
+    pub fn dtl_add(&self, txg: Txg) {
         let mut d = self.dtl.lock();
         if let Some(last) = d.last_mut() {
-            if txg >= last.0 && txg <= last.1 + 1 {
+            if txg >= last.0 && txg <= last.1.next() {
                 last.1 = last.1.max(txg);
                 return;
             }
         }
         d.push((txg, txg));
     }
-    pub fn dtl_contains(&self, txg: u64) -> bool {
+    pub fn dtl_contains(&self, txg: Txg) -> bool {
         self.dtl.lock().iter().any(|&(a, b)| txg >= a && txg <= b)
     }
     pub fn dtl_empty(&self) -> bool {
@@ -162,7 +164,7 @@ pub struct ScrubOutcome {
 
 pub struct TopVdev {
     pub id: u32,
-    pub guid: u64,
+    pub guid: Guid,
     pub role: Role,
     pub is_mirror: bool,
     pub ashift: u8,
@@ -216,7 +218,7 @@ impl TopVdev {
     /// child: one child request each, sharing the buffer, all in flight at once. Children
     /// that miss it (not online, or their write fails) get `txg` in their DTL. `done` runs
     /// once, on the engine thread of the last child to finish, with every child's result.
-    pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: u64, done: WriteDone) {
+    pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: Txg, done: WriteDone) {
         let phys = super::label::DATA_START + offset;
         let writable: Vec<Arc<Leaf>> = self
             .children()
@@ -265,7 +267,7 @@ impl TopVdev {
 
     /// Blocking write of `buf` (copied once into an aligned buffer). Ok if at least one
     /// child wrote it.
-    pub fn write(self: &Arc<Self>, class: IoClass, buf: &[u8], offset: u64, txg: u64) -> io::Result<()> {
+    pub fn write(self: &Arc<Self>, class: IoClass, buf: &[u8], offset: u64, txg: Txg) -> io::Result<()> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.write_async(class, Arc::new(AlignedBuf::copy_of(buf)), offset, txg, Box::new(move |o| {
             let _ = tx.send(o);
@@ -289,7 +291,7 @@ impl TopVdev {
     }
 
     /// Order in which to try the children for a read at `offset` of a block born in `birth`.
-    fn read_order(&self, children: &[Arc<Leaf>], phys: u64, birth: u64) -> Vec<usize> {
+    fn read_order(&self, children: &[Arc<Leaf>], phys: u64, birth: Txg) -> Vec<usize> {
         let mut fresh: Vec<(u64, usize)> = Vec::new();
         let mut stale: Vec<usize> = Vec::new();
         for (i, c) in children.iter().enumerate() {
@@ -321,7 +323,7 @@ impl TopVdev {
         class: IoClass,
         offset: u64,
         len: usize,
-        birth: u64,
+        birth: Txg,
         verify: &dyn Fn(&[u8]) -> VerifyResult,
     ) -> io::Result<MirrorRead> {
         let phys = super::label::DATA_START + offset;
@@ -377,7 +379,7 @@ impl TopVdev {
         &self,
         offset: u64,
         len: usize,
-        birth: u64,
+        birth: Txg,
         verify: &dyn Fn(&[u8]) -> VerifyResult,
     ) -> ScrubOutcome {
         let phys = super::label::DATA_START + offset;
@@ -474,7 +476,7 @@ pub struct WriteOutcome {
     /// Children that completed it.
     pub written: u32,
     /// Children that failed it, by guid, with the error.
-    pub failed: Vec<(u64, IoError)>,
+    pub failed: Vec<(Guid, IoError)>,
     pub len: u64,
     /// Physical offset on the children.
     pub offset: u64,

@@ -21,6 +21,7 @@
 
 use super::checksum::{ChecksumAlgo, Checksum};
 use super::compress::Compression;
+use crate::Txg;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct Dva {
@@ -40,7 +41,7 @@ pub struct BlockPointer {
     pub dva: [Dva; 3],
     pub lsize: u32,
     pub psize: u32,
-    pub birth: u64,
+    pub birth: Txg,
     pub fill: u64,
     pub checksum_code: u8,
     pub compression_code: u8,
@@ -61,7 +62,7 @@ impl BlockPointer {
         BlockPointer::default()
     }
     pub fn is_hole(&self) -> bool {
-        self.birth == 0
+        self.birth.is_zero()
     }
     pub fn checksum_algo(&self) -> Option<ChecksumAlgo> {
         ChecksumAlgo::from_code(self.checksum_code)
@@ -86,7 +87,7 @@ impl BlockPointer {
         }
         b[48..52].copy_from_slice(&self.lsize.to_le_bytes());
         b[52..56].copy_from_slice(&self.psize.to_le_bytes());
-        b[56..64].copy_from_slice(&self.birth.to_le_bytes());
+        b[56..64].copy_from_slice(&self.birth.get().to_le_bytes());
         b[64..72].copy_from_slice(&self.fill.to_le_bytes());
         b[72] = self.checksum_code;
         b[73] = self.compression_code;
@@ -103,8 +104,8 @@ impl BlockPointer {
         }
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-        let birth = u64_at(56);
-        if birth == 0 {
+        let birth = Txg(u64_at(56));
+        if birth.is_zero() {
             return if b[..Self::SIZE].iter().all(|&x| x == 0) { Some(BlockPointer::hole()) } else { None };
         }
         let mut dva = [Dva::default(); 3];
@@ -145,7 +146,7 @@ mod tests {
             dva: [Dva { vdev: 1, asize: 16384, offset: 1 << 20 }, Dva::default(), Dva::default()],
             lsize: 16384,
             psize: 16384,
-            birth: 42,
+            birth: Txg(42),
             fill: 1,
             checksum_code: 1,
             compression_code: 0,

@@ -1,0 +1,145 @@
+//! Newtypes for the numbers the engine passes around: transaction group, guid, top-level
+//! vdev id and block id.
+//!
+//! Theory of operation
+//! -------------------
+//! Each of these is a `u64` (a `u32` for [`VdevId`]) on disk and in the label JSON, and a
+//! distinct type in memory, so that a txg cannot be passed where a block id is expected,
+//! nor a leaf guid where a top-level vdev id is. The wrappers are `#[repr(transparent)]`
+//! and `#[serde(transparent)]`: the on-disk encoding (little-endian of `.0`) and the
+//! config JSON are byte-identical to the bare integers they replace. Display prints the
+//! bare number, as the CLI and the logs always have.
+//!
+//! Arithmetic on txgs goes through named methods ([`Txg::next`], [`Txg::prev`],
+//! [`Txg::plus`], [`Txg::minus`], [`Txg::since`]) that say what they mean and cannot
+//! underflow. This module imports nothing from the crate: every layer may use it.
+
+use std::fmt;
+
+/// A transaction group number. Txg 0 is "never" (a hole's birth, no txg synced yet);
+/// real txgs start at `txg::TXG_INITIAL`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct Txg(pub u64);
+
+impl Txg {
+    /// "No txg": the birth of a hole, the synced txg of a pool that never synced.
+    pub const ZERO: Txg = Txg(0);
+
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+    /// The txg after this one.
+    pub const fn next(self) -> Txg {
+        Txg(self.0 + 1)
+    }
+    /// The txg before this one (ZERO stays ZERO).
+    pub const fn prev(self) -> Txg {
+        Txg(self.0.saturating_sub(1))
+    }
+    /// The txg `n` after this one.
+    pub const fn plus(self, n: u64) -> Txg {
+        Txg(self.0 + n)
+    }
+    /// The txg `n` before this one, stopping at ZERO.
+    pub const fn minus(self, n: u64) -> Txg {
+        Txg(self.0.saturating_sub(n))
+    }
+    /// How many txgs `earlier` is behind this one (0 if it is not behind).
+    pub const fn since(self, earlier: Txg) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+    /// Slot of this txg in a per-txg ring of `size` entries (`size` a power of two).
+    pub const fn ring_slot(self, size: usize) -> usize {
+        (self.0 as usize) & (size - 1)
+    }
+    pub const fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// A pool, top-level vdev or leaf guid: random, non-zero, unique per object.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct Guid(pub u64);
+
+impl Guid {
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// A top-level vdev's index in the pool (the `vdev` field of a DVA).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct VdevId(pub u32);
+
+impl VdevId {
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+    /// As an index into the pool's vector of top-level vdevs.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A block's index within a volume (byte offset / volblocksize).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct BlockId(pub u64);
+
+impl BlockId {
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+    pub const fn next(self) -> BlockId {
+        BlockId(self.0 + 1)
+    }
+}
+
+macro_rules! show_bare {
+    ($($t:ident),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($t), "({})"), self.0)
+            }
+        }
+    )*};
+}
+show_bare!(Txg, Guid, VdevId, BlockId);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn txg_arithmetic_never_underflows() {
+        assert_eq!(Txg(5).next(), Txg(6));
+        assert_eq!(Txg(5).prev(), Txg(4));
+        assert_eq!(Txg::ZERO.prev(), Txg::ZERO);
+        assert_eq!(Txg(3).minus(10), Txg::ZERO);
+        assert_eq!(Txg(3).plus(2), Txg(5));
+        assert_eq!(Txg(9).since(Txg(4)), 5);
+        assert_eq!(Txg(4).since(Txg(9)), 0);
+        assert_eq!(Txg(13).ring_slot(4), 1);
+    }
+
+    #[test]
+    fn json_and_display_are_the_bare_numbers() {
+        assert_eq!(serde_json::to_string(&Txg(42)).unwrap(), "42");
+        assert_eq!(serde_json::from_str::<Guid>("18446744073709551615").unwrap(), Guid(u64::MAX));
+        assert_eq!(serde_json::to_string(&(Txg(1), Txg(2))).unwrap(), "[1,2]");
+        assert_eq!(format!("{} {} {} {}", Txg(7), Guid(8), VdevId(9), BlockId(10)), "7 8 9 10");
+        assert_eq!(format!("{:?}", Txg(7)), "Txg(7)");
+    }
+}
