@@ -248,10 +248,7 @@ impl Pool {
                 cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
             }
             let pool_ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(label::MIN_ASHIFT);
-            let mut ashift = pool_ashift;
-            for k in &kids {
-                ashift = ashift.max(device_ashift(&**k.device(), &k.spec)?);
-            }
+            let ashift = kids.iter().try_fold(pool_ashift, |a, k| device_ashift(&**k.device(), &k.spec).map(|d| a.max(d)))?;
             let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
             new_tops.push((open_top(&tc, kids.clone()), tc, kids));
             next_id += 1;
