@@ -814,7 +814,8 @@ pub struct VolumeState {
     pub volsize: u64,
     pub volblocksize: u32,
     pub created_txg: Txg,
-    pub props: RwLock<crate::props::PropSet>,
+    /// Published as one `Arc`, loaded lock-free on the I/O path.
+    pub props: crate::props::PublishedProps,
     pub committed: RwLock<TreeRoot>,
     pub dirty: DirtySet,
     pub destroyed: std::sync::atomic::AtomicBool,
@@ -831,7 +832,7 @@ impl VolumeState {
             volsize: self.volsize,
             volblocksize: self.volblocksize,
             root,
-            props: self.props.read().clone(),
+            props: crate::props::PropSet::clone(&self.props.snapshot()),
             created_txg: self.created_txg,
         }
     }

@@ -143,7 +143,7 @@ impl Volume {
 
     fn check_write(&self, offset: u64, len: u64) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().typed().readonly {
+        if self.vol.props.typed().readonly {
             return Err(Error::ReadOnly(format!("{}/{}", self.pool.pool_name(), self.vol.name)));
         }
         if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
@@ -187,7 +187,7 @@ impl Volume {
     }
 
     fn primary_cache_data(&self) -> bool {
-        self.vol.props.read().typed().primarycache == CachePolicy::All
+        self.vol.props.typed().primarycache == CachePolicy::All
     }
 
     /// Content of a committed block (None = hole).
@@ -318,7 +318,7 @@ impl Volume {
         if self.pool.dirty().should_kick(txg) {
             self.pool.txg().kick(txg);
         }
-        let sync = self.vol.props.read().typed().sync;
+        let sync = self.vol.props.typed().sync;
         if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
             self.pool.txg().wait_synced(txg)?;
         }
@@ -355,7 +355,7 @@ impl BlockVolume for Volume {
         self.vol.volblocksize
     }
     fn read_only(&self) -> bool {
-        self.vol.props.read().typed().readonly
+        self.vol.props.typed().readonly
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -394,7 +394,7 @@ impl BlockVolume for Volume {
         if let Err(e) = self.check_write(offset, data.len() as u64) {
             return Some(Err(e));
         }
-        if self.vol.props.read().typed().sync == SyncPolicy::Always {
+        if self.vol.props.typed().sync == SyncPolicy::Always {
             return None;
         }
         let max = crate::dsl_pool::dirty_data_max();
@@ -424,7 +424,7 @@ impl BlockVolume for Volume {
 
     fn flush(&self) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().typed().sync == SyncPolicy::Disabled {
+        if self.vol.props.typed().sync == SyncPolicy::Disabled {
             return Ok(());
         }
         if self.pool.dirty().total() == 0 && !self.pool.mos_changed() {

@@ -321,7 +321,7 @@ impl Pool {
                     volsize: v.volsize,
                     volblocksize: v.volblocksize,
                     created_txg: v.created_txg,
-                    props: RwLock::new(v.props.clone()),
+                    props: crate::props::PublishedProps::new(v.props.clone()),
                     committed: RwLock::new(v.root),
                     dirty: Default::default(),
                     destroyed: false.into(),

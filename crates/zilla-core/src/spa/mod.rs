@@ -399,7 +399,7 @@ impl Pool {
                 volsize,
                 volblocksize,
                 created_txg: inner.txg.open_txg(),
-                props: RwLock::new(ps),
+                props: crate::props::PublishedProps::new(ps),
                 committed: RwLock::new(TreeRoot { bp: BlockPointer::hole(), nlevels }),
                 dirty: Default::default(),
                 destroyed: false.into(),
@@ -438,7 +438,7 @@ impl Pool {
                 volsize: v.volsize,
                 volblocksize: v.volblocksize,
                 used: v.committed.read().bp.fill * v.volblocksize as u64,
-                readonly: v.props.read().typed().readonly,
+                readonly: v.props.typed().readonly,
             })
             .collect()
     }
@@ -456,7 +456,7 @@ impl Pool {
     pub fn get_props(&self, volume: &str, props: &[String]) -> Result<Vec<PropRow>> {
         let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
         let full = format!("{}/{}", self.inner.name, v.name);
-        let ps = v.props.read().clone();
+        let ps = v.props.snapshot();
         let used = v.committed.read().bp.fill * v.volblocksize as u64;
         let mut all: Vec<(String, String, String, Option<&str>)> = vec![
             ("volsize".into(), v.volsize.to_string(), "local".into(), None),
@@ -493,7 +493,7 @@ impl Pool {
     pub fn set_prop(&self, volume: &str, prop: &str, value: &str) -> Result<()> {
         self.check_open()?;
         let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
-        v.props.write().set(prop, value)?;
+        v.props.set(prop, value)?;
         self.inner.meta.lock().changed = true;
         self.sync()
     }

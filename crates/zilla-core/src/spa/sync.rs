@@ -176,7 +176,7 @@ impl PoolInner {
                 continue;
             }
             let changes = self.sync_volume_data(v, &recs, txg, &writer, &mut written)?;
-            let props = v.props.read().typed();
+            let props = v.props.typed();
             trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg }));
         }
         for (v, root, changes, pol) in &trees {
@@ -251,7 +251,7 @@ impl PoolInner {
         writer: &dmu::SyncWriter<'_>,
         written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
     ) -> Result<Vec<(u64, BlockPointer)>> {
-        let props = v.props.read().typed();
+        let props = v.props.typed();
         let (algo, comp) = (props.checksum, props.compression);
         let cache = props.primarycache == crate::props::CachePolicy::All;
         let workers = self.io.prepare_workers(&self.env, &self.name);
