@@ -17,8 +17,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use crate::zio::checksum::ChecksumAlgo;
-use crate::zio::compress::Compression;
+use crate::block::checksum::ChecksumAlgo;
+use crate::block::compress::Compression;
 use crate::{Error, Result};
 
 /// `sync`: when a write is on stable storage before it is acknowledged.
@@ -161,8 +161,8 @@ pub fn validate(name: &str, value: &str) -> Result<String> {
 }
 
 /// compression values: off | on (= lz4) | lz4 | zstd | zstd-N (1..=19)
-pub fn parse_compression(v: &str) -> Result<crate::zio::compress::Compression> {
-    use crate::zio::compress::Compression;
+pub fn parse_compression(v: &str) -> Result<crate::block::compress::Compression> {
+    use crate::block::compress::Compression;
     match v {
         "off" => Ok(Compression::Off),
         "on" | "lz4" => Ok(Compression::Lz4),

@@ -56,7 +56,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::arc::{BlockKey, BufKind};
-use crate::dmu::{self, DirtySet, PoolIo, TreeRoot, VolumeState};
+use crate::dmu::{self, DirtySet, TreeRoot, VolumeState};
+use crate::zio::PoolIo;
 use crate::dsl_pool::DirtyAccounting;
 use crate::props::{CachePolicy, SyncPolicy};
 use crate::txg::TxgState;
@@ -222,8 +223,8 @@ impl Volume {
         let io = &self.pool.io();
         let bp = match memo {
             Some((r, l1idx, l1)) if *r == root && *l1idx == blkid >> dmu::INDIRECT_SHIFT && root.nlevels >= 2 => {
-                let o = (blkid & (dmu::EPB - 1)) as usize * crate::zio::blkptr::BlockPointer::SIZE;
-                crate::zio::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?
+                let o = (blkid & (dmu::EPB - 1)) as usize * crate::block::blkptr::BlockPointer::SIZE;
+                crate::block::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?
             }
             _ => {
                 let mut bp = root.bp;
@@ -233,8 +234,8 @@ impl Volume {
                     }
                     let ind = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
                     let idx = ((blkid >> (dmu::INDIRECT_SHIFT * (level - 1))) & (dmu::EPB - 1)) as usize;
-                    let o = idx * crate::zio::blkptr::BlockPointer::SIZE;
-                    bp = crate::zio::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
+                    let o = idx * crate::block::blkptr::BlockPointer::SIZE;
+                    bp = crate::block::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
                     if level == 1 {
                         *memo = Some((root, blkid >> dmu::INDIRECT_SHIFT, ind));
                     }

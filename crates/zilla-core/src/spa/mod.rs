@@ -28,7 +28,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::dmu::{self, PoolIo, TreeRoot, VolumeState};
+use crate::dmu::{self, TreeRoot, VolumeState};
+use crate::zio::PoolIo;
 use crate::dsl_pool::DirtyAccounting;
 use crate::env::Env;
 use crate::props::PropRow;
@@ -36,7 +37,7 @@ use crate::txg::TxgState;
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
 use crate::vdev::{LeafSpec, Role};
-use crate::zio::blkptr::BlockPointer;
+use crate::block::blkptr::BlockPointer;
 use crate::scan::ScanPool;
 use crate::zvol::{BlockVolume, VolumePool};
 use crate::{Error, Guid, Result, Txg};

@@ -25,7 +25,7 @@ use crate::dmu::{self, Mos, TreeRoot, VolumeState, WritePolicy};
 use crate::vdev::label::Uberblock;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
-use crate::zio::blkptr::{self, BlockPointer};
+use crate::block::blkptr::{self, BlockPointer};
 use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result, Txg};
 
@@ -166,7 +166,7 @@ impl PoolInner {
         // each chunk's writes are submitted without waiting while the next chunk is
         // prepared, and the indirect blocks are rebuilt while the last chunks are still
         // being written.
-        let writer = dmu::SyncWriter::new(&self.io, txg);
+        let writer = crate::zio::SyncWriter::new(&self.io, txg);
         let mut trees = Vec::new();
         for v in &vols {
             let recs = v.dirty.collect(txg);
@@ -248,7 +248,7 @@ impl PoolInner {
         v: &VolumeState,
         recs: &[(u64, Option<Arc<[u8]>>)],
         txg: Txg,
-        writer: &dmu::SyncWriter<'_>,
+        writer: &crate::zio::SyncWriter<'_>,
         written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
     ) -> Result<Vec<(u64, BlockPointer)>> {
         let props = v.props.typed();
