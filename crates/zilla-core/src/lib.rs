@@ -174,7 +174,7 @@ mod fuzz_smoke {
         // a real MOS with every single-byte corruption: decode must not panic
         let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
-        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into() };
+        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None };
         let blob = mos.encode(&ms);
         for i in 0..blob.len() {
             for v in [0u8, 0xff, 0x7f] {
@@ -185,5 +185,36 @@ mod fuzz_smoke {
                 let _ = crate::dmu::Mos::decode(&b, &mut m);
             }
         }
+    }
+
+    /// A volume record whose tree height does not follow from its geometry is corrupt
+    /// (nlevels = 8 used to be accepted and overflow EPB^7 in the walkers); and the leaf
+    /// health section round-trips.
+    #[test]
+    fn mos_decoder_checks_tree_height_and_leaf_health() {
+        let mk = |nlevels: u8| {
+            let ms = crate::metaslab::Metaslabs::new();
+            ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
+            let vol = crate::dmu::VolumeRecord {
+                id: 1,
+                name: "v".into(),
+                volsize: 64 << 20,
+                volblocksize: 16384,
+                root: crate::dmu::TreeRoot { bp: crate::block::blkptr::BlockPointer::hole(), nlevels },
+                props: crate::props::PropSet::from_local(Default::default()),
+                created_txg: crate::Txg(4),
+            };
+            let health = vec![crate::dmu::LeafHealth { guid: crate::Guid(77), faulted: true, dtl: vec![(crate::Txg(5), crate::Txg(9))] }];
+            let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health) };
+            let blob = mos.encode(&ms);
+            let mut m = crate::metaslab::Metaslabs::new();
+            m.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
+            crate::dmu::Mos::decode(&blob, &mut m)
+        };
+        let good = crate::dmu::levels_for((64 << 20) / 16384);
+        let m = mk(good).expect("a well-formed MOS");
+        assert_eq!(m.leaf_health.unwrap()[0].dtl, vec![(crate::Txg(5), crate::Txg(9))]);
+        assert!(mk(8).is_err(), "nlevels 8 accepted");
+        assert!(mk(good + 1).is_err(), "a tree taller than its geometry accepted");
     }
 }

@@ -278,6 +278,25 @@ struct DeferLists {
     /// Length of `lists[sync_txg]` when that txg's sync began (its undo mark).
     sync_txg: Txg,
     sync_mark: usize,
+    /// Txgs whose trees someone is repairing from (scrub, resilver): frees of later
+    /// txgs stay deferred while a pin holds, so a repair never writes over a block that
+    /// was freed and reused after its tree was read. Bounded by the scan threads.
+    pins: Vec<Txg>,
+}
+
+/// Holds frees of txgs after `txg` on their defer lists until dropped.
+pub struct FreePin<'a> {
+    ms: &'a Metaslabs,
+    txg: Txg,
+}
+
+impl Drop for FreePin<'_> {
+    fn drop(&mut self) {
+        let mut d = self.ms.defer.lock();
+        if let Some(i) = d.pins.iter().position(|&p| p == self.txg) {
+            d.pins.swap_remove(i);
+        }
+    }
 }
 
 impl Metaslabs {
@@ -356,9 +375,20 @@ impl Metaslabs {
     }
 
     /// Release every defer list of a txg <= `txg`.
+    /// Pin the trees of `synced_txg()` (read under the defer lock, so no release can
+    /// slip between): every block they reference keeps its contents until the pin is
+    /// dropped. See [`DeferLists::pins`].
+    pub fn pin_frees(&self, synced_txg: impl FnOnce() -> Txg) -> FreePin<'_> {
+        let mut d = self.defer.lock();
+        let txg = synced_txg();
+        d.pins.push(txg);
+        FreePin { ms: self, txg }
+    }
+
     pub fn release_through(&self, txg: Txg) {
         let done = {
             let mut d = self.defer.lock();
+            let txg = d.pins.iter().copied().min().map_or(txg, |p| txg.min(p));
             let keep = d.lists.split_off(&txg.next());
             std::mem::replace(&mut d.lists, keep)
         };
@@ -515,6 +545,9 @@ impl Metaslabs {
             }
         }
         let nd = r.u32()?;
+        // every deferred extent, to refuse one named twice (or two that overlap): both
+        // would be released, and the second free would corrupt the free tree
+        let mut deferred: BTreeMap<(u32, u64), u64> = BTreeMap::new();
         for _ in 0..nd {
             let txg = Txg(r.u64()?);
             let cnt = r.u32()?;
@@ -535,6 +568,12 @@ impl Metaslabs {
                 if !ok {
                     return Err(Error::Corrupt(format!("defer list names unallocated space {d:?}")));
                 }
+                let end = d.offset + d.asize as u64;
+                let before = deferred.range(..(d.vdev, end)).next_back().filter(|((v, _), &e)| *v == d.vdev && e > d.offset);
+                if before.is_some() {
+                    return Err(Error::Corrupt(format!("defer lists name {d:?} twice (or overlapping)")));
+                }
+                deferred.insert((d.vdev, d.offset), end);
                 list.push(d);
             }
             self.defer.get_mut().lists.insert(txg, list);
@@ -564,6 +603,32 @@ mod tests {
         a.free(x, 4 * 4096);
         assert_eq!(a.alloc(2 * 4096), Some(x));
         assert_eq!(a.free_bytes(), 2 * 4096);
+    }
+
+    /// A crafted object directory naming one deferred extent twice (or two overlapping
+    /// ones) is corrupt: both would be released, and the second free would corrupt
+    /// the free tree (a double free that used to panic the sync thread).
+    #[test]
+    fn duplicate_defer_entries_are_refused() {
+        let enc = |lists: &[(u64, Vec<Dva>)]| {
+            let ms = Metaslabs::new();
+            ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 20);
+            ms.claim(&Dva { vdev: 0, asize: 64 << 10, offset: 0 }).unwrap();
+            for (t, l) in lists {
+                ms.defer.lock().lists.insert(Txg(*t), l.clone());
+            }
+            let mut out = Vec::new();
+            ms.encode(&mut out);
+            let mut fresh = Metaslabs::new();
+            fresh.add_vdev(0, crate::vdev::Role::Normal, 1 << 20);
+            fresh.decode_into(&mut crate::block::reader::Reader::new(&out))
+        };
+        let d = Dva { vdev: 0, asize: 4096, offset: 8192 };
+        assert!(enc(&[(5, vec![d])]).is_ok());
+        assert!(enc(&[(5, vec![d, d])]).is_err(), "one extent deferred twice in a txg");
+        assert!(enc(&[(5, vec![d]), (6, vec![d])]).is_err(), "one extent deferred in two txgs");
+        let overlap = Dva { vdev: 0, asize: 8192, offset: 4096 };
+        assert!(enc(&[(5, vec![d]), (6, vec![overlap])]).is_err(), "overlapping deferred extents");
     }
 
     proptest! {

@@ -40,6 +40,13 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn try_read_cached(&self, _offset: u64, _buf: &mut [u8]) -> Option<Result<()>> {
         None
     }
+    /// Like [`BlockVolume::try_read_cached`], but without copying: the in-memory block
+    /// buffers themselves (immutable, shared), in order, covering exactly `len` bytes
+    /// at `offset`. `None` also when the volume cannot share its buffers; then call
+    /// `try_read_cached`.
+    fn try_read_cached_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<SharedSlice>>> {
+        None
+    }
     /// Apply a non-FUA write without blocking (no throttle delay, no device read, no
     /// txg wait); `None` means "call `write` from a blocking context". A `None` may come
     /// after part of the write was applied: writes are idempotent, so the caller simply
@@ -47,6 +54,49 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn try_write_nonblocking(&self, _offset: u64, _data: &[u8]) -> Option<Result<()>> {
         None
     }
+}
+
+/// `len` bytes at `start` of an immutable buffer shared with the ARC or the dirty
+/// set: what a zero-copy read hands to a front end, which keeps it alive until the
+/// bytes are on the wire.
+#[derive(Clone)]
+pub struct SharedSlice {
+    data: std::sync::Arc<[u8]>,
+    start: usize,
+    len: usize,
+}
+
+impl SharedSlice {
+    /// `None` if the range is not inside `data`.
+    pub fn new(data: std::sync::Arc<[u8]>, start: usize, len: usize) -> Option<SharedSlice> {
+        (start.checked_add(len)? <= data.len()).then_some(SharedSlice { data, start, len })
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.data[self.start..self.start + self.len]
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for SharedSlice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedSlice({}..{} of {})", self.start, self.start + self.len, self.data.len())
+    }
+}
+
+/// Blocks one zero-copy read may share; a longer read is copied instead.
+pub const SHARED_READ_BLOCKS_MAX: u64 = 64;
+
+/// One shared block of zeros for holes in zero-copy reads, as large as the largest
+/// volblocksize (a larger hole piece makes the read fall back to copying).
+fn zero_block() -> &'static std::sync::Arc<[u8]> {
+    const ZERO_BLOCK_BYTES: usize = 128 << 10;
+    static ZEROS: std::sync::OnceLock<std::sync::Arc<[u8]>> = std::sync::OnceLock::new();
+    ZEROS.get_or_init(|| vec![0u8; ZERO_BLOCK_BYTES].into())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -111,6 +161,10 @@ pub fn block_chunks(offset: u64, len: u64, block_size: u64) -> impl Iterator<Ite
 }
 
 /// Bytes kept free for metadata (spa_slop_shift = 5: 1/32 of the pool), at least 4 MiB.
+/// Space a dirtied indirect block takes when its txg syncs: a new copy of it, written
+/// twice (indirect blocks carry two copies), uncompressed at worst.
+const INDIRECT_COST_BYTES: u64 = 2 * crate::dmu::INDIRECT_SIZE as u64;
+
 fn slop_bytes(size: u64) -> u64 {
     (size / 32).max(4 << 20).min(size / 2)
 }
@@ -176,15 +230,36 @@ impl Volume {
         }
     }
 
-    /// Refuse new dirty data when the pool could not hold it after copy-on-write.
+    /// Refuse new dirty data when the pool could not hold it after copy-on-write:
+    /// what is allocated, plus what the unsynced txgs will allocate (data, every
+    /// indirect block they dirty, their object directories), plus this write with a
+    /// full path of new indirects, must leave the slop free. The slop is the sync's:
+    /// frees, and estimates that fell short, come out of it, so a sync never fails
+    /// for space and writers get ENOSPC instead (OpenZFS: spa_slop_shift).
     fn check_space(&self, new_bytes: u64) -> Result<()> {
         let (size, alloc) = self.pool.io().space();
-        let dirty = self.pool.dirty().total();
-        let need = alloc + dirty + dirty / 16 + new_bytes;
+        let nlevels = self.vol.committed.read().nlevels as u64;
+        let this_write = new_bytes + nlevels.saturating_sub(1) * INDIRECT_COST_BYTES;
+        let need = alloc + self.pool.dirty().space_pending() + this_write;
         if need + slop_bytes(size) > size {
             return Err(Error::NoSpace);
         }
         Ok(())
+    }
+
+    /// The block reads as a hole: no dirty version, or a dirty free, over a committed
+    /// hole (or none at all).
+    fn is_hole(&self, blkid: u64) -> Result<bool> {
+        match self.vol.dirty.newest(blkid) {
+            Some(Some(_)) => return Ok(false),
+            Some(None) => return Ok(true),
+            None => {}
+        }
+        let root = *self.vol.committed.read();
+        if root.bp.is_hole() {
+            return Ok(true);
+        }
+        Ok(dmu::lookup(&self.pool.io(), &root, blkid, IoClass::SyncRead)?.is_hole())
     }
 
     fn primary_cache_data(&self) -> bool {
@@ -306,10 +381,15 @@ impl Volume {
             // a free record costs memory, not a block write: count it as 512 bytes so a
             // flush after an unmap still sees dirty state
             let cost = if new.is_some() { bs as u64 } else { 512 };
+            let has_data = new.is_some();
             let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
             drop(shard);
             if newly {
                 self.pool.dirty().add(hold.txg, cost);
+                let nlevels = self.vol.committed.read().nlevels;
+                let indirects = self.vol.dirty.note_indirects(hold.txg, blkid, nlevels) as u64;
+                let data = if has_data { bs as u64 } else { 0 };
+                self.pool.dirty().add_space(hold.txg, data + indirects * INDIRECT_COST_BYTES);
             }
             return Ok(hold.txg);
         }
@@ -330,6 +410,12 @@ impl Volume {
         let bs = self.bs();
         let mut max_txg = Txg::ZERO;
         for c in block_chunks(offset, len, bs) {
+            // freeing a block that was never written (or is freed already) changes
+            // nothing: no dirty record, no throttle (a TRIM of a whole empty volume
+            // must not fill the dirty limit)
+            if data.is_none() && free_whole && c.len as u64 == bs && self.is_hole(c.blkid)? {
+                continue;
+            }
             self.pool.dirty().throttle(&|| self.pool.txg().is_shutting_down());
             if data.is_some() || !free_whole || c.len as u64 != bs {
                 self.reserve_space(bs)?;
@@ -384,6 +470,27 @@ impl BlockVolume for Volume {
             }
         }
         Some(Ok(()))
+    }
+
+    fn try_read_cached_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<SharedSlice>>> {
+        if let Err(e) = self.check_read(offset, len) {
+            return Some(Err(e));
+        }
+        let bs = self.bs();
+        let blocks = if len == 0 { 0 } else { (offset + len - 1) / bs - offset / bs + 1 };
+        if blocks > SHARED_READ_BLOCKS_MAX {
+            return None;
+        }
+        let mut memo = None;
+        let mut pieces = Vec::with_capacity(blocks as usize);
+        for c in block_chunks(offset, len, bs) {
+            let piece = match self.read_block_cached(c.blkid, &mut memo)? {
+                Some(d) => SharedSlice::new(d, c.in_block, c.len)?,
+                None => SharedSlice::new(zero_block().clone(), 0, c.len)?,
+            };
+            pieces.push(piece);
+        }
+        Some(Ok(pieces))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {

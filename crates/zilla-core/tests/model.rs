@@ -71,6 +71,15 @@ fn check_read(vols: &[Arc<dyn BlockVolume>], model: &[MemVolume], vol: usize, of
             panic!("{what}: vol {} cached read {off}+{len} differs at byte {}", VOLS[vol].0, first);
         }
     }
+    // ... and so must the zero-copy path: its pieces, in order, are exactly the bytes
+    if let Some(r) = vols[vol].try_read_cached_shared(off, len) {
+        let pieces = r.expect("shared cached read");
+        let d: Vec<u8> = pieces.iter().flat_map(|p| p.as_slice().iter().copied()).collect();
+        if d != b {
+            let first = d.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(d.len().min(b.len()));
+            panic!("{what}: vol {} shared read {off}+{len} ({} bytes) differs at byte {first}", VOLS[vol].0, d.len());
+        }
+    }
 }
 
 fn check_block_status(vols: &[Arc<dyn BlockVolume>], model: &[MemVolume], vol: usize, off: u64, len: u64) {

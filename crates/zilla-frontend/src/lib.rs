@@ -71,8 +71,10 @@ impl Default for FrontendConfig {
             memory_budget_bytes: 256 << 20,
             memory_reserve_bytes: 2 * REQUEST_MAX_BYTES,
             memory_per_connection_max_bytes: 2 * REQUEST_MAX_BYTES,
-            volume_calls_max: 64,
-            volume_calls_per_connection_max: 16,
+            // A QD32 client reading a cold volume keeps 32 reads in flight at the
+            // devices (as many as the engine before the owned-request pipeline did).
+            volume_calls_max: 128,
+            volume_calls_per_connection_max: 32,
             buffer_pool_bytes_max: 64 << 20,
             buffer_idle_trim: Duration::from_secs(10),
             clients_max: 256,

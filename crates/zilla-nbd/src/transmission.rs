@@ -16,8 +16,9 @@
 //! inline; everything else runs on tokio's blocking pool, because `BlockVolume` calls
 //! block. Each finished request becomes one contiguous `Reply` buffer (header and data
 //! together, so no reply interleaves with another) queued to the connection's own
-//! writer task, which batches whatever is queued into one flush. Replies leave in
-//! completion order; the cookie ties them to requests.
+//! writer task, which puts whatever is queued on the wire with vectored writes (one
+//! system call per burst, no copy into a staging buffer). Replies leave in completion
+//! order; the cookie ties them to requests.
 //!
 //! Bounds. Every reply, error replies included, holds a request permit (at most
 //! `in_flight_requests_max` per connection) and a share of the daemon-wide memory
@@ -52,14 +53,15 @@
 //! READ and BLOCK_STATUS errors use structured ERROR chunks once structured replies are
 //! negotiated; everything else uses simple replies, which the spec allows.
 
-use std::io;
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use zilla_core::zvol::BlockVolume;
+use zilla_core::zvol::{BlockVolume, SharedSlice};
 use zilla_frontend::{BudgetPermit, BudgetShare, ClientIoStats, Frontend, IoKind, VolumeIoStats};
 
 use crate::framing::FrameReader;
@@ -80,21 +82,36 @@ pub const ZERO_CALL_MAX_BYTES: u64 = 64 << 20;
 const ZERO_CALLS_PER_CONNECTION: usize = 1;
 /// Inline replies gathered before the reader hands them to the writer.
 const REPLY_BATCH_MAX: usize = 64;
-/// Size of the buffered writer in front of the socket.
-const WRITE_BUFFER_BYTES: usize = 64 * 1024;
+/// Replies the writer puts on the wire with one vectored write, at most.
+const GATHER_REPLIES_MAX: usize = 64;
+/// Bytes the writer gathers into one vectored write, at most (a larger reply goes alone).
+const GATHER_BYTES_MAX: usize = 1 << 20;
+/// Pieces passed to one vectored write (Linux's IOV_MAX is 1024).
+const IOV_MAX: usize = 1024;
 /// Memory units charged for a reply without data (header, error text, bookkeeping).
 const SMALL_REPLY_UNITS: usize = 256;
 /// Memory units charged for a BLOCK_STATUS reply (its largest size).
 const BLOCK_STATUS_REPLY_UNITS: usize = 32 + 8 * BLOCK_STATUS_EXTENTS_MAX;
-/// Large replies are written in pieces of this size, each within the stall timeout.
-const WRITE_PIECE_BYTES: usize = 1 << 20;
 /// "Never" for a disabled idle timeout.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// One reply, ready to write, holding its budget until the writer has consumed it.
+/// One reply, ready to write, holding its budget until the writer has consumed it:
+/// `bytes` (header, or header and data), then the `shared` pieces of a zero-copy read
+/// (block buffers of the volume, kept alive until they are on the wire).
 struct Reply {
     bytes: Vec<u8>,
+    shared: Vec<SharedSlice>,
     _budget: Budget,
+}
+
+impl Reply {
+    fn new(bytes: Vec<u8>, budget: Budget) -> Reply {
+        Reply { bytes, shared: Vec::new(), _budget: budget }
+    }
+    /// Bytes this reply puts on the wire.
+    fn wire_bytes(&self) -> usize {
+        self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
+    }
 }
 
 /// The per-request share of the budgets.
@@ -211,7 +228,7 @@ pub(crate) async fn run<R, W>(
     frontend: &Arc<Frontend>,
     slot: &ConnectionSlot,
     recorders: SessionRecorders,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -238,10 +255,7 @@ where
         recorders,
     };
 
-    let mut stopping = *shutdown.borrow();
-    let mut stop_deadline = Instant::now() + config.shutdown_grace;
-    let idle_timeout = if config.idle_timeout.is_zero() { FAR_FUTURE } else { config.idle_timeout };
-    let mut idle_deadline = Instant::now() + idle_timeout;
+    let mut watch = ReaderWatch::new(shutdown, config);
     slot.touch();
     // Replies produced inline by the reader, handed to the writer as one batch when the
     // reader runs out of buffered requests (one wake-up and one write per batch).
@@ -250,31 +264,13 @@ where
         if !batch.is_empty() && (reader.buffered_bytes() < REQUEST_HEADER_BYTES || batch.len() >= REPLY_BATCH_MAX) {
             context.send(std::mem::take(&mut batch));
         }
-        let header = tokio::select! {
-            biased;
-            changed = shutdown.changed(), if !stopping => {
-                // A dropped sender means the server itself is gone: stop as well.
-                if changed.is_err() || *shutdown.borrow() {
-                    stopping = true;
-                    stop_deadline = Instant::now() + config.shutdown_grace;
-                }
-                continue;
-            }
-            _ = wait_idle(&budgets), if stopping => break ReaderEnd::Shutdown,
-            _ = tokio::time::sleep_until(stop_deadline), if stopping => break ReaderEnd::Shutdown,
-            _ = context.replies.closed() => break ReaderEnd::WriterGone,
-            _ = slot.evict.notified() => {
-                if budgets.nothing_in_flight() { break ReaderEnd::Evicted }
-                continue;
-            }
-            _ = tokio::time::sleep_until(idle_deadline) => {
-                if budgets.nothing_in_flight() { break ReaderEnd::IdleTimeout }
-                idle_deadline = Instant::now() + idle_timeout;
-                continue;
-            }
-            header = reader.read_array::<REQUEST_HEADER_BYTES>() => header,
+        let header = match watch.next_header(&mut reader, &budgets, &context, slot).await {
+            NextHeader::Header(header) => header,
+            NextHeader::Again => continue,
+            NextHeader::End(end) => break end,
         };
-        idle_deadline = Instant::now() + idle_timeout;
+        let started = Instant::now();
+        watch.last_request = started;
         slot.touch();
         let Ok(header) = header else { break ReaderEnd::ClientGone };
         let Ok(request) = parse_request(&header) else {
@@ -284,8 +280,7 @@ where
         if request.command == CMD_DISC {
             break ReaderEnd::Disconnect;
         }
-        let started = Instant::now();
-        let verdict = if stopping { Err(NBD_ESHUTDOWN) } else { validate_request(&request, &limits) };
+        let verdict = if watch.stopping { Err(NBD_ESHUTDOWN) } else { validate_request(&request, &limits) };
         let step = take_request(&mut reader, &context, &budgets, &mut batch, request, verdict, config, started);
         if let Err(end) = step.await {
             break end;
@@ -298,7 +293,93 @@ where
     } else {
         tracing::debug!(?end, "nbd: connection reader stopped");
     }
-    finish(context, budgets, writer_task, end, stop_deadline, config).await
+    finish(context, budgets, writer_task, end, watch.stop_deadline, config).await
+}
+
+/// What the reader waits for besides the next request: the server's shutdown signal,
+/// the shutdown grace period, the writer going away, an eviction, the idle timeout.
+struct ReaderWatch {
+    shutdown: watch::Receiver<bool>,
+    stopping: bool,
+    stop_deadline: Instant,
+    shutdown_grace: Duration,
+    idle_timeout: Duration,
+    /// Armed once and re-armed only when it fires: no timer is touched per request.
+    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    last_request: Instant,
+}
+
+/// The outcome of [`ReaderWatch::next_header`].
+enum NextHeader {
+    Header(io::Result<[u8; REQUEST_HEADER_BYTES]>),
+    /// Something was handled; ask again.
+    Again,
+    End(ReaderEnd),
+}
+
+impl ReaderWatch {
+    fn new(shutdown: watch::Receiver<bool>, config: &NbdConfig) -> ReaderWatch {
+        let idle_timeout = if config.idle_timeout.is_zero() { FAR_FUTURE } else { config.idle_timeout };
+        let now = Instant::now();
+        let stopping = *shutdown.borrow();
+        ReaderWatch {
+            stopping,
+            shutdown,
+            stop_deadline: now + config.shutdown_grace,
+            shutdown_grace: config.shutdown_grace,
+            idle_timeout,
+            idle_timer: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+            last_request: now,
+        }
+    }
+
+    /// The next request header, or what happened instead. A header already buffered
+    /// while nothing is signalled is taken without polling the other events (they are
+    /// looked at again once the buffered requests are used up).
+    async fn next_header<R: AsyncRead + Unpin>(
+        &mut self,
+        reader: &mut FrameReader<R>,
+        budgets: &Budgets,
+        context: &RequestContext,
+        slot: &ConnectionSlot,
+    ) -> NextHeader {
+        if !self.stopping && reader.buffered_bytes() >= REQUEST_HEADER_BYTES && matches!(self.shutdown.has_changed(), Ok(false)) {
+            return NextHeader::Header(reader.read_array::<REQUEST_HEADER_BYTES>().await);
+        }
+        tokio::select! {
+            biased;
+            changed = self.shutdown.changed(), if !self.stopping => {
+                // A dropped sender means the server itself is gone: stop as well.
+                if changed.is_err() || *self.shutdown.borrow() {
+                    self.stopping = true;
+                    self.stop_deadline = Instant::now() + self.shutdown_grace;
+                }
+                NextHeader::Again
+            }
+            _ = wait_idle(budgets), if self.stopping => NextHeader::End(ReaderEnd::Shutdown),
+            _ = tokio::time::sleep_until(self.stop_deadline), if self.stopping => NextHeader::End(ReaderEnd::Shutdown),
+            _ = context.replies.closed() => NextHeader::End(ReaderEnd::WriterGone),
+            _ = slot.evict.notified() => {
+                if budgets.nothing_in_flight() { NextHeader::End(ReaderEnd::Evicted) } else { NextHeader::Again }
+            }
+            _ = self.idle_timer.as_mut() => {
+                // The timer is not moved per request: when it fires, a later request
+                // moves it to that request's deadline.
+                let now = Instant::now();
+                let idle_until = self.last_request + self.idle_timeout;
+                if now < idle_until {
+                    self.idle_timer.as_mut().reset(idle_until);
+                    return NextHeader::Again;
+                }
+                if budgets.nothing_in_flight() {
+                    return NextHeader::End(ReaderEnd::IdleTimeout);
+                }
+                self.idle_timer.as_mut().reset(now + self.idle_timeout);
+                NextHeader::Again
+            }
+            header = reader.read_array::<REQUEST_HEADER_BYTES>() => NextHeader::Header(header),
+        }
+    }
 }
 
 /// After the reader stopped: let in-flight requests finish and the writer drain, both
@@ -418,9 +499,9 @@ async fn dispatch(
     batch: &mut Vec<Reply>,
     started: Instant,
 ) {
-    if let Some(bytes) = try_inline(context, &request, &payload) {
+    if let Some((bytes, shared)) = try_inline(context, &request, &payload) {
         context.record(&request, &bytes, started);
-        batch.push(Reply { bytes, _budget: budget });
+        batch.push(Reply { bytes, shared, _budget: budget });
         return;
     }
     let zero_call = if matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES) {
@@ -441,15 +522,18 @@ async fn dispatch(
         let bytes = execute_blocking(&context, &request, payload);
         drop((call, zero_call));
         context.record(&request, &bytes, started);
-        context.send(vec![Reply { bytes, _budget: budget }]);
+        context.send(vec![Reply::new(bytes, budget)]);
     });
 }
 
 /// Requests answered on the reactor thread: cached reads, writes the volume takes
-/// without blocking, CACHE hints. `None`: needs a volume call.
-fn try_inline(context: &RequestContext, request: &Request, payload: &[u8]) -> Option<Vec<u8>> {
-    match request.command {
-        CMD_READ => try_read_inline(context, request),
+/// without blocking, CACHE hints. `None`: needs a volume call. The reply is its bytes
+/// and, for a zero-copy read, the shared data pieces that follow them.
+fn try_inline(context: &RequestContext, request: &Request, payload: &[u8]) -> Option<(Vec<u8>, Vec<SharedSlice>)> {
+    if request.command == CMD_READ {
+        return try_read_inline(context, request);
+    }
+    let bytes = match request.command {
         // A write the volume can take without blocking (no throttle delay, no device
         // read) is applied here.
         CMD_WRITE if request.flags & CMD_FLAG_FUA == 0 => {
@@ -462,28 +546,42 @@ fn try_inline(context: &RequestContext, request: &Request, payload: &[u8]) -> Op
         // A prefetch hint; the ARC decides what stays in memory. Acknowledge at once.
         CMD_CACHE => Some(simple_reply(0, request.cookie)),
         _ => None,
-    }
+    }?;
+    Some((bytes, Vec::new()))
 }
 
-/// The fast path: answer a READ from memory without leaving the reactor thread.
-fn try_read_inline(context: &RequestContext, request: &Request) -> Option<Vec<u8>> {
+/// The fast path: answer a READ from memory without leaving the reactor thread. The
+/// volume's block buffers are sent as they are when it can share them (no copy);
+/// otherwise the data is copied into a reply buffer.
+fn try_read_inline(context: &RequestContext, request: &Request) -> Option<(Vec<u8>, Vec<SharedSlice>)> {
     let length = request.length as usize;
     if length == 0 {
-        return Some(read_reply_empty(context, request.cookie));
+        return Some((read_reply_empty(context, request.cookie), Vec::new()));
     }
     let prefix = read_prefix_bytes(context);
+    if let Some(result) = context.volume.try_read_cached_shared(request.offset, u64::from(request.length)) {
+        return Some(match result {
+            Ok(pieces) => {
+                let mut head = vec![0u8; prefix];
+                finish_read_reply(context, request, &mut head);
+                (head, pieces)
+            }
+            Err(error) => (read_error_reply(context, request.cookie, error.errno()), Vec::new()),
+        });
+    }
     let mut buffer = context.frontend.buffers.take(prefix + length);
     let Some(result) = context.volume.try_read_cached(request.offset, &mut buffer[prefix..]) else {
         context.frontend.buffers.give(buffer);
         return None;
     };
-    match result {
+    let bytes = match result {
         Ok(()) => {
             finish_read_reply(context, request, &mut buffer);
-            Some(buffer)
+            buffer
         }
-        Err(error) => Some(read_error_reply(context, request.cookie, error.errno())),
-    }
+        Err(error) => read_error_reply(context, request.cookie, error.errno()),
+    };
+    Some((bytes, Vec::new()))
 }
 
 /// Run a request that may block on the volume. Returns the encoded reply.
@@ -615,7 +713,7 @@ fn error_reply(context: &RequestContext, request: &Request, error: u32, message:
     } else {
         simple_reply(error, request.cookie)
     };
-    Reply { bytes, _budget: budget }
+    Reply::new(bytes, budget)
 }
 
 /// BLOCK_STATUS for base:allocation: holes are HOLE|ZERO, data is 0.
@@ -657,55 +755,90 @@ fn block_status(context: &RequestContext, request: &Request) -> Vec<u8> {
     reply
 }
 
-/// Replies at least this large bypass the writer's buffer.
-const DIRECT_REPLY_BYTES: usize = 32 * 1024;
-
 fn stalled() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "client stopped reading replies")
 }
 
-/// Write one reply; every piece must be accepted by the socket within `stall`.
-async fn write_reply<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, bytes: &[u8], stall: Duration) -> io::Result<()> {
-    if bytes.len() < DIRECT_REPLY_BYTES {
-        return tokio::time::timeout(stall, out.write_all(bytes)).await.map_err(|_| stalled())?;
-    }
-    tokio::time::timeout(stall, out.flush()).await.map_err(|_| stalled())??;
-    for piece in bytes.chunks(WRITE_PIECE_BYTES) {
-        tokio::time::timeout(stall, out.get_mut().write_all(piece)).await.map_err(|_| stalled())??;
-    }
-    Ok(())
-}
-
-/// The writer task: write replies in the order they complete, batching whatever is
-/// already queued into one flush. Small replies are gathered in a buffer; a large one
-/// (read data) goes straight to the socket after the buffer, so its bytes are copied
-/// once (volume -> reply) rather than again into the buffer. Reply buffers go back to
-/// the daemon-wide pool. A socket that accepts nothing for `stall` ends the task
-/// (and with it the connection); the queued replies and their budget are dropped.
+/// The writer task: write replies in the order they complete. Whatever is queued when
+/// the writer wakes is written in groups of at most `GATHER_REPLIES_MAX` replies and
+/// `GATHER_BYTES_MAX` bytes, each group by vectored writes straight from the reply
+/// buffers: one system call for a burst of replies, and read data is copied once
+/// (volume -> reply), never again into a staging buffer. A group's reply buffers go
+/// back to the daemon-wide pool, and its budget is released, once the group is on the
+/// wire. A socket that accepts nothing for `stall` ends the task (and with it the
+/// connection); the queued replies and their budget are dropped.
 async fn write_replies<W: AsyncWrite + Unpin>(
-    writer: W,
+    mut writer: W,
     mut replies: mpsc::UnboundedReceiver<Vec<Reply>>,
     frontend: Arc<Frontend>,
     stall: Duration,
 ) -> io::Result<()> {
     let stall = if stall.is_zero() { FAR_FUTURE } else { stall };
-    let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
-    while let Some(batch) = replies.recv().await {
-        let mut next = Some(batch);
-        while let Some(batch) = next {
-            for reply in batch {
-                let Reply { bytes, _budget } = reply;
-                let written = write_reply(&mut out, &bytes, stall).await;
-                frontend.buffers.give(bytes);
-                if let Err(error) = written {
-                    tracing::info!(%error, "nbd: closing connection");
-                    return Err(error);
-                }
+    // Bounded by the request permits: every queued reply holds one.
+    let mut queued: VecDeque<Reply> = VecDeque::new();
+    let mut group: Vec<Reply> = Vec::with_capacity(GATHER_REPLIES_MAX);
+    loop {
+        if queued.is_empty() {
+            let Some(batch) = replies.recv().await else { break };
+            queued.extend(batch);
+            while let Ok(batch) = replies.try_recv() {
+                queued.extend(batch);
             }
-            next = replies.try_recv().ok();
         }
-        tokio::time::timeout(stall, out.flush()).await.map_err(|_| stalled())??;
+        let mut group_bytes = 0;
+        while let Some(reply) = queued.front() {
+            let fits = group.len() < GATHER_REPLIES_MAX && group_bytes + reply.wire_bytes() <= GATHER_BYTES_MAX;
+            if !group.is_empty() && !fits {
+                break;
+            }
+            group_bytes += reply.wire_bytes();
+            group.extend(queued.pop_front());
+        }
+        let written = write_gathered(&mut writer, &group, stall).await;
+        for reply in group.drain(..) {
+            frontend.buffers.give(reply.bytes);
+        }
+        if let Err(error) = written {
+            tracing::info!(%error, "nbd: closing connection");
+            return Err(error);
+        }
     }
-    let _ = tokio::time::timeout(stall, out.shutdown()).await;
+    let _ = tokio::time::timeout(stall, writer.shutdown()).await;
+    Ok(())
+}
+
+/// Write every byte of `group` in order with vectored writes; each write must make
+/// progress within `stall`.
+async fn write_gathered<W: AsyncWrite + Unpin>(writer: &mut W, group: &[Reply], stall: Duration) -> io::Result<()> {
+    let segments: Vec<&[u8]> = group
+        .iter()
+        .flat_map(|reply| std::iter::once(&reply.bytes[..]).chain(reply.shared.iter().map(SharedSlice::as_slice)))
+        .filter(|segment| !segment.is_empty())
+        .collect();
+    // The first unwritten byte is segments[index][offset].
+    let (mut index, mut offset) = (0, 0);
+    while index < segments.len() {
+        let slices: Vec<IoSlice<'_>> = std::iter::once(&segments[index][offset..])
+            .chain(segments[index + 1..].iter().copied())
+            .take(IOV_MAX)
+            .map(IoSlice::new)
+            .collect();
+        let mut written = tokio::time::timeout(stall, writer.write_vectored(&slices)).await.map_err(|_| stalled())??;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        // `written` never exceeds what is left, so `index` stays in range.
+        while written > 0 {
+            let left = segments[index].len() - offset;
+            if written < left {
+                offset += written;
+                written = 0;
+            } else {
+                written -= left;
+                index += 1;
+                offset = 0;
+            }
+        }
+    }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zilla_core::memvol::MemVolume;
 use zilla_nbd::proto::*;
 use zilla_nbd::{NbdConfig, StaticRegistry};
@@ -324,6 +324,38 @@ async fn cached_fast_path_serves_reads() {
         let chunk = client.read_chunk().await;
         assert_eq!(&chunk.payload[8..], b"hello");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_copy_reads_arrive_whole_and_in_order() {
+    // Reads served as shared pieces (one per 4 KiB block, unaligned ends), pipelined
+    // faster than the client reads the replies, so the writer sees partial vectored
+    // writes across piece and reply boundaries.
+    let mut registry = StaticRegistry::new();
+    registry.insert("pool/shared", "", Arc::new(SharedVolume(MemVolume::new("pool/shared", VOLUME_BYTES, 4096))));
+    let server = start(registry, NbdConfig::default()).await;
+    let mut client = RawClient::open(server.addr, "").await;
+    let pattern: Vec<u8> = (0..VOLUME_BYTES as usize).map(|i| (i * 7 + i / 4096) as u8).collect();
+    assert_eq!(client.write(1, 0, &pattern[..]).await, 0);
+    let reads: Vec<(u64, u32)> = (0..120u64).map(|i| ((i * 12_345) % (VOLUME_BYTES / 2), 1 + ((i * 40_503) % 131_072) as u32)).collect();
+    for (i, &(offset, length)) in reads.iter().enumerate() {
+        client.send_request(0, CMD_READ, 100 + i as u64, offset, length, &[]).await;
+    }
+    for _ in 0..reads.len() {
+        let chunk = client.read_chunk().await;
+        let (offset, length) = reads[(chunk.cookie - 100) as usize];
+        assert_eq!((chunk.chunk_type, chunk.flags), (REPLY_TYPE_OFFSET_DATA, REPLY_FLAG_DONE));
+        assert_eq!(u64::from_be_bytes(chunk.payload[0..8].try_into().unwrap()), offset);
+        assert!(chunk.payload[8..] == pattern[offset as usize..(offset + u64::from(length)) as usize], "cookie {}", chunk.cookie);
+    }
+    // Without structured replies: a simple reply header, then the pieces.
+    let mut simple = RawClient::connect(server.addr).await;
+    simple.go("pool/shared").await.unwrap();
+    simple.send_request(0, CMD_READ, 7, 4095, 8194, &[]).await;
+    assert_eq!(simple.read_simple_reply().await, (0, 7));
+    let mut data = vec![0u8; 8194];
+    simple.stream.read_exact(&mut data).await.unwrap();
+    assert!(data == pattern[4095..4095 + 8194]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,6 +38,12 @@ pub struct ImportReq {
     /// Pool name or guid; None = list (for /importable) or the only one (for /import).
     #[serde(default)]
     pub name: Option<String>,
+    /// Import even if the pool's labels say it is in use elsewhere (`-f`).
+    #[serde(default)]
+    pub force: bool,
+    /// If the newest txg cannot be read, rewind to the newest older one that can (`-F`).
+    #[serde(default)]
+    pub rewind: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -477,6 +477,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/iostat", get(pool_iostat))
         .route("/v1/importable", post(pool_importable))
         .route("/v1/import", post(pool_import))
+        .route("/v1/import/rewind-plan", post(pool_rewind_plan))
         .route("/v1/pools/{pool}", delete(pool_destroy))
         .route("/v1/pools/{pool}/export", post(pool_export))
         .route("/v1/pools/{pool}/scrub", post(pool_scrub))
@@ -584,7 +585,8 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     }
     let search = search_paths(&req.dirs);
     let name = req.name.clone();
-    let pool = blocking(move || Ok(Pool::import(&search, name.as_deref())?)).await?;
+    let opts = zilla_core::spa::ImportOptions { force: req.force, rewind: req.rewind, dry_run: false };
+    let pool = blocking(move || Ok(Pool::import_found(&search, name.as_deref(), &opts)?)).await?;
     let name = pool.name();
     if d.pools.get(&name).is_some() {
         // Imported by guid under a name we already have: undo.
@@ -595,6 +597,13 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     d.commit_new_pool(&name, pool, Pool::export, "the pool was exported again (nothing was imported)").await?;
     tracing::info!("imported pool '{name}'");
     Ok(Json(Empty {}))
+}
+
+/// `zilla pool import -F -n`: what a rewind would load and drop; imports nothing.
+async fn pool_rewind_plan(State(_d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<zilla_core::spa::RewindPlan> {
+    let search = search_paths(&req.dirs);
+    let name = req.name.clone();
+    Ok(Json(blocking(move || Ok(Pool::rewind_plan_found(&search, name.as_deref())?)).await?))
 }
 
 async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Empty> {

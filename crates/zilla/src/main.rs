@@ -186,8 +186,17 @@ enum PoolCmd {
         /// Search this directory or device (repeatable) [default: /dev]
         #[arg(short = 'd', value_name = "DIR")]
         dirs: Vec<PathBuf>,
+        /// Import even if the pool seems to be in use by another host or daemon
         #[arg(short = 'f')]
         force: bool,
+        /// Recovery: if the newest txg cannot be read, rewind to the newest older txg
+        /// that can, discarding the writes after it (zpool import -F)
+        #[arg(short = 'F')]
+        rewind: bool,
+        /// With -F: say which txg would be loaded and how much would be discarded, and
+        /// import nothing
+        #[arg(short = 'n', requires = "rewind")]
+        dry_run: bool,
         /// Pool name or numeric id
         pool: Option<String>,
     },
@@ -567,18 +576,25 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 .await
                 .map_err(ctx(format!("cannot scrub '{pool}'")))?;
         }
-        PoolCmd::Import { dirs, force: _, pool } => {
+        PoolCmd::Import { dirs, force, rewind, dry_run, pool } => {
             let dirs: Vec<String> = dirs.iter().map(|d| absolutize(d).display().to_string()).collect();
             match pool {
+                Some(name) if dry_run => {
+                    let plan: zilla_core::spa::RewindPlan = c
+                        .post("/v1/import/rewind-plan", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
+                        .await
+                        .map_err(ctx(format!("cannot plan a rewind of '{name}'")))?;
+                    println!("{}", format_rewind_plan(&plan));
+                }
                 Some(name) => {
                     let _: Empty = c
-                        .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()) })
+                        .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
                         .await
                         .map_err(ctx(format!("cannot import '{name}'")))?;
                 }
                 None => {
                     let found: Vec<ImportablePool> = c
-                        .post("/v1/importable", &ImportReq { dirs, name: None })
+                        .post("/v1/importable", &ImportReq { dirs, name: None, ..Default::default() })
                         .await
                         .map_err(ctx("cannot discover pools".to_string()))?;
                     if found.is_empty() {
@@ -647,6 +663,21 @@ async fn device_op(c: &Client, op: &str, pool: &str, device: Option<String>) -> 
     let req = DeviceReq { device: device.as_deref().map(device_name), new: None, force: false };
     let _: Empty = c.post(&format!("/v1/pools/{}/{op}", enc(pool)), &req).await.map_err(ctx(what))?;
     Ok(())
+}
+
+/// `zilla pool import -F -n`, as an admin reads it.
+fn format_rewind_plan(p: &zilla_core::spa::RewindPlan) -> String {
+    if p.load_txg == p.newest_txg {
+        return format!("pool '{}': its newest txg {} reads back; no rewind is needed", p.pool, p.newest_txg.get());
+    }
+    format!(
+        "pool '{}': {}\nWould rewind from txg {} to txg {}, discarding about {:.1} seconds of acknowledged writes.\nRun the same command without -n to do it.",
+        p.pool,
+        p.reason,
+        p.newest_txg.get(),
+        p.load_txg.get(),
+        p.dropped_seconds
+    )
 }
 
 fn format_importable(p: &ImportablePool) -> String {

@@ -133,6 +133,10 @@ impl BlockPointer {
         if bp.lsize == 0 || bp.lsize > (16 << 20) || bp.psize > bp.dva[0].asize || bp.dva[0].asize % 512 != 0 {
             return None;
         }
+        // every further copy holds the same physical bytes: same allocated size
+        if bp.dva[1..].iter().any(|d| !d.is_empty() && d.asize != bp.dva[0].asize) {
+            return None;
+        }
         Some(bp)
     }
 }
@@ -140,6 +144,25 @@ impl BlockPointer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The second and third copies hold the same bytes as the first: a pointer whose
+    /// copies claim different sizes is corrupt (a crafted asize could make a reader
+    /// allocate or read far more than the block).
+    #[test]
+    fn copies_with_another_asize_are_refused() {
+        let mut bp = BlockPointer::hole();
+        bp.birth = Txg(7);
+        bp.lsize = 4096;
+        bp.psize = 4096;
+        bp.dva[0] = Dva { vdev: 0, asize: 4096, offset: 1 << 20 };
+        bp.dva[1] = Dva { vdev: 1, asize: 4096, offset: 1 << 20 };
+        bp.checksum_code = 1;
+        bp.compression_code = 0;
+        bp.kind = KIND_DATA;
+        assert!(BlockPointer::decode(&bp.encode()).is_some(), "a well-formed pointer");
+        bp.dva[1].asize = 1 << 30;
+        assert!(BlockPointer::decode(&bp.encode()).is_none(), "second copy with a different asize accepted");
+    }
     #[test]
     fn roundtrip() {
         let bp = BlockPointer {

@@ -25,6 +25,27 @@
 //! Memory is the image plus twice the unflushed bytes; the engine flushes at least once
 //! per txg, which bounds the log in practice.
 //!
+//! Fault model ([`DeviceFault`], armed with [`CrashDevice::arm`], counted from arming):
+//!
+//! ```text
+//!   WriteEio      writes nth..nth+count fail with EIO; nothing reaches the cache
+//!   FlushEio      the nth flush fails with EIO and every write it covered is *lost*:
+//!                 never durable (Linux drops the dirty pages after a failed
+//!                 fdatasync); reads see the old bytes at once, or (keep_cached) the new
+//!                 ones until the cut; the error is reported once, later flushes work
+//!   LyingFlush    flushes first..until return Ok and make nothing durable (a drive that
+//!                 acknowledges its volatile cache); until = u64::MAX: never honest
+//!   Misdirect     write nth lands at another offset; its own offset keeps old bytes
+//!   Vanish        from write nth on every I/O fails with ENXIO (the disk was pulled);
+//!                 its unflushed writes are lost; the cut returns the durable image
+//! ```
+//!
+//! A log entry is *unflushed* (the cut's mode decides), *durable* (a later honest
+//! flush covered it, but an older entry was lost, so the log cannot be cleared) or
+//! *lost* (a failed flush covered it). Unflushed entries are always a suffix of the
+//! log. The cut undoes the whole log newest-first, re-applies the durable entries in
+//! order, then the unflushed ones the mode keeps.
+//!
 //! [`FaultDevice`] wraps any device and injects errors (EIO per direction or per read
 //! range, ENXIO when offline) or silent corruption of the stored bytes.
 //! [`MemDevice`] is an in-memory device with no crash semantics at all.
@@ -80,13 +101,53 @@ pub enum CrashMode {
     /// Every unflushed write is lost except the last one, which is torn: a random strict
     /// prefix (0..n-1 of its n 512-byte sectors) reaches the media.
     TearLast,
+    /// A random subset of the unflushed writes lands in a random order, and one more
+    /// unflushed write (any of them, chosen at random) is torn as in `TearLast` and lands
+    /// last: a destaging cache that reorders, caught mid-write.
+    TornReordered,
 }
 
-/// One unflushed write, with the bytes it overwrote so the power cut can undo it.
+/// A misbehaviour of one device, armed for the rest of its power-on period; write and
+/// flush numbers count from arming, 0 = the next one. See the module comment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceFault {
+    /// Writes `nth..nth+count` fail with EIO and change nothing.
+    WriteEio { nth: u64, count: u64 },
+    /// Flush `nth` fails with EIO and the writes it covered are lost; `keep_cached`:
+    /// reads still see them until the power cut.
+    FlushEio { nth: u64, keep_cached: bool },
+    /// Flushes `first..until` return Ok and make nothing durable.
+    LyingFlush { first: u64, until: u64 },
+    /// Write `nth` lands at byte offset `to` (clamped into the device) instead.
+    Misdirect { nth: u64, to: u64 },
+    /// From write `nth` on, every I/O fails with ENXIO.
+    Vanish { nth: u64 },
+}
+
+/// What the armed faults have done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FiredFaults {
+    pub write_eio: u64,
+    pub flush_eio: u64,
+    pub lied_flushes: u64,
+    pub misdirected: u64,
+    pub vanished: bool,
+}
+
+/// Durability of one logged write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Unflushed,
+    Durable,
+    Lost,
+}
+
+/// One logged write, with the bytes it overwrote so the power cut can undo it.
 struct PendingWrite {
     offset: usize,
     old: Vec<u8>,
     new: Vec<u8>,
+    state: Durability,
 }
 
 struct CrashState {
@@ -100,6 +161,11 @@ struct CrashState {
     crash_at: Option<(u64, CrashMode, u64)>,
     /// Image produced by an automatic power cut, until taken by `crashed_image`.
     crashed_image: Option<Vec<u8>>,
+    /// Armed faults, and writes / flushes seen (refused ones too) since arming.
+    faults: Vec<DeviceFault>,
+    write_calls: u64,
+    flush_calls: u64,
+    fired: FiredFaults,
 }
 
 /// In-memory disk with a volatile write cache and simulated power cuts.
@@ -126,6 +192,10 @@ impl CrashDevice {
                 crashed: false,
                 crash_at: None,
                 crashed_image: None,
+                faults: Vec::new(),
+                write_calls: 0,
+                flush_calls: 0,
+                fired: FiredFaults::default(),
             }),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
@@ -176,7 +246,28 @@ impl CrashDevice {
 
     /// Writes since the last flush.
     pub fn unflushed_writes(&self) -> usize {
-        self.state.lock().pending.len()
+        self.state.lock().pending.iter().filter(|w| w.state == Durability::Unflushed).count()
+    }
+
+    /// Arm `fault` for the rest of this power-on period (several may be armed). Write and
+    /// flush numbers count from the first arming.
+    pub fn arm(&self, fault: DeviceFault) {
+        let mut st = self.state.lock();
+        if st.faults.is_empty() {
+            st.write_calls = 0;
+            st.flush_calls = 0;
+        }
+        st.faults.push(fault);
+    }
+
+    /// What the armed faults did so far.
+    pub fn fired(&self) -> FiredFaults {
+        self.state.lock().fired
+    }
+
+    /// Whether the device has vanished (every I/O fails with ENXIO).
+    pub fn vanished(&self) -> bool {
+        self.state.lock().fired.vanished
     }
 
     fn cut(st: &mut CrashState, mode: CrashMode, seed: u64) -> Vec<u8> {
@@ -187,33 +278,122 @@ impl CrashDevice {
         st.crash_at = None;
         let pending = std::mem::take(&mut st.pending);
         let mut image = std::mem::take(&mut st.image);
-        // Undo newest-first: afterwards `image` is exactly the durable image.
+        // Undo newest-first: afterwards `image` is the image before the whole log.
         for w in pending.iter().rev() {
             image[w.offset..w.offset + w.old.len()].copy_from_slice(&w.old);
         }
+        for w in pending.iter().filter(|w| w.state == Durability::Durable) {
+            image[w.offset..w.offset + w.new.len()].copy_from_slice(&w.new);
+        }
+        let unflushed: Vec<&PendingWrite> = pending.iter().filter(|w| w.state == Durability::Unflushed).collect();
         let mut rng = StdRng::seed_from_u64(seed);
         match mode {
             CrashMode::DropAll => {}
             CrashMode::KeepRandomSubset => {
-                let mut kept: Vec<&PendingWrite> = pending.iter().filter(|_| rng.gen_bool(0.5)).collect();
-                // Fisher-Yates: the disk may have destaged its cache in any order.
-                for i in (1..kept.len()).rev() {
-                    kept.swap(i, rng.gen_range(0..=i));
-                }
-                for w in kept {
+                for w in Self::shuffled_subset(&unflushed, &mut rng) {
                     image[w.offset..w.offset + w.new.len()].copy_from_slice(&w.new);
                 }
             }
             CrashMode::TearLast => {
-                if let Some(w) = pending.last() {
-                    let sectors = w.new.len().div_ceil(TORN_SECTOR_BYTES);
-                    let keep_sectors = rng.gen_range(0..sectors.max(1));
-                    let keep_bytes = (keep_sectors * TORN_SECTOR_BYTES).min(w.new.len());
-                    image[w.offset..w.offset + keep_bytes].copy_from_slice(&w.new[..keep_bytes]);
+                if let Some(w) = unflushed.last() {
+                    Self::tear(&mut image, w, &mut rng);
+                }
+            }
+            CrashMode::TornReordered => {
+                if !unflushed.is_empty() {
+                    let torn = rng.gen_range(0..unflushed.len());
+                    let others: Vec<&PendingWrite> =
+                        unflushed.iter().enumerate().filter(|(i, _)| *i != torn).map(|(_, w)| *w).collect();
+                    for w in Self::shuffled_subset(&others, &mut rng) {
+                        image[w.offset..w.offset + w.new.len()].copy_from_slice(&w.new);
+                    }
+                    Self::tear(&mut image, unflushed[torn], &mut rng);
                 }
             }
         }
         image
+    }
+
+    /// Each write kept with probability 1/2, in a random order (Fisher-Yates: the disk
+    /// may have destaged its cache in any order).
+    fn shuffled_subset<'a>(writes: &[&'a PendingWrite], rng: &mut StdRng) -> Vec<&'a PendingWrite> {
+        let mut kept: Vec<&PendingWrite> = writes.iter().copied().filter(|_| rng.gen_bool(0.5)).collect();
+        for i in (1..kept.len()).rev() {
+            kept.swap(i, rng.gen_range(0..=i));
+        }
+        kept
+    }
+
+    /// Apply a random strict prefix of whole sectors of `w`.
+    fn tear(image: &mut [u8], w: &PendingWrite, rng: &mut StdRng) {
+        let sectors = w.new.len().div_ceil(TORN_SECTOR_BYTES);
+        let keep_sectors = rng.gen_range(0..sectors.max(1));
+        let keep_bytes = (keep_sectors * TORN_SECTOR_BYTES).min(w.new.len());
+        image[w.offset..w.offset + keep_bytes].copy_from_slice(&w.new[..keep_bytes]);
+    }
+
+    /// Undo the unflushed suffix of the log newest-first (lost at once, reads see the
+    /// old bytes), or mark it lost but leave it visible (`keep_cached`).
+    fn lose_unflushed(st: &mut CrashState, keep_cached: bool) {
+        if keep_cached {
+            for w in st.pending.iter_mut().filter(|w| w.state == Durability::Unflushed) {
+                w.state = Durability::Lost;
+            }
+            return;
+        }
+        while st.pending.last().is_some_and(|w| w.state == Durability::Unflushed) {
+            let w = st.pending.pop().expect("checked");
+            st.image[w.offset..w.offset + w.old.len()].copy_from_slice(&w.old);
+        }
+    }
+
+    /// The device vanishes: its cache is lost, every later I/O fails with ENXIO.
+    fn vanish(st: &mut CrashState) {
+        Self::lose_unflushed(st, false);
+        st.fired.vanished = true;
+    }
+
+    /// Apply the armed faults to write number `n`: Err to refuse it, Ok(offset) where it
+    /// lands.
+    fn fault_write(st: &mut CrashState, n: u64, offset: usize, len: usize, size: usize) -> io::Result<usize> {
+        let mut at = offset;
+        for f in st.faults.clone() {
+            match f {
+                DeviceFault::Vanish { nth } if n >= nth => {
+                    Self::vanish(st);
+                    return Err(errno(libc::ENXIO));
+                }
+                DeviceFault::WriteEio { nth, count } if n >= nth && n - nth < count => {
+                    st.fired.write_eio += 1;
+                    return Err(eio("injected write error"));
+                }
+                DeviceFault::Misdirect { nth, to } if n == nth => {
+                    st.fired.misdirected += 1;
+                    at = (to as usize).min(size.saturating_sub(len)) / TORN_SECTOR_BYTES * TORN_SECTOR_BYTES;
+                }
+                _ => {}
+            }
+        }
+        Ok(at)
+    }
+
+    /// Apply the armed faults to flush number `n`: Some(result) if a fault decides it.
+    fn fault_flush(st: &mut CrashState, n: u64) -> Option<io::Result<()>> {
+        for f in st.faults.clone() {
+            match f {
+                DeviceFault::FlushEio { nth, keep_cached } if n == nth => {
+                    st.fired.flush_eio += 1;
+                    Self::lose_unflushed(st, keep_cached);
+                    return Some(Err(eio("injected flush error")));
+                }
+                DeviceFault::LyingFlush { first, until } if n >= first && n < until => {
+                    st.fired.lied_flushes += 1;
+                    return Some(Ok(()));
+                }
+                _ => {}
+            }
+        }
+        None
     }
 }
 
@@ -222,6 +402,9 @@ impl Device for CrashDevice {
         let st = self.state.lock();
         if st.crashed {
             return Err(eio("read after power cut"));
+        }
+        if st.fired.vanished {
+            return Err(errno(libc::ENXIO));
         }
         let r = check_range(offset, buf.len(), self.size_bytes)?;
         buf.copy_from_slice(&st.image[r]);
@@ -233,6 +416,9 @@ impl Device for CrashDevice {
         if st.crashed {
             return Err(eio("write after power cut"));
         }
+        if st.fired.vanished {
+            return Err(errno(libc::ENXIO));
+        }
         let r = check_range(offset, buf.len(), self.size_bytes)?;
         if let Some((remaining, mode, seed)) = st.crash_at {
             if remaining == 0 {
@@ -242,9 +428,13 @@ impl Device for CrashDevice {
             }
             st.crash_at = Some((remaining - 1, mode, seed));
         }
+        let n = st.write_calls;
+        st.write_calls += 1;
+        let at = if st.faults.is_empty() { r.start } else { Self::fault_write(&mut st, n, r.start, buf.len(), self.size_bytes as usize)? };
+        let r = at..at + buf.len();
         let old = st.image[r.clone()].to_vec();
         st.image[r.clone()].copy_from_slice(buf);
-        st.pending.push(PendingWrite { offset: r.start, old, new: buf.to_vec() });
+        st.pending.push(PendingWrite { offset: r.start, old, new: buf.to_vec(), state: Durability::Unflushed });
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -254,7 +444,23 @@ impl Device for CrashDevice {
         if st.crashed {
             return Err(eio("flush after power cut"));
         }
-        st.pending.clear();
+        if st.fired.vanished {
+            return Err(errno(libc::ENXIO));
+        }
+        let n = st.flush_calls;
+        st.flush_calls += 1;
+        if let Some(r) = Self::fault_flush(&mut st, n) {
+            return r;
+        }
+        if st.pending.iter().any(|w| w.state == Durability::Lost) {
+            for w in st.pending.iter_mut() {
+                if w.state == Durability::Unflushed {
+                    w.state = Durability::Durable;
+                }
+            }
+        } else {
+            st.pending.clear();
+        }
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -620,6 +826,141 @@ mod tests {
             assert_eq!(image.len(), 64 << 20);
         }
         assert!(start.elapsed().as_secs() < 10, "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn crash_torn_reordered_tears_one_and_keeps_whole_others() {
+        // Goal: exactly one write may be partial (a sector prefix), every other one is
+        // whole or absent, and across seeds the torn one is not always the last.
+        let mut torn_positions = std::collections::BTreeSet::new();
+        for seed in 0..40 {
+            let dev = CrashDevice::new(64 * 1024);
+            for i in 0..6u8 {
+                dev.write_at(&block(i + 1, 4096), i as u64 * 8192).unwrap();
+            }
+            let image = dev.power_cut(CrashMode::TornReordered, seed);
+            let mut partial = 0;
+            for i in 0..6usize {
+                let chunk = &image[i * 8192..i * 8192 + 4096];
+                let prefix = chunk.iter().take_while(|&&b| b == i as u8 + 1).count();
+                assert!(chunk[prefix..].iter().all(|&b| b == 0), "write {i} is not a prefix");
+                assert_eq!(prefix % TORN_SECTOR_BYTES, 0);
+                if prefix != 0 && prefix != 4096 {
+                    partial += 1;
+                    torn_positions.insert(i);
+                }
+            }
+            assert!(partial <= 1, "seed {seed}: {partial} torn writes");
+        }
+        assert!(torn_positions.len() > 2, "{torn_positions:?}");
+    }
+
+    #[test]
+    fn flush_eio_loses_covered_writes_once() {
+        // Goal: the failing flush loses exactly the writes it covered (reads see the old
+        // bytes at once), the next flush works and makes later writes durable.
+        let dev = CrashDevice::new(64 * 1024);
+        dev.write_at(&block(1, 4096), 0).unwrap();
+        dev.flush().unwrap();
+        dev.arm(DeviceFault::FlushEio { nth: 0, keep_cached: false });
+        dev.write_at(&block(2, 4096), 0).unwrap();
+        dev.write_at(&block(3, 4096), 4096).unwrap();
+        assert_eq!(dev.flush().unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert_eq!(read(&dev, 0, 4096), block(1, 4096), "dropped pages are gone");
+        assert_eq!(read(&dev, 4096, 4096), block(0, 4096));
+        dev.write_at(&block(4, 4096), 8192).unwrap();
+        dev.flush().unwrap();
+        let image = dev.power_cut(CrashMode::KeepRandomSubset, 1);
+        assert_eq!(&image[0..4096], &block(1, 4096)[..]);
+        assert_eq!(&image[4096..8192], &block(0, 4096)[..]);
+        assert_eq!(&image[8192..12288], &block(4, 4096)[..]);
+        assert_eq!(dev.fired().flush_eio, 1);
+    }
+
+    #[test]
+    fn flush_eio_keep_cached_reads_new_but_cut_loses_them() {
+        // Goal: with the page cache kept, reads see the lost writes, a later honest flush
+        // makes later writes durable under and over them, and every cut mode loses
+        // exactly the lost ones.
+        for (seed, mode) in [(1, CrashMode::DropAll), (2, CrashMode::KeepRandomSubset), (3, CrashMode::TornReordered)] {
+            let dev = CrashDevice::new(64 * 1024);
+            dev.write_at(&block(9, 16384), 0).unwrap();
+            dev.flush().unwrap();
+            dev.arm(DeviceFault::FlushEio { nth: 0, keep_cached: true });
+            dev.write_at(&block(2, 8192), 0).unwrap();
+            assert!(dev.flush().is_err());
+            assert_eq!(read(&dev, 0, 8192), block(2, 8192), "still cached");
+            dev.write_at(&block(5, 4096), 4096).unwrap();
+            dev.flush().unwrap();
+            let image = dev.power_cut(mode, seed);
+            assert_eq!(&image[0..4096], &block(9, 4096)[..], "{mode:?}: lost write must not survive");
+            assert_eq!(&image[4096..8192], &block(5, 4096)[..], "{mode:?}: flushed write must survive");
+            assert_eq!(&image[8192..16384], &block(9, 8192)[..]);
+        }
+    }
+
+    #[test]
+    fn lying_flush_keeps_nothing_durable_until_honest() {
+        // Goal: lying flushes return Ok and leave the writes to the cut's mode; the first
+        // honest flush makes everything durable.
+        let dev = CrashDevice::new(64 * 1024);
+        dev.arm(DeviceFault::LyingFlush { first: 0, until: 2 });
+        dev.write_at(&block(1, 4096), 0).unwrap();
+        dev.flush().unwrap();
+        dev.write_at(&block(2, 4096), 4096).unwrap();
+        dev.flush().unwrap();
+        assert_eq!(dev.unflushed_writes(), 2);
+        assert_eq!(dev.fired().lied_flushes, 2);
+        let dev2 = CrashDevice::new(64 * 1024);
+        dev2.arm(DeviceFault::LyingFlush { first: 0, until: 1 });
+        dev2.write_at(&block(1, 4096), 0).unwrap();
+        dev2.flush().unwrap();
+        dev2.write_at(&block(2, 4096), 4096).unwrap();
+        dev2.flush().unwrap();
+        assert_eq!(dev2.unflushed_writes(), 0);
+        assert_eq!(dev.power_cut(CrashMode::DropAll, 0), block(0, 64 * 1024), "lies: nothing durable");
+        let image = dev2.power_cut(CrashMode::DropAll, 0);
+        assert_eq!(&image[0..8192], &[block(1, 4096), block(2, 4096)].concat()[..]);
+    }
+
+    #[test]
+    fn misdirected_write_lands_elsewhere() {
+        // Goal: the misdirected write changes the wrong place only; its target keeps old
+        // bytes; later writes are normal.
+        let dev = CrashDevice::new(64 * 1024);
+        dev.arm(DeviceFault::Misdirect { nth: 1, to: 32768 });
+        dev.write_at(&block(1, 4096), 0).unwrap();
+        dev.write_at(&block(2, 4096), 4096).unwrap();
+        dev.write_at(&block(3, 4096), 8192).unwrap();
+        assert_eq!(read(&dev, 4096, 4096), block(0, 4096));
+        assert_eq!(read(&dev, 32768, 4096), block(2, 4096));
+        assert_eq!(read(&dev, 8192, 4096), block(3, 4096));
+        assert_eq!(dev.fired().misdirected, 1);
+    }
+
+    #[test]
+    fn write_eio_window_and_vanish() {
+        // Goal: writes in the window fail and change nothing; after a vanish every I/O
+        // fails with ENXIO and the cut returns only what was flushed.
+        let dev = CrashDevice::new(64 * 1024);
+        dev.arm(DeviceFault::WriteEio { nth: 1, count: 2 });
+        dev.arm(DeviceFault::Vanish { nth: 5 });
+        dev.write_at(&block(1, 4096), 0).unwrap();
+        assert!(dev.write_at(&block(2, 4096), 4096).is_err());
+        assert!(dev.write_at(&block(2, 4096), 4096).is_err());
+        dev.write_at(&block(3, 4096), 8192).unwrap();
+        dev.flush().unwrap();
+        dev.write_at(&block(4, 4096), 12288).unwrap();
+        assert_eq!(dev.write_at(&block(5, 4096), 0).unwrap_err().raw_os_error(), Some(libc::ENXIO));
+        assert_eq!(dev.read_at(&mut [0u8; 512], 0).unwrap_err().raw_os_error(), Some(libc::ENXIO));
+        assert!(dev.flush().is_err());
+        assert!(dev.vanished());
+        let image = dev.power_cut(CrashMode::KeepRandomSubset, 3);
+        assert_eq!(&image[0..4096], &block(1, 4096)[..]);
+        assert_eq!(&image[4096..8192], &block(0, 4096)[..]);
+        assert_eq!(&image[8192..12288], &block(3, 4096)[..]);
+        assert_eq!(&image[12288..16384], &block(0, 4096)[..], "unflushed at the vanish: lost");
+        assert_eq!(dev.fired().write_eio, 2);
     }
 
     #[test]

@@ -120,7 +120,8 @@ impl PoolIo {
         self.vdevs.read().iter().find(|t| t.id == id).cloned()
     }
 
-    fn log_error(&self, msg: String) {
+    /// Record an unrecoverable block in the bounded error log (`zpool status -v`).
+    pub fn log_error(&self, msg: String) {
         let mut l = self.error_log.lock();
         if l.len() >= ERROR_LOG_MAX {
             l.remove(0);

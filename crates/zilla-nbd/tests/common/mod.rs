@@ -12,13 +12,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use zilla_core::memvol::MemVolume;
-use zilla_core::zvol::{BlockVolume, Extent};
+use zilla_core::zvol::{BlockVolume, Extent, SharedSlice};
 use zilla_nbd::proto::*;
 use zilla_nbd::{NbdConfig, NbdServer, StaticRegistry};
 
 /// A MemVolume whose `try_read_cached` serves every read (it is all memory), so the
 /// server's inline fast path is exercised.
 pub struct CachedVolume(pub MemVolume);
+
+/// A MemVolume that serves every read as shared pieces (`try_read_cached_shared`), one
+/// per 4 KiB block, each a slice of its own buffer, so the server's zero-copy path and
+/// its vectored writes of many pieces are exercised.
+pub struct SharedVolume(pub MemVolume);
 
 /// A MemVolume whose reads at offset 0 take `delay`, to force out-of-order replies.
 pub struct SlowVolume {
@@ -40,6 +45,7 @@ macro_rules! forward_volume {
             fn block_status(&self, offset: u64, len: u64) -> zilla_core::Result<Vec<Extent>> { self.$inner.block_status(offset, len) }
             fn read(&self, offset: u64, buf: &mut [u8]) -> zilla_core::Result<()> { self.slow_read(offset, buf) }
             fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<zilla_core::Result<()>> { self.cached_read(offset, buf) }
+            fn try_read_cached_shared(&self, offset: u64, len: u64) -> Option<zilla_core::Result<Vec<SharedSlice>>> { self.shared_read(offset, len) }
         }
     };
 }
@@ -51,8 +57,37 @@ impl CachedVolume {
     fn cached_read(&self, offset: u64, buf: &mut [u8]) -> Option<zilla_core::Result<()>> {
         Some(self.0.read(offset, buf))
     }
+    fn shared_read(&self, _offset: u64, _len: u64) -> Option<zilla_core::Result<Vec<SharedSlice>>> {
+        None
+    }
 }
 forward_volume!(CachedVolume, 0);
+
+impl SharedVolume {
+    fn slow_read(&self, offset: u64, buf: &mut [u8]) -> zilla_core::Result<()> {
+        self.0.read(offset, buf)
+    }
+    fn cached_read(&self, _offset: u64, _buf: &mut [u8]) -> Option<zilla_core::Result<()>> {
+        None
+    }
+    fn shared_read(&self, offset: u64, len: u64) -> Option<zilla_core::Result<Vec<SharedSlice>>> {
+        const BLOCK: u64 = 4096;
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let block_start = at / BLOCK * BLOCK;
+            let mut block = vec![0u8; BLOCK as usize];
+            if let Err(error) = self.0.read(block_start, &mut block) {
+                return Some(Err(error));
+            }
+            let piece_len = (block_start + BLOCK).min(offset + len) - at;
+            pieces.push(SharedSlice::new(block.into(), (at - block_start) as usize, piece_len as usize).unwrap());
+            at += piece_len;
+        }
+        Some(Ok(pieces))
+    }
+}
+forward_volume!(SharedVolume, 0);
 
 impl SlowVolume {
     fn slow_read(&self, offset: u64, buf: &mut [u8]) -> zilla_core::Result<()> {
@@ -62,6 +97,9 @@ impl SlowVolume {
         self.inner.read(offset, buf)
     }
     fn cached_read(&self, _offset: u64, _buf: &mut [u8]) -> Option<zilla_core::Result<()>> {
+        None
+    }
+    fn shared_read(&self, _offset: u64, _len: u64) -> Option<zilla_core::Result<Vec<SharedSlice>>> {
         None
     }
 }
