@@ -2,7 +2,7 @@
 # and tests/soak after lib.sh:
 #
 #   RSS <= ARC max + dirty max + front-end budget + reply-buffer pool cap
-#          + 64 MiB + 128 KiB per open NBD connection
+#          + 192 MiB + 128 KiB per open NBD connection
 #
 # Every term is read from the running daemon: ARC max (c_max, summed over pools) from
 # GET /v1/arcstats, dirty max from `zilla tunable get`, the front-end terms and the
@@ -33,7 +33,7 @@ memory_bound_bytes() {
     conns=$(metric zilla_nbd_connections_open)
     [ -n "$arc" ] && [ -n "$dirty" ] && [ -n "$budget" ] && [ -n "$pool" ] && [ -n "$conns" ] ||
         fail "cannot read the memory bound terms (arc=$arc dirty=$dirty budget=$budget pool=$pool conns=$conns)"
-    echo $((arc + dirty + budget + pool + (64 << 20) + conns * (128 << 10)))
+    echo $((arc + dirty + budget + pool + (192 << 20) + conns * (128 << 10)))
 }
 
 # rss_kib FIELD: VmRSS or VmHWM of the daemon in KiB.

@@ -250,6 +250,7 @@ fn one_failed_fdatasync_is_remembered_and_guards_detach() {
             let mut last = e;
             for _ in 0..500 {
                 wait_resilver(rig.pool());
+                rig.pool().sync().unwrap();
                 match rig.pool().detach("a") {
                     Ok(()) => break,
                     Err(e) => last = e,
@@ -301,6 +302,9 @@ fn faults_and_dtls_survive_a_power_cut() {
     rig.disk("b").fail_data_writes.store(false, Ordering::SeqCst);
     rig.pool().clear(Some("b")).unwrap();
     wait_resilver(rig.pool());
+    // the resilver's repairs and cleared DTL are durable only after a sync; until then
+    // detaching the only complete copy is refused
+    rig.pool().sync().unwrap();
     rig.pool().detach("a").expect("detach after the resilver");
     rig.pool().sync().unwrap();
     rig.crash_and_import(&ImportOptions::default()).expect("import b alone");

@@ -398,6 +398,10 @@ impl Sim {
                 l.state == "FAULTED" && self.mirrors.iter().any(|m| m.impaired == Some((leak(&l.name), Impairment::FailingReads)))
             };
             if leaves.iter().all(|l| (l.state == "ONLINE" || l.state == "OFFLINE" || faulted_on_purpose(l)) && !l.note.contains("resilver")) {
+                // what the resilver repaired is durable (and its DTLs cleared on disk)
+                // only after a sync: until then removing the source copy is refused
+                let r = self.pool.sync();
+                self.check("sync after resilver", r);
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));

@@ -25,6 +25,7 @@ pub mod fuzzing;
 mod connection_slot;
 mod framing;
 mod handshake;
+mod stats;
 mod transmission;
 
 /// Export lookup lives in the shared front-end crate; re-exported for callers of

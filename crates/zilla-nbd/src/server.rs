@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use zilla_frontend::{ExportRegistry, Frontend, FrontendConfig, VolumeIoSnapshot, VolumeIoStats};
+use zilla_frontend::{ExportRegistry, Frontend, FrontendConfig};
+
+pub use crate::stats::{NbdStats, NbdStatsSnapshot};
 
 use crate::connection_slot::{now_ms, ConnectionSlot};
 use crate::framing::FrameReader;
@@ -53,57 +55,6 @@ const EVICT_IDLE_MIN: Duration = Duration::from_secs(5);
 const EVICT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often idle pooled reply buffers are trimmed.
 const BUFFER_TRIM_INTERVAL: Duration = Duration::from_secs(5);
-
-/// Counters for the admin API / metrics.
-#[derive(Debug, Default)]
-pub struct NbdStats {
-    /// Connections accepted since start.
-    pub connections_accepted: AtomicU64,
-    /// Connections currently open.
-    pub connections_active: AtomicU64,
-    /// Connections that reached the transmission phase.
-    pub sessions_started: AtomicU64,
-    /// Idle connections closed to make room at the connection cap.
-    pub connections_evicted: AtomicU64,
-    /// Failed accept calls (EMFILE, ENFILE, ...).
-    pub accept_errors: AtomicU64,
-    /// Connections closed before transmission: a refused or unknown export, an
-    /// aborted or timed-out handshake, a protocol error.
-    pub connections_refused: AtomicU64,
-    /// Connections closed by the idle timeout.
-    pub connections_idle_timed_out: AtomicU64,
-    /// Requests and bytes of every session (the sum over clients and volumes).
-    pub io: VolumeIoStats,
-}
-
-/// Plain copy of [`NbdStats`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NbdStatsSnapshot {
-    pub connections_accepted: u64,
-    pub connections_active: u64,
-    pub sessions_started: u64,
-    pub connections_evicted: u64,
-    pub accept_errors: u64,
-    pub connections_refused: u64,
-    pub connections_idle_timed_out: u64,
-    pub io: VolumeIoSnapshot,
-}
-
-impl NbdStats {
-    pub fn snapshot(&self) -> NbdStatsSnapshot {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        NbdStatsSnapshot {
-            connections_accepted: load(&self.connections_accepted),
-            connections_active: load(&self.connections_active),
-            sessions_started: load(&self.sessions_started),
-            connections_evicted: load(&self.connections_evicted),
-            accept_errors: load(&self.accept_errors),
-            connections_refused: load(&self.connections_refused),
-            connections_idle_timed_out: load(&self.connections_idle_timed_out),
-            io: self.io.snapshot(),
-        }
-    }
-}
 
 type SlotTable = Mutex<HashMap<u64, Arc<ConnectionSlot>>>;
 

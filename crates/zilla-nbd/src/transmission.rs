@@ -68,7 +68,7 @@ use crate::framing::FrameReader;
 use crate::handshake::Session;
 use crate::proto::*;
 use crate::connection_slot::ConnectionSlot;
-use crate::server::NbdStats;
+use crate::stats::NbdStats;
 use crate::NbdConfig;
 
 /// Largest range one BLOCK_STATUS request examines; clients ask again for the rest.
@@ -237,23 +237,7 @@ where
     let (reply_sender, reply_receiver) = mpsc::unbounded_channel::<Vec<Reply>>();
     let writer_task = tokio::spawn(write_replies(writer, reply_receiver, frontend.clone(), config.reply_stall_timeout));
     let budgets = Budgets::new(config, frontend);
-    let volume = session.export.volume.clone();
-    let limits = RequestLimits {
-        export_bytes: volume.size(),
-        read_only: volume.read_only(),
-        structured_replies: session.structured_replies,
-        block_status_enabled: session.base_allocation_context_id.is_some(),
-        payload_max_bytes: config.payload_max_bytes,
-    };
-    let context = RequestContext {
-        volume,
-        structured_replies: session.structured_replies,
-        base_allocation_context_id: session.base_allocation_context_id,
-        replies: reply_sender,
-        frontend: frontend.clone(),
-        io_stats: frontend.io_stats.volume(&session.export.name),
-        recorders,
-    };
+    let (limits, context) = session_context(&session, config, frontend, reply_sender, recorders);
 
     let mut watch = ReaderWatch::new(shutdown, config);
     slot.touch();
@@ -380,6 +364,34 @@ impl ReaderWatch {
             header = reader.read_array::<REQUEST_HEADER_BYTES>() => NextHeader::Header(header),
         }
     }
+}
+
+/// The request limits and the dispatch context of one session.
+fn session_context(
+    session: &Session,
+    config: &NbdConfig,
+    frontend: &Arc<Frontend>,
+    replies: mpsc::UnboundedSender<Vec<Reply>>,
+    recorders: SessionRecorders,
+) -> (RequestLimits, RequestContext) {
+    let volume = session.export.volume.clone();
+    let limits = RequestLimits {
+        export_bytes: volume.size(),
+        read_only: volume.read_only(),
+        structured_replies: session.structured_replies,
+        block_status_enabled: session.base_allocation_context_id.is_some(),
+        payload_max_bytes: config.payload_max_bytes,
+    };
+    let context = RequestContext {
+        volume,
+        structured_replies: session.structured_replies,
+        base_allocation_context_id: session.base_allocation_context_id,
+        replies,
+        frontend: frontend.clone(),
+        io_stats: frontend.io_stats.volume(&session.export.name),
+        recorders,
+    };
+    (limits, context)
 }
 
 /// After the reader stopped: let in-flight requests finish and the writer drain, both

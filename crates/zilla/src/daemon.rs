@@ -329,16 +329,11 @@ impl Daemon {
     }
 }
 
-/// Run the daemon until SIGTERM/SIGINT. `preimported` pools (the demo's) are added
-/// before the cache file is read. `ready` is called once every listener is bound.
-pub async fn run(
-    opts: ServeOpts,
-    lock: StateLock,
-    preimported: Vec<Arc<Pool>>,
-    ready: impl FnOnce(&DaemonInfo),
-) -> anyhow::Result<()> {
-    let dir = lock.dir.clone();
-    let admin_gid = crate::config::admin_gid(&opts.settings)?;
+/// Raise the descriptor limit and fit the connection caps, front-end budget and NBD
+/// limits from the config file under it; logs what is in force.
+fn resolve_limits(
+    opts: &ServeOpts,
+) -> anyhow::Result<(crate::config::Limits, zilla_nbd::NbdConfig, zilla_frontend::FrontendConfig)> {
     let fd_limit = crate::config::raise_nofile_limit();
     let nbd_listeners = 1 + opts.nbd.is_some() as usize;
     let nbd_default = zilla_nbd::NbdConfig::default().connections_max;
@@ -355,6 +350,20 @@ pub async fn run(
         nbd_config.idle_timeout.as_secs(),
         nbd_config.reply_stall_timeout.as_secs()
     );
+    Ok((limits, nbd_config, frontend_config))
+}
+
+/// Run the daemon until SIGTERM/SIGINT. `preimported` pools (the demo's) are added
+/// before the cache file is read. `ready` is called once every listener is bound.
+pub async fn run(
+    opts: ServeOpts,
+    lock: StateLock,
+    preimported: Vec<Arc<Pool>>,
+    ready: impl FnOnce(&DaemonInfo),
+) -> anyhow::Result<()> {
+    let dir = lock.dir.clone();
+    let admin_gid = crate::config::admin_gid(&opts.settings)?;
+    let (limits, nbd_config, frontend_config) = resolve_limits(&opts)?;
     let admin_sock = dir.join("zilla.sock");
     let nbd_sock = dir.join("nbd.sock");
     for s in [&admin_sock, &nbd_sock] {

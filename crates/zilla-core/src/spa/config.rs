@@ -141,7 +141,9 @@ impl PoolInner {
     /// Refuse to `what` (detach, offline) `leaf` when it is the only child of `top`
     /// holding some txgs: the others are missing them (DTL) or cannot be read.
     fn refuse_if_only_holder(&self, top: &TopVdev, leaf: &Leaf, name: &str, what: &str) -> Result<()> {
-        let only = top.txgs_only_on(leaf, self.txg.open_txg());
+        let health = self.meta.lock().health.clone();
+        let committed = |g: Guid| health.iter().find(|h| h.guid == g).map(|h| h.dtl.clone()).unwrap_or_default();
+        let only = top.txgs_only_on(leaf, self.txg.open_txg(), &committed);
         if only.is_empty() {
             return Ok(());
         }
@@ -387,6 +389,9 @@ impl Pool {
         self.check_open()?;
         self.attach(old, new, force)?;
         crate::scan::wait(&self.inner.scanner());
+        // the resilver's repairs and cleared DTL become durable before the old device
+        // goes (a cut in between must not leave the new one alone and incomplete)
+        self.sync()?;
         self.detach(old).map_err(|e| match e {
             Error::Busy(why) => Error::Busy(format!(
                 "replace of {old} by {} did not complete, both are kept: {why}",

@@ -708,11 +708,21 @@ impl TopVdev {
     /// The txgs up to `through` that only `leaf` holds among this vdev's children: the
     /// ones every other child is missing (not readable, or in its DTL) while `leaf`
     /// has them. Removing or offlining `leaf` would lose those txgs' blocks.
-    pub fn txgs_only_on(&self, leaf: &Leaf, through: Txg) -> Vec<(Txg, Txg)> {
+    /// `committed(guid)` adds what the committed MOS says a child misses: a resilver
+    /// may have cleared a DTL in memory whose repairs are not durable yet.
+    pub fn txgs_only_on(&self, leaf: &Leaf, through: Txg, committed: &dyn Fn(Guid) -> Vec<(Txg, Txg)>) -> Vec<(Txg, Txg)> {
         let all = vec![(Txg(1), through)];
         let mut missing_elsewhere = all.clone();
         for c in self.children().iter().filter(|c| c.guid != leaf.guid) {
-            let missing_on_c = if c.readable() { c.dtl() } else { all.clone() };
+            let missing_on_c = if c.readable() {
+                let mut d = c.dtl();
+                for (lo, hi) in committed(c.guid) {
+                    range_insert(&mut d, lo, hi);
+                }
+                d
+            } else {
+                all.clone()
+            };
             missing_elsewhere = range_intersect(&missing_elsewhere, &missing_on_c);
         }
         let held_by_leaf = if leaf.state() == LeafState::Unavail { Vec::new() } else { range_subtract(&all, &leaf.dtl()) };
