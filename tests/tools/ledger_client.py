@@ -194,7 +194,7 @@ def verify(path, sock, export):
                 seen[block] = version
                 newer += version > ledger["durable"][block]
     if bad:
-        print("LOST ACKNOWLEDGED WRITES: %d blocks" % len(bad))
+        print("LOST ACKNOWLEDGED WRITES: %d findings (blocks or unreadable ranges)" % len(bad))
         for line in bad[:10]:
             print("  " + line)
         sys.exit(1)

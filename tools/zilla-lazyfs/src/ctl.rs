@@ -12,6 +12,7 @@
 //!   echo "kill-after-writes P N" > MNT/.lazyfs-ctl SIGKILL process P just before the
 //!                                                 N-th file write from now (it fails)
 //!   echo "kill-at-sync P N"    > MNT/.lazyfs-ctl   ... just before the N-th sync
+//!   echo "fail-write /a 100"   > MNT/.lazyfs-ctl   next 100 writes to /a: EIO, no effect
 //!   echo clear                 > MNT/.lazyfs-ctl   disarm every fault and planned kill
 //!   cat MNT/.lazyfs-ctl                           stats, armed faults, last result
 //! ```
@@ -33,6 +34,8 @@ pub enum Command {
     Tear(Option<u64>),
     /// Arm `fault` for the next `count` syncs of the file at this path (mount-relative).
     Fault { path: String, fault: SyncFault, count: u64 },
+    /// Fail the next `count` writes to the file at this path.
+    FailWrite { path: String, count: u64 },
     /// SIGKILL `pid` at the `count`-th file write (or sync) from now, before that
     /// write (or sync) happens: a power cut at a chosen point of the application's I/O.
     Kill { pid: i32, on: KillOn, count: u64 },
@@ -96,6 +99,9 @@ pub fn parse(line: &str) -> Result<Command, String> {
             fault: SyncFault::Lie,
             count: parse_count(rest.first().copied(), u64::MAX)?,
         },
+        ["fail-write", path, rest @ ..] if rest.len() <= 1 => {
+            Command::FailWrite { path: normalize_path(path)?, count: parse_count(rest.first().copied(), 1)? }
+        }
         ["kill-after-writes", pid, n] => Command::Kill { pid: parse_pid(pid)?, on: KillOn::Write, count: parse_n(n)? },
         ["kill-at-sync", pid, n] => Command::Kill { pid: parse_pid(pid)?, on: KillOn::Sync, count: parse_n(n)? },
         ["clear"] => Command::Clear,
@@ -103,7 +109,7 @@ pub fn parse(line: &str) -> Result<Command, String> {
         [] => return Err("empty command".into()),
         _ => {
             return Err(format!(
-                "unknown command '{}': want drop | tear [SEED] | fail-fsync PATH [N] | lie-fsync PATH [N] | kill-after-writes PID N | kill-at-sync PID N | clear | stats",
+                "unknown command '{}': want drop | tear [SEED] | fail-fsync PATH [N] | lie-fsync PATH [N] | fail-write PATH [N] | kill-after-writes PID N | kill-at-sync PID N | clear | stats",
                 line.trim()
             ))
         }
@@ -134,6 +140,7 @@ mod tests {
         );
         assert_eq!(parse("kill-after-writes 123 7"), Ok(Command::Kill { pid: 123, on: KillOn::Write, count: 7 }));
         assert_eq!(parse("kill-at-sync 123 2"), Ok(Command::Kill { pid: 123, on: KillOn::Sync, count: 2 }));
+        assert_eq!(parse("fail-write /a 9"), Ok(Command::FailWrite { path: "a".into(), count: 9 }));
         assert_eq!(parse("clear"), Ok(Command::Clear));
         assert_eq!(parse(" stats "), Ok(Command::Stats));
     }

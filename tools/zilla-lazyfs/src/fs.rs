@@ -269,6 +269,10 @@ impl LazyFs {
                     st.cache.set_fault(&path, fault, count);
                     format!("{} {path} {count}", if fault == SyncFault::Fail { "fail-fsync" } else { "lie-fsync" })
                 }
+                Command::FailWrite { path, count } => {
+                    st.cache.set_write_fault(&path, count);
+                    format!("fail-write {path} {count}")
+                }
                 Command::Kill { pid, on, count } => {
                     st.kill_plan = Some((pid, on, count));
                     format!("kill {pid} at {on:?} {count}")
@@ -290,7 +294,7 @@ impl LazyFs {
         let c = &st.cache;
         let s = &c.stats;
         let mut out = format!(
-            "dirty_pages {}\ndirty_bytes {}\ndirty_files {}\ncache_limit_bytes {}\nwrites {}\nreads {}\n\
+            "dirty_pages {}\ndirty_bytes {}\ndirty_files {}\ncache_limit_bytes {}\nwrites {}\nwrites_failed {}\nreads {}\n\
              syncs {}\nsyncs_failed {}\nsyncs_lied {}\npages_synced {}\npages_evicted {}\ndrops {}\n\
              tears {}\npages_lost {}\npages_torn {}\n",
             c.dirty_pages(),
@@ -298,6 +302,7 @@ impl LazyFs {
             c.dirty_files(),
             c.limit_pages() * crate::cache::PAGE_BYTES,
             s.writes,
+            s.writes_failed,
             s.reads,
             s.syncs,
             s.syncs_failed,
@@ -312,6 +317,9 @@ impl LazyFs {
         for (name, fault, left) in c.faults() {
             let kind = if fault == SyncFault::Fail { "fail-fsync" } else { "lie-fsync" };
             out.push_str(&format!("fault {kind} /{name} {left}\n"));
+        }
+        for (name, left) in c.write_faults() {
+            out.push_str(&format!("fault fail-write /{name} {left}\n"));
         }
         if let Some((pid, on, left)) = st.kill_plan {
             out.push_str(&format!("kill_plan pid {pid} {on:?} {left}\n"));
