@@ -105,7 +105,12 @@ cut() {
     start_daemon
 }
 
-verify() { "${CLIENT[@]}" verify "$LEDGER" "$STATE/nbd.sock" tank/vol; }
+verify() {
+    "${CLIENT[@]}" verify "$LEDGER" "$STATE/nbd.sock" tank/vol && return 0
+    echo "--- lazyfs log (last 5 lines)"; tail -n 5 "$T/lazyfs.log"
+    [ -z "${ZILLA_FUSE_KEEP:-}" ] || cp "$T/daemon.log" "$T/lazyfs.log" "$LEDGER" "$ZILLA_FUSE_KEEP/"
+    return 1
+}
 
 start_daemon
 truncate -s 256M "$M/d0" "$M/d1"

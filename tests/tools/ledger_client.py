@@ -11,7 +11,8 @@ block read back names the write it came from. Versions come from one counter tha
 grows, across rounds, so a version is never written twice.
 
 write: until the connection dies (the daemon is killed) or SECONDS pass, send batches
-of 16 (sometimes 128) pipelined 4 KiB writes to random blocks followed by a FLUSH, alternating with
+of 16 (sometimes 128) pipelined 4 KiB writes to distinct random blocks (requests in
+flight together are unordered) followed by a FLUSH, alternating with
 single FUA writes. A write is *durable* once its FUA write is acknowledged, or once a
 FLUSH sent after its acknowledgement is acknowledged. The ledger (a JSON file, kept
 outside the file system under test, replaced atomically after every durable batch)
@@ -103,7 +104,7 @@ def save(path, ledger):
 
 def init(path, blocks, salt):
     save(path, {"salt": salt, "blocks": blocks, "next_version": 1,
-                "durable": [0] * blocks, "sent": [0] * blocks, "acked_writes": 0})
+                "durable": [0] * blocks, "sent": [0] * blocks, "how": [""] * blocks, "acked_writes": 0})
 
 
 def send_write(s, ledger, cookie, block, flags=0):
@@ -114,9 +115,12 @@ def send_write(s, ledger, cookie, block, flags=0):
     return version
 
 
-def make_durable(ledger, done):
+def make_durable(ledger, done, how):
+    """Record acknowledged writes; `how` names the acknowledgement (FUA or FLUSH #n)."""
     for block, version in done:
-        ledger["durable"][block] = max(ledger["durable"][block], version)
+        if version > ledger["durable"][block]:
+            ledger["durable"][block] = version
+            ledger["how"][block] = how
     ledger["acked_writes"] += len(done)
 
 
@@ -130,9 +134,10 @@ def write(path, sock, export, seconds):
         print("writing", flush=True)
         while time.monotonic() < deadline:
             batch = []
-            for _ in range(rng.choice((BATCH, BATCH, 8 * BATCH))):
+            # Distinct blocks: NBD does not order requests in flight together, so two
+            # writes to one block in a batch could land in either order.
+            for block in rng.sample(range(ledger["blocks"]), rng.choice((BATCH, BATCH, 8 * BATCH))):
                 cookie += 1
-                block = rng.randrange(ledger["blocks"])
                 batch.append((cookie, block, send_write(s, ledger, cookie, block)))
             if replies(s, [c for c, _, _ in batch]):
                 raise RuntimeError("write error")
@@ -140,13 +145,13 @@ def write(path, sock, export, seconds):
             s.sendall(request(CMD_FLUSH, cookie, 0, 0))
             if reply(s, cookie):
                 raise RuntimeError("flush error")
-            make_durable(ledger, [(b, v) for _, b, v in batch])
+            make_durable(ledger, [(b, v) for _, b, v in batch], "FLUSH cookie %d" % cookie)
             cookie += 1
             block = rng.randrange(ledger["blocks"])
             version = send_write(s, ledger, cookie, block, FLAG_FUA)
             if reply(s, cookie):
                 raise RuntimeError("FUA write error")
-            make_durable(ledger, [(block, version)])
+            make_durable(ledger, [(block, version)], "FUA cookie %d" % cookie)
             durable_now += len(batch) + 1
             save(path, ledger)
             print("durable %d" % durable_now, flush=True)
@@ -167,7 +172,8 @@ def classify(ledger, block, data):
     if magic != BLOCK_MAGIC or salt != ledger["salt"] or got_block != block:
         return None, "foreign bytes (magic %#x block %d), acknowledged version %d" % (magic, got_block, durable)
     if version < durable or version > sent:
-        return None, "version %d, acknowledged %d, newest sent %d" % (version, durable, sent)
+        return None, "version %d, acknowledged %d (by %s), newest sent %d" % (
+            version, durable, ledger["how"][block] or "an earlier run", sent)
     if data != content(ledger["salt"], block, version):
         return None, "version %d header but torn or corrupt body" % version
     return version, None
@@ -175,7 +181,11 @@ def classify(ledger, block, data):
 
 def verify(path, sock, export):
     ledger = load(path)
-    s = open_export(sock, export)
+    try:
+        s = open_export(sock, export)
+    except (OSError, EOFError, RuntimeError) as e:
+        print("LOST ACKNOWLEDGED WRITES: export %s unavailable after the restart: %s" % (export, e))
+        sys.exit(1)
     chunk_blocks = 256
     bad, newer, seen = [], 0, [0] * ledger["blocks"]
     for first in range(0, ledger["blocks"], chunk_blocks):
@@ -200,6 +210,7 @@ def verify(path, sock, export):
         sys.exit(1)
     ledger["durable"] = seen
     ledger["sent"] = list(seen)
+    ledger["how"] = [""] * ledger["blocks"]
     save(path, ledger)
     print("verified %d blocks: every acknowledged write is there (%d blocks hold a newer, "
           "unacknowledged write)" % (ledger["blocks"], newer), flush=True)
