@@ -594,11 +594,20 @@ pub struct DirtyShard {
 
 pub struct DirtySet {
     pub shards: Vec<Mutex<DirtyShard>>,
+    /// Indirect blocks dirtied per txg, as (txg, level, index): each is rewritten by
+    /// that txg's sync, and space admission counts it once. Sharded by index.
+    indirects: Vec<Mutex<std::collections::HashSet<(Txg, u8, u64)>>>,
 }
+
+/// Shards of [`DirtySet::indirects`].
+const INDIRECT_SHARDS: usize = 16;
 
 impl Default for DirtySet {
     fn default() -> Self {
-        DirtySet { shards: (0..DIRTY_SHARDS).map(|_| Mutex::new(DirtyShard::default())).collect() }
+        DirtySet {
+            shards: (0..DIRTY_SHARDS).map(|_| Mutex::new(DirtyShard::default())).collect(),
+            indirects: (0..INDIRECT_SHARDS).map(|_| Mutex::new(Default::default())).collect(),
+        }
     }
 }
 
@@ -639,6 +648,21 @@ impl DirtySet {
         out
     }
     /// Drop every record of a txg <= `txg` (it is committed).
+    /// Block `blkid` became dirty in `txg`: how many indirect blocks above it (in a
+    /// tree of `nlevels`) became dirty in `txg` with it.
+    pub fn note_indirects(&self, txg: Txg, blkid: u64, nlevels: u8) -> u32 {
+        let mut n = 0;
+        for level in 1..nlevels.max(1) {
+            let idx = blkid >> (INDIRECT_SHIFT * level as u32);
+            let newly = self.indirects[(idx as usize) % INDIRECT_SHARDS].lock().insert((txg, level, idx));
+            if !newly {
+                break; // its parents are dirty already
+            }
+            n += 1;
+        }
+        n
+    }
+
     pub fn retire(&self, txg: Txg) {
         for s in &self.shards {
             let mut s = s.lock();
@@ -646,7 +670,18 @@ impl DirtySet {
                 vs.retain(|v| v.txg > txg);
                 !vs.is_empty()
             });
+            // a burst of dirty blocks must not pin its table's memory for good
+            if s.blocks.capacity() > 64 && s.blocks.len() < s.blocks.capacity() / 4 {
+                s.blocks.shrink_to_fit();
+            }
             s.commit_gen += 1;
+        }
+        for m in &self.indirects {
+            let mut m = m.lock();
+            m.retain(|&(t, _, _)| t > txg);
+            if m.capacity() > 64 && m.len() < m.capacity() / 4 {
+                m.shrink_to_fit();
+            }
         }
     }
     pub fn has_dirty(&self, txg: Txg) -> bool {
@@ -657,6 +692,9 @@ impl DirtySet {
             let mut s = s.lock();
             s.blocks.clear();
             s.commit_gen += 1;
+        }
+        for m in &self.indirects {
+            m.lock().clear();
         }
     }
 }
@@ -686,6 +724,66 @@ pub struct Mos {
     pub scan_state: String,
     /// Pool properties (JSON).
     pub pool_props: String,
+    /// Health of every leaf: its DTL and whether it is faulted (the persistent home of
+    /// both, as OpenZFS keeps DTL space maps in the MOS). `None` in an object directory
+    /// written before this section existed (the DTLs were then in the labels).
+    pub leaf_health: Option<Vec<LeafHealth>>,
+}
+
+/// One leaf's persistent health record in the MOS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafHealth {
+    pub guid: crate::Guid,
+    pub faulted: bool,
+    /// Txg ranges [first, last] the leaf is missing (at most `DTL_MAX_RANGES`).
+    pub dtl: Vec<(Txg, Txg)>,
+}
+
+/// Most leaves a pool's health section may list (a crafted image cannot make decode
+/// allocate more).
+pub const MOS_MAX_LEAVES: u32 = 4096;
+
+fn encode_leaf_health(out: &mut Vec<u8>, recs: &[LeafHealth]) {
+    out.extend_from_slice(&(recs.len() as u32).to_le_bytes());
+    for r in recs {
+        out.extend_from_slice(&r.guid.get().to_le_bytes());
+        out.push(r.faulted as u8);
+        out.extend_from_slice(&(r.dtl.len() as u32).to_le_bytes());
+        for &(a, b) in &r.dtl {
+            out.extend_from_slice(&a.get().to_le_bytes());
+            out.extend_from_slice(&b.get().to_le_bytes());
+        }
+    }
+}
+
+fn decode_leaf_health(r: &mut Reader<'_>) -> Result<Vec<LeafHealth>> {
+    let n = r.u32()?;
+    if n > MOS_MAX_LEAVES {
+        return Err(Error::Corrupt(format!("object directory lists {n} leaves (at most {MOS_MAX_LEAVES})")));
+    }
+    let mut recs = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let guid = crate::Guid(r.u64()?);
+        let faulted = match r.u8()? {
+            0 => false,
+            1 => true,
+            f => return Err(Error::Corrupt(format!("leaf {guid}: bad health flags {f}"))),
+        };
+        let nr = r.u32()?;
+        if nr as usize > crate::vdev::mirror::DTL_MAX_RANGES {
+            return Err(Error::Corrupt(format!("leaf {guid}: {nr} DTL ranges")));
+        }
+        let mut dtl = Vec::with_capacity(nr as usize);
+        for _ in 0..nr {
+            let (a, b) = (Txg(r.u64()?), Txg(r.u64()?));
+            if a > b || dtl.last().is_some_and(|&(_, pb): &(Txg, Txg)| pb >= a) {
+                return Err(Error::Corrupt(format!("leaf {guid}: DTL ranges out of order")));
+            }
+            dtl.push((a, b));
+        }
+        recs.push(LeafHealth { guid, faulted, dtl });
+    }
+    Ok(recs)
 }
 
 impl Mos {
@@ -709,6 +807,9 @@ impl Mos {
         ms.encode(&mut out);
         put_str(&mut out, &self.scan_state);
         put_str(&mut out, &self.pool_props);
+        if let Some(h) = &self.leaf_health {
+            encode_leaf_health(&mut out, h);
+        }
         out
     }
 
@@ -755,7 +856,8 @@ impl Mos {
         ms.decode_into(&mut r)?;
         let scan_state = r.string()?;
         let pool_props = r.string()?;
-        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props })
+        let leaf_health = if r.remaining() > 0 { Some(decode_leaf_health(&mut r)?) } else { None };
+        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props, leaf_health })
     }
 }
 

@@ -88,6 +88,13 @@ pub struct DirtyAccounting {
     cv: Condvar,
     delayed: AtomicU64,
     blocked: AtomicU64,
+    /// Bytes the open and syncing txgs will allocate when they sync, as admitted: data
+    /// blocks at their logical size plus every indirect block they dirty (each written
+    /// anew by copy-on-write, in two copies). Space admission counts this, not `total`.
+    space_total: AtomicU64,
+    space_per_txg: [AtomicU64; TXG_SIZE],
+    /// Size of the last object directory written (its next version needs as much).
+    mos_bytes: AtomicU64,
 }
 
 impl DirtyAccounting {
@@ -101,6 +108,9 @@ impl DirtyAccounting {
             cv: Condvar::new(),
             delayed: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
+            space_total: AtomicU64::new(0),
+            space_per_txg: std::array::from_fn(|_| AtomicU64::new(0)),
+            mos_bytes: AtomicU64::new(0),
         }
     }
 
@@ -133,6 +143,23 @@ impl DirtyAccounting {
         self.env.sleep_until_ns(wake);
     }
 
+    /// `txg` will allocate `bytes` more when it syncs (see `space_total`).
+    pub fn add_space(&self, txg: Txg, bytes: u64) {
+        self.space_per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
+        self.space_total.fetch_add(bytes, Relaxed);
+    }
+
+    /// Bytes the unsynced txgs will allocate, plus what their object directories need
+    /// (two copies of the last one's size, for each of the open and syncing txgs).
+    pub fn space_pending(&self) -> u64 {
+        self.space_total.load(Relaxed) + 2 * (2 * self.mos_bytes.load(Relaxed) + (64 << 10))
+    }
+
+    /// The sync wrote an object directory of `bytes`.
+    pub fn note_mos_bytes(&self, bytes: u64) {
+        self.mos_bytes.store(bytes, Relaxed);
+    }
+
     pub fn add(&self, txg: Txg, bytes: u64) {
         self.per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
         self.total.fetch_add(bytes, Relaxed);
@@ -151,6 +178,8 @@ impl DirtyAccounting {
     pub fn retire(&self, txg: Txg) {
         let n = self.per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.total.fetch_sub(n, Relaxed);
+        let n = self.space_per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
+        self.space_total.fetch_sub(n, Relaxed);
         let _g = self.blocked_mu.lock();
         self.cv.notify_all();
     }

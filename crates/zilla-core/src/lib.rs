@@ -172,7 +172,7 @@ mod fuzz_smoke {
         // a real MOS with every single-byte corruption: decode must not panic
         let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
-        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into() };
+        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None };
         let blob = mos.encode(&ms);
         for i in 0..blob.len() {
             for v in [0u8, 0xff, 0x7f] {

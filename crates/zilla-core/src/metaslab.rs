@@ -278,6 +278,25 @@ struct DeferLists {
     /// Length of `lists[sync_txg]` when that txg's sync began (its undo mark).
     sync_txg: Txg,
     sync_mark: usize,
+    /// Txgs whose trees someone is repairing from (scrub, resilver): frees of later
+    /// txgs stay deferred while a pin holds, so a repair never writes over a block that
+    /// was freed and reused after its tree was read. Bounded by the scan threads.
+    pins: Vec<Txg>,
+}
+
+/// Holds frees of txgs after `txg` on their defer lists until dropped.
+pub struct FreePin<'a> {
+    ms: &'a Metaslabs,
+    txg: Txg,
+}
+
+impl Drop for FreePin<'_> {
+    fn drop(&mut self) {
+        let mut d = self.ms.defer.lock();
+        if let Some(i) = d.pins.iter().position(|&p| p == self.txg) {
+            d.pins.swap_remove(i);
+        }
+    }
 }
 
 impl Metaslabs {
@@ -356,9 +375,20 @@ impl Metaslabs {
     }
 
     /// Release every defer list of a txg <= `txg`.
+    /// Pin the trees of `synced_txg()` (read under the defer lock, so no release can
+    /// slip between): every block they reference keeps its contents until the pin is
+    /// dropped. See [`DeferLists::pins`].
+    pub fn pin_frees(&self, synced_txg: impl FnOnce() -> Txg) -> FreePin<'_> {
+        let mut d = self.defer.lock();
+        let txg = synced_txg();
+        d.pins.push(txg);
+        FreePin { ms: self, txg }
+    }
+
     pub fn release_through(&self, txg: Txg) {
         let done = {
             let mut d = self.defer.lock();
+            let txg = d.pins.iter().copied().min().map_or(txg, |p| txg.min(p));
             let keep = d.lists.split_off(&txg.next());
             std::mem::replace(&mut d.lists, keep)
         };

@@ -127,6 +127,11 @@ pub struct ScanStatus {
     /// cleared on success; later ones get another pass).
     pub start_txg: Txg,
     pub min_txg: Txg,
+    /// Resilver: devices (guids) whose blocks could not all be repaired in the last
+    /// pass; their DTLs were kept. Another pass is not tried for them: the admin is
+    /// (`zilla pool clear`, `online`, `replace`).
+    #[serde(default)]
+    pub unrepaired_devices: Vec<crate::Guid>,
 }
 
 /// What a scan sees of its pool: the narrow context spa hands to scan. spa implements
@@ -158,6 +163,9 @@ pub struct ScanControl {
     running: AtomicBool,
     stop: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Serialises starting, pausing and canceling: each is stop, join, set the status,
+    /// launch, and two of them interleaved could leave a scan stopped but "scanning".
+    control: Mutex<()>,
 }
 
 fn now_s(inner: &Arc<dyn ScanPool>) -> u64 {
@@ -171,6 +179,11 @@ fn persist(inner: &Arc<dyn ScanPool>, mark_changed: bool) {
 
 pub fn status(inner: &Arc<dyn ScanPool>) -> ScanStatus {
     inner.scan().status.lock().clone()
+}
+
+/// A scan thread is running (scrub or resilver).
+pub fn is_running(inner: &Arc<dyn ScanPool>) -> bool {
+    inner.scan().running.load(Ordering::Acquire)
 }
 
 pub fn is_resilvering(inner: &Arc<dyn ScanPool>) -> bool {
@@ -221,7 +234,9 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
         let s = inner.scan().status.lock();
         (s.func, s.state, s.start_txg)
     };
-    let remaining: Vec<Txg> = inner.leaves().iter().filter(|l| l.readable()).flat_map(|l| l.dtl()).map(|r| r.0).collect();
+    let unrepaired = inner.scan().status.lock().unrepaired_devices.clone();
+    let remaining: Vec<Txg> =
+        inner.leaves().iter().filter(|l| l.readable() && !unrepaired.contains(&l.guid)).flat_map(|l| l.dtl()).map(|r| r.0).collect();
     if func != ScanFunc::Resilver || state != ScanState::Finished || remaining.is_empty() || inner.scan().stop.load(Ordering::Acquire) {
         return false;
     }
@@ -244,6 +259,7 @@ fn join(inner: &Arc<dyn ScanPool>) {
 }
 
 pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let _control = inner.scan().control.lock();
     {
         let mut s = inner.scan().status.lock();
         if s.state == ScanState::Scanning && inner.scan().running.load(Ordering::Acquire) {
@@ -271,6 +287,7 @@ pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
 }
 
 pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
+    let _control = inner.scan().control.lock();
     // An online leaf's open-ended DTL range (offline across an export: "missing from
     // offline_since on") ends now; left open it would survive every resilver.
     let open = inner.txg().open_txg();
@@ -306,6 +323,7 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
 }
 
 pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let _control = inner.scan().control.lock();
     {
         let s = inner.scan().status.lock();
         if s.state != ScanState::Scanning {
@@ -323,6 +341,7 @@ pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
 }
 
 pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let _control = inner.scan().control.lock();
     {
         let s = inner.scan().status.lock();
         if s.state != ScanState::Scanning && s.state != ScanState::Paused {
@@ -392,8 +411,17 @@ fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
         .sum()
 }
 
+/// Leaves a resilver pass could not fully repair: their DTLs stay. `all` when a
+/// subtree could not be read at all (which children miss what under it is unknown).
+#[derive(Default)]
+struct Unrepaired {
+    leaves: std::collections::HashSet<crate::Guid>,
+    all: bool,
+}
+
 /// Scrub one block pointer on every copy; returns false if it is unrecoverable.
-fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
+/// Children whose bad copy could not be rewritten go into `unrepaired`.
+fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, unrepaired: &mut Unrepaired) -> bool {
     let mut ok_somewhere = false;
     let mut any = false;
     let mut lost = Vec::new();
@@ -402,6 +430,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer) -> bool {
         any = true;
         let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
         let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
+        unrepaired.leaves.extend(o.unrepaired.iter().copied());
         let mut s = inner.scan().status.lock();
         s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
         s.repaired_bytes += o.repaired_bytes;
@@ -471,18 +500,12 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     let mut spans = 0u64;
     let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
     let mut bm = inner.scan().status.lock().bookmark.clone();
+    let mut unrepaired = Unrepaired::default();
     if bm.phase == 0 {
         if !resilver {
             check_labels(inner);
         }
-        let mos_root = inner.mos_root();
-        if !mos_root.is_hole() {
-            for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
-                if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp) {
-                    inner.scan().status.lock().errors += 1;
-                }
-            }
-        }
+        scan_mos(inner, resilver, min_txg, &mut unrepaired)?;
         bm = Bookmark { phase: 1, volume_id: 0, blkid: 0 };
         inner.scan().status.lock().bookmark = bm.clone();
     }
@@ -499,9 +522,13 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
                 return Ok(());
             }
             let last = (blk + EPB - 1).min(nblocks - 1);
+            // the pin keeps every block of this root where it is while the span's
+            // repairs are written (a block freed meanwhile is not reused)
+            let pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
             let root: TreeRoot = *v.committed.read();
             let mut bad: Vec<(u64, BlockPointer)> = Vec::new();
-            walk_span(inner, &root, blk, last, if resilver { min_txg } else { Txg::ZERO }, &mut bad)?;
+            walk_span(inner, &root, blk, last, if resilver { min_txg } else { Txg::ZERO }, &mut bad, &mut unrepaired)?;
+            drop(pin);
             for (blkid, bp) in bad {
                 // recheck against the current tree: a block freed meanwhile is not an error
                 let cur = *v.committed.read();
@@ -535,31 +562,85 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
         s.bookmark = Bookmark::default();
     }
     if resilver {
-        let start_txg = inner.scan().status.lock().start_txg;
-        for l in inner.leaves().iter() {
-            if !l.readable() {
-                continue;
-            }
-            let d: Vec<(Txg, Txg)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg.next()), b)).collect();
-            l.set_dtl(d);
-        }
-        let _ = inner.rewrite_labels();
+        finish_resilver(inner, &unrepaired);
     }
     Ok(())
 }
 
-/// Scrub every block of `[first, last]` (indirects included) born at or after `min_txg`.
-fn walk_span(inner: &Arc<dyn ScanPool>, root: &TreeRoot, first: u64, last: u64, min_txg: Txg, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
-    fn rec(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, level: u32, base: u64, first: u64, last: u64, min_txg: Txg, bad: &mut Vec<(u64, BlockPointer)>) -> Result<()> {
-        if bp.is_hole() || bp.birth < min_txg {
+/// Scan the MOS blocks (phase 0).
+fn scan_mos(inner: &Arc<dyn ScanPool>, resilver: bool, min_txg: Txg, unrepaired: &mut Unrepaired) -> Result<()> {
+    let mos_root = inner.mos_root();
+    if !mos_root.is_hole() {
+        let _pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
+        for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
+            if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp, unrepaired) {
+                inner.scan().status.lock().errors += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A resilver pass finished: clear the DTL entries it covered (up to `start_txg`) on
+/// every readable leaf it fully repaired; keep the others' and say so.
+fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
+    let start_txg = inner.scan().status.lock().start_txg;
+    if unrepaired.all {
+        tracing::warn!(pool = %inner.pool_name(), "resilver could not read part of the pool: every DTL is kept");
+    }
+    inner.scan().status.lock().unrepaired_devices = if unrepaired.all {
+        inner.leaves().iter().filter(|l| !l.dtl_empty()).map(|l| l.guid).collect()
+    } else {
+        unrepaired.leaves.iter().copied().collect()
+    };
+    for l in inner.leaves().iter() {
+        if !l.readable() || unrepaired.all || unrepaired.leaves.contains(&l.guid) {
+            if unrepaired.leaves.contains(&l.guid) {
+                tracing::warn!(pool = %inner.pool_name(), device = %l.spec.display(), "resilver could not repair every block on this device: its DTL is kept");
+            }
+            continue;
+        }
+        let d: Vec<(Txg, Txg)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg.next()), b)).collect();
+        l.set_dtl(d);
+    }
+    let _ = inner.rewrite_labels();
+}
+
+/// Scrub every block of `[first, last]` (indirects included) born at or after
+/// `min_txg`. An indirect block no copy of which reads back is an error, and its
+/// subtree is unrepaired (`unrepaired.all`): nothing under it was examined.
+fn walk_span(
+    inner: &Arc<dyn ScanPool>,
+    root: &TreeRoot,
+    first: u64,
+    last: u64,
+    min_txg: Txg,
+    bad: &mut Vec<(u64, BlockPointer)>,
+    unrepaired: &mut Unrepaired,
+) -> Result<()> {
+    struct Walk<'a> {
+        inner: &'a Arc<dyn ScanPool>,
+        first: u64,
+        last: u64,
+        min_txg: Txg,
+        bad: &'a mut Vec<(u64, BlockPointer)>,
+        unrepaired: &'a mut Unrepaired,
+    }
+    let mut w = Walk { inner, first, last, min_txg, bad, unrepaired };
+    return rec(&mut w, &root.bp, root.nlevels as u32 - 1, 0);
+
+    fn rec(w: &mut Walk<'_>, bp: &BlockPointer, level: u32, base: u64) -> Result<()> {
+        let (inner, first, last) = (w.inner, w.first, w.last);
+        if bp.is_hole() || bp.birth < w.min_txg {
             return Ok(());
         }
         // an indirect is scrubbed in the first span it covers; L0s in their own span
-        if (level == 0 || base >= first) && !scrub_bp(inner, bp) {
+        if (level == 0 || base >= first) && !scrub_bp(inner, bp, w.unrepaired) {
             if level == 0 {
-                bad.push((base, *bp));
+                w.bad.push((base, *bp));
             } else {
                 inner.scan().status.lock().errors += 1;
+                w.unrepaired.all = true;
             }
             return Ok(());
         }
@@ -569,17 +650,25 @@ fn walk_span(inner: &Arc<dyn ScanPool>, root: &TreeRoot, first: u64, last: u64, 
         let span = EPB.pow(level - 1);
         let ind = match inner.io().read_indirect(bp, IoClass::Scrub) {
             Ok(i) => i,
-            Err(_) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(pool = %inner.pool_name(), "scan: indirect block (birth {}) unreadable, its subtree is not examined: {e}", bp.birth);
+                inner.scan().status.lock().errors += 1;
+                w.unrepaired.all = true;
+                return Ok(());
+            }
         };
         let lo = first.saturating_sub(base) / span;
         let hi = ((last - base) / span).min(EPB - 1);
         for idx in lo..=hi {
             let o = idx as usize * BlockPointer::SIZE;
-            let Some(c) = BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]) else { continue };
-            rec(inner, &c, level - 1, base + idx * span, first, last, min_txg, bad)?;
+            let Some(c) = BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]) else {
+                inner.scan().status.lock().errors += 1;
+                w.unrepaired.all = true;
+                continue;
+            };
+            rec(w, &c, level - 1, base + idx * span)?;
         }
         Ok(())
     }
-    rec(inner, &root.bp, root.nlevels as u32 - 1, 0, first, last, min_txg, bad)
 }
 

@@ -110,6 +110,10 @@ pub fn block_chunks(offset: u64, len: u64, block_size: u64) -> impl Iterator<Ite
 }
 
 /// Bytes kept free for metadata (spa_slop_shift = 5: 1/32 of the pool), at least 4 MiB.
+/// Space a dirtied indirect block takes when its txg syncs: a new copy of it, written
+/// twice (indirect blocks carry two copies), uncompressed at worst.
+const INDIRECT_COST_BYTES: u64 = 2 * crate::dmu::INDIRECT_SIZE as u64;
+
 fn slop_bytes(size: u64) -> u64 {
     (size / 32).max(4 << 20).min(size / 2)
 }
@@ -175,15 +179,36 @@ impl Volume {
         }
     }
 
-    /// Refuse new dirty data when the pool could not hold it after copy-on-write.
+    /// Refuse new dirty data when the pool could not hold it after copy-on-write:
+    /// what is allocated, plus what the unsynced txgs will allocate (data, every
+    /// indirect block they dirty, their object directories), plus this write with a
+    /// full path of new indirects, must leave the slop free. The slop is the sync's:
+    /// frees, and estimates that fell short, come out of it, so a sync never fails
+    /// for space and writers get ENOSPC instead (OpenZFS: spa_slop_shift).
     fn check_space(&self, new_bytes: u64) -> Result<()> {
         let (size, alloc) = self.pool.io().space();
-        let dirty = self.pool.dirty().total();
-        let need = alloc + dirty + dirty / 16 + new_bytes;
+        let nlevels = self.vol.committed.read().nlevels as u64;
+        let this_write = new_bytes + nlevels.saturating_sub(1) * INDIRECT_COST_BYTES;
+        let need = alloc + self.pool.dirty().space_pending() + this_write;
         if need + slop_bytes(size) > size {
             return Err(Error::NoSpace);
         }
         Ok(())
+    }
+
+    /// The block reads as a hole: no dirty version, or a dirty free, over a committed
+    /// hole (or none at all).
+    fn is_hole(&self, blkid: u64) -> Result<bool> {
+        match self.vol.dirty.newest(blkid) {
+            Some(Some(_)) => return Ok(false),
+            Some(None) => return Ok(true),
+            None => {}
+        }
+        let root = *self.vol.committed.read();
+        if root.bp.is_hole() {
+            return Ok(true);
+        }
+        Ok(dmu::lookup(&self.pool.io(), &root, blkid, IoClass::SyncRead)?.is_hole())
     }
 
     fn primary_cache_data(&self) -> bool {
@@ -305,10 +330,15 @@ impl Volume {
             // a free record costs memory, not a block write: count it as 512 bytes so a
             // flush after an unmap still sees dirty state
             let cost = if new.is_some() { bs as u64 } else { 512 };
+            let has_data = new.is_some();
             let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
             drop(shard);
             if newly {
                 self.pool.dirty().add(hold.txg, cost);
+                let nlevels = self.vol.committed.read().nlevels;
+                let indirects = self.vol.dirty.note_indirects(hold.txg, blkid, nlevels) as u64;
+                let data = if has_data { bs as u64 } else { 0 };
+                self.pool.dirty().add_space(hold.txg, data + indirects * INDIRECT_COST_BYTES);
             }
             return Ok(hold.txg);
         }
@@ -329,6 +359,12 @@ impl Volume {
         let bs = self.bs();
         let mut max_txg = Txg::ZERO;
         for c in block_chunks(offset, len, bs) {
+            // freeing a block that was never written (or is freed already) changes
+            // nothing: no dirty record, no throttle (a TRIM of a whole empty volume
+            // must not fill the dirty limit)
+            if data.is_none() && free_whole && c.len as u64 == bs && self.is_hole(c.blkid)? {
+                continue;
+            }
             self.pool.dirty().throttle(&|| self.pool.txg().is_shutting_down());
             if data.is_some() || !free_whole || c.len as u64 != bs {
                 self.reserve_space(bs)?;

@@ -364,6 +364,9 @@ fn result<T>(r: &zilla_core::Result<T>) -> String {
 
 impl Sim {
     fn scrub(&mut self) {
+        // A resilver may be running on its own (a leg that missed writes); a scrub is
+        // refused meanwhile, so the admin waits for it first.
+        self.wait_resilvered();
         let r = self.pool.scrub(ScrubCmd::Start).and_then(|_| self.pool.scrub_wait());
         let st = self.pool.status();
         self.record(format!("scrub -> {} data_errors={} scan_errors={}", result(&r), st.data_errors, st.scan.errors));
@@ -399,7 +402,8 @@ impl Sim {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        self.fail("resilver did not finish");
+        let leaves: Vec<String> = self.pool.status().config.into_iter().flat_map(|t| t.children).map(|l| format!("{} {} {}", l.name, l.state, l.note)).collect();
+        self.fail(&format!("resilver did not finish: {leaves:?}, scan {:?}", self.pool.scan_status()));
     }
 
     fn offline_online(&mut self) {
@@ -509,7 +513,14 @@ impl Sim {
                     self.mirrors[m].impaired = None;
                 }
                 // The new FaultDevice fails nothing; corruption is in the image and stays.
-                Some((_, Impairment::FailingReads)) => self.mirrors[m].impaired = None,
+                // A leg faulted by its read errors stays FAULTED across the cut (the
+                // fault is in the MOS): the admin clears it, as after any repair.
+                Some((leg, Impairment::FailingReads)) => {
+                    let r = self.pool.clear(Some(leg));
+                    self.record(format!("clear {leg} after import -> {}", result(&r)));
+                    self.check("clear after import", r);
+                    self.mirrors[m].impaired = None;
+                }
                 _ => {}
             }
         }

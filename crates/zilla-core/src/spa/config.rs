@@ -35,7 +35,10 @@ pub struct LeafConfig {
     /// Txg at which the leaf went offline (its DTL starts there).
     #[serde(default)]
     pub offline_since: Txg,
-    #[serde(default)]
+    /// Before the MOS recorded leaf health, DTLs lived here; read from old labels
+    /// (merged into the MOS's at import), never written now: the config must fit its
+    /// label whatever a DTL grows to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dtl: Vec<(Txg, Txg)>,
 }
 
@@ -122,7 +125,7 @@ impl PoolInner {
                         l.offline_since = synced.next();
                     }
                     l.offline = off;
-                    l.dtl = leaf.dtl();
+                    l.dtl = Vec::new();
                     l.spec = leaf.spec.clone();
                 }
             }
@@ -130,53 +133,36 @@ impl PoolInner {
         cfg.clone()
     }
 
-    /// spa_sync, after the data flush and before the uberblock: a leaf that missed writes
-    /// of this txg (faulted, failing) must have that in its DTL on disk before the txg
-    /// commits; else a power cut forgets it, the leaf comes back looking complete, and
-    /// detaching its partner loses data (found by the seeded simulation; OpenZFS writes
-    /// DTLs every sync).
-    pub(crate) fn persist_changed_dtls(&self) -> Result<()> {
-        if self.dtl_changed() {
-            self.write_config_labels("active")?;
+    /// Refuse to `what` (detach, offline) `leaf` when it is the only child of `top`
+    /// holding some txgs: the others are missing them (DTL) or cannot be read.
+    fn refuse_if_only_holder(&self, top: &TopVdev, leaf: &Leaf, name: &str, what: &str) -> Result<()> {
+        let only = top.txgs_only_on(leaf, self.txg.open_txg());
+        if only.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let others: Vec<String> = top.children().iter().filter(|c| c.guid != leaf.guid).map(|c| c.spec.display()).collect();
+        Err(Error::Busy(format!(
+            "cannot {what} {name}: it is the only device holding txgs {} (missing on {}); let the resilver finish (zilla pool status), or bring the other devices back first",
+            crate::vdev::mirror::ranges_text(&only),
+            others.join(", ")
+        )))
     }
 
-    /// Some leaf's DTL differs from the one in the last config written to the labels.
-    fn dtl_changed(&self) -> bool {
-        let cfg = self.config.lock();
-        let leaves = self.leaves.read();
-        cfg.tops.iter().flat_map(|t| t.children.iter()).any(|lc| leaves.iter().any(|l| l.guid == lc.guid && l.dtl() != lc.dtl))
-    }
-
-    /// Write the config to every leaf's labels: even labels, flush, odd labels, flush.
+    /// Write the config to every leaf's labels: even labels, flush, odd labels, flush,
+    /// through each leaf's queue (after the writes queued before). One writer at a
+    /// time, and each write carries a config txg above the last one written.
     pub fn write_config_labels(&self, state: &str) -> Result<()> {
+        let _w = self.config_write_lock.lock();
         let mut cfg = self.refresh_config();
         cfg.state = state.to_string();
-        cfg.txg = self.txg.open_txg();
+        cfg.txg = self.txg.open_txg().max(cfg.txg.next());
         *self.config.lock() = cfg.clone();
         let leaves = self.leaves.read().clone();
         for pass in [[0usize, 2], [1, 3]] {
             let mut ok = 0;
-            for leaf in &leaves {
-                if leaf.state() != LeafState::Online {
-                    continue;
-                }
-                let json = serde_json::to_vec(&LabelJson { this_guid: leaf.guid, config: cfg.clone() }).unwrap();
-                let dev = leaf.device();
-                let size = dev.size();
-                let mut good = true;
-                for l in pass {
-                    let off = label::label_offset(size, l);
-                    let buf = label::encode_config(&json, cfg.txg, off)?;
-                    if dev.write_at(&buf, off).is_err() {
-                        good = false;
-                    }
-                }
-                if good && dev.flush().is_ok() {
+            for leaf in leaves.iter().filter(|l| l.state() == LeafState::Online) {
+                if write_label_pass(leaf, &cfg, pass)? {
                     ok += 1;
-                } else {
-                    leaf.write_errors.fetch_add(1, Ordering::Relaxed);
                 }
             }
             if ok == 0 && !leaves.is_empty() {
@@ -185,6 +171,27 @@ impl PoolInner {
         }
         Ok(())
     }
+}
+
+/// Write `cfg` into labels `pass` of `leaf` and flush. False if the leaf failed (its
+/// error counters and DTL say so); Err only for a config too big for its label.
+fn write_label_pass(leaf: &Leaf, cfg: &PoolConfig, pass: [usize; 2]) -> Result<bool> {
+    let json = serde_json::to_vec(&LabelJson { this_guid: leaf.guid, config: cfg.clone() })
+        .map_err(|e| Error::Corrupt(format!("encoding the pool config: {e}")))?;
+    let size = leaf.device().size();
+    let mut good = true;
+    for l in pass {
+        let off = label::label_offset(size, l);
+        let buf = label::encode_config(&json, cfg.txg, off)?;
+        if leaf.queue.write(crate::vdev::IoClass::SyncWrite, &buf, off).is_err() {
+            good = false;
+        }
+    }
+    if good && leaf.flush_blocking().is_ok() {
+        return Ok(true);
+    }
+    leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+    Ok(false)
 }
 
 impl Pool {
@@ -272,10 +279,7 @@ impl Pool {
             if kids.len() < 2 {
                 return Err(Error::invalid(format!("cannot detach {dev}: only a device of a mirror can be detached")));
             }
-            let others_good = kids.iter().any(|c| c.guid != leaf.guid && c.readable() && c.dtl_empty());
-            if !others_good {
-                return Err(Error::invalid(format!("cannot detach {dev}: no valid replicas")));
-            }
+            inner.refuse_if_only_holder(&top, &leaf, dev, "detach")?;
         }
         {
             let _g = inner.sync_lock.lock();
@@ -303,8 +307,11 @@ impl Pool {
         if leaf.state() == LeafState::Offline {
             return Ok(());
         }
-        if matches!(top.role, Role::Normal | Role::Log) && !top.children().iter().any(|c| c.guid != leaf.guid && c.readable()) {
-            return Err(Error::invalid(format!("cannot offline {dev}: no valid replicas")));
+        if matches!(top.role, Role::Normal | Role::Log) {
+            if !top.children().iter().any(|c| c.guid != leaf.guid && c.readable()) {
+                return Err(Error::invalid(format!("cannot offline {dev}: no valid replicas")));
+            }
+            inner.refuse_if_only_holder(&top, &leaf, dev, "offline")?;
         }
         {
             let _g = inner.sync_lock.lock();
@@ -329,17 +336,28 @@ impl Pool {
             leaf.set_state(LeafState::Online);
         }
         inner.write_config_labels("active")?;
+        if matches!(inner.meta.lock().health.iter().find(|h| h.guid == leaf.guid), Some(h) if h.faulted) {
+            self.sync()?; // a fault the MOS records is cleared there too
+        }
         if !leaf.dtl_empty() {
             crate::scan::start_resilver(&inner.scanner());
         }
         Ok(())
     }
 
+    /// Attach `new` next to `old`, resilver, then detach `old` — only if `new` then
+    /// holds everything `old` did; otherwise both stay and the error says why.
     pub fn replace(&self, old: &str, new: &LeafSpec, force: bool) -> Result<()> {
         self.check_open()?;
         self.attach(old, new, force)?;
         crate::scan::wait(&self.inner.scanner());
-        self.detach(old)
+        self.detach(old).map_err(|e| match e {
+            Error::Busy(why) => Error::Busy(format!(
+                "replace of {old} by {} did not complete, both are kept: {why}",
+                new.display()
+            )),
+            e => e,
+        })
     }
 
     pub fn clear(&self, dev: Option<&str>) -> Result<()> {
@@ -364,10 +382,14 @@ impl Pool {
                 inner.io.error_log.lock().clear();
             }
         }
+        inner.suspended.store(false, Ordering::Relaxed);
+        // the cleared faults are in the MOS when clear returns (a power cut must not
+        // bring them back)
+        inner.meta.lock().changed = true;
+        self.sync()?;
         if inner.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty()) {
             crate::scan::start_resilver(&inner.scanner());
         }
-        inner.suspended.store(false, Ordering::Relaxed);
         Ok(())
     }
 

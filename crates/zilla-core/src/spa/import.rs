@@ -34,6 +34,34 @@ pub struct ImportablePool {
     pub leaves: Vec<LeafSpec>,
 }
 
+/// How to import (CLI: `zilla pool import [-f] [-F [-n]]`).
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Import even if the labels say the pool is active elsewhere.
+    pub force: bool,
+    /// If the newest txg cannot be read, load the newest older one that can (after
+    /// verifying every block it references), dropping the writes of the txgs between.
+    pub rewind: bool,
+    /// With `rewind`: say what would be loaded and dropped, import nothing.
+    pub dry_run: bool,
+}
+
+/// What a rewind loads and what it drops.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RewindPlan {
+    pub pool: String,
+    /// The newest txg on disk, and when it was written.
+    pub newest_txg: Txg,
+    pub newest_time_ns: u64,
+    /// The txg the import loads (equal to newest_txg when no rewind is needed).
+    pub load_txg: Txg,
+    pub load_time_ns: u64,
+    /// Seconds of acknowledged writes between the two that a rewind drops.
+    pub dropped_seconds: f64,
+    /// Why the newest txg cannot be loaded (empty when it can).
+    pub reason: String,
+}
+
 struct Opened {
     spec: LeafSpec,
     dev: Arc<dyn Device>,
@@ -104,7 +132,7 @@ impl Pool {
             tops: cfg_tops,
             props: pool_props,
         };
-        let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true };
+        let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![] };
         let io = PoolIo::new(vdevs, ms);
         let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL.prev(), opener, env);
         // wipe stale uberblock rings, then config labels, then the first txg
@@ -163,142 +191,30 @@ impl Pool {
 
     /// Import with a given Env (tests: a simulated clock and seeded randomness).
     pub fn import_with_env(specs: &[LeafSpec], opener: Opener, env: Arc<dyn Env>) -> Result<Arc<Pool>> {
-        if specs.is_empty() {
-            return Err(Error::invalid("no devices to import from"));
+        Self::import_with_options(specs, opener, env, &ImportOptions::default())
+    }
+
+    /// What `import -F` would do, without doing it (`import -F -n`).
+    pub fn rewind_plan(specs: &[LeafSpec], opener: Opener) -> Result<RewindPlan> {
+        let opts = ImportOptions { rewind: true, dry_run: true, ..Default::default() };
+        let loaded = load_for_import(specs, &opener, &opts)?;
+        Ok(loaded.chosen.plan)
+    }
+
+    /// Import, with `opts`: `rewind` allows loading an older txg when the newest cannot
+    /// be read (`zpool import -F`). A dry run imports nothing: use [`Pool::rewind_plan`].
+    pub fn import_with_options(specs: &[LeafSpec], opener: Opener, env: Arc<dyn Env>, opts: &ImportOptions) -> Result<Arc<Pool>> {
+        if opts.dry_run {
+            return Err(Error::invalid("a dry run imports nothing: use rewind_plan"));
         }
-        // read every label
-        let mut devs: Vec<(LeafSpec, Arc<dyn Device>, label::LabelScan, Option<LabelJson>)> = Vec::new();
-        for s in specs {
-            let dev = match opener(s, Role::Normal) {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!("import: cannot open {}: {e}", s.display());
-                    continue;
-                }
-            };
-            let scan = match label::scan_labels(&*dev) {
-                Ok(sc) => sc,
-                Err(e) => {
-                    tracing::warn!("import: cannot read labels of {}: {e}", s.display());
-                    continue;
-                }
-            };
-            let lj = scan.config.as_ref().and_then(|(_, j)| serde_json::from_slice::<LabelJson>(j).ok());
-            devs.push((s.clone(), dev, scan, lj));
+        let Loaded { mut cfg, leaves, io, chosen, bad_labels } = load_for_import(specs, &opener, opts)?;
+        let Chosen { ub, mos, ms, newest_txg, plan } = chosen;
+        if plan.load_txg != plan.newest_txg {
+            tracing::warn!(pool = %cfg.name, "rewinding from txg {} to txg {}: {:.1} s of writes dropped ({})", plan.newest_txg, plan.load_txg, plan.dropped_seconds, plan.reason);
         }
-        let Some(best_cfg) = devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()) else {
-            return Err(Error::NotFound(format!(
-                "no valid pool label on {}",
-                specs.iter().map(|s| s.display()).collect::<Vec<_>>().join(", ")
-            )));
-        };
-        if best_cfg.state == "destroyed" {
-            return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));
-        }
-        for d in &devs {
-            if let Some(lj) = &d.3 {
-                if lj.config.guid != best_cfg.guid {
-                    return Err(Error::invalid(format!(
-                        "{} belongs to another pool ('{}', guid {})",
-                        d.0.display(),
-                        lj.config.name,
-                        lj.config.guid
-                    )));
-                }
-            }
-        }
-        let mut cfg = best_cfg.clone();
-        // build the tree, matching leaves by guid
-        let mut vdevs = Vec::new();
-        let mut leaves = Vec::new();
-        let mut ubs: Vec<label::Uberblock> = Vec::new();
-        let mut bad_labels = 0;
-        for t in cfg.tops.iter_mut() {
-            let mut children = Vec::new();
-            for lc in t.children.iter_mut() {
-                let found = devs.iter().find(|d| d.3.as_ref().map(|lj| lj.this_guid) == Some(lc.guid));
-                let leaf = match found {
-                    Some((spec, dev, scan, _)) => {
-                        let dev: Arc<dyn Device> = if spec.model.is_some() && t.role != Role::Normal {
-                            opener(spec, t.role).unwrap_or_else(|_| dev.clone())
-                        } else {
-                            dev.clone()
-                        };
-                        ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == cfg.guid).cloned());
-                        bad_labels += scan.bad_labels;
-                        lc.spec = spec.clone();
-                        let l = Arc::new(Leaf::new(lc.guid, spec.clone(), dev));
-                        if lc.offline {
-                            l.set_state(LeafState::Offline);
-                        }
-                        l.set_dtl(lc.dtl.clone());
-                        l
-                    }
-                    None => {
-                        let l = Arc::new(Leaf::new(lc.guid, lc.spec.clone(), Arc::new(MissingDevice)));
-                        l.set_state(LeafState::Unavail);
-                        l
-                    }
-                };
-                leaves.push(leaf.clone());
-                children.push(leaf);
-            }
-            if matches!(t.role, Role::Normal) && !children.iter().any(|c| c.state() != LeafState::Unavail) {
-                return Err(Error::NotFound(format!(
-                    "pool '{}': every device of top-level vdev {} is missing ({})",
-                    cfg.name,
-                    t.id,
-                    t.children.iter().map(|c| c.spec.display()).collect::<Vec<_>>().join(", ")
-                )));
-            }
-            vdevs.push(open_top(t, children));
-        }
-        ubs.sort_by(|a, b| b.txg.cmp(&a.txg).then(b.timestamp_ns.cmp(&a.timestamp_ns)));
-        ubs.dedup_by(|a, b| a == b);
-        if ubs.is_empty() {
-            return Err(Error::Corrupt(format!("pool '{}': no valid uberblock on any device", cfg.name)));
-        }
-        let io = PoolIo::new(vdevs, Metaslabs::new());
-        // newest uberblock whose MOS reads back
-        let mut loaded = None;
-        let mut last_err = None;
-        for ub in &ubs {
-            let mut ms = Metaslabs::new();
-            for t in io.vdevs.read().iter() {
-                if matches!(t.role, Role::Normal | Role::Log) {
-                    ms.add_vdev(t.id, t.role, t.asize());
-                }
-            }
-            let r = (|| -> Result<crate::dmu::Mos> {
-                let blob = dmu::read_mos_blob(&io, &ub.root, crate::vdev::IoClass::SyncRead)?;
-                let mos = crate::dmu::Mos::decode(&blob, &mut ms)?;
-                for bp in dmu::mos_blocks(&io, &ub.root, crate::vdev::IoClass::SyncRead)? {
-                    for d in bp.copies() {
-                        ms.claim(d)?;
-                    }
-                }
-                Ok(mos)
-            })();
-            match r {
-                Ok(mos) => {
-                    loaded = Some((ub.clone(), mos, ms));
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(pool = %cfg.name, txg = ub.txg.get(), "uberblock unusable, trying an older one: {e}");
-                    last_err = Some(e);
-                }
-            }
-        }
-        let Some((ub, mos, ms)) = loaded else {
-            return Err(Error::Corrupt(format!(
-                "pool '{}': no uberblock with a readable object directory ({})",
-                cfg.name,
-                last_err.map(|e| e.to_string()).unwrap_or_default()
-            )));
-        };
         io.ms.replace_with(ms);
         io.refresh_space();
+        apply_leaf_health(&leaves, &cfg, &mos);
         // leaves that were offline missed every txg since
         for l in &leaves {
             if l.state() == LeafState::Offline {
@@ -331,8 +247,11 @@ impl Pool {
         if let Ok(p) = serde_json::from_str::<BTreeMap<String, String>>(&mos.pool_props) {
             cfg.props.extend(p);
         }
-        let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false };
-        let inner = PoolInner::new(cfg, io, leaves, volumes, meta, ub.txg, opener, env);
+        let health = mos.leaf_health.clone().unwrap_or_default();
+        let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false, health };
+        // After a rewind the next txg follows the newest one seen, so its uberblocks
+        // outrank the skipped ones in every slot.
+        let inner = PoolInner::new(cfg, io, leaves, volumes, meta, newest_txg.max(ub.txg), opener, env);
         // rewrite labels: marks the pool active and repairs damaged label copies
         if let Err(e) = inner.write_config_labels("active") {
             tracing::warn!("import: could not rewrite labels: {e}");
@@ -351,6 +270,230 @@ impl Pool {
         Ok(pool)
     }
 
+}
+
+/// A device read at import: its spec, the open device, its labels and config.
+type DevLabel = (LeafSpec, Arc<dyn Device>, label::LabelScan, Option<LabelJson>);
+
+/// Everything import reads before it builds the pool.
+struct Loaded {
+    cfg: PoolConfig,
+    leaves: Vec<Arc<Leaf>>,
+    io: PoolIo,
+    chosen: Chosen,
+    bad_labels: usize,
+}
+
+/// Read the labels, build the vdev tree, choose the uberblock and load its MOS.
+fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions) -> Result<Loaded> {
+    if specs.is_empty() {
+        return Err(Error::invalid("no devices to import from"));
+    }
+    let (devs, mut cfg) = read_labels(specs, opener)?;
+    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener)?;
+    let io = PoolIo::new(vdevs, Metaslabs::new());
+    let chosen = choose_uberblock(&io, &cfg.name, ubs, opts)?;
+    Ok(Loaded { cfg, leaves, io, chosen, bad_labels })
+}
+
+/// Every device's labels, and the config with the highest config txg.
+fn read_labels(specs: &[LeafSpec], opener: &Opener) -> Result<(Vec<DevLabel>, PoolConfig)> {
+    let mut devs: Vec<DevLabel> = Vec::new();
+    for s in specs {
+        let dev = match opener(s, Role::Normal) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("import: cannot open {}: {e}", s.display());
+                continue;
+            }
+        };
+        let scan = match label::scan_labels(&*dev) {
+            Ok(sc) => sc,
+            Err(e) => {
+                tracing::warn!("import: cannot read labels of {}: {e}", s.display());
+                continue;
+            }
+        };
+        let lj = scan.config.as_ref().and_then(|(_, j)| serde_json::from_slice::<LabelJson>(j).ok());
+        devs.push((s.clone(), dev, scan, lj));
+    }
+    let Some(best_cfg) = devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()) else {
+        return Err(Error::NotFound(format!("no valid pool label on {}", specs.iter().map(|s| s.display()).collect::<Vec<_>>().join(", "))));
+    };
+    if best_cfg.state == "destroyed" {
+        return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));
+    }
+    for d in &devs {
+        if let Some(lj) = &d.3 {
+            if lj.config.guid != best_cfg.guid {
+                return Err(Error::invalid(format!("{} belongs to another pool ('{}', guid {})", d.0.display(), lj.config.name, lj.config.guid)));
+            }
+        }
+    }
+    Ok((devs, best_cfg))
+}
+
+/// The live vdev tree for `cfg`, leaves matched to devices by guid (missing ones
+/// UNAVAIL); also every uberblock found and the count of damaged labels.
+#[allow(clippy::type_complexity)]
+fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
+    let (mut vdevs, mut leaves, mut ubs, mut bad_labels) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let pool_guid = cfg.guid;
+    for t in cfg.tops.iter_mut() {
+        let mut children = Vec::new();
+        for lc in t.children.iter_mut() {
+            let found = devs.iter().find(|d| d.3.as_ref().map(|lj| lj.this_guid) == Some(lc.guid));
+            let leaf = match found {
+                Some((spec, dev, scan, _)) => {
+                    let dev: Arc<dyn Device> =
+                        if spec.model.is_some() && t.role != Role::Normal { opener(spec, t.role).unwrap_or_else(|_| dev.clone()) } else { dev.clone() };
+                    ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == pool_guid).cloned());
+                    bad_labels += scan.bad_labels;
+                    lc.spec = spec.clone();
+                    let l = Arc::new(Leaf::new(lc.guid, spec.clone(), dev));
+                    if lc.offline {
+                        l.set_state(LeafState::Offline);
+                    }
+                    l
+                }
+                None => {
+                    let l = Arc::new(Leaf::new(lc.guid, lc.spec.clone(), Arc::new(MissingDevice)));
+                    l.set_state(LeafState::Unavail);
+                    l
+                }
+            };
+            leaves.push(leaf.clone());
+            children.push(leaf);
+        }
+        if matches!(t.role, Role::Normal) && !children.iter().any(|c| c.state() != LeafState::Unavail) {
+            return Err(Error::NotFound(format!(
+                "pool '{}': every device of top-level vdev {} is missing ({})",
+                cfg.name,
+                t.id,
+                t.children.iter().map(|c| c.spec.display()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        vdevs.push(open_top(t, children));
+    }
+    Ok((vdevs, leaves, ubs, bad_labels))
+}
+
+/// The uberblock import loads, its MOS and allocator, and the newest txg on disk.
+struct Chosen {
+    ub: label::Uberblock,
+    mos: crate::dmu::Mos,
+    ms: Metaslabs,
+    newest_txg: Txg,
+    plan: RewindPlan,
+}
+
+/// Load the MOS of `ub` into a fresh allocator, claiming the MOS's own blocks.
+fn load_mos(io: &PoolIo, ub: &label::Uberblock) -> Result<(crate::dmu::Mos, Metaslabs)> {
+    let mut ms = Metaslabs::new();
+    for t in io.vdevs.read().iter() {
+        if matches!(t.role, Role::Normal | Role::Log) {
+            ms.add_vdev(t.id, t.role, t.asize());
+        }
+    }
+    let blob = dmu::read_mos_blob(io, &ub.root, crate::vdev::IoClass::SyncRead)?;
+    let mos = crate::dmu::Mos::decode(&blob, &mut ms)?;
+    for bp in dmu::mos_blocks(io, &ub.root, crate::vdev::IoClass::SyncRead)? {
+        for d in bp.copies() {
+            ms.claim(d)?;
+        }
+    }
+    Ok((mos, ms))
+}
+
+/// Every block the trees of `mos` reference reads back and verifies. Needed before
+/// loading a txg older than the newest by more than the free deferral: its blocks
+/// may have been freed and reused since.
+fn verify_trees(io: &PoolIo, mos: &crate::dmu::Mos) -> Result<()> {
+    for v in &mos.volumes {
+        dmu::walk_all(io, &v.root, crate::vdev::IoClass::SyncRead, &mut |bp, level| {
+            if level == 0 {
+                io.read_block(bp, crate::vdev::IoClass::SyncRead, crate::arc::BufKind::Data, false)?;
+            }
+            Ok(())
+        })
+        .map_err(|e| Error::Corrupt(format!("volume {}: {e}", v.name)))?;
+    }
+    Ok(())
+}
+
+/// Most txgs a rewind may go back (the uberblock ring holds 32).
+pub const REWIND_MAX_TXGS: u64 = 32;
+
+/// Choose the uberblock to load: the newest valid one, always. If its MOS cannot be
+/// read, import fails, unless `opts.rewind`: then the newest older one that loads
+/// (and, beyond the free deferral, whose every block verifies) is chosen.
+fn choose_uberblock(io: &PoolIo, name: &str, mut ubs: Vec<label::Uberblock>, opts: &ImportOptions) -> Result<Chosen> {
+    ubs.sort_by(|a, b| b.txg.cmp(&a.txg).then(b.timestamp_ns.cmp(&a.timestamp_ns)));
+    ubs.dedup_by(|a, b| a == b);
+    let Some(newest) = ubs.first().cloned() else {
+        return Err(Error::Corrupt(format!("pool '{name}': no valid uberblock on any device")));
+    };
+    let plan_for = |ub: &label::Uberblock, reason: String| RewindPlan {
+        pool: name.to_string(),
+        newest_txg: newest.txg,
+        newest_time_ns: newest.timestamp_ns,
+        load_txg: ub.txg,
+        load_time_ns: ub.timestamp_ns,
+        dropped_seconds: newest.timestamp_ns.saturating_sub(ub.timestamp_ns) as f64 / 1e9,
+        reason,
+    };
+    let newest_err = match load_mos(io, &newest) {
+        Ok((mos, ms)) => return Ok(Chosen { plan: plan_for(&newest, String::new()), ub: newest.clone(), mos, ms, newest_txg: newest.txg }),
+        Err(e) => e,
+    };
+    let reason = format!("the object directory of txg {} cannot be read: {newest_err}", newest.txg);
+    let mut last_err = String::new();
+    for ub in ubs.iter().skip(1).filter(|u| u.txg < newest.txg && newest.txg.since(u.txg) <= REWIND_MAX_TXGS) {
+        let r = load_mos(io, ub).and_then(|(mos, ms)| {
+            if newest.txg.since(ub.txg) > crate::metaslab::TXG_DEFER_SIZE {
+                verify_trees(io, &mos)?;
+            }
+            Ok((mos, ms))
+        });
+        match r {
+            Ok((mos, ms)) => {
+                let plan = plan_for(ub, reason.clone());
+                if !opts.rewind {
+                    return Err(Error::Corrupt(format!(
+                        "pool '{name}': {reason}; import with -F to rewind to txg {} ({:.1} s of acknowledged writes would be lost; -F -n shows this without importing)",
+                        plan.load_txg, plan.dropped_seconds
+                    )));
+                }
+                return Ok(Chosen { ub: ub.clone(), mos, ms, newest_txg: newest.txg, plan });
+            }
+            Err(e) => last_err = format!("; txg {}: {e}", ub.txg),
+        }
+    }
+    Err(Error::Corrupt(format!("pool '{name}': {reason}, and no older txg within {REWIND_MAX_TXGS} loads{last_err}")))
+}
+
+/// Leaf health from the MOS: DTLs and faults. A leaf the MOS does not list joined
+/// after that txg (attach, add) and is treated as missing every txg; an object
+/// directory from before the health section keeps the labels' DTLs.
+fn apply_leaf_health(leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::Mos) {
+    for l in leaves {
+        let label_dtl = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid).map(|c| c.dtl.clone()).unwrap_or_default();
+        let Some(recs) = &mos.leaf_health else {
+            l.set_dtl(label_dtl);
+            continue;
+        };
+        match recs.iter().find(|r| r.guid == l.guid) {
+            Some(r) => {
+                let mut d = r.dtl.clone();
+                d.extend(label_dtl);
+                l.set_dtl(d);
+                if r.faulted && l.state() == LeafState::Online {
+                    l.set_state(LeafState::Faulted);
+                }
+            }
+            None => l.set_dtl(vec![(Txg(1), mos.txg)]),
+        }
+    }
 }
 
 /// A leaf that was missing at import.

@@ -48,7 +48,7 @@ mod sync;
 mod verify;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
-pub use import::ImportablePool;
+pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
@@ -131,6 +131,8 @@ pub(crate) struct MosMeta {
     pub scan_state: String,
     /// Something in the MOS changed (props, volumes) even if no data is dirty.
     pub changed: bool,
+    /// Leaf health (DTLs, faults) as the committed MOS records it.
+    pub health: Vec<crate::dmu::LeafHealth>,
 }
 
 pub(crate) struct PoolInner {
@@ -145,10 +147,15 @@ pub(crate) struct PoolInner {
     meta: Mutex<MosMeta>,
     /// Serialises syncs with config changes (attach/detach/add/online/offline).
     sync_lock: Mutex<()>,
+    /// Serialises label writes (each config txg is written once, increasing).
+    config_write_lock: Mutex<()>,
     opener: Opener,
     suspended: AtomicBool,
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
     abandoned: AtomicBool,
+    /// A committed txg recorded new DTL entries on an online leaf: the sync thread
+    /// starts a resilver.
+    resilver_wanted: AtomicBool,
     scan: crate::scan::ScanControl,
     /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
     env: Arc<dyn crate::env::Env>,
@@ -194,9 +201,11 @@ impl PoolInner {
             volumes: RwLock::new(volumes),
             meta: Mutex::new(meta),
             sync_lock: Mutex::new(()),
+            config_write_lock: Mutex::new(()),
             opener,
             suspended: false.into(),
             abandoned: false.into(),
+            resilver_wanted: false.into(),
             scan: Default::default(),
             env,
         })
@@ -330,6 +339,11 @@ impl Pool {
         self.check_open()?;
         let t = self.inner.txg.open_txg();
         self.inner.txg.wait_synced(t)
+    }
+
+    /// Dirty data and the write throttle: bytes dirty now, the limit, delayed writers.
+    pub fn throttle_stats(&self) -> crate::dsl_pool::ThrottleStats {
+        self.inner.dirty.stats()
     }
 
     pub fn arc_stats(&self) -> crate::arc::ArcStats {

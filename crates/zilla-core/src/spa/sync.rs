@@ -38,6 +38,34 @@ pub static ZFS_DEBUG_FAIL_SYNC_ASSERTION: Tunable = Tunable::new(
     "testing aid: 1 makes the next txg sync fail an assertion before it writes anything (exercises the broken-invariant policy: the daemon stops)",
 );
 
+/// How often a sync rewrites its txg because a device failed while it was written,
+/// before it gives up (the pool then suspends and retries with backoff).
+pub const SYNC_HEALTH_RETRIES: u32 = 5;
+
+/// Why one attempt at syncing a txg failed.
+#[derive(Debug)]
+enum SyncError {
+    /// A leaf's DTL or state changed after the MOS was encoded: write the txg again.
+    HealthChanged(String),
+    Failed(Error),
+}
+
+impl From<Error> for SyncError {
+    fn from(e: Error) -> Self {
+        SyncError::Failed(e)
+    }
+}
+
+/// Which leaves' health differs, for the log.
+fn health_diff(before: &[dmu::LeafHealth], after: &[dmu::LeafHealth]) -> String {
+    after
+        .iter()
+        .filter(|a| !before.contains(a))
+        .map(|a| format!("leaf {:016x} dtl [{}]{}", a.guid.get(), crate::vdev::mirror::ranges_text(&a.dtl), if a.faulted { " faulted" } else { "" }))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Dirty blocks prepared, allocated and handed to the writer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
 
@@ -51,10 +79,10 @@ impl PoolInner {
     /// Uberblock `ub` into its slot of all four labels of every online leaf, then a
     /// flush, all leaves at once: per leaf four write requests and a flush request,
     /// which its queue issues only after those writes completed. Ok if at least one leaf
-    /// wrote all four and flushed. First the labels, if some leaf's DTL changed: what a
-    /// leaf missed must be on disk before the txg that it missed commits.
+    /// wrote all four and flushed. A leaf whose flush fails here gets what it may have
+    /// dropped in its DTL (recorded by the next txg's MOS; its data of this txg was
+    /// flushed by `flush_all` already).
     fn write_uberblocks(&self, ub: &Uberblock) -> Result<()> {
-        self.persist_changed_dtls()?;
         use crate::vdev::queue::IoRequest;
         use crate::vdev::IoClass;
         let leaves: Vec<Arc<Leaf>> = self.ub_leaves().into_iter().filter(|l| l.state() == LeafState::Online).collect();
@@ -69,8 +97,12 @@ impl PoolInner {
                     let _ = tx.send((i, d.result.is_ok()));
                 })));
             }
-            let tx = tx.clone();
+            let (tx, l) = (tx.clone(), leaf.clone());
+            let (covered, _) = leaf.begin_flush(false);
             leaf.queue.submit(IoRequest::flush(Box::new(move |d| {
+                if d.result.is_err() {
+                    l.flush_failed(covered);
+                }
                 let _ = tx.send((i, d.result.is_ok()));
             })));
         }
@@ -88,7 +120,30 @@ impl PoolInner {
         Ok(())
     }
 
-    /// Flush every data-holding top-level vdev, all at once (one flush request per child).
+    /// Every leaf's health as the MOS records it: DTL and faulted state.
+    pub(crate) fn leaf_health(&self) -> Vec<dmu::LeafHealth> {
+        self.leaves
+            .read()
+            .iter()
+            .map(|l| dmu::LeafHealth { guid: l.guid, faulted: l.state() == LeafState::Faulted, dtl: l.dtl() })
+            .collect()
+    }
+
+    /// Some readable leaf has DTL entries in `now` that `before` lacked: it missed
+    /// writes (a failed write or flush) while staying online, so a resilver should
+    /// copy them to it.
+    fn dtl_grew_on_readable_leaf(&self, before: &[dmu::LeafHealth], now: &[dmu::LeafHealth]) -> bool {
+        let leaves = self.leaves.read();
+        now.iter().any(|h| {
+            let readable = leaves.iter().any(|l| l.guid == h.guid && l.readable());
+            let old = before.iter().find(|b| b.guid == h.guid).map(|b| b.dtl.clone()).unwrap_or_default();
+            readable && !crate::vdev::mirror::range_subtract(&h.dtl, &old).is_empty()
+        })
+    }
+
+    /// Flush every data-holding top-level vdev, all at once (one flush request per
+    /// child). Fails if some top-level vdev has no child that holds everything written
+    /// to it since its last flush (see `TopVdev::flush_async`).
     fn flush_all(&self) -> Result<()> {
         let tops: Vec<_> = self.tops().into_iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).collect();
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -116,6 +171,10 @@ impl PoolInner {
         if self.dirty.txg_dirty(txg) > 0 || self.meta.lock().changed {
             return true;
         }
+        // a DTL or fault not yet in the MOS
+        if self.leaf_health() != self.meta.lock().health {
+            return true;
+        }
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
     }
 
@@ -132,12 +191,24 @@ impl PoolInner {
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
         self.io.ms.release_through(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
-        self.io.ms.begin_sync(txg);
-        let r = self.spa_sync_inner(txg);
-        match r {
-            Ok(()) => self.io.ms.end_sync(txg),
-            Err(_) => self.io.ms.undo_sync(txg),
-        }
+        let mut attempt = 0;
+        let r = loop {
+            self.io.ms.begin_sync(txg);
+            let r = self.spa_sync_inner(txg);
+            match r {
+                Ok(()) => self.io.ms.end_sync(txg),
+                Err(_) => self.io.ms.undo_sync(txg),
+            }
+            attempt += 1;
+            match r {
+                Err(SyncError::HealthChanged(why)) if attempt < SYNC_HEALTH_RETRIES => {
+                    tracing::warn!(pool = %self.name, txg = txg.get(), attempt, "rewriting txg: {why}");
+                }
+                Err(SyncError::HealthChanged(why)) => break Err(Error::Io(std::io::Error::other(why))),
+                Err(SyncError::Failed(e)) => break Err(e),
+                Ok(()) => break Ok(()),
+            }
+        };
         self.io.refresh_space();
         match r {
             Ok(()) => {
@@ -151,7 +222,8 @@ impl PoolInner {
         }
     }
 
-    fn spa_sync_inner(&self, txg: Txg) -> Result<()> {
+    /// Steps 2-7 of the commit protocol.
+    fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
@@ -183,17 +255,7 @@ impl PoolInner {
             let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch)?;
             new_roots.push((v.clone(), nr));
         }
-        // destroyed volumes
-        for root in &doomed {
-            let mut bps = Vec::new();
-            dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
-                bps.push(*bp);
-                Ok(())
-            })?;
-            for bp in bps {
-                self.io.free_block(&bp, txg);
-            }
-        }
+        self.free_doomed(&doomed, txg)?;
         writer.issue(std::mem::take(&mut batch))?;
         writer.finish()?;
         // the MOS
@@ -203,17 +265,14 @@ impl PoolInner {
             }
         }
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
-        let mos = Mos {
+        let (mos_root, health) = self.write_mos_and_flush(txg, Mos {
             txg,
             next_volume_id: next_id,
             volumes: new_roots.iter().map(|(v, r)| v.record(*r)).collect(),
             scan_state,
             pool_props,
-        };
-        let blob = mos.encode(&self.io.ms);
-        let mos_root = dmu::write_mos(&self.io, &blob, txg, &mut batch)?;
-        self.io.issue_writes(batch, txg)?;
-        self.flush_all()?;
+            leaf_health: None,
+        }, &mut batch)?;
         let ub = Uberblock {
             txg,
             guid_sum: self.config.lock().guid_sum(),
@@ -234,10 +293,49 @@ impl PoolInner {
         {
             let mut m = self.meta.lock();
             m.mos_root = mos_root;
+            if self.dtl_grew_on_readable_leaf(&m.health, &health) {
+                self.resilver_wanted.store(true, Ordering::Release);
+            }
+            m.health = health;
             m.doomed.retain(|d| !doomed.contains(d));
             m.changed = false;
         }
         self.dirty.retire(txg);
+        Ok(())
+    }
+
+    /// Step 4-5: encode the MOS with the leaves' health as it is now (the txg's data
+    /// writes have completed, so the DTL entries they caused are in it), write it,
+    /// flush every leaf. A child that failed a write or flush after the MOS was
+    /// encoded missed (part of) this txg and the MOS does not say so: committing would
+    /// let a power cut forget it, so the txg is written again.
+    fn write_mos_and_flush(&self, txg: Txg, mut mos: Mos, batch: &mut Vec<dmu::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
+        let health = self.leaf_health();
+        mos.leaf_health = Some(health.clone());
+        let blob = mos.encode(&self.io.ms);
+        self.dirty.note_mos_bytes(blob.len() as u64);
+        let mos_root = dmu::write_mos(&self.io, &blob, txg, batch)?;
+        self.io.issue_writes(std::mem::take(batch), txg)?;
+        self.flush_all()?;
+        let now = self.leaf_health();
+        if now != health {
+            return Err(SyncError::HealthChanged(format!("txg {txg}: a device failed while the txg was written: {}", health_diff(&health, &now))));
+        }
+        Ok((mos_root, health))
+    }
+
+    /// Free every block of the destroyed volumes' trees in `txg`.
+    fn free_doomed(&self, doomed: &[TreeRoot], txg: Txg) -> Result<()> {
+        for root in doomed {
+            let mut bps = Vec::new();
+            dmu::walk_all(&self.io, root, crate::vdev::IoClass::AsyncRead, &mut |bp, _| {
+                bps.push(*bp);
+                Ok(())
+            })?;
+            for bp in bps {
+                self.io.free_block(&bp, txg);
+            }
+        }
         Ok(())
     }
 
@@ -287,6 +385,18 @@ impl PoolInner {
         while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
             if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
                 break;
+            }
+            // (a running resilver takes new DTL entries in its next pass; one that
+            // finished meanwhile may have copied them already)
+            let missing = || self.leaves.read().iter().any(|l| l.readable() && !l.dtl_empty());
+            if self.resilver_wanted.swap(false, Ordering::AcqRel) && !crate::scan::is_running(&self.scanner()) && missing() {
+                // not on this thread: starting a resilver may wait for a scrub thread
+                // that waits for a sync
+                let scanner = self.scanner();
+                let started = self.env.spawn(format!("resilver_start_{}", self.name), Box::new(move || crate::scan::start_resilver(&scanner)));
+                if let Err(e) = started {
+                    tracing::warn!(pool = %self.name, "could not start a resilver: {e}");
+                }
             }
         }
         self.txg.sync_thread_exited();

@@ -75,11 +75,27 @@ pub struct Leaf {
     pub read_errors: AtomicU64,
     pub write_errors: AtomicU64,
     pub cksum_errors: AtomicU64,
-    /// Txg ranges [first, last] this child is missing (needs resilver).
+    /// Txg ranges [first, last] this child is missing (needs resilver), sorted, at most
+    /// [`DTL_MAX_RANGES`]. Persistent: every sync stores it in the MOS (spa/sync.rs).
     dtl: Mutex<Vec<(Txg, Txg)>>,
+    /// Bumped on every DTL change; the sync compares it to notice a DTL that changed
+    /// after the MOS recording it was encoded.
+    dtl_generation: AtomicU64,
+    /// Birth-txg range of the writes issued to this leaf since its last successful
+    /// flush. A failed flush may have dropped any of them (Linux drops the dirty pages
+    /// of a failed fdatasync and reports the error once), so the whole range goes into
+    /// the DTL.
+    unflushed: Mutex<Option<(Txg, Txg)>>,
+    /// A write failed since the last flush was submitted: this leaf does not hold the
+    /// txg being synced, whatever its next flush says.
+    write_failed_since_flush: std::sync::atomic::AtomicBool,
     /// I/O errors since the last success: too many fault the leaf (zfs-diagnosis style).
     consecutive_errors: std::sync::atomic::AtomicU32,
 }
+
+/// Bound on a leaf's DTL ranges; beyond it the two closest ranges merge (resilvering
+/// more than needed, never less).
+pub const DTL_MAX_RANGES: usize = 64;
 
 /// A leaf with this many I/O errors in a row, or one that reports ENXIO (gone), is
 /// FAULTED while a sibling can still serve: it stops receiving I/O and accumulates a
@@ -98,8 +114,63 @@ impl Leaf {
             write_errors: AtomicU64::new(0),
             cksum_errors: AtomicU64::new(0),
             dtl: Mutex::new(Vec::new()),
+            dtl_generation: AtomicU64::new(0),
+            unflushed: Mutex::new(None),
+            write_failed_since_flush: std::sync::atomic::AtomicBool::new(false),
             consecutive_errors: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// A write of a block born in `birth` was issued to this leaf.
+    pub fn note_unflushed(&self, birth: Txg) {
+        let mut u = self.unflushed.lock();
+        *u = Some(match *u {
+            Some((lo, hi)) => (lo.min(birth), hi.max(birth)),
+            None => (birth, birth),
+        });
+    }
+
+    /// A flush is being submitted: the writes it covers (returned) leave the unflushed
+    /// set. With `consume` (the sync's data flush), whether the leaf held all of them
+    /// is returned too (no write error since the previous data flush); other flushes
+    /// (labels, uberblocks) leave that for the sync to see.
+    pub(crate) fn begin_flush(&self, consume: bool) -> (Option<(Txg, Txg)>, bool) {
+        let taken = self.unflushed.lock().take();
+        let failed = if consume {
+            self.write_failed_since_flush.swap(false, Ordering::AcqRel)
+        } else {
+            self.write_failed_since_flush.load(Ordering::Acquire)
+        };
+        (taken, !failed)
+    }
+
+    /// A flush failed: everything it covered, and everything written since (the kernel
+    /// may have dropped those pages too and will not say so again), is missing here.
+    pub(crate) fn flush_failed(&self, covered: Option<(Txg, Txg)>) {
+        let later = *self.unflushed.lock();
+        for (lo, hi) in [covered, later].into_iter().flatten() {
+            self.dtl_add_range(lo, hi);
+        }
+        self.write_failed_since_flush.store(true, Ordering::Release);
+    }
+
+    /// Flush this leaf through its queue (after every write queued before). A failure
+    /// puts what it may have dropped in the DTL, as in [`TopVdev::flush_async`].
+    pub fn flush_blocking(&self) -> io::Result<()> {
+        let (covered, _) = self.begin_flush(false);
+        match self.queue.flush() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.flush_failed(covered);
+                Err(e)
+            }
+        }
+    }
+
+    /// Generation of the DTL (changes whenever the DTL does).
+    pub fn dtl_generation(&self) -> u64 {
+        self.dtl_generation.load(Ordering::Acquire)
     }
 
     fn note_ok(&self) {
@@ -123,17 +194,27 @@ impl Leaf {
         self.dtl.lock().clone()
     }
     pub fn set_dtl(&self, d: Vec<(Txg, Txg)>) {
-        *self.dtl.lock() = d;
+        let mut cur = self.dtl.lock();
+        let mut n: Vec<(Txg, Txg)> = Vec::new();
+        for (lo, hi) in d {
+            range_insert(&mut n, lo, hi);
+        }
+        if *cur != n {
+            *cur = n;
+            self.dtl_generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
     pub fn dtl_add(&self, txg: Txg) {
+        self.dtl_add_range(txg, txg)
+    }
+    /// Add txgs `lo..=hi` to the DTL.
+    pub fn dtl_add_range(&self, lo: Txg, hi: Txg) {
         let mut d = self.dtl.lock();
-        if let Some(last) = d.last_mut() {
-            if txg >= last.0 && txg <= last.1.next() {
-                last.1 = last.1.max(txg);
-                return;
-            }
+        if d.iter().any(|&(a, b)| a <= lo && hi <= b) {
+            return;
         }
-        d.push((txg, txg));
+        range_insert(&mut d, lo, hi);
+        self.dtl_generation.fetch_add(1, Ordering::AcqRel);
     }
     pub fn dtl_contains(&self, txg: Txg) -> bool {
         self.dtl.lock().iter().any(|&(a, b)| txg >= a && txg <= b)
@@ -155,11 +236,14 @@ pub struct MirrorRead {
 }
 
 /// Outcome of a scrub of one block on one top-level vdev.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct ScrubOutcome {
     pub repaired_bytes: u64,
     pub bad_copies: u32,
     pub unrecoverable: bool,
+    /// Children whose copy was bad and could not be rewritten (by guid): a resilver
+    /// must not clear their DTLs.
+    pub unrepaired: Vec<Guid>,
 }
 
 pub struct TopVdev {
@@ -241,6 +325,7 @@ impl TopVdev {
             done: Mutex::new(Some(done)),
         });
         for c in writable {
+            c.note_unflushed(txg);
             let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
             let req = IoRequest::write(class, phys, data.clone(), Box::new(move |d| {
                 // Let go of the shared buffer before the last child reports, so the
@@ -254,6 +339,7 @@ impl TopVdev {
                     }
                     Err(e) => {
                         leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                        leaf.write_failed_since_flush.store(true, Ordering::Release);
                         leaf.dtl_add(txg);
                         top.note_error(&leaf, &e);
                         fan.outcome.lock().failed.push((leaf.guid, e));
@@ -338,7 +424,7 @@ impl TopVdev {
                     if verify(&buf) == VerifyResult::Good {
                         let mut repaired = 0;
                         for &f in &failed {
-                            if self.repair(&children[f], &buf, phys) {
+                            if self.repair(&children[f], &buf, phys, birth) {
                                 repaired += len as u64;
                             }
                         }
@@ -359,14 +445,20 @@ impl TopVdev {
         Err(last_err.map(io::Error::from).unwrap_or_else(|| io::Error::new(io::ErrorKind::Other, "no readable device in vdev")))
     }
 
-    fn repair(&self, c: &Leaf, good: &[u8], phys: u64) -> bool {
+    /// Rewrite a bad copy on `c` from `good`. A failed repair puts the block's birth txg
+    /// in `c`'s DTL: `c` is known to miss it, and a resilver retries it.
+    fn repair(&self, c: &Leaf, good: &[u8], phys: u64, birth: Txg) -> bool {
         if !c.readable() {
             return false;
         }
+        c.note_unflushed(birth);
         match c.queue.write(IoClass::AsyncWrite, good, phys) {
             Ok(()) => true,
-            Err(_) => {
+            Err(e) => {
                 c.write_errors.fetch_add(1, Ordering::Relaxed);
+                c.write_failed_since_flush.store(true, Ordering::Release);
+                c.dtl_add(birth);
+                self.note_error(c, &IoError::from_io(&c.queue_name(), IoOp::Write, phys, good.len() as u64, &e));
                 false
             }
         }
@@ -414,18 +506,26 @@ impl TopVdev {
         match good {
             Some(g) => {
                 for i in bad {
-                    if self.repair(&children[i], &g, phys) {
+                    if self.repair(&children[i], &g, phys, birth) {
                         out.repaired_bytes += len as u64;
+                    } else {
+                        out.unrepaired.push(children[i].guid);
                     }
                 }
             }
-            None => out.unrecoverable = true,
+            None => {
+                out.unrecoverable = true;
+                out.unrepaired.extend(bad.iter().map(|&i| children[i].guid));
+            }
         }
         out
     }
 
     /// Flush every online child (each flush waits, in its leaf's queue, for the writes
-    /// submitted before it). `done` gets how many children flushed and each failure.
+    /// submitted before it). `done` gets, as `written`, how many children now *hold*
+    /// everything written to them since their previous flush: the flush succeeded and
+    /// no write failed in between. A child whose flush fails gets every txg it may
+    /// have lost in its DTL (see [`Leaf::unflushed`]) and counts toward being faulted.
     pub fn flush_async(self: &Arc<Self>, done: WriteDone) {
         let online: Vec<Arc<Leaf>> = self.children().into_iter().filter(|c| c.readable()).collect();
         if online.is_empty() {
@@ -438,12 +538,19 @@ impl TopVdev {
             done: Mutex::new(Some(done)),
         });
         for c in online {
-            let (fan, leaf) = (fan.clone(), c.clone());
+            let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
+            let (covered, clean) = c.begin_flush(true);
             c.queue.submit(IoRequest::flush(Box::new(move |d| {
                 match d.result {
-                    Ok(()) => fan.outcome.lock().written += 1,
+                    Ok(()) if clean => {
+                        leaf.note_ok();
+                        fan.outcome.lock().written += 1
+                    }
+                    Ok(()) => {}
                     Err(e) => {
                         leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                        leaf.flush_failed(covered);
+                        top.note_error(&leaf, &e);
                         fan.outcome.lock().failed.push((leaf.guid, e));
                     }
                 }
@@ -452,7 +559,7 @@ impl TopVdev {
         }
     }
 
-    /// Blocking flush: Ok if at least one online child flushed.
+    /// Blocking flush: Ok if at least one online child holds what was written.
     pub fn flush(self: &Arc<Self>) -> io::Result<()> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.flush_async(Box::new(move |o| {
@@ -462,7 +569,7 @@ impl TopVdev {
         if o.written > 0 {
             return Ok(());
         }
-        Err(o.failed.into_iter().next().map(|(_, e)| e.to_io()).unwrap_or_else(|| io::Error::other("no writable device")))
+        Err(o.failed.into_iter().next().map(|(_, e)| e.to_io()).unwrap_or_else(|| io::Error::other("no device of the vdev holds the writes")))
     }
 }
 
@@ -521,5 +628,127 @@ impl Fanout {
 impl Leaf {
     fn queue_name(&self) -> Arc<str> {
         self.spec.display().into()
+    }
+}
+
+// ---- DTL range sets: sorted, disjoint, non-adjacent inclusive txg ranges ----
+
+/// Insert `lo..=hi` into the range set `d`, merging overlaps and neighbours; beyond
+/// [`DTL_MAX_RANGES`] the two ranges with the smallest gap merge (a superset: more
+/// resilver, never less).
+pub fn range_insert(d: &mut Vec<(Txg, Txg)>, lo: Txg, hi: Txg) {
+    debug_assert!(lo <= hi, "DTL range {lo}..={hi} reversed");
+    let (lo, hi) = (lo.min(hi), hi.max(lo));
+    d.push((lo, hi));
+    d.sort_unstable();
+    let mut out: Vec<(Txg, Txg)> = Vec::with_capacity(d.len());
+    for &(a, b) in d.iter() {
+        match out.last_mut() {
+            Some(last) if a.get() <= last.1.get().saturating_add(1) => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    while out.len() > DTL_MAX_RANGES {
+        let i = (0..out.len() - 1).min_by_key(|&i| out[i + 1].0.since(out[i].1)).unwrap_or(0);
+        out[i].1 = out[i + 1].1;
+        out.remove(i + 1);
+    }
+    debug_assert!(out.windows(2).all(|w| w[0].1 < w[1].0), "DTL ranges overlap");
+    *d = out;
+}
+
+/// The txgs in both range sets.
+pub fn range_intersect(a: &[(Txg, Txg)], b: &[(Txg, Txg)]) -> Vec<(Txg, Txg)> {
+    let mut out = Vec::new();
+    for &(a0, a1) in a {
+        for &(b0, b1) in b {
+            let (lo, hi) = (a0.max(b0), a1.min(b1));
+            if lo <= hi {
+                out.push((lo, hi));
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The txgs of `a` that are not in `b`.
+pub fn range_subtract(a: &[(Txg, Txg)], b: &[(Txg, Txg)]) -> Vec<(Txg, Txg)> {
+    let mut out = Vec::new();
+    for &(lo, hi) in a {
+        let mut cur = lo;
+        for &(b0, b1) in b {
+            if b1 < cur || b0 > hi {
+                continue;
+            }
+            if b0 > cur {
+                out.push((cur, b0.prev()));
+            }
+            cur = Txg(b1.get().saturating_add(1));
+            if cur > hi {
+                break;
+            }
+        }
+        if cur <= hi && cur >= lo {
+            out.push((cur, hi));
+        }
+    }
+    out
+}
+
+/// "5", "5-9", "5-9, 12": ranges as an admin reads them (open ranges say "on").
+pub fn ranges_text(r: &[(Txg, Txg)]) -> String {
+    r.iter()
+        .map(|&(a, b)| if a == b { a.get().to_string() } else if b.get() >= u64::MAX / 4 { format!("{} on", a.get()) } else { format!("{}-{}", a.get(), b.get()) })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl TopVdev {
+    /// The txgs up to `through` that only `leaf` holds among this vdev's children: the
+    /// ones every other child is missing (not readable, or in its DTL) while `leaf`
+    /// has them. Removing or offlining `leaf` would lose those txgs' blocks.
+    pub fn txgs_only_on(&self, leaf: &Leaf, through: Txg) -> Vec<(Txg, Txg)> {
+        let all = vec![(Txg(1), through)];
+        let mut missing_elsewhere = all.clone();
+        for c in self.children().iter().filter(|c| c.guid != leaf.guid) {
+            let missing_on_c = if c.readable() { c.dtl() } else { all.clone() };
+            missing_elsewhere = range_intersect(&missing_elsewhere, &missing_on_c);
+        }
+        let held_by_leaf = if leaf.state() == LeafState::Unavail { Vec::new() } else { range_subtract(&all, &leaf.dtl()) };
+        range_intersect(&missing_elsewhere, &held_by_leaf)
+    }
+}
+
+#[cfg(test)]
+mod dtl_tests {
+    use super::*;
+
+    fn r(v: &[(u64, u64)]) -> Vec<(Txg, Txg)> {
+        v.iter().map(|&(a, b)| (Txg(a), Txg(b))).collect()
+    }
+
+    #[test]
+    fn ranges_merge_subtract_intersect() {
+        let mut d = Vec::new();
+        range_insert(&mut d, Txg(5), Txg(5));
+        range_insert(&mut d, Txg(6), Txg(8));
+        range_insert(&mut d, Txg(12), Txg(12));
+        assert_eq!(d, r(&[(5, 8), (12, 12)]));
+        assert_eq!(range_subtract(&r(&[(1, 20)]), &d), r(&[(1, 4), (9, 11), (13, 20)]));
+        assert_eq!(range_intersect(&r(&[(1, 6), (11, 30)]), &d), r(&[(5, 6), (12, 12)]));
+        assert_eq!(ranges_text(&d), "5-8, 12");
+    }
+
+    #[test]
+    fn range_set_is_bounded_and_a_superset() {
+        let mut d = Vec::new();
+        for i in 0..1000u64 {
+            range_insert(&mut d, Txg(i * 10), Txg(i * 10));
+        }
+        assert!(d.len() <= DTL_MAX_RANGES);
+        for i in 0..1000u64 {
+            assert!(d.iter().any(|&(a, b)| a.get() <= i * 10 && i * 10 <= b.get()), "txg {} dropped", i * 10);
+        }
     }
 }

@@ -39,4 +39,8 @@ impl<'a> Reader<'a> {
         }
         String::from_utf8(self.bytes(n)?.to_vec()).map_err(|_| Error::Corrupt("bad utf-8".into()))
     }
+    /// Bytes not read yet (an optional trailing section is present when > 0).
+    pub fn remaining(&self) -> usize {
+        self.b.len() - self.pos
+    }
 }
