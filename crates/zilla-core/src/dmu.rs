@@ -26,18 +26,17 @@
 //! block meanwhile, in which case the read is retried.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::arc::{ArcCache, BlockKey, BufKind};
+use crate::arc::BufKind;
 use crate::metaslab::Metaslabs;
-use crate::vdev::mirror::TopVdev;
-use crate::vdev::{IoClass, Role};
-use crate::zio::blkptr::{self, BlockPointer, Dva};
-use crate::zio::checksum::ChecksumAlgo;
-use crate::zio::compress::Compression;
+use crate::vdev::IoClass;
+use crate::block::blkptr::{self, BlockPointer};
+use crate::block::checksum::ChecksumAlgo;
+use crate::block::compress::Compression;
+use crate::zio::{PendingWrite, PoolIo};
 use crate::{Error, Result, Txg};
 
 pub const INDIRECT_SIZE: usize = 128 << 10;
@@ -47,7 +46,7 @@ pub const MOS_CHUNK_SIZE: usize = 128 << 10;
 pub const MOS_MAGIC: u64 = 0x5a494c4c_414d4f53; // "ZILLAMOS"
 pub const MOS_VERSION: u64 = 1;
 
-pub use crate::zio::reader::Reader;
+pub use crate::block::reader::Reader;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u32).to_le_bytes());
@@ -65,367 +64,14 @@ pub fn levels_for(nblocks: u64) -> u8 {
     levels
 }
 
-/// Counters for `zpool status` (scrub/self-heal) and errors.
-#[derive(Debug, Default)]
-pub struct IoErrors {
-    pub self_healed_bytes: std::sync::atomic::AtomicU64,
-    pub unrecoverable: std::sync::atomic::AtomicU64,
-}
-
-/// The engine's block I/O: vdev tree, allocator, ARC.
-pub struct PoolIo {
-    pub vdevs: RwLock<Vec<Arc<TopVdev>>>,
-    /// The allocators, one per class, each with its own lock.
-    pub ms: Metaslabs,
-    pub arc: ArcCache,
-    pub errors: IoErrors,
-    /// Recent unrecoverable block errors (bounded, for `status -v`).
-    pub error_log: Mutex<Vec<String>>,
-    /// Normal-class (size, allocated) as of the last sync, read lock-free by writers.
-    pub space_size: std::sync::atomic::AtomicU64,
-    pub space_alloc: std::sync::atomic::AtomicU64,
-    /// Aligned aggregation buffers for sync writes.
-    pub write_buffers: Arc<crate::vdev::abd::BufPool>,
-    /// Checksum/compress workers, started at the first sync.
-    prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
-}
-
-pub const ERROR_LOG_MAX: usize = 100;
-
-/// A block allocated and prepared in syncing context, not yet written.
-pub struct PendingWrite {
-    pub dva: Dva,
-    pub data: Arc<[u8]>,
-}
-
-/// Largest aggregated write (zfs_vdev_aggregation_limit).
-pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
-/// Idle aggregation buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
-pub const WRITE_BUFFERS_POOLED: usize = 32;
-
-/// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
-struct Run {
-    vdev: u32,
-    offset: u64,
-    bytes: usize,
-    blocks: std::ops::Range<usize>,
-}
-
-impl PoolIo {
-    /// The allocation unit: `1 << ashift` of the largest-ashift data or log vdev (at
-    /// least 4 KiB). Every block's asize is a multiple of it, so on every vdev a block
-    /// starts and ends on that vdev's sector boundaries.
-    pub fn alloc_unit(&self) -> u64 {
-        let ashift = self.vdevs.read().iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).map(|t| t.ashift).max().unwrap_or(12);
-        (1u64 << ashift).max(crate::zio::ALLOC_UNIT)
+/// Read an indirect block of a volume tree (through the ARC, as metadata) and check
+/// that it is one.
+pub fn read_indirect(io: &PoolIo, bp: &BlockPointer, class: IoClass) -> Result<Arc<[u8]>> {
+    let d = io.read_block(bp, class, BufKind::Metadata, true)?;
+    if d.len() != INDIRECT_SIZE || bp.kind != blkptr::KIND_INDIRECT {
+        return Err(Error::Corrupt(format!("indirect block has size {} kind {}", d.len(), bp.kind)));
     }
-
-    pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs) -> PoolIo {
-        PoolIo {
-            vdevs: RwLock::new(vdevs),
-            ms,
-            arc: ArcCache::following_tunable(),
-            errors: Default::default(),
-            error_log: Mutex::new(Vec::new()),
-            space_size: Default::default(),
-            space_alloc: Default::default(),
-            write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
-            prepare: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The pool's checksum/compress workers (started once, on first use).
-    pub fn prepare_workers(&self, env: &Arc<dyn crate::env::Env>, pool: &str) -> &crate::zio::workers::PrepareWorkers {
-        self.prepare.get_or_init(|| crate::zio::workers::PrepareWorkers::start(env, pool))
-    }
-
-    /// Refresh the lock-free space snapshot from the allocator.
-    pub fn refresh_space(&self) {
-        let (size, alloc) = self.ms.space(Role::Normal);
-        self.space_size.store(size, std::sync::atomic::Ordering::Relaxed);
-        self.space_alloc.store(alloc, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub fn space(&self) -> (u64, u64) {
-        (self.space_size.load(std::sync::atomic::Ordering::Relaxed), self.space_alloc.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    pub fn top(&self, id: u32) -> Option<Arc<TopVdev>> {
-        self.vdevs.read().iter().find(|t| t.id == id).cloned()
-    }
-
-    /// Record an unrecoverable block in the bounded error log (`zpool status -v`).
-    pub fn log_error(&self, msg: String) {
-        let mut l = self.error_log.lock();
-        if l.len() >= ERROR_LOG_MAX {
-            l.remove(0);
-        }
-        l.push(msg);
-        self.errors.unrecoverable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Read and verify a block; ARC first. `cache` = insert into the ARC.
-    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
-        assert!(!bp.is_hole());
-        let key = BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth };
-        if let Some(d) = self.arc.lookup(&key) {
-            return Ok(d);
-        }
-        let mut last: Option<io::Error> = None;
-        let mut all_checksum = true;
-        let mut failed: Vec<(Arc<TopVdev>, Dva)> = Vec::new();
-        for dva in bp.copies() {
-            let Some(tvd) = self.top(dva.vdev) else {
-                all_checksum = false;
-                continue;
-            };
-            let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
-            match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify) {
-                Ok(r) => {
-                    let mut healed = r.repaired_bytes;
-                    // ditto self-heal: a copy bad on every child of its mirror is rewritten
-                    // from this good one (never touching a copy that read back good)
-                    for (ftvd, fdva) in failed.drain(..) {
-                        let still_allocated = self.ms.is_allocated(&fdva);
-                        if still_allocated && ftvd.write(IoClass::AsyncWrite, &r.data, fdva.offset, bp.birth).is_ok() {
-                            healed += fdva.asize as u64;
-                        }
-                    }
-                    if healed > 0 {
-                        self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    let data: Arc<[u8]> = crate::zio::finish_read(bp, &r.data)?;
-                    if data.len() != bp.lsize as usize {
-                        return Err(Error::Corrupt("decompressed size mismatch".into()));
-                    }
-                    if cache {
-                        self.arc.insert(key, data.clone(), kind);
-                    }
-                    return Ok(data);
-                }
-                Err(e) => {
-                    if e.kind() != io::ErrorKind::InvalidData {
-                        all_checksum = false;
-                    }
-                    failed.push((tvd.clone(), *dva));
-                    last = Some(e);
-                }
-            }
-        }
-        let where_ = format!("vdev {} offset {:#x} birth {}", bp.dva[0].vdev, bp.dva[0].offset, bp.birth);
-        self.log_error(format!("<0x{:x}> {where_}", bp.dva[0].offset));
-        if all_checksum {
-            Err(Error::Checksum(where_))
-        } else {
-            Err(Error::Io(io::Error::new(
-                io::ErrorKind::Other,
-                format!("{where_}: {}", last.map(|e| e.to_string()).unwrap_or_else(|| "no copy readable".into())),
-            )))
-        }
-    }
-
-    /// Prepare and allocate a block in syncing context; the write is queued in `batch`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn alloc_block(
-        &self,
-        logical: &Arc<[u8]>,
-        txg: Txg,
-        kind: u8,
-        level: u8,
-        fill: u64,
-        algo: ChecksumAlgo,
-        comp: Compression,
-        copies: usize,
-        batch: &mut Vec<PendingWrite>,
-    ) -> Result<BlockPointer> {
-        let p = crate::zio::prepare(logical, algo, comp, self.alloc_unit());
-        self.alloc_prepared(p, txg, kind, level, fill, copies, batch)
-    }
-
-    /// Allocate space for an already prepared (checksummed, compressed) block.
-    #[allow(clippy::too_many_arguments)]
-    pub fn alloc_prepared(
-        &self,
-        p: crate::zio::PreparedBlock,
-        txg: Txg,
-        kind: u8,
-        level: u8,
-        fill: u64,
-        copies: usize,
-        batch: &mut Vec<PendingWrite>,
-    ) -> Result<BlockPointer> {
-        let asize = p.asize();
-        let data = p.data;
-        let mut bp = BlockPointer {
-            dva: [Dva::default(); 3],
-            lsize: p.lsize,
-            psize: p.psize,
-            birth: txg,
-            fill,
-            checksum_code: p.algo.code(),
-            compression_code: p.compression.code(),
-            kind,
-            level,
-            checksum: p.checksum,
-        };
-        // syncing context: the allocation joins txg's undo list
-        for (slot, d) in bp.dva.iter_mut().zip(self.ms.alloc(Role::Normal, asize, copies, Some(txg))?) {
-            *slot = d;
-        }
-        for d in bp.copies() {
-            batch.push(PendingWrite { dva: *d, data: data.clone() });
-        }
-        Ok(bp)
-    }
-
-    /// Issue a batch of writes and wait for them (see [`SyncWriter`]).
-    pub fn issue_writes(&self, batch: Vec<PendingWrite>, txg: Txg) -> Result<()> {
-        let w = SyncWriter::new(self, txg);
-        w.issue(batch)?;
-        w.finish()
-    }
-
-    /// Free a block's copies in txg `txg` (deferred) and drop it from the ARC.
-    pub fn free_block(&self, bp: &BlockPointer, txg: Txg) {
-        if bp.is_hole() {
-            return;
-        }
-        self.arc.evict(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth });
-        for d in bp.copies() {
-            self.ms.free_deferred(txg, *d);
-        }
-    }
-
-    pub fn read_indirect(&self, bp: &BlockPointer, class: IoClass) -> Result<Arc<[u8]>> {
-        let d = self.read_block(bp, class, BufKind::Metadata, true)?;
-        if d.len() != INDIRECT_SIZE || bp.kind != blkptr::KIND_INDIRECT {
-            return Err(Error::Corrupt(format!("indirect block has size {} kind {}", d.len(), bp.kind)));
-        }
-        Ok(d)
-    }
-}
-
-/// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
-/// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
-/// into a pooled buffer), runs of different vdevs are interleaved so every mirror works
-/// at once, and each run becomes one mirror write (one request per child, all in
-/// flight). At most `window` runs are in flight: `issue` blocks only when the window is
-/// full, so the caller prepares the next batch while the devices write this one.
-/// `finish` waits for everything and reports the first run no child could write.
-pub struct SyncWriter<'a> {
-    io: &'a PoolIo,
-    txg: Txg,
-    window: usize,
-    state: Arc<(Mutex<WriterState>, parking_lot::Condvar)>,
-}
-
-#[derive(Default)]
-struct WriterState {
-    in_flight: usize,
-    failed: Option<Error>,
-}
-
-impl<'a> SyncWriter<'a> {
-    pub fn new(io: &'a PoolIo, txg: Txg) -> SyncWriter<'a> {
-        let ntops = io.vdevs.read().len().max(1);
-        let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
-        let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
-        SyncWriter { io, txg, window, state: Arc::new((Mutex::new(WriterState::default()), parking_lot::Condvar::new())) }
-    }
-
-    /// Submit a batch (merged into runs); blocks only while the window is full.
-    pub fn issue(&self, mut batch: Vec<PendingWrite>) -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
-        for run in interleaved_runs(&batch) {
-            let Some(top) = self.io.top(run.vdev) else {
-                return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
-            };
-            let mut buf = self.io.write_buffers.get(run.bytes);
-            for w in &batch[run.blocks.clone()] {
-                buf.extend_from_slice(&w.data);
-            }
-            self.wait_below(self.window)?;
-            let buf = Arc::new(buf);
-            let (state, keep) = (self.state.clone(), buf.clone());
-            let pool = self.io.write_buffers.clone();
-            top.write_async(IoClass::AsyncWrite, buf, run.offset, self.txg, Box::new(move |o| {
-                let r = o.into_result();
-                if let Ok(b) = Arc::try_unwrap(keep) {
-                    pool.put(b);
-                }
-                let mut st = state.0.lock();
-                st.in_flight -= 1;
-                if let (Err(e), None) = (r, &st.failed) {
-                    st.failed = Some(Error::Io(e.into()));
-                }
-                state.1.notify_all();
-            }));
-        }
-        Ok(())
-    }
-
-    /// Block until fewer than `n` runs are in flight, then count one more.
-    fn wait_below(&self, n: usize) -> Result<()> {
-        let mut st = self.state.0.lock();
-        while st.in_flight >= n {
-            self.state.1.wait(&mut st);
-        }
-        if let Some(e) = st.failed.take() {
-            return Err(e);
-        }
-        st.in_flight += 1;
-        Ok(())
-    }
-
-    /// Wait for every run; the first failure, if any.
-    pub fn finish(self) -> Result<()> {
-        let mut st = self.state.0.lock();
-        while st.in_flight > 0 {
-            self.state.1.wait(&mut st);
-        }
-        match st.failed.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for SyncWriter<'_> {
-    fn drop(&mut self) {
-        // Never return while a completion may still touch the pool's buffers.
-        let mut st = self.state.0.lock();
-        while st.in_flight > 0 {
-            self.state.1.wait(&mut st);
-        }
-    }
-}
-
-/// Merge a sorted batch into runs and interleave the vdevs' runs round-robin.
-fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
-    let mut per_vdev: BTreeMap<u32, Vec<Run>> = BTreeMap::new();
-    for (i, w) in batch.iter().enumerate() {
-        let runs = per_vdev.entry(w.dva.vdev).or_default();
-        match runs.last_mut() {
-            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
-                r.bytes += w.data.len();
-                r.blocks.end = i + 1;
-            }
-            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
-        }
-    }
-    let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
-    let mut runs: Vec<Run> = Vec::new();
-    while queues.iter().any(|q| !q.is_empty()) {
-        for q in queues.iter_mut() {
-            if let Some(r) = q.pop_front() {
-                runs.push(r);
-            }
-        }
-    }
-    runs
+    Ok(d)
 }
 
 fn child_bp(ind: &[u8], idx: u64) -> Result<BlockPointer> {
@@ -447,7 +93,7 @@ pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: u64, class: IoClass) -> Resul
         if bp.is_hole() {
             return Ok(bp);
         }
-        let ind = io.read_indirect(&bp, class)?;
+        let ind = read_indirect(io, &bp, class)?;
         let idx = (blkid >> (INDIRECT_SHIFT * (level - 1))) & (EPB - 1);
         bp = child_bp(&ind, idx)?;
     }
@@ -481,7 +127,7 @@ pub fn walk_range(
             return f(base, bp);
         }
         let span = EPB.pow(level - 1);
-        let ind = io.read_indirect(bp, class)?;
+        let ind = read_indirect(io, bp, class)?;
         let lo = first.saturating_sub(base) / span;
         let hi = ((last - base) / span).min(EPB - 1);
         for idx in lo..=hi {
@@ -505,7 +151,7 @@ pub fn walk_all(io: &PoolIo, root: &TreeRoot, class: IoClass, f: &mut dyn FnMut(
         if level == 0 {
             return Ok(());
         }
-        let ind = io.read_indirect(bp, class)?;
+        let ind = read_indirect(io, bp, class)?;
         for idx in 0..EPB {
             let c = child_bp(&ind, idx)?;
             rec(io, &c, level - 1, class, f)?;
@@ -549,7 +195,7 @@ pub fn apply_changes(
         let mut ind: Vec<u8> = if bp.is_hole() {
             vec![0u8; INDIRECT_SIZE]
         } else {
-            io.read_indirect(bp, IoClass::AsyncRead)?.to_vec()
+            read_indirect(io, bp, IoClass::AsyncRead)?.to_vec()
         };
         let mut i = 0;
         while i < changes.len() {
@@ -928,7 +574,8 @@ pub struct VolumeState {
     pub volsize: u64,
     pub volblocksize: u32,
     pub created_txg: Txg,
-    pub props: RwLock<crate::props::PropSet>,
+    /// Published as one `Arc`, loaded lock-free on the I/O path.
+    pub props: crate::props::PublishedProps,
     pub committed: RwLock<TreeRoot>,
     pub dirty: DirtySet,
     pub destroyed: std::sync::atomic::AtomicBool,
@@ -945,7 +592,7 @@ impl VolumeState {
             volsize: self.volsize,
             volblocksize: self.volblocksize,
             root,
-            props: self.props.read().clone(),
+            props: crate::props::PropSet::clone(&self.props.snapshot()),
             created_txg: self.created_txg,
         }
     }

@@ -9,10 +9,11 @@ pub mod types;
 pub mod error;
 pub mod kstat;
 pub mod env;
+pub mod block;
 pub mod vdev;
-pub mod zio;
 pub mod metaslab;
 pub mod arc;
+pub mod zio;
 pub mod dmu;
 pub mod txg;
 pub mod dsl_pool;
@@ -33,10 +34,11 @@ pub use types::{BlockId, Guid, Txg, VdevId};
 pub const LAYERS: &[&[&str]] = &[
     &["kstat", "env", "types"], // counters, histograms, tunables; clock, sleep, spawn, randomness; Txg, Guid, VdevId, BlockId
     &["error"],        // engine errors (one errno each)
+    &["block"],        // on-disk block format: block pointers, checksums, compression
     &["vdev", "txg"],  // leaves, per-leaf queue, mirror, labels; txg state machine
-    &["zio"],          // checksums, compression, block pointers, the I/O pipeline
     &["metaslab", "props"], // space allocation per top-level vdev; typed volume properties
     &["arc"],          // DRAM block cache
+    &["zio"],          // the block pipeline: prepare, verified reads + self-heal, allocation, write issue
     &["dsl_pool"],     // dirty accounting and the write throttle
     &["dmu"],          // object directory, volume block-pointer trees, dirty records
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
@@ -109,7 +111,7 @@ pub fn tunables() -> &'static kstat::Registry {
 /// never panic.
 pub fn fuzz_ondisk_decoders(data: &[u8]) {
     use vdev::label;
-    let _ = zio::blkptr::BlockPointer::decode(data);
+    let _ = block::blkptr::BlockPointer::decode(data);
     let mut slot = vec![0u8; label::UB_SLOT_SIZE];
     let n = data.len().min(slot.len());
     slot[..n].copy_from_slice(&data[..n]);
@@ -132,8 +134,8 @@ pub fn fuzz_ondisk_decoders(data: &[u8]) {
     let mut ms2 = metaslab::Metaslabs::new();
     ms2.add_vdev(0, vdev::Role::Normal, 1 << 30);
     let _ = dmu::Mos::decode(&framed, &mut ms2);
-    for c in [zio::compress::Compression::Lz4, zio::compress::Compression::Zstd(3)] {
-        let _ = zio::compress::decompress(c, data, 16384);
+    for c in [block::compress::Compression::Lz4, block::compress::Compression::Zstd(3)] {
+        let _ = block::compress::decompress(c, data, 16384);
     }
 }
 
@@ -199,7 +201,7 @@ mod fuzz_smoke {
                 name: "v".into(),
                 volsize: 64 << 20,
                 volblocksize: 16384,
-                root: crate::dmu::TreeRoot { bp: crate::zio::blkptr::BlockPointer::hole(), nlevels },
+                root: crate::dmu::TreeRoot { bp: crate::block::blkptr::BlockPointer::hole(), nlevels },
                 props: crate::props::PropSet::from_local(Default::default()),
                 created_txg: crate::Txg(4),
             };

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use parking_lot::{Mutex, RwLock};
 
 use crate::vdev::Role;
-use crate::zio::blkptr::Dva;
+use crate::block::blkptr::Dva;
 use crate::{Error, Result, Txg};
 
 pub const TXG_DEFER_SIZE: u64 = 2;
@@ -527,7 +527,7 @@ impl Metaslabs {
     }
 
     /// Load the persisted form into allocators already created with `add_vdev`.
-    pub fn decode_into(&mut self, r: &mut crate::zio::reader::Reader) -> Result<()> {
+    pub fn decode_into(&mut self, r: &mut crate::block::reader::Reader) -> Result<()> {
         let n = r.u32()? as usize;
         for id in 0..n {
             let count = r.u32()?;
@@ -621,7 +621,7 @@ mod tests {
             ms.encode(&mut out);
             let mut fresh = Metaslabs::new();
             fresh.add_vdev(0, crate::vdev::Role::Normal, 1 << 20);
-            fresh.decode_into(&mut crate::zio::reader::Reader::new(&out))
+            fresh.decode_into(&mut crate::block::reader::Reader::new(&out))
         };
         let d = Dva { vdev: 0, asize: 4096, offset: 8192 };
         assert!(enc(&[(5, vec![d])]).is_ok());

@@ -5,13 +5,20 @@
 //! read-only statistics), as `zfs get` does.
 //!
 //! The data path never reads a string: every `set` (and every decode) recomputes the
-//! typed [`VolumeProps`], a small `Copy` struct of enums that the volume's readers copy
-//! out under its lock: no allocation and no string compare per I/O.
+//! typed [`VolumeProps`], a small `Copy` struct of enums. A volume publishes its
+//! [`PropSet`] as one `Arc` ([`PublishedProps`]): a `set` builds the next set aside and
+//! swaps the `Arc` in (sets are serialised by a writer lock); a reader on the I/O path
+//! loads the current `Arc` without a lock and without an allocation (`arc-swap`) and
+//! copies the typed values out. No string compare per I/O.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use crate::zio::checksum::ChecksumAlgo;
-use crate::zio::compress::Compression;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::block::checksum::ChecksumAlgo;
+use crate::block::compress::Compression;
 use crate::{Error, Result};
 
 /// `sync`: when a write is on stable storage before it is acknowledged.
@@ -154,8 +161,8 @@ pub fn validate(name: &str, value: &str) -> Result<String> {
 }
 
 /// compression values: off | on (= lz4) | lz4 | zstd | zstd-N (1..=19)
-pub fn parse_compression(v: &str) -> Result<crate::zio::compress::Compression> {
-    use crate::zio::compress::Compression;
+pub fn parse_compression(v: &str) -> Result<crate::block::compress::Compression> {
+    use crate::block::compress::Compression;
     match v {
         "off" => Ok(Compression::Off),
         "on" | "lz4" => Ok(Compression::Lz4),
@@ -216,6 +223,44 @@ impl PropSet {
     }
 }
 
+/// A volume's properties as its readers see them: one `Arc<PropSet>`, swapped whole on
+/// every `set`. Readers never block a `set` and a `set` never blocks them.
+pub struct PublishedProps {
+    current: ArcSwap<PropSet>,
+    /// Serialises `set`s, so two concurrent sets cannot lose one another's change.
+    writer: Mutex<()>,
+}
+
+impl PublishedProps {
+    pub fn new(props: PropSet) -> PublishedProps {
+        PublishedProps { current: ArcSwap::from_pointee(props), writer: Mutex::new(()) }
+    }
+    /// The typed values, for the I/O path: a lock-free load of the current set and a
+    /// copy of its `Copy` typed form (no allocation).
+    pub fn typed(&self) -> VolumeProps {
+        self.current.load().typed
+    }
+    /// The current set (for `get`, and to persist it in the MOS).
+    pub fn snapshot(&self) -> Arc<PropSet> {
+        self.current.load_full()
+    }
+    /// Validate and set one property, then publish the new set. An invalid value
+    /// leaves the published set alone.
+    pub fn set(&self, name: &str, value: &str) -> Result<()> {
+        let _w = self.writer.lock();
+        let mut next = PropSet::clone(&self.current.load());
+        next.set(name, value)?;
+        self.current.store(Arc::new(next));
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for PublishedProps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self.current.load(), f)
+    }
+}
+
 /// One `zilla get` row.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PropRow {
@@ -231,6 +276,30 @@ pub struct PropRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn published_props_swap_one_arc_per_set() {
+        let p = PublishedProps::new(PropSet::default());
+        let before = p.snapshot();
+        p.set("sync", "always").unwrap();
+        assert_eq!(p.typed().sync, SyncPolicy::Always);
+        // the old snapshot is untouched: a set publishes a new Arc, it does not mutate
+        assert_eq!(before.typed().sync, SyncPolicy::Standard);
+        assert!(!Arc::ptr_eq(&before, &p.snapshot()));
+        // a refused value publishes nothing
+        let now = p.snapshot();
+        assert!(p.set("sync", "sometimes").is_err());
+        assert!(Arc::ptr_eq(&now, &p.snapshot()));
+        // concurrent sets of different properties do not lose one another
+        std::thread::scope(|s| {
+            s.spawn(|| for _ in 0..200 { p.set("readonly", "on").unwrap() });
+            s.spawn(|| for _ in 0..200 { p.set("primarycache", "metadata").unwrap() });
+            s.spawn(|| for _ in 0..2000 { let _ = p.typed(); });
+        });
+        let t = p.typed();
+        assert!(t.readonly && t.primarycache == CachePolicy::Metadata && t.sync == SyncPolicy::Always);
+    }
+
     #[test]
     fn validation() {
         assert_eq!(validate("sync", "ALWAYS").unwrap(), "always");

@@ -24,13 +24,14 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::dmu::{self, PoolIo, TreeRoot, VolumeState, EPB};
+use crate::dmu::{self, TreeRoot, VolumeState, EPB};
+use crate::zio::PoolIo;
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::txg::TxgState;
 use crate::vdev::mirror::Leaf;
 use crate::vdev::IoClass;
-use crate::zio::blkptr::BlockPointer;
+use crate::block::blkptr::BlockPointer;
 use crate::{Error, Result, Txg};
 
 pub static ZFS_SCAN_PAUSE_EVERY_SPANS: Tunable = Tunable::new(
@@ -452,7 +453,7 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, unrepaired: &mut Unrep
 
 /// Some DVAs of `bp` are bad on every child of their mirror but another DVA is good:
 /// rewrite the bad DVAs from a good copy (every DVA holds the same physical bytes).
-fn repair_ditto(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::zio::blkptr::Dva)]) {
+fn repair_ditto(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, lost: &[(Arc<crate::vdev::mirror::TopVdev>, crate::block::blkptr::Dva)]) {
     let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
     let good = bp.copies().filter(|d| !lost.iter().any(|(_, l)| l == *d)).find_map(|d| {
         let tvd = inner.io().top(d.vdev)?;
@@ -647,7 +648,7 @@ fn walk_span(
             return Ok(());
         }
         let span = EPB.pow(level - 1);
-        let ind = match inner.io().read_indirect(bp, IoClass::Scrub) {
+        let ind = match dmu::read_indirect(inner.io(), bp, IoClass::Scrub) {
             Ok(i) => i,
             Err(e) => {
                 tracing::warn!(pool = %inner.pool_name(), "scan: indirect block (birth {}) unreadable, its subtree is not examined: {e}", bp.birth);

@@ -106,7 +106,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::arc::{BlockKey, BufKind};
-use crate::dmu::{self, DirtySet, PoolIo, TreeRoot, VolumeState};
+use crate::dmu::{self, DirtySet, TreeRoot, VolumeState};
+use crate::zio::PoolIo;
 use crate::dsl_pool::DirtyAccounting;
 use crate::props::{CachePolicy, SyncPolicy};
 use crate::txg::TxgState;
@@ -197,7 +198,7 @@ impl Volume {
 
     fn check_write(&self, offset: u64, len: u64) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().typed().readonly {
+        if self.vol.props.typed().readonly {
             return Err(Error::ReadOnly(format!("{}/{}", self.pool.pool_name(), self.vol.name)));
         }
         if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
@@ -262,7 +263,7 @@ impl Volume {
     }
 
     fn primary_cache_data(&self) -> bool {
-        self.vol.props.read().typed().primarycache == CachePolicy::All
+        self.vol.props.typed().primarycache == CachePolicy::All
     }
 
     /// Content of a committed block (None = hole).
@@ -297,8 +298,8 @@ impl Volume {
         let io = &self.pool.io();
         let bp = match memo {
             Some((r, l1idx, l1)) if *r == root && *l1idx == blkid >> dmu::INDIRECT_SHIFT && root.nlevels >= 2 => {
-                let o = (blkid & (dmu::EPB - 1)) as usize * crate::zio::blkptr::BlockPointer::SIZE;
-                crate::zio::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?
+                let o = (blkid & (dmu::EPB - 1)) as usize * crate::block::blkptr::BlockPointer::SIZE;
+                crate::block::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?
             }
             _ => {
                 let mut bp = root.bp;
@@ -308,8 +309,8 @@ impl Volume {
                     }
                     let ind = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
                     let idx = ((blkid >> (dmu::INDIRECT_SHIFT * (level - 1))) & (dmu::EPB - 1)) as usize;
-                    let o = idx * crate::zio::blkptr::BlockPointer::SIZE;
-                    bp = crate::zio::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
+                    let o = idx * crate::block::blkptr::BlockPointer::SIZE;
+                    bp = crate::block::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
                     if level == 1 {
                         *memo = Some((root, blkid >> dmu::INDIRECT_SHIFT, ind));
                     }
@@ -398,7 +399,7 @@ impl Volume {
         if self.pool.dirty().should_kick(txg) {
             self.pool.txg().kick(txg);
         }
-        let sync = self.vol.props.read().typed().sync;
+        let sync = self.vol.props.typed().sync;
         if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
             self.pool.txg().wait_synced(txg)?;
         }
@@ -441,7 +442,7 @@ impl BlockVolume for Volume {
         self.vol.volblocksize
     }
     fn read_only(&self) -> bool {
-        self.vol.props.read().typed().readonly
+        self.vol.props.typed().readonly
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -501,7 +502,7 @@ impl BlockVolume for Volume {
         if let Err(e) = self.check_write(offset, data.len() as u64) {
             return Some(Err(e));
         }
-        if self.vol.props.read().typed().sync == SyncPolicy::Always {
+        if self.vol.props.typed().sync == SyncPolicy::Always {
             return None;
         }
         let max = crate::dsl_pool::dirty_data_max();
@@ -531,7 +532,7 @@ impl BlockVolume for Volume {
 
     fn flush(&self) -> Result<()> {
         self.check_live()?;
-        if self.vol.props.read().typed().sync == SyncPolicy::Disabled {
+        if self.vol.props.typed().sync == SyncPolicy::Disabled {
             return Ok(());
         }
         if self.pool.dirty().total() == 0 && !self.pool.mos_changed() {

@@ -11,7 +11,7 @@ use zilla_core::spa::{Pool, ScrubCmd};
 use zilla_core::vdev::fault::{FaultDevice, MemDevice};
 use zilla_core::vdev::label::{self, DATA_START};
 use zilla_core::vdev::{Device, IoClass};
-use zilla_core::zio::blkptr::{BlockPointer, Dva};
+use zilla_core::block::blkptr::{BlockPointer, Dva};
 use zilla_core::Error;
 
 const DEV_SIZE: u64 = 64 << 20;

@@ -25,6 +25,8 @@
 //!                        writeback; a later fsync succeeds and the data is gone)
 //!   lie-fsync        ──> the next N syncs of a file return success and persist nothing
 //!                        (a device that ignores cache flushes)
+//!   fail-write       ──> the next N writes to a file return EIO and change nothing
+//!                        (a device that refuses writes)
 //! ```
 //!
 //! The cache is bounded (`limit_pages`). When it is full, the oldest dirty page (by
@@ -78,6 +80,7 @@ pub enum SyncFault {
 #[derive(Default, Clone, Debug)]
 pub struct CacheStats {
     pub writes: u64,
+    pub writes_failed: u64,
     pub reads: u64,
     pub syncs: u64,
     pub syncs_failed: u64,
@@ -118,6 +121,8 @@ pub struct PageCache {
     next_seq: u64,
     limit_pages: usize,
     faults: HashMap<String, (SyncFault, u64)>,
+    /// Writes left to fail, by file name.
+    write_faults: HashMap<String, u64>,
     pub stats: CacheStats,
 }
 
@@ -170,6 +175,7 @@ impl PageCache {
             next_seq: 0,
             limit_pages: (limit_bytes / PAGE_BYTES as u64).max(1) as usize,
             faults: HashMap::new(),
+            write_faults: HashMap::new(),
             stats: CacheStats::default(),
         }
     }
@@ -237,8 +243,25 @@ impl PageCache {
         }
     }
 
+    /// Fail the next `count` writes to the file named `name` with EIO (0 disarms).
+    pub fn set_write_fault(&mut self, name: &str, count: u64) {
+        if count == 0 {
+            self.write_faults.remove(name);
+        } else {
+            self.write_faults.insert(name.to_string(), count);
+        }
+    }
+
     pub fn clear_faults(&mut self) {
         self.faults.clear();
+        self.write_faults.clear();
+    }
+
+    /// Armed write faults as (name, writes left).
+    pub fn write_faults(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<_> = self.write_faults.iter().map(|(n, c)| (n.clone(), *c)).collect();
+        v.sort();
+        v
     }
 
     /// Armed faults as "name fault remaining" lines.
@@ -273,6 +296,16 @@ impl PageCache {
     /// Cache a write; nothing reaches the backing file (unless the cache is full).
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()> {
         self.stats.writes += 1;
+        let name = &self.files.get(&ino).ok_or_else(not_attached)?.name;
+        if let Some(left) = self.write_faults.get_mut(name) {
+            *left -= 1;
+            if *left == 0 {
+                let name = name.clone();
+                self.write_faults.remove(&name);
+            }
+            self.stats.writes_failed += 1;
+            return Err(eio());
+        }
         let end = offset.checked_add(data.len() as u64).ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
         let mut done = 0usize;
         while done < data.len() {
@@ -570,6 +603,22 @@ mod tests {
         c.sync(2, true).unwrap();
         assert_eq!(&on_disk(&dir, "a")[..10], &[2u8; 10], "the fault was used up");
         assert_eq!(c.stats.syncs_failed, 1);
+    }
+
+    #[test]
+    fn failed_write_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = PageCache::new(1 << 20);
+        c.attach(2, "a", backing(&dir, "a", &[0u8; PAGE_BYTES])).unwrap();
+        c.set_write_fault("a", 2);
+        for _ in 0..2 {
+            assert_eq!(c.write(2, 0, &[1u8; 10]).unwrap_err().raw_os_error(), Some(libc::EIO));
+        }
+        assert_eq!(c.dirty_pages(), 0);
+        assert_eq!(c.read(2, 0, 10).unwrap(), vec![0u8; 10]);
+        c.write(2, 0, &[1u8; 10]).unwrap();
+        assert_eq!(c.read(2, 0, 10).unwrap(), vec![1u8; 10], "the fault was used up");
+        assert_eq!(c.stats.writes_failed, 2);
     }
 
     #[test]

@@ -42,7 +42,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::cache::{PageCache, SyncFault};
-use crate::ctl::{self, Command, CTL_NAME};
+use crate::ctl::{self, Command, KillOn, CTL_NAME};
 
 const TTL: Duration = Duration::ZERO;
 const ROOT_INO: u64 = 1;
@@ -113,6 +113,8 @@ struct State {
     ctl_snapshots: HashMap<u64, Vec<u8>>,
     next_fh: u64,
     last_result: String,
+    /// A planned SIGKILL: (pid, what it counts, operations left).
+    kill_plan: Option<(i32, KillOn, u64)>,
 }
 
 /// The lazy file system over one backing directory.
@@ -192,6 +194,7 @@ impl LazyFs {
             ctl_snapshots: HashMap::new(),
             next_fh: 1,
             last_result: "none".into(),
+            kill_plan: None,
         };
         LazyFs { backing_root, state: Mutex::new(state) }
     }
@@ -266,8 +269,17 @@ impl LazyFs {
                     st.cache.set_fault(&path, fault, count);
                     format!("{} {path} {count}", if fault == SyncFault::Fail { "fail-fsync" } else { "lie-fsync" })
                 }
+                Command::FailWrite { path, count } => {
+                    st.cache.set_write_fault(&path, count);
+                    format!("fail-write {path} {count}")
+                }
+                Command::Kill { pid, on, count } => {
+                    st.kill_plan = Some((pid, on, count));
+                    format!("kill {pid} at {on:?} {count}")
+                }
                 Command::Clear => {
                     st.cache.clear_faults();
+                    st.kill_plan = None;
                     "clear".into()
                 }
                 Command::Stats => "stats".into(),
@@ -282,7 +294,7 @@ impl LazyFs {
         let c = &st.cache;
         let s = &c.stats;
         let mut out = format!(
-            "dirty_pages {}\ndirty_bytes {}\ndirty_files {}\ncache_limit_bytes {}\nwrites {}\nreads {}\n\
+            "dirty_pages {}\ndirty_bytes {}\ndirty_files {}\ncache_limit_bytes {}\nwrites {}\nwrites_failed {}\nreads {}\n\
              syncs {}\nsyncs_failed {}\nsyncs_lied {}\npages_synced {}\npages_evicted {}\ndrops {}\n\
              tears {}\npages_lost {}\npages_torn {}\n",
             c.dirty_pages(),
@@ -290,6 +302,7 @@ impl LazyFs {
             c.dirty_files(),
             c.limit_pages() * crate::cache::PAGE_BYTES,
             s.writes,
+            s.writes_failed,
             s.reads,
             s.syncs,
             s.syncs_failed,
@@ -305,8 +318,34 @@ impl LazyFs {
             let kind = if fault == SyncFault::Fail { "fail-fsync" } else { "lie-fsync" };
             out.push_str(&format!("fault {kind} /{name} {left}\n"));
         }
+        for (name, left) in c.write_faults() {
+            out.push_str(&format!("fault fail-write /{name} {left}\n"));
+        }
+        if let Some((pid, on, left)) = st.kill_plan {
+            out.push_str(&format!("kill_plan pid {pid} {on:?} {left}\n"));
+        }
         out.push_str(&format!("last {}\n", st.last_result));
         out.into_bytes()
+    }
+
+    /// Count one `op` against the planned kill; true if the process was just killed
+    /// (the operation must then fail without effect, as if the power went first).
+    fn kill_due(st: &mut State, op: KillOn) -> bool {
+        let Some((pid, on, left)) = st.kill_plan.as_mut() else { return false };
+        if *on != op {
+            return false;
+        }
+        *left -= 1;
+        if *left > 0 {
+            return false;
+        }
+        let pid = *pid;
+        st.kill_plan = None;
+        let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+        let how = if rc == 0 { "killed".to_string() } else { format!("kill failed: {}", io::Error::last_os_error()) };
+        eprintln!("zilla-lazyfs: planned cut at {op:?}: pid {pid} {how}");
+        st.last_result = format!("cut at {op:?}: pid {pid} {how}");
+        true
     }
 
     /// setattr's size part: through the cache if the file is cached.
@@ -601,6 +640,9 @@ impl Filesystem for LazyFs {
                 }
             };
         }
+        if Self::kill_due(&mut st, KillOn::Write) {
+            return reply.error(Errno::EIO);
+        }
         match st.cache.write(ino.0, offset, data) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(e)),
@@ -641,6 +683,9 @@ impl Filesystem for LazyFs {
         let mut st = self.state.lock();
         if ino.0 == CTL_INO {
             return reply.ok();
+        }
+        if Self::kill_due(&mut st, KillOn::Sync) {
+            return reply.error(Errno::EIO);
         }
         match st.cache.sync(ino.0, datasync) {
             Ok(()) => reply.ok(),

@@ -17,13 +17,14 @@ use parking_lot::RwLock;
 use super::config::{check_device_free, check_distinct_devices, check_distinct_leaves, check_system_use, device_ashift, open_top, pool_props_with_defaults};
 use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
-use crate::dmu::{self, PoolIo, VolumeState};
+use crate::dmu::{self, VolumeState};
+use crate::zio::PoolIo;
 use crate::env::Env;
 use crate::metaslab::Metaslabs;
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{Device, LeafSpec, Role};
-use crate::zio::blkptr::BlockPointer;
+use crate::block::blkptr::BlockPointer;
 use crate::{Error, Guid, Result, Txg};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -319,7 +320,7 @@ impl Pool {
                     volsize: v.volsize,
                     volblocksize: v.volblocksize,
                     created_txg: v.created_txg,
-                    props: RwLock::new(v.props.clone()),
+                    props: crate::props::PublishedProps::new(v.props.clone()),
                     committed: RwLock::new(v.root),
                     dirty: Default::default(),
                     destroyed: false.into(),

@@ -28,7 +28,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::dmu::{self, PoolIo, TreeRoot, VolumeState};
+use crate::dmu::{self, TreeRoot, VolumeState};
+use crate::zio::PoolIo;
 use crate::dsl_pool::DirtyAccounting;
 use crate::env::Env;
 use crate::props::PropRow;
@@ -36,7 +37,7 @@ use crate::txg::TxgState;
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
 use crate::vdev::{LeafSpec, Role};
-use crate::zio::blkptr::BlockPointer;
+use crate::block::blkptr::BlockPointer;
 use crate::scan::ScanPool;
 use crate::zvol::{BlockVolume, VolumePool};
 use crate::{Error, Guid, Result, Txg};
@@ -433,7 +434,7 @@ impl Pool {
                 volsize,
                 volblocksize,
                 created_txg: inner.txg.open_txg(),
-                props: RwLock::new(ps),
+                props: crate::props::PublishedProps::new(ps),
                 committed: RwLock::new(TreeRoot { bp: BlockPointer::hole(), nlevels }),
                 dirty: Default::default(),
                 destroyed: false.into(),
@@ -472,7 +473,7 @@ impl Pool {
                 volsize: v.volsize,
                 volblocksize: v.volblocksize,
                 used: v.committed.read().bp.fill * v.volblocksize as u64,
-                readonly: v.props.read().typed().readonly,
+                readonly: v.props.typed().readonly,
             })
             .collect()
     }
@@ -490,7 +491,7 @@ impl Pool {
     pub fn get_props(&self, volume: &str, props: &[String]) -> Result<Vec<PropRow>> {
         let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
         let full = format!("{}/{}", self.inner.name, v.name);
-        let ps = v.props.read().clone();
+        let ps = v.props.snapshot();
         let used = v.committed.read().bp.fill * v.volblocksize as u64;
         let mut all: Vec<(String, String, String, Option<&str>)> = vec![
             ("volsize".into(), v.volsize.to_string(), "local".into(), None),
@@ -527,7 +528,7 @@ impl Pool {
     pub fn set_prop(&self, volume: &str, prop: &str, value: &str) -> Result<()> {
         self.check_open()?;
         let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
-        v.props.write().set(prop, value)?;
+        v.props.set(prop, value)?;
         self.inner.meta.lock().changed = true;
         self.sync()
     }

@@ -25,7 +25,7 @@ use crate::dmu::{self, Mos, TreeRoot, VolumeState, WritePolicy};
 use crate::vdev::label::Uberblock;
 use crate::vdev::mirror::{Leaf, LeafState};
 use crate::vdev::{label, Role};
-use crate::zio::blkptr::{self, BlockPointer};
+use crate::block::blkptr::{self, BlockPointer};
 use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result, Txg};
 
@@ -259,7 +259,7 @@ impl PoolInner {
         // each chunk's writes are submitted without waiting while the next chunk is
         // prepared, and the indirect blocks are rebuilt while the last chunks are still
         // being written.
-        let writer = dmu::SyncWriter::new(&self.io, txg);
+        let writer = crate::zio::SyncWriter::new(&self.io, txg);
         let mut trees = Vec::new();
         for v in &vols {
             let recs = v.dirty.collect(txg);
@@ -269,7 +269,7 @@ impl PoolInner {
                 continue;
             }
             let changes = self.sync_volume_data(v, &recs, txg, &writer, &mut written)?;
-            let props = v.props.read().typed();
+            let props = v.props.typed();
             trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg }));
         }
         for (v, root, changes, pol) in &trees {
@@ -323,7 +323,7 @@ impl PoolInner {
     /// flush every leaf. A child that failed a write or flush after the MOS was
     /// encoded missed (part of) this txg and the MOS does not say so: committing would
     /// let a power cut forget it, so the txg is written again.
-    fn write_mos_and_flush(&self, txg: Txg, mut mos: Mos, batch: &mut Vec<dmu::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
+    fn write_mos_and_flush(&self, txg: Txg, mut mos: Mos, batch: &mut Vec<crate::zio::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
         let health = self.leaf_health();
         mos.leaf_health = Some(health.clone());
         let blob = mos.encode(&self.io.ms);
@@ -360,10 +360,10 @@ impl PoolInner {
         v: &VolumeState,
         recs: &[(u64, Option<Arc<[u8]>>)],
         txg: Txg,
-        writer: &dmu::SyncWriter<'_>,
+        writer: &crate::zio::SyncWriter<'_>,
         written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
     ) -> Result<Vec<(u64, BlockPointer)>> {
-        let props = v.props.read().typed();
+        let props = v.props.typed();
         let (algo, comp) = (props.checksum, props.compression);
         let cache = props.primarycache == crate::props::CachePolicy::All;
         let workers = self.io.prepare_workers(&self.env, &self.name);

@@ -6,7 +6,7 @@
 //! compares the extents they reference with what the allocator says is allocated.
 use super::Pool;
 use crate::dmu;
-use crate::zio::blkptr::BlockPointer;
+use crate::block::blkptr::BlockPointer;
 
 impl Pool {
     /// zdb-style leak check: every allocated extent is referenced exactly once by the
@@ -78,7 +78,7 @@ impl Pool {
 /// zdb-like read access for tests and debugging tools: not a stable API.
 impl Pool {
     #[doc(hidden)]
-    pub fn debug_io(&self) -> &crate::dmu::PoolIo {
+    pub fn debug_io(&self) -> &crate::zio::PoolIo {
         &self.inner.io
     }
     /// The committed (last synced) tree root of a volume.

@@ -40,8 +40,8 @@
 
 use std::io;
 
-use crate::zio::blkptr::BlockPointer;
-use crate::zio::checksum::fletcher4;
+use crate::block::blkptr::BlockPointer;
+use crate::block::checksum::fletcher4;
 use crate::{Guid, Txg};
 
 pub const LABEL_SIZE: u64 = 256 << 10;

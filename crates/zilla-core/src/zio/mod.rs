@@ -1,4 +1,5 @@
-//! zio: block transforms and block pointers.
+//! zio: the block pipeline — transforms on the way down and up, verified reads with
+//! self-heal, allocation in syncing context, and the writes of a txg.
 //!
 //! Theory of operation
 //! -------------------
@@ -7,24 +8,28 @@
 //! ```text
 //!  write: logical (lsize) ─compress?→ physical (psize) ─pad to 1<<ashift→ allocated (asize)
 //!         ─checksum over the asize bytes→ block pointer {dva, lsize, psize, birth, cksum}
-//!  read:  asize bytes from a child ─verify cksum (per child, in the mirror)→
-//!         ─decompress psize→ lsize
+//!         ─allocate copies (metaslab)→ SyncWriter: sorted, merged runs → mirror writes
+//!  read:  ARC hit? ─else→ asize bytes from a child ─verify cksum (per child, in the
+//!         mirror)→ rewrite bad children / lost ditto copies ─decompress psize→ lsize → ARC
 //! ```
 //!
 //! The checksum lives in the parent's block pointer (Merkle tree up to the uberblock), so
 //! a child's copy can be judged on its own: the mirror tries the next child when a copy
 //! fails. Blocks with no parent (labels, uberblocks) use embedded checksums instead
-//! (vdev::label).
+//! (vdev::label). The block format itself (block pointers, checksum and compression
+//! codes) is the lower `block` module; this module adds the I/O: [`prepare`] and
+//! [`finish_read`] are the transforms, [`PoolIo`] (pool_io.rs) the reads and writes
+//! through the vdev tree, the allocators and the ARC, and `workers` the bounded pool of
+//! threads that prepare a txg's blocks.
 
-pub mod blkptr;
-pub mod checksum;
-pub mod compress;
-pub mod reader;
+pub mod pool_io;
 pub mod workers;
 
-use blkptr::BlockPointer;
-use checksum::{ChecksumAlgo, Checksum};
-use compress::Compression;
+pub use pool_io::{PendingWrite, PoolIo, SyncWriter};
+
+use crate::block::blkptr::BlockPointer;
+use crate::block::checksum::{self, ChecksumAlgo, Checksum};
+use crate::block::compress::{self, Compression};
 
 /// The smallest allocation unit (ashift 12); a pool's unit is `1 << ashift` of its
 /// largest-ashift data vdev ([`crate::dmu::PoolIo::alloc_unit`]), so a block never

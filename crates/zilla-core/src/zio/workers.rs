@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::checksum::ChecksumAlgo;
-use super::compress::Compression;
+use crate::block::checksum::ChecksumAlgo;
+use crate::block::compress::Compression;
 use super::PreparedBlock;
 
 /// Blocks below this count are prepared on the caller's thread.
