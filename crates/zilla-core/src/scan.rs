@@ -133,6 +133,42 @@ pub struct ScanStatus {
     /// (`zilla pool clear`, `online`, `replace`).
     #[serde(default)]
     pub unrepaired_devices: Vec<crate::Guid>,
+    /// Resilver: the pass so far could not read some subtree (which children miss what
+    /// under it is unknown): no DTL is cleared when it finishes.
+    #[serde(default)]
+    pub unrepaired_all: bool,
+    /// Resilver: what this pass repairs, per leaf: its DTL when the pass began. Only
+    /// these ranges (up to `start_txg`) are cleared when it finishes; a leaf attached
+    /// or a DTL grown meanwhile keeps its own for another pass. Stored with the
+    /// bookmark, so a pass resumed after a crash clears no more than it covered.
+    #[serde(default)]
+    pub targets: Vec<ResilverTarget>,
+}
+
+/// One leaf a resilver pass repairs (see [`ScanStatus::targets`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ResilverTarget {
+    pub guid: crate::Guid,
+    /// The leaf's DTL when the pass began.
+    pub dtl: Vec<(Txg, Txg)>,
+    /// Ranges added to its DTL while the pass ran (a repair lost to a failed flush):
+    /// never cleared by this pass.
+    #[serde(default)]
+    pub lost: Vec<(Txg, Txg)>,
+}
+
+/// The resilver targets: every readable leaf with a DTL, except `skip`. Each starts
+/// recording its DTL additions.
+fn resilver_targets(inner: &Arc<dyn ScanPool>, skip: &[crate::Guid]) -> Vec<ResilverTarget> {
+    let mut out = Vec::new();
+    for l in inner.leaves().iter().filter(|l| l.readable() && !skip.contains(&l.guid)) {
+        l.begin_dtl_journal();
+        let dtl = l.dtl();
+        if !dtl.is_empty() {
+            out.push(ResilverTarget { guid: l.guid, dtl, lost: Vec::new() });
+        }
+    }
+    out
 }
 
 /// What a scan sees of its pool: the narrow context spa hands to scan. spa implements
@@ -245,10 +281,13 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
     if !inner.txg().wait_synced_unless(start_txg.next(), &abort) {
         return false;
     }
+    let targets = resilver_targets(inner, &unrepaired);
     let mut s = inner.scan().status.lock();
     s.state = ScanState::Scanning;
     s.start_txg = inner.txg().synced_txg();
-    s.min_txg = remaining.into_iter().min().unwrap_or(Txg::ZERO);
+    s.min_txg = targets.iter().flat_map(|t| t.dtl.iter()).map(|r| r.0).min().unwrap_or(Txg::ZERO);
+    s.targets = targets;
+    s.unrepaired_all = false;
     s.bookmark = Bookmark::default();
     true
 }
@@ -298,12 +337,13 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             l.set_dtl(d.into_iter().map(|(a, b)| (a, b.min(open))).collect());
         }
     }
-    let min_txg = inner.leaves().iter().flat_map(|l| l.dtl()).map(|r| r.0).min().unwrap_or(Txg::ZERO);
     if inner.scan().running.load(Ordering::Acquire) {
         // restart as a resilver: resilver takes priority over a scrub
         inner.scan().stop.store(true, Ordering::Release);
         join(inner);
     }
+    let targets = resilver_targets(inner, &[]);
+    let min_txg = targets.iter().flat_map(|t| t.dtl.iter()).map(|r| r.0).min().unwrap_or(Txg::ZERO);
     {
         let mut s = inner.scan().status.lock();
         *s = ScanStatus {
@@ -316,6 +356,7 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             // entry stays and the resilver runs another pass (see `another_pass`).
             start_txg: inner.txg().synced_txg(),
             min_txg,
+            targets,
             ..Default::default()
         };
     }
@@ -393,6 +434,13 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
     }
     if let Ok(s) = serde_json::from_str::<ScanStatus>(&json) {
         let resume = s.state == ScanState::Scanning;
+        if resume && s.func == ScanFunc::Resilver {
+            // DTL additions since the crash are recorded from now on; those before it
+            // are in `lost` (stored with each bookmark)
+            for l in inner.leaves().iter().filter(|l| s.targets.iter().any(|t| t.guid == l.guid)) {
+                l.begin_dtl_journal();
+            }
+        }
         *inner.scan().status.lock() = s;
         if resume {
             launch(inner);
@@ -500,8 +548,11 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
     let stop = || inner.scan().stop.load(Ordering::Acquire) || inner.txg().is_shutting_down();
     let mut spans = 0u64;
     let pause_every = ZFS_SCAN_PAUSE_EVERY_SPANS.get();
-    let mut bm = inner.scan().status.lock().bookmark.clone();
-    let mut unrepaired = Unrepaired::default();
+    let (mut bm, mut unrepaired) = {
+        // a pass resumed after a crash keeps what its first part could not repair
+        let s = inner.scan().status.lock();
+        (s.bookmark.clone(), Unrepaired { leaves: s.unrepaired_devices.iter().copied().collect(), all: s.unrepaired_all })
+    };
     if bm.phase == 0 {
         if !resilver {
             check_labels(inner);
@@ -544,6 +595,9 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             {
                 let mut s = inner.scan().status.lock();
                 s.bookmark = Bookmark { phase: 1, volume_id: v.id, blkid: blk };
+                if resilver {
+                    note_unrepaired(inner, &mut s, &unrepaired);
+                }
             }
             persist(inner, false);
             spans += 1;
@@ -581,10 +635,29 @@ fn scan_mos(inner: &Arc<dyn ScanPool>, resilver: bool, min_txg: Txg, unrepaired:
     Ok(())
 }
 
-/// A resilver pass finished: clear the DTL entries it covered (up to `start_txg`) on
-/// every readable leaf it fully repaired; keep the others' and say so.
+/// Store with the bookmark what the pass could not repair so far: the leaves, and each
+/// target's DTL additions since the pass began.
+fn note_unrepaired(inner: &Arc<dyn ScanPool>, s: &mut ScanStatus, unrepaired: &Unrepaired) {
+    s.unrepaired_devices = unrepaired.leaves.iter().copied().collect();
+    s.unrepaired_all = unrepaired.all;
+    let leaves = inner.leaves();
+    for t in s.targets.iter_mut() {
+        if let Some(l) = leaves.iter().find(|l| l.guid == t.guid) {
+            for (lo, hi) in l.dtl_journal() {
+                crate::vdev::mirror::range_insert(&mut t.lost, lo, hi);
+            }
+        }
+    }
+}
+
+/// A resilver pass finished: on every readable leaf it fully repaired, clear the DTL
+/// ranges it set out to repair (its target's, up to `start_txg`) except those added
+/// while it ran; keep the others' and say so.
 fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
-    let start_txg = inner.scan().status.lock().start_txg;
+    let (start_txg, targets) = {
+        let s = inner.scan().status.lock();
+        (s.start_txg, s.targets.clone())
+    };
     if unrepaired.all {
         tracing::warn!(pool = %inner.pool_name(), "resilver could not read part of the pool: every DTL is kept");
     }
@@ -594,14 +667,16 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
         unrepaired.leaves.iter().copied().collect()
     };
     for l in inner.leaves().iter() {
-        if !l.readable() || unrepaired.all || unrepaired.leaves.contains(&l.guid) {
-            if unrepaired.leaves.contains(&l.guid) {
-                tracing::warn!(pool = %inner.pool_name(), device = %l.spec.display(), "resilver could not repair every block on this device: its DTL is kept");
-            }
-            continue;
+        if unrepaired.leaves.contains(&l.guid) {
+            tracing::warn!(pool = %inner.pool_name(), device = %l.spec.display(), "resilver could not repair every block on this device: its DTL is kept");
         }
-        let d: Vec<(Txg, Txg)> = l.dtl().into_iter().filter(|r| r.1 > start_txg).map(|(a, b)| (a.max(start_txg.next()), b)).collect();
-        l.set_dtl(d);
+        match targets.iter().find(|t| t.guid == l.guid) {
+            Some(t) if l.readable() && !unrepaired.all && !unrepaired.leaves.contains(&l.guid) => {
+                let repaired = crate::vdev::mirror::range_intersect(&t.dtl, &[(Txg(1), start_txg)]);
+                l.finish_dtl_journal(&repaired, &t.lost);
+            }
+            _ => l.finish_dtl_journal(&[], &[]), // clears nothing, stops recording
+        }
     }
     let _ = inner.rewrite_labels();
 }

@@ -91,6 +91,10 @@ pub struct Leaf {
     write_failed_since_flush: std::sync::atomic::AtomicBool,
     /// I/O errors since the last success: too many fault the leaf (zfs-diagnosis style).
     consecutive_errors: std::sync::atomic::AtomicU32,
+    /// While a resilver pass runs: every range added to the DTL since it began, even
+    /// ranges the DTL already covered (a repair lost to a failed flush lands inside the
+    /// range being repaired). The pass does not clear these (see `scan::finish_resilver`).
+    dtl_journal: Mutex<Option<Vec<(Txg, Txg)>>>,
 }
 
 /// Bound on a leaf's DTL ranges; beyond it the two closest ranges merge (resilvering
@@ -118,6 +122,7 @@ impl Leaf {
             unflushed: Mutex::new(None),
             write_failed_since_flush: std::sync::atomic::AtomicBool::new(false),
             consecutive_errors: std::sync::atomic::AtomicU32::new(0),
+            dtl_journal: Mutex::new(None),
         }
     }
 
@@ -210,11 +215,35 @@ impl Leaf {
     /// Add txgs `lo..=hi` to the DTL.
     pub fn dtl_add_range(&self, lo: Txg, hi: Txg) {
         let mut d = self.dtl.lock();
+        if let Some(j) = self.dtl_journal.lock().as_mut() {
+            range_insert(j, lo, hi);
+        }
         if d.iter().any(|&(a, b)| a <= lo && hi <= b) {
             return;
         }
         range_insert(&mut d, lo, hi);
         self.dtl_generation.fetch_add(1, Ordering::AcqRel);
+    }
+    /// A resilver pass begins: start recording DTL additions (see `dtl_journal`).
+    pub fn begin_dtl_journal(&self) {
+        let _d = self.dtl.lock();
+        *self.dtl_journal.lock() = Some(Vec::new());
+    }
+    /// The DTL ranges added since [`Leaf::begin_dtl_journal`] (recording goes on).
+    pub fn dtl_journal(&self) -> Vec<(Txg, Txg)> {
+        self.dtl_journal.lock().clone().unwrap_or_default()
+    }
+    /// A resilver pass repaired `repaired` on this leaf: remove it from the DTL, except
+    /// what was added since the pass began (and `also_kept`), and stop recording.
+    pub fn finish_dtl_journal(&self, repaired: &[(Txg, Txg)], also_kept: &[(Txg, Txg)]) {
+        let mut d = self.dtl.lock();
+        let journal = self.dtl_journal.lock().take().unwrap_or_default();
+        let clear = range_subtract(&range_subtract(repaired, &journal), also_kept);
+        let n = range_subtract(&d, &clear);
+        if *d != n {
+            *d = n;
+            self.dtl_generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
     pub fn dtl_contains(&self, txg: Txg) -> bool {
         self.dtl.lock().iter().any(|&(a, b)| txg >= a && txg <= b)
@@ -748,6 +777,36 @@ mod dtl_tests {
         assert_eq!(range_subtract(&r(&[(1, 20)]), &d), r(&[(1, 4), (9, 11), (13, 20)]));
         assert_eq!(range_intersect(&r(&[(1, 6), (11, 30)]), &d), r(&[(5, 6), (12, 12)]));
         assert_eq!(ranges_text(&d), "5-8, 12");
+    }
+
+    fn leaf() -> Leaf {
+        let spec = LeafSpec { path: "/mem/a".into(), model: None };
+        Leaf::new(Guid(7), spec, Arc::new(crate::vdev::fault::MemDevice::new(1 << 20)))
+    }
+
+    /// A resilver pass clears only what it set out to repair: not a range added while
+    /// it ran (a repair lost to a failed flush, inside the range it repairs), not a
+    /// range it never targeted (a device attached meanwhile), not its `lost` record.
+    #[test]
+    fn resilver_clears_only_its_target_minus_later_additions() {
+        let l = leaf();
+        l.set_dtl(r(&[(1, 50)]));
+        l.begin_dtl_journal();
+        let target = l.dtl();
+        l.dtl_add_range(Txg(10), Txg(12)); // inside the target: the DTL is unchanged
+        assert_eq!(l.dtl(), r(&[(1, 50)]));
+        l.dtl_add(Txg(70)); // after the pass started
+        l.finish_dtl_journal(&range_intersect(&target, &r(&[(1, 40)])), &r(&[(20, 20)]));
+        assert_eq!(l.dtl(), r(&[(10, 12), (20, 20), (41, 50), (70, 70)]));
+        // recording stopped: a later addition is not journaled
+        l.dtl_add(Txg(80));
+        assert!(l.dtl_journal().is_empty());
+        // a leaf the pass did not target keeps everything
+        let other = leaf();
+        other.set_dtl(r(&[(1, 60)]));
+        other.begin_dtl_journal();
+        other.finish_dtl_journal(&[], &[]);
+        assert_eq!(other.dtl(), r(&[(1, 60)]));
     }
 
     #[test]
