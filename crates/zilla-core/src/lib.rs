@@ -17,6 +17,7 @@ pub mod zio;
 pub mod dmu;
 pub mod txg;
 pub mod dsl_pool;
+pub mod zil;
 pub mod spa;
 pub mod scan;
 pub mod zvol;
@@ -39,7 +40,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["metaslab", "props"], // space allocation per top-level vdev; typed volume properties
     &["arc"],          // DRAM block cache
     &["zio"],          // the block pipeline: prepare, verified reads + self-heal, allocation, write issue
-    &["dsl_pool"],     // dirty accounting and the write throttle
+    &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
     &["dmu"],          // object directory, volume block-pointer trees, dirty records
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
@@ -94,6 +95,10 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &dsl_pool::ZFS_DELAY_MIN_DIRTY_PERCENT,
     &dsl_pool::ZFS_DELAY_SCALE,
     &dsl_pool::ZFS_DELAY_MAX_NS,
+    &zil::ZIL_MAXBLOCKSIZE,
+    &zil::ZIL_NOCACHEFLUSH,
+    &zil::ZIL_REPLAY_DISABLE,
+    &zil::ZFS_IMMEDIATE_WRITE_SZ,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
@@ -174,7 +179,7 @@ mod fuzz_smoke {
         // a real MOS with every single-byte corruption: decode must not panic
         let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
-        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None };
+        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None, zil_headers: vec![] };
         let blob = mos.encode(&ms);
         for i in 0..blob.len() {
             for v in [0u8, 0xff, 0x7f] {
@@ -205,7 +210,7 @@ mod fuzz_smoke {
                 created_txg: crate::Txg(4),
             };
             let health = vec![crate::dmu::LeafHealth { guid: crate::Guid(77), faulted: true, dtl: vec![(crate::Txg(5), crate::Txg(9))] }];
-            let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health) };
+            let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health), zil_headers: vec![] };
             let blob = mos.encode(&ms);
             let mut m = crate::metaslab::Metaslabs::new();
             m.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);

@@ -115,6 +115,23 @@ impl RangeAllocator {
         Ok(())
     }
 
+    /// Take every free part of `[at, at+len)` out of the free tree (claiming a log
+    /// block at import, whose parts may be free or allocated).
+    pub fn claim_free_parts(&mut self, at: u64, len: u64) {
+        let end = at.saturating_add(len).min(self.size);
+        let parts: Vec<(u64, u64)> = self
+            .free
+            .range(..end)
+            .rev()
+            .take_while(|(&s, &l)| s + l > at)
+            .map(|(&s, &l)| (s.max(at), (s + l).min(end)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        for (a, b) in parts {
+            self.remove_range(a, b - a);
+        }
+    }
+
     /// Return a range to the free tree. Panics on a double free (an engine bug).
     pub fn free(&mut self, at: u64, len: u64) {
         assert!(at + len <= self.size, "free beyond vdev end");
@@ -260,7 +277,8 @@ fn class_index(role: Role) -> Option<usize> {
 /// the defer lists.
 ///
 /// Locks (docs/design.md, "Lock order"): each class lock, `vdev_class` and `defer` are
-/// leaves: none of them is held while another is taken.
+/// leaves: none of them is held while another is taken. `log_unreferenced` is taken
+/// before a class lock (log allocation, encode), never after one.
 #[derive(Debug)]
 pub struct Metaslabs {
     /// Indexed by [`class_index`]: normal, log.
@@ -270,6 +288,11 @@ pub struct Metaslabs {
     /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE + 1 starts
     /// to sync.
     defer: Mutex<DeferLists>,
+    /// Log blocks allocated whose referrer (the previous log block or the ZIL header)
+    /// is not durable yet: left out of the persisted space maps, so a power cut does
+    /// not leak them (the intent log claims what it finds at import). Taken before a
+    /// class lock. Bounded by the blocks of the log chains in flight.
+    log_unreferenced: Mutex<Vec<Dva>>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -305,6 +328,7 @@ impl Metaslabs {
             classes: [Mutex::new(AllocClass::new()), Mutex::new(AllocClass::new())],
             vdev_class: RwLock::new(BTreeMap::new()),
             defer: Mutex::new(DeferLists::default()),
+            log_unreferenced: Mutex::new(Vec::new()),
         }
     }
 
@@ -343,6 +367,59 @@ impl Metaslabs {
             c.sync_allocs.extend_from_slice(&dvas);
         }
         Ok(dvas)
+    }
+
+    /// Allocate one log block in class `role`, outside any sync; it stays out of the
+    /// persisted space maps until [`Metaslabs::log_referenced`].
+    pub fn alloc_log(&self, role: Role, len: u64) -> Result<Dva> {
+        let mut u = self.log_unreferenced.lock();
+        let d = self.alloc(role, len, 1, None)?[0];
+        u.push(d);
+        Ok(d)
+    }
+
+    /// The log block's referrer is durable: it belongs in the space maps.
+    pub fn log_referenced(&self, dva: &Dva) {
+        let mut u = self.log_unreferenced.lock();
+        if let Some(i) = u.iter().position(|d| d == dva) {
+            u.swap_remove(i);
+        }
+    }
+
+    /// Import: the log block `dva` of a valid chain stays allocated. Parts of it the
+    /// loaded state has free are claimed; parts on a defer list (freed by an earlier
+    /// owner, reused by the log in a txg that never synced) leave the list. Idempotent.
+    pub fn claim_log(&self, dva: &Dva) -> Result<()> {
+        let (at, end) = (dva.offset, dva.offset.saturating_add(dva.asize as u64));
+        {
+            let mut d = self.defer.lock();
+            for list in d.lists.values_mut() {
+                let mut kept = Vec::with_capacity(list.len());
+                for e in list.drain(..) {
+                    let (es, ee) = (e.offset, e.offset + e.asize as u64);
+                    if e.vdev != dva.vdev || ee <= at || es >= end {
+                        kept.push(e);
+                        continue;
+                    }
+                    if es < at {
+                        kept.push(Dva { vdev: e.vdev, asize: (at - es) as u32, offset: es });
+                    }
+                    if ee > end {
+                        kept.push(Dva { vdev: e.vdev, asize: (ee - end) as u32, offset: end });
+                    }
+                }
+                *list = kept;
+            }
+            d.lists.retain(|_, l| !l.is_empty());
+        }
+        let c = self.class_of(dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", dva.vdev)))?;
+        let mut c = c.lock();
+        let a = c.get_mut(dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", dva.vdev)))?;
+        if end > a.size {
+            return Err(Error::Corrupt(format!("log block {dva:?} beyond its vdev")));
+        }
+        a.claim_free_parts(at, dva.asize as u64);
+        Ok(())
     }
 
     /// Number of top-level vdevs in class `role`.
@@ -498,7 +575,16 @@ impl Metaslabs {
 
     /// Persisted form: per vdev id the allocated extents; plus defer lists.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let ext = self.extents();
+        let ext = {
+            let u = self.log_unreferenced.lock();
+            let mut ext = self.extents();
+            for d in u.iter() {
+                if let Some(list) = ext.get_mut(&d.vdev) {
+                    cut_extent(list, d.offset, d.asize as u64);
+                }
+            }
+            ext
+        };
         let n = ext.keys().next_back().map_or(0, |&m| m as usize + 1);
         out.extend_from_slice(&(n as u32).to_le_bytes());
         for id in 0..n as u32 {
@@ -579,6 +665,22 @@ impl Metaslabs {
             self.defer.get_mut().lists.insert(txg, list);
         }
         Ok(())
+    }
+}
+
+/// Remove `[at, at+len)` from a sorted list of allocated extents that contains it.
+fn cut_extent(list: &mut Vec<(u64, u64)>, at: u64, len: u64) {
+    let Some(i) = list.iter().position(|&(s, l)| s <= at && at + len <= s + l) else { return };
+    let (s, l) = list.remove(i);
+    let mut pieces = Vec::new();
+    if s < at {
+        pieces.push((s, at - s));
+    }
+    if at + len < s + l {
+        pieces.push((at + len, s + l - at - len));
+    }
+    for (k, p) in pieces.into_iter().enumerate() {
+        list.insert(i + k, p);
     }
 }
 

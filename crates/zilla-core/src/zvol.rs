@@ -126,6 +126,8 @@ pub trait VolumePool: Send + Sync {
     fn dirty(&self) -> &DirtyAccounting;
     /// Something in the MOS (properties, volumes) changed and waits for a sync.
     fn mos_changed(&self) -> bool;
+    /// A random number from the pool's environment (intent-log chain guids).
+    fn random_u64(&self) -> u64;
 }
 
 /// A volume of an imported pool. Cheap to clone (shares the pool and volume state).
@@ -382,6 +384,7 @@ impl Volume {
             // flush after an unmap still sees dirty state
             let cost = if new.is_some() { bs as u64 } else { 512 };
             let has_data = new.is_some();
+            self.log_itx(hold.txg, blkid, in_off, len, patch, new.as_ref());
             let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
             drop(shard);
             if newly {
@@ -395,13 +398,50 @@ impl Volume {
         }
     }
 
+    /// The intent-log record of a change to block `blkid`, appended under the block's
+    /// dirty-shard lock so the log's order per block is the dirty versions' order. A
+    /// volume with sync=disabled logs nothing (its flushes never wait).
+    fn log_itx(&self, txg: Txg, blkid: u64, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
+        if self.vol.props.typed().sync == SyncPolicy::Disabled {
+            return;
+        }
+        let offset = blkid * self.bs() + in_off as u64;
+        match (patch, new) {
+            (Some(_), Some(block)) if len as u64 == self.bs() => self.vol.zil.log_write(txg, offset, block.clone(), true),
+            (Some(p), _) => self.vol.zil.log_write(txg, offset, p.into(), false),
+            (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),
+        }
+    }
+
+    /// zil_commit: every change applied to this volume before the call is durable when
+    /// it returns (in the intent log, or in a synced txg when the log cannot take it).
+    pub fn zil_commit(&self) -> Result<()> {
+        let txgs = self.pool.txg();
+        let seq = self.vol.zil.last_seq();
+        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
+        let pool = &self.pool;
+        match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64())? {
+            crate::zil::CommitOutcome::Durable => Ok(()),
+            crate::zil::CommitOutcome::NeedTxgSync(t) => {
+                txgs.wait_synced(t)?;
+                self.vol.zil.note_synced_through(seq);
+                Ok(())
+            }
+        }
+    }
+
+    /// The volume's intent log (counters, tests).
+    pub fn zil(&self) -> &crate::zil::Zilog {
+        &self.vol.zil
+    }
+
     fn after_write(&self, txg: Txg, fua: bool) -> Result<()> {
         if self.pool.dirty().should_kick(txg) {
             self.pool.txg().kick(txg);
         }
         let sync = self.vol.props.typed().sync;
         if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
-            self.pool.txg().wait_synced(txg)?;
+            self.zil_commit()?;
         }
         Ok(())
     }
@@ -535,9 +575,11 @@ impl BlockVolume for Volume {
         if self.vol.props.typed().sync == SyncPolicy::Disabled {
             return Ok(());
         }
-        if self.pool.dirty().total() == 0 && !self.pool.mos_changed() {
+        self.zil_commit()?;
+        if !self.pool.mos_changed() {
             return Ok(());
         }
+        // a property or volume change not yet on disk: only a txg sync writes it
         let t = self.pool.txg().open_txg();
         self.pool.txg().wait_synced(t)
     }

@@ -260,6 +260,7 @@ impl Pool {
                     committed: RwLock::new(v.root),
                     dirty: Default::default(),
                     destroyed: false.into(),
+                    zil: crate::zil::Zilog::new(v.id),
                 }),
             );
         }
@@ -280,6 +281,14 @@ impl Pool {
             tracing::info!(pool = %inner.name, bad_labels, "rewrote damaged labels");
         }
         let pool = Self::from_inner(inner);
+        // the intent logs, before anyone can open a volume; only the newest txg's
+        // (a rewound pool's logs name blocks reused since)
+        if ub.txg == newest_txg {
+            if let Err(e) = pool.replay_intent_logs(&mos, ub.txg) {
+                pool.abandon();
+                return Err(e);
+            }
+        }
         // leaves returning with a DTL get resilvered
         for l in pool.inner.leaves.read().iter() {
             if l.state() == LeafState::Online && !l.dtl_empty() {

@@ -44,6 +44,7 @@ use crate::{Error, Guid, Result, Txg};
 
 mod config;
 mod import;
+mod replay;
 mod status;
 mod sync;
 mod verify;
@@ -418,6 +419,7 @@ impl Pool {
                 committed: RwLock::new(TreeRoot { bp: BlockPointer::hole(), nlevels }),
                 dirty: Default::default(),
                 destroyed: false.into(),
+                zil: crate::zil::Zilog::new(id),
             }),
         );
         drop(vols);
@@ -538,6 +540,9 @@ impl VolumePool for PoolInner {
     }
     fn mos_changed(&self) -> bool {
         self.meta.lock().changed
+    }
+    fn random_u64(&self) -> u64 {
+        self.env.random_u64()
     }
 }
 

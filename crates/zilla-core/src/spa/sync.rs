@@ -175,7 +175,7 @@ impl PoolInner {
         if self.leaf_health() != self.meta.lock().health {
             return true;
         }
-        self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
+        self.volumes.read().values().any(|v| v.dirty.has_dirty(txg) || v.zil.needs_header_sync())
     }
 
     /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
@@ -264,6 +264,15 @@ impl PoolInner {
                 self.io.free_block(&bp, txg);
             }
         }
+        // the intent logs: each volume's header, and the log blocks T makes obsolete
+        let mut zil_headers = Vec::new();
+        let mut zil_tokens = Vec::new();
+        for (v, _) in &new_roots {
+            let io = &self.io;
+            let (h, tok) = v.zil.header_for_sync(io, txg, &mut |d| io.ms.free_deferred(txg, d));
+            zil_headers.push((v.id, h));
+            zil_tokens.push((v.clone(), tok));
+        }
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
         let (mos_root, health) = self.write_mos_and_flush(txg, Mos {
             txg,
@@ -272,6 +281,7 @@ impl PoolInner {
             scan_state,
             pool_props,
             leaf_health: None,
+            zil_headers,
         }, &mut batch)?;
         let ub = Uberblock {
             txg,
@@ -289,6 +299,9 @@ impl PoolInner {
         for (v, r) in &new_roots {
             *v.committed.write() = *r;
             v.dirty.retire(txg);
+        }
+        for (v, tok) in zil_tokens {
+            v.zil.synced(tok);
         }
         {
             let mut m = self.meta.lock();
