@@ -32,6 +32,7 @@
 pub mod abd;
 pub mod fault;
 pub mod file;
+pub mod inuse;
 pub mod label;
 pub mod mirror;
 pub mod queue;
@@ -76,6 +77,39 @@ pub trait Device: Send + Sync + 'static {
     /// engine then issues them itself). None for modelled and test devices.
     fn raw_target(&self) -> Option<RawTarget> {
         None
+    }
+    /// What this device *is*, independent of the path that named it (a symlink, a second
+    /// path to the same file): the engine compares leaves by this. None for test devices.
+    fn identity(&self) -> Option<DeviceIdentity> {
+        None
+    }
+    /// Give up this pool's claim on the device (flock / O_EXCL) at export, destroy,
+    /// detach or a simulated crash; I/O threads may still hold the device afterwards.
+    fn release(&self) {}
+}
+
+/// A device's identity: block devices by their device number (st_rdev), regular files
+/// by (st_dev, st_ino). Two leaves with equal identities are the same storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceIdentity {
+    Block { rdev: u64 },
+    File { dev: u64, ino: u64 },
+}
+
+impl DeviceIdentity {
+    /// From a stat result (the target's, symlinks followed).
+    pub fn from_metadata(md: &std::fs::Metadata) -> DeviceIdentity {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if md.file_type().is_block_device() {
+            DeviceIdentity::Block { rdev: md.rdev() }
+        } else {
+            DeviceIdentity::File { dev: md.dev(), ino: md.ino() }
+        }
+    }
+
+    /// The identity of what `path` names now (None when it cannot be stat'ed).
+    pub fn of_path(path: &std::path::Path) -> Option<DeviceIdentity> {
+        std::fs::metadata(path).ok().map(|md| DeviceIdentity::from_metadata(&md))
     }
 }
 
@@ -247,6 +281,10 @@ impl LeafSpec {
 pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> {
     let base = file::FileDevice::open(&spec.path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => crate::Error::NotFound(format!("device {}", spec.path.display())),
+        io::ErrorKind::WouldBlock | io::ErrorKind::ResourceBusy => crate::Error::Busy(format!(
+            "{} is in use by another pool or process (it is locked: {e}); export the pool that holds it",
+            spec.path.display()
+        )),
         _ => crate::Error::Io(io::Error::new(e.kind(), format!("{}: {e}", spec.path.display()))),
     })?;
     let base: Arc<dyn Device> = Arc::new(base);

@@ -716,6 +716,14 @@ impl Device for SimDevice {
     fn kind(&self) -> String {
         self.profile.kind.to_string()
     }
+
+    fn identity(&self) -> Option<super::DeviceIdentity> {
+        self.inner.identity()
+    }
+
+    fn release(&self) {
+        self.inner.release()
+    }
 }
 
 #[cfg(test)]
