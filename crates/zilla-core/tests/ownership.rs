@@ -339,8 +339,8 @@ impl zilla_core::vdev::Device for Sector8k {
     fn physical_sector_size(&self) -> u32 {
         8192
     }
-    fn kind(&self) -> String {
-        "sector8k".into()
+    fn kind(&self) -> zilla_core::vdev::DeviceKind {
+        zilla_core::vdev::DeviceKind::Test("sector8k")
     }
 }
 

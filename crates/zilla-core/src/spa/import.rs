@@ -23,7 +23,7 @@ use crate::env::Env;
 use crate::metaslab::Metaslabs;
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState};
-use crate::vdev::{Device, LeafSpec, Role};
+use crate::vdev::{Device, DeviceKind, LeafSpec, Role};
 use crate::block::blkptr::BlockPointer;
 use crate::{Error, Guid, Result, Txg};
 
@@ -638,8 +638,8 @@ impl Device for MissingDevice {
     fn rotational(&self) -> bool {
         false
     }
-    fn kind(&self) -> String {
-        "missing".into()
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Missing
     }
 }
 

@@ -55,7 +55,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::abd::AlignedBuf;
 #[allow(unused_imports)]
-use super::Device;
+use super::{Device, DeviceKind};
 use rustix::fs::{AtFlags, FallocateFlags, SeekFrom, StatxFlags};
 
 /// Alignment assumed for O_DIRECT when statx cannot tell (safe for every device).
@@ -309,8 +309,8 @@ impl super::Device for FileDevice {
         }
     }
 
-    fn kind(&self) -> String {
-        if self.is_block { "disk".into() } else { "file".into() }
+    fn kind(&self) -> DeviceKind {
+        if self.is_block { DeviceKind::Disk } else { DeviceKind::File }
     }
 
     fn identity(&self) -> Option<super::DeviceIdentity> {
