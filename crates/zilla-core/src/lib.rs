@@ -99,6 +99,8 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &zil::ZIL_NOCACHEFLUSH,
     &zil::ZIL_REPLAY_DISABLE,
     &zil::ZFS_IMMEDIATE_WRITE_SZ,
+    &zil::ZIL_SLOG_BULK,
+    &zil::ZFS_COMMIT_TIMEOUT_PCT,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,

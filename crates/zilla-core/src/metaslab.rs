@@ -190,11 +190,14 @@ struct AllocClass {
     /// per-sync undo list. Allocations outside a sync (the intent log) are not in it.
     sync_txg: Txg,
     sync_allocs: Vec<Dva>,
+    /// Vdevs being removed (`zpool remove` of a log vdev): nothing new is allocated on
+    /// them; frees and claims still find them. At most the class's vdev count.
+    noalloc: Vec<u32>,
 }
 
 impl AllocClass {
     fn new() -> AllocClass {
-        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new() }
+        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new(), noalloc: Vec::new() }
     }
 
     fn get_mut(&mut self, vdev: u32) -> Option<&mut RangeAllocator> {
@@ -219,7 +222,7 @@ impl AllocClass {
             for k in 0..n {
                 let i = (self.rotor + k) % n;
                 let (id, a) = &mut self.vdevs[i];
-                if pass == 0 && avoid == Some(*id) && n > 1 {
+                if (pass == 0 && avoid == Some(*id) && n > 1) || self.noalloc.contains(id) {
                     continue;
                 }
                 if let Some(off) = a.alloc(len) {
@@ -422,9 +425,62 @@ impl Metaslabs {
         Ok(())
     }
 
-    /// Number of top-level vdevs in class `role`.
+    /// Number of top-level vdevs in class `role` that take new allocations.
     pub fn vdev_count(&self, role: Role) -> usize {
-        class_index(role).map_or(0, |ci| self.classes[ci].lock().vdevs.len())
+        class_index(role).map_or(0, |ci| {
+            let c = self.classes[ci].lock();
+            c.vdevs.iter().filter(|(id, _)| !c.noalloc.contains(id)).count()
+        })
+    }
+
+    /// Stop (`on`) or resume allocating on top-level vdev `id` (device removal).
+    pub fn set_noalloc(&self, id: u32, on: bool) {
+        let Some(c) = self.class_of(id) else { return };
+        let mut c = c.lock();
+        c.noalloc.retain(|v| *v != id);
+        if on {
+            c.noalloc.push(id);
+        }
+    }
+
+    /// Device removal, once nothing references vdev `id` any more: its deferred frees
+    /// are released now (the blocks they name are unreachable from the current state)
+    /// and the bytes still allocated on it are returned (0: it may leave).
+    pub fn drain_vdev(&self, id: u32) -> u64 {
+        let mut released = Vec::new();
+        {
+            let mut d = self.defer.lock();
+            for list in d.lists.values_mut() {
+                released.extend(list.iter().filter(|e| e.vdev == id).copied());
+                list.retain(|e| e.vdev != id);
+            }
+            d.lists.retain(|_, l| !l.is_empty());
+        }
+        for e in &released {
+            self.free_now(e);
+        }
+        let unref = self.log_unreferenced.lock().iter().filter(|d| d.vdev == id).map(|d| d.asize as u64).sum::<u64>();
+        self.vdev_space(id).1 + unref
+    }
+
+    /// Forget top-level vdev `id` (it has left the pool). Refused while anything is
+    /// allocated on it.
+    pub fn remove_vdev(&self, id: u32) -> Result<()> {
+        let Some(c) = self.class_of(id) else { return Ok(()) };
+        {
+            let mut c = c.lock();
+            if let Some(a) = c.get(id) {
+                if a.allocated_bytes() != 0 {
+                    return Err(Error::Busy(format!("{} bytes are still allocated on vdev {id}", a.allocated_bytes())));
+                }
+            }
+            c.vdevs.retain(|(v, _)| *v != id);
+            c.noalloc.retain(|v| *v != id);
+            c.rotor = 0;
+            c.rotor_bytes = 0;
+        }
+        self.vdev_class.write().remove(&id);
+        Ok(())
     }
 
     pub fn claim(&self, dva: &Dva) -> Result<()> {

@@ -78,6 +78,24 @@ pub static ZFS_IMMEDIATE_WRITE_SZ: Tunable = Tunable::new(
     Applies::Live,
     "writes at or over this size with logbias=throughput are written in place (WR_INDIRECT) instead of into the log",
 );
+pub static ZIL_SLOG_BULK: Tunable = Tunable::new(
+    "zil_slog_bulk",
+    64 << 20,
+    0,
+    1 << 40,
+    Applies::Live,
+    "a commit writing more log bytes than this issues them at async-write priority, so one bulk writer does not starve other sync I/O (OpenZFS 2.2 default 64 MiB)",
+);
+pub static ZFS_COMMIT_TIMEOUT_PCT: Tunable = Tunable::new(
+    "zfs_commit_timeout_pct",
+    10,
+    0,
+    100,
+    Applies::Live,
+    "when other commits wait for the issuer, it waits this percentage of the last lwb's write latency for more itxs before packing (OpenZFS 2.2 default 10)",
+);
+/// Longest wait `zfs_commit_timeout_pct` may ask for.
+pub const ZIL_COMMIT_TIMEOUT_MAX_NS: u64 = 1_000_000;
 /// Bytes one volume's itxs may hold before new itxs are dropped and the next commit
 /// syncs a txg instead.
 pub const ZIL_ITX_BYTES_MAX: u64 = 256 << 20;
@@ -213,6 +231,9 @@ struct ChainBlock {
     /// Newest txg among its records.
     max_txg: Txg,
     written: bool,
+    /// Records in it and their bytes (headers and data), for the counters.
+    records: u32,
+    record_bytes: u32,
 }
 
 #[derive(Default)]
@@ -239,18 +260,53 @@ pub struct SyncToken {
     names_chain: bool,
 }
 
-/// Counters with OpenZFS names.
+/// Counters with OpenZFS names (/proc/spl/kstat/zfs/zil): `_count` of itxs (log
+/// records), `_bytes` of record bytes (header and data), `_write` of log block bytes
+/// written (records plus block header and padding). `zil_lwb_write_count` (Zilla's) counts
+/// log blocks written, so itxs per lwb says how well commits batch.
 #[derive(Debug, Default)]
 pub struct ZilStats {
     pub zil_commit_count: AtomicU64,
     pub zil_commit_writer_count: AtomicU64,
     pub zil_itx_count: AtomicU64,
+    pub zil_itx_indirect_count: AtomicU64,
+    pub zil_itx_indirect_bytes: AtomicU64,
     pub zil_itx_copied_count: AtomicU64,
+    pub zil_itx_copied_bytes: AtomicU64,
     pub zil_itx_needcopy_count: AtomicU64,
-    pub zil_itx_metaslab_slog_count: AtomicU64,
-    pub zil_itx_metaslab_slog_bytes: AtomicU64,
+    pub zil_itx_needcopy_bytes: AtomicU64,
     pub zil_itx_metaslab_normal_count: AtomicU64,
     pub zil_itx_metaslab_normal_bytes: AtomicU64,
+    pub zil_itx_metaslab_normal_write: AtomicU64,
+    pub zil_itx_metaslab_slog_count: AtomicU64,
+    pub zil_itx_metaslab_slog_bytes: AtomicU64,
+    pub zil_itx_metaslab_slog_write: AtomicU64,
+    pub zil_lwb_write_count: AtomicU64,
+}
+
+impl ZilStats {
+    /// (kstat name, value) of every counter, in /proc/spl/kstat/zfs/zil order.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("zil_commit_count", l(&self.zil_commit_count)),
+            ("zil_commit_writer_count", l(&self.zil_commit_writer_count)),
+            ("zil_itx_count", l(&self.zil_itx_count)),
+            ("zil_itx_indirect_count", l(&self.zil_itx_indirect_count)),
+            ("zil_itx_indirect_bytes", l(&self.zil_itx_indirect_bytes)),
+            ("zil_itx_copied_count", l(&self.zil_itx_copied_count)),
+            ("zil_itx_copied_bytes", l(&self.zil_itx_copied_bytes)),
+            ("zil_itx_needcopy_count", l(&self.zil_itx_needcopy_count)),
+            ("zil_itx_needcopy_bytes", l(&self.zil_itx_needcopy_bytes)),
+            ("zil_itx_metaslab_normal_count", l(&self.zil_itx_metaslab_normal_count)),
+            ("zil_itx_metaslab_normal_bytes", l(&self.zil_itx_metaslab_normal_bytes)),
+            ("zil_itx_metaslab_normal_write", l(&self.zil_itx_metaslab_normal_write)),
+            ("zil_itx_metaslab_slog_count", l(&self.zil_itx_metaslab_slog_count)),
+            ("zil_itx_metaslab_slog_bytes", l(&self.zil_itx_metaslab_slog_bytes)),
+            ("zil_itx_metaslab_slog_write", l(&self.zil_itx_metaslab_slog_write)),
+            ("zil_lwb_write_count", l(&self.zil_lwb_write_count)),
+        ]
+    }
 }
 
 /// How a commit ended.
@@ -268,6 +324,10 @@ pub struct Zilog {
     itxs: Mutex<ItxLists>,
     chain: Mutex<Chain>,
     issuer: Mutex<()>,
+    /// Commits waiting for the issuer lock (for `zfs_commit_timeout_pct`).
+    commits_waiting: AtomicU64,
+    /// How long the last lwb write and flush took.
+    last_lwb_latency_ns: AtomicU64,
     /// Every itx with a sequence number <= this is durable.
     durable_seq: AtomicU64,
     pub stats: ZilStats,
@@ -280,6 +340,8 @@ impl Zilog {
             itxs: Mutex::new(ItxLists::default()),
             chain: Mutex::new(Chain::default()),
             issuer: Mutex::new(()),
+            commits_waiting: AtomicU64::new(0),
+            last_lwb_latency_ns: AtomicU64::new(0),
             durable_seq: AtomicU64::new(0),
             stats: ZilStats::default(),
         }
@@ -329,11 +391,22 @@ impl Zilog {
         if target <= self.durable_seq.load(Ordering::Acquire) {
             return Ok(CommitOutcome::Durable);
         }
+        self.commits_waiting.fetch_add(1, Ordering::AcqRel);
         let _issuer = self.issuer.lock();
+        let others_waiting = self.commits_waiting.fetch_sub(1, Ordering::AcqRel) > 1;
         if target <= self.durable_seq.load(Ordering::Acquire) {
             return Ok(CommitOutcome::Durable); // an earlier issuer wrote ours too
         }
         self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
+        if others_waiting {
+            // concurrent committers: give the writers that are about to append a moment
+            // to join this lwb (zfs_commit_timeout_pct of the last lwb's latency)
+            let pct = ZFS_COMMIT_TIMEOUT_PCT.get();
+            let ns = (self.last_lwb_latency_ns.load(Ordering::Relaxed) * pct / 100).min(ZIL_COMMIT_TIMEOUT_MAX_NS);
+            if ns > 0 {
+                std::thread::sleep(std::time::Duration::from_nanos(ns));
+            }
+        }
         let (seq, records, overflow) = self.take_pending(synced);
         if !overflow.is_zero() {
             return Ok(CommitOutcome::NeedTxgSync(overflow.max(open)));
@@ -403,10 +476,12 @@ impl Zilog {
                 let (rtype, wr, data) = match itx.data {
                     ItxData::Copied(d) => {
                         self.stats.zil_itx_copied_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_copied_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
                         (TX_WRITE, WR_COPIED, d.to_vec())
                     }
                     ItxData::Block(d) => {
                         self.stats.zil_itx_needcopy_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_needcopy_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
                         (TX_WRITE, WR_NEED_COPY, d.to_vec())
                     }
                     ItxData::Truncate(_) => (TX_TRUNCATE, 0, Vec::new()),
@@ -431,6 +506,7 @@ impl Zilog {
                 let cap = ptr.dva.asize as usize - LWB_HEADER_SIZE;
                 let mut body = Vec::with_capacity(cap);
                 let mut max_txg = Txg::ZERO;
+                let mut nrec = 0u32;
                 while let Some(r) = rest.peek() {
                     let n = RECORD_HEADER_SIZE + r.data.len().div_ceil(8) * 8;
                     if body.len() + n > cap {
@@ -438,6 +514,7 @@ impl Zilog {
                     }
                     encode_record(r, &mut body);
                     max_txg = max_txg.max(r.txg);
+                    nrec += 1;
                     rest.next();
                 }
                 left = left.saturating_sub(body.len());
@@ -445,7 +522,7 @@ impl Zilog {
                 let succ = alloc_log_block(io, want)?;
                 c.next = Some((succ, seq + 1));
                 let block = encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &body);
-                let cb = ChainBlock { ptr, seq, max_txg, written: false };
+                let cb = ChainBlock { ptr, seq, max_txg, written: false, records: nrec, record_bytes: body.len() as u32 };
                 c.blocks.push_back(cb);
                 planned.push((cb, block));
             }
@@ -468,20 +545,26 @@ impl Zilog {
     }
 
     fn issue_lwbs(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg) -> Result<()> {
+        let t0 = std::time::Instant::now();
         let (tx, rx) = crossbeam_channel::unbounded();
         let mut tops = Vec::new();
+        let total: u64 = planned.iter().map(|(_, b)| b.len() as u64).sum();
+        let class = if total > ZIL_SLOG_BULK.get() { IoClass::AsyncWrite } else { IoClass::SyncWrite };
         for (cb, block) in planned {
             let top = io.top(cb.ptr.dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", cb.ptr.dva.vdev)))?;
             let slog = top.role == Role::Log;
-            let (count, bytes) = if slog {
-                (&self.stats.zil_itx_metaslab_slog_count, &self.stats.zil_itx_metaslab_slog_bytes)
+            let st = &self.stats;
+            let (count, bytes, write) = if slog {
+                (&st.zil_itx_metaslab_slog_count, &st.zil_itx_metaslab_slog_bytes, &st.zil_itx_metaslab_slog_write)
             } else {
-                (&self.stats.zil_itx_metaslab_normal_count, &self.stats.zil_itx_metaslab_normal_bytes)
+                (&st.zil_itx_metaslab_normal_count, &st.zil_itx_metaslab_normal_bytes, &st.zil_itx_metaslab_normal_write)
             };
-            count.fetch_add(1, Ordering::Relaxed);
-            bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
+            count.fetch_add(cb.records as u64, Ordering::Relaxed);
+            bytes.fetch_add(cb.record_bytes as u64, Ordering::Relaxed);
+            write.fetch_add(block.len() as u64, Ordering::Relaxed);
+            st.zil_lwb_write_count.fetch_add(1, Ordering::Relaxed);
             let tx = tx.clone();
-            top.write_async(IoClass::SyncWrite, Arc::new(AlignedBuf::copy_of(block)), cb.ptr.dva.offset, open, Box::new(move |o| {
+            top.write_async(class, Arc::new(AlignedBuf::copy_of(block)), cb.ptr.dva.offset, open, Box::new(move |o| {
                 let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
             }));
             if !tops.iter().any(|t: &Arc<crate::vdev::mirror::TopVdev>| t.id == top.id) {
@@ -503,6 +586,7 @@ impl Zilog {
                 t.flush().map_err(Error::Io)?;
             }
         }
+        self.last_lwb_latency_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -571,6 +655,53 @@ impl Zilog {
         if !l.overflowed_txg.is_zero() && l.overflowed_txg <= tok.txg {
             l.overflowed_txg = Txg::ZERO;
         }
+    }
+
+    /// Does the chain (or a block waiting to be freed) lie on top-level vdev `vdev`?
+    pub fn references_vdev(&self, vdev: u32) -> bool {
+        let c = self.chain.lock();
+        c.replaying.is_some_and(|h| h.head.dva.vdev == vdev)
+            || c.blocks.iter().any(|b| b.ptr.dva.vdev == vdev)
+            || c.next.is_some_and(|(p, _)| p.dva.vdev == vdev)
+            || c.to_free.iter().any(|p| p.dva.vdev == vdev)
+    }
+
+    /// Log device removal: move the chain's tail off top-level vdev `vdev` (which
+    /// takes no new allocations any more). When the pre-allocated next block lies on
+    /// it, an lwb without records is written there pointing to a block allocated
+    /// elsewhere; the syncs that follow free it with the blocks before it. Returns
+    /// false when the header naming the chain is not on disk yet (the caller syncs and
+    /// asks again).
+    pub fn evacuate(&self, io: &PoolIo, vdev: u32, open: Txg) -> Result<bool> {
+        let _issuer = self.issuer.lock();
+        let planned = {
+            let mut c = self.chain.lock();
+            if c.replaying.is_some() {
+                return Err(Error::Busy("the intent log is being replayed".into()));
+            }
+            let Some((ptr, seq)) = c.next.filter(|(p, _)| p.dva.vdev == vdev) else { return Ok(true) };
+            if !c.on_disk {
+                return Ok(false);
+            }
+            let succ = alloc_log_block(io, LWB_MIN_SIZE)?;
+            c.next = Some((succ, seq + 1));
+            let cb = ChainBlock { ptr, seq, max_txg: Txg::ZERO, written: false, records: 0, record_bytes: 0 };
+            c.blocks.push_back(cb);
+            vec![(cb, encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))]
+        };
+        if let Err(e) = self.issue_lwbs(io, &planned, open) {
+            self.abandon_chain();
+            return Err(e);
+        }
+        let mut c = self.chain.lock();
+        if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == planned[0].0.seq) {
+            b.written = true;
+        }
+        io.ms.log_referenced(&planned[0].0.ptr.dva);
+        if let Some((succ, _)) = c.next {
+            io.ms.log_referenced(&succ.dva);
+        }
+        Ok(true)
     }
 
     /// Import: replay of the chain `hdr` (with its claim txg set) begins; syncs keep

@@ -659,7 +659,7 @@ async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, 
     Ok(Json(Empty {}))
 }
 
-/// attach, detach, replace, offline, online, clear.
+/// attach, detach, remove, replace, offline, online, clear.
 async fn pool_device_op(
     State(d): State<Arc<Daemon>>,
     UrlPath((pool, op)): UrlPath<(String, String)>,
@@ -669,7 +669,7 @@ async fn pool_device_op(
     let p = d.pool(&pool)?;
     let device = req.device.clone();
     let need_dev = || device.clone().ok_or_else(|| ApiError::bad("missing device"));
-    let changes_config = matches!(op.as_str(), "detach" | "replace");
+    let changes_config = matches!(op.as_str(), "detach" | "replace" | "remove");
     match op.as_str() {
         "attach" => {
             let dev = need_dev()?;
@@ -697,6 +697,10 @@ async fn pool_device_op(
         "detach" => {
             let dev = need_dev()?;
             blocking(move || Ok(p.detach(&dev)?)).await?
+        }
+        "remove" => {
+            let dev = need_dev()?;
+            blocking(move || Ok(p.remove(&dev)?)).await?
         }
         "offline" => {
             let dev = need_dev()?;

@@ -226,6 +226,8 @@ enum PoolCmd {
     },
     /// Detach DEVICE from its mirror
     Detach { pool: String, device: String },
+    /// Remove a log device (a leaf, or mirror-N for a log mirror), a cache or a spare
+    Remove { pool: String, device: String },
     /// Take DEVICE offline
     Offline { pool: String, device: String },
     /// Bring DEVICE online
@@ -632,6 +634,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
             let _: Empty = c.post(&format!("/v1/pools/{}/replace", enc(&pool)), &req).await.map_err(err)?;
         }
         PoolCmd::Detach { pool, device } => device_op(c, "detach", &pool, Some(device)).await?,
+        PoolCmd::Remove { pool, device } => device_op(c, "remove", &pool, Some(device)).await?,
         PoolCmd::Offline { pool, device } => device_op(c, "offline", &pool, Some(device)).await?,
         PoolCmd::Online { pool, device } => device_op(c, "online", &pool, Some(device)).await?,
         PoolCmd::Clear { pool, device } => device_op(c, "clear", &pool, device).await?,

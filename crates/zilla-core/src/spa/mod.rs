@@ -368,6 +368,18 @@ impl Pool {
         self.inner.dirty.stats()
     }
 
+    /// The intent-log counters (OpenZFS kstat names, /proc/spl/kstat/zfs/zil) summed
+    /// over the pool's volumes.
+    pub fn zil_stats(&self) -> Vec<(&'static str, u64)> {
+        let mut out = crate::zil::ZilStats::default().snapshot();
+        for v in self.inner.volumes.read().values() {
+            for (o, (_, n)) in out.iter_mut().zip(v.zil.stats.snapshot()) {
+                o.1 += n;
+            }
+        }
+        out
+    }
+
     pub fn arc_stats(&self) -> crate::arc::ArcStats {
         self.inner.io.arc.stats()
     }
