@@ -499,6 +499,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/set", post(prop_set))
         .route("/v1/tunables", get(tunable_list).post(tunable_set))
         .route("/v1/arcstats", get(arcstats))
+        .route("/v1/zilstats", get(zilstats))
         .route("/v1/clients", get(client_list))
         .fallback(|| async { ApiError::not_found("no such API route") })
         .with_state(d)
@@ -821,6 +822,18 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
 /// Per-client front-end counters (bounded table; see zilla-frontend iostats).
 async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
     Json(d.nbd.frontend().clients.snapshot().iter().map(ClientRow::from).collect())
+}
+
+/// The intent-log kstat (OpenZFS names, /proc/spl/kstat/zfs/zil) summed over the
+/// imported pools.
+async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
+    let mut m: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, pool) in d.pools.all() {
+        for (k, v) in pool.zil_stats() {
+            *m.entry(k.to_string()).or_default() += v;
+        }
+    }
+    Json(m)
 }
 
 /// arcstats kstat names -> values, summed over the imported pools (each pool has its

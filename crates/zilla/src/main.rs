@@ -89,6 +89,11 @@ enum Cmd {
         interval: Option<f64>,
         count: Option<u64>,
     },
+    /// Intent log (ZIL) statistics, zilstat's columns, every INTERVAL seconds
+    Zilstat {
+        interval: Option<f64>,
+        count: Option<u64>,
+    },
     /// Read or change run-time tunables
     #[command(subcommand)]
     Tunable(TunableCmd),
@@ -536,6 +541,7 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Arcstat { interval, count } => arcstat(c, interval, count).await,
+        Cmd::Zilstat { interval, count } => zilstat(c, interval, count).await,
         Cmd::Tunable(t) => tunable_cmd(c, t).await,
         Cmd::Serve(_) | Cmd::Demo { .. } => unreachable!("handled in main"),
     }
@@ -799,6 +805,31 @@ async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Resul
         };
         let vals = [time, show(reads), show(d("misses")), show(miss_pct), show(get("size")), show(get("c")), show(avail)];
         println!("{}", vals.iter().map(|v| format!("{v:>8}")).collect::<String>());
+        n += 1;
+        let Some(iv) = interval else { break };
+        if count.is_some_and(|c| n >= c) {
+            break;
+        }
+        prev = Some(cur);
+        tokio::time::sleep(Duration::from_secs_f64(iv)).await;
+    }
+    Ok(())
+}
+
+/// `zilla zilstat`: OpenZFS zilstat's default columns (time, then cc ic idc idb iic iib
+/// imnc imnw imsc imsw). The first row is the totals since the pools were imported;
+/// later rows are per-second rates over each interval.
+async fn zilstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
+    if interval.is_some_and(|i| !(i > 0.0 && i.is_finite())) {
+        return Err("interval must be a positive number of seconds".into());
+    }
+    let mut prev: Option<std::collections::BTreeMap<String, u64>> = None;
+    let mut n = 0;
+    println!("{}", format::zilstat_header());
+    loop {
+        let cur: std::collections::BTreeMap<String, u64> = c.get("/v1/zilstats").await?;
+        let secs = if prev.is_some() { interval.unwrap_or(1.0) } else { 1.0 };
+        println!("{}", format::zilstat_row(&cur, prev.as_ref(), secs));
         n += 1;
         let Some(iv) = interval else { break };
         if count.is_some_and(|c| n >= c) {

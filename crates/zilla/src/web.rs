@@ -37,6 +37,8 @@ struct Snapshot {
     status: Vec<PoolStatus>,
     iostat: Vec<IostatSnapshot>,
     volumes: Vec<VolumeInfo>,
+    /// Per pool: the intent-log counters (OpenZFS kstat names).
+    zil: Vec<(String, Vec<(&'static str, u64)>)>,
     frontend: FrontendMetrics,
 }
 
@@ -73,6 +75,7 @@ async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
         status: pools.iter().map(|(_, p)| p.status()).collect(),
         iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
         volumes: pools.iter().flat_map(|(_, p)| p.volumes()).collect(),
+        zil: pools.iter().map(|(n, p)| (n.clone(), p.zil_stats())).collect(),
     })
     .await
     .map_err(|e| format!("storage engine error: {e}"))
@@ -229,6 +232,13 @@ fn render_metrics(s: &Snapshot) -> String {
         counters(&mut reg, name, help, rows.iter().map(|(l, st)| (l.clone(), sum(st, bytes, read))));
     }
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
+    // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
+    if let Some((_, first)) = s.zil.first() {
+        for (i, (name, _)) in first.iter().enumerate() {
+            let samples = s.zil.iter().map(|(pool, st)| (labels(&[("pool", pool)]), st.get(i).map_or(0, |x| x.1)));
+            counters(&mut reg, &format!("zfs_{name}"), "Intent log counter (OpenZFS zil kstat)", samples);
+        }
+    }
     register_frontend(&mut reg, &s.frontend);
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
