@@ -27,7 +27,8 @@
 //! newest itx sequence number it must cover; if an earlier issuer already made it
 //! durable it returns at once (that is the batching: the waiters of a commit that is
 //! being written find their itxs written when they get the lock). The issuer takes
-//! every pending itx, packs them into lwbs (adaptive size: what is pending, 4 KiB to
+//! every pending itx, packs them into lwbs (adaptive size: what is pending, and at
+//! least what the previous block held, so equal commits take one lwb each; 4 KiB to
 //! `zil_maxblocksize`), writes every lwb at once and flushes the devices written (unless
 //! `zil_nocacheflush`), then publishes the new durable sequence number. A commit with
 //! nothing pending returns at once. Blocks come from the log class when the pool has log
@@ -518,7 +519,11 @@ impl Zilog {
                     rest.next();
                 }
                 left = left.saturating_sub(body.len());
-                let want = (left + LWB_HEADER_SIZE).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
+                // the successor holds what is left of this commit, and at least as much
+                // as this block held: a steady stream of equal commits (a 4K write and
+                // its flush) then takes one lwb each, not an empty too-small one first
+                let used = LWB_HEADER_SIZE + body.len();
+                let want = (left + LWB_HEADER_SIZE).max(used).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
                 let succ = alloc_log_block(io, want)?;
                 c.next = Some((succ, seq + 1));
                 let block = encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &body);
