@@ -83,6 +83,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::sim::SIM_SSD_CACHE_FLUSH_US,
     &vdev::sim::SIM_SSD_CACHE_CHANNELS,
     &vdev::sim::SIM_SEED,
+    &vdev::sim::SIM_FLUSH_BACKING,
     &vdev::sim::SIM_SPIN_US,
     &vdev::ZFS_VDEV_MIRROR_ROTATING_INC,
     &vdev::ZFS_VDEV_MIRROR_ROTATING_SEEK_INC,
