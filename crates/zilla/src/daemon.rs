@@ -821,7 +821,7 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
 
 /// Per-client front-end counters (bounded table; see zilla-frontend iostats).
 async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
-    Json(d.nbd.frontend().clients.snapshot().iter().map(ClientRow::from).collect())
+    Json(d.nbd.frontend().clients.snapshot())
 }
 
 /// The intent-log kstat (OpenZFS names, /proc/spl/kstat/zfs/zil) summed over the
