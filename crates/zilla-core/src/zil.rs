@@ -191,6 +191,10 @@ enum ItxData {
     Block(Arc<[u8]>),
     /// TX_TRUNCATE: the range reads as zeros.
     Truncate(u64),
+    /// TX_WRITE, WR_INDIRECT (logbias=throughput, whole blocks): nothing goes to the
+    /// log; the data reaches the pool in place with its txg, and a commit covering it
+    /// waits for that txg to sync (no dmu_sync override of the block yet).
+    Indirect(u64),
 }
 
 #[derive(Clone)]
@@ -203,7 +207,7 @@ impl Itx {
     fn len(&self) -> u64 {
         match &self.data {
             ItxData::Copied(d) | ItxData::Block(d) => d.len() as u64,
-            ItxData::Truncate(n) => *n,
+            ItxData::Truncate(n) | ItxData::Indirect(n) => *n,
         }
     }
     fn mem_bytes(&self) -> u64 {
@@ -355,6 +359,12 @@ impl Zilog {
         self.append(txg, Itx { offset, data: d });
     }
 
+    /// Log a whole-block write of `len` bytes that goes to the pool in place
+    /// (WR_INDIRECT, logbias=throughput): a commit covering it waits for `txg`.
+    pub fn log_write_indirect(&self, txg: Txg, offset: u64, len: u64) {
+        self.append(txg, Itx { offset, data: ItxData::Indirect(len) });
+    }
+
     /// Log that `[offset, offset+len)` reads as zeros from `txg` on.
     pub fn log_truncate(&self, txg: Txg, offset: u64, len: u64) {
         self.append(txg, Itx { offset, data: ItxData::Truncate(len) });
@@ -408,11 +418,14 @@ impl Zilog {
                 std::thread::sleep(std::time::Duration::from_nanos(ns));
             }
         }
-        let (seq, records, overflow) = self.take_pending(synced);
+        let (seq, records, overflow, indirect) = self.take_pending(synced);
         if !overflow.is_zero() {
             return Ok(CommitOutcome::NeedTxgSync(overflow.max(open)));
         }
         if records.is_empty() {
+            if !indirect.is_zero() {
+                return Ok(CommitOutcome::NeedTxgSync(indirect));
+            }
             self.durable_seq.fetch_max(seq, Ordering::AcqRel);
             return Ok(CommitOutcome::Durable);
         }
@@ -436,6 +449,7 @@ impl Zilog {
             }
         }
         match self.write_lwbs(io, &records, open) {
+            Ok(()) if !indirect.is_zero() => Ok(CommitOutcome::NeedTxgSync(indirect)),
             Ok(()) => {
                 self.durable_seq.fetch_max(seq, Ordering::AcqRel);
                 Ok(CommitOutcome::Durable)
@@ -459,18 +473,20 @@ impl Zilog {
         self.itxs.lock().last_seq
     }
 
-    /// Take every pending itx newer than `synced`, in txg order, as records.
-    fn take_pending(&self, synced: Txg) -> (u64, Vec<LogRecord>, Txg) {
+    /// Take every pending itx newer than `synced`, in txg order, as records; also the
+    /// newest txg of an indirect itx among them (zero: none), which must sync.
+    fn take_pending(&self, synced: Txg) -> (u64, Vec<LogRecord>, Txg, Txg) {
         let mut l = self.itxs.lock();
         let seq = l.last_seq;
         if !l.overflowed_txg.is_zero() {
             let t = l.overflowed_txg;
-            return (seq, Vec::new(), t);
+            return (seq, Vec::new(), t, Txg::ZERO);
         }
         let lists = std::mem::take(&mut l.by_txg);
         l.bytes = 0;
         drop(l);
         let mut out = Vec::new();
+        let mut indirect = Txg::ZERO;
         for (txg, itxs) in lists.into_iter().filter(|(t, _)| *t > synced) {
             for itx in itxs {
                 let len = itx.len();
@@ -486,11 +502,17 @@ impl Zilog {
                         (TX_WRITE, WR_NEED_COPY, d.to_vec())
                     }
                     ItxData::Truncate(_) => (TX_TRUNCATE, 0, Vec::new()),
+                    ItxData::Indirect(n) => {
+                        self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_indirect_bytes.fetch_add(n, Ordering::Relaxed);
+                        indirect = indirect.max(txg);
+                        continue;
+                    }
                 };
                 out.push(LogRecord { rtype, wr, txg, offset: itx.offset, len, data });
             }
         }
-        (seq, out, Txg::ZERO)
+        (seq, out, Txg::ZERO, indirect)
     }
 
     /// Pack `records` into lwbs continuing the chain, write them all at once, flush.

@@ -400,13 +400,17 @@ impl Volume {
 
     /// The intent-log record of a change to block `blkid`, appended under the block's
     /// dirty-shard lock so the log's order per block is the dirty versions' order. A
-    /// volume with sync=disabled logs nothing (its flushes never wait).
+    /// volume with sync=disabled logs nothing (its flushes never wait). With
+    /// logbias=throughput a whole-block write is indirect: its commit waits for its txg.
     fn log_itx(&self, txg: Txg, blkid: u64, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
         if self.vol.props.typed().sync == SyncPolicy::Disabled {
             return;
         }
         let offset = blkid * self.bs() + in_off as u64;
+        let throughput = self.vol.props.typed().logbias == crate::props::LogBias::Throughput;
         match (patch, new) {
+            // logbias=throughput: whole blocks go to the pool in place (WR_INDIRECT)
+            (Some(_), Some(_)) if throughput && len as u64 == self.bs() => self.vol.zil.log_write_indirect(txg, offset, len as u64),
             (Some(_), Some(block)) if len as u64 == self.bs() => self.vol.zil.log_write(txg, offset, block.clone(), true),
             (Some(p), _) => self.vol.zil.log_write(txg, offset, p.into(), false),
             (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),

@@ -133,3 +133,41 @@ fn a_removed_log_vdev_can_be_added_again() {
     drop(v);
     pool.export().unwrap();
 }
+
+#[test]
+fn logbias_throughput_sends_whole_blocks_to_the_pool_and_latency_to_the_log() {
+    let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b", "l0", "l1"], DEV_BYTES);
+    let pool = create(&devs, with_log_mirror());
+    let tp = [("logbias".to_string(), "throughput".to_string())];
+    pool.volume_create("tp", 8 << 20, 16384, &tp).unwrap();
+    pool.volume_create("lat", 8 << 20, 16384, &[]).unwrap();
+    let (tp, lat) = (pool.open_volume("tp").unwrap(), pool.open_volume("lat").unwrap());
+    lat.write(0, &pattern(9, 4096), false).unwrap();
+    lat.flush().unwrap(); // the chain of "lat" exists: later commits write lwbs
+    let slog0 = stat(&pool, "zil_itx_metaslab_slog_write");
+    for i in 0..8u64 {
+        tp.write(i * 16384, &pattern(i, 16384), false).unwrap();
+        tp.flush().unwrap();
+    }
+    assert_eq!(stat(&pool, "zil_itx_indirect_count"), 8, "{:?}", pool.zil_stats());
+    assert_eq!(stat(&pool, "zil_itx_indirect_bytes"), 8 * 16384);
+    assert_eq!(stat(&pool, "zil_itx_metaslab_slog_write"), slog0, "logbias=throughput wrote whole blocks to the log");
+    for i in 0..8u64 {
+        lat.write((i + 1) * 16384, &pattern(i, 16384), false).unwrap();
+        lat.flush().unwrap();
+    }
+    assert!(stat(&pool, "zil_itx_metaslab_slog_write") - slog0 >= 8 * 16384, "{:?}", pool.zil_stats());
+    assert_eq!(stat(&pool, "zil_itx_indirect_count"), 8);
+    // a partial block with logbias=throughput is still copied into the log
+    let copied0 = stat(&pool, "zil_itx_copied_count");
+    tp.write(200 << 10, &pattern(77, 4096), false).unwrap();
+    tp.flush().unwrap();
+    assert_eq!(stat(&pool, "zil_itx_copied_count"), copied0 + 1);
+    let mut back = vec![0u8; 16384];
+    for i in 0..8u64 {
+        tp.read(i * 16384, &mut back).unwrap();
+        assert!(back == pattern(i, 16384), "throughput block {i}");
+    }
+    drop((tp, lat));
+    pool.export().unwrap();
+}
