@@ -67,6 +67,37 @@ pub trait Env: Send + Sync + 'static {
     fn sleep_ns(&self, ns: u64) {
         self.sleep_until_ns(self.now_ns().saturating_add(ns));
     }
+
+    /// This host's id, written into the labels of the pools it imports (import refuses
+    /// an active pool of another host id without force). Tests override it to play
+    /// another host.
+    fn hostid(&self) -> u32 {
+        system_hostid()
+    }
+}
+
+/// The host id, read once: `/etc/hostid` (4 bytes, host order, as glibc `gethostid`
+/// and OpenZFS read it) when present and non-zero; else derived from `/etc/machine-id`
+/// (its first 8 hex digits); else from the kernel host name (FNV-1a). Never 0.
+pub fn system_hostid() -> u32 {
+    static HOSTID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *HOSTID.get_or_init(|| {
+        let from_file = std::fs::read("/etc/hostid").ok().filter(|b| b.len() >= 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        let from_machine_id = || {
+            let s = std::fs::read_to_string("/etc/machine-id").ok()?;
+            u32::from_str_radix(s.trim().get(..8)?, 16).ok()
+        };
+        let from_hostname = || {
+            let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            name.trim().bytes().fold(0x811c9dc5u32, |h, b| (h ^ b as u32).wrapping_mul(0x01000193))
+        };
+        from_file.filter(|&h| h != 0).or_else(|| from_machine_id().filter(|&h| h != 0)).unwrap_or_else(from_hostname).max(1)
+    })
+}
+
+/// The kernel's host name (shown in "pool is active on host ..." errors).
+pub fn system_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
 impl fmt::Debug for dyn Env {

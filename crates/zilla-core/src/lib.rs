@@ -102,6 +102,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
+    &spa::ZFS_MULTIHOST_INTERVAL_MS,
 ]);
 
 /// The registry of every engine tunable.

@@ -581,16 +581,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             let mut bad: Vec<(u64, BlockPointer)> = Vec::new();
             walk_span(inner, &root, blk, last, if resilver { min_txg } else { Txg::ZERO }, &mut bad, &mut unrepaired)?;
             drop(pin);
-            for (blkid, bp) in bad {
-                // recheck against the current tree: a block freed meanwhile is not an error
-                let cur = *v.committed.read();
-                if let Ok(now) = dmu::lookup(inner.io(), &cur, blkid, IoClass::Scrub) {
-                    if now == bp && !v.destroyed.load(Ordering::Acquire) {
-                        inner.scan().status.lock().errors += 1;
-                        inner.io().log_error(format!("{}/{} block {blkid} (birth {})", inner.pool_name(), v.name, bp.birth));
-                    }
-                }
-            }
+            count_bad_blocks(inner, &v, bad);
             blk = last + 1;
             {
                 let mut s = inner.scan().status.lock();
@@ -619,6 +610,20 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
         finish_resilver(inner, &unrepaired);
     }
     Ok(())
+}
+
+/// Count the blocks of a span found bad on every copy, rechecked against the current
+/// tree: a block freed meanwhile is not an error.
+fn count_bad_blocks(inner: &Arc<dyn ScanPool>, v: &VolumeState, bad: Vec<(u64, BlockPointer)>) {
+    for (blkid, bp) in bad {
+        let cur = *v.committed.read();
+        if let Ok(now) = dmu::lookup(inner.io(), &cur, blkid, IoClass::Scrub) {
+            if now == bp && !v.destroyed.load(Ordering::Acquire) {
+                inner.scan().status.lock().errors += 1;
+                inner.io().log_error(format!("{}/{} block {blkid} (birth {})", inner.pool_name(), v.name, bp.birth));
+            }
+        }
+    }
 }
 
 /// Scan the MOS blocks (phase 0).

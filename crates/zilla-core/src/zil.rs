@@ -592,7 +592,10 @@ impl Zilog {
 /// Allocate a log block: log class first, then normal. Unreferenced until its
 /// referrer is durable.
 fn alloc_log_block(io: &PoolIo, len: usize) -> Result<LogPtr> {
-    let len = len.next_multiple_of(LWB_MIN_SIZE) as u64;
+    // the pool's allocation unit (a power of two, 4 KiB up to the largest ashift), so a
+    // log block starts and ends on its vdev's sectors
+    let unit = io.alloc_unit().max(LWB_MIN_SIZE as u64);
+    let len = (len as u64).next_multiple_of(unit);
     if io.ms.vdev_count(Role::Log) > 0 {
         if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
             return Ok(LogPtr { dva: d });

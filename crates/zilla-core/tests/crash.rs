@@ -245,8 +245,8 @@ impl Device for DomainDevice {
     fn rotational(&self) -> bool {
         false
     }
-    fn kind(&self) -> String {
-        "crash".into()
+    fn kind(&self) -> zilla_core::vdev::DeviceKind {
+        zilla_core::vdev::DeviceKind::Test("crash")
     }
 }
 

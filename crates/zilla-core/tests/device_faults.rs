@@ -106,8 +106,8 @@ impl Device for Disk {
     fn rotational(&self) -> bool {
         false
     }
-    fn kind(&self) -> String {
-        "test-disk".into()
+    fn kind(&self) -> zilla_core::vdev::DeviceKind {
+        zilla_core::vdev::DeviceKind::Test("test-disk")
     }
 }
 

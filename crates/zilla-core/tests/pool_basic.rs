@@ -1,6 +1,5 @@
 mod common;
 use common::*;
-use zilla_core::zvol::BlockVolume;
 
 #[test]
 fn write_export_import_read() {

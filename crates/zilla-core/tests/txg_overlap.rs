@@ -33,8 +33,8 @@ impl Device for SlowFlush {
     fn rotational(&self) -> bool {
         false
     }
-    fn kind(&self) -> String {
-        "slow-flush".into()
+    fn kind(&self) -> zilla_core::vdev::DeviceKind {
+        zilla_core::vdev::DeviceKind::Test("slow-flush")
     }
 }
 

@@ -557,8 +557,8 @@ async fn pool_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreateP
     let mut opts = CreateOptions { force: req.force, ashift: None, props: vec![], ..Default::default() };
     for (k, v) in req.props {
         if k == "ashift" {
-            let a: u8 = v.parse().ok().filter(|a| (9..=16).contains(a)).ok_or_else(|| {
-                ApiError::bad(format!("bad value '{v}' for property 'ashift': expected 9..16"))
+            let a: u8 = v.parse().ok().filter(|a| *a == 0 || (12..=13).contains(a)).ok_or_else(|| {
+                ApiError::bad(format!("bad value '{v}' for property 'ashift': expected 12 (4K sectors), 13 (8K) or 0 (automatic)"))
             })?;
             opts.ashift = Some(a);
         } else {

@@ -62,6 +62,12 @@ pub struct PoolConfig {
     pub txg: Txg,
     pub tops: Vec<TopConfig>,
     pub props: BTreeMap<String, String>,
+    /// Host id of the system that last wrote the labels (0: a label from before hostids).
+    #[serde(default)]
+    pub hostid: u32,
+    /// Its host name, for messages only.
+    #[serde(default)]
+    pub hostname: String,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -81,18 +87,26 @@ pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -
     m.insert("ashift".to_string(), ashift.to_string());
     m.insert("autoreplace".to_string(), "off".to_string());
     m.insert("failmode".to_string(), "wait".to_string());
+    m.insert("multihost".to_string(), "off".to_string());
     for (k, v) in props {
         let v = v.trim().to_ascii_lowercase();
         match k.as_str() {
             "ashift" => {
                 let a: u8 = v.parse().map_err(|_| Error::invalid(format!("bad ashift '{v}'")))?;
-                if a != 0 && !(9..=16).contains(&a) {
-                    return Err(Error::invalid(format!("ashift {a} out of range (9..16)")));
+                if a != 0 && !(label::MIN_ASHIFT..=label::MAX_ASHIFT).contains(&a) {
+                    return Err(Error::invalid(format!(
+                        "ashift {a} not supported: 12 (4 KiB sectors) or 13 (8 KiB sectors), or 0 for automatic"
+                    )));
                 }
             }
             "autoreplace" => {
                 if v != "on" && v != "off" {
                     return Err(Error::invalid(format!("bad value '{v}' for autoreplace: expected on or off")));
+                }
+            }
+            "multihost" => {
+                if v != "on" && v != "off" {
+                    return Err(Error::invalid(format!("bad value '{v}' for multihost: expected on or off")));
                 }
             }
             "failmode" => {
@@ -162,6 +176,8 @@ impl PoolInner {
         let _w = self.config_write_lock.lock();
         let mut cfg = self.refresh_config();
         cfg.state = state.to_string();
+        cfg.hostid = self.env.hostid();
+        cfg.hostname = crate::env::system_hostname();
         cfg.txg = self.txg.open_txg().max(cfg.txg.next());
         *self.config.lock() = cfg.clone();
         let leaves = self.leaves.read().clone();
@@ -214,6 +230,8 @@ impl Pool {
         let _g = inner.sync_lock.lock();
         let mut new_tops = Vec::new();
         let mut next_id = inner.tops().iter().map(|t| t.id + 1).max().unwrap_or(0);
+        let new_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
+        check_distinct_leaves(&new_specs, &inner.leaves.read(), &inner.name)?;
         for t in &tops {
             let mut kids = Vec::new();
             let mut cfg_kids = Vec::new();
@@ -221,6 +239,7 @@ impl Pool {
                 if inner.find_leaf(&l.display()).is_some() {
                     return Err(Error::invalid(format!("{} is already in pool '{}'", l.display(), inner.name)));
                 }
+                check_system_use(l, force)?;
                 let dev = (inner.opener)(l, t.role)?;
                 check_device_free(&*dev, l, force)?;
                 label::wipe_labels(&*dev)?;
@@ -228,7 +247,8 @@ impl Pool {
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
                 cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
             }
-            let ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(12);
+            let pool_ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(label::MIN_ASHIFT);
+            let ashift = kids.iter().try_fold(pool_ashift, |a, k| device_ashift(&**k.device(), &k.spec).map(|d| a.max(d)))?;
             let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
             new_tops.push((open_top(&tc, kids.clone()), tc, kids));
             next_id += 1;
@@ -283,8 +303,20 @@ impl Pool {
         if inner.find_leaf(&new.display()).is_some() {
             return Err(Error::invalid(format!("{} is already in pool '{}'", new.display(), inner.name)));
         }
+        check_distinct_leaves(&[new], &inner.leaves.read(), &inner.name)?;
+        check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
         check_device_free(&*dev, new, force)?;
+        let need = device_ashift(&*dev, new)?;
+        if need > top.ashift {
+            return Err(Error::invalid(format!(
+                "{} has {}-byte sectors, larger than the vdev's ashift {} ({} bytes): a write would share a physical sector with live data",
+                new.display(),
+                1u32 << need,
+                top.ashift,
+                1u32 << top.ashift
+            )));
+        }
         if label::usable_end(dev.size()) < top.asize() + label::DATA_START {
             return Err(Error::invalid(format!("{} is too small to attach", new.display())));
         }
@@ -335,6 +367,7 @@ impl Pool {
             inner.io.vdevs.write().retain(|t| t.id != top.id);
         }
         let _ = label::wipe_labels(&**leaf.device());
+        leaf.device().release();
         inner.write_config_labels("active")
     }
 
@@ -436,7 +469,65 @@ impl Pool {
 
 }
 
-/// Refuse a device that carries a label of an active or exported pool unless forced.
+/// Refuse leaves that are the same storage as each other or as a leaf already in the
+/// pool: compared by identity (st_rdev for block devices, st_dev/st_ino for files), so a
+/// symlink, a hard link or a second path to one file is caught. Runs before any leaf is
+/// opened (a second open would only fail on the leaf lock, with a vaguer message).
+pub(super) fn check_distinct_leaves(new: &[&LeafSpec], existing: &[Arc<Leaf>], pool: &str) -> Result<()> {
+    use crate::vdev::DeviceIdentity;
+    let existing: Vec<(DeviceIdentity, String)> =
+        existing.iter().filter_map(|l| l.device().identity().or_else(|| DeviceIdentity::of_path(&l.spec.path)).map(|i| (i, l.spec.display()))).collect();
+    let mut seen: Vec<(DeviceIdentity, String)> = Vec::new();
+    for spec in new {
+        let Some(id) = DeviceIdentity::of_path(&spec.path) else { continue };
+        if let Some((_, other)) = existing.iter().find(|(i, _)| *i == id) {
+            return Err(Error::invalid(format!("{} is already in pool '{pool}' (as {other})", spec.display())));
+        }
+        if let Some((_, other)) = seen.iter().find(|(i, _)| *i == id) {
+            return Err(Error::invalid(format!("{} and {other} are the same device; each leaf must be distinct", spec.display())));
+        }
+        seen.push((id, spec.display()));
+    }
+    Ok(())
+}
+
+/// The same check on opened devices (callers that pass devices through the API with an
+/// opener of their own): two devices reporting one identity are refused.
+pub(super) fn check_distinct_devices(devs: &[(&LeafSpec, &dyn Device)]) -> Result<()> {
+    for (i, (a_spec, a)) in devs.iter().enumerate() {
+        let Some(ida) = a.identity() else { continue };
+        if let Some((b_spec, _)) = devs[..i].iter().find(|(_, b)| b.identity() == Some(ida)) {
+            return Err(Error::invalid(format!("{} and {} are the same device; each leaf must be distinct", a_spec.display(), b_spec.display())));
+        }
+    }
+    Ok(())
+}
+
+/// The smallest ashift `dev` can take: log2 of its larger sector size, at least 12;
+/// sectors beyond 8 KiB are refused (the label's uberblock ring would be too short).
+pub(super) fn device_ashift(dev: &dyn Device, spec: &LeafSpec) -> Result<u8> {
+    let sector = dev.logical_sector_size().max(dev.physical_sector_size()).max(512);
+    let a = (sector.next_power_of_two().trailing_zeros() as u8).max(label::MIN_ASHIFT);
+    if a > label::MAX_ASHIFT {
+        return Err(Error::invalid(format!("{}: {sector}-byte sectors are not supported (at most 8 KiB)", spec.display())));
+    }
+    Ok(a)
+}
+
+/// Refuse a device the system uses (mounted, a partition mounted, backing a loop device,
+/// held by device-mapper/md): before it is opened, so the error says why. Forcing lets a
+/// file that backs a loop device through; a mounted block device still fails its claim.
+pub(super) fn check_system_use(spec: &LeafSpec, force: bool) -> Result<()> {
+    let Some(why) = crate::vdev::inuse::in_use_by_system(&spec.path) else { return Ok(()) };
+    let overridable = why.contains(" backs ") || !why.contains("mounted");
+    if force && overridable {
+        return Ok(());
+    }
+    Err(Error::Busy(format!("{} is in use: {why}{}", spec.display(), if overridable { "; use -f to override" } else { "" })))
+}
+
+/// Refuse a device that carries a label of an active or exported pool, or a known file
+/// system, volume manager or partition table signature, unless forced.
 pub(super) fn check_device_free(dev: &dyn Device, spec: &LeafSpec, force: bool) -> Result<()> {
     if dev.size() < label::MIN_DEVICE_SIZE {
         return Err(Error::invalid(format!(
@@ -460,8 +551,12 @@ pub(super) fn check_device_free(dev: &dyn Device, spec: &LeafSpec, force: bool) 
                         lj.config.name
                     )));
                 }
+                return Ok(());
             }
         }
+    }
+    if let Some(sig) = crate::vdev::inuse::find_signature(dev) {
+        return Err(Error::Busy(format!("{} has an existing {sig}; use -f to overwrite it", spec.display())));
     }
     Ok(())
 }

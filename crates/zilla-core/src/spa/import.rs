@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::config::{check_device_free, open_top, pool_props_with_defaults};
+use super::config::{check_device_free, check_distinct_devices, check_distinct_leaves, check_system_use, device_ashift, open_top, pool_props_with_defaults};
 use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
 use crate::dmu::{self, VolumeState};
@@ -23,7 +23,7 @@ use crate::env::Env;
 use crate::metaslab::Metaslabs;
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState};
-use crate::vdev::{Device, LeafSpec, Role};
+use crate::vdev::{Device, DeviceKind, LeafSpec, Role};
 use crate::block::blkptr::BlockPointer;
 use crate::{Error, Guid, Result, Txg};
 
@@ -38,7 +38,8 @@ pub struct ImportablePool {
 /// How to import (CLI: `zilla pool import [-f] [-F [-n]]`).
 #[derive(Debug, Clone, Default)]
 pub struct ImportOptions {
-    /// Import even if the labels say the pool is active elsewhere.
+    /// Import even if the labels say the pool is active on another host id (never one
+    /// whose multihost heartbeat moves while import watches it).
     pub force: bool,
     /// If the newest txg cannot be read, load the newest older one that can (after
     /// verifying every block it references), dropping the writes of the txgs between.
@@ -63,14 +64,76 @@ pub struct RewindPlan {
     pub reason: String,
 }
 
+/// Leaves opened (claimed) by a create or import in progress: released if it fails, so
+/// the next attempt does not find them held by the I/O threads of a half-built pool.
+#[derive(Default)]
+struct Claims(Vec<Arc<dyn Device>>);
+
+impl Claims {
+    fn keep(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            d.release();
+        }
+    }
+}
+
 struct Opened {
     spec: LeafSpec,
     dev: Arc<dyn Device>,
 }
 
-fn ashift_of(dev: &dyn Device) -> u8 {
-    let s = dev.logical_sector_size().max(dev.physical_sector_size()).max(512);
-    (s.trailing_zeros() as u8).clamp(9, 16).max(12)
+/// Open (claim) every leaf of a new pool, refusing devices in use or with signatures.
+fn open_new_leaves(tops: &[TopSpec], opener: &Opener, force: bool, claims: &mut Claims) -> Result<Vec<(TopSpec, Vec<Opened>)>> {
+    let mut opened_tops = Vec::new();
+    for t in tops {
+        let mut v = Vec::new();
+        for l in &t.leaves {
+            check_system_use(l, force)?;
+            let dev = opener(l, t.role)?;
+            claims.0.push(dev.clone());
+            check_device_free(&*dev, l, force)?;
+            v.push(Opened { spec: l.clone(), dev });
+        }
+        opened_tops.push((t.clone(), v));
+    }
+    Ok(opened_tops)
+}
+
+/// A leaf with a latency model is reopened with its role's profile (log, cache): the
+/// claim is handed over from the first open.
+fn reopen_for_role(spec: &LeafSpec, dev: &Arc<dyn Device>, role: Role, opener: &Opener, claims: &mut Claims) -> Result<Arc<dyn Device>> {
+    if spec.model.is_none() || role == Role::Normal {
+        return Ok(dev.clone());
+    }
+    dev.release();
+    let d = opener(spec, role)?;
+    claims.0.push(d.clone());
+    Ok(d)
+}
+
+/// The pool's ashift: `requested` (0 = automatic) or the largest sector of any leaf.
+/// A requested ashift below a leaf's sector size is refused: a write would share a
+/// physical sector with live data.
+fn choose_ashift(tops: &[(TopSpec, Vec<Opened>)], requested: u8) -> Result<u8> {
+    let mut needed = label::MIN_ASHIFT;
+    for o in tops.iter().flat_map(|(_, v)| v.iter()) {
+        let a = device_ashift(&*o.dev, &o.spec)?;
+        if requested != 0 && a > requested {
+            return Err(Error::invalid(format!(
+                "ashift {requested} is below the {}-byte sectors of {}: a write would share a physical sector with live data",
+                1u32 << a,
+                o.spec.display()
+            )));
+        }
+        needed = needed.max(a);
+    }
+    Ok(if requested == 0 { needed } else { requested })
 }
 
 impl Pool {
@@ -87,18 +150,15 @@ impl Pool {
         if let Some(a) = opts.ashift {
             props.push(("ashift".into(), a.to_string()));
         }
-        let mut opened_tops: Vec<(TopSpec, Vec<Opened>)> = Vec::new();
-        for t in &tops {
-            let mut v = Vec::new();
-            for l in &t.leaves {
-                let dev = opener(l, t.role)?;
-                check_device_free(&*dev, l, opts.force)?;
-                v.push(Opened { spec: l.clone(), dev });
-            }
-            opened_tops.push((t.clone(), v));
-        }
-        let ashift = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| ashift_of(&*o.dev)).max().unwrap_or(12);
-        let pool_props = pool_props_with_defaults(&props, ashift)?;
+        let all_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
+        check_distinct_leaves(&all_specs, &[], name)?;
+        let mut claims = Claims::default();
+        let opened_tops = open_new_leaves(&tops, &opener, opts.force, &mut claims)?;
+        let all_devs: Vec<(&LeafSpec, &dyn Device)> = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| (&o.spec, &*o.dev)).collect();
+        check_distinct_devices(&all_devs)?;
+        let mut pool_props = pool_props_with_defaults(&props, 0)?;
+        let ashift = choose_ashift(&opened_tops, pool_props["ashift"].parse().unwrap_or(0))?;
+        pool_props.insert("ashift".into(), ashift.to_string());
         let env = opts.env.clone().unwrap_or_else(crate::env::real);
         let guid = new_guid(&*env);
         let mut cfg_tops = Vec::new();
@@ -132,6 +192,8 @@ impl Pool {
             txg: crate::txg::TXG_INITIAL,
             tops: cfg_tops,
             props: pool_props,
+            hostid: env.hostid(),
+            hostname: crate::env::system_hostname(),
         };
         let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![] };
         let io = PoolIo::new(vdevs, ms);
@@ -144,11 +206,12 @@ impl Pool {
         let t = inner.txg.open_txg();
         inner.spa_sync(t)?;
         inner.txg.initial_synced(t);
+        claims.keep();
         Ok(Self::from_inner(inner))
     }
 
     pub fn find_importable(search: &[PathBuf]) -> Result<Vec<ImportablePool>> {
-        let found = scan_search_paths(search, &default_opener())?;
+        let found = scan_search_paths(search)?;
         let mut out: BTreeMap<Guid, ImportablePool> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
@@ -216,7 +279,7 @@ impl Pool {
     /// What `import -F` would do, without doing it (`import -F -n`).
     pub fn rewind_plan(specs: &[LeafSpec], opener: Opener) -> Result<RewindPlan> {
         let opts = ImportOptions { rewind: true, dry_run: true, ..Default::default() };
-        let loaded = load_for_import(specs, &opener, &opts)?;
+        let loaded = load_for_import(specs, &opener, &opts, &*crate::env::real(), &mut Claims::default())?;
         Ok(loaded.chosen.plan)
     }
 
@@ -226,7 +289,8 @@ impl Pool {
         if opts.dry_run {
             return Err(Error::invalid("a dry run imports nothing: use rewind_plan"));
         }
-        let Loaded { mut cfg, leaves, io, chosen, bad_labels } = load_for_import(specs, &opener, opts)?;
+        let mut claims = Claims::default();
+        let Loaded { mut cfg, leaves, io, chosen, bad_labels } = load_for_import(specs, &opener, opts, &*env, &mut claims)?;
         let Chosen { ub, mos, ms, newest_txg, plan } = chosen;
         if plan.load_txg != plan.newest_txg {
             tracing::warn!(pool = %cfg.name, "rewinding from txg {} to txg {}: {:.1} s of writes dropped ({})", plan.newest_txg, plan.load_txg, plan.dropped_seconds, plan.reason);
@@ -272,6 +336,7 @@ impl Pool {
         // After a rewind the next txg follows the newest one seen, so its uberblocks
         // outrank the skipped ones in every slot.
         let inner = PoolInner::new(cfg, io, leaves, volumes, meta, newest_txg.max(ub.txg), opener, env);
+        *inner.last_ub.lock() = Some(ub.clone());
         // rewrite labels: marks the pool active and repairs damaged label copies
         if let Err(e) = inner.write_config_labels("active") {
             tracing::warn!("import: could not rewrite labels: {e}");
@@ -280,6 +345,7 @@ impl Pool {
         if bad_labels > 0 {
             tracing::info!(pool = %inner.name, bad_labels, "rewrote damaged labels");
         }
+        claims.keep();
         let pool = Self::from_inner(inner);
         // the intent logs, before anyone can open a volume; only the newest txg's
         // (a rewound pool's logs name blocks reused since)
@@ -314,23 +380,30 @@ struct Loaded {
 }
 
 /// Read the labels, build the vdev tree, choose the uberblock and load its MOS.
-fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions) -> Result<Loaded> {
+fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, env: &dyn Env, claims: &mut Claims) -> Result<Loaded> {
     if specs.is_empty() {
         return Err(Error::invalid("no devices to import from"));
     }
-    let (devs, mut cfg) = read_labels(specs, opener)?;
-    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener)?;
+    let (devs, mut cfg) = read_labels(specs, opener, claims)?;
+    let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
+    super::mmp::check_import_ownership(&cfg, &checked, env, opts.force)?;
+    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, claims)?;
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
     Ok(Loaded { cfg, leaves, io, chosen, bad_labels })
 }
 
 /// Every device's labels, and the config with the highest config txg.
-fn read_labels(specs: &[LeafSpec], opener: &Opener) -> Result<(Vec<DevLabel>, PoolConfig)> {
+fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<(Vec<DevLabel>, PoolConfig)> {
     let mut devs: Vec<DevLabel> = Vec::new();
     for s in specs {
         let dev = match opener(s, Role::Normal) {
-            Ok(d) => d,
+            Ok(d) => {
+                claims.0.push(d.clone());
+                d
+            }
+            // held by a live pool (here or in another process): never import around it
+            Err(e @ Error::Busy(_)) => return Err(e),
             Err(e) => {
                 tracing::warn!("import: cannot open {}: {e}", s.display());
                 continue;
@@ -365,7 +438,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener) -> Result<(Vec<DevLabel>, Po
 /// The live vdev tree for `cfg`, leaves matched to devices by guid (missing ones
 /// UNAVAIL); also every uberblock found and the count of damaged labels.
 #[allow(clippy::type_complexity)]
-fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
+fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
     let (mut vdevs, mut leaves, mut ubs, mut bad_labels) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let pool_guid = cfg.guid;
     for t in cfg.tops.iter_mut() {
@@ -374,8 +447,7 @@ fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener) -> Resul
             let found = devs.iter().find(|d| d.3.as_ref().map(|lj| lj.this_guid) == Some(lc.guid));
             let leaf = match found {
                 Some((spec, dev, scan, _)) => {
-                    let dev: Arc<dyn Device> =
-                        if spec.model.is_some() && t.role != Role::Normal { opener(spec, t.role).unwrap_or_else(|_| dev.clone()) } else { dev.clone() };
+                    let dev = reopen_for_role(spec, dev, t.role, opener, claims)?;
                     ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == pool_guid).cloned());
                     bad_labels += scan.bad_labels;
                     lc.spec = spec.clone();
@@ -575,13 +647,13 @@ impl Device for MissingDevice {
     fn rotational(&self) -> bool {
         false
     }
-    fn kind(&self) -> String {
-        "missing".into()
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Missing
     }
 }
 
 /// Files (and block devices) in the search paths that carry a Zilla label.
-fn scan_search_paths(search: &[PathBuf], opener: &Opener) -> Result<Vec<(LeafSpec, LabelJson)>> {
+fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
     let mut files = Vec::new();
     for p in search {
         if p.is_dir() {
@@ -603,8 +675,9 @@ fn scan_search_paths(search: &[PathBuf], opener: &Opener) -> Result<Vec<(LeafSpe
             continue;
         }
         let raw = LeafSpec { path: f.clone(), model: None };
-        let Ok(dev) = opener(&raw, Role::Normal) else { continue };
-        let Ok(scan) = label::scan_labels(&*dev) else { continue };
+        // read-only and unlocked: listing must work while a pool holds the leaf
+        let Ok(dev) = crate::vdev::file::FileDevice::open_shared(&f) else { continue };
+        let Ok(scan) = label::scan_labels(&dev) else { continue };
         let Some((_, j)) = scan.config else { continue };
         let Ok(lj) = serde_json::from_slice::<LabelJson>(&j) else { continue };
         // keep the latency model recorded in the config for this leaf
@@ -638,11 +711,13 @@ mod tests {
             txg: Txg(txg),
             tops: vec![TopConfig { id: 0, guid: Guid(9), role: Role::Normal, mirror: true, ashift: 12, children }],
             props: BTreeMap::new(),
+            hostid: 0,
+            hostname: String::new(),
         }
     }
 
     fn ub(txg: u64, guid_sum: u64) -> label::Uberblock {
-        label::Uberblock { txg: Txg(txg), guid_sum, timestamp_ns: 0, pool_guid: Guid(1), root: BlockPointer::hole() }
+        label::Uberblock { txg: Txg(txg), guid_sum, timestamp_ns: 0, pool_guid: Guid(1), root: BlockPointer::hole(), heartbeat: None }
     }
 
     /// An uberblock written at or after the config's txg must carry the config's guid

@@ -44,6 +44,7 @@ use crate::{Error, Guid, Result, Txg};
 
 mod config;
 mod import;
+mod mmp;
 mod replay;
 mod status;
 mod sync;
@@ -51,6 +52,7 @@ mod verify;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
 pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
+pub use mmp::ZFS_MULTIHOST_INTERVAL_MS;
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
@@ -161,6 +163,8 @@ pub(crate) struct PoolInner {
     scan: crate::scan::ScanControl,
     /// Clock, sleeps, thread spawns and randomness (real, or simulated in tests).
     env: Arc<dyn crate::env::Env>,
+    /// The newest uberblock on disk (the heartbeat rewrites it with a sequence number).
+    last_ub: Mutex<Option<label::Uberblock>>,
 }
 
 /// A random non-zero guid from `env`'s RNG (seeded under simulation).
@@ -210,7 +214,15 @@ impl PoolInner {
             resilver_wanted: false.into(),
             scan: Default::default(),
             env,
+            last_ub: Mutex::new(None),
         })
+    }
+
+    /// Drop this pool's claim (flock / O_EXCL) on every leaf: export, destroy, crash.
+    fn release_leaves(&self) {
+        for leaf in self.leaves.read().iter() {
+            leaf.device().release();
+        }
     }
 
     pub fn tops(&self) -> Vec<Arc<TopVdev>> {
@@ -248,6 +260,11 @@ impl Pool {
             inner.env.spawn(format!("txg_quiesce_{}", inner.name), Box::new(move || q.quiesce_loop())).expect("spawn txg quiesce thread"),
             inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || s.sync_loop())).expect("spawn txg sync thread"),
         ];
+        let mut threads = threads;
+        if inner.multihost() {
+            let h = inner.clone();
+            threads.push(inner.env.spawn(format!("mmp_{}", inner.name), Box::new(move || h.heartbeat_loop())).expect("spawn heartbeat thread"));
+        }
         let pool = Arc::new(Pool { inner, txg_threads: Mutex::new(threads), closed: false.into() });
         crate::scan::resume_after_import(&pool.inner.scanner());
         pool
@@ -286,8 +303,9 @@ impl Pool {
         if let Some(e) = self.inner.txg.sync_error() {
             return Err(Error::Io(std::io::Error::other(format!("final sync failed: {e}"))));
         }
-        self.inner.write_config_labels("exported")?;
-        Ok(())
+        let r = self.inner.write_config_labels("exported");
+        self.inner.release_leaves();
+        r
     }
 
     /// Stop the background threads without syncing (tests: simulated crash).
@@ -306,6 +324,7 @@ impl Pool {
             self.inner.dirty.retire(Txg(t));
         }
         self.join_txg_threads();
+        self.inner.release_leaves();
     }
 
     pub fn destroy(&self) -> Result<()> {
@@ -321,6 +340,7 @@ impl Pool {
                 tracing::warn!("destroy: could not wipe {}: {e}", leaf.spec.display());
             }
         }
+        self.inner.release_leaves();
         Ok(())
     }
 

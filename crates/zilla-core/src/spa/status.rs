@@ -155,7 +155,7 @@ impl Pool {
                 .iter()
                 .map(|c| VdevStatus {
                     name: c.spec.display(),
-                    kind: c.device().kind(),
+                    kind: c.device().kind().to_string(),
                     role: t.role,
                     state: c.state().name().to_string(),
                     read_errors: c.read_errors.load(Ordering::Relaxed),

@@ -71,6 +71,11 @@ pub const SYNC_CHUNK_BLOCKS: usize = 512;
 
 impl PoolInner {
     /// Leaves that carry uberblocks (normal + log classes).
+    /// The ashift of the top-level vdev holding leaf `guid` (its label slot size).
+    pub(super) fn leaf_ashift(&self, guid: crate::Guid) -> u8 {
+        self.tops().iter().find(|t| t.children().iter().any(|c| c.guid == guid)).map_or(label::MIN_ASHIFT, |t| t.ashift)
+    }
+
     fn ub_leaves(&self) -> Vec<Arc<Leaf>> {
         self.tops().iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).flat_map(|t| t.children()).collect()
     }
@@ -90,8 +95,9 @@ impl PoolInner {
         for (i, leaf) in leaves.iter().enumerate() {
             let size = leaf.device().size();
             for l in 0..label::LABELS {
-                let off = label::ub_offset(size, l, ub.txg);
-                let buf = Arc::new(crate::vdev::abd::AlignedBuf::copy_of(&ub.encode(off)));
+                let ashift = self.leaf_ashift(leaf.guid);
+                let off = label::ub_offset_at(size, l, ub.txg, ashift);
+                let buf = Arc::new(crate::vdev::abd::AlignedBuf::copy_of(&ub.encode_slot(off, label::ub_slot_size(ashift))));
                 let tx = tx.clone();
                 leaf.queue.submit(IoRequest::write(IoClass::SyncWrite, off, buf, Box::new(move |d| {
                     let _ = tx.send((i, d.result.is_ok()));
@@ -139,6 +145,21 @@ impl PoolInner {
             let old = before.iter().find(|b| b.guid == h.guid).map(|b| b.dtl.clone()).unwrap_or_default();
             readable && !crate::vdev::mirror::range_subtract(&h.dtl, &old).is_empty()
         })
+    }
+
+    /// Write txg `txg`'s uberblock (MOS at `root`) everywhere; it is then the newest.
+    fn commit_uberblock(&self, txg: crate::Txg, root: BlockPointer) -> Result<()> {
+        let ub = Uberblock {
+            txg,
+            guid_sum: self.config.lock().guid_sum(),
+            timestamp_ns: self.env.unix_time_ns(),
+            pool_guid: self.guid,
+            root,
+            heartbeat: None,
+        };
+        self.write_uberblocks(&ub)?;
+        *self.last_ub.lock() = Some(ub);
+        Ok(())
     }
 
     /// Flush every data-holding top-level vdev, all at once (one flush request per
@@ -283,14 +304,7 @@ impl PoolInner {
             leaf_health: None,
             zil_headers,
         }, &mut batch)?;
-        let ub = Uberblock {
-            txg,
-            guid_sum: self.config.lock().guid_sum(),
-            timestamp_ns: self.env.unix_time_ns(),
-            pool_guid: self.guid,
-            root: mos_root,
-        };
-        self.write_uberblocks(&ub)?;
+        self.commit_uberblock(txg, mos_root)?;
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
         for (k, d) in written {
@@ -368,7 +382,7 @@ impl PoolInner {
         let workers = self.io.prepare_workers(&self.env, &self.name);
         let mut changes = Vec::with_capacity(recs.len());
         for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
-            let prepared = workers.prepare_all(chunk, algo, comp);
+            let prepared = workers.prepare_all(chunk, algo, comp, self.io.alloc_unit());
             let mut chunk_batch = Vec::with_capacity(chunk.len());
             for ((blkid, data), p) in chunk.iter().zip(prepared) {
                 let bp = match p {

@@ -59,7 +59,7 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
-use super::Device;
+use super::{Device, DeviceKind};
 
 /// Sector granularity of torn writes (the smallest unit a disk writes atomically).
 pub const TORN_SECTOR_BYTES: usize = 512;
@@ -473,8 +473,8 @@ impl Device for CrashDevice {
         false
     }
 
-    fn kind(&self) -> String {
-        "crash".into()
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Test("crash")
     }
 }
 
@@ -645,7 +645,7 @@ impl Device for FaultDevice {
         self.inner.discard(offset, len)
     }
 
-    fn kind(&self) -> String {
+    fn kind(&self) -> DeviceKind {
         self.inner.kind()
     }
 }
@@ -691,8 +691,8 @@ impl Device for MemDevice {
         false
     }
 
-    fn kind(&self) -> String {
-        "mem".into()
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Memory
     }
 }
 

@@ -20,12 +20,25 @@
 //!   misaligned buffer address only    -> copy through an aligned bounce buffer
 //!   misaligned offset or length       -> reads: read the covering aligned range;
 //!                                        writes: read-modify-write of the covering
-//!                                        range, serialised by `rmw_lock`
+//!                                        range, under a range lock
 //! ```
 //!
-//! The engine issues 512-byte multiples, so the read-modify-write path only runs when
-//! the device's alignment is larger (4Kn disks); it is not atomic against a concurrent
-//! plain write to the same sector, which the engine never issues.
+//! The engine issues 512-byte multiples aligned to the pool's ashift, so the
+//! read-modify-write path only runs when the device's alignment is larger than a request
+//! (an odd caller, or a 4Kn disk under 512-byte labels). Every write holds a range lock
+//! over the bytes it rewrites (the covering sectors for a read-modify-write), so a
+//! read-modify-write never races an aligned write to a neighbouring block in the same
+//! sector: one of them waits. (io_uring submits only aligned writes itself and routes
+//! the rest here; an aligned write never touches bytes of another block's covering
+//! sectors unless the two writes overlap, which the allocator never issues.)
+//!
+//! Ownership: [`FileDevice::open`] takes the leaf for a pool with a second descriptor,
+//! the *claim*: a regular file gets `flock(LOCK_EX|LOCK_NB)` on it, a block device is
+//! opened `O_EXCL` (the kernel's claim, which also fails while the device is mounted); a
+//! second opener, in this process or another, fails with `WouldBlock`/`ResourceBusy`.
+//! The claim is its own descriptor so export can drop it ([`Device::release`]) at once,
+//! while I/O threads that still hold the device wind down. [`FileDevice::open_shared`] opens read-only and
+//! unlocked, for reading labels (import scans, device checks).
 //!
 //! Geometry: regular files report their length (rounded down to 512), not rotational,
 //! 512/4096-byte logical/physical sectors. Block devices (loop devices included) report
@@ -38,9 +51,11 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::abd::AlignedBuf;
+#[allow(unused_imports)]
+use super::{Device, DeviceKind};
 use rustix::fs::{AtFlags, FallocateFlags, SeekFrom, StatxFlags};
 
 /// Alignment assumed for O_DIRECT when statx cannot tell (safe for every device).
@@ -63,16 +78,65 @@ pub struct FileDevice {
     rotational: bool,
     logical_sector_bytes: u32,
     physical_sector_bytes: u32,
-    /// Serialises read-modify-write of partially covered sectors.
-    rmw_lock: Mutex<()>,
+    /// Byte ranges being written; a read-modify-write waits for overlapping writes.
+    write_ranges: RangeLock,
+    identity: super::DeviceIdentity,
+    /// The descriptor that holds the leaf (flock / O_EXCL); None when shared or released.
+    claim: Mutex<Option<File>>,
+}
+
+/// A bounded set of locked byte ranges (at most one per writing thread).
+#[derive(Default)]
+struct RangeLock {
+    held: Mutex<Vec<(u64, u64)>>,
+    released: Condvar,
+}
+
+struct RangeGuard<'a> {
+    lock: &'a RangeLock,
+    range: (u64, u64),
+}
+
+impl RangeLock {
+    /// Wait until no held range overlaps `start..end`, then hold it.
+    fn lock(&self, start: u64, end: u64) -> RangeGuard<'_> {
+        let mut held = self.held.lock();
+        while held.iter().any(|&(s, e)| s < end && start < e) {
+            self.released.wait(&mut held);
+        }
+        held.push((start, end));
+        RangeGuard { lock: self, range: (start, end) }
+    }
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        let mut held = self.lock.held.lock();
+        if let Some(i) = held.iter().position(|&r| r == self.range) {
+            held.swap_remove(i);
+        }
+        drop(held);
+        self.lock.released.notify_all();
+    }
 }
 
 impl FileDevice {
-    /// Open read-write; O_DIRECT where the file system allows it, else buffered.
+    /// Open read-write for a pool and take the leaf: `flock(LOCK_EX|LOCK_NB)` on a regular
+    /// file, `O_EXCL` on a block device. A leaf held elsewhere fails with `WouldBlock`
+    /// (file) or `ResourceBusy` (block device). O_DIRECT where the file system allows it.
     pub fn open(path: &Path) -> io::Result<FileDevice> {
-        let (file, direct) = match Self::open_direct(path) {
+        Self::open_as(path, true)
+    }
+
+    /// Open read-only without taking the leaf (label scans, device checks): writes fail.
+    pub fn open_shared(path: &Path) -> io::Result<FileDevice> {
+        Self::open_as(path, false)
+    }
+
+    fn open_as(path: &Path, exclusive: bool) -> io::Result<FileDevice> {
+        let (file, direct) = match Self::open_direct(path, 0, exclusive) {
             Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Self::open_mode(path, 0)?, false),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (Self::open_mode(path, 0, exclusive)?, false),
             Err(e) => return Err(e),
         };
         let meta = file.metadata()?;
@@ -80,6 +144,7 @@ impl FileDevice {
         if !is_block && !meta.file_type().is_file() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file or block device"));
         }
+        let claim = if exclusive { Some(claim_leaf(path, is_block)?) } else { None };
         let (mem_align, offset_align) = if direct { dio_alignment(&file) } else { (1, 1) };
         let (size_bytes, rotational, logical, physical) = if is_block {
             let size = rustix::fs::seek(&file, SeekFrom::End(0))?;
@@ -100,7 +165,9 @@ impl FileDevice {
             rotational,
             logical_sector_bytes: logical,
             physical_sector_bytes: physical,
-            rmw_lock: Mutex::new(()),
+            write_ranges: RangeLock::default(),
+            identity: super::DeviceIdentity::from_metadata(&meta),
+            claim: Mutex::new(claim),
         })
     }
 
@@ -113,13 +180,13 @@ impl FileDevice {
         &self.path
     }
 
-    fn open_mode(path: &Path, flags: i32) -> io::Result<File> {
-        OpenOptions::new().read(true).write(true).custom_flags(flags | libc::O_CLOEXEC).open(path)
+    fn open_mode(path: &Path, flags: i32, write: bool) -> io::Result<File> {
+        OpenOptions::new().read(true).write(write).custom_flags(flags | libc::O_CLOEXEC).open(path)
     }
 
     /// Open O_DIRECT and prove it works with one aligned read (EINVAL means no).
-    fn open_direct(path: &Path) -> io::Result<File> {
-        let file = Self::open_mode(path, libc::O_DIRECT)?;
+    fn open_direct(path: &Path, flags: i32, write: bool) -> io::Result<File> {
+        let file = Self::open_mode(path, flags | libc::O_DIRECT, write)?;
         let mut probe = AlignedBuf::zeroed_aligned(PROBE_BYTES, DIO_ALIGN_DEFAULT);
         match file.read_at(probe.as_mut_slice(), 0) {
             Ok(_) => Ok(file),
@@ -190,16 +257,20 @@ impl super::Device for FileDevice {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len())?;
         if !self.direct || (self.offset_aligned(offset, buf.len()) && self.mem_aligned(buf.as_ptr())) {
+            let _range = self.write_ranges.lock(offset, offset + buf.len() as u64);
             return self.file.write_all_at(buf, offset);
         }
         let align = self.mem_align.max(self.offset_align);
         if self.offset_aligned(offset, buf.len()) {
             let mut bounce = AlignedBuf::zeroed_aligned(buf.len(), align);
             bounce.as_mut_slice().copy_from_slice(buf);
+            let _range = self.write_ranges.lock(offset, offset + buf.len() as u64);
             return self.file.write_all_at(bounce.as_slice(), offset);
         }
-        let _rmw = self.rmw_lock.lock();
         let (start, cover) = self.covering(offset, buf.len());
+        // Read-modify-write: hold the whole covering range so no write to a neighbouring
+        // block in the same sectors lands between our read and our write.
+        let _range = self.write_ranges.lock(start, start + cover as u64);
         let mut bounce = AlignedBuf::zeroed_aligned(cover, align);
         let skip = (offset - start) as usize;
         self.read_aligned(bounce.as_mut_slice(), start, skip + buf.len())?;
@@ -238,8 +309,16 @@ impl super::Device for FileDevice {
         }
     }
 
-    fn kind(&self) -> String {
-        if self.is_block { "disk".into() } else { "file".into() }
+    fn kind(&self) -> DeviceKind {
+        if self.is_block { DeviceKind::Disk } else { DeviceKind::File }
+    }
+
+    fn identity(&self) -> Option<super::DeviceIdentity> {
+        Some(self.identity)
+    }
+
+    fn release(&self) {
+        self.claim.lock().take();
     }
 
     fn raw_target(&self) -> Option<super::RawTarget> {
@@ -250,6 +329,37 @@ impl super::Device for FileDevice {
             offset_align: self.offset_align,
             size_bytes: self.size_bytes,
         })
+    }
+}
+
+/// Take a leaf for this pool with a descriptor of its own (so the claim can be dropped
+/// at export while I/O threads still hold the device): a block device opened `O_EXCL`
+/// (EBUSY while another pool holds it or it is mounted), a regular file with
+/// `flock(LOCK_EX|LOCK_NB)`. A file system without flock support (some network file
+/// systems: ENOLCK, EOPNOTSUPP) leaves the leaf unclaimed, with a warning.
+fn claim_leaf(path: &Path, is_block: bool) -> io::Result<File> {
+    use rustix::fs::FlockOperation;
+    let flags = libc::O_CLOEXEC | if is_block { libc::O_EXCL } else { 0 };
+    let file = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            return Err(io::Error::new(io::ErrorKind::ResourceBusy, "block device is held exclusively elsewhere (a pool, a mount)"))
+        }
+        Err(e) => return Err(e),
+    };
+    if is_block {
+        return Ok(file);
+    }
+    match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+            Err(io::Error::new(io::ErrorKind::WouldBlock, "file is locked by another open (a pool in this or another process)"))
+        }
+        Err(e) if e == rustix::io::Errno::NOLCK || e == rustix::io::Errno::OPNOTSUPP => {
+            tracing::warn!("cannot lock leaf file {} ({e}): it is not protected against a second importer", path.display());
+            Ok(file)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -362,6 +472,26 @@ mod tests {
         dev.read_at(&mut buf, 0).unwrap();
         // Where PUNCH_HOLE is supported the range reads back as zeros.
         assert!(buf.iter().all(|&b| b == 0) || buf.iter().all(|&b| b == 9));
+    }
+
+    #[test]
+    fn a_leaf_is_taken_by_one_opener() {
+        // Goal: a pool's leaf file cannot be opened for a second pool (same or another
+        // process); label scans still read it. Method: open twice; open_shared.
+        let (dir, dev) = temp_device(1 << 20);
+        let path = dir.path().join("leaf0");
+        let e = FileDevice::open(&path).err().expect("second exclusive open must fail");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        let shared = FileDevice::open_shared(&path).unwrap();
+        let mut buf = vec![0u8; 4096];
+        shared.read_at(&mut buf, 0).unwrap();
+        assert!(shared.write_at(&buf, 0).is_err(), "a shared open is read-only");
+        assert_eq!(shared.identity(), dev.identity());
+        dev.release();
+        let again = FileDevice::open(&path).expect("releasing the claim frees the leaf");
+        assert_eq!(FileDevice::open(&path).err().map(|e| e.kind()), Some(io::ErrorKind::WouldBlock));
+        drop(again);
+        FileDevice::open(&path).expect("closing the device frees the leaf");
     }
 
     #[test]

@@ -12,8 +12,20 @@
 //!
 //!  one label:
 //!  0                                   128K                                   256K
-//!  | config header + JSON config ... trailer | uberblock ring: 32 slots x 4 KiB |
+//!  | config header + JSON config ... trailer | uberblock slots: 128 KiB        |
+//!
+//!  uberblock slots (slot size = 1 << max(ashift, 12): 32 x 4 KiB, or 16 x 8 KiB):
+//!  | ring slot 0 | ring slot 1 | ... | ring slot n-2 | heartbeat slot (n-1) |
 //! ```
+//!
+//! The slot size follows the top-level vdev's ashift, so an uberblock write never shares
+//! a physical sector with another slot (a torn read-modify-write cannot take a neighbour
+//! with it). Txg `T` goes to ring slot `T % (n - 1)`; the last slot is the multihost
+//! heartbeat: the newest uberblock rewritten with a sequence number every interval while
+//! the pool is imported with `multihost=on` (OpenZFS MMP). A heartbeat carries the
+//! `HEARTBEAT_MAGIC` block at byte 1024 of the slot, so import tells it from a ring
+//! uberblock (pools written before the heartbeat existed used all 32 slots as the ring;
+//! their slot 31 still decodes as a ring uberblock).
 //!
 //! The config region and each uberblock slot carry an *embedded checksum* whose verifier
 //! is the block's own byte offset on the device: the 40-byte trailer `{magic u64,
@@ -35,8 +47,17 @@ use crate::{Guid, Txg};
 pub const LABEL_SIZE: u64 = 256 << 10;
 pub const LABELS: usize = 4;
 pub const CONFIG_REGION_SIZE: usize = 128 << 10;
+/// Uberblock slot size at ashift 12 (the smallest slot).
 pub const UB_SLOT_SIZE: usize = 4096;
+/// Slots per label at ashift 12.
 pub const UB_SLOTS: u64 = 32;
+/// Bytes of each label holding uberblock slots.
+pub const UB_REGION_SIZE: usize = LABEL_SIZE as usize - CONFIG_REGION_SIZE;
+/// Largest ashift the label layout supports (two 64 KiB slots would leave a 1-slot ring).
+pub const MAX_ASHIFT: u8 = 13;
+pub const MIN_ASHIFT: u8 = 12;
+pub const HEARTBEAT_MAGIC: u64 = 0x4d4d_5048_4541_5254; // "MMPHEART"
+const HEARTBEAT_AT: usize = 1024;
 /// First byte of the data area on every leaf.
 pub const DATA_START: u64 = 2 * LABEL_SIZE;
 
@@ -70,8 +91,31 @@ pub fn label_offset(dev_size: u64, l: usize) -> u64 {
     }
 }
 
+/// Uberblock slot size for a vdev of `ashift`.
+pub fn ub_slot_size(ashift: u8) -> usize {
+    1usize << ashift.clamp(MIN_ASHIFT, MAX_ASHIFT)
+}
+
+/// Ring slots per label for `ashift` (all slots but the heartbeat slot).
+pub fn ub_ring_slots(ashift: u8) -> u64 {
+    (UB_REGION_SIZE / ub_slot_size(ashift)) as u64 - 1
+}
+
+/// Where txg `txg`'s uberblock goes in label `l`, at ashift 12.
 pub fn ub_offset(dev_size: u64, l: usize, txg: Txg) -> u64 {
-    label_offset(dev_size, l) + CONFIG_REGION_SIZE as u64 + (txg.get() % UB_SLOTS) * UB_SLOT_SIZE as u64
+    ub_offset_at(dev_size, l, txg, MIN_ASHIFT)
+}
+
+/// Where txg `txg`'s uberblock goes in label `l` of a vdev of `ashift`.
+pub fn ub_offset_at(dev_size: u64, l: usize, txg: Txg, ashift: u8) -> u64 {
+    let slot = ub_slot_size(ashift) as u64;
+    label_offset(dev_size, l) + CONFIG_REGION_SIZE as u64 + (txg.get() % ub_ring_slots(ashift)) * slot
+}
+
+/// The heartbeat slot of label `l` of a vdev of `ashift`.
+pub fn heartbeat_offset(dev_size: u64, l: usize, ashift: u8) -> u64 {
+    let slot = ub_slot_size(ashift) as u64;
+    label_offset(dev_size, l) + CONFIG_REGION_SIZE as u64 + ub_ring_slots(ashift) * slot
 }
 
 /// Seal `block` with an embedded checksum whose verifier is `offset`.
@@ -118,11 +162,29 @@ pub struct Uberblock {
     pub pool_guid: Guid,
     /// Root of the object directory (MOS) for this txg.
     pub root: BlockPointer,
+    /// Set in the heartbeat slot only (multihost): who is writing it and how often.
+    pub heartbeat: Option<Heartbeat>,
+}
+
+/// The multihost heartbeat fields (bytes 1024..1048 of a heartbeat slot):
+/// `{magic u64, seq u64, hostid u32, interval_ms u32}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Incremented at every heartbeat write of this import.
+    pub seq: u64,
+    pub hostid: u32,
+    pub interval_ms: u32,
 }
 
 impl Uberblock {
+    /// Encode into a 4 KiB slot (ashift 12).
     pub fn encode(&self, offset: u64) -> Vec<u8> {
-        let mut b = vec![0u8; UB_SLOT_SIZE];
+        self.encode_slot(offset, UB_SLOT_SIZE)
+    }
+
+    /// Encode into a slot of `slot_size` bytes (a power of two, 4 KiB or more).
+    pub fn encode_slot(&self, offset: u64, slot_size: usize) -> Vec<u8> {
+        let mut b = vec![0u8; slot_size];
         b[0..8].copy_from_slice(&UB_MAGIC.to_le_bytes());
         b[8..16].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         b[16..24].copy_from_slice(&self.txg.get().to_le_bytes());
@@ -130,23 +192,40 @@ impl Uberblock {
         b[32..40].copy_from_slice(&self.timestamp_ns.to_le_bytes());
         b[40..48].copy_from_slice(&self.pool_guid.get().to_le_bytes());
         b[48..48 + BlockPointer::SIZE].copy_from_slice(&self.root.encode());
+        if let Some(h) = self.heartbeat {
+            let at = HEARTBEAT_AT;
+            b[at..at + 8].copy_from_slice(&HEARTBEAT_MAGIC.to_le_bytes());
+            b[at + 8..at + 16].copy_from_slice(&h.seq.to_le_bytes());
+            b[at + 16..at + 20].copy_from_slice(&h.hostid.to_le_bytes());
+            b[at + 20..at + 24].copy_from_slice(&h.interval_ms.to_le_bytes());
+        }
         seal(&mut b, offset);
         b
     }
+
+    /// Decode a slot of any supported size (4 KiB .. 8 KiB).
     pub fn decode(b: &[u8], offset: u64) -> Option<Uberblock> {
-        if b.len() != UB_SLOT_SIZE || !verify_sealed(b, offset) {
+        let sizes = ub_slot_size(MIN_ASHIFT)..=ub_slot_size(MAX_ASHIFT);
+        if !b.len().is_power_of_two() || !sizes.contains(&b.len()) || !verify_sealed(b, offset) {
             return None;
         }
         let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         if u(0) != UB_MAGIC || u(8) != FORMAT_VERSION {
             return None;
         }
+        let at = HEARTBEAT_AT;
+        let heartbeat = (u(at) == HEARTBEAT_MAGIC).then(|| Heartbeat {
+            seq: u(at + 8),
+            hostid: u32::from_le_bytes(b[at + 16..at + 20].try_into().unwrap()),
+            interval_ms: u32::from_le_bytes(b[at + 20..at + 24].try_into().unwrap()),
+        });
         Some(Uberblock {
             txg: Txg(u(16)),
             guid_sum: u(24),
             timestamp_ns: u(32),
             pool_guid: Guid(u(40)),
             root: BlockPointer::decode(&b[48..48 + BlockPointer::SIZE])?,
+            heartbeat,
         })
     }
 }
@@ -189,6 +268,8 @@ pub struct LabelScan {
     pub config: Option<(Txg, Vec<u8>)>,
     pub valid_configs: usize,
     pub uberblocks: Vec<Uberblock>,
+    /// Multihost heartbeats (from heartbeat slots; not import candidates).
+    pub heartbeats: Vec<Uberblock>,
     pub bad_labels: usize,
 }
 
@@ -198,7 +279,7 @@ pub fn scan_labels(dev: &dyn super::Device) -> io::Result<LabelScan> {
     if size < MIN_DEVICE_SIZE {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("device too small ({size} bytes)")));
     }
-    let mut out = LabelScan { config: None, valid_configs: 0, uberblocks: Vec::new(), bad_labels: 0 };
+    let mut out = LabelScan { config: None, valid_configs: 0, uberblocks: Vec::new(), heartbeats: Vec::new(), bad_labels: 0 };
     for l in 0..LABELS {
         let off = label_offset(size, l);
         let mut buf = vec![0u8; LABEL_SIZE as usize];
@@ -215,10 +296,17 @@ pub fn scan_labels(dev: &dyn super::Device) -> io::Result<LabelScan> {
             }
             None => out.bad_labels += 1,
         }
-        for s in 0..UB_SLOTS as usize {
-            let so = CONFIG_REGION_SIZE + s * UB_SLOT_SIZE;
-            if let Some(ub) = Uberblock::decode(&buf[so..so + UB_SLOT_SIZE], off + so as u64) {
-                out.uberblocks.push(ub);
+        // every slot size the layout supports: a slot decodes only at its own size
+        for ashift in MIN_ASHIFT..=MAX_ASHIFT {
+            let slot = ub_slot_size(ashift);
+            for so in (CONFIG_REGION_SIZE..LABEL_SIZE as usize).step_by(slot) {
+                if let Some(ub) = Uberblock::decode(&buf[so..so + slot], off + so as u64) {
+                    if ub.heartbeat.is_some() {
+                        out.heartbeats.push(ub);
+                    } else {
+                        out.uberblocks.push(ub);
+                    }
+                }
             }
         }
     }
@@ -247,6 +335,24 @@ mod tests {
         b[100] ^= 1;
         assert!(!verify_sealed(&b, 8192));
     }
+    #[test]
+    fn uberblock_slots_decode_at_their_own_size_only() {
+        let ub = Uberblock { txg: Txg(7), guid_sum: 1, timestamp_ns: 2, pool_guid: Guid(3), root: BlockPointer::hole(), heartbeat: None };
+        let b8 = ub.encode_slot(8192, 8192);
+        assert_eq!(Uberblock::decode(&b8, 8192), Some(ub.clone()));
+        assert_eq!(Uberblock::decode(&b8[..4096], 8192), None, "a 4K read of an 8K slot");
+        let b4 = ub.encode(8192);
+        let mut pair = b4.clone();
+        pair.extend_from_slice(&ub.encode(12288));
+        assert_eq!(Uberblock::decode(&pair, 8192), None, "two 4K slots are not one 8K slot");
+        let hb = Uberblock { heartbeat: Some(Heartbeat { seq: 9, hostid: 0xabcd, interval_ms: 1000 }), ..ub };
+        assert_eq!(Uberblock::decode(&hb.encode(0), 0), Some(hb));
+        assert_eq!(ub_ring_slots(12), 31);
+        assert_eq!(ub_ring_slots(13), 15);
+        assert_eq!(heartbeat_offset(1 << 30, 0, 13), CONFIG_REGION_SIZE as u64 + 15 * 8192);
+        assert_eq!(ub_offset_at(1 << 30, 0, Txg(16), 13), CONFIG_REGION_SIZE as u64 + 8192);
+    }
+
     #[test]
     fn config_roundtrip() {
         let b = encode_config(b"{\"a\":1}", Txg(9), 0).unwrap();

@@ -32,6 +32,7 @@
 pub mod abd;
 pub mod fault;
 pub mod file;
+pub mod inuse;
 pub mod label;
 pub mod mirror;
 pub mod queue;
@@ -69,13 +70,46 @@ pub trait Device: Send + Sync + 'static {
     fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
-    /// Short kind name shown in `pool status`: "file", "disk", "sim-hdd", "sim-ssd", ...
-    fn kind(&self) -> String;
+    /// What the device is, shown in `pool status` ("file", "disk", "sim-hdd", ...).
+    fn kind(&self) -> DeviceKind;
     /// The file descriptor and alignment rules under this device, when its reads, writes
     /// and flushes are exactly pread/pwrite/fdatasync on that descriptor (the io_uring
     /// engine then issues them itself). None for modelled and test devices.
     fn raw_target(&self) -> Option<RawTarget> {
         None
+    }
+    /// What this device *is*, independent of the path that named it (a symlink, a second
+    /// path to the same file): the engine compares leaves by this. None for test devices.
+    fn identity(&self) -> Option<DeviceIdentity> {
+        None
+    }
+    /// Give up this pool's claim on the device (flock / O_EXCL) at export, destroy,
+    /// detach or a simulated crash; I/O threads may still hold the device afterwards.
+    fn release(&self) {}
+}
+
+/// A device's identity: block devices by their device number (st_rdev), regular files
+/// by (st_dev, st_ino). Two leaves with equal identities are the same storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceIdentity {
+    Block { rdev: u64 },
+    File { dev: u64, ino: u64 },
+}
+
+impl DeviceIdentity {
+    /// From a stat result (the target's, symlinks followed).
+    pub fn from_metadata(md: &std::fs::Metadata) -> DeviceIdentity {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if md.file_type().is_block_device() {
+            DeviceIdentity::Block { rdev: md.rdev() }
+        } else {
+            DeviceIdentity::File { dev: md.dev(), ino: md.ino() }
+        }
+    }
+
+    /// The identity of what `path` names now (None when it cannot be stat'ed).
+    pub fn of_path(path: &std::path::Path) -> Option<DeviceIdentity> {
+        std::fs::metadata(path).ok().map(|md| DeviceIdentity::from_metadata(&md))
     }
 }
 
@@ -213,20 +247,84 @@ pub enum Role {
     Spare,
 }
 
+/// What a leaf device is (`Device::kind`), as `pool status` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A regular file.
+    File,
+    /// A block device.
+    Disk,
+    /// A file behind the latency model of a hard disk (`sim-hdd:`).
+    SimHdd,
+    /// A file behind the latency model of an SSD (`sim-ssd:`).
+    SimSsd,
+    /// In memory (tests).
+    Memory,
+    /// A leaf the config names that import could not open.
+    Missing,
+    /// A test or fault-injection device, by its own name.
+    Test(&'static str),
+}
+
+impl DeviceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::File => "file",
+            DeviceKind::Disk => "disk",
+            DeviceKind::SimHdd => "sim-hdd",
+            DeviceKind::SimSsd => "sim-ssd",
+            DeviceKind::Memory => "mem",
+            DeviceKind::Missing => "missing",
+            DeviceKind::Test(name) => name,
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for DeviceKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// The latency model a leaf spec asks for (`sim-hdd:PATH`, `sim-ssd:PATH`). Stored in
+/// the label config as "sim-hdd" / "sim-ssd".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum LeafModel {
+    #[serde(rename = "sim-hdd")]
+    SimHdd,
+    #[serde(rename = "sim-ssd")]
+    SimSsd,
+}
+
+impl LeafModel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeafModel::SimHdd => "sim-hdd",
+            LeafModel::SimSsd => "sim-ssd",
+        }
+    }
+}
+
 /// A parsed leaf spec: the backing path plus the optional latency model.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeafSpec {
     pub path: PathBuf,
-    /// None, "sim-hdd" or "sim-ssd".
-    pub model: Option<String>,
+    /// None for the device as it is.
+    pub model: Option<LeafModel>,
 }
 
 impl LeafSpec {
     pub fn parse(spec: &str) -> crate::Result<LeafSpec> {
         let (model, path) = if let Some(p) = spec.strip_prefix("sim-hdd:") {
-            (Some("sim-hdd".to_string()), p)
+            (Some(LeafModel::SimHdd), p)
         } else if let Some(p) = spec.strip_prefix("sim-ssd:") {
-            (Some("sim-ssd".to_string()), p)
+            (Some(LeafModel::SimSsd), p)
         } else {
             (None, spec)
         };
@@ -236,8 +334,8 @@ impl LeafSpec {
         Ok(LeafSpec { path: PathBuf::from(path), model })
     }
     pub fn display(&self) -> String {
-        match &self.model {
-            Some(m) => format!("{m}:{}", self.path.display()),
+        match self.model {
+            Some(m) => format!("{}:{}", m.as_str(), self.path.display()),
             None => self.path.display().to_string(),
         }
     }
@@ -247,13 +345,17 @@ impl LeafSpec {
 pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> {
     let base = file::FileDevice::open(&spec.path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => crate::Error::NotFound(format!("device {}", spec.path.display())),
+        io::ErrorKind::WouldBlock | io::ErrorKind::ResourceBusy => crate::Error::Busy(format!(
+            "{} is in use by another pool or process (it is locked: {e}); export the pool that holds it",
+            spec.path.display()
+        )),
         _ => crate::Error::Io(io::Error::new(e.kind(), format!("{}: {e}", spec.path.display()))),
     })?;
     let base: Arc<dyn Device> = Arc::new(base);
-    Ok(match spec.model.as_deref() {
+    Ok(match spec.model {
         None => base,
-        Some("sim-hdd") => Arc::new(sim::SimDevice::new(base, sim::SimProfile::hdd_from_tunables())),
-        Some("sim-ssd") => {
+        Some(LeafModel::SimHdd) => Arc::new(sim::SimDevice::new(base, sim::SimProfile::hdd_from_tunables())),
+        Some(LeafModel::SimSsd) => {
             let profile = if role == Role::Log {
                 sim::SimProfile::log_ssd_from_tunables()
             } else {
@@ -261,7 +363,6 @@ pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> 
             };
             Arc::new(sim::SimDevice::new(base, profile))
         }
-        Some(other) => return Err(crate::Error::invalid(format!("unknown device model '{other}'"))),
     })
 }
 

@@ -869,8 +869,8 @@ mod tests {
         fn rotational(&self) -> bool {
             false
         }
-        fn kind(&self) -> String {
-            "probe".into()
+        fn kind(&self) -> crate::vdev::DeviceKind {
+            crate::vdev::DeviceKind::Test("probe")
         }
     }
 

@@ -66,7 +66,7 @@ use parking_lot::{Condvar, Mutex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::Device;
+use super::{Device, DeviceKind};
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 
@@ -151,8 +151,8 @@ pub enum SimOp {
 #[derive(Debug, Clone)]
 pub struct SimProfile {
     pub model: SimModel,
-    /// `kind()` of the device: "sim-hdd" or "sim-ssd".
-    pub kind: &'static str,
+    /// `kind()` of the device.
+    pub kind: DeviceKind,
     /// I/Os served in parallel (HDD: 1).
     pub channels: u32,
     /// HDD: commands outstanding in the drive at once (NCQ depth; 1 = no reordering).
@@ -219,7 +219,7 @@ impl SimProfile {
         let rpm = SIM_HDD_RPM.get().max(1);
         SimProfile {
             model: SimModel::Hdd,
-            kind: "sim-hdd",
+            kind: DeviceKind::SimHdd,
             channels: 1,
             ncq_depth: SIM_HDD_NCQ_DEPTH.get().clamp(1, 32) as u32,
             rotation_ns: 60_000_000_000 / rpm,
@@ -242,7 +242,7 @@ impl SimProfile {
     fn ssd(t: &SsdTunables) -> SimProfile {
         SimProfile {
             model: SimModel::Ssd,
-            kind: "sim-ssd",
+            kind: DeviceKind::SimSsd,
             channels: t.channels.get().clamp(1, 1024) as u32,
             ncq_depth: 1,
             rotation_ns: 0,
@@ -713,8 +713,16 @@ impl Device for SimDevice {
         self.inner.discard(offset, len)
     }
 
-    fn kind(&self) -> String {
-        self.profile.kind.to_string()
+    fn kind(&self) -> DeviceKind {
+        self.profile.kind
+    }
+
+    fn identity(&self) -> Option<super::DeviceIdentity> {
+        self.inner.identity()
+    }
+
+    fn release(&self) {
+        self.inner.release()
     }
 }
 
@@ -1094,8 +1102,8 @@ mod tests {
         fn rotational(&self) -> bool {
             true
         }
-        fn kind(&self) -> String {
-            "slow-mem".into()
+        fn kind(&self) -> DeviceKind {
+            DeviceKind::Test("slow-mem")
         }
     }
 

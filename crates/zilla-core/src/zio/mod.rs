@@ -6,7 +6,7 @@
 //! A block travels down as logical bytes and is transformed on its way to the vdevs:
 //!
 //! ```text
-//!  write: logical (lsize) ─compress?→ physical (psize) ─pad to 4 KiB→ allocated (asize)
+//!  write: logical (lsize) ─compress?→ physical (psize) ─pad to 1<<ashift→ allocated (asize)
 //!         ─checksum over the asize bytes→ block pointer {dva, lsize, psize, birth, cksum}
 //!         ─allocate copies (metaslab)→ SyncWriter: sorted, merged runs → mirror writes
 //!  read:  ARC hit? ─else→ asize bytes from a child ─verify cksum (per child, in the
@@ -31,7 +31,9 @@ use crate::block::blkptr::BlockPointer;
 use crate::block::checksum::{self, ChecksumAlgo, Checksum};
 use crate::block::compress::{self, Compression};
 
-/// Physical allocation unit (ashift 12).
+/// The smallest allocation unit (ashift 12); a pool's unit is `1 << ashift` of its
+/// largest-ashift data vdev ([`crate::dmu::PoolIo::alloc_unit`]), so a block never
+/// shares a physical sector with another.
 pub const ALLOC_UNIT: u64 = 4096;
 
 pub fn round_up(n: u64, unit: u64) -> u64 {
@@ -55,14 +57,15 @@ impl PreparedBlock {
     }
 }
 
-/// Compress (if asked and worth it), pad to the allocation unit, checksum.
-pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression) -> PreparedBlock {
+/// Compress (if asked and worth it), pad to the allocation unit `unit` (a power of two,
+/// at least [`ALLOC_UNIT`]), checksum.
+pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
     let lsize = logical.len() as u32;
     let compressed = match comp {
         Compression::Off => None,
         c => compress::compress(c, logical).map(|z| (z, c)),
     };
-    if compressed.is_none() && logical.len() as u64 % ALLOC_UNIT == 0 {
+    if compressed.is_none() && logical.len() as u64 % unit == 0 {
         let checksum = checksum::compute(algo, logical);
         return PreparedBlock { data: logical.clone(), lsize, psize: lsize, compression: Compression::Off, algo, checksum };
     }
@@ -73,7 +76,7 @@ pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compres
         }
         None => (logical.to_vec(), lsize, Compression::Off),
     };
-    let asize = round_up(data.len() as u64, ALLOC_UNIT) as usize;
+    let asize = round_up(data.len() as u64, unit) as usize;
     data.resize(asize, 0);
     let checksum = checksum::compute(algo, &data);
     PreparedBlock { data: data.into(), lsize, psize, compression: used, algo, checksum }

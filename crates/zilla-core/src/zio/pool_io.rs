@@ -86,6 +86,14 @@ struct Run {
 }
 
 impl PoolIo {
+    /// The allocation unit: `1 << ashift` of the largest-ashift data or log vdev (at
+    /// least 4 KiB). Every block's asize is a multiple of it, so on every vdev a block
+    /// starts and ends on that vdev's sector boundaries.
+    pub fn alloc_unit(&self) -> u64 {
+        let ashift = self.vdevs.read().iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).map(|t| t.ashift).max().unwrap_or(12);
+        (1u64 << ashift).max(crate::zio::ALLOC_UNIT)
+    }
+
     pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs) -> PoolIo {
         PoolIo {
             vdevs: RwLock::new(vdevs),
@@ -204,7 +212,7 @@ impl PoolIo {
         copies: usize,
         batch: &mut Vec<PendingWrite>,
     ) -> Result<BlockPointer> {
-        let p = crate::zio::prepare(logical, algo, comp);
+        let p = crate::zio::prepare(logical, algo, comp, self.alloc_unit());
         self.alloc_prepared(p, txg, kind, level, fill, copies, batch)
     }
 
