@@ -351,3 +351,73 @@ fn a_replayed_chain_is_not_replayed_again() {
     m.check(&*p3.open_volume("v").unwrap(), "second chain replayed, first not");
     p3.export().unwrap();
 }
+
+/// The log device starts failing every write: commits fall back (a txg sync, then log
+/// blocks in the normal class), every flush still returns only when its writes are
+/// durable, and `pool status` counts the log device's write errors.
+#[test]
+fn a_failing_log_device_falls_back_and_loses_nothing() {
+    use zilla_core::vdev::fault::DeviceFault;
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    workload(&mut m, &*v, 21);
+    let st = &v.zil().stats;
+    assert_eq!(st.zil_itx_metaslab_normal_count.load(Ordering::Relaxed), 0);
+    rig.devs[2].1.arm(DeviceFault::WriteEio { nth: 0, count: u64::MAX });
+    for k in 0..4u64 {
+        workload(&mut m, &*v, 30 + k);
+    }
+    assert!(st.zil_itx_metaslab_normal_count.load(Ordering::Relaxed) > 0, "the log never moved to the normal class");
+    let log_errors: u64 = pool
+        .status()
+        .config
+        .iter()
+        .filter(|t| t.role == Role::Log)
+        .map(|t| t.write_errors + t.children.iter().map(|c| c.write_errors).sum::<u64>())
+        .sum();
+    assert!(log_errors > 0, "pool status shows no write errors on the log device");
+    let after = rig.power_cut(CrashMode::DropAll, 8);
+    pool.abandon();
+    let p2 = after.import();
+    m.check(&*p2.open_volume("v").unwrap(), "after the log device failed");
+    p2.export().unwrap();
+}
+
+/// A pool whose log device is missing imports only with `-m` (ImportOptions::
+/// missing_log), and the refusal says what may be lost. With -m the log records on it
+/// are gone; the pool works on, its log in the normal class.
+#[test]
+fn a_missing_log_device_needs_import_m() {
+    use zilla_core::spa::ImportOptions;
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    pool.sync().unwrap();
+    let synced = m.bytes.clone();
+    workload(&mut m, &*v, 40);
+    let after = rig.power_cut(CrashMode::DropAll, 4);
+    pool.abandon();
+    let set = DevSet::default();
+    for (n, d) in after.devs.iter().filter(|(n, _)| n != "la") {
+        set.insert(n, d.clone());
+    }
+    let e = match Pool::import_with(&set.specs(), set.opener()) {
+        Ok(_) => panic!("imported without its log device and without -m"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("-m") && e.contains("may be lost") && e.contains("la"), "refusal: {e}");
+    let opts = ImportOptions { missing_log: true, ..Default::default() };
+    let env = zilla_core::env::real();
+    let p2 = Pool::import_with_options(&set.specs(), set.opener(), env.clone(), &opts).expect("import -m");
+    let v2 = p2.open_zvol("v").unwrap();
+    let mut m2 = Model { bytes: synced };
+    m2.check(&*v2, "import -m: the synced state");
+    m2.write(&*v2, 4096 * 7, &pattern(77, 4096), false);
+    v2.flush().unwrap();
+    let r3 = Rig { set: set.clone(), devs: after.devs.iter().filter(|(n, _)| n != "la").cloned().collect() }.power_cut(CrashMode::DropAll, 5);
+    p2.abandon();
+    let p3 = Pool::import_with_options(&r3.set.specs(), r3.set.opener(), env, &opts).expect("import -m again");
+    m2.check(&*p3.open_volume("v").unwrap(), "a flush after import -m");
+    p3.export().unwrap();
+}
