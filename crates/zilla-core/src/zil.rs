@@ -585,6 +585,14 @@ impl Zilog {
         out
     }
 
+    /// The volume is destroyed: forget the chain and return every block it held, for
+    /// the caller to free with the sync that removes the volume.
+    pub fn take_all_blocks(&self) -> Vec<Dva> {
+        let blocks = self.held_blocks();
+        *self.chain.lock() = Chain::default();
+        blocks
+    }
+
     /// Import: replay of the chain `hdr` (with its claim txg set) begins; syncs keep
     /// writing `hdr` until [`Zilog::end_replay`].
     pub fn begin_replay(&self, hdr: ZilHeader) {

@@ -952,7 +952,7 @@ impl Harness {
         }
         match r {
             0..=39 => (self.write(pool, dom, false), false),
-            40..=46 => (self.zero(pool), false),
+            40..=46 => (self.zero(pool, dom), false),
             47..=54 => (self.read_back(pool), false),
             55..=69 => (self.sync(pool, dom), true),
             70..=74 => (self.create_or_destroy(pool, dom), true),
@@ -1008,13 +1008,28 @@ impl Harness {
         }
     }
 
-    fn zero(&mut self, pool: &Arc<Pool>) -> Step {
+    fn zero(&mut self, pool: &Arc<Pool>, dom: &Arc<Domain>) -> Step {
         let names = self.volume_names();
         let name = names[self.rng.gen_range(0..names.len())].clone();
         let Ok(v) = pool.open_volume(&name) else { self.fail(&format!("volume {name} missing")) };
         let (off, len) = self.pick_range(v.size() as usize, 256 << 10, false);
-        let r = if self.rng.gen() { v.unmap(off as u64, len as u64) } else { v.write_zeroes(off as u64, len as u64) };
-        let op = Op::Write { vol: name, off, len, data: None };
+        let unmap: bool = self.rng.gen();
+        let op = Op::Write { vol: name.clone(), off, len, data: None };
+        if self.sync_always.contains(&name) {
+            // sync=always: it commits the volume's log before it returns
+            self.ledger.record(op);
+            self.ledger.record(Op::SyncPoint);
+            self.ledger.record(Op::CommitPoint { vol: name.clone() });
+            let r = acked_call(dom, move || if unmap { v.unmap(off as u64, len as u64) } else { v.write_zeroes(off as u64, len as u64) });
+            return match r {
+                Some(Ok(())) => {
+                    self.ack_volume(&name);
+                    Step::Go
+                }
+                _ => Step::Stop,
+            };
+        }
+        let r = if unmap { v.unmap(off as u64, len as u64) } else { v.write_zeroes(off as u64, len as u64) };
         match r {
             Ok(()) => {
                 self.ledger.record(op);
