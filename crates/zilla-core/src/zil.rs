@@ -148,7 +148,7 @@ pub struct ZilHeader {
     pub claim_txg: Txg,
 }
 
-pub const ZIL_HEADER_SIZE: usize = 48;
+pub const ZIL_HEADER_SIZE: usize = 40;
 
 impl ZilHeader {
     pub fn is_empty(&self) -> bool {
@@ -287,6 +287,8 @@ pub struct ZilStats {
     pub zil_itx_metaslab_slog_bytes: AtomicU64,
     pub zil_itx_metaslab_slog_write: AtomicU64,
     pub zil_lwb_write_count: AtomicU64,
+    /// Records replayed from this volume's log at import.
+    pub replayed_records: AtomicU64,
 }
 
 impl ZilStats {
@@ -742,6 +744,24 @@ impl Zilog {
         Ok(true)
     }
 
+    /// Every log block this volume's log holds allocated (the chain, its allocated
+    /// successor, blocks waiting to be freed): the space check counts them as used.
+    pub fn held_blocks(&self) -> Vec<Dva> {
+        let c = self.chain.lock();
+        let mut out: Vec<Dva> = c.blocks.iter().map(|b| b.ptr.dva).collect();
+        out.extend(c.next.map(|(p, _)| p.dva));
+        out.extend(c.to_free.iter().map(|p| p.dva));
+        out
+    }
+
+    /// The volume is destroyed: forget the chain and return every block it held, for
+    /// the caller to free with the sync that removes the volume.
+    pub fn take_all_blocks(&self) -> Vec<Dva> {
+        let blocks = self.held_blocks();
+        *self.chain.lock() = Chain::default();
+        blocks
+    }
+
     /// Import: replay of the chain `hdr` (with its claim txg set) begins; syncs keep
     /// writing `hdr` until [`Zilog::end_replay`].
     pub fn begin_replay(&self, hdr: ZilHeader) {
@@ -761,13 +781,26 @@ impl Zilog {
 /// Allocate a log block: log class first, then normal. Unreferenced until its
 /// referrer is durable.
 fn alloc_log_block(io: &PoolIo, len: usize) -> Result<LogPtr> {
-    let len = len.next_multiple_of(LWB_MIN_SIZE) as u64;
-    if io.ms.vdev_count(Role::Log) > 0 {
+    // the pool's allocation unit (a power of two, 4 KiB up to the largest ashift), so a
+    // log block starts and ends on its vdev's sectors
+    let unit = io.alloc_unit().max(LWB_MIN_SIZE as u64);
+    let len = (len as u64).next_multiple_of(unit);
+    if log_class_usable(io) {
         if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
             return Ok(LogPtr { dva: d });
         }
     }
     Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, len)? })
+}
+
+/// The pool has log vdevs and each can take a log block: some online child has not
+/// failed a write since the last `pool clear`. A log vdev without one is left alone
+/// (the normal class takes the log blocks) until `zilla pool clear` resets the error
+/// counts.
+fn log_class_usable(io: &PoolIo) -> bool {
+    let tops: Vec<_> = io.vdevs.read().iter().filter(|t| t.role == Role::Log).cloned().collect();
+    !tops.is_empty()
+        && tops.iter().all(|t| t.children().iter().any(|c| c.readable() && c.write_errors.load(Ordering::Relaxed) == 0))
 }
 
 /// A record longer than fits an lwb of the largest size is split.
@@ -898,19 +931,29 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
 
 /// Read the lwb at `ptr` from the first child of its vdev that holds a valid one.
 /// Directly from the devices: the block after the last one never verifies, and that is
-/// the end of the chain, not a checksum error to count or repair.
+/// the end of the chain, not a checksum error to count or repair. A block no child
+/// could read (every read failed) is an error: the chain may go on past it, and
+/// ending it there would drop acknowledged writes. A vdev with no readable child at
+/// all (its devices missing: `import -m`) ends the chain.
 fn read_lwb(io: &PoolIo, ptr: &LogPtr, guid: u64, volume_id: u64, seq: u64) -> Result<Option<ParsedLwb>> {
     let Some(top) = io.top(ptr.dva.vdev) else { return Ok(None) };
     let mut buf = AlignedBuf::zeroed(ptr.dva.asize as usize);
+    let mut last_err = None;
+    let mut read_any = false;
     for c in top.children().iter().filter(|c| c.readable()) {
-        if c.device().read_at(buf.as_mut_slice(), crate::vdev::label::DATA_START + ptr.dva.offset).is_err() {
+        if let Err(e) = c.device().read_at(buf.as_mut_slice(), crate::vdev::label::DATA_START + ptr.dva.offset) {
+            last_err = Some(e);
             continue;
         }
+        read_any = true;
         if let Some(p) = decode_lwb(buf.as_slice(), guid, volume_id, seq)? {
             return Ok(Some(p));
         }
     }
-    Ok(None)
+    match last_err {
+        Some(e) if !read_any => Err(Error::Io(std::io::Error::new(e.kind(), format!("reading intent log block {}:{:#x}: {e}", ptr.dva.vdev, ptr.dva.offset)))),
+        _ => Ok(None),
+    }
 }
 
 /// A chain read at import: its verified blocks in order (with their records) and the

@@ -622,7 +622,7 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     }
     let search = search_paths(&req.dirs);
     let name = req.name.clone();
-    let opts = zilla_core::spa::ImportOptions { force: req.force, rewind: req.rewind, dry_run: false };
+    let opts = zilla_core::spa::ImportOptions { force: req.force, rewind: req.rewind, dry_run: false, missing_log: req.missing_log };
     let pool = blocking(move || Ok(Pool::import_found(&search, name.as_deref(), &opts)?)).await?;
     let name = pool.name();
     if d.pools.get(&name).is_some() {

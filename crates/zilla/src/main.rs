@@ -122,6 +122,10 @@ struct ServeArgs {
     /// http_body_max_bytes, fd_reserve (see docs/cli.md)
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Set a tunable before any pool is imported (repeatable), e.g.
+    /// `--tunable zil_replay_disable=1`: for those read at import
+    #[arg(long = "tunable", value_name = "NAME=VALUE")]
+    tunables: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -202,6 +206,10 @@ enum PoolCmd {
         /// import nothing
         #[arg(short = 'n', requires = "rewind")]
         dry_run: bool,
+        /// Import even though a log device is missing, discarding the synchronous
+        /// writes its intent log held (zpool import -m)
+        #[arg(short = 'm')]
+        missing_log: bool,
         /// Pool name or numeric id
         pool: Option<String>,
     },
@@ -434,6 +442,15 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
             }
         }
     }
+    for a in &args.tunables {
+        let set = parse_assignment(a).and_then(|(name, v)| {
+            let value = units::parse_size(&v).map_err(|_| format!("bad value '{v}': expected a number"))?;
+            zilla_core::tunables().set(&name, value).map_err(|e| format!("cannot set tunable '{name}': {e}"))
+        });
+        if let Err(e) = set {
+            die(format!("--tunable {a}: {e}"));
+        }
+    }
     let l = listen_opts(&listen);
     let lock = daemon::lock_state_dir(&state_dir, &settings).unwrap_or_else(|e| die(format!("{e:#}")));
     let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http, settings };
@@ -601,7 +618,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 .await
                 .map_err(ctx(format!("cannot scrub '{pool}'")))?;
         }
-        PoolCmd::Import { dirs, force, rewind, dry_run, pool } => import_cmd(c, dirs, force, rewind, dry_run, pool).await?,
+        PoolCmd::Import { dirs, force, rewind, dry_run, missing_log, pool } => import_cmd(c, dirs, ImportFlags { force, rewind, dry_run, missing_log }, pool).await?,
         PoolCmd::Export { pool } => {
             let _: Empty = c
                 .post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {})
@@ -648,20 +665,29 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
     Ok(())
 }
 
+/// `zilla pool import` flags: -f, -F, -n, -m.
+struct ImportFlags {
+    force: bool,
+    rewind: bool,
+    dry_run: bool,
+    missing_log: bool,
+}
+
 /// `zilla pool import`: list the importable pools, import one, or plan a rewind (-F -n).
-async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, force: bool, rewind: bool, dry_run: bool, pool: Option<String>) -> Result<(), String> {
+async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, flags: ImportFlags, pool: Option<String>) -> Result<(), String> {
+    let ImportFlags { force, rewind, dry_run, missing_log } = flags;
     let dirs: Vec<String> = dirs.iter().map(|d| absolutize(d).display().to_string()).collect();
     match pool {
         Some(name) if dry_run => {
             let plan: zilla_core::spa::RewindPlan = c
-                .post("/v1/import/rewind-plan", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
+                .post("/v1/import/rewind-plan", &ImportReq { dirs, name: Some(name.clone()), force, rewind, missing_log })
                 .await
                 .map_err(ctx(format!("cannot plan a rewind of '{name}'")))?;
             println!("{}", format_rewind_plan(&plan));
         }
         Some(name) => {
             let _: Empty = c
-                .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
+                .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force, rewind, missing_log })
                 .await
                 .map_err(ctx(format!("cannot import '{name}'")))?;
         }

@@ -466,6 +466,12 @@ impl Pool {
         let _g = inner.sync_lock.lock();
         let v = inner.volumes.write().remove(name).ok_or_else(|| Error::NotFound(format!("volume '{}/{name}'", inner.name)))?;
         v.destroyed.store(true, Ordering::Release);
+        // its intent log's blocks go with it, in the txg that drops it from the MOS
+        let free_txg = inner.txg.open_txg();
+        for d in v.zil.take_all_blocks() {
+            inner.io.ms.log_referenced(&d);
+            inner.io.ms.free_deferred(free_txg, d);
+        }
         let root = *v.committed.read();
         let mut m = inner.meta.lock();
         if !root.bp.is_hole() {

@@ -164,20 +164,24 @@ impl PoolInner {
 
     /// Flush every data-holding top-level vdev, all at once (one flush request per
     /// child). Fails if some top-level vdev has no child that holds everything written
-    /// to it since its last flush (see `TopVdev::flush_async`).
+    /// to it since its last flush (see `TopVdev::flush_async`). Log vdevs are flushed
+    /// but cannot fail the sync: no txg's blocks are on them (the intent log flushes
+    /// its own blocks before a commit returns), and a pool imported with its log
+    /// devices missing (`import -m`) must still sync.
     fn flush_all(&self) -> Result<()> {
         let tops: Vec<_> = self.tops().into_iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).collect();
         let (tx, rx) = crossbeam_channel::unbounded();
         for t in &tops {
             let tx = tx.clone();
+            let log = t.role == Role::Log;
             t.flush_async(Box::new(move |o| {
-                let _ = tx.send(o);
+                let _ = tx.send((log, o));
             }));
         }
         drop(tx);
         let mut err = None;
-        for o in rx.iter() {
-            if o.written == 0 {
+        for (log, o) in rx.iter() {
+            if o.written == 0 && !log {
                 let e = o.failed.into_iter().next().map(|(_, e)| e.to_io()).unwrap_or_else(|| std::io::Error::other("no writable device"));
                 err = Some(e);
             }
