@@ -423,6 +423,14 @@ impl Volume {
         let txgs = self.pool.txg();
         let seq = self.vol.zil.last_seq();
         let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
+        if txgs.sync_error().is_some() {
+            // a suspended pool acknowledges nothing through the log: the commit waits
+            // for its txg like a pool without one (an error once the sync thread is
+            // gone, a wait while it retries)
+            txgs.wait_synced(open)?;
+            self.vol.zil.note_synced_through(seq);
+            return Ok(());
+        }
         let pool = &self.pool;
         match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64())? {
             crate::zil::CommitOutcome::Durable => Ok(()),
