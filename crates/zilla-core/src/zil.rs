@@ -600,22 +600,6 @@ impl Zilog {
                 tops.push(top);
             }
         }
-        if ZIL_NOCACHEFLUSH.get() == 0 {
-            // a leaf's queue runs a flush only after every write submitted before it:
-            // the flushes go in now, with no round trip through this thread between
-            for t in &tops {
-                let tx = tx.clone();
-                t.flush_async(Box::new(move |o| {
-                    let r = if o.written > 0 {
-                        Ok(())
-                    } else {
-                        let e = o.failed.into_iter().next().map(|(_, e)| e.to_io());
-                        Err(Error::Io(e.unwrap_or_else(|| std::io::Error::other("no device of the log vdev holds the writes"))))
-                    };
-                    let _ = tx.send(r);
-                }));
-            }
-        }
         drop(tx);
         let mut first_err = None;
         for r in rx.iter() {
@@ -625,6 +609,15 @@ impl Zilog {
         }
         if let Some(e) = first_err {
             return Err(e);
+        }
+        // The flushes go in only after the writes completed: a child whose write failed
+        // is then known not to hold the block, and its flush does not count (issuing
+        // them together, a flush on a child whose write was still failing counted as
+        // holding it: device_faults row 1)
+        if ZIL_NOCACHEFLUSH.get() == 0 {
+            for t in &tops {
+                t.flush().map_err(Error::Io)?;
+            }
         }
         self.last_lwb_latency_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
