@@ -304,6 +304,11 @@ impl PoolInner {
             *v.committed.write() = *r;
             v.dirty.retire(txg);
         }
+        // the allocator's space first, then the estimates it replaces: space admission
+        // sees this txg's allocations in one of the two at every moment (else it would
+        // admit into them)
+        self.io.refresh_space();
+        self.dirty.doomed_freed(doomed.iter().map(|r| r.free_cost_bytes()).sum());
         {
             let mut m = self.meta.lock();
             m.mos_root = mos_root;
