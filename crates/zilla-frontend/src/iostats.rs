@@ -87,7 +87,7 @@ impl VolumeIoStats {
 }
 
 /// Plain copy of [`VolumeIoStats`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VolumeIoSnapshot {
     pub read_ops: u64,
     pub read_bytes: u64,
@@ -145,8 +145,9 @@ pub struct ClientIoStats {
     pub last_seen_s: AtomicU64,
 }
 
-/// One row of [`ClientStatsTable::snapshot`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One row of [`ClientStatsTable::snapshot`], and of the admin API's GET /v1/clients
+/// (the I/O counters flattened into the row).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientIoSnapshot {
     pub protocol: String,
     pub address: String,
@@ -154,6 +155,7 @@ pub struct ClientIoSnapshot {
     pub connections_total: u64,
     pub first_seen_s: u64,
     pub last_seen_s: u64,
+    #[serde(flatten)]
     pub io: VolumeIoSnapshot,
 }
 

@@ -317,44 +317,6 @@ mod tests {
 }
 
 /// One row of GET /v1/clients: a front-end client (protocol + peer host) and its
-/// counters since it entered the bounded table.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ClientRow {
-    pub protocol: String,
-    pub address: String,
-    pub connections_open: u64,
-    pub connections_total: u64,
-    pub first_seen_s: u64,
-    pub last_seen_s: u64,
-    pub read_ops: u64,
-    pub read_bytes: u64,
-    pub write_ops: u64,
-    pub write_bytes: u64,
-    pub flush_ops: u64,
-    pub trim_ops: u64,
-    pub trim_bytes: u64,
-    pub error_ops: u64,
-    pub busy_ns: u64,
-}
-
-impl From<&zilla_frontend::ClientIoSnapshot> for ClientRow {
-    fn from(c: &zilla_frontend::ClientIoSnapshot) -> ClientRow {
-        ClientRow {
-            protocol: c.protocol.clone(),
-            address: c.address.clone(),
-            connections_open: c.connections_open,
-            connections_total: c.connections_total,
-            first_seen_s: c.first_seen_s,
-            last_seen_s: c.last_seen_s,
-            read_ops: c.io.read_ops,
-            read_bytes: c.io.read_bytes,
-            write_ops: c.io.write_ops,
-            write_bytes: c.io.write_bytes,
-            flush_ops: c.io.flush_ops,
-            trim_ops: c.io.trim_ops,
-            trim_bytes: c.io.trim_bytes,
-            error_ops: c.io.error_ops,
-            busy_ns: c.io.busy_ns,
-        }
-    }
-}
+/// counters since it entered the bounded table. The front ends' own snapshot type, so
+/// the row and the counters cannot drift apart.
+pub use zilla_frontend::ClientIoSnapshot as ClientRow;

@@ -816,7 +816,7 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
 
 /// Per-client front-end counters (bounded table; see zilla-frontend iostats).
 async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
-    Json(d.nbd.frontend().clients.snapshot().iter().map(ClientRow::from).collect())
+    Json(d.nbd.frontend().clients.snapshot())
 }
 
 /// arcstats kstat names -> values, summed over the imported pools (each pool has its
