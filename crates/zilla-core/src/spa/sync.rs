@@ -304,9 +304,16 @@ impl PoolInner {
             *v.committed.write() = *r;
             v.dirty.retire(txg);
         }
-        // the allocator's space first, then the estimates it replaces: space admission
-        // sees this txg's allocations in one of the two at every moment (else it would
-        // admit into them)
+        self.publish_metadata(txg, mos_root, health, &doomed);
+        Ok(())
+    }
+
+    /// Step 7's pool-wide half: the new MOS root and leaf health, the destroyed trees
+    /// that are freed now, and the txg's space estimates retired. The allocator's space
+    /// is refreshed before the estimates it replaces are retired: space admission sees
+    /// this txg's allocations in one of the two at every moment (else it would admit
+    /// into them).
+    fn publish_metadata(&self, txg: Txg, mos_root: BlockPointer, health: Vec<dmu::LeafHealth>, doomed: &[TreeRoot]) {
         self.io.refresh_space();
         self.dirty.doomed_freed(doomed.iter().map(|r| r.free_cost_bytes()).sum());
         {
@@ -320,7 +327,6 @@ impl PoolInner {
             m.changed = false;
         }
         self.dirty.retire(txg);
-        Ok(())
     }
 
     /// Step 4-5: encode the MOS with the leaves' health as it is now (the txg's data
