@@ -53,6 +53,8 @@ pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
 pub const DEFAULT_ISCSI: &str = "127.0.0.1:3260";
 /// How long in-flight NBD requests get to finish at shutdown.
 const NBD_DRAIN: Duration = Duration::from_secs(10);
+/// How long shutdown waits on a suspended pool's final sync (see `export_all`).
+const EXPORT_SUSPENDED_GRACE: Duration = Duration::from_secs(5);
 /// How long running admin requests get to finish at shutdown.
 const ADMIN_DRAIN: Duration = Duration::from_secs(5);
 /// How long running page and /metrics requests get to finish at shutdown.
@@ -307,6 +309,12 @@ impl Daemon {
     }
 
     /// Sync and export every pool (keeping the cache file as it is).
+    /// Export every pool at shutdown. A pool whose syncs keep failing (suspended: a dead
+    /// device, a host file system that is full) can never finish its final sync; after
+    /// [`EXPORT_SUSPENDED_GRACE`] of suspension the daemon leaves it as a power cut would,
+    /// so SIGTERM still stops the daemon. Nothing acknowledged is lost by that: a write a
+    /// flush acknowledged is already on stable storage, and the next import loads the
+    /// last synced txg; writes never flushed are dropped, as in a power cut.
     async fn export_all(self: &Arc<Self>) {
         let _g = self.admin.lock().await;
         if let Err(ApiError(_, e)) = self.save_cache().await {
@@ -314,15 +322,34 @@ impl Daemon {
         }
         for (name, pool) in self.pools.all() {
             let n = name.clone();
-            let r = blocking(move || {
-                pool.sync()?;
-                pool.export()?;
+            let p = pool.clone();
+            let job = blocking(move || {
+                p.sync()?;
+                p.export()?;
                 Ok(())
-            })
-            .await;
+            });
+            tokio::pin!(job);
+            let mut suspended_s = 0;
+            let r = loop {
+                match tokio::time::timeout(Duration::from_secs(1), &mut job).await {
+                    Ok(r) => break Some(r),
+                    Err(_) if pool.is_suspended() => {
+                        suspended_s += 1;
+                        if suspended_s >= EXPORT_SUSPENDED_GRACE.as_secs() {
+                            break None;
+                        }
+                    }
+                    Err(_) => suspended_s = 0,
+                }
+            };
             match r {
-                Ok(()) => tracing::info!("exported pool '{n}'"),
-                Err(ApiError(_, e)) => tracing::error!("cannot export pool '{n}': {e}"),
+                Some(Ok(())) => tracing::info!("exported pool '{n}'"),
+                Some(Err(ApiError(_, e))) => tracing::error!("cannot export pool '{n}': {e}"),
+                None => tracing::error!(
+                    "pool '{n}' is suspended (its txg syncs fail) and cannot finish its final sync: \
+                     leaving it unexported, as a power cut would; the next import loads its last \
+                     synced txg, and writes no flush acknowledged since then are lost"
+                ),
             }
             self.pools.remove(&name);
         }

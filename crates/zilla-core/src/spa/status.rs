@@ -127,6 +127,11 @@ pub struct VolumeInfo {
 }
 
 impl Pool {
+    /// True while the pool's txg syncs fail (it retries with backoff; writes are held).
+    pub fn is_suspended(&self) -> bool {
+        self.inner.suspended.load(Ordering::Relaxed)
+    }
+
     fn health(&self) -> PoolHealth {
         if self.inner.suspended.load(Ordering::Relaxed) {
             return PoolHealth::Suspended;
