@@ -86,6 +86,20 @@ pub struct TreeRoot {
     pub nlevels: u8,
 }
 
+impl TreeRoot {
+    /// What freeing this whole tree in one txg adds to the object directory (a defer
+    /// entry per block): `fill` data blocks and at most one indirect per EPB of them
+    /// per level.
+    pub fn free_cost_bytes(&self) -> u64 {
+        if self.bp.is_hole() {
+            return 0;
+        }
+        let data = self.bp.fill;
+        let indirects = data.div_ceil(EPB) * 2 + self.nlevels as u64;
+        crate::dsl_pool::tree_free_cost_bytes(data, indirects)
+    }
+}
+
 /// Find the L0 block pointer of `blkid` (hole if unwritten).
 pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: u64, class: IoClass) -> Result<BlockPointer> {
     let mut bp = root.bp;

@@ -23,6 +23,13 @@
 //!
 //! When the open txg alone passes `zfs_dirty_data_sync_percent` of max, the sync thread
 //! is kicked.
+//!
+//! Space. Besides dirty bytes, every dirty change also counts the space its txg will
+//! allocate when it syncs (`add_space`: data, the indirect blocks it dirties, its growth
+//! of the object directory), and an admission in progress holds a reservation
+//! (`reserve`) from its check until its change is counted, so concurrent writers can
+//! not all pass the same check. zvol's admission compares allocated + `space_pending`
+//! with the pool size minus the slop.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -46,6 +53,17 @@ pub static ZFS_DELAY_SCALE: Tunable =
 pub static ZFS_DELAY_MAX_NS: Tunable =
     Tunable::new("zfs_delay_max_ns", 100_000_000, 0, 10_000_000_000, Applies::Live, "longest single write delay (dmu_tx.c MSEC2NSEC(100))");
 
+/// Growth of the object directory per block a txg writes or frees: the replaced block's
+/// defer-list entry and the split of an allocated extent (16 bytes each), in the two
+/// copies of the MOS.
+pub const MOS_COST_PER_BLOCK_BYTES: u64 = 64;
+
+/// The object-directory growth of freeing a whole tree of `data_blocks` data blocks and
+/// `indirect_blocks` indirect blocks (two copies each) in one txg, as a volume destroy
+/// does.
+pub fn tree_free_cost_bytes(data_blocks: u64, indirect_blocks: u64) -> u64 {
+    (data_blocks + 2 * indirect_blocks) * MOS_COST_PER_BLOCK_BYTES
+}
 
 pub fn dirty_data_max() -> u64 {
     match ZFS_DIRTY_DATA_MAX.get() {
@@ -95,6 +113,24 @@ pub struct DirtyAccounting {
     space_per_txg: [AtomicU64; TXG_SIZE],
     /// Size of the last object directory written (its next version needs as much).
     mos_bytes: AtomicU64,
+    /// Admissions between their check and their `add_space` (see [`SpaceReservation`]).
+    reserved: AtomicU64,
+    /// Object-directory growth of destroyed volumes' trees not yet freed by a sync
+    /// (every freed block becomes a defer-list entry).
+    doomed_bytes: AtomicU64,
+}
+
+/// Space an admitted change holds until its cost is counted by `add_space`; released
+/// on drop.
+pub struct SpaceReservation<'a> {
+    acct: &'a DirtyAccounting,
+    bytes: u64,
+}
+
+impl Drop for SpaceReservation<'_> {
+    fn drop(&mut self) {
+        self.acct.reserved.fetch_sub(self.bytes, Relaxed);
+    }
 }
 
 impl DirtyAccounting {
@@ -111,6 +147,8 @@ impl DirtyAccounting {
             space_total: AtomicU64::new(0),
             space_per_txg: std::array::from_fn(|_| AtomicU64::new(0)),
             mos_bytes: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
+            doomed_bytes: AtomicU64::new(0),
         }
     }
 
@@ -150,9 +188,31 @@ impl DirtyAccounting {
     }
 
     /// Bytes the unsynced txgs will allocate, plus what their object directories need
-    /// (two copies of the last one's size, for each of the open and syncing txgs).
+    /// (two copies of the last one's size, for each of the open and syncing txgs), plus
+    /// admissions in progress and the defer entries of destroyed volumes.
     pub fn space_pending(&self) -> u64 {
-        self.space_total.load(Relaxed) + 2 * (2 * self.mos_bytes.load(Relaxed) + (64 << 10))
+        self.space_total.load(Relaxed)
+            + 2 * (2 * self.mos_bytes.load(Relaxed) + (64 << 10))
+            + self.reserved.load(Relaxed)
+            + self.doomed_bytes.load(Relaxed)
+    }
+
+    /// Hold `bytes` of pending space for an admission; the caller checks
+    /// `space_pending` (which includes it) after taking it, so two admissions never
+    /// both fit into the same free bytes.
+    pub fn reserve(&self, bytes: u64) -> SpaceReservation<'_> {
+        self.reserved.fetch_add(bytes, Relaxed);
+        SpaceReservation { acct: self, bytes }
+    }
+
+    /// A destroyed volume's tree waits to be freed; its defer entries need `bytes`.
+    pub fn add_doomed(&self, bytes: u64) {
+        self.doomed_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// A sync freed destroyed trees that were counted with `bytes` by `add_doomed`.
+    pub fn doomed_freed(&self, bytes: u64) {
+        let _ = self.doomed_bytes.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes)));
     }
 
     /// The sync wrote an object directory of `bytes`.

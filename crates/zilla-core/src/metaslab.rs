@@ -96,6 +96,12 @@ impl RangeAllocator {
         self.free_bytes -= len;
     }
 
+    /// Free bytes that blocks of `unit` bytes can use: every free extent counts only
+    /// the whole units it holds (the rest is too fragmented for such a block).
+    pub fn free_in_units(&self, unit: u64) -> u64 {
+        self.free.values().map(|&l| l / unit * unit).sum()
+    }
+
     pub fn is_free(&self, at: u64, len: u64) -> bool {
         if at.checked_add(len).is_none() {
             return false;
@@ -592,6 +598,14 @@ impl Metaslabs {
         let Some(ci) = class_index(role) else { return (0, 0) };
         let c = self.classes[ci].lock();
         c.vdevs.iter().fold((0, 0), |(s, a), (_, r)| (s + r.size, a + r.allocated_bytes()))
+    }
+
+    /// Free bytes of class `role` that blocks of `unit` bytes can use (see
+    /// [`RangeAllocator::free_in_units`]).
+    pub fn free_in_units(&self, role: Role, unit: u64) -> u64 {
+        let Some(ci) = class_index(role) else { return 0 };
+        let c = self.classes[ci].lock();
+        c.vdevs.iter().map(|(_, r)| r.free_in_units(unit)).sum()
     }
 
     /// (size, allocated) bytes of top-level vdev `id`.

@@ -162,13 +162,36 @@ pub fn block_chunks(offset: u64, len: u64, block_size: u64) -> impl Iterator<Ite
     })
 }
 
-/// Bytes kept free for metadata (spa_slop_shift = 5: 1/32 of the pool), at least 4 MiB.
 /// Space a dirtied indirect block takes when its txg syncs: a new copy of it, written
 /// twice (indirect blocks carry two copies), uncompressed at worst.
 const INDIRECT_COST_BYTES: u64 = 2 * crate::dmu::INDIRECT_SIZE as u64;
 
-fn slop_bytes(size: u64) -> u64 {
+use crate::dsl_pool::MOS_COST_PER_BLOCK_BYTES;
+
+/// Syncs an admission waits for before it answers ENOSPC: a write waits this many in
+/// all, a free this many in a row that did not bring it closer to fitting.
+const ADMISSION_STALLS_MAX: usize = crate::metaslab::TXG_DEFER_SIZE as usize + 2;
+
+/// Bytes kept free for the sync (spa_slop_shift = 5: 1/32 of the pool), at least 4 MiB
+/// and at most half the pool. Writes must leave all of it free; frees may use half of
+/// it (OpenZFS lets frees into the reserved slop the same way), so a full pool can
+/// always be emptied.
+pub fn slop_bytes(size: u64) -> u64 {
     (size / 32).max(4 << 20).min(size / 2)
+}
+
+/// What a change admitted to the pool costs: data at its logical size, a full path of
+/// new indirect blocks, and the object directory's growth for each of them.
+pub fn admission_cost_bytes(data_bytes: u64, nlevels: u8) -> u64 {
+    let indirects = (nlevels as u64).saturating_sub(1);
+    data_bytes + indirects * INDIRECT_COST_BYTES + (1 + indirects) * MOS_COST_PER_BLOCK_BYTES
+}
+
+/// Is the change a free (admitted into half the slop) or a write (leaves all of it)?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admit {
+    Write,
+    Free,
 }
 
 impl Volume {
@@ -211,42 +234,55 @@ impl Volume {
 
     /// Like `check_space`, but when the estimate fails while dirty data or deferred
     /// frees are pending, wait for txgs to sync (which turns dirty bytes into exact
-    /// allocations and returns frees older than three txgs) and try again; ENOSPC only
-    /// when the write does not fit even then (OpenZFS: ERESTART from
-    /// dsl_dir_tempreserve_space, then dmu_tx_wait).
-    fn reserve_space(&self, new_bytes: u64) -> Result<()> {
-        let mut attempts = 0;
+    /// allocations and returns frees older than three txgs) and try again (OpenZFS:
+    /// ERESTART from dsl_dir_tempreserve_space, then dmu_tx_wait). A write gets ENOSPC
+    /// when it does not fit even then; a free keeps waiting as long as the syncs make
+    /// progress (each one empties indirect blocks and returns deferred frees), so a
+    /// TRIM of a full pool finishes in several txgs instead of failing.
+    fn reserve_space(&self, new_bytes: u64, kind: Admit) -> Result<crate::dsl_pool::SpaceReservation<'_>> {
+        let mut stalls = 0;
+        let mut best_shortfall = u64::MAX;
         loop {
-            match self.check_space(new_bytes) {
-                Err(Error::NoSpace) if attempts < crate::metaslab::TXG_DEFER_SIZE as usize + 2 => {
-                    let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.deferred_bytes() > 0;
-                    if !pending {
-                        return Err(Error::NoSpace);
-                    }
-                    attempts += 1;
-                    let t = self.pool.txg().open_txg();
-                    self.pool.txg().wait_synced(t)?;
-                }
-                r => return r,
+            let shortfall = match self.check_space(new_bytes, kind) {
+                Ok(held) => return Ok(held),
+                Err(shortfall) => shortfall,
+            };
+            if kind == Admit::Free && shortfall < best_shortfall {
+                best_shortfall = shortfall;
+                stalls = 0;
             }
+            let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.deferred_bytes() > 0;
+            if !pending || stalls >= ADMISSION_STALLS_MAX {
+                return Err(Error::NoSpace);
+            }
+            stalls += 1;
+            let t = self.pool.txg().open_txg();
+            self.pool.txg().wait_synced(t)?;
         }
     }
 
     /// Refuse new dirty data when the pool could not hold it after copy-on-write:
     /// what is allocated, plus what the unsynced txgs will allocate (data, every
-    /// indirect block they dirty, their object directories), plus this write with a
-    /// full path of new indirects, must leave the slop free. The slop is the sync's:
-    /// frees, and estimates that fell short, come out of it, so a sync never fails
-    /// for space and writers get ENOSPC instead (OpenZFS: spa_slop_shift).
-    fn check_space(&self, new_bytes: u64) -> Result<()> {
+    /// indirect block they dirty, their object directories), plus this change with a
+    /// full path of new indirects, must leave the slop free (half of it for a free).
+    /// The rest of the slop is the sync's: estimates that fell short come out of it, so
+    /// a sync never fails for space and writers get ENOSPC instead (OpenZFS:
+    /// spa_slop_shift). The reservation returned holds this change's cost in
+    /// `space_pending` until the caller has counted it with `add_space`; `Err` holds
+    /// how many bytes are missing.
+    fn check_space(&self, new_bytes: u64, kind: Admit) -> std::result::Result<crate::dsl_pool::SpaceReservation<'_>, u64> {
+        let nlevels = self.vol.committed.read().nlevels;
+        let held = self.pool.dirty().reserve(admission_cost_bytes(new_bytes, nlevels));
         let (size, alloc) = self.pool.io().space();
-        let nlevels = self.vol.committed.read().nlevels as u64;
-        let this_write = new_bytes + nlevels.saturating_sub(1) * INDIRECT_COST_BYTES;
-        let need = alloc + self.pool.dirty().space_pending() + this_write;
-        if need + slop_bytes(size) > size {
-            return Err(Error::NoSpace);
+        let slop = match kind {
+            Admit::Write => slop_bytes(size),
+            Admit::Free => slop_bytes(size) / 2,
+        };
+        let need = alloc + self.pool.dirty().space_pending() + slop;
+        if need > size {
+            return Err(need - size);
         }
-        Ok(())
+        Ok(held)
     }
 
     /// The block reads as a hole: no dirty version, or a dirty free, over a committed
@@ -392,7 +428,8 @@ impl Volume {
                 let nlevels = self.vol.committed.read().nlevels;
                 let indirects = self.vol.dirty.note_indirects(hold.txg, blkid, nlevels) as u64;
                 let data = if has_data { bs as u64 } else { 0 };
-                self.pool.dirty().add_space(hold.txg, data + indirects * INDIRECT_COST_BYTES);
+                let mos = (1 + indirects) * MOS_COST_PER_BLOCK_BYTES;
+                self.pool.dirty().add_space(hold.txg, data + indirects * INDIRECT_COST_BYTES + mos);
             }
             return Ok(hold.txg);
         }
@@ -469,9 +506,14 @@ impl Volume {
                 continue;
             }
             self.pool.dirty().throttle(&|| self.pool.txg().is_shutting_down());
-            if data.is_some() || !free_whole || c.len as u64 != bs {
-                self.reserve_space(bs)?;
-            }
+            // a free too rewrites the indirect blocks above it (unless they empty), and
+            // its txg cannot use the space it frees: admitted like a write, into half
+            // the slop
+            let _admitted = if data.is_some() || !free_whole || c.len as u64 != bs {
+                self.reserve_space(bs, Admit::Write)?
+            } else {
+                self.reserve_space(0, Admit::Free)?
+            };
             let patch = data.map(|d| &d[c.in_range..c.in_range + c.len]);
             let t = self.update_block(c.blkid, c.in_block, patch, c.len, free_whole)?;
             max_txg = max_txg.max(t);
@@ -561,9 +603,9 @@ impl BlockVolume for Volume {
         if crate::dsl_pool::delay_ns(self.pool.dirty().total() + data.len() as u64, max) > 0 {
             return None;
         }
-        if self.check_space(data.len() as u64).is_err() {
+        let Ok(_admitted) = self.check_space(data.len() as u64, Admit::Write) else {
             return None; // the blocking path waits for syncs before answering ENOSPC
-        }
+        };
         let bs = self.bs();
         let mut max_txg = Txg::ZERO;
         for c in block_chunks(offset, data.len() as u64, bs) {

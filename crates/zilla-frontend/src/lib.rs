@@ -6,7 +6,8 @@
 //! - [`budget`]: daemon-wide budgets for in-flight bytes and volume calls, shared
 //!   fairly by connections ([`SharedBudget`], [`BudgetShare`]);
 //! - [`buffers`]: one byte-bounded, idle-trimmed pool of reply buffers;
-//! - [`iostats`]: per-volume I/O counters the front ends record and analytics read.
+//! - [`iostats`]: per-volume I/O counters the front ends record and analytics read;
+//! - [`sessions`]: the live sessions by export, which destroy counts and disconnects.
 //!
 //! [`Frontend`] bundles them; the daemon builds one from a [`FrontendConfig`] and hands
 //! the same `Arc<Frontend>` to every front end, so a second protocol shares the same
@@ -23,6 +24,7 @@ pub mod budget;
 pub mod buffers;
 pub mod iostats;
 pub mod registry;
+pub mod sessions;
 
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
@@ -131,6 +133,8 @@ pub struct Frontend {
     pub io_stats: IoStatsTable,
     /// Per-client counters (bounded; see [`iostats`]).
     pub clients: ClientStatsTable,
+    /// Live sessions by export (destroy refuses while clients are attached).
+    pub sessions: sessions::SessionTable,
 }
 
 /// Everything /metrics shows about the front ends.
@@ -168,6 +172,7 @@ impl Frontend {
             ),
             io_stats: IoStatsTable::default(),
             clients: ClientStatsTable::new(config.clients_max),
+            sessions: sessions::SessionTable::default(),
             registry,
             config,
         })

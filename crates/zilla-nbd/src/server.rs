@@ -308,8 +308,44 @@ impl NbdServer {
         tracing::debug!(export = %session.export.name, flags = session.transmission_flags, %peer, "nbd: transmission");
         let client = self.frontend.clients.connect("nbd", peer);
         let recorders = transmission::SessionRecorders { client: client.stats().clone(), server: self.stats.clone() };
-        transmission::run(reader, write_half, session, &self.config, &self.frontend, slot, recorders, shutdown).await
+        // listed while it transmits; an admin's disconnect (destroy -f) stops it as a
+        // server shutdown would
+        let listed = self.frontend.sessions.attach(&session.export.name);
+        let stop = stop_on_either(shutdown, listed.disconnect_requested());
+        transmission::run(reader, write_half, session, &self.config, &self.frontend, slot, recorders, stop).await
     }
+}
+
+/// A receiver that turns true when `shutdown` does (or its sender goes) or when
+/// `disconnect` does; the forwarding task ends with the session (its receivers
+/// dropped).
+fn stop_on_either(mut shutdown: watch::Receiver<bool>, mut disconnect: watch::Receiver<bool>) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(*shutdown.borrow() || *disconnect.borrow());
+    if *rx.borrow() {
+        return rx;
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+                changed = disconnect.changed() => {
+                    if changed.is_err() {
+                        return; // the session is over
+                    }
+                    if *disconnect.borrow() {
+                        break;
+                    }
+                }
+                _ = tx.closed() => return,
+            }
+        }
+        let _ = tx.send(true);
+    });
+    rx
 }
 
 /// Accept-failure pacing: exponential pause, one log line per interval.

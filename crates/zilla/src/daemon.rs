@@ -650,8 +650,51 @@ async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String
     Ok(Json(Empty {}))
 }
 
-async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Empty> {
+/// `?force=true` of the destroy calls (`-f`): disconnect attached clients first.
+#[derive(Deserialize, Default)]
+struct DestroyQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+/// Longest a forced destroy waits for the clients it disconnected to go, beyond the
+/// front ends' shutdown grace (requests in flight finish within that).
+const DISCONNECT_WAIT_MARGIN: Duration = Duration::from_secs(5);
+
+/// Destroy of `what` (its exports are those `matches` accepts): refuse while clients
+/// are attached, or with `force` disconnect them and wait until they are gone.
+async fn clear_sessions(d: &Daemon, what: &str, force: bool, matches: &(dyn Fn(&str) -> bool + Sync)) -> Result<(), ApiError> {
+    let sessions = &d.nbd.frontend().sessions;
+    let attached = sessions.count(matches);
+    if attached == 0 {
+        return Ok(());
+    }
+    let clients = |n: usize| if n == 1 { "1 client is".to_string() } else { format!("{n} clients are") };
+    if !force {
+        return Err(ApiError(StatusCode::CONFLICT, format!("{what} is busy: {} attached (use -f to disconnect them)", clients(attached))));
+    }
+    sessions.disconnect(matches);
+    tracing::warn!("{what}: disconnecting {attached} attached client(s) (-f)");
+    let deadline = tokio::time::Instant::now() + d.nbd.config().shutdown_grace + DISCONNECT_WAIT_MARGIN;
+    loop {
+        let left = sessions.count(matches);
+        if left == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError(StatusCode::CONFLICT, format!("{what} is busy: {} still attached after the disconnect", clients(left))));
+        }
+        sessions.disconnect(matches); // clients that attached meanwhile
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Query(q): Query<DestroyQuery>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
+    if d.pools.get(&pool).is_some() {
+        let p = pool.clone();
+        clear_sessions(&d, &format!("pool '{pool}'"), q.force, &move |e| zilla_frontend::sessions::export_in_pool(e, &p)).await?;
+    }
     if d.pools.get(&pool).is_none() {
         let was_unavailable = d.unavailable.lock().iter().any(|e| e.name == pool);
         if was_unavailable {
@@ -788,8 +831,11 @@ async fn volume_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<Creat
     Ok(Json(Empty {}))
 }
 
-async fn volume_destroy(State(d): State<Arc<Daemon>>, UrlPath((pool, name)): UrlPath<(String, String)>) -> ApiResult<Empty> {
+async fn volume_destroy(State(d): State<Arc<Daemon>>, UrlPath((pool, name)): UrlPath<(String, String)>, Query(q): Query<DestroyQuery>) -> ApiResult<Empty> {
     let p = d.pool(&pool)?;
+    let export = format!("{pool}/{name}");
+    let e = export.clone();
+    clear_sessions(&d, &format!("volume '{export}'"), q.force, &move |x| x == e).await?;
     blocking(move || Ok(p.volume_destroy(&name)?)).await?;
     Ok(Json(Empty {}))
 }

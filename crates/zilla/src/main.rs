@@ -215,8 +215,10 @@ enum PoolCmd {
     },
     /// Export a pool (sync, close its devices, forget it)
     Export { pool: String },
-    /// Destroy a pool (wipe its labels)
+    /// Destroy a pool (wipe its labels; refused while clients are attached to its
+    /// volumes, unless -f)
     Destroy {
+        /// Disconnect attached clients first
         #[arg(short = 'f')]
         force: bool,
         pool: String,
@@ -283,8 +285,13 @@ enum VolumeCmd {
         parsable: bool,
         pools: Vec<String>,
     },
-    /// Destroy a volume
-    Destroy { name: String },
+    /// Destroy a volume (refused while clients are attached to it, unless -f)
+    Destroy {
+        /// Disconnect attached clients first
+        #[arg(short = 'f')]
+        force: bool,
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -625,9 +632,9 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 .await
                 .map_err(ctx(format!("cannot export '{pool}'")))?;
         }
-        PoolCmd::Destroy { force: _, pool } => {
-            let _: Empty =
-                c.delete(&format!("/v1/pools/{}", enc(&pool))).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
+        PoolCmd::Destroy { force, pool } => {
+            let path = format!("/v1/pools/{}{}", enc(&pool), if force { "?force=true" } else { "" });
+            let _: Empty = c.delete(&path).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
         }
         PoolCmd::Add { force, pool, vdevs } => {
             let err = ctx(format!("cannot add to '{pool}'"));
@@ -896,12 +903,13 @@ async fn volume_cmd(c: &Client, cmd: VolumeCmd) -> Result<(), String> {
             }
             print!("{}", format::volume_list(&vols, scripted, parsable));
         }
-        VolumeCmd::Destroy { name } => {
+        VolumeCmd::Destroy { force, name } => {
             let err = ctx(format!("cannot destroy '{name}'"));
             let Some((pool, vol)) = name.split_once('/') else {
                 return Err(err("not a volume name (expected POOL/NAME)".into()));
             };
-            let _: Empty = c.delete(&format!("/v1/volumes/{}/{}", enc(pool), enc(vol))).await.map_err(err)?;
+            let path = format!("/v1/volumes/{}/{}{}", enc(pool), enc(vol), if force { "?force=true" } else { "" });
+            let _: Empty = c.delete(&path).await.map_err(err)?;
         }
     }
     Ok(())

@@ -475,6 +475,8 @@ impl Pool {
         let root = *v.committed.read();
         let mut m = inner.meta.lock();
         if !root.bp.is_hole() {
+            // its defer entries grow the next MOS: writers must leave room for them
+            inner.dirty.add_doomed(root.free_cost_bytes());
             m.doomed.push(root);
         }
         m.changed = true;

@@ -321,6 +321,18 @@ impl PoolInner {
         for (v, tok) in zil_tokens {
             v.zil.synced(tok);
         }
+        self.publish_metadata(txg, mos_root, health, &doomed);
+        Ok(())
+    }
+
+    /// Step 7's pool-wide half: the new MOS root and leaf health, the destroyed trees
+    /// that are freed now, and the txg's space estimates retired. The allocator's space
+    /// is refreshed before the estimates it replaces are retired: space admission sees
+    /// this txg's allocations in one of the two at every moment (else it would admit
+    /// into them).
+    fn publish_metadata(&self, txg: Txg, mos_root: BlockPointer, health: Vec<dmu::LeafHealth>, doomed: &[TreeRoot]) {
+        self.io.refresh_space();
+        self.dirty.doomed_freed(doomed.iter().map(|r| r.free_cost_bytes()).sum());
         {
             let mut m = self.meta.lock();
             m.mos_root = mos_root;
@@ -332,7 +344,6 @@ impl PoolInner {
             m.changed = false;
         }
         self.dirty.retire(txg);
-        Ok(())
     }
 
     /// Step 4-5: encode the MOS with the leaves' health as it is now (the txg's data

@@ -55,9 +55,10 @@ pub struct PoolIo {
     pub errors: IoErrors,
     /// Recent unrecoverable block errors (bounded, for `status -v`).
     pub error_log: Mutex<Vec<String>>,
-    /// Normal-class (size, allocated) as of the last sync, read lock-free by writers.
+    /// Normal-class (size, unavailable: see `space`) as of the last sync, read lock-free
+    /// by writers.
     pub space_size: std::sync::atomic::AtomicU64,
-    pub space_alloc: std::sync::atomic::AtomicU64,
+    pub space_unavailable: std::sync::atomic::AtomicU64,
     /// Aligned aggregation buffers for sync writes.
     pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
@@ -74,6 +75,9 @@ pub struct PendingWrite {
 
 /// Largest aggregated write (zfs_vdev_aggregation_limit).
 pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
+/// The largest block the pool writes (an indirect block, an object-directory chunk,
+/// the largest volblocksize): space admission counts free space in pieces of this size.
+pub const SPACE_ADMISSION_UNIT_BYTES: u64 = 128 << 10;
 /// Idle aggregation buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
 pub const WRITE_BUFFERS_POOLED: usize = 32;
 
@@ -102,7 +106,7 @@ impl PoolIo {
             errors: Default::default(),
             error_log: Mutex::new(Vec::new()),
             space_size: Default::default(),
-            space_alloc: Default::default(),
+            space_unavailable: Default::default(),
             write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
             prepare: std::sync::OnceLock::new(),
         }
@@ -113,15 +117,23 @@ impl PoolIo {
         self.prepare.get_or_init(|| crate::zio::workers::PrepareWorkers::start(env, pool))
     }
 
-    /// Refresh the lock-free space snapshot from the allocator.
+    /// Refresh the lock-free space snapshot from the allocator. Free space counts
+    /// only in whole `SPACE_ADMISSION_UNIT_BYTES` pieces: there is no gang block, so a
+    /// largest block (an indirect, an object-directory chunk, a 128 KiB data block)
+    /// needs that much contiguous space, and free space fragmented into smaller holes
+    /// could not take the txg that admission let in.
     pub fn refresh_space(&self) {
-        let (size, alloc) = self.ms.space(Role::Normal);
+        let (size, _) = self.ms.space(Role::Normal);
+        let usable = self.ms.free_in_units(Role::Normal, SPACE_ADMISSION_UNIT_BYTES);
         self.space_size.store(size, std::sync::atomic::Ordering::Relaxed);
-        self.space_alloc.store(alloc, std::sync::atomic::Ordering::Relaxed);
+        self.space_unavailable.store(size - usable.min(size), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// (size, unavailable) bytes of the normal class as of the last sync, for space
+    /// admission: unavailable = allocated, plus free space in pieces smaller than the
+    /// largest block (see `refresh_space`).
     pub fn space(&self) -> (u64, u64) {
-        (self.space_size.load(std::sync::atomic::Ordering::Relaxed), self.space_alloc.load(std::sync::atomic::Ordering::Relaxed))
+        (self.space_size.load(std::sync::atomic::Ordering::Relaxed), self.space_unavailable.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     pub fn top(&self, id: u32) -> Option<Arc<TopVdev>> {
