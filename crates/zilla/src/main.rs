@@ -627,10 +627,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         }
         PoolCmd::Import { dirs, force, rewind, dry_run, missing_log, pool } => import_cmd(c, dirs, ImportFlags { force, rewind, dry_run, missing_log }, pool).await?,
         PoolCmd::Export { pool } => {
-            let _: Empty = c
-                .post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {})
-                .await
-                .map_err(ctx(format!("cannot export '{pool}'")))?;
+            let _: Empty = c.post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {}).await.map_err(ctx(format!("cannot export '{pool}'")))?;
         }
         PoolCmd::Destroy { force, pool } => {
             let path = format!("/v1/pools/{}{}", enc(&pool), if force { "?force=true" } else { "" });

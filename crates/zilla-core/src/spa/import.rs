@@ -313,24 +313,7 @@ impl Pool {
                 }
             }
         }
-        let mut volumes = BTreeMap::new();
-        for v in &mos.volumes {
-            volumes.insert(
-                v.name.clone(),
-                Arc::new(VolumeState {
-                    id: v.id,
-                    name: v.name.clone(),
-                    volsize: v.volsize,
-                    volblocksize: v.volblocksize,
-                    created_txg: v.created_txg,
-                    props: crate::props::PublishedProps::new(v.props.clone()),
-                    committed: RwLock::new(v.root),
-                    dirty: Default::default(),
-                    destroyed: false.into(),
-                    zil: crate::zil::Zilog::new(v.id),
-                }),
-            );
-        }
+        let volumes = volumes_from_mos(&mos);
         if let Ok(p) = serde_json::from_str::<BTreeMap<String, String>>(&mos.pool_props) {
             cfg.props.extend(p);
         }
@@ -368,6 +351,30 @@ impl Pool {
         Ok(pool)
     }
 
+}
+
+/// The volumes the MOS lists, as the pool holds them (each with an empty intent log
+/// until replay).
+fn volumes_from_mos(mos: &crate::dmu::Mos) -> BTreeMap<String, Arc<VolumeState>> {
+    let mut volumes = BTreeMap::new();
+    for v in &mos.volumes {
+        volumes.insert(
+            v.name.clone(),
+            Arc::new(VolumeState {
+                id: v.id,
+                name: v.name.clone(),
+                volsize: v.volsize,
+                volblocksize: v.volblocksize,
+                created_txg: v.created_txg,
+                props: crate::props::PublishedProps::new(v.props.clone()),
+                committed: RwLock::new(v.root),
+                dirty: Default::default(),
+                destroyed: false.into(),
+                zil: crate::zil::Zilog::new(v.id),
+            }),
+        );
+    }
+    volumes
 }
 
 /// A device read at import: its spec, the open device, its labels and config.

@@ -289,15 +289,7 @@ impl PoolInner {
                 self.io.free_block(&bp, txg);
             }
         }
-        // the intent logs: each volume's header, and the log blocks T makes obsolete
-        let mut zil_headers = Vec::new();
-        let mut zil_tokens = Vec::new();
-        for (v, _) in &new_roots {
-            let io = &self.io;
-            let (h, tok) = v.zil.header_for_sync(io, txg, &mut |d| io.ms.free_deferred(txg, d));
-            zil_headers.push((v.id, h));
-            zil_tokens.push((v.clone(), tok));
-        }
+        let (zil_headers, zil_tokens) = self.zil_headers_for_sync(&new_roots, txg);
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
         let (mos_root, health) = self.write_mos_and_flush(txg, Mos {
             txg,
@@ -323,6 +315,21 @@ impl PoolInner {
         }
         self.publish_metadata(txg, mos_root, health, &doomed);
         Ok(())
+    }
+
+    /// The intent logs in txg `txg`: each volume's header, and the log blocks the txg
+    /// makes obsolete freed (deferred); the tokens retire them once it commits.
+    #[allow(clippy::type_complexity)]
+    fn zil_headers_for_sync(&self, vols: &[(Arc<VolumeState>, TreeRoot)], txg: Txg) -> (Vec<(u64, crate::zil::ZilHeader)>, Vec<(Arc<VolumeState>, crate::zil::SyncToken)>) {
+        let io = &self.io;
+        let mut headers = Vec::with_capacity(vols.len());
+        let mut tokens = Vec::with_capacity(vols.len());
+        for (v, _) in vols {
+            let (h, tok) = v.zil.header_for_sync(io, txg, &mut |d| io.ms.free_deferred(txg, d));
+            headers.push((v.id, h));
+            tokens.push((v.clone(), tok));
+        }
+        (headers, tokens)
     }
 
     /// Step 7's pool-wide half: the new MOS root and leaf health, the destroyed trees
