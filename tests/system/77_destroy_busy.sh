@@ -7,7 +7,8 @@
 # silent) hold 2 sessions on tank/a and 1 on tank/b; the plain destroys must fail and
 # change nothing; `volume destroy -f tank/a` must leave exactly tank/b's client (the
 # pool destroy error then counts 1); a volume without clients is destroyed without -f;
-# `pool destroy -f` ends with no pool.
+# with two more clients that never read their replies, `pool destroy -f` ends with no
+# pool.
 . "$(dirname "$0")/lib.sh"
 TOOL="$(dirname "$0")/../tools/nbd_abuse.py"
 start_daemon
@@ -36,7 +37,7 @@ z volume destroy tank/c
 ! z volume list -H | awk "{print \$1}" | grep -qx tank/c || fail "tank/c still listed"
 
 start=$(date +%s.%N)
-timeout 30 "$ZILLA" --state-dir "$STATE" volume destroy -f tank/a || fail "volume destroy -f failed"
+timeout 30 "$ZILLA" --state-dir "$STATE" volume destroy -f tank/a 2>"$T/err" || fail "volume destroy -f failed: $(cat "$T/err")"
 took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
 log "volume destroy -f with 2 clients attached: ${took} s"
 ! z volume list -H | awk "{print \$1}" | grep -qx tank/a || fail "tank/a still listed after destroy -f"
@@ -44,6 +45,15 @@ log "volume destroy -f with 2 clients attached: ${took} s"
 expect_error "pool 'tank' is busy: 1 client is attached \(use -f" z pool destroy tank
 took=$(timeout 10 python3 "$TOOL" writeflush 127.0.0.1 "$NBD_PORT" tank/b) || fail "write+flush to tank/b failed"
 
-timeout 30 "$ZILLA" --state-dir "$STATE" pool destroy -f tank || fail "pool destroy -f failed"
+# clients that send requests and never read the replies must not hold -f up either
+python3 "$TOOL" stall 127.0.0.1 "$NBD_PORT" tank/b 2 >"$T/stall.out" 2>&1 &
+on_exit "kill $! 2>/dev/null"
+for ((i = 0; i < 100; i++)); do grep -q ready "$T/stall.out" && break; sleep 0.1; done
+grep -q ready "$T/stall.out" || { cat "$T/stall.out"; fail "stalling clients did not connect"; }
+expect_error "pool 'tank' is busy: 3 clients are attached \(use -f" z pool destroy tank
+start=$(date +%s.%N)
+timeout 30 "$ZILLA" --state-dir "$STATE" pool destroy -f tank 2>"$T/err" || fail "pool destroy -f failed: $(cat "$T/err")"
+took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
+log "pool destroy -f with 1 idle and 2 non-reading clients attached: ${took} s"
 ! z pool list -H -o name | grep -qx tank || fail "tank still listed after destroy -f"
 log "destroy refuses with clients attached, -f disconnects them OK"

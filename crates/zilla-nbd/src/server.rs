@@ -53,6 +53,9 @@ const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 const EVICT_IDLE_MIN: Duration = Duration::from_secs(5);
 /// How often a client waiting for a slot retries the eviction.
 const EVICT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// A session asked to disconnect is dropped this long after the shutdown grace if it
+/// has not ended by itself.
+const DISCONNECT_FORCE_MARGIN: Duration = Duration::from_secs(1);
 /// How often idle pooled reply buffers are trimmed.
 const BUFFER_TRIM_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -311,8 +314,23 @@ impl NbdServer {
         // listed while it transmits; an admin's disconnect (destroy -f) stops it as a
         // server shutdown would
         let listed = self.frontend.sessions.attach(&session.export.name);
-        let stop = stop_on_either(shutdown, listed.disconnect_requested());
-        transmission::run(reader, write_half, session, &self.config, &self.frontend, slot, recorders, stop).await
+        let mut disconnect = listed.disconnect_requested();
+        let stop = stop_on_either(shutdown, disconnect.clone());
+        let run = transmission::run(reader, write_half, session, &self.config, &self.frontend, slot, recorders, stop);
+        // A session asked to go has the shutdown grace to finish what is in flight; one
+        // that cannot (a reader waiting for budget a non-reading client holds) is
+        // dropped then, so the destroy waiting for it is not held up.
+        let forced = async {
+            let _ = disconnect.wait_for(|go| *go).await;
+            tokio::time::sleep(self.config.shutdown_grace + DISCONNECT_FORCE_MARGIN).await;
+        };
+        tokio::select! {
+            result = run => result,
+            _ = forced => {
+                tracing::info!(%peer, "nbd: session dropped after an admin's disconnect");
+                Ok(())
+            }
+        }
     }
 }
 
