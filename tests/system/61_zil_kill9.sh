@@ -42,10 +42,10 @@ write_slots() {
         n=$((n + 1))
         local k
         for ((k = 0; k < 300; k++)); do
-            [ "$(grep -c '^128 MiB' "$T/qout" 2>/dev/null || true)" -ge "$n" ] && break
+            [ "$(grep -c '128 MiB$' "$T/qout" 2>/dev/null || true)" -ge "$n" ] && break
             sleep 0.1
         done
-        [ "$(grep -c '^128 MiB' "$T/qout")" -ge "$n" ] || fail "slot $i not acknowledged: $(tail -n 5 "$T/qout")"
+        [ "$(grep -c '128 MiB$' "$T/qout")" -ge "$n" ] || fail "slot $i not acknowledged: $(tail -n 5 "$T/qout")"
         grep -qi 'error\|failed' "$T/qout" && fail "qemu-io: $(cat "$T/qout")"
         echo "$i" >>"$T/ledger"
     done
