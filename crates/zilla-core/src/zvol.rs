@@ -417,6 +417,18 @@ impl Volume {
     /// it returns (in the intent log, or in a synced txg when the log cannot take it).
     pub fn zil_commit(&self) -> Result<()> {
         let txgs = self.pool.txg();
+        // a pool whose sync thread stopped (broken invariant) takes no synchronous
+        // writes; one whose syncs fail and are retried (suspended) makes them wait for
+        // a txg, as before the intent log (failmode=wait)
+        if let Some(e) = txgs.fatal_error() {
+            return Err(Error::Io(std::io::Error::other(format!("txg sync thread failed: {e}"))));
+        }
+        if txgs.sync_error().is_some() {
+            let seq = self.vol.zil.last_seq();
+            txgs.wait_synced(txgs.open_txg())?;
+            self.vol.zil.note_synced_through(seq);
+            return Ok(());
+        }
         let seq = self.vol.zil.last_seq();
         let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
         let pool = &self.pool;
