@@ -387,6 +387,11 @@ impl TxgState {
         self.cv.notify_all();
     }
 
+    /// The sync thread stopped for good (a broken invariant): nothing syncs again.
+    pub fn fatal_error(&self) -> Option<String> {
+        self.state.lock().fatal.clone()
+    }
+
     pub fn sync_error(&self) -> Option<String> {
         let s = self.state.lock();
         s.fatal.clone().or_else(|| s.sync_error.clone())

@@ -458,16 +458,20 @@ impl Volume {
     /// it returns (in the intent log, or in a synced txg when the log cannot take it).
     pub fn zil_commit(&self) -> Result<()> {
         let txgs = self.pool.txg();
-        let seq = self.vol.zil.last_seq();
-        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
+        // a pool whose sync thread stopped (broken invariant) takes no synchronous
+        // writes; one whose syncs fail and are retried (suspended) makes them wait for
+        // a txg, as before the intent log (failmode=wait)
+        if let Some(e) = txgs.fatal_error() {
+            return Err(Error::Io(std::io::Error::other(format!("txg sync thread failed: {e}"))));
+        }
         if txgs.sync_error().is_some() {
-            // a suspended pool acknowledges nothing through the log: the commit waits
-            // for its txg like a pool without one (an error once the sync thread is
-            // gone, a wait while it retries)
-            txgs.wait_synced(open)?;
+            let seq = self.vol.zil.last_seq();
+            txgs.wait_synced(txgs.open_txg())?;
             self.vol.zil.note_synced_through(seq);
             return Ok(());
         }
+        let seq = self.vol.zil.last_seq();
+        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
         let pool = &self.pool;
         match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64())? {
             crate::zil::CommitOutcome::Durable => Ok(()),

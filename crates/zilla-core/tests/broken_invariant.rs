@@ -17,18 +17,16 @@ fn failed_sync_assertion_suspends_the_pool_and_import_recovers() {
     v.write(0, &synced, false).unwrap();
     v.flush().unwrap();
 
-    // a volume whose intent log has no chain yet: its first flush needs a txg sync
-    // (zil_create), where the assertion fails
-    pool.volume_create("fresh", 8 << 20, 4096, &[]).unwrap();
-    let fresh = pool.open_volume("fresh").unwrap();
     zilla_core::tunables().set("zfs_debug_fail_sync_assertion", 1).unwrap();
-    fresh.write(1 << 20, &pattern(2, 1 << 20), false).unwrap();
-    let r = fresh.flush();
+    v.write(1 << 20, &pattern(2, 1 << 20), false).unwrap();
+    // a flush commits the intent log and syncs no txg: start the sync that fails
+    assert!(pool.sync().is_err(), "a sync that failed an assertion must not succeed");
+    let r = v.flush();
     assert!(r.is_err(), "a flush whose sync failed an assertion must not succeed");
     assert_eq!(pool.status().state, "SUSPENDED", "{:?}", pool.status().state);
     assert!(v.write(0, &pattern(3, 4096), true).is_err(), "a suspended pool takes no more synchronous writes");
     zilla_core::tunables().set("zfs_debug_fail_sync_assertion", 0).unwrap();
-    drop((v, fresh));
+    drop(v);
     pool.abandon();
     drop(pool);
 
