@@ -25,7 +25,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::kstat::{Applies, Tunable};
-use crate::Txg;
+use crate::{Txg, VdevId};
 
 /// There is no `zfs_arc_min`: the ARC never shrinks under memory pressure yet, so a
 /// floor would have nothing to hold back. It comes with the adaptive ARC.
@@ -41,7 +41,7 @@ const SHARDS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockKey {
-    pub vdev: u32,
+    pub vdev: VdevId,
     pub offset: u64,
     pub birth: Txg,
 }
@@ -171,7 +171,7 @@ impl ArcCache {
     fn shard(&self, k: &BlockKey) -> &Mutex<Shard> {
         // multiplicative hash of the whole key, top bits: block offsets are multiples of
         // the block size, so low bits of the raw offset would reach only a few shards
-        let h = (k.offset ^ (k.vdev as u64).rotate_left(48) ^ k.birth.get().rotate_left(24)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let h = (k.offset ^ (k.vdev.get() as u64).rotate_left(48) ^ k.birth.get().rotate_left(24)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         &self.shards[(h >> 60) as usize % SHARDS]
     }
 
@@ -282,17 +282,17 @@ mod tests {
     fn bounded_and_lru() {
         let arc = ArcCache::new(SHARDS as u64 * 8192);
         for i in 0..1000u64 {
-            arc.insert(BlockKey { vdev: 0, offset: i << 12, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Data);
+            arc.insert(BlockKey { vdev: VdevId(0), offset: i << 12, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Data);
         }
         let st = arc.stats();
         assert!(st.size <= SHARDS as u64 * 8192, "{st:?}");
         assert!(st.evictions > 0);
-        let k = BlockKey { vdev: 0, offset: 999 << 12, birth: Txg(1) };
+        let k = BlockKey { vdev: VdevId(0), offset: 999 << 12, birth: Txg(1) };
         assert!(arc.lookup(&k).is_some());
         // 16K-aligned blocks of one txg must spread over (almost) every shard
         let used: std::collections::HashSet<usize> = (0..256u64)
             .map(|i| {
-                let key = BlockKey { vdev: 1, offset: i << 14, birth: Txg(7) };
+                let key = BlockKey { vdev: VdevId(1), offset: i << 14, birth: Txg(7) };
                 arc.shard(&key) as *const _ as usize
             })
             .collect();
@@ -310,11 +310,11 @@ mod tests {
         assert_eq!(arc.stats().c_max, 128 << 20);
         let block = 128 << 10;
         for i in 0..800u64 {
-            arc.insert(BlockKey { vdev: 0, offset: i * block, birth: Txg(1) }, vec![0u8; block as usize].into(), BufKind::Data);
+            arc.insert(BlockKey { vdev: VdevId(0), offset: i * block, birth: Txg(1) }, vec![0u8; block as usize].into(), BufKind::Data);
         }
         assert!(arc.stats().size > 64 << 20, "{:?}", arc.stats());
         ZFS_ARC_MAX.set(64 << 20).unwrap();
-        arc.insert(BlockKey { vdev: 1, offset: 0, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Metadata);
+        arc.insert(BlockKey { vdev: VdevId(1), offset: 0, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Metadata);
         let st = arc.stats();
         assert!(st.size <= 64 << 20, "lowering zfs_arc_max must trim the ARC: {st:?}");
         assert!(ZFS_ARC_MAX.set(4096).is_err(), "below the 64 MiB floor");

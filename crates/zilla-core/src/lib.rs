@@ -131,8 +131,8 @@ pub fn fuzz_ondisk_decoders(data: &[u8]) {
         let _ = serde_json::from_slice::<spa::LabelJson>(&json);
     }
     let mut ms = metaslab::Metaslabs::new();
-    ms.add_vdev(0, vdev::Role::Normal, 1 << 30);
-    ms.add_vdev(1, vdev::Role::Normal, 1 << 30);
+    ms.add_vdev(VdevId(0), vdev::Role::Normal, 1 << 30);
+    ms.add_vdev(VdevId(1), vdev::Role::Normal, 1 << 30);
     // with and without a valid header, so the decoder gets past the magic
     let _ = dmu::Mos::decode(data, &mut ms);
     let mut framed = Vec::with_capacity(data.len() + 24);
@@ -140,7 +140,7 @@ pub fn fuzz_ondisk_decoders(data: &[u8]) {
     framed.extend_from_slice(&dmu::MOS_VERSION.to_le_bytes());
     framed.extend_from_slice(data);
     let mut ms2 = metaslab::Metaslabs::new();
-    ms2.add_vdev(0, vdev::Role::Normal, 1 << 30);
+    ms2.add_vdev(VdevId(0), vdev::Role::Normal, 1 << 30);
     let _ = dmu::Mos::decode(&framed, &mut ms2);
     for c in [block::compress::Compression::Lz4, block::compress::Compression::Zstd(3)] {
         let _ = block::compress::decompress(c, data, 16384);
@@ -182,7 +182,7 @@ mod fuzz_smoke {
     fn mos_decoder_rejects_bit_flips() {
         // a real MOS with every single-byte corruption: decode must not panic
         let ms = crate::metaslab::Metaslabs::new();
-        ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
+        ms.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);
         let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None, zil_headers: vec![] };
         let blob = mos.encode(&ms);
         for i in 0..blob.len() {
@@ -190,7 +190,7 @@ mod fuzz_smoke {
                 let mut b = blob.clone();
                 b[i] = v;
                 let mut m = crate::metaslab::Metaslabs::new();
-                m.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
+                m.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);
                 let _ = crate::dmu::Mos::decode(&b, &mut m);
             }
         }
@@ -203,7 +203,7 @@ mod fuzz_smoke {
     fn mos_decoder_checks_tree_height_and_leaf_health() {
         let mk = |nlevels: u8| {
             let ms = crate::metaslab::Metaslabs::new();
-            ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
+            ms.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);
             let vol = crate::dmu::VolumeRecord {
                 id: 1,
                 name: "v".into(),
@@ -217,7 +217,7 @@ mod fuzz_smoke {
             let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health), zil_headers: vec![] };
             let blob = mos.encode(&ms);
             let mut m = crate::metaslab::Metaslabs::new();
-            m.add_vdev(0, crate::vdev::Role::Normal, 1 << 30);
+            m.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);
             crate::dmu::Mos::decode(&blob, &mut m)
         };
         let good = crate::dmu::levels_for((64 << 20) / 16384);

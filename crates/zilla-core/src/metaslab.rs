@@ -32,7 +32,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::vdev::Role;
 use crate::block::blkptr::Dva;
-use crate::{Error, Result, Txg};
+use crate::{Error, Result, Txg, VdevId};
 
 pub const TXG_DEFER_SIZE: u64 = 2;
 pub const METASLAB_ALIQUOT: u64 = 512 << 10;
@@ -189,7 +189,7 @@ impl RangeAllocator {
 #[derive(Debug, Clone)]
 struct AllocClass {
     /// (top-level vdev id, allocator), sorted by id.
-    vdevs: Vec<(u32, RangeAllocator)>,
+    vdevs: Vec<(VdevId, RangeAllocator)>,
     rotor: usize,
     rotor_bytes: u64,
     /// The txg whose sync is in progress (0: none) and what it allocated so far: the
@@ -198,7 +198,7 @@ struct AllocClass {
     sync_allocs: Vec<Dva>,
     /// Vdevs being removed (`zpool remove` of a log vdev): nothing new is allocated on
     /// them; frees and claims still find them. At most the class's vdev count.
-    noalloc: Vec<u32>,
+    noalloc: Vec<VdevId>,
 }
 
 impl AllocClass {
@@ -206,16 +206,16 @@ impl AllocClass {
         AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new(), noalloc: Vec::new() }
     }
 
-    fn get_mut(&mut self, vdev: u32) -> Option<&mut RangeAllocator> {
+    fn get_mut(&mut self, vdev: VdevId) -> Option<&mut RangeAllocator> {
         self.vdevs.iter_mut().find(|(id, _)| *id == vdev).map(|(_, a)| a)
     }
 
-    fn get(&self, vdev: u32) -> Option<&RangeAllocator> {
+    fn get(&self, vdev: VdevId) -> Option<&RangeAllocator> {
         self.vdevs.iter().find(|(id, _)| *id == vdev).map(|(_, a)| a)
     }
 
     /// Allocate `len` bytes, avoiding vdev `avoid` when another has room.
-    fn alloc(&mut self, len: u64, avoid: Option<u32>) -> Result<Dva> {
+    fn alloc(&mut self, len: u64, avoid: Option<VdevId>) -> Result<Dva> {
         let n = self.vdevs.len();
         if n == 0 {
             return Err(Error::NoSpace);
@@ -293,7 +293,7 @@ pub struct Metaslabs {
     /// Indexed by [`class_index`]: normal, log.
     classes: [Mutex<AllocClass>; 2],
     /// Top-level vdev id -> class index, for frees and claims that name only a DVA.
-    vdev_class: RwLock<BTreeMap<u32, usize>>,
+    vdev_class: RwLock<BTreeMap<VdevId, usize>>,
     /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE + 1 starts
     /// to sync.
     defer: Mutex<DeferLists>,
@@ -352,7 +352,7 @@ impl Metaslabs {
     }
 
     /// Give top-level vdev `id` of class `role` an allocator of `size` bytes.
-    pub fn add_vdev(&self, id: u32, role: Role, size: u64) {
+    pub fn add_vdev(&self, id: VdevId, role: Role, size: u64) {
         let Some(ci) = class_index(role) else { return };
         let mut c = self.classes[ci].lock();
         c.vdevs.retain(|(v, _)| *v != id);
@@ -361,7 +361,7 @@ impl Metaslabs {
         self.vdev_class.write().insert(id, ci);
     }
 
-    fn class_of(&self, vdev: u32) -> Option<&Mutex<AllocClass>> {
+    fn class_of(&self, vdev: VdevId) -> Option<&Mutex<AllocClass>> {
         self.vdev_class.read().get(&vdev).map(|&ci| &self.classes[ci])
     }
 
@@ -440,7 +440,7 @@ impl Metaslabs {
     }
 
     /// Stop (`on`) or resume allocating on top-level vdev `id` (device removal).
-    pub fn set_noalloc(&self, id: u32, on: bool) {
+    pub fn set_noalloc(&self, id: VdevId, on: bool) {
         let Some(c) = self.class_of(id) else { return };
         let mut c = c.lock();
         c.noalloc.retain(|v| *v != id);
@@ -452,7 +452,7 @@ impl Metaslabs {
     /// Device removal, once nothing references vdev `id` any more: its deferred frees
     /// are released now (the blocks they name are unreachable from the current state)
     /// and the bytes still allocated on it are returned (0: it may leave).
-    pub fn drain_vdev(&self, id: u32) -> u64 {
+    pub fn drain_vdev(&self, id: VdevId) -> u64 {
         let mut released = Vec::new();
         {
             let mut d = self.defer.lock();
@@ -471,7 +471,7 @@ impl Metaslabs {
 
     /// Forget top-level vdev `id` (it has left the pool). Refused while anything is
     /// allocated on it.
-    pub fn remove_vdev(&self, id: u32) -> Result<()> {
+    pub fn remove_vdev(&self, id: VdevId) -> Result<()> {
         let Some(c) = self.class_of(id) else { return Ok(()) };
         {
             let mut c = c.lock();
@@ -609,7 +609,7 @@ impl Metaslabs {
     }
 
     /// (size, allocated) bytes of top-level vdev `id`.
-    pub fn vdev_space(&self, id: u32) -> (u64, u64) {
+    pub fn vdev_space(&self, id: VdevId) -> (u64, u64) {
         match self.class_of(id) {
             Some(c) => c.lock().get(id).map_or((0, 0), |a| (a.size, a.allocated_bytes())),
             None => (0, 0),
@@ -633,7 +633,7 @@ impl Metaslabs {
     }
 
     /// Allocated extents of every vdev, by vdev id (classes merged).
-    pub fn extents(&self) -> BTreeMap<u32, Vec<(u64, u64)>> {
+    pub fn extents(&self) -> BTreeMap<VdevId, Vec<(u64, u64)>> {
         let mut out = BTreeMap::new();
         for c in &self.classes {
             for (id, a) in &c.lock().vdevs {
@@ -655,10 +655,10 @@ impl Metaslabs {
             }
             ext
         };
-        let n = ext.keys().next_back().map_or(0, |&m| m as usize + 1);
+        let n = ext.keys().next_back().map_or(0, |&m| m.index() + 1);
         out.extend_from_slice(&(n as u32).to_le_bytes());
         for id in 0..n as u32 {
-            match ext.get(&id) {
+            match ext.get(&VdevId(id)) {
                 None => out.extend_from_slice(&u32::MAX.to_le_bytes()),
                 Some(list) => {
                     out.extend_from_slice(&(list.len() as u32).to_le_bytes());
@@ -675,7 +675,7 @@ impl Metaslabs {
             out.extend_from_slice(&txg.get().to_le_bytes());
             out.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for d in list {
-                out.extend_from_slice(&d.vdev.to_le_bytes());
+                out.extend_from_slice(&d.vdev.get().to_le_bytes());
                 out.extend_from_slice(&d.asize.to_le_bytes());
                 out.extend_from_slice(&d.offset.to_le_bytes());
             }
@@ -693,8 +693,8 @@ impl Metaslabs {
             for _ in 0..count {
                 let s = r.u64()?;
                 let l = r.u64()?;
-                let ci = self.vdev_class.get_mut().get(&(id as u32)).copied();
-                match ci.and_then(|ci| self.classes[ci].get_mut().get_mut(id as u32)) {
+                let ci = self.vdev_class.get_mut().get(&VdevId(id as u32)).copied();
+                match ci.and_then(|ci| self.classes[ci].get_mut().get_mut(VdevId(id as u32))) {
                     Some(a) => a.claim(s, l)?,
                     None => return Err(Error::Corrupt(format!("space map for unknown vdev {id}"))),
                 }
@@ -703,13 +703,13 @@ impl Metaslabs {
         let nd = r.u32()?;
         // every deferred extent, to refuse one named twice (or two that overlap): both
         // would be released, and the second free would corrupt the free tree
-        let mut deferred: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+        let mut deferred: BTreeMap<(VdevId, u64), u64> = BTreeMap::new();
         for _ in 0..nd {
             let txg = Txg(r.u64()?);
             let cnt = r.u32()?;
             let mut list = Vec::new();
             for _ in 0..cnt {
-                let d = Dva { vdev: r.u32()?, asize: r.u32()?, offset: r.u64()? };
+                let d = Dva { vdev: VdevId(r.u32()?), asize: r.u32()?, offset: r.u64()? };
                 // a deferred free must name allocated space, or releasing it later would
                 // corrupt the free tree
                 let ci = self.vdev_class.get_mut().get(&d.vdev).copied();
@@ -784,22 +784,22 @@ mod tests {
     fn duplicate_defer_entries_are_refused() {
         let enc = |lists: &[(u64, Vec<Dva>)]| {
             let ms = Metaslabs::new();
-            ms.add_vdev(0, crate::vdev::Role::Normal, 1 << 20);
-            ms.claim(&Dva { vdev: 0, asize: 64 << 10, offset: 0 }).unwrap();
+            ms.add_vdev(VdevId(0), crate::vdev::Role::Normal, 1 << 20);
+            ms.claim(&Dva { vdev: VdevId(0), asize: 64 << 10, offset: 0 }).unwrap();
             for (t, l) in lists {
                 ms.defer.lock().lists.insert(Txg(*t), l.clone());
             }
             let mut out = Vec::new();
             ms.encode(&mut out);
             let mut fresh = Metaslabs::new();
-            fresh.add_vdev(0, crate::vdev::Role::Normal, 1 << 20);
+            fresh.add_vdev(VdevId(0), crate::vdev::Role::Normal, 1 << 20);
             fresh.decode_into(&mut crate::block::reader::Reader::new(&out))
         };
-        let d = Dva { vdev: 0, asize: 4096, offset: 8192 };
+        let d = Dva { vdev: VdevId(0), asize: 4096, offset: 8192 };
         assert!(enc(&[(5, vec![d])]).is_ok());
         assert!(enc(&[(5, vec![d, d])]).is_err(), "one extent deferred twice in a txg");
         assert!(enc(&[(5, vec![d]), (6, vec![d])]).is_err(), "one extent deferred in two txgs");
-        let overlap = Dva { vdev: 0, asize: 8192, offset: 4096 };
+        let overlap = Dva { vdev: VdevId(0), asize: 8192, offset: 4096 };
         assert!(enc(&[(5, vec![d]), (6, vec![overlap])]).is_err(), "overlapping deferred extents");
     }
 
@@ -836,8 +836,8 @@ mod tests {
     #[test]
     fn failed_sync_undoes_only_its_own_allocations() {
         let ms = Metaslabs::new();
-        ms.add_vdev(0, Role::Normal, 1 << 20);
-        ms.add_vdev(1, Role::Log, 1 << 20);
+        ms.add_vdev(VdevId(0), Role::Normal, 1 << 20);
+        ms.add_vdev(VdevId(1), Role::Log, 1 << 20);
         // state before the sync: one committed block, one older deferred free
         let kept = ms.alloc(Role::Normal, 4096, 1, None).unwrap()[0];
         let old_free = ms.alloc(Role::Normal, 4096, 1, None).unwrap()[0];
@@ -865,11 +865,11 @@ mod tests {
     #[test]
     fn classes_are_separate() {
         let ms = Metaslabs::new();
-        ms.add_vdev(0, Role::Normal, 64 << 10);
-        ms.add_vdev(1, Role::Log, 1 << 20);
-        assert_eq!(ms.alloc(Role::Normal, 64 << 10, 1, None).unwrap()[0].vdev, 0);
+        ms.add_vdev(VdevId(0), Role::Normal, 64 << 10);
+        ms.add_vdev(VdevId(1), Role::Log, 1 << 20);
+        assert_eq!(ms.alloc(Role::Normal, 64 << 10, 1, None).unwrap()[0].vdev, VdevId(0));
         assert!(matches!(ms.alloc(Role::Normal, 4096, 1, None), Err(Error::NoSpace)));
-        assert_eq!(ms.alloc(Role::Log, 4096, 1, None).unwrap()[0].vdev, 1);
+        assert_eq!(ms.alloc(Role::Log, 4096, 1, None).unwrap()[0].vdev, VdevId(1));
         assert!(matches!(ms.alloc(Role::Cache, 4096, 1, None), Err(Error::NoSpace)));
     }
 

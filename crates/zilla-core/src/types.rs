@@ -85,6 +85,10 @@ impl VdevId {
     pub const fn index(self) -> usize {
         self.0 as usize
     }
+    /// The id after this one (the next top-level vdev added).
+    pub const fn next(self) -> VdevId {
+        VdevId(self.0 + 1)
+    }
 }
 
 /// A block's index within a volume (byte offset / volblocksize).

@@ -123,7 +123,7 @@ impl LogPtr {
         self.dva.asize == 0
     }
     fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.dva.vdev.to_le_bytes());
+        out.extend_from_slice(&self.dva.vdev.get().to_le_bytes());
         out.extend_from_slice(&self.dva.asize.to_le_bytes());
         out.extend_from_slice(&self.dva.offset.to_le_bytes());
     }
@@ -132,7 +132,7 @@ impl LogPtr {
         if asize != 0 && (asize as usize % LWB_MIN_SIZE != 0 || asize as usize > (128 << 10) || offset % 512 != 0) {
             return Err(Error::Corrupt(format!("log block pointer {vdev}:{offset:#x}:{asize} is malformed")));
         }
-        Ok(LogPtr { dva: Dva { vdev, asize, offset } })
+        Ok(LogPtr { dva: Dva { vdev: crate::VdevId(vdev), asize, offset } })
     }
 }
 
@@ -691,7 +691,7 @@ impl Zilog {
     }
 
     /// Does the chain (or a block waiting to be freed) lie on top-level vdev `vdev`?
-    pub fn references_vdev(&self, vdev: u32) -> bool {
+    pub fn references_vdev(&self, vdev: crate::VdevId) -> bool {
         let c = self.chain.lock();
         c.replaying.is_some_and(|h| h.head.dva.vdev == vdev)
             || c.blocks.iter().any(|b| b.ptr.dva.vdev == vdev)
@@ -705,7 +705,7 @@ impl Zilog {
     /// elsewhere; the syncs that follow free it with the blocks before it. Returns
     /// false when the header naming the chain is not on disk yet (the caller syncs and
     /// asks again).
-    pub fn evacuate(&self, io: &PoolIo, vdev: u32, open: Txg) -> Result<bool> {
+    pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open: Txg) -> Result<bool> {
         let _issuer = self.issuer.lock();
         let planned = {
             let mut c = self.chain.lock();

@@ -72,7 +72,7 @@ fn offline_write_online(export_while_offline: bool) {
         let root = pool.debug_volume_root("vol").unwrap();
         let (mut bad, mut total) = (0, 0);
         zilla_core::dmu::walk_all(pool.debug_io(), &root, zilla_core::vdev::IoClass::SyncRead, &mut |bp, _| {
-            for d in bp.copies() { if d.vdev == 0 { total += 1;
+            for d in bp.copies() { if d.vdev == zilla_core::VdevId(0) { total += 1;
                 let mut b = vec![0u8; d.asize as usize];
                 zilla_core::vdev::Device::read_at(&*f[1], &mut b, DATA_START + d.offset).unwrap();
                 if !zilla_core::zio::verify(bp, &b) { bad += 1; } } }

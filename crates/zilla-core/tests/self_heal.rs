@@ -77,7 +77,7 @@ fn l0(pool: &Pool, blkid: u64) -> BlockPointer {
     bp
 }
 
-fn children(pool: &Pool, vdev: u32) -> Vec<String> {
+fn children(pool: &Pool, vdev: zilla_core::VdevId) -> Vec<String> {
     pool.debug_io().top(vdev).unwrap().children().iter().map(|c| c.spec.display()).collect()
 }
 
@@ -245,19 +245,19 @@ fn mos_heal_on_import(which: usize) {
     let mos_root = pool.debug_mos_root();
     let bps = dmu::mos_blocks(pool.debug_io(), &mos_root, IoClass::SyncRead).unwrap();
     assert!(bps.len() >= 2);
-    let tops: Vec<Vec<String>> = (0..2).map(|v| children(&pool, v)).collect();
+    let tops: Vec<Vec<String>> = (0..2).map(|v| children(&pool, zilla_core::VdevId(v))).collect();
     pool.abandon();
     drop(pool);
     // simulate import's reads up to block `which`: index, then chunks, dva[0] each
     let mut last: HashMap<String, u64> = HashMap::new();
     for bp in &bps[..which] {
         let d = bp.dva[0];
-        let r = first_reader(None, &tops[d.vdev as usize], &last, d.offset);
+        let r = first_reader(None, &tops[d.vdev.index()], &last, d.offset);
         last.insert(r, DATA_START + d.offset + d.asize as u64);
     }
     let bp = bps[which];
     let d = bp.dva[0];
-    let bad = first_reader(None, &tops[d.vdev as usize], &last, d.offset);
+    let bad = first_reader(None, &tops[d.vdev.index()], &last, d.offset);
     corrupt(&rig, &bad, &d, 6);
     let pool = rig.import();
     assert!(cksum(&pool, &bad) >= 1, "CKSUM of {bad} did not rise");

@@ -21,11 +21,11 @@
 
 use super::checksum::{ChecksumAlgo, Checksum};
 use super::compress::Compression;
-use crate::Txg;
+use crate::{Txg, VdevId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct Dva {
-    pub vdev: u32,
+    pub vdev: VdevId,
     pub asize: u32,
     pub offset: u64,
 }
@@ -81,7 +81,7 @@ impl BlockPointer {
         }
         for (i, d) in self.dva.iter().enumerate() {
             let o = i * 16;
-            b[o..o + 4].copy_from_slice(&d.vdev.to_le_bytes());
+            b[o..o + 4].copy_from_slice(&d.vdev.get().to_le_bytes());
             b[o + 4..o + 8].copy_from_slice(&d.asize.to_le_bytes());
             b[o + 8..o + 16].copy_from_slice(&d.offset.to_le_bytes());
         }
@@ -111,7 +111,7 @@ impl BlockPointer {
         let mut dva = [Dva::default(); 3];
         for (i, d) in dva.iter_mut().enumerate() {
             let o = i * 16;
-            *d = Dva { vdev: u32_at(o), asize: u32_at(o + 4), offset: u64_at(o + 8) };
+            *d = Dva { vdev: VdevId(u32_at(o)), asize: u32_at(o + 4), offset: u64_at(o + 8) };
         }
         let mut checksum = [0u8; 32];
         checksum.copy_from_slice(&b[80..112]);
@@ -154,8 +154,8 @@ mod tests {
         bp.birth = Txg(7);
         bp.lsize = 4096;
         bp.psize = 4096;
-        bp.dva[0] = Dva { vdev: 0, asize: 4096, offset: 1 << 20 };
-        bp.dva[1] = Dva { vdev: 1, asize: 4096, offset: 1 << 20 };
+        bp.dva[0] = Dva { vdev: VdevId(0), asize: 4096, offset: 1 << 20 };
+        bp.dva[1] = Dva { vdev: VdevId(1), asize: 4096, offset: 1 << 20 };
         bp.checksum_code = 1;
         bp.compression_code = 0;
         bp.kind = KIND_DATA;
@@ -166,7 +166,7 @@ mod tests {
     #[test]
     fn roundtrip() {
         let bp = BlockPointer {
-            dva: [Dva { vdev: 1, asize: 16384, offset: 1 << 20 }, Dva::default(), Dva::default()],
+            dva: [Dva { vdev: VdevId(1), asize: 16384, offset: 1 << 20 }, Dva::default(), Dva::default()],
             lsize: 16384,
             psize: 16384,
             birth: Txg(42),

@@ -17,7 +17,7 @@ use super::{new_guid, Pool, PoolInner, TopSpec};
 use crate::vdev::label;
 use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
 use crate::vdev::{Device, LeafSpec, Role};
-use crate::{Error, Guid, Result, Txg};
+use crate::{Error, Guid, Result, Txg, VdevId};
 
 /// Opens a leaf device from its spec; tests substitute crash or fault devices.
 pub type Opener = Arc<dyn Fn(&LeafSpec, Role) -> Result<Arc<dyn Device>> + Send + Sync>;
@@ -44,7 +44,7 @@ pub struct LeafConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopConfig {
-    pub id: u32,
+    pub id: VdevId,
     pub guid: Guid,
     pub role: Role,
     pub mirror: bool,
@@ -229,7 +229,7 @@ impl Pool {
         let inner = &self.inner;
         let _g = inner.sync_lock.lock();
         let mut new_tops = Vec::new();
-        let mut next_id = inner.tops().iter().map(|t| t.id + 1).max().unwrap_or(0);
+        let mut next_id = inner.tops().iter().map(|t| t.id.next()).max().unwrap_or(VdevId(0));
         let new_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
         check_distinct_leaves(&new_specs, &inner.leaves.read(), &inner.name)?;
         for t in &tops {
@@ -251,7 +251,7 @@ impl Pool {
             let ashift = kids.iter().try_fold(pool_ashift, |a, k| device_ashift(&**k.device(), &k.spec).map(|d| a.max(d)))?;
             let tc = TopConfig { id: next_id, guid: new_guid(&*inner.env), role: t.role, mirror: t.mirror, ashift, children: cfg_kids };
             new_tops.push((open_top(&tc, kids.clone()), tc, kids));
-            next_id += 1;
+            next_id = next_id.next();
         }
         // The new leaves get the new config first: once any old leaf carries it, import
         // needs them, and a power cut between the two would leave a config naming
@@ -270,7 +270,7 @@ impl Pool {
         // them: a block there is never referenced from a pool whose labels do not know
         // the vdev. On failure the tree is as before.
         let guids: Vec<Guid> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().map(|k| k.guid)).collect();
-        let ids: Vec<u32> = new_tops.iter().map(|(t, _, _)| t.id).collect();
+        let ids: Vec<VdevId> = new_tops.iter().map(|(t, _, _)| t.id).collect();
         let mut alloc = Vec::new();
         for (top, tc, kids) in new_tops {
             inner.leaves.write().extend(kids);
@@ -385,7 +385,7 @@ impl Pool {
         self.check_open()?;
         let inner = &self.inner;
         let top = match dev.strip_prefix("mirror-").and_then(|n| n.parse::<u32>().ok()) {
-            Some(id) => inner.tops().into_iter().find(|t| t.id == id && t.children().len() > 1),
+            Some(id) => inner.tops().into_iter().find(|t| t.id.get() == id && t.children().len() > 1),
             None => inner.find_leaf(dev).map(|(t, _)| t),
         };
         let top = top.ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
@@ -432,7 +432,7 @@ impl Pool {
 
     /// Make every intent-log block on vdev `id` unreferenced and free, and the space
     /// maps on disk say so.
-    fn evacuate_log(&self, id: u32) -> Result<()> {
+    fn evacuate_log(&self, id: crate::VdevId) -> Result<()> {
         const SYNCS_MAX: usize = 12;
         let inner = &self.inner;
         for _ in 0..SYNCS_MAX {

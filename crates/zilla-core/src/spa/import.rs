@@ -179,7 +179,7 @@ impl Pool {
                 leaves.push(leaf.clone());
                 leaf_objs.push(leaf);
             }
-            let tc = TopConfig { id: id as u32, guid: tguid, role: t.role, mirror: t.mirror, ashift, children };
+            let tc = TopConfig { id: crate::VdevId(id as u32), guid: tguid, role: t.role, mirror: t.mirror, ashift, children };
             let top = open_top(&tc, leaf_objs);
             if matches!(t.role, Role::Normal | Role::Log) {
                 ms.add_vdev(top.id, top.role, top.asize());
@@ -730,7 +730,7 @@ mod tests {
             version: super::super::POOL_VERSION,
             state: "active".into(),
             txg: Txg(txg),
-            tops: vec![TopConfig { id: 0, guid: Guid(9), role: Role::Normal, mirror: true, ashift: 12, children }],
+            tops: vec![TopConfig { id: crate::VdevId(0), guid: Guid(9), role: Role::Normal, mirror: true, ashift: 12, children }],
             props: BTreeMap::new(),
             hostid: 0,
             hostname: String::new(),

@@ -16,7 +16,7 @@ impl Pool {
     pub fn check_space_accounting(&self) -> std::result::Result<(), String> {
         let _g = self.inner.sync_lock.lock();
         let inner = &self.inner;
-        let mut used: Vec<(u32, u64, u64)> = Vec::new();
+        let mut used: Vec<(crate::VdevId, u64, u64)> = Vec::new();
         let mut add_bp = |bp: &BlockPointer| {
             for d in bp.copies() {
                 used.push((d.vdev, d.offset, d.asize as u64));

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::{Guid, Txg};
+use crate::{Guid, Txg, VdevId};
 
 use super::abd::AlignedBuf;
 use super::queue::{IoRequest, LeafQueue};
@@ -276,7 +276,7 @@ pub struct ScrubOutcome {
 }
 
 pub struct TopVdev {
-    pub id: u32,
+    pub id: VdevId,
     pub guid: Guid,
     pub role: Role,
     pub is_mirror: bool,

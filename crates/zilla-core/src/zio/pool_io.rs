@@ -37,7 +37,7 @@ use crate::block::compress::Compression;
 use crate::metaslab::Metaslabs;
 use crate::vdev::mirror::TopVdev;
 use crate::vdev::{IoClass, Role};
-use crate::{Error, Result, Txg};
+use crate::{Error, Result, Txg, VdevId};
 
 /// Counters for `zpool status` (scrub/self-heal) and errors.
 #[derive(Debug, Default)]
@@ -83,7 +83,7 @@ pub const WRITE_BUFFERS_POOLED: usize = 32;
 
 /// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
 struct Run {
-    vdev: u32,
+    vdev: VdevId,
     offset: u64,
     bytes: usize,
     blocks: std::ops::Range<usize>,
@@ -136,7 +136,7 @@ impl PoolIo {
         (self.space_size.load(std::sync::atomic::Ordering::Relaxed), self.space_unavailable.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    pub fn top(&self, id: u32) -> Option<Arc<TopVdev>> {
+    pub fn top(&self, id: VdevId) -> Option<Arc<TopVdev>> {
         self.vdevs.read().iter().find(|t| t.id == id).cloned()
     }
 
@@ -383,7 +383,7 @@ impl Drop for SyncWriter<'_> {
 
 /// Merge a sorted batch into runs and interleave the vdevs' runs round-robin.
 fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
-    let mut per_vdev: BTreeMap<u32, Vec<Run>> = BTreeMap::new();
+    let mut per_vdev: BTreeMap<VdevId, Vec<Run>> = BTreeMap::new();
     for (i, w) in batch.iter().enumerate() {
         let runs = per_vdev.entry(w.dva.vdev).or_default();
         match runs.last_mut() {
