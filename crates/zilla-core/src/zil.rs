@@ -980,7 +980,7 @@ mod tests {
     use super::*;
 
     fn ptr(off: u64, size: u32) -> LogPtr {
-        LogPtr { dva: Dva { vdev: 1, asize: size, offset: off } }
+        LogPtr { dva: Dva { vdev: crate::VdevId(1), asize: size, offset: off } }
     }
 
     #[test]
