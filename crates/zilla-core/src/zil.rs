@@ -442,7 +442,9 @@ impl Zilog {
                 // zil_create: the header must reach disk before the chain is any use; the
                 // sync that writes it also writes everything pending
                 if c.next.is_none() && c.blocks.is_empty() {
-                    let head = alloc_log_block(io, LWB_MIN_SIZE)?;
+                    let Ok(head) = alloc_log_block(io, LWB_MIN_SIZE) else {
+                        return Ok(CommitOutcome::NeedTxgSync(open)); // no space: a txg sync
+                    };
                     c.guid = new_guid();
                     c.next = Some((head, 1));
                 }
@@ -782,6 +784,12 @@ fn alloc_log_block(io: &PoolIo, len: usize) -> Result<LogPtr> {
         if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
             return Ok(LogPtr { dva: d });
         }
+    }
+    // the normal class keeps a slop (1/32 of it, as spa_slop_shift) for txg syncs: a log
+    // block never takes the space a sync needs to free space (the commit syncs instead)
+    let (size, allocated) = io.ms.space(Role::Normal);
+    if size.saturating_sub(allocated) < size / 32 + len {
+        return Err(Error::NoSpace);
     }
     Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, len)? })
 }
