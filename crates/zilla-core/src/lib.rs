@@ -94,6 +94,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &dsl_pool::ZFS_DELAY_MIN_DIRTY_PERCENT,
     &dsl_pool::ZFS_DELAY_SCALE,
     &dsl_pool::ZFS_DELAY_MAX_NS,
+    &metaslab::ZILLA_METASLAB_FIRST_FIT,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
