@@ -102,6 +102,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &zil::ZFS_IMMEDIATE_WRITE_SZ,
     &zil::ZIL_SLOG_BULK,
     &zil::ZFS_COMMIT_TIMEOUT_PCT,
+    &metaslab::ZILLA_METASLAB_FIRST_FIT,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,

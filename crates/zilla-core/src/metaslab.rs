@@ -32,10 +32,25 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::vdev::Role;
 use crate::block::blkptr::Dva;
+use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result, Txg, VdevId};
 
 pub const TXG_DEFER_SIZE: u64 = 2;
 pub const METASLAB_ALIQUOT: u64 = 512 << 10;
+
+/// Where a vdev's allocator starts its search. 0 (the default): after its last
+/// allocation (next-fit, so a txg's blocks land side by side). 1: at the start of the
+/// vdev (first-fit), so space is reused as soon as the defer window releases it. The
+/// crash test switches it on in some boots: with next-fit a freed block is reused only
+/// after the cursor wraps, so a defer window one txg too short would go unseen there.
+pub static ZILLA_METASLAB_FIRST_FIT: Tunable = Tunable::new(
+    "zilla_metaslab_first_fit",
+    0,
+    0,
+    1,
+    Applies::Live,
+    "1: allocate from the lowest free offset (reuse freed space at once; for tests)",
+);
 
 #[derive(Debug, Clone)]
 pub struct RangeAllocator {
@@ -66,6 +81,9 @@ impl RangeAllocator {
 
     pub fn alloc(&mut self, len: u64) -> Option<u64> {
         assert!(len > 0);
+        if ZILLA_METASLAB_FIRST_FIT.get() == 1 {
+            self.cursor = 0;
+        }
         let found = self
             .free
             .range(self.cursor..)
