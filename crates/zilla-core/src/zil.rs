@@ -95,6 +95,10 @@ pub static ZFS_COMMIT_TIMEOUT_PCT: Tunable = Tunable::new(
     Applies::Live,
     "when other commits wait for the issuer, it waits this percentage of the last lwb's write latency for more itxs before packing (OpenZFS 2.2 default 10)",
 );
+/// Space admission of a normal-class log block of the given bytes (true: admitted and
+/// counted; see `alloc_log_block`).
+pub type AdmitLogBlock<'a> = &'a dyn Fn(u64) -> bool;
+
 /// Longest wait `zfs_commit_timeout_pct` may ask for.
 pub const ZIL_COMMIT_TIMEOUT_MAX_NS: u64 = 1_000_000;
 /// Bytes one volume's itxs may hold before new itxs are dropped and the next commit
@@ -254,6 +258,12 @@ struct Chain {
     /// Import is replaying the chain of this header: every sync writes it unchanged
     /// until the replay ends.
     replaying: Option<ZilHeader>,
+    /// A log block could not be allocated or written: the chain takes no more records,
+    /// and the first sync of this txg or a later one (which holds every record the
+    /// chain has, all of txgs up to it) frees the whole chain and writes an empty
+    /// header. Until then the syncs keep naming the chain as before: its written blocks
+    /// hold acknowledged writes of txgs not on disk yet.
+    broken_at: Option<Txg>,
 }
 
 /// What a sync did to the chain, handed back to [`Zilog::synced`] once it committed.
@@ -263,6 +273,8 @@ pub struct SyncToken {
     freed_blocks: usize,
     freed_orphans: usize,
     names_chain: bool,
+    /// The sync retired a broken chain: forget it in memory.
+    retired_broken: bool,
 }
 
 /// Counters with OpenZFS names (/proc/spl/kstat/zfs/zil): `_count` of itxs (log
@@ -393,12 +405,14 @@ impl Zilog {
     /// A chain exists whose header is not on disk yet: the next sync must write it.
     pub fn needs_header_sync(&self) -> bool {
         let c = self.chain.lock();
-        c.replaying.is_none() && ((!c.on_disk && (c.next.is_some() || !c.blocks.is_empty())) || !c.to_free.is_empty())
+        c.replaying.is_none() && ((!c.on_disk && (c.next.is_some() || !c.blocks.is_empty())) || !c.to_free.is_empty() || c.broken_at.is_some())
     }
 
     /// Make every itx appended before this call durable (zil_commit). `synced` is the
     /// newest synced txg (itxs of txgs up to it are on disk already).
-    pub fn commit(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64) -> Result<CommitOutcome> {
+    /// `admit_normal` admits log blocks allocated in the normal class (see
+    /// `alloc_log_block`).
+    pub fn commit(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>) -> Result<CommitOutcome> {
         self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
         let target = self.itxs.lock().last_seq;
         if target <= self.durable_seq.load(Ordering::Acquire) {
@@ -433,6 +447,9 @@ impl Zilog {
         }
         {
             let mut c = self.chain.lock();
+            if c.broken_at.is_some() {
+                return Ok(CommitOutcome::NeedTxgSync(open)); // until the sync retires it
+            }
             if c.replaying.is_some() {
                 // replay's own writes: the old chain still holds them until replay ends
                 self.durable_seq.fetch_max(seq, Ordering::AcqRel);
@@ -442,7 +459,7 @@ impl Zilog {
                 // zil_create: the header must reach disk before the chain is any use; the
                 // sync that writes it also writes everything pending
                 if c.next.is_none() && c.blocks.is_empty() {
-                    let Ok(head) = alloc_log_block(io, LWB_MIN_SIZE) else {
+                    let Ok(head) = alloc_log_block(io, LWB_MIN_SIZE, admit_normal) else {
                         return Ok(CommitOutcome::NeedTxgSync(open)); // no space: a txg sync
                     };
                     c.guid = new_guid();
@@ -452,15 +469,17 @@ impl Zilog {
                 return Ok(CommitOutcome::NeedTxgSync(open));
             }
         }
-        match self.write_lwbs(io, &records, open) {
+        match self.write_lwbs(io, &records, open, admit_normal) {
             Ok(()) if !indirect.is_zero() => Ok(CommitOutcome::NeedTxgSync(indirect)),
             Ok(()) => {
                 self.durable_seq.fetch_max(seq, Ordering::AcqRel);
                 Ok(CommitOutcome::Durable)
             }
             Err(e) => {
-                tracing::warn!(volume = self.volume_id, "intent log write failed, falling back to a txg sync: {e}");
-                self.abandon_chain();
+                if !matches!(e, Error::NoSpace) {
+                    tracing::warn!(volume = self.volume_id, "intent log write failed, falling back to a txg sync: {e}");
+                }
+                self.break_chain(open);
                 Ok(CommitOutcome::NeedTxgSync(open))
             }
         }
@@ -520,7 +539,7 @@ impl Zilog {
     }
 
     /// Pack `records` into lwbs continuing the chain, write them all at once, flush.
-    fn write_lwbs(&self, io: &PoolIo, records: &[LogRecord], open: Txg) -> Result<()> {
+    fn write_lwbs(&self, io: &PoolIo, records: &[LogRecord], open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<()> {
         let payload: usize = records.iter().map(record_size_split).sum();
         let max_block = ZIL_MAXBLOCKSIZE.get() as usize;
         let mut planned: Vec<(ChainBlock, Vec<u8>)> = Vec::new();
@@ -550,7 +569,7 @@ impl Zilog {
                 // its flush) then takes one lwb each, not an empty too-small one first
                 let used = LWB_HEADER_SIZE + body.len();
                 let want = (left + LWB_HEADER_SIZE).max(used).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
-                let succ = alloc_log_block(io, want)?;
+                let succ = alloc_log_block(io, want, admit_normal)?;
                 c.next = Some((succ, seq + 1));
                 let block = encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &body);
                 let cb = ChainBlock { ptr, seq, max_txg, written: false, records: nrec, record_bytes: body.len() as u32 };
@@ -625,16 +644,14 @@ impl Zilog {
         Ok(())
     }
 
-    /// A log write failed: the chain ends before it. Forget the chain (the next sync
-    /// frees its blocks and writes an empty header); the caller syncs a txg.
-    fn abandon_chain(&self) {
+    /// A log block could not be allocated or written: the chain ends before it (a
+    /// block the device did not take never verifies, and replay stops there). Nothing
+    /// in memory says it was written; the chain takes no more records and is retired by
+    /// the sync of `open` (every record in it is of txg `open` or older), which the
+    /// caller waits for instead.
+    fn break_chain(&self, open: Txg) {
         let mut c = self.chain.lock();
-        let old = std::mem::take(&mut *c);
-        c.to_free = old.to_free;
-        c.to_free.extend(old.blocks.iter().map(|b| b.ptr));
-        if let Some((n, _)) = old.next {
-            c.to_free.push(n);
-        }
+        c.broken_at = Some(c.broken_at.map_or(open, |b| b.max(open)));
     }
 
     /// Syncing context of txg `txg`: the header to write and the blocks freed in
@@ -650,6 +667,15 @@ impl Zilog {
             free(p.dva);
         }
         tok.freed_orphans = c.to_free.len();
+        if c.broken_at.is_some_and(|b| txg >= b) {
+            // every record of the broken chain is in this txg or an older one
+            for d in c.blocks.iter().map(|b| b.ptr).chain(c.next.map(|(p, _)| p)) {
+                io.ms.log_referenced(&d.dva);
+                free(d.dva);
+            }
+            tok.retired_broken = true;
+            return (ZilHeader::default(), tok);
+        }
         for b in &c.blocks {
             if !b.written || b.max_txg > txg {
                 break;
@@ -679,6 +705,10 @@ impl Zilog {
             for _ in 0..tok.freed_blocks {
                 c.blocks.pop_front();
             }
+            if tok.retired_broken {
+                let to_free = std::mem::take(&mut c.to_free);
+                *c = Chain { to_free, ..Chain::default() };
+            }
             if tok.names_chain {
                 c.on_disk = true;
             }
@@ -707,25 +737,28 @@ impl Zilog {
     /// elsewhere; the syncs that follow free it with the blocks before it. Returns
     /// false when the header naming the chain is not on disk yet (the caller syncs and
     /// asks again).
-    pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open: Txg) -> Result<bool> {
+    pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<bool> {
         let _issuer = self.issuer.lock();
         let planned = {
             let mut c = self.chain.lock();
             if c.replaying.is_some() {
                 return Err(Error::Busy("the intent log is being replayed".into()));
             }
+            if c.broken_at.is_some() {
+                return Ok(false); // the next syncs retire it
+            }
             let Some((ptr, seq)) = c.next.filter(|(p, _)| p.dva.vdev == vdev) else { return Ok(true) };
             if !c.on_disk {
                 return Ok(false);
             }
-            let succ = alloc_log_block(io, LWB_MIN_SIZE)?;
+            let succ = alloc_log_block(io, LWB_MIN_SIZE, admit_normal)?;
             c.next = Some((succ, seq + 1));
             let cb = ChainBlock { ptr, seq, max_txg: Txg::ZERO, written: false, records: 0, record_bytes: 0 };
             c.blocks.push_back(cb);
             vec![(cb, encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))]
         };
         if let Err(e) = self.issue_lwbs(io, &planned, open) {
-            self.abandon_chain();
+            self.break_chain(open);
             return Err(e);
         }
         let mut c = self.chain.lock();
@@ -774,8 +807,13 @@ impl Zilog {
 }
 
 /// Allocate a log block: log class first, then normal. Unreferenced until its
-/// referrer is durable.
-fn alloc_log_block(io: &PoolIo, len: usize) -> Result<LogPtr> {
+/// referrer is durable. In the normal class the block must first pass `admit_normal`
+/// (the volume's space admission: the block leaves the sync's slop free and is counted
+/// against what later writes are admitted into): log blocks are freed only by a sync,
+/// so a log that took the space a sync needs could never give it back (the enospc.rs
+/// hang). Refused: NoSpace, and the commit waits for a txg instead (as zil_commit_writer
+/// does when zio_alloc_zil fails).
+fn alloc_log_block(io: &PoolIo, len: usize, admit_normal: AdmitLogBlock<'_>) -> Result<LogPtr> {
     // the pool's allocation unit (a power of two, 4 KiB up to the largest ashift), so a
     // log block starts and ends on its vdev's sectors
     let unit = io.alloc_unit().max(LWB_MIN_SIZE as u64);
@@ -785,10 +823,7 @@ fn alloc_log_block(io: &PoolIo, len: usize) -> Result<LogPtr> {
             return Ok(LogPtr { dva: d });
         }
     }
-    // the normal class keeps a slop (1/32 of it, as spa_slop_shift) for txg syncs: a log
-    // block never takes the space a sync needs to free space (the commit syncs instead)
-    let (size, allocated) = io.ms.space(Role::Normal);
-    if size.saturating_sub(allocated) < size / 32 + len {
+    if !admit_normal(len) {
         return Err(Error::NoSpace);
     }
     Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, len)? })

@@ -180,6 +180,22 @@ pub fn slop_bytes(size: u64) -> u64 {
     (size / 32).max(4 << 20).min(size / 2)
 }
 
+/// Space admission of an intent-log block of `len` bytes in the normal class (the pool
+/// has no usable log vdev): like a write, it must leave the whole slop free, so the log
+/// never takes the space the sync needs (log blocks are freed only by syncs: a log that
+/// starved the sync would wait for it forever). Admitted, it counts as unavailable
+/// space at once (`PoolIo::note_log_block`), so later writes are admitted around it.
+/// Refused, the commit waits for a txg instead.
+pub fn admit_log_block(io: &crate::zio::PoolIo, dirty: &crate::dsl_pool::DirtyAccounting, len: u64) -> bool {
+    let _held = dirty.reserve(len.next_multiple_of(crate::zio::pool_io::SPACE_ADMISSION_UNIT_BYTES));
+    let (size, unavailable) = io.space();
+    if unavailable + dirty.space_pending() + slop_bytes(size) > size {
+        return false;
+    }
+    io.note_log_block(len);
+    true
+}
+
 /// What a change admitted to the pool costs: data at its logical size, a full path of
 /// new indirect blocks, and the object directory's growth for each of them.
 pub fn admission_cost_bytes(data_bytes: u64, nlevels: u8) -> u64 {
@@ -473,7 +489,8 @@ impl Volume {
         let seq = self.vol.zil.last_seq();
         let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
         let pool = &self.pool;
-        match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64())? {
+        let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
+        match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64(), &admit)? {
             crate::zil::CommitOutcome::Durable => Ok(()),
             crate::zil::CommitOutcome::NeedTxgSync(t) => {
                 txgs.wait_synced(t)?;
