@@ -310,6 +310,7 @@ impl Pool {
                 }
             }
         }
+        keep_required_leaves(&io);
         let mut volumes = BTreeMap::new();
         for v in &mos.volumes {
             volumes.insert(
@@ -603,6 +604,21 @@ fn apply_leaf_health(leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::M
                 }
             }
             None => l.set_dtl(vec![(Txg(1), mos.txg)]),
+        }
+    }
+}
+
+/// A leaf the MOS says is faulted comes back ONLINE when it is the only one holding
+/// some txgs (its siblings attached, offlined or faulted since it was faulted): else
+/// those blocks could not be read at all.
+fn keep_required_leaves(io: &crate::zio::PoolIo) {
+    for t in io.vdevs.read().iter() {
+        for l in t.children().iter().filter(|l| l.state() == LeafState::Faulted) {
+            let only_here = t.txgs_required(l);
+            if !only_here.is_empty() {
+                tracing::warn!(device = %l.spec.display(), txgs = %crate::vdev::mirror::ranges_text(&only_here), "faulted device is the only one holding some txgs: kept online (degraded)");
+                l.set_state(LeafState::Online);
+            }
         }
     }
 }
