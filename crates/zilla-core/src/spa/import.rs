@@ -297,20 +297,7 @@ impl Pool {
         }
         io.ms.replace_with(ms);
         io.refresh_space();
-        apply_leaf_health(&leaves, &cfg, &mos);
-        // leaves that were offline missed every txg since
-        for l in &leaves {
-            if l.state() == LeafState::Offline {
-                if let Some(lc) = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid) {
-                    if !lc.offline_since.is_zero() {
-                        let mut d = l.dtl();
-                        d.push((lc.offline_since, Txg(u64::MAX / 2)));
-                        l.set_dtl(d);
-                    }
-                }
-            }
-        }
-        keep_required_leaves(&io);
+        settle_leaf_states(&io, &leaves, &cfg, &mos);
         let mut volumes = BTreeMap::new();
         for v in &mos.volumes {
             volumes.insert(
@@ -582,6 +569,25 @@ fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock
         }
     }
     Err(Error::Corrupt(format!("pool '{name}': {reason}, and no older txg within {REWIND_MAX_TXGS} loads{last_err}")))
+}
+
+/// Leaf states at import: DTLs and faults from the MOS, offline leaves missing every
+/// txg since they went offline, and no leaf faulted that alone holds some txgs.
+fn settle_leaf_states(io: &PoolIo, leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::Mos) {
+    apply_leaf_health(leaves, cfg, mos);
+    // leaves that were offline missed every txg since
+    for l in leaves {
+        if l.state() == LeafState::Offline {
+            if let Some(lc) = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid) {
+                if !lc.offline_since.is_zero() {
+                    let mut d = l.dtl();
+                    d.push((lc.offline_since, Txg(u64::MAX / 2)));
+                    l.set_dtl(d);
+                }
+            }
+        }
+    }
+    keep_required_leaves(io);
 }
 
 /// Leaf health from the MOS: DTLs and faults. A leaf the MOS does not list joined
