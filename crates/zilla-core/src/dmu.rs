@@ -37,11 +37,31 @@ use crate::block::blkptr::{self, BlockPointer};
 use crate::block::checksum::ChecksumAlgo;
 use crate::block::compress::Compression;
 use crate::zio::{PendingWrite, PoolIo};
+use crate::BlockId;
 use crate::{Error, Result, Txg};
 
 pub const INDIRECT_SIZE: usize = 128 << 10;
 pub const INDIRECT_SHIFT: u32 = 10;
 pub const EPB: u64 = 1 << INDIRECT_SHIFT;
+
+/// A volume's tree geometry, seen from one of its data blocks.
+impl BlockId {
+    /// Index, among the blocks of level `level`, of the block above this one at that
+    /// level (level 0: this block's own id).
+    pub const fn ancestor(self, level: u32) -> u64 {
+        self.0 >> (INDIRECT_SHIFT * level)
+    }
+    /// Which of the EPB block pointers of its level-`level` ancestor (level >= 1) leads
+    /// towards this block.
+    pub const fn slot_in(self, level: u32) -> u64 {
+        self.ancestor(level - 1) & (EPB - 1)
+    }
+    /// The last block id of the L1 span (EPB blocks) this block begins or lies in,
+    /// not past `last`.
+    pub fn span_end(self, last: BlockId) -> BlockId {
+        BlockId((self.0 | (EPB - 1)).min(last.0))
+    }
+}
 pub const MOS_CHUNK_SIZE: usize = 128 << 10;
 pub const MOS_MAGIC: u64 = 0x5a494c4c_414d4f53; // "ZILLAMOS"
 pub const MOS_VERSION: u64 = 1;
@@ -101,15 +121,14 @@ impl TreeRoot {
 }
 
 /// Find the L0 block pointer of `blkid` (hole if unwritten).
-pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: u64, class: IoClass) -> Result<BlockPointer> {
+pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: BlockId, class: IoClass) -> Result<BlockPointer> {
     let mut bp = root.bp;
     for level in (1..root.nlevels as u32).rev() {
         if bp.is_hole() {
             return Ok(bp);
         }
         let ind = read_indirect(io, &bp, class)?;
-        let idx = (blkid >> (INDIRECT_SHIFT * (level - 1))) & (EPB - 1);
-        bp = child_bp(&ind, idx)?;
+        bp = child_bp(&ind, blkid.slot_in(level))?;
     }
     Ok(bp)
 }
@@ -119,10 +138,10 @@ pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: u64, class: IoClass) -> Resul
 pub fn walk_range(
     io: &PoolIo,
     root: &TreeRoot,
-    first: u64,
-    last: u64,
+    first: BlockId,
+    last: BlockId,
     class: IoClass,
-    f: &mut dyn FnMut(u64, &BlockPointer) -> Result<bool>,
+    f: &mut dyn FnMut(BlockId, &BlockPointer) -> Result<bool>,
 ) -> Result<bool> {
     fn rec(
         io: &PoolIo,
@@ -132,13 +151,13 @@ pub fn walk_range(
         first: u64,
         last: u64,
         class: IoClass,
-        f: &mut dyn FnMut(u64, &BlockPointer) -> Result<bool>,
+        f: &mut dyn FnMut(BlockId, &BlockPointer) -> Result<bool>,
     ) -> Result<bool> {
         if bp.is_hole() {
             return Ok(true);
         }
         if level == 0 {
-            return f(base, bp);
+            return f(BlockId(base), bp);
         }
         let span = EPB.pow(level - 1);
         let ind = read_indirect(io, bp, class)?;
@@ -152,7 +171,7 @@ pub fn walk_range(
         }
         Ok(true)
     }
-    rec(io, &root.bp, root.nlevels as u32 - 1, 0, first, last, class, f)
+    rec(io, &root.bp, root.nlevels as u32 - 1, 0, first.get(), last.get(), class, f)
 }
 
 /// Visit every block pointer of the tree (indirects included), parents before children.
@@ -187,7 +206,7 @@ pub struct WritePolicy {
 pub fn apply_changes(
     io: &PoolIo,
     root: &TreeRoot,
-    changes: &[(u64, BlockPointer)],
+    changes: &[(BlockId, BlockPointer)],
     pol: &WritePolicy,
     batch: &mut Vec<PendingWrite>,
 ) -> Result<TreeRoot> {
@@ -196,7 +215,7 @@ pub fn apply_changes(
         bp: &BlockPointer,
         level: u32,
         base: u64,
-        changes: &[(u64, BlockPointer)],
+        changes: &[(BlockId, BlockPointer)],
         pol: &WritePolicy,
         batch: &mut Vec<PendingWrite>,
     ) -> Result<BlockPointer> {
@@ -213,9 +232,9 @@ pub fn apply_changes(
         };
         let mut i = 0;
         while i < changes.len() {
-            let idx = (changes[i].0 - base) / span;
+            let idx = (changes[i].0.get() - base) / span;
             let mut j = i + 1;
-            while j < changes.len() && (changes[j].0 - base) / span == idx {
+            while j < changes.len() && (changes[j].0.get() - base) / span == idx {
                 j += 1;
             }
             let old = child_bp(&ind, idx)?;
@@ -256,7 +275,7 @@ pub struct DirtyVersion {
 
 #[derive(Default)]
 pub struct DirtyShard {
-    pub blocks: HashMap<u64, Vec<DirtyVersion>>,
+    pub blocks: HashMap<BlockId, Vec<DirtyVersion>>,
     /// Incremented whenever a sync drops committed records from this shard.
     pub commit_gen: u64,
 }
@@ -281,15 +300,15 @@ impl Default for DirtySet {
 }
 
 impl DirtySet {
-    pub fn shard(&self, blkid: u64) -> &Mutex<DirtyShard> {
-        &self.shards[(blkid as usize) % DIRTY_SHARDS]
+    pub fn shard(&self, blkid: BlockId) -> &Mutex<DirtyShard> {
+        &self.shards[(blkid.get() as usize) % DIRTY_SHARDS]
     }
     /// Newest dirty version of a block: Some(None) = freed, Some(Some) = data.
-    pub fn newest(&self, blkid: u64) -> Option<Option<Arc<[u8]>>> {
+    pub fn newest(&self, blkid: BlockId) -> Option<Option<Arc<[u8]>>> {
         self.shard(blkid).lock().blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone())
     }
     /// Insert a version for `txg`; returns true if this block became newly dirty in txg.
-    pub fn insert(shard: &mut DirtyShard, blkid: u64, txg: Txg, data: Option<Arc<[u8]>>) -> bool {
+    pub fn insert(shard: &mut DirtyShard, blkid: BlockId, txg: Txg, data: Option<Arc<[u8]>>) -> bool {
         let v = shard.blocks.entry(blkid).or_default();
         match v.last_mut() {
             Some(last) if last.txg == txg => {
@@ -303,7 +322,7 @@ impl DirtySet {
         }
     }
     /// Every record of txg `txg`, sorted by blkid.
-    pub fn collect(&self, txg: Txg) -> Vec<(u64, Option<Arc<[u8]>>)> {
+    pub fn collect(&self, txg: Txg) -> Vec<(BlockId, Option<Arc<[u8]>>)> {
         let mut out = Vec::new();
         for s in &self.shards {
             let s = s.lock();
@@ -319,10 +338,10 @@ impl DirtySet {
     /// Drop every record of a txg <= `txg` (it is committed).
     /// Block `blkid` became dirty in `txg`: how many indirect blocks above it (in a
     /// tree of `nlevels`) became dirty in `txg` with it.
-    pub fn note_indirects(&self, txg: Txg, blkid: u64, nlevels: u8) -> u32 {
+    pub fn note_indirects(&self, txg: Txg, blkid: BlockId, nlevels: u8) -> u32 {
         let mut n = 0;
         for level in 1..nlevels.max(1) {
-            let idx = blkid >> (INDIRECT_SHIFT * level as u32);
+            let idx = blkid.ancestor(level as u32);
             let newly = self.indirects[(idx as usize) % INDIRECT_SHARDS].lock().insert((txg, level, idx));
             if !newly {
                 break; // its parents are dirty already
@@ -640,5 +659,25 @@ impl VolumeState {
             props: crate::props::PropSet::clone(&self.props.snapshot()),
             created_txg: self.created_txg,
         }
+    }
+}
+
+#[cfg(test)]
+mod block_id_tests {
+    use super::*;
+
+    #[test]
+    fn tree_geometry_of_a_block_id() {
+        let b = BlockId(3 * EPB * EPB + 5 * EPB + 7);
+        assert_eq!(b.ancestor(0), b.get());
+        assert_eq!(b.ancestor(1), 3 * EPB + 5);
+        assert_eq!(b.ancestor(2), 3);
+        assert_eq!((b.slot_in(1), b.slot_in(2), b.slot_in(3)), (7, 5, 3));
+        // a span ends at the L1 boundary, or at `last` if that comes first
+        assert_eq!(BlockId(0).span_end(BlockId(10 * EPB)), BlockId(EPB - 1));
+        assert_eq!(BlockId(EPB + 1).span_end(BlockId(10 * EPB)), BlockId(2 * EPB - 1));
+        assert_eq!(BlockId(EPB).span_end(BlockId(EPB + 9)), BlockId(EPB + 9));
+        assert_eq!(BlockId::of_offset(5 * 4096 + 1, 4096), BlockId(5));
+        assert_eq!(BlockId(5).offset_bytes(4096), 5 * 4096);
     }
 }

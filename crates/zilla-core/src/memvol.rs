@@ -13,7 +13,7 @@ pub struct MemVolume {
     size: u64,
     block_size: u32,
     read_only: bool,
-    blocks: Mutex<BTreeMap<u64, Box<[u8]>>>,
+    blocks: Mutex<BTreeMap<crate::BlockId, Box<[u8]>>>,
 }
 
 impl MemVolume {

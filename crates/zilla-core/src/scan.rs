@@ -32,7 +32,7 @@ use crate::txg::TxgState;
 use crate::vdev::mirror::Leaf;
 use crate::vdev::IoClass;
 use crate::block::blkptr::BlockPointer;
-use crate::{Error, Result, Txg};
+use crate::{BlockId, Error, Result, Txg};
 
 pub static ZFS_SCAN_PAUSE_EVERY_SPANS: Tunable = Tunable::new(
     "zfs_scan_pause_every_spans",
@@ -47,7 +47,7 @@ pub static ZFS_SCAN_PAUSE_EVERY_SPANS: Tunable = Tunable::new(
 pub struct Bookmark {
     pub phase: u8,
     pub volume_id: u64,
-    pub blkid: u64,
+    pub blkid: BlockId,
 }
 
 /// What a scan does. Serialized as "", "scrub", "resilver" (the MOS `scan_state` JSON).
@@ -558,7 +558,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             check_labels(inner);
         }
         scan_mos(inner, resilver, min_txg, &mut unrepaired)?;
-        bm = Bookmark { phase: 1, volume_id: 0, blkid: 0 };
+        bm = Bookmark { phase: 1, volume_id: 0, blkid: BlockId(0) };
         inner.scan().status.lock().bookmark = bm.clone();
     }
     let mut vols: Vec<_> = inner.volumes();
@@ -567,22 +567,22 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
         if v.id < bm.volume_id {
             continue;
         }
-        let mut blk = if v.id == bm.volume_id { bm.blkid } else { 0 };
-        let nblocks = v.nblocks();
-        while blk < nblocks {
+        let mut blk = if v.id == bm.volume_id { bm.blkid } else { BlockId(0) };
+        let end = BlockId(v.nblocks());
+        while blk < end {
             if stop() {
                 return Ok(());
             }
-            let last = (blk + EPB - 1).min(nblocks - 1);
+            let last = blk.span_end(BlockId(end.get() - 1));
             // the pin keeps every block of this root where it is while the span's
             // repairs are written (a block freed meanwhile is not reused)
             let pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
             let root: TreeRoot = *v.committed.read();
-            let mut bad: Vec<(u64, BlockPointer)> = Vec::new();
+            let mut bad: Vec<(BlockId, BlockPointer)> = Vec::new();
             walk_span(inner, &root, blk, last, if resilver { min_txg } else { Txg::ZERO }, &mut bad, &mut unrepaired)?;
             drop(pin);
             count_bad_blocks(inner, &v, bad);
-            blk = last + 1;
+            blk = last.next();
             {
                 let mut s = inner.scan().status.lock();
                 s.bookmark = Bookmark { phase: 1, volume_id: v.id, blkid: blk };
@@ -614,7 +614,7 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
 
 /// Count the blocks of a span found bad on every copy, rechecked against the current
 /// tree: a block freed meanwhile is not an error.
-fn count_bad_blocks(inner: &Arc<dyn ScanPool>, v: &VolumeState, bad: Vec<(u64, BlockPointer)>) {
+fn count_bad_blocks(inner: &Arc<dyn ScanPool>, v: &VolumeState, bad: Vec<(BlockId, BlockPointer)>) {
     for (blkid, bp) in bad {
         let cur = *v.committed.read();
         if let Ok(now) = dmu::lookup(inner.io(), &cur, blkid, IoClass::Scrub) {
@@ -692,10 +692,10 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
 fn walk_span(
     inner: &Arc<dyn ScanPool>,
     root: &TreeRoot,
-    first: u64,
-    last: u64,
+    first: BlockId,
+    last: BlockId,
     min_txg: Txg,
-    bad: &mut Vec<(u64, BlockPointer)>,
+    bad: &mut Vec<(BlockId, BlockPointer)>,
     unrepaired: &mut Unrepaired,
 ) -> Result<()> {
     struct Walk<'a> {
@@ -703,10 +703,10 @@ fn walk_span(
         first: u64,
         last: u64,
         min_txg: Txg,
-        bad: &'a mut Vec<(u64, BlockPointer)>,
+        bad: &'a mut Vec<(BlockId, BlockPointer)>,
         unrepaired: &'a mut Unrepaired,
     }
-    let mut w = Walk { inner, first, last, min_txg, bad, unrepaired };
+    let mut w = Walk { inner, first: first.get(), last: last.get(), min_txg, bad, unrepaired };
     return rec(&mut w, &root.bp, root.nlevels as u32 - 1, 0);
 
     fn rec(w: &mut Walk<'_>, bp: &BlockPointer, level: u32, base: u64) -> Result<()> {
@@ -717,7 +717,7 @@ fn walk_span(
         // an indirect is scrubbed in the first span it covers; L0s in their own span
         if (level == 0 || base >= first) && !scrub_bp(inner, bp, w.unrepaired) {
             if level == 0 {
-                w.bad.push((base, *bp));
+                w.bad.push((BlockId(base), *bp));
             } else {
                 inner.scan().status.lock().errors += 1;
                 w.unrepaired.all = true;

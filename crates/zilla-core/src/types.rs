@@ -104,6 +104,14 @@ impl BlockId {
     pub const fn next(self) -> BlockId {
         BlockId(self.0 + 1)
     }
+    /// The block holding byte `offset_bytes` of a volume of `block_size_bytes` blocks.
+    pub const fn of_offset(offset_bytes: u64, block_size_bytes: u64) -> BlockId {
+        BlockId(offset_bytes / block_size_bytes)
+    }
+    /// Byte offset of this block's first byte.
+    pub const fn offset_bytes(self, block_size_bytes: u64) -> u64 {
+        self.0 * block_size_bytes
+    }
 }
 
 macro_rules! show_bare {

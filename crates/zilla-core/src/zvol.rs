@@ -10,7 +10,7 @@
 //! - out-of-range reads are `InvalidArgument`, out-of-range writes `NoSpace`,
 //!   writes to a read-only volume `ReadOnly`.
 
-use crate::Result;
+use crate::{BlockId, Result};
 
 /// One run of the block-status map: `hole` = unallocated and reads as zeros.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -139,7 +139,7 @@ pub struct Volume {
 /// One block's share of a byte range: `(blkid, offset in block, offset in range, len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockChunk {
-    pub blkid: u64,
+    pub blkid: BlockId,
     pub in_block: usize,
     pub in_range: usize,
     pub len: usize,
@@ -156,7 +156,7 @@ pub fn block_chunks(offset: u64, len: u64, block_size: u64) -> impl Iterator<Ite
         }
         let in_block = pos % block_size;
         let n = (block_size - in_block).min(end - pos);
-        let c = BlockChunk { blkid: pos / block_size, in_block: in_block as usize, in_range: (pos - offset) as usize, len: n as usize };
+        let c = BlockChunk { blkid: BlockId::of_offset(pos, block_size), in_block: in_block as usize, in_range: (pos - offset) as usize, len: n as usize };
         pos += n;
         Some(c)
     })
@@ -303,7 +303,7 @@ impl Volume {
 
     /// The block reads as a hole: no dirty version, or a dirty free, over a committed
     /// hole (or none at all).
-    fn is_hole(&self, blkid: u64) -> Result<bool> {
+    fn is_hole(&self, blkid: BlockId) -> Result<bool> {
         match self.vol.dirty.newest(blkid) {
             Some(Some(_)) => return Ok(false),
             Some(None) => return Ok(true),
@@ -321,7 +321,7 @@ impl Volume {
     }
 
     /// Content of a committed block (None = hole).
-    fn read_committed(&self, blkid: u64, class: IoClass) -> Result<Option<Arc<[u8]>>> {
+    fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<Arc<[u8]>>> {
         let root = *self.vol.committed.read();
         let bp = dmu::lookup(&self.pool.io(), &root, blkid, class)?;
         if bp.is_hole() {
@@ -333,7 +333,7 @@ impl Volume {
 
     /// Newest content of a block: dirty first, then committed. Dirty must be checked first
     /// (see dmu: records are dropped only after the new root is published).
-    fn read_block(&self, blkid: u64) -> Result<Option<Arc<[u8]>>> {
+    fn read_block(&self, blkid: BlockId) -> Result<Option<Arc<[u8]>>> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Ok(d);
         }
@@ -344,15 +344,15 @@ impl Volume {
     /// of the previous block so a multi-block read walks the tree once per 1024 blocks;
     /// it is tied to the root it was read from and dropped when a sync publishes a new
     /// one (the root is re-read after each dirty check, as the dmu ordering requires).
-    fn read_block_cached(&self, blkid: u64, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<Option<Arc<[u8]>>> {
+    fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<Option<Arc<[u8]>>> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Some(d);
         }
         let root = *self.vol.committed.read();
         let io = &self.pool.io();
         let bp = match memo {
-            Some((r, l1idx, l1)) if *r == root && *l1idx == blkid >> dmu::INDIRECT_SHIFT && root.nlevels >= 2 => {
-                let o = (blkid & (dmu::EPB - 1)) as usize * crate::block::blkptr::BlockPointer::SIZE;
+            Some((r, l1idx, l1)) if *r == root && *l1idx == blkid.ancestor(1) && root.nlevels >= 2 => {
+                let o = blkid.slot_in(1) as usize * crate::block::blkptr::BlockPointer::SIZE;
                 crate::block::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?
             }
             _ => {
@@ -362,11 +362,10 @@ impl Volume {
                         return Some(None);
                     }
                     let ind = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
-                    let idx = ((blkid >> (dmu::INDIRECT_SHIFT * (level - 1))) & (dmu::EPB - 1)) as usize;
-                    let o = idx * crate::block::blkptr::BlockPointer::SIZE;
+                    let o = blkid.slot_in(level) as usize * crate::block::blkptr::BlockPointer::SIZE;
                     bp = crate::block::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
                     if level == 1 {
-                        *memo = Some((root, blkid >> dmu::INDIRECT_SHIFT, ind));
+                        *memo = Some((root, blkid.ancestor(1), ind));
                     }
                 }
                 bp
@@ -384,7 +383,7 @@ impl Volume {
 
     /// Replace `[in_off, in_off+patch.len())` of block `blkid` (None patch = zeros), or the
     /// whole block. `whole_hole` = free the block instead of writing zeros.
-    fn update_block(&self, blkid: u64, in_off: usize, patch: Option<&[u8]>, len: usize, whole_hole: bool) -> Result<Txg> {
+    fn update_block(&self, blkid: BlockId, in_off: usize, patch: Option<&[u8]>, len: usize, whole_hole: bool) -> Result<Txg> {
         let bs = self.bs() as usize;
         let full = in_off == 0 && len == bs;
         let mut attempts = 0;
@@ -455,11 +454,11 @@ impl Volume {
     /// dirty-shard lock so the log's order per block is the dirty versions' order. A
     /// volume with sync=disabled logs nothing (its flushes never wait). With
     /// logbias=throughput a whole-block write is indirect: its commit waits for its txg.
-    fn log_itx(&self, txg: Txg, blkid: u64, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
+    fn log_itx(&self, txg: Txg, blkid: crate::BlockId, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
         if self.vol.props.typed().sync == SyncPolicy::Disabled {
             return;
         }
-        let offset = blkid * self.bs() + in_off as u64;
+        let offset = blkid.offset_bytes(self.bs()) + in_off as u64;
         let throughput = self.vol.props.typed().logbias == crate::props::LogBias::Throughput;
         match (patch, new) {
             // logbias=throughput: whole blocks go to the pool in place (WR_INDIRECT)
@@ -675,14 +674,14 @@ impl BlockVolume for Volume {
             return Ok(vec![]);
         }
         let bs = self.bs();
-        let first = offset / bs;
-        let last = (offset + len - 1) / bs;
+        let first = BlockId::of_offset(offset, bs);
+        let last = BlockId::of_offset(offset + len - 1, bs);
         // dirty records first, then the committed tree: a sync that publishes a block
         // and drops its record in between is then seen in the tree (see dmu)
-        let dirty: std::collections::HashMap<u64, bool> =
-            (first..=last).filter_map(|b| self.vol.dirty.newest(b).map(|d| (b, d.is_none()))).collect();
+        let dirty: std::collections::HashMap<BlockId, bool> =
+            (first.get()..=last.get()).map(BlockId).filter_map(|b| self.vol.dirty.newest(b).map(|d| (b, d.is_none()))).collect();
         let root = *self.vol.committed.read();
-        let mut allocated: Vec<u64> = Vec::new();
+        let mut allocated: Vec<BlockId> = Vec::new();
         dmu::walk_range(&self.pool.io(), &root, first, last, IoClass::SyncRead, &mut |blk, _| {
             allocated.push(blk);
             Ok(true)
@@ -692,7 +691,7 @@ impl BlockVolume for Volume {
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
-            let blkid = pos / bs;
+            let blkid = BlockId::of_offset(pos, bs);
             let n = (bs - pos % bs).min(end - pos);
             while alloc_iter.peek().map_or(false, |&b| b < blkid) {
                 alloc_iter.next();
@@ -718,11 +717,11 @@ mod block_chunk_tests {
     #[test]
     fn chunks_cover_the_range_exactly() {
         let v: Vec<BlockChunk> = block_chunks(100, 20_000, 4096).collect();
-        assert_eq!(v.first().unwrap(), &BlockChunk { blkid: 0, in_block: 100, in_range: 0, len: 3996 });
+        assert_eq!(v.first().unwrap(), &BlockChunk { blkid: BlockId(0), in_block: 100, in_range: 0, len: 3996 });
         assert_eq!(v.iter().map(|c| c.len).sum::<usize>(), 20_000);
         for w in v.windows(2) {
             assert_eq!(w[0].in_range + w[0].len, w[1].in_range);
-            assert_eq!(w[0].blkid + 1, w[1].blkid);
+            assert_eq!(w[0].blkid.next(), w[1].blkid);
             assert_eq!(w[1].in_block, 0);
         }
         assert_eq!(block_chunks(5, 0, 512).count(), 0);

@@ -36,7 +36,7 @@ fn scrub_finds_both_victims_of_a_misdirected_write_and_repairs_them() {
 
     // the next write b gets lands on the copy of block 3 instead
     let root = pool.debug_volume_root("vol").unwrap();
-    let victim = dmu::lookup(pool.debug_io(), &root, 3, IoClass::SyncRead).unwrap();
+    let victim = dmu::lookup(pool.debug_io(), &root, zilla_core::BlockId(3), IoClass::SyncRead).unwrap();
     b.arm(DeviceFault::Misdirect { nth: 0, to: DATA_START + victim.dva[0].offset });
     let new = pattern(2, BS);
     v.write(4 << 20, &new, false).unwrap();

@@ -25,7 +25,7 @@ fn scrub_pauses_and_resumes_across_export() {
     pool.scrub_wait().unwrap();
     let s = scan_status(&pool);
     assert_eq!(s.state, "paused", "{s:?}");
-    assert_eq!(s.bookmark.blkid, 1024, "{s:?}");
+    assert_eq!(s.bookmark.blkid, zilla_core::BlockId(1024), "{s:?}");
     let examined_first = s.examined_bytes;
     assert!(examined_first > 0);
     let sc = pool.status().scan;
@@ -37,7 +37,7 @@ fn scrub_pauses_and_resumes_across_export() {
     let pool = import(&devs);
     let s = scan_status(&pool);
     assert_eq!(s.state, "paused", "paused state must survive export: {s:?}");
-    assert_eq!(s.bookmark.blkid, 1024);
+    assert_eq!(s.bookmark.blkid, zilla_core::BlockId(1024));
 
     pool.scrub(ScrubCmd::Start).unwrap();
     pool.scrub_wait().unwrap();

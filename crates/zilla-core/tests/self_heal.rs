@@ -72,7 +72,7 @@ fn root(pool: &Pool) -> dmu::TreeRoot {
 }
 
 fn l0(pool: &Pool, blkid: u64) -> BlockPointer {
-    let bp = dmu::lookup(pool.debug_io(), &root(pool), blkid, IoClass::SyncRead).unwrap();
+    let bp = dmu::lookup(pool.debug_io(), &root(pool), zilla_core::BlockId(blkid), IoClass::SyncRead).unwrap();
     assert!(!bp.is_hole());
     bp
 }

@@ -300,19 +300,7 @@ impl Pool {
         }
         io.ms.replace_with(ms);
         io.refresh_space();
-        apply_leaf_health(&leaves, &cfg, &mos);
-        // leaves that were offline missed every txg since
-        for l in &leaves {
-            if l.state() == LeafState::Offline {
-                if let Some(lc) = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid) {
-                    if !lc.offline_since.is_zero() {
-                        let mut d = l.dtl();
-                        d.push((lc.offline_since, Txg(u64::MAX / 2)));
-                        l.set_dtl(d);
-                    }
-                }
-            }
-        }
+        settle_leaf_states(&io, &leaves, &cfg, &mos);
         let volumes = volumes_from_mos(&mos);
         if let Ok(p) = serde_json::from_str::<BTreeMap<String, String>>(&mos.pool_props) {
             cfg.props.extend(p);
@@ -613,6 +601,25 @@ fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock
     Err(Error::Corrupt(format!("pool '{name}': {reason}, and no older txg within {REWIND_MAX_TXGS} loads{last_err}")))
 }
 
+/// Leaf states at import: DTLs and faults from the MOS, offline leaves missing every
+/// txg since they went offline, and no leaf faulted that alone holds some txgs.
+fn settle_leaf_states(io: &PoolIo, leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::Mos) {
+    apply_leaf_health(leaves, cfg, mos);
+    // leaves that were offline missed every txg since
+    for l in leaves {
+        if l.state() == LeafState::Offline {
+            if let Some(lc) = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid) {
+                if !lc.offline_since.is_zero() {
+                    let mut d = l.dtl();
+                    d.push((lc.offline_since, Txg(u64::MAX / 2)));
+                    l.set_dtl(d);
+                }
+            }
+        }
+    }
+    keep_required_leaves(io);
+}
+
 /// Leaf health from the MOS: DTLs and faults. A leaf the MOS does not list joined
 /// after that txg (attach, add) and is treated as missing every txg; an object
 /// directory from before the health section keeps the labels' DTLs.
@@ -633,6 +640,21 @@ fn apply_leaf_health(leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::M
                 }
             }
             None => l.set_dtl(vec![(Txg(1), mos.txg)]),
+        }
+    }
+}
+
+/// A leaf the MOS says is faulted comes back ONLINE when it is the only one holding
+/// some txgs (its siblings attached, offlined or faulted since it was faulted): else
+/// those blocks could not be read at all.
+fn keep_required_leaves(io: &crate::zio::PoolIo) {
+    for t in io.vdevs.read().iter() {
+        for l in t.children().iter().filter(|l| l.state() == LeafState::Faulted) {
+            let only_here = t.txgs_required(l);
+            if !only_here.is_empty() {
+                tracing::warn!(device = %l.spec.display(), txgs = %crate::vdev::mirror::ranges_text(&only_here), "faulted device is the only one holding some txgs: kept online (degraded)");
+                l.set_state(LeafState::Online);
+            }
         }
     }
 }

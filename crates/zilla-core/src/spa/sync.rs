@@ -393,11 +393,11 @@ impl PoolInner {
     fn sync_volume_data(
         &self,
         v: &VolumeState,
-        recs: &[(u64, Option<Arc<[u8]>>)],
+        recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
         txg: Txg,
         writer: &crate::zio::SyncWriter<'_>,
         written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
-    ) -> Result<Vec<(u64, BlockPointer)>> {
+    ) -> Result<Vec<(crate::BlockId, BlockPointer)>> {
         let props = v.props.typed();
         let (algo, comp) = (props.checksum, props.compression);
         let cache = props.primarycache == crate::props::CachePolicy::All;

@@ -291,17 +291,36 @@ pub enum VerifyResult {
 }
 
 impl TopVdev {
-    /// Count an I/O error on `c` and fault it if it looks dead and a sibling is healthy.
+    /// Count an I/O error on `c` and fault it if it looks dead and its siblings can
+    /// serve everything it holds. A leaf that is the only one holding some txgs (its
+    /// siblings were attached, offlined or faulted since) stays ONLINE however many
+    /// errors it has: faulting it would make those blocks unreadable, where reading it
+    /// may still work (a disk whose writes fail often still reads). OpenZFS does the
+    /// same (`vdev_fault` degrades instead of faulting when `vdev_dtl_required`).
     fn note_error(&self, c: &Leaf, e: &IoError) {
         let n = c.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
         let gone = e.is_gone();
         if (gone || n >= FAULT_AFTER_CONSECUTIVE_ERRORS) && c.state() == LeafState::Online {
             let sibling_ok = self.children.read().iter().any(|o| o.guid != c.guid && o.readable());
-            if sibling_ok {
+            let only_here = self.txgs_required(c);
+            if sibling_ok && only_here.is_empty() {
                 c.set_state(LeafState::Faulted);
                 tracing::warn!(device = %c.spec.display(), errors = n, "device faulted after I/O errors: {e}");
+            } else if sibling_ok && n == FAULT_AFTER_CONSECUTIVE_ERRORS {
+                tracing::warn!(
+                    device = %c.spec.display(),
+                    errors = n,
+                    txgs = %ranges_text(&only_here),
+                    "device has I/O errors but is the only one holding some txgs: kept online (degraded): {e}"
+                );
             }
         }
+    }
+
+    /// The txgs only `c` holds among this vdev's children, up to any txg: not empty
+    /// means `c` must not be faulted or taken away.
+    pub fn txgs_required(&self, c: &Leaf) -> Vec<(Txg, Txg)> {
+        self.txgs_only_on(c, Txg(u64::MAX / 8), &|_| Vec::new())
     }
 
     pub fn children(&self) -> Vec<Arc<Leaf>> {
@@ -510,6 +529,13 @@ impl TopVdev {
         let mut out = ScrubOutcome::default();
         for (i, c) in children.iter().enumerate() {
             if !c.readable() {
+                // offline or faulted now: if it misses this block, the pass did not
+                // repair it, and a resilver that finishes after it comes back (a pass
+                // resumed after a power cut is not restarted by the online) must keep
+                // its DTL
+                if c.dtl_contains(birth) {
+                    out.unrepaired.push(c.guid);
+                }
                 continue;
             }
             match c.queue.read_buf(IoClass::Scrub, len, phys) {

@@ -61,7 +61,7 @@ impl PrepareWorkers {
     }
 
     /// Prepare every record's data (None stays None: a freed block), in order.
-    pub fn prepare_all(&self, recs: &[(u64, Option<Arc<[u8]>>)], algo: ChecksumAlgo, comp: Compression, unit: u64) -> Vec<Option<PreparedBlock>> {
+    pub fn prepare_all(&self, recs: &[(crate::BlockId, Option<Arc<[u8]>>)], algo: ChecksumAlgo, comp: Compression, unit: u64) -> Vec<Option<PreparedBlock>> {
         let one = |d: &Option<Arc<[u8]>>| d.as_ref().map(|d| super::prepare(d, algo, comp, unit));
         let Some(jobs) = self.jobs.as_ref().filter(|_| recs.len() >= PARALLEL_MIN_BLOCKS) else {
             return recs.iter().map(|(_, d)| one(d)).collect();
