@@ -445,29 +445,8 @@ impl Zilog {
             self.durable_seq.fetch_max(seq, Ordering::AcqRel);
             return Ok(CommitOutcome::Durable);
         }
-        {
-            let mut c = self.chain.lock();
-            if c.broken_at.is_some() {
-                return Ok(CommitOutcome::NeedTxgSync(open)); // until the sync retires it
-            }
-            if c.replaying.is_some() {
-                // replay's own writes: the old chain still holds them until replay ends
-                self.durable_seq.fetch_max(seq, Ordering::AcqRel);
-                return Ok(CommitOutcome::Durable);
-            }
-            if !c.on_disk {
-                // zil_create: the header must reach disk before the chain is any use; the
-                // sync that writes it also writes everything pending
-                if c.next.is_none() && c.blocks.is_empty() {
-                    let Ok(head) = alloc_log_block(io, LWB_MIN_SIZE, admit_normal) else {
-                        return Ok(CommitOutcome::NeedTxgSync(open)); // no space: a txg sync
-                    };
-                    c.guid = new_guid();
-                    c.next = Some((head, 1));
-                }
-                drop(c);
-                return Ok(CommitOutcome::NeedTxgSync(open));
-            }
+        if let Some(outcome) = self.chain_gate(io, seq, open, new_guid, admit_normal) {
+            return Ok(outcome);
         }
         match self.write_lwbs(io, &records, open, admit_normal) {
             Ok(()) if !indirect.is_zero() => Ok(CommitOutcome::NeedTxgSync(indirect)),
@@ -483,6 +462,34 @@ impl Zilog {
                 Ok(CommitOutcome::NeedTxgSync(open))
             }
         }
+    }
+
+    /// Can the chain take records now? `Some`: how the commit ends instead (a broken
+    /// chain or one whose header is not on disk yet: a txg sync; replay's own writes:
+    /// durable already, the old chain holds them).
+    fn chain_gate(&self, io: &PoolIo, seq: u64, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>) -> Option<CommitOutcome> {
+        let mut c = self.chain.lock();
+        if c.broken_at.is_some() {
+            return Some(CommitOutcome::NeedTxgSync(open)); // until the sync retires it
+        }
+        if c.replaying.is_some() {
+            // replay's own writes: the old chain still holds them until replay ends
+            self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+            return Some(CommitOutcome::Durable);
+        }
+        if !c.on_disk {
+            // zil_create: the header must reach disk before the chain is any use; the
+            // sync that writes it also writes everything pending
+            if c.next.is_none() && c.blocks.is_empty() {
+                let Ok(head) = alloc_log_block(io, LWB_MIN_SIZE, admit_normal) else {
+                    return Some(CommitOutcome::NeedTxgSync(open)); // no space: a txg sync
+                };
+                c.guid = new_guid();
+                c.next = Some((head, 1));
+            }
+            return Some(CommitOutcome::NeedTxgSync(open));
+        }
+        None
     }
 
     /// The caller waited for the txg a commit asked for: everything up to `seq` is on
