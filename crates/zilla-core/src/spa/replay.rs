@@ -14,7 +14,8 @@
 //!  3. replay every record of a txg newer than the claim txg, in chain order, as
 //!     ordinary writes and write_zeroes of the volume
 //!  4. end: the chain's blocks are freed and the header emptied by the next sync,
-//!     which is waited for (the replayed writes are in it or in an earlier one)
+//!     which is waited for (the replayed writes are in it or in an earlier one) when
+//!     there were records to replay or discard
 //! ```
 //! A crash anywhere before 4's sync commits leaves the header naming the same chain
 //! with the same claim txg; the next import replays the same records again, which
@@ -46,7 +47,10 @@ impl Pool {
             let chain = zil::claim(&self.inner.io, hdr, *id)?;
             let claim_txg = if hdr.claim_txg.is_zero() { synced } else { hdr.claim_txg };
             vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });
-            any = true;
+            // a chain with no record newer than the claim txg changes nothing: the next
+            // sync frees it (an import of an idle pool writes nothing; a cut before that
+            // sync claims the same chain again)
+            any |= chain.records.iter().any(|r| r.txg > claim_txg);
             if zil::ZIL_REPLAY_DISABLE.get() != 0 {
                 tracing::warn!(pool = %self.inner.name, volume = %name, records = chain.records.len(), "zil_replay_disable is set: discarding the intent log");
             } else {
