@@ -47,8 +47,10 @@
 //! ```
 //!
 //! The written data always reaches the inner device at once; the model only adds time.
-//! A flush does not fdatasync the inner device unless `sim_flush_backing` is 1: the
-//! modelled flush time is the device's, not the lab disk's.
+//! A flush also flushes the inner device unless `sim_flush_backing` is 0 (bench/run sets
+//! it, so the modelled flush time is the device's, not the lab disk's fdatasync on top).
+//! With 0 a device under the model never sees a flush: tests/sim.rs's crash devices
+//! then lost every write at the first power cut.
 //! (Volatile-cache *loss* on power failure is CrashDevice's job, not this model's.)
 //!
 //! Overshoot credit: a wake-up that lands late (timer slack, a busy CPU) makes that I/O
@@ -127,11 +129,11 @@ pub static SIM_SEED: Tunable =
     Tunable::new("sim_seed", 1, 0, u64::MAX, Applies::NextDeviceOpen, "seed of the sim-hdd rotational-delay RNG (each device mixes in its open order)");
 pub static SIM_FLUSH_BACKING: Tunable = Tunable::new(
     "sim_flush_backing",
-    0,
+    1,
     0,
     1,
     Applies::Live,
-    "1: a sim device's flush also fdatasyncs its backing file (host power-loss safety; the host disk's flush time is then added to the modelled flush); 0: the model's flush time only (the data is in the backing file at once either way, and survives the daemon's death)",
+    "1: a sim device's flush also flushes the device under it (host power-loss safety, and a crash-test device under the model sees the flush; the host disk's flush time is then added to the modelled flush); 0 (bench/run): the model's flush time only (the data is in the backing file at once either way, and survives the daemon's death)",
 );
 pub static SIM_SPIN_US: Tunable =
     Tunable::new("sim_spin_us", 50, 0, 1_000_000, Applies::NextDeviceOpen, "sim devices sleep (1 ns timer slack) until this long before a deadline, then spin: sub-ms accuracy vs. CPU burnt");
