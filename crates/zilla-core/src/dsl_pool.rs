@@ -31,7 +31,8 @@
 //! most the dirty max). A write that finds the open txg past 7/8 of the limit waits one
 //! clock tick (10 ms); one that finds it full kicks the txg and waits until the next txg
 //! opens. That is the tri-modal latency of seed 002: software speed, 10 ms, and a stall
-//! for a whole sync.
+//! for a whole sync. The delay curve and the dirty-percent kick are off in this mode;
+//! the hard stop at the dirty max stays.
 //!
 //! Space. Besides dirty bytes, every dirty change also counts the space its txg will
 //! allocate when it syncs (`add_space`: data, the indirect blocks it dirties, its growth
@@ -76,6 +77,10 @@ pub static ZFS_WRITE_LIMIT_OVERRIDE: Tunable = Tunable::new_auto(
     Applies::Live,
     "legacy throttle: fixed txg write limit in bytes; 0 = measured from the sync bandwidth (old dsl_pool.c)",
 );
+fn is_legacy() -> bool {
+    ZFS_WRITE_THROTTLE_MODE.get() == 1
+}
+
 /// One clock tick of the legacy throttle's delay (HZ = 100).
 const LEGACY_TICK_NS: u64 = 10_000_000;
 pub static ZFS_DELAY_MAX_NS: Tunable =
@@ -212,7 +217,8 @@ impl DirtyAccounting {
     /// legacy throttle, see the module comment). `abort` is polled so shutdown can
     /// release blocked writers.
     pub fn throttle(&self, txg: &TxgState, abort: &dyn Fn() -> bool) {
-        if ZFS_WRITE_THROTTLE_MODE.get() == 1 {
+        let legacy = is_legacy();
+        if legacy {
             self.throttle_legacy(txg, abort);
         }
         let max = dirty_data_max();
@@ -223,7 +229,7 @@ impl DirtyAccounting {
                 self.cv.wait_for(&mut g, Duration::from_millis(50));
             }
         }
-        let d = delay_ns(self.total.load(Relaxed), max);
+        let d = if legacy { 0 } else { delay_ns(self.total.load(Relaxed), max) };
         if d == 0 {
             return;
         }
@@ -324,9 +330,10 @@ impl DirtyAccounting {
         self.per_txg[txg.ring_slot(TXG_SIZE)].load(Relaxed)
     }
 
-    /// The open txg is big enough that it should be synced now.
+    /// The open txg is big enough that it should be synced now (legacy mode: its
+    /// writers kick it at the write limit themselves; the timer does the rest).
     pub fn should_kick(&self, open_txg: Txg) -> bool {
-        self.txg_dirty(open_txg) >= dirty_data_max() * ZFS_DIRTY_DATA_SYNC_PERCENT.get() / 100
+        !is_legacy() && self.txg_dirty(open_txg) >= dirty_data_max() * ZFS_DIRTY_DATA_SYNC_PERCENT.get() / 100
     }
 
     /// Txg `txg` has been written: its dirty bytes are no longer dirty.
