@@ -212,6 +212,7 @@ impl PoolInner {
             self.name
         );
         let _g = self.sync_lock.lock();
+        self.dirty.begin_sync();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
