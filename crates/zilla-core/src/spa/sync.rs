@@ -418,6 +418,9 @@ impl PoolInner {
                 changes.push((*blkid, bp));
             }
             writer.issue(chunk_batch)?;
+            // counted as zvol counted them: a block's size, 512 bytes for a free
+            let bs = v.volblocksize as u64;
+            self.dirty.undirty(txg, chunk.iter().map(|(_, d)| if d.is_some() { bs } else { 512 }).sum());
         }
         Ok(changes)
     }
