@@ -37,7 +37,7 @@ MODES = ("openzfs", "legacy")
 
 
 def settings(quick):
-    return {"device_MBps": 100, "device_file_bytes": 6 * GiB, "volume_bytes": 2 * GiB,
+    return {"device_MBps": 100, "device_file_bytes": 16 * GiB, "volume_bytes": 2 * GiB,
             "volblocksize": "8K", "zfs_dirty_data_max": 1 * GiB, "zfs_txg_timeout_s": 5,
             "zfs_txg_synctime_ms": 5000, "runtime_s": 25 if quick else 60,
             "loads": [[10, 1], [10, 10], [10, 100]],
@@ -67,8 +67,11 @@ def run_scenario(ctx):
         writers = jobs * depth
         for i, mode in enumerate(MODES if writers != 100 else reversed(MODES)):
             z.cli("tunable", "set", f"zfs_write_throttle_mode={mode}")
+            before = dmu_tx(z)
             r = fio_writers(z, jobs, depth, cfg, wd, f"{mode}-{writers}")
-            r["dmu_tx"] = dmu_tx(z)
+            after = dmu_tx(z)
+            # counters as this run's increase; gauges (dirty, limits) as at its end
+            r["dmu_tx"] = {k: (v - before.get(k, 0) if k.endswith("_total") else v) for k, v in after.items()}
             results.setdefault(str(writers), {})[mode] = r
             nbd_flush(z.uri("bench/vol"), wd, f"{mode}-{writers}")
             log(f"{writers:>4} writers {mode:>7}: {r['MBps']:6.1f} MB/s, mean {r['mean_us']:9.0f} us, "
