@@ -143,6 +143,10 @@ pub struct ThrottleStats {
     /// Legacy mode: the open txg's write limit (bytes), from the measured bandwidth.
     #[serde(default)]
     pub write_limit_bytes: u64,
+    /// Writes and frees that waited for a txg sync because space admission found the
+    /// pool too full for them (see zvol's `reserve_space`).
+    #[serde(default)]
+    pub space_waits: u64,
 }
 
 /// Dirty bytes in atomics, so the common case (well below the delay threshold) takes no
@@ -172,6 +176,7 @@ pub struct DirtyAccounting {
     legacy_full: AtomicU64,
     /// Bytes of the syncing txg undirtied so far (its size, with the rest at retire).
     undirtied_bytes: AtomicU64,
+    space_waits: AtomicU64,
     /// Admissions between their check and their `add_space` (see [`SpaceReservation`]).
     reserved: AtomicU64,
     /// Object-directory growth of destroyed volumes' trees not yet freed by a sync
@@ -211,6 +216,7 @@ impl DirtyAccounting {
             legacy_delayed: AtomicU64::new(0),
             legacy_full: AtomicU64::new(0),
             undirtied_bytes: AtomicU64::new(0),
+            space_waits: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
             doomed_bytes: AtomicU64::new(0),
         }
@@ -309,6 +315,11 @@ impl DirtyAccounting {
         SpaceReservation { acct: self, bytes }
     }
 
+    /// A writer waits for a sync because space admission refused it for now.
+    pub fn note_space_wait(&self) {
+        self.space_waits.fetch_add(1, Relaxed);
+    }
+
     /// A destroyed volume's tree waits to be freed; its defer entries need `bytes`.
     pub fn add_doomed(&self, bytes: u64) {
         self.doomed_bytes.fetch_add(bytes, Relaxed);
@@ -391,6 +402,7 @@ impl DirtyAccounting {
             legacy_delayed_writes: self.legacy_delayed.load(Relaxed),
             legacy_txg_full_waits: self.legacy_full.load(Relaxed),
             write_limit_bytes: self.write_limit_bytes.load(Relaxed),
+            space_waits: self.space_waits.load(Relaxed),
         }
     }
 }

@@ -272,6 +272,7 @@ impl Volume {
                 return Err(Error::NoSpace);
             }
             stalls += 1;
+            self.pool.dirty().note_space_wait();
             let t = self.pool.txg().open_txg();
             self.pool.txg().wait_synced(t)?;
         }

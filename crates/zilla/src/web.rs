@@ -264,6 +264,7 @@ fn register_dmu_tx(reg: &mut Registry, pools: &[(String, zilla_core::dsl_pool::T
         ("zilla_dmu_tx_dirty_over_max", "Writes blocked with dirty data at zfs_dirty_data_max", |t| t.blocked_writes),
         ("zilla_dmu_tx_delay", "Legacy throttle: writes delayed one tick past 7/8 of the write limit", |t| t.legacy_delayed_writes),
         ("zilla_dmu_tx_write_limit", "Legacy throttle: writes that waited for the next txg at the write limit", |t| t.legacy_txg_full_waits),
+        ("zilla_dmu_tx_space_wait", "Writes and frees that waited for a txg sync because the pool was too full to admit them", |t| t.space_waits),
     ] {
         counters(reg, name, help, pools.iter().map(|(n, t)| (pl(n), get(t))));
     }
