@@ -30,7 +30,10 @@
 //! every pending itx, packs them into lwbs (adaptive size: what is pending, and at
 //! least what the previous block held, so equal commits take one lwb each; 4 KiB to
 //! `zil_maxblocksize`), writes every lwb at once and flushes the devices written (unless
-//! `zil_nocacheflush`), then publishes the new durable sequence number. A commit with
+//! `zil_nocacheflush`), then publishes the new durable sequence number. Each child of a
+//! log vdev flushes in the completion of its own last lwb write, on the engine thread
+//! that finished it (`TopVdev::write_blocks_then_flush`): one hand-off to the devices
+//! and one back per commit, and a child whose write failed is never flushed or counted. A commit with
 //! nothing pending returns at once. Blocks come from the log class when the pool has log
 //! vdevs, else from the normal class. If a log write fails, the chain is abandoned (its
 //! blocks are freed by the next sync) and the commit waits for a txg sync instead.
@@ -601,32 +604,33 @@ impl Zilog {
         Ok(())
     }
 
+    /// Write the planned lwbs and flush the devices that took them: per log vdev one
+    /// write-then-flush run (each child flushes as soon as its own writes completed, in
+    /// that completion), all vdevs at once. Ok when every vdev has at least one child
+    /// holding all of its blocks. A child whose write failed is not flushed and does
+    /// not count (a flush issued before a child's write failed must not count it as
+    /// holding the lwb: device_faults row 1).
     fn issue_lwbs(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg) -> Result<()> {
         let t0 = std::time::Instant::now();
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let mut tops = Vec::new();
         let total: u64 = planned.iter().map(|(_, b)| b.len() as u64).sum();
         let class = if total > ZIL_SLOG_BULK.get() { IoClass::AsyncWrite } else { IoClass::SyncWrite };
+        let mut per_top: Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<(u64, Arc<AlignedBuf>)>)> = Vec::new();
         for (cb, block) in planned {
             let top = io.top(cb.ptr.dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", cb.ptr.dva.vdev)))?;
-            let slog = top.role == Role::Log;
-            let st = &self.stats;
-            let (count, bytes, write) = if slog {
-                (&st.zil_itx_metaslab_slog_count, &st.zil_itx_metaslab_slog_bytes, &st.zil_itx_metaslab_slog_write)
-            } else {
-                (&st.zil_itx_metaslab_normal_count, &st.zil_itx_metaslab_normal_bytes, &st.zil_itx_metaslab_normal_write)
-            };
-            count.fetch_add(cb.records as u64, Ordering::Relaxed);
-            bytes.fetch_add(cb.record_bytes as u64, Ordering::Relaxed);
-            write.fetch_add(block.len() as u64, Ordering::Relaxed);
-            st.zil_lwb_write_count.fetch_add(1, Ordering::Relaxed);
+            self.count_lwb(top.role == Role::Log, cb, block.len());
+            let buf = Arc::new(AlignedBuf::copy_of(block));
+            match per_top.iter_mut().find(|(t, _)| t.id == top.id) {
+                Some((_, blocks)) => blocks.push((cb.ptr.dva.offset, buf)),
+                None => per_top.push((top, vec![(cb.ptr.dva.offset, buf)])),
+            }
+        }
+        let flush = ZIL_NOCACHEFLUSH.get() == 0;
+        let (tx, rx) = crossbeam_channel::bounded(per_top.len());
+        for (top, blocks) in per_top {
             let tx = tx.clone();
-            top.write_async(class, Arc::new(AlignedBuf::copy_of(block)), cb.ptr.dva.offset, open, Box::new(move |o| {
+            top.write_blocks_then_flush(class, blocks, open, flush, Box::new(move |o| {
                 let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
             }));
-            if !tops.iter().any(|t: &Arc<crate::vdev::mirror::TopVdev>| t.id == top.id) {
-                tops.push(top);
-            }
         }
         drop(tx);
         let mut first_err = None;
@@ -638,17 +642,21 @@ impl Zilog {
         if let Some(e) = first_err {
             return Err(e);
         }
-        // The flushes go in only after the writes completed: a child whose write failed
-        // is then known not to hold the block, and its flush does not count (issuing
-        // them together, a flush on a child whose write was still failing counted as
-        // holding it: device_faults row 1)
-        if ZIL_NOCACHEFLUSH.get() == 0 {
-            for t in &tops {
-                t.flush().map_err(Error::Io)?;
-            }
-        }
         self.last_lwb_latency_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn count_lwb(&self, slog: bool, cb: &ChainBlock, block_bytes: usize) {
+        let st = &self.stats;
+        let (count, bytes, write) = if slog {
+            (&st.zil_itx_metaslab_slog_count, &st.zil_itx_metaslab_slog_bytes, &st.zil_itx_metaslab_slog_write)
+        } else {
+            (&st.zil_itx_metaslab_normal_count, &st.zil_itx_metaslab_normal_bytes, &st.zil_itx_metaslab_normal_write)
+        };
+        count.fetch_add(cb.records as u64, Ordering::Relaxed);
+        bytes.fetch_add(cb.record_bytes as u64, Ordering::Relaxed);
+        write.fetch_add(block_bytes as u64, Ordering::Relaxed);
+        st.zil_lwb_write_count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A log block could not be allocated or written: the chain ends before it (a

@@ -532,6 +532,21 @@ impl LeafQueue {
         Ok(w.wait().result?)
     }
 
+    /// Flush the device's write cache on the calling thread, now, without queueing:
+    /// it covers every write that has *completed* on this leaf, not the ones still
+    /// queued or in flight (those need [`LeafQueue::flush`]). For a caller that runs in
+    /// the completion of its own last write (the intent log's write-then-flush), this
+    /// saves the hand-off to an engine thread and back.
+    pub fn flush_completed_writes(&self) -> Result<(), IoError> {
+        let sh = &self.shared;
+        let (issued_at, result, _) = sh.perform(IoOp::Flush, 0, 0, IoData::None);
+        sh.flush_latency.record(issued_at.elapsed().as_nanos() as u64);
+        if result.is_ok() {
+            sh.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
     /// Queued + active I/Os right now (mirror read selection load).
     pub fn pending(&self) -> u32 {
         self.shared.pending.load(Ordering::Relaxed)
