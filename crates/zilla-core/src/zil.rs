@@ -618,6 +618,8 @@ impl Zilog {
                     }
                     ItxData::Truncate(_) => (TX_TRUNCATE, 0, Vec::new()),
                     ItxData::Indirect(block) => {
+                        self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_indirect_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
                         out.push(Pending::Indirect { txg, offset: itx.offset, block });
                         continue;
                     }
@@ -647,12 +649,13 @@ impl Zilog {
             };
             let len = block.len() as u64;
             if let Some((r, w)) = self.dmu_sync(io, txg, offset, &block, pol, admit) {
-                self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
-                self.stats.zil_itx_indirect_bytes.fetch_add(len, Ordering::Relaxed);
                 records.push(r);
                 writes.push(w);
                 continue;
             }
+            // counted as indirect when taken: it is copied after all
+            self.stats.zil_itx_indirect_count.fetch_sub(1, Ordering::Relaxed);
+            self.stats.zil_itx_indirect_bytes.fetch_sub(len, Ordering::Relaxed);
             self.stats.zil_itx_needcopy_count.fetch_add(1, Ordering::Relaxed);
             self.stats.zil_itx_needcopy_bytes.fetch_add(len, Ordering::Relaxed);
             records.push(LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg, offset, len, data: block.to_vec() });
