@@ -47,8 +47,19 @@
 //! takes every block of a valid chain (and its pre-allocated successor) back out of the
 //! free trees and defer lists.
 //!
+//! Indirect writes (dmu_sync). A WR_INDIRECT itx keeps the whole block's buffer; the
+//! commit prepares it as the sync would (checksum, compression), allocates it in the
+//! normal class, writes it with the lwbs (one flush round for both) and logs a record
+//! holding its block pointer, born in the itx's txg T. The block is kept in
+//! `overrides` until T syncs: the sync of T closes T to new dmu_syncs, waits for those
+//! of T in flight (`overrides_for_sync`), then uses each block whose dirty version is
+//! still the buffer written (no second write) and frees the others in T. Claim takes
+//! the pointed-to blocks born after the claim txg; replay reads them verified.
+//!
 //! Lock order: `issuer` -> `chain` -> `itxs` (each of the last two is held only for
-//! memory work; no lock is held across a txg wait).
+//! memory work; no lock is held across a txg wait). `overrides` is taken alone, or
+//! before the allocator's locks (a dmu_sync allocates under it); the sync waits on it
+//! only for dmu_sync I/O, which never waits for a sync.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -675,8 +686,10 @@ impl Zilog {
             *o.in_flight.entry(txg).or_default() += 1;
         }
         let p = crate::zio::prepare(block, pol.algo, pol.comp, io.alloc_unit());
-        let dva = if admit(p.asize()) { io.ms.alloc_log(Role::Normal, p.asize()).ok() } else { None };
+        // allocated and listed under one lock: a volume destroyed meanwhile
+        // (`take_all_blocks`) frees every block listed, and no other is allocated
         let mut o = self.overrides.lock();
+        let dva = if admit(p.asize()) { io.ms.alloc_log(Role::Normal, p.asize()).ok() } else { None };
         let Some(dva) = dva else {
             o.end_in_flight(txg);
             drop(o);
