@@ -267,8 +267,7 @@ impl PoolInner {
         let writer = crate::zio::SyncWriter::new(&self.io, txg);
         let mut trees = Vec::new();
         for v in &vols {
-            // before the records: waits for the blocks commits are writing in place
-            let overrides = v.zil.overrides_for_sync(txg);
+            let overrides = v.zil.overrides_for_sync(txg); // first: waits for dmu_syncs of txg
             let recs = v.dirty.collect(txg);
             let root = *v.committed.read();
             if recs.is_empty() {
