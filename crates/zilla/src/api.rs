@@ -293,7 +293,7 @@ mod tests {
         let v = serde_json::to_value(&st).unwrap();
         let classes = v["classes"].as_object().unwrap();
         let names: Vec<&str> = classes.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["async_read", "async_write", "scrub", "sync_read", "sync_write"]);
+        assert_eq!(names, ["async_read", "async_write", "scrub", "sync_read", "sync_write", "trim"]);
         assert_eq!(v["classes"]["scrub"]["ops"], 3);
         assert_eq!(v["classes"]["scrub"]["bytes"], 49152);
         assert_eq!(v["classes"]["scrub"]["errors"], 1);

@@ -216,7 +216,7 @@ fn render_metrics(s: &Snapshot) -> String {
     let sum = |st: &LeafStats, bytes: bool, read: bool| -> u64 {
         IoClass::ALL
             .iter()
-            .filter(|c| c.is_read() == read)
+            .filter(|&&c| c != IoClass::Trim && c.is_read() == read)
             .map(|&c| if bytes { st.bytes[c as usize] } else { st.ops[c as usize] })
             .sum::<u64>()
     };
