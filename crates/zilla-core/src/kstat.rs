@@ -86,6 +86,8 @@ pub struct Tunable {
     pub applies: Applies,
     /// One line; says where the default comes from.
     pub description: &'static str,
+    /// For a mode switch: the name of each value 0, 1, ... (`set` by name or number).
+    pub choices: &'static [&'static str],
     value: AtomicU64,
 }
 
@@ -115,14 +117,31 @@ impl Tunable {
     /// for statics (a const panic).
     pub const fn new(name: &'static str, default: u64, min: u64, max: u64, applies: Applies, description: &'static str) -> Tunable {
         assert!(min <= default && default <= max, "tunable default outside its range");
-        Tunable { name, default, min, max, zero_is_auto: false, applies, description, value: AtomicU64::new(default) }
+        Tunable { name, default, min, max, zero_is_auto: false, applies, description, choices: &[], value: AtomicU64::new(default) }
+    }
+
+    /// A mode switch: value i means `choices[i]`; the default is `choices[0]`.
+    pub const fn new_choice(name: &'static str, choices: &'static [&'static str], applies: Applies, description: &'static str) -> Tunable {
+        assert!(!choices.is_empty(), "a mode tunable needs choices");
+        let max = choices.len() as u64 - 1;
+        Tunable { name, default: 0, min: 0, max, zero_is_auto: false, applies, description, choices, value: AtomicU64::new(0) }
+    }
+
+    /// The name of the current value of a mode switch (None for a number).
+    pub fn choice(&self) -> Option<&'static str> {
+        self.choices.get(self.get() as usize).copied()
+    }
+
+    /// The value a word names: a choice's name for a mode switch, else None.
+    pub fn value_of(&self, word: &str) -> Option<u64> {
+        self.choices.iter().position(|c| *c == word).map(|i| i as u64)
     }
 
     /// A tunable whose default 0 means "computed automatically"; an explicit value must
     /// lie in `min..=max`.
     pub const fn new_auto(name: &'static str, min: u64, max: u64, applies: Applies, description: &'static str) -> Tunable {
         assert!(min <= max, "tunable range empty");
-        Tunable { name, default: 0, min, max, zero_is_auto: true, applies, description, value: AtomicU64::new(0) }
+        Tunable { name, default: 0, min, max, zero_is_auto: true, applies, description, choices: &[], value: AtomicU64::new(0) }
     }
 
     pub fn in_range(&self, value: u64) -> bool {
@@ -193,6 +212,18 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_mode_switch_is_set_by_name_or_number() {
+        static MODE: Tunable = Tunable::new_choice("zilla_test_mode", &["openzfs", "legacy"], Applies::Live, "test");
+        assert_eq!((MODE.get(), MODE.choice()), (0, Some("openzfs")));
+        assert_eq!(MODE.value_of("legacy"), Some(1));
+        assert_eq!(MODE.value_of("fast"), None);
+        MODE.set(1).unwrap();
+        assert_eq!(MODE.choice(), Some("legacy"));
+        assert!(MODE.set(2).is_err(), "a value past the last choice is refused");
+        assert_eq!(MODE.choice(), Some("legacy"));
+    }
+
     #[test]
     fn buckets() {
         assert_eq!(Histogram::bucket_of(0), 0);

@@ -116,6 +116,9 @@ pub struct TunableRow {
     #[serde(default)]
     pub applies: String,
     pub description: String,
+    /// A mode switch's value names (value i is choices[i]); empty for a number.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

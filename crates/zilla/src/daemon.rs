@@ -876,6 +876,7 @@ async fn tunable_list() -> Json<Vec<TunableRow>> {
             zero_is_auto: t.zero_is_auto,
             applies: t.applies.as_str().into(),
             description: t.description.into(),
+            choices: t.choices.iter().map(|c| c.to_string()).collect(),
         })
         .collect();
     Json(rows)

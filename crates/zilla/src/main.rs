@@ -869,8 +869,9 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
                 .iter()
                 .map(|r| {
                     let auto = if r.zero_is_auto { "0," } else { "" };
-                    let range = format!("{auto}{}..{}", r.min, r.max);
-                    vec![r.name.clone(), r.value.to_string(), r.default.to_string(), range, r.applies.clone(), r.description.clone()]
+                    let named = |v: u64| r.choices.get(v as usize).cloned().unwrap_or_else(|| v.to_string());
+                    let range = if r.choices.is_empty() { format!("{auto}{}..{}", r.min, r.max) } else { r.choices.join("|") };
+                    vec![r.name.clone(), named(r.value), named(r.default), range, r.applies.clone(), r.description.clone()]
                 })
                 .collect();
             use format::Align::*;
@@ -880,9 +881,13 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
         TunableCmd::Set { assignment } => {
             let (name, v) = parse_assignment(&assignment)?;
             let err = ctx(format!("cannot set tunable '{name}'"));
-            let value = match units::parse_size(&v) {
-                Ok(n) => n,
-                Err(_) => return Err(err(format!("bad value '{v}': expected a number (size suffixes K, M, G allowed)"))),
+            let rows: Vec<TunableRow> = c.get("/v1/tunables").await.map_err(ctx(format!("cannot set tunable '{name}'")))?;
+            let choices = rows.iter().find(|r| r.name == name).map(|r| r.choices.clone()).unwrap_or_default();
+            let value = match (choices.iter().position(|c| *c == v), units::parse_size(&v)) {
+                (Some(i), _) => i as u64,
+                (None, Ok(n)) => n,
+                (None, Err(_)) if !choices.is_empty() => return Err(err(format!("bad value '{v}': expected one of {}", choices.join(", ")))),
+                (None, Err(_)) => return Err(err(format!("bad value '{v}': expected a number (size suffixes K, M, G allowed)"))),
             };
             let _: Empty = c.post("/v1/tunables", &TunableSet { name: name.clone(), value }).await.map_err(err)?;
         }
