@@ -40,6 +40,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::txg::TXG_SIZE;
+use crate::vdev::queue::DirtyGauge;
 use crate::Txg;
 
 pub static ZFS_DIRTY_DATA_MAX: Tunable =
@@ -118,6 +119,8 @@ pub struct DirtyAccounting {
     /// Object-directory growth of destroyed volumes' trees not yet freed by a sync
     /// (every freed block becomes a defer-list entry).
     doomed_bytes: AtomicU64,
+    /// `total` and the limit, published for the leaves' async-write ramp (vdev queue).
+    gauge: Arc<DirtyGauge>,
 }
 
 /// Space an admitted change holds until its cost is counted by `add_space`; released
@@ -149,7 +152,17 @@ impl DirtyAccounting {
             mos_bytes: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
             doomed_bytes: AtomicU64::new(0),
+            gauge: Arc::new(DirtyGauge::default()),
         }
+    }
+
+    /// The gauge the pool's leaf queues read their async-write max_active from.
+    pub fn gauge(&self) -> &Arc<DirtyGauge> {
+        &self.gauge
+    }
+
+    fn publish(&self) {
+        self.gauge.set(self.total.load(Relaxed), dirty_data_max());
     }
 
     /// Called before a writer dirties data: apply the delay curve, block at max.
@@ -223,6 +236,7 @@ impl DirtyAccounting {
     pub fn add(&self, txg: Txg, bytes: u64) {
         self.per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
         self.total.fetch_add(bytes, Relaxed);
+        self.publish();
     }
 
     pub fn txg_dirty(&self, txg: Txg) -> u64 {
@@ -238,6 +252,7 @@ impl DirtyAccounting {
     pub fn retire(&self, txg: Txg) {
         let n = self.per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.total.fetch_sub(n, Relaxed);
+        self.publish();
         let n = self.space_per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.space_total.fetch_sub(n, Relaxed);
         let _g = self.blocked_mu.lock();

@@ -208,6 +208,9 @@ impl PoolInner {
             self.name
         );
         let _g = self.sync_lock.lock();
+        // The leaves' async-write max_active follows this pool's dirty data (a leaf
+        // attached since the last sync gets the gauge here, before its first sync write).
+        self.publish_dirty_gauge();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
@@ -240,6 +243,13 @@ impl PoolInner {
                 self.suspended.store(true, Ordering::Relaxed);
                 Err(e)
             }
+        }
+    }
+
+    fn publish_dirty_gauge(&self) {
+        self.dirty.gauge().set(self.dirty.total(), crate::dsl_pool::dirty_data_max());
+        for leaf in self.leaves.read().iter() {
+            leaf.queue.set_dirty_gauge(self.dirty.gauge());
         }
     }
 

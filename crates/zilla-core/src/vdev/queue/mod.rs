@@ -608,6 +608,12 @@ impl LeafQueue {
         Ok(w.wait().result?)
     }
 
+    /// Let async writes' max_active follow this pool's dirty data (set once; later
+    /// calls are no-ops). Without a gauge the queue uses zfs_vdev_async_write_max_active.
+    pub fn set_dirty_gauge(&self, gauge: &Arc<DirtyGauge>) {
+        let _ = self.shared.dirty.set(gauge.clone());
+    }
+
     /// Blocking discard of `len` bytes at `offset` (trim class).
     pub fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let w = Waiter::new();
@@ -1148,6 +1154,24 @@ mod tests {
         st.active_total -= 1;
         assert_eq!(st.next(&limits).map(|q| q.req.class), Some(IoClass::SyncRead), "then the sync read");
         assert_eq!((st.class_index[0].len(), st.class_index[3].len(), st.active_total), (0, 0, 2));
+    }
+
+    #[test]
+    fn async_write_max_active_follows_the_pool_gauge() {
+        // Goal: a leaf whose pool handed it a dirty gauge runs async writes at the
+        // ramp's value for the dirty data (29/30/45/60/61 % with the default tunables:
+        // min 2, max 10, 30 % .. 60 %); before that, at zfs_vdev_async_write_max_active.
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(1 << 20));
+        let q = LeafQueue::new(dev, "mem");
+        let w = IoClass::AsyncWrite as usize;
+        assert_eq!(q.shared.current_limits().max_active[w], ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as u32);
+        let gauge = Arc::new(DirtyGauge::default());
+        q.set_dirty_gauge(&gauge);
+        let max = 1000u64 << 20;
+        for (pct, want) in [(29, 2), (30, 2), (45, 6), (60, 10), (61, 10)] {
+            gauge.set(max / 100 * pct, max);
+            assert_eq!(q.shared.current_limits().max_active[w], want, "{pct} % dirty");
+        }
     }
 
     #[test]
