@@ -68,5 +68,11 @@ z pool list -H -o name | grep -qx tank || fail "first daemon no longer answers"
 # Tunables round-trip (they are the daemon's, not the CLI process's).
 z tunable set zfs_txg_timeout=7
 [ "$(z tunable get -H zfs_txg_timeout | cut -f2)" = 7 ] || fail "tunable set/get"
+# A mode switch is set and shown by name; a word naming no mode is refused with the list.
+z tunable set zfs_write_throttle_mode=legacy
+[ "$(z tunable get -H zfs_write_throttle_mode | cut -f2)" = legacy ] || fail "mode tunable by name"
+expect_error "bad value 'fast': expected one of openzfs, legacy" z tunable set zfs_write_throttle_mode=fast
+z tunable set zfs_write_throttle_mode=0
+[ "$(z tunable get -H zfs_write_throttle_mode | cut -f2)" = openzfs ] || fail "mode tunable by number"
 stop_daemon
 log "CLI errors OK"

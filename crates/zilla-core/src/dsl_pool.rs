@@ -24,6 +24,16 @@
 //! When the open txg alone passes `zfs_dirty_data_sync_percent` of max, the sync thread
 //! is kicked.
 //!
+//! Legacy mode (`zfs_write_throttle_mode=legacy`, a Zilla tunable, for comparison only):
+//! the ZFS throttle of 2008-2013 (old dsl_pool_tempreserve_space / txg_delay). Each sync
+//! measures the write bandwidth (bytes of the txg / its sync time); the next txgs may
+//! hold `zfs_txg_synctime_ms` of it (`write_limit`, at least `zfs_write_limit_min`, at
+//! most the dirty max). A write that finds the open txg past 7/8 of the limit waits one
+//! clock tick (10 ms); one that finds it full kicks the txg and waits until the next txg
+//! opens. That is the tri-modal latency of seed 002: software speed, 10 ms, and a stall
+//! for a whole sync. The delay curve and the dirty-percent kick are off in this mode;
+//! the hard stop at the dirty max stays.
+//!
 //! Space. Besides dirty bytes, every dirty change also counts the space its txg will
 //! allocate when it syncs (`add_space`: data, the indirect blocks it dirties, its growth
 //! of the object directory), and an admission in progress holds a reservation
@@ -39,7 +49,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
-use crate::txg::TXG_SIZE;
+use crate::txg::{TxgState, TXG_SIZE};
 use crate::vdev::queue::DirtyGauge;
 use crate::Txg;
 
@@ -51,6 +61,29 @@ pub static ZFS_DELAY_MIN_DIRTY_PERCENT: Tunable =
     Tunable::new("zfs_delay_min_dirty_percent", 60, 0, 100, Applies::Live, "dirty percent of max where the write delay starts (dmu_tx.c)");
 pub static ZFS_DELAY_SCALE: Tunable =
     Tunable::new("zfs_delay_scale", 500_000, 0, 10_000_000_000, Applies::Live, "delay curve scale in ns (dmu_tx.c)");
+pub static ZFS_WRITE_THROTTLE_MODE: Tunable = Tunable::new_choice(
+    "zfs_write_throttle_mode",
+    &["openzfs", "legacy"],
+    Applies::Live,
+    "Zilla: openzfs = dirty-data delay curve; legacy = the 2008-2013 throttle (txg sized to zfs_txg_synctime_ms of measured bandwidth, 10 ms delay past 7/8, block when full), for comparison",
+);
+pub static ZFS_TXG_SYNCTIME_MS: Tunable =
+    Tunable::new("zfs_txg_synctime_ms", 5000, 100, 60_000, Applies::Live, "legacy throttle: target sync time of a txg in ms (old txg.c)");
+pub static ZFS_WRITE_LIMIT_MIN: Tunable =
+    Tunable::new("zfs_write_limit_min", 32 << 20, 1 << 20, 1 << 40, Applies::Live, "legacy throttle: smallest txg write limit in bytes (old dsl_pool.c)");
+pub static ZFS_WRITE_LIMIT_OVERRIDE: Tunable = Tunable::new_auto(
+    "zfs_write_limit_override",
+    1 << 20,
+    1 << 44,
+    Applies::Live,
+    "legacy throttle: fixed txg write limit in bytes; 0 = measured from the sync bandwidth (old dsl_pool.c)",
+);
+fn is_legacy() -> bool {
+    ZFS_WRITE_THROTTLE_MODE.get() == 1
+}
+
+/// One clock tick of the legacy throttle's delay (HZ = 100).
+const LEGACY_TICK_NS: u64 = 10_000_000;
 pub static ZFS_DELAY_MAX_NS: Tunable =
     Tunable::new("zfs_delay_max_ns", 100_000_000, 0, 10_000_000_000, Applies::Live, "longest single write delay (dmu_tx.c MSEC2NSEC(100))");
 
@@ -73,6 +106,16 @@ pub fn dirty_data_max() -> u64 {
     }
 }
 
+/// Legacy throttle: the write limit after a txg of `bytes` synced in `elapsed_ns`:
+/// `zfs_txg_synctime_ms` worth of that bandwidth, between `zfs_write_limit_min` and the
+/// dirty max.
+pub fn legacy_write_limit(bytes: u64, elapsed_ns: u64) -> u64 {
+    let per_s = bytes as u128 * 1_000_000_000 / elapsed_ns.max(1) as u128;
+    let limit = (per_s * ZFS_TXG_SYNCTIME_MS.get() as u128 / 1000).min(u64::MAX as u128) as u64;
+    let max = dirty_data_max();
+    limit.clamp(ZFS_WRITE_LIMIT_MIN.get().min(max), max)
+}
+
 /// Delay for one write at `dirty` bytes of `max` (dmu_tx_delay).
 pub fn delay_ns(dirty: u64, max: u64) -> u64 {
     let min = max * ZFS_DELAY_MIN_DIRTY_PERCENT.get() / 100;
@@ -92,6 +135,15 @@ pub struct ThrottleStats {
     pub dirty_max: u64,
     pub delayed_writes: u64,
     pub blocked_writes: u64,
+    /// Legacy mode: writes delayed one tick past 7/8 of the write limit.
+    #[serde(default)]
+    pub legacy_delayed_writes: u64,
+    /// Legacy mode: writes that found the open txg full and waited for the next.
+    #[serde(default)]
+    pub legacy_txg_full_waits: u64,
+    /// Legacy mode: the open txg's write limit (bytes), from the measured bandwidth.
+    #[serde(default)]
+    pub write_limit_bytes: u64,
 }
 
 /// Dirty bytes in atomics, so the common case (well below the delay threshold) takes no
@@ -114,6 +166,11 @@ pub struct DirtyAccounting {
     space_per_txg: [AtomicU64; TXG_SIZE],
     /// Size of the last object directory written (its next version needs as much).
     mos_bytes: AtomicU64,
+    /// Legacy throttle: the open txg's byte limit, and the start of the running sync.
+    write_limit_bytes: AtomicU64,
+    sync_started_ns: AtomicU64,
+    legacy_delayed: AtomicU64,
+    legacy_full: AtomicU64,
     /// Admissions between their check and their `add_space` (see [`SpaceReservation`]).
     reserved: AtomicU64,
     /// Object-directory growth of destroyed volumes' trees not yet freed by a sync
@@ -150,6 +207,10 @@ impl DirtyAccounting {
             space_total: AtomicU64::new(0),
             space_per_txg: std::array::from_fn(|_| AtomicU64::new(0)),
             mos_bytes: AtomicU64::new(0),
+            write_limit_bytes: AtomicU64::new(ZFS_WRITE_LIMIT_MIN.get()),
+            sync_started_ns: AtomicU64::new(0),
+            legacy_delayed: AtomicU64::new(0),
+            legacy_full: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
             doomed_bytes: AtomicU64::new(0),
             gauge: Arc::new(DirtyGauge::default()),
@@ -165,9 +226,14 @@ impl DirtyAccounting {
         self.gauge.set(self.total.load(Relaxed), dirty_data_max());
     }
 
-    /// Called before a writer dirties data: apply the delay curve, block at max.
-    /// `abort` is polled so shutdown can release blocked writers.
-    pub fn throttle(&self, abort: &dyn Fn() -> bool) {
+    /// Called before a writer dirties data: apply the delay curve, block at max (or the
+    /// legacy throttle, see the module comment). `abort` is polled so shutdown can
+    /// release blocked writers.
+    pub fn throttle(&self, txg: &TxgState, abort: &dyn Fn() -> bool) {
+        let legacy = is_legacy();
+        if legacy {
+            self.throttle_legacy(txg, abort);
+        }
         let max = dirty_data_max();
         if self.total.load(Relaxed) >= max {
             self.blocked.fetch_add(1, Relaxed);
@@ -176,7 +242,7 @@ impl DirtyAccounting {
                 self.cv.wait_for(&mut g, Duration::from_millis(50));
             }
         }
-        let d = delay_ns(self.total.load(Relaxed), max);
+        let d = if legacy { 0 } else { delay_ns(self.total.load(Relaxed), max) };
         if d == 0 {
             return;
         }
@@ -192,6 +258,41 @@ impl DirtyAccounting {
             wake
         };
         self.env.sleep_until_ns(wake);
+    }
+
+    /// The 2008-2013 throttle: one tick of delay past 7/8 of the write limit, a wait
+    /// for the next txg when the open one is full. The dirty max still holds (the
+    /// caller's curve check follows; legacy txgs stay far below it).
+    fn throttle_legacy(&self, txg: &TxgState, abort: &dyn Fn() -> bool) {
+        let limit = match ZFS_WRITE_LIMIT_OVERRIDE.get() {
+            0 => self.write_limit_bytes.load(Relaxed).max(1),
+            v => v,
+        };
+        let open = txg.open_txg();
+        let dirty = self.txg_dirty(open);
+        if dirty >= limit {
+            self.legacy_full.fetch_add(1, Relaxed);
+            txg.kick(open);
+            txg.wait_open_past(open, abort);
+        } else if dirty > limit - limit / 8 {
+            self.legacy_delayed.fetch_add(1, Relaxed);
+            self.env.sleep_ns(LEGACY_TICK_NS);
+        }
+    }
+
+    /// The sync of a txg begins (the legacy throttle times it).
+    pub fn begin_sync(&self) {
+        self.sync_started_ns.store(self.env.now_ns(), Relaxed);
+    }
+
+    /// Legacy throttle: a txg of `bytes` synced in `elapsed_ns`; the next txgs may hold
+    /// `zfs_txg_synctime_ms` of that bandwidth (old dsl_pool_sync's dp_write_limit).
+    fn note_synced(&self, bytes: u64, elapsed_ns: u64) {
+        if bytes < (1 << 20) || elapsed_ns == 0 {
+            return; // too small to measure a bandwidth by
+        }
+        let limit = legacy_write_limit(bytes, elapsed_ns);
+        self.write_limit_bytes.store(limit, Relaxed);
     }
 
     /// `txg` will allocate `bytes` more when it syncs (see `space_total`).
@@ -243,9 +344,10 @@ impl DirtyAccounting {
         self.per_txg[txg.ring_slot(TXG_SIZE)].load(Relaxed)
     }
 
-    /// The open txg is big enough that it should be synced now.
+    /// The open txg is big enough that it should be synced now (legacy mode: its
+    /// writers kick it at the write limit themselves; the timer does the rest).
     pub fn should_kick(&self, open_txg: Txg) -> bool {
-        self.txg_dirty(open_txg) >= dirty_data_max() * ZFS_DIRTY_DATA_SYNC_PERCENT.get() / 100
+        !is_legacy() && self.txg_dirty(open_txg) >= dirty_data_max() * ZFS_DIRTY_DATA_SYNC_PERCENT.get() / 100
     }
 
     /// Txg `txg` has been written: its dirty bytes are no longer dirty.
@@ -253,6 +355,10 @@ impl DirtyAccounting {
         let n = self.per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.total.fetch_sub(n, Relaxed);
         self.publish();
+        let started = self.sync_started_ns.swap(0, Relaxed);
+        if started != 0 {
+            self.note_synced(n, self.env.now_ns().saturating_sub(started));
+        }
         let n = self.space_per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.space_total.fetch_sub(n, Relaxed);
         let _g = self.blocked_mu.lock();
@@ -274,6 +380,9 @@ impl DirtyAccounting {
             dirty_max: dirty_data_max(),
             delayed_writes: self.delayed.load(Relaxed),
             blocked_writes: self.blocked.load(Relaxed),
+            legacy_delayed_writes: self.legacy_delayed.load(Relaxed),
+            legacy_txg_full_waits: self.legacy_full.load(Relaxed),
+            write_limit_bytes: self.write_limit_bytes.load(Relaxed),
         }
     }
 }
@@ -292,5 +401,18 @@ mod tests {
         assert_eq!(us(90), 1500);
         assert_eq!(us(95), 3500);
         assert_eq!(delay_ns(max, max), 100_000_000);
+    }
+
+    #[test]
+    fn legacy_write_limit_is_five_seconds_of_bandwidth_within_bounds() {
+        // (the dirty max is auto here: 10 % of RAM, at most 4 GiB)
+        let max = dirty_data_max();
+        let bounded = |v: u64| v.clamp((32u64 << 20).min(max), max);
+        // 100 MB synced in 1 s: 5 s of 100 MB/s
+        assert_eq!(legacy_write_limit(100_000_000, 1_000_000_000), bounded(500_000_000));
+        // a slow device: never below zfs_write_limit_min
+        assert_eq!(legacy_write_limit(2 << 20, 10_000_000_000), bounded(32 << 20));
+        // a fast one: never above the dirty max
+        assert_eq!(legacy_write_limit(40 << 30, 100_000_000), max);
     }
 }

@@ -246,6 +246,18 @@ impl TxgState {
         true
     }
 
+    /// Block until a txg after `txg` is open (the legacy throttle's wait when the open
+    /// txg is full), or `abort()` says to stop, or the sync thread failed.
+    pub fn wait_open_past(&self, txg: Txg, abort: &dyn Fn() -> bool) {
+        let mut s = self.state.lock();
+        while self.open_txg() <= txg {
+            if abort() || s.fatal.is_some() || s.shutting_down {
+                return;
+            }
+            self.cv.wait_for(&mut s, Duration::from_millis(10));
+        }
+    }
+
     /// Quiesce thread: wait until the open txg is asked for (by the sync thread or a
     /// dirty kick) and the previous quiesced txg was taken, then close it, wait for its
     /// holders and hand it to the sync thread. Returns that txg, or None when the thread

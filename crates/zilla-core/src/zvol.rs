@@ -452,7 +452,7 @@ impl Volume {
             if data.is_none() && free_whole && c.len as u64 == bs && self.is_hole(c.blkid)? {
                 continue;
             }
-            self.pool.dirty().throttle(&|| self.pool.txg().is_shutting_down());
+            self.pool.dirty().throttle(self.pool.txg(), &|| self.pool.txg().is_shutting_down());
             // a free too rewrites the indirect blocks above it (unless they empty), and
             // its txg cannot use the space it frees: admitted like a write, into half
             // the slop

@@ -37,6 +37,8 @@ struct Snapshot {
     status: Vec<PoolStatus>,
     iostat: Vec<IostatSnapshot>,
     volumes: Vec<VolumeInfo>,
+    /// Per pool: the write throttle's dirty bytes and counters (dmu_tx kstat).
+    dmu_tx: Vec<(String, zilla_core::dsl_pool::ThrottleStats)>,
     frontend: FrontendMetrics,
 }
 
@@ -73,6 +75,7 @@ async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
         status: pools.iter().map(|(_, p)| p.status()).collect(),
         iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
         volumes: pools.iter().flat_map(|(_, p)| p.volumes()).collect(),
+        dmu_tx: pools.iter().map(|(n, p)| (n.to_string(), p.throttle_stats())).collect(),
     })
     .await
     .map_err(|e| format!("storage engine error: {e}"))
@@ -229,12 +232,31 @@ fn render_metrics(s: &Snapshot) -> String {
         counters(&mut reg, name, help, rows.iter().map(|(l, st)| (l.clone(), sum(st, bytes, read))));
     }
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
+    register_dmu_tx(&mut reg, &s.dmu_tx);
     register_frontend(&mut reg, &s.frontend);
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
     }
     out
+}
+
+/// The write throttle per pool, named after OpenZFS's dmu_tx kstat: dirty bytes and
+/// their limit, writes delayed by the dirty-data curve or blocked at the dirty max, and
+/// (legacy mode) writes delayed a tick or stopped at a full txg's write limit.
+fn register_dmu_tx(reg: &mut Registry, pools: &[(String, zilla_core::dsl_pool::ThrottleStats)]) {
+    let pl = |n: &String| labels(&[("pool", n)]);
+    gauges(reg, "zilla_dmu_tx_dirty_bytes", "Dirty data not yet synced", pools.iter().map(|(n, t)| (pl(n), t.dirty_bytes as i64)));
+    gauges(reg, "zilla_dmu_tx_dirty_max_bytes", "zfs_dirty_data_max in effect", pools.iter().map(|(n, t)| (pl(n), t.dirty_max as i64)));
+    gauges(reg, "zilla_dmu_tx_write_limit_bytes", "Legacy throttle: the open txg's write limit", pools.iter().map(|(n, t)| (pl(n), t.write_limit_bytes as i64)));
+    for (name, help, get) in [
+        ("zilla_dmu_tx_dirty_delay", "Writes delayed by the dirty-data delay curve", (|t| t.delayed_writes) as fn(&zilla_core::dsl_pool::ThrottleStats) -> u64),
+        ("zilla_dmu_tx_dirty_over_max", "Writes blocked with dirty data at zfs_dirty_data_max", |t| t.blocked_writes),
+        ("zilla_dmu_tx_delay", "Legacy throttle: writes delayed one tick past 7/8 of the write limit", |t| t.legacy_delayed_writes),
+        ("zilla_dmu_tx_write_limit", "Legacy throttle: writes that waited for the next txg at the write limit", |t| t.legacy_txg_full_waits),
+    ] {
+        counters(reg, name, help, pools.iter().map(|(n, t)| (pl(n), get(t))));
+    }
 }
 
 /// An unlabelled gauge.

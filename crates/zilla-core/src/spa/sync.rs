@@ -208,6 +208,7 @@ impl PoolInner {
             self.name
         );
         let _g = self.sync_lock.lock();
+        self.dirty.begin_sync();
         // The leaves' async-write max_active follows this pool's dirty data (a leaf
         // attached since the last sync gets the gauge here, before its first sync write).
         self.publish_dirty_gauge();
