@@ -179,13 +179,11 @@ pub static ZFS_VDEV_ASYNC_WRITE_ACTIVE_MAX_DIRTY_PERCENT: Tunable = Tunable::new
     Applies::Live,
     "dirty data (percent of zfs_dirty_data_max) above which async writes run at max_active (vdev_queue.c default)",
 );
-pub static ZFS_VDEV_SCHEDULER_MODE: Tunable = Tunable::new(
+pub static ZFS_VDEV_SCHEDULER_MODE: Tunable = Tunable::new_choice(
     "zfs_vdev_scheduler_mode",
-    0,
-    0,
-    1,
+    &["openzfs", "legacy"],
     Applies::Live,
-    "leaf I/O scheduler (Zilla): 0 = openzfs (round robin, sorted async classes, aggregation, dirty-data ramp, scrub credit), 1 = legacy (FIFO per class, no aggregation, async write max_active fixed)",
+    "leaf I/O scheduler (Zilla): openzfs = round robin, sorted async classes, aggregation, dirty-data ramp, scrub credit; legacy = FIFO per class, no aggregation, async write max_active fixed at zfs_vdev_async_write_max_active",
 );
 pub static ZFS_VDEV_MAX_ACTIVE: Tunable =
     Tunable::new("zfs_vdev_max_active", 1000, 1, 10000, Applies::Live, "max active I/Os per leaf, all classes (vdev_queue.c default)");
