@@ -9,27 +9,32 @@
 //! operation, offset and kind. Request life cycle on one leaf:
 //!
 //! ```text
-//!   submit(req) ──► class FIFO (sync read, sync write, async read, async write, scrub)
+//!   submit(req) ──► per class: sync read, sync write, trim (FIFO);
+//!                   async read, async write, scrub (offset order in 0.54 s buckets)
+//!                   + read and write offset trees (aggregation neighbours)
 //!                   flush FIFO (a flush waits for every write submitted before it)
-//!                        │  selection, under the queue lock, whenever a slot frees
+//!                        │  selection (select.rs), under the queue lock, whenever a slot
+//!                        │  frees; then aggregation (aggregate.rs)
 //!                        ▼
 //!   device engine:  workers (a fixed set of threads per leaf, pulling requests)
 //!                   or io_uring (one SQ/CQ per leaf; a reaper thread completes)
-//!                        │  pread / pwrite / fdatasync / punch hole
+//!                        │  pread / pwrite / fdatasync / punch hole (one per aggregate)
 //!                        ▼
-//!   completion(IoDone) on the engine's thread, then the slot is released
+//!   completion(IoDone) on the engine's thread (each child of an aggregate with its own
+//!   buffer), after the slot is released
 //! ```
 //!
 //! Selection bounds concurrency per class and per leaf, which is what keeps sync reads
 //! and ZIL writes fast while txg sync and scrub push bulk I/O:
 //!
-//! | class       | min_active | max_active |
-//! |-------------|-----------:|-----------:|
-//! | sync read   | 10         | 10         |
-//! | sync write  | 10         | 10         |
-//! | async read  | 1          | 3          |
-//! | async write | 2          | 10         |
-//! | scrub       | 1          | 3          |
+//! | class       | min_active | max_active                                    |
+//! |-------------|-----------:|-----------------------------------------------|
+//! | sync read   | 10         | 10                                            |
+//! | sync write  | 10         | 10                                            |
+//! | async read  | 1          | 3                                             |
+//! | async write | 2          | 10, ramped by dirty data (30 % .. 60 %)       |
+//! | scrub       | 1          | 3, under the non-interactive credit           |
+//! | trim        | 1          | 2                                             |
 //!
 //! plus `zfs_vdev_max_active = 1000` active I/Os per leaf in total (OpenZFS defaults,
 //! tunables `zfs_vdev_<class>_{min,max}_active`, read live on every selection):
@@ -37,18 +42,22 @@
 //! ```text
 //!   while total_active < max_active_total:
 //!     flush:  the oldest queued flush, once no write older than it is outstanding
-//!     pass 1: first class in priority order with queued requests and active < min_active
-//!     pass 2: else first class in priority order with queued requests and active < max_active
+//!     pass 1: round robin from the class after the last one issued: the first class
+//!             with queued requests and active < min_active
+//!     pass 2: else first class in priority order with queued requests and
+//!             active < max_active
 //!     none  -> stop
-//!     issue the oldest request of that class (FIFO within a class)
+//!     pick in the class (head, or the elevator's choice), aggregate its neighbours
 //! ```
 //!
-//! (Pass 1 runs in priority order like OpenZFS <= 2.0; 2.1+ rotates its start.) The
-//! queues hold the requests themselves (`VecDeque` per class), so the scheduler issue can
-//! sort and merge them in place. A leaf's concurrency is its classes' max_active, not
-//! the number of callers: submitting never blocks, and the engine has as many slots as
-//! the limits allow. Blocking [`LeafQueue::read`] / [`LeafQueue::write`] are thin
-//! wrappers (submit, wait for the completion) for simple callers.
+//! The details (time buckets, starvation bound, dirty-data ramp, scrub credit) are in
+//! [`select`]; aggregation, its limits and its error handling in [`aggregate`].
+//! `zfs_vdev_scheduler_mode=legacy` turns all of it back into the pre-2.1 FIFO queue
+//! without aggregation, for side-by-side comparisons. A leaf's concurrency is its
+//! classes' max_active, not the number of callers: submitting never blocks, and the
+//! engine has as many slots as the limits allow. Blocking [`LeafQueue::read`] /
+//! [`LeafQueue::write`] are thin wrappers (submit, wait for the completion) for simple
+//! callers.
 //!
 //! Flush ordering: every write and discard gets a sequence number at submission and stays
 //! in `outstanding_writes` until its completion has run; a flush submitted after write
@@ -66,8 +75,9 @@
 //!   made them selectable; one reaper thread per leaf completes them. Other devices
 //!   (sim, fault injection) fall back to workers.
 //!
-//! Statistics are plain atomics (ops, bytes, errors, total and device latency log2
-//! histograms per class, flushes); recording them never takes the queue lock. Queued
+//! Statistics are plain atomics (requests, bytes, errors, device calls, requests sent
+//! inside an aggregate, total and device latency log2 histograms per class, flushes);
+//! recording them never takes the queue lock. Queued
 //! requests are bounded by their submitters (the txg sync keeps a bounded window of
 //! writes in flight; blocking callers have one each).
 
