@@ -1384,6 +1384,41 @@ mod tests {
     }
 
     #[test]
+    fn a_power_cut_can_tear_an_aggregated_write_or_drop_it_whole() {
+        // Goal: the crash device sees an aggregate as one write, so a power cut keeps
+        // all of it, none of it, or (torn) a prefix of its sectors that may end inside
+        // any child: the engine crash test's cuts land in the middle of aggregates.
+        // Method: eight contiguous 4 KiB writes (bytes 1..=8) held, then released as
+        // one 32 KiB device write; cut with TearLast for 32 seeds and DropAll once.
+        use crate::vdev::fault::{CrashDevice, CrashMode};
+        let write_all = |dev: &Arc<CrashDevice>| {
+            let q = LeafQueue::with_limits(dev.clone(), QueueLimits::with_active([10, 10, 1, 2, 1, 1], [10, 10, 3, 10, 3, 2], 1000));
+            let reqs = (0..8u64)
+                .map(|i| Box::new(move |c| IoRequest::write(IoClass::AsyncWrite, i * 4096, Arc::new(AlignedBuf::copy_of(&[i as u8 + 1; 4096])), c)) as Box<dyn FnOnce(Completion) -> IoRequest>)
+                .collect();
+            assert!(submit_held(&q, reqs).iter().all(|d| d.result.is_ok()));
+            assert_eq!((dev.writes(), dev.unflushed_writes()), (1, 1), "one device write for eight requests");
+        };
+        let mut torn_inside_a_child = false;
+        let mut spanning_children = false;
+        for seed in 0..32 {
+            let dev = Arc::new(CrashDevice::new(1 << 20));
+            write_all(&dev);
+            let img = dev.power_cut(CrashMode::TearLast, seed);
+            let sector_new = |s: usize| img[s * 512..(s + 1) * 512].iter().all(|&x| x == (s / 8) as u8 + 1);
+            let kept = (0..64).take_while(|&s| sector_new(s)).count();
+            assert!(kept < 64, "TearLast keeps a strict prefix");
+            assert!(img[kept * 512..32768].iter().all(|&x| x == 0), "seed {seed}: not a prefix");
+            torn_inside_a_child |= kept % 8 != 0;
+            spanning_children |= kept > 8;
+        }
+        assert!(torn_inside_a_child && spanning_children, "cuts should end inside a child and beyond the first");
+        let dev = Arc::new(CrashDevice::new(1 << 20));
+        write_all(&dev);
+        assert!(dev.power_cut(CrashMode::DropAll, 0)[..32768].iter().all(|&x| x == 0), "dropped whole");
+    }
+
+    #[test]
     fn worker_engine_round_trip() {
         engine_round_trip(EngineKind::Workers);
     }
