@@ -5,9 +5,9 @@ the JSON, including its `goals` list); ctx is a Context. Every scenario runs its
 baseline in the same run, and with ctx.old set also the old build, interleaved.
 """
 
-from . import nbd_vs_nbdkit, pool_vs_direct
+from . import logbias, nbd_vs_nbdkit, pool_vs_direct, slog, tar_sync, throttle
 
-SCENARIOS = {m.NAME: m for m in (nbd_vs_nbdkit, pool_vs_direct)}
+SCENARIOS = {m.NAME: m for m in (nbd_vs_nbdkit, pool_vs_direct, slog, tar_sync, logbias, throttle)}
 
 
 class Context:

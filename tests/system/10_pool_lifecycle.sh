@@ -41,7 +41,9 @@ head -1 "$T/get" | grep -Eq '^NAME +PROPERTY +VALUE +SOURCE$' || fail "get heade
 [ "$(z get -H volblocksize tank/v2 | cut -f3)" = 4K ] || fail "volblocksize 4K"
 z set logbias=throughput tank/v1
 [ "$(z get -H logbias tank/v1 | cut -f3,4)" = "$(printf 'throughput\tlocal')" ] || fail "set logbias"
-z get logbias tank/v1 | grep -q "^note: logbias is stored but has no effect yet" || fail "inert logbias not flagged"
+z get logbias tank/v1 | grep -q "^note:" && fail "logbias (in effect since the intent log) flagged as inert"
+z set secondarycache=metadata tank/v1
+z get secondarycache tank/v1 | grep -q "^note: secondarycache is stored but has no effect yet" || fail "inert secondarycache not flagged"
 z get sync tank/v1 | grep -q "^note:" && fail "sync flagged as inert"
 z set compression=lz4 tank/v1
 [ "$(z get -H compression,logbias tank/v1 | wc -l)" = 2 ] || fail "get with a list"

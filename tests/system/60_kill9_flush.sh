@@ -2,7 +2,8 @@
 # Goal: a write acknowledged by FLUSH survives kill -9 of the daemon. Method: write
 # random data with nbdcopy --flush and a pattern with qemu-io write + flush, kill -9
 # at once, restart (the pool is re-imported from the cache file at its last synced txg;
-# there is no intent log yet, so a FLUSH waited for a txg sync), read everything back.
+# the intent log is replayed at import; tests/system/61_zil_kill9.sh covers it), read
+# everything back.
 . "$(dirname "$0")/lib.sh"
 start_daemon
 make_pool tank 256M

@@ -416,6 +416,10 @@ pub struct Mos {
     /// both, as OpenZFS keeps DTL space maps in the MOS). `None` in an object directory
     /// written before this section existed (the DTLs were then in the labels).
     pub leaf_health: Option<Vec<LeafHealth>>,
+    /// ZIL headers by volume id (volumes without a log chain are not listed). A
+    /// trailing section after the leaf health: object directories written before it
+    /// existed decode with none.
+    pub zil_headers: Vec<(u64, crate::zil::ZilHeader)>,
 }
 
 /// One leaf's persistent health record in the MOS.
@@ -497,6 +501,16 @@ impl Mos {
         put_str(&mut out, &self.pool_props);
         if let Some(h) = &self.leaf_health {
             encode_leaf_health(&mut out, h);
+            let zh: Vec<_> = self.zil_headers.iter().filter(|(_, h)| !h.is_empty()).collect();
+            if !zh.is_empty() {
+                out.extend_from_slice(&(zh.len() as u32).to_le_bytes());
+                for (id, h) in zh {
+                    out.extend_from_slice(&id.to_le_bytes());
+                    h.encode(&mut out);
+                }
+            }
+        } else {
+            debug_assert!(self.zil_headers.is_empty(), "ZIL headers need the leaf health section before them");
         }
         out
     }
@@ -547,7 +561,22 @@ impl Mos {
         let scan_state = r.string()?;
         let pool_props = r.string()?;
         let leaf_health = if r.remaining() > 0 { Some(decode_leaf_health(&mut r)?) } else { None };
-        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props, leaf_health })
+        let mut zil_headers = Vec::new();
+        if r.remaining() > 0 {
+            let n = r.u32()?;
+            if n as usize > volumes.len() {
+                return Err(Error::Corrupt(format!("object directory has {n} ZIL headers for {} volumes", volumes.len())));
+            }
+            for _ in 0..n {
+                let id = r.u64()?;
+                let h = crate::zil::ZilHeader::decode(&mut r)?;
+                if !volumes.iter().any(|v| v.id == id) || zil_headers.iter().any(|(i, _)| *i == id) {
+                    return Err(Error::Corrupt(format!("ZIL header for unknown or repeated volume id {id}")));
+                }
+                zil_headers.push((id, h));
+            }
+        }
+        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props, leaf_health, zil_headers })
     }
 }
 
@@ -612,6 +641,8 @@ pub struct VolumeState {
     pub committed: RwLock<TreeRoot>,
     pub dirty: DirtySet,
     pub destroyed: std::sync::atomic::AtomicBool,
+    /// The volume's intent log.
+    pub zil: crate::zil::Zilog,
 }
 
 impl VolumeState {

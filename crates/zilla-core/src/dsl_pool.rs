@@ -144,6 +144,10 @@ pub struct ThrottleStats {
     /// Legacy mode: the open txg's write limit (bytes), from the measured bandwidth.
     #[serde(default)]
     pub write_limit_bytes: u64,
+    /// Writes and frees that waited for a txg sync because space admission found the
+    /// pool too full for them (see zvol's `reserve_space`).
+    #[serde(default)]
+    pub space_waits: u64,
 }
 
 /// Dirty bytes in atomics, so the common case (well below the delay threshold) takes no
@@ -171,6 +175,9 @@ pub struct DirtyAccounting {
     sync_started_ns: AtomicU64,
     legacy_delayed: AtomicU64,
     legacy_full: AtomicU64,
+    /// Bytes of the syncing txg undirtied so far (its size, with the rest at retire).
+    undirtied_bytes: AtomicU64,
+    space_waits: AtomicU64,
     /// Admissions between their check and their `add_space` (see [`SpaceReservation`]).
     reserved: AtomicU64,
     /// Object-directory growth of destroyed volumes' trees not yet freed by a sync
@@ -211,6 +218,8 @@ impl DirtyAccounting {
             sync_started_ns: AtomicU64::new(0),
             legacy_delayed: AtomicU64::new(0),
             legacy_full: AtomicU64::new(0),
+            undirtied_bytes: AtomicU64::new(0),
+            space_waits: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
             doomed_bytes: AtomicU64::new(0),
             gauge: Arc::new(DirtyGauge::default()),
@@ -319,6 +328,11 @@ impl DirtyAccounting {
         SpaceReservation { acct: self, bytes }
     }
 
+    /// A writer waits for a sync because space admission refused it for now.
+    pub fn note_space_wait(&self) {
+        self.space_waits.fetch_add(1, Relaxed);
+    }
+
     /// A destroyed volume's tree waits to be freed; its defer entries need `bytes`.
     pub fn add_doomed(&self, bytes: u64) {
         self.doomed_bytes.fetch_add(bytes, Relaxed);
@@ -340,6 +354,26 @@ impl DirtyAccounting {
         self.publish();
     }
 
+    /// The sync of `txg` has written (issued, within its bounded window of writes in
+    /// flight) `bytes` of its dirty data: they stop counting as dirty now, not when the
+    /// whole txg retires. OpenZFS undirties as the sync's writes complete
+    /// (dsl_pool_undirty_space); without it the dirty total stays at its peak for a
+    /// whole sync, the delay curve reads that peak and stalls every writer for seconds.
+    /// Only the syncing txg is undirtied (no writer adds to it any more). A sync that
+    /// fails and is retried does not count the undirtied bytes again: the throttle then
+    /// under-counts a suspended pool's dirty data until the txg retires.
+    pub fn undirty(&self, txg: Txg, bytes: u64) {
+        let slot = &self.per_txg[txg.ring_slot(TXG_SIZE)];
+        let n = match slot.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes))) {
+            Ok(prev) | Err(prev) => prev.min(bytes),
+        };
+        self.total.fetch_sub(n, Relaxed);
+        self.undirtied_bytes.fetch_add(n, Relaxed);
+        self.publish();
+        let _g = self.blocked_mu.lock();
+        self.cv.notify_all();
+    }
+
     pub fn txg_dirty(&self, txg: Txg) -> u64 {
         self.per_txg[txg.ring_slot(TXG_SIZE)].load(Relaxed)
     }
@@ -355,9 +389,10 @@ impl DirtyAccounting {
         let n = self.per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.total.fetch_sub(n, Relaxed);
         self.publish();
+        let txg_bytes = n + self.undirtied_bytes.swap(0, Relaxed);
         let started = self.sync_started_ns.swap(0, Relaxed);
         if started != 0 {
-            self.note_synced(n, self.env.now_ns().saturating_sub(started));
+            self.note_synced(txg_bytes, self.env.now_ns().saturating_sub(started));
         }
         let n = self.space_per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.space_total.fetch_sub(n, Relaxed);
@@ -383,6 +418,7 @@ impl DirtyAccounting {
             legacy_delayed_writes: self.legacy_delayed.load(Relaxed),
             legacy_txg_full_waits: self.legacy_full.load(Relaxed),
             write_limit_bytes: self.write_limit_bytes.load(Relaxed),
+            space_waits: self.space_waits.load(Relaxed),
         }
     }
 }
@@ -401,6 +437,19 @@ mod tests {
         assert_eq!(us(90), 1500);
         assert_eq!(us(95), 3500);
         assert_eq!(delay_ns(max, max), 100_000_000);
+    }
+
+    #[test]
+    fn a_syncing_txg_is_undirtied_as_it_is_written() {
+        let a = DirtyAccounting::new(crate::env::real());
+        a.add(Txg(5), 1000);
+        a.add(Txg(6), 300);
+        a.undirty(Txg(5), 600);
+        assert_eq!((a.total(), a.txg_dirty(Txg(5))), (700, 400));
+        a.undirty(Txg(5), 900); // never below zero, never another txg's bytes
+        assert_eq!((a.total(), a.txg_dirty(Txg(5)), a.txg_dirty(Txg(6))), (300, 0, 300));
+        a.retire(Txg(5));
+        assert_eq!(a.total(), 300);
     }
 
     #[test]

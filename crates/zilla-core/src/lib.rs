@@ -17,6 +17,7 @@ pub mod zio;
 pub mod dmu;
 pub mod txg;
 pub mod dsl_pool;
+pub mod zil;
 pub mod spa;
 pub mod scan;
 pub mod zvol;
@@ -39,7 +40,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["metaslab", "props"], // space allocation per top-level vdev; typed volume properties
     &["arc"],          // DRAM block cache
     &["zio"],          // the block pipeline: prepare, verified reads + self-heal, allocation, write issue
-    &["dsl_pool"],     // dirty accounting and the write throttle
+    &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
     &["dmu"],          // object directory, volume block-pointer trees, dirty records
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
@@ -92,6 +93,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::sim::SIM_SSD_CACHE_FLUSH_US,
     &vdev::sim::SIM_SSD_CACHE_CHANNELS,
     &vdev::sim::SIM_SEED,
+    &vdev::sim::SIM_FLUSH_BACKING,
     &vdev::sim::SIM_SPIN_US,
     &vdev::ZFS_VDEV_MIRROR_ROTATING_INC,
     &vdev::ZFS_VDEV_MIRROR_ROTATING_SEEK_INC,
@@ -104,6 +106,12 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &dsl_pool::ZFS_DELAY_MIN_DIRTY_PERCENT,
     &dsl_pool::ZFS_DELAY_SCALE,
     &dsl_pool::ZFS_DELAY_MAX_NS,
+    &zil::ZIL_MAXBLOCKSIZE,
+    &zil::ZIL_NOCACHEFLUSH,
+    &zil::ZIL_REPLAY_DISABLE,
+    &zil::ZFS_IMMEDIATE_WRITE_SZ,
+    &zil::ZIL_SLOG_BULK,
+    &zil::ZFS_COMMIT_TIMEOUT_PCT,
     &dsl_pool::ZFS_WRITE_THROTTLE_MODE,
     &dsl_pool::ZFS_TXG_SYNCTIME_MS,
     &dsl_pool::ZFS_WRITE_LIMIT_MIN,
@@ -190,7 +198,7 @@ mod fuzz_smoke {
         // a real MOS with every single-byte corruption: decode must not panic
         let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);
-        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None };
+        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None, zil_headers: vec![] };
         let blob = mos.encode(&ms);
         for i in 0..blob.len() {
             for v in [0u8, 0xff, 0x7f] {
@@ -221,7 +229,7 @@ mod fuzz_smoke {
                 created_txg: crate::Txg(4),
             };
             let health = vec![crate::dmu::LeafHealth { guid: crate::Guid(77), faulted: true, dtl: vec![(crate::Txg(5), crate::Txg(9))] }];
-            let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health) };
+            let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health), zil_headers: vec![] };
             let blob = mos.encode(&ms);
             let mut m = crate::metaslab::Metaslabs::new();
             m.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);

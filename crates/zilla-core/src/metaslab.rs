@@ -139,6 +139,23 @@ impl RangeAllocator {
         Ok(())
     }
 
+    /// Take every free part of `[at, at+len)` out of the free tree (claiming a log
+    /// block at import, whose parts may be free or allocated).
+    pub fn claim_free_parts(&mut self, at: u64, len: u64) {
+        let end = at.saturating_add(len).min(self.size);
+        let parts: Vec<(u64, u64)> = self
+            .free
+            .range(..end)
+            .rev()
+            .take_while(|(&s, &l)| s + l > at)
+            .map(|(&s, &l)| (s.max(at), (s + l).min(end)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        for (a, b) in parts {
+            self.remove_range(a, b - a);
+        }
+    }
+
     /// Return a range to the free tree. Panics on a double free (an engine bug).
     pub fn free(&mut self, at: u64, len: u64) {
         assert!(at + len <= self.size, "free beyond vdev end");
@@ -197,11 +214,14 @@ struct AllocClass {
     /// per-sync undo list. Allocations outside a sync (the intent log) are not in it.
     sync_txg: Txg,
     sync_allocs: Vec<Dva>,
+    /// Vdevs being removed (`zpool remove` of a log vdev): nothing new is allocated on
+    /// them; frees and claims still find them. At most the class's vdev count.
+    noalloc: Vec<VdevId>,
 }
 
 impl AllocClass {
     fn new() -> AllocClass {
-        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new() }
+        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new(), noalloc: Vec::new() }
     }
 
     fn get_mut(&mut self, vdev: VdevId) -> Option<&mut RangeAllocator> {
@@ -226,7 +246,7 @@ impl AllocClass {
             for k in 0..n {
                 let i = (self.rotor + k) % n;
                 let (id, a) = &mut self.vdevs[i];
-                if pass == 0 && avoid == Some(*id) && n > 1 {
+                if (pass == 0 && avoid == Some(*id) && n > 1) || self.noalloc.contains(id) {
                     continue;
                 }
                 if let Some(off) = a.alloc(len) {
@@ -284,7 +304,8 @@ fn class_index(role: Role) -> Option<usize> {
 /// the defer lists.
 ///
 /// Locks (docs/design.md, "Lock order"): each class lock, `vdev_class` and `defer` are
-/// leaves: none of them is held while another is taken.
+/// leaves: none of them is held while another is taken. `log_unreferenced` is taken
+/// before a class lock (log allocation, encode), never after one.
 #[derive(Debug)]
 pub struct Metaslabs {
     /// Indexed by [`class_index`]: normal, log.
@@ -294,6 +315,11 @@ pub struct Metaslabs {
     /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE + 1 starts
     /// to sync.
     defer: Mutex<DeferLists>,
+    /// Log blocks allocated whose referrer (the previous log block or the ZIL header)
+    /// is not durable yet: left out of the persisted space maps, so a power cut does
+    /// not leak them (the intent log claims what it finds at import). Taken before a
+    /// class lock. Bounded by the blocks of the log chains in flight.
+    log_unreferenced: Mutex<Vec<Dva>>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -329,6 +355,7 @@ impl Metaslabs {
             classes: [Mutex::new(AllocClass::new()), Mutex::new(AllocClass::new())],
             vdev_class: RwLock::new(BTreeMap::new()),
             defer: Mutex::new(DeferLists::default()),
+            log_unreferenced: Mutex::new(Vec::new()),
         }
     }
 
@@ -369,9 +396,115 @@ impl Metaslabs {
         Ok(dvas)
     }
 
-    /// Number of top-level vdevs in class `role`.
+    /// Allocate one log block in class `role`, outside any sync; it stays out of the
+    /// persisted space maps until [`Metaslabs::log_referenced`].
+    pub fn alloc_log(&self, role: Role, len: u64) -> Result<Dva> {
+        let mut u = self.log_unreferenced.lock();
+        let d = self.alloc(role, len, 1, None)?[0];
+        u.push(d);
+        Ok(d)
+    }
+
+    /// The log block's referrer is durable: it belongs in the space maps.
+    pub fn log_referenced(&self, dva: &Dva) {
+        let mut u = self.log_unreferenced.lock();
+        if let Some(i) = u.iter().position(|d| d == dva) {
+            u.swap_remove(i);
+        }
+    }
+
+    /// Import: the log block `dva` of a valid chain stays allocated. Parts of it the
+    /// loaded state has free are claimed; parts on a defer list (freed by an earlier
+    /// owner, reused by the log in a txg that never synced) leave the list. Idempotent.
+    pub fn claim_log(&self, dva: &Dva) -> Result<()> {
+        let (at, end) = (dva.offset, dva.offset.saturating_add(dva.asize as u64));
+        {
+            let mut d = self.defer.lock();
+            for list in d.lists.values_mut() {
+                let mut kept = Vec::with_capacity(list.len());
+                for e in list.drain(..) {
+                    let (es, ee) = (e.offset, e.offset + e.asize as u64);
+                    if e.vdev != dva.vdev || ee <= at || es >= end {
+                        kept.push(e);
+                        continue;
+                    }
+                    if es < at {
+                        kept.push(Dva { vdev: e.vdev, asize: (at - es) as u32, offset: es });
+                    }
+                    if ee > end {
+                        kept.push(Dva { vdev: e.vdev, asize: (ee - end) as u32, offset: end });
+                    }
+                }
+                *list = kept;
+            }
+            d.lists.retain(|_, l| !l.is_empty());
+        }
+        let c = self.class_of(dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", dva.vdev)))?;
+        let mut c = c.lock();
+        let a = c.get_mut(dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", dva.vdev)))?;
+        if end > a.size {
+            return Err(Error::Corrupt(format!("log block {dva:?} beyond its vdev")));
+        }
+        a.claim_free_parts(at, dva.asize as u64);
+        Ok(())
+    }
+
+    /// Number of top-level vdevs in class `role` that take new allocations.
     pub fn vdev_count(&self, role: Role) -> usize {
-        class_index(role).map_or(0, |ci| self.classes[ci].lock().vdevs.len())
+        class_index(role).map_or(0, |ci| {
+            let c = self.classes[ci].lock();
+            c.vdevs.iter().filter(|(id, _)| !c.noalloc.contains(id)).count()
+        })
+    }
+
+    /// Stop (`on`) or resume allocating on top-level vdev `id` (device removal).
+    pub fn set_noalloc(&self, id: VdevId, on: bool) {
+        let Some(c) = self.class_of(id) else { return };
+        let mut c = c.lock();
+        c.noalloc.retain(|v| *v != id);
+        if on {
+            c.noalloc.push(id);
+        }
+    }
+
+    /// Device removal, once nothing references vdev `id` any more: its deferred frees
+    /// are released now (the blocks they name are unreachable from the current state)
+    /// and the bytes still allocated on it are returned (0: it may leave).
+    pub fn drain_vdev(&self, id: VdevId) -> u64 {
+        let mut released = Vec::new();
+        {
+            let mut d = self.defer.lock();
+            for list in d.lists.values_mut() {
+                released.extend(list.iter().filter(|e| e.vdev == id).copied());
+                list.retain(|e| e.vdev != id);
+            }
+            d.lists.retain(|_, l| !l.is_empty());
+        }
+        for e in &released {
+            self.free_now(e);
+        }
+        let unref = self.log_unreferenced.lock().iter().filter(|d| d.vdev == id).map(|d| d.asize as u64).sum::<u64>();
+        self.vdev_space(id).1 + unref
+    }
+
+    /// Forget top-level vdev `id` (it has left the pool). Refused while anything is
+    /// allocated on it.
+    pub fn remove_vdev(&self, id: VdevId) -> Result<()> {
+        let Some(c) = self.class_of(id) else { return Ok(()) };
+        {
+            let mut c = c.lock();
+            if let Some(a) = c.get(id) {
+                if a.allocated_bytes() != 0 {
+                    return Err(Error::Busy(format!("{} bytes are still allocated on vdev {id}", a.allocated_bytes())));
+                }
+            }
+            c.vdevs.retain(|(v, _)| *v != id);
+            c.noalloc.retain(|v| *v != id);
+            c.rotor = 0;
+            c.rotor_bytes = 0;
+        }
+        self.vdev_class.write().remove(&id);
+        Ok(())
     }
 
     pub fn claim(&self, dva: &Dva) -> Result<()> {
@@ -530,7 +663,16 @@ impl Metaslabs {
 
     /// Persisted form: per vdev id the allocated extents; plus defer lists.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let ext = self.extents();
+        let ext = {
+            let u = self.log_unreferenced.lock();
+            let mut ext = self.extents();
+            for d in u.iter() {
+                if let Some(list) = ext.get_mut(&d.vdev) {
+                    cut_extent(list, d.offset, d.asize as u64);
+                }
+            }
+            ext
+        };
         let n = ext.keys().next_back().map_or(0, |&m| m.index() + 1);
         out.extend_from_slice(&(n as u32).to_le_bytes());
         for id in 0..n as u32 {
@@ -611,6 +753,22 @@ impl Metaslabs {
             self.defer.get_mut().lists.insert(txg, list);
         }
         Ok(())
+    }
+}
+
+/// Remove `[at, at+len)` from a sorted list of allocated extents that contains it.
+fn cut_extent(list: &mut Vec<(u64, u64)>, at: u64, len: u64) {
+    let Some(i) = list.iter().position(|&(s, l)| s <= at && at + len <= s + l) else { return };
+    let (s, l) = list.remove(i);
+    let mut pieces = Vec::new();
+    if s < at {
+        pieces.push((s, at - s));
+    }
+    if at + len < s + l {
+        pieces.push((at + len, s + l - at - len));
+    }
+    for (k, p) in pieces.into_iter().enumerate() {
+        list.insert(i + k, p);
     }
 }
 

@@ -229,6 +229,27 @@ impl TxgState {
         Ok(())
     }
 
+    /// Like `wait_synced`, but a failed sync of it (the pool suspended, retrying) is an
+    /// error at once instead of a wait for the retry to work: for import, which must
+    /// not hang on a device that fails.
+    pub fn wait_synced_or_failed(&self, txg: Txg) -> Result<()> {
+        let mut s = self.state.lock();
+        if txg > s.sync_requested {
+            s.sync_requested = txg;
+            self.cv.notify_all();
+        }
+        while s.synced_txg < txg {
+            if let Some(e) = s.fatal.as_ref().or(s.sync_error.as_ref()) {
+                return Err(Error::Io(std::io::Error::other(format!("txg sync failed: {e}"))));
+            }
+            if s.shutting_down {
+                return Err(Error::Shutdown);
+            }
+            self.cv.wait_for(&mut s, Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
     /// Like `wait_synced`, but gives up (false) as soon as `abort()` says so or the sync
     /// thread fails; for background work that must not outlive a pool being stopped.
     pub fn wait_synced_unless(&self, txg: Txg, abort: &dyn Fn() -> bool) -> bool {
@@ -376,6 +397,11 @@ impl TxgState {
         let mut s = self.state.lock();
         s.sync_error = Some(msg);
         self.cv.notify_all();
+    }
+
+    /// The sync thread stopped for good (a broken invariant): nothing syncs again.
+    pub fn fatal_error(&self) -> Option<String> {
+        self.state.lock().fatal.clone()
     }
 
     pub fn sync_error(&self) -> Option<String> {

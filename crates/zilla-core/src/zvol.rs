@@ -126,6 +126,8 @@ pub trait VolumePool: Send + Sync {
     fn dirty(&self) -> &DirtyAccounting;
     /// Something in the MOS (properties, volumes) changed and waits for a sync.
     fn mos_changed(&self) -> bool;
+    /// A random number from the pool's environment (intent-log chain guids).
+    fn random_u64(&self) -> u64;
 }
 
 /// A volume of an imported pool. Cheap to clone (shares the pool and volume state).
@@ -176,6 +178,22 @@ const ADMISSION_STALLS_MAX: usize = crate::metaslab::TXG_DEFER_SIZE as usize + 2
 /// always be emptied.
 pub fn slop_bytes(size: u64) -> u64 {
     (size / 32).max(4 << 20).min(size / 2)
+}
+
+/// Space admission of an intent-log block of `len` bytes in the normal class (the pool
+/// has no usable log vdev): like a write, it must leave the whole slop free, so the log
+/// never takes the space the sync needs (log blocks are freed only by syncs: a log that
+/// starved the sync would wait for it forever). Admitted, it counts as unavailable
+/// space at once (`PoolIo::note_log_block`), so later writes are admitted around it.
+/// Refused, the commit waits for a txg instead.
+pub fn admit_log_block(io: &crate::zio::PoolIo, dirty: &crate::dsl_pool::DirtyAccounting, len: u64) -> bool {
+    let _held = dirty.reserve(len.next_multiple_of(crate::zio::pool_io::SPACE_ADMISSION_UNIT_BYTES));
+    let (size, unavailable) = io.space();
+    if unavailable + dirty.space_pending() + slop_bytes(size) > size {
+        return false;
+    }
+    io.note_log_block(len);
+    true
 }
 
 /// What a change admitted to the pool costs: data at its logical size, a full path of
@@ -254,6 +272,7 @@ impl Volume {
                 return Err(Error::NoSpace);
             }
             stalls += 1;
+            self.pool.dirty().note_space_wait();
             let t = self.pool.txg().open_txg();
             self.pool.txg().wait_synced(t)?;
         }
@@ -417,6 +436,7 @@ impl Volume {
             // flush after an unmap still sees dirty state
             let cost = if new.is_some() { bs as u64 } else { 512 };
             let has_data = new.is_some();
+            self.log_itx(hold.txg, blkid, in_off, len, patch, new.as_ref());
             let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
             drop(shard);
             if newly {
@@ -431,13 +451,67 @@ impl Volume {
         }
     }
 
+    /// The intent-log record of a change to block `blkid`, appended under the block's
+    /// dirty-shard lock so the log's order per block is the dirty versions' order. A
+    /// volume with sync=disabled logs nothing (its flushes never wait). With
+    /// logbias=throughput a whole-block write is indirect: its commit waits for its txg.
+    fn log_itx(&self, txg: Txg, blkid: crate::BlockId, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
+        if self.vol.props.typed().sync == SyncPolicy::Disabled {
+            return;
+        }
+        let offset = blkid.offset_bytes(self.bs()) + in_off as u64;
+        let throughput = self.vol.props.typed().logbias == crate::props::LogBias::Throughput;
+        match (patch, new) {
+            // logbias=throughput: whole blocks go to the pool in place (WR_INDIRECT)
+            (Some(_), Some(_)) if throughput && len as u64 == self.bs() => self.vol.zil.log_write_indirect(txg, offset, len as u64),
+            (Some(_), Some(block)) if len as u64 == self.bs() => self.vol.zil.log_write(txg, offset, block.clone(), true),
+            (Some(p), _) => self.vol.zil.log_write(txg, offset, p.into(), false),
+            (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),
+        }
+    }
+
+    /// zil_commit: every change applied to this volume before the call is durable when
+    /// it returns (in the intent log, or in a synced txg when the log cannot take it).
+    pub fn zil_commit(&self) -> Result<()> {
+        let txgs = self.pool.txg();
+        // a pool whose sync thread stopped (broken invariant) takes no synchronous
+        // writes; one whose syncs fail and are retried (suspended) makes them wait for
+        // a txg, as before the intent log (failmode=wait)
+        if let Some(e) = txgs.fatal_error() {
+            return Err(Error::Io(std::io::Error::other(format!("txg sync thread failed: {e}"))));
+        }
+        if txgs.sync_error().is_some() {
+            let seq = self.vol.zil.last_seq();
+            txgs.wait_synced(txgs.open_txg())?;
+            self.vol.zil.note_synced_through(seq);
+            return Ok(());
+        }
+        let seq = self.vol.zil.last_seq();
+        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
+        let pool = &self.pool;
+        let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
+        match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64(), &admit)? {
+            crate::zil::CommitOutcome::Durable => Ok(()),
+            crate::zil::CommitOutcome::NeedTxgSync(t) => {
+                txgs.wait_synced(t)?;
+                self.vol.zil.note_synced_through(seq);
+                Ok(())
+            }
+        }
+    }
+
+    /// The volume's intent log (counters, tests).
+    pub fn zil(&self) -> &crate::zil::Zilog {
+        &self.vol.zil
+    }
+
     fn after_write(&self, txg: Txg, fua: bool) -> Result<()> {
         if self.pool.dirty().should_kick(txg) {
             self.pool.txg().kick(txg);
         }
         let sync = self.vol.props.typed().sync;
         if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
-            self.pool.txg().wait_synced(txg)?;
+            self.zil_commit()?;
         }
         Ok(())
     }
@@ -576,9 +650,11 @@ impl BlockVolume for Volume {
         if self.vol.props.typed().sync == SyncPolicy::Disabled {
             return Ok(());
         }
-        if self.pool.dirty().total() == 0 && !self.pool.mos_changed() {
+        self.zil_commit()?;
+        if !self.pool.mos_changed() {
             return Ok(());
         }
+        // a property or volume change not yet on disk: only a txg sync writes it
         let t = self.pool.txg().open_txg();
         self.pool.txg().wait_synced(t)
     }

@@ -19,6 +19,8 @@ fn failed_sync_assertion_suspends_the_pool_and_import_recovers() {
 
     zilla_core::tunables().set("zfs_debug_fail_sync_assertion", 1).unwrap();
     v.write(1 << 20, &pattern(2, 1 << 20), false).unwrap();
+    // a flush commits the intent log and syncs no txg: start the sync that fails
+    assert!(pool.sync().is_err(), "a sync that failed an assertion must not succeed");
     let r = v.flush();
     assert!(r.is_err(), "a flush whose sync failed an assertion must not succeed");
     assert_eq!(pool.status().state, "SUSPENDED", "{:?}", pool.status().state);

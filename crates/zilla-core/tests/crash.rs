@@ -96,7 +96,11 @@ use zilla_core::vdev::fault::{CrashDevice, CrashMode, DeviceFault};
 use zilla_core::vdev::{label, Device, Role};
 
 const DEV_SIZE: u64 = 16 << 20;
-const NDEV: usize = 8;
+const NDEV: usize = 10;
+/// d0..d7 hold data (and are free for config changes); d8 and d9 are the log vdev of
+/// the epochs that have one (single: d8; mirror: d8 d9) and never take part in
+/// config changes or device faults.
+const NDEV_DATA: usize = 8;
 const BLOCK: usize = 4096;
 /// Boots per pool.
 const EPOCH_BOOTS: usize = 100;
@@ -294,7 +298,7 @@ fn acked_call<T: Send + 'static>(dom: &Domain, f: impl FnOnce() -> zilla_core::R
 /// Volume name -> contents.
 type State = BTreeMap<String, Vec<u8>>;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Op {
     /// data None: zeroes.
     Write { vol: String, off: usize, len: usize, data: Option<Vec<u8>> },
@@ -302,6 +306,19 @@ enum Op {
     Destroy { vol: String },
     /// A sync was started here: a txg may end at this point.
     SyncPoint,
+    /// A commit of the volume's intent log (zil_commit: FUA write, volume flush) was
+    /// started here: the volume's log chain may end at this point (or, when the commit
+    /// spans several log blocks, inside it).
+    CommitPoint { vol: String },
+}
+
+impl Op {
+    fn vol(&self) -> Option<&str> {
+        match self {
+            Op::Write { vol, .. } | Op::Create { vol, .. } | Op::Destroy { vol } | Op::CommitPoint { vol } => Some(vol),
+            Op::SyncPoint => None,
+        }
+    }
 }
 
 fn apply(state: &mut State, op: &Op) {
@@ -319,7 +336,7 @@ fn apply(state: &mut State, op: &Op) {
         Op::Destroy { vol } => {
             state.remove(vol);
         }
-        Op::SyncPoint => {}
+        Op::SyncPoint | Op::CommitPoint { .. } => {}
     }
 }
 
@@ -364,20 +381,34 @@ impl Ledger {
         }
     }
 
+    /// A commit of `vol`'s intent log returned: every op of `vol` logged so far is
+    /// durable (and only those: each volume has its own log).
+    fn acknowledge_volume(&mut self, vol: &str) {
+        let (mine, rest): (Vec<Op>, Vec<Op>) = std::mem::take(&mut self.log).into_iter().partition(|o| o.vol() == Some(vol));
+        for op in &mine {
+            apply(&mut self.acked, op);
+        }
+        self.log = rest;
+    }
+
     /// Check the imported contents `got` (after a cut) against the ledger; on success
     /// they become the acknowledged state.
     fn check_import(&mut self, got: State, txg: u64) -> Result<(), String> {
         if txg < self.acked_txg {
             return Err(format!("import loaded txg {txg}, older than the acknowledged txg {}: an acknowledged txg was rolled back", self.acked_txg));
         }
-        let walk = Walk::run(&self.acked, &self.log, &got);
+        // all volumes at one sync point (txg), unless a commit was in flight
+        let global: Vec<Op> = self.log.iter().filter(|o| !matches!(o, Op::CommitPoint { .. })).cloned().collect();
+        let walk = Walk::run(&self.acked, &global, &got);
         if !walk.prefix_matched && !(self.background_sync && walk.blocks_ok) {
-            return Err(format!(
-                "after the cut the volumes match neither the acknowledged state nor a sync point after it ({} ops logged since; background syncs possible: {}); first differences: {}",
-                self.log.len(),
-                self.background_sync,
-                walk.differences.join("; ")
-            ));
+            if let Err(e) = self.check_per_volume(&got) {
+                return Err(format!(
+                    "after the cut the volumes match neither the acknowledged state nor a sync point after it ({} ops logged since; background syncs possible: {}); first differences: {}; per volume: {e}",
+                    self.log.len(),
+                    self.background_sync,
+                    walk.differences.join("; ")
+                ));
+            }
         }
         self.history.retain(|h| h.0 < txg);
         self.history.push_back((txg, got.clone()));
@@ -386,6 +417,40 @@ impl Ledger {
         self.log.clear();
         self.acked_txg = txg;
         self.background_sync = false;
+        Ok(())
+    }
+
+    /// With intent-log commits in flight each volume's log chain ends on its own: check
+    /// every volume alone, at the sync points and at its own commit points. A commit in
+    /// flight may have written a prefix of its log blocks (which can end inside a
+    /// multi-block write), so for such a volume each 4 KiB block holding its
+    /// acknowledged version or one written since is accepted.
+    fn check_per_volume(&self, got: &State) -> Result<(), String> {
+        if !self.log.iter().any(|o| matches!(o, Op::CommitPoint { .. })) {
+            return Err("no commit in flight".into());
+        }
+        let names: BTreeSet<String> = self.acked.keys().chain(got.keys()).cloned().chain(self.log.iter().filter_map(|o| o.vol().map(str::to_string))).collect();
+        for n in &names {
+            let only = |s: &State| -> State { s.iter().filter(|(k, _)| *k == n).map(|(k, v)| (k.clone(), v.clone())).collect() };
+            let mut committing = false;
+            let log: Vec<Op> = self
+                .log
+                .iter()
+                .filter_map(|o| match o {
+                    Op::SyncPoint => Some(Op::SyncPoint),
+                    Op::CommitPoint { vol } if vol == n => {
+                        committing = true;
+                        Some(Op::SyncPoint)
+                    }
+                    o if o.vol() == Some(n.as_str()) && !matches!(o, Op::CommitPoint { .. }) => Some(o.clone()),
+                    _ => None,
+                })
+                .collect();
+            let walk = Walk::run(&only(&self.acked), &log, &only(got));
+            if !walk.prefix_matched && !((self.background_sync || committing) && walk.blocks_ok) {
+                return Err(format!("volume {n} (commit in flight: {committing}): {}", walk.differences.join("; ")));
+            }
+        }
         Ok(())
     }
 }
@@ -423,7 +488,7 @@ impl Walk {
         };
         let names: BTreeSet<String> = acked.keys().chain(got.keys()).cloned().chain(log.iter().filter_map(|o| match o {
             Op::Create { vol, .. } | Op::Destroy { vol } | Op::Write { vol, .. } => Some(vol.clone()),
-            Op::SyncPoint => None,
+            Op::SyncPoint | Op::CommitPoint { .. } => None,
         })).collect();
         let mut per_vol: BTreeMap<String, usize> = names.iter().map(|n| (n.clone(), vol_mismatch(&scratch, n))).collect();
         let note_state = |s: &State, seen: &mut BTreeMap<&str, Vec<bool>>, exist_seen: &mut BTreeSet<String>, name: &str| {
@@ -464,6 +529,7 @@ impl Walk {
                     per_vol.insert(vol.clone(), vol_mismatch(&scratch, vol));
                     note_state(&scratch, &mut seen, &mut exist_seen, vol);
                 }
+                Op::CommitPoint { .. } => {}
                 Op::SyncPoint => {
                     if per_vol.values().all(|&m| m == 0) {
                         prefix_matched = true;
@@ -530,6 +596,11 @@ struct Stats {
     faults: BTreeMap<&'static str, usize>,
     config_ops: BTreeMap<&'static str, usize>,
     acks: usize,
+    /// Acknowledgements by an intent-log commit (FUA write, volume flush, sync=always).
+    commit_acks: usize,
+    /// Imports that replayed intent-log records, and the records they replayed.
+    replaying_imports: usize,
+    replayed_records: u64,
     prefix_checks: usize,
     rewind_checks: usize,
     epochs: usize,
@@ -547,6 +618,10 @@ struct Harness {
     faults: Vec<Fault>,
     stats: Stats,
     boot: usize,
+    /// This epoch's intent-log placement: "none" (normal class), "single", "mirror".
+    log_layout: &'static str,
+    /// Volumes with sync=always this epoch.
+    sync_always: BTreeSet<String>,
     /// What the last boots did (printed on failure).
     trace: VecDeque<String>,
 }
@@ -571,6 +646,8 @@ impl Harness {
             faults,
             stats: Stats::default(),
             boot: 0,
+            log_layout: "none",
+            sync_always: BTreeSet::new(),
             trace: VecDeque::new(),
         }
     }
@@ -598,14 +675,27 @@ impl Harness {
     fn new_epoch(&mut self) {
         self.stats.epochs += 1;
         let (_dom, set) = domain(vec![Some(vec![0u8; DEV_SIZE as usize]); NDEV], i64::MAX, 0);
-        let tops = vec![
+        let mut tops = vec![
             TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("d0"), leaf("d1")] },
             TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("d2"), leaf("d3")] },
         ];
+        // the intent log: in the normal class, on a log device, on a log mirror
+        self.log_layout = ["none", "single", "mirror"][self.stats.epochs % 3];
+        match self.log_layout {
+            "single" => tops.push(TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("d8")] }),
+            "mirror" => tops.push(TopSpec { role: Role::Log, mirror: true, leaves: vec![leaf("d8"), leaf("d9")] }),
+            _ => {}
+        }
         let pool = Pool::create_with("tank", tops, CreateOptions::default(), set.opener()).unwrap();
         let mut state = State::new();
+        // every other epoch volume b is sync=always: each of its writes commits
+        self.sync_always.clear();
         for (name, size, bs, lz4) in VOLUMES {
-            let props = if lz4 { vec![("compression".to_string(), "lz4".to_string())] } else { vec![] };
+            let mut props = if lz4 { vec![("compression".to_string(), "lz4".to_string())] } else { vec![] };
+            if name == "b" && self.stats.epochs % 2 == 0 {
+                props.push(("sync".to_string(), "always".to_string()));
+                self.sync_always.insert(name.to_string());
+            }
             pool.volume_create(name, size, bs, &props).unwrap();
             state.insert(name.to_string(), vec![0u8; size as usize]);
         }
@@ -688,6 +778,11 @@ impl Harness {
         let txg = pool.synced_txg().get();
         self.note(format!("imported txg {txg} (acked {}), absent {:?}, suspect {:?}, topology {:?}", self.ledger.acked_txg, self.absent, self.suspect, topology(&pool).iter().map(|t| t.iter().map(|l| format!("{}:{}{}", dev_name(l.dev), l.state, if l.dtl_empty { "" } else { "+dtl" })).collect::<Vec<_>>()).collect::<Vec<_>>()));
         let got = self.read_state(&pool);
+        let replayed: u64 = pool.volumes().iter().filter_map(|v| pool.open_zvol(v.name.rsplit('/').next()?).ok()).map(|v| v.zil().stats.replayed_records.load(Ordering::Relaxed)).sum();
+        if replayed > 0 {
+            self.stats.replaying_imports += 1;
+            self.stats.replayed_records += replayed;
+        }
         let history = self.ledger.history.clone();
         if let Err(e) = self.ledger.check_import(got, txg) {
             self.fail(&e);
@@ -863,7 +958,7 @@ impl Harness {
         }
         match r {
             0..=39 => (self.write(pool, dom, false), false),
-            40..=46 => (self.zero(pool), false),
+            40..=46 => (self.zero(pool, dom), false),
             47..=54 => (self.read_back(pool), false),
             55..=69 => (self.sync(pool, dom), true),
             70..=74 => (self.create_or_destroy(pool, dom), true),
@@ -890,14 +985,16 @@ impl Harness {
         let Ok(v) = pool.open_volume(&name) else { self.fail(&format!("volume {name} missing")) };
         let (off, len) = self.pick_range(v.size() as usize, 64 << 10, hot);
         let data = pattern(self.rng.gen(), len);
-        let fua = self.rng.gen_range(0..8) == 0;
+        let fua = self.rng.gen_range(0..8) == 0 || self.sync_always.contains(&name);
         if fua {
             self.ledger.record(Op::Write { vol: name.clone(), off, len, data: Some(data.clone()) });
+            // a FUA write commits its volume's intent log (or, falling back, syncs a txg)
             self.ledger.record(Op::SyncPoint);
+            self.ledger.record(Op::CommitPoint { vol: name.clone() });
             let d = data.clone();
             match acked_call(dom, move || v.write(off as u64, &d, true)) {
                 Some(Ok(())) => {
-                    self.ack(pool, false);
+                    self.ack_volume(&name);
                     Step::Go
                 }
                 _ => Step::Stop,
@@ -917,13 +1014,28 @@ impl Harness {
         }
     }
 
-    fn zero(&mut self, pool: &Arc<Pool>) -> Step {
+    fn zero(&mut self, pool: &Arc<Pool>, dom: &Arc<Domain>) -> Step {
         let names = self.volume_names();
         let name = names[self.rng.gen_range(0..names.len())].clone();
         let Ok(v) = pool.open_volume(&name) else { self.fail(&format!("volume {name} missing")) };
         let (off, len) = self.pick_range(v.size() as usize, 256 << 10, false);
-        let r = if self.rng.gen() { v.unmap(off as u64, len as u64) } else { v.write_zeroes(off as u64, len as u64) };
-        let op = Op::Write { vol: name, off, len, data: None };
+        let unmap: bool = self.rng.gen();
+        let op = Op::Write { vol: name.clone(), off, len, data: None };
+        if self.sync_always.contains(&name) {
+            // sync=always: it commits the volume's log before it returns
+            self.ledger.record(op);
+            self.ledger.record(Op::SyncPoint);
+            self.ledger.record(Op::CommitPoint { vol: name.clone() });
+            let r = acked_call(dom, move || if unmap { v.unmap(off as u64, len as u64) } else { v.write_zeroes(off as u64, len as u64) });
+            return match r {
+                Some(Ok(())) => {
+                    self.ack_volume(&name);
+                    Step::Go
+                }
+                _ => Step::Stop,
+            };
+        }
+        let r = if unmap { v.unmap(off as u64, len as u64) } else { v.write_zeroes(off as u64, len as u64) };
         match r {
             Ok(()) => {
                 self.ledger.record(op);
@@ -966,18 +1078,33 @@ impl Harness {
         let flush_volume = self.rng.gen_range(0..3) == 0;
         let p = pool.clone();
         let r = if flush_volume {
-            let name = self.volume_names()[0].clone();
-            acked_call(dom, move || p.open_volume(&name)?.flush())
+            // a volume flush commits that volume's intent log only
+            let names = self.volume_names();
+            let name = names[self.rng.gen_range(0..names.len())].clone();
+            self.ledger.record(Op::CommitPoint { vol: name.clone() });
+            let n = name.clone();
+            acked_call(dom, move || p.open_volume(&n)?.flush()).map(|r| r.map(|()| Some(name)))
         } else {
-            acked_call(dom, move || p.sync())
+            acked_call(dom, move || p.sync()).map(|r| r.map(|()| None))
         };
         match r {
-            Some(Ok(())) => {
-                self.ack(pool, !flush_volume);
+            Some(Ok(Some(name))) => {
+                self.ack_volume(&name);
+                Step::Go
+            }
+            Some(Ok(None)) => {
+                self.ack(pool, true);
                 Step::Go
             }
             _ => Step::Stop,
         }
+    }
+
+    /// A commit of `vol`'s intent log returned.
+    fn ack_volume(&mut self, vol: &str) {
+        self.stats.acks += 1;
+        self.stats.commit_acks += 1;
+        self.ledger.acknowledge_volume(vol);
     }
 
     fn create_or_destroy(&mut self, pool: &Arc<Pool>, dom: &Arc<Domain>) -> Step {
@@ -1048,7 +1175,7 @@ impl Harness {
     /// Devices present, in no top-level vdev.
     fn free_devices(&self, tops: &[Vec<LeafView>]) -> Vec<usize> {
         let used: BTreeSet<usize> = tops.iter().flatten().map(|l| l.dev).collect();
-        (0..NDEV).filter(|d| !used.contains(d) && !self.absent.contains(d)).collect()
+        (0..NDEV_DATA).filter(|d| !used.contains(d) && !self.absent.contains(d)).collect()
     }
 
     /// May `dev` leave its mirror (detach, offline, replace)? Only if no remaining child
@@ -1148,7 +1275,12 @@ impl Harness {
                 })
                 .collect();
             let (_d, set) = domain(images, i64::MAX, 0);
-            let pool = match Pool::import_with(&set.specs(), set.opener()) {
+            // a rewind abandons the intent logs (as OpenZFS's does): the chain named by
+            // the old txg's headers continues into blocks written after it
+            zilla_core::tunables().set("zil_replay_disable", 1).unwrap();
+            let imported = Pool::import_with(&set.specs(), set.opener());
+            zilla_core::tunables().set("zil_replay_disable", 0).unwrap();
+            let pool = match imported {
                 Ok(p) => p,
                 Err(e) => self.fail(&format!("rewind to txg {old_txg} (imported {txg}): import failed: {e}")),
             };

@@ -28,7 +28,9 @@ fn dead_child_is_faulted_then_resilvered_after_clear() {
     dev("m0b").offline(true);
     let second = pattern(2, 8 << 20);
     v.write(8 << 20, &second, false).unwrap();
-    v.flush().expect("a mirror with one dead child still syncs");
+    v.flush().expect("a mirror with one dead child still commits");
+    // (a flush commits the intent log; the txg sync is what this test is about)
+    pool.sync().expect("a mirror with one dead child still syncs");
     let st = pool.status();
     assert_eq!(st.state, "DEGRADED", "{st:?}");
     let m0b = &st.config[0].children[1];

@@ -146,6 +146,9 @@ impl Rig {
         let data = pattern(seed, len);
         v.write(off, &data, false)?;
         v.flush()?;
+        // these rows are about txg syncs on faulty devices: a flush alone now commits
+        // the intent log, so sync the txg as well
+        self.pool().sync()?;
         self.acked.retain(|(o, d)| *o + d.len() as u64 <= off || *o >= off + len as u64);
         self.acked.push((off, data));
         Ok(())

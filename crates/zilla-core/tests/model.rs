@@ -16,6 +16,10 @@ enum Op {
     BlockStatus { vol: usize, off: u64, len: u64 },
     Sync,
     ExportImport,
+    /// Flush every volume, then lose the pool without an export (no final sync) and
+    /// import it: what the flushes acknowledged comes back from the intent log's
+    /// claim and replay, so the engine must still match the model exactly.
+    CrashReplay,
 }
 
 /// (name, volsize, volblocksize)
@@ -50,6 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => vol_range.prop_map(|(vol, (off, len))| Op::BlockStatus { vol, off, len }),
         1 => Just(Op::Sync),
         1 => Just(Op::ExportImport),
+        1 => Just(Op::CrashReplay),
     ]
 }
 
@@ -138,6 +143,19 @@ fn run(ops: Vec<Op>) {
                 drop(pool);
                 pool = import(&devs);
                 vols = open_all(&pool);
+            }
+            Op::CrashReplay => {
+                for v in &vols {
+                    v.flush().unwrap();
+                }
+                drop(std::mem::take(&mut vols));
+                pool.abandon();
+                drop(pool);
+                pool = import(&devs);
+                vols = open_all(&pool);
+                for v in 0..VOLS.len() {
+                    check_read(&vols, &model, v, 0, VOLS[v].1, &format!("op {i}: after replay"));
+                }
             }
         }
     }

@@ -68,6 +68,9 @@ fn offline_write_online(export_while_offline: bool) {
         pool = import(&devs);
         assert_eq!(pool.status().state, "DEGRADED", "m0b stays offline across export/import");
     }
+    // a flush commits the intent log now, not a txg: sync, so the writes made while m0b
+    // was away are in the block tree this walk reads (and in the DTL's txgs)
+    pool.sync().unwrap();
     {
         let root = pool.debug_volume_root("vol").unwrap();
         let (mut bad, mut total) = (0, 0);

@@ -44,6 +44,9 @@ pub struct ImportReq {
     /// If the newest txg cannot be read, rewind to the newest older one that can (`-F`).
     #[serde(default)]
     pub rewind: bool,
+    /// Import even though a log vdev is missing, discarding its intent log (`-m`).
+    #[serde(default)]
+    pub missing_log: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -526,6 +526,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/set", post(prop_set))
         .route("/v1/tunables", get(tunable_list).post(tunable_set))
         .route("/v1/arcstats", get(arcstats))
+        .route("/v1/zilstats", get(zilstats))
         .route("/v1/clients", get(client_list))
         .fallback(|| async { ApiError::not_found("no such API route") })
         .with_state(d)
@@ -621,7 +622,7 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     }
     let search = search_paths(&req.dirs);
     let name = req.name.clone();
-    let opts = zilla_core::spa::ImportOptions { force: req.force, rewind: req.rewind, dry_run: false };
+    let opts = zilla_core::spa::ImportOptions { force: req.force, rewind: req.rewind, dry_run: false, missing_log: req.missing_log };
     let pool = blocking(move || Ok(Pool::import_found(&search, name.as_deref(), &opts)?)).await?;
     let name = pool.name();
     if d.pools.get(&name).is_some() {
@@ -729,7 +730,7 @@ async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, 
     Ok(Json(Empty {}))
 }
 
-/// attach, detach, replace, offline, online, clear.
+/// attach, detach, remove, replace, offline, online, clear.
 async fn pool_device_op(
     State(d): State<Arc<Daemon>>,
     UrlPath((pool, op)): UrlPath<(String, String)>,
@@ -739,7 +740,7 @@ async fn pool_device_op(
     let p = d.pool(&pool)?;
     let device = req.device.clone();
     let need_dev = || device.clone().ok_or_else(|| ApiError::bad("missing device"));
-    let changes_config = matches!(op.as_str(), "detach" | "replace");
+    let changes_config = matches!(op.as_str(), "detach" | "replace" | "remove");
     match op.as_str() {
         "attach" => {
             let dev = need_dev()?;
@@ -767,6 +768,10 @@ async fn pool_device_op(
         "detach" => {
             let dev = need_dev()?;
             blocking(move || Ok(p.detach(&dev)?)).await?
+        }
+        "remove" => {
+            let dev = need_dev()?;
+            blocking(move || Ok(p.remove(&dev)?)).await?
         }
         "offline" => {
             let dev = need_dev()?;
@@ -891,6 +896,18 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
 /// Per-client front-end counters (bounded table; see zilla-frontend iostats).
 async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
     Json(d.nbd.frontend().clients.snapshot())
+}
+
+/// The intent-log kstat (OpenZFS names, /proc/spl/kstat/zfs/zil) summed over the
+/// imported pools.
+async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
+    let mut m: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, pool) in d.pools.all() {
+        for (k, v) in pool.zil_stats() {
+            *m.entry(k.to_string()).or_default() += v;
+        }
+    }
+    Json(m)
 }
 
 /// arcstats kstat names -> values, summed over the imported pools (each pool has its

@@ -738,3 +738,40 @@ mod tests {
         assert_eq!(hist_avg(&[0, 0, 4]), Some(4));
     }
 }
+
+/// zilstat's default columns after `time`: (column, kstat name or sum of names).
+pub const ZILSTAT_COLUMNS: [(&str, &[&str]); 10] = [
+    ("cc", &["zil_commit_count"]),
+    ("ic", &["zil_itx_count"]),
+    ("idc", &["zil_itx_copied_count", "zil_itx_needcopy_count"]),
+    ("idb", &["zil_itx_copied_bytes", "zil_itx_needcopy_bytes"]),
+    ("iic", &["zil_itx_indirect_count"]),
+    ("iib", &["zil_itx_indirect_bytes"]),
+    ("imnc", &["zil_itx_metaslab_normal_count"]),
+    ("imnw", &["zil_itx_metaslab_normal_write"]),
+    ("imsc", &["zil_itx_metaslab_slog_count"]),
+    ("imsw", &["zil_itx_metaslab_slog_write"]),
+];
+
+pub fn zilstat_header() -> String {
+    let mut o = format!("{:>8}", "time");
+    for (c, _) in ZILSTAT_COLUMNS {
+        o.push_str(&format!(" {c:>6}"));
+    }
+    o
+}
+
+/// One zilstat row: totals (`prev` None) or the rate per second since `prev`.
+pub fn zilstat_row(cur: &std::collections::BTreeMap<String, u64>, prev: Option<&std::collections::BTreeMap<String, u64>>, secs: f64) -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 86400;
+    let mut o = format!("{:>8}", format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60));
+    for (_, names) in ZILSTAT_COLUMNS {
+        let sum = |m: &std::collections::BTreeMap<String, u64>| names.iter().map(|k| m.get(*k).copied().unwrap_or(0)).sum::<u64>();
+        let v = match prev {
+            None => sum(cur),
+            Some(p) => (sum(cur).saturating_sub(sum(p)) as f64 / secs).round() as u64,
+        };
+        o.push_str(&format!(" {:>6}", crate::units::nicenum(v)));
+    }
+    o
+}

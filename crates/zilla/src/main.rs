@@ -89,6 +89,11 @@ enum Cmd {
         interval: Option<f64>,
         count: Option<u64>,
     },
+    /// Intent log (ZIL) statistics, zilstat's columns, every INTERVAL seconds
+    Zilstat {
+        interval: Option<f64>,
+        count: Option<u64>,
+    },
     /// Read or change run-time tunables
     #[command(subcommand)]
     Tunable(TunableCmd),
@@ -117,6 +122,10 @@ struct ServeArgs {
     /// http_body_max_bytes, fd_reserve (see docs/cli.md)
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Set a tunable before any pool is imported (repeatable), e.g.
+    /// `--tunable zil_replay_disable=1`: for those read at import
+    #[arg(long = "tunable", value_name = "NAME=VALUE")]
+    tunables: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -197,6 +206,10 @@ enum PoolCmd {
         /// import nothing
         #[arg(short = 'n', requires = "rewind")]
         dry_run: bool,
+        /// Import even though a log device is missing, discarding the synchronous
+        /// writes its intent log held (zpool import -m)
+        #[arg(short = 'm')]
+        missing_log: bool,
         /// Pool name or numeric id
         pool: Option<String>,
     },
@@ -228,6 +241,8 @@ enum PoolCmd {
     },
     /// Detach DEVICE from its mirror
     Detach { pool: String, device: String },
+    /// Remove a log device (a leaf, or mirror-N for a log mirror), a cache or a spare
+    Remove { pool: String, device: String },
     /// Take DEVICE offline
     Offline { pool: String, device: String },
     /// Bring DEVICE online
@@ -434,6 +449,15 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
             }
         }
     }
+    for a in &args.tunables {
+        let set = parse_assignment(a).and_then(|(name, v)| {
+            let value = units::parse_size(&v).map_err(|_| format!("bad value '{v}': expected a number"))?;
+            zilla_core::tunables().set(&name, value).map_err(|e| format!("cannot set tunable '{name}': {e}"))
+        });
+        if let Err(e) = set {
+            die(format!("--tunable {a}: {e}"));
+        }
+    }
     let l = listen_opts(&listen);
     let lock = daemon::lock_state_dir(&state_dir, &settings).unwrap_or_else(|e| die(format!("{e:#}")));
     let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http, settings };
@@ -541,6 +565,7 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Arcstat { interval, count } => arcstat(c, interval, count).await,
+        Cmd::Zilstat { interval, count } => zilstat(c, interval, count).await,
         Cmd::Tunable(t) => tunable_cmd(c, t).await,
         Cmd::Serve(_) | Cmd::Demo { .. } => unreachable!("handled in main"),
     }
@@ -600,12 +625,9 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 .await
                 .map_err(ctx(format!("cannot scrub '{pool}'")))?;
         }
-        PoolCmd::Import { dirs, force, rewind, dry_run, pool } => import_cmd(c, dirs, force, rewind, dry_run, pool).await?,
+        PoolCmd::Import { dirs, force, rewind, dry_run, missing_log, pool } => import_cmd(c, dirs, ImportFlags { force, rewind, dry_run, missing_log }, pool).await?,
         PoolCmd::Export { pool } => {
-            let _: Empty = c
-                .post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {})
-                .await
-                .map_err(ctx(format!("cannot export '{pool}'")))?;
+            let _: Empty = c.post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {}).await.map_err(ctx(format!("cannot export '{pool}'")))?;
         }
         PoolCmd::Destroy { force, pool } => {
             let path = format!("/v1/pools/{}{}", enc(&pool), if force { "?force=true" } else { "" });
@@ -639,6 +661,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
             let _: Empty = c.post(&format!("/v1/pools/{}/replace", enc(&pool)), &req).await.map_err(err)?;
         }
         PoolCmd::Detach { pool, device } => device_op(c, "detach", &pool, Some(device)).await?,
+        PoolCmd::Remove { pool, device } => device_op(c, "remove", &pool, Some(device)).await?,
         PoolCmd::Offline { pool, device } => device_op(c, "offline", &pool, Some(device)).await?,
         PoolCmd::Online { pool, device } => device_op(c, "online", &pool, Some(device)).await?,
         PoolCmd::Clear { pool, device } => device_op(c, "clear", &pool, device).await?,
@@ -646,20 +669,29 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
     Ok(())
 }
 
+/// `zilla pool import` flags: -f, -F, -n, -m.
+struct ImportFlags {
+    force: bool,
+    rewind: bool,
+    dry_run: bool,
+    missing_log: bool,
+}
+
 /// `zilla pool import`: list the importable pools, import one, or plan a rewind (-F -n).
-async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, force: bool, rewind: bool, dry_run: bool, pool: Option<String>) -> Result<(), String> {
+async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, flags: ImportFlags, pool: Option<String>) -> Result<(), String> {
+    let ImportFlags { force, rewind, dry_run, missing_log } = flags;
     let dirs: Vec<String> = dirs.iter().map(|d| absolutize(d).display().to_string()).collect();
     match pool {
         Some(name) if dry_run => {
             let plan: zilla_core::spa::RewindPlan = c
-                .post("/v1/import/rewind-plan", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
+                .post("/v1/import/rewind-plan", &ImportReq { dirs, name: Some(name.clone()), force, rewind, missing_log })
                 .await
                 .map_err(ctx(format!("cannot plan a rewind of '{name}'")))?;
             println!("{}", format_rewind_plan(&plan));
         }
         Some(name) => {
             let _: Empty = c
-                .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force, rewind })
+                .post("/v1/import", &ImportReq { dirs, name: Some(name.clone()), force, rewind, missing_log })
                 .await
                 .map_err(ctx(format!("cannot import '{name}'")))?;
         }
@@ -803,6 +835,31 @@ async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Resul
         };
         let vals = [time, show(reads), show(d("misses")), show(miss_pct), show(get("size")), show(get("c")), show(avail)];
         println!("{}", vals.iter().map(|v| format!("{v:>8}")).collect::<String>());
+        n += 1;
+        let Some(iv) = interval else { break };
+        if count.is_some_and(|c| n >= c) {
+            break;
+        }
+        prev = Some(cur);
+        tokio::time::sleep(Duration::from_secs_f64(iv)).await;
+    }
+    Ok(())
+}
+
+/// `zilla zilstat`: OpenZFS zilstat's default columns (time, then cc ic idc idb iic iib
+/// imnc imnw imsc imsw). The first row is the totals since the pools were imported;
+/// later rows are per-second rates over each interval.
+async fn zilstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
+    if interval.is_some_and(|i| !(i > 0.0 && i.is_finite())) {
+        return Err("interval must be a positive number of seconds".into());
+    }
+    let mut prev: Option<std::collections::BTreeMap<String, u64>> = None;
+    let mut n = 0;
+    println!("{}", format::zilstat_header());
+    loop {
+        let cur: std::collections::BTreeMap<String, u64> = c.get("/v1/zilstats").await?;
+        let secs = if prev.is_some() { interval.unwrap_or(1.0) } else { 1.0 };
+        println!("{}", format::zilstat_row(&cur, prev.as_ref(), secs));
         n += 1;
         let Some(iv) = interval else { break };
         if count.is_some_and(|c| n >= c) {

@@ -37,6 +37,8 @@ struct Snapshot {
     status: Vec<PoolStatus>,
     iostat: Vec<IostatSnapshot>,
     volumes: Vec<VolumeInfo>,
+    /// Per pool: the intent-log counters (OpenZFS kstat names).
+    zil: Vec<(String, Vec<(&'static str, u64)>)>,
     /// Per pool: the write throttle's dirty bytes and counters (dmu_tx kstat).
     dmu_tx: Vec<(String, zilla_core::dsl_pool::ThrottleStats)>,
     frontend: FrontendMetrics,
@@ -75,6 +77,7 @@ async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
         status: pools.iter().map(|(_, p)| p.status()).collect(),
         iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
         volumes: pools.iter().flat_map(|(_, p)| p.volumes()).collect(),
+        zil: pools.iter().map(|(n, p)| (n.clone(), p.zil_stats())).collect(),
         dmu_tx: pools.iter().map(|(n, p)| (n.to_string(), p.throttle_stats())).collect(),
     })
     .await
@@ -233,6 +236,13 @@ fn render_metrics(s: &Snapshot) -> String {
     }
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
     register_vdev_queue(&mut reg, &rows);
+    // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
+    if let Some((_, first)) = s.zil.first() {
+        for (i, (name, _)) in first.iter().enumerate() {
+            let samples = s.zil.iter().map(|(pool, st)| (labels(&[("pool", pool)]), st.get(i).map_or(0, |x| x.1)));
+            counters(&mut reg, &format!("zfs_{name}"), "Intent log counter (OpenZFS zil kstat)", samples);
+        }
+    }
     register_dmu_tx(&mut reg, &s.dmu_tx);
     register_frontend(&mut reg, &s.frontend);
     let mut out = String::new();
@@ -277,6 +287,7 @@ fn register_dmu_tx(reg: &mut Registry, pools: &[(String, zilla_core::dsl_pool::T
         ("zilla_dmu_tx_dirty_over_max", "Writes blocked with dirty data at zfs_dirty_data_max", |t| t.blocked_writes),
         ("zilla_dmu_tx_delay", "Legacy throttle: writes delayed one tick past 7/8 of the write limit", |t| t.legacy_delayed_writes),
         ("zilla_dmu_tx_write_limit", "Legacy throttle: writes that waited for the next txg at the write limit", |t| t.legacy_txg_full_waits),
+        ("zilla_dmu_tx_space_wait", "Writes and frees that waited for a txg sync because the pool was too full to admit them", |t| t.space_waits),
     ] {
         counters(reg, name, help, pools.iter().map(|(n, t)| (pl(n), get(t))));
     }

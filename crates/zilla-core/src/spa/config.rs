@@ -371,6 +371,97 @@ impl Pool {
         inner.write_config_labels("active")
     }
 
+    /// `zpool remove`: a log vdev (by its leaf name, or `mirror-N` for a log mirror),
+    /// a cache or a spare device. Data vdevs cannot be removed.
+    ///
+    /// A log vdev leaves in four steps: it takes no new allocations; every volume's
+    /// chain moves its tail elsewhere ([`crate::zil::Zilog::evacuate`]) and txgs sync
+    /// until no chain block on it is referenced (the records in them are then in the
+    /// pool itself); its deferred frees are released and one more txg writes space
+    /// maps with nothing on it; then the config without it is written to the labels.
+    /// A power cut at any point leaves either the old config (the vdev still in the
+    /// pool, maybe empty) or the new one with no reference to the vdev anywhere.
+    pub fn remove(&self, dev: &str) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let top = match dev.strip_prefix("mirror-").and_then(|n| n.parse::<u32>().ok()) {
+            Some(id) => inner.tops().into_iter().find(|t| t.id.get() == id && t.children().len() > 1),
+            None => inner.find_leaf(dev).map(|(t, _)| t),
+        };
+        let top = top.ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
+        match top.role {
+            Role::Cache | Role::Spare => self.detach(dev),
+            Role::Normal => Err(Error::invalid(format!(
+                "cannot remove {dev}: only log, cache and spare devices can be removed (data vdev removal is not supported)"
+            ))),
+            Role::Log if top.children().len() > 1 && !dev.starts_with("mirror-") => Err(Error::invalid(format!(
+                "cannot remove {dev}: it is part of the log mirror mirror-{id}; remove mirror-{id} or detach {dev}",
+                id = top.id
+            ))),
+            Role::Log => self.remove_log(&top),
+        }
+    }
+
+    fn remove_log(&self, top: &Arc<TopVdev>) -> Result<()> {
+        let inner = &self.inner;
+        let id = top.id;
+        inner.io.ms.set_noalloc(id, true);
+        let r = self.evacuate_log(id);
+        if r.is_err() {
+            inner.io.ms.set_noalloc(id, false);
+        }
+        r?;
+        let leaves = {
+            let _g = inner.sync_lock.lock();
+            inner.io.ms.remove_vdev(id)?;
+            let guids: Vec<Guid> = top.children().iter().map(|c| c.guid).collect();
+            inner.io.vdevs.write().retain(|t| t.id != id);
+            inner.leaves.write().retain(|l| !guids.contains(&l.guid));
+            inner.config.lock().tops.retain(|t| t.id != id);
+            top.children()
+        };
+        inner.io.refresh_space();
+        inner.write_config_labels("active")?;
+        for leaf in leaves {
+            let _ = label::wipe_labels(&**leaf.device());
+            leaf.device().release();
+        }
+        inner.meta.lock().changed = true;
+        self.sync()
+    }
+
+    /// Make every intent-log block on vdev `id` unreferenced and free, and the space
+    /// maps on disk say so.
+    fn evacuate_log(&self, id: crate::VdevId) -> Result<()> {
+        const SYNCS_MAX: usize = 12;
+        let inner = &self.inner;
+        for _ in 0..SYNCS_MAX {
+            let vols: Vec<_> = inner.volumes.read().values().cloned().collect();
+            let open = inner.txg.open_txg();
+            let mut busy = false;
+            for v in &vols {
+                let admit = |len: u64| crate::zvol::admit_log_block(&inner.io, &inner.dirty, len);
+                busy |= !v.zil.evacuate(&inner.io, id, open, &admit)?;
+                busy |= v.zil.references_vdev(id);
+            }
+            if !busy {
+                let left = {
+                    let _g = inner.sync_lock.lock();
+                    inner.io.ms.drain_vdev(id)
+                };
+                if left == 0 {
+                    inner.meta.lock().changed = true;
+                    return self.sync();
+                }
+            }
+            inner.meta.lock().changed = true;
+            self.sync()?;
+        }
+        Err(Error::Busy(format!(
+            "cannot remove the log vdev: intent log blocks on it are still in use after {SYNCS_MAX} txgs; try again"
+        )))
+    }
+
     pub fn offline(&self, dev: &str) -> Result<()> {
         self.check_open()?;
         let inner = &self.inner;

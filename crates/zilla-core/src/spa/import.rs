@@ -46,6 +46,9 @@ pub struct ImportOptions {
     pub rewind: bool,
     /// With `rewind`: say what would be loaded and dropped, import nothing.
     pub dry_run: bool,
+    /// Import even though every device of a log vdev is missing, discarding the intent
+    /// log records on it (`zpool import -m`).
+    pub missing_log: bool,
 }
 
 /// What a rewind loads and what it drops.
@@ -278,7 +281,7 @@ impl Pool {
 
     /// What `import -F` would do, without doing it (`import -F -n`).
     pub fn rewind_plan(specs: &[LeafSpec], opener: Opener) -> Result<RewindPlan> {
-        let opts = ImportOptions { rewind: true, dry_run: true, ..Default::default() };
+        let opts = ImportOptions { rewind: true, dry_run: true, missing_log: true, ..Default::default() };
         let loaded = load_for_import(specs, &opener, &opts, &*crate::env::real(), &mut Claims::default())?;
         Ok(loaded.chosen.plan)
     }
@@ -298,23 +301,7 @@ impl Pool {
         io.ms.replace_with(ms);
         io.refresh_space();
         settle_leaf_states(&io, &leaves, &cfg, &mos);
-        let mut volumes = BTreeMap::new();
-        for v in &mos.volumes {
-            volumes.insert(
-                v.name.clone(),
-                Arc::new(VolumeState {
-                    id: v.id,
-                    name: v.name.clone(),
-                    volsize: v.volsize,
-                    volblocksize: v.volblocksize,
-                    created_txg: v.created_txg,
-                    props: crate::props::PublishedProps::new(v.props.clone()),
-                    committed: RwLock::new(v.root),
-                    dirty: Default::default(),
-                    destroyed: false.into(),
-                }),
-            );
-        }
+        let volumes = volumes_from_mos(&mos);
         if let Ok(p) = serde_json::from_str::<BTreeMap<String, String>>(&mos.pool_props) {
             cfg.props.extend(p);
         }
@@ -334,6 +321,14 @@ impl Pool {
         }
         claims.keep();
         let pool = Self::from_inner(inner);
+        // the intent logs, before anyone can open a volume; only the newest txg's
+        // (a rewound pool's logs name blocks reused since)
+        if ub.txg == newest_txg {
+            if let Err(e) = pool.replay_intent_logs(&mos, ub.txg) {
+                pool.abandon();
+                return Err(e);
+            }
+        }
         // leaves returning with a DTL get resilvered
         for l in pool.inner.leaves.read().iter() {
             if l.state() == LeafState::Online && !l.dtl_empty() {
@@ -344,6 +339,30 @@ impl Pool {
         Ok(pool)
     }
 
+}
+
+/// The volumes the MOS lists, as the pool holds them (each with an empty intent log
+/// until replay).
+fn volumes_from_mos(mos: &crate::dmu::Mos) -> BTreeMap<String, Arc<VolumeState>> {
+    let mut volumes = BTreeMap::new();
+    for v in &mos.volumes {
+        volumes.insert(
+            v.name.clone(),
+            Arc::new(VolumeState {
+                id: v.id,
+                name: v.name.clone(),
+                volsize: v.volsize,
+                volblocksize: v.volblocksize,
+                created_txg: v.created_txg,
+                props: crate::props::PublishedProps::new(v.props.clone()),
+                committed: RwLock::new(v.root),
+                dirty: Default::default(),
+                destroyed: false.into(),
+                zil: crate::zil::Zilog::new(v.id),
+            }),
+        );
+    }
+    volumes
 }
 
 /// A device read at import: its spec, the open device, its labels and config.
@@ -369,6 +388,9 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, claims)?;
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
+    if !opts.missing_log {
+        super::replay::check_log_devices(&cfg, &leaves, &chosen.mos, &chosen.ub)?;
+    }
     Ok(Loaded { cfg, leaves, io, chosen, bad_labels })
 }
 
@@ -485,11 +507,19 @@ fn check_guid_sum(cfg: &PoolConfig, ub: &label::Uberblock) -> Result<()> {
 }
 
 /// Load the MOS of `ub` into a fresh allocator, claiming the MOS's own blocks.
+/// Allocator size of a log vdev with every device missing: large enough for any space
+/// map a real device had.
+const MISSING_LOG_VDEV_ASIZE: u64 = 1 << 56;
+
 fn load_mos(io: &PoolIo, ub: &label::Uberblock) -> Result<(crate::dmu::Mos, Metaslabs)> {
     let mut ms = Metaslabs::new();
     for t in io.vdevs.read().iter() {
         if matches!(t.role, Role::Normal | Role::Log) {
-            ms.add_vdev(t.id, t.role, t.asize());
+            // a log vdev whose every device is missing (import -m) keeps the intent-log
+            // blocks its space map lists: its size is unknown, and nothing is allocated
+            // from it while no child is readable (zil::log_class_usable)
+            let missing = t.role == Role::Log && t.asize() == 0;
+            ms.add_vdev(t.id, t.role, if missing { MISSING_LOG_VDEV_ASIZE } else { t.asize() });
         }
     }
     let blob = dmu::read_mos_blob(io, &ub.root, crate::vdev::IoClass::SyncRead)?;

@@ -45,6 +45,7 @@ use crate::{Error, Guid, Result, Txg};
 mod config;
 mod import;
 mod mmp;
+mod replay;
 mod status;
 mod sync;
 mod verify;
@@ -367,6 +368,18 @@ impl Pool {
         self.inner.dirty.stats()
     }
 
+    /// The intent-log counters (OpenZFS kstat names, /proc/spl/kstat/zfs/zil) summed
+    /// over the pool's volumes.
+    pub fn zil_stats(&self) -> Vec<(&'static str, u64)> {
+        let mut out = crate::zil::ZilStats::default().snapshot();
+        for v in self.inner.volumes.read().values() {
+            for (o, (_, n)) in out.iter_mut().zip(v.zil.stats.snapshot()) {
+                o.1 += n;
+            }
+        }
+        out
+    }
+
     pub fn arc_stats(&self) -> crate::arc::ArcStats {
         self.inner.io.arc.stats()
     }
@@ -438,6 +451,7 @@ impl Pool {
                 committed: RwLock::new(TreeRoot { bp: BlockPointer::hole(), nlevels }),
                 dirty: Default::default(),
                 destroyed: false.into(),
+                zil: crate::zil::Zilog::new(id),
             }),
         );
         drop(vols);
@@ -452,6 +466,12 @@ impl Pool {
         let _g = inner.sync_lock.lock();
         let v = inner.volumes.write().remove(name).ok_or_else(|| Error::NotFound(format!("volume '{}/{name}'", inner.name)))?;
         v.destroyed.store(true, Ordering::Release);
+        // its intent log's blocks go with it, in the txg that drops it from the MOS
+        let free_txg = inner.txg.open_txg();
+        for d in v.zil.take_all_blocks() {
+            inner.io.ms.log_referenced(&d);
+            inner.io.ms.free_deferred(free_txg, d);
+        }
         let root = *v.committed.read();
         let mut m = inner.meta.lock();
         if !root.bp.is_hole() {
@@ -560,6 +580,9 @@ impl VolumePool for PoolInner {
     }
     fn mos_changed(&self) -> bool {
         self.meta.lock().changed
+    }
+    fn random_u64(&self) -> u64 {
+        self.env.random_u64()
     }
 }
 

@@ -164,20 +164,24 @@ impl PoolInner {
 
     /// Flush every data-holding top-level vdev, all at once (one flush request per
     /// child). Fails if some top-level vdev has no child that holds everything written
-    /// to it since its last flush (see `TopVdev::flush_async`).
+    /// to it since its last flush (see `TopVdev::flush_async`). Log vdevs are flushed
+    /// but cannot fail the sync: no txg's blocks are on them (the intent log flushes
+    /// its own blocks before a commit returns), and a pool imported with its log
+    /// devices missing (`import -m`) must still sync.
     fn flush_all(&self) -> Result<()> {
         let tops: Vec<_> = self.tops().into_iter().filter(|t| t.role != Role::Cache && t.role != Role::Spare).collect();
         let (tx, rx) = crossbeam_channel::unbounded();
         for t in &tops {
             let tx = tx.clone();
+            let log = t.role == Role::Log;
             t.flush_async(Box::new(move |o| {
-                let _ = tx.send(o);
+                let _ = tx.send((log, o));
             }));
         }
         drop(tx);
         let mut err = None;
-        for o in rx.iter() {
-            if o.written == 0 {
+        for (log, o) in rx.iter() {
+            if o.written == 0 && !log {
                 let e = o.failed.into_iter().next().map(|(_, e)| e.to_io()).unwrap_or_else(|| std::io::Error::other("no writable device"));
                 err = Some(e);
             }
@@ -196,7 +200,7 @@ impl PoolInner {
         if self.leaf_health() != self.meta.lock().health {
             return true;
         }
-        self.volumes.read().values().any(|v| v.dirty.has_dirty(txg))
+        self.volumes.read().values().any(|v| v.dirty.has_dirty(txg) || v.zil.needs_header_sync())
     }
 
     /// Sync txg `txg`. On failure exactly this sync's allocations and deferred frees are
@@ -296,6 +300,7 @@ impl PoolInner {
                 self.io.free_block(&bp, txg);
             }
         }
+        let (zil_headers, zil_tokens) = self.zil_headers_for_sync(&new_roots, txg);
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
         let (mos_root, health) = self.write_mos_and_flush(txg, Mos {
             txg,
@@ -304,6 +309,7 @@ impl PoolInner {
             scan_state,
             pool_props,
             leaf_health: None,
+            zil_headers,
         }, &mut batch)?;
         self.commit_uberblock(txg, mos_root)?;
         // committed: publish. ARC entries only now: a failed sync is retried with new
@@ -315,8 +321,26 @@ impl PoolInner {
             *v.committed.write() = *r;
             v.dirty.retire(txg);
         }
+        for (v, tok) in zil_tokens {
+            v.zil.synced(tok);
+        }
         self.publish_metadata(txg, mos_root, health, &doomed);
         Ok(())
+    }
+
+    /// The intent logs in txg `txg`: each volume's header, and the log blocks the txg
+    /// makes obsolete freed (deferred); the tokens retire them once it commits.
+    #[allow(clippy::type_complexity)]
+    fn zil_headers_for_sync(&self, vols: &[(Arc<VolumeState>, TreeRoot)], txg: Txg) -> (Vec<(u64, crate::zil::ZilHeader)>, Vec<(Arc<VolumeState>, crate::zil::SyncToken)>) {
+        let io = &self.io;
+        let mut headers = Vec::with_capacity(vols.len());
+        let mut tokens = Vec::with_capacity(vols.len());
+        for (v, _) in vols {
+            let (h, tok) = v.zil.header_for_sync(io, txg, &mut |d| io.ms.free_deferred(txg, d));
+            headers.push((v.id, h));
+            tokens.push((v.clone(), tok));
+        }
+        (headers, tokens)
     }
 
     /// Step 7's pool-wide half: the new MOS root and leaf health, the destroyed trees
@@ -404,6 +428,9 @@ impl PoolInner {
                 changes.push((*blkid, bp));
             }
             writer.issue(chunk_batch)?;
+            // counted as zvol counted them: a block's size, 512 bytes for a free
+            let bs = v.volblocksize as u64;
+            self.dirty.undirty(txg, chunk.iter().map(|(_, d)| if d.is_some() { bs } else { 512 }).sum());
         }
         Ok(changes)
     }

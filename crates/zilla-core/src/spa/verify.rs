@@ -2,8 +2,9 @@
 //!
 //! Theory of operation
 //! -------------------
-//! Walks every block tree (MOS, volumes, doomed volumes) and every defer list, and
-//! compares the extents they reference with what the allocator says is allocated.
+//! Walks every block tree (MOS, volumes, doomed volumes), every defer list and the
+//! blocks the intent logs hold, and compares the extents they reference with what the
+//! allocator says is allocated.
 use super::Pool;
 use crate::dmu;
 use crate::block::blkptr::BlockPointer;
@@ -27,7 +28,9 @@ impl Pool {
                 add_bp(&bp);
             }
         }
+        let mut log_blocks = Vec::new();
         for v in inner.volumes.read().values() {
+            log_blocks.extend(v.zil.held_blocks());
             let root = *v.committed.read();
             dmu::walk_all(&inner.io, &root, crate::vdev::IoClass::SyncRead, &mut |bp, _| {
                 add_bp(bp);
@@ -42,7 +45,7 @@ impl Pool {
             })
             .map_err(|e| e.to_string())?;
         }
-        for d in inner.io.ms.deferred() {
+        for d in inner.io.ms.deferred().into_iter().chain(log_blocks) {
             used.push((d.vdev, d.offset, d.asize as u64));
         }
         used.sort();

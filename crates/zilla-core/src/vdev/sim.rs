@@ -34,7 +34,12 @@
 //!                it is destaged first (the write waits); a write larger than the
 //!                cache goes straight to the media like a read
 //!     flush      destage every cached extent in offset order (an elevator pass),
-//!                each paying positioning (none if sequential) + transfer
+//!                each paying positioning + transfer; positioning of a media write
+//!                that is sequential to the previous one is none only back to back:
+//!                after a gap g the sector has passed and comes back after
+//!                rev - (g mod rev) (a drive reads ahead into its buffer, it cannot
+//!                write ahead; so a flush after every small write, as an intent log
+//!                on the data disks does, costs most of a revolution each)
 //!   sim-ssd (no mechanism: `channels` I/Os are served in parallel, others wait)
 //!     read       read_latency + len / read_rate
 //!     write      write_latency + len / write_rate
@@ -42,6 +47,10 @@
 //! ```
 //!
 //! The written data always reaches the inner device at once; the model only adds time.
+//! A flush also flushes the inner device unless `sim_flush_backing` is 0 (bench/run sets
+//! it, so the modelled flush time is the device's, not the lab disk's fdatasync on top).
+//! With 0 a device under the model never sees a flush: tests/sim.rs's crash devices
+//! then lost every write at the first power cut.
 //! (Volatile-cache *loss* on power failure is CrashDevice's job, not this model's.)
 //!
 //! Overshoot credit: a wake-up that lands late (timer slack, a busy CPU) makes that I/O
@@ -118,6 +127,14 @@ pub static SIM_SSD_CACHE_CHANNELS: Tunable =
     Tunable::new("sim_ssd_cache_channels", 4, 1, 1024, Applies::NextDeviceOpen, "cache SSD I/Os served in parallel (flash channels); 4 (ARCHITECTURE s7: several channels)");
 pub static SIM_SEED: Tunable =
     Tunable::new("sim_seed", 1, 0, u64::MAX, Applies::NextDeviceOpen, "seed of the sim-hdd rotational-delay RNG (each device mixes in its open order)");
+pub static SIM_FLUSH_BACKING: Tunable = Tunable::new(
+    "sim_flush_backing",
+    1,
+    0,
+    1,
+    Applies::Live,
+    "1: a sim device's flush also flushes the device under it (host power-loss safety, and a crash-test device under the model sees the flush; the host disk's flush time is then added to the modelled flush); 0 (bench/run): the model's flush time only (the data is in the backing file at once either way, and survives the daemon's death)",
+);
 pub static SIM_SPIN_US: Tunable =
     Tunable::new("sim_spin_us", 50, 0, 1_000_000, Applies::NextDeviceOpen, "sim devices sleep (1 ns timer slack) until this long before a deadline, then spin: sub-ms accuracy vs. CPU burnt");
 
@@ -373,6 +390,9 @@ struct Mechanism {
     cache_bytes: u64,
     rng: StdRng,
     channel: Channel,
+    /// When the media finished its last write (Env clock): the sector after
+    /// `head_offset` was under the head then and comes back once per revolution.
+    media_write_end_ns: u64,
 }
 
 /// What an HDD command does to the mechanism.
@@ -495,6 +515,7 @@ impl SimDevice {
                 cache_bytes: 0,
                 rng: StdRng::seed_from_u64(profile.seed),
                 channel: Channel::default(),
+                media_write_end_ns: 0,
             };
             let queue = HddQueue { mech, next_ticket: 0, next_admit: 0, queued: Vec::new(), serving: None };
             (Mutex::new(queue), Condvar::new())
@@ -550,6 +571,17 @@ impl SimDevice {
         }
     }
 
+    /// The backing file's own flush, only with `sim_flush_backing`: a real fdatasync
+    /// of the lab's disk (100 us or more) would otherwise sit on top of a log SSD's
+    /// modelled 20 us flush, and the model would not be what is measured.
+    fn flush_backing(&self) -> io::Result<()> {
+        if SIM_FLUSH_BACKING.get() != 0 {
+            self.inner.flush()
+        } else {
+            Ok(())
+        }
+    }
+
     /// Run `io` on a channel, completing `service_ns` after `start_ns`.
     fn timed<T>(&self, channel: &mut Channel, start_ns: u64, service_ns: u64, io: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         self.modelled_ns.fetch_add(service_ns, Ordering::Relaxed);
@@ -579,24 +611,33 @@ impl SimDevice {
     }
 
     /// HDD: time to position the head at `offset` and transfer `len` there.
-    fn media_ns(&self, m: &mut Mechanism, offset: u64, len: u64) -> u64 {
+    /// `write_at_ns`: a media write starting then (None: a read). A sequential write
+    /// that does not follow the previous media write back to back has missed its
+    /// sector and waits for it to come around (the rest of the revolution): a drive
+    /// reads ahead into its buffer, but it cannot write ahead.
+    fn media_ns(&self, m: &mut Mechanism, offset: u64, len: u64, write_at_ns: Option<u64>) -> u64 {
         let p = &self.profile;
         let distance = offset.abs_diff(m.head_offset);
-        let positioning = if distance == 0 {
-            0
-        } else {
-            p.seek_ns(distance, self.size_bytes) + m.rng.gen_range(0..p.rotation_ns.max(1))
+        let rev = p.rotation_ns.max(1);
+        let positioning = match write_at_ns {
+            _ if distance != 0 => p.seek_ns(distance, self.size_bytes) + m.rng.gen_range(0..rev),
+            Some(at) if at > m.media_write_end_ns => rev - (at - m.media_write_end_ns) % rev,
+            _ => 0,
         };
         m.head_offset = offset + len;
-        positioning + SimProfile::transfer_ns(len, p.transfer_bytes_s)
+        let ns = positioning + SimProfile::transfer_ns(len, p.transfer_bytes_s);
+        if let Some(at) = write_at_ns {
+            m.media_write_end_ns = at + ns;
+        }
+        ns
     }
 
     /// HDD: write every cached extent to the media in offset order; returns the time.
-    fn destage_ns(&self, m: &mut Mechanism) -> u64 {
+    fn destage_ns(&self, m: &mut Mechanism, at_ns: u64) -> u64 {
         let extents = std::mem::take(&mut m.cache);
         let mut total_ns = 0;
         for (&offset, &len) in &extents {
-            total_ns += self.media_ns(m, offset, len);
+            total_ns += self.media_ns(m, offset, len, Some(at_ns + total_ns));
         }
         self.destaged_extents.fetch_add(extents.len() as u64, Ordering::Relaxed);
         m.cache_bytes = 0;
@@ -604,14 +645,17 @@ impl SimDevice {
     }
 
     /// HDD: service time of one command, updating head, cache and RNG.
-    fn hdd_service_ns(&self, m: &mut Mechanism, command: HddCommand, offset: u64, len: u64) -> u64 {
+    fn hdd_service_ns(&self, m: &mut Mechanism, command: HddCommand, offset: u64, len: u64, at_ns: u64) -> u64 {
         let p = &self.profile;
         match command {
-            HddCommand::Read => self.media_ns(m, offset, len),
-            HddCommand::Flush => self.destage_ns(m),
-            HddCommand::Write if len > p.write_cache_bytes => self.destage_ns(m) + self.media_ns(m, offset, len),
+            HddCommand::Read => self.media_ns(m, offset, len, None),
+            HddCommand::Flush => self.destage_ns(m, at_ns),
+            HddCommand::Write if len > p.write_cache_bytes => {
+                let d = self.destage_ns(m, at_ns);
+                d + self.media_ns(m, offset, len, Some(at_ns + d))
+            }
             HddCommand::Write => {
-                let destage = if m.cache_bytes + len > p.write_cache_bytes { self.destage_ns(m) } else { 0 };
+                let destage = if m.cache_bytes + len > p.write_cache_bytes { self.destage_ns(m, at_ns) } else { 0 };
                 // Extents are keyed by offset; a rewrite of the same offset reuses its
                 // slot. Partial overlaps at different offsets are counted twice, which
                 // only makes the cache fill (and destage) slightly early.
@@ -643,7 +687,7 @@ impl SimDevice {
             cv.wait(&mut q);
         }
         let start_ns = self.env.now_ns();
-        let service_ns = self.hdd_service_ns(&mut q.mech, command, offset, len);
+        let service_ns = self.hdd_service_ns(&mut q.mech, command, offset, len, start_ns);
         let mut channel = std::mem::take(&mut q.mech.channel);
         drop(q);
         let result = self.timed(&mut channel, start_ns, service_ns, io);
@@ -685,10 +729,10 @@ impl Device for SimDevice {
     fn flush(&self) -> io::Result<()> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         match self.profile.model {
-            SimModel::Hdd => self.hdd_io(HddCommand::Flush, 0, 0, || self.inner.flush()),
+            SimModel::Hdd => self.hdd_io(HddCommand::Flush, 0, 0, || self.flush_backing()),
             SimModel::Ssd => {
                 // A flush is a command like any other: it takes a channel for its time.
-                self.ssd_io(self.profile.flush_ns, || self.inner.flush())
+                self.ssd_io(self.profile.flush_ns, || self.flush_backing())
             }
         }
     }
@@ -1079,6 +1123,38 @@ mod tests {
         check("sim-hdd random 4K read under SimEnv", virtual_ns as f64 / offs.len() as f64, expected / offs.len() as f64, TOLERANCE);
         eprintln!("sim-hdd under SimEnv: {:.1} s virtual in {:.3} s real", virtual_ns as f64 / 1e9, real_ns / 1e9);
         assert!(real_ns * 20.0 < virtual_ns as f64, "SimEnv must run much faster than real time");
+    }
+
+    #[test]
+    fn hdd_sequential_write_after_a_gap_waits_for_its_sector() {
+        // Goal: a small write and a flush, then the next one right after it on the
+        // media after a gap (an intent log on the data disk): each flush pays the
+        // rest of the revolution (rev - gap), not just the transfer; back-to-back
+        // extents of one destage pay nothing.
+        let env = Arc::new(SimEnv::new(5));
+        let p = hdd();
+        let dev = sim_device(p.clone(), &env);
+        let buf = vec![7u8; 8192];
+        let gap_ns = 300_000;
+        dev.write_at(&buf, 1 << 20).unwrap();
+        dev.flush().unwrap();
+        for i in 1..=20u64 {
+            env.advance_ns(gap_ns);
+            dev.write_at(&buf, (1 << 20) + i * 8192).unwrap();
+            let t0 = env.now_ns();
+            dev.flush().unwrap();
+            let took = env.now_ns() - t0;
+            let transfer = SimProfile::transfer_ns(8192, p.transfer_bytes_s);
+            let min = p.rotation_ns - gap_ns - p.cache_write_ns - 2 * transfer;
+            assert!(took >= min && took <= p.rotation_ns + transfer, "flush {i} took {took} ns (rev {} ns)", p.rotation_ns);
+        }
+        // two sequential cached extents in one destage: one wait, then back to back
+        env.advance_ns(gap_ns);
+        dev.write_at(&buf, 4 << 20).unwrap();
+        dev.write_at(&buf, (4 << 20) + 8192).unwrap();
+        let t0 = env.now_ns();
+        dev.flush().unwrap();
+        assert!(env.now_ns() - t0 < p.seek_ns(4 << 20, DEVICE_BYTES) + p.rotation_ns + 2 * SimProfile::transfer_ns(8192, p.transfer_bytes_s) + 1);
     }
 
     /// An in-memory disk whose reads take 1 ms of real time: under SimEnv a request is

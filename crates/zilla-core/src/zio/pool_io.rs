@@ -59,6 +59,10 @@ pub struct PoolIo {
     /// by writers.
     pub space_size: std::sync::atomic::AtomicU64,
     pub space_unavailable: std::sync::atomic::AtomicU64,
+    /// Normal-class intent-log blocks allocated since the last `refresh_space` (each
+    /// counted as whole `SPACE_ADMISSION_UNIT_BYTES` pieces): log blocks are allocated
+    /// between syncs, and admission must see them at once (see `space`).
+    space_log_bytes: std::sync::atomic::AtomicU64,
     /// Aligned aggregation buffers for sync writes.
     pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
@@ -107,6 +111,7 @@ impl PoolIo {
             error_log: Mutex::new(Vec::new()),
             space_size: Default::default(),
             space_unavailable: Default::default(),
+            space_log_bytes: Default::default(),
             write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
             prepare: std::sync::OnceLock::new(),
         }
@@ -123,17 +128,31 @@ impl PoolIo {
     /// needs that much contiguous space, and free space fragmented into smaller holes
     /// could not take the txg that admission let in.
     pub fn refresh_space(&self) {
+        // zeroed before the allocator is read: a log block allocated meanwhile is
+        // counted twice until the next refresh, never missed
+        self.space_log_bytes.store(0, std::sync::atomic::Ordering::SeqCst);
         let (size, _) = self.ms.space(Role::Normal);
         let usable = self.ms.free_in_units(Role::Normal, SPACE_ADMISSION_UNIT_BYTES);
         self.space_size.store(size, std::sync::atomic::Ordering::Relaxed);
         self.space_unavailable.store(size - usable.min(size), std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// (size, unavailable) bytes of the normal class as of the last sync, for space
-    /// admission: unavailable = allocated, plus free space in pieces smaller than the
-    /// largest block (see `refresh_space`).
+    /// (size, unavailable) bytes of the normal class, for space admission:
+    /// unavailable = allocated, plus free space in pieces smaller than the largest
+    /// block, as of the last sync (see `refresh_space`), plus the intent-log blocks
+    /// allocated in the normal class since then.
     pub fn space(&self) -> (u64, u64) {
-        (self.space_size.load(std::sync::atomic::Ordering::Relaxed), self.space_unavailable.load(std::sync::atomic::Ordering::Relaxed))
+        use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+        let unavailable = self.space_unavailable.load(Relaxed) + self.space_log_bytes.load(SeqCst);
+        (self.space_size.load(Relaxed), unavailable)
+    }
+
+    /// An intent-log block of `len` bytes is about to be allocated in the normal class
+    /// outside any sync: count it as unavailable from now on, in whole admission units
+    /// (a small block can break up a 128 KiB piece). An allocation that then fails stays
+    /// counted until the next sync: too much, never too little.
+    pub fn note_log_block(&self, len: u64) {
+        self.space_log_bytes.fetch_add(len.next_multiple_of(SPACE_ADMISSION_UNIT_BYTES), std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn top(&self, id: VdevId) -> Option<Arc<TopVdev>> {

@@ -1,0 +1,147 @@
+"""Scenario slog: synchronous 4K writes on a hybrid pool with and without a log mirror.
+
+Theory of operation: one daemon holds two pools built like the demo's: `nolog`, two
+sim-hdd mirrors, and `slog`, the same plus a sim-ssd log mirror (the Logzilla-class
+model). fio's nbd engine writes 4K blocks at random offsets with an NBD FLUSH after
+every write (`--fsync=1`), with 1 (QD1), 8 and 32 concurrent writers, one connection
+each; per writer count the two pools run back to back, and the daemon is left to go
+idle between tests so one test's txg sync does not run during the next. A sync write's
+latency is its write's plus its flush's. The intent-log counters give, per test, the
+commits, the lwbs and the itxs per lwb (commit batching).
+
+The second part is the cost of the log on plain files: a pool of two plain-file
+mirrors (no sim model, no log: the log blocks go to the data vdevs) against
+`nbdkit file` on a plain file, the same fio job at QD1.
+
+Goals (issue 7, seed 000): QD1 sync-write IOPS with the log >= 12x without; mean
+latency >= 20x lower; QD1 latency with the log within the sim-ssd model of the lwbs it
+wrote + 100 us; IOPS rising from 1 to 8 to 32 writers; Zilla on plain files >= nbdkit.
+"""
+
+import os
+
+from lib.daemon import Nbdkit, Zilla
+from lib.goals import goal
+from lib.machine import loadavg, wait_idle
+from lib.packages import ensure_tools
+from lib.proc import log, make_workdir
+from lib.syncio import ZilDelta, log_model_us, sync_fio, tunables
+from lib.tables import fmt, ratio, table
+
+NAME = "slog"
+DESCRIPTION = ("fio nbd 4K random writes with a flush after each (1, 8, 32 writers): "
+               "two sim-hdd mirrors without vs with a sim-ssd log mirror; plain files vs nbdkit")
+MiB, GiB = 1 << 20, 1 << 30
+WRITERS = (1, 8, 32)
+LATENCY_SLACK_US = 100
+
+
+def run_scenario(ctx):
+    ensure_tools(["fio", "nbdkit"])
+    runtime = 8 if ctx.quick else 20
+    vol = 1 * GiB
+    wd = make_workdir()
+    log(f"workdir {wd}; volume {vol // MiB} MiB; {runtime}s per test")
+    z = Zilla(ctx.new, wd)
+    make_pools(z, wd, vol)
+    t = tunables(z)
+    rows = []
+    for n in WRITERS:
+        for pool in ("nolog", "slog"):
+            rows.append(one_test(z, wd, pool, n, runtime, vol))
+    plain = one_test(z, wd, "plain", 1, runtime, vol)
+    k = Nbdkit(wd, sparse(os.path.join(wd, "nbdkit.img"), vol))
+    kit = sync_fio(k.uri(), wd, "nbdkit-1", 1, runtime, vol, cpu_pid=k.pid)
+    kit["server"] = "nbdkit"
+    log(f"nbdkit file, 1 writer: {kit['iops']:,.0f} IOPS, {kit['lat_mean_us']} us")
+    k.stop()
+    z.stop()
+    by = {(r["pool"], r["writers"]): r for r in rows}
+    qd1 = by[("slog", 1)]
+    qd1["log_model_us"] = log_model_us(t, qd1["zil"])
+    print_tables(rows, plain, kit)
+    config = {"volume_bytes": vol, "volblocksize": "16K (default)", "runtime_s": runtime,
+              "fio": "--ioengine=nbd --rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=N",
+              "pools": {"nolog": "mirror sim-hdd sim-hdd mirror sim-hdd sim-hdd",
+                        "slog": "the same + log mirror sim-ssd sim-ssd",
+                        "plain": "mirror file file mirror file file (no models, no log)"},
+              "nbdkit": "nbdkit file (one plain file)", "transport": "TCP loopback",
+              "sim_tunables": {k2: v for k2, v in t.items() if k2.startswith("sim_ssd_log")}}
+    return {"config": config, "results": rows, "plain_vs_nbdkit": {"zilla": plain, "nbdkit": kit},
+            "goals": goals(by, plain, kit)}
+
+
+def sparse(path, size):
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def make_pools(z, wd, vol):
+    """nolog / slog: two sim-hdd mirrors (+ a sim-ssd log mirror); plain: files."""
+    for name in ("nolog", "slog", "plain"):
+        model = "" if name == "plain" else "sim-hdd:"
+        d = [model + sparse(os.path.join(wd, f"{name}-d{i}.img"), vol + 2 * GiB) for i in range(4)]
+        args = ["pool", "create", name, "mirror", d[0], d[1], "mirror", d[2], d[3]]
+        if name == "slog":
+            logs = ["sim-ssd:" + sparse(os.path.join(wd, f"slog-log{i}.img"), 512 * MiB) for i in range(2)]
+            args += ["log", "mirror"] + logs
+        z.cli(*args)
+        z.cli("volume", "create", "-s", "-V", str(vol), f"{name}/vol")
+
+
+def one_test(z, wd, pool, writers, runtime, vol):
+    wait_idle(z.pid)
+    la = loadavg()
+    with ZilDelta(z) as zd:
+        r = sync_fio(z.uri(f"{pool}/vol"), wd, f"{pool}-{writers}", writers, runtime, vol,
+                     cpu_pid=z.pid)
+    r["pool"] = pool
+    r["zil"] = zd.summary()
+    r["loadavg_before"] = la
+    log(f"{pool:6} {writers:2} writer(s): {r['iops']:>9,.1f} IOPS  lat {r['lat_mean_us']} us "
+        f"(write {r['write_lat_mean_us']} + flush {r['flush_lat_mean_us']})  "
+        f"itxs/lwb {r['zil']['itxs_per_lwb']}  load {la[0]}")
+    return r
+
+
+def print_tables(rows, plain, kit):
+    by = {(r["pool"], r["writers"]): r for r in rows}
+    out = []
+    for n in WRITERS:
+        a, b = by[("nolog", n)], by[("slog", n)]
+        out.append([f"{n} writer(s)", fmt(a["iops"]), fmt(b["iops"]), fmt(ratio(b["iops"], a["iops"]), 2),
+                    fmt(a["lat_mean_us"]), fmt(b["lat_mean_us"]),
+                    fmt(ratio(a["lat_mean_us"], b["lat_mean_us"]), 2),
+                    fmt(b["zil"]["itxs_per_lwb"], 2), fmt(b["zil"]["log_bytes_slog"] // max(1, b["ios"]))])
+    print(table(["4K sync writes", "no log IOPS", "log IOPS", "IOPS x", "no log lat us", "log lat us",
+                 "lat x", "itxs/lwb", "log B/write"], out))
+    print()
+    print(table(["plain files, 1 writer", "IOPS", "lat mean us", "CPU us/IO"],
+                [["zilla (2 mirrors of files)", fmt(plain["iops"]), fmt(plain["lat_mean_us"]),
+                  fmt(plain.get("server_cpu_us_per_io"))],
+                 ["nbdkit file", fmt(kit["iops"]), fmt(kit["lat_mean_us"]),
+                  fmt(kit.get("server_cpu_us_per_io"))]]))
+    q = by[("slog", 1)]
+    print(f"\nQD1 with the log: {q['lat_mean_us']} us measured; sim-ssd model of its lwbs "
+          f"{q.get('log_model_us')} us (+{LATENCY_SLACK_US} us allowed)")
+
+
+def goals(by, plain, kit):
+    a1, b1 = by[("nolog", 1)], by[("slog", 1)]
+    model = b1.get("log_model_us")
+    over = (round(b1["lat_mean_us"] - model, 1)
+            if model is not None and b1["lat_mean_us"] is not None else None)
+    return [
+        goal("sync 4K QD1 IOPS, log mirror / no log", ">=", 12, ratio(b1["iops"], a1["iops"])),
+        goal("sync 4K QD1 mean latency, no log / log mirror", ">=", 20,
+             ratio(a1["lat_mean_us"], b1["lat_mean_us"])),
+        goal("sync 4K QD1 latency with the log minus the sim-ssd model of its lwbs", "<=",
+             LATENCY_SLACK_US, over, unit="us"),
+        goal("log mirror IOPS, 8 writers / 1 writer", ">=", 1.1,
+             ratio(by[("slog", 8)]["iops"], b1["iops"])),
+        goal("log mirror IOPS, 32 writers / 8 writers", ">=", 1.1,
+             ratio(by[("slog", 32)]["iops"], by[("slog", 8)]["iops"])),
+        goal("sync 4K QD1 IOPS on plain files, Zilla / nbdkit file", ">=", 1.0,
+             ratio(plain["iops"], kit["iops"])),
+    ]

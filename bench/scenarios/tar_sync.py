@@ -1,0 +1,158 @@
+"""Scenario tar-sync: extracting many small files onto a synchronously mounted ext4.
+
+Theory of operation: like the NFS clients of seed 000 (each file create is a
+synchronous operation), ext4 is mounted `-o sync,dirsync` on a Zilla volume reached
+through nbdfuse (the volume as a file) and a loop device, so every create, write and
+directory change ends in an NBD FLUSH. A tarball of small files is generated
+reproducibly (seeded sizes 1 byte .. 8 KiB and contents, 100 files per directory,
+fixed mtimes): 4,300 files with --quick, 43,000 in full. The same tarball is
+extracted (`tar -xf`, timed, then `sync`) onto a fresh file system on the pool without
+and with a sim-ssd log mirror (two sim-hdd mirrors each, as in the slog scenario), in
+one run. Without the log one file costs several txg syncs; a --quick run stops that
+side after `NOLOG_LIMIT_S` and reports its rate (files per second) over the part it
+did, which is what the ratio compares. Afterwards the files are checked against the
+tarball (`tar -d`).
+
+Goal (issue 7, seed 000): with the log mirror, at least 10x faster.
+"""
+
+import io
+import os
+import random
+import subprocess
+import tarfile
+import time
+
+from lib.daemon import Zilla
+from lib.goals import goal
+from lib.machine import loadavg, wait_idle
+from lib.packages import ensure_tools
+from lib.proc import BenchError, log, make_workdir, run
+from lib.syncio import ZilDelta
+from lib.tables import fmt, ratio, table
+
+NAME = "tar-sync"
+DESCRIPTION = ("tar -x of small files onto ext4 -o sync,dirsync (nbdfuse + loop): "
+               "two sim-hdd mirrors without vs with a sim-ssd log mirror")
+MiB, GiB = 1 << 20, 1 << 30
+NOLOG_LIMIT_S = 90
+
+
+def run_scenario(ctx):
+    ensure_tools(["nbdfuse", "mkfs.ext4", "losetup", "tar"])
+    nfiles = 4300 if ctx.quick else 43000
+    vol = 2 * GiB
+    wd = make_workdir()
+    tarball = os.path.join(wd, "small.tar")
+    total_bytes = make_tarball(tarball, nfiles)
+    log(f"workdir {wd}; {nfiles} files ({total_bytes / MiB:.1f} MiB) in {tarball}")
+    z = Zilla(ctx.new, wd)
+    results = {}
+    for pool in ("nolog", "slog"):
+        make_pool(z, wd, pool, vol)
+        limit = NOLOG_LIMIT_S if (ctx.quick and pool == "nolog") else None
+        results[pool] = extract(z, wd, pool, tarball, nfiles, limit)
+    z.stop()
+    a, b = results["nolog"], results["slog"]
+    speedup = ratio(b["files_per_s"], a["files_per_s"])
+    print(table(["tar -x, ext4 -o sync,dirsync", "files", "seconds", "files/s", "flushes (commits)",
+                 "itxs/lwb"],
+                [[p, fmt(r["files_done"]), fmt(r["seconds"]), fmt(r["files_per_s"]),
+                  fmt(r["zil"]["commits"]), fmt(r["zil"]["itxs_per_lwb"], 2)] for p, r in results.items()]))
+    print(f"\nwith the log mirror: {fmt(speedup, 2)}x the files per second")
+    config = {"files": nfiles, "tar_bytes": total_bytes, "volume_bytes": vol,
+              "mount": "ext4 -o sync,dirsync on loop on nbdfuse (unix socket)",
+              "nolog_time_limit_s": NOLOG_LIMIT_S if ctx.quick else None,
+              "pools": {"nolog": "mirror sim-hdd sim-hdd mirror sim-hdd sim-hdd",
+                        "slog": "the same + log mirror sim-ssd sim-ssd"}}
+    return {"config": config, "results": results,
+            "goals": [goal("tar -x files/s on ext4 -o sync, log mirror / no log", ">=", 10, speedup)]}
+
+
+def make_tarball(path, nfiles):
+    """Seeded: the same bytes every run (sizes 1..8192, 100 files per directory)."""
+    rnd = random.Random(43000)
+    total = 0
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for d in range((nfiles + 99) // 100):
+            ti = tarfile.TarInfo(f"src/d{d:04d}")
+            ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 1_000_000_000
+            tf.addfile(ti)
+        for i in range(nfiles):
+            n = rnd.randint(1, 8192)
+            data = rnd.randbytes(n)
+            ti = tarfile.TarInfo(f"src/d{i // 100:04d}/f{i:05d}.c")
+            ti.size, ti.mode, ti.mtime = n, 0o644, 1_000_000_000
+            tf.addfile(ti, io.BytesIO(data))
+            total += n
+    return total
+
+
+def make_pool(z, wd, name, vol):
+    d = []
+    for i in range(4):
+        p = os.path.join(wd, f"{name}-d{i}.img")
+        with open(p, "wb") as f:
+            f.truncate(vol + 2 * GiB)
+        d.append("sim-hdd:" + p)
+    args = ["pool", "create", name, "mirror", d[0], d[1], "mirror", d[2], d[3]]
+    if name == "slog":
+        logs = []
+        for i in range(2):
+            p = os.path.join(wd, f"{name}-log{i}.img")
+            with open(p, "wb") as f:
+                f.truncate(512 * MiB)
+            logs.append("sim-ssd:" + p)
+        args += ["log", "mirror"] + logs
+    z.cli(*args)
+    z.cli("volume", "create", "-s", "-V", str(vol), f"{name}/fs")
+
+
+def extract(z, wd, pool, tarball, nfiles, limit_s):
+    fuse, mnt = os.path.join(wd, f"fuse-{pool}"), os.path.join(wd, f"mnt-{pool}")
+    os.makedirs(fuse)
+    os.makedirs(mnt)
+    uri = f"nbd+unix:///{pool}/fs?socket={z.state}/nbd.sock"
+    fuse_proc = subprocess.Popen(["nbdfuse", fuse, uri], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+    loop = None
+    try:
+        for _ in range(100):
+            if os.path.exists(os.path.join(fuse, "nbd")):
+                break
+            time.sleep(0.1)
+        else:
+            raise BenchError(f"nbdfuse did not expose {fuse}/nbd")
+        loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).stdout.strip()
+        run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", loop])
+        run(["mount", "-o", "sync,dirsync", loop, mnt])
+        wait_idle(z.pid)
+        la = loadavg()
+        with ZilDelta(z) as zd:
+            t0 = time.time()
+            p = subprocess.Popen(["tar", "-xf", tarball, "-C", mnt])
+            try:
+                p.wait(timeout=limit_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            run(["sync", "-f", mnt])
+            secs = time.time() - t0
+        done = int(run(["sh", "-c", f"find '{mnt}/src' -type f | wc -l"]).stdout.strip() or 0)
+        complete = done == nfiles
+        if complete:
+            r = run(["tar", "-df", tarball, "-C", mnt], check=False)
+            if r.returncode != 0:
+                raise BenchError(f"{pool}: extracted files differ from the tarball: {r.stdout[-300:]}")
+        res = {"files_done": done, "complete": complete, "verified": complete,
+               "seconds": round(secs, 2), "files_per_s": round(done / secs, 2) if secs else None,
+               "zil": zd.summary(), "loadavg_before": la}
+        log(f"{pool}: {done} files in {secs:.1f}s ({res['files_per_s']} files/s)"
+            f"{'' if complete else ' (stopped at the time limit)'}; commits {res['zil']['commits']}")
+        return res
+    finally:
+        run(["umount", mnt], check=False)
+        if loop:
+            run(["losetup", "-d", loop], check=False)
+        run(["fusermount3", "-u", fuse], check=False)
+        fuse_proc.wait(timeout=30)

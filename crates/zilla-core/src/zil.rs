@@ -1,0 +1,1083 @@
+//! zil: the intent log — per-volume log of writes not yet in a synced txg, so a FLUSH
+//! or FUA write is durable after one small log write instead of a whole txg sync.
+//!
+//! Theory of operation
+//! -------------------
+//! In memory (open context). Every change to a volume becomes an *itx* (intent-log
+//! transaction) appended to the volume's [`Zilog`] under the dirty-shard lock of the
+//! block it changes, so per block the itx order is the order of the dirty versions.
+//! Itxs are kept per txg (`BTreeMap<Txg, Vec<Itx>>`): a commit takes them in txg order,
+//! and the itxs of a txg that syncs are dropped, so the lists hold at most the three
+//! unsynced txgs. Partial-block writes copy their bytes into the itx (`WR_COPIED`);
+//! whole-block writes keep a reference to the immutable block buffer and copy it into
+//! the log block only at commit (`WR_NEED_COPY`). The bytes the itxs hold are bounded
+//! by `ZIL_ITX_BYTES_MAX`: past it new itxs are not kept and the next commit falls back
+//! to a txg sync (everything is then on disk anyway).
+//!
+//! On disk. A chain of log write blocks (lwbs) starts at the *ZIL header*, kept per
+//! volume in the object directory (MOS) and written by every txg sync. Each lwb holds a
+//! header with an embedded checksum, the pointer to the next block (allocated before
+//! this one is written, so a block's successor is known when it is written), and
+//! records. The checksum's verifier is the chain's random guid, the volume id and the
+//! block's sequence number: a block left at that address by an older chain, or by an
+//! earlier block of this one, never verifies, and the first block that does not verify
+//! ends the chain. Byte maps: docs/on-disk-format.md, "Intent log".
+//!
+//! zil_commit. One issuer at a time (`issuer` lock), many waiters: a commit notes the
+//! newest itx sequence number it must cover; if an earlier issuer already made it
+//! durable it returns at once (that is the batching: the waiters of a commit that is
+//! being written find their itxs written when they get the lock). The issuer takes
+//! every pending itx, packs them into lwbs (adaptive size: what is pending, and at
+//! least what the previous block held, so equal commits take one lwb each; 4 KiB to
+//! `zil_maxblocksize`), writes every lwb at once and flushes the devices written (unless
+//! `zil_nocacheflush`), then publishes the new durable sequence number. A commit with
+//! nothing pending returns at once. Blocks come from the log class when the pool has log
+//! vdevs, else from the normal class. If a log write fails, the chain is abandoned (its
+//! blocks are freed by the next sync) and the commit waits for a txg sync instead.
+//!
+//! Sync (`header_for_sync` / `synced`). Txg T's sync writes each volume's ZIL header:
+//! its head is the first lwb whose records are not all in txgs <= T; lwbs before it are
+//! freed in T. When T is on disk the itxs of txgs <= T are dropped. A volume whose
+//! chain is new gets its header written by the next sync: the first commit on a chain
+//! waits for that sync (as `zil_create` does), later ones only for their lwbs.
+//!
+//! Space. Log blocks are allocated outside any sync. A block is *unreferenced* until the
+//! lwb that points at it (or the header) is durable; the metaslab encoder leaves such
+//! blocks out of the space maps, so a power cut never leaks one. At import `claim`
+//! takes every block of a valid chain (and its pre-allocated successor) back out of the
+//! free trees and defer lists.
+//!
+//! Lock order: `issuer` -> `chain` -> `itxs` (each of the last two is held only for
+//! memory work; no lock is held across a txg wait).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::block::blkptr::Dva;
+use crate::block::checksum::fletcher4;
+use crate::block::reader::Reader;
+use crate::kstat::{Applies, Tunable};
+use crate::vdev::abd::AlignedBuf;
+use crate::vdev::{IoClass, Role};
+use crate::zio::PoolIo;
+use crate::{Error, Result, Txg};
+
+pub static ZIL_MAXBLOCKSIZE: Tunable =
+    Tunable::new("zil_maxblocksize", 128 << 10, 4096, 128 << 10, Applies::Live, "largest log write block (bytes)");
+pub static ZIL_NOCACHEFLUSH: Tunable =
+    Tunable::new("zil_nocacheflush", 0, 0, 1, Applies::Live, "1: do not flush the devices' write caches after log writes (unsafe on power loss)");
+pub static ZIL_REPLAY_DISABLE: Tunable =
+    Tunable::new("zil_replay_disable", 0, 0, 1, Applies::Live, "1: discard the intent logs at import instead of replaying them (loses acknowledged writes)");
+pub static ZFS_IMMEDIATE_WRITE_SZ: Tunable = Tunable::new(
+    "zfs_immediate_write_sz",
+    32 << 10,
+    512,
+    16 << 20,
+    Applies::Live,
+    "writes at or over this size with logbias=throughput are written in place (WR_INDIRECT) instead of into the log",
+);
+pub static ZIL_SLOG_BULK: Tunable = Tunable::new(
+    "zil_slog_bulk",
+    64 << 20,
+    0,
+    1 << 40,
+    Applies::Live,
+    "a commit writing more log bytes than this issues them at async-write priority, so one bulk writer does not starve other sync I/O (OpenZFS 2.2 default 64 MiB)",
+);
+pub static ZFS_COMMIT_TIMEOUT_PCT: Tunable = Tunable::new(
+    "zfs_commit_timeout_pct",
+    10,
+    0,
+    100,
+    Applies::Live,
+    "when other commits wait for the issuer, it waits this percentage of the last lwb's write latency for more itxs before packing (OpenZFS 2.2 default 10)",
+);
+/// Space admission of a normal-class log block of the given bytes (true: admitted and
+/// counted; see `alloc_log_block`).
+pub type AdmitLogBlock<'a> = &'a dyn Fn(u64) -> bool;
+
+/// Longest wait `zfs_commit_timeout_pct` may ask for.
+pub const ZIL_COMMIT_TIMEOUT_MAX_NS: u64 = 1_000_000;
+/// Bytes one volume's itxs may hold before new itxs are dropped and the next commit
+/// syncs a txg instead.
+pub const ZIL_ITX_BYTES_MAX: u64 = 256 << 20;
+
+pub const LWB_MAGIC: u64 = 0x4c49_5a41_4c4c_495a; // "ZILLAZIL" little-endian
+pub const LWB_HEADER_SIZE: usize = 96;
+pub const LWB_MIN_SIZE: usize = 4096;
+const LWB_CKSUM_AT: usize = 56;
+pub const RECORD_HEADER_SIZE: usize = 40;
+pub const TX_WRITE: u8 = 1;
+pub const TX_TRUNCATE: u8 = 2;
+pub const WR_COPIED: u8 = 1;
+pub const WR_NEED_COPY: u8 = 2;
+pub const WR_INDIRECT: u8 = 3;
+
+/// Where a log block is: its DVA (one copy; a mirror log vdev keeps it twice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogPtr {
+    pub dva: Dva,
+}
+
+impl LogPtr {
+    pub fn is_none(&self) -> bool {
+        self.dva.asize == 0
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.dva.vdev.get().to_le_bytes());
+        out.extend_from_slice(&self.dva.asize.to_le_bytes());
+        out.extend_from_slice(&self.dva.offset.to_le_bytes());
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<LogPtr> {
+        let (vdev, asize, offset) = (r.u32()?, r.u32()?, r.u64()?);
+        if asize != 0 && (asize as usize % LWB_MIN_SIZE != 0 || asize as usize > (128 << 10) || offset % 512 != 0) {
+            return Err(Error::Corrupt(format!("log block pointer {vdev}:{offset:#x}:{asize} is malformed")));
+        }
+        Ok(LogPtr { dva: Dva { vdev: crate::VdevId(vdev), asize, offset } })
+    }
+}
+
+/// The ZIL header of a volume, in the MOS: the chain's guid and its first block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ZilHeader {
+    pub guid: u64,
+    pub head: LogPtr,
+    pub head_seq: u64,
+    /// The last synced txg when this chain was first claimed (0: never claimed).
+    /// Replay skips records of txgs up to it; a replay cut short by a crash replays
+    /// the same records again, because its own syncs do not move this.
+    pub claim_txg: Txg,
+}
+
+pub const ZIL_HEADER_SIZE: usize = 40;
+
+impl ZilHeader {
+    pub fn is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.guid.to_le_bytes());
+        self.head.encode(out);
+        out.extend_from_slice(&self.head_seq.to_le_bytes());
+        out.extend_from_slice(&self.claim_txg.get().to_le_bytes());
+    }
+    pub fn decode(r: &mut Reader<'_>) -> Result<ZilHeader> {
+        let guid = r.u64()?;
+        let head = LogPtr::decode(r)?;
+        let head_seq = r.u64()?;
+        let claim_txg = Txg(r.u64()?);
+        Ok(ZilHeader { guid, head, head_seq, claim_txg })
+    }
+}
+
+/// One log record, as written and as replayed. `data` is the bytes of a TX_WRITE
+/// (`len` of them), empty for TX_TRUNCATE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRecord {
+    pub rtype: u8,
+    pub wr: u8,
+    pub txg: Txg,
+    pub offset: u64,
+    pub len: u64,
+    pub data: Vec<u8>,
+}
+
+/// The content an itx carries.
+#[derive(Clone)]
+enum ItxData {
+    /// TX_WRITE, WR_COPIED: the bytes, copied when the write was applied.
+    Copied(Arc<[u8]>),
+    /// TX_WRITE, WR_NEED_COPY: a whole block's immutable buffer, copied into the log
+    /// block at commit.
+    Block(Arc<[u8]>),
+    /// TX_TRUNCATE: the range reads as zeros.
+    Truncate(u64),
+    /// TX_WRITE, WR_INDIRECT (logbias=throughput, whole blocks): nothing goes to the
+    /// log; the data reaches the pool in place with its txg, and a commit covering it
+    /// waits for that txg to sync (no dmu_sync override of the block yet).
+    Indirect(u64),
+}
+
+#[derive(Clone)]
+struct Itx {
+    offset: u64,
+    data: ItxData,
+}
+
+impl Itx {
+    fn len(&self) -> u64 {
+        match &self.data {
+            ItxData::Copied(d) | ItxData::Block(d) => d.len() as u64,
+            ItxData::Truncate(n) | ItxData::Indirect(n) => *n,
+        }
+    }
+    fn mem_bytes(&self) -> u64 {
+        match &self.data {
+            ItxData::Copied(d) => d.len() as u64 + 64,
+            _ => 64,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ItxLists {
+    by_txg: BTreeMap<Txg, Vec<Itx>>,
+    bytes: u64,
+    /// Sequence number of the newest itx appended (or dropped for the bound).
+    last_seq: u64,
+    /// An itx was dropped for the memory bound: the next commit syncs a txg.
+    overflowed_txg: Txg,
+}
+
+/// A block of the chain, allocated (and maybe written).
+#[derive(Debug, Clone, Copy)]
+struct ChainBlock {
+    ptr: LogPtr,
+    seq: u64,
+    /// Newest txg among its records.
+    max_txg: Txg,
+    written: bool,
+    /// Records in it and their bytes (headers and data), for the counters.
+    records: u32,
+    record_bytes: u32,
+}
+
+#[derive(Default)]
+struct Chain {
+    guid: u64,
+    /// Blocks in chain order; `next` is the allocated successor of the last one.
+    blocks: VecDeque<ChainBlock>,
+    next: Option<(LogPtr, u64)>,
+    /// The header naming this chain is on disk.
+    on_disk: bool,
+    /// Blocks of an abandoned or replayed chain, freed by the next sync.
+    to_free: Vec<LogPtr>,
+    /// Import is replaying the chain of this header: every sync writes it unchanged
+    /// until the replay ends.
+    replaying: Option<ZilHeader>,
+    /// A log block could not be allocated or written: the chain takes no more records,
+    /// and the first sync of this txg or a later one (which holds every record the
+    /// chain has, all of txgs up to it) frees the whole chain and writes an empty
+    /// header. Until then the syncs keep naming the chain as before: its written blocks
+    /// hold acknowledged writes of txgs not on disk yet.
+    broken_at: Option<Txg>,
+}
+
+/// What a sync did to the chain, handed back to [`Zilog::synced`] once it committed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SyncToken {
+    txg: Txg,
+    freed_blocks: usize,
+    freed_orphans: usize,
+    names_chain: bool,
+    /// The sync retired a broken chain: forget it in memory.
+    retired_broken: bool,
+}
+
+/// Counters with OpenZFS names (/proc/spl/kstat/zfs/zil): `_count` of itxs (log
+/// records), `_bytes` of record bytes (header and data), `_write` of log block bytes
+/// written (records plus block header and padding). `zil_lwb_write_count` (Zilla's) counts
+/// log blocks written, so itxs per lwb says how well commits batch.
+#[derive(Debug, Default)]
+pub struct ZilStats {
+    pub zil_commit_count: AtomicU64,
+    pub zil_commit_writer_count: AtomicU64,
+    pub zil_itx_count: AtomicU64,
+    pub zil_itx_indirect_count: AtomicU64,
+    pub zil_itx_indirect_bytes: AtomicU64,
+    pub zil_itx_copied_count: AtomicU64,
+    pub zil_itx_copied_bytes: AtomicU64,
+    pub zil_itx_needcopy_count: AtomicU64,
+    pub zil_itx_needcopy_bytes: AtomicU64,
+    pub zil_itx_metaslab_normal_count: AtomicU64,
+    pub zil_itx_metaslab_normal_bytes: AtomicU64,
+    pub zil_itx_metaslab_normal_write: AtomicU64,
+    pub zil_itx_metaslab_slog_count: AtomicU64,
+    pub zil_itx_metaslab_slog_bytes: AtomicU64,
+    pub zil_itx_metaslab_slog_write: AtomicU64,
+    pub zil_lwb_write_count: AtomicU64,
+    /// Records replayed from this volume's log at import.
+    pub replayed_records: AtomicU64,
+}
+
+impl ZilStats {
+    /// (kstat name, value) of every counter, in /proc/spl/kstat/zfs/zil order.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("zil_commit_count", l(&self.zil_commit_count)),
+            ("zil_commit_writer_count", l(&self.zil_commit_writer_count)),
+            ("zil_itx_count", l(&self.zil_itx_count)),
+            ("zil_itx_indirect_count", l(&self.zil_itx_indirect_count)),
+            ("zil_itx_indirect_bytes", l(&self.zil_itx_indirect_bytes)),
+            ("zil_itx_copied_count", l(&self.zil_itx_copied_count)),
+            ("zil_itx_copied_bytes", l(&self.zil_itx_copied_bytes)),
+            ("zil_itx_needcopy_count", l(&self.zil_itx_needcopy_count)),
+            ("zil_itx_needcopy_bytes", l(&self.zil_itx_needcopy_bytes)),
+            ("zil_itx_metaslab_normal_count", l(&self.zil_itx_metaslab_normal_count)),
+            ("zil_itx_metaslab_normal_bytes", l(&self.zil_itx_metaslab_normal_bytes)),
+            ("zil_itx_metaslab_normal_write", l(&self.zil_itx_metaslab_normal_write)),
+            ("zil_itx_metaslab_slog_count", l(&self.zil_itx_metaslab_slog_count)),
+            ("zil_itx_metaslab_slog_bytes", l(&self.zil_itx_metaslab_slog_bytes)),
+            ("zil_itx_metaslab_slog_write", l(&self.zil_itx_metaslab_slog_write)),
+            ("zil_lwb_write_count", l(&self.zil_lwb_write_count)),
+        ]
+    }
+}
+
+/// How a commit ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Every itx it had to cover is durable in the log (or was already).
+    Durable,
+    /// The log cannot take them now: the caller waits for this txg to sync.
+    NeedTxgSync(Txg),
+}
+
+/// One volume's intent log.
+pub struct Zilog {
+    volume_id: u64,
+    itxs: Mutex<ItxLists>,
+    chain: Mutex<Chain>,
+    issuer: Mutex<()>,
+    /// Commits waiting for the issuer lock (for `zfs_commit_timeout_pct`).
+    commits_waiting: AtomicU64,
+    /// How long the last lwb write and flush took.
+    last_lwb_latency_ns: AtomicU64,
+    /// Every itx with a sequence number <= this is durable.
+    durable_seq: AtomicU64,
+    pub stats: ZilStats,
+}
+
+impl Zilog {
+    pub fn new(volume_id: u64) -> Zilog {
+        Zilog {
+            volume_id,
+            itxs: Mutex::new(ItxLists::default()),
+            chain: Mutex::new(Chain::default()),
+            issuer: Mutex::new(()),
+            commits_waiting: AtomicU64::new(0),
+            last_lwb_latency_ns: AtomicU64::new(0),
+            durable_seq: AtomicU64::new(0),
+            stats: ZilStats::default(),
+        }
+    }
+
+    /// Log a write of `data` at byte `offset` in `txg`; `whole_block` = `data` is a
+    /// whole block's immutable buffer (kept by reference, copied at commit).
+    pub fn log_write(&self, txg: Txg, offset: u64, data: Arc<[u8]>, whole_block: bool) {
+        let d = if whole_block { ItxData::Block(data) } else { ItxData::Copied(data) };
+        self.append(txg, Itx { offset, data: d });
+    }
+
+    /// Log a whole-block write of `len` bytes that goes to the pool in place
+    /// (WR_INDIRECT, logbias=throughput): a commit covering it waits for `txg`.
+    pub fn log_write_indirect(&self, txg: Txg, offset: u64, len: u64) {
+        self.append(txg, Itx { offset, data: ItxData::Indirect(len) });
+    }
+
+    /// Log that `[offset, offset+len)` reads as zeros from `txg` on.
+    pub fn log_truncate(&self, txg: Txg, offset: u64, len: u64) {
+        self.append(txg, Itx { offset, data: ItxData::Truncate(len) });
+    }
+
+    fn append(&self, txg: Txg, itx: Itx) {
+        self.stats.zil_itx_count.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.itxs.lock();
+        l.last_seq += 1;
+        let b = itx.mem_bytes();
+        if l.bytes + b > ZIL_ITX_BYTES_MAX {
+            l.overflowed_txg = l.overflowed_txg.max(txg);
+            return;
+        }
+        l.bytes += b;
+        l.by_txg.entry(txg).or_default().push(itx);
+    }
+
+    /// Nothing waits to be made durable.
+    pub fn is_idle(&self) -> bool {
+        self.itxs.lock().last_seq <= self.durable_seq.load(Ordering::Acquire)
+    }
+
+    /// A chain exists whose header is not on disk yet: the next sync must write it.
+    pub fn needs_header_sync(&self) -> bool {
+        let c = self.chain.lock();
+        c.replaying.is_none() && ((!c.on_disk && (c.next.is_some() || !c.blocks.is_empty())) || !c.to_free.is_empty() || c.broken_at.is_some())
+    }
+
+    /// Make every itx appended before this call durable (zil_commit). `synced` is the
+    /// newest synced txg (itxs of txgs up to it are on disk already).
+    /// `admit_normal` admits log blocks allocated in the normal class (see
+    /// `alloc_log_block`).
+    pub fn commit(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>) -> Result<CommitOutcome> {
+        self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
+        let target = self.itxs.lock().last_seq;
+        if target <= self.durable_seq.load(Ordering::Acquire) {
+            return Ok(CommitOutcome::Durable);
+        }
+        self.commits_waiting.fetch_add(1, Ordering::AcqRel);
+        let _issuer = self.issuer.lock();
+        let others_waiting = self.commits_waiting.fetch_sub(1, Ordering::AcqRel) > 1;
+        if target <= self.durable_seq.load(Ordering::Acquire) {
+            return Ok(CommitOutcome::Durable); // an earlier issuer wrote ours too
+        }
+        self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
+        if others_waiting {
+            // concurrent committers: give the writers that are about to append a moment
+            // to join this lwb (zfs_commit_timeout_pct of the last lwb's latency)
+            let pct = ZFS_COMMIT_TIMEOUT_PCT.get();
+            let ns = (self.last_lwb_latency_ns.load(Ordering::Relaxed) * pct / 100).min(ZIL_COMMIT_TIMEOUT_MAX_NS);
+            if ns > 0 {
+                std::thread::sleep(std::time::Duration::from_nanos(ns));
+            }
+        }
+        let (seq, records, overflow, indirect) = self.take_pending(synced);
+        if !overflow.is_zero() {
+            return Ok(CommitOutcome::NeedTxgSync(overflow.max(open)));
+        }
+        if records.is_empty() {
+            if !indirect.is_zero() {
+                return Ok(CommitOutcome::NeedTxgSync(indirect));
+            }
+            self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+            return Ok(CommitOutcome::Durable);
+        }
+        if let Some(outcome) = self.chain_gate(io, seq, open, new_guid, admit_normal) {
+            return Ok(outcome);
+        }
+        match self.write_lwbs(io, &records, open, admit_normal) {
+            Ok(()) if !indirect.is_zero() => Ok(CommitOutcome::NeedTxgSync(indirect)),
+            Ok(()) => {
+                self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+                Ok(CommitOutcome::Durable)
+            }
+            Err(e) => {
+                if !matches!(e, Error::NoSpace) {
+                    tracing::warn!(volume = self.volume_id, "intent log write failed, falling back to a txg sync: {e}");
+                }
+                self.break_chain(open);
+                Ok(CommitOutcome::NeedTxgSync(open))
+            }
+        }
+    }
+
+    /// Can the chain take records now? `Some`: how the commit ends instead (a broken
+    /// chain or one whose header is not on disk yet: a txg sync; replay's own writes:
+    /// durable already, the old chain holds them).
+    fn chain_gate(&self, io: &PoolIo, seq: u64, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>) -> Option<CommitOutcome> {
+        let mut c = self.chain.lock();
+        if c.broken_at.is_some() {
+            return Some(CommitOutcome::NeedTxgSync(open)); // until the sync retires it
+        }
+        if c.replaying.is_some() {
+            // replay's own writes: the old chain still holds them until replay ends
+            self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+            return Some(CommitOutcome::Durable);
+        }
+        if !c.on_disk {
+            // zil_create: the header must reach disk before the chain is any use; the
+            // sync that writes it also writes everything pending
+            if c.next.is_none() && c.blocks.is_empty() {
+                let Ok(head) = alloc_log_block(io, LWB_MIN_SIZE, admit_normal) else {
+                    return Some(CommitOutcome::NeedTxgSync(open)); // no space: a txg sync
+                };
+                c.guid = new_guid();
+                c.next = Some((head, 1));
+            }
+            return Some(CommitOutcome::NeedTxgSync(open));
+        }
+        None
+    }
+
+    /// The caller waited for the txg a commit asked for: everything up to `seq` is on
+    /// disk. (Called with the sequence number noted before the wait.)
+    pub fn note_synced_through(&self, seq: u64) {
+        self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// The newest itx sequence number appended so far.
+    pub fn last_seq(&self) -> u64 {
+        self.itxs.lock().last_seq
+    }
+
+    /// Take every pending itx newer than `synced`, in txg order, as records; also the
+    /// newest txg of an indirect itx among them (zero: none), which must sync.
+    fn take_pending(&self, synced: Txg) -> (u64, Vec<LogRecord>, Txg, Txg) {
+        let mut l = self.itxs.lock();
+        let seq = l.last_seq;
+        if !l.overflowed_txg.is_zero() {
+            let t = l.overflowed_txg;
+            return (seq, Vec::new(), t, Txg::ZERO);
+        }
+        let lists = std::mem::take(&mut l.by_txg);
+        l.bytes = 0;
+        drop(l);
+        let mut out = Vec::new();
+        let mut indirect = Txg::ZERO;
+        for (txg, itxs) in lists.into_iter().filter(|(t, _)| *t > synced) {
+            for itx in itxs {
+                let len = itx.len();
+                let (rtype, wr, data) = match itx.data {
+                    ItxData::Copied(d) => {
+                        self.stats.zil_itx_copied_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_copied_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
+                        (TX_WRITE, WR_COPIED, d.to_vec())
+                    }
+                    ItxData::Block(d) => {
+                        self.stats.zil_itx_needcopy_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_needcopy_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
+                        (TX_WRITE, WR_NEED_COPY, d.to_vec())
+                    }
+                    ItxData::Truncate(_) => (TX_TRUNCATE, 0, Vec::new()),
+                    ItxData::Indirect(n) => {
+                        self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_indirect_bytes.fetch_add(n, Ordering::Relaxed);
+                        indirect = indirect.max(txg);
+                        continue;
+                    }
+                };
+                out.push(LogRecord { rtype, wr, txg, offset: itx.offset, len, data });
+            }
+        }
+        (seq, out, Txg::ZERO, indirect)
+    }
+
+    /// Pack `records` into lwbs continuing the chain, write them all at once, flush.
+    fn write_lwbs(&self, io: &PoolIo, records: &[LogRecord], open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<()> {
+        let payload: usize = records.iter().map(record_size_split).sum();
+        let max_block = ZIL_MAXBLOCKSIZE.get() as usize;
+        let mut planned: Vec<(ChainBlock, Vec<u8>)> = Vec::new();
+        {
+            let mut c = self.chain.lock();
+            let mut rest = records.iter().flat_map(split_record).peekable();
+            let mut left = payload;
+            while rest.peek().is_some() {
+                let (ptr, seq) = c.next.ok_or_else(|| Error::Corrupt("log chain has no next block".into()))?;
+                let cap = ptr.dva.asize as usize - LWB_HEADER_SIZE;
+                let mut body = Vec::with_capacity(cap);
+                let mut max_txg = Txg::ZERO;
+                let mut nrec = 0u32;
+                while let Some(r) = rest.peek() {
+                    let n = RECORD_HEADER_SIZE + r.data.len().div_ceil(8) * 8;
+                    if body.len() + n > cap {
+                        break;
+                    }
+                    encode_record(r, &mut body);
+                    max_txg = max_txg.max(r.txg);
+                    nrec += 1;
+                    rest.next();
+                }
+                left = left.saturating_sub(body.len());
+                // the successor holds what is left of this commit, and at least as much
+                // as this block held: a steady stream of equal commits (a 4K write and
+                // its flush) then takes one lwb each, not an empty too-small one first
+                let used = LWB_HEADER_SIZE + body.len();
+                let want = (left + LWB_HEADER_SIZE).max(used).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
+                let succ = alloc_log_block(io, want, admit_normal)?;
+                c.next = Some((succ, seq + 1));
+                let block = encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &body);
+                let cb = ChainBlock { ptr, seq, max_txg, written: false, records: nrec, record_bytes: body.len() as u32 };
+                c.blocks.push_back(cb);
+                planned.push((cb, block));
+            }
+        }
+        self.issue_lwbs(io, &planned, open)?;
+        let mut c = self.chain.lock();
+        for (cb, _) in &planned {
+            if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == cb.seq) {
+                b.written = true;
+            }
+            // its successor is now referenced by a durable block
+            io.ms.log_referenced(&cb.ptr.dva);
+        }
+        if let Some((succ, _)) = c.next {
+            if planned.last().is_some() {
+                io.ms.log_referenced(&succ.dva);
+            }
+        }
+        Ok(())
+    }
+
+    fn issue_lwbs(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let mut tops = Vec::new();
+        let total: u64 = planned.iter().map(|(_, b)| b.len() as u64).sum();
+        let class = if total > ZIL_SLOG_BULK.get() { IoClass::AsyncWrite } else { IoClass::SyncWrite };
+        for (cb, block) in planned {
+            let top = io.top(cb.ptr.dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", cb.ptr.dva.vdev)))?;
+            let slog = top.role == Role::Log;
+            let st = &self.stats;
+            let (count, bytes, write) = if slog {
+                (&st.zil_itx_metaslab_slog_count, &st.zil_itx_metaslab_slog_bytes, &st.zil_itx_metaslab_slog_write)
+            } else {
+                (&st.zil_itx_metaslab_normal_count, &st.zil_itx_metaslab_normal_bytes, &st.zil_itx_metaslab_normal_write)
+            };
+            count.fetch_add(cb.records as u64, Ordering::Relaxed);
+            bytes.fetch_add(cb.record_bytes as u64, Ordering::Relaxed);
+            write.fetch_add(block.len() as u64, Ordering::Relaxed);
+            st.zil_lwb_write_count.fetch_add(1, Ordering::Relaxed);
+            let tx = tx.clone();
+            top.write_async(class, Arc::new(AlignedBuf::copy_of(block)), cb.ptr.dva.offset, open, Box::new(move |o| {
+                let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
+            }));
+            if !tops.iter().any(|t: &Arc<crate::vdev::mirror::TopVdev>| t.id == top.id) {
+                tops.push(top);
+            }
+        }
+        drop(tx);
+        let mut first_err = None;
+        for r in rx.iter() {
+            if let (Err(e), None) = (r, &first_err) {
+                first_err = Some(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        // The flushes go in only after the writes completed: a child whose write failed
+        // is then known not to hold the block, and its flush does not count (issuing
+        // them together, a flush on a child whose write was still failing counted as
+        // holding it: device_faults row 1)
+        if ZIL_NOCACHEFLUSH.get() == 0 {
+            for t in &tops {
+                t.flush().map_err(Error::Io)?;
+            }
+        }
+        self.last_lwb_latency_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A log block could not be allocated or written: the chain ends before it (a
+    /// block the device did not take never verifies, and replay stops there). Nothing
+    /// in memory says it was written; the chain takes no more records and is retired by
+    /// the sync of `open` (every record in it is of txg `open` or older), which the
+    /// caller waits for instead.
+    fn break_chain(&self, open: Txg) {
+        let mut c = self.chain.lock();
+        c.broken_at = Some(c.broken_at.map_or(open, |b| b.max(open)));
+    }
+
+    /// Syncing context of txg `txg`: the header to write and the blocks freed in
+    /// `txg` (passed to `free`). Nothing changes in memory until [`Zilog::synced`].
+    pub fn header_for_sync(&self, io: &PoolIo, txg: Txg, free: &mut dyn FnMut(Dva)) -> (ZilHeader, SyncToken) {
+        let c = self.chain.lock();
+        let mut tok = SyncToken { txg, ..Default::default() };
+        if let Some(h) = c.replaying {
+            return (h, tok);
+        }
+        for p in &c.to_free {
+            io.ms.log_referenced(&p.dva); // a deferred free names allocated space
+            free(p.dva);
+        }
+        tok.freed_orphans = c.to_free.len();
+        if c.broken_at.is_some_and(|b| txg >= b) {
+            // every record of the broken chain is in this txg or an older one
+            for d in c.blocks.iter().map(|b| b.ptr).chain(c.next.map(|(p, _)| p)) {
+                io.ms.log_referenced(&d.dva);
+                free(d.dva);
+            }
+            tok.retired_broken = true;
+            return (ZilHeader::default(), tok);
+        }
+        for b in &c.blocks {
+            if !b.written || b.max_txg > txg {
+                break;
+            }
+            free(b.ptr.dva);
+            tok.freed_blocks += 1;
+        }
+        let head = match c.blocks.get(tok.freed_blocks) {
+            Some(b) => Some((b.ptr, b.seq)),
+            None => c.next,
+        };
+        let Some((ptr, seq)) = head else {
+            return (ZilHeader::default(), tok);
+        };
+        // the header references it from now on: it belongs in the space maps
+        io.ms.log_referenced(&ptr.dva);
+        tok.names_chain = true;
+        (ZilHeader { guid: c.guid, head: ptr, head_seq: seq, claim_txg: Txg::ZERO }, tok)
+    }
+
+    /// Txg `tok.txg` is on disk: drop the blocks it freed and its itxs.
+    pub fn synced(&self, tok: SyncToken) {
+        {
+            let mut c = self.chain.lock();
+            let n = tok.freed_orphans.min(c.to_free.len());
+            c.to_free.drain(..n);
+            for _ in 0..tok.freed_blocks {
+                c.blocks.pop_front();
+            }
+            if tok.retired_broken {
+                let to_free = std::mem::take(&mut c.to_free);
+                *c = Chain { to_free, ..Chain::default() };
+            }
+            if tok.names_chain {
+                c.on_disk = true;
+            }
+        }
+        let mut l = self.itxs.lock();
+        let keep = l.by_txg.split_off(&tok.txg.next());
+        l.by_txg = keep;
+        l.bytes = l.by_txg.values().flatten().map(|i| i.mem_bytes()).sum();
+        if !l.overflowed_txg.is_zero() && l.overflowed_txg <= tok.txg {
+            l.overflowed_txg = Txg::ZERO;
+        }
+    }
+
+    /// Does the chain (or a block waiting to be freed) lie on top-level vdev `vdev`?
+    pub fn references_vdev(&self, vdev: crate::VdevId) -> bool {
+        let c = self.chain.lock();
+        c.replaying.is_some_and(|h| h.head.dva.vdev == vdev)
+            || c.blocks.iter().any(|b| b.ptr.dva.vdev == vdev)
+            || c.next.is_some_and(|(p, _)| p.dva.vdev == vdev)
+            || c.to_free.iter().any(|p| p.dva.vdev == vdev)
+    }
+
+    /// Log device removal: move the chain's tail off top-level vdev `vdev` (which
+    /// takes no new allocations any more). When the pre-allocated next block lies on
+    /// it, an lwb without records is written there pointing to a block allocated
+    /// elsewhere; the syncs that follow free it with the blocks before it. Returns
+    /// false when the header naming the chain is not on disk yet (the caller syncs and
+    /// asks again).
+    pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<bool> {
+        let _issuer = self.issuer.lock();
+        let planned = {
+            let mut c = self.chain.lock();
+            if c.replaying.is_some() {
+                return Err(Error::Busy("the intent log is being replayed".into()));
+            }
+            if c.broken_at.is_some() {
+                return Ok(false); // the next syncs retire it
+            }
+            let Some((ptr, seq)) = c.next.filter(|(p, _)| p.dva.vdev == vdev) else { return Ok(true) };
+            if !c.on_disk {
+                return Ok(false);
+            }
+            let succ = alloc_log_block(io, LWB_MIN_SIZE, admit_normal)?;
+            c.next = Some((succ, seq + 1));
+            let cb = ChainBlock { ptr, seq, max_txg: Txg::ZERO, written: false, records: 0, record_bytes: 0 };
+            c.blocks.push_back(cb);
+            vec![(cb, encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))]
+        };
+        if let Err(e) = self.issue_lwbs(io, &planned, open) {
+            self.break_chain(open);
+            return Err(e);
+        }
+        let mut c = self.chain.lock();
+        if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == planned[0].0.seq) {
+            b.written = true;
+        }
+        io.ms.log_referenced(&planned[0].0.ptr.dva);
+        if let Some((succ, _)) = c.next {
+            io.ms.log_referenced(&succ.dva);
+        }
+        Ok(true)
+    }
+
+    /// Every log block this volume's log holds allocated (the chain, its allocated
+    /// successor, blocks waiting to be freed): the space check counts them as used.
+    pub fn held_blocks(&self) -> Vec<Dva> {
+        let c = self.chain.lock();
+        let mut out: Vec<Dva> = c.blocks.iter().map(|b| b.ptr.dva).collect();
+        out.extend(c.next.map(|(p, _)| p.dva));
+        out.extend(c.to_free.iter().map(|p| p.dva));
+        out
+    }
+
+    /// The volume is destroyed: forget the chain and return every block it held, for
+    /// the caller to free with the sync that removes the volume.
+    pub fn take_all_blocks(&self) -> Vec<Dva> {
+        let blocks = self.held_blocks();
+        *self.chain.lock() = Chain::default();
+        blocks
+    }
+
+    /// Import: replay of the chain `hdr` (with its claim txg set) begins; syncs keep
+    /// writing `hdr` until [`Zilog::end_replay`].
+    pub fn begin_replay(&self, hdr: ZilHeader) {
+        self.chain.lock().replaying = Some(hdr);
+    }
+
+    /// Import: replay is applied (not yet synced); the claimed blocks are freed by the
+    /// next sync, which writes an empty header in the same txg as the replayed writes
+    /// or a later one.
+    pub fn end_replay(&self, blocks: Vec<LogPtr>) {
+        let mut c = self.chain.lock();
+        c.replaying = None;
+        c.to_free.extend(blocks);
+    }
+}
+
+/// Allocate a log block: log class first, then normal. Unreferenced until its
+/// referrer is durable. In the normal class the block must first pass `admit_normal`
+/// (the volume's space admission: the block leaves the sync's slop free and is counted
+/// against what later writes are admitted into): log blocks are freed only by a sync,
+/// so a log that took the space a sync needs could never give it back (the enospc.rs
+/// hang). Refused: NoSpace, and the commit waits for a txg instead (as zil_commit_writer
+/// does when zio_alloc_zil fails).
+fn alloc_log_block(io: &PoolIo, len: usize, admit_normal: AdmitLogBlock<'_>) -> Result<LogPtr> {
+    // the pool's allocation unit (a power of two, 4 KiB up to the largest ashift), so a
+    // log block starts and ends on its vdev's sectors
+    let unit = io.alloc_unit().max(LWB_MIN_SIZE as u64);
+    let len = (len as u64).next_multiple_of(unit);
+    if log_class_usable(io) {
+        if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
+            return Ok(LogPtr { dva: d });
+        }
+    }
+    if !admit_normal(len) {
+        return Err(Error::NoSpace);
+    }
+    Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, len)? })
+}
+
+/// The pool has log vdevs and each can take a log block: some online child has not
+/// failed a write since the last `pool clear`. A log vdev without one is left alone
+/// (the normal class takes the log blocks) until `zilla pool clear` resets the error
+/// counts.
+fn log_class_usable(io: &PoolIo) -> bool {
+    let tops: Vec<_> = io.vdevs.read().iter().filter(|t| t.role == Role::Log).cloned().collect();
+    !tops.is_empty()
+        && tops.iter().all(|t| t.children().iter().any(|c| c.readable() && c.write_errors.load(Ordering::Relaxed) == 0))
+}
+
+/// A record longer than fits an lwb of the largest size is split.
+fn split_record(r: &LogRecord) -> Vec<LogRecord> {
+    let max = ZIL_MAXBLOCKSIZE.get() as usize - LWB_HEADER_SIZE - RECORD_HEADER_SIZE;
+    let max = max / 512 * 512;
+    if r.rtype != TX_WRITE || r.data.len() <= max {
+        return vec![r.clone()];
+    }
+    r.data
+        .chunks(max)
+        .enumerate()
+        .map(|(i, c)| LogRecord { rtype: TX_WRITE, wr: r.wr, txg: r.txg, offset: r.offset + (i * max) as u64, len: c.len() as u64, data: c.to_vec() })
+        .collect()
+}
+
+fn record_size_split(r: &LogRecord) -> usize {
+    split_record(r).iter().map(|p| RECORD_HEADER_SIZE + p.data.len().div_ceil(8) * 8).sum()
+}
+
+pub fn encode_record(r: &LogRecord, out: &mut Vec<u8>) {
+    let padded = r.data.len().div_ceil(8) * 8;
+    out.push(r.rtype);
+    out.push(r.wr);
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&((RECORD_HEADER_SIZE + padded) as u32).to_le_bytes());
+    out.extend_from_slice(&r.txg.get().to_le_bytes());
+    out.extend_from_slice(&r.offset.to_le_bytes());
+    out.extend_from_slice(&r.len.to_le_bytes());
+    out.extend_from_slice(&(r.data.len() as u64).to_le_bytes());
+    out.extend_from_slice(&r.data);
+    out.resize(out.len() + padded - r.data.len(), 0);
+}
+
+/// An lwb of `at.asize` bytes: header (verifier, next pointer, embedded checksum) and
+/// the records in `body`.
+pub fn encode_lwb(at: &LogPtr, guid: u64, volume_id: u64, seq: u64, next: &LogPtr, body: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(at.dva.asize as usize);
+    b.extend_from_slice(&LWB_MAGIC.to_le_bytes());
+    b.extend_from_slice(&guid.to_le_bytes());
+    b.extend_from_slice(&volume_id.to_le_bytes());
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    b.extend_from_slice(&[0u8; 4]);
+    next.encode(&mut b);
+    debug_assert_eq!(b.len(), LWB_CKSUM_AT);
+    b.resize(LWB_HEADER_SIZE, 0);
+    b.extend_from_slice(body);
+    b.resize(at.dva.asize as usize, 0);
+    let ck = lwb_checksum(&b);
+    b[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].copy_from_slice(&ck);
+    b
+}
+
+/// Fletcher-4 of the block with the checksum field zeroed, plus the block's address
+/// folded in (a copy read from elsewhere never verifies).
+fn lwb_checksum(block: &[u8]) -> [u8; 32] {
+    let mut words = fletcher4(&block[..LWB_CKSUM_AT]);
+    let tail = fletcher4(&block[LWB_CKSUM_AT + 32..]);
+    let mut out = [0u8; 32];
+    for i in 0..4 {
+        words[i] = words[i].wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(tail[i]);
+        out[i * 8..i * 8 + 8].copy_from_slice(&words[i].to_le_bytes());
+    }
+    out
+}
+
+/// A verified lwb: its records and its successor.
+#[derive(Debug)]
+pub struct ParsedLwb {
+    pub next: LogPtr,
+    pub records: Vec<LogRecord>,
+}
+
+/// Verify an lwb against the chain's verifier (`guid`, `volume_id`, `seq`). `None`: not
+/// a block of this chain at this position (the end of the chain). Malformed records in
+/// a verified block are corruption.
+pub fn decode_lwb(block: &[u8], guid: u64, volume_id: u64, seq: u64) -> Result<Option<ParsedLwb>> {
+    if block.len() < LWB_MIN_SIZE {
+        return Ok(None);
+    }
+    let mut r = Reader::new(block);
+    if r.u64()? != LWB_MAGIC || r.u64()? != guid || r.u64()? != volume_id || r.u64()? != seq {
+        return Ok(None);
+    }
+    let body_len = r.u32()? as usize;
+    r.u32()?;
+    let next = match LogPtr::decode(&mut r) {
+        Ok(n) => n,
+        Err(_) => return Ok(None),
+    };
+    let stored: [u8; 32] = block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].try_into().expect("32 bytes");
+    let mut copy = block.to_vec();
+    copy[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].fill(0);
+    if lwb_checksum(&copy) != stored || LWB_HEADER_SIZE + body_len > block.len() {
+        return Ok(None);
+    }
+    let records = decode_records(&block[LWB_HEADER_SIZE..LWB_HEADER_SIZE + body_len])?;
+    Ok(Some(ParsedLwb { next, records }))
+}
+
+fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
+    let mut out = Vec::new();
+    let mut r = Reader::new(body);
+    while r.remaining() > 0 {
+        let rtype = r.u8()?;
+        let wr = r.u8()?;
+        r.bytes(2)?;
+        let reclen = r.u32()? as usize;
+        let txg = Txg(r.u64()?);
+        let offset = r.u64()?;
+        let len = r.u64()?;
+        let dlen = r.u64()? as usize;
+        let padded = dlen.div_ceil(8) * 8;
+        let ok = match rtype {
+            TX_WRITE => matches!(wr, WR_COPIED | WR_NEED_COPY) && dlen as u64 == len && dlen > 0,
+            TX_TRUNCATE => dlen == 0,
+            _ => false,
+        };
+        if !ok || reclen != RECORD_HEADER_SIZE + padded || padded > r.remaining() {
+            return Err(Error::Corrupt(format!("intent log record (type {rtype}, wr {wr}, {reclen} bytes) is malformed")));
+        }
+        let data = r.bytes(padded)?[..dlen].to_vec();
+        out.push(LogRecord { rtype, wr, txg, offset, len, data });
+    }
+    Ok(out)
+}
+
+/// Read the lwb at `ptr` from the first child of its vdev that holds a valid one.
+/// Directly from the devices: the block after the last one never verifies, and that is
+/// the end of the chain, not a checksum error to count or repair. A block no child
+/// could read (every read failed) is an error: the chain may go on past it, and
+/// ending it there would drop acknowledged writes. A vdev with no readable child at
+/// all (its devices missing: `import -m`) ends the chain.
+fn read_lwb(io: &PoolIo, ptr: &LogPtr, guid: u64, volume_id: u64, seq: u64) -> Result<Option<ParsedLwb>> {
+    let Some(top) = io.top(ptr.dva.vdev) else { return Ok(None) };
+    let mut buf = AlignedBuf::zeroed(ptr.dva.asize as usize);
+    let mut last_err = None;
+    let mut read_any = false;
+    for c in top.children().iter().filter(|c| c.readable()) {
+        if let Err(e) = c.device().read_at(buf.as_mut_slice(), crate::vdev::label::DATA_START + ptr.dva.offset) {
+            last_err = Some(e);
+            continue;
+        }
+        read_any = true;
+        if let Some(p) = decode_lwb(buf.as_slice(), guid, volume_id, seq)? {
+            return Ok(Some(p));
+        }
+    }
+    match last_err {
+        Some(e) if !read_any => Err(Error::Io(std::io::Error::new(e.kind(), format!("reading intent log block {}:{:#x}: {e}", ptr.dva.vdev, ptr.dva.offset)))),
+        _ => Ok(None),
+    }
+}
+
+/// A chain read at import: its verified blocks in order (with their records) and the
+/// allocated successor of the last one.
+pub struct ClaimedChain {
+    pub blocks: Vec<LogPtr>,
+    pub records: Vec<LogRecord>,
+}
+
+/// Longest chain walked at import (a loop in a corrupt chain ends here).
+pub const ZIL_CHAIN_BLOCKS_MAX: usize = 1 << 20;
+
+/// Walk the chain from `hdr` and claim its blocks (zil_claim): each valid block and the
+/// block after the last one stay allocated. Idempotent.
+pub fn claim(io: &PoolIo, hdr: &ZilHeader, volume_id: u64) -> Result<ClaimedChain> {
+    let mut out = ClaimedChain { blocks: Vec::new(), records: Vec::new() };
+    let (mut ptr, mut seq) = (hdr.head, hdr.head_seq);
+    while !ptr.is_none() && out.blocks.len() < ZIL_CHAIN_BLOCKS_MAX {
+        io.ms.claim_log(&ptr.dva)?;
+        out.blocks.push(ptr);
+        let Some(p) = read_lwb(io, &ptr, hdr.guid, volume_id, seq)? else { break };
+        out.records.extend(p.records);
+        ptr = p.next;
+        seq += 1;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ptr(off: u64, size: u32) -> LogPtr {
+        LogPtr { dva: Dva { vdev: crate::VdevId(1), asize: size, offset: off } }
+    }
+
+    #[test]
+    fn lwb_round_trips_and_rejects_other_chains() {
+        let recs = vec![
+            LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 5, data: b"hello".to_vec() },
+            LogRecord { rtype: TX_TRUNCATE, wr: 0, txg: Txg(8), offset: 0, len: 8192, data: vec![] },
+        ];
+        let mut body = Vec::new();
+        for r in &recs {
+            encode_record(r, &mut body);
+        }
+        let b = encode_lwb(&ptr(0x10000, 4096), 42, 3, 9, &ptr(0x20000, 8192), &body);
+        assert_eq!(b.len(), 4096);
+        let p = decode_lwb(&b, 42, 3, 9).unwrap().unwrap();
+        assert_eq!(p.records, recs);
+        assert_eq!(p.next, ptr(0x20000, 8192));
+        // another chain, another volume, another position: not ours
+        assert!(decode_lwb(&b, 43, 3, 9).unwrap().is_none());
+        assert!(decode_lwb(&b, 42, 4, 9).unwrap().is_none());
+        assert!(decode_lwb(&b, 42, 3, 10).unwrap().is_none());
+        // any flipped bit ends the chain
+        for i in [0usize, 60, 100, 4000] {
+            let mut c = b.clone();
+            c[i] ^= 1;
+            assert!(decode_lwb(&c, 42, 3, 9).unwrap().is_none(), "flip at {i}");
+        }
+        assert!(decode_lwb(&vec![0u8; 4096], 0, 0, 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn big_writes_are_split_to_fit_a_block() {
+        let r = LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg: Txg(3), offset: 0, len: 256 << 10, data: vec![7u8; 256 << 10] };
+        let parts = split_record(&r);
+        assert!(parts.len() >= 3);
+        assert_eq!(parts.iter().map(|p| p.len).sum::<u64>(), 256 << 10);
+        for p in &parts {
+            assert!(RECORD_HEADER_SIZE + p.data.len() + LWB_HEADER_SIZE <= ZIL_MAXBLOCKSIZE.get() as usize);
+        }
+    }
+
+    #[test]
+    fn malformed_records_in_a_verified_block_are_corruption() {
+        let mut body = Vec::new();
+        encode_record(&LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(1), offset: 0, len: 3, data: vec![1, 2, 3] }, &mut body);
+        body[0] = 9;
+        let b = encode_lwb(&ptr(0, 4096), 1, 1, 1, &LogPtr::default(), &body);
+        assert!(decode_lwb(&b, 1, 1, 1).is_err());
+    }
+}

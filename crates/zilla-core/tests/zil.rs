@@ -1,0 +1,423 @@
+//! Intent log: commits survive power cuts through claim and replay at import.
+//!
+//! Every test cuts the power of CrashDevices (unflushed writes dropped, kept in part or
+//! torn) and imports from their durable images. The txg timeout is raised so no txg
+//! syncs on its own: what a flush made durable after the chain exists lives only in
+//! the log until replay.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use common::*;
+use zilla_core::spa::{Pool, TopSpec};
+use zilla_core::vdev::fault::{CrashDevice, CrashMode};
+use zilla_core::vdev::Role;
+use zilla_core::zvol::BlockVolume;
+
+const DEV_SIZE: u64 = 32 << 20;
+const VOLSIZE: u64 = 4 << 20;
+
+struct Rig {
+    set: DevSet,
+    devs: Vec<(String, Arc<CrashDevice>)>,
+}
+
+impl Rig {
+    fn new(names: &[&str]) -> Rig {
+        let set = DevSet::default();
+        let mut devs = Vec::new();
+        for n in names {
+            let d = Arc::new(CrashDevice::new(DEV_SIZE));
+            set.insert(n, d.clone());
+            devs.push((n.to_string(), d));
+        }
+        Rig { set, devs }
+    }
+
+    /// Cut the power of every device; the rig then holds their durable images.
+    fn power_cut(&self, mode: CrashMode, seed: u64) -> Rig {
+        let set = DevSet::default();
+        let mut devs = Vec::new();
+        for (i, (n, d)) in self.devs.iter().enumerate() {
+            let img = d.power_cut(mode, seed.wrapping_add(i as u64));
+            let nd = Arc::new(CrashDevice::from_image(img));
+            set.insert(n, nd.clone());
+            devs.push((n.clone(), nd));
+        }
+        Rig { set, devs }
+    }
+
+    fn import(&self) -> Arc<Pool> {
+        Pool::import_with(&self.set.specs(), self.set.opener()).expect("import")
+    }
+
+    fn writes(&self, name: &str) -> u64 {
+        self.devs.iter().find(|(n, _)| n == name).map(|(_, d)| d.writes()).unwrap_or(0)
+    }
+}
+
+fn tops(with_log: bool, log_mirror: bool) -> Vec<TopSpec> {
+    let mut t = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("m0a"), leaf("m0b")] }];
+    if with_log {
+        let leaves = if log_mirror { vec![leaf("la"), leaf("lb")] } else { vec![leaf("la")] };
+        t.push(TopSpec { role: Role::Log, mirror: log_mirror, leaves });
+    }
+    t
+}
+
+fn no_txg_timeout() {
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+}
+
+/// The expected volume contents, applied alongside the engine.
+struct Model {
+    bytes: Vec<u8>,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model { bytes: vec![0u8; VOLSIZE as usize] }
+    }
+    fn write(&mut self, v: &dyn BlockVolume, off: u64, data: &[u8], fua: bool) {
+        v.write(off, data, fua).unwrap();
+        self.bytes[off as usize..off as usize + data.len()].copy_from_slice(data);
+    }
+    fn zero(&mut self, v: &dyn BlockVolume, off: u64, len: u64) {
+        v.write_zeroes(off, len).unwrap();
+        self.bytes[off as usize..(off + len) as usize].fill(0);
+    }
+    fn check(&self, v: &dyn BlockVolume, what: &str) {
+        let mut buf = vec![0u8; VOLSIZE as usize];
+        v.read(0, &mut buf).unwrap();
+        if buf != self.bytes {
+            let first = buf.iter().zip(&self.bytes).position(|(a, b)| a != b).unwrap();
+            panic!("{what}: volume differs from the acknowledged contents first at byte {first}");
+        }
+    }
+}
+
+/// A mix of full-block, partial and zeroing writes, some FUA; ends with a flush.
+fn workload(m: &mut Model, v: &dyn BlockVolume, seed: u64) {
+    for i in 0..24u64 {
+        let off = (seed * 7 + i * 13) % 1000 * 4096;
+        match i % 4 {
+            0 => m.write(v, off, &pattern(seed ^ i, 4096), false),
+            1 => m.write(v, off + 100, &pattern(seed ^ i, 1000), false),
+            2 => m.write(v, off, &pattern(seed ^ i, 3 * 4096), i % 8 == 2),
+            _ => m.zero(v, off + 512, 6000),
+        }
+    }
+    v.flush().unwrap();
+}
+
+fn setup(rig: &Rig, with_log: bool, log_mirror: bool, props: &[(String, String)]) -> (Arc<Pool>, Model) {
+    no_txg_timeout();
+    let pool = Pool::create_with("tank", tops(with_log, log_mirror), Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, props).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    let mut m = Model::new();
+    // the first commit creates the chain: its header needs one txg sync
+    m.write(&*v, 0, &pattern(1, 4096), false);
+    v.flush().unwrap();
+    (pool, m)
+}
+
+fn commit_survives_power_cut(with_log: bool, log_mirror: bool) {
+    for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset, CrashMode::TearLast, CrashMode::TornReordered].into_iter().enumerate() {
+        let names: &[&str] = if log_mirror { &["m0a", "m0b", "la", "lb"] } else { &["m0a", "m0b", "la"] };
+        let rig = Rig::new(names);
+        let (pool, mut m) = setup(&rig, with_log, log_mirror, &[]);
+        let v = pool.open_zvol("v").unwrap();
+        let synced = pool.synced_txg();
+        let log_writes = rig.writes("la");
+        workload(&mut m, &*v, 10 + k as u64);
+        assert_eq!(pool.synced_txg(), synced, "a flush synced a txg instead of writing the log");
+        let st = &v.zil().stats;
+        assert!(st.zil_commit_writer_count.load(Ordering::Relaxed) >= 2);
+        if with_log {
+            assert!(rig.writes("la") > log_writes, "nothing reached the log device");
+            assert!(st.zil_itx_metaslab_slog_count.load(Ordering::Relaxed) > 0);
+            assert_eq!(st.zil_itx_metaslab_normal_count.load(Ordering::Relaxed), 0);
+        } else {
+            assert!(st.zil_itx_metaslab_normal_count.load(Ordering::Relaxed) > 0);
+        }
+        // unacknowledged writes after the last flush may or may not survive: none here
+        let after = rig.power_cut(mode, 77 + k as u64);
+        pool.abandon();
+        let p2 = after.import();
+        m.check(&*p2.open_volume("v").unwrap(), &format!("after replay ({mode:?})"));
+        // the replay synced: a second import has nothing to replay and the same data
+        p2.export().unwrap();
+        let p3 = after.import();
+        m.check(&*p3.open_volume("v").unwrap(), "second import");
+        p3.export().unwrap();
+    }
+}
+
+#[test]
+fn commit_then_power_cut_replays_from_log_device() {
+    commit_survives_power_cut(true, false);
+}
+
+#[test]
+fn commit_then_power_cut_replays_from_log_mirror() {
+    commit_survives_power_cut(true, true);
+}
+
+#[test]
+fn without_log_device_the_log_lives_in_the_normal_class() {
+    commit_survives_power_cut(false, false);
+}
+
+#[test]
+fn sync_always_commits_every_write() {
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[("sync".into(), "always".into())]);
+    let v = pool.open_zvol("v").unwrap();
+    let synced = pool.synced_txg();
+    for i in 0..10u64 {
+        m.write(&*v, i * 8192 + 300, &pattern(i + 100, 5000), false);
+    }
+    assert_eq!(pool.synced_txg(), synced);
+    assert!(v.zil().stats.zil_commit_writer_count.load(Ordering::Relaxed) >= 10);
+    let after = rig.power_cut(CrashMode::KeepRandomSubset, 5);
+    pool.abandon();
+    let p2 = after.import();
+    m.check(&*p2.open_volume("v").unwrap(), "sync=always after replay");
+    p2.export().unwrap();
+}
+
+#[test]
+fn sync_disabled_never_waits_and_logs_nothing() {
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    no_txg_timeout();
+    let pool = Pool::create_with("tank", tops(true, false), Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[("sync".into(), "disabled".into())]).unwrap();
+    let v = pool.open_zvol("v").unwrap();
+    let synced = pool.synced_txg();
+    let (log_writes, data_writes) = (rig.writes("la"), rig.writes("m0a"));
+    for i in 0..8u64 {
+        v.write(i * 4096, &pattern(i, 4096), true).unwrap();
+        v.flush().unwrap();
+    }
+    assert_eq!(pool.synced_txg(), synced, "sync=disabled waited for a txg");
+    assert_eq!(rig.writes("la"), log_writes, "sync=disabled wrote the log");
+    assert_eq!(rig.writes("m0a"), data_writes);
+    assert_eq!(v.zil().stats.zil_itx_count.load(Ordering::Relaxed), 0);
+    pool.abandon();
+}
+
+#[test]
+fn a_flush_with_nothing_pending_writes_nothing() {
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    m.write(&*v, 8192, &pattern(9, 4096), false);
+    v.flush().unwrap();
+    let w = rig.writes("la");
+    let writers = v.zil().stats.zil_commit_writer_count.load(Ordering::Relaxed);
+    for _ in 0..5 {
+        v.flush().unwrap();
+    }
+    assert_eq!(rig.writes("la"), w);
+    assert_eq!(v.zil().stats.zil_commit_writer_count.load(Ordering::Relaxed), writers);
+    pool.abandon();
+}
+
+/// Concurrent flushers share lwbs: fewer issuers than commits.
+#[test]
+fn concurrent_flushes_are_batched() {
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, _m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let v = v.clone();
+            s.spawn(move || {
+                for i in 0..20u64 {
+                    v.write((t * 64 + i) * 4096, &pattern(t * 100 + i, 4096), false).unwrap();
+                    v.flush().unwrap();
+                }
+            });
+        }
+    });
+    let st = &v.zil().stats;
+    let (commits, writers) = (st.zil_commit_count.load(Ordering::Relaxed), st.zil_commit_writer_count.load(Ordering::Relaxed));
+    assert!(commits >= 160);
+    assert!(writers <= commits, "{writers} issuers for {commits} commits");
+    let after = rig.power_cut(CrashMode::DropAll, 1);
+    pool.abandon();
+    let p2 = after.import();
+    let v2 = p2.open_volume("v").unwrap();
+    for t in 0..8u64 {
+        for i in 0..20u64 {
+            let mut b = vec![0u8; 4096];
+            v2.read((t * 64 + i) * 4096, &mut b).unwrap();
+            assert_eq!(b, pattern(t * 100 + i, 4096), "writer {t} write {i}");
+        }
+    }
+    p2.export().unwrap();
+}
+
+/// A power cut at every write of the replaying import: the next import still replays
+/// everything (replay is idempotent and its header survives until it is done).
+#[test]
+fn power_cut_during_replay() {
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    workload(&mut m, &*v, 3);
+    let base: Vec<(String, Vec<u8>)> = rig.devs.iter().map(|(n, d)| (n.clone(), d.power_cut(CrashMode::DropAll, 9))).collect();
+    pool.abandon();
+    let mut cut_at = 1u64;
+    loop {
+        // import from the base images, cutting the power at the n-th write of one device
+        let rig2 = Rig { set: DevSet::default(), devs: Vec::new() };
+        let rig2 = base.iter().fold(rig2, |mut r, (n, img)| {
+            let d = Arc::new(CrashDevice::from_image(img.clone()));
+            r.set.insert(n, d.clone());
+            r.devs.push((n.clone(), d));
+            r
+        });
+        let victim = &rig2.devs[(cut_at % 3) as usize].1;
+        victim.crash_after_writes(cut_at, CrashMode::TornReordered, cut_at);
+        for (_, d) in &rig2.devs {
+            if !Arc::ptr_eq(d, victim) {
+                d.crash_after_writes(cut_at + 40, CrashMode::KeepRandomSubset, cut_at);
+            }
+        }
+        let done = match Pool::import_with(&rig2.set.specs(), rig2.set.opener()) {
+            Ok(p) => {
+                let crashed = rig2.devs.iter().any(|(_, d)| d.has_crashed());
+                if !crashed {
+                    m.check(&*p.open_volume("v").unwrap(), "replay without a cut");
+                    p.export().unwrap();
+                    true
+                } else {
+                    p.abandon();
+                    false
+                }
+            }
+            Err(_) => false,
+        };
+        // whatever the cut left, the next import replays to the acknowledged state
+        let images: Vec<(String, Vec<u8>)> = rig2
+            .devs
+            .iter()
+            .map(|(n, d)| (n.clone(), d.crashed_image().unwrap_or_else(|| d.power_cut(CrashMode::DropAll, 0))))
+            .collect();
+        let set = DevSet::default();
+        for (n, img) in images {
+            set.insert(&n, Arc::new(CrashDevice::from_image(img)));
+        }
+        let p = Pool::import_with(&set.specs(), set.opener()).unwrap_or_else(|e| panic!("import after a cut at write {cut_at} of replay: {e}"));
+        m.check(&*p.open_volume("v").unwrap(), &format!("after a cut at write {cut_at} of replay"));
+        p.export().unwrap();
+        if done || cut_at > 60 {
+            break;
+        }
+        cut_at += 1;
+    }
+}
+
+/// After a replay, later overwrites that were synced win: the old chain is never
+/// replayed again.
+#[test]
+fn a_replayed_chain_is_not_replayed_again() {
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    workload(&mut m, &*v, 4);
+    let r1 = rig.power_cut(CrashMode::DropAll, 2);
+    pool.abandon();
+    let p2 = r1.import();
+    let v2 = p2.open_volume("v").unwrap();
+    m.check(&*v2, "first replay");
+    for i in 0..1000u64 {
+        if i % 37 == 0 {
+            m.write(&*v2, i * 4096, &pattern(i + 5000, 4096), false);
+        }
+    }
+    p2.sync().unwrap();
+    // a new chain, with records, then a cut
+    m.write(&*v2, 4096, &pattern(6000, 4096), false);
+    v2.flush().unwrap();
+    m.write(&*v2, 12288, &pattern(6001, 2048), true);
+    let r2 = r1.power_cut(CrashMode::KeepRandomSubset, 3);
+    p2.abandon();
+    let p3 = r2.import();
+    m.check(&*p3.open_volume("v").unwrap(), "second chain replayed, first not");
+    p3.export().unwrap();
+}
+
+/// The log device starts failing every write: commits fall back (a txg sync, then log
+/// blocks in the normal class), every flush still returns only when its writes are
+/// durable, and `pool status` counts the log device's write errors.
+#[test]
+fn a_failing_log_device_falls_back_and_loses_nothing() {
+    use zilla_core::vdev::fault::DeviceFault;
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    workload(&mut m, &*v, 21);
+    let st = &v.zil().stats;
+    assert_eq!(st.zil_itx_metaslab_normal_count.load(Ordering::Relaxed), 0);
+    rig.devs[2].1.arm(DeviceFault::WriteEio { nth: 0, count: u64::MAX });
+    for k in 0..4u64 {
+        workload(&mut m, &*v, 30 + k);
+    }
+    assert!(st.zil_itx_metaslab_normal_count.load(Ordering::Relaxed) > 0, "the log never moved to the normal class");
+    let log_errors: u64 = pool
+        .status()
+        .config
+        .iter()
+        .filter(|t| t.role == Role::Log)
+        .map(|t| t.write_errors + t.children.iter().map(|c| c.write_errors).sum::<u64>())
+        .sum();
+    assert!(log_errors > 0, "pool status shows no write errors on the log device");
+    let after = rig.power_cut(CrashMode::DropAll, 8);
+    pool.abandon();
+    let p2 = after.import();
+    m.check(&*p2.open_volume("v").unwrap(), "after the log device failed");
+    p2.export().unwrap();
+}
+
+/// A pool whose log device is missing imports only with `-m` (ImportOptions::
+/// missing_log), and the refusal says what may be lost. With -m the log records on it
+/// are gone; the pool works on, its log in the normal class.
+#[test]
+fn a_missing_log_device_needs_import_m() {
+    use zilla_core::spa::ImportOptions;
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let (pool, mut m) = setup(&rig, true, false, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    pool.sync().unwrap();
+    let synced = m.bytes.clone();
+    workload(&mut m, &*v, 40);
+    let after = rig.power_cut(CrashMode::DropAll, 4);
+    pool.abandon();
+    let set = DevSet::default();
+    for (n, d) in after.devs.iter().filter(|(n, _)| n != "la") {
+        set.insert(n, d.clone());
+    }
+    let e = match Pool::import_with(&set.specs(), set.opener()) {
+        Ok(_) => panic!("imported without its log device and without -m"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("-m") && e.contains("may be lost") && e.contains("la"), "refusal: {e}");
+    let opts = ImportOptions { missing_log: true, ..Default::default() };
+    let env = zilla_core::env::real();
+    let p2 = Pool::import_with_options(&set.specs(), set.opener(), env.clone(), &opts).expect("import -m");
+    let v2 = p2.open_zvol("v").unwrap();
+    let mut m2 = Model { bytes: synced };
+    m2.check(&*v2, "import -m: the synced state");
+    m2.write(&*v2, 4096 * 7, &pattern(77, 4096), false);
+    v2.flush().unwrap();
+    let r3 = Rig { set: set.clone(), devs: after.devs.iter().filter(|(n, _)| n != "la").cloned().collect() }.power_cut(CrashMode::DropAll, 5);
+    p2.abandon();
+    let p3 = Pool::import_with_options(&r3.set.specs(), r3.set.opener(), env, &opts).expect("import -m again");
+    m2.check(&*p3.open_volume("v").unwrap(), "a flush after import -m");
+    p3.export().unwrap();
+}
