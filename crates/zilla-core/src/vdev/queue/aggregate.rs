@@ -7,7 +7,8 @@
 //! tree of queued requests of the same type are looked at, backwards then forwards:
 //!
 //! ```text
-//!   take a neighbour while: same family (scrub aggregates only with scrub)
+//!   take a neighbour while: same family (sync with sync, async with async, scrub
+//!                           with scrub: a ZIL write never carries txg-sync bytes)
 //!                           no overlap, and the hole to it <= max gap
 //!                           span(first .. last) <= limit
 //!   max gap: reads zfs_vdev_read_gap_limit (32 KiB; the hole is read into the
@@ -42,10 +43,19 @@ use crate::vdev::IoClass;
 /// Never more than this in one aggregate (SPA_MAXBLOCKSIZE).
 pub const AGGREGATE_MAX_BYTES: u64 = 16 << 20;
 
-/// Requests aggregate only within a family: scrub with scrub, the rest together (the
-/// AGG_INHERIT flags of OpenZFS, which keep a scrub aggregate a scrub).
-fn is_scrub(class: IoClass) -> bool {
-    class == IoClass::Scrub
+/// The family a request aggregates within: sync reads and writes (FIFO classes) only
+/// with each other, async reads and writes only with each other, scrub only with scrub.
+/// OpenZFS separates scrub by its AGG_INHERIT flags and would let a ZIL block merge
+/// with an adjacent txg-sync write; Zilla keeps them apart so a sync write (an lwb the
+/// intent log waits on) is never enlarged and slowed by bulk txg bytes, and an async
+/// write is never issued under a sync class's slot.
+fn family(class: IoClass) -> u8 {
+    match class {
+        IoClass::SyncRead | IoClass::SyncWrite => 0,
+        IoClass::AsyncRead | IoClass::AsyncWrite => 1,
+        IoClass::Scrub => 2,
+        IoClass::Trim => 3,
+    }
 }
 
 /// The aggregate that queued request `id` heads, taken out of the queue with its
@@ -53,7 +63,7 @@ fn is_scrub(class: IoClass) -> bool {
 pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option<Queued> {
     let limit = l.aggregation_limit_bytes.min(AGGREGATE_MAX_BYTES);
     let primary = st.queued.get(&id)?;
-    let (op, class, family) = (primary.req.op, primary.req.class, is_scrub(primary.req.class));
+    let (op, class, fam) = (primary.req.op, primary.req.class, family(primary.req.class));
     let (tree, max_gap) = match op {
         IoOp::Read => (&st.read_tree, l.read_gap_limit_bytes),
         IoOp::Write => (&st.write_tree, 0),
@@ -69,7 +79,7 @@ pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option
     for &key in tree.range(..start_key).rev() {
         let d = &st.queued[&key.1].req;
         let d_end = d.offset.saturating_add(d.len);
-        if is_scrub(d.class) != family || d.len == 0 || d_end > first_off || first_off - d_end > max_gap || last_end - d.offset > limit {
+        if family(d.class) != fam || d.len == 0 || d_end > first_off || first_off - d_end > max_gap || last_end - d.offset > limit {
             break;
         }
         (first, first_off) = (key, d.offset);
@@ -77,7 +87,7 @@ pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option
     for &key in tree.range((std::ops::Bound::Excluded(start_key), std::ops::Bound::Unbounded)) {
         let d = &st.queued[&key.1].req;
         let d_end = d.offset.saturating_add(d.len);
-        if is_scrub(d.class) != family || d.len == 0 || d.offset < last_end || d.offset - last_end > max_gap || d_end - first_off > limit {
+        if family(d.class) != fam || d.len == 0 || d.offset < last_end || d.offset - last_end > max_gap || d_end - first_off > limit {
             break;
         }
         (last, last_end) = (key, d_end);
@@ -145,15 +155,27 @@ mod tests {
 
     #[test]
     fn contiguous_writes_aggregate_and_a_write_gap_stops_them() {
-        // Goal: writes merge only when contiguous (write gap 0, no zero padding), sync
-        // and async writes together, walking backwards from the chosen request too.
+        // Goal: writes merge only when contiguous (write gap 0, no zero padding),
+        // walking backwards from the chosen request too; a sync write (ZIL) between
+        // async ones neither joins them nor is joined by them, and sync writes merge
+        // with each other.
         let l = limits(128 * K);
         let mut st = QueueState::default();
         push(&mut st, IoClass::SyncWrite, 8 * K, 4096);
         push(&mut st, IoClass::AsyncWrite, 0, 4096);
         push(&mut st, IoClass::AsyncWrite, 4 * K, 4096);
-        push(&mut st, IoClass::AsyncWrite, 16 * K, 4096);
-        assert_eq!(issued(&mut st, &l), vec![(0, 12 * K, 3), (16 * K, 4 * K, 0)]);
+        push(&mut st, IoClass::AsyncWrite, 12 * K, 4096);
+        push(&mut st, IoClass::AsyncWrite, 20 * K, 4096);
+        let mut got = issued(&mut st, &l);
+        got.sort();
+        assert_eq!(got, vec![(0, 8 * K, 2), (8 * K, 4 * K, 0), (12 * K, 4 * K, 0), (20 * K, 4 * K, 0)]);
+        let mut st = QueueState::default();
+        push(&mut st, IoClass::SyncWrite, 4 * K, 4096);
+        push(&mut st, IoClass::SyncWrite, 0, 4096);
+        push(&mut st, IoClass::AsyncWrite, 8 * K, 4096);
+        let mut got = issued(&mut st, &l);
+        got.sort();
+        assert_eq!(got, vec![(0, 8 * K, 2), (8 * K, 4 * K, 0)]);
         let mut st = QueueState::default();
         for off in [0, 4 * K, 8 * K] {
             push(&mut st, IoClass::AsyncWrite, off, 4096);
@@ -189,7 +211,7 @@ mod tests {
     #[test]
     fn aggregates_stop_at_the_limit_and_at_another_family() {
         // Goal: an aggregate never spans more than the limit; scrub does not merge with
-        // other reads; limit 0 turns aggregation off.
+        // other reads, nor sync reads with async ones; limit 0 turns aggregation off.
         let l = limits(128 * K);
         let mut st = QueueState::default();
         for i in 0..40 {
@@ -202,6 +224,12 @@ mod tests {
         let mut got = issued(&mut st, &l);
         got.sort();
         assert_eq!(got, vec![(0, 4 * K, 0), (4 * K, 8 * K, 2)]);
+        push(&mut st, IoClass::SyncRead, 0, 4096);
+        push(&mut st, IoClass::AsyncRead, 4 * K, 4096);
+        push(&mut st, IoClass::SyncRead, 8 * K, 4096);
+        let mut got = issued(&mut st, &l);
+        got.sort();
+        assert_eq!(got, vec![(0, 4 * K, 0), (4 * K, 4 * K, 0), (8 * K, 4 * K, 0)], "sync and async reads stay apart");
         for i in 0..4 {
             push(&mut st, IoClass::AsyncWrite, i * 4 * K, 4096);
         }

@@ -1252,6 +1252,44 @@ mod tests {
     }
 
     #[test]
+    fn intent_log_writes_stay_apart_from_txg_writes_and_a_flush_waits_for_both() {
+        // Goal: the ZIL's pattern (sync-write lwbs, then a flush) on a leaf that also has
+        // txg-sync writes queued right next to them: the lwbs aggregate only with each
+        // other (never one device call spanning sync and async bytes), and the flush
+        // reaches the device only after every write submitted before it completed.
+        // Method: all held queued, the device gate closed; four contiguous sync writes,
+        // four async writes directly after them, a flush; release, check the flush is
+        // still waiting, open the gate, then check device calls and completion order.
+        let dev = Arc::new(ProbeDevice::new(Duration::ZERO, false));
+        let q = LeafQueue::with_limits(dev.clone(), QueueLimits::with_active([10, 10, 1, 2, 1, 1], [10, 10, 3, 10, 3, 2], 1000));
+        q.set_paused(true);
+        let mut waits = Vec::new();
+        for (class, base) in [(IoClass::SyncWrite, BAND), (IoClass::AsyncWrite, BAND + 16384)] {
+            for i in 0..4u64 {
+                let w = Waiter::new();
+                q.submit(IoRequest::write(class, base + i * 4096, Arc::new(AlignedBuf::copy_of(&[i as u8 + 1; 4096])), w.completion()));
+                waits.push(w);
+            }
+        }
+        let flush = Waiter::new();
+        let flushed = flush.slot.clone();
+        q.submit(IoRequest::flush(flush.completion()));
+        q.set_paused(false);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(flushed.0.lock().is_none(), "flush completed before the writes queued ahead of it");
+        dev.open_gate();
+        assert!(flush.wait().result.is_ok());
+        waits.into_iter().for_each(|w| assert!(w.wait().result.is_ok()));
+        let mut calls = dev.calls.lock().clone();
+        calls.sort();
+        assert_eq!(calls, vec![(BAND, 16384), (BAND + 16384, 16384)], "sync and async writes merged apart");
+        let order = dev.done_order.lock().clone();
+        assert_eq!(order, vec![1, 1, FLUSH_MARK], "the flush after both device writes");
+        let st = q.stats();
+        assert_eq!((st.aggregated[IoClass::SyncWrite as usize], st.aggregated[IoClass::AsyncWrite as usize]), (4, 4));
+    }
+
+    #[test]
     fn io_errors_are_values_with_context() {
         // Goal: a failed request completes with device, operation, offset, length, kind.
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(1 << 20));
