@@ -753,6 +753,21 @@ pub const ZILSTAT_COLUMNS: [(&str, &[&str]); 10] = [
     ("imsw", &["zil_itx_metaslab_slog_write"]),
 ];
 
+/// `zilla txgs`: the kstat's columns, raw numbers (bytes, ns) as OpenZFS prints them.
+pub fn txgs_table(rows: &[crate::api::TxgEntry], scripted: bool) -> String {
+    let headers = ["txg", "birth", "state", "ndirty", "nread", "nwritten", "reads", "writes", "otime", "qtime", "wtime", "stime"];
+    let mut align = vec![Align::Right; headers.len()];
+    align[2] = Align::Left;
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|t| {
+            let n = [t.ndirty, t.nread, t.nwritten, t.reads, t.writes, t.otime, t.qtime, t.wtime, t.stime];
+            [t.txg.to_string(), t.birth.to_string(), t.state.clone()].into_iter().chain(n.iter().map(u64::to_string)).collect()
+        })
+        .collect();
+    table(&headers, &align, &cells, scripted)
+}
+
 pub fn zilstat_header() -> String {
     let mut o = format!("{:>8}", "time");
     for (c, _) in ZILSTAT_COLUMNS {

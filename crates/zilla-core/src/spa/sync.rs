@@ -465,12 +465,31 @@ impl PoolInner {
         self.txg.sync_thread_exited();
     }
 
+    /// Reads and writes the pool's data and log leaves completed so far (the txg
+    /// history's nread, nwritten, reads, writes; OpenZFS counts the root vdev's).
+    fn leaf_io_totals(&self) -> [u64; 4] {
+        let mut t = [0; 4];
+        for top in self.tops() {
+            for c in top.children() {
+                for (x, y) in t.iter_mut().zip(c.queue.io_totals()) {
+                    *x += y;
+                }
+            }
+        }
+        t
+    }
+
     /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
     /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
     fn sync_until_done(&self, txg: Txg) -> bool {
         let mut backoff_ms = 10;
+        self.txg.note_sync_start(txg, self.dirty.txg_dirty(txg));
         loop {
+            let before = self.leaf_io_totals();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
+            let after = self.leaf_io_totals();
+            let d = |i: usize| after[i].saturating_sub(before[i]);
+            self.txg.note_sync_io(txg, crate::txg::TxgSyncIo { reads: d(0), nread_bytes: d(1), writes: d(2), nwritten_bytes: d(3) });
             let r = match r {
                 Ok(r) => r,
                 Err(p) => {

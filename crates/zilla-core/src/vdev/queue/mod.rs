@@ -663,6 +663,19 @@ impl LeafQueue {
         workers + u32::from(self.engine == EngineKind::Uring)
     }
 
+    /// Reads and writes completed so far as [read ops, read bytes, write ops, write
+    /// bytes] (trim not counted), without the queue lock: the txg history's I/O columns.
+    pub fn io_totals(&self) -> [u64; 4] {
+        let mut t = [0; 4];
+        for c in IoClass::ALL.into_iter().filter(|&c| c != IoClass::Trim) {
+            let s = &self.shared.stats[c as usize];
+            let at = if c.is_read() { 0 } else { 2 };
+            t[at] += s.ops.load(Ordering::Relaxed);
+            t[at + 1] += s.bytes.load(Ordering::Relaxed);
+        }
+        t
+    }
+
     pub fn stats(&self) -> LeafStats {
         let sh = &self.shared;
         let (queued, active) = {
