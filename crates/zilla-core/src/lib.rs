@@ -72,6 +72,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::queue::ZFS_VDEV_ASYNC_WRITE_ACTIVE_MIN_DIRTY_PERCENT,
     &vdev::queue::ZFS_VDEV_ASYNC_WRITE_ACTIVE_MAX_DIRTY_PERCENT,
     &vdev::queue::ZFS_VDEV_SCHEDULER_MODE,
+    &vdev::queue::ZILLA_VDEV_IO_ENGINE,
     &vdev::sim::SIM_HDD_RPM,
     &vdev::sim::SIM_HDD_SEEK_SETTLE_US,
     &vdev::sim::SIM_HDD_SEEK_FULL_STROKE_US,
