@@ -606,6 +606,17 @@ struct Stats {
     prefix_checks: usize,
     rewind_checks: usize,
     epochs: usize,
+    /// Power cuts of a pool whose leaves had sent writes inside aggregates (one device
+    /// write each, which the cut may drop, keep, or tear at any sector), and those
+    /// write requests summed over the boots.
+    cuts_after_aggregated_writes: usize,
+    aggregated_write_requests: u64,
+}
+
+/// Write requests the pool's leaves sent inside aggregates since import.
+fn aggregated_writes(pool: &Pool) -> u64 {
+    use zilla_core::vdev::IoClass;
+    pool.iostat().vdevs.iter().map(|v| v.stats.aggregated[IoClass::SyncWrite as usize] + v.stats.aggregated[IoClass::AsyncWrite as usize]).sum()
 }
 
 struct Harness {
@@ -810,6 +821,9 @@ impl Harness {
         let armed = self.arm_faults(&pool, &dom);
         dom.countdown.store(self.rng.gen_range(1..400), Ordering::SeqCst);
         self.workload(&pool, &dom, &armed);
+        let aggregated = aggregated_writes(&pool);
+        self.stats.cuts_after_aggregated_writes += usize::from(aggregated > 0);
+        self.stats.aggregated_write_requests += aggregated;
         dom.cut();
         pool.abandon();
         drop(pool);
@@ -1379,4 +1393,6 @@ fn power_cuts_at_random_points() {
     eprintln!("{stats:?}");
     assert_eq!(stats.boots, iterations);
     assert!(stats.acks > iterations / 2, "too few acknowledged syncs: {stats:?}");
+    // aggregation is on (the default scheduler): cuts must meet aggregated writes
+    assert!(iterations < 50 || stats.cuts_after_aggregated_writes > iterations / 10, "aggregation never happened: {stats:?}");
 }

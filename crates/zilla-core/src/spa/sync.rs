@@ -213,6 +213,9 @@ impl PoolInner {
         );
         let _g = self.sync_lock.lock();
         self.dirty.begin_sync();
+        // The leaves' async-write max_active follows this pool's dirty data (a leaf
+        // attached since the last sync gets the gauge here, before its first sync write).
+        self.publish_dirty_gauge();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
@@ -245,6 +248,13 @@ impl PoolInner {
                 self.suspended.store(true, Ordering::Relaxed);
                 Err(e)
             }
+        }
+    }
+
+    fn publish_dirty_gauge(&self) {
+        self.dirty.gauge().set(self.dirty.total(), crate::dsl_pool::dirty_data_max());
+        for leaf in self.leaves.read().iter() {
+            leaf.queue.set_dirty_gauge(self.dirty.gauge());
         }
     }
 
@@ -509,12 +519,31 @@ impl PoolInner {
         self.txg.sync_thread_exited();
     }
 
+    /// Reads and writes the pool's data and log leaves completed so far (the txg
+    /// history's nread, nwritten, reads, writes; OpenZFS counts the root vdev's).
+    fn leaf_io_totals(&self) -> [u64; 4] {
+        let mut t = [0; 4];
+        for top in self.tops() {
+            for c in top.children() {
+                for (x, y) in t.iter_mut().zip(c.queue.io_totals()) {
+                    *x += y;
+                }
+            }
+        }
+        t
+    }
+
     /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
     /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
     fn sync_until_done(&self, txg: Txg) -> bool {
         let mut backoff_ms = 10;
+        self.txg.note_sync_start(txg, self.dirty.txg_dirty(txg));
         loop {
+            let before = self.leaf_io_totals();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
+            let after = self.leaf_io_totals();
+            let d = |i: usize| after[i].saturating_sub(before[i]);
+            self.txg.note_sync_io(txg, crate::txg::TxgSyncIo { reads: d(0), nread_bytes: d(1), writes: d(2), nwritten_bytes: d(3) });
             let r = match r {
                 Ok(r) => r,
                 Err(p) => {
