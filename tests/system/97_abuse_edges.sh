@@ -18,6 +18,8 @@ z pool create edge mirror "${odd[0]}" "${odd[1]}" mirror "${odd[2]}" "${odd[3]}"
 curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >"$T/metrics"
 grep -q '^zilla_dmu_tx_dirty_max_bytes{pool="edge"} [1-9]' "$T/metrics" || fail "no write-throttle gauges in /metrics"
 grep -q '^zilla_dmu_tx_dirty_delay_total{pool="edge"} ' "$T/metrics" || fail "no dmu_tx counters in /metrics"
+grep -q '^zilla_vdev_queue_active{name="edge",vdev="root",class="trim"} 0$' "$T/metrics" || fail "no per-class queue depth in /metrics"
+grep -q '^zilla_vdev_aggregated_total{name="edge",vdev="root",class="async_write"} ' "$T/metrics" || fail "no aggregation counter in /metrics"
 parser=/usr/bin/python3
 $parser -c 'import prometheus_client' 2>/dev/null || parser=
 METRICS="$T/metrics" PARSER=${parser:+yes} python3 - <<'PY' || fail "/metrics does not parse"

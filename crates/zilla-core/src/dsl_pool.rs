@@ -50,6 +50,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::txg::{TxgState, TXG_SIZE};
+use crate::vdev::queue::DirtyGauge;
 use crate::Txg;
 
 pub static ZFS_DIRTY_DATA_MAX: Tunable =
@@ -182,6 +183,8 @@ pub struct DirtyAccounting {
     /// Object-directory growth of destroyed volumes' trees not yet freed by a sync
     /// (every freed block becomes a defer-list entry).
     doomed_bytes: AtomicU64,
+    /// `total` and the limit, published for the leaves' async-write ramp (vdev queue).
+    gauge: Arc<DirtyGauge>,
 }
 
 /// Space an admitted change holds until its cost is counted by `add_space`; released
@@ -219,7 +222,17 @@ impl DirtyAccounting {
             space_waits: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
             doomed_bytes: AtomicU64::new(0),
+            gauge: Arc::new(DirtyGauge::default()),
         }
+    }
+
+    /// The gauge the pool's leaf queues read their async-write max_active from.
+    pub fn gauge(&self) -> &Arc<DirtyGauge> {
+        &self.gauge
+    }
+
+    fn publish(&self) {
+        self.gauge.set(self.total.load(Relaxed), dirty_data_max());
     }
 
     /// Called before a writer dirties data: apply the delay curve, block at max (or the
@@ -338,6 +351,7 @@ impl DirtyAccounting {
     pub fn add(&self, txg: Txg, bytes: u64) {
         self.per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
         self.total.fetch_add(bytes, Relaxed);
+        self.publish();
     }
 
     /// The sync of `txg` has written (issued, within its bounded window of writes in
@@ -355,6 +369,7 @@ impl DirtyAccounting {
         };
         self.total.fetch_sub(n, Relaxed);
         self.undirtied_bytes.fetch_add(n, Relaxed);
+        self.publish();
         let _g = self.blocked_mu.lock();
         self.cv.notify_all();
     }
@@ -373,6 +388,7 @@ impl DirtyAccounting {
     pub fn retire(&self, txg: Txg) {
         let n = self.per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
         self.total.fetch_sub(n, Relaxed);
+        self.publish();
         let txg_bytes = n + self.undirtied_bytes.swap(0, Relaxed);
         let started = self.sync_started_ns.swap(0, Relaxed);
         if started != 0 {

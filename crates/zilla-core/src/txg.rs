@@ -40,10 +40,20 @@
 //! is left and no close is in progress (`sync_done`); the quiesce thread exits after it.
 //! A dead sync thread (`fatal`) releases the quiesce thread too.
 //!
+//! History. Every txg's life is kept in a ring of the last `zfs_txg_history` txgs
+//! (OpenZFS's /proc/spl/kstat/zfs/POOL/txgs, shown by `zilla txgs`): birth (Env clock,
+//! ns), state (O open, Q quiescing, W waiting for the sync thread, S syncing, C
+//! committed), the time spent in each state (otime, qtime, wtime, stime), and from the
+//! sync thread the txg's dirty bytes when its sync began (ndirty) and the leaf reads and
+//! writes completed while it synced (nread, nwritten, reads, writes; everything the
+//! leaves did in that window, as OpenZFS counts the root vdev's). The state changes
+//! above record themselves; a txg older than the ring is no longer updated.
+//!
 //! Txg numbers start at TXG_INITIAL; per-txg arrays elsewhere are rings of TXG_SIZE
 //! indexed by `txg.ring_slot(TXG_SIZE)` (three active txgs plus one being retired).
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +71,115 @@ pub const TXG_HOLD_SHARDS: usize = 16;
 
 pub static ZFS_TXG_TIMEOUT: Tunable =
     Tunable::new("zfs_txg_timeout", 5, 1, 86400, Applies::Live, "seconds between txg syncs when nothing else triggers one (txg.c)");
+
+pub static ZFS_TXG_HISTORY: Tunable = Tunable::new(
+    "zfs_txg_history",
+    100,
+    0,
+    10_000,
+    Applies::Live,
+    "txgs kept in the per-pool txg history (`zilla txgs`, OpenZFS's kstat txgs; 0 keeps none)",
+);
+
+/// Where a txg is in its life (the `state` column of OpenZFS's txgs kstat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxgPhase {
+    Open,
+    Quiescing,
+    WaitForSync,
+    Syncing,
+    Committed,
+}
+
+impl TxgPhase {
+    /// OpenZFS's one-letter name: O, Q, W, S, C.
+    pub fn letter(self) -> char {
+        match self {
+            TxgPhase::Open => 'O',
+            TxgPhase::Quiescing => 'Q',
+            TxgPhase::WaitForSync => 'W',
+            TxgPhase::Syncing => 'S',
+            TxgPhase::Committed => 'C',
+        }
+    }
+}
+
+/// What the sync thread measured while a txg synced (added up over retries).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxgSyncIo {
+    pub nread_bytes: u64,
+    pub nwritten_bytes: u64,
+    pub reads: u64,
+    pub writes: u64,
+}
+
+/// One txg's row of the history; times in Env nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxgRecord {
+    pub txg: Txg,
+    pub birth_ns: u64,
+    pub state: TxgPhase,
+    /// Dirty bytes of the txg when its sync began.
+    pub ndirty_bytes: u64,
+    pub io: TxgSyncIo,
+    pub open_ns: u64,
+    pub quiesce_ns: u64,
+    pub wait_ns: u64,
+    pub sync_ns: u64,
+    /// When the current state began.
+    state_since_ns: u64,
+}
+
+/// The bounded ring of the last `zfs_txg_history` txgs, oldest first.
+#[derive(Default)]
+struct TxgHistory {
+    ring: VecDeque<TxgRecord>,
+}
+
+impl TxgHistory {
+    fn opened(&mut self, txg: Txg, now_ns: u64) {
+        let keep = ZFS_TXG_HISTORY.get() as usize;
+        if keep == 0 {
+            self.ring.clear();
+            return;
+        }
+        while self.ring.len() >= keep {
+            self.ring.pop_front();
+        }
+        let r = TxgRecord {
+            txg,
+            birth_ns: now_ns,
+            state: TxgPhase::Open,
+            ndirty_bytes: 0,
+            io: TxgSyncIo::default(),
+            open_ns: 0,
+            quiesce_ns: 0,
+            wait_ns: 0,
+            sync_ns: 0,
+            state_since_ns: now_ns,
+        };
+        self.ring.push_back(r);
+    }
+
+    fn get(&mut self, txg: Txg) -> Option<&mut TxgRecord> {
+        self.ring.iter_mut().rev().find(|r| r.txg == txg)
+    }
+
+    /// `txg` enters `to`: the time since its last change goes to the state it leaves.
+    fn advance(&mut self, txg: Txg, to: TxgPhase, now_ns: u64) {
+        let Some(r) = self.get(txg) else { return };
+        let spent = now_ns.saturating_sub(r.state_since_ns);
+        match r.state {
+            TxgPhase::Open => r.open_ns += spent,
+            TxgPhase::Quiescing => r.quiesce_ns += spent,
+            TxgPhase::WaitForSync => r.wait_ns += spent,
+            TxgPhase::Syncing => r.sync_ns += spent,
+            TxgPhase::Committed => return,
+        }
+        r.state = to;
+        r.state_since_ns = now_ns;
+    }
+}
 
 #[derive(Debug)]
 struct State {
@@ -107,6 +226,8 @@ pub struct TxgState {
     shards: Box<[HoldShard]>,
     /// Mirror of `state.shutting_down` for the data path (checked on every request).
     shutting_down: AtomicBool,
+    /// The last txgs' lives (never locked while `state` is).
+    history: Mutex<TxgHistory>,
 }
 
 /// Proof that the holder may insert dirty records into txg `txg`; released on drop.
@@ -142,7 +263,7 @@ fn my_shard() -> usize {
 
 impl TxgState {
     pub fn new(last_synced: Txg, env: Arc<dyn Env>) -> TxgState {
-        TxgState {
+        let tx = TxgState {
             state: Mutex::new(State {
                 synced_txg: last_synced,
                 quiesced_txg: Txg::ZERO,
@@ -161,7 +282,39 @@ impl TxgState {
             open_txg: AtomicU64::new(last_synced.next().get()),
             shards: (0..TXG_HOLD_SHARDS).map(|_| HoldShard { count: Mutex::new([0; TXG_SIZE]), drained: Condvar::new() }).collect(),
             shutting_down: AtomicBool::new(false),
+            history: Mutex::new(TxgHistory::default()),
             env,
+        };
+        tx.history.lock().opened(last_synced.next(), tx.env.now_ns());
+        tx
+    }
+
+    fn advance(&self, txg: Txg, to: TxgPhase) {
+        self.history.lock().advance(txg, to, self.env.now_ns());
+    }
+
+    /// The last `n` txgs of the history, oldest first (never more than
+    /// `zfs_txg_history` now, even if it was just lowered).
+    pub fn history(&self, n: usize) -> Vec<TxgRecord> {
+        let n = n.min(ZFS_TXG_HISTORY.get() as usize);
+        let h = self.history.lock();
+        h.ring.iter().skip(h.ring.len().saturating_sub(n)).copied().collect()
+    }
+
+    /// The sync thread is about to sync `txg`, which holds `ndirty_bytes` dirty bytes.
+    pub fn note_sync_start(&self, txg: Txg, ndirty_bytes: u64) {
+        if let Some(r) = self.history.lock().get(txg) {
+            r.ndirty_bytes = ndirty_bytes;
+        }
+    }
+
+    /// The leaves completed `io` while `txg` synced (one attempt; retries add up).
+    pub fn note_sync_io(&self, txg: Txg, io: TxgSyncIo) {
+        if let Some(r) = self.history.lock().get(txg) {
+            r.io.nread_bytes += io.nread_bytes;
+            r.io.nwritten_bytes += io.nwritten_bytes;
+            r.io.reads += io.reads;
+            r.io.writes += io.writes;
         }
     }
 
@@ -300,6 +453,7 @@ impl TxgState {
         drop(s);
         let t = self.close_open_txg();
         self.wait_holders(t);
+        self.advance(t, TxgPhase::WaitForSync);
         let mut s = self.state.lock();
         s.quiescing = false;
         s.quiesced_txg = t;
@@ -313,6 +467,10 @@ impl TxgState {
         let t = Txg(self.open_txg.load(Ordering::Acquire));
         self.open_txg.store(t.next().get(), Ordering::Release);
         drop(guards);
+        let now = self.env.now_ns();
+        let mut h = self.history.lock();
+        h.advance(t, TxgPhase::Quiescing, now);
+        h.opened(t.next(), now);
         t
     }
 
@@ -338,6 +496,8 @@ impl TxgState {
                 s.quiesced_txg = Txg::ZERO;
                 s.syncing_txg = t;
                 self.cv.notify_all();
+                drop(s);
+                self.advance(t, TxgPhase::Syncing);
                 return Some(t);
             }
             if s.fatal.is_some() {
@@ -368,6 +528,7 @@ impl TxgState {
     }
 
     pub fn mark_synced(&self, txg: Txg) {
+        self.advance(txg, TxgPhase::Committed);
         let mut s = self.state.lock();
         s.synced_txg = txg;
         s.syncing_txg = Txg::ZERO;
@@ -390,6 +551,13 @@ impl TxgState {
         let guards: Vec<_> = self.shards.iter().map(|sh| sh.count.lock()).collect();
         self.open_txg.store(txg.next().get(), Ordering::Release);
         drop(guards);
+        let now = self.env.now_ns();
+        let mut h = self.history.lock();
+        for to in [TxgPhase::Quiescing, TxgPhase::WaitForSync, TxgPhase::Syncing, TxgPhase::Committed] {
+            h.advance(txg, to, now);
+        }
+        h.opened(txg.next(), now);
+        drop(h);
         self.cv.notify_all();
     }
 
@@ -460,6 +628,45 @@ mod tests {
         assert_eq!(q.join().unwrap(), Some(t));
         assert_eq!(tx.active(), (t, Txg::ZERO));
         drop(h2);
+    }
+
+    /// The history records each state's time and the sync's numbers, in order, and
+    /// keeps only the last `zfs_txg_history` txgs.
+    #[test]
+    fn history_times_each_state_and_stays_bounded() {
+        // Method: a simulated clock advanced by a distinct amount in each state, so
+        // each column must hold exactly its own state's time.
+        let env = Arc::new(crate::env::SimEnv::new(1));
+        let tx = TxgState::new(TXG_INITIAL.prev(), env.clone());
+        let (t, born) = (tx.open_txg(), env.now_ns());
+        env.advance_ns(1_000);
+        tx.kick(t);
+        assert_eq!(tx.quiesce_next(), Some(t));
+        env.advance_ns(20_000);
+        assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t));
+        tx.note_sync_start(t, 4096);
+        tx.note_sync_io(t, TxgSyncIo { nread_bytes: 512, nwritten_bytes: 8192, reads: 1, writes: 2 });
+        tx.note_sync_io(t, TxgSyncIo { nread_bytes: 0, nwritten_bytes: 4096, reads: 0, writes: 1 });
+        let mid = tx.history(10);
+        assert_eq!(mid.iter().map(|r| (r.txg, r.state.letter())).collect::<Vec<_>>(), vec![(t, 'S'), (t.plus(1), 'O')]);
+        env.advance_ns(300_000);
+        tx.mark_synced(t);
+        let r = tx.history(10)[0];
+        assert_eq!((r.birth_ns, r.state, r.ndirty_bytes), (born, TxgPhase::Committed, 4096));
+        assert_eq!(r.io, TxgSyncIo { nread_bytes: 512, nwritten_bytes: 12288, reads: 1, writes: 3 });
+        // quiesce and the hand-off took no simulated time: all 20 us were W
+        assert_eq!((r.open_ns, r.quiesce_ns, r.wait_ns, r.sync_ns), (1_000, 0, 20_000, 300_000));
+        assert_eq!(tx.history(1)[0].txg, t.plus(1), "history(n) is the last n");
+        ZFS_TXG_HISTORY.set(3).unwrap();
+        for i in 1..6 {
+            tx.kick(t.plus(i));
+            assert_eq!(tx.quiesce_next(), Some(t.plus(i)));
+            assert_eq!(tx.wait_for_sync_work(&|_| false, &|_| true), Some(t.plus(i)));
+            tx.mark_synced(t.plus(i));
+        }
+        let kept: Vec<Txg> = tx.history(100).iter().map(|r| r.txg).collect();
+        ZFS_TXG_HISTORY.set(100).unwrap();
+        assert_eq!(kept, vec![t.plus(4), t.plus(5), t.plus(6)]);
     }
 
     /// Three txgs active at once: one syncing, one quiesced (closed by a dirty kick

@@ -45,7 +45,9 @@
 //! A single lying leaf (no honest sibling) may lose anything, so that mode never arms
 //! there.
 //!
-//! The workload: writes (some FUA), zeroing and unmap, read-backs, pool syncs, volume
+//! Volumes a and b take turns at logbias=throughput (their whole-block commits write
+//! the blocks in place and log pointers: dmu_sync, overrides, claim of the pointed-to
+//! blocks). The workload: writes (some FUA), zeroing and unmap, read-backs, pool syncs, volume
 //! flushes, volume `c` create/destroy, scrub start, a repair scrub (scrub, wait, sync),
 //! and config changes: add a top-level mirror, attach, detach, replace, offline, online
 //! (resilvers run across cuts). One boot in three is overwrite-heavy: small writes to a
@@ -604,6 +606,17 @@ struct Stats {
     prefix_checks: usize,
     rewind_checks: usize,
     epochs: usize,
+    /// Power cuts of a pool whose leaves had sent writes inside aggregates (one device
+    /// write each, which the cut may drop, keep, or tear at any sector), and those
+    /// write requests summed over the boots.
+    cuts_after_aggregated_writes: usize,
+    aggregated_write_requests: u64,
+}
+
+/// Write requests the pool's leaves sent inside aggregates since import.
+fn aggregated_writes(pool: &Pool) -> u64 {
+    use zilla_core::vdev::IoClass;
+    pool.iostat().vdevs.iter().map(|v| v.stats.aggregated[IoClass::SyncWrite as usize] + v.stats.aggregated[IoClass::AsyncWrite as usize]).sum()
 }
 
 struct Harness {
@@ -695,6 +708,17 @@ impl Harness {
             if name == "b" && self.stats.epochs % 2 == 0 {
                 props.push(("sync".to_string(), "always".to_string()));
                 self.sync_always.insert(name.to_string());
+            }
+            // logbias=throughput (whole-block writes go to the pool in place at commit,
+            // WR_INDIRECT): volume a in epochs 1 and 2 of every 4, b in 2 and 3, so
+            // with the log layouts (every 3) and sync=always (every 2) each combination
+            // comes up
+            let tp = match name {
+                "a" => matches!(self.stats.epochs % 4, 1 | 2),
+                _ => self.stats.epochs % 4 >= 2,
+            };
+            if tp {
+                props.push(("logbias".to_string(), "throughput".to_string()));
             }
             pool.volume_create(name, size, bs, &props).unwrap();
             state.insert(name.to_string(), vec![0u8; size as usize]);
@@ -797,6 +821,9 @@ impl Harness {
         let armed = self.arm_faults(&pool, &dom);
         dom.countdown.store(self.rng.gen_range(1..400), Ordering::SeqCst);
         self.workload(&pool, &dom, &armed);
+        let aggregated = aggregated_writes(&pool);
+        self.stats.cuts_after_aggregated_writes += usize::from(aggregated > 0);
+        self.stats.aggregated_write_requests += aggregated;
         dom.cut();
         pool.abandon();
         drop(pool);
@@ -1370,4 +1397,6 @@ fn power_cuts_at_random_points() {
     eprintln!("{stats:?}");
     assert_eq!(stats.boots, iterations);
     assert!(stats.acks > iterations / 2, "too few acknowledged syncs: {stats:?}");
+    // aggregation is on (the default scheduler): cuts must meet aggregated writes
+    assert!(iterations < 50 || stats.cuts_after_aggregated_writes > iterations / 10, "aggregation never happened: {stats:?}");
 }

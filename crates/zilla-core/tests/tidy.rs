@@ -510,3 +510,34 @@ fn the_parser_sees_what_it_should() {
     edges.insert("c".to_string(), BTreeSet::from(["a".to_string(), "d".to_string()]));
     assert_eq!(cycle_edges(&edges).len(), 3, "a->b->c->a is a cycle, c->d is not");
 }
+
+/// The names of the tunables declared in `text` (`Tunable::new("name", ..)`,
+/// `new_choice`, `new_auto`), test modules left out.
+fn declared_tunables(text: &str) -> Vec<String> {
+    let text = drop_test_modules(text);
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("Tunable::new") {
+        let rest = &text[at..];
+        let Some(open) = rest.find('(') else { continue };
+        if let Some(quoted) = rest[open + 1..].trim_start().strip_prefix('"') {
+            out.push(quoted[..quoted.find('"').unwrap_or(0)].to_string());
+        }
+    }
+    out
+}
+
+/// Each module owns its tunables as statics; the registry the admin API reads
+/// (`zilla_core::tunables()`, one list at the crate root, so `kstat` imports no
+/// module) must hold every one of them: a static left out of it could never be read or
+/// set with `zilla tunable`.
+#[test]
+fn every_declared_tunable_is_registered() {
+    let mut files = Vec::new();
+    rs_files(&workspace_root().join("crates/zilla-core/src"), &mut files);
+    let declared: BTreeSet<String> = files.iter().flat_map(|f| declared_tunables(&std::fs::read_to_string(f).unwrap())).collect();
+    let registered: BTreeSet<String> = zilla_core::tunables().list().iter().map(|t| t.name.to_string()).collect();
+    assert!(declared.len() > 50 && declared.contains("zfs_txg_timeout"), "the scan found too few: {declared:?}");
+    let missing: Vec<&String> = declared.difference(&registered).collect();
+    assert!(missing.is_empty(), "declared but not in zilla_core::TUNABLES (lib.rs): {missing:?}");
+    assert_eq!(declared_tunables("static X: Tunable = Tunable::new_auto(\n  \"x_y\", 1);"), vec!["x_y"]);
+}

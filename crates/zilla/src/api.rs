@@ -163,6 +163,47 @@ pub struct IostatEntry {
     pub vdevs: Vec<IostatVdev>,
 }
 
+/// One txg of a pool's history: the columns of OpenZFS's /proc/spl/kstat/zfs/POOL/txgs
+/// (`zilla txgs`). `birth` is the daemon's monotonic clock in ns; `state` O (open), Q
+/// (quiescing), W (waiting for sync), S (syncing) or C (committed); `ndirty` the txg's
+/// dirty bytes when its sync began; `nread`, `nwritten`, `reads`, `writes` what the
+/// pool's leaves completed while it synced; `otime`, `qtime`, `wtime`, `stime` ns spent
+/// open, quiescing, waiting for the sync thread and syncing (0 until the state ends).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxgEntry {
+    pub txg: u64,
+    pub birth: u64,
+    pub state: String,
+    pub ndirty: u64,
+    pub nread: u64,
+    pub nwritten: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub otime: u64,
+    pub qtime: u64,
+    pub wtime: u64,
+    pub stime: u64,
+}
+
+impl TxgEntry {
+    pub fn from_record(r: &zilla_core::txg::TxgRecord) -> TxgEntry {
+        TxgEntry {
+            txg: r.txg.get(),
+            birth: r.birth_ns,
+            state: r.state.letter().to_string(),
+            ndirty: r.ndirty_bytes,
+            nread: r.io.nread_bytes,
+            nwritten: r.io.nwritten_bytes,
+            reads: r.io.reads,
+            writes: r.io.writes,
+            otime: r.open_ns,
+            qtime: r.quiesce_ns,
+            wtime: r.wait_ns,
+            stime: r.sync_ns,
+        }
+    }
+}
+
 /// One vdev in an iostat entry; interior nodes (mirrors) carry the sum of their children.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IostatVdev {
@@ -299,7 +340,7 @@ mod tests {
         let v = serde_json::to_value(&st).unwrap();
         let classes = v["classes"].as_object().unwrap();
         let names: Vec<&str> = classes.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["async_read", "async_write", "scrub", "sync_read", "sync_write"]);
+        assert_eq!(names, ["async_read", "async_write", "scrub", "sync_read", "sync_write", "trim"]);
         assert_eq!(v["classes"]["scrub"]["ops"], 3);
         assert_eq!(v["classes"]["scrub"]["bytes"], 49152);
         assert_eq!(v["classes"]["scrub"]["errors"], 1);

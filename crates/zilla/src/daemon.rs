@@ -520,6 +520,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/pools/{pool}/add", post(pool_add))
         .route("/v1/pools/{pool}/{op}", post(pool_device_op))
         .route("/v1/pools/{pool}/props", get(pool_props))
+        .route("/v1/pools/{pool}/txgs", get(pool_txgs))
         .route("/v1/volumes", get(volume_list).post(volume_create))
         .route("/v1/volumes/{pool}/{name}", delete(volume_destroy))
         .route("/v1/get", post(prop_get))
@@ -793,6 +794,18 @@ async fn pool_device_op(
 async fn pool_props(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Vec<zilla_core::props::PropRow>> {
     let p = d.pool(&pool)?;
     Ok(Json(blocking(move || Ok(p.get_pool_props())).await?))
+}
+
+#[derive(Deserialize)]
+struct TxgsQuery {
+    n: Option<usize>,
+}
+
+/// The pool's last `n` txgs (all it keeps, `zfs_txg_history`, without `n`), oldest first.
+async fn pool_txgs(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Query(q): Query<TxgsQuery>) -> ApiResult<Vec<crate::api::TxgEntry>> {
+    let p = d.pool(&pool)?;
+    let n = q.n.unwrap_or(usize::MAX);
+    Ok(Json(p.txg_history(n).iter().map(crate::api::TxgEntry::from_record).collect()))
 }
 
 async fn volume_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::VolumeInfo>> {

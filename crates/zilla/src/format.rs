@@ -407,7 +407,7 @@ pub fn iostat_report(cur: &[IostatEntry], prev: Option<&[IostatEntry]>, f: Iosta
         headers.extend(["total_wait", "", "disk_wait", "", "syncq_wait", "", "asyncq_wait", "", "scrub", "trim"]);
     }
     if f.queues {
-        headers.extend(["syncq_read", "", "syncq_write", "", "asyncq_read", "", "asyncq_write", "", "scrubq_read", ""]);
+        headers.extend(["syncq_read", "", "syncq_write", "", "asyncq_read", "", "asyncq_write", "", "scrubq_read", "", "trimq_write", ""]);
     }
     let mut rows: Vec<Vec<String>> = vec![];
     let mut separators: Vec<usize> = vec![];
@@ -496,11 +496,11 @@ fn iostat_row(
             fm.time(qwait(IoClass::AsyncRead)),
             fm.time(qwait(IoClass::AsyncWrite)),
             fm.time(scrub),
-            "-".into(),
+            fm.time(hist_avg(&d.total[slot(IoClass::Trim)])),
         ]);
     }
     if f.queues {
-        for c in [IoClass::SyncRead, IoClass::SyncWrite, IoClass::AsyncRead, IoClass::AsyncWrite, IoClass::Scrub] {
+        for c in [IoClass::SyncRead, IoClass::SyncWrite, IoClass::AsyncRead, IoClass::AsyncWrite, IoClass::Scrub, IoClass::Trim] {
             r.push(fm.num(d.queued[slot(c)] as f64));
             r.push(fm.num(d.active[slot(c)] as f64));
         }
@@ -536,7 +536,7 @@ fn render_iostat(headers: &[&str], rows: &[Vec<String>], separators: &[usize], f
         sub.extend(["wait".into(), "wait".into()]);
     }
     if f.queues {
-        for g in ["syncq_read", "syncq_write", "asyncq_read", "asyncq_write", "scrubq_read"] {
+        for g in ["syncq_read", "syncq_write", "asyncq_read", "asyncq_write", "scrubq_read", "trimq_write"] {
             let w = colw * 2 + 2;
             line1.push_str(&format!("  {g:^w$}"));
             sub.extend(["pend".into(), "activ".into()]);
@@ -752,6 +752,21 @@ pub const ZILSTAT_COLUMNS: [(&str, &[&str]); 10] = [
     ("imsc", &["zil_itx_metaslab_slog_count"]),
     ("imsw", &["zil_itx_metaslab_slog_write"]),
 ];
+
+/// `zilla txgs`: the kstat's columns, raw numbers (bytes, ns) as OpenZFS prints them.
+pub fn txgs_table(rows: &[crate::api::TxgEntry], scripted: bool) -> String {
+    let headers = ["txg", "birth", "state", "ndirty", "nread", "nwritten", "reads", "writes", "otime", "qtime", "wtime", "stime"];
+    let mut align = vec![Align::Right; headers.len()];
+    align[2] = Align::Left;
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|t| {
+            let n = [t.ndirty, t.nread, t.nwritten, t.reads, t.writes, t.otime, t.qtime, t.wtime, t.stime];
+            [t.txg.to_string(), t.birth.to_string(), t.state.clone()].into_iter().chain(n.iter().map(u64::to_string)).collect()
+        })
+        .collect();
+    table(&headers, &align, &cells, scripted)
+}
 
 pub fn zilstat_header() -> String {
     let mut o = format!("{:>8}", "time");

@@ -94,6 +94,17 @@ enum Cmd {
         interval: Option<f64>,
         count: Option<u64>,
     },
+    /// The last txgs of a pool: OpenZFS's kstat txgs columns (txg birth state ndirty
+    /// nread nwritten reads writes otime qtime wtime stime; bytes and ns)
+    Txgs {
+        /// Scripted: no header, tab-separated
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Only the last N txgs [default: all kept, zfs_txg_history]
+        #[arg(short = 'n', value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+        pool: String,
+    },
     /// Read or change run-time tunables
     #[command(subcommand)]
     Tunable(TunableCmd),
@@ -566,6 +577,12 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
         }
         Cmd::Arcstat { interval, count } => arcstat(c, interval, count).await,
         Cmd::Zilstat { interval, count } => zilstat(c, interval, count).await,
+        Cmd::Txgs { scripted, count, pool } => {
+            let q = count.map_or(String::new(), |n| format!("?n={n}"));
+            let rows: Vec<TxgEntry> = c.get(&format!("/v1/pools/{}/txgs{q}", enc(&pool))).await.map_err(ctx(format!("cannot open '{pool}'")))?;
+            print!("{}", format::txgs_table(&rows, scripted));
+            Ok(())
+        }
         Cmd::Tunable(t) => tunable_cmd(c, t).await,
         Cmd::Serve(_) | Cmd::Demo { .. } => unreachable!("handled in main"),
     }

@@ -222,7 +222,7 @@ fn render_metrics(s: &Snapshot) -> String {
     let sum = |st: &LeafStats, bytes: bool, read: bool| -> u64 {
         IoClass::ALL
             .iter()
-            .filter(|c| c.is_read() == read)
+            .filter(|&&c| c != IoClass::Trim && c.is_read() == read)
             .map(|&c| if bytes { st.bytes[c as usize] } else { st.ops[c as usize] })
             .sum::<u64>()
     };
@@ -235,6 +235,7 @@ fn render_metrics(s: &Snapshot) -> String {
         counters(&mut reg, name, help, rows.iter().map(|(l, st)| (l.clone(), sum(st, bytes, read))));
     }
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
+    register_vdev_queue(&mut reg, &rows);
     // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
     if let Some((_, first)) = s.zil.first() {
         for (i, (name, _)) in first.iter().enumerate() {
@@ -249,6 +250,28 @@ fn render_metrics(s: &Snapshot) -> String {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
     }
     out
+}
+
+/// The I/O scheduler per vdev and class: queue depth now, and requests, device calls
+/// and requests that went out inside an aggregate since import.
+fn register_vdev_queue(reg: &mut Registry, rows: &[(Labels, &LeafStats)]) {
+    let per_class = |f: &dyn Fn(&LeafStats, usize) -> u64| -> Vec<(Labels, u64)> {
+        let mut out = vec![];
+        for (l, st) in rows {
+            for c in IoClass::ALL {
+                let mut l = l.clone();
+                l.push(("class", LabelValue(c.name().to_string())));
+                out.push((l, f(st, c as usize)));
+            }
+        }
+        out
+    };
+    let g = |v: Vec<(Labels, u64)>| v.into_iter().map(|(l, n)| (l, n as i64));
+    gauges(reg, "zilla_vdev_queue_pending", "I/Os queued in the class, not yet issued", g(per_class(&|s, c| s.queued[c] as u64)));
+    gauges(reg, "zilla_vdev_queue_active", "I/Os of the class issued to the device", g(per_class(&|s, c| s.active[c] as u64)));
+    counters(reg, "zilla_vdev_requests", "Requests completed", per_class(&|s, c| s.ops[c]));
+    counters(reg, "zilla_vdev_device_ops", "Device calls (an aggregate is one)", per_class(&|s, c| s.device_ops[c]));
+    counters(reg, "zilla_vdev_aggregated", "Requests that reached the device inside an aggregate", per_class(&|s, c| s.aggregated[c]));
 }
 
 /// The write throttle per pool, named after OpenZFS's dmu_tx kstat: dirty bytes and

@@ -368,6 +368,11 @@ impl Pool {
         self.inner.dirty.stats()
     }
 
+    /// The last `n` txgs' lives, oldest first (`zilla txgs`; at most `zfs_txg_history`).
+    pub fn txg_history(&self, n: usize) -> Vec<crate::txg::TxgRecord> {
+        self.inner.txg.history(n)
+    }
+
     /// The intent-log counters (OpenZFS kstat names, /proc/spl/kstat/zfs/zil) summed
     /// over the pool's volumes.
     pub fn zil_stats(&self) -> Vec<(&'static str, u64)> {

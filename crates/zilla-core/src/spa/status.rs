@@ -218,9 +218,11 @@ impl Pool {
 
     pub fn iostat(&self) -> IostatSnapshot {
         fn add(a: &mut LeafStats, b: &LeafStats) {
-            for i in 0..5 {
+            for i in 0..crate::vdev::IoClass::ALL.len() {
                 a.ops[i] += b.ops[i];
                 a.bytes[i] += b.bytes[i];
+                a.device_ops[i] += b.device_ops[i];
+                a.aggregated[i] += b.aggregated[i];
                 a.queued[i] += b.queued[i];
                 a.errors[i] += b.errors[i];
                 a.active[i] += b.active[i];

@@ -399,7 +399,7 @@ impl TopVdev {
         }
     }
 
-    /// Write `blocks` (data offset, buffer) on every writable child, then, per child,
+    /// Write `blocks` on every writable child, then, per child,
     /// flush its write cache as soon as its own last write completed (with `flush`):
     /// the intent log's write-then-flush. The flush runs in that completion, on the
     /// engine thread that finished the write, so a commit waits for one hand-off per
@@ -410,16 +410,16 @@ impl TopVdev {
     ///
     /// The leaf's unflushed set is left alone: the flush covers the completed writes
     /// only, and the txg sync's own flush still covers whatever it wrote.
-    pub fn write_blocks_then_flush(self: &Arc<Self>, class: IoClass, blocks: Vec<(u64, Arc<AlignedBuf>)>, txg: Txg, flush: bool, done: WriteDone) {
-        let len: u64 = blocks.iter().map(|(_, b)| b.len() as u64).sum();
-        let first = blocks.first().map_or(0, |(o, _)| super::label::DATA_START + o);
+    pub fn write_blocks_then_flush(self: &Arc<Self>, class: IoClass, blocks: Vec<BlockWrite>, flush: bool, done: WriteDone) {
+        let len: u64 = blocks.iter().map(|b| b.data.len() as u64).sum();
+        let first = blocks.first().map_or(0, |b| super::label::DATA_START + b.offset);
         let writable: Vec<Arc<Leaf>> = self
             .children()
             .into_iter()
             .filter(|c| {
                 let ok = c.readable();
                 if !ok {
-                    c.dtl_add(txg);
+                    blocks.iter().for_each(|b| c.dtl_add(b.txg));
                 }
                 ok
             })
@@ -434,12 +434,13 @@ impl TopVdev {
             outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len, offset: first }),
             done: Mutex::new(Some(done)),
         });
+        let txgs: Arc<[Txg]> = blocks.iter().map(|b| b.txg).collect();
         for c in writable {
-            c.note_unflushed(txg);
+            txgs.iter().for_each(|t| c.note_unflushed(*t));
             let child = Arc::new(ChildRun { left: AtomicU32::new(blocks.len() as u32), failed: std::sync::atomic::AtomicBool::new(false) });
-            for (offset, data) in &blocks {
-                let (fan, top, leaf, child) = (fan.clone(), self.clone(), c.clone(), child.clone());
-                let req = IoRequest::write(class, super::label::DATA_START + offset, data.clone(), Box::new(move |d| {
+            for b in &blocks {
+                let (fan, top, leaf, child, txgs, txg) = (fan.clone(), self.clone(), c.clone(), child.clone(), txgs.clone(), b.txg);
+                let req = IoRequest::write(class, super::label::DATA_START + b.offset, b.data.clone(), Box::new(move |d| {
                     let super::queue::IoDone { result, data, .. } = d;
                     drop(data);
                     if let Err(e) = result {
@@ -461,7 +462,7 @@ impl TopVdev {
                             }
                             Err(e) => {
                                 leaf.write_errors.fetch_add(1, Ordering::Relaxed);
-                                leaf.dtl_add(txg);
+                                txgs.iter().for_each(|t| leaf.dtl_add(*t));
                                 leaf.flush_failed(None);
                                 top.note_error(&leaf, &e);
                                 fan.outcome.lock().failed.push((leaf.guid, e));
@@ -743,6 +744,14 @@ struct Fanout {
     left: AtomicU32,
     outcome: Mutex<WriteOutcome>,
     done: Mutex<Option<WriteDone>>,
+}
+
+/// One block of a [`TopVdev::write_blocks_then_flush`]: its data offset, bytes, and
+/// the txg a child that misses it gets in its DTL.
+pub struct BlockWrite {
+    pub offset: u64,
+    pub data: Arc<AlignedBuf>,
+    pub txg: Txg,
 }
 
 /// One child's part of a [`TopVdev::write_blocks_then_flush`]: its writes still

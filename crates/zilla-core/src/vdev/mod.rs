@@ -210,7 +210,9 @@ impl From<IoError> for io::Error {
     }
 }
 
-/// OpenZFS I/O classes (vdev_queue.c), in priority order.
+/// OpenZFS I/O classes (vdev_queue.c), in priority order (OpenZFS's removal,
+/// initializing and rebuild classes have no Zilla counterpart; trim keeps its place
+/// after them as the lowest priority).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum IoClass {
     SyncRead = 0,
@@ -218,11 +220,13 @@ pub enum IoClass {
     AsyncRead = 2,
     AsyncWrite = 3,
     Scrub = 4,
+    /// Discards of freed space (OpenZFS ZIO_PRIORITY_TRIM): FIFO, never aggregated.
+    Trim = 5,
 }
 
 impl IoClass {
-    pub const ALL: [IoClass; 5] =
-        [IoClass::SyncRead, IoClass::SyncWrite, IoClass::AsyncRead, IoClass::AsyncWrite, IoClass::Scrub];
+    pub const ALL: [IoClass; 6] =
+        [IoClass::SyncRead, IoClass::SyncWrite, IoClass::AsyncRead, IoClass::AsyncWrite, IoClass::Scrub, IoClass::Trim];
     pub fn name(self) -> &'static str {
         match self {
             IoClass::SyncRead => "sync_read",
@@ -230,6 +234,7 @@ impl IoClass {
             IoClass::AsyncRead => "async_read",
             IoClass::AsyncWrite => "async_write",
             IoClass::Scrub => "scrub",
+            IoClass::Trim => "trim",
         }
     }
     pub fn is_read(self) -> bool {

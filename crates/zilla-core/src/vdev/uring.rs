@@ -130,7 +130,7 @@ impl UringEngine {
         }
         let mut pushed = false;
         for mut q in ready {
-            let data = q.req.data_take();
+            let data = q.take_device_data();
             match self.sqe_for(&q, &data) {
                 Some((entry, expect)) => {
                     sh.note_issue(q.req.offset, q.req.len);
