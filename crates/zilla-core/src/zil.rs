@@ -37,7 +37,9 @@
 //! and one back per commit, and a child whose write failed is never flushed or counted. A commit with
 //! nothing pending returns at once. Blocks come from the log class when the pool has log
 //! vdevs, else from the normal class. If a log write fails, the chain is abandoned (its
-//! blocks are freed by the next sync) and the commit waits for a txg sync instead.
+//! blocks are freed by the next sync) and the commit waits for a txg sync instead; so do
+//! the commits after it until that txg is on disk (they may have found their itxs taken
+//! by it: `sync_fallback`).
 //!
 //! Sync (`header_for_sync` / `synced`). Txg T's sync writes each volume's ZIL header:
 //! its head is the first lwb whose records are not all in txgs <= T; lwbs before it are
@@ -61,7 +63,7 @@
 //! the pointed-to blocks born after the claim txg; replay reads them verified.
 //!
 //! Lock order: `issuer` -> `chain` -> `itxs` (each of the last two is held only for
-//! memory work; no lock is held across a txg wait). `overrides` is taken alone, or
+//! memory work; no lock is held across a txg wait); `sync_fallback` is taken alone. `overrides` is taken alone, or
 //! before the allocator's locks (a dmu_sync allocates under it); the sync waits on it
 //! only for dmu_sync I/O, which never waits for a sync.
 
@@ -450,6 +452,11 @@ pub struct Zilog {
     last_lwb_latency_ns: AtomicU64,
     /// Every itx with a sequence number <= this is durable.
     durable_seq: AtomicU64,
+    /// (sequence number, txg): a commit took the itxs up to this sequence number and
+    /// could not log them (no chain on disk yet, or the chain broke), so they are durable
+    /// only when this txg is; until then no commit calls anything durable (see
+    /// `durable_through`). Taken alone.
+    sync_fallback: Mutex<(u64, Txg)>,
     /// Blocks written in place by commits (dmu_sync), until their txg syncs.
     overrides: Mutex<Overrides>,
     /// Signalled when a dmu_sync ends (the sync of its txg may wait for it).
@@ -467,6 +474,7 @@ impl Zilog {
             commits_waiting: AtomicU64::new(0),
             last_lwb_latency_ns: AtomicU64::new(0),
             durable_seq: AtomicU64::new(0),
+            sync_fallback: Mutex::new((0, Txg::ZERO)),
             overrides: Mutex::new(Overrides::default()),
             overrides_cv: Condvar::new(),
             stats: ZilStats::default(),
@@ -548,28 +556,53 @@ impl Zilog {
             return Ok(CommitOutcome::NeedTxgSync(overflow.max(open)));
         }
         if pending.is_empty() {
-            self.durable_seq.fetch_max(seq, Ordering::AcqRel);
-            return Ok(CommitOutcome::Durable);
+            return Ok(self.durable_through(seq, synced));
         }
         if let Some(outcome) = self.chain_gate(io, seq, open, new_guid, admit_normal) {
+            if let CommitOutcome::NeedTxgSync(t) = outcome {
+                self.fall_back(seq, t);
+            }
             return Ok(outcome);
         }
         let (records, data_writes) = self.dmu_sync_all(io, pending, data_policy, admit_normal);
         let written = self.write_lwbs(io, &records, open, admit_normal, &data_writes);
         self.dmu_sync_done(io, &data_writes, written.is_ok());
         match written {
-            Ok(()) => {
-                self.durable_seq.fetch_max(seq, Ordering::AcqRel);
-                Ok(CommitOutcome::Durable)
-            }
+            Ok(()) => Ok(self.durable_through(seq, synced)),
             Err(e) => {
                 if !matches!(e, Error::NoSpace) {
                     tracing::warn!(volume = self.volume_id, "intent log write failed, falling back to a txg sync: {e}");
                 }
                 self.break_chain(open);
+                self.fall_back(seq, open);
                 Ok(CommitOutcome::NeedTxgSync(open))
             }
         }
+    }
+
+    /// The itxs through `seq` that this commit took are in durable lwbs (or it took
+    /// none): they are durable, unless an earlier commit took itxs it could not log and
+    /// waits for a txg sync instead (`sync_fallback`, which may hold this commit's own
+    /// itxs: the waiters of a commit find its itxs gone from the lists). Then this
+    /// commit waits for that txg too: returning at once acknowledged a write that was
+    /// neither in the log nor in a synced txg (tests/zil.rs,
+    /// a_flush_behind_a_commit_that_fell_back_waits_for_its_sync).
+    fn durable_through(&self, seq: u64, synced: Txg) -> CommitOutcome {
+        let (fb_seq, fb_txg) = *self.sync_fallback.lock();
+        if fb_txg > synced && fb_seq > self.durable_seq.load(Ordering::Acquire) {
+            return CommitOutcome::NeedTxgSync(fb_txg);
+        }
+        self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+        CommitOutcome::Durable
+    }
+
+    /// A commit took the itxs through `seq` and waits for txg `txg` to sync instead of
+    /// logging them (OpenZFS: the commit waiters of a failed lwb fall back to
+    /// txg_wait_synced; here the waiters are the later commits, see `durable_through`).
+    fn fall_back(&self, seq: u64, txg: Txg) {
+        let mut f = self.sync_fallback.lock();
+        f.0 = f.0.max(seq);
+        f.1 = f.1.max(txg);
     }
 
     /// Can the chain take records now? `Some`: how the commit ends instead (a broken
@@ -697,7 +730,12 @@ impl Zilog {
             }
             *o.in_flight.entry(txg).or_default() += 1;
         }
-        let p = crate::zio::prepare(block, pol.algo, pol.comp, io.alloc_unit());
+        // always a real checksum: replay tells a block the commit wrote from one it
+        // did not (a cut before the flush) only by it; with checksum=off whatever the
+        // space held (zeros, another volume's freed data) "verified" and was replayed
+        // as the write (tests/zil.rs, an_unwritten_indirect_block_of_a_checksum_off_volume_is_not_replayed)
+        let algo = if pol.algo == ChecksumAlgo::Off { ChecksumAlgo::Fletcher4 } else { pol.algo };
+        let p = crate::zio::prepare(block, algo, pol.comp, io.alloc_unit());
         // allocated and listed under one lock: a volume destroyed meanwhile
         // (`take_all_blocks`) frees every block listed, and no other is allocated
         let mut o = self.overrides.lock();

@@ -645,3 +645,208 @@ fn a_bad_indirect_block_ends_replay_of_its_chain() {
     drop(v2);
     p2.export().unwrap();
 }
+
+// ---- attack: commits that fall back, indirect blocks that never landed ----------------
+
+use zilla_core::vdev::{Device, DeviceKind};
+
+/// A CrashDevice whose cache flushes can be held (a device stuck in a flush): while the
+/// gate is closed every flush waits, so a txg sync or a commit flushing this device
+/// stalls there and the test acts inside that window.
+struct GateDevice {
+    inner: Arc<CrashDevice>,
+    closed: parking_lot::Mutex<bool>,
+    cv: parking_lot::Condvar,
+    waiting: std::sync::atomic::AtomicU64,
+}
+
+impl GateDevice {
+    fn close(&self) {
+        *self.closed.lock() = true;
+    }
+    fn open(&self) {
+        *self.closed.lock() = false;
+        self.cv.notify_all();
+    }
+    fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::SeqCst)
+    }
+}
+
+impl Device for GateDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        {
+            let mut c = self.closed.lock();
+            if *c {
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                while *c {
+                    self.cv.wait(&mut c);
+                }
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn rotational(&self) -> bool {
+        self.inner.rotational()
+    }
+    fn logical_sector_size(&self) -> u32 {
+        self.inner.logical_sector_size()
+    }
+    fn physical_sector_size(&self) -> u32 {
+        self.inner.physical_sector_size()
+    }
+    fn kind(&self) -> DeviceKind {
+        self.inner.kind()
+    }
+}
+
+/// A rig whose devices named in `gated` are opened through a [`GateDevice`] (the rig's
+/// `devs` keep the CrashDevices, for power cuts).
+fn gated_rig(names: &[&str], gated: &[&str]) -> (Rig, Vec<Arc<GateDevice>>) {
+    let set = DevSet::default();
+    let (mut devs, mut gates) = (Vec::new(), Vec::new());
+    for n in names {
+        let d = Arc::new(CrashDevice::new(DEV_SIZE));
+        if gated.contains(n) {
+            let g = Arc::new(GateDevice { inner: d.clone(), closed: Default::default(), cv: Default::default(), waiting: Default::default() });
+            set.insert(n, g.clone());
+            gates.push(g);
+        } else {
+            set.insert(n, d.clone());
+        }
+        devs.push((n.to_string(), d));
+    }
+    (Rig { set, devs }, gates)
+}
+
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Writer B's write is taken by writer A's commit, which cannot log it and waits for a
+/// txg sync instead (`new_chain`: the volume has no chain on disk yet, so its first
+/// commit waits for the sync that writes the header; else the log device fails the lwb
+/// write and the chain breaks). B's flush comes while that sync is stuck in a data
+/// disk's cache flush and finds nothing pending: it must still wait for that sync. It
+/// returned at once: a power cut then lost B's acknowledged write.
+fn flush_behind_a_fallen_back_commit(new_chain: bool) {
+    use zilla_core::vdev::fault::DeviceFault;
+    let (rig, gates) = gated_rig(&["m0a", "m0b", "la"], &["m0a", "m0b"]);
+    no_txg_timeout();
+    let pool = Pool::create_with("tank", tops(true, false), Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    let v = pool.open_zvol("v").unwrap();
+    let mut m = Model::new();
+    if !new_chain {
+        m.write(&*v, 0, &pattern(1, 4096), false);
+        v.flush().unwrap(); // the chain's header is on disk
+        rig.devs[2].1.arm(DeviceFault::WriteEio { nth: 0, count: u64::MAX });
+    }
+    let synced = pool.synced_txg();
+    m.write(&*v, 10 * 4096, &pattern(502, 4096), false); // B's write, not flushed yet
+    gates.iter().for_each(|g| g.close());
+    let a = {
+        let v = v.clone();
+        std::thread::spawn(move || {
+            v.write(20 * 4096, &pattern(501, 4096), false)?;
+            v.flush()
+        })
+    };
+    m.bytes[20 * 4096..21 * 4096].copy_from_slice(&pattern(501, 4096));
+    wait_until("A's commit to fall back to a txg sync held in a flush", || gates.iter().any(|g| g.waiting() > 0));
+    assert_eq!(pool.synced_txg(), synced, "a txg synced through the closed gate");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let b = {
+        let v = v.clone();
+        std::thread::spawn(move || {
+            let r = v.flush();
+            let _ = tx.send(());
+            r
+        })
+    };
+    let early = rx.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
+    let unsynced = pool.synced_txg() == synced;
+    gates.iter().for_each(|g| g.open());
+    a.join().unwrap().unwrap();
+    b.join().unwrap().unwrap();
+    assert!(
+        !(early && unsynced),
+        "B's flush returned while B's write was neither in the log nor in a synced txg (the commit that took it waits for a txg sync; new chain: {new_chain})"
+    );
+    let after = rig.power_cut(CrashMode::DropAll, 3);
+    pool.abandon();
+    let p2 = after.import();
+    m.check(&*p2.open_volume("v").unwrap(), "after the fallback sync");
+    p2.export().unwrap();
+}
+
+#[test]
+fn a_flush_behind_a_commit_that_fell_back_waits_for_its_sync_new_chain() {
+    flush_behind_a_fallen_back_commit(true);
+}
+
+#[test]
+fn a_flush_behind_a_commit_that_fell_back_waits_for_its_sync_broken_chain() {
+    flush_behind_a_fallen_back_commit(false);
+}
+
+/// logbias=throughput on a checksum=off volume: a commit's lwb reaches the log mirror
+/// (written and flushed) but the power fails while the data block it points at waits in
+/// the data disks' flush. The write was never acknowledged, so replay must not write
+/// anything but the old or the new bytes there; the record's block pointer must carry a
+/// checksum that can fail. With the volume's checksum (off) replay took whatever the
+/// disk held at that address (zeros here; another volume's freed data in general).
+#[test]
+fn an_unwritten_indirect_block_of_a_checksum_off_volume_is_not_replayed() {
+    let (rig, gates) = gated_rig(&["m0a", "m0b", "la", "lb"], &["m0a", "m0b"]);
+    no_txg_timeout();
+    let pool = Pool::create_with("tank", tops(true, true), Default::default(), rig.set.opener()).unwrap();
+    let props = [("logbias".to_string(), "throughput".to_string()), ("checksum".to_string(), "off".to_string())];
+    pool.volume_create("v", VOLSIZE, TP_BS as u32, &props).unwrap();
+    let v = pool.open_zvol("v").unwrap();
+    let old = pattern(11, TP_BS as usize);
+    v.write(TP_BS, &old, false).unwrap();
+    v.flush().unwrap(); // creates the chain (a txg sync)
+    pool.sync().unwrap();
+    let (la, lb) = (rig.devs[2].1.clone(), rig.devs[3].1.clone());
+    let (la0, lb0) = (la.flushes(), lb.flushes());
+    gates.iter().for_each(|g| g.close());
+    let new = pattern(12, TP_BS as usize);
+    let _writer = {
+        let (v, new) = (v.clone(), new.clone());
+        std::thread::spawn(move || {
+            let _ = v.write(TP_BS, &new, false).and_then(|_| v.flush());
+        })
+    };
+    wait_until("the lwb flushed on both log children and the data block held in its flush", || {
+        gates.iter().all(|g| g.waiting() > 0) && la.flushes() > la0 && lb.flushes() > lb0
+    });
+    assert!(v.zil().stats.zil_itx_indirect_count.load(Ordering::Relaxed) >= 1);
+    let after = rig.power_cut(CrashMode::DropAll, 5);
+    gates.iter().for_each(|g| g.open());
+    pool.abandon();
+    let p2 = after.import();
+    let mut got = vec![0u8; TP_BS as usize];
+    p2.open_volume("v").unwrap().read(TP_BS, &mut got).unwrap();
+    assert!(
+        got == old || got == new,
+        "replay wrote bytes never written at that offset (all zeros: {})",
+        got.iter().all(|&b| b == 0)
+    );
+    p2.check_space_accounting().unwrap();
+    p2.export().unwrap();
+}
