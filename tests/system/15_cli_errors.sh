@@ -53,6 +53,10 @@ expect_error "unrecognized subcommand 'frob'" z pool frob
 expect_error "unexpected argument" z pool list --bogus
 expect_error "invalid column" z pool list -o name,bogus
 expect_error "bad interval" z pool iostat tank 0
+expect_error "bad interval" z pool iostat tank 1e300 2
+expect_error "bad interval" z zilstat nan 2
+expect_error "bad interval" z zilstat 1e300 2
+expect_error "bad interval" z arcstat 0
 expect_error "unknown tunable 'no_such_tunable'" z tunable set no_such_tunable=1
 expect_error "bad value" z tunable set zfs_txg_timeout=soon
 expect_error "unknown tunable" z tunable get no_such_tunable

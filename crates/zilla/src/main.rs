@@ -785,9 +785,7 @@ fn iostat_args(args: &[String]) -> Result<(Vec<String>, Option<f64>, Option<u64>
     let interval = match nums.first() {
         Some(s) => {
             let v: f64 = s.parse().map_err(|_| format!("bad interval '{s}'"))?;
-            if !(v > 0.0 && v.is_finite()) {
-                return Err(format!("bad interval '{s}': must be greater than zero"));
-            }
+            check_interval(Some(v))?;
             Some(v)
         }
         None => None,
@@ -820,7 +818,19 @@ async fn iostat(c: &Client, f: IostatFlags, args: &[String]) -> Result<(), Strin
     }
 }
 
+/// INTERVAL of iostat, arcstat, zilstat: a positive number of seconds a sleep can take
+/// (NaN, 0, negative or 1e300 seconds panicked in the sleep after the first row).
+fn check_interval(interval: Option<f64>) -> Result<(), String> {
+    match interval {
+        Some(v) if !(v > 0.0 && Duration::try_from_secs_f64(v).is_ok()) => {
+            Err(format!("bad interval '{v}': must be greater than zero and at most {} seconds", u64::MAX))
+        }
+        _ => Ok(()),
+    }
+}
+
 async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
+    check_interval(interval)?;
     let cols = ["time", "read", "miss", "miss%", "size", "c", "avail"];
     let mut prev: Option<std::collections::BTreeMap<String, u64>> = None;
     let mut n = 0;
@@ -867,9 +877,7 @@ async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Resul
 /// imnc imnw imsc imsw). The first row is the totals since the pools were imported;
 /// later rows are per-second rates over each interval.
 async fn zilstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
-    if interval.is_some_and(|i| !(i > 0.0 && i.is_finite())) {
-        return Err("interval must be a positive number of seconds".into());
-    }
+    check_interval(interval)?;
     let mut prev: Option<std::collections::BTreeMap<String, u64>> = None;
     let mut n = 0;
     println!("{}", format::zilstat_header());
