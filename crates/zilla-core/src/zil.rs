@@ -47,16 +47,29 @@
 //! takes every block of a valid chain (and its pre-allocated successor) back out of the
 //! free trees and defer lists.
 //!
+//! Indirect writes (dmu_sync). A WR_INDIRECT itx keeps the whole block's buffer; the
+//! commit prepares it as the sync would (checksum, compression), allocates it in the
+//! normal class, writes it with the lwbs (one flush round for both) and logs a record
+//! holding its block pointer, born in the itx's txg T. The block is kept in
+//! `overrides` until T syncs: the sync of T closes T to new dmu_syncs, waits for those
+//! of T in flight (`overrides_for_sync`), then uses each block whose dirty version is
+//! still the buffer written (no second write) and frees the others in T. Claim takes
+//! the pointed-to blocks born after the claim txg; replay reads them verified.
+//!
 //! Lock order: `issuer` -> `chain` -> `itxs` (each of the last two is held only for
-//! memory work; no lock is held across a txg wait).
+//! memory work; no lock is held across a txg wait). `overrides` is taken alone, or
+//! before the allocator's locks (a dmu_sync allocates under it); the sync waits on it
+//! only for dmu_sync I/O, which never waits for a sync.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
-use crate::block::blkptr::Dva;
+use crate::block::blkptr::{BlockPointer, Dva};
+use crate::block::checksum::ChecksumAlgo;
+use crate::block::compress::Compression;
 use crate::block::checksum::fletcher4;
 use crate::block::reader::Reader;
 use crate::kstat::{Applies, Tunable};
@@ -77,7 +90,7 @@ pub static ZFS_IMMEDIATE_WRITE_SZ: Tunable = Tunable::new(
     512,
     16 << 20,
     Applies::Live,
-    "writes at or over this size with logbias=throughput are written in place (WR_INDIRECT) instead of into the log",
+    "on a pool without log vdevs, whole-block writes of volumes whose volblocksize is larger than this are written in place at commit (WR_INDIRECT) instead of into the log (logbias=throughput: all whole-block writes)",
 );
 pub static ZIL_SLOG_BULK: Tunable = Tunable::new(
     "zil_slog_bulk",
@@ -174,7 +187,8 @@ impl ZilHeader {
 }
 
 /// One log record, as written and as replayed. `data` is the bytes of a TX_WRITE
-/// (`len` of them), empty for TX_TRUNCATE.
+/// (`len` of them; for WR_INDIRECT the 128-byte block pointer of the block holding
+/// them), empty for TX_TRUNCATE.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogRecord {
     pub rtype: u8,
@@ -183,6 +197,16 @@ pub struct LogRecord {
     pub offset: u64,
     pub len: u64,
     pub data: Vec<u8>,
+}
+
+impl LogRecord {
+    /// The block a WR_INDIRECT record points at (None for other records).
+    pub fn indirect_bp(&self) -> Option<BlockPointer> {
+        if self.rtype != TX_WRITE || self.wr != WR_INDIRECT {
+            return None;
+        }
+        BlockPointer::decode(&self.data).filter(|bp| !bp.is_hole())
+    }
 }
 
 /// The content an itx carries.
@@ -195,10 +219,10 @@ enum ItxData {
     Block(Arc<[u8]>),
     /// TX_TRUNCATE: the range reads as zeros.
     Truncate(u64),
-    /// TX_WRITE, WR_INDIRECT (logbias=throughput, whole blocks): nothing goes to the
-    /// log; the data reaches the pool in place with its txg, and a commit covering it
-    /// waits for that txg to sync (no dmu_sync override of the block yet).
-    Indirect(u64),
+    /// TX_WRITE, WR_INDIRECT (whole blocks, see `zvol::log_itx`): the block's immutable
+    /// buffer; at commit it is written in place to the pool (dmu_sync) and the log
+    /// record carries only its block pointer.
+    Indirect(Arc<[u8]>),
 }
 
 #[derive(Clone)]
@@ -210,8 +234,8 @@ struct Itx {
 impl Itx {
     fn len(&self) -> u64 {
         match &self.data {
-            ItxData::Copied(d) | ItxData::Block(d) => d.len() as u64,
-            ItxData::Truncate(n) | ItxData::Indirect(n) => *n,
+            ItxData::Copied(d) | ItxData::Block(d) | ItxData::Indirect(d) => d.len() as u64,
+            ItxData::Truncate(n) => *n,
         }
     }
     fn mem_bytes(&self) -> u64 {
@@ -328,6 +352,71 @@ impl ZilStats {
     }
 }
 
+/// A pending itx, taken by a commit.
+enum Pending {
+    Record(LogRecord),
+    /// A WR_INDIRECT itx: its block is written in place by the commit.
+    Indirect { txg: Txg, offset: u64, block: Arc<[u8]> },
+}
+
+/// A data block a commit writes in place for a WR_INDIRECT record (prepared bytes).
+struct DataWrite {
+    dva: Dva,
+    txg: Txg,
+    data: Arc<[u8]>,
+}
+
+/// How a volume checksums and compresses its data blocks (for dmu_sync).
+#[derive(Debug, Clone, Copy)]
+pub struct DataPolicy {
+    pub algo: ChecksumAlgo,
+    pub comp: Compression,
+}
+
+/// A block a commit wrote in place for a dirty version of txg `txg` (dmu_sync), and
+/// the override the sync of `txg` may use instead of writing the block again.
+#[derive(Clone)]
+pub struct DmuSynced {
+    pub txg: Txg,
+    pub blkid: crate::BlockId,
+    /// The dirty version written (compared by identity at sync).
+    pub data: Arc<[u8]>,
+    pub bp: BlockPointer,
+    /// Its write and the lwb with its record are flushed.
+    pub durable: bool,
+}
+
+impl DmuSynced {
+    /// The sync may use this block for block `blkid` whose dirty version of its txg is
+    /// `data`: the very version written, and durable.
+    pub fn matches(&self, blkid: crate::BlockId, data: &Arc<[u8]>) -> bool {
+        self.durable && self.blkid == blkid && Arc::ptr_eq(&self.data, data)
+    }
+}
+
+/// The dmu_sync state of one volume. Bounded by the indirect itxs of the unsynced
+/// txgs (each holds a dirty block, bounded by the dirty-data limit).
+#[derive(Default)]
+struct Overrides {
+    /// By the block's address.
+    blocks: std::collections::HashMap<Dva, DmuSynced>,
+    /// The syncs of txgs up to this one took their overrides: no new dmu_sync for them.
+    closed_through: Txg,
+    /// dmu_syncs begun and not ended, by txg.
+    in_flight: BTreeMap<Txg, u32>,
+}
+
+impl Overrides {
+    fn end_in_flight(&mut self, txg: Txg) {
+        if let Some(n) = self.in_flight.get_mut(&txg) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(&txg);
+            }
+        }
+    }
+}
+
 /// How a commit ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitOutcome {
@@ -349,6 +438,10 @@ pub struct Zilog {
     last_lwb_latency_ns: AtomicU64,
     /// Every itx with a sequence number <= this is durable.
     durable_seq: AtomicU64,
+    /// Blocks written in place by commits (dmu_sync), until their txg syncs.
+    overrides: Mutex<Overrides>,
+    /// Signalled when a dmu_sync ends (the sync of its txg may wait for it).
+    overrides_cv: Condvar,
     pub stats: ZilStats,
 }
 
@@ -362,6 +455,8 @@ impl Zilog {
             commits_waiting: AtomicU64::new(0),
             last_lwb_latency_ns: AtomicU64::new(0),
             durable_seq: AtomicU64::new(0),
+            overrides: Mutex::new(Overrides::default()),
+            overrides_cv: Condvar::new(),
             stats: ZilStats::default(),
         }
     }
@@ -373,10 +468,10 @@ impl Zilog {
         self.append(txg, Itx { offset, data: d });
     }
 
-    /// Log a whole-block write of `len` bytes that goes to the pool in place
-    /// (WR_INDIRECT, logbias=throughput): a commit covering it waits for `txg`.
-    pub fn log_write_indirect(&self, txg: Txg, offset: u64, len: u64) {
-        self.append(txg, Itx { offset, data: ItxData::Indirect(len) });
+    /// Log a whole-block write that goes to the pool in place (WR_INDIRECT): `block` is
+    /// the block's immutable buffer, written by the commit that covers it (dmu_sync).
+    pub fn log_write_indirect(&self, txg: Txg, offset: u64, block: Arc<[u8]>) {
+        self.append(txg, Itx { offset, data: ItxData::Indirect(block) });
     }
 
     /// Log that `[offset, offset+len)` reads as zeros from `txg` on.
@@ -412,7 +507,9 @@ impl Zilog {
     /// newest synced txg (itxs of txgs up to it are on disk already).
     /// `admit_normal` admits log blocks allocated in the normal class (see
     /// `alloc_log_block`).
-    pub fn commit(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>) -> Result<CommitOutcome> {
+    /// `data_policy`: how the volume checksums and compresses its data blocks (for the
+    /// blocks indirect itxs write in place).
+    pub fn commit(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> Result<CommitOutcome> {
         self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
         let target = self.itxs.lock().last_seq;
         if target <= self.durable_seq.load(Ordering::Acquire) {
@@ -434,22 +531,21 @@ impl Zilog {
                 std::thread::sleep(std::time::Duration::from_nanos(ns));
             }
         }
-        let (seq, records, overflow, indirect) = self.take_pending(synced);
+        let (seq, pending, overflow) = self.take_pending(synced);
         if !overflow.is_zero() {
             return Ok(CommitOutcome::NeedTxgSync(overflow.max(open)));
         }
-        if records.is_empty() {
-            if !indirect.is_zero() {
-                return Ok(CommitOutcome::NeedTxgSync(indirect));
-            }
+        if pending.is_empty() {
             self.durable_seq.fetch_max(seq, Ordering::AcqRel);
             return Ok(CommitOutcome::Durable);
         }
         if let Some(outcome) = self.chain_gate(io, seq, open, new_guid, admit_normal) {
             return Ok(outcome);
         }
-        match self.write_lwbs(io, &records, open, admit_normal) {
-            Ok(()) if !indirect.is_zero() => Ok(CommitOutcome::NeedTxgSync(indirect)),
+        let (records, data_writes) = self.dmu_sync_all(io, pending, data_policy, admit_normal);
+        let written = self.write_lwbs(io, &records, open, admit_normal, &data_writes);
+        self.dmu_sync_done(io, &data_writes, written.is_ok());
+        match written {
             Ok(()) => {
                 self.durable_seq.fetch_max(seq, Ordering::AcqRel);
                 Ok(CommitOutcome::Durable)
@@ -503,20 +599,20 @@ impl Zilog {
         self.itxs.lock().last_seq
     }
 
-    /// Take every pending itx newer than `synced`, in txg order, as records; also the
-    /// newest txg of an indirect itx among them (zero: none), which must sync.
-    fn take_pending(&self, synced: Txg) -> (u64, Vec<LogRecord>, Txg, Txg) {
+    /// Take every pending itx newer than `synced`, in txg order, as records (indirect
+    /// itxs as blocks to write in place); also the txg to sync instead when itxs were
+    /// dropped for the memory bound (zero: none).
+    fn take_pending(&self, synced: Txg) -> (u64, Vec<Pending>, Txg) {
         let mut l = self.itxs.lock();
         let seq = l.last_seq;
         if !l.overflowed_txg.is_zero() {
             let t = l.overflowed_txg;
-            return (seq, Vec::new(), t, Txg::ZERO);
+            return (seq, Vec::new(), t);
         }
         let lists = std::mem::take(&mut l.by_txg);
         l.bytes = 0;
         drop(l);
         let mut out = Vec::new();
-        let mut indirect = Txg::ZERO;
         for (txg, itxs) in lists.into_iter().filter(|(t, _)| *t > synced) {
             for itx in itxs {
                 let len = itx.len();
@@ -532,21 +628,147 @@ impl Zilog {
                         (TX_WRITE, WR_NEED_COPY, d.to_vec())
                     }
                     ItxData::Truncate(_) => (TX_TRUNCATE, 0, Vec::new()),
-                    ItxData::Indirect(n) => {
+                    ItxData::Indirect(block) => {
                         self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
-                        self.stats.zil_itx_indirect_bytes.fetch_add(n, Ordering::Relaxed);
-                        indirect = indirect.max(txg);
+                        self.stats.zil_itx_indirect_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
+                        out.push(Pending::Indirect { txg, offset: itx.offset, block });
                         continue;
                     }
                 };
-                out.push(LogRecord { rtype, wr, txg, offset: itx.offset, len, data });
+                out.push(Pending::Record(LogRecord { rtype, wr, txg, offset: itx.offset, len, data }));
             }
         }
-        (seq, out, Txg::ZERO, indirect)
+        (seq, out, Txg::ZERO)
+    }
+
+    /// dmu_sync for every indirect itx of a commit: its block is prepared with the
+    /// volume's checksum and compression, allocated in the normal class (admitted like
+    /// a normal-class log block) and becomes a WR_INDIRECT record carrying the block
+    /// pointer; its write goes out with the lwbs. A block whose txg is being synced
+    /// already (that sync took its overrides), or that gets no space, is copied into
+    /// the log instead (WR_NEED_COPY).
+    fn dmu_sync_all(&self, io: &PoolIo, pending: Vec<Pending>, pol: DataPolicy, admit: AdmitLogBlock<'_>) -> (Vec<LogRecord>, Vec<DataWrite>) {
+        let mut records = Vec::with_capacity(pending.len());
+        let mut writes = Vec::new();
+        for p in pending {
+            let (txg, offset, block) = match p {
+                Pending::Record(r) => {
+                    records.push(r);
+                    continue;
+                }
+                Pending::Indirect { txg, offset, block } => (txg, offset, block),
+            };
+            let len = block.len() as u64;
+            if let Some((r, w)) = self.dmu_sync(io, txg, offset, &block, pol, admit) {
+                records.push(r);
+                writes.push(w);
+                continue;
+            }
+            // counted as indirect when taken: it is copied after all
+            self.stats.zil_itx_indirect_count.fetch_sub(1, Ordering::Relaxed);
+            self.stats.zil_itx_indirect_bytes.fetch_sub(len, Ordering::Relaxed);
+            self.stats.zil_itx_needcopy_count.fetch_add(1, Ordering::Relaxed);
+            self.stats.zil_itx_needcopy_bytes.fetch_add(len, Ordering::Relaxed);
+            records.push(LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg, offset, len, data: block.to_vec() });
+        }
+        (records, writes)
+    }
+
+    /// One block written in place for txg `txg` (see `dmu_sync_all`); `None`: copy it
+    /// into the log instead. Until [`Zilog::dmu_sync_done`] the sync of `txg` waits for
+    /// it in `overrides_for_sync`.
+    fn dmu_sync(&self, io: &PoolIo, txg: Txg, offset: u64, block: &Arc<[u8]>, pol: DataPolicy, admit: AdmitLogBlock<'_>) -> Option<(LogRecord, DataWrite)> {
+        {
+            let mut o = self.overrides.lock();
+            if txg <= o.closed_through {
+                return None;
+            }
+            *o.in_flight.entry(txg).or_default() += 1;
+        }
+        let p = crate::zio::prepare(block, pol.algo, pol.comp, io.alloc_unit());
+        // allocated and listed under one lock: a volume destroyed meanwhile
+        // (`take_all_blocks`) frees every block listed, and no other is allocated
+        let mut o = self.overrides.lock();
+        let dva = if admit(p.asize()) { io.ms.alloc_log(Role::Normal, p.asize()).ok() } else { None };
+        let Some(dva) = dva else {
+            o.end_in_flight(txg);
+            drop(o);
+            self.overrides_cv.notify_all();
+            return None;
+        };
+        let bp = BlockPointer {
+            dva: [dva, Dva::default(), Dva::default()],
+            lsize: p.lsize,
+            psize: p.psize,
+            birth: txg,
+            fill: 1,
+            checksum_code: p.algo.code(),
+            compression_code: p.compression.code(),
+            kind: crate::block::blkptr::KIND_DATA,
+            level: 0,
+            checksum: p.checksum,
+        };
+        let blkid = crate::BlockId(offset / block.len() as u64);
+        o.blocks.insert(dva, DmuSynced { txg, blkid, data: block.clone(), bp, durable: false });
+        drop(o);
+        let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: bp.encode().to_vec() };
+        Some((record, DataWrite { dva, txg, data: p.data }))
+    }
+
+    /// The commit's writes ended; `durable`: its lwbs and the blocks written in place
+    /// are written and flushed, so the blocks are referenced (by durable log records)
+    /// and a sync may use them. Blocks of a failed commit stay allocated until the
+    /// sync of their txg frees them.
+    fn dmu_sync_done(&self, io: &PoolIo, writes: &[DataWrite], durable: bool) {
+        if writes.is_empty() {
+            return;
+        }
+        let mut o = self.overrides.lock();
+        for w in writes {
+            if durable {
+                if let Some(b) = o.blocks.get_mut(&w.dva) {
+                    b.durable = true;
+                }
+                io.ms.log_referenced(&w.dva);
+            }
+            o.end_in_flight(w.txg);
+        }
+        drop(o);
+        self.overrides_cv.notify_all();
+    }
+
+    /// Syncing context of `txg` (dbuf_sync_leaf's override check): the blocks commits
+    /// wrote in place for dirty versions of txgs up to `txg`, after waiting for those
+    /// still being written. From now on no commit writes one for these txgs (it copies
+    /// the block into the log instead), so every such block is decided by this sync:
+    /// used as the new block pointer when the dirty version is still the one written
+    /// ([`DmuSynced::matches`]), else freed ([`Zilog::free_unused_overrides`]).
+    /// Nothing changes in memory until [`Zilog::synced`], so a retried sync gets the
+    /// same list.
+    pub fn overrides_for_sync(&self, txg: Txg) -> Vec<DmuSynced> {
+        let mut o = self.overrides.lock();
+        o.closed_through = o.closed_through.max(txg);
+        while o.in_flight.range(..=txg).next().is_some() {
+            self.overrides_cv.wait(&mut o);
+        }
+        let mut out: Vec<DmuSynced> = o.blocks.values().filter(|b| b.txg <= txg).cloned().collect();
+        out.sort_by_key(|b| (b.blkid, b.bp.dva[0].offset));
+        out
+    }
+
+    /// Free, in `txg`, the blocks of `list` the sync did not use (`used[i]` false): a
+    /// dirty version rewritten after its commit, or a commit that failed.
+    pub fn free_unused_overrides(io: &PoolIo, list: &[DmuSynced], used: &[bool], txg: Txg) {
+        for (b, _) in list.iter().zip(used).filter(|(_, u)| !**u) {
+            io.ms.log_referenced(&b.bp.dva[0]); // a deferred free names allocated space
+            io.ms.free_deferred(txg, b.bp.dva[0]);
+        }
     }
 
     /// Pack `records` into lwbs continuing the chain, write them all at once, flush.
-    fn write_lwbs(&self, io: &PoolIo, records: &[LogRecord], open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<()> {
+    /// `data`: blocks written in place for WR_INDIRECT records, written with the lwbs
+    /// (one flush round after both).
+    fn write_lwbs(&self, io: &PoolIo, records: &[LogRecord], open: Txg, admit_normal: AdmitLogBlock<'_>, data: &[DataWrite]) -> Result<()> {
         let payload: usize = records.iter().map(record_size_split).sum();
         let max_block = ZIL_MAXBLOCKSIZE.get() as usize;
         let mut planned: Vec<(ChainBlock, Vec<u8>)> = Vec::new();
@@ -584,7 +806,7 @@ impl Zilog {
                 planned.push((cb, block));
             }
         }
-        self.issue_lwbs(io, &planned, open)?;
+        self.issue_lwbs(io, &planned, open, data)?;
         let mut c = self.chain.lock();
         for (cb, _) in &planned {
             if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == cb.seq) {
@@ -601,7 +823,7 @@ impl Zilog {
         Ok(())
     }
 
-    fn issue_lwbs(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg) -> Result<()> {
+    fn issue_lwbs(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg, data: &[DataWrite]) -> Result<()> {
         let t0 = std::time::Instant::now();
         let (tx, rx) = crossbeam_channel::unbounded();
         let mut tops = Vec::new();
@@ -625,6 +847,17 @@ impl Zilog {
                 let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
             }));
             if !tops.iter().any(|t: &Arc<crate::vdev::mirror::TopVdev>| t.id == top.id) {
+                tops.push(top);
+            }
+        }
+        // blocks written in place for WR_INDIRECT records: with the lwbs, flushed with them
+        for w in data {
+            let top = io.top(w.dva.vdev).ok_or_else(|| Error::Corrupt(format!("data block on unknown vdev {}", w.dva.vdev)))?;
+            let tx = tx.clone();
+            top.write_async(class, Arc::new(AlignedBuf::copy_of(&w.data)), w.dva.offset, w.txg, Box::new(move |o| {
+                let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
+            }));
+            if !tops.iter().any(|t| t.id == top.id) {
                 tops.push(top);
             }
         }
@@ -720,6 +953,7 @@ impl Zilog {
                 c.on_disk = true;
             }
         }
+        self.overrides.lock().blocks.retain(|_, b| b.txg > tok.txg);
         let mut l = self.itxs.lock();
         let keep = l.by_txg.split_off(&tok.txg.next());
         l.by_txg = keep;
@@ -764,7 +998,7 @@ impl Zilog {
             c.blocks.push_back(cb);
             vec![(cb, encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))]
         };
-        if let Err(e) = self.issue_lwbs(io, &planned, open) {
+        if let Err(e) = self.issue_lwbs(io, &planned, open, &[]) {
             self.break_chain(open);
             return Err(e);
         }
@@ -786,6 +1020,8 @@ impl Zilog {
         let mut out: Vec<Dva> = c.blocks.iter().map(|b| b.ptr.dva).collect();
         out.extend(c.next.map(|(p, _)| p.dva));
         out.extend(c.to_free.iter().map(|p| p.dva));
+        drop(c);
+        out.extend(self.overrides.lock().blocks.keys().copied());
         out
     }
 
@@ -794,6 +1030,7 @@ impl Zilog {
     pub fn take_all_blocks(&self) -> Vec<Dva> {
         let blocks = self.held_blocks();
         *self.chain.lock() = Chain::default();
+        self.overrides.lock().blocks.clear();
         blocks
     }
 
@@ -958,18 +1195,54 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
         let len = r.u64()?;
         let dlen = r.u64()? as usize;
         let padded = dlen.div_ceil(8) * 8;
+        let malformed = || Error::Corrupt(format!("intent log record (type {rtype}, wr {wr}, {reclen} bytes) is malformed"));
+        if reclen != RECORD_HEADER_SIZE + padded || padded > r.remaining() {
+            return Err(malformed());
+        }
+        let data = &r.bytes(padded)?[..dlen];
         let ok = match rtype {
+            TX_WRITE if wr == WR_INDIRECT => dlen == BlockPointer::SIZE && indirect_bp_ok(data, len),
             TX_WRITE => matches!(wr, WR_COPIED | WR_NEED_COPY) && dlen as u64 == len && dlen > 0,
             TX_TRUNCATE => dlen == 0,
             _ => false,
         };
-        if !ok || reclen != RECORD_HEADER_SIZE + padded || padded > r.remaining() {
-            return Err(Error::Corrupt(format!("intent log record (type {rtype}, wr {wr}, {reclen} bytes) is malformed")));
+        if !ok {
+            return Err(malformed());
         }
-        let data = r.bytes(padded)?[..dlen].to_vec();
+        let data = data.to_vec();
         out.push(LogRecord { rtype, wr, txg, offset, len, data });
     }
     Ok(out)
+}
+
+/// A WR_INDIRECT record's block pointer: a data block of exactly `len` logical bytes,
+/// one copy.
+fn indirect_bp_ok(b: &[u8], len: u64) -> bool {
+    let Some(bp) = BlockPointer::decode(b) else { return false };
+    !bp.is_hole() && bp.lsize as u64 == len && len > 0 && bp.level == 0 && bp.copies().count() == 1 && bp.checksum_algo().is_some() && bp.compression().is_some()
+}
+
+/// Replay: the data of a WR_INDIRECT record, read through its block pointer from the
+/// first child of its vdev holding a copy that verifies. `None`: no copy verifies (or
+/// none could be read): the block was not written when the log record was (a commit
+/// cut short, never acknowledged), and replay of the chain ends there.
+pub fn read_indirect(io: &PoolIo, bp: &BlockPointer) -> Option<Vec<u8>> {
+    let dva = bp.dva[0];
+    let top = io.top(dva.vdev)?;
+    let mut buf = AlignedBuf::zeroed(dva.asize as usize);
+    for c in top.children().iter().filter(|c| c.readable()) {
+        if c.device().read_at(buf.as_mut_slice(), crate::vdev::label::DATA_START + dva.offset).is_err() {
+            continue;
+        }
+        if !crate::zio::verify(bp, buf.as_slice()) {
+            continue;
+        }
+        match crate::zio::finish_read(bp, buf.as_slice()) {
+            Ok(d) if d.len() == bp.lsize as usize => return Some(d.to_vec()),
+            _ => continue,
+        }
+    }
+    None
 }
 
 /// Read the lwb at `ptr` from the first child of its vdev that holds a valid one.
@@ -1004,20 +1277,32 @@ fn read_lwb(io: &PoolIo, ptr: &LogPtr, guid: u64, volume_id: u64, seq: u64) -> R
 pub struct ClaimedChain {
     pub blocks: Vec<LogPtr>,
     pub records: Vec<LogRecord>,
+    /// Blocks WR_INDIRECT records point at, born after the claim txg (claimed too).
+    pub indirect_blocks: Vec<Dva>,
 }
 
 /// Longest chain walked at import (a loop in a corrupt chain ends here).
 pub const ZIL_CHAIN_BLOCKS_MAX: usize = 1 << 20;
 
 /// Walk the chain from `hdr` and claim its blocks (zil_claim): each valid block and the
-/// block after the last one stay allocated. Idempotent.
-pub fn claim(io: &PoolIo, hdr: &ZilHeader, volume_id: u64) -> Result<ClaimedChain> {
-    let mut out = ClaimedChain { blocks: Vec::new(), records: Vec::new() };
+/// block after the last one stay allocated, and so do the blocks WR_INDIRECT records
+/// point at that were born after `claim_txg` (zil_claim_log_record: older ones are in
+/// the synced trees, or were freed by the sync of their txg and may be reused).
+/// Idempotent.
+pub fn claim(io: &PoolIo, hdr: &ZilHeader, volume_id: u64, claim_txg: Txg) -> Result<ClaimedChain> {
+    let mut out = ClaimedChain { blocks: Vec::new(), records: Vec::new(), indirect_blocks: Vec::new() };
+    let mut claimed = std::collections::HashSet::new();
     let (mut ptr, mut seq) = (hdr.head, hdr.head_seq);
     while !ptr.is_none() && out.blocks.len() < ZIL_CHAIN_BLOCKS_MAX {
         io.ms.claim_log(&ptr.dva)?;
         out.blocks.push(ptr);
         let Some(p) = read_lwb(io, &ptr, hdr.guid, volume_id, seq)? else { break };
+        for bp in p.records.iter().filter_map(LogRecord::indirect_bp).filter(|bp| bp.birth > claim_txg) {
+            if claimed.insert(bp.dva[0]) {
+                io.ms.claim_log(&bp.dva[0])?;
+                out.indirect_blocks.push(bp.dva[0]);
+            }
+        }
         out.records.extend(p.records);
         ptr = p.next;
         seq += 1;

@@ -453,17 +453,22 @@ impl Volume {
 
     /// The intent-log record of a change to block `blkid`, appended under the block's
     /// dirty-shard lock so the log's order per block is the dirty versions' order. A
-    /// volume with sync=disabled logs nothing (its flushes never wait). With
-    /// logbias=throughput a whole-block write is indirect: its commit waits for its txg.
+    /// volume with sync=disabled logs nothing (its flushes never wait). A whole-block
+    /// write is indirect (written in place by the commit, the log gets its block
+    /// pointer) as zvol_log_write chooses: with logbias=throughput, or when the pool
+    /// has no log vdev and the block is larger than `zfs_immediate_write_sz`.
     fn log_itx(&self, txg: Txg, blkid: crate::BlockId, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
-        if self.vol.props.typed().sync == SyncPolicy::Disabled {
+        let props = self.vol.props.typed();
+        if props.sync == SyncPolicy::Disabled {
             return;
         }
         let offset = blkid.offset_bytes(self.bs()) + in_off as u64;
-        let throughput = self.vol.props.typed().logbias == crate::props::LogBias::Throughput;
+        let whole = len as u64 == self.bs();
+        let indirect = whole
+            && (props.logbias == crate::props::LogBias::Throughput
+                || (self.bs() > crate::zil::ZFS_IMMEDIATE_WRITE_SZ.get() && !self.pool.io().has_log_vdevs()));
         match (patch, new) {
-            // logbias=throughput: whole blocks go to the pool in place (WR_INDIRECT)
-            (Some(_), Some(_)) if throughput && len as u64 == self.bs() => self.vol.zil.log_write_indirect(txg, offset, len as u64),
+            (Some(_), Some(block)) if indirect => self.vol.zil.log_write_indirect(txg, offset, block.clone()),
             (Some(_), Some(block)) if len as u64 == self.bs() => self.vol.zil.log_write(txg, offset, block.clone(), true),
             (Some(p), _) => self.vol.zil.log_write(txg, offset, p.into(), false),
             (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),
@@ -490,7 +495,9 @@ impl Volume {
         let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
         let pool = &self.pool;
         let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
-        match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64(), &admit)? {
+        let props = self.vol.props.typed();
+        let policy = crate::zil::DataPolicy { algo: props.checksum, comp: props.compression };
+        match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64(), &admit, policy)? {
             crate::zil::CommitOutcome::Durable => Ok(()),
             crate::zil::CommitOutcome::NeedTxgSync(t) => {
                 txgs.wait_synced(t)?;

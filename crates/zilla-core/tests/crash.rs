@@ -45,7 +45,9 @@
 //! A single lying leaf (no honest sibling) may lose anything, so that mode never arms
 //! there.
 //!
-//! The workload: writes (some FUA), zeroing and unmap, read-backs, pool syncs, volume
+//! Volumes a and b take turns at logbias=throughput (their whole-block commits write
+//! the blocks in place and log pointers: dmu_sync, overrides, claim of the pointed-to
+//! blocks). The workload: writes (some FUA), zeroing and unmap, read-backs, pool syncs, volume
 //! flushes, volume `c` create/destroy, scrub start, a repair scrub (scrub, wait, sync),
 //! and config changes: add a top-level mirror, attach, detach, replace, offline, online
 //! (resilvers run across cuts). One boot in three is overwrite-heavy: small writes to a
@@ -706,6 +708,17 @@ impl Harness {
             if name == "b" && self.stats.epochs % 2 == 0 {
                 props.push(("sync".to_string(), "always".to_string()));
                 self.sync_always.insert(name.to_string());
+            }
+            // logbias=throughput (whole-block writes go to the pool in place at commit,
+            // WR_INDIRECT): volume a in epochs 1 and 2 of every 4, b in 2 and 3, so
+            // with the log layouts (every 3) and sync=always (every 2) each combination
+            // comes up
+            let tp = match name {
+                "a" => matches!(self.stats.epochs % 4, 1 | 2),
+                _ => self.stats.epochs % 4 >= 2,
+            };
+            if tp {
+                props.push(("logbias".to_string(), "throughput".to_string()));
             }
             pool.volume_create(name, size, bs, &props).unwrap();
             state.insert(name.to_string(), vec![0u8; size as usize]);

@@ -114,7 +114,10 @@ fn run(ops: Vec<Op>) {
     let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 32 << 20);
     let mut pool = create(&devs, two_mirrors());
     for (n, s, b) in VOLS {
-        pool.volume_create(n, s, b, &[]).unwrap();
+        // the 16K volume has logbias=throughput: its whole-block writes are written in
+        // place at commit (WR_INDIRECT), so CrashReplay replays them through pointers
+        let props: Vec<(String, String)> = if b == 16384 { vec![("logbias".into(), "throughput".into())] } else { vec![] };
+        pool.volume_create(n, s, b, &props).unwrap();
     }
     let model: Vec<MemVolume> = VOLS.iter().map(|(n, s, b)| MemVolume::new(n, *s, *b)).collect();
     let mut vols = open_all(&pool);

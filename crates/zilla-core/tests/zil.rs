@@ -421,3 +421,203 @@ fn a_missing_log_device_needs_import_m() {
     m2.check(&*p3.open_volume("v").unwrap(), "a flush after import -m");
     p3.export().unwrap();
 }
+
+// ---- WR_INDIRECT: blocks written in place at commit (dmu_sync) -------------------------
+
+const TP_BS: u64 = 16384;
+
+fn throughput() -> Vec<(String, String)> {
+    vec![("logbias".to_string(), "throughput".to_string())]
+}
+
+/// A pool (log mirror or none) with volume "v" of 16 KiB blocks and `props`, its log
+/// chain created (one synced txg); txgs then sync only when asked.
+fn setup_16k(rig: &Rig, with_log: bool, props: &[(String, String)]) -> (Arc<Pool>, Model) {
+    no_txg_timeout();
+    let pool = Pool::create_with("tank", tops(with_log, with_log), Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, TP_BS as u32, props).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    let mut m = Model::new();
+    m.write(&*v, 0, &pattern(1, 4096), false);
+    v.flush().unwrap();
+    (pool, m)
+}
+
+/// logbias=throughput: each flushed whole-block write is durable without a txg sync
+/// (the block is written in place, the log holds its pointer), survives a power cut
+/// with nothing synced after it, and the log holds no data bytes.
+fn throughput_commit_is_durable_without_a_sync(with_log: bool) {
+    let names: &[&str] = if with_log { &["m0a", "m0b", "la", "lb"] } else { &["m0a", "m0b"] };
+    for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset, CrashMode::TornReordered].into_iter().enumerate() {
+        let rig = Rig::new(names);
+        let (pool, mut m) = setup_16k(&rig, with_log, &throughput());
+        let v = pool.open_zvol("v").unwrap();
+        let synced = pool.synced_txg();
+        let data0 = rig.writes("m0a");
+        for i in 0..32u64 {
+            m.write(&*v, (i + 1) * TP_BS, &pattern(100 + i + k as u64, TP_BS as usize), false);
+            v.flush().unwrap();
+        }
+        assert_eq!(pool.synced_txg(), synced, "a throughput commit waited for a txg sync");
+        let st = &v.zil().stats;
+        assert_eq!(st.zil_itx_indirect_count.load(Ordering::Relaxed), 32);
+        assert_eq!(st.zil_itx_needcopy_count.load(Ordering::Relaxed), 0);
+        // the log records hold pointers, not data (header + 128-byte block pointer each)
+        let rec_bytes = st.zil_itx_metaslab_slog_bytes.load(Ordering::Relaxed) + st.zil_itx_metaslab_normal_bytes.load(Ordering::Relaxed);
+        assert!(rec_bytes <= 32 * (40 + 128) + 4096 + 64, "log record bytes {rec_bytes}");
+        assert!(rig.writes("m0a") >= data0 + 32, "the blocks were not written in place");
+        let after = rig.power_cut(mode, 500 + k as u64);
+        pool.abandon();
+        let p2 = after.import();
+        let v2 = p2.open_volume("v").unwrap();
+        m.check(&*v2, &format!("after replay of indirect records ({mode:?})"));
+        p2.check_space_accounting().unwrap();
+        drop(v2);
+        p2.export().unwrap();
+        let p3 = after.import();
+        m.check(&*p3.open_volume("v").unwrap(), "second import");
+        p3.check_space_accounting().unwrap();
+        p3.export().unwrap();
+    }
+}
+
+#[test]
+fn throughput_commit_is_durable_without_a_sync_no_log_device() {
+    throughput_commit_is_durable_without_a_sync(false);
+}
+
+#[test]
+fn throughput_commit_is_durable_without_a_sync_log_mirror() {
+    throughput_commit_is_durable_without_a_sync(true);
+}
+
+/// Bytes written to the normal class (both sides of the mirror) by a txg sync after 64
+/// flushed whole-block writes of 16 KiB, with the given properties.
+fn sync_bytes_after_commits(props: &[(String, String)]) -> (u64, u64) {
+    let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+    let (pool, mut m) = setup_16k(&rig, true, props);
+    let v = pool.open_zvol("v").unwrap();
+    let data = |r: &Rig| r.devs.iter().filter(|(n, _)| n.starts_with("m0")).map(|(_, d)| d.write_bytes()).sum::<u64>();
+    let before = data(&rig);
+    for i in 0..64u64 {
+        m.write(&*v, (i + 1) * TP_BS, &pattern(300 + i, TP_BS as usize), false);
+        v.flush().unwrap();
+    }
+    let committed = data(&rig) - before;
+    pool.check_space_accounting().unwrap();
+    let before_sync = data(&rig);
+    pool.sync().unwrap();
+    let synced = data(&rig) - before_sync;
+    pool.check_space_accounting().unwrap();
+    m.check(&*v, "after the sync");
+    drop(v);
+    pool.export().unwrap();
+    let p2 = rig.import();
+    m.check(&*p2.open_volume("v").unwrap(), "after export and import");
+    p2.check_space_accounting().unwrap();
+    p2.export().unwrap();
+    (committed, synced)
+}
+
+/// The txg sync uses the blocks the commits wrote (the dirty records' overrides)
+/// instead of writing the data again: with logbias=latency the sync writes the 1 MiB
+/// of data to the mirror (twice: both sides), with throughput only the tree and the
+/// object directory.
+#[test]
+fn the_sync_does_not_write_a_dmu_synced_block_again() {
+    let data_bytes = 64 * TP_BS * 2; // both sides of the mirror
+    let (lat_commit, lat_sync) = sync_bytes_after_commits(&[]);
+    let (tp_commit, tp_sync) = sync_bytes_after_commits(&throughput());
+    assert!(lat_commit < data_bytes / 4, "latency mode wrote {lat_commit} bytes to the pool at commit");
+    assert!(lat_sync >= data_bytes, "latency-mode sync wrote only {lat_sync} bytes");
+    assert!(tp_commit >= data_bytes, "throughput commits wrote only {tp_commit} bytes in place");
+    assert!(tp_sync < data_bytes / 2, "throughput-mode sync wrote {tp_sync} bytes: the data again? (latency: {lat_sync})");
+}
+
+/// A block rewritten in the same txg after its commit: the override of the older
+/// version is dropped (its block freed by the sync), and the newer data wins both
+/// after replay (power cut before any sync) and after the sync.
+#[test]
+fn a_rewrite_after_a_throughput_commit_wins() {
+    for cut in [true, false] {
+        let rig = Rig::new(&["m0a", "m0b"]);
+        let (pool, mut m) = setup_16k(&rig, false, &throughput());
+        let v = pool.open_zvol("v").unwrap();
+        let synced = pool.synced_txg();
+        for round in 0..3u64 {
+            for i in 0..8u64 {
+                m.write(&*v, (i + 1) * TP_BS, &pattern(1000 * round + i, TP_BS as usize), false);
+                v.flush().unwrap();
+            }
+        }
+        // a whole-block rewrite not followed by a flush of its own, then a partial one
+        // that is flushed (a copied record after the indirect ones)
+        m.write(&*v, 2 * TP_BS, &pattern(7000, TP_BS as usize), false);
+        m.write(&*v, 3 * TP_BS + 100, &pattern(7001, 3000), false);
+        v.flush().unwrap();
+        assert_eq!(pool.synced_txg(), synced, "a commit synced a txg");
+        m.check(&*v, "before the cut or sync");
+        if cut {
+            let after = rig.power_cut(CrashMode::DropAll, 9);
+            pool.abandon();
+            let p2 = after.import();
+            m.check(&*p2.open_volume("v").unwrap(), "after replay");
+            p2.check_space_accounting().unwrap();
+            p2.export().unwrap();
+        } else {
+            pool.sync().unwrap();
+            pool.check_space_accounting().unwrap();
+            m.check(&*v, "after the sync");
+            // the freed overrides are reusable; more rounds and syncs stay exact
+            for i in 0..8u64 {
+                m.write(&*v, (i + 1) * TP_BS, &pattern(9000 + i, TP_BS as usize), true);
+            }
+            pool.sync().unwrap();
+            pool.sync().unwrap();
+            pool.check_space_accounting().unwrap();
+            drop(v);
+            pool.export().unwrap();
+            let p2 = rig.import();
+            m.check(&*p2.open_volume("v").unwrap(), "after export and import");
+            p2.check_space_accounting().unwrap();
+            p2.export().unwrap();
+        }
+    }
+}
+
+/// A WR_INDIRECT record whose block does not verify (here: the block damaged on every
+/// copy after the cut) ends the replay of its chain there: the records before it are
+/// replayed, it and the later ones are not, the import succeeds and nothing leaks.
+#[test]
+fn a_bad_indirect_block_ends_replay_of_its_chain() {
+    let rig = Rig::new(&["m0a", "m0b"]);
+    let (pool, mut m) = setup_16k(&rig, false, &throughput());
+    let v = pool.open_zvol("v").unwrap();
+    let loaded = m.bytes.clone();
+    let blocks: Vec<Vec<u8>> = (0..8u64).map(|i| pattern(4000 + i, TP_BS as usize)).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        m.write(&*v, (i as u64 + 1) * TP_BS, b, false);
+        v.flush().unwrap();
+    }
+    let set = DevSet::default();
+    for (k, (n, d)) in rig.devs.iter().enumerate() {
+        let mut img = d.power_cut(CrashMode::DropAll, k as u64);
+        // damage block 4's copy wherever it lies (the volume is not compressed)
+        let at = img.windows(64).position(|w| w == &blocks[4][..64]).expect("block 4 is on every side of the mirror");
+        img[at + 1000] ^= 0xff;
+        set.insert(n, Arc::new(CrashDevice::from_image(img)));
+    }
+    pool.abandon();
+    let p2 = Pool::import_with(&set.specs(), set.opener()).expect("import ends the replay at the bad block");
+    let v2 = p2.open_volume("v").unwrap();
+    let mut expect = loaded;
+    for (i, b) in blocks.iter().enumerate().take(4) {
+        let off = (i + 1) * TP_BS as usize;
+        expect[off..off + b.len()].copy_from_slice(b);
+    }
+    m.bytes = expect;
+    m.check(&*v2, "replay up to the bad block");
+    p2.check_space_accounting().unwrap();
+    drop(v2);
+    p2.export().unwrap();
+}

@@ -11,9 +11,14 @@
 //!     after the last one, is taken out of the free trees and defer lists
 //!  2. the header gets its claim txg (the last synced txg, unless it has one already)
 //!     and is written unchanged by every sync until replay ends
+//!     (and so is every block a WR_INDIRECT record points at that was born after the
+//!     claim txg: see `zil::claim`)
 //!  3. replay every record of a txg newer than the claim txg, in chain order, as
-//!     ordinary writes and write_zeroes of the volume
-//!  4. end: the chain's blocks are freed and the header emptied by the next sync,
+//!     ordinary writes and write_zeroes of the volume (a WR_INDIRECT record's data is
+//!     read through its block pointer and verified; a block that does not verify ends
+//!     the replay of that chain, with a warning: its commit never completed)
+//!  4. end: the chain's blocks (and the claimed indirect blocks) are freed and the
+//!     header emptied by the next sync,
 //!     which is waited for (the replayed writes are in it or in an earlier one) when
 //!     there were records to replay or discard
 //! ```
@@ -44,8 +49,8 @@ impl Pool {
                 return Err(Error::Corrupt(format!("ZIL header for unknown volume id {id}")));
             };
             let vol = self.open_zvol(&name)?;
-            let chain = zil::claim(&self.inner.io, hdr, *id)?;
             let claim_txg = if hdr.claim_txg.is_zero() { synced } else { hdr.claim_txg };
+            let chain = zil::claim(&self.inner.io, hdr, *id, claim_txg)?;
             vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });
             // a chain with no record newer than the claim txg changes nothing: the next
             // sync frees it (an import of an idle pool writes nothing; a cut before that
@@ -56,14 +61,17 @@ impl Pool {
             } else {
                 let mut records = 0u64;
                 for r in chain.records.iter().filter(|r| r.txg > claim_txg) {
-                    replay_record(&*vol, r)?;
+                    if !replay_record(&self.inner.io, &*vol, r)? {
+                        break;
+                    }
                     records += 1;
                 }
                 vol.zil().stats.replayed_records.fetch_add(records, std::sync::atomic::Ordering::Relaxed);
                 replayed += records;
                 tracing::info!(pool = %self.inner.name, volume = %name, blocks = chain.blocks.len(), records, "intent log replayed");
             }
-            vol.zil().end_replay(chain.blocks);
+            let indirect = chain.indirect_blocks.into_iter().map(|dva| zil::LogPtr { dva });
+            vol.zil().end_replay(chain.blocks.into_iter().chain(indirect).collect());
         }
         if any {
             // a failing sync suspends the pool and retries forever: an import gives up
@@ -75,15 +83,34 @@ impl Pool {
     }
 }
 
-fn replay_record(vol: &dyn BlockVolume, r: &LogRecord) -> Result<()> {
+/// Apply one record. `Ok(false)`: a WR_INDIRECT record whose block does not verify
+/// (its commit was cut short before the block was written, so neither it nor any later
+/// record was acknowledged): replay of the chain ends there.
+fn replay_record(io: &crate::zio::PoolIo, vol: &dyn BlockVolume, r: &LogRecord) -> Result<bool> {
     let end = r.offset.checked_add(r.len).filter(|&e| e <= vol.size());
     if end.is_none() {
         return Err(Error::Corrupt(format!("intent log record {}+{} beyond volume {}", r.offset, r.len, vol.name())));
     }
-    match r.rtype {
-        zil::TX_WRITE => vol.write(r.offset, &r.data, false),
-        _ => vol.write_zeroes(r.offset, r.len),
+    if let Some(bp) = r.indirect_bp() {
+        let Some(data) = zil::read_indirect(io, &bp) else {
+            tracing::warn!(
+                volume = %vol.name(),
+                txg = r.txg.get(),
+                offset = r.offset,
+                "intent log record points at block {}:{:#x} that does not verify: replay of this log ends here",
+                bp.dva[0].vdev,
+                bp.dva[0].offset
+            );
+            return Ok(false);
+        };
+        vol.write(r.offset, &data, false)?;
+        return Ok(true);
     }
+    match r.rtype {
+        zil::TX_WRITE => vol.write(r.offset, &r.data, false)?,
+        _ => vol.write_zeroes(r.offset, r.len)?,
+    }
+    Ok(true)
 }
 
 /// Import without `-m`: refuse a pool with a log vdev whose every device is missing.

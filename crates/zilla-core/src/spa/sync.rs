@@ -277,13 +277,15 @@ impl PoolInner {
         let writer = crate::zio::SyncWriter::new(&self.io, txg);
         let mut trees = Vec::new();
         for v in &vols {
+            let overrides = v.zil.overrides_for_sync(txg); // first: waits for dmu_syncs of txg
             let recs = v.dirty.collect(txg);
             let root = *v.committed.read();
             if recs.is_empty() {
+                crate::zil::Zilog::free_unused_overrides(&self.io, &overrides, &vec![false; overrides.len()], txg);
                 new_roots.push((v.clone(), root));
                 continue;
             }
-            let changes = self.sync_volume_data(v, &recs, txg, &writer, &mut written)?;
+            let changes = self.sync_volume_data(v, &recs, &overrides, txg, &writer, &mut written)?;
             let props = v.props.typed();
             trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg }));
         }
@@ -400,11 +402,15 @@ impl PoolInner {
     }
 
     /// Prepare, allocate and submit one volume's dirty data blocks of `txg`; returns the
-    /// L0 changes (blkid, new bp) for the tree rewrite.
+    /// L0 changes (blkid, new bp) for the tree rewrite, sorted. A block a commit wrote
+    /// in place for the very dirty version being synced (`overrides`, dmu_sync) is
+    /// not written again: its block pointer is used (the dirty record's override);
+    /// the overrides not used are freed in `txg`.
     fn sync_volume_data(
         &self,
         v: &VolumeState,
         recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
+        overrides: &[crate::zil::DmuSynced],
         txg: Txg,
         writer: &crate::zio::SyncWriter<'_>,
         written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
@@ -414,6 +420,17 @@ impl PoolInner {
         let cache = props.primarycache == crate::props::CachePolicy::All;
         let workers = self.io.prepare_workers(&self.env, &self.name);
         let mut changes = Vec::with_capacity(recs.len());
+        let (overridden, rest) = Self::take_overrides(recs, overrides, txg, &self.io);
+        if !overridden.is_empty() {
+            for (blkid, data, bp) in &overridden {
+                if cache {
+                    written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, data.clone()));
+                }
+                changes.push((*blkid, *bp));
+            }
+            self.dirty.undirty(txg, overridden.len() as u64 * v.volblocksize as u64);
+        }
+        let recs: &[(crate::BlockId, Option<Arc<[u8]>>)] = rest.as_deref().unwrap_or(recs);
         for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
             let prepared = workers.prepare_all(chunk, algo, comp, self.io.alloc_unit());
             let mut chunk_batch = Vec::with_capacity(chunk.len());
@@ -432,7 +449,44 @@ impl PoolInner {
             let bs = v.volblocksize as u64;
             self.dirty.undirty(txg, chunk.iter().map(|(_, d)| if d.is_some() { bs } else { 512 }).sum());
         }
+        if !overridden.is_empty() {
+            changes.sort_by_key(|c| c.0);
+        }
         Ok(changes)
+    }
+
+    /// Split `recs` into the blocks whose dmu_sync'ed override the sync uses (blkid,
+    /// data, bp) and the rest (`None`: all of them, nothing overridden); frees the
+    /// overrides not used in `txg`.
+    #[allow(clippy::type_complexity)]
+    fn take_overrides(
+        recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
+        overrides: &[crate::zil::DmuSynced],
+        txg: Txg,
+        io: &crate::zio::PoolIo,
+    ) -> (Vec<(crate::BlockId, Arc<[u8]>, BlockPointer)>, Option<Vec<(crate::BlockId, Option<Arc<[u8]>>)>>) {
+        if overrides.is_empty() {
+            return (Vec::new(), None);
+        }
+        let mut by_blkid: std::collections::HashMap<crate::BlockId, Vec<usize>> = std::collections::HashMap::new();
+        for (i, o) in overrides.iter().enumerate() {
+            by_blkid.entry(o.blkid).or_default().push(i);
+        }
+        let mut used = vec![false; overrides.len()];
+        let mut overridden = Vec::new();
+        let mut rest = Vec::with_capacity(recs.len());
+        for (blkid, data) in recs {
+            let hit = data.as_ref().and_then(|d| by_blkid.get(blkid)?.iter().copied().find(|&i| overrides[i].txg == txg && overrides[i].matches(*blkid, d)));
+            match (hit, data) {
+                (Some(i), Some(d)) => {
+                    used[i] = true;
+                    overridden.push((*blkid, d.clone(), overrides[i].bp));
+                }
+                _ => rest.push((*blkid, data.clone())),
+            }
+        }
+        crate::zil::Zilog::free_unused_overrides(io, overrides, &used, txg);
+        (overridden, Some(rest))
     }
 
     /// The quiesce thread body: closes the open txg when the sync thread or a dirty kick

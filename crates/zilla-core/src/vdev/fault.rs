@@ -173,6 +173,8 @@ pub struct CrashDevice {
     size_bytes: u64,
     state: Mutex<CrashState>,
     writes: AtomicU64,
+    /// Bytes of the writes accepted.
+    write_bytes: AtomicU64,
     flushes: AtomicU64,
 }
 
@@ -198,6 +200,7 @@ impl CrashDevice {
                 fired: FiredFaults::default(),
             }),
             writes: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
         }
     }
@@ -237,6 +240,11 @@ impl CrashDevice {
     /// Writes accepted so far (failed writes are not counted).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the writes accepted so far.
+    pub fn write_bytes(&self) -> u64 {
+        self.write_bytes.load(Ordering::Relaxed)
     }
 
     /// Flushes completed so far.
@@ -436,6 +444,7 @@ impl Device for CrashDevice {
         st.image[r.clone()].copy_from_slice(buf);
         st.pending.push(PendingWrite { offset: r.start, old, new: buf.to_vec(), state: Durability::Unflushed });
         self.writes.fetch_add(1, Ordering::Relaxed);
+        self.write_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 

@@ -155,6 +155,11 @@ impl PoolIo {
         self.space_log_bytes.fetch_add(len.next_multiple_of(SPACE_ADMISSION_UNIT_BYTES), std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// The pool has log vdevs (spa_has_slogs).
+    pub fn has_log_vdevs(&self) -> bool {
+        self.vdevs.read().iter().any(|t| t.role == Role::Log)
+    }
+
     pub fn top(&self, id: VdevId) -> Option<Arc<TopVdev>> {
         self.vdevs.read().iter().find(|t| t.id == id).cloned()
     }
