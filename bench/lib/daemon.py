@@ -74,11 +74,14 @@ class Nbdkit:
 
     label = "nbdkit"
 
-    def __init__(self, workdir, image):
+    def __init__(self, workdir, image, plugin=None):
+        """`nbdkit file IMAGE`, or with `plugin` (a list such as ["null", "1G"]) that
+        plugin instead (`null`: no storage at all, the protocol's own cost)."""
         self.port = free_port()
         self.logpath = os.path.join(workdir, "nbdkit.log")
-        self.proc = spawn(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(self.port), "file",
-                           image], self.logpath)
+        args = plugin if plugin else ["file", image]
+        self.proc = spawn(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(self.port)] + args,
+                          self.logpath)
         self.pid = self.proc.pid
         wait_port(self.port, self.proc, "nbdkit")
 

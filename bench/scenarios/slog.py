@@ -11,7 +11,10 @@ commits, the lwbs and the itxs per lwb (commit batching).
 
 The second part is the cost of the log on plain files: a pool of two plain-file
 mirrors (no sim model, no log: the log blocks go to the data vdevs) against
-`nbdkit file` on a plain file, the same fio job at QD1.
+`nbdkit file` on a plain file, the same fio job at QD1. Last, the same job against
+`nbdkit null` (no storage): the protocol floor, what the client, TCP loopback and a
+server's request loop cost per sync write whatever the server does; reported beside the
+QD1 latency goal, not subtracted from it.
 
 Goals (issue 7, seed 000): QD1 sync-write IOPS with the log >= 12x without; mean
 latency >= 20x lower; QD1 latency with the log within the sim-ssd model of the lwbs it
@@ -55,11 +58,21 @@ def run_scenario(ctx):
     kit["server"] = "nbdkit"
     log(f"nbdkit file, 1 writer: {kit['iops']:,.0f} IOPS, {kit['lat_mean_us']} us")
     k.stop()
+    # the floor: the same job against nbdkit's null plugin (no storage, no flush work):
+    # what fio, libnbd, TCP loopback and one NBD server's request loop cost per sync write
+    k = Nbdkit(wd, None, plugin=["null", str(vol)])
+    floor = sync_fio(k.uri(), wd, "nbdkit-null-1", 1, runtime, vol, cpu_pid=k.pid)
+    log(f"nbdkit null, 1 writer: {floor['iops']:,.0f} IOPS, {floor['lat_mean_us']} us (protocol floor)")
+    k.stop()
     z.stop()
     by = {(r["pool"], r["writers"]): r for r in rows}
     qd1 = by[("slog", 1)]
     qd1["log_model_us"] = log_model_us(t, qd1["zil"])
     print_tables(rows, plain, kit)
+    print(f"protocol floor (nbdkit null, same fio job): {floor['lat_mean_us']} us per sync write "
+          f"(write {floor['write_lat_mean_us']} + flush {floor['flush_lat_mean_us']}); "
+          f"QD1 with the log minus model minus floor: "
+          f"{round(qd1['lat_mean_us'] - (qd1['log_model_us'] or 0) - floor['lat_mean_us'], 1)} us")
     config = {"volume_bytes": vol, "volblocksize": "16K (default)", "runtime_s": runtime,
               "fio": "--ioengine=nbd --rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=N",
               "pools": {"nolog": "mirror sim-hdd sim-hdd mirror sim-hdd sim-hdd",
@@ -68,6 +81,7 @@ def run_scenario(ctx):
               "nbdkit": "nbdkit file (one plain file)", "transport": "TCP loopback",
               "sim_tunables": {k2: v for k2, v in t.items() if k2.startswith("sim_ssd_log")}}
     return {"config": config, "results": rows, "plain_vs_nbdkit": {"zilla": plain, "nbdkit": kit},
+            "protocol_floor_nbdkit_null": floor,
             "goals": goals(by, plain, kit)}
 
 

@@ -27,10 +27,14 @@
 //! newest itx sequence number it must cover; if an earlier issuer already made it
 //! durable it returns at once (that is the batching: the waiters of a commit that is
 //! being written find their itxs written when they get the lock). The issuer takes
-//! every pending itx, packs them into lwbs (adaptive size: what is pending, and at
-//! least what the previous block held, so equal commits take one lwb each; 4 KiB to
-//! `zil_maxblocksize`), writes every lwb at once and flushes the devices written (unless
-//! `zil_nocacheflush`), then publishes the new durable sequence number. A commit with
+//! every pending itx, packs them into lwbs (adaptive size: each lwb allocates its
+//! successor for the rest of the commit, or for the largest of the last 16 commits, so a
+//! commit usually fits the block allocated before it; 4 KiB to `zil_maxblocksize`; an lwb
+//! is written only as far as it is used, rounded to the allocation unit), writes every lwb at once and flushes the devices written (unless
+//! `zil_nocacheflush`), then publishes the new durable sequence number. Each child of a
+//! log vdev flushes in the completion of its own last lwb write, on the engine thread
+//! that finished it (`TopVdev::write_blocks_then_flush`): one hand-off to the devices
+//! and one back per commit, and a child whose write failed is never flushed or counted. A commit with
 //! nothing pending returns at once. Blocks come from the log class when the pool has log
 //! vdevs, else from the normal class. If a log write fails, the chain is abandoned (its
 //! blocks are freed by the next sync) and the commit waits for a txg sync instead.
@@ -74,6 +78,7 @@ use crate::block::checksum::fletcher4;
 use crate::block::reader::Reader;
 use crate::kstat::{Applies, Tunable};
 use crate::vdev::abd::AlignedBuf;
+use crate::vdev::mirror::BlockWrite;
 use crate::vdev::{IoClass, Role};
 use crate::zio::PoolIo;
 use crate::{Error, Result, Txg};
@@ -288,7 +293,14 @@ struct Chain {
     /// header. Until then the syncs keep naming the chain as before: its written blocks
     /// hold acknowledged writes of txgs not on disk yet.
     broken_at: Option<Txg>,
+    /// Record bytes of the last `ZIL_PREV_COMMITS` commits (ring, `recent_commits`
+    /// is the count so far): the next lwb is allocated to hold the largest.
+    recent_commit_bytes: [u32; ZIL_PREV_COMMITS],
+    recent_commits: usize,
 }
+
+/// Commits remembered for lwb sizing (OpenZFS: ZIL_PREV_BLKS).
+const ZIL_PREV_COMMITS: usize = 16;
 
 /// What a sync did to the chain, handed back to [`Zilog::synced`] once it committed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -774,6 +786,9 @@ impl Zilog {
         let mut planned: Vec<(ChainBlock, Vec<u8>)> = Vec::new();
         {
             let mut c = self.chain.lock();
+            let slot = c.recent_commits % ZIL_PREV_COMMITS;
+            c.recent_commit_bytes[slot] = payload.min(u32::MAX as usize) as u32;
+            c.recent_commits += 1;
             let mut rest = records.iter().flat_map(split_record).peekable();
             let mut left = payload;
             while rest.peek().is_some() {
@@ -793,14 +808,16 @@ impl Zilog {
                     rest.next();
                 }
                 left = left.saturating_sub(body.len());
-                // the successor holds what is left of this commit, and at least as much
-                // as this block held: a steady stream of equal commits (a 4K write and
-                // its flush) then takes one lwb each, not an empty too-small one first
-                let used = LWB_HEADER_SIZE + body.len();
-                let want = (left + LWB_HEADER_SIZE).max(used).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
+                // the successor holds what is left of this commit; after the last block
+                // of a commit, the largest of the recent commits (zil_lwb_predict): a
+                // burst after small commits then still takes one lwb, and since an lwb
+                // is written only as far as it is used, a large block costs a small
+                // commit nothing but space until the next sync frees it
+                let want = if left > 0 { left } else { c.recent_commit_bytes.iter().copied().max().unwrap_or(0) as usize };
+                let want = (want + LWB_HEADER_SIZE).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
                 let succ = alloc_log_block(io, want, admit_normal)?;
                 c.next = Some((succ, seq + 1));
-                let block = encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &body);
+                let block = encode_lwb_in(&ptr, c.guid, self.volume_id, seq, &succ, &body, io.alloc_unit() as usize);
                 let cb = ChainBlock { ptr, seq, max_txg, written: false, records: nrec, record_bytes: body.len() as u32 };
                 c.blocks.push_back(cb);
                 planned.push((cb, block));
@@ -823,43 +840,38 @@ impl Zilog {
         Ok(())
     }
 
+    /// Write the planned lwbs, and the blocks written in place for WR_INDIRECT records,
+    /// and flush the devices that took them: per top-level vdev one write-then-flush run
+    /// (each child flushes as soon as its own writes completed, in that completion),
+    /// all vdevs at once. Ok when every vdev has at least one child holding all of its
+    /// blocks. A child whose write failed is not flushed and does not count (a flush
+    /// issued before a child's write failed must not count it as holding the lwb:
+    /// device_faults row 1).
     fn issue_lwbs(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg, data: &[DataWrite]) -> Result<()> {
         let t0 = std::time::Instant::now();
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let mut tops = Vec::new();
         let total: u64 = planned.iter().map(|(_, b)| b.len() as u64).sum();
         let class = if total > ZIL_SLOG_BULK.get() { IoClass::AsyncWrite } else { IoClass::SyncWrite };
+        let mut per_top: Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<BlockWrite>)> = Vec::new();
+        let mut add = |top: Arc<crate::vdev::mirror::TopVdev>, w: BlockWrite| match per_top.iter_mut().find(|(t, _)| t.id == top.id) {
+            Some((_, blocks)) => blocks.push(w),
+            None => per_top.push((top, vec![w])),
+        };
         for (cb, block) in planned {
             let top = io.top(cb.ptr.dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", cb.ptr.dva.vdev)))?;
-            let slog = top.role == Role::Log;
-            let st = &self.stats;
-            let (count, bytes, write) = if slog {
-                (&st.zil_itx_metaslab_slog_count, &st.zil_itx_metaslab_slog_bytes, &st.zil_itx_metaslab_slog_write)
-            } else {
-                (&st.zil_itx_metaslab_normal_count, &st.zil_itx_metaslab_normal_bytes, &st.zil_itx_metaslab_normal_write)
-            };
-            count.fetch_add(cb.records as u64, Ordering::Relaxed);
-            bytes.fetch_add(cb.record_bytes as u64, Ordering::Relaxed);
-            write.fetch_add(block.len() as u64, Ordering::Relaxed);
-            st.zil_lwb_write_count.fetch_add(1, Ordering::Relaxed);
-            let tx = tx.clone();
-            top.write_async(class, Arc::new(AlignedBuf::copy_of(block)), cb.ptr.dva.offset, open, Box::new(move |o| {
-                let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
-            }));
-            if !tops.iter().any(|t: &Arc<crate::vdev::mirror::TopVdev>| t.id == top.id) {
-                tops.push(top);
-            }
+            self.count_lwb(top.role == Role::Log, cb, block.len());
+            add(top, BlockWrite { offset: cb.ptr.dva.offset, data: Arc::new(AlignedBuf::copy_of(block)), txg: open });
         }
-        // blocks written in place for WR_INDIRECT records: with the lwbs, flushed with them
         for w in data {
             let top = io.top(w.dva.vdev).ok_or_else(|| Error::Corrupt(format!("data block on unknown vdev {}", w.dva.vdev)))?;
+            add(top, BlockWrite { offset: w.dva.offset, data: Arc::new(AlignedBuf::copy_of(&w.data)), txg: w.txg });
+        }
+        let flush = ZIL_NOCACHEFLUSH.get() == 0;
+        let (tx, rx) = crossbeam_channel::bounded(per_top.len());
+        for (top, blocks) in per_top {
             let tx = tx.clone();
-            top.write_async(class, Arc::new(AlignedBuf::copy_of(&w.data)), w.dva.offset, w.txg, Box::new(move |o| {
+            top.write_blocks_then_flush(class, blocks, flush, Box::new(move |o| {
                 let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
             }));
-            if !tops.iter().any(|t| t.id == top.id) {
-                tops.push(top);
-            }
         }
         drop(tx);
         let mut first_err = None;
@@ -871,17 +883,21 @@ impl Zilog {
         if let Some(e) = first_err {
             return Err(e);
         }
-        // The flushes go in only after the writes completed: a child whose write failed
-        // is then known not to hold the block, and its flush does not count (issuing
-        // them together, a flush on a child whose write was still failing counted as
-        // holding it: device_faults row 1)
-        if ZIL_NOCACHEFLUSH.get() == 0 {
-            for t in &tops {
-                t.flush().map_err(Error::Io)?;
-            }
-        }
         self.last_lwb_latency_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn count_lwb(&self, slog: bool, cb: &ChainBlock, block_bytes: usize) {
+        let st = &self.stats;
+        let (count, bytes, write) = if slog {
+            (&st.zil_itx_metaslab_slog_count, &st.zil_itx_metaslab_slog_bytes, &st.zil_itx_metaslab_slog_write)
+        } else {
+            (&st.zil_itx_metaslab_normal_count, &st.zil_itx_metaslab_normal_bytes, &st.zil_itx_metaslab_normal_write)
+        };
+        count.fetch_add(cb.records as u64, Ordering::Relaxed);
+        bytes.fetch_add(cb.record_bytes as u64, Ordering::Relaxed);
+        write.fetch_add(block_bytes as u64, Ordering::Relaxed);
+        st.zil_lwb_write_count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A log block could not be allocated or written: the chain ends before it (a
@@ -1118,18 +1134,30 @@ pub fn encode_record(r: &LogRecord, out: &mut Vec<u8>) {
 /// An lwb of `at.asize` bytes: header (verifier, next pointer, embedded checksum) and
 /// the records in `body`.
 pub fn encode_lwb(at: &LogPtr, guid: u64, volume_id: u64, seq: u64, next: &LogPtr, body: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(at.dva.asize as usize);
+    encode_lwb_in(at, guid, volume_id, seq, next, body, at.dva.asize as usize)
+}
+
+/// An lwb written only as far as its records reach, rounded up to `write_unit` (the
+/// pool's allocation unit, so the write stays on whole sectors): a block allocated
+/// large for a burst costs only what a small commit put in it (OpenZFS writes the used
+/// part of an lwb the same way). The written length is in the header and the checksum
+/// covers exactly it; the rest of the block is not written and never read as records.
+pub fn encode_lwb_in(at: &LogPtr, guid: u64, volume_id: u64, seq: u64, next: &LogPtr, body: &[u8], write_unit: usize) -> Vec<u8> {
+    let block_len = at.dva.asize as usize;
+    let used = (LWB_HEADER_SIZE + body.len()).next_multiple_of(write_unit.max(512));
+    let written = used.clamp(LWB_MIN_SIZE.min(block_len), block_len);
+    let mut b = Vec::with_capacity(written);
     b.extend_from_slice(&LWB_MAGIC.to_le_bytes());
     b.extend_from_slice(&guid.to_le_bytes());
     b.extend_from_slice(&volume_id.to_le_bytes());
     b.extend_from_slice(&seq.to_le_bytes());
     b.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    b.extend_from_slice(&[0u8; 4]);
+    b.extend_from_slice(&(written as u32).to_le_bytes());
     next.encode(&mut b);
     debug_assert_eq!(b.len(), LWB_CKSUM_AT);
     b.resize(LWB_HEADER_SIZE, 0);
     b.extend_from_slice(body);
-    b.resize(at.dva.asize as usize, 0);
+    b.resize(written, 0);
     let ck = lwb_checksum(&b);
     b[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].copy_from_slice(&ck);
     b
@@ -1167,15 +1195,20 @@ pub fn decode_lwb(block: &[u8], guid: u64, volume_id: u64, seq: u64) -> Result<O
         return Ok(None);
     }
     let body_len = r.u32()? as usize;
-    r.u32()?;
+    // bytes written (0: the whole block, as blocks written before the field existed)
+    let written = match r.u32()? as usize {
+        0 => block.len(),
+        n if n <= block.len() && n % 512 == 0 && LWB_HEADER_SIZE + body_len <= n => n,
+        _ => return Ok(None),
+    };
     let next = match LogPtr::decode(&mut r) {
         Ok(n) => n,
         Err(_) => return Ok(None),
     };
     let stored: [u8; 32] = block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].try_into().expect("32 bytes");
-    let mut copy = block.to_vec();
+    let mut copy = block[..written].to_vec();
     copy[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].fill(0);
-    if lwb_checksum(&copy) != stored || LWB_HEADER_SIZE + body_len > block.len() {
+    if lwb_checksum(&copy) != stored || LWB_HEADER_SIZE + body_len > written {
         return Ok(None);
     }
     let records = decode_records(&block[LWB_HEADER_SIZE..LWB_HEADER_SIZE + body_len])?;
@@ -1344,6 +1377,40 @@ mod tests {
             assert!(decode_lwb(&c, 42, 3, 9).unwrap().is_none(), "flip at {i}");
         }
         assert!(decode_lwb(&vec![0u8; 4096], 0, 0, 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_lwb_is_written_only_as_far_as_it_is_used() {
+        let r = LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 100, data: vec![9u8; 100] };
+        let mut body = Vec::new();
+        encode_record(&r, &mut body);
+        let at = ptr(0x10000, 16384);
+        let b = encode_lwb_in(&at, 42, 3, 9, &ptr(0x20000, 8192), &body, 4096);
+        assert_eq!(b.len(), 4096, "a small commit in a 16K block writes one 4K unit");
+        // what the device holds beyond the written part is whatever was there before
+        let mut on_disk = b.clone();
+        on_disk.resize(16384, 0xee);
+        let p = decode_lwb(&on_disk, 42, 3, 9).unwrap().expect("verifies");
+        assert_eq!(p.records.len(), 1);
+        for i in [0usize, 40, 100, 4095] {
+            let mut c = on_disk.clone();
+            c[i] ^= 1;
+            assert!(decode_lwb(&c, 42, 3, 9).unwrap().is_none(), "flip at {i}");
+        }
+        // a written length that is not a whole number of sectors, or past the block
+        for bad in [100u32, 20000] {
+            let mut c = on_disk.clone();
+            c[36..40].copy_from_slice(&bad.to_le_bytes());
+            assert!(decode_lwb(&c, 42, 3, 9).unwrap().is_none(), "written length {bad}");
+        }
+        // blocks written whole before the length field existed (0) still verify
+        let mut old = b.clone();
+        old[36..40].fill(0);
+        old.resize(16384, 0);
+        old[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].fill(0);
+        let ck = lwb_checksum(&old);
+        old[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].copy_from_slice(&ck);
+        assert!(decode_lwb(&old, 42, 3, 9).unwrap().is_some());
     }
 
     #[test]

@@ -1379,6 +1379,10 @@ fn run(seed: u64, iterations: usize, faults: Vec<Fault>) -> Stats {
 
 #[test]
 fn power_cuts_at_random_points() {
+    if std::env::var_os("ZILLA_CRASH_LOG").is_some() {
+        // the engine's warnings (sync retries, faulted devices) on stderr, for a failing seed
+        let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter("warn").try_init();
+    }
     let seed = std::env::var("ZILLA_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
     let iterations = ["ZILLA_CRASH_ITERS", "ZILLA_CRASH_ITERATIONS"]
         .iter()

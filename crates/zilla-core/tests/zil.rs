@@ -422,6 +422,30 @@ fn a_missing_log_device_needs_import_m() {
     p3.export().unwrap();
 }
 
+/// A log mirror acknowledges a commit only when one child both wrote every lwb and
+/// flushed after it: here one child's writes fail and the other's flush fails (losing
+/// what it covered at the power cut). No child holds the lwb, so the commit must fall
+/// back to a txg sync; counting either child would lose the acknowledged writes.
+#[test]
+fn a_log_mirror_needs_one_child_that_wrote_and_flushed() {
+    use zilla_core::vdev::fault::DeviceFault;
+    let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+    let (pool, mut m) = setup(&rig, true, true, &[]);
+    let v = pool.open_zvol("v").unwrap();
+    workload(&mut m, &*v, 41);
+    let synced = pool.synced_txg();
+    let (la, lb) = (&rig.devs[2].1, &rig.devs[3].1);
+    la.arm(DeviceFault::WriteEio { nth: 0, count: u64::MAX });
+    lb.arm(DeviceFault::FlushEio { nth: 0, keep_cached: true });
+    workload(&mut m, &*v, 42);
+    assert!(pool.synced_txg() > synced, "a commit was acknowledged by a log mirror with no child holding it");
+    let after = rig.power_cut(CrashMode::DropAll, 9);
+    pool.abandon();
+    let p2 = after.import();
+    m.check(&*p2.open_volume("v").unwrap(), "after a log mirror lost its lwb on both children");
+    p2.export().unwrap();
+}
+
 // ---- WR_INDIRECT: blocks written in place at commit (dmu_sync) -------------------------
 
 const TP_BS: u64 = 16384;

@@ -399,6 +399,83 @@ impl TopVdev {
         }
     }
 
+    /// Write `blocks` on every writable child, then, per child,
+    /// flush its write cache as soon as its own last write completed (with `flush`):
+    /// the intent log's write-then-flush. The flush runs in that completion, on the
+    /// engine thread that finished the write, so a commit waits for one hand-off per
+    /// child and back instead of two. `done` gets, as `written`, the children that hold
+    /// every block (all writes and the flush succeeded). A child that misses a block
+    /// gets `txg` in its DTL as in [`TopVdev::write_async`]; a failed flush is handled
+    /// as the sync's (everything not yet flushed on that child may be lost).
+    ///
+    /// The leaf's unflushed set is left alone: the flush covers the completed writes
+    /// only, and the txg sync's own flush still covers whatever it wrote.
+    pub fn write_blocks_then_flush(self: &Arc<Self>, class: IoClass, blocks: Vec<BlockWrite>, flush: bool, done: WriteDone) {
+        let len: u64 = blocks.iter().map(|b| b.data.len() as u64).sum();
+        let first = blocks.first().map_or(0, |b| super::label::DATA_START + b.offset);
+        let writable: Vec<Arc<Leaf>> = self
+            .children()
+            .into_iter()
+            .filter(|c| {
+                let ok = c.readable();
+                if !ok {
+                    blocks.iter().for_each(|b| c.dtl_add(b.txg));
+                }
+                ok
+            })
+            .collect();
+        if writable.is_empty() || blocks.is_empty() {
+            let written = if blocks.is_empty() { writable.len() as u32 } else { 0 };
+            done(WriteOutcome { written, failed: Vec::new(), len, offset: first });
+            return;
+        }
+        let fan = Arc::new(Fanout {
+            left: AtomicU32::new(writable.len() as u32),
+            outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len, offset: first }),
+            done: Mutex::new(Some(done)),
+        });
+        let txgs: Arc<[Txg]> = blocks.iter().map(|b| b.txg).collect();
+        for c in writable {
+            txgs.iter().for_each(|t| c.note_unflushed(*t));
+            let child = Arc::new(ChildRun { left: AtomicU32::new(blocks.len() as u32), failed: std::sync::atomic::AtomicBool::new(false) });
+            for b in &blocks {
+                let (fan, top, leaf, child, txgs, txg) = (fan.clone(), self.clone(), c.clone(), child.clone(), txgs.clone(), b.txg);
+                let req = IoRequest::write(class, super::label::DATA_START + b.offset, b.data.clone(), Box::new(move |d| {
+                    let super::queue::IoDone { result, data, .. } = d;
+                    drop(data);
+                    if let Err(e) = result {
+                        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                        leaf.write_failed_since_flush.store(true, Ordering::Release);
+                        leaf.dtl_add(txg);
+                        top.note_error(&leaf, &e);
+                        child.failed.store(true, Ordering::Release);
+                        fan.outcome.lock().failed.push((leaf.guid, e));
+                    }
+                    if child.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+                        return;
+                    }
+                    if !child.failed.load(Ordering::Acquire) {
+                        match if flush { leaf.queue.flush_completed_writes() } else { Ok(()) } {
+                            Ok(()) => {
+                                leaf.note_ok();
+                                fan.outcome.lock().written += 1;
+                            }
+                            Err(e) => {
+                                leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+                                txgs.iter().for_each(|t| leaf.dtl_add(*t));
+                                leaf.flush_failed(None);
+                                top.note_error(&leaf, &e);
+                                fan.outcome.lock().failed.push((leaf.guid, e));
+                            }
+                        }
+                    }
+                    fan.child_done();
+                }));
+                c.queue.submit(req);
+            }
+        }
+    }
+
     /// Blocking write of `buf` (copied once into an aligned buffer). Ok if at least one
     /// child wrote it.
     pub fn write(self: &Arc<Self>, class: IoClass, buf: &[u8], offset: u64, txg: Txg) -> io::Result<()> {
@@ -667,6 +744,21 @@ struct Fanout {
     left: AtomicU32,
     outcome: Mutex<WriteOutcome>,
     done: Mutex<Option<WriteDone>>,
+}
+
+/// One block of a [`TopVdev::write_blocks_then_flush`]: its data offset, bytes, and
+/// the txg a child that misses it gets in its DTL.
+pub struct BlockWrite {
+    pub offset: u64,
+    pub data: Arc<AlignedBuf>,
+    pub txg: Txg,
+}
+
+/// One child's part of a [`TopVdev::write_blocks_then_flush`]: its writes still
+/// outstanding, and whether one failed (then it is not flushed and does not count).
+struct ChildRun {
+    left: AtomicU32,
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl Fanout {

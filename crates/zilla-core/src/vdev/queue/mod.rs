@@ -616,6 +616,21 @@ impl LeafQueue {
         Ok(w.wait().result?)
     }
 
+    /// Flush the device's write cache on the calling thread, now, without queueing:
+    /// it covers every write that has *completed* on this leaf, not the ones still
+    /// queued or in flight (those need [`LeafQueue::flush`]). For a caller that runs in
+    /// the completion of its own last write (the intent log's write-then-flush), this
+    /// saves the hand-off to an engine thread and back.
+    pub fn flush_completed_writes(&self) -> Result<(), IoError> {
+        let sh = &self.shared;
+        let (issued_at, result, _) = sh.perform(IoOp::Flush, 0, 0, IoData::None);
+        sh.flush_latency.record(issued_at.elapsed().as_nanos() as u64);
+        if result.is_ok() {
+            sh.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
     /// Let async writes' max_active follow this pool's dirty data (set once; later
     /// calls are no-ops). Without a gauge the queue uses zfs_vdev_async_write_max_active.
     pub fn set_dirty_gauge(&self, gauge: &Arc<DirtyGauge>) {
