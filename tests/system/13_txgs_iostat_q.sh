@@ -43,6 +43,7 @@ for i in $(seq 100); do
     awk -F'\t' -v f="$first" '$1 >= f && $3 == "C" {w += $6} END {exit !(w >= 96 * 2^20 * 2)}' "$T/txgs" && break
     sleep 0.2
 done
+z txgs tank
 awk -F'\t' 'NF != 12 {bad=1} $3 !~ /^[OQWSC]$/ {bad=1} END {exit bad}' "$T/txgs" || fail "txgs -H: 12 fields and a state letter: $(cat "$T/txgs")"
 awk -F'\t' 'NR > 1 && ($1 != prev + 1 || $2 < pbirth) {bad=1} {prev=$1; pbirth=$2} END {exit bad}' "$T/txgs" ||
     fail "txgs: not consecutive txgs born in order"
