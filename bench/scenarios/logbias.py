@@ -6,8 +6,9 @@ with logbias=throughput. fio's nbd engine writes 128K blocks at random aligned o
 with an NBD FLUSH after each (4 writers, QD1 each), on one volume and then the other.
 With latency every block is copied into the log (log device bytes per volume byte
 about 1: the data is written twice, once to the log, once by the txg); with
-throughput whole blocks are indirect: nothing goes to the log (about 0) and a flush
-waits for the txg that writes the block in place (seed 003: throughput for large
+throughput whole blocks are indirect: the flush writes them in place in the pool
+(dmu_sync) and logs only their block pointers (about 0 log bytes per volume byte),
+and the txg sync does not write them again (seed 003: throughput for large
 streaming sync writes, the log kept for latency-sensitive ones). The log bytes come
 from the log devices' own write counters (iostat), the volume bytes from fio.
 

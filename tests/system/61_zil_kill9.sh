@@ -6,6 +6,9 @@
 # either followed by a FLUSH or written with FUA (`write -f`), and the test keeps the
 # ledger of those acknowledged. The daemon is killed -9, restarted, and every slot of
 # the ledger must read back, and the restart must have replayed an intent log.
+# The first round also writes the same slots to a logbias=throughput volume, whose
+# whole 16K blocks are written in place at commit and logged as block pointers
+# (WR_INDIRECT): they too must read back after the restart.
 # A second round restarts with `--tunable zil_replay_disable=1`: then the slots written
 # after the chain exists must be gone, which shows they lived only in the log (no txg
 # synced them) and that the read-back check can tell.
@@ -15,6 +18,7 @@ for d in a0 a1 b0 b1 log; do truncate -s 256M "$T/disks/tank-$d"; done
 z pool create tank mirror "$T/disks/tank-a0" "$T/disks/tank-a1" \
     mirror "$T/disks/tank-b0" "$T/disks/tank-b1" log "$T/disks/tank-log"
 make_volume tank/zv 128M
+make_volume tank/tp 128M -o logbias=throughput
 uri=$(nbd_tcp_uri tank/zv)
 
 SLOT=$((1 << 20))
@@ -71,8 +75,17 @@ check_slots() {
 z tunable set zfs_txg_timeout=3600
 : >"$T/ledger"
 write_slots 0 59
+mv "$T/ledger" "$T/ledger_zv"
+uri=$(nbd_tcp_uri tank/tp)
+write_slots 0 59
+mv "$T/ledger" "$T/ledger_tp"
+mv "$T/ledger_zv" "$T/ledger"
+idc=$(curl -s "http://127.0.0.1:$HTTP_PORT/metrics" | awk '/^zfs_zil_itx_indirect_count_total/ {s += $2} END {print s + 0}')
+[ "$idc" -gt 0 ] || fail "the logbias=throughput volume logged no indirect writes"
 kill9_daemon
 start_daemon
+check_slots "$T/ledger_tp" present || fail "acknowledged writes of the logbias=throughput volume lost after kill -9 and replay"
+uri=$(nbd_tcp_uri tank/zv)
 check_slots "$T/ledger" present || fail "acknowledged writes lost after kill -9 and replay"
 grep -q 'intent log replayed' "$T/daemon.log" || fail "the restart replayed no intent log"
 z pool status tank | grep -q 'state: ONLINE' || fail "pool not ONLINE"
