@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Goal: the observability of issue 8 works end to end: `zilla txgs` prints OpenZFS's
 # txgs kstat columns and its numbers follow the writes; `zilla pool iostat -q` prints
-# zpool's per-class pending/active columns and they move while a txg sync writes.
+# zpool's per-class pending/active columns and they move while a txg sync writes;
+# arcstat and /metrics report the memory beyond ARC and dirty data within its bound.
 # Method: a mirror of emulated 7200 rpm disks (slow enough that a sync keeps queues
 # busy); sample `iostat -q -Hp` while 96 MiB stream in; then read the txg history.
 . "$(dirname "$0")/lib.sh"
@@ -51,7 +52,17 @@ awk -F'\t' -v f="$first" '$1 >= f && $3 == "C" && $4 > 0 && $8 > 0 && $12 > 0 {n
     fail "txgs: no committed txgs with ndirty, nwritten (both mirror sides), writes and stime for 96 MiB: $(cat "$T/txgs")"
 awk -F'\t' '$3 == "C" && $9 == 0 {bad=1} END {exit bad}' "$T/txgs" || fail "txgs: a committed txg with otime 0"
 [ "$(z txgs -n 3 tank | wc -l)" = 4 ] || fail "txgs -n 3: not a header and 3 rows"
-curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >/dev/null || fail "/metrics"
+# the memory beyond ARC and dirty data: arcstat's overhd column, /metrics by part
+z arcstat | tee "$T/arc"
+head -1 "$T/arc" | grep -Eq '^ +time +read +miss +miss% +size +c +avail +overhd$' || fail "arcstat header"
+[ "$(tail -1 "$T/arc" | awk '{print $8}')" != - ] || fail "arcstat: no overhead"
+curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >"$T/metrics" || fail "/metrics"
+m() { awk -v n="$1" '$1 == n {print $2}' "$T/metrics"; }
+rss=$(m zilla_memory_rss_bytes) ovh=$(m zilla_memory_overhead_bytes) max=$(m zilla_memory_overhead_max_bytes)
+parts=$(($(m zilla_memory_overhead_frontend_bytes) + $(m zilla_memory_overhead_reply_pool_bytes) + $(m zilla_memory_overhead_other_bytes)))
+log "memory: rss $rss overhead $ovh (parts $parts) max $max"
+[ "$ovh" -gt $((1 << 20)) ] && [ "$ovh" -le "$rss" ] && [ "$parts" = "$ovh" ] && [ "$ovh" -le "$max" ] ||
+    fail "memory overhead: rss $rss overhead $ovh parts $parts max $max"
 expect_error "cannot open 'nope'" z txgs nope
 z tunable set zfs_txg_history=2
 [ "$(z txgs -H tank | wc -l)" = 2 ] || fail "zfs_txg_history=2: not the last 2 txgs"

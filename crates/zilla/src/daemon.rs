@@ -923,6 +923,26 @@ async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
     Json(m)
 }
 
+/// The daemon's memory beyond the ARC and dirty data, and its bound (memory.rs).
+pub fn memory_report(d: &Daemon) -> crate::memory::MemoryReport {
+    let (mut arc_size, mut dirty) = (0, 0);
+    for (_, pool) in d.pools.all() {
+        arc_size += pool.arc_stats().size;
+        dirty += pool.throttle_stats().dirty_bytes;
+    }
+    let f = d.nbd.frontend().stats();
+    crate::memory::report(crate::memory::MemoryInputs {
+        rss: crate::memory::rss_bytes(),
+        arc_size,
+        dirty,
+        frontend_budget: f.memory.total,
+        frontend_in_use: f.memory.in_use,
+        reply_pool: f.buffers.pooled_bytes,
+        reply_pool_cap: f.buffers.bytes_max,
+        connections: d.nbd.stats().snapshot().connections_active,
+    })
+}
+
 /// arcstats kstat names -> values, summed over the imported pools (each pool has its
 /// own ARC; the names are those of /proc/spl/kstat/zfs/arcstats).
 async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
@@ -942,6 +962,9 @@ async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
         ] {
             *m.entry(k.to_string()).or_default() += v;
         }
+    }
+    for (k, v) in memory_report(&d).kstats() {
+        m.insert(k.to_string(), v);
     }
     Json(m)
 }

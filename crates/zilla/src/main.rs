@@ -13,6 +13,7 @@ mod config;
 mod daemon;
 mod demo;
 mod format;
+mod memory;
 mod http_serve;
 mod nbd_glue;
 mod state_dir;
@@ -821,7 +822,7 @@ async fn iostat(c: &Client, f: IostatFlags, args: &[String]) -> Result<(), Strin
 }
 
 async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
-    let cols = ["time", "read", "miss", "miss%", "size", "c", "avail"];
+    let cols = ["time", "read", "miss", "miss%", "size", "c", "avail", "overhd"];
     let mut prev: Option<std::collections::BTreeMap<String, u64>> = None;
     let mut n = 0;
     println!("{}", cols.iter().map(|c| format!("{c:>8}")).collect::<String>());
@@ -850,7 +851,7 @@ async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Resul
             (Some(c), Some(s)) => Some(c.saturating_sub(s)),
             _ => None,
         };
-        let vals = [time, show(reads), show(d("misses")), show(miss_pct), show(get("size")), show(get("c")), show(avail)];
+        let vals = [time, show(reads), show(d("misses")), show(miss_pct), show(get("size")), show(get("c")), show(avail), show(get("zilla_overhead_bytes"))];
         println!("{}", vals.iter().map(|v| format!("{v:>8}")).collect::<String>());
         n += 1;
         let Some(iv) = interval else { break };

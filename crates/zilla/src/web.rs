@@ -5,7 +5,8 @@
 //! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
 //! richardelling/zpool_prometheus `zpool_stats_*`; counters' samples end in `_total`),
 //! and `zilla_frontend_*` / `zilla_nbd_*` for the front ends' memory budget, limits
-//! and connection and request counters.
+//! and connection and request counters, `zilla_memory_*` for the daemon's memory beyond
+//! the ARC and dirty data (memory.rs).
 
 use std::fmt::Write;
 use std::sync::atomic::AtomicU64;
@@ -42,6 +43,7 @@ struct Snapshot {
     /// Per pool: the write throttle's dirty bytes and counters (dmu_tx kstat).
     dmu_tx: Vec<(String, zilla_core::dsl_pool::ThrottleStats)>,
     frontend: FrontendMetrics,
+    memory: crate::memory::MemoryReport,
 }
 
 /// The front ends' side of /metrics: budgets, limits and NBD counters.
@@ -71,8 +73,10 @@ impl FrontendMetrics {
 async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
     let pools = d.pools.all();
     let frontend = FrontendMetrics::of(d);
+    let d2 = d.clone();
     tokio::task::spawn_blocking(move || Snapshot {
         frontend,
+        memory: crate::daemon::memory_report(&d2),
         rows: pools.iter().map(|(_, p)| p.list_row()).collect(),
         status: pools.iter().map(|(_, p)| p.status()).collect(),
         iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
@@ -245,6 +249,7 @@ fn render_metrics(s: &Snapshot) -> String {
     }
     register_dmu_tx(&mut reg, &s.dmu_tx);
     register_frontend(&mut reg, &s.frontend);
+    register_memory(&mut reg, &s.memory);
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
@@ -305,6 +310,17 @@ fn counter(reg: &mut Registry, name: &str, help: &str, value: u64) {
     let metric = Counter::<u64>::default();
     metric.inc_by(value);
     reg.register(name, help, metric);
+}
+
+/// `zilla_memory_*`: resident memory and the overhead beyond ARC and dirty data, by
+/// part, with its bound (memory.rs).
+fn register_memory(reg: &mut Registry, m: &crate::memory::MemoryReport) {
+    gauge(reg, "zilla_memory_rss_bytes", "Resident memory of the daemon", m.rss);
+    gauge(reg, "zilla_memory_overhead_bytes", "Resident memory beyond the ARC and dirty data", m.overhead);
+    gauge(reg, "zilla_memory_overhead_frontend_bytes", "Overhead part: front-end budget in use (request and reply data)", m.frontend);
+    gauge(reg, "zilla_memory_overhead_reply_pool_bytes", "Overhead part: idle reply buffers kept for reuse", m.reply_pool);
+    gauge(reg, "zilla_memory_overhead_other_bytes", "Overhead part: engine buffers, thread stacks, memory the allocator keeps", m.other);
+    gauge(reg, "zilla_memory_overhead_max_bytes", "Bound of the overhead: front-end budget + reply-pool cap + 192 MiB + 128 KiB per NBD connection", m.overhead_max);
 }
 
 /// `zilla_frontend_*` (memory budget, volume calls, reply buffers) and `zilla_nbd_*`

@@ -1,0 +1,125 @@
+//! memory: the daemon's memory beyond the ARC and dirty data (its "overhead"),
+//! measured and set against its bound.
+//!
+//! Theory of operation
+//! -------------------
+//! The daemon's resident memory (docs/design.md §5) is bounded by
+//!
+//! ```text
+//!   RSS <= ARC max + dirty max + front-end budget + reply-buffer pool cap
+//!          + 192 MiB fixed + 128 KiB per open NBD connection
+//! ```
+//!
+//! The ARC and dirty data have their own tunables and counters; everything else is the
+//! overhead, reported here as measured now:
+//!
+//! ```text
+//!   overhead      = RSS - ARC size - dirty bytes           (saturating)
+//!   frontend      = front-end budget in use (request/reply data; <= the budget)
+//!   reply_pool    = idle reply buffers kept for reuse        (<= the pool cap)
+//!   other         = overhead - frontend - reply_pool: engine buffers (sync write
+//!                   windows, the MOS copy, allocator trees, queue and scan buffers,
+//!                   intent-log itxs), thread stacks, and freed memory the allocator
+//!                   keeps (<= the fixed term)
+//!   overhead_max  = front-end budget + reply-pool cap + 192 MiB + 128 KiB x connections
+//! ```
+//!
+//! Every term is a number the daemon already has; RSS is read from /proc/self/statm.
+//! Memory the allocator keeps after dirty data or the ARC shrank stays in RSS and so
+//! shows as overhead until it is reused or returned: an overhead above `overhead_max`
+//! while the ARC and dirty data are below their maxima is not yet a broken bound (the
+//! bound is on RSS), but it is the number to watch.
+
+/// The fixed term of the memory bound (design.md §5).
+pub const FIXED_OVERHEAD_BYTES: u64 = 192 << 20;
+/// Per open NBD connection: its read and write buffers.
+pub const PER_CONNECTION_BYTES: u64 = 128 << 10;
+
+/// What the overhead is computed from, all in bytes except `connections`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryInputs {
+    pub rss: u64,
+    pub arc_size: u64,
+    pub dirty: u64,
+    pub frontend_budget: u64,
+    pub frontend_in_use: u64,
+    pub reply_pool: u64,
+    pub reply_pool_cap: u64,
+    pub connections: u64,
+}
+
+/// The overhead and its parts (module comment), in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    pub rss: u64,
+    pub overhead: u64,
+    pub frontend: u64,
+    pub reply_pool: u64,
+    pub other: u64,
+    pub overhead_max: u64,
+}
+
+pub fn report(i: MemoryInputs) -> MemoryReport {
+    let overhead = i.rss.saturating_sub(i.arc_size).saturating_sub(i.dirty);
+    MemoryReport {
+        rss: i.rss,
+        overhead,
+        frontend: i.frontend_in_use,
+        reply_pool: i.reply_pool,
+        other: overhead.saturating_sub(i.frontend_in_use).saturating_sub(i.reply_pool),
+        overhead_max: i.frontend_budget + i.reply_pool_cap + FIXED_OVERHEAD_BYTES + i.connections * PER_CONNECTION_BYTES,
+    }
+}
+
+/// This process's resident set size (0 if /proc cannot be read).
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
+impl MemoryReport {
+    /// The `/v1/arcstats` keys (Zilla names, next to the arcstats kstat names).
+    pub fn kstats(&self) -> [(&'static str, u64); 6] {
+        [
+            ("zilla_rss_bytes", self.rss),
+            ("zilla_overhead_bytes", self.overhead),
+            ("zilla_overhead_frontend_bytes", self.frontend),
+            ("zilla_overhead_reply_pool_bytes", self.reply_pool),
+            ("zilla_overhead_other_bytes", self.other),
+            ("zilla_overhead_max_bytes", self.overhead_max),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overhead_is_rss_beyond_arc_and_dirty_and_its_parts_add_up() {
+        let i = MemoryInputs {
+            rss: 500 << 20,
+            arc_size: 64 << 20,
+            dirty: 100 << 20,
+            frontend_budget: 256 << 20,
+            frontend_in_use: 10 << 20,
+            reply_pool: 6 << 20,
+            reply_pool_cap: 32 << 20,
+            connections: 4,
+        };
+        let r = report(i);
+        assert_eq!(r.overhead, 336 << 20);
+        assert_eq!(r.frontend + r.reply_pool + r.other, r.overhead);
+        assert_eq!(r.overhead_max, (256 << 20) + (32 << 20) + (192 << 20) + 4 * (128 << 10));
+        // more ARC and dirty than RSS (pages not touched yet): no underflow
+        assert_eq!(report(MemoryInputs { rss: 10, arc_size: 64, dirty: 5, ..i }).overhead, 0);
+    }
+
+    #[test]
+    fn rss_of_this_process_is_read() {
+        assert!(rss_bytes() > 1 << 20, "{}", rss_bytes());
+    }
+}
