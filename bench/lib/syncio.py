@@ -86,6 +86,7 @@ class ZilDelta:
                 "lwbs_per_commit_writer": round(lwbs / writers, 3) if writers else None,
                 "log_bytes_slog": self.d("zil_itx_metaslab_slog_write"),
                 "log_bytes_normal": self.d("zil_itx_metaslab_normal_write"),
+                "lwbs_slog_full": self.d("zil_lwb_slog_full_count"),
                 "itx_indirect": self.d("zil_itx_indirect_count"),
                 "itx_copied": self.d("zil_itx_copied_count") + self.d("zil_itx_needcopy_count")}
 

@@ -14,6 +14,10 @@ did, which is what the ratio compares. Afterwards the files are checked against 
 tarball (`tar -d`).
 
 Goal (issue 7, seed 000): with the log mirror, at least 10x faster.
+
+Also reported, not part of the goal: the *client floor*, the same extraction through
+nbdfuse and loop onto `nbdkit memory` (no storage, a free flush): what ext4, the loop
+device, FUSE and nbdfuse cost per file whatever the server does.
 """
 
 import io
@@ -39,7 +43,7 @@ NOLOG_LIMIT_S = 90
 
 
 def run_scenario(ctx):
-    ensure_tools(["nbdfuse", "mkfs.ext4", "losetup", "tar"])
+    ensure_tools(["nbdfuse", "nbdkit", "mkfs.ext4", "losetup", "tar"])
     nfiles = 4300 if ctx.quick else 43000
     vol = 2 * GiB
     wd = make_workdir()
@@ -53,6 +57,7 @@ def run_scenario(ctx):
         limit = NOLOG_LIMIT_S if (ctx.quick and pool == "nolog") else None
         results[pool] = extract(z, wd, pool, tarball, nfiles, limit)
     z.stop()
+    floor = extract_floor(wd, tarball, nfiles, vol)
     a, b = results["nolog"], results["slog"]
     speedup = ratio(b["files_per_s"], a["files_per_s"])
     print(table(["tar -x, ext4 -o sync,dirsync", "files", "seconds", "files/s", "flushes (commits)",
@@ -60,13 +65,59 @@ def run_scenario(ctx):
                 [[p, fmt(r["files_done"]), fmt(r["seconds"]), fmt(r["files_per_s"]),
                   fmt(r["zil"]["commits"]), fmt(r["zil"]["itxs_per_lwb"], 2)] for p, r in results.items()]))
     print(f"\nwith the log mirror: {fmt(speedup, 2)}x the files per second")
+    print(f"client floor (the same extraction on nbdkit memory: no storage, flush free): "
+          f"{floor['seconds']} s, {floor['ms_per_file']} ms per file; the goal needs the log "
+          f"mirror at <= {round(1000 / (a['files_per_s'] * 10), 2) if a['files_per_s'] else '?'} ms per file, "
+          f"it took {round(1000 / b['files_per_s'], 2) if b['files_per_s'] else '?'}")
     config = {"files": nfiles, "tar_bytes": total_bytes, "volume_bytes": vol,
               "mount": "ext4 -o sync,dirsync on loop on nbdfuse (unix socket)",
               "nolog_time_limit_s": NOLOG_LIMIT_S if ctx.quick else None,
               "pools": {"nolog": "mirror sim-hdd sim-hdd mirror sim-hdd sim-hdd",
                         "slog": "the same + log mirror sim-ssd sim-ssd"}}
-    return {"config": config, "results": results,
+    return {"config": config, "results": results, "client_floor_nbdkit_memory": floor,
             "goals": [goal("tar -x files/s on ext4 -o sync, log mirror / no log", ">=", 10, speedup)]}
+
+
+def extract_floor(wd, tarball, nfiles, vol):
+    """The extraction onto nbdkit's memory plugin over a unix socket, timed like
+    `extract` (tar -xf, then sync)."""
+    fuse, mnt, sock = (os.path.join(wd, n) for n in ("fuse-floor", "mnt-floor", "floor.sock"))
+    os.makedirs(fuse)
+    os.makedirs(mnt)
+    kit = subprocess.Popen(["nbdkit", "-f", "-U", sock, "memory", str(vol)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    fuse_proc, loop = None, None
+    try:
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.1)
+        fuse_proc = subprocess.Popen(["nbdfuse", fuse, f"nbd+unix:///?socket={sock}"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(100):
+            if os.path.exists(os.path.join(fuse, "nbd")):
+                break
+            time.sleep(0.1)
+        else:
+            raise BenchError(f"nbdfuse did not expose {fuse}/nbd")
+        loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).stdout.strip()
+        run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", loop])
+        run(["mount", "-o", "sync,dirsync", loop, mnt])
+        t0 = time.time()
+        run(["tar", "-xf", tarball, "-C", mnt])
+        run(["sync", "-f", mnt])
+        secs = time.time() - t0
+        log(f"client floor (nbdkit memory): {nfiles} files in {secs:.1f}s")
+        return {"seconds": round(secs, 2), "ms_per_file": round(secs * 1000 / nfiles, 3)}
+    finally:
+        run(["umount", mnt], check=False)
+        if loop:
+            run(["losetup", "-d", loop], check=False)
+        run(["fusermount3", "-u", fuse], check=False)
+        if fuse_proc:
+            fuse_proc.wait(timeout=30)
+        kit.terminate()
+        kit.wait(timeout=30)
 
 
 def make_tarball(path, nfiles):

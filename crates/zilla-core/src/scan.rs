@@ -308,6 +308,13 @@ pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
             }
             return Err(Error::Busy("a scrub is already in progress (pause it with -p, stop it with -s)".into()));
         }
+        if s.func == ScanFunc::Resilver && inner.scan().running.load(Ordering::Acquire) {
+            // a finished pass whose thread waits for a txg sync before another pass
+            // over DTL ranges left (`another_pass`): joining it here would hold the
+            // control lock for as long as the pool cannot sync (a suspended pool: for
+            // ever), hanging this and every later scan command
+            return Err(Error::Busy("a resilver is in progress (another pass waits for a txg sync)".into()));
+        }
         if s.state == ScanState::Paused && s.func == ScanFunc::Scrub {
             s.state = ScanState::Scanning;
         } else {

@@ -335,6 +335,9 @@ pub struct ZilStats {
     pub zil_itx_metaslab_slog_bytes: AtomicU64,
     pub zil_itx_metaslab_slog_write: AtomicU64,
     pub zil_lwb_write_count: AtomicU64,
+    /// (Zilla) Log blocks the log class could not allocate while usable (full or too
+    /// fragmented for the size asked): the block came from the normal class instead.
+    pub zil_lwb_slog_full_count: AtomicU64,
     /// Records replayed from this volume's log at import.
     pub replayed_records: AtomicU64,
 }
@@ -360,6 +363,7 @@ impl ZilStats {
             ("zil_itx_metaslab_slog_bytes", l(&self.zil_itx_metaslab_slog_bytes)),
             ("zil_itx_metaslab_slog_write", l(&self.zil_itx_metaslab_slog_write)),
             ("zil_lwb_write_count", l(&self.zil_lwb_write_count)),
+            ("zil_lwb_slog_full_count", l(&self.zil_lwb_slog_full_count)),
         ]
     }
 }
@@ -823,9 +827,14 @@ impl Zilog {
                 // burst after small commits then still takes one lwb, and since an lwb
                 // is written only as far as it is used, a large block costs a small
                 // commit nothing but space until the next sync frees it
-                let want = if left > 0 { left } else { c.recent_commit_bytes.iter().copied().max().unwrap_or(0) as usize };
-                let want = (want + LWB_HEADER_SIZE).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
-                let succ = alloc_log_block(io, want, admit_normal)?;
+                let need = (left + LWB_HEADER_SIZE).next_multiple_of(LWB_MIN_SIZE).clamp(LWB_MIN_SIZE, max_block);
+                let predicted = (c.recent_commit_bytes.iter().copied().max().unwrap_or(0) as usize + LWB_HEADER_SIZE)
+                    .next_multiple_of(LWB_MIN_SIZE)
+                    .clamp(LWB_MIN_SIZE, max_block);
+                let want = if left > 0 { need } else { predicted };
+                // a log class too full for the prediction still takes what is needed
+                // (a commit then spans more lwbs) before the log moves to the normal class
+                let succ = alloc_log_block_sized(io, want, need, admit_normal, Some(&self.stats))?;
                 c.next = Some((succ, seq + 1));
                 let block = encode_lwb_in(&ptr, c.guid, self.volume_id, seq, &succ, &body, io.alloc_unit() as usize);
                 let cb = ChainBlock { ptr, seq, max_txg, written: false, records: nrec, record_bytes: body.len() as u32 };
@@ -1091,19 +1100,36 @@ impl Zilog {
 /// hang). Refused: NoSpace, and the commit waits for a txg instead (as zil_commit_writer
 /// does when zio_alloc_zil fails).
 fn alloc_log_block(io: &PoolIo, len: usize, admit_normal: AdmitLogBlock<'_>) -> Result<LogPtr> {
+    alloc_log_block_sized(io, len, len, admit_normal, None)
+}
+
+/// A log block of `want` bytes, or of `need` (<= want) when the log class cannot give
+/// `want`: the slog is tried at both sizes before the normal class gets `need`.
+fn alloc_log_block_sized(io: &PoolIo, want: usize, need: usize, admit_normal: AdmitLogBlock<'_>, stats: Option<&ZilStats>) -> Result<LogPtr> {
     // the pool's allocation unit (a power of two, 4 KiB up to the largest ashift), so a
     // log block starts and ends on its vdev's sectors
     let unit = io.alloc_unit().max(LWB_MIN_SIZE as u64);
-    let len = (len as u64).next_multiple_of(unit);
+    let (want, need) = ((want as u64).next_multiple_of(unit), (need.min(want) as u64).next_multiple_of(unit));
     if log_class_usable(io) {
-        if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
-            return Ok(LogPtr { dva: d });
+        // the prediction only while the log class is at most 3/4 full: log blocks stay
+        // allocated until their txg syncs and two more pass (deferred frees), so a
+        // small slog under a stream of commits would otherwise fill with the unwritten
+        // tails of predicted blocks and send commits to the normal class
+        let (size, allocated) = io.ms.space(Role::Log);
+        let roomy = allocated.saturating_mul(4) <= size.saturating_mul(3);
+        for len in if want > need && roomy { vec![want, need] } else { vec![need] } {
+            if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
+                return Ok(LogPtr { dva: d });
+            }
+        }
+        if let Some(st) = stats {
+            st.zil_lwb_slog_full_count.fetch_add(1, Ordering::Relaxed);
         }
     }
-    if !admit_normal(len) {
+    if !admit_normal(want) {
         return Err(Error::NoSpace);
     }
-    Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, len)? })
+    Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, want)? })
 }
 
 /// The pool has log vdevs and each can take a log block: some online child has not
