@@ -408,7 +408,7 @@ impl DmuSynced {
     /// The sync may use this block for block `blkid` whose dirty version of its txg is
     /// `data`: the very version written, and durable.
     pub fn matches(&self, blkid: crate::BlockId, data: &Arc<[u8]>) -> bool {
-        self.durable && self.blkid == blkid && Arc::ptr_eq(&self.data, data)
+        self.durable && self.blkid == blkid && !self.data.is_empty() && Arc::ptr_eq(&self.data, data)
     }
 }
 
@@ -418,6 +418,11 @@ impl DmuSynced {
 struct Overrides {
     /// By the block's address.
     blocks: std::collections::HashMap<Dva, DmuSynced>,
+    /// The newest block written for each (txg, block id): an older one for the same
+    /// block and txg can never be used (the dirty version moved on, as the itx order
+    /// per block is the dirty order), so its buffer is let go at once (a block
+    /// rewritten and flushed many times in one txg keeps one buffer alive, not all).
+    latest: std::collections::HashMap<(Txg, crate::BlockId), Dva>,
     /// The syncs of txgs up to this one took their overrides: no new dmu_sync for them.
     closed_through: Txg,
     /// dmu_syncs begun and not ended, by txg.
@@ -764,6 +769,11 @@ impl Zilog {
         };
         let blkid = crate::BlockId(offset / block.len() as u64);
         o.blocks.insert(dva, DmuSynced { txg, blkid, data: block.clone(), bp, durable: false });
+        if let Some(older) = o.latest.insert((txg, blkid), dva) {
+            if let Some(b) = o.blocks.get_mut(&older) {
+                b.data = Arc::from(&[][..]); // superseded: never matches, freed by the sync
+            }
+        }
         drop(o);
         let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: bp.encode().to_vec() };
         Some((record, DataWrite { dva, txg, data: p.data }))
@@ -1016,7 +1026,11 @@ impl Zilog {
                 c.on_disk = true;
             }
         }
-        self.overrides.lock().blocks.retain(|_, b| b.txg > tok.txg);
+        {
+            let mut o = self.overrides.lock();
+            o.blocks.retain(|_, b| b.txg > tok.txg);
+            o.latest.retain(|(t, _), _| *t > tok.txg);
+        }
         let mut l = self.itxs.lock();
         let keep = l.by_txg.split_off(&tok.txg.next());
         l.by_txg = keep;
@@ -1093,7 +1107,10 @@ impl Zilog {
     pub fn take_all_blocks(&self) -> Vec<Dva> {
         let blocks = self.held_blocks();
         *self.chain.lock() = Chain::default();
-        self.overrides.lock().blocks.clear();
+        let mut o = self.overrides.lock();
+        o.blocks.clear();
+        o.latest.clear();
+        drop(o);
         blocks
     }
 
