@@ -1155,7 +1155,8 @@ fn alloc_log_block_sized(io: &PoolIo, want: usize, need: usize, admit_normal: Ad
         // tails of predicted blocks and send commits to the normal class
         let (size, allocated) = io.ms.space(Role::Log);
         let roomy = allocated.saturating_mul(4) <= size.saturating_mul(3);
-        for len in if want > need && roomy { vec![want, need] } else { vec![need] } {
+        let sizes: &[u64] = if want > need && roomy { &[want, need] } else { &[need] };
+        for &len in sizes {
             if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
                 return Ok(LogPtr { dva: d });
             }

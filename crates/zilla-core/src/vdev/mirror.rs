@@ -346,32 +346,42 @@ impl TopVdev {
         }
     }
 
+    /// The children that take writes now (online); `missed` runs for each other one
+    /// (it gets the txgs of the writes in its DTL).
+    fn writable_children(&self, missed: &dyn Fn(&Leaf)) -> Vec<Arc<Leaf>> {
+        let mut all = self.children();
+        all.retain(|c| {
+            let ok = c.readable();
+            if !ok {
+                missed(c);
+            }
+            ok
+        });
+        all
+    }
+
+    /// A write of a block born in `txg` failed on `leaf`: it misses that txg, its next
+    /// flush does not count as holding what it was given, and the error counts toward
+    /// faulting it.
+    fn note_write_failed(&self, leaf: &Leaf, txg: Txg, e: &IoError) {
+        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+        leaf.write_failed_since_flush.store(true, Ordering::Release);
+        leaf.dtl_add(txg);
+        self.note_error(leaf, e);
+    }
+
     /// Write `data` at data offset `offset` (relative to DATA_START) on every writable
     /// child: one child request each, sharing the buffer, all in flight at once. Children
     /// that miss it (not online, or their write fails) get `txg` in their DTL. `done` runs
     /// once, on the engine thread of the last child to finish, with every child's result.
     pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: Txg, done: WriteDone) {
         let phys = super::label::DATA_START + offset;
-        let writable: Vec<Arc<Leaf>> = self
-            .children()
-            .into_iter()
-            .filter(|c| {
-                let ok = c.readable();
-                if !ok {
-                    c.dtl_add(txg);
-                }
-                ok
-            })
-            .collect();
+        let writable = self.writable_children(&|c| c.dtl_add(txg));
         if writable.is_empty() {
             done(WriteOutcome { written: 0, failed: Vec::new(), len: data.len() as u64, offset: phys });
             return;
         }
-        let fan = Arc::new(Fanout {
-            left: AtomicU32::new(writable.len() as u32),
-            outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len: data.len() as u64, offset: phys }),
-            done: Mutex::new(Some(done)),
-        });
+        let fan = Fanout::new(writable.len(), data.len() as u64, phys, done);
         for c in writable {
             c.note_unflushed(txg);
             let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
@@ -386,10 +396,7 @@ impl TopVdev {
                         fan.outcome.lock().written += 1;
                     }
                     Err(e) => {
-                        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
-                        leaf.write_failed_since_flush.store(true, Ordering::Release);
-                        leaf.dtl_add(txg);
-                        top.note_error(&leaf, &e);
+                        top.note_write_failed(&leaf, txg, &e);
                         fan.outcome.lock().failed.push((leaf.guid, e));
                     }
                 }
@@ -413,27 +420,13 @@ impl TopVdev {
     pub fn write_blocks_then_flush(self: &Arc<Self>, class: IoClass, blocks: Vec<BlockWrite>, flush: bool, done: WriteDone) {
         let len: u64 = blocks.iter().map(|b| b.data.len() as u64).sum();
         let first = blocks.first().map_or(0, |b| super::label::DATA_START + b.offset);
-        let writable: Vec<Arc<Leaf>> = self
-            .children()
-            .into_iter()
-            .filter(|c| {
-                let ok = c.readable();
-                if !ok {
-                    blocks.iter().for_each(|b| c.dtl_add(b.txg));
-                }
-                ok
-            })
-            .collect();
+        let writable = self.writable_children(&|c| blocks.iter().for_each(|b| c.dtl_add(b.txg)));
         if writable.is_empty() || blocks.is_empty() {
             let written = if blocks.is_empty() { writable.len() as u32 } else { 0 };
             done(WriteOutcome { written, failed: Vec::new(), len, offset: first });
             return;
         }
-        let fan = Arc::new(Fanout {
-            left: AtomicU32::new(writable.len() as u32),
-            outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len, offset: first }),
-            done: Mutex::new(Some(done)),
-        });
+        let fan = Fanout::new(writable.len(), len, first, done);
         let txgs: Arc<[Txg]> = blocks.iter().map(|b| b.txg).collect();
         for c in writable {
             txgs.iter().for_each(|t| c.note_unflushed(*t));
@@ -444,10 +437,7 @@ impl TopVdev {
                     let super::queue::IoDone { result, data, .. } = d;
                     drop(data);
                     if let Err(e) = result {
-                        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
-                        leaf.write_failed_since_flush.store(true, Ordering::Release);
-                        leaf.dtl_add(txg);
-                        top.note_error(&leaf, &e);
+                        top.note_write_failed(&leaf, txg, &e);
                         child.failed.store(true, Ordering::Release);
                         fan.outcome.lock().failed.push((leaf.guid, e));
                     }
@@ -664,11 +654,7 @@ impl TopVdev {
             done(WriteOutcome { written: 0, failed: Vec::new(), len: 0, offset: 0 });
             return;
         }
-        let fan = Arc::new(Fanout {
-            left: AtomicU32::new(online.len() as u32),
-            outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len: 0, offset: 0 }),
-            done: Mutex::new(Some(done)),
-        });
+        let fan = Fanout::new(online.len(), 0, 0, done);
         for c in online {
             let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
             let (covered, clean) = c.begin_flush(true);
@@ -762,6 +748,15 @@ struct ChildRun {
 }
 
 impl Fanout {
+    /// Waits for `children` reports, then calls `done` once with their outcome.
+    fn new(children: usize, len: u64, offset: u64, done: WriteDone) -> Arc<Fanout> {
+        Arc::new(Fanout {
+            left: AtomicU32::new(children as u32),
+            outcome: Mutex::new(WriteOutcome { written: 0, failed: Vec::new(), len, offset }),
+            done: Mutex::new(Some(done)),
+        })
+    }
+
     fn child_done(&self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             let o = std::mem::replace(&mut *self.outcome.lock(), WriteOutcome { written: 0, failed: Vec::new(), len: 0, offset: 0 });
