@@ -20,6 +20,7 @@ nbdfuse and loop onto `nbdkit memory` (no storage, a free flush): what ext4, the
 device, FUSE and nbdfuse cost per file whatever the server does.
 """
 
+import contextlib
 import io
 import os
 import random
@@ -81,19 +82,37 @@ def run_scenario(ctx):
 def extract_floor(wd, tarball, nfiles, vol):
     """The extraction onto nbdkit's memory plugin over a unix socket, timed like
     `extract` (tar -xf, then sync)."""
-    fuse, mnt, sock = (os.path.join(wd, n) for n in ("fuse-floor", "mnt-floor", "floor.sock"))
-    os.makedirs(fuse)
-    os.makedirs(mnt)
+    sock = os.path.join(wd, "floor.sock")
     kit = subprocess.Popen(["nbdkit", "-f", "-U", sock, "memory", str(vol)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
-    fuse_proc, loop = None, None
     try:
         for _ in range(100):
             if os.path.exists(sock):
                 break
             time.sleep(0.1)
-        fuse_proc = subprocess.Popen(["nbdfuse", fuse, f"nbd+unix:///?socket={sock}"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        with sync_ext4(wd, "floor", f"nbd+unix:///?socket={sock}") as mnt:
+            t0 = time.time()
+            run(["tar", "-xf", tarball, "-C", mnt])
+            run(["sync", "-f", mnt])
+            secs = time.time() - t0
+        log(f"client floor (nbdkit memory): {nfiles} files in {secs:.1f}s")
+        return {"seconds": round(secs, 2), "ms_per_file": round(secs * 1000 / nfiles, 3)}
+    finally:
+        kit.terminate()
+        kit.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def sync_ext4(wd, tag, uri):
+    """A fresh ext4 mounted -o sync,dirsync on a loop device over nbdfuse's view of the
+    NBD export `uri`; yields the mount point, and takes it all down afterwards."""
+    fuse, mnt = os.path.join(wd, f"fuse-{tag}"), os.path.join(wd, f"mnt-{tag}")
+    os.makedirs(fuse)
+    os.makedirs(mnt)
+    fuse_proc = subprocess.Popen(["nbdfuse", fuse, uri], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+    loop = None
+    try:
         for _ in range(100):
             if os.path.exists(os.path.join(fuse, "nbd")):
                 break
@@ -103,21 +122,13 @@ def extract_floor(wd, tarball, nfiles, vol):
         loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).stdout.strip()
         run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", loop])
         run(["mount", "-o", "sync,dirsync", loop, mnt])
-        t0 = time.time()
-        run(["tar", "-xf", tarball, "-C", mnt])
-        run(["sync", "-f", mnt])
-        secs = time.time() - t0
-        log(f"client floor (nbdkit memory): {nfiles} files in {secs:.1f}s")
-        return {"seconds": round(secs, 2), "ms_per_file": round(secs * 1000 / nfiles, 3)}
+        yield mnt
     finally:
         run(["umount", mnt], check=False)
         if loop:
             run(["losetup", "-d", loop], check=False)
         run(["fusermount3", "-u", fuse], check=False)
-        if fuse_proc:
-            fuse_proc.wait(timeout=30)
-        kit.terminate()
-        kit.wait(timeout=30)
+        fuse_proc.wait(timeout=30)
 
 
 def make_tarball(path, nfiles):
@@ -160,23 +171,7 @@ def make_pool(z, wd, name, vol):
 
 
 def extract(z, wd, pool, tarball, nfiles, limit_s):
-    fuse, mnt = os.path.join(wd, f"fuse-{pool}"), os.path.join(wd, f"mnt-{pool}")
-    os.makedirs(fuse)
-    os.makedirs(mnt)
-    uri = f"nbd+unix:///{pool}/fs?socket={z.state}/nbd.sock"
-    fuse_proc = subprocess.Popen(["nbdfuse", fuse, uri], stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, start_new_session=True)
-    loop = None
-    try:
-        for _ in range(100):
-            if os.path.exists(os.path.join(fuse, "nbd")):
-                break
-            time.sleep(0.1)
-        else:
-            raise BenchError(f"nbdfuse did not expose {fuse}/nbd")
-        loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).stdout.strip()
-        run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", loop])
-        run(["mount", "-o", "sync,dirsync", loop, mnt])
+    with sync_ext4(wd, pool, f"nbd+unix:///{pool}/fs?socket={z.state}/nbd.sock") as mnt:
         wait_idle(z.pid)
         la = loadavg()
         with ZilDelta(z) as zd:
@@ -195,15 +190,9 @@ def extract(z, wd, pool, tarball, nfiles, limit_s):
             r = run(["tar", "-df", tarball, "-C", mnt], check=False)
             if r.returncode != 0:
                 raise BenchError(f"{pool}: extracted files differ from the tarball: {r.stdout[-300:]}")
-        res = {"files_done": done, "complete": complete, "verified": complete,
-               "seconds": round(secs, 2), "files_per_s": round(done / secs, 2) if secs else None,
-               "zil": zd.summary(), "loadavg_before": la}
-        log(f"{pool}: {done} files in {secs:.1f}s ({res['files_per_s']} files/s)"
-            f"{'' if complete else ' (stopped at the time limit)'}; commits {res['zil']['commits']}")
-        return res
-    finally:
-        run(["umount", mnt], check=False)
-        if loop:
-            run(["losetup", "-d", loop], check=False)
-        run(["fusermount3", "-u", fuse], check=False)
-        fuse_proc.wait(timeout=30)
+    res = {"files_done": done, "complete": complete, "verified": complete,
+           "seconds": round(secs, 2), "files_per_s": round(done / secs, 2) if secs else None,
+           "zil": zd.summary(), "loadavg_before": la}
+    log(f"{pool}: {done} files in {secs:.1f}s ({res['files_per_s']} files/s)"
+        f"{'' if complete else ' (stopped at the time limit)'}; commits {res['zil']['commits']}")
+    return res
