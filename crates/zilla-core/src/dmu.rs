@@ -199,17 +199,27 @@ pub struct WritePolicy {
     pub algo: ChecksumAlgo,
     pub comp: Compression,
     pub txg: Txg,
+    /// Keep the new indirect blocks for the ARC (primarycache all or metadata).
+    pub cache_metadata: bool,
 }
 
+/// A block written by a sync, to enter the ARC once its txg has committed.
+pub type WrittenBlock = (crate::arc::BlockKey, Arc<[u8]>);
+
 /// Apply sorted L0 changes to the tree rooted at `root`: write new indirects (queued in
-/// `batch`), free replaced blocks in `txg`. Returns the new root.
+/// `batch`), free replaced blocks in `txg`. Returns the new root. With
+/// `pol.cache_metadata` the new indirects are pushed to `written`, so the caller caches
+/// them once the txg commits: without that, every txg left the next write under each
+/// rewritten indirect (and the next sync's rewrite of it) to read it back from disk.
 pub fn apply_changes(
     io: &PoolIo,
     root: &TreeRoot,
     changes: &[(BlockId, BlockPointer)],
     pol: &WritePolicy,
     batch: &mut Vec<PendingWrite>,
+    written: &mut Vec<WrittenBlock>,
 ) -> Result<TreeRoot> {
+    #[allow(clippy::too_many_arguments)]
     fn rec(
         io: &PoolIo,
         bp: &BlockPointer,
@@ -218,6 +228,7 @@ pub fn apply_changes(
         changes: &[(BlockId, BlockPointer)],
         pol: &WritePolicy,
         batch: &mut Vec<PendingWrite>,
+        written: &mut Vec<WrittenBlock>,
     ) -> Result<BlockPointer> {
         if level == 0 {
             debug_assert_eq!(changes.len(), 1);
@@ -238,7 +249,7 @@ pub fn apply_changes(
                 j += 1;
             }
             let old = child_bp(&ind, idx)?;
-            let new = rec(io, &old, level - 1, base + idx * span, &changes[i..j], pol, batch)?;
+            let new = rec(io, &old, level - 1, base + idx * span, &changes[i..j], pol, batch, written)?;
             let o = idx as usize * BlockPointer::SIZE;
             ind[o..o + BlockPointer::SIZE].copy_from_slice(&new.encode());
             i = j;
@@ -252,12 +263,16 @@ pub fn apply_changes(
             return Ok(BlockPointer::hole());
         }
         let ind: Arc<[u8]> = ind.into();
-        io.alloc_block(&ind, pol.txg, blkptr::KIND_INDIRECT, level as u8, fill, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)
+        let new = io.alloc_block(&ind, pol.txg, blkptr::KIND_INDIRECT, level as u8, fill, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
+        if pol.cache_metadata {
+            written.push((crate::arc::BlockKey { vdev: new.dva[0].vdev, offset: new.dva[0].offset, birth: new.birth }, ind));
+        }
+        Ok(new)
     }
     if changes.is_empty() {
         return Ok(*root);
     }
-    let bp = rec(io, &root.bp, root.nlevels as u32 - 1, 0, changes, pol, batch)?;
+    let bp = rec(io, &root.bp, root.nlevels as u32 - 1, 0, changes, pol, batch, written)?;
     Ok(TreeRoot { bp, nlevels: root.nlevels })
 }
 

@@ -287,10 +287,12 @@ impl PoolInner {
             }
             let changes = self.sync_volume_data(v, &recs, &overrides, txg, &writer, &mut written)?;
             let props = v.props.typed();
-            trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg }));
+            let cache_metadata = props.primarycache != crate::props::CachePolicy::None;
+            trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg, cache_metadata }));
         }
+        let mut indirects = Vec::new();
         for (v, root, changes, pol) in &trees {
-            let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch)?;
+            let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch, &mut indirects)?;
             new_roots.push((v.clone(), nr));
         }
         self.free_doomed(&doomed, txg)?;
@@ -318,6 +320,9 @@ impl PoolInner {
         // allocations, and a key (vdev, offset, birth) must never name other content.
         for (k, d) in written {
             self.io.arc.insert(k, d, crate::arc::BufKind::Data);
+        }
+        for (k, d) in indirects {
+            self.io.arc.insert(k, d, crate::arc::BufKind::Metadata);
         }
         for (v, r) in &new_roots {
             *v.committed.write() = *r;
