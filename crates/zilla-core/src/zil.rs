@@ -449,13 +449,55 @@ pub enum CommitOutcome {
     NeedTxgSync(Txg),
 }
 
+/// How [`Zilog::commit_start`] went.
+pub enum CommitStart {
+    /// Ended without writing: nothing was pending, or the log cannot take the itxs.
+    Done(CommitOutcome),
+    /// Another commit holds the issuer role: commit blocking (and be batched).
+    Busy,
+    /// This commit holds the issuer role: pass it to [`Zilog::issue_started`].
+    Issue(Flight),
+}
+
+/// A commit's writes in flight: its itxs up to `seq`, its lwbs and the blocks it
+/// writes in place.
+#[must_use = "a started commit holds the issuer role until its writes are issued and finished"]
+pub struct Flight {
+    seq: u64,
+    synced: Txg,
+    open: Txg,
+    lwbs: Vec<(ChainBlock, Vec<u8>)>,
+    data: Vec<DataWrite>,
+    started: std::time::Instant,
+}
+
+/// Completion of a commit's writes: the flight and how its writes went.
+pub type IssueDone = Box<dyn FnOnce(Flight, Result<()>) + Send>;
+
+enum Prepared {
+    Outcome(CommitOutcome),
+    Issue(Flight),
+}
+
+/// The issuer role (one commit at a time writes lwbs); released when dropped.
+struct IssuerRole<'a>(&'a Zilog);
+
+impl Drop for IssuerRole<'_> {
+    fn drop(&mut self) {
+        self.0.issuer_release();
+    }
+}
+
 /// One volume's intent log.
 pub struct Zilog {
     volume_id: u64,
     itxs: Mutex<ItxLists>,
     chain: Mutex<Chain>,
-    issuer: Mutex<()>,
-    /// Commits waiting for the issuer lock (for `zfs_commit_timeout_pct`).
+    /// A commit holds the issuer role (blocking: for its whole run; started
+    /// asynchronously: until its writes complete). Waited for with `issuer_cv`.
+    issuer: Mutex<bool>,
+    issuer_cv: Condvar,
+    /// Commits waiting for the issuer role (for `zfs_commit_timeout_pct`).
     commits_waiting: AtomicU64,
     /// How long the last lwb write and flush took.
     last_lwb_latency_ns: AtomicU64,
@@ -479,7 +521,8 @@ impl Zilog {
             volume_id,
             itxs: Mutex::new(ItxLists::default()),
             chain: Mutex::new(Chain::default()),
-            issuer: Mutex::new(()),
+            issuer: Mutex::new(false),
+            issuer_cv: Condvar::new(),
             commits_waiting: AtomicU64::new(0),
             last_lwb_latency_ns: AtomicU64::new(0),
             durable_seq: AtomicU64::new(0),
@@ -545,7 +588,7 @@ impl Zilog {
             return Ok(CommitOutcome::Durable);
         }
         self.commits_waiting.fetch_add(1, Ordering::AcqRel);
-        let _issuer = self.issuer.lock();
+        let _issuer = self.issuer_acquire();
         let others_waiting = self.commits_waiting.fetch_sub(1, Ordering::AcqRel) > 1;
         if target <= self.durable_seq.load(Ordering::Acquire) {
             return Ok(CommitOutcome::Durable); // an earlier issuer wrote ours too
@@ -560,31 +603,137 @@ impl Zilog {
                 std::thread::sleep(std::time::Duration::from_nanos(ns));
             }
         }
+        match self.prepare(io, synced, open, new_guid, admit_normal, data_policy) {
+            Prepared::Outcome(o) => Ok(o),
+            Prepared::Issue(flight) => {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                self.issue(io, flight, Box::new(move |flight, result| {
+                    let _ = tx.send((flight, result));
+                }));
+                let (flight, result) = rx.recv().map_err(|_| Error::Io(std::io::Error::other("intent log write completion lost")))?;
+                Ok(self.finish(io, flight, result))
+            }
+        }
+    }
+
+    /// zil_commit without blocking the caller: the caller's thread only packs the
+    /// lwbs; [`Zilog::issue_started`] submits them, and the engine thread whose device
+    /// completion ends the commit tells the caller (OpenZFS wakes its commit waiters
+    /// from the lwb's flush completion). `Issue` only when this commit became the
+    /// issuer at once; it holds the issuer role until [`Zilog::finish_async`], so the
+    /// caller must issue it. `Busy` when another commit holds the role (commit
+    /// blocking then, batched behind it); `Done` when nothing had to be written, or the
+    /// log cannot take the itxs (a txg to wait for).
+    pub fn commit_start(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> CommitStart {
+        let target = self.itxs.lock().last_seq;
+        if target <= self.durable_seq.load(Ordering::Acquire) {
+            self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
+            return CommitStart::Done(CommitOutcome::Durable);
+        }
+        let Some(role) = self.issuer_try() else {
+            return CommitStart::Busy; // the blocking commit counts it
+        };
+        self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
+        self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
+        match self.prepare(io, synced, open, new_guid, admit_normal, data_policy) {
+            Prepared::Outcome(o) => CommitStart::Done(o),
+            Prepared::Issue(flight) => {
+                // the role stays held until finish_async, from the completion
+                std::mem::forget(role);
+                CommitStart::Issue(flight)
+            }
+        }
+    }
+
+    /// Submit the writes of a commit from [`Zilog::commit_start`]. `done` runs once,
+    /// from the completion of the last write-then-flush run (or here, when nothing
+    /// could be submitted), with the flight to hand to [`Zilog::finish_async`]; it
+    /// runs in a device completion, so it must not block.
+    pub fn issue_started(&self, io: &PoolIo, flight: Flight, done: IssueDone) {
+        self.issue(io, flight, done);
+    }
+
+    /// The writes of a commit started by [`Zilog::commit_start`] ended: publish what
+    /// is durable, give up the issuer role, and tell how the commit ended.
+    pub fn finish_async(&self, io: &PoolIo, flight: Flight, result: Result<()>) -> CommitOutcome {
+        let outcome = self.finish(io, flight, result);
+        self.issuer_release();
+        outcome
+    }
+
+    /// The issuer role, waiting for it.
+    fn issuer_acquire(&self) -> IssuerRole<'_> {
+        let mut busy = self.issuer.lock();
+        while *busy {
+            self.issuer_cv.wait(&mut busy);
+        }
+        *busy = true;
+        IssuerRole(self)
+    }
+
+    /// The issuer role if nobody holds it.
+    fn issuer_try(&self) -> Option<IssuerRole<'_>> {
+        let mut busy = self.issuer.lock();
+        if *busy {
+            return None;
+        }
+        *busy = true;
+        Some(IssuerRole(self))
+    }
+
+    fn issuer_release(&self) {
+        let mut busy = self.issuer.lock();
+        debug_assert!(*busy, "issuer role released twice");
+        *busy = false;
+        drop(busy);
+        self.issuer_cv.notify_one();
+    }
+
+    /// The issuer's work up to the device writes: take every pending itx, write the
+    /// indirect ones' blocks in place (dmu_sync), pack the records into lwbs. Ends
+    /// early when there is nothing to write or the log cannot take it.
+    fn prepare(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> Prepared {
         let (seq, pending, overflow) = self.take_pending(synced);
         if !overflow.is_zero() {
-            return Ok(CommitOutcome::NeedTxgSync(overflow.max(open)));
+            return Prepared::Outcome(CommitOutcome::NeedTxgSync(overflow.max(open)));
         }
         if pending.is_empty() {
-            return Ok(self.durable_through(seq, synced));
+            return Prepared::Outcome(self.durable_through(seq, synced));
         }
         if let Some(outcome) = self.chain_gate(io, seq, open, new_guid, admit_normal) {
             if let CommitOutcome::NeedTxgSync(t) = outcome {
                 self.fall_back(seq, t);
             }
-            return Ok(outcome);
+            return Prepared::Outcome(outcome);
         }
-        let (records, data_writes) = self.dmu_sync_all(io, pending, data_policy, admit_normal);
-        let written = self.write_lwbs(io, &records, open, admit_normal, &data_writes);
-        self.dmu_sync_done(io, &data_writes, written.is_ok());
-        match written {
-            Ok(()) => Ok(self.durable_through(seq, synced)),
+        let (records, data) = self.dmu_sync_all(io, pending, data_policy, admit_normal);
+        match self.plan_lwbs(io, &records, admit_normal) {
+            Ok(lwbs) => Prepared::Issue(Flight { seq, synced, open, lwbs, data, started: std::time::Instant::now() }),
+            Err(e) => {
+                let flight = Flight { seq, synced, open, lwbs: Vec::new(), data, started: std::time::Instant::now() };
+                Prepared::Outcome(self.finish(io, flight, Err(e)))
+            }
+        }
+    }
+
+    /// After the writes of `flight`: mark its lwbs written and publish the durable
+    /// sequence number, or, when they failed, abandon the chain and fall back to a txg
+    /// sync.
+    fn finish(&self, io: &PoolIo, flight: Flight, result: Result<()>) -> CommitOutcome {
+        if result.is_ok() {
+            self.last_lwb_latency_ns.store(flight.started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.lwbs_written(io, &flight.lwbs);
+        }
+        self.dmu_sync_done(io, &flight.data, result.is_ok());
+        match result {
+            Ok(()) => self.durable_through(flight.seq, flight.synced),
             Err(e) => {
                 if !matches!(e, Error::NoSpace) {
                     tracing::warn!(volume = self.volume_id, "intent log write failed, falling back to a txg sync: {e}");
                 }
-                self.break_chain(open);
-                self.fall_back(seq, open);
-                Ok(CommitOutcome::NeedTxgSync(open))
+                self.break_chain(flight.open);
+                self.fall_back(flight.seq, flight.open);
+                CommitOutcome::NeedTxgSync(flight.open)
             }
         }
     }
@@ -829,10 +978,9 @@ impl Zilog {
         }
     }
 
-    /// Pack `records` into lwbs continuing the chain, write them all at once, flush.
-    /// `data`: blocks written in place for WR_INDIRECT records, written with the lwbs
-    /// (one flush round after both).
-    fn write_lwbs(&self, io: &PoolIo, records: &[LogRecord], open: Txg, admit_normal: AdmitLogBlock<'_>, data: &[DataWrite]) -> Result<()> {
+    /// Pack `records` into lwbs continuing the chain (each with its successor
+    /// allocated); they are in the chain's list, not yet written.
+    fn plan_lwbs(&self, io: &PoolIo, records: &[LogRecord], admit_normal: AdmitLogBlock<'_>) -> Result<Vec<(ChainBlock, Vec<u8>)>> {
         let payload: usize = records.iter().map(record_size_split).sum();
         let max_block = ZIL_MAXBLOCKSIZE.get() as usize;
         let mut planned: Vec<(ChainBlock, Vec<u8>)> = Vec::new();
@@ -880,9 +1028,14 @@ impl Zilog {
                 planned.push((cb, block));
             }
         }
-        self.issue_lwbs(io, &planned, open, data)?;
+        Ok(planned)
+    }
+
+    /// The lwbs of a commit are written and flushed: each is referenced by the chain,
+    /// and so is the successor of the last.
+    fn lwbs_written(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)]) {
         let mut c = self.chain.lock();
-        for (cb, _) in &planned {
+        for (cb, _) in planned {
             if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == cb.seq) {
                 b.written = true;
             }
@@ -894,20 +1047,26 @@ impl Zilog {
                 io.ms.log_referenced(&succ.dva);
             }
         }
-        Ok(())
     }
 
-    /// Write the planned lwbs, and the blocks written in place for WR_INDIRECT records,
-    /// and flush the devices that took them: per top-level vdev one write-then-flush run
-    /// (each child flushes as soon as its own writes completed, in that completion),
-    /// all vdevs at once. Ok when every vdev has at least one child holding all of its
-    /// blocks. A child whose write failed is not flushed and does not count (a flush
-    /// issued before a child's write failed must not count it as holding the lwb:
-    /// device_faults row 1).
-    fn issue_lwbs(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg, data: &[DataWrite]) -> Result<()> {
-        let t0 = std::time::Instant::now();
-        let total: u64 = planned.iter().map(|(_, b)| b.len() as u64).sum();
-        let class = if total > ZIL_SLOG_BULK.get() { IoClass::AsyncWrite } else { IoClass::SyncWrite };
+    /// Write the planned lwbs of `flight`, and the blocks written in place for its
+    /// WR_INDIRECT records, and flush the devices that took them: per top-level vdev
+    /// one write-then-flush run (each child flushes as soon as its own writes
+    /// completed, in that completion), all vdevs at once. Ok when every vdev has at
+    /// least one child holding all of its blocks. A child whose write failed is not
+    /// flushed and does not count (a flush issued before a child's write failed must
+    /// not count it as holding the lwb: device_faults row 1). `done` runs once, on the
+    /// engine thread that completes the last run (or here, when nothing could be
+    /// submitted), and gets the flight back.
+    fn issue(&self, io: &PoolIo, flight: Flight, done: IssueDone) {
+        match self.writes_for(io, &flight.lwbs, flight.open, &flight.data) {
+            Ok(runs) => submit_runs(runs, Box::new(move |r| done(flight, r))),
+            Err(e) => done(flight, Err(e)),
+        }
+    }
+
+    /// The write-then-flush runs of a commit, per top-level vdev (see `issue`).
+    fn writes_for(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg, data: &[DataWrite]) -> Result<Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<BlockWrite>)>> {
         let mut per_top: Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<BlockWrite>)> = Vec::new();
         let mut add = |top: Arc<crate::vdev::mirror::TopVdev>, w: BlockWrite| match per_top.iter_mut().find(|(t, _)| t.id == top.id) {
             Some((_, blocks)) => blocks.push(w),
@@ -922,26 +1081,17 @@ impl Zilog {
             let top = io.top(w.dva.vdev).ok_or_else(|| Error::Corrupt(format!("data block on unknown vdev {}", w.dva.vdev)))?;
             add(top, BlockWrite { offset: w.dva.offset, data: Arc::new(AlignedBuf::copy_of(&w.data)), txg: w.txg });
         }
-        let flush = ZIL_NOCACHEFLUSH.get() == 0;
-        let (tx, rx) = crossbeam_channel::bounded(per_top.len());
-        for (top, blocks) in per_top {
-            let tx = tx.clone();
-            top.write_blocks_then_flush(class, blocks, flush, Box::new(move |o| {
-                let _ = tx.send(o.into_result().map_err(|e| Error::Io(e.into())));
-            }));
-        }
-        drop(tx);
-        let mut first_err = None;
-        for r in rx.iter() {
-            if let (Err(e), None) = (r, &first_err) {
-                first_err = Some(e);
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        self.last_lwb_latency_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(per_top)
+    }
+
+    /// `issue` for the few lwbs of `evacuate`, waiting for them.
+    fn issue_lwbs_blocking(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg) -> Result<()> {
+        let runs = self.writes_for(io, planned, open, &[])?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        submit_runs(runs, Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        rx.recv().map_err(|_| Error::Io(std::io::Error::other("intent log write completion lost")))?
     }
 
     fn count_lwb(&self, slog: bool, cb: &ChainBlock, block_bytes: usize) {
@@ -1056,7 +1206,7 @@ impl Zilog {
     /// false when the header naming the chain is not on disk yet (the caller syncs and
     /// asks again).
     pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<bool> {
-        let _issuer = self.issuer.lock();
+        let _issuer = self.issuer_acquire();
         let planned = {
             let mut c = self.chain.lock();
             if c.replaying.is_some() {
@@ -1075,7 +1225,7 @@ impl Zilog {
             c.blocks.push_back(cb);
             vec![(cb, encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))]
         };
-        if let Err(e) = self.issue_lwbs(io, &planned, open, &[]) {
+        if let Err(e) = self.issue_lwbs_blocking(io, &planned, open) {
             self.break_chain(open);
             return Err(e);
         }
@@ -1127,6 +1277,42 @@ impl Zilog {
         let mut c = self.chain.lock();
         c.replaying = None;
         c.to_free.extend(blocks);
+    }
+}
+
+/// Submit write-then-flush runs, one per top-level vdev, all at once; `done` gets the
+/// first error, or Ok when every run has a child holding all of its blocks, from the
+/// completion of the last run.
+fn submit_runs(runs: Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<BlockWrite>)>, done: Box<dyn FnOnce(Result<()>) + Send>) {
+    if runs.is_empty() {
+        return done(Ok(()));
+    }
+    let total: u64 = runs.iter().flat_map(|(_, b)| b.iter()).map(|b| b.data.len() as u64).sum();
+    let class = if total > ZIL_SLOG_BULK.get() { IoClass::AsyncWrite } else { IoClass::SyncWrite };
+    let flush = ZIL_NOCACHEFLUSH.get() == 0;
+    struct Gather {
+        left: usize,
+        first_err: Option<Error>,
+        done: Option<Box<dyn FnOnce(Result<()>) + Send>>,
+    }
+    let gather = Arc::new(Mutex::new(Gather { left: runs.len(), first_err: None, done: Some(done) }));
+    for (top, blocks) in runs {
+        let gather = gather.clone();
+        top.write_blocks_then_flush(class, blocks, flush, Box::new(move |o| {
+            let mut g = gather.lock();
+            if let (Err(e), None) = (o.into_result(), &g.first_err) {
+                g.first_err = Some(Error::Io(e.into()));
+            }
+            g.left -= 1;
+            if g.left > 0 {
+                return;
+            }
+            let (done, err) = (g.done.take(), g.first_err.take());
+            drop(g);
+            if let Some(done) = done {
+                done(err.map_or(Ok(()), Err));
+            }
+        }));
     }
 }
 

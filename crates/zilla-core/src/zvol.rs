@@ -5,7 +5,8 @@
 //! - `read` of never-written or unmapped ranges returns zeros;
 //! - `write(.., fua=true)` returns only when that write is durable;
 //! - `flush` returns only when every write that returned before `flush` was called is
-//!   durable;
+//!   durable; `flush_async` is the same without blocking its caller (the result
+//!   arrives through a completion, see [`CommitDone`]);
 //! - `unmap` and `write_zeroes` free whole blocks and zero partial ones;
 //! - out-of-range reads are `InvalidArgument`, out-of-range writes `NoSpace`,
 //!   writes to a read-only volume `ReadOnly`.
@@ -54,7 +55,26 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn try_write_nonblocking(&self, _offset: u64, _data: &[u8]) -> Option<Result<()>> {
         None
     }
+    /// Like [`BlockVolume::try_write_nonblocking`], for any write: `Some(Ok(true))` =
+    /// applied, and it must be made durable before it is acknowledged (a FUA write, or
+    /// every write of a `sync=always` volume): the caller follows it with
+    /// [`BlockVolume::flush_async`] (or `flush`). `Some(Ok(false))`: applied, done.
+    fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+        self.try_write_nonblocking(offset, data).map(|r| r.map(|()| fua))
+    }
+    /// Start a FLUSH without blocking the caller: `done` runs exactly once, before
+    /// this returns or from the engine thread that completes the intent-log write,
+    /// with `Some(result)`, or with `None` when the flush cannot finish without
+    /// blocking (another commit holds the log, a txg sync must be waited for): the
+    /// caller then calls `flush` from a blocking context. `done` must not block.
+    fn flush_async(&self, done: CommitDone) {
+        done(None)
+    }
 }
+
+/// Completion of [`BlockVolume::flush_async`]: `Some(result)`, or `None` = "call
+/// `flush` from a blocking context for the result".
+pub type CommitDone = Box<dyn FnOnce(Option<Result<()>>) + Send>;
 
 /// `len` bytes at `start` of an immutable buffer shared with the ARC or the dirty
 /// set: what a zero-copy read hands to a front end, which keeps it alive until the
@@ -507,6 +527,37 @@ impl Volume {
         }
     }
 
+    /// Apply a write without blocking (no throttle delay, no device read, no txg
+    /// wait) and without committing it, whatever the sync policy; `None`: would block.
+    fn apply_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+        if let Err(e) = self.check_write(offset, data.len() as u64) {
+            return Some(Err(e));
+        }
+        let max = crate::dsl_pool::dirty_data_max();
+        if crate::dsl_pool::delay_ns(self.pool.dirty().total() + data.len() as u64, max) > 0 {
+            return None;
+        }
+        let Ok(_admitted) = self.check_space(data.len() as u64, Admit::Write) else {
+            return None; // the blocking path waits for syncs before answering ENOSPC
+        };
+        let bs = self.bs();
+        let mut max_txg = Txg::ZERO;
+        for c in block_chunks(offset, data.len() as u64, bs) {
+            if c.len as u64 != bs && self.read_block_cached(c.blkid, &mut None).is_none() {
+                return None;
+            }
+            let patch = &data[c.in_range..c.in_range + c.len];
+            match self.update_block(c.blkid, c.in_block, Some(patch), c.len, false) {
+                Ok(t) => max_txg = max_txg.max(t),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if !max_txg.is_zero() && self.pool.dirty().should_kick(max_txg) {
+            self.pool.txg().kick(max_txg);
+        }
+        Some(Ok(()))
+    }
+
     /// The volume's intent log (counters, tests).
     pub fn zil(&self) -> &crate::zil::Zilog {
         &self.vol.zil
@@ -621,35 +672,49 @@ impl BlockVolume for Volume {
     }
 
     fn try_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
-        if let Err(e) = self.check_write(offset, data.len() as u64) {
-            return Some(Err(e));
-        }
         if self.vol.props.typed().sync == SyncPolicy::Always {
             return None;
         }
-        let max = crate::dsl_pool::dirty_data_max();
-        if crate::dsl_pool::delay_ns(self.pool.dirty().total() + data.len() as u64, max) > 0 {
-            return None;
+        self.apply_write_nonblocking(offset, data)
+    }
+
+    fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+        let sync = self.vol.props.typed().sync;
+        let commit = sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled);
+        Some(self.apply_write_nonblocking(offset, data)?.map(|()| commit))
+    }
+
+    fn flush_async(&self, done: CommitDone) {
+        if let Err(e) = self.check_live() {
+            return done(Some(Err(e)));
         }
-        let Ok(_admitted) = self.check_space(data.len() as u64, Admit::Write) else {
-            return None; // the blocking path waits for syncs before answering ENOSPC
+        if self.vol.props.typed().sync == SyncPolicy::Disabled {
+            return done(Some(Ok(())));
+        }
+        let txgs = self.pool.txg();
+        // the rare paths wait for a txg: the blocking `flush` takes them
+        if txgs.fatal_error().is_some() || txgs.sync_error().is_some() || self.pool.mos_changed() {
+            return done(None);
+        }
+        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
+        let pool = &self.pool;
+        let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
+        let props = self.vol.props.typed();
+        let policy = crate::zil::DataPolicy { algo: props.checksum, comp: props.compression };
+        let flight = match self.vol.zil.commit_start(pool.io(), synced, open, &|| pool.random_u64(), &admit, policy) {
+            crate::zil::CommitStart::Issue(flight) => flight,
+            crate::zil::CommitStart::Done(crate::zil::CommitOutcome::Durable) => return done(Some(Ok(()))),
+            crate::zil::CommitStart::Done(crate::zil::CommitOutcome::NeedTxgSync(_)) | crate::zil::CommitStart::Busy => return done(None),
         };
-        let bs = self.bs();
-        let mut max_txg = Txg::ZERO;
-        for c in block_chunks(offset, data.len() as u64, bs) {
-            if c.len as u64 != bs && self.read_block_cached(c.blkid, &mut None).is_none() {
-                return None;
+        let (pool, vol) = (self.pool.clone(), self.vol.clone());
+        self.vol.zil.issue_started(self.pool.io(), flight, Box::new(move |flight, result| {
+            match vol.zil.finish_async(pool.io(), flight, result) {
+                crate::zil::CommitOutcome::Durable => done(Some(Ok(()))),
+                // the log write failed: the blocking flush waits for the txg that
+                // holds these itxs now (`sync_fallback`)
+                crate::zil::CommitOutcome::NeedTxgSync(_) => done(None),
             }
-            let patch = &data[c.in_range..c.in_range + c.len];
-            match self.update_block(c.blkid, c.in_block, Some(patch), c.len, false) {
-                Ok(t) => max_txg = max_txg.max(t),
-                Err(e) => return Some(Err(e)),
-            }
-        }
-        if !max_txg.is_zero() && self.pool.dirty().should_kick(max_txg) {
-            self.pool.txg().kick(max_txg);
-        }
-        Some(Ok(()))
+        }));
     }
 
     fn flush(&self) -> Result<()> {

@@ -1019,7 +1019,11 @@ impl Harness {
             self.ledger.record(Op::SyncPoint);
             self.ledger.record(Op::CommitPoint { vol: name.clone() });
             let d = data.clone();
-            match acked_call(dom, move || v.write(off as u64, &d, true)) {
+            // half the FUA writes as the NBD front end makes them: applied without
+            // blocking, then committed by flush_async (the engine thread completing the
+            // log write answers), falling back to the blocking calls when told to
+            let as_front_end = self.rng.gen_bool(0.5);
+            match acked_call(dom, move || if as_front_end { fua_write_as_front_end(&*v, off as u64, &d) } else { v.write(off as u64, &d, true) }) {
                 Some(Ok(())) => {
                     self.ack_volume(&name);
                     Step::Go
@@ -1110,7 +1114,12 @@ impl Harness {
             let name = names[self.rng.gen_range(0..names.len())].clone();
             self.ledger.record(Op::CommitPoint { vol: name.clone() });
             let n = name.clone();
-            acked_call(dom, move || p.open_volume(&n)?.flush()).map(|r| r.map(|()| Some(name)))
+            let as_front_end = self.rng.gen_bool(0.5);
+            acked_call(dom, move || {
+                let v = p.open_volume(&n)?;
+                if as_front_end { flush_as_front_end(&*v) } else { v.flush() }
+            })
+            .map(|r| r.map(|()| Some(name)))
         } else {
             acked_call(dom, move || p.sync()).map(|r| r.map(|()| None))
         };

@@ -84,6 +84,10 @@ impl Model {
         v.write(off, data, fua).unwrap();
         self.bytes[off as usize..off as usize + data.len()].copy_from_slice(data);
     }
+    /// A write the test applied itself (acknowledged).
+    fn write_untracked(&mut self, off: u64, data: &[u8]) {
+        self.bytes[off as usize..off as usize + data.len()].copy_from_slice(data);
+    }
     fn zero(&mut self, v: &dyn BlockVolume, off: u64, len: u64) {
         v.write_zeroes(off, len).unwrap();
         self.bytes[off as usize..(off + len) as usize].fill(0);
@@ -350,6 +354,50 @@ fn a_replayed_chain_is_not_replayed_again() {
     let p3 = r2.import();
     m.check(&*p3.open_volume("v").unwrap(), "second chain replayed, first not");
     p3.export().unwrap();
+}
+
+/// FLUSH and FUA as the NBD front end makes them (`flush_async`: the engine thread that
+/// completes the log write answers): answered from another thread, without a txg sync,
+/// and what they acknowledged is replayed after a power cut. With the log device
+/// failing, the asynchronous commit falls back (its completion says "blocking") and
+/// the blocking flush still makes everything durable.
+#[test]
+fn asynchronous_commits_are_durable_when_answered() {
+    use zilla_core::vdev::fault::DeviceFault;
+    for (k, mode) in [CrashMode::DropAll, CrashMode::TornReordered].into_iter().enumerate() {
+        let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+        let (pool, mut m) = setup(&rig, true, true, &[]);
+        let v = pool.open_zvol("v").unwrap();
+        let synced = pool.synced_txg();
+        let mut elsewhere = 0;
+        for i in 0..16u64 {
+            let off = (i * 37 + k as u64) % 1000 * 4096;
+            let data = pattern(100 + i, if i % 2 == 0 { 4096 } else { 1000 });
+            if i % 3 == 0 {
+                fua_write_as_front_end(&*v, off, &data).unwrap();
+                m.write_untracked(off, &data);
+            } else {
+                m.write(&*v, off, &data, false);
+                let (r, other_thread) = flush_as_front_end_on(&*v);
+                r.unwrap();
+                elsewhere += other_thread as u32;
+            }
+        }
+        assert!(elsewhere >= 8, "only {elsewhere} of 10 flushes were answered by the completion");
+        assert_eq!(pool.synced_txg(), synced, "an asynchronous flush synced a txg instead of writing the log");
+        // both log children fail their writes: the next commits fall back
+        rig.devs[2].1.arm(DeviceFault::WriteEio { nth: 0, count: u64::MAX });
+        rig.devs[3].1.arm(DeviceFault::WriteEio { nth: 0, count: u64::MAX });
+        for i in 0..4u64 {
+            m.write(&*v, i * 8192, &pattern(200 + i, 4096), false);
+            flush_as_front_end(&*v).unwrap();
+        }
+        let after = rig.power_cut(mode, 300 + k as u64);
+        pool.abandon();
+        let p2 = after.import();
+        m.check(&*p2.open_volume("v").unwrap(), &format!("after replay of asynchronous commits ({mode:?})"));
+        p2.export().unwrap();
+    }
 }
 
 /// The log device starts failing every write: commits fall back (a txg sync, then log

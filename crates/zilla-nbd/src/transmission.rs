@@ -530,12 +530,75 @@ async fn dispatch(
         }
     };
     let context = context.clone();
+    let (budget, call) = match try_commit_async(&context, &request, &payload, budget, call, started) {
+        Ok(()) => return,
+        Err(back) => back,
+    };
     tokio::task::spawn_blocking(move || {
         let bytes = execute_blocking(&context, &request, payload);
         drop((call, zero_call));
         context.record(&request, &bytes, started);
         context.send(vec![Reply::new(bytes, budget)]);
     });
+}
+
+/// FLUSH, and a WRITE that must be durable before its reply (FUA, or any write to a
+/// `sync=always` volume), without a blocking thread: the write is applied here when the
+/// volume can take it at once, the commit is started here, and the engine thread that
+/// completes the intent-log write queues the reply (one hand-off to the devices and one
+/// back, instead of two more through the blocking pool). When the commit cannot finish
+/// without blocking (another commit holds the log: batching; a txg to wait for), its
+/// completion runs the blocking `flush` on the blocking pool. `Err` gives the request's
+/// permits back for the blocking path (a write the volume cannot take at once, other
+/// commands). The volume-call permit is held until the reply is made, as for a
+/// blocking call.
+fn try_commit_async(
+    context: &RequestContext,
+    request: &Request,
+    payload: &[u8],
+    budget: Budget,
+    call: BudgetPermit,
+    started: Instant,
+) -> Result<(), (Budget, BudgetPermit)> {
+    match request.command {
+        CMD_FLUSH => {}
+        CMD_WRITE => {
+            let fua = request.flags & CMD_FLAG_FUA != 0;
+            match context.volume.try_write_nonblocking_sync(request.offset, payload, fua) {
+                None => return Err((budget, call)),
+                Some(Ok(true)) => {}
+                Some(done) => {
+                    finish_reply(context, request, done.map(|_| ()), budget, call, started);
+                    return Ok(());
+                }
+            }
+        }
+        _ => return Err((budget, call)),
+    }
+    let handle = tokio::runtime::Handle::current();
+    let (context, request) = (context.clone(), *request);
+    let volume = context.volume.clone();
+    volume.flush_async(Box::new(move |result| match result {
+        Some(result) => finish_reply(&context, &request, result, budget, call, started),
+        None => {
+            handle.spawn_blocking(move || {
+                let result = context.volume.flush();
+                finish_reply(&context, &request, result, budget, call, started);
+            });
+        }
+    }));
+    Ok(())
+}
+
+/// Reply to a request whose volume work is done (from any thread).
+fn finish_reply(context: &RequestContext, request: &Request, result: zilla_core::Result<()>, budget: Budget, call: BudgetPermit, started: Instant) {
+    drop(call);
+    let bytes = match result {
+        Ok(()) => simple_reply(0, request.cookie),
+        Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
+    };
+    context.record(request, &bytes, started);
+    context.send(vec![Reply::new(bytes, budget)]);
 }
 
 /// Requests answered on the reactor thread: cached reads, writes the volume takes

@@ -258,7 +258,10 @@ impl Pool {
         let (q, s) = (inner.clone(), inner.clone());
         let threads = vec![
             inner.env.spawn(format!("txg_quiesce_{}", inner.name), Box::new(move || q.quiesce_loop())).expect("spawn txg quiesce thread"),
-            inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || s.sync_loop())).expect("spawn txg sync thread"),
+            inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || {
+                crate::env::lower_thread_priority();
+                s.sync_loop()
+            })).expect("spawn txg sync thread"),
         ];
         let mut threads = threads;
         if inner.multihost() {

@@ -48,7 +48,10 @@ impl PrepareWorkers {
         for i in 0..cores {
             let rx: Receiver<Job> = rx.clone();
             let name: String = format!("zio_cksum_{i}_{pool}").chars().take(15).collect();
-            if env.spawn(name, Box::new(move || rx.iter().for_each(|job| job()))).is_ok() {
+            if env.spawn(name, Box::new(move || {
+                crate::env::lower_thread_priority();
+                rx.iter().for_each(|job| job())
+            })).is_ok() {
                 started += 1;
             }
         }

@@ -79,3 +79,37 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A FLUSH as the NBD front end makes it: started without blocking
+/// (`flush_async`, answered from the engine thread that completes the log write),
+/// finished by the blocking `flush` when the volume says it cannot without blocking.
+#[allow(dead_code)]
+pub fn flush_as_front_end(v: &dyn zilla_core::zvol::BlockVolume) -> zilla_core::Result<()> {
+    flush_as_front_end_on(v).0
+}
+
+/// `flush_as_front_end`, also saying whether the engine answered from another thread
+/// (the asynchronous path) rather than at once or through the blocking fallback.
+#[allow(dead_code)]
+pub fn flush_as_front_end_on(v: &dyn zilla_core::zvol::BlockVolume) -> (zilla_core::Result<()>, bool) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let caller = std::thread::current().id();
+    v.flush_async(Box::new(move |r| {
+        let _ = tx.send((r, std::thread::current().id() != caller));
+    }));
+    match rx.recv() {
+        Ok((Some(r), elsewhere)) => (r, elsewhere),
+        Ok((None, _)) => (v.flush(), false),
+        Err(_) => (Err(zilla_core::Error::Io(std::io::Error::other("flush_async dropped its completion"))), false),
+    }
+}
+
+/// A FUA write as the NBD front end makes it (see `flush_as_front_end`).
+#[allow(dead_code)]
+pub fn fua_write_as_front_end(v: &dyn zilla_core::zvol::BlockVolume, off: u64, data: &[u8]) -> zilla_core::Result<()> {
+    match v.try_write_nonblocking_sync(off, data, true) {
+        Some(Ok(true)) => flush_as_front_end(v),
+        Some(r) => r.map(|_| ()),
+        None => v.write(off, data, true),
+    }
+}
