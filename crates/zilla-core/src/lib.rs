@@ -102,7 +102,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::ZFS_VDEV_MIRROR_NON_ROTATING_INC,
     &vdev::ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC,
     &txg::ZFS_TXG_TIMEOUT,
-    &env::ZILLA_BACKGROUND_NICE,
+    &zio::workers::ZILLA_BACKGROUND_NICE,
     &txg::ZFS_TXG_HISTORY,
     &dsl_pool::ZFS_DIRTY_DATA_MAX,
     &dsl_pool::ZFS_DIRTY_DATA_SYNC_PERCENT,

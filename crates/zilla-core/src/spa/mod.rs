@@ -259,7 +259,7 @@ impl Pool {
         let threads = vec![
             inner.env.spawn(format!("txg_quiesce_{}", inner.name), Box::new(move || q.quiesce_loop())).expect("spawn txg quiesce thread"),
             inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || {
-                crate::env::lower_thread_priority();
+                crate::zio::workers::lower_thread_priority();
                 s.sync_loop()
             })).expect("spawn txg sync thread"),
         ];

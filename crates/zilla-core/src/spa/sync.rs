@@ -318,12 +318,7 @@ impl PoolInner {
         self.commit_uberblock(txg, mos_root)?;
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
-        for (k, d) in written {
-            self.io.arc.insert(k, d, crate::arc::BufKind::Data);
-        }
-        for (k, d) in indirects {
-            self.io.arc.insert(k, d, crate::arc::BufKind::Metadata);
-        }
+        self.cache_written(written, indirects);
         for (v, r) in &new_roots {
             *v.committed.write() = *r;
             v.dirty.retire(txg);
@@ -407,6 +402,16 @@ impl PoolInner {
     }
 
     /// Prepare, allocate and submit one volume's dirty data blocks of `txg`; returns the
+    /// Put the data blocks and indirect blocks a committed txg wrote into the ARC.
+    fn cache_written(&self, data: Vec<dmu::WrittenBlock>, indirects: Vec<dmu::WrittenBlock>) {
+        for (k, d) in data {
+            self.io.arc.insert(k, d, crate::arc::BufKind::Data);
+        }
+        for (k, d) in indirects {
+            self.io.arc.insert(k, d, crate::arc::BufKind::Metadata);
+        }
+    }
+
     /// L0 changes (blkid, new bp) for the tree rewrite, sorted. A block a commit wrote
     /// in place for the very dirty version being synced (`overrides`, dmu_sync) is
     /// not written again: its block pointer is used (the dirty record's override);

@@ -49,7 +49,7 @@ impl PrepareWorkers {
             let rx: Receiver<Job> = rx.clone();
             let name: String = format!("zio_cksum_{i}_{pool}").chars().take(15).collect();
             if env.spawn(name, Box::new(move || {
-                crate::env::lower_thread_priority();
+                lower_thread_priority();
                 rx.iter().for_each(|job| job())
             })).is_ok() {
                 started += 1;
@@ -89,5 +89,28 @@ impl PrepareWorkers {
         assert_eq!(results.len(), parts, "a checksum worker died");
         results.sort_by_key(|r| r.0);
         results.into_iter().flat_map(|r| r.1).collect()
+    }
+}
+
+/// Nice value of the threads that do a txg sync's bulk work (the sync thread and the
+/// checksum/compression workers): on a box whose cores the front ends and clients
+/// share, the background must not delay the latency paths (a QD1 sync write, a cold
+/// read) when both want a core; the throttle, not CPU priority, keeps the sync
+/// abreast of the writers.
+pub static ZILLA_BACKGROUND_NICE: crate::kstat::Tunable = crate::kstat::Tunable::new(
+    "zilla_background_nice",
+    5,
+    0,
+    19,
+    crate::kstat::Applies::NextPoolOpen,
+    "nice value of the txg sync thread and its checksum/compression workers (Zilla); 0 = as the front ends",
+);
+
+/// Lower the calling thread's CPU priority to `zilla_background_nice` (Linux nice
+/// values are per thread). Best effort: a failure leaves it as it was.
+pub fn lower_thread_priority() {
+    let nice = ZILLA_BACKGROUND_NICE.get() as i32;
+    if nice > 0 {
+        let _ = rustix::process::setpriority_process(None, nice);
     }
 }
