@@ -35,7 +35,22 @@
 //! log vdev flushes in the completion of its own last lwb write, on the engine thread
 //! that finished it (`TopVdev::write_blocks_then_flush`): one hand-off to the devices
 //! and one back per commit, and a child whose write failed is never flushed or counted. A commit with
-//! nothing pending returns at once. Blocks come from the log class when the pool has log
+//! nothing pending returns at once.
+//!
+//! Commit waiters without threads (the NBD FLUSH path, `commit_start`). A commit that
+//! finds the issuer role free packs and issues its lwbs and returns; the device
+//! completion finishes it. One that finds the role held queues a *waiter* (its target
+//! sequence number and a callback) under the same lock and returns: no thread waits.
+//! When a round's writes complete, the completing engine thread calls every waiter
+//! whose target is now durable and, if some remain (their itxs arrived while the round
+//! was in flight), keeps the role and starts the next round itself with every itx
+//! pending by then: that is the batching, as OpenZFS's lwb completion wakes its commit
+//! waiters and the next zil_commit_writer takes what queued meanwhile. A blocking commit
+//! (or `evacuate`) that waits for the role stops the chaining: the round in flight
+//! releases the role and hands its leftover waiters to the blocking path, so nobody
+//! waits behind an endless chain. Every release of the role settles the queue the same
+//! way (durable ones answered, the rest told to commit blocking), so no waiter is ever
+//! left behind by an early exit. Blocks come from the log class when the pool has log
 //! vdevs, else from the normal class. If a log write fails, the chain is abandoned (its
 //! blocks are freed by the next sync) and the commit waits for a txg sync instead; so do
 //! the commits after it until that txg is on disk (they may have found their itxs taken
@@ -453,10 +468,63 @@ pub enum CommitOutcome {
 pub enum CommitStart {
     /// Ended without writing: nothing was pending, or the log cannot take the itxs.
     Done(CommitOutcome),
-    /// Another commit holds the issuer role: commit blocking (and be batched).
+    /// Another commit holds the issuer role and no waiter could be queued (none given,
+    /// the queue is full, or a blocking commit waits for the role): commit blocking.
     Busy,
+    /// Another commit holds the issuer role; the waiter was queued and is called once
+    /// a later round (or the blocking path) settles it.
+    Queued,
     /// This commit holds the issuer role: pass it to [`Zilog::issue_started`].
     Issue(Flight),
+}
+
+/// How a queued commit waiter ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// Its itxs are durable.
+    Durable,
+    /// The chain of rounds stopped before its itxs: commit blocking for the result.
+    CommitBlocking,
+}
+
+/// A commit queued behind the issuer (see [`Zilog::commit_start`]). Called exactly
+/// once, from whichever thread settles it; it must not block.
+pub type CommitWaiter = Box<dyn FnOnce(Waited) + Send>;
+
+/// Waiters to call, outside every lock, with how each ended.
+pub type SettledWaiters = Vec<(CommitWaiter, Waited)>;
+
+/// Most commit waiters queued behind the issuer at once (the front ends' request
+/// permits bound them long before this); more commit blocking.
+pub const COMMIT_WAITERS_MAX: usize = 4096;
+
+/// How [`Zilog::finish_async`] ended a round.
+pub struct RoundEnd {
+    /// How the round's own commit ended.
+    pub outcome: CommitOutcome,
+    /// Queued waiters settled by it.
+    pub settled: SettledWaiters,
+    /// The role is still held: waiters remain whose itxs came after this round; start
+    /// the next round with [`Zilog::commit_round`].
+    pub again: bool,
+}
+
+/// How [`Zilog::commit_round`] went.
+pub enum RoundStart {
+    /// The role is held: pass the flight to [`Zilog::issue_started`].
+    Issue(Flight),
+    /// The round ended without writing and the role was released.
+    Ended(SettledWaiters),
+}
+
+/// The issuer role and what waits for it.
+#[derive(Default)]
+struct Issuer {
+    busy: bool,
+    /// (target sequence number, callback), queued while `busy`.
+    waiters: VecDeque<(u64, CommitWaiter)>,
+    /// Blocking commits waiting for the role: while any, rounds are not chained.
+    blocking: u32,
 }
 
 /// A commit's writes in flight: its itxs up to `seq`, its lwbs and the blocks it
@@ -494,8 +562,9 @@ pub struct Zilog {
     itxs: Mutex<ItxLists>,
     chain: Mutex<Chain>,
     /// A commit holds the issuer role (blocking: for its whole run; started
-    /// asynchronously: until its writes complete). Waited for with `issuer_cv`.
-    issuer: Mutex<bool>,
+    /// asynchronously: until its writes complete, or through a chain of rounds), and the
+    /// commit waiters queued behind it. Waited for with `issuer_cv`.
+    issuer: Mutex<Issuer>,
     issuer_cv: Condvar,
     /// Commits waiting for the issuer role (for `zfs_commit_timeout_pct`).
     commits_waiting: AtomicU64,
@@ -521,7 +590,7 @@ impl Zilog {
             volume_id,
             itxs: Mutex::new(ItxLists::default()),
             chain: Mutex::new(Chain::default()),
-            issuer: Mutex::new(false),
+            issuer: Mutex::new(Issuer::default()),
             issuer_cv: Condvar::new(),
             commits_waiting: AtomicU64::new(0),
             last_lwb_latency_ns: AtomicU64::new(0),
@@ -588,8 +657,11 @@ impl Zilog {
             return Ok(CommitOutcome::Durable);
         }
         self.commits_waiting.fetch_add(1, Ordering::AcqRel);
-        let _issuer = self.issuer_acquire();
+        let issuer = self.issuer_acquire(target);
         let others_waiting = self.commits_waiting.fetch_sub(1, Ordering::AcqRel) > 1;
+        let Some(_issuer) = issuer else {
+            return Ok(CommitOutcome::Durable); // a round of queued waiters wrote ours too
+        };
         if target <= self.durable_seq.load(Ordering::Acquire) {
             return Ok(CommitOutcome::Durable); // an earlier issuer wrote ours too
         }
@@ -622,16 +694,39 @@ impl Zilog {
     /// from the lwb's flush completion). `Issue` only when this commit became the
     /// issuer at once; it holds the issuer role until [`Zilog::finish_async`], so the
     /// caller must issue it. `Busy` when another commit holds the role (commit
-    /// blocking then, batched behind it); `Done` when nothing had to be written, or the
-    /// log cannot take the itxs (a txg to wait for).
-    pub fn commit_start(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> CommitStart {
+    /// blocking then, batched behind it); `Queued` when another commit holds it and
+    /// `waiter` was taken and queued behind it (see "Commit waiters without threads");
+    /// `Done` when nothing had to be written, or the log cannot take the itxs (a txg
+    /// to wait for). `waiter` is taken only for `Queued`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn commit_start(
+        &self,
+        io: &PoolIo,
+        synced: Txg,
+        open: Txg,
+        new_guid: &dyn Fn() -> u64,
+        admit_normal: AdmitLogBlock<'_>,
+        data_policy: DataPolicy,
+        waiter: &mut Option<CommitWaiter>,
+    ) -> CommitStart {
         let target = self.itxs.lock().last_seq;
         if target <= self.durable_seq.load(Ordering::Acquire) {
             self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
             return CommitStart::Done(CommitOutcome::Durable);
         }
-        let Some(role) = self.issuer_try() else {
-            return CommitStart::Busy; // the blocking commit counts it
+        let role = {
+            let mut st = self.issuer.lock();
+            if st.busy {
+                if st.blocking > 0 || st.waiters.len() >= COMMIT_WAITERS_MAX {
+                    return CommitStart::Busy; // the blocking commit counts it
+                }
+                let Some(w) = waiter.take() else { return CommitStart::Busy };
+                st.waiters.push_back((target, w));
+                self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
+                return CommitStart::Queued;
+            }
+            st.busy = true;
+            IssuerRole(self)
         };
         self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
         self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
@@ -653,40 +748,98 @@ impl Zilog {
         self.issue(io, flight, done);
     }
 
-    /// The writes of a commit started by [`Zilog::commit_start`] ended: publish what
-    /// is durable, give up the issuer role, and tell how the commit ended.
-    pub fn finish_async(&self, io: &PoolIo, flight: Flight, result: Result<()>) -> CommitOutcome {
+    /// The writes of a round (a commit started by [`Zilog::commit_start`] or
+    /// [`Zilog::commit_round`]) ended: publish what is durable and settle the waiters
+    /// it made durable. If it succeeded and waiters remain (and no blocking commit
+    /// waits for the role) the role stays held and `again` asks for the next round;
+    /// otherwise the role is released and the rest are told to commit blocking.
+    pub fn finish_async(&self, io: &PoolIo, flight: Flight, result: Result<()>) -> RoundEnd {
         let outcome = self.finish(io, flight, result);
-        self.issuer_release();
-        outcome
+        let (settled, again) = self.settle_waiters(outcome == CommitOutcome::Durable);
+        RoundEnd { outcome, settled, again }
+    }
+
+    /// The next round of a chain (the role is held, from `finish_async`'s `again`):
+    /// take every pending itx and pack it, as `commit_start` does.
+    pub fn commit_round(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> RoundStart {
+        debug_assert!(self.issuer.lock().busy, "a round runs with the issuer role held");
+        self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
+        match self.prepare(io, synced, open, new_guid, admit_normal, data_policy) {
+            Prepared::Issue(flight) => RoundStart::Issue(flight),
+            Prepared::Outcome(_) => RoundStart::Ended(self.settle_waiters(false).0),
+        }
+    }
+
+    /// End a chain of rounds without another one (the volume cannot commit without
+    /// blocking now): release the role; waiters not yet durable commit blocking.
+    pub fn abandon_round(&self) -> SettledWaiters {
+        self.settle_waiters(false).0
+    }
+
+    /// Settle the queued waiters against the durable sequence number: the durable ones
+    /// are returned as `Durable`. With `keep_role` and waiters left (and no blocking
+    /// commit waiting) the role stays held (`true`); otherwise it is released and the
+    /// rest are returned as `CommitBlocking`. The caller calls them, outside the lock.
+    fn settle_waiters(&self, keep_role: bool) -> (SettledWaiters, bool) {
+        let mut st = self.issuer.lock();
+        debug_assert!(st.busy, "waiters are settled by the holder of the issuer role");
+        let durable = self.durable_seq.load(Ordering::Acquire);
+        let mut settled = Vec::new();
+        let mut left = VecDeque::new();
+        for (target, w) in std::mem::take(&mut st.waiters) {
+            if target <= durable {
+                settled.push((w, Waited::Durable));
+            } else {
+                left.push_back((target, w));
+            }
+        }
+        if keep_role && !left.is_empty() && st.blocking == 0 {
+            st.waiters = left;
+            return (settled, true);
+        }
+        settled.extend(left.into_iter().map(|(_, w)| (w, Waited::CommitBlocking)));
+        st.busy = false;
+        drop(st);
+        self.issuer_cv.notify_all();
+        (settled, false)
     }
 
     /// The issuer role, waiting for it.
-    fn issuer_acquire(&self) -> IssuerRole<'_> {
-        let mut busy = self.issuer.lock();
-        while *busy {
-            self.issuer_cv.wait(&mut busy);
+    fn issuer_acquire_role(&self) -> IssuerRole<'_> {
+        let mut st = self.issuer.lock();
+        st.blocking += 1;
+        while st.busy {
+            self.issuer_cv.wait(&mut st);
         }
-        *busy = true;
+        st.blocking -= 1;
+        st.busy = true;
         IssuerRole(self)
     }
 
-    /// The issuer role if nobody holds it.
-    fn issuer_try(&self) -> Option<IssuerRole<'_>> {
-        let mut busy = self.issuer.lock();
-        if *busy {
-            return None;
+    /// The issuer role, waiting for it; `None` when every itx through `target` became
+    /// durable meanwhile (a chain of rounds may hold the role for long; it is not
+    /// waited out when it already wrote ours).
+    fn issuer_acquire(&self, target: u64) -> Option<IssuerRole<'_>> {
+        let mut st = self.issuer.lock();
+        st.blocking += 1;
+        while st.busy {
+            if target <= self.durable_seq.load(Ordering::Acquire) {
+                st.blocking -= 1;
+                return None;
+            }
+            self.issuer_cv.wait(&mut st);
         }
-        *busy = true;
+        st.blocking -= 1;
+        st.busy = true;
         Some(IssuerRole(self))
     }
 
+    /// Give the role up (a blocking commit, `evacuate`, or a `commit_start` that ended
+    /// without writing): waiters queued meanwhile are settled.
     fn issuer_release(&self) {
-        let mut busy = self.issuer.lock();
-        debug_assert!(*busy, "issuer role released twice");
-        *busy = false;
-        drop(busy);
-        self.issuer_cv.notify_one();
+        for (w, how) in self.settle_waiters(false).0 {
+            w(how);
+        }
     }
 
     /// The issuer's work up to the device writes: take every pending itx, write the
@@ -1206,7 +1359,7 @@ impl Zilog {
     /// false when the header naming the chain is not on disk yet (the caller syncs and
     /// asks again).
     pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<bool> {
-        let _issuer = self.issuer_acquire();
+        let _issuer = self.issuer_acquire_role();
         let planned = {
             let mut c = self.chain.lock();
             if c.replaying.is_some() {

@@ -132,7 +132,15 @@ use crate::dsl_pool::DirtyAccounting;
 use crate::props::{CachePolicy, SyncPolicy};
 use crate::txg::TxgState;
 use crate::vdev::IoClass;
+use crate::zil::{AdmitLogBlock, CommitOutcome, CommitStart, CommitWaiter, DataPolicy, Flight, RoundStart, SettledWaiters, Waited};
 use crate::{Error, Txg};
+
+/// Call settled commit waiters (outside every lock).
+fn settle(settled: SettledWaiters) {
+    for (waiter, how) in settled {
+        waiter(how);
+    }
+}
 
 /// What a volume sees of its pool: the narrow context spa hands to zvol. spa implements
 /// it, so zvol never names the pool type and the layering points down.
@@ -237,6 +245,58 @@ impl Volume {
 
     fn bs(&self) -> u64 {
         self.vol.volblocksize as u64
+    }
+
+    /// A commit that cannot go the asynchronous way: the pool failed, a sync failed,
+    /// or a property or volume change only a txg sync writes.
+    fn needs_blocking_commit(&self) -> bool {
+        let txgs = self.pool.txg();
+        txgs.fatal_error().is_some() || txgs.sync_error().is_some() || self.pool.mos_changed()
+    }
+
+    /// Call `f` with what a commit of this volume needs: the pool's I/O, the synced
+    /// and open txgs, a guid source, the space admission of normal-class log blocks and
+    /// the volume's data policy.
+    fn with_commit_args<T>(&self, f: impl FnOnce(&crate::zio::PoolIo, Txg, Txg, &dyn Fn() -> u64, AdmitLogBlock<'_>, DataPolicy) -> T) -> T {
+        let txgs = self.pool.txg();
+        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
+        let pool = &self.pool;
+        let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
+        let props = self.vol.props.typed();
+        let policy = DataPolicy { algo: props.checksum, comp: props.compression };
+        f(pool.io(), synced, open, &|| pool.random_u64(), &admit, policy)
+    }
+
+    /// Issue a round of the asynchronous commit chain (see zil, "Commit waiters without
+    /// threads"). Its completion answers `first` (the commit that started the chain, if
+    /// this is its first round) and the waiters it made durable, and starts the next
+    /// round when waiters remain.
+    fn issue_round(&self, flight: Flight, first: Option<CommitWaiter>) {
+        let this = Volume { pool: self.pool.clone(), vol: self.vol.clone() };
+        self.vol.zil.issue_started(self.pool.io(), flight, Box::new(move |flight, result| {
+            let end = this.vol.zil.finish_async(this.pool.io(), flight, result);
+            if let Some(first) = first {
+                // a failed log write: the blocking flush waits for the txg that holds
+                // these itxs now (`sync_fallback`)
+                first(if end.outcome == CommitOutcome::Durable { Waited::Durable } else { Waited::CommitBlocking });
+            }
+            settle(end.settled);
+            if end.again {
+                this.next_round();
+            }
+        }));
+    }
+
+    /// The next round of the chain, on the engine thread that completed the last one.
+    fn next_round(&self) {
+        if self.check_live().is_err() || self.needs_blocking_commit() {
+            return settle(self.vol.zil.abandon_round());
+        }
+        let round = self.with_commit_args(|io, synced, open, new_guid, admit, policy| self.vol.zil.commit_round(io, synced, open, new_guid, admit, policy));
+        match round {
+            RoundStart::Issue(flight) => self.issue_round(flight, None),
+            RoundStart::Ended(settled) => settle(settled),
+        }
     }
 
     fn check_live(&self) -> Result<()> {
@@ -516,7 +576,7 @@ impl Volume {
         let pool = &self.pool;
         let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
         let props = self.vol.props.typed();
-        let policy = crate::zil::DataPolicy { algo: props.checksum, comp: props.compression };
+        let policy = DataPolicy { algo: props.checksum, comp: props.compression };
         match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64(), &admit, policy)? {
             crate::zil::CommitOutcome::Durable => Ok(()),
             crate::zil::CommitOutcome::NeedTxgSync(t) => {
@@ -691,30 +751,27 @@ impl BlockVolume for Volume {
         if self.vol.props.typed().sync == SyncPolicy::Disabled {
             return done(Some(Ok(())));
         }
-        let txgs = self.pool.txg();
         // the rare paths wait for a txg: the blocking `flush` takes them
-        if txgs.fatal_error().is_some() || txgs.sync_error().is_some() || self.pool.mos_changed() {
+        if self.needs_blocking_commit() {
             return done(None);
         }
-        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
-        let pool = &self.pool;
-        let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
-        let props = self.vol.props.typed();
-        let policy = crate::zil::DataPolicy { algo: props.checksum, comp: props.compression };
-        let flight = match self.vol.zil.commit_start(pool.io(), synced, open, &|| pool.random_u64(), &admit, policy) {
-            crate::zil::CommitStart::Issue(flight) => flight,
-            crate::zil::CommitStart::Done(crate::zil::CommitOutcome::Durable) => return done(Some(Ok(()))),
-            crate::zil::CommitStart::Done(crate::zil::CommitOutcome::NeedTxgSync(_)) | crate::zil::CommitStart::Busy => return done(None),
-        };
-        let (pool, vol) = (self.pool.clone(), self.vol.clone());
-        self.vol.zil.issue_started(self.pool.io(), flight, Box::new(move |flight, result| {
-            match vol.zil.finish_async(pool.io(), flight, result) {
-                crate::zil::CommitOutcome::Durable => done(Some(Ok(()))),
-                // the log write failed: the blocking flush waits for the txg that
-                // holds these itxs now (`sync_fallback`)
-                crate::zil::CommitOutcome::NeedTxgSync(_) => done(None),
-            }
+        let mut waiter: Option<CommitWaiter> = Some(Box::new(move |how| match how {
+            Waited::Durable => done(Some(Ok(()))),
+            Waited::CommitBlocking => done(None),
         }));
+        let start = self.with_commit_args(|io, synced, open, new_guid, admit, policy| {
+            self.vol.zil.commit_start(io, synced, open, new_guid, admit, policy, &mut waiter)
+        });
+        let how = match start {
+            CommitStart::Issue(flight) => return self.issue_round(flight, waiter),
+            CommitStart::Queued => return,
+            CommitStart::Done(CommitOutcome::Durable) => Waited::Durable,
+            // a txg to wait for, or another commit holds the log and nothing can queue
+            CommitStart::Done(CommitOutcome::NeedTxgSync(_)) | CommitStart::Busy => Waited::CommitBlocking,
+        };
+        if let Some(w) = waiter {
+            w(how);
+        }
     }
 
     fn flush(&self) -> Result<()> {

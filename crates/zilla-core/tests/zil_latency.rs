@@ -33,6 +33,11 @@ fn zil_commit_latency_probe() {
     let t = zilla_core::tunables();
     t.set("sim_flush_backing", 0).unwrap();
     t.set("zfs_txg_timeout", 3600).unwrap();
+    // ZIL_PROBE_SET="name=value,...": try a tunable (e.g. sim_spin_us=200)
+    for kv in std::env::var("ZIL_PROBE_SET").unwrap_or_default().split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').expect("ZIL_PROBE_SET wants name=value");
+        t.set(k, v.parse().expect("a number")).unwrap();
+    }
     let dir = std::env::temp_dir().join(format!("zilla-zil-latency-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let gib = 1u64 << 30;

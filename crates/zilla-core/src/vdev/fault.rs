@@ -176,6 +176,16 @@ pub struct CrashDevice {
     /// Bytes of the writes accepted.
     write_bytes: AtomicU64,
     flushes: AtomicU64,
+    /// Writes wait here while held (`hold_writes`): a test stops a device mid-commit.
+    gate: Mutex<WriteGate>,
+    gate_cv: parking_lot::Condvar,
+}
+
+/// See [`CrashDevice::hold_writes`].
+#[derive(Default)]
+struct WriteGate {
+    held: bool,
+    waiting: u32,
 }
 
 impl CrashDevice {
@@ -202,6 +212,33 @@ impl CrashDevice {
             writes: AtomicU64::new(0),
             write_bytes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            gate: Mutex::new(WriteGate::default()),
+            gate_cv: parking_lot::Condvar::new(),
+        }
+    }
+
+    /// Hold every write (it waits before touching the device) until called with
+    /// false: a test stops a commit in the middle of its device writes.
+    pub fn hold_writes(&self, hold: bool) {
+        self.gate.lock().held = hold;
+        if !hold {
+            self.gate_cv.notify_all();
+        }
+    }
+
+    /// Writes waiting at the gate of `hold_writes`.
+    pub fn writes_held(&self) -> u32 {
+        self.gate.lock().waiting
+    }
+
+    fn pass_gate(&self) {
+        let mut g = self.gate.lock();
+        if g.held {
+            g.waiting += 1;
+            while g.held {
+                self.gate_cv.wait(&mut g);
+            }
+            g.waiting -= 1;
         }
     }
 
@@ -285,7 +322,25 @@ impl CrashDevice {
         st.crashed = true;
         st.crash_at = None;
         let pending = std::mem::take(&mut st.pending);
-        let mut image = std::mem::take(&mut st.image);
+        let image = std::mem::take(&mut st.image);
+        Self::surviving_image(image, &pending, mode, seed)
+    }
+
+    /// The image a power cut would leave now, without cutting: the device goes on
+    /// (a test takes it at the instant something is acknowledged, on the thread that
+    /// acknowledges, and checks later that the acknowledged data is in it). Copies the
+    /// whole device.
+    pub fn image_if_cut_now(&self, mode: CrashMode, seed: u64) -> Vec<u8> {
+        let st = self.state.lock();
+        if st.crashed {
+            return Vec::new();
+        }
+        Self::surviving_image(st.image.clone(), &st.pending, mode, seed)
+    }
+
+    /// `image` (the current contents) with the writes of `pending` undone, then the
+    /// durable ones and the unflushed survivors `mode` picks applied again.
+    fn surviving_image(mut image: Vec<u8>, pending: &[PendingWrite], mode: CrashMode, seed: u64) -> Vec<u8> {
         // Undo newest-first: afterwards `image` is the image before the whole log.
         for w in pending.iter().rev() {
             image[w.offset..w.offset + w.old.len()].copy_from_slice(&w.old);
@@ -420,6 +475,7 @@ impl Device for CrashDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.pass_gate();
         let mut st = self.state.lock();
         if st.crashed {
             return Err(eio("write after power cut"));
