@@ -30,9 +30,12 @@
 //!                4.17 ms at 7200 rpm (angular position is not tracked: the lab needs
 //!                the distribution, not the geometry)
 //!     write      into the volatile cache: cache_write + len / interface; the extent
-//!                is remembered; if the cache would exceed write_cache_bytes, all of
-//!                it is destaged first (the write waits); a write larger than the
-//!                cache goes straight to the media like a read
+//!                is remembered; if the cache would exceed write_cache_bytes, the
+//!                drive first destages just enough to make room (the write waits):
+//!                extents in elevator order from the head's position onwards,
+//!                wrapping, as a drive frees cache under a write stream, not the
+//!                whole cache at once; a write larger than the cache goes straight
+//!                to the media like a read
 //!     flush      destage every cached extent in offset order (an elevator pass),
 //!                each paying positioning + transfer; positioning of a media write
 //!                that is sequential to the previous one is none only back to back:
@@ -644,6 +647,25 @@ impl SimDevice {
         total_ns
     }
 
+    /// HDD: destage cached extents until at least `need_bytes` are free, in elevator
+    /// order from the head's position (wrapping to the lowest offset); returns the time.
+    fn destage_some_ns(&self, m: &mut Mechanism, at_ns: u64, need_bytes: u64) -> u64 {
+        let mut freed = 0;
+        let mut total_ns = 0;
+        let mut count = 0;
+        while freed < need_bytes {
+            let next = m.cache.range(m.head_offset..).next().or_else(|| m.cache.iter().next()).map(|(&o, &l)| (o, l));
+            let Some((offset, len)) = next else { break };
+            m.cache.remove(&offset);
+            total_ns += self.media_ns(m, offset, len, Some(at_ns + total_ns));
+            freed += len;
+            count += 1;
+        }
+        m.cache_bytes = m.cache_bytes.saturating_sub(freed);
+        self.destaged_extents.fetch_add(count, Ordering::Relaxed);
+        total_ns
+    }
+
     /// HDD: service time of one command, updating head, cache and RNG.
     fn hdd_service_ns(&self, m: &mut Mechanism, command: HddCommand, offset: u64, len: u64, at_ns: u64) -> u64 {
         let p = &self.profile;
@@ -655,7 +677,8 @@ impl SimDevice {
                 d + self.media_ns(m, offset, len, Some(at_ns + d))
             }
             HddCommand::Write => {
-                let destage = if m.cache_bytes + len > p.write_cache_bytes { self.destage_ns(m, at_ns) } else { 0 };
+                let over = (m.cache_bytes + len).saturating_sub(p.write_cache_bytes);
+                let destage = if over > 0 { self.destage_some_ns(m, at_ns, over) } else { 0 };
                 // Extents are keyed by offset; a rewrite of the same offset reuses its
                 // slot. Partial overlaps at different offsets are counted twice, which
                 // only makes the cache fill (and destage) slightly early.
@@ -955,7 +978,8 @@ mod tests {
     #[test]
     fn hdd_full_cache_makes_writes_wait() {
         let _serial = serial();
-        // Goal: the write cache is bounded; a write that does not fit waits for destage.
+        // Goal: the write cache is bounded; a write that does not fit waits until the
+        // drive has destaged enough to make room for it, and no more.
         let p = SimProfile { write_cache_bytes: 64 * 1024, ..hdd() };
         let dev = device(p);
         let buf = vec![1u8; 4096];
@@ -965,8 +989,15 @@ mod tests {
         assert_eq!(dev.stats().destaged_extents, 0);
         let t = VInstant::now();
         dev.write_at(&buf, 60 << 20).unwrap();
-        assert!(t.elapsed() > Duration::from_millis(16), "17th write waited {:?}", t.elapsed());
-        assert_eq!(dev.stats().destaged_extents, 16);
+        assert!(t.elapsed() > Duration::from_millis(1), "17th write waited {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_millis(30), "17th write waited {:?} (more than one destage)", t.elapsed());
+        assert_eq!(dev.stats().destaged_extents, 1, "one 4K extent makes room for one 4K write");
+        let t = VInstant::now();
+        dev.write_at(&vec![1u8; 8192], 61 << 20).unwrap();
+        assert!(t.elapsed() > Duration::from_millis(1), "a write waited {:?}", t.elapsed());
+        assert_eq!(dev.stats().destaged_extents, 3, "two more 4K extents for an 8K write");
+        dev.flush().unwrap();
+        assert_eq!(dev.stats().destaged_extents, 18, "the flush destages the 15 extents left");
     }
 
     #[test]

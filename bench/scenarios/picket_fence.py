@@ -1,0 +1,298 @@
+"""Scenario picket-fence: seed 000's figure. Sync-read latency under a moderate async
+write stream, per 100 ms interval, with the OpenZFS I/O scheduler and the legacy one.
+
+Theory of operation: one daemon, one pool built like the demo's: two sim-hdd mirrors
+and a sim-ssd log mirror. Volume `rd` is filled once with sequential 1M writes and
+has `primarycache=metadata`, so every data read misses the ARC and reaches a disk.
+Volume `wr` is sparse and takes the stream. In this order:
+
+1. idle: one client does QD1 4K random reads on `rd` (fio nbd engine) with nothing
+   else running: the read latency the disks give on their own;
+2. the pool's write bandwidth: 1M sequential async writes to `wr` for a while and
+   an NBD FLUSH, bytes / (time including the flush): what a txg sync can sustain;
+3. per scheduler mode (`zfs_vdev_scheduler_mode`, openzfs then legacy): the same
+   QD1 reader, and beside it a second fio streaming 1M async writes to `wr` at half
+   the measured bandwidth (`--rate`), for several txgs (`zfs_txg_timeout`). That is
+   the moderate load under which seed 000 saw the fence: each txg sync floods the
+   disks with async writes, and a read that arrives then waits behind them.
+
+fio logs every read's latency (`--write_lat_log`, `--log_avg_msec=0`); the bench cuts
+the reader's timeline into 100 ms intervals and takes each interval's p99 (at QD1 on
+a disk about 10-20 reads per interval, so an interval's p99 is nearly its slowest
+read; intervals with fewer than 3 reads are left out). The figure plots the interval
+p99 over time for both modes (an SVG next to the JSON). The OpenZFS scheduler keeps
+the async-write concurrency low while dirty data is low (`zfs_vdev_async_write_
+active_min_dirty_percent`) and gives the sync-read class its own slots, so a read
+waits behind at most a few writes; legacy gives async writes a fixed 10 slots from
+the first byte, and the reads of each sync wait behind all of them: the square wave.
+
+Goals (issue 8): in openzfs mode the highest interval p99 is at most 3x the lowest,
+and the reader's p99 under the writer stays within 3x of its idle p99. The legacy
+ratio is reported, not judged (it is the baseline the fence is seen in).
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import time
+
+from lib.daemon import Zilla
+from lib.fio import nbd_flush
+from lib.goals import goal
+from lib.packages import ensure_tools
+from lib.proc import BenchError, log, make_workdir, run
+from lib.tables import fmt, table
+
+from .slog import sparse
+
+NAME = "picket-fence"
+DESCRIPTION = ("QD1 4K sync reads beside a 1M async write stream at half the pool's bandwidth: "
+               "p99 per 100 ms, OpenZFS scheduler vs legacy (seed 000's picket fence)")
+MiB, GiB = 1 << 20, 1 << 30
+MODES = ("openzfs", "legacy")
+INTERVAL_MS = 100
+MIN_READS_PER_INTERVAL = 3
+
+
+def settings(quick):
+    return {"read_volume_bytes": 256 * MiB, "write_volume_bytes": 8 * GiB,
+            "device_file_bytes": 12 * GiB, "zfs_txg_timeout_s": 5,
+            "idle_s": 10 if quick else 30, "bandwidth_probe_s": 10 if quick else 20,
+            "runtime_s": 30 if quick else 90, "write_rate_fraction": 0.5,
+            "reader": "fio ioengine=nbd rw=randread bs=4k iodepth=1, primarycache=metadata",
+            "writer": "fio ioengine=nbd rw=write bs=1M iodepth=4 --rate=(fraction x measured bandwidth)",
+            "pool": "mirror sim-hdd sim-hdd mirror sim-hdd sim-hdd log mirror sim-ssd sim-ssd",
+            # PICKET_TUNABLES="name=value,...": extra tunables for experiments (set before
+            # the pool is created, so device models see them); recorded in the JSON
+            "extra_tunables": [kv for kv in os.environ.get("PICKET_TUNABLES", "").split(",") if kv]}
+
+
+def run_scenario(ctx):
+    ensure_tools(["fio"])
+    cfg = settings(ctx.quick)
+    wd = make_workdir()
+    z = Zilla(ctx.new, wd)
+    z.cli("tunable", "set", f"zfs_txg_timeout={cfg['zfs_txg_timeout_s']}")
+    for kv in cfg["extra_tunables"]:
+        z.cli("tunable", "set", kv)
+    disks = [sparse(os.path.join(wd, f"d{i}.img"), cfg["device_file_bytes"]) for i in range(4)]
+    logs = [sparse(os.path.join(wd, f"log{i}.img"), 512 * MiB) for i in range(2)]
+    z.cli("pool", "create", "-f", "bench", "mirror", f"sim-hdd:{disks[0]}", f"sim-hdd:{disks[1]}",
+          "mirror", f"sim-hdd:{disks[2]}", f"sim-hdd:{disks[3]}",
+          "log", "mirror", f"sim-ssd:{logs[0]}", f"sim-ssd:{logs[1]}")
+    z.cli("volume", "create", "-V", str(cfg["read_volume_bytes"]), "-o", "primarycache=metadata", "bench/rd")
+    z.cli("volume", "create", "-s", "-V", str(cfg["write_volume_bytes"]), "bench/wr")
+    log(f"workdir {wd}; filling bench/rd ({cfg['read_volume_bytes'] >> 20} MiB)")
+    fill(z, wd, cfg)
+
+    idle = reader(z, wd, cfg, "idle", cfg["idle_s"])
+    log(f"idle reader: {idle['reads']} reads, mean {idle['mean_us']} us, p99 {idle['p99_us']} us")
+    bw = write_bandwidth(z, wd, cfg)
+    rate = int(bw * cfg["write_rate_fraction"])
+    log(f"pool write bandwidth {bw / 1e6:.1f} MB/s; the stream writes at {rate / 1e6:.1f} MB/s")
+
+    runs = {}
+    for mode in MODES:
+        z.cli("tunable", "set", f"zfs_vdev_scheduler_mode={mode}")
+        nbd_flush(z.uri("bench/wr"), wd, f"before-{mode}")
+        runs[mode] = under_writer(z, wd, cfg, mode, rate)
+        r = runs[mode]
+        log(f"{mode:>7}: {r['reads']} reads, p99 {r['p99_us']} us; interval p99 "
+            f"{r['interval_p99_min_us']}..{r['interval_p99_max_us']} us (x{r['interval_p99_ratio']}); "
+            f"writer {r['writer_MBps']} MB/s")
+    z.cli("tunable", "set", "zfs_vdev_scheduler_mode=openzfs")
+    txgs = txg_history(z)
+    z.cli("pool", "export", "bench")
+    z.stop()
+
+    plot = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "picket-fence.svg")
+    write_svg(runs, idle, plot)
+    print_table(idle, runs)
+    series = {m: r.pop("series") for m, r in runs.items()}
+    return {"config": cfg, "pool_write_bandwidth_MBps": round(bw / 1e6, 1),
+            "writer_rate_MBps": round(rate / 1e6, 1), "idle": idle, "results": runs,
+            "legacy_interval_p99_ratio": runs["legacy"]["interval_p99_ratio"],
+            "interval_p99_series_us": series, "txgs_after": txgs, "plot": os.path.relpath(plot),
+            "goals": goals(idle, runs)}
+
+
+def fio_cmd(z, export, name, extra):
+    return ["fio", f"--name={name}", "--ioengine=nbd", f"--uri={z.uri(export)}"] + extra
+
+
+def fill(z, wd, cfg):
+    out = os.path.join(wd, "fill.txt")
+    run(fio_cmd(z, "bench/rd", "fill", ["--rw=write", "--bs=1M", "--iodepth=4",
+                                        f"--size={cfg['read_volume_bytes']}", "--end_fsync=1",
+                                        f"--output={out}"]))
+
+
+def reader(z, wd, cfg, tag, seconds):
+    """QD1 4K random reads on bench/rd for `seconds`; per-read latencies from fio's log."""
+    prefix = os.path.join(wd, f"rd-{tag}")
+    cmd = fio_cmd(z, "bench/rd", f"rd-{tag}", [
+        "--rw=randread", "--bs=4k", "--iodepth=1", f"--size={cfg['read_volume_bytes']}",
+        "--time_based", f"--runtime={seconds}", "--randrepeat=0", f"--write_lat_log={prefix}",
+        "--log_avg_msec=0", f"--output={prefix}.txt"])
+    r = run(cmd, check=False)
+    if r.returncode != 0:
+        raise BenchError(f"fio reader {tag} failed ({r.returncode}); see {prefix}.txt")
+    return summarise_reads(read_lat_log(prefix), seconds)
+
+
+def read_lat_log(prefix):
+    """[(time_ms, latency_us)] of the reads in fio's per-I/O latency log."""
+    path = f"{prefix}_lat.1.log"
+    if not os.path.exists(path):
+        raise BenchError(f"fio wrote no latency log {path}")
+    out = []
+    with open(path) as f:
+        for line in f:
+            p = [x.strip() for x in line.split(",")]
+            if len(p) >= 3 and p[2] == "0":          # direction 0: read
+                out.append((int(p[0]), int(p[1]) / 1000.0))
+    if not out:
+        raise BenchError(f"no reads in {path}")
+    return out
+
+
+def pct(sorted_values, q):
+    return sorted_values[min(len(sorted_values) - 1, int(round(q * (len(sorted_values) - 1))))]
+
+
+def summarise_reads(samples, seconds):
+    lat = sorted(us for _, us in samples)
+    by_interval = {}
+    for t_ms, us in samples:
+        by_interval.setdefault(t_ms // INTERVAL_MS, []).append(us)
+    series = []
+    for k in sorted(by_interval):
+        v = sorted(by_interval[k])
+        if len(v) >= MIN_READS_PER_INTERVAL:
+            series.append([k * INTERVAL_MS / 1000.0, round(pct(v, 0.99), 1), len(v)])
+    p99s = [s[1] for s in series]
+    if not p99s:
+        raise BenchError("no 100 ms interval had enough reads")
+    return {"reads": len(lat), "iops": round(len(lat) / seconds, 1), "mean_us": round(statistics.mean(lat), 1),
+            "p50_us": round(pct(lat, 0.5), 1), "p99_us": round(pct(lat, 0.99), 1),
+            "p99_9_us": round(pct(lat, 0.999), 1), "max_us": round(lat[-1], 1),
+            "intervals": len(series), "interval_p99_min_us": min(p99s), "interval_p99_max_us": max(p99s),
+            "interval_p99_ratio": round(max(p99s) / max(1e-9, min(p99s)), 2),
+            "interval_p99_median_us": round(statistics.median(p99s), 1), "series": series}
+
+
+def write_bandwidth(z, wd, cfg):
+    """Bytes/s the pool sustains for 1M sequential async writes, the final flush included."""
+    out = os.path.join(wd, "bw.json")
+    t0 = time.time()
+    r = run(fio_cmd(z, "bench/wr", "bw", ["--rw=write", "--bs=1M", "--iodepth=4",
+                                          f"--size={cfg['write_volume_bytes']}", "--time_based",
+                                          f"--runtime={cfg['bandwidth_probe_s']}", "--end_fsync=1",
+                                          "--output-format=json", f"--output={out}"]), check=False)
+    elapsed = time.time() - t0
+    if r.returncode != 0:
+        raise BenchError(f"fio bandwidth probe failed ({r.returncode}); see {out}")
+    with open(out) as f:
+        text = f.read()
+    written = json.loads(text[text.index("{"):])["jobs"][0]["write"]["io_bytes"]
+    if written <= 0:
+        raise BenchError("the bandwidth probe wrote nothing")
+    return written / elapsed
+
+
+def under_writer(z, wd, cfg, mode, rate):
+    """The QD1 reader for runtime_s beside the rate-limited stream (started first, ends
+    after the reader)."""
+    wout = os.path.join(wd, f"wr-{mode}.json")
+    wlog = open(os.path.join(wd, f"wr-{mode}.err"), "w")
+    writer = subprocess.Popen(fio_cmd(z, "bench/wr", f"wr-{mode}", [
+        "--rw=write", "--bs=1M", "--iodepth=4", f"--size={cfg['write_volume_bytes']}", "--time_based",
+        f"--runtime={cfg['runtime_s'] + 4}", f"--rate={rate}", "--output-format=json", f"--output={wout}"]),
+        stdout=wlog, stderr=wlog)
+    try:
+        time.sleep(2)          # the stream is running and dirtying the first txg
+        if writer.poll() is not None:
+            raise BenchError(f"the write stream exited early ({writer.returncode}); see {wout}")
+        r = reader(z, wd, cfg, mode, cfg["runtime_s"])
+        writer.wait(timeout=cfg["runtime_s"] + 120)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        wlog.close()
+    if writer.returncode != 0:
+        raise BenchError(f"the write stream failed ({writer.returncode}); see {wout}")
+    with open(wout) as f:
+        text = f.read()
+    w = json.loads(text[text.index("{"):])["jobs"][0]["write"]
+    r["writer_MBps"] = round(w["bw_bytes"] / 1e6, 1)
+    return r
+
+
+def txg_history(z):
+    """The pool's last txgs (`zilla txgs`), as text: how long each sync took."""
+    try:
+        return z.cli("txgs", "bench").splitlines()[-12:]
+    except Exception as e:          # informational only
+        return [f"zilla txgs failed: {e}"]
+
+
+def goals(idle, runs):
+    o = runs["openzfs"]
+    return [
+        goal("openzfs: highest / lowest 100 ms interval p99 of QD1 reads under the stream", "<=", 3.0,
+             o["interval_p99_ratio"]),
+        goal("openzfs: QD1 read p99 under the stream / idle p99", "<=", 3.0,
+             round(o["p99_us"] / max(1e-9, idle["p99_us"]), 3)),
+    ]
+
+
+def print_table(idle, runs):
+    rows = [["no writer", "-", fmt(idle["iops"], 1), fmt(idle["mean_us"], 0), fmt(idle["p99_us"], 0),
+             fmt(idle["interval_p99_min_us"], 0), fmt(idle["interval_p99_max_us"], 0), fmt(idle["interval_p99_ratio"], 2), "-"]]
+    for m in MODES:
+        r = runs[m]
+        rows.append(["1M stream", m, fmt(r["iops"], 1), fmt(r["mean_us"], 0), fmt(r["p99_us"], 0),
+                     fmt(r["interval_p99_min_us"], 0), fmt(r["interval_p99_max_us"], 0),
+                     fmt(r["interval_p99_ratio"], 2), fmt(r["writer_MBps"], 1)])
+    print(table(["load", "scheduler", "read IOPS", "mean us", "p99 us", "min ivl p99", "max ivl p99",
+                 "max/min", "writer MB/s"], rows))
+
+
+def write_svg(runs, idle, path):
+    """Interval p99 over time, one line per mode, log y axis; the idle p99 as a line."""
+    w, h, pad = 900, 320, 60
+    colours = {"openzfs": "#1f77b4", "legacy": "#d62728"}
+    tmax = max(s[0] for r in runs.values() for s in r["series"]) or 1
+    top = max(max(s[1] for r in runs.values() for s in r["series"]), idle["p99_us"]) * 1.2
+    bottom = min(min(s[1] for r in runs.values() for s in r["series"]), idle["p99_us"]) / 1.2
+    import math
+    lx = lambda t: pad + t / tmax * (w - pad - 20)
+    ly = lambda us: h - 40 - (math.log10(us / bottom) / math.log10(top / bottom)) * (h - 80)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+             f'<text x="{w / 2}" y="16" text-anchor="middle">QD1 4K read p99 per {INTERVAL_MS} ms under a 1M async '
+             f'write stream (picket-fence)</text>',
+             f'<line x1="{pad}" y1="{h - 40}" x2="{w - 20}" y2="{h - 40}" stroke="black"/>',
+             f'<line x1="{pad}" y1="{h - 40}" x2="{pad}" y2="30" stroke="black"/>',
+             f'<text x="{w / 2}" y="{h - 8}" text-anchor="middle">seconds</text>']
+    for t in range(0, int(tmax) + 1, max(1, int(tmax) // 10)):
+        parts.append(f'<text x="{lx(t):.1f}" y="{h - 26}" text-anchor="middle">{t}</text>')
+    for e in range(int(math.floor(math.log10(bottom))), int(math.ceil(math.log10(top))) + 1):
+        for m in (1, 2, 5):
+            v = m * 10 ** e
+            if bottom <= v <= top:
+                label = f"{v / 1000:g} ms" if v >= 1000 else f"{v:g} us"
+                parts.append(f'<text x="{pad - 5}" y="{ly(v) + 4:.1f}" text-anchor="end">{label}</text>'
+                             f'<line x1="{pad}" y1="{ly(v):.1f}" x2="{w - 20}" y2="{ly(v):.1f}" stroke="#eee"/>')
+    parts.append(f'<line x1="{pad}" y1="{ly(idle["p99_us"]):.1f}" x2="{w - 20}" y2="{ly(idle["p99_us"]):.1f}" '
+                 f'stroke="#2ca02c" stroke-dasharray="4 3"/><text x="{w - 25}" y="{ly(idle["p99_us"]) - 4:.1f}" '
+                 f'text-anchor="end" fill="#2ca02c">idle p99</text>')
+    for j, (m, r) in enumerate(runs.items()):
+        pts = " ".join(f"{lx(t):.1f},{ly(p):.1f}" for t, p, _ in r["series"])
+        parts.append(f'<polyline fill="none" stroke="{colours[m]}" stroke-width="1.2" points="{pts}"/>'
+                     f'<text x="{pad + 10}" y="{40 + 14 * j}" fill="{colours[m]}">{m} (max/min {r["interval_p99_ratio"]})</text>')
+    parts.append("</svg>")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(parts) + "\n")
