@@ -107,3 +107,29 @@ class Arguments(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PicketFenceIntervals(unittest.TestCase):
+    """The picket-fence figure: per-100 ms p99 of a read latency log."""
+
+    def setUp(self):
+        from scenarios import picket_fence
+        self.pf = picket_fence
+
+    def test_a_slow_interval_stands_out_and_sparse_intervals_are_left_out(self):
+        samples = [(t, 10_000.0) for t in range(0, 1000, 10)]            # 10 reads per 100 ms
+        samples += [(t, 120_000.0) for t in range(500, 600, 20)]           # a stall in 500..600
+        samples += [(1200, 5.0)]                                            # 1 read: left out
+        r = self.pf.summarise_reads(sorted(samples), 1.3)
+        self.assertEqual(r["intervals"], 10)
+        self.assertEqual(r["interval_p99_min_us"], 10_000.0)
+        self.assertEqual(r["interval_p99_max_us"], 120_000.0)
+        self.assertEqual(r["interval_p99_ratio"], 12.0)
+        self.assertEqual([s[0] for s in r["series"]][5], 0.5)
+
+    def test_the_latency_log_keeps_reads_only(self):
+        with tempfile.TemporaryDirectory() as d:
+            prefix = os.path.join(d, "rd")
+            with open(prefix + "_lat.1.log", "w") as f:
+                f.write("5, 2000000, 0, 4096, 0\n7, 9000000, 1, 4096, 0\n")
+            self.assertEqual(self.pf.read_lat_log(prefix), [(5, 2000.0)])
