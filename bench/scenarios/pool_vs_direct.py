@@ -79,7 +79,7 @@ def run_scenario(ctx):
     print_tables(med, results, direct, runs["zilla"][0], cfg, ctx)
     out = {"config": cfg, "results": results, "direct": direct,
            "zilla": runs["zilla"][0]["figures"], "memory": runs["zilla"][0]["memory"],
-           "medians": med, "loadavg": loads, "goals": goals(results, ctx)}
+           "medians": med, "loadavg": loads, "goals": goals(results, runs["zilla"][0]["memory"], ctx)}
     if ctx.old is not None or len(runs["zilla"]) > 1:
         out["zilla_runs"] = runs    # every round of every build ("zilla" is the first new one)
     return out
@@ -248,9 +248,18 @@ def print_tables(med, results, direct, first, cfg, ctx):
                  f"old (median of {o['rounds']})", "new/old"], rows))
 
 
-def goals(results, ctx):
+def goals(results, memory, ctx):
+    """Issue 13's volume goal, and issue 8's: device bytes >= 0.8 of direct (a 2-way
+    mirror writes every byte twice), cold random reads >= 0.8 of direct, and peak RSS
+    within ARC max + dirty max + 48 MiB."""
     g = [goal("1 MiB sequential write with checksums, volume / direct", ">=", 0.5,
-              results["seqwrite_1M"]["ratio_volume_over_direct"])]
+              results["seqwrite_1M"]["ratio_volume_over_direct"]),
+         goal("1 MiB sequential write, bytes reaching the devices / direct", ">=", 0.8,
+              results["seqwrite_1M"]["ratio_device_over_direct"]),
+         goal("16K random read IOPS, ARC cold, volume / direct", ">=", 0.8,
+              results["randread_16K_cold"]["ratio_zilla_over_direct"]),
+         goal("daemon peak RSS beyond ARC max + dirty max", "<=", 48,
+              round(memory["measured_overhead_bytes"] / MiB, 1), unit="MiB")]
     if ctx.old is not None:
         g += [new_over_old(name, results[t]["ratio_new_over_old"], ctx.old.rev)
               for t, _, name in FIGURES]

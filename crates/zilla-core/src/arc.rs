@@ -15,8 +15,21 @@
 //! lists and the L2ARC feed replace it behind the same interface: `lookup`, `insert`,
 //! `evict`, `stats`. A shard mutex is held only for the map operation, never across I/O.
 //!
-//! Bounds: total bytes ≤ c_max (per shard c_max / SHARDS, evicting on insert); the ring
-//! holds at most 2 × entries + 1024 slots (stale slots of freed blocks are compacted).
+//! Bounds: total bytes ≤ c_max − reserved (per shard that / SHARDS, evicting on insert);
+//! the ring holds at most 2 × entries + 1024 slots (stale slots of freed blocks are
+//! compacted).
+//!
+//! Reservations. A txg sync holds the buffers it writes until the txg commits (readers
+//! see them in the dirty set until then; the ARC may only take them after the commit,
+//! see spa/sync.rs). It stops counting them as dirty once written, so that the write
+//! throttle sees the dirty data drain as the sync proceeds (OpenZFS undirties on write
+//! completion, when the dbuf's data becomes ARC data). Those bytes are still in memory:
+//! the sync *reserves* them in the ARC ([`ArcReservation`]), the cache evicts down to
+//! c_max − reserved at once, and the reservation ends when the txg commits and the
+//! written blocks are inserted. A reservation is granted only up to what the ARC can
+//! give (c_max − reserved): the sync keeps the rest dirty until the txg retires. So the
+//! daemon's data memory stays within ARC max + dirty max, whichever of the two is the
+//! larger (issue 8: peak RSS ≤ ARC max + dirty max + 48 MiB).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,6 +99,8 @@ pub struct ArcStats {
     pub size: u64,
     pub c_max: u64,
     pub evictions: u64,
+    /// Bytes reserved for syncing txgs' written buffers (see "Reservations").
+    pub reserved: u64,
 }
 
 /// Where the byte limit comes from.
@@ -106,6 +121,34 @@ pub struct ArcCache {
     evictions: AtomicU64,
     data_bytes: AtomicU64,
     meta_bytes: AtomicU64,
+    /// Bytes held for syncing txgs' written buffers (see "Reservations").
+    reserved: AtomicU64,
+}
+
+/// A txg sync's reservation in the ARC (see "Reservations"); ends when dropped.
+pub struct ArcReservation<'a> {
+    arc: &'a ArcCache,
+    bytes: AtomicU64,
+}
+
+impl ArcReservation<'_> {
+    /// Reserve up to `want` more bytes; returns how many were granted.
+    pub fn take_up_to(&self, want: u64) -> u64 {
+        let granted = self.arc.reserve_up_to(want);
+        self.bytes.fetch_add(granted, Ordering::Relaxed);
+        granted
+    }
+
+    /// Bytes this reservation holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for ArcReservation<'_> {
+    fn drop(&mut self) {
+        self.arc.unreserve(self.bytes.load(Ordering::Relaxed));
+    }
 }
 
 pub fn physical_memory_bytes() -> u64 {
@@ -135,6 +178,7 @@ impl ArcCache {
             evictions: AtomicU64::new(0),
             data_bytes: AtomicU64::new(0),
             meta_bytes: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
         };
         cache.c_max_applied.store(cache.c_max(), Ordering::Relaxed);
         cache
@@ -151,11 +195,39 @@ impl ArcCache {
         }
     }
 
-    /// Per-shard limit; when the limit went down since the last call, every shard is
-    /// trimmed to it now rather than at its next insert.
+    /// A reservation for a txg sync's written buffers (see "Reservations").
+    pub fn reservation(&self) -> ArcReservation<'_> {
+        ArcReservation { arc: self, bytes: AtomicU64::new(0) }
+    }
+
+    /// Reserve up to `want` bytes (at most c_max − reserved) and evict down to the new
+    /// limit at once; returns the bytes granted.
+    fn reserve_up_to(&self, want: u64) -> u64 {
+        let c_max = self.c_max();
+        let mut granted = 0;
+        let _ = self.reserved.fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+            granted = want.min(c_max.saturating_sub(r));
+            Some(r + granted)
+        });
+        if granted > 0 {
+            let limit = self.shard_limit();
+            for shard in &self.shards {
+                self.evict_to(&mut shard.lock(), limit);
+            }
+        }
+        granted
+    }
+
+    fn unreserve(&self, bytes: u64) {
+        let before = self.reserved.fetch_sub(bytes, Ordering::AcqRel);
+        debug_assert!(before >= bytes, "ARC reservation released twice");
+    }
+
+    /// Per-shard limit (c_max less the reservations); when c_max went down since the
+    /// last call, every shard is trimmed to it now rather than at its next insert.
     fn shard_limit(&self) -> u64 {
         let c_max = self.c_max();
-        let limit = c_max / SHARDS as u64;
+        let limit = c_max.saturating_sub(self.reserved.load(Ordering::Acquire)) / SHARDS as u64;
         // a plain load on the common path: no shared cache line written per insert
         if self.c_max_applied.load(Ordering::Relaxed) != c_max {
             let before = self.c_max_applied.swap(c_max, Ordering::Relaxed);
@@ -271,6 +343,7 @@ impl ArcCache {
             size: d + m,
             c_max: self.c_max(),
             evictions: self.evictions.load(Ordering::Relaxed),
+            reserved: self.reserved.load(Ordering::Relaxed),
         }
     }
 }
@@ -278,6 +351,26 @@ impl ArcCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reservation_evicts_at_once_is_capped_and_ends_when_dropped() {
+        let arc = ArcCache::new(SHARDS as u64 * 8192);
+        for i in 0..64u64 {
+            arc.insert(BlockKey { vdev: VdevId(0), offset: i * 4096, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Data);
+        }
+        let full = arc.stats().size;
+        assert!(full > SHARDS as u64 * 4096, "the cache filled ({full})");
+        let r = arc.reservation();
+        assert_eq!(r.take_up_to(SHARDS as u64 * 4096), SHARDS as u64 * 4096);
+        assert!(arc.stats().size <= SHARDS as u64 * 4096, "not evicted down to c_max - reserved: {}", arc.stats().size);
+        assert_eq!(r.take_up_to(u64::MAX), SHARDS as u64 * 4096, "granted beyond c_max");
+        assert_eq!(arc.stats().size, 0);
+        assert_eq!(arc.stats().reserved, SHARDS as u64 * 8192);
+        drop(r);
+        assert_eq!(arc.stats().reserved, 0);
+        arc.insert(BlockKey { vdev: VdevId(0), offset: 1 << 30, birth: Txg(2) }, vec![0u8; 4096].into(), BufKind::Data);
+        assert_eq!(arc.stats().size, 4096, "the cache takes blocks again");
+    }
     #[test]
     fn bounded_and_lru() {
         let arc = ArcCache::new(SHARDS as u64 * 8192);

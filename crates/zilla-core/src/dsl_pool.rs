@@ -355,8 +355,10 @@ impl DirtyAccounting {
     }
 
     /// The sync of `txg` has written (issued, within its bounded window of writes in
-    /// flight) `bytes` of its dirty data: they stop counting as dirty now, not when the
-    /// whole txg retires. OpenZFS undirties as the sync's writes complete
+    /// flight) `bytes` of its dirty data and reserved them in the ARC (arc.rs,
+    /// "Reservations": the buffers stay in memory until the commit, so the sync
+    /// undirties only what the ARC could reserve): they stop counting as dirty now, not
+    /// when the whole txg retires. OpenZFS undirties as the sync's writes complete
     /// (dsl_pool_undirty_space); without it the dirty total stays at its peak for a
     /// whole sync, the delay curve reads that peak and stalls every writer for seconds.
     /// Only the syncing txg is undirtied (no writer adds to it any more). A sync that

@@ -927,7 +927,9 @@ async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
 pub fn memory_report(d: &Daemon) -> crate::memory::MemoryReport {
     let (mut arc_size, mut dirty) = (0, 0);
     for (_, pool) in d.pools.all() {
-        arc_size += pool.arc_stats().size;
+        // a syncing txg's written buffers are reserved in the ARC until its commit
+        let arc = pool.arc_stats();
+        arc_size += arc.size + arc.reserved;
         dirty += pool.throttle_stats().dirty_bytes;
     }
     let f = d.nbd.frontend().stats();

@@ -14,7 +14,9 @@
 //! overhead, reported here as measured now:
 //!
 //! ```text
-//!   overhead      = RSS - ARC size - dirty bytes           (saturating)
+//!   overhead      = RSS - ARC size - dirty bytes           (saturating; the ARC size
+//!                   includes its reservations: a syncing txg's written buffers,
+//!                   held until the commit, arc.rs "Reservations")
 //!   frontend      = front-end budget in use (request/reply data; <= the budget)
 //!   reply_pool    = idle reply buffers kept for reuse        (<= the pool cap)
 //!   other         = overhead - frontend - reply_pool: engine buffers (sync write

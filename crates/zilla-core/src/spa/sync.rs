@@ -66,6 +66,18 @@ fn health_diff(before: &[dmu::LeafHealth], after: &[dmu::LeafHealth]) -> String 
         .join("; ")
 }
 
+/// What a txg's data pass shares: the bounded writer; the ARC reservation for the
+/// buffers it has written and holds until the commit (arc.rs, "Reservations": what
+/// stops counting as dirty is reserved there); the blocks written, cached in the ARC
+/// once the txg commits (a partial overwrite of a recently written block then needs no
+/// device read).
+struct DataPass<'a> {
+    txg: Txg,
+    writer: crate::zio::SyncWriter<'a>,
+    reservation: crate::arc::ArcReservation<'a>,
+    written: Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
+}
+
 /// Dirty blocks prepared, allocated and handed to the writer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
 
@@ -263,9 +275,6 @@ impl PoolInner {
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
-        // blocks written in this txg, cached in the ARC once the txg commits (a partial
-        // overwrite of a recently written block then needs no device read)
-        let mut written: Vec<(crate::arc::BlockKey, Arc<[u8]>)> = Vec::new();
         let (doomed, old_mos, next_id, scan_state) = {
             let m = self.meta.lock();
             (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone())
@@ -274,7 +283,7 @@ impl PoolInner {
         // each chunk's writes are submitted without waiting while the next chunk is
         // prepared, and the indirect blocks are rebuilt while the last chunks are still
         // being written.
-        let writer = crate::zio::SyncWriter::new(&self.io, txg);
+        let mut pass = DataPass { txg, writer: crate::zio::SyncWriter::new(&self.io, txg), reservation: self.io.arc.reservation(), written: Vec::new() };
         let mut trees = Vec::new();
         for v in &vols {
             let overrides = v.zil.overrides_for_sync(txg); // first: waits for dmu_syncs of txg
@@ -285,7 +294,7 @@ impl PoolInner {
                 new_roots.push((v.clone(), root));
                 continue;
             }
-            let changes = self.sync_volume_data(v, &recs, &overrides, txg, &writer, &mut written)?;
+            let changes = self.sync_volume_data(v, &recs, &overrides, &mut pass)?;
             let props = v.props.typed();
             let cache_metadata = props.primarycache != crate::props::CachePolicy::None;
             trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg, cache_metadata }));
@@ -296,6 +305,7 @@ impl PoolInner {
             new_roots.push((v.clone(), nr));
         }
         self.free_doomed(&doomed, txg)?;
+        let DataPass { writer, reservation, written, .. } = pass;
         writer.issue(std::mem::take(&mut batch))?;
         writer.finish()?;
         // the MOS
@@ -318,6 +328,7 @@ impl PoolInner {
         self.commit_uberblock(txg, mos_root)?;
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
+        drop(reservation);
         self.cache_written(written, indirects);
         for (v, r) in &new_roots {
             *v.committed.write() = *r;
@@ -421,10 +432,9 @@ impl PoolInner {
         v: &VolumeState,
         recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
         overrides: &[crate::zil::DmuSynced],
-        txg: Txg,
-        writer: &crate::zio::SyncWriter<'_>,
-        written: &mut Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
+        pass: &mut DataPass<'_>,
     ) -> Result<Vec<(crate::BlockId, BlockPointer)>> {
+        let txg = pass.txg;
         let props = v.props.typed();
         let (algo, comp) = (props.checksum, props.compression);
         let cache = props.primarycache == crate::props::CachePolicy::All;
@@ -434,11 +444,11 @@ impl PoolInner {
         if !overridden.is_empty() {
             for (blkid, data, bp) in &overridden {
                 if cache {
-                    written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, data.clone()));
+                    pass.written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, data.clone()));
                 }
                 changes.push((*blkid, *bp));
             }
-            self.dirty.undirty(txg, overridden.len() as u64 * v.volblocksize as u64);
+            self.dirty.undirty(txg, pass.reservation.take_up_to(overridden.len() as u64 * v.volblocksize as u64));
         }
         let recs: &[(crate::BlockId, Option<Arc<[u8]>>)] = rest.as_deref().unwrap_or(recs);
         for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
@@ -450,14 +460,15 @@ impl PoolInner {
                     None => BlockPointer::hole(),
                 };
                 if let (true, Some(d)) = (cache, data) {
-                    written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
+                    pass.written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
                 }
                 changes.push((*blkid, bp));
             }
-            writer.issue(chunk_batch)?;
+            pass.writer.issue(chunk_batch)?;
             // counted as zvol counted them: a block's size, 512 bytes for a free
             let bs = v.volblocksize as u64;
-            self.dirty.undirty(txg, chunk.iter().map(|(_, d)| if d.is_some() { bs } else { 512 }).sum());
+            let issued = chunk.iter().map(|(_, d)| if d.is_some() { bs } else { 512 }).sum();
+            self.dirty.undirty(txg, pass.reservation.take_up_to(issued));
         }
         if !overridden.is_empty() {
             changes.sort_by_key(|c| c.0);
