@@ -151,10 +151,15 @@ impl Drop for ArcReservation<'_> {
     }
 }
 
+/// The machine's RAM, read once (sysconf(_SC_PHYS_PAGES) is a sysinfo system call,
+/// and the auto dirty limit asks for it on every write).
 pub fn physical_memory_bytes() -> u64 {
-    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if pages > 0 && page > 0 { pages as u64 * page as u64 } else { 4 << 30 }
+    static BYTES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if pages > 0 && page > 0 { pages as u64 * page as u64 } else { 4 << 30 }
+    })
 }
 
 impl ArcCache {

@@ -487,7 +487,10 @@ async fn take_request<R: AsyncRead + Unpin>(
     }
     let budget = acquire_budget(budgets, context, batch, memory_units(context, &request)).await;
     let payload = if has_payload {
-        let mut payload = vec![0u8; request.length as usize];
+        // from the daemon-wide buffer pool: a fresh large Vec is zero pages from the
+        // kernel on every request (37% of the daemon's CPU in clear_page under 128K
+        // sequential writes); dispatch gives it back once the volume has the data
+        let mut payload = context.frontend.buffers.take(request.length as usize);
         if reader.read_into(&mut payload).await.is_err() {
             return Err(ReaderEnd::ClientGone);
         }
@@ -512,6 +515,7 @@ async fn dispatch(
     started: Instant,
 ) {
     if let Some((bytes, shared)) = try_inline(context, &request, &payload) {
+        context.frontend.buffers.give(payload);
         context.record(&request, &bytes, started);
         batch.push(Reply { bytes, shared, _budget: budget });
         return;
@@ -531,11 +535,12 @@ async fn dispatch(
     };
     let context = context.clone();
     let (budget, call) = match try_commit_async(&context, &request, &payload, budget, call, started) {
-        Ok(()) => return,
+        Ok(()) => return context.frontend.buffers.give(payload),
         Err(back) => back,
     };
     tokio::task::spawn_blocking(move || {
-        let bytes = execute_blocking(&context, &request, payload);
+        let bytes = execute_blocking(&context, &request, &payload);
+        context.frontend.buffers.give(payload);
         drop((call, zero_call));
         context.record(&request, &bytes, started);
         context.send(vec![Reply::new(bytes, budget)]);
@@ -660,7 +665,7 @@ fn try_read_inline(context: &RequestContext, request: &Request) -> Option<(Vec<u
 }
 
 /// Run a request that may block on the volume. Returns the encoded reply.
-fn execute_blocking(context: &RequestContext, request: &Request, payload: Vec<u8>) -> Vec<u8> {
+fn execute_blocking(context: &RequestContext, request: &Request, payload: &[u8]) -> Vec<u8> {
     let volume = &*context.volume;
     let fua = request.flags & CMD_FLAG_FUA != 0;
     let offset = request.offset;
@@ -668,7 +673,7 @@ fn execute_blocking(context: &RequestContext, request: &Request, payload: Vec<u8
     let result = match request.command {
         CMD_READ => return read_blocking(context, request),
         CMD_BLOCK_STATUS => return block_status(context, request),
-        CMD_WRITE => volume.write(offset, &payload, fua),
+        CMD_WRITE => volume.write(offset, payload, fua),
         CMD_FLUSH => volume.flush(),
         CMD_TRIM => in_pieces(offset, length, |at, len| volume.unmap(at, len))
             .and_then(|()| if fua { volume.flush() } else { Ok(()) }),
