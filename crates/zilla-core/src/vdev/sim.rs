@@ -987,14 +987,13 @@ mod tests {
             dev.write_at(&buf, i * 3 * 1024 * 1024).unwrap();
         }
         assert_eq!(dev.stats().destaged_extents, 0);
+        // (the wait is the rest of a revolution plus a transfer: anywhere from tens of
+        // microseconds to ~8 ms, so the extent count is what is checked)
         let t = VInstant::now();
         dev.write_at(&buf, 60 << 20).unwrap();
-        assert!(t.elapsed() > Duration::from_millis(1), "17th write waited {:?}", t.elapsed());
         assert!(t.elapsed() < Duration::from_millis(30), "17th write waited {:?} (more than one destage)", t.elapsed());
         assert_eq!(dev.stats().destaged_extents, 1, "one 4K extent makes room for one 4K write");
-        let t = VInstant::now();
         dev.write_at(&vec![1u8; 8192], 61 << 20).unwrap();
-        assert!(t.elapsed() > Duration::from_millis(1), "a write waited {:?}", t.elapsed());
         assert_eq!(dev.stats().destaged_extents, 3, "two more 4K extents for an 8K write");
         dev.flush().unwrap();
         assert_eq!(dev.stats().destaged_extents, 18, "the flush destages the 15 extents left");
