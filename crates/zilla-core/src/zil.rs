@@ -804,16 +804,14 @@ impl Zilog {
         (settled, false)
     }
 
-    /// The issuer role, waiting for it.
+    /// The issuer role, waiting for it however long a chain of rounds holds it.
     fn issuer_acquire_role(&self) -> IssuerRole<'_> {
-        let mut st = self.issuer.lock();
-        st.blocking += 1;
-        while st.busy {
-            self.issuer_cv.wait(&mut st);
+        loop {
+            // no sequence number reaches u64::MAX, so this returns the first time
+            if let Some(role) = self.issuer_acquire(u64::MAX) {
+                return role;
+            }
         }
-        st.blocking -= 1;
-        st.busy = true;
-        IssuerRole(self)
     }
 
     /// The issuer role, waiting for it; `None` when every itx through `target` became

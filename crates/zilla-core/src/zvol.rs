@@ -572,12 +572,8 @@ impl Volume {
             return Ok(());
         }
         let seq = self.vol.zil.last_seq();
-        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
-        let pool = &self.pool;
-        let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
-        let props = self.vol.props.typed();
-        let policy = DataPolicy { algo: props.checksum, comp: props.compression };
-        match self.vol.zil.commit(pool.io(), synced, open, &|| pool.random_u64(), &admit, policy)? {
+        let outcome = self.with_commit_args(|io, synced, open, new_guid, admit, policy| self.vol.zil.commit(io, synced, open, new_guid, admit, policy))?;
+        match outcome {
             crate::zil::CommitOutcome::Durable => Ok(()),
             crate::zil::CommitOutcome::NeedTxgSync(t) => {
                 txgs.wait_synced(t)?;
