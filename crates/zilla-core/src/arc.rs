@@ -59,6 +59,13 @@ pub struct BlockKey {
     pub birth: Txg,
 }
 
+impl BlockKey {
+    /// The key of the block `bp` points to: its first copy's address and its birth.
+    pub fn of(bp: &crate::block::blkptr::BlockPointer) -> BlockKey {
+        BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BufKind {
     Data,

@@ -265,7 +265,7 @@ pub fn apply_changes(
         let ind: Arc<[u8]> = ind.into();
         let new = io.alloc_block(&ind, pol.txg, blkptr::KIND_INDIRECT, level as u8, fill, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
         if pol.cache_metadata {
-            written.push((crate::arc::BlockKey { vdev: new.dva[0].vdev, offset: new.dva[0].offset, birth: new.birth }, ind));
+            written.push((crate::arc::BlockKey::of(&new), ind));
         }
         Ok(new)
     }

@@ -442,7 +442,7 @@ impl Volume {
                     if bp.is_hole() {
                         return Some(None);
                     }
-                    let ind = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
+                    let ind = io.arc.lookup(&BlockKey::of(&bp))?;
                     let o = blkid.slot_in(level) as usize * crate::block::blkptr::BlockPointer::SIZE;
                     bp = crate::block::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
                     if level == 1 {
@@ -455,7 +455,7 @@ impl Volume {
         if bp.is_hole() {
             return Some(None);
         }
-        let d = io.arc.lookup(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth })?;
+        let d = io.arc.lookup(&BlockKey::of(&bp))?;
         if d.len() != self.bs() as usize {
             return None;
         }

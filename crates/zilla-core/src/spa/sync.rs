@@ -75,7 +75,7 @@ struct DataPass<'a> {
     txg: Txg,
     writer: crate::zio::SyncWriter<'a>,
     reservation: crate::arc::ArcReservation<'a>,
-    written: Vec<(crate::arc::BlockKey, Arc<[u8]>)>,
+    written: Vec<dmu::WrittenBlock>,
 }
 
 /// Dirty blocks prepared, allocated and handed to the writer at a time during a sync.
@@ -444,7 +444,7 @@ impl PoolInner {
         if !overridden.is_empty() {
             for (blkid, data, bp) in &overridden {
                 if cache {
-                    pass.written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, data.clone()));
+                    pass.written.push((crate::arc::BlockKey::of(&bp), data.clone()));
                 }
                 changes.push((*blkid, *bp));
             }
@@ -460,7 +460,7 @@ impl PoolInner {
                     None => BlockPointer::hole(),
                 };
                 if let (true, Some(d)) = (cache, data) {
-                    pass.written.push((crate::arc::BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }, d.clone()));
+                    pass.written.push((crate::arc::BlockKey::of(&bp), d.clone()));
                 }
                 changes.push((*blkid, bp));
             }

@@ -177,7 +177,7 @@ impl PoolIo {
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
     pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
         assert!(!bp.is_hole());
-        let key = BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth };
+        let key = BlockKey::of(bp);
         if let Some(d) = self.arc.lookup(&key) {
             return Ok(d);
         }
@@ -300,7 +300,7 @@ impl PoolIo {
         if bp.is_hole() {
             return;
         }
-        self.arc.evict(&BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth });
+        self.arc.evict(&BlockKey::of(bp));
         for d in bp.copies() {
             self.ms.free_deferred(txg, *d);
         }
