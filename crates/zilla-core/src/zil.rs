@@ -133,6 +133,13 @@ pub static ZFS_COMMIT_TIMEOUT_PCT: Tunable = Tunable::new(
 /// Space admission of a normal-class log block of the given bytes (true: admitted and
 /// counted; see `alloc_log_block`).
 pub type AdmitLogBlock<'a> = &'a dyn Fn(u64) -> bool;
+/// Reads the pool's open txg *now*. A commit reads it only after it holds the issuer
+/// role and has taken the pending itxs: a value read before the wait for the role can
+/// be older than itxs taken after it (a txg opened meanwhile), and a fallback or a
+/// broken chain recorded with it would call those itxs durable once an older txg syncs.
+/// Txgs only go up, so the value read after `take_pending` is at least the txg of every
+/// itx taken, by this round and by every earlier one.
+pub type OpenTxg<'a> = &'a dyn Fn() -> Txg;
 
 /// Longest wait `zfs_commit_timeout_pct` may ask for.
 pub const ZIL_COMMIT_TIMEOUT_MAX_NS: u64 = 1_000_000;
@@ -390,6 +397,16 @@ enum Pending {
     Record(LogRecord),
     /// A WR_INDIRECT itx: its block is written in place by the commit.
     Indirect { txg: Txg, offset: u64, block: Arc<[u8]> },
+}
+
+impl Pending {
+    /// The txg of the write this itx logs.
+    fn txg(&self) -> Txg {
+        match self {
+            Pending::Record(r) => r.txg,
+            Pending::Indirect { txg, .. } => *txg,
+        }
+    }
 }
 
 /// A data block a commit writes in place for a WR_INDIRECT record (prepared bytes).
@@ -650,7 +667,7 @@ impl Zilog {
     /// `alloc_log_block`).
     /// `data_policy`: how the volume checksums and compresses its data blocks (for the
     /// blocks indirect itxs write in place).
-    pub fn commit(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> Result<CommitOutcome> {
+    pub fn commit(&self, io: &PoolIo, synced: Txg, open_txg: OpenTxg<'_>, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> Result<CommitOutcome> {
         self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
         let target = self.itxs.lock().last_seq;
         if target <= self.durable_seq.load(Ordering::Acquire) {
@@ -675,7 +692,7 @@ impl Zilog {
                 std::thread::sleep(std::time::Duration::from_nanos(ns));
             }
         }
-        match self.prepare(io, synced, open, new_guid, admit_normal, data_policy) {
+        match self.prepare(io, synced, open_txg, new_guid, admit_normal, data_policy) {
             Prepared::Outcome(o) => Ok(o),
             Prepared::Issue(flight) => {
                 let (tx, rx) = crossbeam_channel::bounded(1);
@@ -703,7 +720,7 @@ impl Zilog {
         &self,
         io: &PoolIo,
         synced: Txg,
-        open: Txg,
+        open_txg: OpenTxg<'_>,
         new_guid: &dyn Fn() -> u64,
         admit_normal: AdmitLogBlock<'_>,
         data_policy: DataPolicy,
@@ -730,7 +747,7 @@ impl Zilog {
         };
         self.stats.zil_commit_count.fetch_add(1, Ordering::Relaxed);
         self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
-        match self.prepare(io, synced, open, new_guid, admit_normal, data_policy) {
+        match self.prepare(io, synced, open_txg, new_guid, admit_normal, data_policy) {
             Prepared::Outcome(o) => CommitStart::Done(o),
             Prepared::Issue(flight) => {
                 // the role stays held until finish_async, from the completion
@@ -761,10 +778,10 @@ impl Zilog {
 
     /// The next round of a chain (the role is held, from `finish_async`'s `again`):
     /// take every pending itx and pack it, as `commit_start` does.
-    pub fn commit_round(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> RoundStart {
+    pub fn commit_round(&self, io: &PoolIo, synced: Txg, open_txg: OpenTxg<'_>, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> RoundStart {
         debug_assert!(self.issuer.lock().busy, "a round runs with the issuer role held");
         self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
-        match self.prepare(io, synced, open, new_guid, admit_normal, data_policy) {
+        match self.prepare(io, synced, open_txg, new_guid, admit_normal, data_policy) {
             Prepared::Issue(flight) => RoundStart::Issue(flight),
             Prepared::Outcome(_) => RoundStart::Ended(self.settle_waiters(false).0),
         }
@@ -843,8 +860,11 @@ impl Zilog {
     /// The issuer's work up to the device writes: take every pending itx, write the
     /// indirect ones' blocks in place (dmu_sync), pack the records into lwbs. Ends
     /// early when there is nothing to write or the log cannot take it.
-    fn prepare(&self, io: &PoolIo, synced: Txg, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> Prepared {
+    fn prepare(&self, io: &PoolIo, synced: Txg, open_txg: OpenTxg<'_>, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>, data_policy: DataPolicy) -> Prepared {
         let (seq, pending, overflow) = self.take_pending(synced);
+        // Read after taking the itxs (see OpenTxg): at least the txg of each of them.
+        let open = open_txg();
+        debug_assert!(pending.iter().all(|p| p.txg() <= open), "an itx of a txg newer than the open one");
         if !overflow.is_zero() {
             return Prepared::Outcome(CommitOutcome::NeedTxgSync(overflow.max(open)));
         }
@@ -1356,8 +1376,11 @@ impl Zilog {
     /// elsewhere; the syncs that follow free it with the blocks before it. Returns
     /// false when the header naming the chain is not on disk yet (the caller syncs and
     /// asks again).
-    pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open: Txg, admit_normal: AdmitLogBlock<'_>) -> Result<bool> {
+    pub fn evacuate(&self, io: &PoolIo, vdev: crate::VdevId, open_txg: OpenTxg<'_>, admit_normal: AdmitLogBlock<'_>) -> Result<bool> {
         let _issuer = self.issuer_acquire_role();
+        // Read with the role held (see OpenTxg): the chain's records are all of txgs
+        // up to it, so breaking the chain at it is safe.
+        let open = open_txg();
         let planned = {
             let mut c = self.chain.lock();
             if c.replaying.is_some() {

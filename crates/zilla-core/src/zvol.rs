@@ -257,14 +257,17 @@ impl Volume {
     /// Call `f` with what a commit of this volume needs: the pool's I/O, the synced
     /// and open txgs, a guid source, the space admission of normal-class log blocks and
     /// the volume's data policy.
-    fn with_commit_args<T>(&self, f: impl FnOnce(&crate::zio::PoolIo, Txg, Txg, &dyn Fn() -> u64, AdmitLogBlock<'_>, DataPolicy) -> T) -> T {
+    fn with_commit_args<T>(&self, f: impl FnOnce(&crate::zio::PoolIo, Txg, crate::zil::OpenTxg<'_>, &dyn Fn() -> u64, AdmitLogBlock<'_>, DataPolicy) -> T) -> T {
         let txgs = self.pool.txg();
-        let (synced, open) = (txgs.synced_txg(), txgs.open_txg());
+        // The synced txg may be read early (older only keeps more itxs and waits more);
+        // the open txg is read by the commit itself once it has taken its itxs.
+        let synced = txgs.synced_txg();
+        let open = || txgs.open_txg();
         let pool = &self.pool;
         let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
         let props = self.vol.props.typed();
         let policy = DataPolicy { algo: props.checksum, comp: props.compression };
-        f(pool.io(), synced, open, &|| pool.random_u64(), &admit, policy)
+        f(pool.io(), synced, &open, &|| pool.random_u64(), &admit, policy)
     }
 
     /// Issue a round of the asynchronous commit chain (see zil, "Commit waiters without

@@ -437,11 +437,11 @@ impl Pool {
         let inner = &self.inner;
         for _ in 0..SYNCS_MAX {
             let vols: Vec<_> = inner.volumes.read().values().cloned().collect();
-            let open = inner.txg.open_txg();
+            let open = || inner.txg.open_txg();
             let mut busy = false;
             for v in &vols {
                 let admit = |len: u64| crate::zvol::admit_log_block(&inner.io, &inner.dirty, len);
-                busy |= !v.zil.evacuate(&inner.io, id, open, &admit)?;
+                busy |= !v.zil.evacuate(&inner.io, id, &open, &admit)?;
                 busy |= v.zil.references_vdev(id);
             }
             if !busy {
