@@ -1065,7 +1065,7 @@ impl Zilog {
         // space held (zeros, another volume's freed data) "verified" and was replayed
         // as the write (tests/zil.rs, an_unwritten_indirect_block_of_a_checksum_off_volume_is_not_replayed)
         let algo = if pol.algo == ChecksumAlgo::Off { ChecksumAlgo::Fletcher4 } else { pol.algo };
-        let p = crate::zio::prepare(block, algo, pol.comp, io.alloc_unit(), &io.block_buffers);
+        let p = crate::zio::prepare(block, algo, pol.comp, io.alloc_unit());
         // allocated and listed under one lock: a volume destroyed meanwhile
         // (`take_all_blocks`) frees every block listed, and no other is allocated
         let mut o = self.overrides.lock();

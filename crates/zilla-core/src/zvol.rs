@@ -70,33 +70,11 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn flush_async(&self, done: CommitDone) {
         done(None)
     }
-    /// Start a READ that missed the cache without blocking the caller: `done` runs
-    /// exactly once, before this returns or from the engine thread that completes the
-    /// device read, with `Some(result)` (the bytes as shared pieces, as
-    /// [`BlockVolume::try_read_cached_shared`] gives them), or with `None` when the read
-    /// cannot finish without blocking (more than one block to fetch, an indirect block
-    /// not cached, a copy that failed or did not verify): the caller then calls `read`
-    /// from a blocking context. `done` must not block.
-    fn read_async(&self, _offset: u64, _len: u64, done: ReadDone) {
-        done(None)
-    }
 }
-
-/// Completion of [`BlockVolume::read_async`]: `Some(result)`, or `None` = "call `read`
-/// from a blocking context for the result".
-pub type ReadDone = Box<dyn FnOnce(Option<Result<Vec<SharedSlice>>>) + Send>;
 
 /// Completion of [`BlockVolume::flush_async`]: `Some(result)`, or `None` = "call
 /// `flush` from a blocking context for the result".
 pub type CommitDone = Box<dyn FnOnce(Option<Result<()>>) + Send>;
-
-/// A block as [`Volume::lookup_cached`] finds it in memory.
-enum CachedBlock {
-    /// Its newest content (None: a hole).
-    Data(Option<Arc<[u8]>>),
-    /// Committed, not in the ARC: where to read it.
-    Missing(crate::block::blkptr::BlockPointer),
-}
 
 /// `len` bytes at `start` of an immutable buffer shared with the ARC or the dirty
 /// set: what a zero-copy read hands to a front end, which keeps it alive until the
@@ -451,18 +429,8 @@ impl Volume {
     /// it is tied to the root it was read from and dropped when a sync publishes a new
     /// one (the root is re-read after each dirty check, as the dmu ordering requires).
     fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<Option<Arc<[u8]>>> {
-        match self.lookup_cached(blkid, memo)? {
-            CachedBlock::Data(d) => Some(d),
-            CachedBlock::Missing(_) => None,
-        }
-    }
-
-    /// Where block `blkid` is, from memory only: its newest content (dirty or in the
-    /// ARC; None = hole), or the block pointer of a committed block the ARC lacks.
-    /// `None` when an indirect block on the way is not cached.
-    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<CachedBlock> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
-            return Some(CachedBlock::Data(d));
+            return Some(d);
         }
         let root = *self.vol.committed.read();
         let io = &self.pool.io();
@@ -475,7 +443,7 @@ impl Volume {
                 let mut bp = root.bp;
                 for level in (1..root.nlevels as u32).rev() {
                     if bp.is_hole() {
-                        return Some(CachedBlock::Data(None));
+                        return Some(None);
                     }
                     let ind = io.arc.lookup(&BlockKey::of(&bp))?;
                     let o = blkid.slot_in(level) as usize * crate::block::blkptr::BlockPointer::SIZE;
@@ -488,16 +456,13 @@ impl Volume {
             }
         };
         if bp.is_hole() {
-            return Some(CachedBlock::Data(None));
+            return Some(None);
         }
-        if bp.lsize as u64 != self.bs() {
+        let d = io.arc.lookup(&BlockKey::of(&bp))?;
+        if d.len() != self.bs() as usize {
             return None;
         }
-        match io.arc.lookup(&BlockKey::of(&bp)) {
-            Some(d) if d.len() == self.bs() as usize => Some(CachedBlock::Data(Some(d))),
-            Some(_) => None,
-            None => Some(CachedBlock::Missing(bp)),
-        }
+        Some(Some(d))
     }
 
     /// Replace `[in_off, in_off+patch.len())` of block `blkid` (None patch = zeros), or the
@@ -758,49 +723,6 @@ impl BlockVolume for Volume {
             pieces.push(piece);
         }
         Some(Ok(pieces))
-    }
-
-    fn read_async(&self, offset: u64, len: u64, done: ReadDone) {
-        if let Err(e) = self.check_read(offset, len) {
-            return done(Some(Err(e)));
-        }
-        let bs = self.bs();
-        let blocks = if len == 0 { 0 } else { (offset + len - 1) / bs - offset / bs + 1 };
-        if blocks > SHARED_READ_BLOCKS_MAX {
-            return done(None);
-        }
-        // Every block from memory but at most one, which is read from its first copy.
-        let mut memo = None;
-        let mut pieces = Vec::with_capacity(blocks as usize);
-        let mut missing = None;
-        for c in block_chunks(offset, len, bs) {
-            let piece = match self.lookup_cached(c.blkid, &mut memo) {
-                Some(CachedBlock::Data(Some(d))) => SharedSlice::new(d, c.in_block, c.len),
-                Some(CachedBlock::Data(None)) => SharedSlice::new(zero_block().clone(), 0, c.len),
-                Some(CachedBlock::Missing(bp)) if missing.is_none() => {
-                    missing = Some((pieces.len(), bp, c.in_block, c.len));
-                    SharedSlice::new(zero_block().clone(), 0, 0)
-                }
-                _ => None,
-            };
-            let Some(piece) = piece else { return done(None) };
-            pieces.push(piece);
-        }
-        let Some((at, bp, in_block, piece_len)) = missing else {
-            return done(Some(Ok(pieces)));
-        };
-        let this = Volume { pool: self.pool.clone(), vol: self.vol.clone() };
-        let cache = self.primary_cache_data();
-        self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, Box::new(move |phys| {
-            let Some(phys) = phys else { return done(None) };
-            match this.pool.io().finish_block_read(&bp, &phys, BufKind::Data, cache).ok().and_then(|d| SharedSlice::new(d, in_block, piece_len)) {
-                Some(piece) => {
-                    pieces[at] = piece;
-                    done(Some(Ok(pieces)))
-                }
-                None => done(None),
-            }
-        }));
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {

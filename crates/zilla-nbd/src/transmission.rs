@@ -6,11 +6,8 @@
 //!   [reader loop] --budget--> fast path: try_read_cached / try_write ---+
 //!        |                     (inline on the reactor, no thread hop)   |
 //!        +--call permit--> spawn_blocking(volume call) --> Reply --> [writer task]
-//!        |                 (never waits on a socket: the    ^    (unbounded queue,
-//!        |                  reply queue cannot block)       |     bounded by budget)
-//!        +--call permit--> read_async / flush_async --------+
-//!                          (a cache-miss READ, a FLUSH or FUA write: the engine
-//!                           thread completing the device I/O queues the reply)
+//!                          (never waits on a socket: the         (unbounded queue,
+//!                           reply queue cannot block)             bounded by budget)
 //! ```
 //!
 //! The reader parses one 28-byte header at a time, validates it against the session
@@ -537,10 +534,6 @@ async fn dispatch(
         }
     };
     let context = context.clone();
-    let (budget, call) = match try_read_async(&context, &request, budget, call, started) {
-        Ok(()) => return context.frontend.buffers.give(payload),
-        Err(back) => back,
-    };
     let (budget, call) = match try_commit_async(&context, &request, &payload, budget, call, started) {
         Ok(()) => return context.frontend.buffers.give(payload),
         Err(back) => back,
@@ -596,47 +589,6 @@ fn try_commit_async(
             handle.spawn_blocking(move || {
                 let result = context.volume.flush();
                 finish_reply(&context, &request, result, budget, call, started);
-            });
-        }
-    }));
-    Ok(())
-}
-
-/// A READ that missed the cache, without a blocking thread: the volume issues the one
-/// block it lacks and the engine thread that completes the device read queues the
-/// reply (one hand-off to the device and one back, instead of two more through the
-/// blocking pool). When the read cannot finish that way (several blocks to fetch, an
-/// indirect block not cached, a copy that failed or did not verify), its completion
-/// runs the blocking `read` on the blocking pool. `Err` gives the permits back for the
-/// blocking path (other commands). The volume-call permit is held until the reply is
-/// made, as for a blocking call.
-fn try_read_async(context: &RequestContext, request: &Request, budget: Budget, call: BudgetPermit, started: Instant) -> Result<(), (Budget, BudgetPermit)> {
-    if request.command != CMD_READ {
-        return Err((budget, call));
-    }
-    let handle = tokio::runtime::Handle::current();
-    let (context, request) = (context.clone(), *request);
-    let volume = context.volume.clone();
-    volume.read_async(request.offset, u64::from(request.length), Box::new(move |result| match result {
-        Some(result) => {
-            drop(call);
-            let reply = match result {
-                Ok(pieces) => {
-                    let mut head = vec![0u8; read_prefix_bytes(&context)];
-                    finish_read_reply(&context, &request, &mut head);
-                    Reply { bytes: head, shared: pieces, _budget: budget }
-                }
-                Err(error) => Reply::new(read_error_reply(&context, request.cookie, error.errno()), budget),
-            };
-            context.record(&request, &reply.bytes, started);
-            context.send(vec![reply]);
-        }
-        None => {
-            handle.spawn_blocking(move || {
-                let bytes = execute_blocking(&context, &request, &[]);
-                drop(call);
-                context.record(&request, &bytes, started);
-                context.send(vec![Reply::new(bytes, budget)]);
             });
         }
     }));

@@ -452,7 +452,7 @@ impl PoolInner {
         }
         let recs: &[(crate::BlockId, Option<Arc<[u8]>>)] = rest.as_deref().unwrap_or(recs);
         for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
-            let prepared = workers.prepare_all(chunk, algo, comp, self.io.alloc_unit(), &self.io.block_buffers);
+            let prepared = workers.prepare_all(chunk, algo, comp, self.io.alloc_unit());
             let mut chunk_batch = Vec::with_capacity(chunk.len());
             for ((blkid, data), p) in chunk.iter().zip(prepared) {
                 let bp = match p {

@@ -13,9 +13,9 @@
 //! `[0, len)` are always initialised (the storage is zeroed at allocation; `vec![0; n]`
 //! costs no page faults until touched).
 //!
-//! [`BufPool`] keeps idle buffers in power-of-two size classes, at most a byte bound of
-//! them, for the txg sync's prepared blocks: each is copied once, on a checksum worker,
-//! into a buffer whose pages are already faulted in and that no allocator lock hands out.
+//! [`BufPool`] keeps at most `max_pooled` idle buffers of one size for reuse (the txg
+//! sync's aggregation buffers), so a merged write is copied exactly once and its pages
+//! are not faulted in again for every write. More may be in use than are pooled.
 
 use parking_lot::Mutex;
 
@@ -131,76 +131,36 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
-/// Smallest size class of a [`BufPool`] (the smallest allocation unit).
-const CLASS_MIN_BYTES: usize = 4096;
-/// Largest size class kept (SPA_OLD_MAXBLOCKSIZE: the largest volblocksize); larger
-/// buffers are made and freed as needed.
-const CLASS_MAX_BYTES: usize = 128 << 10;
-const CLASSES: usize = (CLASS_MAX_BYTES / CLASS_MIN_BYTES).trailing_zeros() as usize + 1;
-
-/// A bounded pool of aligned buffers in power-of-two size classes (4 KiB to 128 KiB):
-/// the txg sync's prepared blocks (zio::prepare) are copied into them on the checksum
-/// workers and given back when their writes complete, so a sync of a gigabyte does not
-/// ask the allocator (and its arena locks, shared with the front ends) for a quarter of
-/// a million buffers. At most `max_idle_bytes` wait idle in all; more may be in use.
+/// A bounded free list of equally sized aligned buffers.
 pub struct BufPool {
-    align: usize,
-    max_idle_bytes: usize,
-    classes: [Mutex<Vec<AlignedBuf>>; CLASSES],
-    idle_bytes: std::sync::atomic::AtomicUsize,
+    buf_bytes: usize,
+    max_pooled: usize,
+    free: Mutex<Vec<AlignedBuf>>,
 }
 
 impl BufPool {
-    pub fn new(align: usize, max_idle_bytes: usize) -> BufPool {
-        assert!(align.is_power_of_two(), "alignment {align} not a power of two");
-        BufPool { align, max_idle_bytes, classes: std::array::from_fn(|_| Mutex::new(Vec::new())), idle_bytes: Default::default() }
+    pub fn new(buf_bytes: usize, max_pooled: usize) -> BufPool {
+        BufPool { buf_bytes, max_pooled, free: Mutex::new(Vec::new()) }
     }
-
-    /// The class whose buffers hold `len` bytes (None: larger than every class).
-    fn class_of(len: usize) -> Option<usize> {
-        let size = len.max(CLASS_MIN_BYTES).checked_next_power_of_two()?;
-        (size <= CLASS_MAX_BYTES).then(|| (size / CLASS_MIN_BYTES).trailing_zeros() as usize)
-    }
-
-    /// `s` followed by zeros up to `len` bytes (as [`AlignedBuf::copy_padded`]), in a
-    /// pooled buffer when one of the size is idle.
-    pub fn copy_padded(&self, s: &[u8], len: usize) -> AlignedBuf {
-        let Some(class) = Self::class_of(len) else {
-            return AlignedBuf::copy_padded(s, len, self.align);
-        };
-        let pooled = self.classes[class].lock().pop();
-        let mut b = match pooled {
-            Some(b) => {
-                self.idle_bytes.fetch_sub(b.capacity(), std::sync::atomic::Ordering::Relaxed);
-                b
+    /// A cleared buffer of at least `len` bytes capacity.
+    pub fn get(&self, len: usize) -> AlignedBuf {
+        if len <= self.buf_bytes {
+            if let Some(mut b) = self.free.lock().pop() {
+                b.clear();
+                return b;
             }
-            None => AlignedBuf::zeroed_aligned(CLASS_MIN_BYTES << class, self.align),
-        };
-        b.clear();
-        b.extend_from_slice(s);
-        b.resize(len);
-        b
+            return AlignedBuf::with_capacity(self.buf_bytes);
+        }
+        AlignedBuf::with_capacity(len)
     }
-
-    /// Give a buffer back: kept if it is one of the pool's classes and the idle bound
-    /// allows it, freed otherwise.
+    /// Give a buffer back; kept only if it has the pool's size and the pool is not full.
     pub fn put(&self, b: AlignedBuf) {
-        let cap = b.capacity();
-        let Some(class) = Self::class_of(cap).filter(|&c| CLASS_MIN_BYTES << c == cap) else { return };
-        if !(b.as_slice().as_ptr() as usize).is_multiple_of(self.align) {
-            return;
+        if b.capacity() == self.buf_bytes {
+            let mut f = self.free.lock();
+            if f.len() < self.max_pooled {
+                f.push(b);
+            }
         }
-        let idle = self.idle_bytes.fetch_add(cap, std::sync::atomic::Ordering::Relaxed);
-        if idle + cap > self.max_idle_bytes {
-            self.idle_bytes.fetch_sub(cap, std::sync::atomic::Ordering::Relaxed);
-            return;
-        }
-        self.classes[class].lock().push(b);
-    }
-
-    /// Bytes idle in the pool (memory accounting).
-    pub fn idle_bytes(&self) -> usize {
-        self.idle_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -209,32 +169,20 @@ mod tests {
     use super::*;
     #[test]
     fn aligned_and_bounded() {
-        let pool = BufPool::new(512, 64 << 10);
-        let a = pool.copy_padded(&[1, 2, 3], 4096);
-        assert_eq!(a.as_slice().as_ptr() as usize % 512, 0);
-        assert_eq!((a.len(), a.capacity()), (4096, 4096));
-        assert_eq!(&a.as_slice()[..4], &[1, 2, 3, 0]);
-        let b = pool.copy_padded(&[5u8; 20000], 24576);
-        assert_eq!((b.len(), b.capacity()), (24576, 32768), "a 24 KiB block takes a 32 KiB class buffer");
-        assert!(b.as_slice()[20000..].iter().all(|&x| x == 0), "the padding is zero");
+        let pool = BufPool::new(1 << 20, 2);
+        let mut a = pool.get(4096);
+        assert_eq!(a.as_slice().as_ptr() as usize % ALIGN, 0);
+        a.extend_from_slice(&[1, 2, 3]);
+        a.extend_from_slice(&[4]);
+        assert_eq!(a.as_slice(), &[1, 2, 3, 4]);
+        let b = pool.get(10);
+        let c = pool.get(10);
         pool.put(a);
         pool.put(b);
-        assert_eq!(pool.idle_bytes(), 4096 + 32768);
-        // a reused buffer carries nothing of its last use
-        let c = pool.copy_padded(&[9u8; 100], 30000);
-        assert_eq!(pool.idle_bytes(), 4096, "the 32 KiB buffer was reused");
-        assert!(c.as_slice()[..100].iter().all(|&x| x == 9) && c.as_slice()[100..].iter().all(|&x| x == 0));
         pool.put(c);
-        // the idle bound holds; buffers of no class are not kept
-        for _ in 0..4 {
-            pool.put(AlignedBuf::zeroed_aligned(32768, 512));
-        }
-        assert!(pool.idle_bytes() <= 64 << 10, "idle {} over the bound", pool.idle_bytes());
-        pool.put(AlignedBuf::zeroed_aligned(5000, 512));
-        pool.put(AlignedBuf::zeroed_aligned(256 << 10, 512));
-        assert!(pool.idle_bytes() <= 64 << 10);
-        let big = pool.copy_padded(&[1u8; 10], 1 << 20);
-        assert_eq!(big.len(), 1 << 20);
+        assert_eq!(pool.free.lock().len(), 2, "pool keeps at most max_pooled idle buffers");
+        let big = pool.get(3 << 20);
+        assert!(big.capacity() >= 3 << 20);
         for align in [512, 4096, 65536] {
             let z = AlignedBuf::zeroed_aligned(1000, align);
             assert_eq!(z.as_slice().as_ptr() as usize % align, 0);

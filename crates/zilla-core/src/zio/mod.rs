@@ -30,7 +30,7 @@ pub use pool_io::{PendingWrite, PoolIo, SyncWriter};
 use crate::block::blkptr::BlockPointer;
 use crate::block::checksum::{self, ChecksumAlgo, Checksum};
 use crate::block::compress::{self, Compression};
-use crate::vdev::abd::{AlignedBuf, BufPool};
+use crate::vdev::abd::AlignedBuf;
 
 /// The smallest allocation unit (ashift 12); a pool's unit is `1 << ashift` of its
 /// largest-ashift data vdev ([`crate::dmu::PoolIo::alloc_unit`]), so a block never
@@ -66,11 +66,10 @@ impl PreparedBlock {
 
 /// Compress (if asked and worth it), pad to the allocation unit `unit` (a power of two,
 /// at least [`ALLOC_UNIT`]), checksum. The physical bytes are copied once, into an
-/// aligned buffer from `bufs` ([`PREPARED_ALIGN`]; the sync gives it back when the
-/// block's writes complete), and checksummed from that copy while it is in
+/// aligned buffer ([`PREPARED_ALIGN`]), and checksummed from that copy while it is in
 /// the cache: this runs on the checksum workers, in parallel, so the sync thread that
 /// merges and issues the writes copies nothing.
-pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression, unit: u64, bufs: &BufPool) -> PreparedBlock {
+pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
     let lsize = logical.len() as u32;
     let compressed = match comp {
         Compression::Off => None,
@@ -82,7 +81,7 @@ pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compres
     };
     let psize = phys.len() as u32;
     let asize = round_up(phys.len() as u64, unit) as usize;
-    let data = bufs.copy_padded(phys, asize);
+    let data = AlignedBuf::copy_padded(phys, asize, PREPARED_ALIGN);
     let checksum = checksum::compute(algo, data.as_slice());
     PreparedBlock { data: std::sync::Arc::new(data), lsize, psize, compression: used, algo, checksum }
 }

@@ -64,9 +64,6 @@ pub struct PoolIo {
     /// counted as whole `SPACE_ADMISSION_UNIT_BYTES` pieces): log blocks are allocated
     /// between syncs, and admission must see them at once (see `space`).
     space_log_bytes: std::sync::atomic::AtomicU64,
-    /// Aligned buffers of prepared blocks (zio::prepare), given back as their writes
-    /// complete; at most BLOCK_BUFFERS_IDLE_BYTES idle.
-    pub block_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
 }
@@ -85,8 +82,6 @@ pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
 /// The largest block the pool writes (an indirect block, an object-directory chunk,
 /// the largest volblocksize): space admission counts free space in pieces of this size.
 pub const SPACE_ADMISSION_UNIT_BYTES: u64 = 128 << 10;
-/// Idle prepared-block buffers kept for the next sync (bytes).
-pub const BLOCK_BUFFERS_IDLE_BYTES: usize = 16 << 20;
 /// Most merged runs a txg sync has in flight (each at most AGGREGATION_LIMIT_BYTES).
 pub const SYNC_WRITE_WINDOW_MAX: usize = 128;
 
@@ -117,7 +112,6 @@ impl PoolIo {
             space_size: Default::default(),
             space_unavailable: Default::default(),
             space_log_bytes: Default::default(),
-            block_buffers: Arc::new(crate::vdev::abd::BufPool::new(crate::zio::PREPARED_ALIGN, BLOCK_BUFFERS_IDLE_BYTES)),
             prepare: std::sync::OnceLock::new(),
         }
     }
@@ -180,31 +174,6 @@ impl PoolIo {
     }
 
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
-    /// The first try of [`PoolIo::read_block`] without blocking (the block is not in
-    /// the ARC): its first copy from the child the mirror picks, verified; `done` runs
-    /// once, here or from the device completion, with the physical bytes, or `None`
-    /// (read_block from a blocking context then). Hand the bytes to
-    /// [`PoolIo::finish_block_read`].
-    pub fn read_block_first_async(&self, bp: &BlockPointer, class: IoClass, done: Box<dyn FnOnce(Option<crate::vdev::abd::AlignedBuf>) + Send>) {
-        let dva = bp.dva[0];
-        let Some(top) = self.top(dva.vdev).filter(|_| !bp.is_hole()) else { return done(None) };
-        let bp_copy = *bp;
-        top.read_first_async(class, dva.offset, dva.asize as usize, bp.birth, Box::new(move |b| crate::zio::verify_copy(&bp_copy, b)), done);
-    }
-
-    /// The logical block from verified physical bytes of `bp` (decompressed, its size
-    /// checked), cached with `cache`, as [`PoolIo::read_block`] ends.
-    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
-        let data: Arc<[u8]> = crate::zio::finish_read(bp, phys)?;
-        if data.len() != bp.lsize as usize {
-            return Err(Error::Corrupt("decompressed size mismatch".into()));
-        }
-        if cache {
-            self.arc.insert(BlockKey::of(bp), data.clone(), kind);
-        }
-        Ok(data)
-    }
-
     pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
         assert!(!bp.is_hole());
         let key = BlockKey::of(bp);
@@ -234,7 +203,14 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    return self.finish_block_read(bp, &r.data, kind, cache);
+                    let data: Arc<[u8]> = crate::zio::finish_read(bp, &r.data)?;
+                    if data.len() != bp.lsize as usize {
+                        return Err(Error::Corrupt("decompressed size mismatch".into()));
+                    }
+                    if cache {
+                        self.arc.insert(key, data.clone(), kind);
+                    }
+                    return Ok(data);
                 }
                 Err(e) => {
                     if e.kind() != io::ErrorKind::InvalidData {
@@ -271,7 +247,7 @@ impl PoolIo {
         copies: usize,
         batch: &mut Vec<PendingWrite>,
     ) -> Result<BlockPointer> {
-        let p = crate::zio::prepare(logical, algo, comp, self.alloc_unit(), &self.block_buffers);
+        let p = crate::zio::prepare(logical, algo, comp, self.alloc_unit());
         self.alloc_prepared(p, txg, kind, level, fill, copies, batch)
     }
 
@@ -364,27 +340,15 @@ impl<'a> SyncWriter<'a> {
             return Ok(());
         }
         batch.sort_by_key(|w| (w.dva.vdev, w.dva.offset));
-        let extents: Vec<(Dva, usize)> = batch.iter().map(|w| (w.dva, w.data.len())).collect();
-        // Each block's buffer moves into its run: when the run's writes complete, no
-        // one else holds it and it goes back to the pool.
-        let mut datas: Vec<Option<Arc<AlignedBuf>>> = batch.into_iter().map(|w| Some(w.data)).collect();
-        for run in interleaved_runs(&extents) {
+        for run in interleaved_runs(&batch) {
             let Some(top) = self.io.top(run.vdev) else {
                 return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
             };
-            let pieces: Vec<Arc<AlignedBuf>> = datas[run.blocks.clone()].iter_mut().filter_map(Option::take).collect();
-            let bufs: Arc<[Arc<AlignedBuf>]> = pieces.iter().cloned().collect();
+            let bufs: Arc<[Arc<AlignedBuf>]> = batch[run.blocks.clone()].iter().map(|w| w.data.clone()).collect();
             self.wait_below(self.window)?;
-            let (state, pool) = (self.state.clone(), self.io.block_buffers.clone());
+            let state = self.state.clone();
             top.write_gather_async(IoClass::AsyncWrite, bufs, run.offset, self.txg, Box::new(move |o| {
                 let r = o.into_result();
-                // The children let go of the run before the last one reports: a block
-                // no other copy (ditto) or batch still holds goes back to the pool.
-                for p in pieces {
-                    if let Ok(b) = Arc::try_unwrap(p) {
-                        pool.put(b);
-                    }
-                }
                 let mut st = state.0.lock();
                 st.in_flight -= 1;
                 if let (Err(e), None) = (r, &st.failed) {
@@ -433,16 +397,16 @@ impl Drop for SyncWriter<'_> {
 }
 
 /// Merge a sorted batch into runs and interleave the vdevs' runs round-robin.
-fn interleaved_runs(extents: &[(Dva, usize)]) -> Vec<Run> {
+fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
     let mut per_vdev: BTreeMap<VdevId, Vec<Run>> = BTreeMap::new();
-    for (i, &(dva, len)) in extents.iter().enumerate() {
-        let runs = per_vdev.entry(dva.vdev).or_default();
+    for (i, w) in batch.iter().enumerate() {
+        let runs = per_vdev.entry(w.dva.vdev).or_default();
         match runs.last_mut() {
-            Some(r) if r.offset + r.bytes as u64 == dva.offset && r.bytes + len <= AGGREGATION_LIMIT_BYTES => {
-                r.bytes += len;
+            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
+                r.bytes += w.data.len();
                 r.blocks.end = i + 1;
             }
-            _ => runs.push(Run { vdev: dva.vdev, offset: dva.offset, bytes: len, blocks: i..i + 1 }),
+            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
         }
     }
     let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();

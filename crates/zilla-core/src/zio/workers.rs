@@ -22,7 +22,6 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::block::checksum::ChecksumAlgo;
 use crate::block::compress::Compression;
 use super::PreparedBlock;
-use crate::vdev::abd::BufPool;
 
 /// Blocks below this count are prepared on the caller's thread.
 const PARALLEL_MIN_BLOCKS: usize = 64;
@@ -65,8 +64,8 @@ impl PrepareWorkers {
     }
 
     /// Prepare every record's data (None stays None: a freed block), in order.
-    pub fn prepare_all(&self, recs: &[(crate::BlockId, Option<Arc<[u8]>>)], algo: ChecksumAlgo, comp: Compression, unit: u64, bufs: &Arc<BufPool>) -> Vec<Option<PreparedBlock>> {
-        let one = |d: &Option<Arc<[u8]>>| d.as_ref().map(|d| super::prepare(d, algo, comp, unit, bufs));
+    pub fn prepare_all(&self, recs: &[(crate::BlockId, Option<Arc<[u8]>>)], algo: ChecksumAlgo, comp: Compression, unit: u64) -> Vec<Option<PreparedBlock>> {
+        let one = |d: &Option<Arc<[u8]>>| d.as_ref().map(|d| super::prepare(d, algo, comp, unit));
         let Some(jobs) = self.jobs.as_ref().filter(|_| recs.len() >= PARALLEL_MIN_BLOCKS) else {
             return recs.iter().map(|(_, d)| one(d)).collect();
         };
@@ -75,9 +74,9 @@ impl PrepareWorkers {
         let mut parts = 0;
         for (i, slice) in recs.chunks(per).enumerate() {
             let data: Vec<Option<Arc<[u8]>>> = slice.iter().map(|(_, d)| d.clone()).collect();
-            let (tx, bufs) = (tx.clone(), bufs.clone());
+            let tx = tx.clone();
             let job: Job = Box::new(move || {
-                let out: Vec<_> = data.iter().map(|d| d.as_ref().map(|d| super::prepare(d, algo, comp, unit, &bufs))).collect();
+                let out: Vec<_> = data.iter().map(|d| d.as_ref().map(|d| super::prepare(d, algo, comp, unit))).collect();
                 let _ = tx.send((i, out));
             });
             if jobs.send(job).is_err() {
