@@ -413,8 +413,7 @@ impl Pending {
 struct DataWrite {
     dva: Dva,
     txg: Txg,
-    /// The prepared (aligned, padded) physical bytes.
-    data: Arc<AlignedBuf>,
+    data: Arc<[u8]>,
 }
 
 /// How a volume checksums and compresses its data blocks (for dmu_sync).
@@ -1251,7 +1250,7 @@ impl Zilog {
         }
         for w in data {
             let top = io.top(w.dva.vdev).ok_or_else(|| Error::Corrupt(format!("data block on unknown vdev {}", w.dva.vdev)))?;
-            add(top, BlockWrite { offset: w.dva.offset, data: w.data.clone(), txg: w.txg });
+            add(top, BlockWrite { offset: w.dva.offset, data: Arc::new(AlignedBuf::copy_of(&w.data)), txg: w.txg });
         }
         Ok(per_top)
     }

@@ -54,24 +54,9 @@ impl AlignedBuf {
 
     /// A copy of `s` in an aligned buffer.
     pub fn copy_of(s: &[u8]) -> AlignedBuf {
-        Self::copy_padded(s, s.len(), ALIGN)
-    }
-
-    /// `s` followed by zeros up to `len` bytes (`len >= s.len()`), the start aligned to
-    /// `align`. Each byte is written once: the copy does not zero the buffer first (the
-    /// txg sync's prepare copies every block it writes through here).
-    pub fn copy_padded(s: &[u8], len: usize, align: usize) -> AlignedBuf {
-        assert!(align.is_power_of_two(), "alignment {align} not a power of two");
-        assert!(len >= s.len(), "padded length {len} below the data's {}", s.len());
-        let mut storage: Vec<u8> = Vec::with_capacity(len + align);
-        // The heap block does not move while the Vec stays within its capacity.
-        let misalign = storage.as_ptr() as usize % align;
-        let start = if misalign == 0 { 0 } else { align - misalign };
-        storage.resize(start, 0);
-        storage.extend_from_slice(s);
-        storage.resize(start + len, 0);
-        debug_assert_eq!(storage.as_ptr() as usize % align, misalign, "the storage moved");
-        AlignedBuf { storage, start, len, cap: len }
+        let mut b = Self::with_capacity(s.len());
+        b.extend_from_slice(s);
+        b
     }
 
     pub fn capacity(&self) -> usize {
@@ -187,12 +172,6 @@ mod tests {
             let z = AlignedBuf::zeroed_aligned(1000, align);
             assert_eq!(z.as_slice().as_ptr() as usize % align, 0);
             assert!(z.as_slice().iter().all(|&b| b == 0));
-        }
-        for align in [512, 4096] {
-            let c = AlignedBuf::copy_padded(&[7u8; 1000], 1536, align);
-            assert_eq!(c.as_slice().as_ptr() as usize % align, 0);
-            assert_eq!((c.len(), c.capacity()), (1536, 1536));
-            assert!(c.as_slice()[..1000].iter().all(|&b| b == 7) && c.as_slice()[1000..].iter().all(|&b| b == 0));
         }
         let mut r = AlignedBuf::copy_of(&[9u8; 100]);
         r.resize(50);

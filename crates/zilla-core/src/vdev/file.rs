@@ -62,8 +62,6 @@ use rustix::fs::{AtFlags, FallocateFlags, SeekFrom, StatxFlags};
 const DIO_ALIGN_DEFAULT: usize = 4096;
 const PROBE_BYTES: usize = 4096;
 const SECTOR_BYTES: u64 = 512;
-/// Most pieces one pwritev takes (Linux UIO_MAXIOV); longer gathers take several calls.
-const IOV_MAX: usize = 1024;
 
 /// A leaf backed by a regular file or block device.
 pub struct FileDevice {
@@ -280,39 +278,6 @@ impl super::Device for FileDevice {
         self.file.write_all_at(bounce.as_slice(), start)
     }
 
-    fn write_gather_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
-        let len: usize = bufs.iter().map(|b| b.len()).sum();
-        self.check_range(offset, len)?;
-        // O_DIRECT takes a vector only if every piece is aligned like a whole buffer;
-        // anything else goes the single-buffer way (one copy, then the bounce rules).
-        let scatter = !self.direct
-            || (self.offset_aligned(offset, len) && bufs.iter().all(|b| self.mem_aligned(b.as_ptr()) && b.len().is_multiple_of(self.offset_align)));
-        if !scatter || bufs.len() == 1 {
-            return match bufs {
-                [one] => self.write_at(one, offset),
-                _ => self.write_at(&bufs.concat(), offset),
-            };
-        }
-        let _range = self.write_ranges.lock(offset, offset + len as u64);
-        let mut slices: Vec<std::io::IoSlice<'_>> = bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
-        let mut rest: &mut [std::io::IoSlice<'_>] = &mut slices;
-        let mut at = offset;
-        while !rest.is_empty() {
-            let n = rest.len().min(IOV_MAX);
-            match rustix::io::pwritev(&self.file, &rest[..n], at) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing")),
-                Ok(done) => {
-                    at += done as u64;
-                    std::io::IoSlice::advance_slices(&mut rest, done);
-                }
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        debug_assert_eq!(at - offset, len as u64, "a gather write moved a different byte count");
-        Ok(())
-    }
-
     fn flush(&self) -> io::Result<()> {
         rustix::fs::fdatasync(&self.file)?;
         Ok(())
@@ -461,42 +426,6 @@ mod tests {
                 dev.offset_align = a;
             }
             round_trips(&dev);
-        }
-    }
-
-    #[test]
-    fn gather_writes_land_back_to_back() {
-        // Goal: a gather write puts its pieces back to back at the offset, whether the
-        // pieces suit O_DIRECT's vector path (aligned, sector multiples; also more than
-        // one pwritev's worth of pieces) or not (misaligned: one copy, bounce rules), and
-        // touches nothing around it. Method: write, read the whole span back, compare.
-        use crate::vdev::abd::AlignedBuf;
-        for force_align in [None, Some(4096)] {
-            let (_d, mut dev) = temp_device(8 << 20);
-            if let (Some(a), true) = (force_align, dev.is_direct()) {
-                dev.mem_align = a;
-                dev.offset_align = a;
-            }
-            let fill = vec![0xEEu8; 8 << 20];
-            dev.write_at(&fill, 0).unwrap();
-            // 1,500 aligned 512-byte pieces: two pwritev calls when direct.
-            let pieces: Vec<AlignedBuf> = (0..1500u32).map(|i| AlignedBuf::copy_padded(&[(i % 251) as u8; 512], 512, 512)).collect();
-            let slices: Vec<&[u8]> = pieces.iter().map(|p| p.as_slice()).collect();
-            dev.write_gather_at(&slices, 4096).unwrap();
-            let mut back = vec![0u8; 1500 * 512 + 8192];
-            dev.read_at(&mut back, 0).unwrap();
-            assert!(back[..4096].iter().all(|&b| b == 0xEE), "bytes before the gather write changed");
-            assert_eq!(&back[4096..4096 + 1500 * 512], &slices.concat()[..]);
-            assert!(back[4096 + 1500 * 512..].iter().all(|&b| b == 0xEE), "bytes after the gather write changed");
-            // Misaligned pieces (odd lengths, an odd offset) take the copy path.
-            let odd: Vec<Vec<u8>> = vec![vec![1u8; 100], vec![2u8; 3000], vec![3u8; 7]];
-            let odd_slices: Vec<&[u8]> = odd.iter().map(|v| v.as_slice()).collect();
-            dev.write_gather_at(&odd_slices, 1 << 20 | 3).unwrap();
-            let mut back = vec![0u8; 3107 + 6];
-            dev.read_at(&mut back, (1 << 20) - 3).unwrap();
-            assert_eq!(&back[..6], &[0xEE; 6]);
-            assert_eq!(&back[6..3113], &odd_slices.concat()[..]);
-            assert!(dev.write_gather_at(&slices, (8 << 20) - 4096).is_err(), "a gather write past the end must fail");
         }
     }
 

@@ -375,31 +375,17 @@ impl TopVdev {
     /// that miss it (not online, or their write fails) get `txg` in their DTL. `done` runs
     /// once, on the engine thread of the last child to finish, with every child's result.
     pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: Txg, done: WriteDone) {
-        let len = data.len() as u64;
-        self.write_each_child(len, offset, txg, done, &|phys, c| IoRequest::write(class, phys, data.clone(), c));
-    }
-
-    /// [`TopVdev::write_async`] of `bufs` back to back at `offset`: each child gets one
-    /// gather write of them (the txg sync's merged runs, written without a copy).
-    pub fn write_gather_async(self: &Arc<Self>, class: IoClass, bufs: Arc<[Arc<AlignedBuf>]>, offset: u64, txg: Txg, done: WriteDone) {
-        let len = bufs.iter().map(|b| b.len() as u64).sum();
-        self.write_each_child(len, offset, txg, done, &|phys, c| IoRequest::write_gather(class, phys, bufs.clone(), c));
-    }
-
-    /// One write of `len` bytes at `offset` on every writable child, the request made by
-    /// `request(physical offset, completion)`.
-    fn write_each_child(self: &Arc<Self>, len: u64, offset: u64, txg: Txg, done: WriteDone, request: &dyn Fn(u64, super::queue::Completion) -> IoRequest) {
         let phys = super::label::DATA_START + offset;
         let writable = self.writable_children(&|c| c.dtl_add(txg));
         if writable.is_empty() {
-            done(WriteOutcome { written: 0, failed: Vec::new(), len, offset: phys });
+            done(WriteOutcome { written: 0, failed: Vec::new(), len: data.len() as u64, offset: phys });
             return;
         }
-        let fan = Fanout::new(writable.len(), len, phys, done);
+        let fan = Fanout::new(writable.len(), data.len() as u64, phys, done);
         for c in writable {
             c.note_unflushed(txg);
             let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
-            let req = request(phys, Box::new(move |d| {
+            let req = IoRequest::write(class, phys, data.clone(), Box::new(move |d| {
                 // Let go of the shared buffer before the last child reports, so the
                 // caller gets it back for reuse.
                 let super::queue::IoDone { result, data, .. } = d;

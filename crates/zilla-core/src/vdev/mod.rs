@@ -53,15 +53,6 @@ pub trait Device: Send + Sync + 'static {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`. Not durable until `flush` returns.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
-    /// Write `bufs` back to back at `offset` as one device write (an aggregate). The
-    /// default copies them into one buffer and calls `write_at`, so a test device sees a
-    /// single write; devices that can scatter (pwritev) override it.
-    fn write_gather_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
-        match bufs {
-            [one] => self.write_at(one, offset),
-            _ => self.write_at(&bufs.concat(), offset),
-        }
-    }
     /// Make every write that completed before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Usable size in bytes.

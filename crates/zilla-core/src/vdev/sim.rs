@@ -749,19 +749,6 @@ impl Device for SimDevice {
         }
     }
 
-    fn write_gather_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
-        // One command for the whole span, as the disk would see one aggregated write.
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-        match self.profile.model {
-            SimModel::Hdd => self.hdd_io(HddCommand::Write, offset, len, || self.inner.write_gather_at(bufs, offset)),
-            SimModel::Ssd => {
-                let service = self.profile.expected_service_time_ns(SimOp::Write, len, 0, self.size_bytes);
-                self.ssd_io(service, || self.inner.write_gather_at(bufs, offset))
-            }
-        }
-    }
-
     fn flush(&self) -> io::Result<()> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         match self.profile.model {

@@ -10,8 +10,7 @@
 //!   submit / finish (any thread, queue lock held)
 //!       └─ take_issuable(): requests the min/max_active selection allows now
 //!   (queue lock released)
-//!       └─ per request: aligned and in range?  yes -> SQE (READ / WRITE / WRITEV /
-//!                                                          FSYNC datasync)
+//!       └─ per request: aligned and in range?  yes -> SQE (READ / WRITE / FSYNC datasync)
 //!                                              no  -> performed synchronously right here
 //!          submit()                                   (O_DIRECT bounce path; rare)
 //!   reaper thread (one per leaf): submit_and_wait(1), then per CQE:
@@ -43,8 +42,6 @@ use super::{IoError, IoOp, RawTarget};
 
 /// user_data of the shutdown NOP.
 const STOP: u64 = u64::MAX;
-/// Most pieces of one WRITEV (Linux UIO_MAXIOV); longer gathers go the synchronous way.
-const IOV_MAX: usize = 1024;
 /// Submission queue entries (the completion queue gets twice as many).
 const RING_ENTRIES: u32 = 256;
 
@@ -54,18 +51,7 @@ struct InFlight {
     issued_at: Instant,
     /// Bytes the kernel must transfer (reads and writes).
     expect: u64,
-    /// The iovec array of a gather write (WRITEV reads it until the CQE).
-    _iovecs: Option<IoVecs>,
 }
-
-/// The iovecs of a gather write: pointers into the buffers of the same [`InFlight`]'s
-/// `data`, which it owns until the completion is reaped.
-struct IoVecs(#[allow(dead_code)] Vec<libc::iovec>);
-
-// SAFETY: the raw pointers only name heap memory owned (through `Arc`s) by the same
-// InFlight entry; nothing dereferences them in user space, the kernel reads them while
-// the entry is in flight, and the entry moves between threads only as a whole.
-unsafe impl Send for IoVecs {}
 
 /// Owners of in-flight requests, indexed by user_data.
 #[derive(Default)]
@@ -146,9 +132,9 @@ impl UringEngine {
         for mut q in ready {
             let data = q.take_device_data();
             match self.sqe_for(&q, &data) {
-                Some((entry, expect, iovecs)) => {
+                Some((entry, expect)) => {
                     sh.note_issue(q.req.offset, q.req.len);
-                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at: Instant::now(), expect, _iovecs: iovecs });
+                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at: Instant::now(), expect });
                     self.push(entry.user_data(id));
                     pushed = true;
                 }
@@ -165,9 +151,8 @@ impl UringEngine {
         }
     }
 
-    /// The SQE for a request the kernel can do directly, with the bytes it must move (and
-    /// the iovec array a gather write's SQE points at).
-    fn sqe_for(&self, q: &Queued, data: &IoData) -> Option<(io_uring::squeue::Entry, u64, Option<IoVecs>)> {
+    /// The SQE for a request the kernel can do directly, with the bytes it must move.
+    fn sqe_for(&self, q: &Queued, data: &IoData) -> Option<(io_uring::squeue::Entry, u64)> {
         let t = &self.target;
         let fd = types::Fd(t.fd);
         let (off, len) = (q.req.offset, q.req.len);
@@ -183,21 +168,12 @@ impl UringEngine {
                 // The buffer is owned by the in-flight slab until the CQE; its heap
                 // memory does not move when the AlignedBuf value does.
                 let ptr = b.as_slice().as_ptr() as *mut u8;
-                Some((opcode::Read::new(fd, ptr, len as u32).offset(off).build(), len, None))
+                Some((opcode::Read::new(fd, ptr, len as u32).offset(off).build(), len))
             }
             (IoOp::Write, IoData::Write(b)) if fits(b.as_slice().as_ptr()) => {
-                Some((opcode::Write::new(fd, b.as_slice().as_ptr(), len as u32).offset(off).build(), len, None))
+                Some((opcode::Write::new(fd, b.as_slice().as_ptr(), len as u32).offset(off).build(), len))
             }
-            (IoOp::Write, IoData::Gather(bs))
-                if bs.len() <= IOV_MAX
-                    && fits(bs.first().map_or(std::ptr::null(), |b| b.as_slice().as_ptr()))
-                    && bs.iter().all(|b| (b.as_slice().as_ptr() as usize).is_multiple_of(t.mem_align) && b.len().is_multiple_of(t.offset_align)) =>
-            {
-                let iov: Vec<libc::iovec> = bs.iter().map(|b| libc::iovec { iov_base: b.as_slice().as_ptr() as *mut libc::c_void, iov_len: b.len() }).collect();
-                let entry = opcode::Writev::new(fd, iov.as_ptr(), iov.len() as u32).offset(off).build();
-                Some((entry, len, Some(IoVecs(iov))))
-            }
-            (IoOp::Flush, _) => Some((opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(), 0, None)),
+            (IoOp::Flush, _) => Some((opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(), 0)),
             _ => None,
         }
     }
@@ -252,7 +228,7 @@ impl UringEngine {
     }
 
     fn complete(&self, sh: &Arc<Shared>, f: InFlight, res: i32) {
-        let InFlight { q, data, issued_at, expect, .. } = f;
+        let InFlight { q, data, issued_at, expect } = f;
         if res < 0 {
             let e = io::Error::from_raw_os_error(-res);
             let err = IoError::from_io(&sh.name, q.req.op, q.req.offset, q.req.len, &e);

@@ -30,7 +30,6 @@ pub use pool_io::{PendingWrite, PoolIo, SyncWriter};
 use crate::block::blkptr::BlockPointer;
 use crate::block::checksum::{self, ChecksumAlgo, Checksum};
 use crate::block::compress::{self, Compression};
-use crate::vdev::abd::AlignedBuf;
 
 /// The smallest allocation unit (ashift 12); a pool's unit is `1 << ashift` of its
 /// largest-ashift data vdev ([`crate::dmu::PoolIo::alloc_unit`]), so a block never
@@ -41,16 +40,10 @@ pub fn round_up(n: u64, unit: u64) -> u64 {
     n.div_ceil(unit) * unit
 }
 
-/// Memory alignment of a prepared block's buffer: O_DIRECT's usual `dio_mem_align`
-/// (files on ext4/xfs, SATA and NVMe disks), so the txg sync's merged runs go to the
-/// device as one gather write of the blocks themselves. A device that wants more gets
-/// the run copied into one buffer instead (`FileDevice::write_gather_at`).
-pub const PREPARED_ALIGN: usize = 512;
-
-/// A block ready to be allocated and written: its physical bytes (asize long) in an
-/// aligned buffer of their own, made by [`prepare`].
+/// A block ready to be allocated and written. `data` shares the caller's buffer when no
+/// transform was needed (uncompressed and already a multiple of the allocation unit).
 pub struct PreparedBlock {
-    pub data: std::sync::Arc<AlignedBuf>,
+    pub data: std::sync::Arc<[u8]>,
     pub lsize: u32,
     pub psize: u32,
     pub compression: Compression,
@@ -65,25 +58,28 @@ impl PreparedBlock {
 }
 
 /// Compress (if asked and worth it), pad to the allocation unit `unit` (a power of two,
-/// at least [`ALLOC_UNIT`]), checksum. The physical bytes are copied once, into an
-/// aligned buffer ([`PREPARED_ALIGN`]), and checksummed from that copy while it is in
-/// the cache: this runs on the checksum workers, in parallel, so the sync thread that
-/// merges and issues the writes copies nothing.
+/// at least [`ALLOC_UNIT`]), checksum.
 pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
     let lsize = logical.len() as u32;
     let compressed = match comp {
         Compression::Off => None,
         c => compress::compress(c, logical).map(|z| (z, c)),
     };
-    let (phys, used): (&[u8], Compression) = match &compressed {
-        Some((z, c)) => (z, *c),
-        None => (logical, Compression::Off),
+    if compressed.is_none() && logical.len() as u64 % unit == 0 {
+        let checksum = checksum::compute(algo, logical);
+        return PreparedBlock { data: logical.clone(), lsize, psize: lsize, compression: Compression::Off, algo, checksum };
+    }
+    let (mut data, psize, used) = match compressed {
+        Some((z, c)) => {
+            let p = z.len() as u32;
+            (z, p, c)
+        }
+        None => (logical.to_vec(), lsize, Compression::Off),
     };
-    let psize = phys.len() as u32;
-    let asize = round_up(phys.len() as u64, unit) as usize;
-    let data = AlignedBuf::copy_padded(phys, asize, PREPARED_ALIGN);
-    let checksum = checksum::compute(algo, data.as_slice());
-    PreparedBlock { data: std::sync::Arc::new(data), lsize, psize, compression: used, algo, checksum }
+    let asize = round_up(data.len() as u64, unit) as usize;
+    data.resize(asize, 0);
+    let checksum = checksum::compute(algo, &data);
+    PreparedBlock { data: data.into(), lsize, psize, compression: used, algo, checksum }
 }
 
 /// Does `phys` (asize bytes read from a device) match `bp`?

@@ -35,7 +35,6 @@ use crate::block::blkptr::{BlockPointer, Dva};
 use crate::block::checksum::ChecksumAlgo;
 use crate::block::compress::Compression;
 use crate::metaslab::Metaslabs;
-use crate::vdev::abd::AlignedBuf;
 use crate::vdev::mirror::TopVdev;
 use crate::vdev::{IoClass, Role};
 use crate::{Error, Result, Txg, VdevId};
@@ -64,6 +63,8 @@ pub struct PoolIo {
     /// counted as whole `SPACE_ADMISSION_UNIT_BYTES` pieces): log blocks are allocated
     /// between syncs, and admission must see them at once (see `space`).
     space_log_bytes: std::sync::atomic::AtomicU64,
+    /// Aligned aggregation buffers for sync writes.
+    pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
 }
@@ -73,8 +74,7 @@ pub const ERROR_LOG_MAX: usize = 100;
 /// A block allocated and prepared in syncing context, not yet written.
 pub struct PendingWrite {
     pub dva: Dva,
-    /// The block's physical bytes, aligned for the device ([`crate::zio::prepare`]).
-    pub data: Arc<AlignedBuf>,
+    pub data: Arc<[u8]>,
 }
 
 /// Largest aggregated write (zfs_vdev_aggregation_limit).
@@ -82,8 +82,8 @@ pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
 /// The largest block the pool writes (an indirect block, an object-directory chunk,
 /// the largest volblocksize): space admission counts free space in pieces of this size.
 pub const SPACE_ADMISSION_UNIT_BYTES: u64 = 128 << 10;
-/// Most merged runs a txg sync has in flight (each at most AGGREGATION_LIMIT_BYTES).
-pub const SYNC_WRITE_WINDOW_MAX: usize = 128;
+/// Idle aggregation buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
+pub const WRITE_BUFFERS_POOLED: usize = 32;
 
 /// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
 struct Run {
@@ -112,6 +112,7 @@ impl PoolIo {
             space_size: Default::default(),
             space_unavailable: Default::default(),
             space_log_bytes: Default::default(),
+            write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
             prepare: std::sync::OnceLock::new(),
         }
     }
@@ -307,10 +308,10 @@ impl PoolIo {
 }
 
 /// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
-/// blocks of one top-level vdev are merged into runs of up to 1 MiB (a list of the
-/// blocks' own aligned buffers, not a copy), runs of different vdevs are interleaved so
-/// every mirror works at once, and each run becomes one mirror gather write (one
-/// request per child, all in flight). At most `window` runs are in flight: `issue` blocks only when the window is
+/// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
+/// into a pooled buffer), runs of different vdevs are interleaved so every mirror works
+/// at once, and each run becomes one mirror write (one request per child, all in
+/// flight). At most `window` runs are in flight: `issue` blocks only when the window is
 /// full, so the caller prepares the next batch while the devices write this one.
 /// `finish` waits for everything and reports the first run no child could write.
 pub struct SyncWriter<'a> {
@@ -330,7 +331,7 @@ impl<'a> SyncWriter<'a> {
     pub fn new(io: &'a PoolIo, txg: Txg) -> SyncWriter<'a> {
         let ntops = io.vdevs.read().len().max(1);
         let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
-        let window = (per_top * ntops).clamp(8, SYNC_WRITE_WINDOW_MAX);
+        let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
         SyncWriter { io, txg, window, state: Arc::new((Mutex::new(WriterState::default()), parking_lot::Condvar::new())) }
     }
 
@@ -344,11 +345,19 @@ impl<'a> SyncWriter<'a> {
             let Some(top) = self.io.top(run.vdev) else {
                 return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
             };
-            let bufs: Arc<[Arc<AlignedBuf>]> = batch[run.blocks.clone()].iter().map(|w| w.data.clone()).collect();
+            let mut buf = self.io.write_buffers.get(run.bytes);
+            for w in &batch[run.blocks.clone()] {
+                buf.extend_from_slice(&w.data);
+            }
             self.wait_below(self.window)?;
-            let state = self.state.clone();
-            top.write_gather_async(IoClass::AsyncWrite, bufs, run.offset, self.txg, Box::new(move |o| {
+            let buf = Arc::new(buf);
+            let (state, keep) = (self.state.clone(), buf.clone());
+            let pool = self.io.write_buffers.clone();
+            top.write_async(IoClass::AsyncWrite, buf, run.offset, self.txg, Box::new(move |o| {
                 let r = o.into_result();
+                if let Ok(b) = Arc::try_unwrap(keep) {
+                    pool.put(b);
+                }
                 let mut st = state.0.lock();
                 st.in_flight -= 1;
                 if let (Err(e), None) = (r, &st.failed) {

@@ -26,8 +26,8 @@
 //! If at least one neighbour joined, the children leave the queue and one request takes
 //! their place: class of the chosen request (one active slot of that class), the span
 //! as offset and length, and the children kept inside it. Its buffer is made outside
-//! the queue lock ([`build_data`]): a fresh span-sized buffer for reads; for writes, the
-//! children's buffers in order, written by one gather write (pwritev), not copied. When the device I/O completes, every child
+//! the queue lock ([`build_data`]): a fresh span-sized buffer for reads, the children's
+//! bytes copied end to end for writes. When the device I/O completes, every child
 //! completes with its own buffer (reads get their slice copied in, [`scatter_read`]).
 //! When the aggregate fails, each child is redone alone, so one bad sector fails only
 //! the child that covers it. Children keep their write sequence numbers until their
@@ -106,16 +106,14 @@ pub(super) fn build_data(agg: &Queued) -> IoData {
     match agg.req.op {
         IoOp::Read => IoData::Read(AlignedBuf::zeroed(len)),
         _ => {
-            let mut pieces: Vec<Arc<AlignedBuf>> = Vec::with_capacity(agg.children.len());
+            let mut b = AlignedBuf::with_capacity(len);
             for c in &agg.children {
-                match &c.req.data {
-                    IoData::Write(d) => pieces.push(d.clone()),
-                    IoData::Gather(ds) => pieces.extend(ds.iter().cloned()),
-                    _ => {}
+                if let IoData::Write(d) = &c.req.data {
+                    b.extend_from_slice(d.as_slice());
                 }
             }
-            debug_assert_eq!(pieces.iter().map(|p| p.len()).sum::<usize>(), len, "write aggregate with a hole");
-            IoData::Gather(pieces.into())
+            debug_assert_eq!(b.len(), len, "write aggregate with a hole");
+            IoData::Write(Arc::new(b))
         }
     }
 }
@@ -183,9 +181,7 @@ mod tests {
             push(&mut st, IoClass::AsyncWrite, off, 4096);
         }
         let agg = st.next(&l).unwrap();
-        let data = build_data(&agg);
-        assert!(matches!(data, IoData::Gather(ref ps) if ps.len() == 3), "a write aggregate gathers its children's buffers");
-        let b: Vec<u8> = data.write_slices().concat();
+        let IoData::Write(b) = build_data(&agg) else { panic!("write aggregate without bytes") };
         assert_eq!(b.len(), 12 * 1024);
         assert!(b[..4096].iter().all(|&x| x == 0) && b[4096..8192].iter().all(|&x| x == 1) && b[8192..].iter().all(|&x| x == 2));
     }

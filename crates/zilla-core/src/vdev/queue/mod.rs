@@ -309,22 +309,8 @@ impl DirtyGauge {
 pub enum IoData {
     Read(AlignedBuf),
     Write(Arc<AlignedBuf>),
-    /// A write of several buffers back to back, as one device write (pwritev): the txg
-    /// sync's merged runs and the queue's write aggregates, with no copy into one buffer.
-    Gather(Arc<[Arc<AlignedBuf>]>),
     /// Flush and discard carry no bytes.
     None,
-}
-
-impl IoData {
-    /// The pieces of a write, in order (empty for anything else).
-    pub fn write_slices(&self) -> Vec<&[u8]> {
-        match self {
-            IoData::Write(b) => vec![b.as_slice()],
-            IoData::Gather(bs) => bs.iter().map(|b| b.as_slice()).collect(),
-            _ => Vec::new(),
-        }
-    }
 }
 
 /// Called once, on the engine's thread, when a request finishes. Must not block.
@@ -349,11 +335,6 @@ impl IoRequest {
     /// Write all of `data` at `offset`.
     pub fn write(class: IoClass, offset: u64, data: Arc<AlignedBuf>, done: Completion) -> IoRequest {
         IoRequest { class, op: IoOp::Write, offset, len: data.len() as u64, data: IoData::Write(data), done }
-    }
-    /// Write `bufs` back to back at `offset`, as one device write.
-    pub fn write_gather(class: IoClass, offset: u64, bufs: Arc<[Arc<AlignedBuf>]>, done: Completion) -> IoRequest {
-        let len = bufs.iter().map(|b| b.len() as u64).sum();
-        IoRequest { class, op: IoOp::Write, offset, len, data: IoData::Gather(bufs), done }
     }
     /// Make every write submitted before this request durable.
     pub fn flush(done: Completion) -> IoRequest {
@@ -836,7 +817,6 @@ impl Shared {
         let r = match (op, &mut data) {
             (IoOp::Read, IoData::Read(b)) => self.dev.read_at(b.as_mut_slice(), offset),
             (IoOp::Write, IoData::Write(b)) => self.dev.write_at(b.as_slice(), offset),
-            (IoOp::Write, IoData::Gather(bs)) => self.dev.write_gather_at(&data_slices(bs), offset),
             (IoOp::Flush, _) => self.dev.flush(),
             (IoOp::Discard, _) => self.dev.discard(offset, len),
             (op, _) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} request without its buffer", op.name()))),
@@ -965,11 +945,6 @@ impl IoRequest {
     }
 }
 
-
-/// The slices of a gather write.
-fn data_slices(bs: &[Arc<AlignedBuf>]) -> Vec<&[u8]> {
-    bs.iter().map(|b| b.as_slice()).collect()
-}
 
 /// Thread-name-sized tail of a device path.
 fn short_name(name: &str) -> String {
