@@ -321,6 +321,10 @@ struct Chain {
     /// is the count so far): the next lwb is allocated to hold the largest.
     recent_commit_bytes: [u32; ZIL_PREV_COMMITS],
     recent_commits: usize,
+    /// The volume was destroyed (`take_all_blocks`): no block is allocated for it any
+    /// more. A commit round that passed the volume's liveness check just before the
+    /// destroy would otherwise start a new chain whose head nobody frees.
+    closed: bool,
 }
 
 /// Commits remembered for lwb sizing (OpenZFS: ZIL_PREV_BLKS).
@@ -939,6 +943,11 @@ impl Zilog {
     /// durable already, the old chain holds them).
     fn chain_gate(&self, io: &PoolIo, seq: u64, open: Txg, new_guid: &dyn Fn() -> u64, admit_normal: AdmitLogBlock<'_>) -> Option<CommitOutcome> {
         let mut c = self.chain.lock();
+        if c.closed {
+            // the volume is gone with everything it held: nothing is left to make durable
+            self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+            return Some(CommitOutcome::Durable);
+        }
         if c.broken_at.is_some() {
             return Some(CommitOutcome::NeedTxgSync(open)); // until the sync retires it
         }
@@ -1430,7 +1439,7 @@ impl Zilog {
     /// the caller to free with the sync that removes the volume.
     pub fn take_all_blocks(&self) -> Vec<Dva> {
         let blocks = self.held_blocks();
-        *self.chain.lock() = Chain::default();
+        *self.chain.lock() = Chain { closed: true, ..Chain::default() };
         let mut o = self.overrides.lock();
         o.blocks.clear();
         o.latest.clear();

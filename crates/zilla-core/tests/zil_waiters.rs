@@ -293,6 +293,29 @@ fn waiters_queued_across_volume_destroy_are_answered_once() {
     pool.export().unwrap();
 }
 
+/// A commit that reaches the log of a volume already destroyed (a round that passed
+/// the volume's liveness check just before the destroy) allocates nothing: the destroy
+/// freed every block the log held, and a new chain head would be held by nobody.
+#[test]
+fn a_commit_on_a_destroyed_volumes_log_allocates_nothing() {
+    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let pool = setup(&rig, true);
+    let v = pool.open_zvol("v").unwrap();
+    pool.volume_destroy("v").unwrap();
+    let open = open_txg(&pool);
+    v.zil().log_write(open, 0, Arc::from(pattern(5, B as usize)), false);
+    let io = pool.debug_io();
+    let admit = |_: u64| true;
+    let policy = zilla_core::zil::DataPolicy { algo: zilla_core::block::checksum::ChecksumAlgo::Fletcher4, comp: zilla_core::block::compress::Compression::Off };
+    let outcome = v.zil().commit(io, Txg::ZERO, &|| open_txg(&pool), &|| 7, &admit, policy).unwrap();
+    assert!(matches!(outcome, zilla_core::zil::CommitOutcome::Durable));
+    assert!(v.zil().held_blocks().is_empty(), "the destroyed volume's log holds blocks: {:?}", v.zil().held_blocks());
+    pool.sync().unwrap();
+    pool.check_space_accounting().unwrap();
+    drop(v);
+    pool.export().unwrap();
+}
+
 /// Waiters queued behind a held round while the log device is removed (evacuate
 /// wants the role): every one answered, and a power cut after they were answered
 /// loses nothing acknowledged.
