@@ -323,8 +323,11 @@ impl DirtySet {
         self.shard(blkid).lock().blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone())
     }
     /// Insert a version for `txg`; returns true if this block became newly dirty in txg.
+    /// Versions stay in txg order: `txg` is at least the newest version's (a writer
+    /// holding an older txg writes into the newest version, see zvol update_block).
     pub fn insert(shard: &mut DirtyShard, blkid: BlockId, txg: Txg, data: Option<Arc<[u8]>>) -> bool {
         let v = shard.blocks.entry(blkid).or_default();
+        assert!(v.last().is_none_or(|last| last.txg <= txg), "dirty version of {txg:?} after a newer one: its sync would be overwritten by the older data");
         match v.last_mut() {
             Some(last) if last.txg == txg => {
                 last.data = data;

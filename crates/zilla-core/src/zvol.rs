@@ -515,23 +515,46 @@ impl Volume {
                 }
                 Some(buf.into())
             };
-            // a free record costs memory, not a block write: count it as 512 bytes so a
-            // flush after an unmap still sees dirty state
-            let cost = if new.is_some() { bs as u64 } else { 512 };
             let has_data = new.is_some();
-            self.log_itx(hold.txg, blkid, in_off, len, patch, new.as_ref());
-            let newly = DirtySet::insert(&mut shard, blkid, hold.txg, new);
+            let (txg, newly) = self.record_version(&mut shard, blkid, hold.txg, in_off, len, patch, new);
             drop(shard);
             if newly {
-                self.pool.dirty().add(hold.txg, cost);
-                let nlevels = self.vol.committed.read().nlevels;
-                let indirects = self.vol.dirty.note_indirects(hold.txg, blkid, nlevels) as u64;
-                let data = if has_data { bs as u64 } else { 0 };
-                let mos = (1 + indirects) * MOS_COST_PER_BLOCK_BYTES;
-                self.pool.dirty().add_space(hold.txg, data + indirects * INDIRECT_COST_BYTES + mos);
+                self.account_dirty(txg, blkid, has_data);
             }
-            return Ok(hold.txg);
+            return Ok(txg);
         }
+    }
+
+    /// Put block `blkid`'s new version `new` in the dirty set (the shard is locked), with
+    /// its intent-log record; returns the txg it went into and whether the block became
+    /// newly dirty in it ([`Volume::account_dirty`] then, with the shard unlocked).
+    ///
+    /// A writer whose hold is on txg T (taken just before T closed) can find a version of
+    /// T+1 here already, written by a writer of the next txg from an older base: it lacks
+    /// this change, and a T version pushed after it would be synced in T and then
+    /// overwritten on disk by T+1's (an acknowledged write lost after export while every
+    /// live read was right: tests/concurrency.rs). The change goes into the newest
+    /// version's txg instead: T+1 is open and cannot quiesce while T is held. (OpenZFS
+    /// likewise writes into the newest dbuf data once a later txg has dirtied it.)
+    #[allow(clippy::too_many_arguments)]
+    fn record_version(&self, shard: &mut crate::dmu::DirtyShard, blkid: BlockId, held: Txg, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<Arc<[u8]>>) -> (Txg, bool) {
+        let txg = shard.blocks.get(&blkid).and_then(|v| v.last()).map_or(held, |v| v.txg.max(held));
+        debug_assert!(txg.get() <= held.get() + 1, "a dirty version more than one txg past a held txg");
+        self.log_itx(txg, blkid, in_off, len, patch, new.as_ref());
+        (txg, DirtySet::insert(shard, blkid, txg, new))
+    }
+
+    /// Block `blkid` became dirty in `txg`: count its bytes (a free record costs
+    /// memory, not a block write: 512 bytes, so a flush after an unmap still sees dirty
+    /// state) and the space its sync will allocate.
+    fn account_dirty(&self, txg: Txg, blkid: BlockId, has_data: bool) {
+        let bs = self.bs();
+        self.pool.dirty().add(txg, if has_data { bs } else { 512 });
+        let nlevels = self.vol.committed.read().nlevels;
+        let indirects = self.vol.dirty.note_indirects(txg, blkid, nlevels) as u64;
+        let data = if has_data { bs } else { 0 };
+        let mos = (1 + indirects) * MOS_COST_PER_BLOCK_BYTES;
+        self.pool.dirty().add_space(txg, data + indirects * INDIRECT_COST_BYTES + mos);
     }
 
     /// The intent-log record of a change to block `blkid`, appended under the block's
