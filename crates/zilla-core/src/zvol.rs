@@ -465,6 +465,14 @@ impl Volume {
         Some(Some(d))
     }
 
+    /// A hold on the open txg for a change to block `blkid`; the test hook
+    /// (`test_hooks::set_after_hold`) runs after it is taken, before the shard lock.
+    fn hold_for(&self, blkid: BlockId) -> crate::txg::TxgHold<'_> {
+        let hold = self.pool.txg().hold();
+        test_hooks::after_hold(blkid, hold.txg);
+        hold
+    }
+
     /// Replace `[in_off, in_off+patch.len())` of block `blkid` (None patch = zeros), or the
     /// whole block. `whole_hole` = free the block instead of writing zeros.
     fn update_block(&self, blkid: BlockId, in_off: usize, patch: Option<&[u8]>, len: usize, whole_hole: bool) -> Result<Txg> {
@@ -487,7 +495,7 @@ impl Volume {
                     (Some(self.read_committed(blkid, IoClass::SyncRead)?), gen)
                 }
             };
-            let hold = self.pool.txg().hold();
+            let hold = self.hold_for(blkid);
             let mut shard = self.vol.dirty.shard(blkid).lock();
             let newest = shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone());
             let base_now: Option<Arc<[u8]>> = if full {
@@ -860,6 +868,34 @@ impl BlockVolume for Volume {
             pos += n;
         }
         Ok(out)
+    }
+}
+
+/// Testing aid for deterministic interleavings (tests/lost_update.rs): a callback every
+/// block update runs after it took its txg hold and before it locks the block's dirty
+/// shard, the window in which the held txg may close and the next one open. One
+/// relaxed load when unset.
+#[doc(hidden)]
+pub mod test_hooks {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::RwLock;
+
+    pub type AfterHold = Box<dyn Fn(crate::BlockId, crate::Txg) + Send + Sync>;
+    static ARMED: AtomicBool = AtomicBool::new(false);
+    static HOOK: RwLock<Option<AfterHold>> = RwLock::new(None);
+
+    pub fn set_after_hold(hook: Option<AfterHold>) {
+        let armed = hook.is_some();
+        *HOOK.write().unwrap_or_else(|e| e.into_inner()) = hook;
+        ARMED.store(armed, Ordering::SeqCst);
+    }
+
+    pub(super) fn after_hold(blkid: crate::BlockId, txg: crate::Txg) {
+        if ARMED.load(Ordering::Relaxed) {
+            if let Some(h) = &*HOOK.read().unwrap_or_else(|e| e.into_inner()) {
+                h(blkid, txg);
+            }
+        }
     }
 }
 
