@@ -19,44 +19,7 @@ use zilla_core::zvol::BlockVolume;
 const DEV_SIZE: u64 = 32 << 20;
 const VOLSIZE: u64 = 4 << 20;
 
-struct Rig {
-    set: DevSet,
-    devs: Vec<(String, Arc<CrashDevice>)>,
-}
-
-impl Rig {
-    fn new(names: &[&str]) -> Rig {
-        let set = DevSet::default();
-        let mut devs = Vec::new();
-        for n in names {
-            let d = Arc::new(CrashDevice::new(DEV_SIZE));
-            set.insert(n, d.clone());
-            devs.push((n.to_string(), d));
-        }
-        Rig { set, devs }
-    }
-
-    /// Cut the power of every device; the rig then holds their durable images.
-    fn power_cut(&self, mode: CrashMode, seed: u64) -> Rig {
-        let set = DevSet::default();
-        let mut devs = Vec::new();
-        for (i, (n, d)) in self.devs.iter().enumerate() {
-            let img = d.power_cut(mode, seed.wrapping_add(i as u64));
-            let nd = Arc::new(CrashDevice::from_image(img));
-            set.insert(n, nd.clone());
-            devs.push((n.clone(), nd));
-        }
-        Rig { set, devs }
-    }
-
-    fn import(&self) -> Arc<Pool> {
-        Pool::import_with(&self.set.specs(), self.set.opener()).expect("import")
-    }
-
-    fn writes(&self, name: &str) -> u64 {
-        self.devs.iter().find(|(n, _)| n == name).map(|(_, d)| d.writes()).unwrap_or(0)
-    }
-}
+type Rig = CrashRig;
 
 fn tops(with_log: bool, log_mirror: bool) -> Vec<TopSpec> {
     let mut t = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("m0a"), leaf("m0b")] }];
@@ -131,7 +94,7 @@ fn setup(rig: &Rig, with_log: bool, log_mirror: bool, props: &[(String, String)]
 fn commit_survives_power_cut(with_log: bool, log_mirror: bool) {
     for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset, CrashMode::TearLast, CrashMode::TornReordered].into_iter().enumerate() {
         let names: &[&str] = if log_mirror { &["m0a", "m0b", "la", "lb"] } else { &["m0a", "m0b", "la"] };
-        let rig = Rig::new(names);
+        let rig = Rig::new(names, DEV_SIZE);
         let (pool, mut m) = setup(&rig, with_log, log_mirror, &[]);
         let v = pool.open_zvol("v").unwrap();
         let synced = pool.synced_txg();
@@ -177,7 +140,7 @@ fn without_log_device_the_log_lives_in_the_normal_class() {
 
 #[test]
 fn sync_always_commits_every_write() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let (pool, mut m) = setup(&rig, true, false, &[("sync".into(), "always".into())]);
     let v = pool.open_zvol("v").unwrap();
     let synced = pool.synced_txg();
@@ -195,7 +158,7 @@ fn sync_always_commits_every_write() {
 
 #[test]
 fn sync_disabled_never_waits_and_logs_nothing() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     no_txg_timeout();
     let pool = Pool::create_with("tank", tops(true, false), Default::default(), rig.set.opener()).unwrap();
     pool.volume_create("v", VOLSIZE, 4096, &[("sync".into(), "disabled".into())]).unwrap();
@@ -215,7 +178,7 @@ fn sync_disabled_never_waits_and_logs_nothing() {
 
 #[test]
 fn a_flush_with_nothing_pending_writes_nothing() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let (pool, mut m) = setup(&rig, true, false, &[]);
     let v = pool.open_zvol("v").unwrap();
     m.write(&*v, 8192, &pattern(9, 4096), false);
@@ -233,7 +196,7 @@ fn a_flush_with_nothing_pending_writes_nothing() {
 /// Concurrent flushers share lwbs: fewer issuers than commits.
 #[test]
 fn concurrent_flushes_are_batched() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let (pool, _m) = setup(&rig, true, false, &[]);
     let v = pool.open_zvol("v").unwrap();
     std::thread::scope(|s| {
@@ -269,7 +232,7 @@ fn concurrent_flushes_are_batched() {
 /// everything (replay is idempotent and its header survives until it is done).
 #[test]
 fn power_cut_during_replay() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let (pool, mut m) = setup(&rig, true, false, &[]);
     let v = pool.open_zvol("v").unwrap();
     workload(&mut m, &*v, 3);
@@ -330,7 +293,7 @@ fn power_cut_during_replay() {
 /// replayed again.
 #[test]
 fn a_replayed_chain_is_not_replayed_again() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let (pool, mut m) = setup(&rig, true, false, &[]);
     let v = pool.open_zvol("v").unwrap();
     workload(&mut m, &*v, 4);
@@ -365,7 +328,7 @@ fn a_replayed_chain_is_not_replayed_again() {
 fn asynchronous_commits_are_durable_when_answered() {
     use zilla_core::vdev::fault::DeviceFault;
     for (k, mode) in [CrashMode::DropAll, CrashMode::TornReordered].into_iter().enumerate() {
-        let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+        let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
         let (pool, mut m) = setup(&rig, true, true, &[]);
         let v = pool.open_zvol("v").unwrap();
         let synced = pool.synced_txg();
@@ -409,7 +372,7 @@ fn asynchronous_commits_are_durable_when_answered() {
 #[test]
 fn a_queued_commit_waiter_is_answered_by_the_round_that_writes_its_itx() {
     type Answer = (Option<zilla_core::Result<()>>, Vec<(String, Vec<u8>)>);
-    let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+    let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
     let (pool, _m) = setup(&rig, true, true, &[]);
     let v = pool.open_zvol("v").unwrap();
     let logs: Vec<Arc<CrashDevice>> = rig.devs.iter().filter(|(n, _)| n.starts_with('l')).map(|(_, d)| d.clone()).collect();
@@ -464,7 +427,7 @@ fn concurrent_asynchronous_flushes_are_batched_and_durable() {
     const THREADS: u64 = 8;
     const ROUNDS: u64 = 40;
     for (k, mode) in [CrashMode::DropAll, CrashMode::TornReordered].into_iter().enumerate() {
-        let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+        let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
         let (pool, _m) = setup(&rig, true, true, &[]);
         let v = pool.open_zvol("v").unwrap();
         let synced = pool.synced_txg();
@@ -523,7 +486,7 @@ fn concurrent_asynchronous_flushes_are_batched_and_durable() {
 #[test]
 fn a_failing_log_device_falls_back_and_loses_nothing() {
     use zilla_core::vdev::fault::DeviceFault;
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let (pool, mut m) = setup(&rig, true, false, &[]);
     let v = pool.open_zvol("v").unwrap();
     workload(&mut m, &*v, 21);
@@ -555,7 +518,7 @@ fn a_failing_log_device_falls_back_and_loses_nothing() {
 #[test]
 fn a_missing_log_device_needs_import_m() {
     use zilla_core::spa::ImportOptions;
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let (pool, mut m) = setup(&rig, true, false, &[]);
     let v = pool.open_zvol("v").unwrap();
     pool.sync().unwrap();
@@ -594,7 +557,7 @@ fn a_missing_log_device_needs_import_m() {
 #[test]
 fn a_log_mirror_needs_one_child_that_wrote_and_flushed() {
     use zilla_core::vdev::fault::DeviceFault;
-    let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+    let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
     let (pool, mut m) = setup(&rig, true, true, &[]);
     let v = pool.open_zvol("v").unwrap();
     workload(&mut m, &*v, 41);
@@ -638,7 +601,7 @@ fn setup_16k(rig: &Rig, with_log: bool, props: &[(String, String)]) -> (Arc<Pool
 fn throughput_commit_is_durable_without_a_sync(with_log: bool) {
     let names: &[&str] = if with_log { &["m0a", "m0b", "la", "lb"] } else { &["m0a", "m0b"] };
     for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset, CrashMode::TornReordered].into_iter().enumerate() {
-        let rig = Rig::new(names);
+        let rig = Rig::new(names, DEV_SIZE);
         let (pool, mut m) = setup_16k(&rig, with_log, &throughput());
         let v = pool.open_zvol("v").unwrap();
         let synced = pool.synced_txg();
@@ -683,7 +646,7 @@ fn throughput_commit_is_durable_without_a_sync_log_mirror() {
 /// Bytes written to the normal class (both sides of the mirror) by a txg sync after 64
 /// flushed whole-block writes of 16 KiB, with the given properties.
 fn sync_bytes_after_commits(props: &[(String, String)]) -> (u64, u64) {
-    let rig = Rig::new(&["m0a", "m0b", "la", "lb"]);
+    let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
     let (pool, mut m) = setup_16k(&rig, true, props);
     let v = pool.open_zvol("v").unwrap();
     let data = |r: &Rig| r.devs.iter().filter(|(n, _)| n.starts_with("m0")).map(|(_, d)| d.write_bytes()).sum::<u64>();
@@ -729,7 +692,7 @@ fn the_sync_does_not_write_a_dmu_synced_block_again() {
 #[test]
 fn a_rewrite_after_a_throughput_commit_wins() {
     for cut in [true, false] {
-        let rig = Rig::new(&["m0a", "m0b"]);
+        let rig = Rig::new(&["m0a", "m0b"], DEV_SIZE);
         let (pool, mut m) = setup_16k(&rig, false, &throughput());
         let v = pool.open_zvol("v").unwrap();
         let synced = pool.synced_txg();
@@ -779,7 +742,7 @@ fn a_rewrite_after_a_throughput_commit_wins() {
 /// replayed, it and the later ones are not, the import succeeds and nothing leaks.
 #[test]
 fn a_bad_indirect_block_ends_replay_of_its_chain() {
-    let rig = Rig::new(&["m0a", "m0b"]);
+    let rig = Rig::new(&["m0a", "m0b"], DEV_SIZE);
     let (pool, mut m) = setup_16k(&rig, false, &throughput());
     let v = pool.open_zvol("v").unwrap();
     let loaded = m.bytes.clone();

@@ -22,32 +22,11 @@ const DEV_SIZE: u64 = 32 << 20;
 const VOLSIZE: u64 = 4 << 20;
 const B: u64 = 4096;
 
-struct Rig {
-    set: DevSet,
-    devs: Vec<(String, Arc<CrashDevice>)>,
-}
+type Rig = CrashRig;
 
-impl Rig {
-    fn new(names: &[&str]) -> Rig {
-        let set = DevSet::default();
-        let mut devs = Vec::new();
-        for n in names {
-            let d = Arc::new(CrashDevice::new(DEV_SIZE));
-            set.insert(n, d.clone());
-            devs.push((n.to_string(), d));
-        }
-        Rig { set, devs }
-    }
-    fn dev(&self, name: &str) -> Arc<CrashDevice> {
-        self.devs.iter().find(|(n, _)| n == name).unwrap().1.clone()
-    }
-    fn power_cut_import(&self, mode: CrashMode, seed: u64) -> Arc<Pool> {
-        let set = DevSet::default();
-        for (i, (n, d)) in self.devs.iter().enumerate() {
-            set.insert(n, Arc::new(CrashDevice::from_image(d.power_cut(mode, seed + i as u64))));
-        }
-        Pool::import_with(&set.specs(), set.opener()).expect("import")
-    }
+/// The pool on `rig`'s devices as a power cut now would leave them.
+fn power_cut_import(rig: &Rig, mode: CrashMode, seed: u64) -> Arc<Pool> {
+    rig.power_cut(mode, seed).import()
 }
 
 fn images_import(images: Vec<(String, Vec<u8>)>) -> Arc<Pool> {
@@ -112,7 +91,7 @@ fn a_commit_that_waited_for_the_role_falls_back_to_a_stale_txg() {
 
 /// One run: Err when the acknowledged Z was lost.
 fn stale_txg_attempt() -> Result<(), String> {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let pool = setup(&rig, true);
     let v = pool.open_zvol("v").unwrap();
     let la = rig.dev("la");
@@ -173,7 +152,7 @@ fn stale_txg_attempt() -> Result<(), String> {
         None => {
             v.flush().unwrap(); // the blocking fallback; it returns when durable
             let after = pool.synced_txg();
-            (rig.power_cut_import(CrashMode::DropAll, 5), after)
+            (power_cut_import(&rig, CrashMode::DropAll, 5), after)
         }
     };
     drop(v);
@@ -224,7 +203,7 @@ fn check_each_answered_once(answers: &Answers, n: u32, what: &str) {
 /// completion (on the engine thread): no deadlock, each answered once.
 #[test]
 fn a_flush_issued_from_inside_a_flush_completion_is_answered() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let pool = setup(&rig, true);
     let v = pool.open_zvol("v").unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<(u32, Option<zilla_core::Result<()>>)>();
@@ -253,7 +232,7 @@ fn a_flush_issued_from_inside_a_flush_completion_is_answered() {
 /// answered, once.
 #[test]
 fn waiters_queued_across_export_are_answered_once() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let pool = setup(&rig, true);
     let v = pool.open_zvol("v").unwrap();
     let la = rig.dev("la");
@@ -277,7 +256,7 @@ fn waiters_queued_across_export_are_answered_once() {
 /// Waiters queued behind a held round while the volume is destroyed.
 #[test]
 fn waiters_queued_across_volume_destroy_are_answered_once() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let pool = setup(&rig, true);
     let v = pool.open_zvol("v").unwrap();
     let la = rig.dev("la");
@@ -298,7 +277,7 @@ fn waiters_queued_across_volume_destroy_are_answered_once() {
 /// freed every block the log held, and a new chain head would be held by nobody.
 #[test]
 fn a_commit_on_a_destroyed_volumes_log_allocates_nothing() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let pool = setup(&rig, true);
     let v = pool.open_zvol("v").unwrap();
     pool.volume_destroy("v").unwrap();
@@ -321,7 +300,7 @@ fn a_commit_on_a_destroyed_volumes_log_allocates_nothing() {
 /// loses nothing acknowledged.
 #[test]
 fn waiters_queued_across_log_removal_are_answered_and_durable() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let pool = setup(&rig, true);
     let v = pool.open_zvol("v").unwrap();
     let la = rig.dev("la");
@@ -346,7 +325,7 @@ fn waiters_queued_across_log_removal_are_answered_and_durable() {
         flush_as_front_end(&*v).unwrap();
     }
     drop(v);
-    let p2 = rig.power_cut_import(CrashMode::DropAll, 9);
+    let p2 = power_cut_import(&rig, CrashMode::DropAll, 9);
     let v2 = p2.open_volume("v").unwrap();
     for i in 0..20u64 {
         assert!(read_block(&*v2, 20 + i) == pattern(500 + i, B as usize), "queued write {i} lost");
@@ -361,7 +340,7 @@ fn waiters_queued_across_log_removal_are_answered_and_durable() {
 /// "blocking" at once; all are answered once, and everything acknowledged survives.
 #[test]
 fn the_waiter_past_the_queue_bound_is_sent_to_the_blocking_path() {
-    let rig = Rig::new(&["m0a", "m0b", "la"]);
+    let rig = Rig::new(&["m0a", "m0b", "la"], DEV_SIZE);
     let pool = setup(&rig, true);
     let v = pool.open_zvol("v").unwrap();
     let la = rig.dev("la");
@@ -399,7 +378,7 @@ fn the_waiter_past_the_queue_bound_is_sent_to_the_blocking_path() {
         }
     }
     drop(v);
-    let p2 = rig.power_cut_import(CrashMode::DropAll, 9);
+    let p2 = power_cut_import(&rig, CrashMode::DropAll, 9);
     let v2 = p2.open_volume("v").unwrap();
     assert!(read_block(&*v2, 600) == pattern(9999, 4096));
     pool.abandon();

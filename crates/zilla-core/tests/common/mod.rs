@@ -113,3 +113,49 @@ pub fn fua_write_as_front_end(v: &dyn zilla_core::zvol::BlockVolume, off: u64, d
         None => v.write(off, data, true),
     }
 }
+
+/// Named crash-testing devices (CrashDevice) of one size, for intent-log and power-cut
+/// tests: their durable images after a cut become a new rig, or a pool at once.
+pub struct CrashRig {
+    pub set: DevSet,
+    pub devs: Vec<(String, Arc<zilla_core::vdev::fault::CrashDevice>)>,
+}
+
+impl CrashRig {
+    pub fn new(names: &[&str], dev_size: u64) -> CrashRig {
+        let set = DevSet::default();
+        let mut devs = Vec::new();
+        for n in names {
+            let d = Arc::new(zilla_core::vdev::fault::CrashDevice::new(dev_size));
+            set.insert(n, d.clone());
+            devs.push((n.to_string(), d));
+        }
+        CrashRig { set, devs }
+    }
+
+    /// Cut the power of every device (device i with seed + i); the new rig holds their
+    /// durable images.
+    pub fn power_cut(&self, mode: zilla_core::vdev::fault::CrashMode, seed: u64) -> CrashRig {
+        let set = DevSet::default();
+        let mut devs = Vec::new();
+        for (i, (n, d)) in self.devs.iter().enumerate() {
+            let nd = Arc::new(zilla_core::vdev::fault::CrashDevice::from_image(d.power_cut(mode, seed.wrapping_add(i as u64))));
+            set.insert(n, nd.clone());
+            devs.push((n.clone(), nd));
+        }
+        CrashRig { set, devs }
+    }
+
+    pub fn dev(&self, name: &str) -> Arc<zilla_core::vdev::fault::CrashDevice> {
+        self.devs.iter().find(|(n, _)| n == name).map(|(_, d)| d.clone()).unwrap_or_else(|| panic!("no device {name}"))
+    }
+
+    pub fn import(&self) -> Arc<Pool> {
+        Pool::import_with(&self.set.specs(), self.set.opener()).expect("import")
+    }
+
+    /// Writes device `name` has taken (0 for an unknown name).
+    pub fn writes(&self, name: &str) -> u64 {
+        self.devs.iter().find(|(n, _)| n == name).map(|(_, d)| d.writes()).unwrap_or(0)
+    }
+}
