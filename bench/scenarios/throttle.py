@@ -8,7 +8,16 @@ the CPU, limits the write rate. A volume with 8K blocks (no read-modify-write) t
 1, 10 and 100 writes in flight each, that is 10, 100 and 1000 writers. Each load runs
 for several txgs in `openzfs` mode, then in `legacy` mode (`zfs_write_throttle_mode`),
 alternating, with an NBD FLUSH between runs so one run's write-back is not the next
-one's. fio reports each write's latency (submission to acknowledgement) as mean,
+one's. Each run starts with an empty dirty set, and its first seconds fill it at
+software speed (to the dirty max in legacy mode, to ~65 % in openzfs mode): that is
+a burst absorbed by memory, not throughput, and measured with the rest it credited
+legacy with the 0.37 GB more it held dirty at the end (15 MB/s of a 25 s run). So fio
+runs `ramp_s` first, unmeasured, and measures `runtime_s`. Legacy's dirty data still
+grows through the window (its txg limit follows the measured bandwidth), so the
+throughput compared is the *sustained* rate: acknowledged bytes less the growth of
+dirty data over the window (what reached the device or was overwritten in memory),
+with the device's own write rate over the window beside it. fio
+reports each write's latency (submission to acknowledgement) as mean,
 stddev, percentiles and a histogram (json+ bins); the histograms of both modes are
 drawn on one log-log plot per load (an SVG next to the JSON) - seed 002's figure.
 
@@ -21,6 +30,8 @@ delays every write a little as dirty data grows.
 import json
 import math
 import os
+import subprocess
+import time
 
 from lib.daemon import Zilla
 from lib.fio import nbd_flush
@@ -39,10 +50,10 @@ MODES = ("openzfs", "legacy")
 def settings(quick):
     return {"device_MBps": 100, "device_file_bytes": 16 * GiB, "volume_bytes": 2 * GiB,
             "volblocksize": "8K", "zfs_dirty_data_max": 1 * GiB, "zfs_txg_timeout_s": 5,
-            "zfs_txg_synctime_ms": 5000, "runtime_s": 25 if quick else 60,
+            "zfs_txg_synctime_ms": 5000, "ramp_s": 8 if quick else 15, "runtime_s": 20 if quick else 60,
             "loads": [[10, 1], [10, 10], [10, 100]],
-            "fio": "ioengine=nbd rw=randwrite bs=8k, numjobs x iodepth writers, "
-                   "time_based, group_reporting, json+ (latency histogram)"}
+            "fio": "ioengine=nbd rw=randwrite bs=8k, numjobs x iodepth writers, ramp_time "
+                   "(not measured) then runtime, time_based, group_reporting, json+ (latency histogram)"}
 
 
 def run_scenario(ctx):
@@ -61,20 +72,17 @@ def run_scenario(ctx):
     z.cli("pool", "create", "-f", "bench", f"sim-ssd:{dev}")
     z.cli("volume", "create", "-V", str(cfg["volume_bytes"]), "-o", "volblocksize=8K", "bench/vol")
     log(f"workdir {wd}; one sim-ssd at {cfg['device_MBps']} MB/s; "
-        f"{cfg['runtime_s']} s per load and mode")
+        f"{cfg['ramp_s']} s ramp + {cfg['runtime_s']} s measured per load and mode")
     results = {}
     for jobs, depth in cfg["loads"]:
         writers = jobs * depth
         for i, mode in enumerate(MODES if writers != 100 else reversed(MODES)):
             z.cli("tunable", "set", f"zfs_write_throttle_mode={mode}")
-            before = dmu_tx(z)
             r = fio_writers(z, jobs, depth, cfg, wd, f"{mode}-{writers}")
-            after = dmu_tx(z)
-            # counters as this run's increase; gauges (dirty, limits) as at its end
-            r["dmu_tx"] = {k: (v - before.get(k, 0) if k.endswith("_total") else v) for k, v in after.items()}
             results.setdefault(str(writers), {})[mode] = r
             nbd_flush(z.uri("bench/vol"), wd, f"{mode}-{writers}")
-            log(f"{writers:>4} writers {mode:>7}: {r['MBps']:6.1f} MB/s, mean {r['mean_us']:9.0f} us, "
+            log(f"{writers:>4} writers {mode:>7}: {r['MBps']:6.1f} MB/s ({r['sustained_MBps']:.1f} sustained, "
+                f"device {r['window']['device_write_MBps']:.1f}), mean {r['mean_us']:9.0f} us, "
                 f"stddev {r['stddev_us']:9.0f} us, p50 {r['p50_us']:8.0f} us, p99.9 {r['p99_9_us']:9.0f} us, "
                 f"max {r['max_us']:9.0f} us")
     z.cli("tunable", "set", "zfs_write_throttle_mode=openzfs")
@@ -89,16 +97,29 @@ def run_scenario(ctx):
 
 
 def fio_writers(z, jobs, depth, cfg, wd, tag):
+    """One load: fio runs `ramp_s` unmeasured, then `runtime_s` measured; the pool's
+    counters are read when the measured window starts and when fio ends."""
     out = os.path.join(wd, f"fio-{tag}.json")
     cmd = ["fio", "--output-format=json+", f"--output={out}", "--lat_percentiles=1",
            "--percentile_list=50:99:99.9", "--name=w", "--ioengine=nbd", f"--uri={z.uri('bench/vol')}",
            "--rw=randwrite", "--bs=8k", f"--numjobs={jobs}", f"--iodepth={depth}",
-           f"--size={cfg['volume_bytes']}", "--time_based", f"--runtime={cfg['runtime_s']}",
-           "--group_reporting", "--randrepeat=0"]
-    r = run(cmd, check=False)
-    if r.returncode != 0:
-        err = (r.stderr or r.stdout or "").strip().splitlines()
-        raise BenchError(f"fio {tag} failed ({r.returncode}): {err[-1] if err else ''}")
+           f"--size={cfg['volume_bytes']}", "--time_based", f"--ramp_time={cfg['ramp_s']}",
+           f"--runtime={cfg['runtime_s']}", "--group_reporting", "--randrepeat=0"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(cfg["ramp_s"])
+    start = (time.monotonic(), dmu_tx(z), z.admin.device_bytes("bench"))
+    stdout, stderr = p.communicate()
+    end = (time.monotonic(), dmu_tx(z), z.admin.device_bytes("bench"))
+    if p.returncode != 0:
+        err = (stderr or stdout or "").strip().splitlines()
+        raise BenchError(f"fio {tag} failed ({p.returncode}): {err[-1] if err else ''}")
+    window_s = end[0] - start[0]
+    dirty = "zilla_dmu_tx_dirty_bytes"
+    window = {"seconds": round(window_s, 2),
+              "device_write_MBps": round((end[2]["write"] - start[2]["write"]) / 1e6 / window_s, 2),
+              "dirty_start_bytes": int(start[1].get(dirty, 0)), "dirty_end_bytes": int(end[1].get(dirty, 0))}
+    # counters as the window's increase; gauges (dirty, limits) as at its end
+    tx = {k: (v - start[1].get(k, 0) if k.endswith("_total") else v) for k, v in end[1].items()}
     with open(out) as f:
         text = f.read()
     w = json.loads(text[text.index("{"):])["jobs"][0]["write"]
@@ -106,7 +127,13 @@ def fio_writers(z, jobs, depth, cfg, wd, tag):
     pct = lat.get("percentile", {})
     bins = lat.get("bins") or w.get("clat_ns", {}).get("bins") or {}
     us = lambda ns: round(ns / 1000, 1)
-    return {"writers": jobs * depth, "ios": w["total_ios"], "MBps": round(w["bw_bytes"] / 1e6, 2),
+    mbps = w["bw_bytes"] / 1e6
+    # what the pool sustains: the acknowledged rate less what the window left buffered
+    # in dirty data (a run that ends with more dirty data than it began with wrote that
+    # much into memory, not to the device)
+    sustained = mbps - (window["dirty_end_bytes"] - window["dirty_start_bytes"]) / 1e6 / window_s
+    return {"writers": jobs * depth, "ios": w["total_ios"], "MBps": round(mbps, 2),
+            "sustained_MBps": round(sustained, 2), "window": window, "dmu_tx": tx,
             "iops": round(w["iops"], 1), "mean_us": us(lat["mean"]), "stddev_us": us(lat["stddev"]),
             "p50_us": us(pct.get("50.000000", 0)), "p99_us": us(pct.get("99.000000", 0)),
             "p99_9_us": us(pct.get("99.900000", 0)), "max_us": us(lat["max"]),
@@ -141,7 +168,8 @@ def goals(results):
         g.append(goal(f"{w} writers: openzfs mean / legacy mean", "<=", 1.0, round(o["mean_us"] / max(1e-9, l["mean_us"]), 3)))
         g.append(goal(f"{w} writers: legacy stddev / openzfs stddev", ">=", 5.0, round(l["stddev_us"] / max(1e-9, o["stddev_us"]), 3)))
         g.append(goal(f"{w} writers: openzfs p99.9 / p50", "<=", 10.0, round(o["p99_9_us"] / max(1e-9, o["p50_us"]), 3)))
-        g.append(goal(f"{w} writers: openzfs throughput / legacy", ">=", 0.95, round(o["MBps"] / max(1e-9, l["MBps"]), 3)))
+        g.append(goal(f"{w} writers: openzfs sustained throughput / legacy", ">=", 0.95,
+                      round(o["sustained_MBps"] / max(1e-9, l["sustained_MBps"]), 3)))
     return g
 
 
@@ -150,9 +178,12 @@ def print_table(results):
     for w, per in results.items():
         for m in MODES:
             r = per[m]
-            rows.append([w, m, fmt(r["MBps"]), fmt(r["mean_us"], 0), fmt(r["stddev_us"], 0), fmt(r["p50_us"], 0),
+            rows.append([w, m, fmt(r["MBps"]), fmt(r["sustained_MBps"]), fmt(r["window"]["device_write_MBps"]),
+                         fmt(r["window"]["dirty_start_bytes"] / 1e6, 0), fmt(r["window"]["dirty_end_bytes"] / 1e6, 0),
+                         fmt(r["mean_us"], 0), fmt(r["stddev_us"], 0), fmt(r["p50_us"], 0),
                          fmt(r["p99_us"], 0), fmt(r["p99_9_us"], 0), fmt(r["max_us"], 0)])
-    print(table(["writers", "throttle", "MB/s", "mean us", "stddev us", "p50 us", "p99 us", "p99.9 us", "max us"], rows))
+    print(table(["writers", "throttle", "MB/s", "sustained MB/s", "device MB/s", "dirty MB start",
+                 "dirty MB end", "mean us", "stddev us", "p50 us", "p99 us", "p99.9 us", "max us"], rows))
 
 
 def write_svg(results, path):

@@ -70,7 +70,27 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn flush_async(&self, done: CommitDone) {
         done(None)
     }
+    /// The write throttle's verdict for a write of `len` bytes about to be made, for a
+    /// front end that waits on a timer instead of a thread (`DirtyAccounting::
+    /// claim_delay`). `After(d)`: the write's turn is claimed; wait `d`, then write with
+    /// `try_write_after_delay` / `write_after_delay`, which do not delay again.
+    /// `None` and `Blocking`: the usual calls (a `Blocking` write will wait in `write`).
+    fn claim_write_delay(&self, _len: u64) -> WriteDelay {
+        WriteDelay::None
+    }
+    /// [`BlockVolume::try_write_nonblocking_sync`] for a write whose delay was claimed
+    /// and waited (`None`: call `write_after_delay` from a blocking context).
+    fn try_write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+        self.try_write_nonblocking_sync(offset, data, fua)
+    }
+    /// [`BlockVolume::write`] for a write whose delay was claimed and waited: no second
+    /// delay (the hard stop at the dirty max still applies).
+    fn write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.write(offset, data, fua)
+    }
 }
+
+pub use crate::dsl_pool::WriteDelay;
 
 /// Completion of [`BlockVolume::flush_async`]: `Some(result)`, or `None` = "call
 /// `flush` from a blocking context for the result".
@@ -236,6 +256,14 @@ pub fn admission_cost_bytes(data_bytes: u64, nlevels: u8) -> u64 {
 enum Admit {
     Write,
     Free,
+}
+
+/// How `modify` throttles: each block through the delay curve (a blocking write), or
+/// only the hard stop at the dirty max (the write's delay was claimed and waited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Throttle {
+    PerBlock,
+    Delayed,
 }
 
 impl Volume {
@@ -619,12 +647,20 @@ impl Volume {
 
     /// Apply a write without blocking (no throttle delay, no device read, no txg
     /// wait) and without committing it, whatever the sync policy; `None`: would block.
-    fn apply_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+    /// `delayed`: the write's throttle delay was claimed and waited
+    /// (`claim_write_delay`), so only the hard stop at the dirty max sends it to the
+    /// blocking path.
+    fn apply_write_nonblocking(&self, offset: u64, data: &[u8], delayed: bool) -> Option<Result<()>> {
         if let Err(e) = self.check_write(offset, data.len() as u64) {
             return Some(Err(e));
         }
-        let max = crate::dsl_pool::dirty_data_max();
-        if crate::dsl_pool::delay_ns(self.pool.dirty().total() + data.len() as u64, max) > 0 {
+        let dirty = self.pool.dirty();
+        let waits = if delayed {
+            dirty.total() >= crate::dsl_pool::dirty_data_max()
+        } else {
+            dirty.would_wait(self.pool.txg(), data.len() as u64)
+        };
+        if waits {
             return None;
         }
         let Ok(_admitted) = self.check_space(data.len() as u64, Admit::Write) else {
@@ -665,6 +701,10 @@ impl Volume {
     }
 
     fn modify(&self, offset: u64, len: u64, data: Option<&[u8]>, free_whole: bool, fua: bool) -> Result<()> {
+        self.modify_with(offset, len, data, free_whole, fua, Throttle::PerBlock)
+    }
+
+    fn modify_with(&self, offset: u64, len: u64, data: Option<&[u8]>, free_whole: bool, fua: bool, throttle: Throttle) -> Result<()> {
         let bs = self.bs();
         let mut max_txg = Txg::ZERO;
         for c in block_chunks(offset, len, bs) {
@@ -674,7 +714,11 @@ impl Volume {
             if data.is_none() && free_whole && c.len as u64 == bs && self.is_hole(c.blkid)? {
                 continue;
             }
-            self.pool.dirty().throttle(self.pool.txg(), &|| self.pool.txg().is_shutting_down());
+            let abort = || self.pool.txg().is_shutting_down();
+            match throttle {
+                Throttle::PerBlock => self.pool.dirty().throttle(self.pool.txg(), &abort),
+                Throttle::Delayed => self.pool.dirty().block_at_max(&abort),
+            }
             // a free too rewrites the indirect blocks above it (unless they empty), and
             // its txg cannot use the space it frees: admitted like a write, into half
             // the slop
@@ -765,13 +809,28 @@ impl BlockVolume for Volume {
         if self.vol.props.typed().sync == SyncPolicy::Always {
             return None;
         }
-        self.apply_write_nonblocking(offset, data)
+        self.apply_write_nonblocking(offset, data, false)
     }
 
     fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
         let sync = self.vol.props.typed().sync;
         let commit = sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled);
-        Some(self.apply_write_nonblocking(offset, data)?.map(|()| commit))
+        Some(self.apply_write_nonblocking(offset, data, false)?.map(|()| commit))
+    }
+
+    fn claim_write_delay(&self, len: u64) -> WriteDelay {
+        self.pool.dirty().claim_delay(self.pool.txg(), len)
+    }
+
+    fn try_write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+        let sync = self.vol.props.typed().sync;
+        let commit = sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled);
+        Some(self.apply_write_nonblocking(offset, data, true)?.map(|()| commit))
+    }
+
+    fn write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_write(offset, data.len() as u64)?;
+        self.modify_with(offset, data.len() as u64, Some(data), false, fua, Throttle::Delayed)
     }
 
     fn flush_async(&self, done: CommitDone) {

@@ -6,6 +6,7 @@
 //! - [`budget`]: daemon-wide budgets for in-flight bytes and volume calls, shared
 //!   fairly by connections ([`SharedBudget`], [`BudgetShare`]);
 //! - [`buffers`]: one byte-bounded, idle-trimmed pool of reply buffers;
+//! - [`delay_timer`]: precise async sleeps for the write throttle's delays;
 //! - [`iostats`]: per-volume I/O counters the front ends record and analytics read;
 //! - [`sessions`]: the live sessions by export, which destroy counts and disconnects.
 //!
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 pub mod budget;
 pub mod buffers;
+pub mod delay_timer;
 pub mod iostats;
 pub mod registry;
 pub mod sessions;
@@ -129,6 +131,12 @@ pub struct Frontend {
     pub memory: Arc<SharedBudget>,
     /// Volume calls in flight (each may hold a blocking-pool thread).
     pub volume_calls: Arc<SharedBudget>,
+    /// Blocking work of writes the write throttle delayed (`delay_timer`), once their
+    /// delay is over: a delayed write holds no volume call while it waits (it holds no
+    /// thread), and the few that then still need a thread (a read-modify-write of an
+    /// uncached block, the dirty max, a commit that must block) take one of these, in
+    /// FIFO order, any task may wait. `volume_calls_max / 4` (at least 2).
+    pub delayed_write_calls: Arc<tokio::sync::Semaphore>,
     pub buffers: BufferPool,
     pub io_stats: IoStatsTable,
     /// Per-client counters (bounded; see [`iostats`]).
@@ -165,6 +173,7 @@ impl Frontend {
                 calls_reserve,
                 config.volume_calls_per_connection_max,
             ),
+            delayed_write_calls: Arc::new(tokio::sync::Semaphore::new((config.volume_calls_max / 4).max(2))),
             buffers: BufferPool::new(
                 config.buffer_pool_bytes_max,
                 REQUEST_MAX_BYTES + 4096,

@@ -13,8 +13,11 @@
 //! The reader parses one 28-byte header at a time, validates it against the session
 //! ([`proto::validate_request`]), reads a WRITE payload, and dispatches: reads the
 //! volume can serve from memory and writes it can take without blocking are answered
-//! inline; everything else runs on tokio's blocking pool, because `BlockVolume` calls
-//! block. Each finished request becomes one contiguous `Reply` buffer (header and data
+//! inline; a write the write throttle delays claims its turn
+//! (`BlockVolume::claim_write_delay`) and waits in its own task on the throttle timer
+//! (`zilla_frontend::delay_timer`), holding no thread and no volume call, then is
+//! applied like the inline ones; everything else runs on tokio's blocking pool, because
+//! `BlockVolume` calls block. Each finished request becomes one contiguous `Reply` buffer (header and data
 //! together, so no reply interleaves with another) queued to the connection's own
 //! writer task, which puts whatever is queued on the wire with vectored writes (one
 //! system call per burst, no copy into a staging buffer). Replies leave in completion
@@ -61,7 +64,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use zilla_core::zvol::{BlockVolume, SharedSlice};
+use zilla_core::zvol::{BlockVolume, SharedSlice, WriteDelay};
 use zilla_frontend::{BudgetPermit, BudgetShare, ClientIoStats, Frontend, IoKind, VolumeIoStats};
 
 use crate::framing::FrameReader;
@@ -520,6 +523,12 @@ async fn dispatch(
         batch.push(Reply { bytes, shared, _budget: budget });
         return;
     }
+    if request.command == CMD_WRITE {
+        if let WriteDelay::After(delay) = context.volume.claim_write_delay(u64::from(request.length)) {
+            tokio::spawn(delayed_write(context.clone(), request, payload, budget, delay, started));
+            return;
+        }
+    }
     let zero_call = if matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES) {
         context.send(std::mem::take(batch));
         budgets.zero_calls.clone().acquire_owned().await.ok()
@@ -573,13 +582,57 @@ fn try_commit_async(
                 None => return Err((budget, call)),
                 Some(Ok(true)) => {}
                 Some(done) => {
-                    finish_reply(context, request, done.map(|_| ()), budget, call, started);
+                    finish_reply(context, request, done.map(|_| ()), budget, CallPermit::Budget(call), started);
                     return Ok(());
                 }
             }
         }
         _ => return Err((budget, call)),
     }
+    commit_then_reply(context, request, budget, CallPermit::Budget(call), started);
+    Ok(())
+}
+
+/// A WRITE the write throttle delays (`claim_write_delay`): it waits on the throttle
+/// timer holding its request permit and memory, but no thread and no volume call; then
+/// it is applied without a second delay, inline when the volume can take it at once
+/// (and committed without a thread when FUA), else on the blocking pool under one of
+/// the front ends' `delayed_write_calls`.
+async fn delayed_write(context: RequestContext, request: Request, payload: Vec<u8>, budget: Budget, delay: Duration, started: Instant) {
+    zilla_frontend::delay_timer::sleep(delay).await;
+    let fua = request.flags & CMD_FLAG_FUA != 0;
+    let applied = context.volume.try_write_after_delay(request.offset, &payload, fua);
+    if let Some(Ok(false) | Err(_)) = applied {
+        context.frontend.buffers.give(payload);
+        return finish_reply(&context, &request, applied.expect("matched").map(|_| ()), budget, CallPermit::None, started);
+    }
+    let call = match context.frontend.delayed_write_calls.clone().acquire_owned().await {
+        Ok(permit) => CallPermit::AfterDelay(permit),
+        Err(_closed) => CallPermit::None, // never closed
+    };
+    if applied.is_some() {
+        context.frontend.buffers.give(payload);
+        return commit_then_reply(&context, &request, budget, call, started);
+    }
+    tokio::task::spawn_blocking(move || {
+        let result = context.volume.write_after_delay(request.offset, &payload, fua);
+        context.frontend.buffers.give(payload);
+        finish_reply(&context, &request, result, budget, call, started);
+    });
+}
+
+/// What a request holds while its volume work may need a blocking thread; dropped with
+/// the reply (held for its `Drop` only).
+#[allow(dead_code)]
+enum CallPermit {
+    Budget(BudgetPermit),
+    AfterDelay(OwnedSemaphorePermit),
+    None,
+}
+
+/// Start the commit a FLUSH or a durable write needs; its completion replies (on the
+/// blocking pool when the commit cannot finish without blocking).
+fn commit_then_reply(context: &RequestContext, request: &Request, budget: Budget, call: CallPermit, started: Instant) {
     let handle = tokio::runtime::Handle::current();
     let (context, request) = (context.clone(), *request);
     let volume = context.volume.clone();
@@ -592,11 +645,10 @@ fn try_commit_async(
             });
         }
     }));
-    Ok(())
 }
 
 /// Reply to a request whose volume work is done (from any thread).
-fn finish_reply(context: &RequestContext, request: &Request, result: zilla_core::Result<()>, budget: Budget, call: BudgetPermit, started: Instant) {
+fn finish_reply(context: &RequestContext, request: &Request, result: zilla_core::Result<()>, budget: Budget, call: CallPermit, started: Instant) {
     drop(call);
     let bytes = match result {
         Ok(()) => simple_reply(0, request.cookie),

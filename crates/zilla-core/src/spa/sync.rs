@@ -272,6 +272,7 @@ impl PoolInner {
 
     /// Steps 2-7 of the commit protocol.
     fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
+        let t_start = std::time::Instant::now();
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
@@ -299,6 +300,7 @@ impl PoolInner {
             let cache_metadata = props.primarycache != crate::props::CachePolicy::None;
             trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg, cache_metadata }));
         }
+        let t_data_issued = t_start.elapsed();
         let mut indirects = Vec::new();
         for (v, root, changes, pol) in &trees {
             let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch, &mut indirects)?;
@@ -306,8 +308,10 @@ impl PoolInner {
         }
         self.free_doomed(&doomed, txg)?;
         let DataPass { writer, reservation, written, .. } = pass;
+        let t_indirects = t_start.elapsed();
         writer.issue(std::mem::take(&mut batch))?;
         writer.finish()?;
+        let t_written = t_start.elapsed();
         // the MOS
         if !old_mos.is_hole() {
             for bp in dmu::mos_blocks(&self.io, &old_mos, crate::vdev::IoClass::AsyncRead)? {
@@ -325,7 +329,9 @@ impl PoolInner {
             leaf_health: None,
             zil_headers,
         }, &mut batch)?;
+        let t_mos = t_start.elapsed();
         self.commit_uberblock(txg, mos_root)?;
+        let t_ub = t_start.elapsed();
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
         drop(reservation);
@@ -338,6 +344,11 @@ impl PoolInner {
             v.zil.synced(tok);
         }
         self.publish_metadata(txg, mos_root, health, &doomed);
+        // phase ends since the sync began (RUST_LOG=zilla::txg=debug), for profiling
+        tracing::debug!(target: "zilla::txg", txg = txg.get(), data_issued_ms = t_data_issued.as_millis() as u64,
+            indirects_ms = t_indirects.as_millis() as u64, written_ms = t_written.as_millis() as u64,
+            mos_flushed_ms = t_mos.as_millis() as u64, uberblock_ms = t_ub.as_millis() as u64,
+            published_ms = t_start.elapsed().as_millis() as u64, "txg synced");
         Ok(())
     }
 
