@@ -81,6 +81,8 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::sim::SIM_HDD_CACHE_WRITE_US,
     &vdev::sim::SIM_HDD_NCQ_DEPTH,
     &vdev::sim::SIM_HDD_INTERFACE_MB_S,
+    &vdev::sim::SIM_HDD_IDLE_DESTAGE,
+    &vdev::sim::SIM_HDD_DESTAGE_CHUNK_BYTES,
     &vdev::sim::SIM_SSD_LOG_WRITE_LATENCY_US,
     &vdev::sim::SIM_SSD_LOG_WRITE_MB_S,
     &vdev::sim::SIM_SSD_LOG_READ_LATENCY_US,

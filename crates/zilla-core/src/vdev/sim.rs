@@ -36,6 +36,16 @@
 //!                wrapping, as a drive frees cache under a write stream, not the
 //!                whole cache at once; a write larger than the cache goes straight
 //!                to the media like a read
+//!     write-back while idle (sim_hdd_idle_destage, on by default): whenever no
+//!                command needs the mechanism, the drive writes cached extents to
+//!                the media, sim_hdd_destage_chunk_bytes at a time, in elevator
+//!                order (computed lazily: each command first advances this
+//!                background work to its start time). A read, flush or cache-full
+//!                write waits only for the chunk in progress; a write the cache
+//!                takes does not wait at all (the interface is not the mechanism).
+//!                Without it the cache stays full under any write stream and every
+//!                flush destages up to 16 MiB (~110 ms) in front of the reads queued
+//!                behind it, which no drive does (they write back as soon as they can)
 //!     flush      destage every cached extent in offset order (an elevator pass),
 //!                each paying positioning + transfer; positioning of a media write
 //!                that is sequential to the previous one is none only back to back:
@@ -101,6 +111,22 @@ pub static SIM_HDD_NCQ_DEPTH: Tunable = Tunable::new(
     32,
     Applies::NextDeviceOpen,
     "sim-hdd commands the drive accepts at once (NCQ). 1: served in the order issued, so the vdev queue's scheduler alone decides the order and QD1 specs hold at any load; 32 (the Barracuda 7200.12's NCQ) lets the drive reorder shortest-seek-first with aging",
+);
+pub static SIM_HDD_IDLE_DESTAGE: Tunable = Tunable::new(
+    "sim_hdd_idle_destage",
+    1,
+    0,
+    1,
+    Applies::NextDeviceOpen,
+    "1: the sim-hdd writes its cache back to the media whenever no command needs the mechanism, as drives do (a read waits only for the chunk being written back); 0: only when the cache is full or flushed (the model before 2026-11-25)",
+);
+pub static SIM_HDD_DESTAGE_CHUNK_BYTES: Tunable = Tunable::new(
+    "sim_hdd_destage_chunk_bytes",
+    256 << 10,
+    4096,
+    16 << 20,
+    Applies::NextDeviceOpen,
+    "sim-hdd background write-back unit: a command that needs the mechanism waits for at most one such chunk (~1.7 ms of media transfer at 150 MB/s)",
 );
 pub static SIM_HDD_INTERFACE_MB_S: Tunable =
     Tunable::new("sim_hdd_interface_mb_s", 300, 1, 1_000_000, Applies::NextDeviceOpen, "sim-hdd host interface rate into the cache, MB/s; SATA 3 Gb/s (Barracuda 7200.12)");
@@ -185,6 +211,10 @@ pub struct SimProfile {
     pub write_cache_bytes: u64,
     pub cache_write_ns: u64,
     pub interface_bytes_s: u64,
+    /// Write the cache back while the mechanism is idle (`sim_hdd_idle_destage`).
+    pub idle_destage: bool,
+    /// Unit of that background write-back.
+    pub destage_chunk_bytes: u64,
     // --- SSD ---
     pub read_latency_ns: u64,
     pub read_bytes_s: u64,
@@ -249,6 +279,8 @@ impl SimProfile {
             write_cache_bytes: SIM_HDD_WRITE_CACHE_BYTES.get(),
             cache_write_ns: SIM_HDD_CACHE_WRITE_US.get() * 1000,
             interface_bytes_s: SIM_HDD_INTERFACE_MB_S.get().max(1) * 1_000_000,
+            idle_destage: SIM_HDD_IDLE_DESTAGE.get() != 0,
+            destage_chunk_bytes: SIM_HDD_DESTAGE_CHUNK_BYTES.get().max(4096),
             read_latency_ns: 0,
             read_bytes_s: 1,
             write_latency_ns: 0,
@@ -272,6 +304,8 @@ impl SimProfile {
             write_cache_bytes: 0,
             cache_write_ns: 0,
             interface_bytes_s: 1,
+            idle_destage: false,
+            destage_chunk_bytes: 4096,
             read_latency_ns: t.read_latency_us.get() * 1000,
             read_bytes_s: t.read_mb_s.get().max(1) * 1_000_000,
             write_latency_ns: t.write_latency_us.get() * 1000,
@@ -396,6 +430,11 @@ struct Mechanism {
     /// When the media finished its last write (Env clock): the sector after
     /// `head_offset` was under the head then and comes back once per revolution.
     media_write_end_ns: u64,
+    /// When the mechanism finishes the media work given to it so far (a command's, or
+    /// the background write-back's; Env clock).
+    media_free_ns: u64,
+    /// When the oldest extent now cached arrived (write-back cannot start earlier).
+    cache_since_ns: u64,
 }
 
 /// What an HDD command does to the mechanism.
@@ -519,6 +558,8 @@ impl SimDevice {
                 rng: StdRng::seed_from_u64(profile.seed),
                 channel: Channel::default(),
                 media_write_end_ns: 0,
+                media_free_ns: 0,
+                cache_since_ns: 0,
             };
             let queue = HddQueue { mech, next_ticket: 0, next_admit: 0, queued: Vec::new(), serving: None };
             (Mutex::new(queue), Condvar::new())
@@ -666,29 +707,79 @@ impl SimDevice {
         total_ns
     }
 
-    /// HDD: service time of one command, updating head, cache and RNG.
+    /// HDD: the write-back the drive did on its own while the mechanism was idle,
+    /// from the end of its last media work (or the arrival of the oldest cached extent)
+    /// until `now_ns`: a chunk at a time, in elevator order from the head. Returns how
+    /// much longer the chunk in progress at `now_ns` takes: a command that needs the
+    /// mechanism waits for it (drives finish the chunk, then serve the command).
+    fn idle_destage_ns(&self, m: &mut Mechanism, now_ns: u64) -> u64 {
+        if !self.profile.idle_destage || m.cache.is_empty() {
+            return 0;
+        }
+        let chunk_max = self.profile.destage_chunk_bytes.max(512);
+        let mut t = m.media_free_ns.max(m.cache_since_ns);
+        let mut count = 0;
+        while t < now_ns {
+            let next = m.cache.range(m.head_offset..).next().or_else(|| m.cache.iter().next()).map(|(&o, &l)| (o, l));
+            let Some((offset, len)) = next else { break };
+            let chunk = len.min(chunk_max);
+            m.cache.remove(&offset);
+            m.cache_bytes = m.cache_bytes.saturating_sub(len);
+            if chunk < len {
+                self.cache_insert(m, offset + chunk, len - chunk);
+            }
+            t += self.media_ns(m, offset, chunk, Some(t));
+            count += 1;
+        }
+        self.destaged_extents.fetch_add(count, Ordering::Relaxed);
+        m.media_free_ns = m.media_free_ns.max(t);
+        t.saturating_sub(now_ns)
+    }
+
+    /// HDD: remember `len` dirty bytes at `offset` in the cache. Extents are keyed by
+    /// offset; a rewrite of the same offset reuses its slot. Partial overlaps at
+    /// different offsets are counted twice, which only makes the cache fill (and
+    /// destage) slightly early.
+    fn cache_insert(&self, m: &mut Mechanism, offset: u64, len: u64) {
+        let old = m.cache.get(&offset).copied().unwrap_or(0);
+        let kept = old.max(len);
+        m.cache.insert(offset, kept);
+        m.cache_bytes += kept - old;
+    }
+
+    /// HDD: service time of one command starting at `at_ns`, updating head, cache and
+    /// RNG. First the background write-back catches up to `at_ns`; a read, a flush and
+    /// a write that does not fit the cache need the mechanism and wait for its chunk in
+    /// progress; a write the cache takes goes over the interface meanwhile.
     fn hdd_service_ns(&self, m: &mut Mechanism, command: HddCommand, offset: u64, len: u64, at_ns: u64) -> u64 {
         let p = &self.profile;
-        match command {
-            HddCommand::Read => self.media_ns(m, offset, len, None),
-            HddCommand::Flush => self.destage_ns(m, at_ns),
+        let wait = self.idle_destage_ns(m, at_ns);
+        let (ns, uses_mechanism) = match command {
+            HddCommand::Read => (wait + self.media_ns(m, offset, len, None), true),
+            HddCommand::Flush => (wait + self.destage_ns(m, at_ns + wait), true),
             HddCommand::Write if len > p.write_cache_bytes => {
-                let d = self.destage_ns(m, at_ns);
-                d + self.media_ns(m, offset, len, Some(at_ns + d))
+                let d = self.destage_ns(m, at_ns + wait);
+                (wait + d + self.media_ns(m, offset, len, Some(at_ns + wait + d)), true)
             }
             HddCommand::Write => {
                 let over = (m.cache_bytes + len).saturating_sub(p.write_cache_bytes);
-                let destage = if over > 0 { self.destage_some_ns(m, at_ns, over) } else { 0 };
-                // Extents are keyed by offset; a rewrite of the same offset reuses its
-                // slot. Partial overlaps at different offsets are counted twice, which
-                // only makes the cache fill (and destage) slightly early.
-                let old = m.cache.get(&offset).copied().unwrap_or(0);
-                let kept = old.max(len);
-                m.cache.insert(offset, kept);
-                m.cache_bytes += kept - old;
-                destage + p.cache_write_ns + SimProfile::transfer_ns(len, p.interface_bytes_s)
+                let (wait, destage) = if over > 0 { (wait, self.destage_some_ns(m, at_ns + wait, over)) } else { (0, 0) };
+                let was_empty = m.cache.is_empty();
+                self.cache_insert(m, offset, len);
+                let ns = wait + destage + p.cache_write_ns + SimProfile::transfer_ns(len, p.interface_bytes_s);
+                if was_empty {
+                    m.cache_since_ns = at_ns + ns;
+                }
+                if over > 0 {
+                    m.media_free_ns = m.media_free_ns.max(at_ns + wait + destage);
+                }
+                (ns, false)
             }
+        };
+        if uses_mechanism {
+            m.media_free_ns = at_ns + ns;
         }
+        ns
     }
 
     /// HDD: queue `command`, wait until the drive picks it, serve it (the inner `io`
@@ -979,8 +1070,9 @@ mod tests {
     fn hdd_full_cache_makes_writes_wait() {
         let _serial = serial();
         // Goal: the write cache is bounded; a write that does not fit waits until the
-        // drive has destaged enough to make room for it, and no more.
-        let p = SimProfile { write_cache_bytes: 64 * 1024, ..hdd() };
+        // drive has destaged enough to make room for it, and no more. (Without the
+        // background write-back, which would empty the cache between the writes.)
+        let p = SimProfile { write_cache_bytes: 64 * 1024, idle_destage: false, ..hdd() };
         let dev = device(p);
         let buf = vec![1u8; 4096];
         for i in 0..16u64 {
@@ -1153,6 +1245,52 @@ mod tests {
         check("sim-hdd random 4K read under SimEnv", virtual_ns as f64 / offs.len() as f64, expected / offs.len() as f64, TOLERANCE);
         eprintln!("sim-hdd under SimEnv: {:.1} s virtual in {:.3} s real", virtual_ns as f64 / 1e9, real_ns / 1e9);
         assert!(real_ns * 20.0 < virtual_ns as f64, "SimEnv must run much faster than real time");
+    }
+
+    #[test]
+    fn hdd_writes_back_while_idle_and_reads_wait_for_one_chunk_only() {
+        // Goal: with the background write-back, cached writes reach the media while the
+        // mechanism is idle, so a flush after idle time is nearly free, and a read that
+        // arrives while the cache is being written back waits for the chunk in progress,
+        // not for the whole cache; without it the flush pays the whole destage. On the
+        // virtual clock (SimEnv), so every duration is the model's.
+        let mib = 1u64 << 20;
+        let run = |idle_destage: bool| {
+            let env = Arc::new(SimEnv::new(11));
+            let p = SimProfile { idle_destage, ..hdd() };
+            let dev = sim_device(p.clone(), &env);
+            let buf = vec![7u8; mib as usize];
+            for i in 0..8 {
+                dev.write_at(&buf, (16 << 20) + i * mib).unwrap();
+            }
+            env.sleep_ns(200_000_000);
+            let t = env.now_ns();
+            dev.flush().unwrap();
+            let flush_ns = env.now_ns() - t;
+            let after_flush = dev.stats().destaged_extents;
+            // 12 MiB cached, 2 ms of idle (write-back begins), then a far read
+            for i in 0..12 {
+                dev.write_at(&buf, (40 << 20) + i * mib).unwrap();
+            }
+            env.sleep_ns(2_000_000);
+            let t = env.now_ns();
+            let mut small = vec![0u8; 4096];
+            dev.read_at(&mut small, 4096).unwrap();
+            let read_ns = env.now_ns() - t;
+            (flush_ns, after_flush, read_ns, p)
+        };
+        let (flush_ns, chunks, read_ns, p) = run(true);
+        assert!(flush_ns < 1_000_000, "flush after 200 ms idle took {flush_ns} ns (cache should be empty)");
+        assert_eq!(chunks, 8 * mib / p.destage_chunk_bytes, "8 MiB written back in chunks");
+        let positioning_max = p.seek_full_stroke_ns + p.rotation_ns;
+        let bound = 2 * positioning_max + SimProfile::transfer_ns(p.destage_chunk_bytes + 4096, p.transfer_bytes_s);
+        assert!(read_ns <= bound, "read waited {read_ns} ns, more than one chunk ({bound} ns)");
+        assert!(read_ns < SimProfile::transfer_ns(12 * mib, p.transfer_bytes_s), "read waited for the whole cache");
+        let (flush_lazy_ns, _, _, _) = run(false);
+        assert!(
+            flush_lazy_ns >= SimProfile::transfer_ns(8 * mib, p.transfer_bytes_s),
+            "without write-back the flush destages all 8 MiB ({flush_lazy_ns} ns)"
+        );
     }
 
     #[test]
