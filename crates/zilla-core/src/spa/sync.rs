@@ -78,6 +78,32 @@ struct DataPass<'a> {
     written: Vec<dmu::WrittenBlock>,
 }
 
+/// One volume's part of a txg: its committed root, its changed block pointers, and
+/// how its indirect blocks are written.
+type VolumeChanges = (Arc<VolumeState>, TreeRoot, Vec<(crate::BlockId, BlockPointer)>, WritePolicy);
+
+/// When each phase of one sync ended (ms since it began): data issued, indirect blocks
+/// built, everything written, MOS written and flushed, uberblock committed, published.
+/// Logged at debug level (`RUST_LOG=zilla::txg=debug`), for profiling a pool's syncs.
+struct SyncPhases {
+    start: std::time::Instant,
+    ends_ms: Vec<u64>,
+}
+
+impl SyncPhases {
+    fn start() -> SyncPhases {
+        SyncPhases { start: std::time::Instant::now(), ends_ms: Vec::with_capacity(6) }
+    }
+    fn mark(&mut self) {
+        self.ends_ms.push(self.start.elapsed().as_millis() as u64);
+    }
+    fn log(&self, txg: Txg) {
+        let e = |i: usize| self.ends_ms.get(i).copied().unwrap_or(0);
+        tracing::debug!(target: "zilla::txg", txg = txg.get(), data_issued_ms = e(0), indirects_ms = e(1),
+            written_ms = e(2), mos_flushed_ms = e(3), uberblock_ms = e(4), published_ms = e(5), "txg synced");
+    }
+}
+
 /// Dirty blocks prepared, allocated and handed to the writer at a time during a sync.
 pub const SYNC_CHUNK_BLOCKS: usize = 512;
 
@@ -272,7 +298,7 @@ impl PoolInner {
 
     /// Steps 2-7 of the commit protocol.
     fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
-        let t_start = std::time::Instant::now();
+        let mut phases = SyncPhases::start();
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
@@ -285,22 +311,8 @@ impl PoolInner {
         // prepared, and the indirect blocks are rebuilt while the last chunks are still
         // being written.
         let mut pass = DataPass { txg, writer: crate::zio::SyncWriter::new(&self.io, txg), reservation: self.io.arc.reservation(), written: Vec::new() };
-        let mut trees = Vec::new();
-        for v in &vols {
-            let overrides = v.zil.overrides_for_sync(txg); // first: waits for dmu_syncs of txg
-            let recs = v.dirty.collect(txg);
-            let root = *v.committed.read();
-            if recs.is_empty() {
-                crate::zil::Zilog::free_unused_overrides(&self.io, &overrides, &vec![false; overrides.len()], txg);
-                new_roots.push((v.clone(), root));
-                continue;
-            }
-            let changes = self.sync_volume_data(v, &recs, &overrides, &mut pass)?;
-            let props = v.props.typed();
-            let cache_metadata = props.primarycache != crate::props::CachePolicy::None;
-            trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg, cache_metadata }));
-        }
-        let t_data_issued = t_start.elapsed();
+        let trees = self.sync_volumes(&vols, &mut pass, &mut new_roots)?;
+        phases.mark();
         let mut indirects = Vec::new();
         for (v, root, changes, pol) in &trees {
             let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch, &mut indirects)?;
@@ -308,10 +320,10 @@ impl PoolInner {
         }
         self.free_doomed(&doomed, txg)?;
         let DataPass { writer, reservation, written, .. } = pass;
-        let t_indirects = t_start.elapsed();
+        phases.mark();
         writer.issue(std::mem::take(&mut batch))?;
         writer.finish()?;
-        let t_written = t_start.elapsed();
+        phases.mark();
         // the MOS
         if !old_mos.is_hole() {
             for bp in dmu::mos_blocks(&self.io, &old_mos, crate::vdev::IoClass::AsyncRead)? {
@@ -329,9 +341,9 @@ impl PoolInner {
             leaf_health: None,
             zil_headers,
         }, &mut batch)?;
-        let t_mos = t_start.elapsed();
+        phases.mark();
         self.commit_uberblock(txg, mos_root)?;
-        let t_ub = t_start.elapsed();
+        phases.mark();
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
         drop(reservation);
@@ -344,11 +356,8 @@ impl PoolInner {
             v.zil.synced(tok);
         }
         self.publish_metadata(txg, mos_root, health, &doomed);
-        // phase ends since the sync began (RUST_LOG=zilla::txg=debug), for profiling
-        tracing::debug!(target: "zilla::txg", txg = txg.get(), data_issued_ms = t_data_issued.as_millis() as u64,
-            indirects_ms = t_indirects.as_millis() as u64, written_ms = t_written.as_millis() as u64,
-            mos_flushed_ms = t_mos.as_millis() as u64, uberblock_ms = t_ub.as_millis() as u64,
-            published_ms = t_start.elapsed().as_millis() as u64, "txg synced");
+        phases.mark();
+        phases.log(txg);
         Ok(())
     }
 
@@ -438,6 +447,34 @@ impl PoolInner {
     /// in place for the very dirty version being synced (`overrides`, dmu_sync) is
     /// not written again: its block pointer is used (the dirty record's override);
     /// the overrides not used are freed in `txg`.
+    /// Step 2's data pass over every volume: collect each one's dirty blocks of the
+    /// txg and hand them to the writer; a volume with none keeps its root (and frees
+    /// the dmu_sync blocks nobody used). Returns what `apply_changes` needs per volume.
+    fn sync_volumes(
+        &self,
+        vols: &[Arc<VolumeState>],
+        pass: &mut DataPass<'_>,
+        new_roots: &mut Vec<(Arc<VolumeState>, TreeRoot)>,
+    ) -> Result<Vec<VolumeChanges>> {
+        let txg = pass.txg;
+        let mut trees = Vec::new();
+        for v in vols {
+            let overrides = v.zil.overrides_for_sync(txg); // first: waits for dmu_syncs of txg
+            let recs = v.dirty.collect(txg);
+            let root = *v.committed.read();
+            if recs.is_empty() {
+                crate::zil::Zilog::free_unused_overrides(&self.io, &overrides, &vec![false; overrides.len()], txg);
+                new_roots.push((v.clone(), root));
+                continue;
+            }
+            let changes = self.sync_volume_data(v, &recs, &overrides, pass)?;
+            let props = v.props.typed();
+            let cache_metadata = props.primarycache != crate::props::CachePolicy::None;
+            trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg, cache_metadata }));
+        }
+        Ok(trees)
+    }
+
     fn sync_volume_data(
         &self,
         v: &VolumeState,
