@@ -116,6 +116,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &zil::ZIL_REPLAY_DISABLE,
     &zil::ZFS_IMMEDIATE_WRITE_SZ,
     &zil::ZIL_SLOG_BULK,
+    &zil::ZILLA_ZIL_COMMIT_BYTES_MAX,
     &zil::ZFS_COMMIT_TIMEOUT_PCT,
     &dsl_pool::ZFS_WRITE_THROTTLE_MODE,
     &dsl_pool::ZFS_TXG_SYNCTIME_MS,

@@ -35,7 +35,11 @@
 //! log vdev flushes in the completion of its own last lwb write, on the engine thread
 //! that finished it (`TopVdev::write_blocks_then_flush`): one hand-off to the devices
 //! and one back per commit, and a child whose write failed is never flushed or counted. A commit with
-//! nothing pending returns at once.
+//! nothing pending returns at once. A commit's records share the itxs' buffers and each lwb
+//! is encoded straight into its aligned write buffer (a logged byte is copied once); a
+//! commit that would copy more than `zilla_zil_commit_bytes_max` waits for a txg sync
+//! instead (a flush after a burst of writes as large as the dirty limit would hold as
+//! much again in lwb buffers; the sync writes those bytes once, not twice).
 //!
 //! Commit waiters without threads (the NBD FLUSH path, `commit_start`). A commit that
 //! finds the issuer role free packs and issues its lwbs and returns; the device
@@ -121,6 +125,14 @@ pub static ZIL_SLOG_BULK: Tunable = Tunable::new(
     1 << 40,
     Applies::Live,
     "a commit writing more log bytes than this issues them at async-write priority, so one bulk writer does not starve other sync I/O (OpenZFS 2.2 default 64 MiB)",
+);
+pub static ZILLA_ZIL_COMMIT_BYTES_MAX: Tunable = Tunable::new(
+    "zilla_zil_commit_bytes_max",
+    16 << 20,
+    0,
+    1 << 40,
+    Applies::Live,
+    "a commit that would copy more data than this into log blocks and in-place writes waits for a txg sync instead, which writes those bytes once (Zilla: bounds the buffers a commit holds, issue 8); 0 = no bound",
 );
 pub static ZFS_COMMIT_TIMEOUT_PCT: Tunable = Tunable::new(
     "zfs_commit_timeout_pct",
@@ -217,7 +229,9 @@ impl ZilHeader {
 
 /// One log record, as written and as replayed. `data` is the bytes of a TX_WRITE
 /// (`len` of them; for WR_INDIRECT the 128-byte block pointer of the block holding
-/// them), empty for TX_TRUNCATE.
+/// them), empty for TX_TRUNCATE. A commit's records share the itxs' buffers (a
+/// WR_NEED_COPY record is the block's own buffer): the bytes are copied once, into
+/// the log block that is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogRecord {
     pub rtype: u8,
@@ -225,7 +239,7 @@ pub struct LogRecord {
     pub txg: Txg,
     pub offset: u64,
     pub len: u64,
-    pub data: Vec<u8>,
+    pub data: Arc<[u8]>,
 }
 
 impl LogRecord {
@@ -368,6 +382,9 @@ pub struct ZilStats {
     pub zil_lwb_slog_full_count: AtomicU64,
     /// Records replayed from this volume's log at import.
     pub replayed_records: AtomicU64,
+    /// (Zilla) Commits that waited for a txg sync because they would have copied
+    /// more than `zilla_zil_commit_bytes_max`.
+    pub zil_commit_txg_fallback_count: AtomicU64,
 }
 
 impl ZilStats {
@@ -392,6 +409,7 @@ impl ZilStats {
             ("zil_itx_metaslab_slog_write", l(&self.zil_itx_metaslab_slog_write)),
             ("zil_lwb_write_count", l(&self.zil_lwb_write_count)),
             ("zil_lwb_slog_full_count", l(&self.zil_lwb_slog_full_count)),
+            ("zil_commit_txg_fallback_count", l(&self.zil_commit_txg_fallback_count)),
         ]
     }
 }
@@ -404,6 +422,15 @@ enum Pending {
 }
 
 impl Pending {
+    /// Bytes a commit copies for it: record header and data into an lwb, or the
+    /// block into the buffer of its in-place write.
+    fn copy_bytes(&self) -> u64 {
+        match self {
+            Pending::Record(r) => (RECORD_HEADER_SIZE + r.data.len()) as u64,
+            Pending::Indirect { block, .. } => block.len() as u64,
+        }
+    }
+
     /// The txg of the write this itx logs.
     fn txg(&self) -> Txg {
         match self {
@@ -555,7 +582,8 @@ pub struct Flight {
     seq: u64,
     synced: Txg,
     open: Txg,
-    lwbs: Vec<(ChainBlock, Vec<u8>)>,
+    /// The lwbs with their written bytes (shared with the write requests).
+    lwbs: Vec<(ChainBlock, Arc<AlignedBuf>)>,
     data: Vec<DataWrite>,
     started: std::time::Instant,
 }
@@ -881,6 +909,16 @@ impl Zilog {
             }
             return Prepared::Outcome(outcome);
         }
+        // The commit's buffers hold a copy of every byte it logs, on top of the dirty
+        // data that holds them too: a commit of much data (a flush after a long burst
+        // of writes, up to the dirty limit) waits for the txg sync instead, which
+        // writes them anyway (once, not twice).
+        let max = ZILLA_ZIL_COMMIT_BYTES_MAX.get();
+        if max > 0 && pending.iter().map(Pending::copy_bytes).sum::<u64>() > max {
+            self.stats.zil_commit_txg_fallback_count.fetch_add(1, Ordering::Relaxed);
+            self.fall_back(seq, open);
+            return Prepared::Outcome(CommitOutcome::NeedTxgSync(open));
+        }
         let (records, data) = self.dmu_sync_all(io, pending, data_policy, admit_normal);
         match self.plan_lwbs(io, &records, admit_normal) {
             Ok(lwbs) => Prepared::Issue(Flight { seq, synced, open, lwbs, data, started: std::time::Instant::now() }),
@@ -1003,14 +1041,14 @@ impl Zilog {
                     ItxData::Copied(d) => {
                         self.stats.zil_itx_copied_count.fetch_add(1, Ordering::Relaxed);
                         self.stats.zil_itx_copied_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
-                        (TX_WRITE, WR_COPIED, d.to_vec())
+                        (TX_WRITE, WR_COPIED, d)
                     }
                     ItxData::Block(d) => {
                         self.stats.zil_itx_needcopy_count.fetch_add(1, Ordering::Relaxed);
                         self.stats.zil_itx_needcopy_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
-                        (TX_WRITE, WR_NEED_COPY, d.to_vec())
+                        (TX_WRITE, WR_NEED_COPY, d)
                     }
-                    ItxData::Truncate(_) => (TX_TRUNCATE, 0, Vec::new()),
+                    ItxData::Truncate(_) => (TX_TRUNCATE, 0, Arc::from(&[][..])),
                     ItxData::Indirect(block) => {
                         self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
                         self.stats.zil_itx_indirect_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
@@ -1052,7 +1090,7 @@ impl Zilog {
             self.stats.zil_itx_indirect_bytes.fetch_sub(len, Ordering::Relaxed);
             self.stats.zil_itx_needcopy_count.fetch_add(1, Ordering::Relaxed);
             self.stats.zil_itx_needcopy_bytes.fetch_add(len, Ordering::Relaxed);
-            records.push(LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg, offset, len, data: block.to_vec() });
+            records.push(LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg, offset, len, data: block });
         }
         (records, writes)
     }
@@ -1104,7 +1142,7 @@ impl Zilog {
             }
         }
         drop(o);
-        let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: bp.encode().to_vec() };
+        let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: Arc::from(&bp.encode()[..]) };
         Some((record, DataWrite { dva, txg, data: p.data }))
     }
 
@@ -1160,34 +1198,32 @@ impl Zilog {
 
     /// Pack `records` into lwbs continuing the chain (each with its successor
     /// allocated); they are in the chain's list, not yet written.
-    fn plan_lwbs(&self, io: &PoolIo, records: &[LogRecord], admit_normal: AdmitLogBlock<'_>) -> Result<Vec<(ChainBlock, Vec<u8>)>> {
-        let payload: usize = records.iter().map(record_size_split).sum();
+    fn plan_lwbs(&self, io: &PoolIo, records: &[LogRecord], admit_normal: AdmitLogBlock<'_>) -> Result<Vec<(ChainBlock, Arc<AlignedBuf>)>> {
+        let payload: usize = records.iter().flat_map(pieces).map(|p| p.encoded_len()).sum();
         let max_block = ZIL_MAXBLOCKSIZE.get() as usize;
-        let mut planned: Vec<(ChainBlock, Vec<u8>)> = Vec::new();
+        let mut planned: Vec<(ChainBlock, Arc<AlignedBuf>)> = Vec::new();
         {
             let mut c = self.chain.lock();
             let slot = c.recent_commits % ZIL_PREV_COMMITS;
             c.recent_commit_bytes[slot] = payload.min(u32::MAX as usize) as u32;
             c.recent_commits += 1;
-            let mut rest = records.iter().flat_map(split_record).peekable();
+            let mut rest = records.iter().flat_map(pieces).peekable();
             let mut left = payload;
             while rest.peek().is_some() {
                 let (ptr, seq) = c.next.ok_or_else(|| Error::Corrupt("log chain has no next block".into()))?;
                 let cap = ptr.dva.asize as usize - LWB_HEADER_SIZE;
-                let mut body = Vec::with_capacity(cap);
+                let mut body: Vec<Piece<'_>> = Vec::new();
+                let mut body_len = 0;
                 let mut max_txg = Txg::ZERO;
-                let mut nrec = 0u32;
                 while let Some(r) = rest.peek() {
-                    let n = RECORD_HEADER_SIZE + r.data.len().div_ceil(8) * 8;
-                    if body.len() + n > cap {
+                    if body_len + r.encoded_len() > cap {
                         break;
                     }
-                    encode_record(r, &mut body);
+                    body_len += r.encoded_len();
                     max_txg = max_txg.max(r.txg);
-                    nrec += 1;
-                    rest.next();
+                    body.extend(rest.next());
                 }
-                left = left.saturating_sub(body.len());
+                left = left.saturating_sub(body_len);
                 // the successor holds what is left of this commit; after the last block
                 // of a commit, the largest of the recent commits (zil_lwb_predict): a
                 // burst after small commits then still takes one lwb, and since an lwb
@@ -1202,10 +1238,17 @@ impl Zilog {
                 // (a commit then spans more lwbs) before the log moves to the normal class
                 let succ = alloc_log_block_sized(io, want, need, admit_normal, Some(&self.stats))?;
                 c.next = Some((succ, seq + 1));
-                let block = encode_lwb_in(&ptr, c.guid, self.volume_id, seq, &succ, &body, io.alloc_unit() as usize);
-                let cb = ChainBlock { ptr, seq, max_txg, written: false, records: nrec, record_bytes: body.len() as u32 };
+                // encoded straight into the buffer the write takes: one copy of the data
+                let mut block = AlignedBuf::zeroed(lwb_written_len(&ptr, body_len, io.alloc_unit() as usize));
+                fill_lwb(&mut block, c.guid, self.volume_id, seq, &succ, body_len, |out| {
+                    let mut at = 0;
+                    for p in &body {
+                        at += p.encode_into(&mut out[at..]);
+                    }
+                });
+                let cb = ChainBlock { ptr, seq, max_txg, written: false, records: body.len() as u32, record_bytes: body_len as u32 };
                 c.blocks.push_back(cb);
-                planned.push((cb, block));
+                planned.push((cb, Arc::new(block)));
             }
         }
         Ok(planned)
@@ -1213,7 +1256,7 @@ impl Zilog {
 
     /// The lwbs of a commit are written and flushed: each is referenced by the chain,
     /// and so is the successor of the last.
-    fn lwbs_written(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)]) {
+    fn lwbs_written(&self, io: &PoolIo, planned: &[(ChainBlock, Arc<AlignedBuf>)]) {
         let mut c = self.chain.lock();
         for (cb, _) in planned {
             if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == cb.seq) {
@@ -1246,7 +1289,7 @@ impl Zilog {
     }
 
     /// The write-then-flush runs of a commit, per top-level vdev (see `issue`).
-    fn writes_for(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg, data: &[DataWrite]) -> Result<Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<BlockWrite>)>> {
+    fn writes_for(&self, io: &PoolIo, planned: &[(ChainBlock, Arc<AlignedBuf>)], open: Txg, data: &[DataWrite]) -> Result<Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<BlockWrite>)>> {
         let mut per_top: Vec<(Arc<crate::vdev::mirror::TopVdev>, Vec<BlockWrite>)> = Vec::new();
         let mut add = |top: Arc<crate::vdev::mirror::TopVdev>, w: BlockWrite| match per_top.iter_mut().find(|(t, _)| t.id == top.id) {
             Some((_, blocks)) => blocks.push(w),
@@ -1255,7 +1298,7 @@ impl Zilog {
         for (cb, block) in planned {
             let top = io.top(cb.ptr.dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", cb.ptr.dva.vdev)))?;
             self.count_lwb(top.role == Role::Log, cb, block.len());
-            add(top, BlockWrite { offset: cb.ptr.dva.offset, data: Arc::new(AlignedBuf::copy_of(block)), txg: open });
+            add(top, BlockWrite { offset: cb.ptr.dva.offset, data: block.clone(), txg: open });
         }
         for w in data {
             let top = io.top(w.dva.vdev).ok_or_else(|| Error::Corrupt(format!("data block on unknown vdev {}", w.dva.vdev)))?;
@@ -1265,7 +1308,7 @@ impl Zilog {
     }
 
     /// `issue` for the few lwbs of `evacuate`, waiting for them.
-    fn issue_lwbs_blocking(&self, io: &PoolIo, planned: &[(ChainBlock, Vec<u8>)], open: Txg) -> Result<()> {
+    fn issue_lwbs_blocking(&self, io: &PoolIo, planned: &[(ChainBlock, Arc<AlignedBuf>)], open: Txg) -> Result<()> {
         let runs = self.writes_for(io, planned, open, &[])?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         submit_runs(runs, Box::new(move |r| {
@@ -1406,7 +1449,7 @@ impl Zilog {
             c.next = Some((succ, seq + 1));
             let cb = ChainBlock { ptr, seq, max_txg: Txg::ZERO, written: false, records: 0, record_bytes: 0 };
             c.blocks.push_back(cb);
-            vec![(cb, encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))]
+            vec![(cb, Arc::new(AlignedBuf::copy_of(&encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))))]
         };
         if let Err(e) = self.issue_lwbs_blocking(io, &planned, open) {
             self.break_chain(open);
@@ -1551,35 +1594,62 @@ fn log_class_usable(io: &PoolIo) -> bool {
 }
 
 /// A record longer than fits an lwb of the largest size is split.
-fn split_record(r: &LogRecord) -> Vec<LogRecord> {
+/// A record as it goes into an lwb: a whole record, or a piece of a write too large
+/// for one block (its bytes borrowed from the record, not copied).
+#[derive(Debug, Clone, Copy)]
+struct Piece<'a> {
+    rtype: u8,
+    wr: u8,
+    txg: Txg,
+    offset: u64,
+    len: u64,
+    data: &'a [u8],
+}
+
+impl Piece<'_> {
+    /// Header and data padded to 8 bytes.
+    fn encoded_len(&self) -> usize {
+        RECORD_HEADER_SIZE + self.data.len().div_ceil(8) * 8
+    }
+
+    /// Encode into the start of `out` (at least `encoded_len` bytes, the padding
+    /// already zero); returns the bytes used.
+    fn encode_into(&self, out: &mut [u8]) -> usize {
+        let n = self.encoded_len();
+        out[0] = self.rtype;
+        out[1] = self.wr;
+        out[2..4].fill(0);
+        out[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+        out[8..16].copy_from_slice(&self.txg.get().to_le_bytes());
+        out[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        out[24..32].copy_from_slice(&self.len.to_le_bytes());
+        out[32..40].copy_from_slice(&(self.data.len() as u64).to_le_bytes());
+        out[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + self.data.len()].copy_from_slice(self.data);
+        n
+    }
+}
+
+/// The pieces `r` is written as: itself, or for a write larger than fits a block,
+/// pieces of at most a block's payload (whole 512-byte units).
+fn pieces(r: &LogRecord) -> Vec<Piece<'_>> {
     let max = ZIL_MAXBLOCKSIZE.get() as usize - LWB_HEADER_SIZE - RECORD_HEADER_SIZE;
     let max = max / 512 * 512;
+    let whole = Piece { rtype: r.rtype, wr: r.wr, txg: r.txg, offset: r.offset, len: r.len, data: &r.data };
     if r.rtype != TX_WRITE || r.data.len() <= max {
-        return vec![r.clone()];
+        return vec![whole];
     }
     r.data
         .chunks(max)
         .enumerate()
-        .map(|(i, c)| LogRecord { rtype: TX_WRITE, wr: r.wr, txg: r.txg, offset: r.offset + (i * max) as u64, len: c.len() as u64, data: c.to_vec() })
+        .map(|(i, c)| Piece { offset: r.offset + (i * max) as u64, len: c.len() as u64, data: c, ..whole })
         .collect()
 }
 
-fn record_size_split(r: &LogRecord) -> usize {
-    split_record(r).iter().map(|p| RECORD_HEADER_SIZE + p.data.len().div_ceil(8) * 8).sum()
-}
-
 pub fn encode_record(r: &LogRecord, out: &mut Vec<u8>) {
-    let padded = r.data.len().div_ceil(8) * 8;
-    out.push(r.rtype);
-    out.push(r.wr);
-    out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(&((RECORD_HEADER_SIZE + padded) as u32).to_le_bytes());
-    out.extend_from_slice(&r.txg.get().to_le_bytes());
-    out.extend_from_slice(&r.offset.to_le_bytes());
-    out.extend_from_slice(&r.len.to_le_bytes());
-    out.extend_from_slice(&(r.data.len() as u64).to_le_bytes());
-    out.extend_from_slice(&r.data);
-    out.resize(out.len() + padded - r.data.len(), 0);
+    let p = Piece { rtype: r.rtype, wr: r.wr, txg: r.txg, offset: r.offset, len: r.len, data: &r.data };
+    let at = out.len();
+    out.resize(at + p.encoded_len(), 0);
+    p.encode_into(&mut out[at..]);
 }
 
 /// An lwb of `at.asize` bytes: header (verifier, next pointer, embedded checksum) and
@@ -1594,24 +1664,35 @@ pub fn encode_lwb(at: &LogPtr, guid: u64, volume_id: u64, seq: u64, next: &LogPt
 /// part of an lwb the same way). The written length is in the header and the checksum
 /// covers exactly it; the rest of the block is not written and never read as records.
 pub fn encode_lwb_in(at: &LogPtr, guid: u64, volume_id: u64, seq: u64, next: &LogPtr, body: &[u8], write_unit: usize) -> Vec<u8> {
-    let block_len = at.dva.asize as usize;
-    let used = (LWB_HEADER_SIZE + body.len()).next_multiple_of(write_unit.max(512));
-    let written = used.clamp(LWB_MIN_SIZE.min(block_len), block_len);
-    let mut b = Vec::with_capacity(written);
-    b.extend_from_slice(&LWB_MAGIC.to_le_bytes());
-    b.extend_from_slice(&guid.to_le_bytes());
-    b.extend_from_slice(&volume_id.to_le_bytes());
-    b.extend_from_slice(&seq.to_le_bytes());
-    b.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    b.extend_from_slice(&(written as u32).to_le_bytes());
-    next.encode(&mut b);
-    debug_assert_eq!(b.len(), LWB_CKSUM_AT);
-    b.resize(LWB_HEADER_SIZE, 0);
-    b.extend_from_slice(body);
-    b.resize(written, 0);
-    let ck = lwb_checksum(&b);
-    b[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].copy_from_slice(&ck);
+    let mut b = vec![0; lwb_written_len(at, body.len(), write_unit)];
+    fill_lwb(&mut b, guid, volume_id, seq, next, body.len(), |out| out.copy_from_slice(body));
     b
+}
+
+/// The bytes of block `at` an lwb with `body_len` bytes of records writes (see
+/// [`encode_lwb_in`]).
+fn lwb_written_len(at: &LogPtr, body_len: usize, write_unit: usize) -> usize {
+    let block_len = at.dva.asize as usize;
+    let used = (LWB_HEADER_SIZE + body_len).next_multiple_of(write_unit.max(512));
+    used.clamp(LWB_MIN_SIZE.min(block_len), block_len)
+}
+
+/// Fill `b`, the written part of an lwb (zeroed, [`lwb_written_len`] bytes): the
+/// header, `body_len` bytes of records put in place by `body`, the checksum.
+fn fill_lwb(b: &mut [u8], guid: u64, volume_id: u64, seq: u64, next: &LogPtr, body_len: usize, body: impl FnOnce(&mut [u8])) {
+    let mut h = Vec::with_capacity(LWB_CKSUM_AT);
+    h.extend_from_slice(&LWB_MAGIC.to_le_bytes());
+    h.extend_from_slice(&guid.to_le_bytes());
+    h.extend_from_slice(&volume_id.to_le_bytes());
+    h.extend_from_slice(&seq.to_le_bytes());
+    h.extend_from_slice(&(body_len as u32).to_le_bytes());
+    h.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    next.encode(&mut h);
+    debug_assert_eq!(h.len(), LWB_CKSUM_AT);
+    b[..LWB_CKSUM_AT].copy_from_slice(&h);
+    body(&mut b[LWB_HEADER_SIZE..LWB_HEADER_SIZE + body_len]);
+    let ck = lwb_checksum(b);
+    b[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].copy_from_slice(&ck);
 }
 
 /// Fletcher-4 of the block with the checksum field zeroed, plus the block's address
@@ -1693,8 +1774,7 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
         if !ok {
             return Err(malformed());
         }
-        let data = data.to_vec();
-        out.push(LogRecord { rtype, wr, txg, offset, len, data });
+        out.push(LogRecord { rtype, wr, txg, offset, len, data: Arc::from(data) });
     }
     Ok(out)
 }
@@ -1805,8 +1885,8 @@ mod tests {
     #[test]
     fn lwb_round_trips_and_rejects_other_chains() {
         let recs = vec![
-            LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 5, data: b"hello".to_vec() },
-            LogRecord { rtype: TX_TRUNCATE, wr: 0, txg: Txg(8), offset: 0, len: 8192, data: vec![] },
+            LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 5, data: b"hello"[..].into() },
+            LogRecord { rtype: TX_TRUNCATE, wr: 0, txg: Txg(8), offset: 0, len: 8192, data: Arc::from(&[][..]) },
         ];
         let mut body = Vec::new();
         for r in &recs {
@@ -1832,7 +1912,7 @@ mod tests {
 
     #[test]
     fn an_lwb_is_written_only_as_far_as_it_is_used() {
-        let r = LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 100, data: vec![9u8; 100] };
+        let r = LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 100, data: vec![9u8; 100].into() };
         let mut body = Vec::new();
         encode_record(&r, &mut body);
         let at = ptr(0x10000, 16384);
@@ -1866,8 +1946,8 @@ mod tests {
 
     #[test]
     fn big_writes_are_split_to_fit_a_block() {
-        let r = LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg: Txg(3), offset: 0, len: 256 << 10, data: vec![7u8; 256 << 10] };
-        let parts = split_record(&r);
+        let r = LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg: Txg(3), offset: 0, len: 256 << 10, data: vec![7u8; 256 << 10].into() };
+        let parts = pieces(&r);
         assert!(parts.len() >= 3);
         assert_eq!(parts.iter().map(|p| p.len).sum::<u64>(), 256 << 10);
         for p in &parts {
@@ -1878,7 +1958,7 @@ mod tests {
     #[test]
     fn malformed_records_in_a_verified_block_are_corruption() {
         let mut body = Vec::new();
-        encode_record(&LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(1), offset: 0, len: 3, data: vec![1, 2, 3] }, &mut body);
+        encode_record(&LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(1), offset: 0, len: 3, data: vec![1, 2, 3].into() }, &mut body);
         body[0] = 9;
         let b = encode_lwb(&ptr(0, 4096), 1, 1, 1, &LogPtr::default(), &body);
         assert!(decode_lwb(&b, 1, 1, 1).is_err());

@@ -978,3 +978,42 @@ fn an_unwritten_indirect_block_of_a_checksum_off_volume_is_not_replayed() {
     p2.check_space_accounting().unwrap();
     p2.export().unwrap();
 }
+
+/// A flush after more logged data than `zilla_zil_commit_bytes_max` (16 MiB: five
+/// passes of 1 MiB writes over the 4 MiB volume, 16 KiB blocks copied into the log)
+/// waits for a txg sync instead of copying it all into log blocks; the chain stays in
+/// use for the next, small commit, and nothing acknowledged is lost. Both flush paths:
+/// the front end's (started without blocking) and the blocking one.
+#[test]
+fn a_commit_of_more_than_the_bound_waits_for_a_txg_sync() {
+    let bound = zilla_core::zil::ZILLA_ZIL_COMMIT_BYTES_MAX.get();
+    assert!(5 * VOLSIZE > bound, "the test writes more than the default bound");
+    for front_end in [true, false] {
+        let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
+        let (pool, mut m) = setup_16k(&rig, true, &[]);
+        let v = pool.open_zvol("v").unwrap();
+        let st = &v.zil().stats;
+        let (synced, lwbs) = (pool.synced_txg(), st.zil_lwb_write_count.load(Ordering::Relaxed));
+        for pass in 0..5u64 {
+            for i in 0..VOLSIZE >> 20 {
+                m.write(&*v, i << 20, &pattern(pass * 100 + i, 1 << 20), false);
+            }
+        }
+        if front_end { flush_as_front_end(&*v).unwrap() } else { v.flush().unwrap() }
+        assert_eq!(st.zil_commit_txg_fallback_count.load(Ordering::Relaxed), 1);
+        assert!(pool.synced_txg() > synced, "the flush returned before its txg synced");
+        assert_eq!(st.zil_lwb_write_count.load(Ordering::Relaxed), lwbs, "the large commit was written to the log");
+        // a small commit afterwards goes to the log, without a sync
+        let (synced, log_writes) = (pool.synced_txg(), rig.writes("la"));
+        m.write(&*v, 5 * TP_BS, &pattern(7, TP_BS as usize), false);
+        if front_end { flush_as_front_end(&*v).unwrap() } else { v.flush().unwrap() }
+        assert_eq!(pool.synced_txg(), synced, "a small commit waited for a txg sync");
+        assert!(rig.writes("la") > log_writes, "the small commit did not reach the log");
+        assert_eq!(st.zil_commit_txg_fallback_count.load(Ordering::Relaxed), 1);
+        let after = rig.power_cut(CrashMode::DropAll, 900);
+        pool.abandon();
+        let p2 = after.import();
+        m.check(&*p2.open_volume("v").unwrap(), "after the fallen-back commit and replay");
+        p2.export().unwrap();
+    }
+}

@@ -426,14 +426,29 @@ fn stop_on_broken_invariant() {
     }));
 }
 
-/// Most glibc malloc arenas the daemon uses. By default glibc makes up to 8 per core,
-/// each keeping freed memory; with hundreds of engine and blocking-pool threads that
-/// retention is a large part of the fixed overhead in the memory bound
-/// (docs/design.md §5). The soak measured about 60 MiB less RSS with 2 arenas; 4
-/// keeps allocation contention low on bigger machines.
-const MALLOC_ARENAS_MAX: i32 = 4;
+/// Most glibc malloc arenas the daemon uses: one. glibc binds each thread to an arena
+/// (up to 8 per core by default) and an arena keeps what is freed into it for its own
+/// threads. The daemon's data buffers (dirty blocks, ARC buffers, request, log and
+/// write buffers) are allocated by whichever NBD, blocking-pool or engine thread
+/// handles a request and freed later by the sync thread or the ARC, and the threads
+/// come and go, so with several arenas each one grows to its own peak share of the live
+/// data and keeps it: the sum of the arenas' peaks is resident, not the peak of the
+/// live data. `bench/run pool-vs-direct --quick`'s write phase (ARC max 64 MiB, dirty
+/// max 128 MiB; issue 8) peaked this far beyond ARC max + dirty max: 4 arenas 88 and
+/// 105 MiB (three 64 MiB arena heaps full, besides the main heap), 2 arenas 53 and
+/// 64 MiB, 1 arena 15 and 19 MiB (heaptrack: live heap 160–190 MiB throughout). An
+/// earlier soak measured 2 arenas at about 60 MiB less than glibc's default.
+/// Contention stays low: allocations up to 1 KiB come from glibc's per-thread cache
+/// without the arena lock, and a data buffer's allocation is short next to filling it.
+/// `MALLOC_ARENA_MAX` (or `glibc.malloc.arena_max` in `GLIBC_TUNABLES`) in the
+/// environment overrides it.
+const MALLOC_ARENAS_MAX: i32 = 1;
 
 fn limit_malloc_arenas() {
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
+        return; // the operator's choice, read by glibc at start
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; called before other threads start.
     unsafe {
