@@ -32,7 +32,7 @@ from lib.daemon import Zilla
 from lib.goals import goal
 from lib.machine import loadavg, wait_idle
 from lib.packages import ensure_tools
-from lib.proc import BenchError, log, make_workdir, run
+from lib.proc import BenchError, log, make_memdir, make_workdir, run
 from lib.syncio import ZilDelta
 from lib.tables import fmt, ratio, table
 
@@ -160,8 +160,9 @@ def make_pool(z, wd, name, vol):
     args = ["pool", "create", name, "mirror", d[0], d[1], "mirror", d[2], d[3]]
     if name == "slog":
         logs = []
+        md = make_memdir()  # the log SSDs' bytes in memory (lib.proc.make_memdir)
         for i in range(2):
-            p = os.path.join(wd, f"{name}-log{i}.img")
+            p = os.path.join(md, f"{name}-log{i}.img")
             with open(p, "wb") as f:
                 f.truncate(512 * MiB)
             logs.append("sim-ssd:" + p)
