@@ -689,12 +689,18 @@ impl Volume {
         &self.vol.zil
     }
 
+    /// Whether a write must be committed before it is acknowledged: every write of a
+    /// `sync=always` volume, a FUA write unless `sync=disabled`.
+    fn write_needs_commit(&self, fua: bool) -> bool {
+        let sync = self.vol.props.typed().sync;
+        sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled)
+    }
+
     fn after_write(&self, txg: Txg, fua: bool) -> Result<()> {
         if self.pool.dirty().should_kick(txg) {
             self.pool.txg().kick(txg);
         }
-        let sync = self.vol.props.typed().sync;
-        if sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled) {
+        if self.write_needs_commit(fua) {
             self.zil_commit()?;
         }
         Ok(())
@@ -813,8 +819,7 @@ impl BlockVolume for Volume {
     }
 
     fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
-        let sync = self.vol.props.typed().sync;
-        let commit = sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled);
+        let commit = self.write_needs_commit(fua);
         Some(self.apply_write_nonblocking(offset, data, false)?.map(|()| commit))
     }
 
@@ -823,8 +828,7 @@ impl BlockVolume for Volume {
     }
 
     fn try_write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
-        let sync = self.vol.props.typed().sync;
-        let commit = sync == SyncPolicy::Always || (fua && sync != SyncPolicy::Disabled);
+        let commit = self.write_needs_commit(fua);
         Some(self.apply_write_nonblocking(offset, data, true)?.map(|()| commit))
     }
 

@@ -601,16 +601,19 @@ fn try_commit_async(
 async fn delayed_write(context: RequestContext, request: Request, payload: Vec<u8>, budget: Budget, delay: Duration, started: Instant) {
     zilla_frontend::delay_timer::sleep(delay).await;
     let fua = request.flags & CMD_FLAG_FUA != 0;
-    let applied = context.volume.try_write_after_delay(request.offset, &payload, fua);
-    if let Some(Ok(false) | Err(_)) = applied {
-        context.frontend.buffers.give(payload);
-        return finish_reply(&context, &request, applied.expect("matched").map(|_| ()), budget, CallPermit::None, started);
-    }
+    let needs_commit = match context.volume.try_write_after_delay(request.offset, &payload, fua) {
+        Some(Ok(true)) => true,
+        Some(done) => {
+            context.frontend.buffers.give(payload);
+            return finish_reply(&context, &request, done.map(|_| ()), budget, CallPermit::None, started);
+        }
+        None => false,
+    };
     let call = match context.frontend.delayed_write_calls.clone().acquire_owned().await {
         Ok(permit) => CallPermit::AfterDelay(permit),
         Err(_closed) => CallPermit::None, // never closed
     };
-    if applied.is_some() {
+    if needs_commit {
         context.frontend.buffers.give(payload);
         return commit_then_reply(&context, &request, budget, call, started);
     }
