@@ -25,6 +25,7 @@ pub mod fuzzing;
 mod connection_slot;
 mod framing;
 mod handshake;
+mod reply_line;
 mod stats;
 mod transmission;
 

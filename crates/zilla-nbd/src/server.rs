@@ -151,7 +151,7 @@ impl NbdServer {
         A: FnMut() -> F,
         F: std::future::Future<Output = io::Result<(R, W, String)>>,
         R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
+        W: AsyncWrite + crate::reply_line::DirectFd + Unpin + Send + 'static,
     {
         let connection_slots = Arc::new(Semaphore::new(self.config.connections_max.clamp(1, 1 << 20)));
         let slots: Arc<SlotTable> = Arc::default();
@@ -233,7 +233,7 @@ impl NbdServer {
     async fn run_registered<R, W>(self, read_half: R, write_half: W, registration: Registration, shutdown: watch::Receiver<bool>)
     where
         R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
+        W: AsyncWrite + crate::reply_line::DirectFd + Unpin + Send + 'static,
     {
         let Registration { slot: _slot, slots, id, peer } = registration;
         let connection = Arc::new(ConnectionSlot::default());
@@ -279,7 +279,7 @@ impl NbdServer {
     ) -> io::Result<()>
     where
         R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
+        W: AsyncWrite + crate::reply_line::DirectFd + Unpin + Send + 'static,
     {
         self.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
         self.stats.connections_active.fetch_add(1, Ordering::Relaxed);

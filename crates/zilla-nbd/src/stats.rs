@@ -24,6 +24,11 @@ pub struct NbdStats {
     pub connections_refused: AtomicU64,
     /// Connections closed by the idle timeout.
     pub connections_idle_timed_out: AtomicU64,
+    /// Replies written by the thread that finished the request (the connection's
+    /// write side was idle: no hand-off to the writer task).
+    pub replies_written_direct: AtomicU64,
+    /// Replies written by a connection's writer task (the socket was full or busy).
+    pub replies_written_by_writer: AtomicU64,
     /// Requests and bytes of every session (the sum over clients and volumes).
     pub io: VolumeIoStats,
 }
@@ -38,6 +43,8 @@ pub struct NbdStatsSnapshot {
     pub accept_errors: u64,
     pub connections_refused: u64,
     pub connections_idle_timed_out: u64,
+    pub replies_written_direct: u64,
+    pub replies_written_by_writer: u64,
     pub io: VolumeIoSnapshot,
 }
 
@@ -52,6 +59,8 @@ impl NbdStats {
             accept_errors: load(&self.accept_errors),
             connections_refused: load(&self.connections_refused),
             connections_idle_timed_out: load(&self.connections_idle_timed_out),
+            replies_written_direct: load(&self.replies_written_direct),
+            replies_written_by_writer: load(&self.replies_written_by_writer),
             io: self.io.snapshot(),
         }
     }

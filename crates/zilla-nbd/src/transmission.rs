@@ -56,13 +56,12 @@
 //! READ and BLOCK_STATUS errors use structured ERROR chunks once structured replies are
 //! negotiated; everything else uses simple replies, which the spec allows.
 
-use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use zilla_core::zvol::{BlockVolume, SharedSlice, WriteDelay};
 use zilla_frontend::{BudgetPermit, BudgetShare, ClientIoStats, Frontend, IoKind, VolumeIoStats};
@@ -70,6 +69,7 @@ use zilla_frontend::{BudgetPermit, BudgetShare, ClientIoStats, Frontend, IoKind,
 use crate::framing::FrameReader;
 use crate::handshake::Session;
 use crate::proto::*;
+use crate::reply_line::{DirectFd, ReplyLine, ReplySender, Take, WriterGuard, IOV_MAX};
 use crate::connection_slot::ConnectionSlot;
 use crate::stats::NbdStats;
 use crate::NbdConfig;
@@ -89,8 +89,6 @@ const REPLY_BATCH_MAX: usize = 64;
 const GATHER_REPLIES_MAX: usize = 64;
 /// Bytes the writer gathers into one vectored write, at most (a larger reply goes alone).
 const GATHER_BYTES_MAX: usize = 1 << 20;
-/// Pieces passed to one vectored write (Linux's IOV_MAX is 1024).
-const IOV_MAX: usize = 1024;
 /// Memory units charged for a reply without data (header, error text, bookkeeping).
 const SMALL_REPLY_UNITS: usize = 256;
 /// Memory units charged for a BLOCK_STATUS reply (its largest size).
@@ -101,8 +99,8 @@ const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// One reply, ready to write, holding its budget until the writer has consumed it:
 /// `bytes` (header, or header and data), then the `shared` pieces of a zero-copy read
 /// (block buffers of the volume, kept alive until they are on the wire).
-struct Reply {
-    bytes: Vec<u8>,
+pub(crate) struct Reply {
+    pub(crate) bytes: Vec<u8>,
     shared: Vec<SharedSlice>,
     _budget: Budget,
 }
@@ -112,8 +110,12 @@ impl Reply {
         Reply { bytes, shared: Vec::new(), _budget: budget }
     }
     /// Bytes this reply puts on the wire.
-    fn wire_bytes(&self) -> usize {
+    pub(crate) fn wire_bytes(&self) -> usize {
         self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
+    }
+    /// The pieces this reply puts on the wire, in order.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.bytes[..]).chain(self.shared.iter().map(SharedSlice::as_slice))
     }
 }
 
@@ -157,7 +159,7 @@ struct RequestContext {
     volume: Arc<dyn BlockVolume>,
     structured_replies: bool,
     base_allocation_context_id: Option<u32>,
-    replies: mpsc::UnboundedSender<Vec<Reply>>,
+    replies: ReplySender,
     frontend: Arc<Frontend>,
     io_stats: Arc<VolumeIoStats>,
     recorders: SessionRecorders,
@@ -172,12 +174,11 @@ pub(crate) struct SessionRecorders {
 }
 
 impl RequestContext {
-    /// Queue replies for the writer. Never blocks; if the writer is gone the replies
-    /// (and their budget) are dropped.
+    /// Write the replies now if the connection's write side is idle, else queue them
+    /// for the writer ([`crate::reply_line`]). Never blocks; if the writer is gone the
+    /// replies (and their budget) are dropped.
     fn send(&self, replies: Vec<Reply>) {
-        if !replies.is_empty() {
-            let _ = self.replies.send(replies);
-        }
+        self.replies.send(replies, &self.frontend);
     }
 
     fn record(&self, request: &Request, reply: &[u8], started: Instant) {
@@ -235,10 +236,10 @@ pub(crate) async fn run<R, W>(
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: AsyncWrite + DirectFd + Unpin + Send + 'static,
 {
-    let (reply_sender, reply_receiver) = mpsc::unbounded_channel::<Vec<Reply>>();
-    let writer_task = tokio::spawn(write_replies(writer, reply_receiver, frontend.clone(), config.reply_stall_timeout));
+    let (line, reply_sender) = ReplyLine::new(writer.direct_fd(), recorders.server.clone());
+    let writer_task = tokio::spawn(write_replies(writer, line, frontend.clone(), config.reply_stall_timeout));
     let budgets = Budgets::new(config, frontend);
     let (limits, context) = session_context(&session, config, frontend, reply_sender, recorders);
 
@@ -345,7 +346,7 @@ impl ReaderWatch {
             }
             _ = wait_idle(budgets), if self.stopping => NextHeader::End(ReaderEnd::Shutdown),
             _ = tokio::time::sleep_until(self.stop_deadline), if self.stopping => NextHeader::End(ReaderEnd::Shutdown),
-            _ = context.replies.closed() => NextHeader::End(ReaderEnd::WriterGone),
+            _ = context.replies.line().closed() => NextHeader::End(ReaderEnd::WriterGone),
             _ = slot.evict.notified() => {
                 if budgets.nothing_in_flight() { NextHeader::End(ReaderEnd::Evicted) } else { NextHeader::Again }
             }
@@ -374,7 +375,7 @@ fn session_context(
     session: &Session,
     config: &NbdConfig,
     frontend: &Arc<Frontend>,
-    replies: mpsc::UnboundedSender<Vec<Reply>>,
+    replies: ReplySender,
     recorders: SessionRecorders,
 ) -> (RequestLimits, RequestContext) {
     let volume = session.export.volume.clone();
@@ -894,43 +895,34 @@ fn stalled() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "client stopped reading replies")
 }
 
-/// The writer task: write replies in the order they complete. Whatever is queued when
-/// the writer wakes is written in groups of at most `GATHER_REPLIES_MAX` replies and
-/// `GATHER_BYTES_MAX` bytes, each group by vectored writes straight from the reply
-/// buffers: one system call for a burst of replies, and read data is copied once
-/// (volume -> reply), never again into a staging buffer. A group's reply buffers go
-/// back to the daemon-wide pool, and its budget is released, once the group is on the
-/// wire. A socket that accepts nothing for `stall` ends the task (and with it the
-/// connection); the queued replies and their budget are dropped.
+/// The writer task: write the replies queued on the line ([`crate::reply_line`]) in
+/// the order they completed: those the finishing threads could not write at once (the
+/// socket was full, or another write was in progress). Each group of at most
+/// `GATHER_REPLIES_MAX` replies and `GATHER_BYTES_MAX` bytes goes out by vectored writes
+/// straight from the reply buffers: one system call for a burst of replies, and read
+/// data is copied once (volume -> reply), never again into a staging buffer. A group's
+/// reply buffers go back to the daemon-wide pool, and its budget is released, once the
+/// group is on the wire. A socket that accepts nothing for `stall` ends the task (and
+/// with it the connection); the queued replies and their budget are dropped.
 async fn write_replies<W: AsyncWrite + Unpin>(
-    mut writer: W,
-    mut replies: mpsc::UnboundedReceiver<Vec<Reply>>,
+    writer: W,
+    line: Arc<ReplyLine>,
     frontend: Arc<Frontend>,
     stall: Duration,
 ) -> io::Result<()> {
     let stall = if stall.is_zero() { FAR_FUTURE } else { stall };
-    // Bounded by the request permits: every queued reply holds one.
-    let mut queued: VecDeque<Reply> = VecDeque::new();
-    let mut group: Vec<Reply> = Vec::with_capacity(GATHER_REPLIES_MAX);
+    let mut guard = WriterGuard::new(line.clone(), frontend.clone(), writer);
     loop {
-        if queued.is_empty() {
-            let Some(batch) = replies.recv().await else { break };
-            queued.extend(batch);
-            while let Ok(batch) = replies.try_recv() {
-                queued.extend(batch);
+        let (group, skip) = match line.take(GATHER_REPLIES_MAX, GATHER_BYTES_MAX) {
+            Take::Group(group, skip) => (group, skip),
+            Take::Wait => {
+                line.wait_for_replies().await;
+                continue;
             }
-        }
-        let mut group_bytes = 0;
-        while let Some(reply) = queued.front() {
-            let fits = group.len() < GATHER_REPLIES_MAX && group_bytes + reply.wire_bytes() <= GATHER_BYTES_MAX;
-            if !group.is_empty() && !fits {
-                break;
-            }
-            group_bytes += reply.wire_bytes();
-            group.extend(queued.pop_front());
-        }
-        let written = write_gathered(&mut writer, &group, stall).await;
-        for reply in group.drain(..) {
+            Take::Done => break,
+        };
+        let written = write_gathered(guard.writer(), &group, skip, stall).await;
+        for reply in group {
             frontend.buffers.give(reply.bytes);
         }
         if let Err(error) = written {
@@ -938,18 +930,22 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             return Err(error);
         }
     }
-    let _ = tokio::time::timeout(stall, writer.shutdown()).await;
+    let _ = tokio::time::timeout(stall, guard.writer().shutdown()).await;
     Ok(())
 }
 
-/// Write every byte of `group` in order with vectored writes; each write must make
-/// progress within `stall`.
-async fn write_gathered<W: AsyncWrite + Unpin>(writer: &mut W, group: &[Reply], stall: Duration) -> io::Result<()> {
-    let segments: Vec<&[u8]> = group
-        .iter()
-        .flat_map(|reply| std::iter::once(&reply.bytes[..]).chain(reply.shared.iter().map(SharedSlice::as_slice)))
-        .filter(|segment| !segment.is_empty())
-        .collect();
+/// Write every byte of `group` in order, but the first `skip` (already on the wire),
+/// with vectored writes; each write must make progress within `stall`.
+async fn write_gathered<W: AsyncWrite + Unpin>(writer: &mut W, group: &[Reply], mut skip: usize, stall: Duration) -> io::Result<()> {
+    let mut segments: Vec<&[u8]> = Vec::new();
+    for piece in group.iter().flat_map(Reply::pieces) {
+        if skip >= piece.len() {
+            skip -= piece.len();
+        } else {
+            segments.push(&piece[skip..]);
+            skip = 0;
+        }
+    }
     // The first unwritten byte is segments[index][offset].
     let (mut index, mut offset) = (0, 0);
     while index < segments.len() {

@@ -198,3 +198,45 @@ async fn full_connection_table_evicts_the_idlest() {
     }
     assert_eq!(closed, 1, "exactly one idle connection made room");
 }
+
+/// Replies are written by the thread that finishes a request when the socket takes
+/// them, else queued for the writer task (zilla_nbd's reply_line). A client that
+/// pipelines reads far larger than the socket buffers and reads nothing for a while
+/// makes the direct writes go in part and the writer take over mid-reply; once it
+/// reads, every reply must arrive whole, unmixed with another, with its own data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_to_a_slow_reader_arrive_whole_and_unmixed() {
+    const READS: u64 = 48;
+    const READ_BYTES: u32 = 256 << 10;
+    let harness = start_shared(NbdConfig::default(), FrontendConfig::default()).await;
+    let mut client = RawClient::open(harness.addr, "pool/big").await;
+    // each read's range gets its own byte value
+    for i in 0..READS {
+        let data = vec![(i % 251) as u8 + 1; READ_BYTES as usize];
+        assert_eq!(client.write(10_000 + i, i * u64::from(READ_BYTES), &data).await, 0);
+    }
+    for i in 0..READS {
+        client.send_request(0, CMD_READ, i, i * u64::from(READ_BYTES), READ_BYTES, &[]).await;
+    }
+    // nothing read: the socket buffers fill and the rest queue in the server
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..READS {
+        let chunk = client.read_chunk().await;
+        assert_eq!(chunk.chunk_type, REPLY_TYPE_OFFSET_DATA, "cookie {}", chunk.cookie);
+        assert_eq!(chunk.flags & REPLY_FLAG_DONE, REPLY_FLAG_DONE);
+        let i = chunk.cookie;
+        assert!(i < READS && seen.insert(i), "cookie {i} unexpected or twice");
+        assert_eq!(u64::from_be_bytes(chunk.payload[0..8].try_into().unwrap()), i * u64::from(READ_BYTES));
+        let data = &chunk.payload[8..];
+        assert_eq!(data.len(), READ_BYTES as usize);
+        let want = (i % 251) as u8 + 1;
+        assert!(data.iter().all(|&b| b == want), "reply {i} carries another reply's bytes");
+    }
+    // and the connection still works
+    assert_eq!(client.write(99_999, 0, &[3u8; 4096]).await, 0);
+    let memory = harness.frontend.memory.stats();
+    assert!(memory.in_use <= memory.total, "{memory:?}");
+    harness.shutdown.send(true).unwrap();
+    let _ = harness.task.await;
+}

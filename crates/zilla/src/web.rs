@@ -346,6 +346,8 @@ fn register_frontend(reg: &mut Registry, f: &FrontendMetrics) {
     counter(reg, "zilla_nbd_connections_refused", "NBD connections closed in the handshake (refused or unknown export, abort or list only, timeout, protocol error)", n.connections_refused);
     counter(reg, "zilla_nbd_connections_evicted", "Idle NBD connections closed to make room at the cap", n.connections_evicted);
     counter(reg, "zilla_nbd_connections_idle_timed_out", "NBD connections closed by the idle timeout", n.connections_idle_timed_out);
+    counter(reg, "zilla_nbd_replies_written_direct", "NBD replies written by the thread that finished the request", n.replies_written_direct);
+    counter(reg, "zilla_nbd_replies_written_by_writer", "NBD replies written by a connection's writer task (socket full or busy)", n.replies_written_by_writer);
     counter(reg, "zilla_nbd_accept_errors", "Failed NBD accept calls (EMFILE and the like)", n.accept_errors);
     let op = |name: &str| labels(&[("op", name)]);
     let io = &n.io;

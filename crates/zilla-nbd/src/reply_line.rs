@@ -1,0 +1,354 @@
+//! reply_line: the write side of one connection, shared by every thread that finishes
+//! one of its requests.
+//!
+//! Theory of operation
+//! -------------------
+//! A request finishes on the reactor (a cached read, an absorbed write), on a blocking
+//! pool thread (a volume call), or on an engine thread (the device completion of an
+//! intent-log commit). Handing each reply to a writer task costs a wake-up of a reactor
+//! thread, and on a small machine that hand-off is a good part of a sync write's or a
+//! cold read's latency (two `try_to_wake_up`s and a scheduler round per reply). So the
+//! thread that finishes a request writes its reply itself when it can:
+//!
+//! ```text
+//!   send(replies) ── lock ──┬─ line idle (nothing queued, writer not writing)
+//!                           │     └─ sendmsg(MSG_DONTWAIT) straight from the reply buffers
+//!                           │          all taken  -> released at once (budget, buffers)
+//!                           │          part taken -> the rest queued, writer woken
+//!                           └─ otherwise: queued behind the others, writer woken if idle
+//!   writer task: takes the queue in groups, writes them with the socket's async writer
+//!                (the stall timeout applies), until the queue is empty; then idle again
+//! ```
+//!
+//! Order and integrity: bytes of one reply never interleave with another's because a
+//! direct write happens only under the lock, only when nothing is queued, and only while
+//! the writer task holds no group; the task marks itself busy under the same lock
+//! before it writes outside it. Replies leave in completion order, as before (the cookie
+//! ties them to requests). A client that stops reading fills its socket buffer; the
+//! direct write then takes part or nothing, the rest waits in the queue and the writer's
+//! stall timeout ends the connection as before. No thread ever waits for a client:
+//! the direct write never blocks.
+//!
+//! Descriptor lifetime. A direct write uses the socket's raw descriptor, which the
+//! writer half owns. The writer task closes the line (under the lock) before it drops
+//! its half, whether it ends, fails or is aborted ([`WriterGuard`]); a direct write
+//! looks at `closed` under the same lock and holds it across the system call, so no
+//! thread ever writes to a descriptor number that was closed (and perhaps reused by
+//! another connection). Replies sent after the close are dropped with their budget,
+//! as replies to a vanished writer always were.
+//!
+//! Streams without a descriptor (tests, the fuzz target) always go through the writer.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use zilla_frontend::Frontend;
+
+use crate::stats::NbdStats;
+use crate::transmission::Reply;
+
+/// Pieces passed to one vectored write (Linux's IOV_MAX is 1024).
+pub(crate) const IOV_MAX: usize = 1024;
+
+/// A write half that may expose its socket's descriptor for direct writes.
+pub trait DirectFd {
+    /// The connected socket's descriptor, if replies may be written to it directly.
+    fn direct_fd(&self) -> Option<RawFd>;
+}
+
+impl DirectFd for tokio::net::tcp::OwnedWriteHalf {
+    fn direct_fd(&self) -> Option<RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self.as_ref()))
+    }
+}
+
+impl DirectFd for tokio::net::unix::OwnedWriteHalf {
+    fn direct_fd(&self) -> Option<RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self.as_ref()))
+    }
+}
+
+impl<S> DirectFd for tokio::io::WriteHalf<S> {
+    fn direct_fd(&self) -> Option<RawFd> {
+        None
+    }
+}
+
+struct LineState {
+    /// Replies waiting for the writer task, in completion order; bounded by the
+    /// connection's request permits (every reply holds one).
+    queued: VecDeque<Reply>,
+    /// Bytes of `queued.front()` already on the wire (a direct write taken in part).
+    head_written: usize,
+    /// The writer task holds a group and writes it outside the lock.
+    writer_busy: bool,
+    /// The writer is gone: nothing more is written (see "Descriptor lifetime").
+    closed: bool,
+    /// Live [`ReplySender`]s; the writer ends once none is left and the queue is empty.
+    senders: usize,
+}
+
+/// The shared write side of one connection.
+pub(crate) struct ReplyLine {
+    state: Mutex<LineState>,
+    /// Wakes the writer task: replies queued while it was idle, or the last sender gone.
+    wake: Notify,
+    /// Wakes the reader when the writer is gone.
+    gone: Notify,
+    fd: Option<RawFd>,
+    stats: Arc<NbdStats>,
+}
+
+/// What the writer task does next.
+pub(crate) enum Take {
+    /// Write these replies; the first has this many bytes on the wire already.
+    Group(Vec<Reply>, usize),
+    /// Nothing queued: wait for `wake`.
+    Wait,
+    /// Nothing queued and no sender left: shut the socket's write side down.
+    Done,
+}
+
+impl ReplyLine {
+    /// A line for a write half with this descriptor (None: writer task only), with
+    /// one sender.
+    pub(crate) fn new(fd: Option<RawFd>, stats: Arc<NbdStats>) -> (Arc<ReplyLine>, ReplySender) {
+        let line = Arc::new(ReplyLine {
+            state: Mutex::new(LineState { queued: VecDeque::new(), head_written: 0, writer_busy: false, closed: false, senders: 1 }),
+            wake: Notify::new(),
+            gone: Notify::new(),
+            fd,
+            stats,
+        });
+        (line.clone(), ReplySender { line })
+    }
+
+    /// Resolves once the writer is gone.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let notified = self.gone.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.state.lock().closed {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The writer's next step; `gather_replies` / `gather_bytes` bound a group.
+    pub(crate) fn take(&self, gather_replies: usize, gather_bytes: usize) -> Take {
+        let mut st = self.state.lock();
+        if st.queued.is_empty() {
+            st.writer_busy = false;
+            return if st.senders == 0 { Take::Done } else { Take::Wait };
+        }
+        st.writer_busy = true;
+        let skip = std::mem::take(&mut st.head_written);
+        let mut group = Vec::new();
+        let mut bytes = 0;
+        while let Some(reply) = st.queued.front() {
+            let fits = group.len() < gather_replies && bytes + reply.wire_bytes() <= gather_bytes;
+            if !group.is_empty() && !fits {
+                break;
+            }
+            bytes += reply.wire_bytes();
+            group.extend(st.queued.pop_front());
+        }
+        self.stats.replies_written_by_writer.fetch_add(group.len() as u64, Ordering::Relaxed);
+        Take::Group(group, skip)
+    }
+
+    /// Wait until [`Self::take`] may have something (or the last sender is gone).
+    pub(crate) async fn wait_for_replies(&self) {
+        self.wake.notified().await;
+    }
+
+    /// The writer is gone: drop what is queued (with its budget) and refuse more.
+    fn close(&self, frontend: &Frontend) {
+        let dropped: Vec<Reply> = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            st.head_written = 0;
+            st.queued.drain(..).collect()
+        };
+        for reply in dropped {
+            frontend.buffers.give(reply.bytes);
+        }
+        self.gone.notify_waiters();
+    }
+
+    /// Queue `replies`, or write them at once if the line is idle (see the module
+    /// comment). Never blocks on the client. Returns the replies fully written, for the
+    /// caller to release (their buffers go back to the pool, their budget is freed).
+    fn send(&self, mut replies: Vec<Reply>) -> Vec<Reply> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return replies;
+        }
+        let idle = !st.writer_busy && st.queued.is_empty();
+        let mut written = Vec::new();
+        if let (true, Some(fd)) = (idle, self.fd) {
+            let (whole, part) = write_now(fd, &replies);
+            written = replies.drain(..whole).collect();
+            st.head_written = part;
+            self.stats.replies_written_direct.fetch_add(whole as u64, Ordering::Relaxed);
+        }
+        let wake = !replies.is_empty() && !st.writer_busy;
+        st.queued.extend(replies);
+        drop(st);
+        if wake {
+            self.wake.notify_one();
+        }
+        written
+    }
+}
+
+/// One connection's handle for queueing replies; the writer ends once every handle is
+/// dropped and the queue is written.
+pub(crate) struct ReplySender {
+    line: Arc<ReplyLine>,
+}
+
+impl ReplySender {
+    /// Write or queue `replies` (never blocks); released replies go back to `frontend`.
+    pub(crate) fn send(&self, replies: Vec<Reply>, frontend: &Frontend) {
+        if replies.is_empty() {
+            return;
+        }
+        for reply in self.line.send(replies) {
+            frontend.buffers.give(reply.bytes);
+        }
+    }
+
+    pub(crate) fn line(&self) -> &Arc<ReplyLine> {
+        &self.line
+    }
+}
+
+impl Clone for ReplySender {
+    fn clone(&self) -> ReplySender {
+        self.line.state.lock().senders += 1;
+        ReplySender { line: self.line.clone() }
+    }
+}
+
+impl Drop for ReplySender {
+    fn drop(&mut self) {
+        let last = {
+            let mut st = self.line.state.lock();
+            st.senders -= 1;
+            st.senders == 0
+        };
+        if last {
+            self.line.wake.notify_one();
+        }
+    }
+}
+
+/// Owns the writer task's half of the socket: closes the line before the half (and
+/// with it, perhaps, the descriptor) is dropped, on every way out of the task, abort
+/// included.
+pub(crate) struct WriterGuard<W> {
+    line: Arc<ReplyLine>,
+    frontend: Arc<Frontend>,
+    writer: Option<W>,
+}
+
+impl<W> WriterGuard<W> {
+    pub(crate) fn new(line: Arc<ReplyLine>, frontend: Arc<Frontend>, writer: W) -> WriterGuard<W> {
+        WriterGuard { line, frontend, writer: Some(writer) }
+    }
+
+    pub(crate) fn writer(&mut self) -> &mut W {
+        self.writer.as_mut().expect("the writer is taken only in drop")
+    }
+}
+
+impl<W> Drop for WriterGuard<W> {
+    fn drop(&mut self) {
+        self.line.close(&self.frontend);
+        drop(self.writer.take());
+    }
+}
+
+/// Write as much of `replies` as the socket takes now, without waiting. Returns the
+/// replies written whole and the bytes written of the next one. Any error (a full
+/// buffer, a reset) writes nothing more: the writer task retries and sees it.
+fn write_now(fd: RawFd, replies: &[Reply]) -> (usize, usize) {
+    let mut whole = 0;
+    let mut part = 0;
+    loop {
+        let mut iov: Vec<libc::iovec> = Vec::new();
+        let mut skip = part;
+        'fill: for reply in &replies[whole..] {
+            for piece in reply.pieces() {
+                if skip >= piece.len() {
+                    skip -= piece.len();
+                    continue;
+                }
+                let rest = &piece[skip..];
+                skip = 0;
+                iov.push(libc::iovec { iov_base: rest.as_ptr() as *mut libc::c_void, iov_len: rest.len() });
+                if iov.len() == IOV_MAX {
+                    break 'fill;
+                }
+            }
+        }
+        if iov.is_empty() {
+            return (whole, part);
+        }
+        let n = match send_iov(fd, &iov) {
+            Ok(0) | Err(_) => return (whole, part),
+            Ok(n) => n,
+        };
+        // advance over what was taken
+        let mut left = n;
+        while left > 0 && whole < replies.len() {
+            let rest = replies[whole].wire_bytes() - part;
+            if left >= rest {
+                left -= rest;
+                whole += 1;
+                part = 0;
+            } else {
+                part += left;
+                left = 0;
+            }
+        }
+        // zero-length replies after the last byte written count as written
+        while whole < replies.len() && part == 0 && replies[whole].wire_bytes() == 0 {
+            whole += 1;
+        }
+        if whole == replies.len() {
+            return (whole, 0);
+        }
+    }
+}
+
+/// One non-blocking sendmsg; EINTR is retried.
+fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+    loop {
+        // SAFETY: every iovec points into a reply buffer that `replies` (borrowed by
+        // the caller for the whole call) keeps alive and unmoved; msghdr is zeroed
+        // and then given only the iovec array and its length. The descriptor is open:
+        // the caller holds the line's lock and saw `closed == false` (module comment).
+        let sent = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iov.len() as _;
+            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        if sent >= 0 {
+            return Ok(sent as usize);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
