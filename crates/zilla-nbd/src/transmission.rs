@@ -239,7 +239,7 @@ where
     W: AsyncWrite + DirectFd + Unpin + Send + 'static,
 {
     let (line, reply_sender) = ReplyLine::new(writer.direct_fd(), recorders.server.clone());
-    let writer_task = tokio::spawn(write_replies(writer, line, frontend.clone(), config.reply_stall_timeout));
+    let writer_task = spawn_writer(writer, line, frontend.clone(), config.reply_stall_timeout);
     let budgets = Budgets::new(config, frontend);
     let (limits, context) = session_context(&session, config, frontend, reply_sender, recorders);
 
@@ -905,13 +905,12 @@ fn stalled() -> io::Error {
 /// group is on the wire. A socket that accepts nothing for `stall` ends the task (and
 /// with it the connection); the queued replies and their budget are dropped.
 async fn write_replies<W: AsyncWrite + Unpin>(
-    writer: W,
+    mut guard: WriterGuard<W>,
     line: Arc<ReplyLine>,
     frontend: Arc<Frontend>,
     stall: Duration,
 ) -> io::Result<()> {
     let stall = if stall.is_zero() { FAR_FUTURE } else { stall };
-    let mut guard = WriterGuard::new(line.clone(), frontend.clone(), writer);
     loop {
         let (group, skip) = match line.take(GATHER_REPLIES_MAX, GATHER_BYTES_MAX) {
             Take::Group(group, skip) => (group, skip),
@@ -932,6 +931,19 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     }
     let _ = tokio::time::timeout(stall, guard.writer().shutdown()).await;
     Ok(())
+}
+
+/// Start the writer task. The write half goes into its [`WriterGuard`] here, before
+/// the spawn: a task dropped before its first poll (aborted early, or spawned while the
+/// runtime shuts down) drops the guard too, and so closes the line before the half. A
+/// guard made inside the task would not exist then, and once the read half went as
+/// well, finishing threads would write replies to a closed, perhaps reused, descriptor.
+fn spawn_writer<W>(writer: W, line: Arc<ReplyLine>, frontend: Arc<Frontend>, stall: Duration) -> tokio::task::JoinHandle<io::Result<()>>
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let guard = WriterGuard::new(line.clone(), frontend.clone(), writer);
+    tokio::spawn(write_replies(guard, line, frontend, stall))
 }
 
 /// Write every byte of `group` in order, but the first `skip` (already on the wire),
@@ -972,4 +984,49 @@ async fn write_gathered<W: AsyncWrite + Unpin>(writer: &mut W, group: &[Reply], 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A writer task dropped before it ever ran (aborted at once here; spawned on a
+    /// runtime that is shutting down, in the daemon) must still close the line: once
+    /// both halves are gone the descriptor number is free, and a reply finished later
+    /// (an engine thread's commit) must not be written to whatever socket or file took
+    /// that number.
+    #[test]
+    fn a_writer_dropped_before_its_first_poll_closes_the_line() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let frontend = Frontend::new(Arc::new(zilla_frontend::StaticRegistry::new()), zilla_frontend::FrontendConfig::default());
+        let sender = runtime.block_on(async {
+            let (server, client) = tokio::net::UnixStream::pair().unwrap();
+            let (read_half, write_half) = server.into_split();
+            let (line, sender) = ReplyLine::new(write_half.direct_fd(), Arc::new(NbdStats::default()));
+            // current-thread runtime: the task cannot run before this task yields
+            let task = spawn_writer(write_half, line, frontend.clone(), Duration::from_secs(1));
+            task.abort();
+            assert!(task.await.unwrap_err().is_cancelled());
+            drop((read_half, client));
+            sender
+        });
+        // the connection's descriptor number goes to a new, unrelated socket pair
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        b.set_nonblocking(true).unwrap();
+        let budget = Budget {
+            _request: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+            _memory: frontend.memory.share().try_acquire(SMALL_REPLY_UNITS).unwrap(),
+        };
+        sender.send(vec![Reply::new(simple_reply(0, 7), budget)], &frontend);
+        let mut byte = [0u8; 64];
+        for (name, socket) in [("a", &mut a), ("b", &mut b)] {
+            match socket.read(&mut byte) {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                other => panic!("a reply went to an unrelated socket ({name}): {other:?}"),
+            }
+        }
+        assert_eq!(frontend.memory.stats().in_use, 0, "the dropped reply released its memory");
+    }
 }
