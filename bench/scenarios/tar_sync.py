@@ -40,6 +40,12 @@ NAME = "tar-sync"
 DESCRIPTION = ("tar -x of small files onto ext4 -o sync,dirsync (nbdfuse + loop): "
                "two sim-hdd mirrors without vs with a sim-ssd log mirror")
 MiB, GiB = 1 << 20, 1 << 30
+# Each log SSD (sparse, in /dev/shm). A freed log block is reusable only after its txg
+# syncs and two more pass (deferred frees): with the 5 s txg timeout that is ~20 s of
+# log writes, and this extraction writes ~19 MB/s of lwbs (~400 MB held). At 512 MiB
+# the log class filled and ~500 lwbs per quick run spilled to the HDDs (~10 ms each:
+# zil_lwb_slog_full_count); seed 000's Logzillas are 18 GB.
+LOG_DEVICE_BYTES = 2 * GiB
 NOLOG_LIMIT_S = 90
 
 
@@ -164,7 +170,7 @@ def make_pool(z, wd, name, vol):
         for i in range(2):
             p = os.path.join(md, f"{name}-log{i}.img")
             with open(p, "wb") as f:
-                f.truncate(512 * MiB)
+                f.truncate(LOG_DEVICE_BYTES)
             logs.append("sim-ssd:" + p)
         args += ["log", "mirror"] + logs
     z.cli(*args)
