@@ -166,7 +166,7 @@ def make_pool(z, wd, name, vol):
     args = ["pool", "create", name, "mirror", d[0], d[1], "mirror", d[2], d[3]]
     if name == "slog":
         logs = []
-        md = make_memdir()  # the log SSDs' bytes in memory (lib.proc.make_memdir)
+        md = make_memdir(need_bytes=2 * LOG_DEVICE_BYTES)  # the log SSDs' bytes in memory (lib.proc.make_memdir)
         for i in range(2):
             p = os.path.join(md, f"{name}-log{i}.img")
             with open(p, "wb") as f:
