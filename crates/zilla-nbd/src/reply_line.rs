@@ -149,7 +149,7 @@ impl ReplyLine {
             return if st.senders == 0 { Take::Done } else { Take::Wait };
         }
         st.writer_busy = true;
-        let skip = std::mem::take(&mut st.head_written); let skip = skip / 2;
+        let skip = std::mem::take(&mut st.head_written);
         let mut group = Vec::new();
         let mut bytes = 0;
         while let Some(reply) = st.queued.front() {
