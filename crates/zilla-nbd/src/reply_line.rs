@@ -11,7 +11,8 @@
 //! thread that finishes a request writes its reply itself when it can:
 //!
 //! ```text
-//!   send(replies) ── lock ──┬─ line idle (nothing queued, writer not writing)
+//!   send(replies) ── lock ──┬─ line idle (nothing queued, writer not writing), and the
+//!                           │  replies small (DIRECT_WRITE_BYTES_MAX: the lock is held)
 //!                           │     └─ sendmsg(MSG_DONTWAIT) straight from the reply buffers
 //!                           │          all taken  -> released at once (budget, buffers)
 //!                           │          part taken -> the rest queued, writer woken
@@ -54,6 +55,12 @@ use crate::transmission::Reply;
 
 /// Pieces passed to one vectored write (Linux's IOV_MAX is 1024).
 pub(crate) const IOV_MAX: usize = 1024;
+/// Largest burst of replies a finishing thread writes itself. The line's lock is held
+/// across that copy into the socket, and the threads that wait for it include engine
+/// threads completing other requests' device I/O: a 1 MiB read reply would hold them
+/// for a copy of 1 MiB. Larger bursts go to the writer task (a hand-off is small next
+/// to copying them).
+pub(crate) const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
 
 /// A write half that may expose its socket's descriptor for direct writes.
 pub trait DirectFd {
@@ -192,8 +199,9 @@ impl ReplyLine {
             return replies;
         }
         let idle = !st.writer_busy && st.queued.is_empty();
+        let small = replies.iter().map(Reply::wire_bytes).sum::<usize>() <= DIRECT_WRITE_BYTES_MAX;
         let mut written = Vec::new();
-        if let (true, Some(fd)) = (idle, self.fd) {
+        if let (true, true, Some(fd)) = (idle, small, self.fd) {
             let (whole, part) = write_now(fd, &replies);
             written = replies.drain(..whole).collect();
             st.head_written = part;
@@ -350,5 +358,66 @@ fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
         if error.kind() != io::ErrorKind::Interrupted {
             return Err(error);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use tokio::sync::Semaphore;
+
+    fn reply(frontend: &Frontend, bytes: Vec<u8>) -> Reply {
+        Reply::new_for_test(bytes, Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(), frontend.memory.share().try_acquire(256).unwrap())
+    }
+
+    fn pending(peer: &mut std::os::unix::net::UnixStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match peer.read(&mut buf) {
+                Ok(0) => return got,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return got,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// While the writer task holds a group (it writes outside the lock), a finishing
+    /// thread must queue its reply, not write it: its bytes would land in the middle of
+    /// the writer's. And a burst above DIRECT_WRITE_BYTES_MAX goes to the writer even
+    /// when the line is idle. Both decided on an idle socket with room, so a direct
+    /// write, if made, would show at the peer at once.
+    #[test]
+    fn replies_queue_behind_a_busy_writer_and_large_bursts_go_to_the_writer() {
+        let frontend = Frontend::new(Arc::new(zilla_frontend::StaticRegistry::new()), zilla_frontend::FrontendConfig::default());
+        let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let (line, sender) = ReplyLine::new(Some(std::os::fd::AsRawFd::as_raw_fd(&ours)), Arc::new(NbdStats::default()));
+
+        // idle line, small reply: written at once by this thread
+        sender.send(vec![reply(&frontend, b"first".to_vec())], &frontend);
+        assert_eq!(pending(&mut peer), b"first");
+
+        // a large burst: queued for the writer, nothing written here
+        sender.send(vec![reply(&frontend, vec![7u8; DIRECT_WRITE_BYTES_MAX + 1])], &frontend);
+        assert!(pending(&mut peer).is_empty(), "a burst above the cap was written by the finishing thread");
+        let Take::Group(group, skip) = line.take(64, 1 << 20) else { panic!("the large reply was not queued") };
+        assert_eq!((group.len(), skip), (1, 0));
+
+        // the writer holds that group: a small reply now must queue behind it
+        sender.send(vec![reply(&frontend, b"second".to_vec())], &frontend);
+        assert!(pending(&mut peer).is_empty(), "a reply was written while the writer held a group");
+        drop(group);
+        let Take::Group(group, _) = line.take(64, 1 << 20) else { panic!("the small reply was not queued") };
+        assert_eq!(group[0].bytes, b"second");
+        drop(group);
+
+        // the writer found the queue empty: idle again, direct writes resume
+        assert!(matches!(line.take(64, 1 << 20), Take::Wait));
+        sender.send(vec![reply(&frontend, b"third".to_vec())], &frontend);
+        assert_eq!(pending(&mut peer), b"third");
+        drop(ours);
     }
 }

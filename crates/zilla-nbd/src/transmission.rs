@@ -109,6 +109,10 @@ impl Reply {
     fn new(bytes: Vec<u8>, budget: Budget) -> Reply {
         Reply { bytes, shared: Vec::new(), _budget: budget }
     }
+    #[cfg(test)]
+    pub(crate) fn new_for_test(bytes: Vec<u8>, request: OwnedSemaphorePermit, memory: BudgetPermit) -> Reply {
+        Reply::new(bytes, Budget { _request: request, _memory: memory })
+    }
     /// Bytes this reply puts on the wire.
     pub(crate) fn wire_bytes(&self) -> usize {
         self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
