@@ -646,10 +646,17 @@ fn commit_then_reply(context: &RequestContext, request: &Request, budget: Budget
     let volume = context.volume.clone();
     volume.flush_async(Box::new(move |result| match result {
         Some(result) => finish_reply(&context, &request, result, budget, call, started),
+        // This may run on an engine thread (a commit round settling its waiters):
+        // the hand-off to the blocking pool happens inside a task, so that a blocking
+        // pool that cannot start a thread (spawn_blocking panics then) fails this
+        // request's task, never the engine thread that completes device I/O.
         None => {
-            handle.spawn_blocking(move || {
-                let result = context.volume.flush();
-                finish_reply(&context, &request, result, budget, call, started);
+            handle.spawn(async move {
+                let _ = tokio::task::spawn_blocking(move || {
+                    let result = context.volume.flush();
+                    finish_reply(&context, &request, result, budget, call, started);
+                })
+                .await;
             });
         }
     }));
