@@ -35,6 +35,7 @@ $Z volume create -V 2147483648 -o volblocksize=8K bench/vol > /dev/null 2>&1
 DPID=$(pgrep -f "state-dir $S serve" | head -1)
 c0=$(awk '{print $14+$15}' /proc/$DPID/stat)
 ( sleep 5; top -b -d 10 -n 2 > "$W/top.txt" ) &
+BG=($!)
 if [ -n "$PERF" ]; then
     ( sleep 8
       if [ -n "$PERF_T" ]; then
@@ -42,12 +43,15 @@ if [ -n "$PERF" ]; then
           TGT="-t $TID"
       else TGT="-p $DPID"; fi
       perf record ${PERF_EV:--F 999} -g $TGT -o "$W/perf.data" -- sleep 10 > "$W/perf.log" 2>&1 ) &
+    BG+=($!)
 fi
 ( sleep 6; $Z pool iostat -q bench 1 20 > "$W/iostat.txt" 2>&1 ) &
+BG+=($!)
 fio --name=w --ioengine=nbd --uri=nbd://127.0.0.1:$NBD_PORT/bench/vol --rw=randwrite --bs=8k --numjobs=$JOBS \
     --iodepth=$DEPTH --size=2G --time_based --runtime=$SECS --group_reporting --randrepeat=0 \
     ${LATLOG:+--write_lat_log=$W/lat --log_offset=0 --log_avg_msec=0} > "$W/fio.txt" 2>&1 || true
-wait
+# the helpers only: a bare `wait` would also wait for the daemon
+wait "${BG[@]}"
 c1=$(awk '{print $14+$15}' /proc/$DPID/stat)
 echo "daemon CPU: $(( (c1-c0)/100 )) s over $SECS s"
 grep -A12 '^top' "$W/top.txt" | tail -14
