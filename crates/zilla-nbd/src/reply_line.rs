@@ -50,8 +50,11 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use zilla_frontend::Frontend;
 
+use tokio::sync::OwnedSemaphorePermit;
+use zilla_core::zvol::SharedSlice;
+use zilla_frontend::BudgetPermit;
+
 use crate::stats::NbdStats;
-use crate::transmission::Reply;
 
 /// Pieces passed to one vectored write (Linux's IOV_MAX is 1024).
 pub(crate) const IOV_MAX: usize = 1024;
@@ -61,6 +64,39 @@ pub(crate) const IOV_MAX: usize = 1024;
 /// for a copy of 1 MiB. Larger bursts go to the writer task (a hand-off is small next
 /// to copying them).
 pub(crate) const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
+
+/// One reply, ready to write, holding its budget until the writer has consumed it:
+/// `bytes` (header, or header and data), then the `shared` pieces of a zero-copy read
+/// (block buffers of the volume, kept alive until they are on the wire).
+pub(crate) struct Reply {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) shared: Vec<SharedSlice>,
+    pub(crate) _budget: Budget,
+}
+
+impl Reply {
+    pub(crate) fn new(bytes: Vec<u8>, budget: Budget) -> Reply {
+        Reply { bytes, shared: Vec::new(), _budget: budget }
+    }
+    #[cfg(test)]
+    pub(crate) fn new_for_test(bytes: Vec<u8>, request: OwnedSemaphorePermit, memory: BudgetPermit) -> Reply {
+        Reply::new(bytes, Budget { _request: request, _memory: memory })
+    }
+    /// Bytes this reply puts on the wire.
+    pub(crate) fn wire_bytes(&self) -> usize {
+        self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
+    }
+    /// The pieces this reply puts on the wire, in order.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.bytes[..]).chain(self.shared.iter().map(SharedSlice::as_slice))
+    }
+}
+
+/// The per-request share of the budgets.
+pub(crate) struct Budget {
+    pub(crate) _request: OwnedSemaphorePermit,
+    pub(crate) _memory: BudgetPermit,
+}
 
 /// A write half that may expose its socket's descriptor for direct writes.
 pub trait DirectFd {

@@ -69,7 +69,7 @@ use zilla_frontend::{BudgetPermit, BudgetShare, ClientIoStats, Frontend, IoKind,
 use crate::framing::FrameReader;
 use crate::handshake::Session;
 use crate::proto::*;
-use crate::reply_line::{DirectFd, ReplyLine, ReplySender, Take, WriterGuard, IOV_MAX};
+use crate::reply_line::{Budget, DirectFd, Reply, ReplyLine, ReplySender, Take, WriterGuard, IOV_MAX};
 use crate::connection_slot::ConnectionSlot;
 use crate::stats::NbdStats;
 use crate::NbdConfig;
@@ -95,39 +95,6 @@ const SMALL_REPLY_UNITS: usize = 256;
 const BLOCK_STATUS_REPLY_UNITS: usize = 32 + 8 * BLOCK_STATUS_EXTENTS_MAX;
 /// "Never" for a disabled idle timeout.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
-
-/// One reply, ready to write, holding its budget until the writer has consumed it:
-/// `bytes` (header, or header and data), then the `shared` pieces of a zero-copy read
-/// (block buffers of the volume, kept alive until they are on the wire).
-pub(crate) struct Reply {
-    pub(crate) bytes: Vec<u8>,
-    shared: Vec<SharedSlice>,
-    _budget: Budget,
-}
-
-impl Reply {
-    fn new(bytes: Vec<u8>, budget: Budget) -> Reply {
-        Reply { bytes, shared: Vec::new(), _budget: budget }
-    }
-    #[cfg(test)]
-    pub(crate) fn new_for_test(bytes: Vec<u8>, request: OwnedSemaphorePermit, memory: BudgetPermit) -> Reply {
-        Reply::new(bytes, Budget { _request: request, _memory: memory })
-    }
-    /// Bytes this reply puts on the wire.
-    pub(crate) fn wire_bytes(&self) -> usize {
-        self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
-    }
-    /// The pieces this reply puts on the wire, in order.
-    pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        std::iter::once(&self.bytes[..]).chain(self.shared.iter().map(SharedSlice::as_slice))
-    }
-}
-
-/// The per-request share of the budgets.
-struct Budget {
-    _request: OwnedSemaphorePermit,
-    _memory: BudgetPermit,
-}
 
 /// The connection's budgets, used by its reader only.
 struct Budgets {
