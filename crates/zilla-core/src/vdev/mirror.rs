@@ -560,6 +560,34 @@ impl TopVdev {
         Err(last_err.map(io::Error::from).unwrap_or_else(|| io::Error::new(io::ErrorKind::Other, "no readable device in vdev")))
     }
 
+    /// The first try of [`TopVdev::read_verified`] without blocking: read the block
+    /// from the child the read order picks first and call `done` from that read's
+    /// completion (on the engine thread) with the bytes if they verify. `None` when no
+    /// fresh child is readable, or the read failed or did not verify: the caller then
+    /// does the whole `read_verified` from a blocking context, which tries every child,
+    /// counts the errors and repairs bad copies (an error only this try met is not
+    /// counted: the retry decides). `done` must not block.
+    pub fn read_first_async(
+        &self,
+        class: IoClass,
+        offset: u64,
+        len: usize,
+        birth: Txg,
+        verify: Box<dyn FnOnce(&[u8]) -> VerifyResult + Send>,
+        done: Box<dyn FnOnce(Option<AlignedBuf>) + Send>,
+    ) {
+        let phys = super::label::DATA_START + offset;
+        let children = self.children();
+        let first = self.read_order(&children, phys, birth).first().copied();
+        let Some(c) = first.map(|i| &children[i]).filter(|c| !c.dtl_contains(birth)) else {
+            return done(None);
+        };
+        c.queue.submit(IoRequest::read(class, phys, AlignedBuf::zeroed(len), Box::new(move |d| match d.into_read() {
+            Ok(buf) if verify(&buf) == VerifyResult::Good => done(Some(buf)),
+            _ => done(None),
+        })));
+    }
+
     /// Rewrite a bad copy on `c` from `good`. A failed repair puts the block's birth txg
     /// in `c`'s DTL: `c` is known to miss it, and a resilver retries it.
     fn repair(&self, c: &Leaf, good: &[u8], phys: u64, birth: Txg) -> bool {
