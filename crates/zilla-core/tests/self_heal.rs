@@ -225,7 +225,9 @@ fn asynchronous_reads_serve_one_missing_block_and_leave_bad_copies_to_the_blocki
     let names = children(&pool, d.vdev);
     let bad = first_reader(Some(&pool), &names, &HashMap::new(), d.offset);
     corrupt(&rig, &bad, &d, 7);
+    let before = cksum(&pool, &bad);
     assert_eq!(read_async(&*v, 30 * BS, BS), None, "a copy that does not verify was served");
+    assert!(cksum(&pool, &bad) > before, "the asynchronous try did not count the bad copy on {bad}");
     let mut b = vec![0u8; BS as usize];
     v.read(30 * BS, &mut b).unwrap();
     assert_eq!(b, want(30, 1));

@@ -564,11 +564,14 @@ impl TopVdev {
     /// from the child the read order picks first and call `done` from that read's
     /// completion (on the engine thread) with the bytes if they verify. `None` when no
     /// fresh child is readable, or the read failed or did not verify: the caller then
-    /// does the whole `read_verified` from a blocking context, which tries every child,
-    /// counts the errors and repairs bad copies (an error only this try met is not
-    /// counted: the retry decides). `done` must not block.
+    /// does the whole `read_verified` from a blocking context, which tries every child
+    /// and repairs bad copies. The error this try met is counted here, on the child
+    /// that gave it (the retry may well read the other child: under load the read
+    /// order follows the queues), so a failing disk's errors add up to a fault. The
+    /// completion holds the child, so its queue outlives the request. `done` must not
+    /// block.
     pub fn read_first_async(
-        &self,
+        self: &Arc<Self>,
         class: IoClass,
         offset: u64,
         len: usize,
@@ -582,9 +585,18 @@ impl TopVdev {
         let Some(c) = first.map(|i| &children[i]).filter(|c| !c.dtl_contains(birth)) else {
             return done(None);
         };
+        let (this, leaf) = (self.clone(), c.clone());
         c.queue.submit(IoRequest::read(class, phys, AlignedBuf::zeroed(len), Box::new(move |d| match d.into_read() {
             Ok(buf) if verify(&buf) == VerifyResult::Good => done(Some(buf)),
-            _ => done(None),
+            Ok(_) => {
+                leaf.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                done(None)
+            }
+            Err(e) => {
+                leaf.read_errors.fetch_add(1, Ordering::Relaxed);
+                this.note_error(&leaf, &e);
+                done(None)
+            }
         })));
     }
 
