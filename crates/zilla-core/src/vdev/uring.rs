@@ -241,7 +241,11 @@ impl UringEngine {
                     continue;
                 }
                 let Some(f) = self.inflight.lock().take(id) else { continue };
-                self.complete(sh, f, res);
+                // A completion that panics (a bug) must not end this thread: it is the
+                // leaf's only reaper, and every later I/O on the leaf would hang.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.complete(sh, f, res))).is_err() {
+                    tracing::error!(device = %sh.name, "an I/O completion panicked; the reaper goes on");
+                }
             }
         }
     }
