@@ -70,6 +70,16 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn flush_async(&self, done: CommitDone) {
         done(None)
     }
+    /// Start a READ that missed the cache without blocking the caller: `done` runs
+    /// exactly once, before this returns or from the engine thread that completes the
+    /// device read, with `Some(result)` (the bytes as shared pieces, as
+    /// [`BlockVolume::try_read_cached_shared`] gives them), or with `None` when the read
+    /// cannot finish without blocking (more than one block to fetch, an indirect block
+    /// not cached, a copy that failed or did not verify): the caller then calls `read`
+    /// from a blocking context. `done` must not block.
+    fn read_async(&self, _offset: u64, _len: u64, done: ReadDone) {
+        done(None)
+    }
     /// The write throttle's verdict for a write of `len` bytes about to be made, for a
     /// front end that waits on a timer instead of a thread (`DirtyAccounting::
     /// claim_delay`). `After(d)`: the write's turn is claimed; wait `d`, then write with
@@ -91,6 +101,18 @@ pub trait BlockVolume: Send + Sync + 'static {
 }
 
 pub use crate::dsl_pool::WriteDelay;
+
+/// Completion of [`BlockVolume::read_async`]: `Some(result)`, or `None` = "call `read`
+/// from a blocking context for the result".
+pub type ReadDone = Box<dyn FnOnce(Option<Result<Vec<SharedSlice>>>) + Send>;
+
+/// A block as [`Volume::lookup_cached`] finds it in memory.
+enum CachedBlock {
+    /// Its newest content (None: a hole).
+    Data(Option<Arc<[u8]>>),
+    /// Committed, not in the ARC: where to read it.
+    Missing(crate::block::blkptr::BlockPointer),
+}
 
 /// Completion of [`BlockVolume::flush_async`]: `Some(result)`, or `None` = "call
 /// `flush` from a blocking context for the result".
@@ -457,8 +479,18 @@ impl Volume {
     /// it is tied to the root it was read from and dropped when a sync publishes a new
     /// one (the root is re-read after each dirty check, as the dmu ordering requires).
     fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<Option<Arc<[u8]>>> {
+        match self.lookup_cached(blkid, memo)? {
+            CachedBlock::Data(d) => Some(d),
+            CachedBlock::Missing(_) => None,
+        }
+    }
+
+    /// Where block `blkid` is, from memory only: its newest content (dirty or in the
+    /// ARC; None = hole), or the block pointer of a committed block the ARC lacks.
+    /// `None` when an indirect block on the way is not cached.
+    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<CachedBlock> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
-            return Some(d);
+            return Some(CachedBlock::Data(d));
         }
         let root = *self.vol.committed.read();
         let io = &self.pool.io();
@@ -471,7 +503,7 @@ impl Volume {
                 let mut bp = root.bp;
                 for level in (1..root.nlevels as u32).rev() {
                     if bp.is_hole() {
-                        return Some(None);
+                        return Some(CachedBlock::Data(None));
                     }
                     let ind = io.arc.lookup(&BlockKey::of(&bp))?;
                     let o = blkid.slot_in(level) as usize * crate::block::blkptr::BlockPointer::SIZE;
@@ -484,13 +516,16 @@ impl Volume {
             }
         };
         if bp.is_hole() {
-            return Some(None);
+            return Some(CachedBlock::Data(None));
         }
-        let d = io.arc.lookup(&BlockKey::of(&bp))?;
-        if d.len() != self.bs() as usize {
+        if u64::from(bp.lsize) != self.bs() {
             return None;
         }
-        Some(Some(d))
+        match io.arc.lookup(&BlockKey::of(&bp)) {
+            Some(d) if d.len() == self.bs() as usize => Some(CachedBlock::Data(Some(d))),
+            Some(_) => None,
+            None => Some(CachedBlock::Missing(bp)),
+        }
     }
 
     /// A hold on the open txg for a change to block `blkid`; the test hook
@@ -804,6 +839,50 @@ impl BlockVolume for Volume {
             pieces.push(piece);
         }
         Some(Ok(pieces))
+    }
+
+    fn read_async(&self, offset: u64, len: u64, done: ReadDone) {
+        if let Err(e) = self.check_read(offset, len) {
+            return done(Some(Err(e)));
+        }
+        let bs = self.bs();
+        let blocks = if len == 0 { 0 } else { (offset + len - 1) / bs - offset / bs + 1 };
+        if blocks > SHARED_READ_BLOCKS_MAX {
+            return done(None);
+        }
+        // every block from memory but at most one, read from its first copy
+        let mut memo = None;
+        let mut pieces = Vec::with_capacity(blocks as usize);
+        let mut missing = None;
+        for c in block_chunks(offset, len, bs) {
+            let piece = match self.lookup_cached(c.blkid, &mut memo) {
+                Some(CachedBlock::Data(Some(d))) => SharedSlice::new(d, c.in_block, c.len),
+                Some(CachedBlock::Data(None)) => SharedSlice::new(zero_block().clone(), 0, c.len),
+                Some(CachedBlock::Missing(bp)) if missing.is_none() => {
+                    missing = Some((pieces.len(), bp, c.in_block, c.len));
+                    SharedSlice::new(zero_block().clone(), 0, 0)
+                }
+                _ => None,
+            };
+            let Some(piece) = piece else { return done(None) };
+            pieces.push(piece);
+        }
+        let Some((at, bp, in_block, piece_len)) = missing else {
+            return done(Some(Ok(pieces)));
+        };
+        let pool = self.pool.clone();
+        let cache = self.primary_cache_data();
+        self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, Box::new(move |phys| {
+            let Some(phys) = phys else { return done(None) };
+            let block = pool.io().finish_block_read(&bp, &phys, BufKind::Data, cache).ok();
+            match block.and_then(|d| SharedSlice::new(d, in_block, piece_len)) {
+                Some(piece) => {
+                    pieces[at] = piece;
+                    done(Some(Ok(pieces)))
+                }
+                None => done(None),
+            }
+        }));
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {

@@ -7,7 +7,8 @@
 //! twice: by the Env seam's spawn counter (every engine thread is started through it),
 //! and by a sampler that lists /proc/self/task every 200 µs and collects every thread id
 //! it sees, which also catches threads not started through the Env (a scoped thread per
-//! chunk or per mirror child would show up as thousands of ids). This file holds one
+//! chunk or per mirror child would show up as thousands of ids). The kernel's io_uring
+//! helper threads are left out of the sample (see `tids`). This file holds one
 //! test so no other test's pools start threads meanwhile.
 
 use std::collections::HashSet;
@@ -19,9 +20,23 @@ use zilla_core::vdev::{LeafSpec, Role};
 
 const MIB: u64 = 1 << 20;
 
+/// The process's thread ids, without the kernel's io_uring helpers (`iou-wrk-*`): the
+/// kernel starts and retires them on demand for a leaf's ring (each ring bounds them:
+/// vdev/uring.rs, IOWQ_*_WORKERS_MAX), so their ids are new after every idle spell
+/// however little is written; they are not engine threads. They carry PF_IO_WORKER in
+/// /proc/.../stat's flags from creation (their name is set a moment later).
 fn tids() -> HashSet<u64> {
+    const PF_IO_WORKER: u64 = 0x10;
+    // None: gone before its stat was read (an io-wq helper retiring; an engine thread
+    // lives long enough to be seen by another sample)
+    let engine_thread = |t: u64| -> Option<bool> {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{t}/stat")).ok()?;
+        // fields after the ")" closing comm: state ppid pgrp session tty_nr tpgid flags
+        let flags = stat.rsplit_once(')')?.1.split_whitespace().nth(6)?.parse::<u64>().ok()?;
+        Some(flags & PF_IO_WORKER == 0)
+    };
     let Ok(d) = std::fs::read_dir("/proc/self/task") else { return HashSet::new() };
-    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&t| engine_thread(t) == Some(true)).collect()
 }
 
 /// Collects the id of every thread alive while it runs.

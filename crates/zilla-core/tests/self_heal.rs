@@ -180,6 +180,66 @@ fn data_block_heals_on_read_after_import() {
     pool.export().unwrap();
 }
 
+/// `read_async` as a front end calls it: the answer, and whether it came without
+/// blocking (`Some`) or asked for the blocking path (`None`).
+fn read_async(v: &dyn zilla_core::zvol::BlockVolume, off: u64, len: u64) -> Option<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    v.read_async(off, len, Box::new(move |r| tx.send(r.map(|r| r.map(|ps| ps.iter().flat_map(|p| p.as_slice().to_vec()).collect::<Vec<u8>>()))).unwrap()));
+    let r = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("read_async never answered");
+    assert!(rx.try_recv().is_err(), "read_async answered twice");
+    r.map(|r| r.expect("read_async failed"))
+}
+
+#[test]
+fn asynchronous_reads_serve_one_missing_block_and_leave_bad_copies_to_the_blocking_path() {
+    // Goal: a cache-miss READ answered from the device completion returns the block's
+    // bytes and caches it; a read that needs two device blocks, or whose first copy
+    // does not verify, is sent to the blocking path, which heals the bad copy; nothing
+    // is answered twice. Method: evict blocks, damage the copy read first, compare.
+    let (rig, pool) = setup();
+    let v = pool.open_volume("vol").unwrap();
+    let want = |blk: u64, n: u64| rig.written[0].1[(blk * BS) as usize..((blk + n) * BS) as usize].to_vec();
+    let evict = |blk: u64| {
+        let bp = l0(&pool, blk);
+        let d = bp.dva[0];
+        pool.debug_io().arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+        bp
+    };
+    // one block, not cached: served by the device completion, then cached
+    let bp = evict(20);
+    assert_eq!(read_async(&*v, 20 * BS + 100, 5000), Some(want(20, 1)[100..5100].to_vec()));
+    let d = bp.dva[0];
+    assert!(pool.debug_io().arc.lookup(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth }).is_some(), "the block read was not cached");
+    // a cached block and a missing one: one device read
+    evict(22);
+    assert_eq!(read_async(&*v, 21 * BS, 2 * BS), Some(want(21, 2)));
+    // two missing blocks: the blocking path
+    evict(24);
+    evict(25);
+    assert_eq!(read_async(&*v, 24 * BS, 2 * BS), None);
+    // a hole reads as zeros without any device read
+    assert_eq!(read_async(&*v, 4 << 20, 4096), Some(vec![0u8; 4096]));
+    // the copy read first is bad: the blocking path, which heals it
+    let bp = evict(30);
+    let d = bp.dva[0];
+    let names = children(&pool, d.vdev);
+    let bad = first_reader(Some(&pool), &names, &HashMap::new(), d.offset);
+    corrupt(&rig, &bad, &d, 7);
+    let before = cksum(&pool, &bad);
+    assert_eq!(read_async(&*v, 30 * BS, BS), None, "a copy that does not verify was served");
+    assert!(cksum(&pool, &bad) > before, "the asynchronous try did not count the bad copy on {bad}");
+    let mut b = vec![0u8; BS as usize];
+    v.read(30 * BS, &mut b).unwrap();
+    assert_eq!(b, want(30, 1));
+    assert_repaired(&rig, &pool, &bp, &d, &bad);
+    // out of range: an error at once
+    let (tx, rx) = std::sync::mpsc::channel();
+    v.read_async(VOLSIZE - 512, 4096, Box::new(move |r| tx.send(matches!(r, Some(Err(_)))).unwrap()));
+    assert!(rx.recv().unwrap(), "a read past the end was not refused");
+    drop(v);
+    pool.export().unwrap();
+}
+
 #[test]
 fn data_block_repaired_by_scrub() {
     let (rig, pool) = setup();

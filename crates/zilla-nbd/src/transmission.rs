@@ -6,6 +6,8 @@
 //!   [reader loop] --budget--> fast path: try_read_cached / try_write ---+
 //!        |                     (inline on the reactor, no thread hop)   |
 //!        +--call permit--> spawn_blocking(volume call) --> Reply --> [writer task]
+//!        +--call permit--> read_async / flush_async: the engine thread that completes
+//!                          the device I/O replies (a cache-miss READ, a FLUSH, a FUA write)
 //!                          (never waits on a socket: the         (unbounded queue,
 //!                           reply queue cannot block)             bounded by budget)
 //! ```
@@ -515,6 +517,10 @@ async fn dispatch(
         }
     };
     let context = context.clone();
+    let (budget, call) = match try_read_async(&context, &request, budget, call, started) {
+        Ok(()) => return context.frontend.buffers.give(payload),
+        Err(back) => back,
+    };
     let (budget, call) = match try_commit_async(&context, &request, &payload, budget, call, started) {
         Ok(()) => return context.frontend.buffers.give(payload),
         Err(back) => back,
@@ -562,6 +568,47 @@ fn try_commit_async(
         _ => return Err((budget, call)),
     }
     commit_then_reply(context, request, budget, CallPermit::Budget(call), started);
+    Ok(())
+}
+
+/// A READ that missed the cache, without a blocking thread: the volume issues the one
+/// block it lacks and the engine thread that completes the device read replies (with
+/// the io_uring engine, no thread hand-off at all on the way to the device). When the
+/// read cannot finish that way (several blocks to fetch, an indirect block not cached,
+/// a copy that failed or did not verify: the blocking read tries every copy and heals),
+/// its completion runs the blocking `read` on the blocking pool. `Err` gives the
+/// permits back for the blocking path (other commands). The volume-call permit is held
+/// until the reply is made, as for a blocking call.
+fn try_read_async(context: &RequestContext, request: &Request, budget: Budget, call: BudgetPermit, started: Instant) -> Result<(), (Budget, BudgetPermit)> {
+    if request.command != CMD_READ {
+        return Err((budget, call));
+    }
+    let handle = tokio::runtime::Handle::current();
+    let (context, request) = (context.clone(), *request);
+    let volume = context.volume.clone();
+    volume.read_async(request.offset, u64::from(request.length), Box::new(move |result| match result {
+        Some(result) => {
+            drop(call);
+            let reply = match result {
+                Ok(pieces) => {
+                    let mut head = vec![0u8; read_prefix_bytes(&context)];
+                    finish_read_reply(&context, &request, &mut head);
+                    Reply { bytes: head, shared: pieces, _budget: budget }
+                }
+                Err(error) => Reply::new(read_error_reply(&context, request.cookie, error.errno()), budget),
+            };
+            context.record(&request, &reply.bytes, started);
+            context.send(vec![reply]);
+        }
+        None => {
+            handle.spawn_blocking(move || {
+                let bytes = execute_blocking(&context, &request, &[]);
+                drop(call);
+                context.record(&request, &bytes, started);
+                context.send(vec![Reply::new(bytes, budget)]);
+            });
+        }
+    }));
     Ok(())
 }
 

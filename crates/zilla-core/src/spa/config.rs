@@ -128,7 +128,7 @@ pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -
 
 /// The live top-level vdev for a config entry: the one place a `TopVdev` is built.
 pub(super) fn open_top(tc: &TopConfig, children: Vec<Arc<Leaf>>) -> Arc<TopVdev> {
-    Arc::new(TopVdev { id: tc.id, guid: tc.guid, role: tc.role, is_mirror: tc.mirror, ashift: tc.ashift, children: RwLock::new(children) })
+    Arc::new(TopVdev { id: tc.id, guid: tc.guid, role: tc.role, is_mirror: tc.mirror, ashift: tc.ashift, children: RwLock::new(children), suspect_reads: Default::default() })
 }
 
 impl PoolInner {

@@ -282,7 +282,14 @@ pub struct TopVdev {
     pub is_mirror: bool,
     pub ashift: u8,
     pub children: parking_lot::RwLock<Vec<Arc<Leaf>>>,
+    /// Reads whose asynchronous first try failed on a child (data offset, child guid),
+    /// newest last, at most `SUSPECT_READS_MAX`: the blocking retry reads that child
+    /// first, so it meets the bad copy again and repairs it from a good one.
+    pub suspect_reads: parking_lot::Mutex<std::collections::VecDeque<(u64, Guid)>>,
 }
+
+/// Failed asynchronous first tries remembered for their blocking retries.
+const SUSPECT_READS_MAX: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VerifyResult {
@@ -529,7 +536,7 @@ impl TopVdev {
     ) -> io::Result<MirrorRead> {
         let phys = super::label::DATA_START + offset;
         let children = self.children();
-        let order = self.read_order(&children, phys, birth);
+        let order = self.suspect_first(&children, phys, self.read_order(&children, phys, birth));
         let mut failed: Vec<usize> = Vec::new();
         let mut last_err: Option<IoError> = None;
         for &i in &order {
@@ -558,6 +565,72 @@ impl TopVdev {
             }
         }
         Err(last_err.map(io::Error::from).unwrap_or_else(|| io::Error::new(io::ErrorKind::Other, "no readable device in vdev")))
+    }
+
+    /// The first try of [`TopVdev::read_verified`] without blocking: read the block
+    /// from the child the read order picks first and call `done` from that read's
+    /// completion (on the engine thread) with the bytes if they verify. `None` when no
+    /// fresh child is readable, or the read failed or did not verify: the caller then
+    /// does the whole `read_verified` from a blocking context, which tries every child
+    /// and repairs bad copies. The error this try met is counted here, on the child
+    /// that gave it (the retry may well read the other child: under load the read
+    /// order follows the queues), so a failing disk's errors add up to a fault. The
+    /// completion holds the child, so its queue outlives the request. `done` must not
+    /// block.
+    pub fn read_first_async(
+        self: &Arc<Self>,
+        class: IoClass,
+        offset: u64,
+        len: usize,
+        birth: Txg,
+        verify: Box<dyn FnOnce(&[u8]) -> VerifyResult + Send>,
+        done: Box<dyn FnOnce(Option<AlignedBuf>) + Send>,
+    ) {
+        let phys = super::label::DATA_START + offset;
+        let children = self.children();
+        let first = self.read_order(&children, phys, birth).first().copied();
+        let Some(c) = first.map(|i| &children[i]).filter(|c| !c.dtl_contains(birth)) else {
+            return done(None);
+        };
+        let (this, leaf) = (self.clone(), c.clone());
+        c.queue.submit(IoRequest::read(class, phys, AlignedBuf::zeroed(len), Box::new(move |d| match d.into_read() {
+            Ok(buf) if verify(&buf) == VerifyResult::Good => done(Some(buf)),
+            Ok(_) => {
+                leaf.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                this.note_suspect(phys, leaf.guid);
+                done(None)
+            }
+            Err(e) => {
+                leaf.read_errors.fetch_add(1, Ordering::Relaxed);
+                this.note_error(&leaf, &e);
+                this.note_suspect(phys, leaf.guid);
+                done(None)
+            }
+        })));
+    }
+
+    fn note_suspect(&self, phys: u64, child: Guid) {
+        let mut l = self.suspect_reads.lock();
+        if l.len() >= SUSPECT_READS_MAX {
+            l.pop_front();
+        }
+        l.push_back((phys, child));
+    }
+
+    /// `order` with the child whose asynchronous try of this read failed moved first.
+    fn suspect_first(&self, children: &[Arc<Leaf>], phys: u64, mut order: Vec<usize>) -> Vec<usize> {
+        let suspect = {
+            let mut l = self.suspect_reads.lock();
+            match l.iter().rposition(|&(p, _)| p == phys) {
+                Some(i) => l.remove(i).map(|(_, g)| g),
+                None => None,
+            }
+        };
+        if let Some(at) = suspect.and_then(|g| order.iter().position(|&i| children[i].guid == g)) {
+            let i = order.remove(at);
+            order.insert(0, i);
+        }
+        order
     }
 
     /// Rewrite a bad copy on `c` from `good`. A failed repair puts the block's birth txg

@@ -44,6 +44,10 @@ use super::{IoError, IoOp, RawTarget};
 const STOP: u64 = u64::MAX;
 /// Submission queue entries (the completion queue gets twice as many).
 const RING_ENTRIES: u32 = 256;
+/// The kernel's io-wq helper threads one ring may use for requests that would block
+/// (bounded: regular-file I/O; unbounded: anything else), per leaf.
+const IOWQ_BOUNDED_WORKERS_MAX: u32 = 8;
+const IOWQ_UNBOUNDED_WORKERS_MAX: u32 = 2;
 
 struct InFlight {
     q: Queued,
@@ -104,6 +108,21 @@ impl UringEngine {
                 return None;
             }
         };
+        // Kernels 5.1-5.5 set up a ring but fail READ/WRITE with EINVAL: ask which
+        // operations this one has (the probe itself is 5.6+) and use workers otherwise.
+        let mut probe = io_uring::Probe::new();
+        let ops = [opcode::Read::CODE, opcode::Write::CODE, opcode::Fsync::CODE, opcode::Nop::CODE];
+        if ring.submitter().register_probe(&mut probe).is_err() || !ops.iter().all(|&op| probe.is_supported(op)) {
+            tracing::warn!(device = %sh.name, "io_uring lacks READ/WRITE/FSYNC on this kernel, using worker threads");
+            return None;
+        }
+        // The kernel runs requests that would block (an fsync, a write that allocates
+        // in a sparse file) on its own io-wq helper threads (iou-wrk-*), created on
+        // demand: bound them per ring (5.15+; older kernels keep their own limit).
+        let mut iowq_max = [IOWQ_BOUNDED_WORKERS_MAX, IOWQ_UNBOUNDED_WORKERS_MAX];
+        if let Err(e) = ring.submitter().register_iowq_max_workers(&mut iowq_max) {
+            tracing::debug!(device = %sh.name, "io_uring io-wq worker bound not set: {e}");
+        }
         let eng = Arc::new(UringEngine {
             ring,
             target,
@@ -222,7 +241,11 @@ impl UringEngine {
                     continue;
                 }
                 let Some(f) = self.inflight.lock().take(id) else { continue };
-                self.complete(sh, f, res);
+                // A completion that panics (a bug) must not end this thread: it is the
+                // leaf's only reaper, and every later I/O on the leaf would hang.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.complete(sh, f, res))).is_err() {
+                    tracing::error!(device = %sh.name, "an I/O completion panicked; the reaper goes on");
+                }
             }
         }
     }

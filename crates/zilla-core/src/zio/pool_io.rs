@@ -174,6 +174,31 @@ impl PoolIo {
         self.errors.unrecoverable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The first try of [`PoolIo::read_block`] without blocking, for a block the ARC
+    /// does not hold: its first copy, from the child the mirror picks, verified; `done`
+    /// runs once, here or from the device completion, with the physical bytes, or with
+    /// `None` (then `read_block` from a blocking context). Hand the bytes to
+    /// [`PoolIo::finish_block_read`].
+    pub fn read_block_first_async(&self, bp: &BlockPointer, class: IoClass, done: Box<dyn FnOnce(Option<crate::vdev::abd::AlignedBuf>) + Send>) {
+        let dva = bp.dva[0];
+        let Some(top) = self.top(dva.vdev).filter(|_| !bp.is_hole()) else { return done(None) };
+        let bp_copy = *bp;
+        top.read_first_async(class, dva.offset, dva.asize as usize, bp.birth, Box::new(move |b| crate::zio::verify_copy(&bp_copy, b)), done);
+    }
+
+    /// The logical block from verified physical bytes of `bp` (decompressed, its size
+    /// checked), inserted into the ARC when `cache`: how every block read ends.
+    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
+        let data: Arc<[u8]> = crate::zio::finish_read(bp, phys)?;
+        if data.len() != bp.lsize as usize {
+            return Err(Error::Corrupt("decompressed size mismatch".into()));
+        }
+        if cache {
+            self.arc.insert(BlockKey::of(bp), data.clone(), kind);
+        }
+        Ok(data)
+    }
+
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
     pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
         assert!(!bp.is_hole());
@@ -204,14 +229,7 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    let data: Arc<[u8]> = crate::zio::finish_read(bp, &r.data)?;
-                    if data.len() != bp.lsize as usize {
-                        return Err(Error::Corrupt("decompressed size mismatch".into()));
-                    }
-                    if cache {
-                        self.arc.insert(key, data.clone(), kind);
-                    }
-                    return Ok(data);
+                    return self.finish_block_read(bp, &r.data, kind, cache);
                 }
                 Err(e) => {
                     if e.kind() != io::ErrorKind::InvalidData {

@@ -103,11 +103,11 @@ const CLASSES: usize = IoClass::ALL.len();
 
 pub static ZILLA_VDEV_IO_ENGINE: Tunable = Tunable::new(
     "zilla_vdev_io_engine",
-    0,
+    1,
     0,
     1,
     Applies::NextDeviceOpen,
-    "device engine of a leaf (Zilla): 0 = worker threads, 1 = io_uring where the device is a plain descriptor; the environment variable ZILLA_IO_ENGINE=threads|uring overrides it",
+    "device engine of a leaf (Zilla): 1 = io_uring where the device is a plain descriptor (file, block device; others and kernels that refuse it use workers), 0 = worker threads; the environment variable ZILLA_IO_ENGINE=threads|uring overrides it",
 );
 pub static ZFS_VDEV_SYNC_READ_MIN_ACTIVE: Tunable =
     Tunable::new("zfs_vdev_sync_read_min_active", 10, 1, 1000, Applies::Live, "sync read I/Os always admitted per leaf (vdev_queue.c default)");
