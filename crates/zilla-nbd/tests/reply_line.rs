@@ -279,15 +279,21 @@ async fn stop(harness: Harness) {
     let _ = tokio::time::timeout(Duration::from_secs(10), harness.task).await.expect("server stopped");
 }
 
+/// The dribbling reader made both reply paths work: written by the finishing thread,
+/// and by the writer task.
+fn assert_both_reply_paths_used(harness: &Harness) {
+    let written = harness.server.stats().replies_written_by_writer.load(std::sync::atomic::Ordering::Relaxed);
+    let direct = harness.server.stats().replies_written_direct.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(written > 0 && direct > 0, "both paths used: writer {written}, direct {direct}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_replies_to_a_dribbling_reader_arrive_whole_once_tcp() {
     let (harness, Listen::Tcp(addr)) = start(false).await else { unreachable!() };
     let mut stream = TcpStream::connect(addr).await.unwrap();
     handshake(&mut stream).await;
     dribbling_reader(stream, 1200).await;
-    let written = harness.server.stats().replies_written_by_writer.load(std::sync::atomic::Ordering::Relaxed);
-    let direct = harness.server.stats().replies_written_direct.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(written > 0 && direct > 0, "both paths used: writer {written}, direct {direct}");
+    assert_both_reply_paths_used(&harness);
     stop(harness).await;
 }
 
@@ -297,9 +303,7 @@ async fn mixed_replies_to_a_dribbling_reader_arrive_whole_once_unix() {
     let mut stream = UnixStream::connect(&path).await.unwrap();
     handshake(&mut stream).await;
     dribbling_reader(stream, 1200).await;
-    let written = harness.server.stats().replies_written_by_writer.load(std::sync::atomic::Ordering::Relaxed);
-    let direct = harness.server.stats().replies_written_direct.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(written > 0 && direct > 0, "both paths used: writer {written}, direct {direct}");
+    assert_both_reply_paths_used(&harness);
     stop(harness).await;
 }
 
