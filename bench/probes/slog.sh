@@ -5,7 +5,9 @@
 # flush latency, the daemon's CPU per sync write and `zilla zilstat`; optionally a
 # scheduler trace of the daemon (SCHED=1: `perf sched timehist` in $W/sched.txt, to
 # follow one commit's hand-offs thread by thread) or a perf profile (PERF=1).
-# EXTRA="name=value ..." adds tunables; NOLOG=1 leaves the log mirror out.
+# EXTRA="name=value ..." adds tunables; NOLOG=1 leaves the log mirror out; PLAIN=1 makes
+# the pool the bench's plain one (two mirrors of plain files on the lab disk, no log).
+# STRACE=1 traces the daemon's write/fsync syscalls for 2 s ($W/strace.txt).
 #
 #   bench/probes/slog.sh 1 10          # QD1, 10 s
 #   SCHED=1 bench/probes/slog.sh 1 6
@@ -24,10 +26,11 @@ trap 'pkill -f "state-dir $S" && while pgrep -f "state-dir $S" > /dev/null; do s
 Z="$BIN --state-dir $S"
 for _ in $(seq 50); do $Z pool list > /dev/null 2>&1 && break; sleep 0.2; done
 for kv in sim_flush_backing=0 $EXTRA; do $Z tunable set "$kv" > /dev/null; done
-for i in 0 1 2 3; do truncate -s 3G "$W/d$i.img"; done
+for i in 0 1 2 3; do if [ -n "$PREFILL" ]; then dd if=/dev/zero of="$W/d$i.img" bs=1M count=2048 status=none; else truncate -s 3G "$W/d$i.img"; fi; done
 for i in 0 1; do truncate -s 512M "$M/log$i.img"; done
 LOG="log mirror sim-ssd:$M/log0.img sim-ssd:$M/log1.img"; [ -n "$NOLOG" ] && LOG=""
-$Z pool create -f p mirror sim-hdd:$W/d0.img sim-hdd:$W/d1.img mirror sim-hdd:$W/d2.img sim-hdd:$W/d3.img $LOG > /dev/null
+HDD=sim-hdd:; [ -n "$PLAIN" ] && { HDD=""; LOG=""; }
+$Z pool create -f p mirror $HDD$W/d0.img $HDD$W/d1.img mirror $HDD$W/d2.img $HDD$W/d3.img $LOG > /dev/null
 $Z volume create -s -V 1073741824 p/vol > /dev/null
 DPID=$(pgrep -f "state-dir $S serve" | head -1)
 c0=$(awk '{print $14+$15}' /proc/$DPID/stat)
@@ -35,6 +38,10 @@ BG=()
 if [ -n "$SCHED" ]; then
     ( sleep 2; perf sched record -o "$W/sched.data" -- sleep 2 > "$W/perf.log" 2>&1
       perf sched timehist -i "$W/sched.data" -w > "$W/sched.txt" 2>/dev/null ) &
+    BG+=($!)
+fi
+if [ -n "$STRACE" ]; then
+    ( sleep 2; timeout 2 strace -f -tt -T -e trace=pwrite64,pwritev,pwritev2,fdatasync,fsync,io_uring_enter -p $DPID -o "$W/strace.txt" > /dev/null 2>&1 ) &
     BG+=($!)
 fi
 if [ -n "$PERF" ]; then
