@@ -48,6 +48,13 @@ pub trait BlockVolume: Send + Sync + 'static {
     fn try_read_cached_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<SharedSlice>>> {
         None
     }
+    /// True when [`BlockVolume::try_read_cached_shared`] answers every read of `len`
+    /// bytes that [`BlockVolume::try_read_cached`] would: its `None` then means "not all
+    /// in memory", and a front end need not take a reply buffer to try the copying way
+    /// (which would miss too) before it goes to the device.
+    fn cached_reads_are_shared(&self, _len: u64) -> bool {
+        false
+    }
     /// Apply a non-FUA write without blocking (no throttle delay, no device read, no
     /// txg wait); `None` means "call `write` from a blocking context". A `None` may come
     /// after part of the write was applied: writes are idempotent, so the caller simply
@@ -839,6 +846,11 @@ impl BlockVolume for Volume {
             pieces.push(piece);
         }
         Some(Ok(pieces))
+    }
+
+    fn cached_reads_are_shared(&self, len: u64) -> bool {
+        // `len` bytes span at most len / bs + 2 blocks, whatever the offset
+        len / self.bs() + 2 <= SHARED_READ_BLOCKS_MAX
     }
 
     fn read_async(&self, offset: u64, len: u64, done: ReadDone) {

@@ -69,7 +69,12 @@ fn check_read(vols: &[Arc<dyn BlockVolume>], model: &[MemVolume], vol: usize, of
     }
     // the front ends' non-blocking path must agree whenever it answers
     let mut c = vec![0xa5u8; len as usize];
+    let shared_answers = vols[vol].try_read_cached_shared(off, len).is_some();
     if let Some(r) = vols[vol].try_read_cached(off, &mut c) {
+        // a volume that says its shared path answers every cached read of this length
+        // must not leave one to the copying path (the front end would skip it)
+        assert!(shared_answers || !vols[vol].cached_reads_are_shared(len),
+                "{what}: vol {} read {off}+{len}: the copying path answered, the shared one did not", VOLS[vol].0);
         r.expect("cached read");
         if c != b {
             let first = c.iter().zip(&b).position(|(x, y)| x != y).unwrap();

@@ -730,6 +730,9 @@ fn try_read_inline(context: &RequestContext, request: &Request) -> Option<(Vec<u
             Err(error) => (read_error_reply(context, request.cookie, error.errno()), Vec::new()),
         });
     }
+    if context.volume.cached_reads_are_shared(u64::from(request.length)) {
+        return None; // a block is not in memory: the copying way would miss as well
+    }
     let mut buffer = context.frontend.buffers.take(prefix + length);
     let Some(result) = context.volume.try_read_cached(request.offset, &mut buffer[prefix..]) else {
         context.frontend.buffers.give(buffer);
