@@ -14,7 +14,8 @@
 //!                                              no  -> performed synchronously right here
 //!          submit()                                   (O_DIRECT bounce path; rare)
 //!   reaper thread (one per leaf): submit_and_wait(1), then per CQE:
-//!       result < 0 -> IoError with the errno; short transfer -> redone synchronously
+//!       result < 0 -> IoError with the errno; short transfer, EAGAIN, EINTR or
+//!       ECANCELED (not the device's verdict) -> redone synchronously
 //!       finish(): statistics, completion, release the slot, take_issuable() again
 //! ```
 //!
@@ -252,18 +253,50 @@ impl UringEngine {
 
     fn complete(&self, sh: &Arc<Shared>, f: InFlight, res: i32) {
         let InFlight { q, data, issued_at, expect } = f;
+        match Outcome::of(res, expect) {
+            Outcome::Done => sh.finish(q, data, issued_at, Ok(())),
+            Outcome::Failed(errno) => {
+                let e = io::Error::from_raw_os_error(errno);
+                let err = IoError::from_io(&sh.name, q.req.op, q.req.offset, q.req.len, &e);
+                sh.finish(q, data, issued_at, Err(err))
+            }
+            Outcome::Redo => {
+                let (issued_at, r, data) = sh.perform(q.req.op, q.req.offset, q.req.len, data);
+                sh.finish(q, data, issued_at, r)
+            }
+        }
+    }
+}
+
+/// What a completion's result means for its request.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Every byte moved (or the flush is done).
+    Done,
+    /// The device failed it: the errno is the device's answer, counted against it.
+    Failed(i32),
+    /// Redo it the synchronous way, which handles the case; not a device error:
+    /// - a short transfer (the end of a file whose length is not aligned);
+    /// - an errno that says nothing about the device, only that the kernel could not
+    ///   run the request this time: EAGAIN (a non-blocking attempt that would block,
+    ///   where io-wq did not take it over), EINTR, ECANCELED (the ring's work cancelled,
+    ///   as when an io-wq helper exits). Counted as an error, such a result would add
+    ///   to the leaf's error counts and could fault a healthy device.
+    Redo,
+}
+
+impl Outcome {
+    fn of(res: i32, expect: u64) -> Outcome {
         if res < 0 {
-            let e = io::Error::from_raw_os_error(-res);
-            let err = IoError::from_io(&sh.name, q.req.op, q.req.offset, q.req.len, &e);
-            return sh.finish(q, data, issued_at, Err(err));
+            return match -res {
+                libc::EAGAIN | libc::EINTR | libc::ECANCELED => Outcome::Redo,
+                errno => Outcome::Failed(errno),
+            };
         }
         if (res as u64) < expect {
-            // Short transfer (end of a file whose length is not aligned): redo it the
-            // synchronous way, which handles it.
-            let (issued_at, r, data) = sh.perform(q.req.op, q.req.offset, q.req.len, data);
-            return sh.finish(q, data, issued_at, r);
+            return Outcome::Redo;
         }
-        sh.finish(q, data, issued_at, Ok(()))
+        Outcome::Done
     }
 }
 
@@ -273,3 +306,21 @@ impl Drop for UringEngine {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+
+    #[test]
+    fn only_the_devices_own_errors_fail_a_request() {
+        assert_eq!(Outcome::of(4096, 4096), Outcome::Done);
+        assert_eq!(Outcome::of(0, 0), Outcome::Done); // a flush
+        assert_eq!(Outcome::of(512, 4096), Outcome::Redo); // short: the end of the file
+        for errno in [libc::EAGAIN, libc::EINTR, libc::ECANCELED] {
+            assert_eq!(Outcome::of(-errno, 4096), Outcome::Redo, "errno {errno}");
+        }
+        for errno in [libc::EIO, libc::ENOSPC, libc::EINVAL, libc::ENODEV] {
+            assert_eq!(Outcome::of(-errno, 4096), Outcome::Failed(errno), "errno {errno}");
+        }
+    }
+}
