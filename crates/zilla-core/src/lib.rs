@@ -80,6 +80,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::sim::SIM_HDD_WRITE_CACHE_BYTES,
     &vdev::sim::SIM_HDD_CACHE_WRITE_US,
     &vdev::sim::SIM_HDD_NCQ_DEPTH,
+    &vdev::sim::SIM_HDD_HOST_READS_FIRST,
     &vdev::sim::SIM_HDD_INTERFACE_MB_S,
     &vdev::sim::SIM_HDD_IDLE_DESTAGE,
     &vdev::sim::SIM_HDD_DESTAGE_CHUNK_BYTES,

@@ -11,12 +11,25 @@
 //! deadline is computed the same way and the clock moves there at once, so a pool of
 //! sim devices runs much faster than real time while showing the modelled times.
 //!
-//! The HDD's command queue is explicit (`sim_hdd_ncq_depth`): callers take a ticket, are
-//! admitted in ticket order while fewer than the depth are outstanding, and the drive
-//! picks the next command from its queue by a pure policy ([`hdd_pick_next`]): at depth
-//! 1 (the default) that is issue order, so the vdev queue above decides the order, never
-//! whichever thread wins a mutex; at depth > 1 shortest seek first with aging, FLUSH as
-//! a barrier. No lock is held while a command is served.
+//! The HDD's command queue is explicit (`sim_hdd_ncq_depth`). At depth 1 (the default: a
+//! drive that takes one command at a time) the commands the vdev queue has issued and
+//! the drive has not yet taken wait in the *host's* queue, and the host picks the next
+//! by a pure policy ([`hdd_pick_host`]), the one Linux applies to such a disk: its
+//! default scheduler for a single-queue rotational device is mq-deadline
+//! (block/elevator.c), which dispatches reads before writes and lets reads pass a
+//! waiting write at most `writes_starved` = 2 times (Documentation/block/deadline-
+//! iosched.rst); FLUSH stays a barrier (FLUSH CACHE is not a queued command in SATA).
+//! Reads among themselves and writes among themselves keep the vdev queue's order.
+//! `sim_hdd_host_reads_first=0` restores the model before 2026-11-26: every command in
+//! issue order (scheduler `none`). Why it matters: a QD1 sync read that arrived while
+//! the txg sync had its two async writes (zfs_vdev_async_write_min_active) issued
+//! waited for both, and with the write cache full each of those first destages 1 MiB
+//! after seeking back from the previous read (~20 ms): the picket-fence bench's
+//! 40-70 ms reads (docs/BENCHMARKS.md). On a real disk under Linux the read goes next.
+//! At depth > 1 callers take a ticket, are admitted in ticket order while fewer than
+//! the depth are outstanding, and the drive picks from its queue ([`hdd_pick_next`]):
+//! shortest seek first with aging, FLUSH as a barrier. No lock is held while a command
+//! is served.
 //!
 //! Service-time models (MB = 10^6 bytes, as datasheets count):
 //!
@@ -112,6 +125,14 @@ pub static SIM_HDD_NCQ_DEPTH: Tunable = Tunable::new(
     Applies::NextDeviceOpen,
     "sim-hdd commands the drive accepts at once (NCQ). 1: served in the order issued, so the vdev queue's scheduler alone decides the order and QD1 specs hold at any load; 32 (the Barracuda 7200.12's NCQ) lets the drive reorder shortest-seek-first with aging",
 );
+pub static SIM_HDD_HOST_READS_FIRST: Tunable = Tunable::new(
+    "sim_hdd_host_reads_first",
+    1,
+    0,
+    1,
+    Applies::NextDeviceOpen,
+    "at sim_hdd_ncq_depth 1, the order of the commands waiting for the drive (the host's queue): 1 = reads before writes, a write passed over at most 2 times (Linux mq-deadline, the default scheduler of a single-queue rotational disk: writes_starved = 2); 0 = issue order (scheduler none; the model before 2026-11-26)",
+);
 pub static SIM_HDD_IDLE_DESTAGE: Tunable = Tunable::new(
     "sim_hdd_idle_destage",
     1,
@@ -201,8 +222,12 @@ pub struct SimProfile {
     pub kind: DeviceKind,
     /// I/Os served in parallel (HDD: 1).
     pub channels: u32,
-    /// HDD: commands outstanding in the drive at once (NCQ depth; 1 = no reordering).
+    /// HDD: commands outstanding in the drive at once (NCQ depth; 1 = no reordering
+    /// in the drive).
     pub ncq_depth: u32,
+    /// HDD at depth 1: the host queue serves reads before writes (mq-deadline), else
+    /// in issue order (`sim_hdd_host_reads_first`).
+    pub host_reads_first: bool,
     // --- HDD ---
     pub rotation_ns: u64,
     pub seek_settle_ns: u64,
@@ -272,6 +297,7 @@ impl SimProfile {
             kind: DeviceKind::SimHdd,
             channels: 1,
             ncq_depth: SIM_HDD_NCQ_DEPTH.get().clamp(1, 32) as u32,
+            host_reads_first: SIM_HDD_HOST_READS_FIRST.get() != 0,
             rotation_ns: 60_000_000_000 / rpm,
             seek_settle_ns: SIM_HDD_SEEK_SETTLE_US.get() * 1000,
             seek_full_stroke_ns: SIM_HDD_SEEK_FULL_STROKE_US.get() * 1000,
@@ -297,6 +323,7 @@ impl SimProfile {
             kind: DeviceKind::SimSsd,
             channels: t.channels.get().clamp(1, 1024) as u32,
             ncq_depth: 1,
+            host_reads_first: false,
             rotation_ns: 0,
             seek_settle_ns: 0,
             seek_full_stroke_ns: 0,
@@ -477,6 +504,31 @@ pub fn hdd_pick_next(queued: &[HddQueued], head_offset: u64) -> Option<usize> {
     eligible.iter().enumerate().min_by_key(|(_, q)| q.offset.abs_diff(head_offset)).map(|(i, _)| i)
 }
 
+/// Times a queued write may be passed over by reads in the host queue before it goes
+/// first (mq-deadline's `writes_starved`, default 2).
+pub const HOST_WRITES_STARVED: u32 = 2;
+
+/// The host's choice for a drive without command queuing (depth 1) among the commands
+/// waiting for it (oldest first in `queued`), as Linux's mq-deadline orders them: a
+/// FLUSH waits for every command queued before it and holds back every command after
+/// it (as in [`hdd_pick_next`]); a write passed over `HOST_WRITES_STARVED` times goes
+/// next; else the oldest read, else the oldest command. Reads among themselves and
+/// writes among themselves keep their issue order (the vdev queue above sorted them).
+pub fn hdd_pick_host(queued: &[HddQueued]) -> Option<usize> {
+    let eligible = match queued.iter().position(|q| q.command == HddCommand::Flush) {
+        Some(0) => return Some(0),
+        Some(f) => &queued[..f],
+        None => queued,
+    };
+    if eligible.is_empty() {
+        return None;
+    }
+    if let Some(i) = eligible.iter().position(|q| q.command == HddCommand::Write && q.passed_over >= HOST_WRITES_STARVED) {
+        return Some(i);
+    }
+    Some(eligible.iter().position(|q| q.command == HddCommand::Read).unwrap_or(0))
+}
+
 /// The HDD's command queue and mechanism, under one mutex. Callers take a ticket, are
 /// admitted in ticket order while fewer than `ncq_depth` commands are outstanding, and
 /// are served one at a time in the order `hdd_pick_next` decides; the mutex is never
@@ -489,6 +541,10 @@ struct HddQueue {
     queued: Vec<HddQueued>,
     /// The command being served (the mechanism is its caller's until it completes).
     serving: Option<u64>,
+    /// Depth 1 with `host_reads_first`: every caller is queued at once and
+    /// [`hdd_pick_host`] chooses (the host's queue); else admission in ticket order and
+    /// [`hdd_pick_next`].
+    host_queue: bool,
 }
 
 impl HddQueue {
@@ -501,7 +557,8 @@ impl HddQueue {
         if self.serving.is_some() {
             return;
         }
-        if let Some(i) = hdd_pick_next(&self.queued, self.mech.head_offset) {
+        let pick = if self.host_queue { hdd_pick_host(&self.queued) } else { hdd_pick_next(&self.queued, self.mech.head_offset) };
+        if let Some(i) = pick {
             let chosen = self.queued.remove(i);
             for q in &mut self.queued[..i] {
                 q.passed_over += 1;
@@ -561,7 +618,8 @@ impl SimDevice {
                 media_free_ns: 0,
                 cache_since_ns: 0,
             };
-            let queue = HddQueue { mech, next_ticket: 0, next_admit: 0, queued: Vec::new(), serving: None };
+            let host_queue = profile.ncq_depth <= 1 && profile.host_reads_first;
+            let queue = HddQueue { mech, next_ticket: 0, next_admit: 0, queued: Vec::new(), serving: None, host_queue };
             (Mutex::new(queue), Condvar::new())
         });
         let channels = (0..profile.channels.max(1)).map(|_| Channel::default()).collect();
@@ -787,10 +845,12 @@ impl SimDevice {
     fn hdd_io<T>(&self, command: HddCommand, offset: u64, len: u64, io: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         let (queue, cv) = self.hdd.as_ref().expect("HDD model has a queue");
         let depth = self.profile.ncq_depth.max(1) as usize;
+        let arrived_ns = self.env.now_ns();
         let mut q = queue.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;
-        while q.next_admit != ticket || q.outstanding() >= depth {
+        let ahead = (ticket - q.next_admit) as usize + q.outstanding();
+        while !q.host_queue && (q.next_admit != ticket || q.outstanding() >= depth) {
             cv.wait(&mut q);
         }
         q.next_admit += 1;
@@ -801,10 +861,22 @@ impl SimDevice {
             cv.wait(&mut q);
         }
         let start_ns = self.env.now_ns();
+        let cache_before = q.mech.cache_bytes;
         let service_ns = self.hdd_service_ns(&mut q.mech, command, offset, len, start_ns);
+        // One debug event per command (RUST_LOG=zilla::sim=debug): where a slow read's
+        // time went (commands ahead of it, queueing, model, the backing file's own I/O).
+        let cache_after = q.mech.cache_bytes;
         let mut channel = std::mem::take(&mut q.mech.channel);
         drop(q);
-        let result = self.timed(&mut channel, start_ns, service_ns, io);
+        let mut inner_ns = 0;
+        let result = self.timed(&mut channel, start_ns, service_ns, || {
+            let t = self.env.now_ns();
+            let r = io();
+            inner_ns = self.env.now_ns() - t;
+            r
+        });
+        tracing::debug!(target: "zilla::sim", dev = self.profile.seed % 1000, command = ?command, offset, len, ahead, queued_us = (start_ns - arrived_ns) / 1000,
+            service_us = service_ns / 1000, actual_us = (self.env.now_ns() - start_ns) / 1000, inner_us = inner_ns / 1000, cache_before, cache_after, "sim-hdd command");
         let mut q = queue.lock();
         q.mech.channel = channel;
         q.serving = None;
@@ -1405,6 +1477,62 @@ mod tests {
         assert_eq!(hdd_pick_next(&barrier[1..], 0), Some(0), "the flush goes once it is oldest");
         let aged = [q(0, Read, 60 << 20, NCQ_MAX_PASSED_OVER), q(1, Read, 0, 0)];
         assert_eq!(hdd_pick_next(&aged, 0), Some(0), "a starved command goes first");
+    }
+
+    #[test]
+    fn hdd_pick_host_policy() {
+        // Goal: the depth-1 host queue (mq-deadline) serves the oldest read before older
+        // writes, keeps FLUSH a barrier, and lets a write be passed over at most
+        // HOST_WRITES_STARVED times.
+        let q = |ticket, command, offset, passed_over| HddQueued { ticket, command, offset, passed_over };
+        use HddCommand::*;
+        assert_eq!(hdd_pick_host(&[]), None);
+        let writes = [q(0, Write, 1 << 20, 0), q(1, Write, 2 << 20, 0)];
+        assert_eq!(hdd_pick_host(&writes), Some(0), "writes in issue order");
+        let mixed = [q(0, Write, 1 << 20, 0), q(1, Write, 2 << 20, 0), q(2, Read, 60 << 20, 0), q(3, Read, 0, 0)];
+        assert_eq!(hdd_pick_host(&mixed), Some(2), "the oldest read before the writes");
+        let starved = [q(0, Write, 1 << 20, HOST_WRITES_STARVED), q(1, Read, 0, 0)];
+        assert_eq!(hdd_pick_host(&starved), Some(0), "a write passed over twice goes next");
+        let barrier = [q(0, Write, 1 << 20, 0), q(1, Flush, 0, 0), q(2, Read, 0, 0)];
+        assert_eq!(hdd_pick_host(&barrier), Some(0), "a read after a flush waits for it");
+        assert_eq!(hdd_pick_host(&barrier[1..]), Some(0), "the flush goes once it is oldest");
+    }
+
+    /// Four threads write 1 MiB each straight to the media (no write cache) on a real-
+    /// clock sim-hdd; 5 ms later a read arrives. Returns how many of the writes had
+    /// completed when the read completed.
+    fn writes_done_before_a_read(host_reads_first: bool) -> usize {
+        let profile = SimProfile { host_reads_first, write_cache_bytes: 0, ..hdd() };
+        let dev = SimDevice::new(Arc::new(MemDevice::new(DEVICE_BYTES)), profile);
+        let done = AtomicU64::new(0);
+        let offs = offsets(5, 31, 1 << 20);
+        std::thread::scope(|s| {
+            for &off in &offs[..4] {
+                let (dev, done) = (&dev, &done);
+                s.spawn(move || {
+                    dev.write_at(&vec![7u8; 1 << 20], off).unwrap();
+                    done.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            let mut buf = vec![0u8; 4096];
+            dev.read_at(&mut buf, offs[4]).unwrap();
+            done.load(Ordering::SeqCst) as usize
+        })
+    }
+
+    #[test]
+    fn hdd_host_queue_serves_a_read_before_queued_writes() {
+        let _serial = serial();
+        // Goal: at depth 1 a read that arrives while media writes are queued waits for
+        // the one being served only (mq-deadline), not for every write issued before it
+        // (the FIFO host queue, sim_hdd_host_reads_first=0, where it waits for all four).
+        // Each write takes >= 7 ms of transfer alone, so 5 ms in at most one has finished.
+        let first = writes_done_before_a_read(true);
+        let fifo = writes_done_before_a_read(false);
+        eprintln!("writes completed before the read: reads first {first}, FIFO {fifo}");
+        assert!(first <= 1, "the read waited behind queued writes: {first} of 4 done first");
+        assert_eq!(fifo, 4, "FIFO: the read is served after every write issued before it");
     }
 
     #[test]
