@@ -333,3 +333,48 @@ fn admin_operations_during_cold_async_reads_never_hang_or_return_wrong_bytes() {
     drop(v);
     pool.export().unwrap();
 }
+
+#[test]
+fn a_leaf_truncated_under_cold_reads_never_gives_wrong_bytes() {
+    // Goal: a leaf file cut short under the running pool (its reads past the new end
+    // come back short from io_uring, are redone synchronously and fail) makes every
+    // cold read fall back to the other child with the right bytes; the errors are
+    // counted once per failed read and fault the child once they add up, never the
+    // good one. Method: truncate the child the reads go to first, read every block
+    // the way the NBD layer does, from three threads.
+    let Some((f, pool, data)) = setup("uatk_trunc", "tr") else { return };
+    let data = Arc::new(data);
+    let names = names(&pool);
+    for blk in (0..DATA as u64 / BS).step_by(64) {
+        l0(&pool, blk);
+    }
+    let victim = f.paths[1].clone();
+    std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(DATA_START + (1 << 20)).unwrap();
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (pool, data) = (pool.clone(), data.clone());
+            std::thread::spawn(move || {
+                let v = pool.open_volume("vol").unwrap();
+                let mut fast = 0;
+                for blk in (t..DATA as u64 / BS).step_by(3) {
+                    evict(&pool, &l0(&pool, blk));
+                    let (f, got) = read_as_front_end(&*v, blk * BS, BS);
+                    fast += f as u64;
+                    assert!(got == data[(blk * BS) as usize..((blk + 1) * BS) as usize], "block {blk}: wrong bytes");
+                }
+                fast
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a reader failed");
+    }
+    let s = pool.status();
+    for c in s.config.iter().flat_map(|t| t.children.iter()) {
+        eprintln!("{}: state {:?} read {} cksum {}", c.name, c.state, c.read_errors, c.cksum_errors);
+    }
+    let good = s.config.iter().flat_map(|t| t.children.iter()).find(|c| c.name == names[0]).unwrap();
+    assert_eq!((good.read_errors, good.cksum_errors), (0, 0), "errors counted on the good child");
+    drop(s);
+    pool.export().unwrap();
+}
