@@ -510,3 +510,31 @@ fn indirect_ditto_copy_bad_on_whole_mirror_is_repaired_by_scrub_alone() {
     rig.check_all(&pool);
     pool.export().unwrap();
 }
+
+#[test]
+fn a_read_error_met_by_a_cold_read_counts_once_toward_a_fault() {
+    // Goal: an I/O error the asynchronous first try of a cold read meets is one error
+    // on that child: the blocking retry reads the child again first (to repair it) and
+    // must not count the same failure again, or a disk is faulted after half the
+    // errors (FAULT_AFTER_CONSECUTIVE_ERRORS). Method: reads of a few blocks fail on
+    // the child each is read from first; read each once as the NBD layer does.
+    let (rig, pool) = setup();
+    let v = pool.open_volume("vol").unwrap();
+    for blk in [40u64, 41, 42, 43] {
+        let bp = l0(&pool, blk);
+        let d = bp.dva[0];
+        pool.debug_io().arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+        let names = children(&pool, d.vdev);
+        let bad = first_reader(Some(&pool), &names, &HashMap::new(), d.offset);
+        rig.fd(&bad).fail_reads_in(DATA_START + d.offset..DATA_START + d.offset + d.asize as u64);
+        let read_errors = |n: &str| pool.status().config.iter().flat_map(|t| t.children.iter()).find(|c| c.name == n).unwrap().read_errors;
+        let before = read_errors(&bad);
+        assert_eq!(read_async(&*v, blk * BS, BS), None, "block {blk}: a failed read was served");
+        let mut b = vec![0u8; BS as usize];
+        v.read(blk * BS, &mut b).unwrap();
+        assert_eq!(&b[..], &rig.written[0].1[(blk * BS) as usize..((blk + 1) * BS) as usize]);
+        assert_eq!(read_errors(&bad) - before, 1, "block {blk}: one failed read counted {} times on {bad}", read_errors(&bad) - before);
+    }
+    drop(v);
+    pool.export().unwrap();
+}

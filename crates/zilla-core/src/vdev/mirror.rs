@@ -536,11 +536,15 @@ impl TopVdev {
     ) -> io::Result<MirrorRead> {
         let phys = super::label::DATA_START + offset;
         let children = self.children();
-        let order = self.suspect_first(&children, phys, self.read_order(&children, phys, birth));
+        let (order, suspect) = self.suspect_first(&children, phys, self.read_order(&children, phys, birth));
         let mut failed: Vec<usize> = Vec::new();
         let mut last_err: Option<IoError> = None;
         for &i in &order {
             let c = &children[i];
+            // The child whose asynchronous try of this read failed is read again first,
+            // to repair it: that failure was counted on it by the try; meeting the same
+            // bad copy again is not a second error.
+            let counted = suspect == Some(i);
             match c.queue.read_buf(class, len, phys) {
                 Ok(buf) => {
                     if verify(&buf) == VerifyResult::Good {
@@ -552,13 +556,17 @@ impl TopVdev {
                         }
                         return Ok(MirrorRead { data: buf, repaired_bytes: repaired });
                     }
-                    c.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                    if !counted {
+                        c.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                     last_err = Some(IoError::checksum(&c.queue_name(), phys, len as u64));
                     failed.push(i);
                 }
                 Err(e) => {
-                    c.read_errors.fetch_add(1, Ordering::Relaxed);
-                    self.note_error(c, &e);
+                    if !counted {
+                        c.read_errors.fetch_add(1, Ordering::Relaxed);
+                        self.note_error(c, &e);
+                    }
                     last_err = Some(e);
                     failed.push(i);
                 }
@@ -617,8 +625,9 @@ impl TopVdev {
         l.push_back((phys, child));
     }
 
-    /// `order` with the child whose asynchronous try of this read failed moved first.
-    fn suspect_first(&self, children: &[Arc<Leaf>], phys: u64, mut order: Vec<usize>) -> Vec<usize> {
+    /// `order` with the child whose asynchronous try of this read failed moved first,
+    /// and that child's index (its failure is already counted).
+    fn suspect_first(&self, children: &[Arc<Leaf>], phys: u64, mut order: Vec<usize>) -> (Vec<usize>, Option<usize>) {
         let suspect = {
             let mut l = self.suspect_reads.lock();
             match l.iter().rposition(|&(p, _)| p == phys) {
@@ -626,11 +635,12 @@ impl TopVdev {
                 None => None,
             }
         };
-        if let Some(at) = suspect.and_then(|g| order.iter().position(|&i| children[i].guid == g)) {
-            let i = order.remove(at);
-            order.insert(0, i);
-        }
-        order
+        let Some(at) = suspect.and_then(|g| order.iter().position(|&i| children[i].guid == g)) else {
+            return (order, None);
+        };
+        let i = order.remove(at);
+        order.insert(0, i);
+        (order, Some(i))
     }
 
     /// Rewrite a bad copy on `c` from `good`. A failed repair puts the block's birth txg
