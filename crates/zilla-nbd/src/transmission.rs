@@ -600,12 +600,17 @@ fn try_read_async(context: &RequestContext, request: &Request, budget: Budget, c
             context.record(&request, &reply.bytes, started);
             context.send(vec![reply]);
         }
+        // On the engine thread that completed the device read: handed to the blocking
+        // pool from inside a task, as a FLUSH's commit is (`commit_then_reply`).
         None => {
-            handle.spawn_blocking(move || {
-                let bytes = execute_blocking(&context, &request, &[]);
-                drop(call);
-                context.record(&request, &bytes, started);
-                context.send(vec![Reply::new(bytes, budget)]);
+            handle.spawn(async move {
+                let _ = tokio::task::spawn_blocking(move || {
+                    let bytes = execute_blocking(&context, &request, &[]);
+                    drop(call);
+                    context.record(&request, &bytes, started);
+                    context.send(vec![Reply::new(bytes, budget)]);
+                })
+                .await;
             });
         }
     }));
