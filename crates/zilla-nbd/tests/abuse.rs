@@ -45,14 +45,7 @@ async fn start_shared(config: NbdConfig, frontend_config: FrontendConfig) -> Har
 }
 
 fn request(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(28);
-    bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    bytes.extend_from_slice(&0u16.to_be_bytes());
-    bytes.extend_from_slice(&command.to_be_bytes());
-    bytes.extend_from_slice(&cookie.to_be_bytes());
-    bytes.extend_from_slice(&offset.to_be_bytes());
-    bytes.extend_from_slice(&length.to_be_bytes());
-    bytes
+    request_bytes(0, command, cookie, offset, length, &[])
 }
 
 /// A client that opens pool/big, sends big reads, TRIMs and invalid requests, and

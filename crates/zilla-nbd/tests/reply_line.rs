@@ -10,6 +10,7 @@
 //! interleaved, a reply written twice or lost, or a wrong partial-write offset fail.
 
 mod common;
+use common::request_bytes;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,18 +24,6 @@ use zilla_nbd::{Frontend, FrontendConfig, NbdConfig, NbdServer, StaticRegistry};
 
 const VOLUME_BYTES: u64 = 16 << 20;
 const BLOCK: u64 = 4096;
-
-fn request_bytes(flags: u16, command: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(28 + payload.len());
-    bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    bytes.extend_from_slice(&flags.to_be_bytes());
-    bytes.extend_from_slice(&command.to_be_bytes());
-    bytes.extend_from_slice(&cookie.to_be_bytes());
-    bytes.extend_from_slice(&offset.to_be_bytes());
-    bytes.extend_from_slice(&length.to_be_bytes());
-    bytes.extend_from_slice(payload);
-    bytes
-}
 
 /// The byte the volume holds at `offset`: each 4 KiB block has its own.
 fn pattern(offset: u64) -> u8 {

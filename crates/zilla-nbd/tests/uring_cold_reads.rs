@@ -178,14 +178,7 @@ async fn read_chunk(rd: &mut tokio::net::tcp::OwnedReadHalf) -> Chunk {
 }
 
 fn req(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(28);
-    bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    bytes.extend_from_slice(&0u16.to_be_bytes());
-    bytes.extend_from_slice(&command.to_be_bytes());
-    bytes.extend_from_slice(&cookie.to_be_bytes());
-    bytes.extend_from_slice(&offset.to_be_bytes());
-    bytes.extend_from_slice(&length.to_be_bytes());
-    bytes
+    request_bytes(0, command, cookie, offset, length, &[])
 }
 
 fn all_blocks() -> Vec<u64> {

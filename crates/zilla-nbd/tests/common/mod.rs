@@ -16,6 +16,19 @@ use zilla_core::zvol::{BlockVolume, Extent, SharedSlice};
 use zilla_nbd::proto::*;
 use zilla_nbd::{NbdConfig, NbdServer, StaticRegistry};
 
+/// One NBD request on the wire: the 28-byte header, then `payload`.
+pub fn request_bytes(flags: u16, command: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(28 + payload.len());
+    bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    bytes.extend_from_slice(&flags.to_be_bytes());
+    bytes.extend_from_slice(&command.to_be_bytes());
+    bytes.extend_from_slice(&cookie.to_be_bytes());
+    bytes.extend_from_slice(&offset.to_be_bytes());
+    bytes.extend_from_slice(&length.to_be_bytes());
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
 /// A MemVolume whose `try_read_cached` serves every read (it is all memory), so the
 /// server's inline fast path is exercised.
 pub struct CachedVolume(pub MemVolume);
@@ -240,15 +253,7 @@ impl RawClient {
     }
 
     pub async fn send_request(&mut self, flags: u16, command: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) {
-        let mut bytes = Vec::with_capacity(28 + payload.len());
-        bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        bytes.extend_from_slice(&flags.to_be_bytes());
-        bytes.extend_from_slice(&command.to_be_bytes());
-        bytes.extend_from_slice(&cookie.to_be_bytes());
-        bytes.extend_from_slice(&offset.to_be_bytes());
-        bytes.extend_from_slice(&length.to_be_bytes());
-        bytes.extend_from_slice(payload);
-        self.stream.write_all(&bytes).await.unwrap();
+        self.stream.write_all(&request_bytes(flags, command, cookie, offset, length, payload)).await.unwrap();
     }
 
     /// Read a simple reply header: (error, cookie).
