@@ -6,8 +6,9 @@
 # Method: a cold pool (export + import empties the ARC), nbdcopy/fio readers at high
 # queue depth, and: (A) the data region of the *second* child of each mirror
 # overwritten with garbage, then (B) of the first child, every byte read must match and
-# the pool must heal; (C) offline/online and an export while fio reads (the export must
-# finish, the daemon answer, the pool import intact); (D) kill -9 while fio reads and
+# the pool must heal; (C) offline/online and an export while fio reads (refused without
+# -f, the readers going on; with -f it must finish, the daemon answer, the pool import
+# intact); (D) kill -9 while fio reads and
 # another volume is written + flushed; after the restart the flushed data reads back.
 . "$(dirname "$0")/lib.sh"
 command -v fio >/dev/null || skip "fio missing"
@@ -64,8 +65,17 @@ z pool offline tank "$T/disks/tank-b1"
 sleep 1
 z pool online tank "$T/disks/tank-b1"
 sleep 1
+# without -f the export is refused while the readers are attached, and they go on
+if timeout 30 "$ZILLA" --state-dir "$STATE" pool export tank >"$T/busy.out" 2>&1; then
+    fail "export without -f went ahead with 3 readers attached"
+fi
+grep -q "cannot export 'tank': pool 'tank' is busy: 3 clients are attached (use -f" "$T/busy.out" \
+    || fail "refused export said: $(cat "$T/busy.out")"
+z pool list -H | grep -q '^tank' || fail "tank gone after a refused export"
+sleep 1
+kill -0 "$FIO" 2>/dev/null || fail "the readers stopped after a refused export: $(tail -5 "$T/fio-c.out")"
 start=$SECONDS
-timeout 60 "$ZILLA" --state-dir "$STATE" pool export tank || fail "export with readers attached failed or hung ($((SECONDS - start)) s)"
+timeout 60 "$ZILLA" --state-dir "$STATE" pool export -f tank || fail "export -f with readers attached failed or hung ($((SECONDS - start)) s)"
 log "export under cold reads took $((SECONDS - start)) s"
 timeout 10 "$ZILLA" --state-dir "$STATE" pool list >/dev/null || fail "daemon unresponsive after the export"
 kill "$FIO" 2>/dev/null || true

@@ -39,7 +39,7 @@ log "delayed writes over three vanished-client rounds: $((after - before))"
 fio --name=pat --ioengine=nbd --uri="$(nbd_unix_uri p/v)" --rw=write --bs=64k --size=64M --offset=512M \
     --verify=crc32c --do_verify=0 --verify_state_save=0 --end_fsync=1 >"$T/pat.out" 2>&1 || fail "pattern write failed"
 writers 30; sleep 3
-z pool export p >"$T/export.out" 2>&1 || fail "export with delayed writes pending: $(cat "$T/export.out")"
+z pool export -f p >"$T/export.out" 2>&1 || fail "export -f with delayed writes pending: $(cat "$T/export.out")"
 kill_writers
 z pool import -d "$T/disks" p >/dev/null 2>&1 || z pool import p >/dev/null || fail "import after the export failed"
 fio --name=pat --ioengine=nbd --uri="$(nbd_unix_uri p/v)" --rw=read --bs=64k --size=64M --offset=512M \

@@ -644,14 +644,19 @@ async fn pool_rewind_plan(State(_d): State<Arc<Daemon>>, ApiJson(req): ApiJson<I
     Ok(Json(blocking(move || Ok(Pool::rewind_plan_found(&search, name.as_deref())?)).await?))
 }
 
-async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Empty> {
+async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Query(q): Query<DestroyQuery>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
+    // As `zpool export` refuses while a zvol is open ("pool is busy"): a client whose
+    // volume vanishes under it gets I/O errors for every later request.
+    d.pool(&pool)?;
+    let p = pool.clone();
+    clear_sessions(&d, &format!("pool '{pool}'"), q.force, &move |e| zilla_frontend::sessions::export_in_pool(e, &p)).await?;
     d.retire_pool(&pool, Pool::export).await?;
     tracing::info!("exported pool '{pool}'");
     Ok(Json(Empty {}))
 }
 
-/// `?force=true` of the destroy calls (`-f`): disconnect attached clients first.
+/// `?force=true` of the destroy and export calls (`-f`): disconnect attached clients first.
 #[derive(Deserialize, Default)]
 struct DestroyQuery {
     #[serde(default)]
@@ -662,16 +667,30 @@ struct DestroyQuery {
 /// front ends' shutdown grace (requests in flight finish within that).
 const DISCONNECT_WAIT_MARGIN: Duration = Duration::from_secs(5);
 
-/// Destroy of `what` (its exports are those `matches` accepts): refuse while clients
-/// are attached, or with `force` disconnect them and wait until they are gone.
+/// Longest an export or destroy without -f waits for attached clients that are already
+/// leaving: a client that has just closed its socket (fio, nbdcopy and qemu-img exit
+/// and the admin's next command runs at once) is counted until its connection task has
+/// seen the end of the stream.
+const CLOSING_CLIENTS_WAIT: Duration = Duration::from_secs(1);
+
+/// Export or destroy of `what` (its exports are those `matches` accepts): refuse while
+/// clients are attached, or with `force` disconnect them and wait until they are gone.
 async fn clear_sessions(d: &Daemon, what: &str, force: bool, matches: &(dyn Fn(&str) -> bool + Sync)) -> Result<(), ApiError> {
     let sessions = &d.nbd.frontend().sessions;
-    let attached = sessions.count(matches);
+    let mut attached = sessions.count(matches);
     if attached == 0 {
         return Ok(());
     }
     let clients = |n: usize| if n == 1 { "1 client is".to_string() } else { format!("{n} clients are") };
     if !force {
+        let deadline = tokio::time::Instant::now() + CLOSING_CLIENTS_WAIT;
+        while attached > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            attached = sessions.count(matches);
+        }
+        if attached == 0 {
+            return Ok(());
+        }
         return Err(ApiError(StatusCode::CONFLICT, format!("{what} is busy: {} attached (use -f to disconnect them)", clients(attached))));
     }
     sessions.disconnect(matches);

@@ -225,8 +225,14 @@ enum PoolCmd {
         /// Pool name or numeric id
         pool: Option<String>,
     },
-    /// Export a pool (sync, close its devices, forget it)
-    Export { pool: String },
+    /// Export a pool (sync, close its devices, forget it; refused while clients are
+    /// attached to its volumes, unless -f)
+    Export {
+        /// Disconnect attached clients first
+        #[arg(short = 'f')]
+        force: bool,
+        pool: String,
+    },
     /// Destroy a pool (wipe its labels; refused while clients are attached to its
     /// volumes, unless -f)
     Destroy {
@@ -659,8 +665,9 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 .map_err(ctx(format!("cannot scrub '{pool}'")))?;
         }
         PoolCmd::Import { dirs, force, rewind, dry_run, missing_log, pool } => import_cmd(c, dirs, ImportFlags { force, rewind, dry_run, missing_log }, pool).await?,
-        PoolCmd::Export { pool } => {
-            let _: Empty = c.post(&format!("/v1/pools/{}/export", enc(&pool)), &Empty {}).await.map_err(ctx(format!("cannot export '{pool}'")))?;
+        PoolCmd::Export { force, pool } => {
+            let path = format!("/v1/pools/{}/export{}", enc(&pool), if force { "?force=true" } else { "" });
+            let _: Empty = c.post(&path, &Empty {}).await.map_err(ctx(format!("cannot export '{pool}'")))?;
         }
         PoolCmd::Destroy { force, pool } => {
             let path = format!("/v1/pools/{}{}", enc(&pool), if force { "?force=true" } else { "" });
