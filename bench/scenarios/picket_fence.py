@@ -45,7 +45,7 @@ system's df Used at the end (`backing_memory`). 2 GiB fits the worst case: per m
 deferred and of the txg being written (~250 MiB each: txgs close at ~500 MB of dirty
 data) + metadata; the runs end at 2.68 of 4.0 GiB allocated (67 %, `pool_list_end`).
 The write volume is 1 GiB so that one txg never holds it twice over: the stream
-(76-114 MB/s in the runs) wraps every 9-14 s, the bandwidth probe every 4-7 s, and a
+(76-126 MB/s in the runs) wraps every 8-14 s, the bandwidth probe every 4-7 s, and a
 txg is ~500 MB, so no block is written twice in one txg and the pool writes what fio
 writes.
 
