@@ -3,7 +3,8 @@
 Theory of operation: every process a scenario starts is registered here (`spawn`) and
 every temp dir comes from `make_workdir`; an atexit hook plus SIGINT/SIGTERM/SIGHUP
 handlers terminate the processes (then kill them after a grace period) and remove the
-temp dirs on exit, error or signal. `BENCH_KEEP=1` keeps the temp dirs for inspection.
+temp dirs on exit, error or signal. `BENCH_KEEP=1` keeps the temp dirs for inspection,
+except those in memory (`make_memdir`: device images in RAM).
 Logging goes to stderr, so stdout carries only the tables and the final JSON line.
 """
 
@@ -21,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 _procs = []      # Popen objects we started, newest last
 _tmpdirs = []    # temp dirs we created
+_memdirs = set() # those of them in memory (make_memdir): removed even with BENCH_KEEP=1
 
 
 class BenchError(Exception):
@@ -82,15 +84,35 @@ def make_memdir(prefix="zilla-bench-mem-", need_bytes=2 << 30):
     does not hide a slow lab disk's O_DIRECT write (slog QD1 on one lab VM: 623 us with
     the backing on its disk, 428 us in tmpfs, where the model predicts ~200 + protocol).
     Falls back to make_workdir when /dev/shm is missing or has less than `need_bytes`
-    free; removed at exit like the work dir. BENCH_MEMDIR=0 turns it off."""
+    free; removed at exit like the work dir, but also with BENCH_KEEP=1 (its files are
+    device images held in RAM, up to several GiB, that a kept dir would pin until
+    someone removes it by hand). BENCH_MEMDIR=0 turns it off."""
     shm = "/dev/shm"
     if os.environ.get("BENCH_MEMDIR") != "0" and os.path.isdir(shm):
         st = os.statvfs(shm)
         if st.f_bavail * st.f_frsize >= need_bytes:
             d = tempfile.mkdtemp(prefix=prefix, dir=shm)
             _tmpdirs.append(d)
+            _memdirs.add(d)
             return d
     return make_workdir(prefix)
+
+
+def is_memdir(d):
+    """Whether `d` came from make_memdir and is in memory (not its disk fallback)."""
+    return d in _memdirs
+
+
+def allocated_bytes(paths):
+    """Bytes the files at `paths` really occupy (st_blocks, not their sparse size): in
+    tmpfs, the memory they hold."""
+    return sum(os.stat(p).st_blocks * 512 for p in paths)
+
+
+def fs_used_bytes(path):
+    """Bytes in use on the file system holding `path` (df's Used), every user's."""
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 def cleanup():
@@ -105,11 +127,12 @@ def cleanup():
                 pass
     _procs.clear()
     for d in _tmpdirs:
-        if os.environ.get("BENCH_KEEP") == "1":
+        if os.environ.get("BENCH_KEEP") == "1" and d not in _memdirs:
             log(f"kept {d}")
         else:
             shutil.rmtree(d, ignore_errors=True)
     _tmpdirs.clear()
+    _memdirs.clear()
 
 
 def _on_signal(signum, _frame):

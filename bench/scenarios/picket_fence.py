@@ -4,7 +4,9 @@ write stream, per 100 ms interval, with the OpenZFS I/O scheduler and the legacy
 Theory of operation: one daemon, one pool built like the demo's: two sim-hdd mirrors
 and a sim-ssd log mirror. Volume `rd` is filled once with sequential 1M writes and
 has `primarycache=metadata`, so every data read misses the ARC and reaches a disk.
-Volume `wr` is sparse and takes the stream. In this order:
+Volume `wr` (1 GiB) takes the stream, which wraps around it (fio `--size` = the
+volume, `--time_based`): after the first pass every write overwrites a block. In
+this order:
 
 1. idle: one client does QD1 4K random reads on `rd` (fio nbd engine) with nothing
    else running: the read latency the disks give on their own;
@@ -15,6 +17,52 @@ Volume `wr` is sparse and takes the stream. In this order:
    the measured bandwidth (`--rate`), for several txgs (`zfs_txg_timeout`). That is
    the moderate load under which seed 000 saw the fence: each txg sync floods the
    disks with async writes, and a read that arrives then waits behind them.
+
+The devices' bytes live in memory. All six backing files (4 sim-hdd, 2 sim-ssd) are
+in a /dev/shm dir (`lib.proc.make_memdir`, removed at exit, even with BENCH_KEEP=1;
+BENCH_MEMDIR=0 or too little room in /dev/shm puts them in the work dir on the lab
+disk, and the JSON says so: `config.backing`). Why: a sim device runs the backing
+file's I/O first and then waits out the rest of its modelled service time, so the
+model sets the device's time only while the real I/O is shorter than the model. On
+the lab VM's one virtual disk a sim-hdd's 1 MiB O_DIRECT pwrite into a 12 GB sparse
+file overran its model by more than 2 ms for 36 % of writes (up to 0.81 s), and a QD1
+read queued behind such a write waited for the lab disk: the 1.4 s stalls of
+docs/BENCHMARKS.md, stop 26. In tmpfs a 1 MiB overwrite takes ~0.3 ms (p50), under
+the model's 3.5 ms cache write. The first write into a tmpfs page was slow, though
+(a hole: 2-4 ms per 1 MiB, p90 up to 13 ms; even a posix_fallocate'd page 1.1-2.2 ms),
+so the sim-hdd files are written with zeros once before the pool is created
+(`preallocated`, ~1 s per GiB); the log SSDs' files stay sparse (the async stream
+barely uses the log).
+
+Memory is bounded by the device sizes, not by the volume written: there is no TRIM of
+freed blocks, and under a COW overwrite stream the allocator's cursor walks the whole
+device (a txg's blocks go after the previous txg's, freed space comes back 3 txgs
+later), so every page of the sim-hdds would be touched within the run anyway: 4 x 2
+GiB resident from the start, plus the few MB the logs take; 9 GiB at the very most.
+The JSON records the files' allocated bytes after each phase and the backing file
+system's df Used at the end (`backing_memory`). 2 GiB fits the worst case: per mirror
+128 MiB of `rd` + 512 MiB of `wr` + the blocks of the two txgs whose frees are still
+deferred and of the txg being written (~250 MiB each: txgs close at ~500 MB of dirty
+data) + metadata; the runs end at 2.68 of 4.0 GiB allocated (67 %, `pool_list_end`).
+The write volume is 1 GiB so that one txg never holds it twice over: the stream
+(76-126 MB/s in the runs) wraps every 8-14 s, the bandwidth probe every 4-7 s, and a
+txg is ~500 MB, so no block is written twice in one txg and the pool writes what fio
+writes.
+
+Device size and the seek model: a sim-hdd's seek is settle + (full_stroke - settle) x
+sqrt(d / device_size) (vdev/sim.rs), i.e. the backing file is the whole platter. The
+same byte distance is a longer seek on a smaller device: `rd`'s 128 MiB per leaf
+spans 6 % of a 2 GiB device's stroke and 1 % of a 12 GiB one's, so the idle random
+read's modelled positioning grows. A Monte Carlo of the model (uniform reads over
+128 MiB, seek + uniform rotation + transfer + 0.6 ms of protocol, which reproduces
+the 12 GiB runs' measured idle mean 6.56 ms and p99 10.9 ms) gives for 2 GiB devices
+a mean of 7.7 ms and a p99 of 12.5 ms (+15 %); the runs measure 7.6-7.9 ms and
+12.4-13.7 ms. The model of the disk is unchanged (a 7200 rpm mechanism whose platter
+is the backing file), but the idle p99, the denominator of the second goal, is ~15 %
+higher than with the old 12 GiB devices, so that goal is that much easier for the
+same reads under the stream; docs/BENCHMARKS.md gives the ratio both ways. Seeks
+between the write stream and `rd` stay long either way (the stream's blocks spread
+over the whole device).
 
 fio logs every read's latency (`--write_lat_log`, `--log_avg_msec=0`); the bench cuts
 the reader's timeline into 100 ms intervals and takes each interval's p99 (at QD1 on
@@ -41,7 +89,7 @@ from lib.daemon import Zilla
 from lib.fio import nbd_flush
 from lib.goals import goal
 from lib.packages import ensure_tools
-from lib.proc import BenchError, log, make_workdir, run
+from lib.proc import BenchError, allocated_bytes, fs_used_bytes, is_memdir, log, make_memdir, make_workdir, run
 from lib.tables import fmt, table
 
 from .slog import sparse
@@ -56,12 +104,13 @@ MIN_READS_PER_INTERVAL = 3
 
 
 def settings(quick):
-    return {"read_volume_bytes": 256 * MiB, "write_volume_bytes": 8 * GiB,
-            "device_file_bytes": 12 * GiB, "zfs_txg_timeout_s": 5,
+    return {"read_volume_bytes": 256 * MiB, "write_volume_bytes": 1 * GiB,
+            "sim_hdd_bytes": 2 * GiB, "log_ssd_bytes": 512 * MiB, "zfs_txg_timeout_s": 5,
             "idle_s": 10 if quick else 30, "bandwidth_probe_s": 10 if quick else 20,
             "runtime_s": 30 if quick else 90, "write_rate_fraction": 0.5,
             "reader": "fio ioengine=nbd rw=randread bs=4k iodepth=1, primarycache=metadata",
-            "writer": "fio ioengine=nbd rw=write bs=1M iodepth=4 --rate=(fraction x measured bandwidth)",
+            "writer": "fio ioengine=nbd rw=write bs=1M iodepth=4 --size=(write volume) --time_based "
+                      "--rate=(fraction x measured bandwidth): wraps, overwriting the volume",
             "pool": "mirror sim-hdd sim-hdd mirror sim-hdd sim-hdd log mirror sim-ssd sim-ssd",
             # PICKET_TUNABLES="name=value,...": extra tunables for experiments (set before
             # the pool is created, so device models see them); recorded in the JSON
@@ -76,19 +125,28 @@ def run_scenario(ctx):
     z.cli("tunable", "set", f"zfs_txg_timeout={cfg['zfs_txg_timeout_s']}")
     for kv in cfg["extra_tunables"]:
         z.cli("tunable", "set", kv)
-    disks = [sparse(os.path.join(wd, f"d{i}.img"), cfg["device_file_bytes"]) for i in range(4)]
-    logs = [sparse(os.path.join(wd, f"log{i}.img"), 512 * MiB) for i in range(2)]
+    # every device's bytes in memory: the model, not the lab disk, sets their time
+    md = make_memdir(need_bytes=backing_worst_case(cfg))
+    cfg["backing"] = backing_record(md, cfg)
+    log(f"device backing files in {md} ({cfg['backing']['where']})")
+    disks = [preallocated(os.path.join(md, f"d{i}.img"), cfg["sim_hdd_bytes"]) for i in range(4)]
+    logs = [sparse(os.path.join(md, f"log{i}.img"), cfg["log_ssd_bytes"]) for i in range(2)]
+    files = disks + logs
+    memory = {}
     z.cli("pool", "create", "-f", "bench", "mirror", f"sim-hdd:{disks[0]}", f"sim-hdd:{disks[1]}",
           "mirror", f"sim-hdd:{disks[2]}", f"sim-hdd:{disks[3]}",
           "log", "mirror", f"sim-ssd:{logs[0]}", f"sim-ssd:{logs[1]}")
+    memory["after_create"] = allocated_bytes(files)
     z.cli("volume", "create", "-V", str(cfg["read_volume_bytes"]), "-o", "primarycache=metadata", "bench/rd")
     z.cli("volume", "create", "-s", "-V", str(cfg["write_volume_bytes"]), "bench/wr")
     log(f"workdir {wd}; filling bench/rd ({cfg['read_volume_bytes'] >> 20} MiB)")
     fill(z, wd, cfg)
+    memory["after_fill"] = allocated_bytes(files)
 
     idle = reader(z, wd, cfg, "idle", cfg["idle_s"])
     log(f"idle reader: {idle['reads']} reads, mean {idle['mean_us']} us, p99 {idle['p99_us']} us")
     bw = write_bandwidth(z, wd, cfg)
+    memory["after_bandwidth_probe"] = allocated_bytes(files)
     rate = int(bw * cfg["write_rate_fraction"])
     log(f"pool write bandwidth {bw / 1e6:.1f} MB/s; the stream writes at {rate / 1e6:.1f} MB/s")
 
@@ -97,14 +155,22 @@ def run_scenario(ctx):
         z.cli("tunable", "set", f"zfs_vdev_scheduler_mode={mode}")
         nbd_flush(z.uri("bench/wr"), wd, f"before-{mode}")
         runs[mode] = under_writer(z, wd, cfg, mode, rate)
+        memory[f"after_{mode}"] = allocated_bytes(files)
         r = runs[mode]
         log(f"{mode:>7}: {r['reads']} reads, p99 {r['p99_us']} us; interval p99 "
             f"{r['interval_p99_min_us']}..{r['interval_p99_max_us']} us (x{r['interval_p99_ratio']}); "
             f"writer {r['writer_MBps']} MB/s")
     z.cli("tunable", "set", "zfs_vdev_scheduler_mode=openzfs")
     txgs = txg_history(z)
+    pool_list = pool_capacity(z)
     z.cli("pool", "export", "bench")
     z.stop()
+    backing_memory = {"allocated_bytes_by_phase": memory, "allocated_GiB_end": round(memory["after_legacy"] / GiB, 2),
+                      "worst_case_GiB": round(backing_worst_case(cfg) / GiB, 2),
+                      "backing_fs_used_GiB_end": round(fs_used_bytes(md) / GiB, 2)}
+    log(f"backing files hold {backing_memory['allocated_GiB_end']} GiB "
+        f"(worst case {backing_memory['worst_case_GiB']}); {md}'s file system has "
+        f"{backing_memory['backing_fs_used_GiB_end']} GiB in use (every user's)")
 
     plot = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "picket-fence.svg")
     write_svg(runs, idle, plot)
@@ -113,8 +179,42 @@ def run_scenario(ctx):
     return {"config": cfg, "pool_write_bandwidth_MBps": round(bw / 1e6, 1),
             "writer_rate_MBps": round(rate / 1e6, 1), "idle": idle, "results": runs,
             "legacy_interval_p99_ratio": runs["legacy"]["interval_p99_ratio"],
-            "interval_p99_series_us": series, "txgs_after": txgs, "plot": os.path.relpath(plot),
+            "interval_p99_series_us": series, "txgs_after": txgs, "pool_list_end": pool_list,
+            "backing_memory": backing_memory, "plot": os.path.relpath(plot),
             "goals": goals(idle, runs)}
+
+
+def backing_worst_case(cfg):
+    """Bytes the backing files can come to hold: all of every device (see the docstring)."""
+    return 4 * cfg["sim_hdd_bytes"] + 2 * cfg["log_ssd_bytes"]
+
+
+def preallocated(path, size):
+    """A device file with every page written once (zeros) before the pool exists: in
+    tmpfs the first write into a page was slow (see the docstring), and the run touches
+    every page of the sim-hdds anyway, so this costs no extra memory, ~1 s per GiB."""
+    sparse(path, size)
+    zeros = bytes(MiB)
+    with open(path, "r+b") as f:
+        for _ in range(size // MiB):
+            f.write(zeros)
+    return path
+
+
+def backing_record(md, cfg):
+    """Where the sim devices' bytes live, for the JSON."""
+    mem = is_memdir(md)
+    return {"dir": md, "where": "memory (tmpfs)" if mem else "work dir on the lab disk (no room in /dev/shm or BENCH_MEMDIR=0)",
+            "in_memory": mem, "sim_hdd_bytes": cfg["sim_hdd_bytes"], "log_ssd_bytes": cfg["log_ssd_bytes"],
+            "worst_case_bytes": backing_worst_case(cfg)}
+
+
+def pool_capacity(z):
+    """`pool list` at the end (how full the small devices got), as text."""
+    try:
+        return z.cli("pool", "list").splitlines()
+    except Exception as e:          # informational only
+        return [f"zilla pool list failed: {e}"]
 
 
 def fio_cmd(z, export, name, extra):

@@ -133,3 +133,40 @@ class PicketFenceIntervals(unittest.TestCase):
             with open(prefix + "_lat.1.log", "w") as f:
                 f.write("5, 2000000, 0, 4096, 0\n7, 9000000, 1, 4096, 0\n")
             self.assertEqual(self.pf.read_lat_log(prefix), [(5, 2000.0)])
+
+
+class MemdirCleanup(unittest.TestCase):
+    """Device images in /dev/shm hold RAM: removed at exit even with BENCH_KEEP=1."""
+
+    def test_a_memdir_is_removed_with_bench_keep_and_a_workdir_is_kept(self):
+        from lib import proc
+        with tempfile.TemporaryDirectory() as base:
+            old = {k: os.environ.get(k) for k in ("BENCH_KEEP", "BENCH_TMPDIR", "BENCH_MEMDIR")}
+            try:
+                os.environ.update(BENCH_KEEP="1", BENCH_TMPDIR=base)
+                os.environ.pop("BENCH_MEMDIR", None)
+                wd = proc.make_workdir()
+                md = proc.make_memdir(need_bytes=1)
+                img = os.path.join(md, "d0.img")
+                with open(img, "wb") as f:
+                    f.write(b"x" * 8192)
+                self.assertGreaterEqual(proc.allocated_bytes([img]), 8192)
+                self.assertEqual(proc.is_memdir(md), md.startswith("/dev/shm/"))
+                proc.cleanup()
+                self.assertTrue(os.path.isdir(wd))
+                self.assertEqual(os.path.isdir(md), not md.startswith("/dev/shm/"))
+            finally:
+                for k, v in old.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
+    def test_picket_fence_records_where_its_devices_live(self):
+        from scenarios import picket_fence as pf
+        cfg = pf.settings(True)
+        self.assertEqual(pf.backing_worst_case(cfg), 4 * cfg["sim_hdd_bytes"] + 2 * cfg["log_ssd_bytes"])
+        self.assertLess(pf.backing_worst_case(cfg), 10 << 30)
+        rec = pf.backing_record("/tmp/not-a-memdir", cfg)
+        self.assertFalse(rec["in_memory"])
+        self.assertEqual(rec["worst_case_bytes"], pf.backing_worst_case(cfg))
