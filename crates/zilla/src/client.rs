@@ -94,6 +94,15 @@ impl Client {
     }
 }
 
+/// The query of an admin call that takes `-f` (disconnect attached clients first).
+pub fn force_query(force: bool) -> &'static str {
+    if force {
+        "?force=true"
+    } else {
+        ""
+    }
+}
+
 /// Percent-encode a path segment or query value.
 pub fn enc(s: &str) -> String {
     let mut o = String::new();

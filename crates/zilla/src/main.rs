@@ -30,7 +30,7 @@ use zilla_core::spa::{ImportablePool, PoolListRow, PoolStatus, ScrubCmd, TopSpec
 use zilla_core::vdev::LeafSpec;
 
 use crate::api::*;
-use crate::client::{enc, Client};
+use crate::client::{enc, force_query, Client};
 use crate::format::IostatFlags;
 
 #[derive(Parser)]
@@ -666,12 +666,11 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         }
         PoolCmd::Import { dirs, force, rewind, dry_run, missing_log, pool } => import_cmd(c, dirs, ImportFlags { force, rewind, dry_run, missing_log }, pool).await?,
         PoolCmd::Export { force, pool } => {
-            let path = format!("/v1/pools/{}/export{}", enc(&pool), if force { "?force=true" } else { "" });
+            let path = format!("/v1/pools/{}/export{}", enc(&pool), force_query(force));
             let _: Empty = c.post(&path, &Empty {}).await.map_err(ctx(format!("cannot export '{pool}'")))?;
         }
         PoolCmd::Destroy { force, pool } => {
-            let path = format!("/v1/pools/{}{}", enc(&pool), if force { "?force=true" } else { "" });
-            let _: Empty = c.delete(&path).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
+            let _: Empty = c.delete(&format!("/v1/pools/{}{}", enc(&pool), force_query(force))).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
         }
         PoolCmd::Add { force, pool, vdevs } => {
             let err = ctx(format!("cannot add to '{pool}'"));
@@ -953,7 +952,7 @@ async fn volume_cmd(c: &Client, cmd: VolumeCmd) -> Result<(), String> {
             let Some((pool, vol)) = name.split_once('/') else {
                 return Err(err("not a volume name (expected POOL/NAME)".into()));
             };
-            let path = format!("/v1/volumes/{}/{}{}", enc(pool), enc(vol), if force { "?force=true" } else { "" });
+            let path = format!("/v1/volumes/{}/{}{}", enc(pool), enc(vol), force_query(force));
             let _: Empty = c.delete(&path).await.map_err(err)?;
         }
     }
