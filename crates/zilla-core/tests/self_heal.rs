@@ -514,9 +514,10 @@ fn indirect_ditto_copy_bad_on_whole_mirror_is_repaired_by_scrub_alone() {
 #[test]
 fn a_read_error_met_by_a_cold_read_counts_once_toward_a_fault() {
     // Goal: an I/O error the asynchronous first try of a cold read meets is one error
-    // on that child: the blocking retry reads the child again first (to repair it) and
-    // must not count the same failure again, or a disk is faulted after half the
-    // errors (FAULT_AFTER_CONSECUTIVE_ERRORS). Method: reads of a few blocks fail on
+    // on that child: the blocking retry must not count the same failure again, or a
+    // disk is faulted after half the errors (FAULT_AFTER_CONSECUTIVE_ERRORS), and it
+    // reads the other child without asking the failing one again (a dying disk may
+    // take seconds per read). Method: reads of a few blocks fail on
     // the child each is read from first; read each once as the NBD layer does.
     let (rig, pool) = setup();
     let v = pool.open_volume("vol").unwrap();
@@ -529,11 +530,15 @@ fn a_read_error_met_by_a_cold_read_counts_once_toward_a_fault() {
         rig.fd(&bad).fail_reads_in(DATA_START + d.offset..DATA_START + d.offset + d.asize as u64);
         let read_errors = |n: &str| pool.status().config.iter().flat_map(|t| t.children.iter()).find(|c| c.name == n).unwrap().read_errors;
         let before = read_errors(&bad);
+        let asked_before = rig.fd(&bad).counts().read_errors;
         assert_eq!(read_async(&*v, blk * BS, BS), None, "block {blk}: a failed read was served");
         let mut b = vec![0u8; BS as usize];
         v.read(blk * BS, &mut b).unwrap();
         assert_eq!(&b[..], &rig.written[0].1[(blk * BS) as usize..((blk + 1) * BS) as usize]);
         assert_eq!(read_errors(&bad) - before, 1, "block {blk}: one failed read counted {} times on {bad}", read_errors(&bad) - before);
+        // the retry reads the good child and does not ask the failing one again
+        let asked = rig.fd(&bad).counts().read_errors - asked_before;
+        assert_eq!(asked, 1, "block {blk}: the failing child was read {asked} times for one read");
     }
     drop(v);
     pool.export().unwrap();

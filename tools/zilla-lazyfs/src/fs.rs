@@ -9,7 +9,8 @@
 //! fallocate, readdir, statfs) go straight to the backing file system. File data goes
 //! through [`PageCache`]: `write` stays in memory, `read` merges memory and the backing
 //! file, `fsync`/`fdatasync` (FUSE_FSYNC, whatever issued it: fsync(2), fdatasync(2),
-//! an io_uring IORING_OP_FSYNC) write back and sync.
+//! an io_uring IORING_OP_FSYNC) write back and sync, and so does a synchronous write
+//! (O_DSYNC / RWF_DSYNC, seen in the write's flags) before it is answered.
 //!
 //! Every open gets FOPEN_DIRECT_IO, so the kernel keeps no page cache of its own for
 //! these files: each read and write reaches this process, O_DIRECT opens work, and
@@ -621,7 +622,7 @@ impl Filesystem for LazyFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -643,10 +644,22 @@ impl Filesystem for LazyFs {
         if Self::kill_due(&mut st, KillOn::Write) {
             return reply.error(Errno::EIO);
         }
-        match st.cache.write(ino.0, offset, data) {
-            Ok(()) => reply.written(data.len() as u32),
-            Err(e) => reply.error(errno(e)),
+        if let Err(e) = st.cache.write(ino.0, offset, data) {
+            return reply.error(errno(e));
         }
+        // A synchronous write (O_DSYNC/O_SYNC on the open, or RWF_DSYNC/RWF_SYNC on this
+        // write: the kernel passes either in the write's flags) is durable when it
+        // returns, as on any file system: with FOPEN_DIRECT_IO the kernel sends no
+        // FUSE_FSYNC after it, so the sync is this file system's to do.
+        if flags.0 & (libc::O_DSYNC | libc::O_SYNC) != 0 {
+            if Self::kill_due(&mut st, KillOn::Sync) {
+                return reply.error(Errno::EIO);
+            }
+            if let Err(e) = st.cache.sync(ino.0, flags.0 & libc::O_SYNC != libc::O_SYNC) {
+                return reply.error(errno(e));
+            }
+        }
+        reply.written(data.len() as u32)
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {

@@ -61,6 +61,26 @@ fn syscalls_see_lazy_semantics() {
     assert!(back[..4096].iter().all(|&b| b == 0xa1), "synced page survives drop");
     assert!(back[4096..].iter().all(|&b| b == 0), "unsynced page is dropped");
 
+    // synchronous writes are durable when they return: RWF_DSYNC on one write (what
+    // the io_uring leaves use for log blocks) and a descriptor opened O_DSYNC
+    let (buf, skip) = aligned(0xc3);
+    let iov = libc::iovec { iov_base: buf[skip..].as_ptr() as *mut libc::c_void, iov_len: 4096 };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let n = unsafe { libc::pwritev2(fd, &iov, 1, 4096, libc::RWF_DSYNC) };
+    assert_eq!(n, 4096, "pwritev2 RWF_DSYNC: {}", std::io::Error::last_os_error());
+    let dsync = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(&disk).unwrap();
+    let (buf, skip) = aligned(0xd4);
+    dsync.write_all_at(&buf[skip..skip + 4096], 12288).unwrap();
+    f.write_all_at(&buf[skip..skip + 4096], 16384).unwrap(); // plain: not durable
+    ctl(mnt.path(), "drop").unwrap();
+    let mut more = vec![0u8; 4 * 4096];
+    std::fs::File::open(&disk).unwrap().read_exact_at(&mut more, 4096).unwrap();
+    assert!(more[..4096].iter().all(|&b| b == 0xc3), "an RWF_DSYNC write survives drop");
+    assert!(more[8192..12288].iter().all(|&b| b == 0xd4), "an O_DSYNC write survives drop");
+    assert!(more[12288..].iter().all(|&b| b == 0), "a plain write after them is dropped");
+    drop(dsync);
+    let (buf, skip) = aligned(0xb2);
+
     ctl(mnt.path(), "fail-fsync /disk 1").unwrap();
     f.write_all_at(&buf[skip..skip + 4096], 8192).unwrap();
     let e = f.sync_data().unwrap_err();

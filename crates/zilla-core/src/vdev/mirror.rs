@@ -282,10 +282,18 @@ pub struct TopVdev {
     pub is_mirror: bool,
     pub ashift: u8,
     pub children: parking_lot::RwLock<Vec<Arc<Leaf>>>,
-    /// Reads whose asynchronous first try failed on a child (data offset, child guid),
-    /// newest last, at most `SUSPECT_READS_MAX`: the blocking retry reads that child
-    /// first, so it meets the bad copy again and repairs it from a good one.
-    pub suspect_reads: parking_lot::Mutex<std::collections::VecDeque<(u64, Guid)>>,
+    /// Reads whose asynchronous first try failed on a child, newest last, at most
+    /// `SUSPECT_READS_MAX`: the blocking retry reads the other children first and
+    /// repairs that child from a good copy without asking it again.
+    pub suspect_reads: parking_lot::Mutex<std::collections::VecDeque<SuspectRead>>,
+}
+
+/// A block whose asynchronous first read failed on `child` (see `suspect_reads`).
+#[derive(Debug, Clone, Copy)]
+pub struct SuspectRead {
+    phys: u64,
+    birth: Txg,
+    child: Guid,
 }
 
 /// Failed asynchronous first tries remembered for their blocking retries.
@@ -417,7 +425,8 @@ impl TopVdev {
     /// flush its write cache as soon as its own last write completed (with `flush`):
     /// the intent log's write-then-flush. The flush runs in that completion, on the
     /// engine thread that finished the write, so a commit waits for one hand-off per
-    /// child and back instead of two. `done` gets, as `written`, the children that hold
+    /// child and back instead of two; on an io_uring leaf each block is instead written
+    /// durable (RWF_DSYNC) and no separate flush is issued. `done` gets, as `written`, the children that hold
     /// every block (all writes and the flush succeeded). A child that misses a block
     /// gets `txg` in its DTL as in [`TopVdev::write_async`]; a failed flush is handled
     /// as the sync's (everything not yet flushed on that child may be lost).
@@ -437,6 +446,14 @@ impl TopVdev {
         let txgs: Arc<[Txg]> = blocks.iter().map(|b| b.txg).collect();
         for c in writable {
             txgs.iter().for_each(|t| c.note_unflushed(*t));
+            // Where a durable write is one device request (io_uring: RWF_DSYNC, FUA on a
+            // device that has it), each block is written durable and no flush follows:
+            // no completion waits on a blocking fdatasync (the leaf's reaper would stall
+            // every other completion of the leaf meanwhile), and two mirror children on
+            // one host file system do not queue two separate journal commits. Elsewhere
+            // (modelled and test devices, worker threads) the blocks are written and the
+            // last one's completion flushes once.
+            let durable = flush && c.queue.durable_writes_in_one_request();
             let child = Arc::new(ChildRun { left: AtomicU32::new(blocks.len() as u32), failed: std::sync::atomic::AtomicBool::new(false) });
             for b in &blocks {
                 let (fan, top, leaf, child, txgs, txg) = (fan.clone(), self.clone(), c.clone(), child.clone(), txgs.clone(), b.txg);
@@ -445,6 +462,11 @@ impl TopVdev {
                     drop(data);
                     if let Err(e) = result {
                         top.note_write_failed(&leaf, txg, &e);
+                        if durable {
+                            // the error may be the flush's: as a failed flush, whatever
+                            // this leaf has not had flushed may be lost
+                            leaf.flush_failed(None);
+                        }
                         child.failed.store(true, Ordering::Release);
                         fan.outcome.lock().failed.push((leaf.guid, e));
                     }
@@ -452,7 +474,7 @@ impl TopVdev {
                         return;
                     }
                     if !child.failed.load(Ordering::Acquire) {
-                        match if flush { leaf.queue.flush_completed_writes() } else { Ok(()) } {
+                        match if flush && !durable { leaf.queue.flush_completed_writes() } else { Ok(()) } {
                             Ok(()) => {
                                 leaf.note_ok();
                                 fan.outcome.lock().written += 1;
@@ -468,7 +490,7 @@ impl TopVdev {
                     }
                     fan.child_done();
                 }));
-                c.queue.submit(req);
+                c.queue.submit(if durable { req.durable() } else { req });
             }
         }
     }
@@ -536,15 +558,21 @@ impl TopVdev {
     ) -> io::Result<MirrorRead> {
         let phys = super::label::DATA_START + offset;
         let children = self.children();
-        let (order, suspect) = self.suspect_first(&children, phys, self.read_order(&children, phys, birth));
-        let mut failed: Vec<usize> = Vec::new();
+        let (order, suspect) = self.suspect_last(&children, phys, birth, self.read_order(&children, phys, birth));
+        // The child whose asynchronous try of this read failed is not read again first:
+        // its failure is counted (by the try) and it is repaired from the first good
+        // copy like any child that failed here. A dying disk is not asked twice for the
+        // block (each ask may cost it seconds of retries). It is read last, only when no
+        // other child has a good copy (the try's failure may have been passing), and
+        // meeting the same failure again then is not a second error.
+        let mut failed: Vec<usize> = suspect.into_iter().collect();
         let mut last_err: Option<IoError> = None;
         for &i in &order {
             let c = &children[i];
-            // The child whose asynchronous try of this read failed is read again first,
-            // to repair it: that failure was counted on it by the try; meeting the same
-            // bad copy again is not a second error.
             let counted = suspect == Some(i);
+            if counted {
+                failed.retain(|&f| f != i);
+            }
             match c.queue.read_buf(class, len, phys) {
                 Ok(buf) => {
                     if verify(&buf) == VerifyResult::Good {
@@ -605,33 +633,34 @@ impl TopVdev {
             Ok(buf) if verify(&buf) == VerifyResult::Good => done(Some(buf)),
             Ok(_) => {
                 leaf.cksum_errors.fetch_add(1, Ordering::Relaxed);
-                this.note_suspect(phys, leaf.guid);
+                this.note_suspect(phys, birth, leaf.guid);
                 done(None)
             }
             Err(e) => {
                 leaf.read_errors.fetch_add(1, Ordering::Relaxed);
                 this.note_error(&leaf, &e);
-                this.note_suspect(phys, leaf.guid);
+                this.note_suspect(phys, birth, leaf.guid);
                 done(None)
             }
         })));
     }
 
-    fn note_suspect(&self, phys: u64, child: Guid) {
+    fn note_suspect(&self, phys: u64, birth: Txg, child: Guid) {
         let mut l = self.suspect_reads.lock();
         if l.len() >= SUSPECT_READS_MAX {
             l.pop_front();
         }
-        l.push_back((phys, child));
+        l.push_back(SuspectRead { phys, birth, child });
     }
 
-    /// `order` with the child whose asynchronous try of this read failed moved first,
-    /// and that child's index (its failure is already counted).
-    fn suspect_first(&self, children: &[Arc<Leaf>], phys: u64, mut order: Vec<usize>) -> (Vec<usize>, Option<usize>) {
+    /// `order` with the child whose asynchronous try of this read (this block: offset
+    /// and birth, so a stale note never matches a later block in the same place) failed
+    /// moved last, and that child's index (its failure is already counted).
+    fn suspect_last(&self, children: &[Arc<Leaf>], phys: u64, birth: Txg, mut order: Vec<usize>) -> (Vec<usize>, Option<usize>) {
         let suspect = {
             let mut l = self.suspect_reads.lock();
-            match l.iter().rposition(|&(p, _)| p == phys) {
-                Some(i) => l.remove(i).map(|(_, g)| g),
+            match l.iter().rposition(|s| s.phys == phys && s.birth == birth) {
+                Some(i) => l.remove(i).map(|s| s.child),
                 None => None,
             }
         };
@@ -639,7 +668,7 @@ impl TopVdev {
             return (order, None);
         };
         let i = order.remove(at);
-        order.insert(0, i);
+        order.push(i);
         (order, Some(i))
     }
 

@@ -159,7 +159,7 @@ impl UringEngine {
                     pushed = true;
                 }
                 None => {
-                    let (issued_at, r, data) = sh.perform(q.req.op, q.req.offset, q.req.len, data);
+                    let (issued_at, r, data) = sh.perform_req(&q.req, data);
                     sh.finish(q, data, issued_at, r);
                 }
             }
@@ -191,7 +191,11 @@ impl UringEngine {
                 Some((opcode::Read::new(fd, ptr, len as u32).offset(off).build(), len))
             }
             (IoOp::Write, IoData::Write(b)) if fits(b.as_slice().as_ptr()) => {
-                Some((opcode::Write::new(fd, b.as_slice().as_ptr(), len as u32).offset(off).build(), len))
+                // RWF_DSYNC: the kernel makes this write durable before it completes
+                // (FUA where the device has it, else the write and a cache flush; on a
+                // file, with the metadata needed to read it back): no second request
+                let flags = if q.req.durable { libc::RWF_DSYNC } else { 0 };
+                Some((opcode::Write::new(fd, b.as_slice().as_ptr(), len as u32).offset(off).rw_flags(flags as _).build(), len))
             }
             (IoOp::Flush, _) => Some((opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(), 0)),
             _ => None,
@@ -254,14 +258,19 @@ impl UringEngine {
     fn complete(&self, sh: &Arc<Shared>, f: InFlight, res: i32) {
         let InFlight { q, data, issued_at, expect } = f;
         match Outcome::of(res, expect) {
-            Outcome::Done => sh.finish(q, data, issued_at, Ok(())),
+            Outcome::Done => {
+                if q.req.durable {
+                    sh.count_flush();
+                }
+                sh.finish(q, data, issued_at, Ok(()))
+            }
             Outcome::Failed(errno) => {
                 let e = io::Error::from_raw_os_error(errno);
                 let err = IoError::from_io(&sh.name, q.req.op, q.req.offset, q.req.len, &e);
                 sh.finish(q, data, issued_at, Err(err))
             }
             Outcome::Redo => {
-                let (issued_at, r, data) = sh.perform(q.req.op, q.req.offset, q.req.len, data);
+                let (issued_at, r, data) = sh.perform_req(&q.req, data);
                 sh.finish(q, data, issued_at, r)
             }
         }

@@ -69,7 +69,7 @@ pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option
         IoOp::Write => (&st.write_tree, 0),
         _ => return None,
     };
-    if limit == 0 || primary.req.len == 0 || primary.req.len >= limit {
+    if limit == 0 || primary.req.len == 0 || primary.req.len >= limit || primary.req.durable {
         return None;
     }
     let start_key = (primary.req.offset, id);
@@ -79,7 +79,7 @@ pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option
     for &key in tree.range(..start_key).rev() {
         let d = &st.queued[&key.1].req;
         let d_end = d.offset.saturating_add(d.len);
-        if family(d.class) != fam || d.len == 0 || d_end > first_off || first_off - d_end > max_gap || last_end - d.offset > limit {
+        if family(d.class) != fam || d.durable || d.len == 0 || d_end > first_off || first_off - d_end > max_gap || last_end - d.offset > limit {
             break;
         }
         (first, first_off) = (key, d.offset);
@@ -87,7 +87,7 @@ pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option
     for &key in tree.range((std::ops::Bound::Excluded(start_key), std::ops::Bound::Unbounded)) {
         let d = &st.queued[&key.1].req;
         let d_end = d.offset.saturating_add(d.len);
-        if family(d.class) != fam || d.len == 0 || d.offset < last_end || d.offset - last_end > max_gap || d_end - first_off > limit {
+        if family(d.class) != fam || d.durable || d.len == 0 || d.offset < last_end || d.offset - last_end > max_gap || d_end - first_off > limit {
             break;
         }
         (last, last_end) = (key, d_end);

@@ -324,25 +324,35 @@ pub struct IoRequest {
     /// Bytes: the buffer length for reads and writes, the range for discards.
     pub len: u64,
     pub data: IoData,
+    /// A write that is durable when it completes (FUA): on an io_uring leaf one
+    /// RWF_DSYNC write, elsewhere the write and then a flush of the device. Never
+    /// aggregated.
+    pub durable: bool,
     done: Completion,
 }
 
 impl IoRequest {
     /// Read `buf.len()` bytes at `offset` into `buf`.
     pub fn read(class: IoClass, offset: u64, buf: AlignedBuf, done: Completion) -> IoRequest {
-        IoRequest { class, op: IoOp::Read, offset, len: buf.len() as u64, data: IoData::Read(buf), done }
+        IoRequest { class, op: IoOp::Read, offset, len: buf.len() as u64, data: IoData::Read(buf), durable: false, done }
     }
     /// Write all of `data` at `offset`.
     pub fn write(class: IoClass, offset: u64, data: Arc<AlignedBuf>, done: Completion) -> IoRequest {
-        IoRequest { class, op: IoOp::Write, offset, len: data.len() as u64, data: IoData::Write(data), done }
+        IoRequest { class, op: IoOp::Write, offset, len: data.len() as u64, data: IoData::Write(data), durable: false, done }
     }
     /// Make every write submitted before this request durable.
     pub fn flush(done: Completion) -> IoRequest {
-        IoRequest { class: IoClass::SyncWrite, op: IoOp::Flush, offset: 0, len: 0, data: IoData::None, done }
+        IoRequest { class: IoClass::SyncWrite, op: IoOp::Flush, offset: 0, len: 0, data: IoData::None, durable: false, done }
     }
     /// Advisory discard of `len` bytes at `offset` (ordered like a write).
     pub fn discard(offset: u64, len: u64, done: Completion) -> IoRequest {
-        IoRequest { class: IoClass::Trim, op: IoOp::Discard, offset, len, data: IoData::None, done }
+        IoRequest { class: IoClass::Trim, op: IoOp::Discard, offset, len, data: IoData::None, durable: false, done }
+    }
+    /// This write is durable when it completes (see [`IoRequest::durable`]).
+    pub fn durable(mut self) -> IoRequest {
+        assert_eq!(self.op, IoOp::Write, "only a write can be durable");
+        self.durable = true;
+        self
     }
     fn is_write_like(&self) -> bool {
         matches!(self.op, IoOp::Write | IoOp::Discard)
@@ -390,7 +400,7 @@ impl Queued {
     /// One device request standing for `children` (see [`aggregate`]).
     fn aggregate(class: IoClass, op: IoOp, offset: u64, len: u64, children: Vec<Queued>) -> Queued {
         let queued_at = children.iter().map(|c| c.queued_at).min().unwrap_or_else(Instant::now);
-        let req = IoRequest { class, op, offset, len, data: IoData::None, done: Box::new(|_| {}) };
+        let req = IoRequest { class, op, offset, len, data: IoData::None, durable: false, done: Box::new(|_| {}) };
         Queued { req, seq: 0, queued_at, key: (0, 0, 0), children }
     }
 
@@ -589,7 +599,8 @@ impl LeafQueue {
                 drop(st);
                 sh.pending.fetch_add(1, Ordering::Relaxed);
                 let mut q = Queued::new(req, 0, Instant::now());
-                let (issued_at, result, data) = sh.perform(q.req.op, q.req.offset, q.req.len, q.req.data_take());
+                let data = q.req.data_take();
+                let (issued_at, result, data) = sh.perform_req(&q.req, data);
                 sh.finish(q, data, issued_at, result);
                 return;
             }
@@ -614,6 +625,12 @@ impl LeafQueue {
         let w = Waiter::new();
         self.submit(IoRequest::flush(w.completion()));
         Ok(w.wait().result?)
+    }
+
+    /// Does a durable write ([`IoRequest::durable`]) cost one device request here (the
+    /// io_uring engine: RWF_DSYNC) rather than a write and a separate flush?
+    pub fn durable_writes_in_one_request(&self) -> bool {
+        self.shared.uring.lock().is_some()
     }
 
     /// Flush the device's write cache on the calling thread, now, without queueing:
@@ -796,7 +813,7 @@ impl Shared {
                 }
             };
             let data = q.take_device_data();
-            let (issued_at, result, data) = self.perform(q.req.op, q.req.offset, q.req.len, data);
+            let (issued_at, result, data) = self.perform_req(&q.req, data);
             self.finish(q, data, issued_at, result);
         }
     }
@@ -823,6 +840,25 @@ impl Shared {
         };
         let r = r.map_err(|e| IoError::from_io(&self.name, op, offset, len, &e));
         (issued_at, r, data)
+    }
+
+    /// [`Shared::perform`] of a queued request; a durable write is the write and then a
+    /// flush of the device (the flush's failure is the request's).
+    pub(super) fn perform_req(&self, req: &IoRequest, data: IoData) -> (Instant, Result<(), IoError>, IoData) {
+        let (issued_at, r, data) = self.perform(req.op, req.offset, req.len, data);
+        if !req.durable || r.is_err() {
+            return (issued_at, r, data);
+        }
+        let r = self.dev.flush().map_err(|e| IoError::from_io(&self.name, req.op, req.offset, req.len, &e));
+        if r.is_ok() {
+            self.count_flush();
+        }
+        (issued_at, r, data)
+    }
+
+    /// One more cache flush done (a flush request, or the one inside a durable write).
+    pub(in crate::vdev) fn count_flush(&self) {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Remember where the head goes (mirror read locality); flushes do not move it.
@@ -921,7 +957,7 @@ impl Shared {
                 }
                 self.stats[c.req.class as usize].device_ops.fetch_add(1, Ordering::Relaxed);
                 let d = c.req.data_take();
-                let (at, r, d) = self.perform(c.req.op, c.req.offset, c.req.len, d);
+                let (at, r, d) = self.perform_req(&c.req, d);
                 (c, d, at, r)
             })
             .collect()
