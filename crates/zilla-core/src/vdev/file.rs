@@ -337,7 +337,28 @@ impl super::Device for FileDevice {
 /// (EBUSY while another pool holds it or it is mounted), a regular file with
 /// `flock(LOCK_EX|LOCK_NB)`. A file system without flock support (some network file
 /// systems: ENOLCK, EOPNOTSUPP) leaves the leaf unclaimed, with a warning.
+///
+/// A claim just given up can outlive its close by a moment: a process forking in
+/// between (another thread's `Command::spawn`) holds a copy of the descriptor until
+/// its exec closes it (O_CLOEXEC), and the lock or the exclusive open goes with the
+/// last copy. So a busy answer is retried for up to [`CLAIM_BUSY_RETRY`] before it
+/// stands (an export followed at once by an import or a create, as tests do).
 fn claim_leaf(path: &Path, is_block: bool) -> io::Result<File> {
+    let deadline = std::time::Instant::now() + CLAIM_BUSY_RETRY;
+    loop {
+        match claim_leaf_once(path, is_block) {
+            Err(e) if matches!(e.kind(), io::ErrorKind::ResourceBusy | io::ErrorKind::WouldBlock) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How long a busy leaf is retried before the claim is refused (see [`claim_leaf`]).
+const CLAIM_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
+fn claim_leaf_once(path: &Path, is_block: bool) -> io::Result<File> {
     use rustix::fs::FlockOperation;
     let flags = libc::O_CLOEXEC | if is_block { libc::O_EXCL } else { 0 };
     let file = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
