@@ -1,9 +1,10 @@
 """The zilla binaries under test.
 
-Theory of operation: the *new* build is this tree's `target/release/zilla` (`cargo build
---release -p zilla` is run first, a no-op when it is current; `ZILLA_BIN` overrides
-both). For an old-vs-new comparison (`--compare-old REV`) the *old* build is REV
-checked out in a temporary git worktree under the cache dir ($BENCH_OLD_DIR, default
+Theory of operation: the *new* build is this tree's `target/release/zilla`, or
+`$CARGO_TARGET_DIR/release/zilla` when that is set (`cargo build --release -p zilla` is
+run first, a no-op when it is current; `ZILLA_BIN` overrides both). For an old-vs-new
+comparison (`--compare-old REV`) the *old* build is REV checked out in a temporary git
+worktree under the cache dir ($BENCH_OLD_DIR, default
 /tmp/zilla-bench-old/COMMIT/) and built there with its own target dir, at low CPU
 priority; its binary is kept as /tmp/zilla-bench-old/COMMIT/zilla and reused by later
 runs, and the worktree and target dir are removed once the binary is copied out.
@@ -39,7 +40,9 @@ class Build:
 def this_tree():
     """The build of this checkout (built or refreshed with cargo unless ZILLA_BIN is set)."""
     env_bin = os.environ.get("ZILLA_BIN")
-    b = env_bin or os.path.join(ROOT, "target", "release", "zilla")
+    # cargo builds into $CARGO_TARGET_DIR when it is set (relative: to the tree)
+    target = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target")
+    b = env_bin or os.path.join(target, "release", "zilla")
     if env_bin:
         if not (os.path.isfile(b) and os.access(b, os.X_OK)):
             raise BenchError(f"ZILLA_BIN={b} is not an executable")

@@ -9,17 +9,29 @@ the CPU, limits the write rate. A volume with 8K blocks (no read-modify-write) t
 for several txgs in `openzfs` mode, then in `legacy` mode (`zfs_write_throttle_mode`),
 alternating, with an NBD FLUSH between runs so one run's write-back is not the next
 one's. Each run starts with an empty dirty set, and its first seconds fill it at
-software speed (to the dirty max in legacy mode, to ~65 % in openzfs mode): that is
-a burst absorbed by memory, not throughput, and measured with the rest it credited
-legacy with the 0.37 GB more it held dirty at the end (15 MB/s of a 25 s run). So fio
-runs `ramp_s` first, unmeasured, and measures `runtime_s`. Legacy's dirty data still
-grows through the window (its txg limit follows the measured bandwidth), so the
-throughput compared is the *sustained* rate: acknowledged bytes less the growth of
-dirty data over the window (what reached the device or was overwritten in memory),
-with the device's own write rate over the window beside it. fio
-reports each write's latency (submission to acknowledgement) as mean,
-stddev, percentiles and a histogram (json+ bins); the histograms of both modes are
-drawn on one log-log plot per load (an SVG next to the JSON) - seed 002's figure.
+software speed (to the dirty max in legacy mode, to ~65 % in openzfs mode): that is a
+burst absorbed by memory, not throughput. So each run has an unmeasured ramp that
+ends, by the same rule in both modes, once the run is in its steady state: when the
+pool's dirty data (sampled every `ramp.sample_s` from /metrics) grew by less than
+`ramp.steady_fraction` of the dirty max over the last `ramp.steady_window_s` (a least-
+squares trend over more than one txg, so a txg's sawtooth does not decide it), after
+at least `ramp.min_s` and at most `ramp.max_s` (the table marks a ramp that hit the
+cap). A fixed ramp was not that: legacy's dirty data still grew 746 -> 1,066 MB
+through a 20 s window after an 8 s ramp, so it acknowledged 115 MB/s while sustaining
+99 and its mean latency was that of a pool still filling memory. One fio process runs
+the whole load (no restart between ramp and window): the bench sends it SIGUSR1 when
+the ramp ends and again `runtime_s` later, fio prints its cumulative json+ statistics
+each time, and the window's figures are the difference of the two (counts, bytes, the
+latency sum and sum of squares, the latency histogram; the percentiles are read from
+the window's histogram the way fio reads its own). The throughput compared is still
+the *sustained* rate: acknowledged bytes less the growth of dirty data over the window
+(what reached the device or was overwritten in memory; the growth is the least-squares
+trend of the dirty samples taken through the window, since legacy's swings by ~200 MB
+within each txg and two point readings are that noisy), with the device's own write
+rate over the window beside it. fio reports each write's latency (submission to
+acknowledgement) as mean, stddev, percentiles and a histogram (json+ bins); the
+histograms of both modes are drawn on one log-log plot per load (an SVG next to the
+JSON) - seed 002's figure.
 
 By Little's law both modes have about the same mean at the same throughput (writers /
 rate); what the throttle decides is the spread: legacy runs at software speed, then
@@ -30,6 +42,7 @@ delays every write a little as dirty data grows.
 import json
 import math
 import os
+import signal
 import subprocess
 import time
 
@@ -50,10 +63,12 @@ MODES = ("openzfs", "legacy")
 def settings(quick):
     return {"device_MBps": 100, "device_file_bytes": 16 * GiB, "volume_bytes": 2 * GiB,
             "volblocksize": "8K", "zfs_dirty_data_max": 1 * GiB, "zfs_txg_timeout_s": 5,
-            "zfs_txg_synctime_ms": 5000, "ramp_s": 8 if quick else 15, "runtime_s": 20 if quick else 60,
+            "zfs_txg_synctime_ms": 5000, "runtime_s": 20 if quick else 60,
+            "ramp": {"min_s": 6, "max_s": 30 if quick else 60, "sample_s": 0.25, "steady_window_s": 6,
+                     "steady_fraction": 0.02},
             "loads": [[10, 1], [10, 10], [10, 100]],
-            "fio": "ioengine=nbd rw=randwrite bs=8k, numjobs x iodepth writers, ramp_time "
-                   "(not measured) then runtime, time_based, group_reporting, json+ (latency histogram)"}
+            "fio": "ioengine=nbd rw=randwrite bs=8k, numjobs x iodepth writers, time_based, group_reporting, "
+                   "json+; SIGUSR1 at the ramp's end and runtime_s later, the window = the difference"}
 
 
 def run_scenario(ctx):
@@ -72,7 +87,8 @@ def run_scenario(ctx):
     z.cli("pool", "create", "-f", "bench", f"sim-ssd:{dev}")
     z.cli("volume", "create", "-V", str(cfg["volume_bytes"]), "-o", "volblocksize=8K", "bench/vol")
     log(f"workdir {wd}; one sim-ssd at {cfg['device_MBps']} MB/s; "
-        f"{cfg['ramp_s']} s ramp + {cfg['runtime_s']} s measured per load and mode")
+        f"a ramp until dirty data is steady ({cfg['ramp']['min_s']}-{cfg['ramp']['max_s']} s) + "
+        f"{cfg['runtime_s']} s measured per load and mode")
     results = {}
     for jobs, depth in cfg["loads"]:
         writers = jobs * depth
@@ -81,7 +97,11 @@ def run_scenario(ctx):
             r = fio_writers(z, jobs, depth, cfg, wd, f"{mode}-{writers}")
             results.setdefault(str(writers), {})[mode] = r
             nbd_flush(z.uri("bench/vol"), wd, f"{mode}-{writers}")
-            log(f"{writers:>4} writers {mode:>7}: {r['MBps']:6.1f} MB/s ({r['sustained_MBps']:.1f} sustained, "
+            log(f"{writers:>4} writers {mode:>7}: ramp {r['ramp']['seconds']:4.1f} s "
+                f"({'steady' if r['ramp']['steady'] else 'capped'}), dirty MB "
+                f"{r['window']['dirty_start_bytes'] / 1e6:.0f} -> {r['window']['dirty_end_bytes'] / 1e6:.0f} "
+                f"(trend {r['window']['dirty_growth_bytes'] / 1e6:+.0f}); "
+                f"{r['MBps']:6.1f} MB/s ({r['sustained_MBps']:.1f} sustained, "
                 f"device {r['window']['device_write_MBps']:.1f}), mean {r['mean_us']:9.0f} us, "
                 f"stddev {r['stddev_us']:9.0f} us, p50 {r['p50_us']:8.0f} us, p99.9 {r['p99_9_us']:9.0f} us, "
                 f"max {r['max_us']:9.0f} us")
@@ -97,47 +117,177 @@ def run_scenario(ctx):
 
 
 def fio_writers(z, jobs, depth, cfg, wd, tag):
-    """One load: fio runs `ramp_s` unmeasured, then `runtime_s` measured; the pool's
-    counters are read when the measured window starts and when fio ends."""
+    """One load: one fio process, unmeasured until the pool's dirty data is steady
+    (`ramp_until_steady`), then `runtime_s` measured between two SIGUSR1 status dumps;
+    the pool's counters are read at both ends of the window."""
     out = os.path.join(wd, f"fio-{tag}.json")
+    ramp = cfg["ramp"]
     cmd = ["fio", "--output-format=json+", f"--output={out}", "--lat_percentiles=1",
            "--percentile_list=50:99:99.9", "--name=w", "--ioengine=nbd", f"--uri={z.uri('bench/vol')}",
            "--rw=randwrite", "--bs=8k", f"--numjobs={jobs}", f"--iodepth={depth}",
-           f"--size={cfg['volume_bytes']}", "--time_based", f"--ramp_time={cfg['ramp_s']}",
-           f"--runtime={cfg['runtime_s']}", "--group_reporting", "--randrepeat=0"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(cfg["ramp_s"])
-    start = (time.monotonic(), dmu_tx(z), z.admin.device_bytes("bench"))
-    stdout, stderr = p.communicate()
-    end = (time.monotonic(), dmu_tx(z), z.admin.device_bytes("bench"))
-    if p.returncode != 0:
-        err = (stderr or stdout or "").strip().splitlines()
-        raise BenchError(f"fio {tag} failed ({p.returncode}): {err[-1] if err else ''}")
+           f"--size={cfg['volume_bytes']}", "--time_based",
+           f"--runtime={ramp['max_s'] + cfg['runtime_s'] + 30}", "--group_reporting", "--randrepeat=0"]
+    err_path = os.path.join(wd, f"fio-{tag}.err")
+    with open(err_path, "w") as err_f:
+        p = subprocess.Popen(cmd, stdout=err_f, stderr=subprocess.STDOUT)
+    try:
+        ramp_s, steady, samples = ramp_until_steady(z, p, ramp, err_path)
+        start = (time.monotonic(), dmu_tx(z), z.admin.device_bytes("bench"))
+        p.send_signal(signal.SIGUSR1)
+        in_window = sample_dirty(z, start[0], start[0] + cfg["runtime_s"], ramp["sample_s"])
+        end = (time.monotonic(), dmu_tx(z), z.admin.device_bytes("bench"))
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)                 # fio writes the dump between its I/Os
+        p.send_signal(signal.SIGINT)    # the run's own end: in-flight writes drain
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    with open(out) as f:
+        dumps = json_objects(f.read())
+    if len(dumps) < 2:
+        err = last_line(err_path)
+        raise BenchError(f"fio {tag}: {len(dumps)} status dumps, not 2 ({p.returncode}): {err}")
+    w = window_stats(dumps[0], dumps[1])
     window_s = end[0] - start[0]
     dirty = "zilla_dmu_tx_dirty_bytes"
-    window = {"seconds": round(window_s, 2),
+    in_window = [(0.0, start[1].get(dirty, 0.0))] + in_window + [(window_s, end[1].get(dirty, 0.0))]
+    growth = trend_growth(in_window, window_s)
+    window = {"seconds": round(window_s, 2), "fio_seconds": w["seconds"],
               "device_write_MBps": round((end[2]["write"] - start[2]["write"]) / 1e6 / window_s, 2),
-              "dirty_start_bytes": int(start[1].get(dirty, 0)), "dirty_end_bytes": int(end[1].get(dirty, 0))}
+              "dirty_start_bytes": int(start[1].get(dirty, 0)), "dirty_end_bytes": int(end[1].get(dirty, 0)),
+              "dirty_growth_bytes": int(growth),
+              "dirty_samples": [[round(t, 2), int(d)] for t, d in in_window]}
     # counters as the window's increase; gauges (dirty, limits) as at its end
     tx = {k: (v - start[1].get(k, 0) if k.endswith("_total") else v) for k, v in end[1].items()}
-    with open(out) as f:
-        text = f.read()
-    w = json.loads(text[text.index("{"):])["jobs"][0]["write"]
-    lat = w.get("lat_ns") or w["clat_ns"]
-    pct = lat.get("percentile", {})
-    bins = lat.get("bins") or w.get("clat_ns", {}).get("bins") or {}
-    us = lambda ns: round(ns / 1000, 1)
-    mbps = w["bw_bytes"] / 1e6
     # what the pool sustains: the acknowledged rate less what the window left buffered
-    # in dirty data (a run that ends with more dirty data than it began with wrote that
-    # much into memory, not to the device)
-    sustained = mbps - (window["dirty_end_bytes"] - window["dirty_start_bytes"]) / 1e6 / window_s
-    return {"writers": jobs * depth, "ios": w["total_ios"], "MBps": round(mbps, 2),
-            "sustained_MBps": round(sustained, 2), "window": window, "dmu_tx": tx,
-            "iops": round(w["iops"], 1), "mean_us": us(lat["mean"]), "stddev_us": us(lat["stddev"]),
-            "p50_us": us(pct.get("50.000000", 0)), "p99_us": us(pct.get("99.000000", 0)),
-            "p99_9_us": us(pct.get("99.900000", 0)), "max_us": us(lat["max"]),
-            "histogram": log2_histogram(bins)}
+    # in dirty data (a run whose dirty data grows wrote that much into memory, not to
+    # the device). The growth is the trend of the samples over the window (least
+    # squares), not end minus start: legacy's dirty data swings by ~200 MB within each
+    # txg, so two point readings differ by that much in a steady state.
+    sustained = w["MBps"] - growth / 1e6 / window_s
+    ramp_rec = {"seconds": round(ramp_s, 2), "steady": steady,
+                "dirty_start_bytes": int(samples[0][1]) if samples else 0,
+                "dirty_end_bytes": int(samples[-1][1]) if samples else 0,
+                "dirty_samples": [[round(t, 2), int(d)] for t, d in samples]}
+    return {"writers": jobs * depth, "ios": w["ios"], "MBps": w["MBps"], "sustained_MBps": round(sustained, 2),
+            "ramp": ramp_rec, "window": window, "dmu_tx": tx, "iops": w["iops"], "mean_us": w["mean_us"],
+            "stddev_us": w["stddev_us"], "p50_us": w["p50_us"], "p99_us": w["p99_us"],
+            "p99_9_us": w["p99_9_us"], "max_us": w["max_us"], "histogram": log2_histogram(w["bins"])}
+
+
+def last_line(path):
+    with open(path) as f:
+        lines = f.read().strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def ramp_until_steady(z, p, ramp, err_path):
+    """Sample the pool's dirty bytes every `sample_s` while fio runs; return (ramp
+    seconds, steady?, [(t, dirty bytes)]) once `is_steady` says so (not before
+    `min_s`), or at `max_s`."""
+    t0 = time.monotonic()
+    samples = []
+    while True:
+        time.sleep(ramp["sample_s"])
+        if p.poll() is not None:
+            raise BenchError(f"fio ended during its ramp ({p.returncode}): {last_line(err_path)}")
+        t = time.monotonic() - t0
+        tx = dmu_tx(z)
+        samples.append((t, tx.get("zilla_dmu_tx_dirty_bytes", 0.0)))
+        if t >= ramp["min_s"] and is_steady(samples, ramp["steady_window_s"],
+                                            ramp["steady_fraction"] * tx.get("zilla_dmu_tx_dirty_max_bytes", 1 << 30)):
+            return t, True, samples
+        if t >= ramp["max_s"]:
+            return t, False, samples
+
+
+def sample_dirty(z, t0, until, period_s):
+    """[(seconds since t0, dirty bytes)] every `period_s` until the monotonic time `until`."""
+    out = []
+    while True:
+        now = time.monotonic()
+        if now >= until:
+            return out
+        time.sleep(min(period_s, until - now))
+        if time.monotonic() < until:
+            out.append((time.monotonic() - t0, dmu_tx(z).get("zilla_dmu_tx_dirty_bytes", 0.0)))
+
+
+def trend_growth(pts, span_s):
+    """Growth over `span_s` of the least-squares line through [(t, bytes)]."""
+    n = len(pts)
+    if n < 2:
+        return 0.0
+    mt = sum(t for t, _ in pts) / n
+    md = sum(d for _, d in pts) / n
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    return (sum((t - mt) * (d - md) for t, d in pts) / var if var else 0.0) * span_s
+
+
+def is_steady(samples, window_s, max_growth):
+    """Whether dirty data grew (or shrank) by at most `max_growth` bytes over the last
+    `window_s` (its least-squares trend). The window is longer than one txg
+    (zfs_txg_timeout 5 s), so a txg's sawtooth and a sync-long plateau of legacy's
+    stalled writers are not taken for a steady state."""
+    t_end = samples[-1][0]
+    pts = [(t, d) for t, d in samples if t >= t_end - window_s]
+    if len(pts) < 3 or pts[-1][0] - pts[0][0] < 0.8 * window_s:
+        return False
+    return abs(trend_growth(pts, window_s)) <= max_growth
+
+
+def json_objects(text):
+    """The JSON objects of a fio output file: one per status dump, then the final one."""
+    dec, i, out = json.JSONDecoder(), 0, []
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return out
+        obj, i = dec.raw_decode(text, i)
+        out.append(obj)
+
+
+def window_stats(a, b):
+    """The writes between two cumulative fio json+ dumps `a` and `b` (group_reporting,
+    one job): counts and bytes subtracted; mean and stddev from the sums and sums of
+    squares that each dump's N, mean and stddev imply; percentiles and max from the
+    difference of the latency histograms, read as fio reads its own (the first bin at
+    which the cumulative count reaches the percentile)."""
+    wa, wb = a["jobs"][0]["write"], b["jobs"][0]["write"]
+    seconds = (b["timestamp_ms"] - a["timestamp_ms"]) / 1000
+    la, lb = wa.get("lat_ns") or wa["clat_ns"], wb.get("lat_ns") or wb["clat_ns"]
+
+    def sums(lat):
+        n, mean, sd = lat.get("N", 0), lat.get("mean", 0.0), lat.get("stddev", 0.0)
+        return n, mean * n, sd * sd * max(n - 1, 0) + n * mean * mean
+
+    na, sa, qa = sums(la)
+    nb, sb, qb = sums(lb)
+    n = nb - na
+    mean = (sb - sa) / n if n else 0.0
+    var = ((qb - qa) - n * mean * mean) / (n - 1) if n > 1 else 0.0
+    ba, bb = la.get("bins") or {}, lb.get("bins") or {}
+    bins = {k: v - ba.get(k, 0) for k, v in bb.items() if v - ba.get(k, 0) > 0}
+    ordered = sorted((int(k), v) for k, v in bins.items())
+    total = sum(v for _, v in ordered)
+
+    def pct(p):
+        cum = 0
+        for ns, c in ordered:
+            cum += c
+            if cum >= p / 100 * total:
+                return ns
+        return 0
+
+    us = lambda ns: round(ns / 1000, 1)
+    return {"seconds": round(seconds, 3), "ios": wb["total_ios"] - wa["total_ios"],
+            "MBps": round((wb["io_bytes"] - wa["io_bytes"]) / 1e6 / seconds, 2) if seconds > 0 else 0.0,
+            "iops": round((wb["total_ios"] - wa["total_ios"]) / seconds, 1) if seconds > 0 else 0.0,
+            "mean_us": us(mean), "stddev_us": us(math.sqrt(max(var, 0.0))),
+            "p50_us": us(pct(50)), "p99_us": us(pct(99)), "p99_9_us": us(pct(99.9)),
+            "max_us": us(ordered[-1][0]) if ordered else 0.0, "bins": bins}
 
 
 def log2_histogram(bins):
@@ -178,12 +328,14 @@ def print_table(results):
     for w, per in results.items():
         for m in MODES:
             r = per[m]
-            rows.append([w, m, fmt(r["MBps"]), fmt(r["sustained_MBps"]), fmt(r["window"]["device_write_MBps"]),
+            rows.append([w, m, fmt(r["ramp"]["seconds"], 1) + ("" if r["ramp"]["steady"] else " (cap)"),
+                         fmt(r["MBps"]), fmt(r["sustained_MBps"]), fmt(r["window"]["device_write_MBps"]),
                          fmt(r["window"]["dirty_start_bytes"] / 1e6, 0), fmt(r["window"]["dirty_end_bytes"] / 1e6, 0),
+                         fmt(r["window"]["dirty_growth_bytes"] / 1e6, 0),
                          fmt(r["mean_us"], 0), fmt(r["stddev_us"], 0), fmt(r["p50_us"], 0),
                          fmt(r["p99_us"], 0), fmt(r["p99_9_us"], 0), fmt(r["max_us"], 0)])
-    print(table(["writers", "throttle", "MB/s", "sustained MB/s", "device MB/s", "dirty MB start",
-                 "dirty MB end", "mean us", "stddev us", "p50 us", "p99 us", "p99.9 us", "max us"], rows))
+    print(table(["writers", "throttle", "ramp s", "MB/s", "sustained MB/s", "device MB/s", "dirty MB start",
+                 "dirty MB end", "dirty trend MB", "mean us", "stddev us", "p50 us", "p99 us", "p99.9 us", "max us"], rows))
 
 
 def write_svg(results, path):

@@ -170,3 +170,50 @@ class MemdirCleanup(unittest.TestCase):
         rec = pf.backing_record("/tmp/not-a-memdir", cfg)
         self.assertFalse(rec["in_memory"])
         self.assertEqual(rec["worst_case_bytes"], pf.backing_worst_case(cfg))
+
+
+class ThrottleWindow(unittest.TestCase):
+    """The throttle bench's measured window: two cumulative fio dumps and the ramp's end."""
+
+    def setUp(self):
+        from scenarios import throttle
+        self.th = throttle
+
+    @staticmethod
+    def dump(ts_ms, lats_ns):
+        import statistics
+        n = len(lats_ns)
+        bins = {}
+        for x in lats_ns:
+            bins[str(x)] = bins.get(str(x), 0) + 1
+        lat = {"N": n, "mean": statistics.fmean(lats_ns) if n else 0.0,
+               "stddev": statistics.stdev(lats_ns) if n > 1 else 0.0, "bins": bins}
+        return {"timestamp_ms": ts_ms,
+                "jobs": [{"write": {"total_ios": n, "io_bytes": 8192 * n, "lat_ns": lat}}]}
+
+    def test_the_window_is_the_difference_of_two_dumps(self):
+        import statistics
+        ramp = [50_000] * 900 + [9_000_000] * 100            # a slow burst before the window
+        window = [1_000 * (1 + i % 7) for i in range(2000)] + [40_000]
+        r = self.th.window_stats(self.dump(10_000, ramp), self.dump(12_000, ramp + window))
+        self.assertEqual(r["ios"], len(window))
+        self.assertAlmostEqual(r["seconds"], 2.0)
+        self.assertAlmostEqual(r["iops"], len(window) / 2, places=1)
+        self.assertAlmostEqual(r["mean_us"], statistics.fmean(window) / 1000, places=1)
+        self.assertAlmostEqual(r["stddev_us"], statistics.stdev(window) / 1000, places=1)
+        self.assertEqual(r["p50_us"], 4.0)                    # values 1..7 us, equally often
+        self.assertEqual(r["p99_us"], 7.0)
+        self.assertEqual(r["max_us"], 40.0)                   # the ramp's 9 ms writes are not in it
+
+    def test_the_ramp_ends_when_dirty_data_stops_growing(self):
+        rising = [(i * 0.25, 100e6 * i * 0.25) for i in range(40)]         # 100 MB/s
+        self.assertFalse(self.th.is_steady(rising, 3, 20e6))
+        flat = rising + [(10 + i * 0.25, 1e9 + (i % 8) * 2e6) for i in range(16)]   # a small sawtooth
+        self.assertTrue(self.th.is_steady(flat, 3, 20e6))
+        falling = flat + [(14 + i * 0.25, 1e9 - 30e6 * i * 0.25) for i in range(16)]
+        self.assertFalse(self.th.is_steady(falling, 3, 20e6))
+        self.assertFalse(self.th.is_steady(flat[:2], 3, 20e6))             # too few samples
+
+    def test_every_dump_of_a_fio_output_file_is_read(self):
+        text = 'w: (g=0)\n{\n "a" : 1\n}\n{\n "a" : {"b" : 2}\n}\nfio: terminating on signal 2\n{"a": 3}\n'
+        self.assertEqual([o["a"] for o in self.th.json_objects(text)], [1, {"b": 2}, 3])
