@@ -4,6 +4,9 @@
 # ARC max 64 MiB, then fio nbd 16K random reads at QD32 over the written span. Prints
 # IOPS, latency and the daemon's CPU per read; PERF=1 records a profile of the daemon
 # ($W/perf.data), SCHED=1 a scheduler trace. EXTRA="name=value ..." adds tunables.
+# SYNCW=1 runs, beside the reads, one writer doing 4K random writes each followed by a
+# flush on a second volume of the same pool (no log device: the intent log writes to
+# the same leaves the reads come from), and prints its latency too.
 #
 #   bench/probes/coldread.sh 8          # 8 s of reads
 #   PERF=1 bench/probes/coldread.sh 8
@@ -42,6 +45,12 @@ if [ -n "$PERF" ]; then
     ( sleep 2; perf record ${PERF_ARGS:--F 2999 -g} -p $DPID -o "$W/perf.data" -- sleep 4 > "$W/perf.log" 2>&1 ) &
     BG+=($!)
 fi
+if [ -n "$SYNCW" ]; then
+    $Z volume create -s -V 268435456 p/sw > /dev/null
+    fio --name=sw --ioengine=nbd --uri=nbd://127.0.0.1:$NBD_PORT/p/sw --rw=randwrite --bs=4k --iodepth=1 --fsync=1 \
+        --time_based --runtime=$((SECS + 1)) --output-format=json --output="$W/syncw.json" > "$W/syncw.err" 2>&1 &
+    BG+=($!)
+fi
 fio --name=r --ioengine=nbd --uri=$URI --rw=randread --bs=16k --iodepth=${QD:-32} --numjobs=${JOBS:-1} --group_reporting --size=671088640 \
     --time_based --runtime=$SECS --randrepeat=0 --output-format=json --output="$W/fio.json" > "$W/fio.err" 2>&1 || true
 [ ${#BG[@]} -eq 0 ] || wait "${BG[@]}"
@@ -53,5 +62,13 @@ n = r["total_ios"]
 print(f"IOPS {r['iops']:.0f}  mean {r['lat_ns']['mean']/1e3:.1f} us  p99 {r['clat_ns']['percentile']['99.000000']/1e3:.0f} us  "
       f"daemon CPU {int(sys.argv[2])*1e4/max(n,1):.1f} us/read  fio CPU usr {j['usr_cpu']:.0f}% sys {j['sys_cpu']:.0f}%")
 PY
+if [ -n "$SYNCW" ]; then
+    python3 - "$W/syncw.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+w, s = j["write"], j["sync"]
+print(f"sync writer: IOPS {w['iops']:.0f}  write {w['lat_ns']['mean']/1e3:.1f} us  flush {s['lat_ns']['mean']/1e3:.1f} us")
+PY
+fi
 awk -v PIDX=$DPID '/^top -/{n++} n==2 && $1 ~ /^[0-9]+$/ && $1 != PIDX && $9 > 0.5 {print "  thread", $12, $9 "% CPU"}' "$W/top.txt"
 echo "files: $W"
