@@ -14,6 +14,15 @@
 command -v fio >/dev/null || skip "fio missing"
 no_panic() { ! grep -n "panicked" "$T/daemon.log" || fail "$1: the daemon panicked"; }
 cold() { z pool export tank; z pool import -d "$T/disks" tank >/dev/null; }
+# cold_readers JOBS OUT: empty the ARC, then JOBS fio readers at depth 64 on tank/cold in
+# the background for up to 60 s ($FIO; killed at exit)
+cold_readers() {
+    cold
+    fio --name=cold --ioengine=nbd --uri="$(nbd_tcp_uri tank/cold)" --rw=randread --bs=16k --iodepth=64 \
+        --numjobs="$1" --size=64M --time_based --runtime=60 --group_reporting >"$2" 2>&1 &
+    FIO=$!
+    on_exit "kill $FIO 2>/dev/null"
+}
 DATA_START=$((512 << 10))
 start_daemon
 make_pool tank 256M
@@ -52,11 +61,7 @@ for victim in a1 a0; do
 done
 
 # --- C: offline/online and export while fio reads at depth -----------------------
-cold
-fio --name=cold --ioengine=nbd --uri="$(nbd_tcp_uri tank/cold)" --rw=randread --bs=16k --iodepth=64 \
-    --numjobs=3 --size=64M --time_based --runtime=60 --group_reporting >"$T/fio-c.out" 2>&1 &
-FIO=$!
-on_exit "kill $FIO 2>/dev/null"
+cold_readers 3 "$T/fio-c.out"
 sleep 2
 z pool offline tank "$T/disks/tank-a0"
 sleep 1
@@ -87,11 +92,7 @@ no_panic "export under reads"
 # --- D: kill -9 during heavy reads and a flushed write --------------------------
 make_volume tank/w 64M
 head -c $((32 << 20)) /dev/urandom >"$T/wdata"
-cold
-fio --name=cold --ioengine=nbd --uri="$(nbd_tcp_uri tank/cold)" --rw=randread --bs=16k --iodepth=64 \
-    --numjobs=2 --size=64M --time_based --runtime=60 --group_reporting >"$T/fio-d.out" 2>&1 &
-FIO=$!
-on_exit "kill $FIO 2>/dev/null"
+cold_readers 2 "$T/fio-d.out"
 sleep 1
 nbdcopy --flush "$T/wdata" "$(nbd_unix_uri tank/w)"
 fio --name=w --ioengine=nbd --uri="$(nbd_tcp_uri tank/w)" --rw=randwrite --bs=64k --iodepth=16 \
