@@ -10,7 +10,10 @@
 //! and the itxs of a txg that syncs are dropped, so the lists hold at most the three
 //! unsynced txgs. Partial-block writes copy their bytes into the itx (`WR_COPIED`);
 //! whole-block writes keep a reference to the immutable block buffer and copy it into
-//! the log block only at commit (`WR_NEED_COPY`). The bytes the itxs hold are bounded
+//! the log block only at commit (`WR_NEED_COPY`). A whole-block itx that a later
+//! whole-block write of the same block in the same txg replaces before any commit took
+//! it is dropped (`Superseded`): it would only keep an old buffer alive until the sync,
+//! and replaying the newer record makes it moot. The bytes the itxs hold are bounded
 //! by `ZIL_ITX_BYTES_MAX`: past it new itxs are not kept and the next commit falls back
 //! to a txg sync (everything is then on disk anyway).
 //!
@@ -86,7 +89,7 @@
 //! before the allocator's locks (a dmu_sync allocates under it); the sync waits on it
 //! only for dmu_sync I/O, which never waits for a sync.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -266,6 +269,10 @@ enum ItxData {
     /// buffer; at commit it is written in place to the pool (dmu_sync) and the log
     /// record carries only its block pointer.
     Indirect(Arc<[u8]>),
+    /// A whole-block write (`Block` or `Indirect`) that a later whole-block write of the
+    /// same block in the same txg replaced before any commit took it: it writes no
+    /// record, and its buffer is released at once (see `ItxLists::whole_blocks`).
+    Superseded,
 }
 
 #[derive(Clone)]
@@ -279,6 +286,7 @@ impl Itx {
         match &self.data {
             ItxData::Copied(d) | ItxData::Block(d) | ItxData::Indirect(d) => d.len() as u64,
             ItxData::Truncate(n) => *n,
+            ItxData::Superseded => 0,
         }
     }
     fn mem_bytes(&self) -> u64 {
@@ -292,6 +300,15 @@ impl Itx {
 #[derive(Default)]
 struct ItxLists {
     by_txg: BTreeMap<Txg, Vec<Itx>>,
+    /// Where the newest pending whole-block itx of each block offset is: its txg and
+    /// its index in `by_txg[txg]`. A whole-block itx keeps the block's buffer, which the
+    /// dirty set drops when the block is written again; without this, every write of a
+    /// block rewritten within a txg would stay in memory until that txg synced (a
+    /// stream rewriting a 512 MiB volume held 5 GiB). A newer whole-block itx of the
+    /// same block and txg makes the older one `Superseded`: every commit takes all
+    /// pending itxs, so the two are always taken together, and replay applies the newer
+    /// one after whatever lay between them. At most one entry per dirty block.
+    whole_blocks: HashMap<u64, (Txg, usize)>,
     bytes: u64,
     /// Sequence number of the newest itx appended (or dropped for the bound).
     last_seq: u64,
@@ -385,6 +402,9 @@ pub struct ZilStats {
     /// (Zilla) Commits that waited for a txg sync because they would have copied
     /// more than `zilla_zil_commit_bytes_max`.
     pub zil_commit_txg_fallback_count: AtomicU64,
+    /// (Zilla) Whole-block itxs released before any commit took them, because the same
+    /// block was written whole again in the same txg (`ItxData::Superseded`).
+    pub zil_itx_superseded_count: AtomicU64,
 }
 
 impl ZilStats {
@@ -410,6 +430,7 @@ impl ZilStats {
             ("zil_lwb_write_count", l(&self.zil_lwb_write_count)),
             ("zil_lwb_slog_full_count", l(&self.zil_lwb_slog_full_count)),
             ("zil_commit_txg_fallback_count", l(&self.zil_commit_txg_fallback_count)),
+            ("zil_itx_superseded_count", l(&self.zil_itx_superseded_count)),
         ]
     }
 }
@@ -679,7 +700,22 @@ impl Zilog {
             return;
         }
         l.bytes += b;
-        l.by_txg.entry(txg).or_default().push(itx);
+        let whole = matches!(itx.data, ItxData::Block(_) | ItxData::Indirect(_));
+        let offset = itx.offset;
+        let list = l.by_txg.entry(txg).or_default();
+        list.push(itx);
+        let index = list.len() - 1;
+        if whole {
+            if let Some((t, i)) = l.whole_blocks.insert(offset, (txg, index)) {
+                if t == txg {
+                    let old = &mut l.by_txg.get_mut(&t).expect("an indexed itx's txg list exists")[i];
+                    debug_assert_eq!(old.offset, offset, "the whole-block index points at another block");
+                    debug_assert!(matches!(old.data, ItxData::Block(_) | ItxData::Indirect(_) | ItxData::Superseded));
+                    old.data = ItxData::Superseded;
+                    self.stats.zil_itx_superseded_count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Nothing waits to be made durable.
@@ -1031,6 +1067,7 @@ impl Zilog {
             return (seq, Vec::new(), t);
         }
         let lists = std::mem::take(&mut l.by_txg);
+        l.whole_blocks.clear();
         l.bytes = 0;
         drop(l);
         let mut out = Vec::new();
@@ -1049,6 +1086,7 @@ impl Zilog {
                         (TX_WRITE, WR_NEED_COPY, d)
                     }
                     ItxData::Truncate(_) => (TX_TRUNCATE, 0, Arc::from(&[][..])),
+                    ItxData::Superseded => continue,
                     ItxData::Indirect(block) => {
                         self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
                         self.stats.zil_itx_indirect_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
@@ -1407,6 +1445,8 @@ impl Zilog {
         let mut l = self.itxs.lock();
         let keep = l.by_txg.split_off(&tok.txg.next());
         l.by_txg = keep;
+        let synced = tok.txg;
+        l.whole_blocks.retain(|_, (t, _)| *t > synced);
         l.bytes = l.by_txg.values().flatten().map(|i| i.mem_bytes()).sum();
         if !l.overflowed_txg.is_zero() && l.overflowed_txg <= tok.txg {
             l.overflowed_txg = Txg::ZERO;
@@ -1962,5 +2002,75 @@ mod tests {
         body[0] = 9;
         let b = encode_lwb(&ptr(0, 4096), 1, 1, 1, &LogPtr::default(), &body);
         assert!(decode_lwb(&b, 1, 1, 1).is_err());
+    }
+}
+
+#[cfg(test)]
+mod superseded_tests {
+    use super::*;
+
+    fn block(fill: u8) -> Arc<[u8]> {
+        Arc::from(vec![fill; 16384])
+    }
+
+    fn token(txg: Txg) -> SyncToken {
+        SyncToken { txg, freed_blocks: 0, freed_orphans: 0, names_chain: false, retired_broken: false }
+    }
+
+    /// (wr, offset, first byte) of every record a commit would take now, in order.
+    fn take_summary(z: &Zilog) -> Vec<(u8, u64, u8)> {
+        let (_, pending, overflow) = z.take_pending(Txg(1));
+        assert!(overflow.is_zero());
+        pending
+            .into_iter()
+            .map(|p| match p {
+                Pending::Record(r) => (if r.rtype == TX_TRUNCATE { 0 } else { r.wr }, r.offset, r.data.first().copied().unwrap_or(0)),
+                Pending::Indirect { offset, block, .. } => (WR_INDIRECT, offset, block[0]),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_block_rewritten_whole_in_the_same_txg_releases_the_older_buffer() {
+        let z = Zilog::new(1);
+        let first = block(1);
+        z.log_write(Txg(5), 0, first.clone(), true);
+        assert_eq!(Arc::strong_count(&first), 2, "the pending itx keeps the buffer");
+        let second = block(2);
+        z.log_write(Txg(5), 0, second.clone(), true);
+        assert_eq!(Arc::strong_count(&first), 1, "the superseded itx let go of its buffer");
+        // another block, and the same block in the next txg, are kept
+        z.log_write(Txg(5), 16384, block(3), true);
+        z.log_write(Txg(6), 0, block(4), true);
+        assert_eq!(Arc::strong_count(&second), 2);
+        assert_eq!(z.stats.zil_itx_superseded_count.load(Ordering::Relaxed), 1);
+        assert_eq!(take_summary(&z), vec![(WR_NEED_COPY, 0, 2), (WR_NEED_COPY, 16384, 3), (WR_NEED_COPY, 0, 4)]);
+        assert_eq!(Arc::strong_count(&second), 1, "taken itxs are no longer held by the lists");
+    }
+
+    #[test]
+    fn records_between_two_whole_writes_stay_in_order() {
+        let z = Zilog::new(1);
+        z.log_write_indirect(Txg(5), 0, block(1));
+        z.log_write(Txg(5), 100, Arc::from(vec![7u8; 10]), false);
+        z.log_truncate(Txg(5), 0, 16384);
+        z.log_write(Txg(5), 0, block(2), true);
+        assert_eq!(take_summary(&z), vec![(WR_COPIED, 100, 7), (0, 0, 0), (WR_NEED_COPY, 0, 2)]);
+        // a commit took everything: a whole write after it supersedes nothing
+        z.log_write(Txg(5), 0, block(3), true);
+        assert_eq!(z.stats.zil_itx_superseded_count.load(Ordering::Relaxed), 1);
+        assert_eq!(take_summary(&z), vec![(WR_NEED_COPY, 0, 3)]);
+    }
+
+    #[test]
+    fn a_synced_txg_forgets_its_whole_block_index() {
+        let z = Zilog::new(1);
+        z.log_write(Txg(5), 0, block(1), true);
+        z.log_write(Txg(6), 0, block(2), true);
+        z.synced(token(Txg(5)));
+        assert_eq!(z.itxs.lock().whole_blocks.get(&0), Some(&(Txg(6), 0)));
+        z.synced(token(Txg(6)));
+        assert!(z.itxs.lock().whole_blocks.is_empty());
+        assert!(z.itxs.lock().by_txg.is_empty());
     }
 }

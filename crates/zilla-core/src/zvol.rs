@@ -588,7 +588,9 @@ impl Volume {
             };
             let hold = self.hold_for(blkid);
             let mut shard = self.vol.dirty.shard(blkid).lock();
-            let newest = shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone());
+            // a whole-block write needs no base (and touching the old buffer's count
+            // would only pull it into the cache)
+            let newest = if full { None } else { shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone()) };
             let base_now: Option<Arc<[u8]>> = if full {
                 None
             } else if let Some(n) = newest {

@@ -979,24 +979,27 @@ fn an_unwritten_indirect_block_of_a_checksum_off_volume_is_not_replayed() {
     p2.export().unwrap();
 }
 
-/// A flush after more logged data than `zilla_zil_commit_bytes_max` (16 MiB: five
-/// passes of 1 MiB writes over the 4 MiB volume, 16 KiB blocks copied into the log)
-/// waits for a txg sync instead of copying it all into log blocks; the chain stays in
+/// A flush after more logged data than `zilla_zil_commit_bytes_max` (16 MiB: ten
+/// passes of 8 KiB writes over the first half of every 16 KiB block of the 4 MiB
+/// volume, 20 MiB of WR_COPIED records: whole-block rewrites would supersede each
+/// other and leave only 4 MiB to log) waits for a txg sync instead of copying it all
+/// into log blocks; the chain stays in
 /// use for the next, small commit, and nothing acknowledged is lost. Both flush paths:
 /// the front end's (started without blocking) and the blocking one.
 #[test]
 fn a_commit_of_more_than_the_bound_waits_for_a_txg_sync() {
     let bound = zilla_core::zil::ZILLA_ZIL_COMMIT_BYTES_MAX.get();
-    assert!(5 * VOLSIZE > bound, "the test writes more than the default bound");
+    const HALF: u64 = TP_BS / 2;
+    assert!(10 * (VOLSIZE / TP_BS) * HALF > bound, "the test logs more than the default bound");
     for front_end in [true, false] {
         let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
         let (pool, mut m) = setup_16k(&rig, true, &[]);
         let v = pool.open_zvol("v").unwrap();
         let st = &v.zil().stats;
         let (synced, lwbs) = (pool.synced_txg(), st.zil_lwb_write_count.load(Ordering::Relaxed));
-        for pass in 0..5u64 {
-            for i in 0..VOLSIZE >> 20 {
-                m.write(&*v, i << 20, &pattern(pass * 100 + i, 1 << 20), false);
+        for pass in 0..10u64 {
+            for i in 0..VOLSIZE / TP_BS {
+                m.write(&*v, i * TP_BS, &pattern(pass * 1000 + i, HALF as usize), false);
             }
         }
         if front_end { flush_as_front_end(&*v).unwrap() } else { v.flush().unwrap() }
