@@ -543,14 +543,28 @@ impl Metaslabs {
     }
 
     pub fn release_through(&self, txg: Txg) {
+        let released = self.take_released(txg);
+        self.free_released(&released);
+    }
+
+    /// Take the frees of txgs <= `txg` (fewer while a pin holds) off their defer
+    /// lists without returning them to the free trees: the blocks are then neither
+    /// deferred nor allocatable, so nothing can be written there until
+    /// [`Metaslabs::free_released`] (autotrim discards them in between).
+    pub fn take_released(&self, txg: Txg) -> Vec<Dva> {
         let done = {
             let mut d = self.defer.lock();
             let txg = d.pins.iter().copied().min().map_or(txg, |p| txg.min(p));
             let keep = d.lists.split_off(&txg.next());
             std::mem::replace(&mut d.lists, keep)
         };
-        for d in done.into_values().flatten() {
-            self.free_now(&d);
+        done.into_values().flatten().collect()
+    }
+
+    /// Return blocks taken by [`Metaslabs::take_released`] to the free trees.
+    pub fn free_released(&self, released: &[Dva]) {
+        for d in released {
+            self.free_now(d);
         }
     }
 

@@ -77,6 +77,11 @@
 //!     Without the first-fit boots the next-fit cursor rarely comes back to freed space
 //!     in time, and the same mutation passed 1,000 cuts unseen.
 //!
+//! Autotrim is on in half the epochs, discarding freed extents down to 4 KiB, and a
+//! crash device turns a discard into garbage (durable only after a flush, like a
+//! write): a discard of a block some tree still references, or one that lands after
+//! the space was reused, fails check 2 or 4.
+//!
 //! Environment: ZILLA_CRASH_SEED=<seed> replays a run (printed on failure),
 //! ZILLA_CRASH_ITERS (or ZILLA_CRASH_ITERATIONS) sets the number of power cuts (default
 //! 1000), ZILLA_CRASH_FAULTS=all (or a comma list of the names above, `none` for clean
@@ -247,6 +252,14 @@ impl Device for DomainDevice {
     }
     fn flush(&self) -> std::io::Result<()> {
         self.dev().flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        // a write on the crash device (garbage; durable after a flush): the cut may
+        // fall on it too
+        if self.dom.countdown.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.dom.cut();
+        }
+        self.dev().discard(offset, len)
     }
     fn size(&self) -> u64 {
         self.dev().size()
@@ -611,6 +624,8 @@ struct Stats {
     /// write requests summed over the boots.
     cuts_after_aggregated_writes: usize,
     aggregated_write_requests: u64,
+    /// Power cuts of a pool that had discarded freed space (autotrim) since import.
+    cuts_after_trims: usize,
 }
 
 /// Write requests the pool's leaves sent inside aggregates since import.
@@ -699,7 +714,14 @@ impl Harness {
             "mirror" => tops.push(TopSpec { role: Role::Log, mirror: true, leaves: vec![leaf("d8"), leaf("d9")] }),
             _ => {}
         }
-        let pool = Pool::create_with("tank", tops, CreateOptions::default(), set.opener()).unwrap();
+        // autotrim in half the epochs (three in a row, so every log layout has it): the
+        // crash devices turn a discard into garbage, so a discard of a live block, or
+        // one racing a write of reused space, shows as lost data; extents down to 4 KiB
+        // are discarded so nearly every release trims
+        let autotrim = (self.stats.epochs / 3) % 2 == 0;
+        let props = vec![("autotrim".to_string(), if autotrim { "on" } else { "off" }.to_string())];
+        let pool = Pool::create_with("tank", tops, CreateOptions { props, ..CreateOptions::default() }, set.opener()).unwrap();
+        assert_eq!(pool.autotrim(), autotrim);
         let mut state = State::new();
         // every other epoch volume b is sync=always: each of its writes commits
         self.sync_always.clear();
@@ -824,6 +846,8 @@ impl Harness {
         let aggregated = aggregated_writes(&pool);
         self.stats.cuts_after_aggregated_writes += usize::from(aggregated > 0);
         self.stats.aggregated_write_requests += aggregated;
+        let trimmed = pool.trim_stats().iter().find(|(k, _)| *k == "autotrim_extents").map_or(0, |e| e.1);
+        self.stats.cuts_after_trims += usize::from(trimmed > 0);
         dom.cut();
         pool.abandon();
         drop(pool);
@@ -1364,6 +1388,7 @@ fn drop_uberblocks_after(img: &mut [u8], txg: u64) {
 
 fn run(seed: u64, iterations: usize, faults: Vec<Fault>) -> Stats {
     zilla_core::tunables().set("zfs_txg_timeout", 3600).unwrap();
+    zilla_core::tunables().set("zfs_trim_extent_bytes_min", 4096).unwrap();
     let mut h = Harness::new(seed, faults);
     for it in 0..iterations {
         h.boot = it;
@@ -1408,4 +1433,6 @@ fn power_cuts_at_random_points() {
     assert!(stats.acks > iterations / 2, "too few acknowledged syncs: {stats:?}");
     // aggregation is on (the default scheduler): cuts must meet aggregated writes
     assert!(iterations < 50 || stats.cuts_after_aggregated_writes > iterations / 10, "aggregation never happened: {stats:?}");
+    // autotrim is on in half the epochs: cuts must meet discarded space
+    assert!(iterations < 50 || stats.cuts_after_trims > iterations / 20, "autotrim never discarded anything: {stats:?}");
 }

@@ -894,6 +894,12 @@ async fn prop_get(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<GetReq>) -
 }
 
 async fn prop_set(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<SetReq>) -> ApiResult<Empty> {
+    if !req.name.contains('/') {
+        // A pool: a pool property (zpool set).
+        let p = d.pool(&req.name)?;
+        blocking(move || Ok(p.set_pool_prop(&req.property, &req.value)?)).await?;
+        return Ok(Json(Empty {}));
+    }
     let (p, vol) = d.volume_pool(&req.name)?;
     zilla_core::props::validate(&req.property, &req.value)?;
     blocking(move || Ok(p.set_prop(&vol, &req.property, &req.value)?)).await?;

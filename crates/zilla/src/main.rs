@@ -80,7 +80,7 @@ enum Cmd {
         /// POOL/NAME (volume properties) or POOL (pool properties)
         name: String,
     },
-    /// Set a volume property: PROP=VALUE POOL/NAME
+    /// Set a property: PROP=VALUE POOL/NAME (a volume's) or POOL (the pool's, e.g. autotrim=on)
     Set {
         assignment: String,
         name: String,
@@ -191,6 +191,20 @@ enum PoolCmd {
         #[arg(short = 'p')]
         parsable: bool,
         args: Vec<String>,
+    },
+    /// Set a pool property: PROP=VALUE POOL (autotrim, autoreplace, failmode, multihost)
+    Set {
+        assignment: String,
+        pool: String,
+    },
+    /// Show pool properties: PROP[,PROP...]|all POOL
+    Get {
+        #[arg(short = 'H')]
+        scripted: bool,
+        #[arg(short = 'p')]
+        parsable: bool,
+        props: String,
+        pool: String,
     },
     /// Start, pause (-p) or stop (-s) a scrub; -w waits for it
     Scrub {
@@ -578,25 +592,8 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
     match cmd {
         Cmd::Pool(p) => pool_cmd(c, p).await,
         Cmd::Volume(v) => volume_cmd(c, v).await,
-        Cmd::Get { scripted, parsable, props, name } => {
-            let props: Vec<String> = if props == "all" {
-                vec![]
-            } else {
-                props.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
-            };
-            let rows: Vec<zilla_core::props::PropRow> =
-                c.post("/v1/get", &GetReq { name: name.clone(), props }).await.map_err(ctx(format!("cannot open '{name}'")))?;
-            print!("{}", format::prop_rows(&rows, scripted, parsable));
-            Ok(())
-        }
-        Cmd::Set { assignment, name } => {
-            let (property, value) = parse_assignment(&assignment)?;
-            let _: Empty = c
-                .post("/v1/set", &SetReq { name: name.clone(), property, value })
-                .await
-                .map_err(ctx(format!("cannot set property for '{name}'")))?;
-            Ok(())
-        }
+        Cmd::Get { scripted, parsable, props, name } => get_cmd(c, scripted, parsable, &props, name).await,
+        Cmd::Set { assignment, name } => set_cmd(c, &assignment, name).await,
         Cmd::Arcstat { interval, count } => arcstat(c, interval, count).await,
         Cmd::Zilstat { interval, count } => zilstat(c, interval, count).await,
         Cmd::Txgs { scripted, count, pool } => {
@@ -608,6 +605,30 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
         Cmd::Tunable(t) => tunable_cmd(c, t).await,
         Cmd::Serve(_) | Cmd::Demo { .. } => unreachable!("handled in main"),
     }
+}
+
+/// `get PROPS NAME`: a volume's properties (POOL/NAME) or a pool's (POOL).
+async fn get_cmd(c: &Client, scripted: bool, parsable: bool, props: &str, name: String) -> Result<(), String> {
+    let props: Vec<String> =
+        if props == "all" { vec![] } else { props.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect() };
+    let rows: Vec<zilla_core::props::PropRow> = c.post("/v1/get", &GetReq { name: name.clone(), props }).await.map_err(ctx(format!("cannot open '{name}'")))?;
+    print!("{}", format::prop_rows(&rows, scripted, parsable));
+    Ok(())
+}
+
+/// `name` if it names a pool (`pool set` / `pool get`), else the error for `what`.
+fn only_pool(name: String, what: &str, volume_cmd: &str) -> Result<String, String> {
+    if name.contains('/') {
+        return Err(format!("cannot {what} '{name}': not a pool (use 'zilla {volume_cmd}' for volumes)"));
+    }
+    Ok(name)
+}
+
+/// `set PROP=VALUE NAME`: a volume property (POOL/NAME) or a pool property (POOL).
+async fn set_cmd(c: &Client, assignment: &str, name: String) -> Result<(), String> {
+    let (property, value) = parse_assignment(assignment)?;
+    let _: Empty = c.post("/v1/set", &SetReq { name: name.clone(), property, value }).await.map_err(ctx(format!("cannot set property for '{name}'")))?;
+    Ok(())
 }
 
 async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
@@ -651,14 +672,10 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
             let f = IostatFlags { verbose, latency, queues, histograms, scripted, parsable };
             iostat(c, f, &args).await?;
         }
+        PoolCmd::Set { assignment, pool } => set_cmd(c, &assignment, only_pool(pool, "set property for", "set")?).await?,
+        PoolCmd::Get { scripted, parsable, props, pool } => get_cmd(c, scripted, parsable, &props, only_pool(pool, "get properties of", "get")?).await?,
         PoolCmd::Scrub { wait, pause, stop, pool } => {
-            let cmd = if stop {
-                ScrubCmd::Stop
-            } else if pause {
-                ScrubCmd::Pause
-            } else {
-                ScrubCmd::Start
-            };
+            let cmd = if stop { ScrubCmd::Stop } else if pause { ScrubCmd::Pause } else { ScrubCmd::Start };
             let _: Empty = c
                 .post(&format!("/v1/pools/{}/scrub", enc(&pool)), &ScrubReq { cmd, wait })
                 .await

@@ -42,6 +42,8 @@ struct Snapshot {
     zil: Vec<(String, Vec<(&'static str, u64)>)>,
     /// Per pool: the write throttle's dirty bytes and counters (dmu_tx kstat).
     dmu_tx: Vec<(String, zilla_core::dsl_pool::ThrottleStats)>,
+    /// Per pool: autotrim's counters.
+    trim: Vec<(String, Vec<(&'static str, u64)>)>,
     frontend: FrontendMetrics,
     memory: crate::memory::MemoryReport,
 }
@@ -83,6 +85,7 @@ async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
         volumes: pools.iter().flat_map(|(_, p)| p.volumes()).collect(),
         zil: pools.iter().map(|(n, p)| (n.clone(), p.zil_stats())).collect(),
         dmu_tx: pools.iter().map(|(n, p)| (n.to_string(), p.throttle_stats())).collect(),
+        trim: pools.iter().map(|(n, p)| (n.clone(), p.trim_stats())).collect(),
     })
     .await
     .map_err(|e| format!("storage engine error: {e}"))
@@ -241,13 +244,10 @@ fn render_metrics(s: &Snapshot) -> String {
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
     register_vdev_queue(&mut reg, &rows);
     // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
-    if let Some((_, first)) = s.zil.first() {
-        for (i, (name, _)) in first.iter().enumerate() {
-            let samples = s.zil.iter().map(|(pool, st)| (labels(&[("pool", pool)]), st.get(i).map_or(0, |x| x.1)));
-            counters(&mut reg, &format!("zfs_{name}"), "Intent log counter (OpenZFS zil kstat)", samples);
-        }
-    }
+    register_pool_kstats(&mut reg, "zfs_", "Intent log counter (OpenZFS zil kstat)", &s.zil);
     register_dmu_tx(&mut reg, &s.dmu_tx);
+    // autotrim: zilla_autotrim_{extents,bytes,skipped_bytes,errors}{pool}
+    register_pool_kstats(&mut reg, "zilla_", "Autotrim: freed space discarded on the devices (vdev::trim)", &s.trim);
     register_frontend(&mut reg, &s.frontend);
     register_memory(&mut reg, &s.memory);
     let mut out = String::new();
@@ -255,6 +255,17 @@ fn render_metrics(s: &Snapshot) -> String {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
     }
     out
+}
+
+/// One counter family `<prefix><kstat name>{pool}` per kstat of `per_pool` (every pool
+/// has the same names in the same order).
+fn register_pool_kstats(reg: &mut Registry, prefix: &str, help: &str, per_pool: &[(String, Vec<(&'static str, u64)>)]) {
+    if let Some((_, first)) = per_pool.first() {
+        for (i, (name, _)) in first.iter().enumerate() {
+            let samples = per_pool.iter().map(|(pool, st)| (labels(&[("pool", pool)]), st.get(i).map_or(0, |x| x.1)));
+            counters(reg, &format!("{prefix}{name}"), help, samples);
+        }
+    }
 }
 
 /// The I/O scheduler per vdev and class: queue depth now, and requests, device calls

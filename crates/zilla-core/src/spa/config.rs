@@ -82,48 +82,50 @@ impl PoolConfig {
     }
 }
 
+/// Pool properties and their defaults (`ashift` is set at creation only).
+pub const POOL_PROP_DEFAULTS: [(&str, &str); 5] =
+    [("ashift", "0"), ("autoreplace", "off"), ("autotrim", "off"), ("failmode", "wait"), ("multihost", "off")];
+
 pub(super) fn pool_props_with_defaults(props: &[(String, String)], ashift: u8) -> Result<BTreeMap<String, String>> {
-    let mut m = BTreeMap::new();
+    let mut m: BTreeMap<String, String> = POOL_PROP_DEFAULTS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     m.insert("ashift".to_string(), ashift.to_string());
-    m.insert("autoreplace".to_string(), "off".to_string());
-    m.insert("failmode".to_string(), "wait".to_string());
-    m.insert("multihost".to_string(), "off".to_string());
     for (k, v) in props {
-        let v = v.trim().to_ascii_lowercase();
-        match k.as_str() {
-            "ashift" => {
-                let a: u8 = v.parse().map_err(|_| Error::invalid(format!("bad ashift '{v}'")))?;
-                if a != 0 && !(label::MIN_ASHIFT..=label::MAX_ASHIFT).contains(&a) {
-                    return Err(Error::invalid(format!(
-                        "ashift {a} not supported: 12 (4 KiB sectors) or 13 (8 KiB sectors), or 0 for automatic"
-                    )));
-                }
-            }
-            "autoreplace" => {
-                if v != "on" && v != "off" {
-                    return Err(Error::invalid(format!("bad value '{v}' for autoreplace: expected on or off")));
-                }
-            }
-            "multihost" => {
-                if v != "on" && v != "off" {
-                    return Err(Error::invalid(format!("bad value '{v}' for multihost: expected on or off")));
-                }
-            }
-            "failmode" => {
-                if v == "continue" {
-                    return Err(Error::invalid(
-                        "failmode=continue is not supported: while a pool is suspended its writes wait (failmode=wait)".to_string(),
-                    ));
-                }
-                if v != "wait" {
-                    return Err(Error::invalid(format!("bad value '{v}' for failmode: expected wait")));
-                }
-            }
-            _ => return Err(Error::invalid(format!("unknown pool property '{k}'"))),
-        }
+        let v = validate_pool_prop(k, v)?;
         m.insert(k.clone(), v);
     }
     Ok(m)
+}
+
+/// The value `v` of pool property `k` as stored (lower case), or why it is refused.
+pub(super) fn validate_pool_prop(k: &str, v: &str) -> Result<String> {
+    let v = v.trim().to_ascii_lowercase();
+    match k {
+        "ashift" => {
+            let a: u8 = v.parse().map_err(|_| Error::invalid(format!("bad ashift '{v}'")))?;
+            if a != 0 && !(label::MIN_ASHIFT..=label::MAX_ASHIFT).contains(&a) {
+                return Err(Error::invalid(format!(
+                    "ashift {a} not supported: 12 (4 KiB sectors) or 13 (8 KiB sectors), or 0 for automatic"
+                )));
+            }
+        }
+        "autoreplace" | "autotrim" | "multihost" => {
+            if v != "on" && v != "off" {
+                return Err(Error::invalid(format!("bad value '{v}' for {k}: expected on or off")));
+            }
+        }
+        "failmode" => {
+            if v == "continue" {
+                return Err(Error::invalid(
+                    "failmode=continue is not supported: while a pool is suspended its writes wait (failmode=wait)".to_string(),
+                ));
+            }
+            if v != "wait" {
+                return Err(Error::invalid(format!("bad value '{v}' for failmode: expected wait")));
+            }
+        }
+        _ => return Err(Error::invalid(format!("unknown pool property '{k}'"))),
+    }
+    Ok(v)
 }
 
 /// The live top-level vdev for a config entry: the one place a `TopVdev` is built.

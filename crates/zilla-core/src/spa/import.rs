@@ -305,6 +305,10 @@ impl Pool {
         if let Ok(p) = serde_json::from_str::<BTreeMap<String, String>>(&mos.pool_props) {
             cfg.props.extend(p);
         }
+        // a property newer than the pool reads as its default
+        for (k, v) in super::config::POOL_PROP_DEFAULTS {
+            cfg.props.entry(k.to_string()).or_insert_with(|| v.to_string());
+        }
         let health = mos.leaf_health.clone().unwrap_or_default();
         let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false, health };
         // After a rewind the next txg follows the newest one seen, so its uberblocks

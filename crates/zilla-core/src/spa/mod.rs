@@ -165,6 +165,8 @@ pub(crate) struct PoolInner {
     env: Arc<dyn crate::env::Env>,
     /// The newest uberblock on disk (the heartbeat rewrites it with a sequence number).
     last_ub: Mutex<Option<label::Uberblock>>,
+    /// Autotrim's counters (`vdev::trim`).
+    trim_stats: crate::vdev::trim::TrimStats,
 }
 
 /// A random non-zero guid from `env`'s RNG (seeded under simulation).
@@ -215,7 +217,13 @@ impl PoolInner {
             scan: Default::default(),
             env,
             last_ub: Mutex::new(None),
+            trim_stats: Default::default(),
         })
+    }
+
+    /// The `autotrim` pool property is on.
+    pub fn autotrim(&self) -> bool {
+        self.config.lock().props.get("autotrim").is_some_and(|v| v == "on")
     }
 
     /// Drop this pool's claim (flock / O_EXCL) on every leaf: export, destroy, crash.
@@ -553,6 +561,29 @@ impl Pool {
             }
         }
         Ok(out)
+    }
+
+    /// `zpool set PROP=VALUE`: change a pool property (not `ashift`); it is written by
+    /// the sync this call waits for.
+    pub fn set_pool_prop(&self, prop: &str, value: &str) -> Result<()> {
+        self.check_open()?;
+        if prop == "ashift" {
+            return Err(Error::invalid("ashift is fixed when the pool is created".to_string()));
+        }
+        let v = config::validate_pool_prop(prop, value)?;
+        self.inner.config.lock().props.insert(prop.to_string(), v);
+        self.inner.meta.lock().changed = true;
+        self.sync()
+    }
+
+    /// The `autotrim` pool property is on.
+    pub fn autotrim(&self) -> bool {
+        self.inner.autotrim()
+    }
+
+    /// Autotrim's counters: (kstat name, value).
+    pub fn trim_stats(&self) -> Vec<(&'static str, u64)> {
+        self.inner.trim_stats.snapshot()
     }
 
     pub fn set_prop(&self, volume: &str, prop: &str, value: &str) -> Result<()> {

@@ -294,7 +294,8 @@ impl Pool {
         push("health", row.health.to_string(), "-");
         push("guid", cfg.guid.to_string(), "-");
         for (k, v) in &cfg.props {
-            push(k, v.clone(), if k == "ashift" { "local" } else { "default" });
+            let default = super::config::POOL_PROP_DEFAULTS.iter().any(|(dk, dv)| dk == k && dv == v) && k != "ashift";
+            push(k, v.clone(), if default { "default" } else { "local" });
         }
         out
     }

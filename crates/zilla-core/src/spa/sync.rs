@@ -257,7 +257,7 @@ impl PoolInner {
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
-        self.io.ms.release_through(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
+        self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
         let mut attempt = 0;
         let r = loop {
             self.io.ms.begin_sync(txg);
@@ -287,6 +287,24 @@ impl PoolInner {
                 Err(e)
             }
         }
+    }
+
+    /// Return the frees of txgs <= `through` to the free trees; with `autotrim=on`,
+    /// discard them first (see `vdev::trim`: nothing can allocate them until the
+    /// discards completed).
+    fn release_frees(&self, through: Txg) {
+        let released = self.io.ms.take_released(through);
+        if !released.is_empty() && self.autotrim() {
+            use crate::vdev::trim;
+            let (plan, skipped) = trim::plan(&released, trim::ZFS_TRIM_EXTENT_BYTES_MIN.get(), trim::ZFS_TRIM_EXTENT_BYTES_MAX.get());
+            self.trim_stats.skipped_bytes.fetch_add(skipped, Ordering::Relaxed);
+            for (vdev, extents) in plan {
+                if let Some(top) = self.io.top(vdev) {
+                    trim::trim_top(&top, &extents, trim::ZFS_TRIM_QUEUE_LIMIT.get() as usize, &self.trim_stats);
+                }
+            }
+        }
+        self.io.ms.free_released(&released);
     }
 
     fn publish_dirty_gauge(&self) {

@@ -504,6 +504,14 @@ impl Device for CrashDevice {
         Ok(())
     }
 
+    /// A discarded range reads as garbage (0xA5) from now on; like a write, the change
+    /// is durable only after a flush. Engine code that discards a live block loses it
+    /// visibly here (checksum errors), where a real SSD would at some later time.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let len = usize::try_from(len).map_err(|_| eio("discard too long"))?;
+        self.write_at(&vec![0xA5u8; len], offset)
+    }
+
     fn flush(&self) -> io::Result<()> {
         let mut st = self.state.lock();
         if st.crashed {

@@ -37,6 +37,7 @@ pub mod label;
 pub mod mirror;
 pub mod queue;
 pub mod sim;
+pub mod trim;
 pub mod uring;
 
 use std::io;
