@@ -13,7 +13,10 @@
 //! the log block only at commit (`WR_NEED_COPY`). A whole-block itx that a later
 //! whole-block write of the same block in the same txg replaces before any commit took
 //! it is dropped (`Superseded`): it would only keep an old buffer alive until the sync,
-//! and replaying the newer record makes it moot. The bytes the itxs hold are bounded
+//! and replaying the newer record makes it moot. A partial write of such a block is
+//! logged as the whole new block for the same reason (`pending_whole_block`), so a
+//! pending itx never keeps a block buffer the dirty set has let go (until a commit
+//! takes it). The bytes the itxs hold are bounded
 //! by `ZIL_ITX_BYTES_MAX`: past it new itxs are not kept and the next commit falls back
 //! to a txg sync (everything is then on disk anyway).
 //!
@@ -683,6 +686,24 @@ impl Zilog {
     /// the block's immutable buffer, written by the commit that covers it (dmu_sync).
     pub fn log_write_indirect(&self, txg: Txg, offset: u64, block: Arc<[u8]>) {
         self.append(txg, Itx { offset, data: ItxData::Indirect(block) });
+    }
+
+    /// The block at `block_offset` has a pending whole-block itx in `txg`: `Some(true)`
+    /// if it is WR_INDIRECT, `Some(false)` if WR_NEED_COPY. A partial write of that
+    /// block is then better logged as the whole new block (which supersedes it) than as
+    /// a copy of its bytes: the old buffer is let go at once. Logging a whole block is
+    /// always right (it holds the state after the write), so the answer may be stale.
+    pub fn pending_whole_block(&self, txg: Txg, block_offset: u64) -> Option<bool> {
+        let l = self.itxs.lock();
+        let &(t, i) = l.whole_blocks.get(&block_offset)?;
+        if t != txg {
+            return None;
+        }
+        match l.by_txg.get(&t)?.get(i)?.data {
+            ItxData::Indirect(_) => Some(true),
+            ItxData::Block(_) => Some(false),
+            _ => None,
+        }
     }
 
     /// Log that `[offset, offset+len)` reads as zeros from `txg` on.
@@ -2060,6 +2081,19 @@ mod superseded_tests {
         z.log_write(Txg(5), 0, block(3), true);
         assert_eq!(z.stats.zil_itx_superseded_count.load(Ordering::Relaxed), 1);
         assert_eq!(take_summary(&z), vec![(WR_NEED_COPY, 0, 3)]);
+    }
+
+    #[test]
+    fn a_pending_whole_block_is_found_only_in_its_txg() {
+        let z = Zilog::new(1);
+        assert_eq!(z.pending_whole_block(Txg(5), 0), None);
+        z.log_write(Txg(5), 0, block(1), true);
+        z.log_write_indirect(Txg(5), 16384, block(2));
+        assert_eq!(z.pending_whole_block(Txg(5), 0), Some(false));
+        assert_eq!(z.pending_whole_block(Txg(5), 16384), Some(true));
+        assert_eq!(z.pending_whole_block(Txg(6), 0), None);
+        take_summary(&z);
+        assert_eq!(z.pending_whole_block(Txg(5), 0), None, "a commit took it");
     }
 
     #[test]

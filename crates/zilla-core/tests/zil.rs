@@ -1020,3 +1020,36 @@ fn a_commit_of_more_than_the_bound_waits_for_a_txg_sync() {
         p2.export().unwrap();
     }
 }
+
+/// A partial write of a block whose whole-block write is still pending in the same txg
+/// is logged as the whole new block, superseding the first record (no old buffer kept
+/// beside the new one); after a flush and a power cut with nothing synced, replay
+/// gives both writes, for a log record with the data (logbias=latency) and for a
+/// block written in place (throughput).
+#[test]
+fn a_partial_write_after_a_pending_whole_write_replays_both() {
+    for props in [vec![], throughput()] {
+        for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset].into_iter().enumerate() {
+            let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
+            let (pool, mut m) = setup_16k(&rig, true, &props);
+            let v = pool.open_zvol("v").unwrap();
+            let synced = pool.synced_txg();
+            let st = &v.zil().stats;
+            let superseded0 = st.zil_itx_superseded_count.load(Ordering::Relaxed);
+            for i in 1..9u64 {
+                m.write(&*v, i * TP_BS, &pattern(300 + i + k as u64, TP_BS as usize), false);
+                m.write(&*v, i * TP_BS + 4096, &pattern(400 + i, 4096), false);
+                m.write(&*v, i * TP_BS + 12288, &pattern(500 + i, 1024), false);
+            }
+            v.flush().unwrap();
+            assert_eq!(pool.synced_txg(), synced, "the commit waited for a txg sync");
+            assert_eq!(st.zil_itx_superseded_count.load(Ordering::Relaxed) - superseded0, 16, "each partial write superseded the block's record");
+            let after = rig.power_cut(mode, 700 + k as u64);
+            pool.abandon();
+            let p2 = after.import();
+            m.check(&*p2.open_volume("v").unwrap(), &format!("after replay ({mode:?}, {props:?})"));
+            p2.check_space_accounting().unwrap();
+            p2.export().unwrap();
+        }
+    }
+}
