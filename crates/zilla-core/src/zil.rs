@@ -657,6 +657,20 @@ pub struct Zilog {
     pub stats: ZilStats,
 }
 
+/// The block at `block_offset` has a pending whole-block itx in `txg`: `Some(true)` if
+/// it is WR_INDIRECT, `Some(false)` if WR_NEED_COPY.
+fn pending_whole(l: &ItxLists, txg: Txg, block_offset: u64) -> Option<bool> {
+    let &(t, i) = l.whole_blocks.get(&block_offset)?;
+    if t != txg {
+        return None;
+    }
+    match l.by_txg.get(&t)?.get(i)?.data {
+        ItxData::Indirect(_) => Some(true),
+        ItxData::Block(_) => Some(false),
+        _ => None,
+    }
+}
+
 impl Zilog {
     pub fn new(volume_id: u64) -> Zilog {
         Zilog {
@@ -688,22 +702,27 @@ impl Zilog {
         self.append(txg, Itx { offset, data: ItxData::Indirect(block) });
     }
 
-    /// The block at `block_offset` has a pending whole-block itx in `txg`: `Some(true)`
-    /// if it is WR_INDIRECT, `Some(false)` if WR_NEED_COPY. A partial write of that
-    /// block is then better logged as the whole new block (which supersedes it) than as
-    /// a copy of its bytes: the old buffer is let go at once. Logging a whole block is
-    /// always right (it holds the state after the write), so the answer may be stale.
-    pub fn pending_whole_block(&self, txg: Txg, block_offset: u64) -> Option<bool> {
-        let l = self.itxs.lock();
-        let &(t, i) = l.whole_blocks.get(&block_offset)?;
-        if t != txg {
-            return None;
-        }
-        match l.by_txg.get(&t)?.get(i)?.data {
-            ItxData::Indirect(_) => Some(true),
-            ItxData::Block(_) => Some(false),
-            _ => None,
-        }
+    /// Log a partial write of the block at `block_offset`: `patch` is its bytes (at
+    /// `offset`), `block` the block's new content. If the block has a whole-block itx
+    /// pending in `txg`, the whole new block is logged instead (same kind, WR_NEED_COPY
+    /// or WR_INDIRECT), superseding it: a copy of the bytes would leave the old buffer
+    /// alive in that itx beside the new one. Logging the whole block is always right
+    /// (it is the state after the write). One lock for the choice and the append.
+    pub fn log_partial_write(&self, txg: Txg, block_offset: u64, offset: u64, patch: Arc<[u8]>, block: &Arc<[u8]>) {
+        self.stats.zil_itx_count.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.itxs.lock();
+        let itx = match pending_whole(&l, txg, block_offset) {
+            Some(true) => Itx { offset: block_offset, data: ItxData::Indirect(block.clone()) },
+            Some(false) => Itx { offset: block_offset, data: ItxData::Block(block.clone()) },
+            None => Itx { offset, data: ItxData::Copied(patch) },
+        };
+        self.append_locked(&mut l, txg, itx);
+    }
+
+    /// [`pending_whole`] for tests.
+    #[cfg(test)]
+    fn pending_whole_block(&self, txg: Txg, block_offset: u64) -> Option<bool> {
+        pending_whole(&self.itxs.lock(), txg, block_offset)
     }
 
     /// Log that `[offset, offset+len)` reads as zeros from `txg` on.
@@ -714,6 +733,10 @@ impl Zilog {
     fn append(&self, txg: Txg, itx: Itx) {
         self.stats.zil_itx_count.fetch_add(1, Ordering::Relaxed);
         let mut l = self.itxs.lock();
+        self.append_locked(&mut l, txg, itx);
+    }
+
+    fn append_locked(&self, l: &mut ItxLists, txg: Txg, itx: Itx) {
         l.last_seq += 1;
         let b = itx.mem_bytes();
         if l.bytes + b > ZIL_ITX_BYTES_MAX {

@@ -666,17 +666,12 @@ impl Volume {
         let indirect = whole
             && (props.logbias == crate::props::LogBias::Throughput
                 || (self.bs() > crate::zil::ZFS_IMMEDIATE_WRITE_SZ.get() && !self.pool.io().has_log_vdevs()));
-        // a partial write of a block whose whole-block itx is still pending in this txg
-        // logs the whole new block instead, superseding that itx (zil.rs, `Superseded`):
-        // else the itx would keep the old buffer alive beside the new one
-        let block_offset = blkid.offset_bytes(self.bs());
-        let pending_whole = if whole || new.is_none() { None } else { self.vol.zil.pending_whole_block(txg, block_offset) };
         match (patch, new) {
             (Some(_), Some(block)) if indirect => self.vol.zil.log_write_indirect(txg, offset, block.clone()),
-            (Some(_), Some(block)) if len as u64 == self.bs() => self.vol.zil.log_write(txg, offset, block.clone(), true),
-            (Some(_), Some(block)) if pending_whole == Some(true) => self.vol.zil.log_write_indirect(txg, block_offset, block.clone()),
-            (Some(_), Some(block)) if pending_whole == Some(false) => self.vol.zil.log_write(txg, block_offset, block.clone(), true),
-            (Some(p), _) => self.vol.zil.log_write(txg, offset, p.into(), false),
+            (Some(_), Some(block)) if whole => self.vol.zil.log_write(txg, offset, block.clone(), true),
+            // the whole new block instead when a whole-block itx of it is pending
+            (Some(p), Some(block)) => self.vol.zil.log_partial_write(txg, blkid.offset_bytes(self.bs()), offset, p.into(), block),
+            (Some(p), None) => self.vol.zil.log_write(txg, offset, p.into(), false),
             (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),
         }
     }
