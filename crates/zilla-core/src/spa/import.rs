@@ -552,6 +552,28 @@ fn verify_trees(io: &PoolIo, mos: &crate::dmu::Mos) -> Result<()> {
     Ok(())
 }
 
+/// Offline leaves as of `txg`: the labels carry the newest config, but a leaf taken
+/// offline after `txg` was synced (`offline_since` is the first txg it missed) holds
+/// every block of `txg`, and after a rewind may be the only one that does (its
+/// siblings' resilvers finished later, or the txg's MOS was written while they were
+/// offline). It is opened online, as OpenZFS's rewind uses the config of the txg it
+/// loads. A normal import loads a txg >= `offline_since` - 1 and keeps it offline.
+fn offline_as_of(io: &PoolIo, cfg: &PoolConfig, txg: Txg) {
+    for t in io.vdevs.read().iter() {
+        for l in t.children().iter().filter(|l| matches!(l.state(), LeafState::Offline | LeafState::Online)) {
+            let Some(lc) = cfg.tops.iter().flat_map(|t| t.children.iter()).find(|c| c.guid == l.guid) else { continue };
+            if !lc.offline {
+                continue;
+            }
+            let offline = lc.offline_since.is_zero() || lc.offline_since <= txg.next();
+            if !offline && l.state() == LeafState::Offline {
+                tracing::warn!(device = %l.spec.display(), %txg, offline_since = %lc.offline_since, "rewind to a txg before this device went offline: opened online");
+            }
+            l.set_state(if offline { LeafState::Offline } else { LeafState::Online });
+        }
+    }
+}
+
 /// Most txgs a rewind may go back (the uberblock ring holds 32).
 pub const REWIND_MAX_TXGS: u64 = 32;
 
@@ -560,7 +582,10 @@ pub const REWIND_MAX_TXGS: u64 = 32;
 /// (and, beyond the free deferral, whose every block verifies) is chosen.
 fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock>, opts: &ImportOptions) -> Result<Chosen> {
     let name = cfg.name.as_str();
-    let load = |ub: &label::Uberblock| check_guid_sum(cfg, ub).and_then(|_| load_mos(io, ub));
+    let load = |ub: &label::Uberblock| {
+        offline_as_of(io, cfg, ub.txg);
+        check_guid_sum(cfg, ub).and_then(|_| load_mos(io, ub))
+    };
     ubs.sort_by(|a, b| b.txg.cmp(&a.txg).then(b.timestamp_ns.cmp(&a.timestamp_ns)));
     ubs.dedup_by(|a, b| a == b);
     let Some(newest) = ubs.first().cloned() else {
@@ -648,15 +673,18 @@ fn apply_leaf_health(leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::M
     }
 }
 
-/// A leaf the MOS says is faulted comes back ONLINE when it is the only one holding
-/// some txgs (its siblings attached, offlined or faulted since it was faulted): else
-/// those blocks could not be read at all.
+/// A leaf the MOS says is faulted, or the labels say is offline, comes back ONLINE when
+/// it is the only one holding some txgs: else those blocks could not be read at all.
+/// A faulted leaf's siblings may have been attached, offlined or faulted since; an
+/// offline leaf can be needed only after a rewind (offline refuses the only holder),
+/// to a txg whose MOS still says a sibling's resilver had not finished.
 fn keep_required_leaves(io: &crate::zio::PoolIo) {
     for t in io.vdevs.read().iter() {
-        for l in t.children().iter().filter(|l| l.state() == LeafState::Faulted) {
+        for l in t.children().iter().filter(|l| matches!(l.state(), LeafState::Faulted | LeafState::Offline)) {
             let only_here = t.txgs_required(l);
             if !only_here.is_empty() {
-                tracing::warn!(device = %l.spec.display(), txgs = %crate::vdev::mirror::ranges_text(&only_here), "faulted device is the only one holding some txgs: kept online (degraded)");
+                let was = if l.state() == LeafState::Faulted { "faulted" } else { "offline" };
+                tracing::warn!(device = %l.spec.display(), txgs = %crate::vdev::mirror::ranges_text(&only_here), "{was} device is the only one holding some txgs: brought online (degraded)");
                 l.set_state(LeafState::Online);
             }
         }
