@@ -332,6 +332,22 @@ struct ChainBlock {
     record_bytes: u32,
 }
 
+impl Chain {
+    /// The block of sequence number `seq`. Blocks are pushed in seq order, one apart,
+    /// and leave from the front, so its index is `seq` minus the first one's: a
+    /// search from the front cost O(blocks) per commit, and a chain holds every lwb
+    /// written since the last sync (thousands at QD1 on fast devices).
+    fn block_mut(&mut self, seq: u64) -> Option<&mut ChainBlock> {
+        let first = self.blocks.front()?.seq;
+        let i = usize::try_from(seq.checked_sub(first)?).ok()?;
+        match self.blocks.get(i) {
+            Some(b) if b.seq == seq => {}
+            _ => return self.blocks.iter_mut().find(|b| b.seq == seq),
+        }
+        self.blocks.get_mut(i)
+    }
+}
+
 #[derive(Default)]
 struct Chain {
     guid: u64,
@@ -1329,7 +1345,9 @@ impl Zilog {
                     }
                 });
                 let cb = ChainBlock { ptr, seq, max_txg, written: false, records: body.len() as u32, record_bytes: body_len as u32 };
-                c.blocks.push_back(cb);
+                debug_assert!(c.blocks.back().is_none_or(|b| b.seq + 1 == cb.seq), "chain blocks are one seq apart");
+                debug_assert!(c.blocks.back().is_none_or(|b| b.seq + 1 == cb.seq), "chain blocks are one seq apart");
+            c.blocks.push_back(cb);
                 planned.push((cb, Arc::new(block)));
             }
         }
@@ -1341,7 +1359,7 @@ impl Zilog {
     fn lwbs_written(&self, io: &PoolIo, planned: &[(ChainBlock, Arc<AlignedBuf>)]) {
         let mut c = self.chain.lock();
         for (cb, _) in planned {
-            if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == cb.seq) {
+            if let Some(b) = c.block_mut(cb.seq) {
                 b.written = true;
             }
             // its successor is now referenced by a durable block
@@ -1532,6 +1550,7 @@ impl Zilog {
             let succ = alloc_log_block(io, LWB_MIN_SIZE, admit_normal)?;
             c.next = Some((succ, seq + 1));
             let cb = ChainBlock { ptr, seq, max_txg: Txg::ZERO, written: false, records: 0, record_bytes: 0 };
+            debug_assert!(c.blocks.back().is_none_or(|b| b.seq + 1 == cb.seq), "chain blocks are one seq apart");
             c.blocks.push_back(cb);
             vec![(cb, Arc::new(AlignedBuf::copy_of(&encode_lwb(&ptr, c.guid, self.volume_id, seq, &succ, &[]))))]
         };
@@ -1540,7 +1559,7 @@ impl Zilog {
             return Err(e);
         }
         let mut c = self.chain.lock();
-        if let Some(b) = c.blocks.iter_mut().find(|b| b.seq == planned[0].0.seq) {
+        if let Some(b) = c.block_mut(planned[0].0.seq) {
             b.written = true;
         }
         io.ms.log_referenced(&planned[0].0.ptr.dva);
