@@ -14,9 +14,10 @@
 //! whole-block write of the same block in the same txg replaces before any commit took
 //! it is dropped (`Superseded`): it would only keep an old buffer alive until the sync,
 //! and replaying the newer record makes it moot. A partial write of such a block is
-//! logged as the whole new block for the same reason (`pending_whole_block`), so a
-//! pending itx never keeps a block buffer the dirty set has let go (until a commit
-//! takes it). The bytes the itxs hold are bounded
+//! logged as the whole new block for the same reason (`pending_whole_block`), and an
+//! unmap of the whole block supersedes it too (`log_truncate_block`), so a pending itx
+//! keeps a block buffer the dirty set has let go only behind a partial unmap (until a
+//! commit takes it). The bytes the itxs hold are bounded
 //! by `ZIL_ITX_BYTES_MAX`: past it new itxs are not kept and the next commit falls back
 //! to a txg sync (everything is then on disk anyway).
 //!
@@ -744,6 +745,24 @@ impl Zilog {
     /// Log that `[offset, offset+len)` reads as zeros from `txg` on.
     pub fn log_truncate(&self, txg: Txg, offset: u64, len: u64) {
         self.append(txg, Itx { offset, data: ItxData::Truncate(len) });
+    }
+
+    /// Log that the whole block at `block_offset` (`len` bytes) reads as zeros from
+    /// `txg` on (an unmap or write_zeroes of it). A whole-block itx of it pending in
+    /// `txg` is superseded: replay zeroes the block after it anyway, and it would keep
+    /// the old buffer alive until the sync, which the dirty set has let go.
+    pub fn log_truncate_block(&self, txg: Txg, block_offset: u64, len: u64) {
+        self.stats.zil_itx_count.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.itxs.lock();
+        if pending_whole(&l, txg, block_offset).is_some() {
+            let (t, i) = l.whole_blocks.remove(&block_offset).expect("pending_whole found the entry");
+            let old = &mut l.by_txg.get_mut(&t).expect("an indexed itx's txg list exists")[i];
+            debug_assert_eq!(old.offset, block_offset, "the whole-block index points at another block");
+            debug_assert_eq!(old.len(), len, "a whole-block itx of another length");
+            old.data = ItxData::Superseded;
+            self.stats.zil_itx_superseded_count.fetch_add(1, Ordering::Relaxed);
+        }
+        self.append_locked(&mut l, txg, Itx { offset: block_offset, data: ItxData::Truncate(len) });
     }
 
     fn append(&self, txg: Txg, itx: Itx) {

@@ -672,6 +672,7 @@ impl Volume {
             // the whole new block instead when a whole-block itx of it is pending
             (Some(p), Some(block)) => self.vol.zil.log_partial_write(txg, blkid.offset_bytes(self.bs()), offset, p.into(), block),
             (Some(p), None) => self.vol.zil.log_write(txg, offset, p.into(), false),
+            (None, _) if whole => self.vol.zil.log_truncate_block(txg, offset, len as u64),
             (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),
         }
     }
