@@ -5,7 +5,7 @@
 # property is set with `pool set`, shown by `pool get` (local vs default), refused
 # with a clear error for bad values, and kept across a restart; nothing still in use is
 # discarded (the data left reads back exactly, also after the restart, and a scrub
-# finds no errors).
+# finds no errors). With autotrim off, `pool trim -w` discards the free space instead.
 . "$(dirname "$0")/lib.sh"
 start_daemon
 z tunable set zfs_txg_timeout=1 >/dev/null
@@ -49,6 +49,21 @@ freed_kib=$((2 * 152 * 1024))
 # autotrim off: the devices keep the freed blocks
 fill_and_trim
 [ $((full - after)) -lt $((freed_kib / 10)) ] || fail "autotrim off, yet the leaves shrank from $full to $after KiB"
+# until a manual trim (`zpool trim`) discards the pool's free space
+expect_error "no active trim to suspend or cancel" z pool trim -c tank
+z pool trim -w tank
+manual=$(leaf_kib)
+log "leaf KiB after pool trim: $manual"
+[ $((after - manual)) -gt $((freed_kib * 8 / 10)) ] || fail "pool trim shrank the leaves only from $after to $manual KiB"
+z pool status tank | tee "$T/st0"
+grep -q 'trim: trim completed on' "$T/st0" || fail "pool status does not show the completed trim"
+grep -Eq '^zilla_trim_manual_bytes_total\{pool="tank"\} [1-9]' <(curl -sf "http://127.0.0.1:$HTTP_PORT/metrics") || fail "/metrics: no manual trim bytes"
+check_data_head() {
+    nbdcopy "$(nbd_unix_uri tank/v)" "$T/v.back"
+    cmp -n $((8 << 20)) "$T/data" "$T/v.back" || fail "the untrimmed head of tank/v changed"
+    rm -f "$T/v.back"
+}
+check_data_head
 
 z pool set autotrim=on tank
 z pool get autotrim tank | grep -Eq '^tank +autotrim +on +local$' || fail "pool get after set"

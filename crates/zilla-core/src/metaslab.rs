@@ -185,6 +185,47 @@ impl RangeAllocator {
         self.free_bytes += len;
     }
 
+    /// Take free space at or after `from` out of the free tree for a manual trim, in
+    /// offset order: at most `max_extents` extents of at most `max_len` bytes (a longer
+    /// free extent is taken in part), leaving free extents shorter than `min_len` in the
+    /// tree. Returns the extents and where the next call continues (`None`: nothing is
+    /// left after them).
+    pub fn take_free_after(&mut self, from: u64, min_len: u64, max_len: u64, max_extents: usize) -> (Vec<(u64, u64)>, Option<u64>) {
+        debug_assert!(min_len > 0 && max_len >= min_len);
+        let mut taken = Vec::new();
+        let mut at = from;
+        loop {
+            if taken.len() >= max_extents {
+                return (self.remove_taken(taken), Some(at));
+            }
+            // the free extent holding `at`, else the next one after it
+            let next = self
+                .free
+                .range(..=at)
+                .next_back()
+                .filter(|(&s, &l)| s + l > at)
+                .or_else(|| self.free.range(at..).next())
+                .map(|(&s, &l)| (s.max(at), s + l));
+            let Some((start, end)) = next else {
+                return (self.remove_taken(taken), None);
+            };
+            if end - start >= min_len {
+                let n = (end - start).min(max_len);
+                taken.push((start, n));
+                at = start + n;
+            } else {
+                at = end;
+            }
+        }
+    }
+
+    fn remove_taken(&mut self, taken: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+        for &(at, len) in &taken {
+            self.remove_range(at, len);
+        }
+        taken
+    }
+
     /// Allocated extents in order (complement of the free tree).
     pub fn allocated_extents(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
@@ -561,6 +602,30 @@ impl Metaslabs {
         done.into_values().flatten().collect()
     }
 
+    /// [`RangeAllocator::take_free_after`] on top-level vdev `vdev` (manual trim; an
+    /// unknown vdev has nothing left). The caller returns the extents with
+    /// [`Metaslabs::return_trimmed`] before anything persists the allocators: only the
+    /// sync does, and the sync is the caller (`spa/trim`).
+    pub fn take_free_for_trim(&self, vdev: VdevId, from: u64, min_len: u64, max_len: u64, max_extents: usize) -> (Vec<(u64, u64)>, Option<u64>) {
+        let Some(c) = self.class_of(vdev) else { return (Vec::new(), None) };
+        let mut c = c.lock();
+        match c.get_mut(vdev) {
+            Some(a) => a.take_free_after(from, min_len, max_len, max_extents),
+            None => (Vec::new(), None),
+        }
+    }
+
+    /// Give back extents taken by [`Metaslabs::take_free_for_trim`].
+    pub fn return_trimmed(&self, vdev: VdevId, extents: &[(u64, u64)]) {
+        let Some(c) = self.class_of(vdev) else { return };
+        let mut c = c.lock();
+        if let Some(a) = c.get_mut(vdev) {
+            for &(at, len) in extents {
+                a.free(at, len);
+            }
+        }
+    }
+
     /// Return blocks taken by [`Metaslabs::take_released`] to the free trees.
     pub fn free_released(&self, released: &[Dva]) {
         for d in released {
@@ -912,5 +977,40 @@ mod tests {
         let at = a.alloc(4096).unwrap();
         a.free(at, 4096);
         a.free(at, 4096);
+    }
+}
+
+#[cfg(test)]
+mod trim_tests {
+    use super::*;
+
+    fn alloc_at(a: &mut RangeAllocator, at: u64, len: u64) {
+        a.claim(at, len).unwrap();
+    }
+
+    #[test]
+    fn take_free_after_walks_free_space_in_order_and_skips_short_extents() {
+        let mut a = RangeAllocator::new(1 << 20);
+        // free: [0,4K) [8K,100K) [104K,108K) [112K,1M)
+        alloc_at(&mut a, 4096, 4096);
+        alloc_at(&mut a, 100 << 10, 4096);
+        alloc_at(&mut a, 108 << 10, 4096);
+        let free0 = a.free_bytes();
+        // at most two extents of at most 64K, none shorter than 8K
+        let (t, next) = a.take_free_after(0, 8192, 64 << 10, 2);
+        assert_eq!(t, vec![(8192, 64 << 10), (72 << 10, 28 << 10)]);
+        assert_eq!(next, Some(100 << 10));
+        assert_eq!(a.free_bytes(), free0 - (92 << 10));
+        assert!(!a.is_free(8192, 4096) && a.is_free(0, 4096), "taken space left the tree, short extents stayed");
+        // from the middle of a free extent: its rest, then to the end
+        let (t2, next2) = a.take_free_after(200 << 10, 8192, 1 << 20, 10);
+        assert_eq!(t2, vec![(200 << 10, (1 << 20) - (200 << 10))]);
+        assert_eq!(next2, None);
+        for &(at, len) in t.iter().chain(&t2) {
+            a.free(at, len);
+        }
+        assert_eq!(a.free_bytes(), free0, "returning every extent restores the tree");
+        let (t3, next3) = a.take_free_after(1 << 20, 4096, 1 << 20, 10);
+        assert!(t3.is_empty() && next3.is_none());
     }
 }

@@ -12,6 +12,8 @@
 //! (`CrashMode`). One boot in ten is cut during the import itself. Every 100 boots a new
 //! pool is created (an *epoch*), so the topology changes keep changing.
 //!
+//! Manual trim: 1 % of the steps start `pool trim` (its steps run in the syncs).
+//!
 //! Fault model (per boot; `DeviceFault` in vdev/fault.rs; names for ZILLA_CRASH_FAULTS):
 //!
 //! ```text
@@ -98,6 +100,7 @@ use common::*;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use zilla_core::spa::trim::TrimCmd;
 use zilla_core::spa::{CreateOptions, Pool, ScrubCmd, TopSpec};
 use zilla_core::vdev::fault::{CrashDevice, CrashMode, DeviceFault};
 use zilla_core::vdev::{label, Device, Role};
@@ -626,6 +629,8 @@ struct Stats {
     aggregated_write_requests: u64,
     /// Power cuts of a pool that had discarded freed space (autotrim) since import.
     cuts_after_trims: usize,
+    /// Boots cut after a manual trim (`pool trim`) discarded something.
+    cuts_after_manual_trims: usize,
 }
 
 /// Write requests the pool's leaves sent inside aggregates since import.
@@ -848,6 +853,8 @@ impl Harness {
         self.stats.aggregated_write_requests += aggregated;
         let trimmed = pool.trim_stats().iter().find(|(k, _)| *k == "autotrim_extents").map_or(0, |e| e.1);
         self.stats.cuts_after_trims += usize::from(trimmed > 0);
+        let manual = pool.trim_stats().iter().find(|(k, _)| *k == "trim_manual_extents").map_or(0, |e| e.1);
+        self.stats.cuts_after_manual_trims += usize::from(manual > 0);
         dom.cut();
         pool.abandon();
         drop(pool);
@@ -1013,7 +1020,8 @@ impl Harness {
             47..=54 => (self.read_back(pool), false),
             55..=69 => (self.sync(pool, dom), true),
             70..=74 => (self.create_or_destroy(pool, dom), true),
-            75..=77 => (self.scrub_start(pool), false),
+            75..=76 => (self.scrub_start(pool), false),
+            77 => (self.trim_start(pool), false),
             78..=81 => (self.repair_scrub(pool, dom), true),
             _ => (self.config_change(pool, dom, armed), true),
         }
@@ -1195,6 +1203,14 @@ impl Harness {
 
     fn scrub_start(&mut self, pool: &Arc<Pool>) -> Step {
         let _ = pool.scrub(ScrubCmd::Start);
+        self.ledger.background_sync = true;
+        Step::Go
+    }
+
+    /// Start a manual trim (`pool trim`): it runs in the syncs, which it requests, so
+    /// the crash devices' garbage for discarded space lands between them and the cut.
+    fn trim_start(&mut self, pool: &Arc<Pool>) -> Step {
+        let _ = pool.trim(TrimCmd::Start);
         self.ledger.background_sync = true;
         Step::Go
     }
@@ -1435,4 +1451,5 @@ fn power_cuts_at_random_points() {
     assert!(iterations < 50 || stats.cuts_after_aggregated_writes > iterations / 10, "aggregation never happened: {stats:?}");
     // autotrim is on in half the epochs: cuts must meet discarded space
     assert!(iterations < 50 || stats.cuts_after_trims > iterations / 20, "autotrim never discarded anything: {stats:?}");
+    assert!(iterations < 200 || stats.cuts_after_manual_trims > 0, "no manual trim discarded anything: {stats:?}");
 }

@@ -57,6 +57,13 @@ pub struct ScrubReq {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
+pub struct TrimReq {
+    pub cmd: zilla_core::spa::trim::TrimCmd,
+    #[serde(default)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
 pub struct AddReq {
     pub tops: Vec<TopSpec>,
     #[serde(default)]

@@ -517,6 +517,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/pools/{pool}", delete(pool_destroy))
         .route("/v1/pools/{pool}/export", post(pool_export))
         .route("/v1/pools/{pool}/scrub", post(pool_scrub))
+        .route("/v1/pools/{pool}/trim", post(pool_trim))
         .route("/v1/pools/{pool}/add", post(pool_add))
         .route("/v1/pools/{pool}/{op}", post(pool_device_op))
         .route("/v1/pools/{pool}/props", get(pool_props))
@@ -735,6 +736,19 @@ async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>
         p.scrub(req.cmd)?;
         if req.wait && req.cmd == zilla_core::spa::ScrubCmd::Start {
             p.scrub_wait()?;
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(Json(Empty {}))
+}
+
+async fn pool_trim(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<TrimReq>) -> ApiResult<Empty> {
+    let p = d.pool(&pool)?;
+    blocking(move || {
+        p.trim(req.cmd)?;
+        if req.wait && req.cmd == zilla_core::spa::trim::TrimCmd::Start {
+            p.trim_wait()?;
         }
         Ok(())
     })

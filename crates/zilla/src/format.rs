@@ -8,7 +8,7 @@ use zilla_core::spa::{PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 use zilla_core::vdev::{IoClass, Role};
 
 use crate::api::{IoStats, IostatEntry, IostatVdev};
-use crate::status_text::{errors_line, scan_line, status_action};
+use crate::status_text::{errors_line, scan_line, status_action, trim_line};
 use crate::units::{nicebytes, nicenum, nicetime_ns, parse_size};
 
 // ---------------------------------------------------------------------------------
@@ -92,6 +92,9 @@ pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
         let _ = writeln!(o, "action: {}", indent_para(&action));
     }
     let _ = writeln!(o, "  scan: {}", indent_para(&scan_line(&s.scan)));
+    if let Some(t) = trim_line(&s.trim) {
+        let _ = writeln!(o, "  trim: {}", indent_para(&t));
+    }
     let _ = writeln!(o, "config:\n");
 
     let (root, tops) = top_level(s);
@@ -707,6 +710,7 @@ mod tests {
             guid: zilla_core::Guid(1),
             state: zilla_core::spa::PoolHealth::Online,
             scan: Default::default(),
+            trim: Default::default(),
             config: vec![m, log],
             data_errors: 0,
             error_list: vec![],

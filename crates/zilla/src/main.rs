@@ -216,6 +216,17 @@ enum PoolCmd {
         stop: bool,
         pool: String,
     },
+    /// Discard the pool's free space on its devices (TRIM); -w waits, -s suspends
+    /// (a later trim resumes), -c cancels
+    Trim {
+        #[arg(short = 'w')]
+        wait: bool,
+        #[arg(short = 's', conflicts_with = "cancel")]
+        suspend: bool,
+        #[arg(short = 'c')]
+        cancel: bool,
+        pool: String,
+    },
     /// Import a pool, or list importable pools when POOL is not given
     Import {
         /// Search this directory or device (repeatable) [default: /dev]
@@ -624,6 +635,15 @@ fn only_pool(name: String, what: &str, volume_cmd: &str) -> Result<String, Strin
     Ok(name)
 }
 
+/// `pool trim`: start (or resume), suspend (-s) or cancel (-c) the manual trim; -w
+/// waits for the pass to end.
+async fn trim_cmd(c: &Client, wait: bool, suspend: bool, cancel: bool, pool: &str) -> Result<(), String> {
+    use zilla_core::spa::trim::TrimCmd;
+    let cmd = if cancel { TrimCmd::Cancel } else if suspend { TrimCmd::Suspend } else { TrimCmd::Start };
+    let _: Empty = c.post(&format!("/v1/pools/{}/trim", enc(pool)), &TrimReq { cmd, wait }).await.map_err(ctx(format!("cannot trim '{pool}'")))?;
+    Ok(())
+}
+
 /// `set PROP=VALUE NAME`: a volume property (POOL/NAME) or a pool property (POOL).
 async fn set_cmd(c: &Client, assignment: &str, name: String) -> Result<(), String> {
     let (property, value) = parse_assignment(assignment)?;
@@ -676,11 +696,9 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         PoolCmd::Get { scripted, parsable, props, pool } => get_cmd(c, scripted, parsable, &props, only_pool(pool, "get properties of", "get")?).await?,
         PoolCmd::Scrub { wait, pause, stop, pool } => {
             let cmd = if stop { ScrubCmd::Stop } else if pause { ScrubCmd::Pause } else { ScrubCmd::Start };
-            let _: Empty = c
-                .post(&format!("/v1/pools/{}/scrub", enc(&pool)), &ScrubReq { cmd, wait })
-                .await
-                .map_err(ctx(format!("cannot scrub '{pool}'")))?;
+            let _: Empty = c.post(&format!("/v1/pools/{}/scrub", enc(&pool)), &ScrubReq { cmd, wait }).await.map_err(ctx(format!("cannot scrub '{pool}'")))?;
         }
+        PoolCmd::Trim { wait, suspend, cancel, pool } => trim_cmd(c, wait, suspend, cancel, &pool).await?,
         PoolCmd::Import { dirs, force, rewind, dry_run, missing_log, pool } => import_cmd(c, dirs, ImportFlags { force, rewind, dry_run, missing_log }, pool).await?,
         PoolCmd::Export { force, pool } => {
             let path = format!("/v1/pools/{}/export{}", enc(&pool), force_query(force));

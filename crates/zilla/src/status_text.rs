@@ -8,6 +8,7 @@
 //! chosen here, from those fields alone, so the daemon, the CLI and the web page agree.
 use crate::units::nicebytes;
 use zilla_core::scan::ScanStatus;
+use zilla_core::spa::trim::{TrimState, TrimStatus};
 use zilla_core::spa::{PoolStatus, VdevStatus};
 
 /// `status:` and `action:` paragraphs; both empty when there is nothing to say.
@@ -67,6 +68,19 @@ pub fn scan_line(s: &ScanStatus) -> String {
         ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicebytes(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
         _ => "none requested".into(),
     }
+}
+
+/// `trim:` line of `zilla pool status` (none before the first `zilla pool trim`).
+pub fn trim_line(t: &TrimStatus) -> Option<String> {
+    let pct = if t.free_bytes_at_start == 0 { 100.0 } else { (t.bytes_trimmed as f64 * 100.0 / t.free_bytes_at_start as f64).min(100.0) };
+    let done = format!("{} trimmed, {} errors", nicebytes(t.bytes_trimmed), t.errors);
+    Some(match t.state {
+        TrimState::None => return None,
+        TrimState::Active => format!("trim in progress since {}\n\t{done}, about {pct:.0}% of the free space", fmt_time(t.start_time_s)),
+        TrimState::Suspended => format!("trim suspended (since {})\n\t{done}", fmt_time(t.start_time_s)),
+        TrimState::Canceled => format!("trim canceled on {}\n\t{done}", fmt_time(t.end_time_s)),
+        TrimState::Complete => format!("trim completed on {}\n\t{done}", fmt_time(t.end_time_s)),
+    })
 }
 
 /// "Sat Nov 21 19:45:00 2026" (UTC).

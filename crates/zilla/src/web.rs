@@ -246,8 +246,9 @@ fn render_metrics(s: &Snapshot) -> String {
     // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
     register_pool_kstats(&mut reg, "zfs_", "Intent log counter (OpenZFS zil kstat)", &s.zil);
     register_dmu_tx(&mut reg, &s.dmu_tx);
-    // autotrim: zilla_autotrim_{extents,bytes,skipped_bytes,errors}{pool}
-    register_pool_kstats(&mut reg, "zilla_", "Autotrim: freed space discarded on the devices (vdev::trim)", &s.trim);
+    // autotrim: zilla_autotrim_{extents,bytes,skipped_bytes,errors}{pool}; the manual
+    // trim (pool trim): zilla_trim_manual_{extents,bytes}{pool}
+    register_pool_kstats(&mut reg, "zilla_", "Autotrim and manual trim: free space discarded on the devices (vdev::trim, spa/trim)", &s.trim);
     register_frontend(&mut reg, &s.frontend);
     register_memory(&mut reg, &s.memory);
     let mut out = String::new();

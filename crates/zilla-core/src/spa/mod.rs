@@ -21,6 +21,7 @@
 //!  sync.rs    spa_sync: the txg commit protocol, and the sync thread
 //!  status.rs  structured status, list, iostat, pool properties
 //!  verify.rs  zdb-style space accounting check (tests)
+//!  trim.rs    the manual trim (zpool trim): a pass over the free space, in the syncs
 //! ```
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +50,7 @@ mod replay;
 mod status;
 mod sync;
 mod verify;
+pub mod trim;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
 pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
@@ -165,8 +167,10 @@ pub(crate) struct PoolInner {
     env: Arc<dyn crate::env::Env>,
     /// The newest uberblock on disk (the heartbeat rewrites it with a sequence number).
     last_ub: Mutex<Option<label::Uberblock>>,
-    /// Autotrim's counters (`vdev::trim`).
+    /// Autotrim's and the manual trim's counters (`vdev::trim`).
     trim_stats: crate::vdev::trim::TrimStats,
+    /// The manual trim (`zilla pool trim`, spa/trim.rs).
+    manual_trim: Mutex<trim::ManualTrim>,
 }
 
 /// A random non-zero guid from `env`'s RNG (seeded under simulation).
@@ -218,6 +222,7 @@ impl PoolInner {
             env,
             last_ub: Mutex::new(None),
             trim_stats: Default::default(),
+            manual_trim: Default::default(),
         })
     }
 

@@ -75,6 +75,9 @@ pub struct PoolStatus {
     pub state: PoolHealth,
     /// The last or current scrub/resilver (`func` empty: never run).
     pub scan: crate::scan::ScanStatus,
+    /// The manual trim (`zilla pool trim`) since import (`state` none: never run).
+    #[serde(default)]
+    pub trim: super::trim::TrimStatus,
     pub config: Vec<VdevStatus>,
     /// Blocks that could not be read or repaired since the last `clear`.
     pub data_errors: u64,
@@ -195,6 +198,7 @@ impl Pool {
             guid: inner.guid,
             state: self.health(),
             scan: crate::scan::status(&inner.scanner()),
+            trim: self.trim_status(),
             config,
             data_errors: inner.io.errors.unrecoverable.load(Ordering::Relaxed),
             error_list: inner.io.error_log.lock().clone(),

@@ -258,6 +258,8 @@ impl PoolInner {
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space.
         self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
+        // a manual trim's step, at the same place and for the same reason (spa/trim.rs)
+        self.manual_trim_step(txg);
         let mut attempt = 0;
         let r = loop {
             self.io.ms.begin_sync(txg);
@@ -300,7 +302,7 @@ impl PoolInner {
             self.trim_stats.skipped_bytes.fetch_add(skipped, Ordering::Relaxed);
             for (vdev, extents) in plan {
                 if let Some(top) = self.io.top(vdev) {
-                    trim::trim_top(&top, &extents, trim::ZFS_TRIM_QUEUE_LIMIT.get() as usize, &self.trim_stats);
+                    trim::trim_top(&top, &extents, trim::ZFS_TRIM_QUEUE_LIMIT.get() as usize, &self.trim_stats, "autotrim");
                 }
             }
         }

@@ -37,8 +37,8 @@
 //! (`fallocate`), on block devices the kernel's discard; the sync's data writes begin
 //! after them, so `zilla txgs` shows the wait in the sync time.
 //!
-//! Not built yet: `zpool trim` (a manual pass over all free space) and the
-//! accumulation of small frees across txgs (`zfs_trim_txg_batch`): each sync plans only
+//! The manual pass over all free space (`zpool trim`) is spa/trim.rs; it uses
+//! `trim_top` the same way. Not built yet: the accumulation of small frees across txgs (`zfs_trim_txg_batch`): each sync plans only
 //! what it releases, so scattered small frees are never discarded.
 
 use std::collections::BTreeMap;
@@ -70,7 +70,7 @@ pub static ZFS_TRIM_EXTENT_BYTES_MAX: Tunable = Tunable::new(
 pub static ZFS_TRIM_QUEUE_LIMIT: Tunable =
     Tunable::new("zfs_trim_queue_limit", 10, 1, 1000, Applies::Live, "discards in flight per device while autotrim runs");
 
-/// Autotrim's counters for one pool.
+/// Autotrim's and the manual trim's counters for one pool.
 #[derive(Debug, Default)]
 pub struct TrimStats {
     /// Extents discarded (each on every writable child) and their bytes.
@@ -78,8 +78,11 @@ pub struct TrimStats {
     pub bytes: AtomicU64,
     /// Released bytes left out because their extents were shorter than the minimum.
     pub skipped_bytes: AtomicU64,
-    /// Discards a device failed (advisory: nothing else happens).
+    /// Discards a device failed, both kinds (advisory: nothing else happens).
     pub errors: AtomicU64,
+    /// Extents and bytes the manual trim (`zilla pool trim`, spa/trim.rs) discarded.
+    pub manual_extents: AtomicU64,
+    pub manual_bytes: AtomicU64,
 }
 
 impl TrimStats {
@@ -91,6 +94,8 @@ impl TrimStats {
             ("autotrim_bytes", l(&self.bytes)),
             ("autotrim_skipped_bytes", l(&self.skipped_bytes)),
             ("autotrim_errors", l(&self.errors)),
+            ("trim_manual_extents", l(&self.manual_extents)),
+            ("trim_manual_bytes", l(&self.manual_bytes)),
         ]
     }
 }
@@ -140,7 +145,7 @@ pub fn plan(released: &[Dva], min: u64, max: u64) -> (BTreeMap<VdevId, Vec<(u64,
 /// Discard `extents` (data offsets) on every writable child of `top`, at most
 /// `queue_limit` in flight per child, and wait for all of them. Failures are counted in
 /// `stats` and logged; they are not returned (a discard is advisory).
-pub fn trim_top(top: &Arc<TopVdev>, extents: &[(u64, u64)], queue_limit: usize, stats: &TrimStats) {
+pub fn trim_top(top: &Arc<TopVdev>, extents: &[(u64, u64)], queue_limit: usize, stats: &TrimStats, what: &str) {
     let children: Vec<_> = top.children().into_iter().filter(|c| c.readable()).collect();
     if children.is_empty() || extents.is_empty() {
         return;
@@ -177,7 +182,7 @@ pub fn trim_top(top: &Arc<TopVdev>, extents: &[(u64, u64)], queue_limit: usize, 
         reap(&mut in_flight, &mut first_error);
     }
     if let Some(e) = first_error {
-        tracing::warn!(vdev = top.id.get(), "autotrim: a discard failed (advisory, nothing lost): {e}");
+        tracing::warn!(vdev = top.id.get(), "{what}: a discard failed (advisory, nothing lost): {e}");
     }
 }
 
