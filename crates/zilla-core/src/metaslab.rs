@@ -57,6 +57,10 @@ pub struct RangeAllocator {
     pub size: u64,
     free: BTreeMap<u64, u64>,
     free_bytes: u64,
+    /// Free bytes a manual trim has out of the tree while it discards them: not
+    /// allocatable, but not allocated either (space admission must not see a pool
+    /// fill up for the length of a trim step and refuse writes).
+    trimming_bytes: u64,
     cursor: u64,
 }
 
@@ -66,13 +70,13 @@ impl RangeAllocator {
         if size > 0 {
             free.insert(0, size);
         }
-        RangeAllocator { size, free, free_bytes: size, cursor: 0 }
+        RangeAllocator { size, free, free_bytes: size, trimming_bytes: 0, cursor: 0 }
     }
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
     pub fn allocated_bytes(&self) -> u64 {
-        self.size - self.free_bytes
+        self.size - self.free_bytes - self.trimming_bytes
     }
     /// Number of free extents (fragmentation indicator).
     pub fn free_extents(&self) -> usize {
@@ -222,8 +226,16 @@ impl RangeAllocator {
     fn remove_taken(&mut self, taken: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         for &(at, len) in &taken {
             self.remove_range(at, len);
+            self.trimming_bytes += len;
         }
         taken
+    }
+
+    /// Give back an extent taken by [`RangeAllocator::take_free_after`].
+    pub fn return_trimmed(&mut self, at: u64, len: u64) {
+        assert!(self.trimming_bytes >= len, "returning {len} trimmed bytes, {} out", self.trimming_bytes);
+        self.free(at, len);
+        self.trimming_bytes -= len;
     }
 
     /// Allocated extents in order (complement of the free tree).
@@ -621,7 +633,7 @@ impl Metaslabs {
         let mut c = c.lock();
         if let Some(a) = c.get_mut(vdev) {
             for &(at, len) in extents {
-                a.free(at, len);
+                a.return_trimmed(at, len);
             }
         }
     }
@@ -1001,13 +1013,14 @@ mod trim_tests {
         assert_eq!(t, vec![(8192, 64 << 10), (72 << 10, 28 << 10)]);
         assert_eq!(next, Some(100 << 10));
         assert_eq!(a.free_bytes(), free0 - (92 << 10));
+        assert_eq!(a.allocated_bytes(), (1 << 20) - free0, "space being trimmed is not allocated");
         assert!(!a.is_free(8192, 4096) && a.is_free(0, 4096), "taken space left the tree, short extents stayed");
         // from the middle of a free extent: its rest, then to the end
         let (t2, next2) = a.take_free_after(200 << 10, 8192, 1 << 20, 10);
         assert_eq!(t2, vec![(200 << 10, (1 << 20) - (200 << 10))]);
         assert_eq!(next2, None);
         for &(at, len) in t.iter().chain(&t2) {
-            a.free(at, len);
+            a.return_trimmed(at, len);
         }
         assert_eq!(a.free_bytes(), free0, "returning every extent restores the tree");
         let (t3, next3) = a.take_free_after(1 << 20, 4096, 1 << 20, 10);

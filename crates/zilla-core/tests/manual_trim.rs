@@ -59,13 +59,15 @@ fn a_manual_trim_discards_the_free_space_and_nothing_in_use() {
     assert_eq!(pool.trim_status().bytes_trimmed, suspended.bytes_trimmed, "a suspended trim went on");
 
     // resume, and write `keep` while the pass runs: no write may land in space being
-    // discarded, and none of it may be discarded later
+    // discarded, and none of it may be discarded later. A bounded number (~1 MiB, ~3 %
+    // of the free space with both copies and metadata): what they allocate ahead of
+    // the cursor is not free when the cursor gets there.
     pool.trim(TrimCmd::Start).unwrap();
     assert_eq!(pool.trim_status().state, TrimState::Active);
     let v = pool.open_volume("keep").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut writes = 0;
-    while pool.trim_status().state == TrimState::Active || writes < 200 {
+    while writes < 256 {
         let off = rng.gen_range(0..KEEP / 4096) * 4096;
         let d = pattern(1000 + writes, 4096);
         v.write(off, &d, false).unwrap();
@@ -74,7 +76,6 @@ fn a_manual_trim_discards_the_free_space_and_nothing_in_use() {
         if writes % 16 == 0 {
             v.flush().unwrap();
         }
-        assert!(writes < 200_000, "the trim never finished: {:?}", pool.trim_status());
     }
     pool.trim_wait().unwrap();
     let st = pool.trim_status();
