@@ -43,7 +43,7 @@ use super::{Pool, PoolInner};
 
 pub static ZILLA_TRIM_TXG_EXTENTS: Tunable = Tunable::new(
     "zilla_trim_txg_extents",
-    64,
+    8,
     1,
     100_000,
     Applies::Live,
@@ -123,12 +123,14 @@ impl PoolInner {
         let (per_txg, queue_limit) = (ZILLA_TRIM_TXG_EXTENTS.get() as usize, ZFS_TRIM_QUEUE_LIMIT.get() as usize);
         let stats = TrimStats::default();
         let mut moved: Vec<(VdevId, Option<u64>)> = Vec::with_capacity(cursors.len());
+        let mut skipped = 0;
         for (vdev, from) in cursors {
             let Some(top) = self.io.top(vdev) else {
                 moved.push((vdev, None)); // removed since the pass began
                 continue;
             };
-            let (extents, next) = self.io.ms.take_free_for_trim(vdev, from, min, max, per_txg);
+            let (extents, next, short) = self.io.ms.take_free_for_trim(vdev, from, min, max, per_txg);
+            skipped += short;
             crate::vdev::trim::trim_top(&top, &extents, queue_limit, &stats, "trim");
             self.io.ms.return_trimmed(vdev, &extents);
             moved.push((vdev, next));
@@ -147,6 +149,7 @@ impl PoolInner {
         t.status.bytes_trimmed += l(&stats.bytes);
         t.status.extents_trimmed += l(&stats.extents);
         t.status.errors += l(&stats.errors);
+        t.status.bytes_skipped += skipped;
         self.trim_stats.manual_bytes.fetch_add(l(&stats.bytes), Ordering::Relaxed);
         self.trim_stats.manual_extents.fetch_add(l(&stats.extents), Ordering::Relaxed);
         self.trim_stats.errors.fetch_add(l(&stats.errors), Ordering::Relaxed);
