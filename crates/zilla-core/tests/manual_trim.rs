@@ -21,7 +21,7 @@ const KEEP: u64 = 8 << 20;
 /// volume written and destroyed, so the free space holds freed blocks; small trim
 /// steps, so a pass takes many txgs.
 fn setup() -> (CrashRig, Arc<Pool>, Vec<u8>) {
-    for (k, v) in [("zilla_trim_txg_extents", 1), ("zfs_trim_extent_bytes_min", 4096), ("zfs_trim_extent_bytes_max", 1 << 20)] {
+    for (k, v) in [("zilla_trim_txg_extents", 1), ("zfs_trim_extent_bytes_min", 4096), ("zfs_trim_extent_bytes_max", 4 << 20)] {
         zilla_core::tunables().set(k, v).unwrap();
     }
     let rig = CrashRig::new(&["m0a", "m0b", "m1a", "m1b"], DEV);
@@ -80,7 +80,7 @@ fn a_manual_trim_discards_the_free_space_and_nothing_in_use() {
     pool.trim_wait().unwrap();
     let st = pool.trim_status();
     assert_eq!(st.state, TrimState::Complete, "{st:?}");
-    assert!(st.extents_trimmed > 20, "a pass of one extent per txg ran in few steps: {st:?}");
+    assert!(st.extents_trimmed > 15, "a pass of one extent per txg ran in few steps: {st:?}");
     assert!(st.bytes_trimmed * 10 >= st.free_bytes_at_start * 9, "the pass left free space out: {st:?}");
     let discarded: u64 = ["m0a", "m0b", "m1a", "m1b"].iter().map(|n| rig.dev(n).write_bytes()).sum::<u64>() - discards0;
     assert!(discarded >= 2 * st.bytes_trimmed, "each extent is discarded on both children of its mirror");
