@@ -316,6 +316,17 @@ enum Throttle {
     Delayed,
 }
 
+/// What a new dirty version did to its block's dirty accounting in its txg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dirtied {
+    /// The block became dirty in the txg ([`Volume::account_dirty`]).
+    Newly,
+    /// The txg's version was a free record (counted as 512 bytes) and was replaced.
+    Refilled,
+    /// The txg's version held data and was replaced (already counted).
+    Again,
+}
+
 impl Volume {
     pub fn new(pool: Arc<dyn VolumePool>, vol: Arc<VolumeState>) -> Volume {
         Volume { pool, vol }
@@ -609,18 +620,21 @@ impl Volume {
                 Some(patched_block(base_now.as_deref(), bs, in_off, len, patch))
             };
             let has_data = new.is_some();
-            let (txg, newly) = self.record_version(&mut shard, blkid, hold.txg, in_off, len, patch, new);
+            let (txg, dirtied) = self.record_version(&mut shard, blkid, hold.txg, in_off, len, patch, new);
             drop(shard);
-            if newly {
-                self.account_dirty(txg, blkid, has_data);
+            match dirtied {
+                Dirtied::Newly => self.account_dirty(txg, blkid, has_data),
+                Dirtied::Refilled if has_data => self.account_refill(txg),
+                _ => {}
             }
             return Ok(txg);
         }
     }
 
     /// Put block `blkid`'s new version `new` in the dirty set (the shard is locked), with
-    /// its intent-log record; returns the txg it went into and whether the block became
-    /// newly dirty in it ([`Volume::account_dirty`] then, with the shard unlocked).
+    /// its intent-log record; returns the txg it went into and what that did to the
+    /// block's dirty accounting ([`Volume::account_dirty`] or [`Volume::account_refill`]
+    /// then, with the shard unlocked).
     ///
     /// A writer whose hold is on txg T (taken just before T closed) can find a version of
     /// T+1 here already, written by a writer of the next txg from an older base: it lacks
@@ -630,11 +644,32 @@ impl Volume {
     /// version's txg instead: T+1 is open and cannot quiesce while T is held. (OpenZFS
     /// likewise writes into the newest dbuf data once a later txg has dirtied it.)
     #[allow(clippy::too_many_arguments)]
-    fn record_version(&self, shard: &mut crate::dmu::DirtyShard, blkid: BlockId, held: Txg, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<Arc<[u8]>>) -> (Txg, bool) {
-        let txg = shard.blocks.get(&blkid).and_then(|v| v.last()).map_or(held, |v| v.txg.max(held));
+    fn record_version(&self, shard: &mut crate::dmu::DirtyShard, blkid: BlockId, held: Txg, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<Arc<[u8]>>) -> (Txg, Dirtied) {
+        let last = shard.blocks.get(&blkid).and_then(|v| v.last());
+        let txg = last.map_or(held, |v| v.txg.max(held));
         debug_assert!(txg.get() <= held.get() + 1, "a dirty version more than one txg past a held txg");
+        // a free record of this txg was counted as 512 bytes, not as a block
+        let was_free = last.is_some_and(|v| v.txg == txg && v.data.is_none());
         self.log_itx(txg, blkid, in_off, len, patch, new.as_ref());
-        (txg, DirtySet::insert(shard, blkid, txg, new))
+        let dirtied = if DirtySet::insert(shard, blkid, txg, new) {
+            Dirtied::Newly
+        } else if was_free {
+            Dirtied::Refilled
+        } else {
+            Dirtied::Again
+        };
+        (txg, dirtied)
+    }
+
+    /// A free record of `txg` (counted as 512 bytes by [`Volume::account_dirty`]) holds
+    /// data again: count the block's bytes and the space its sync will allocate. Without
+    /// this, trimming blocks and writing them again in one txg dirtied whole blocks that
+    /// neither the throttle nor `zfs_dirty_data_max` saw (3 GiB trimmed and rewritten
+    /// with syncs held off: 3 GiB more RSS, 96 MiB counted).
+    fn account_refill(&self, txg: Txg) {
+        let bs = self.bs();
+        self.pool.dirty().add(txg, bs.saturating_sub(512));
+        self.pool.dirty().add_space(txg, bs);
     }
 
     /// Block `blkid` became dirty in `txg`: count its bytes (a free record costs
