@@ -532,7 +532,8 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
 
 /// "cannot VERB 'X': why", except that "no daemon" stands alone.
 fn ctx(what: String) -> impl FnOnce(String) -> String {
-    move |e| if e.starts_with("no daemon is serving") { e } else { format!("{what}: {e}") }
+    // the engine's message may already start with the same words ("cannot offline X: ...")
+    move |e| if e.starts_with("no daemon is serving") || e.starts_with(&format!("{what}: ")) { e } else { format!("{what}: {e}") }
 }
 
 fn absolutize(p: &Path) -> PathBuf {

@@ -342,6 +342,23 @@ impl Pool {
         Ok(())
     }
 
+    /// [`PoolInner::refuse_if_only_holder`], asked again after one txg sync when it
+    /// refuses: a resilver that finished since the last sync cleared its target's DTL in
+    /// memory only, and the check also reads the DTLs the object directory still has
+    /// (`status` already says the resilver finished; with `zfs_txg_timeout` raised the
+    /// refusal lasted until the next sync, minutes).
+    fn refuse_if_only_holder_after_sync(&self, top: &TopVdev, leaf: &Leaf, name: &str, what: &str) -> Result<()> {
+        match self.inner.refuse_if_only_holder(top, leaf, name, what) {
+            Err(e @ Error::Busy(_)) => {
+                if self.sync().is_err() {
+                    return Err(e); // a pool whose syncs fail: the refusal as it was
+                }
+                self.inner.refuse_if_only_holder(top, leaf, name, what)
+            }
+            r => r,
+        }
+    }
+
     pub fn detach(&self, dev: &str) -> Result<()> {
         self.check_open()?;
         let inner = &self.inner;
@@ -351,7 +368,7 @@ impl Pool {
             if kids.len() < 2 {
                 return Err(Error::invalid(format!("cannot detach {dev}: only a device of a mirror can be detached")));
             }
-            inner.refuse_if_only_holder(&top, &leaf, dev, "detach")?;
+            self.refuse_if_only_holder_after_sync(&top, &leaf, dev, "detach")?;
         }
         {
             let _g = inner.sync_lock.lock();
@@ -475,7 +492,7 @@ impl Pool {
             if !top.children().iter().any(|c| c.guid != leaf.guid && c.readable()) {
                 return Err(Error::invalid(format!("cannot offline {dev}: no valid replicas")));
             }
-            inner.refuse_if_only_holder(&top, &leaf, dev, "offline")?;
+            self.refuse_if_only_holder_after_sync(&top, &leaf, dev, "offline")?;
         }
         {
             let _g = inner.sync_lock.lock();
