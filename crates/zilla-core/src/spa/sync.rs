@@ -298,7 +298,8 @@ impl PoolInner {
         let released = self.io.ms.take_released(through);
         if !released.is_empty() && self.autotrim() {
             use crate::vdev::trim;
-            let (plan, skipped) = trim::plan(&released, trim::ZFS_TRIM_EXTENT_BYTES_MIN.get(), trim::ZFS_TRIM_EXTENT_BYTES_MAX.get());
+            let (min, max) = trim::extent_bounds();
+            let (plan, skipped) = trim::plan(&released, min, max);
             self.trim_stats.skipped_bytes.fetch_add(skipped, Ordering::Relaxed);
             for (vdev, extents) in plan {
                 if let Some(top) = self.io.top(vdev) {

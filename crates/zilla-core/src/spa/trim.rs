@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use crate::kstat::{Applies, Tunable};
-use crate::vdev::trim::{TrimStats, ZFS_TRIM_EXTENT_BYTES_MAX, ZFS_TRIM_EXTENT_BYTES_MIN, ZFS_TRIM_QUEUE_LIMIT};
+use crate::vdev::trim::{TrimStats, ZFS_TRIM_QUEUE_LIMIT};
 use crate::vdev::Role;
 use crate::{Error, Result, Txg, VdevId};
 
@@ -119,7 +119,7 @@ impl PoolInner {
             }
             t.cursors.iter().map(|(&v, &c)| (v, c)).collect()
         };
-        let (min, max) = (ZFS_TRIM_EXTENT_BYTES_MIN.get(), ZFS_TRIM_EXTENT_BYTES_MAX.get());
+        let (min, max) = crate::vdev::trim::extent_bounds();
         let (per_txg, queue_limit) = (ZILLA_TRIM_TXG_EXTENTS.get() as usize, ZFS_TRIM_QUEUE_LIMIT.get() as usize);
         let stats = TrimStats::default();
         let mut moved: Vec<(VdevId, Option<u64>)> = Vec::with_capacity(cursors.len());

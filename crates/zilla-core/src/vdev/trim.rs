@@ -70,6 +70,15 @@ pub static ZFS_TRIM_EXTENT_BYTES_MAX: Tunable = Tunable::new(
 pub static ZFS_TRIM_QUEUE_LIMIT: Tunable =
     Tunable::new("zfs_trim_queue_limit", 10, 1, 1000, Applies::Live, "discards in flight per device while autotrim runs");
 
+/// (`zfs_trim_extent_bytes_min`, `zfs_trim_extent_bytes_max`) as both trims use them:
+/// the two are set one at a time, so a maximum below the minimum is raised to it
+/// rather than refused (found by the attack29 review: plan asserted max >= min inside
+/// the sync).
+pub fn extent_bounds() -> (u64, u64) {
+    let min = ZFS_TRIM_EXTENT_BYTES_MIN.get();
+    (min, ZFS_TRIM_EXTENT_BYTES_MAX.get().max(min))
+}
+
 /// Autotrim's and the manual trim's counters for one pool.
 #[derive(Debug, Default)]
 pub struct TrimStats {
@@ -208,6 +217,20 @@ mod tests {
         assert_eq!(p[&VdevId(1)], vec![(0x10000, 0x10000)]);
         assert_eq!(p[&VdevId(2)], vec![(0, 0x8000)]);
         assert_eq!(skipped, 0x4000 + 0x4000, "0x30000 and 0x40000 are 16 KiB each and apart");
+    }
+
+    #[test]
+    fn a_maximum_set_below_the_minimum_is_raised_to_it() {
+        let tunables = crate::tunables();
+        let (min0, max0) = (ZFS_TRIM_EXTENT_BYTES_MIN.get(), ZFS_TRIM_EXTENT_BYTES_MAX.get());
+        tunables.set("zfs_trim_extent_bytes_max", 4096).unwrap();
+        tunables.set("zfs_trim_extent_bytes_min", 1 << 20).unwrap();
+        let (min, max) = extent_bounds();
+        tunables.set("zfs_trim_extent_bytes_min", min0).unwrap();
+        tunables.set("zfs_trim_extent_bytes_max", max0).unwrap();
+        assert_eq!((min, max), (1 << 20, 1 << 20));
+        let released: Vec<Dva> = (0..4).map(|i| dva(1, i << 20, 1 << 20)).collect();
+        assert_eq!(plan(&released, min, max).0[&VdevId(1)].len(), 4, "whole 1 MiB pieces, no assertion");
     }
 
     #[test]
