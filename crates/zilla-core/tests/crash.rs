@@ -100,7 +100,7 @@ use common::*;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use zilla_core::spa::trim::TrimCmd;
+use zilla_core::spa::trim::{TrimCmd, TrimState};
 use zilla_core::spa::{CreateOptions, Pool, ScrubCmd, TopSpec};
 use zilla_core::vdev::fault::{CrashDevice, CrashMode, DeviceFault};
 use zilla_core::vdev::{label, Device, Role};
@@ -987,7 +987,8 @@ impl Harness {
                 return;
             }
             let before = pool.synced_txg().get();
-            if pool.scan_status().state == "scanning" {
+            // a scan and a manual trim pass sync txgs on their own, also after an ack
+            if pool.scan_status().state == "scanning" || pool.trim_status().state == TrimState::Active {
                 self.ledger.background_sync = true;
             }
             let (step, sync_op) = self.step(pool, dom, armed);
