@@ -128,6 +128,8 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::trim::ZFS_TRIM_EXTENT_BYTES_MAX,
     &vdev::trim::ZFS_TRIM_QUEUE_LIMIT,
     &spa::trim::ZILLA_TRIM_TXG_EXTENTS,
+    &spa::trim::ZILLA_TRIM_TXG_BYTES,
+    &spa::trim::ZILLA_TRIM_TXG_INTERVAL_MS,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,

@@ -190,17 +190,19 @@ impl RangeAllocator {
     }
 
     /// Take free space at or after `from` out of the free tree for a manual trim, in
-    /// offset order: at most `max_extents` extents of at most `max_len` bytes (a longer
-    /// free extent is taken in part), leaving free extents shorter than `min_len` in the
-    /// tree. Returns the extents, where the next call continues (`None`: nothing is
+    /// offset order: at most `budget.0` extents and `budget.1` bytes (but at least one
+    /// extent), each at most `max_len` bytes (a longer free extent is taken in part),
+    /// leaving free extents shorter than `min_len` in the tree. Returns the extents, where the next call continues (`None`: nothing is
     /// left after them) and the free bytes passed over in short extents.
-    pub fn take_free_after(&mut self, from: u64, min_len: u64, max_len: u64, max_extents: usize) -> (Vec<(u64, u64)>, Option<u64>, u64) {
+    pub fn take_free_after(&mut self, from: u64, min_len: u64, max_len: u64, budget: (usize, u64)) -> (Vec<(u64, u64)>, Option<u64>, u64) {
         debug_assert!(min_len > 0 && max_len >= min_len);
-        let mut taken = Vec::new();
+        let (max_extents, max_bytes) = budget;
+        let mut taken: Vec<(u64, u64)> = Vec::new();
+        let mut taken_bytes = 0u64;
         let mut at = from;
         let mut skipped = 0;
         loop {
-            if taken.len() >= max_extents {
+            if !taken.is_empty() && (taken.len() >= max_extents || taken_bytes >= max_bytes) {
                 return (self.remove_taken(taken), Some(at), skipped);
             }
             // the free extent holding `at`, else the next one after it
@@ -217,6 +219,7 @@ impl RangeAllocator {
             if end - start >= min_len {
                 let n = (end - start).min(max_len);
                 taken.push((start, n));
+                taken_bytes += n;
                 at = start + n;
             } else {
                 skipped += end - start;
@@ -620,11 +623,11 @@ impl Metaslabs {
     /// unknown vdev has nothing left). The caller returns the extents with
     /// [`Metaslabs::return_trimmed`] before anything persists the allocators: only the
     /// sync does, and the sync is the caller (`spa/trim`).
-    pub fn take_free_for_trim(&self, vdev: VdevId, from: u64, min_len: u64, max_len: u64, max_extents: usize) -> (Vec<(u64, u64)>, Option<u64>, u64) {
+    pub fn take_free_for_trim(&self, vdev: VdevId, from: u64, min_len: u64, max_len: u64, budget: (usize, u64)) -> (Vec<(u64, u64)>, Option<u64>, u64) {
         let Some(c) = self.class_of(vdev) else { return (Vec::new(), None, 0) };
         let mut c = c.lock();
         match c.get_mut(vdev) {
-            Some(a) => a.take_free_after(from, min_len, max_len, max_extents),
+            Some(a) => a.take_free_after(from, min_len, max_len, budget),
             None => (Vec::new(), None, 0),
         }
     }
@@ -1011,21 +1014,30 @@ mod trim_tests {
         alloc_at(&mut a, 108 << 10, 4096);
         let free0 = a.free_bytes();
         // at most two extents of at most 64K, none shorter than 8K
-        let (t, next, skipped) = a.take_free_after(0, 8192, 64 << 10, 2);
+        let (t, next, skipped) = a.take_free_after(0, 8192, 64 << 10, (2, u64::MAX));
         assert_eq!(t, vec![(8192, 64 << 10), (72 << 10, 28 << 10)]);
         assert_eq!((next, skipped), (Some(100 << 10), 4096), "[0,4K) is short");
         assert_eq!(a.free_bytes(), free0 - (92 << 10));
         assert_eq!(a.allocated_bytes(), (1 << 20) - free0, "space being trimmed is not allocated");
         assert!(!a.is_free(8192, 4096) && a.is_free(0, 4096), "taken space left the tree, short extents stayed");
         // from the middle of a free extent: its rest, then to the end
-        let (t2, next2, _) = a.take_free_after(200 << 10, 8192, 1 << 20, 10);
+        let (t2, next2, _) = a.take_free_after(200 << 10, 8192, 1 << 20, (10, u64::MAX));
         assert_eq!(t2, vec![(200 << 10, (1 << 20) - (200 << 10))]);
         assert_eq!(next2, None);
         for &(at, len) in t.iter().chain(&t2) {
             a.return_trimmed(at, len);
         }
         assert_eq!(a.free_bytes(), free0, "returning every extent restores the tree");
-        let (t3, next3, _) = a.take_free_after(1 << 20, 4096, 1 << 20, 10);
+        let (t3, next3, _) = a.take_free_after(1 << 20, 4096, 1 << 20, (10, u64::MAX));
         assert!(t3.is_empty() && next3.is_none());
+        // a byte budget stops after the extent that reaches it, and never takes nothing
+        let (t4, next4, _) = a.take_free_after(0, 8192, 16 << 10, (100, 20 << 10));
+        assert_eq!(t4, vec![(8192, 16 << 10), (24 << 10, 16 << 10)]);
+        assert_eq!(next4, Some(40 << 10));
+        for &(at, len) in &t4 {
+            a.return_trimmed(at, len);
+        }
+        let (t5, _, _) = a.take_free_after(0, 8192, 64 << 10, (100, 1));
+        assert_eq!(t5, vec![(8192, 64 << 10)], "a budget under one extent still takes one");
     }
 }

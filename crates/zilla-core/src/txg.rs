@@ -190,6 +190,9 @@ struct State {
     syncing_txg: Txg,
     /// Highest txg somebody asked to have synced.
     sync_requested: Txg,
+    /// A sync of this txg is wanted once the clock reaches the time (ns): a paced
+    /// background pass (`spa/trim`) asks for its next step this way.
+    sync_requested_at: (Txg, u64),
     /// Highest txg the sync thread asked the quiesce thread to close.
     quiesce_wanted: Txg,
     /// Highest txg a dirty-data kick asked to close.
@@ -269,6 +272,7 @@ impl TxgState {
                 quiesced_txg: Txg::ZERO,
                 syncing_txg: Txg::ZERO,
                 sync_requested: Txg::ZERO,
+                sync_requested_at: (Txg::ZERO, 0),
                 quiesce_wanted: Txg::ZERO,
                 kicked: Txg::ZERO,
                 quiescing: false,
@@ -356,6 +360,14 @@ impl TxgState {
             s.sync_requested = txg;
             self.cv.notify_all();
         }
+    }
+
+    /// Ask for txg `txg` to be synced once `delay_ns` has passed (the sync thread
+    /// re-checks every 10 ms). A later call replaces an earlier one.
+    pub fn request_sync_after(&self, txg: Txg, delay_ns: u64) {
+        let mut s = self.state.lock();
+        s.sync_requested_at = (txg, self.env.now_ns().saturating_add(delay_ns));
+        self.cv.notify_all();
     }
 
     /// Block until txg `txg` is on disk.
@@ -507,7 +519,8 @@ impl TxgState {
             let timeout_ns = ZFS_TXG_TIMEOUT.get().max(1).saturating_mul(1_000_000_000);
             let due = self.env.now_ns().saturating_sub(s.last_close_ns) >= timeout_ns;
             let asked = s.quiesce_wanted >= open || s.kicked >= open;
-            let want = s.sync_requested >= open || dirty_kick(open) || ((due || s.shutting_down) && has_dirty(open));
+            let paced = s.sync_requested_at.0 >= open && self.env.now_ns() >= s.sync_requested_at.1;
+            let want = s.sync_requested >= open || paced || dirty_kick(open) || ((due || s.shutting_down) && has_dirty(open));
             if want && !asked {
                 s.quiesce_wanted = open;
                 self.cv.notify_all();

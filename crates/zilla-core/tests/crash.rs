@@ -1406,6 +1406,9 @@ fn drop_uberblocks_after(img: &mut [u8], txg: u64) {
 fn run(seed: u64, iterations: usize, faults: Vec<Fault>) -> Stats {
     zilla_core::tunables().set("zfs_txg_timeout", 3600).unwrap();
     zilla_core::tunables().set("zfs_trim_extent_bytes_min", 4096).unwrap();
+    // manual trim passes of many small steps, back to back, so cuts land inside them
+    zilla_core::tunables().set("zilla_trim_txg_extents", 4).unwrap();
+    zilla_core::tunables().set("zilla_trim_txg_interval_ms", 0).unwrap();
     let mut h = Harness::new(seed, faults);
     for it in 0..iterations {
         h.boot = it;

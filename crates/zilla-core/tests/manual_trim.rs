@@ -21,7 +21,7 @@ const KEEP: u64 = 8 << 20;
 /// volume written and destroyed, so the free space holds freed blocks; small trim
 /// steps, so a pass takes many txgs.
 fn setup() -> (CrashRig, Arc<Pool>, Vec<u8>) {
-    for (k, v) in [("zilla_trim_txg_extents", 1), ("zfs_trim_extent_bytes_min", 4096), ("zfs_trim_extent_bytes_max", 4 << 20)] {
+    for (k, v) in [("zilla_trim_txg_extents", 1), ("zilla_trim_txg_interval_ms", 0), ("zfs_trim_extent_bytes_min", 4096), ("zfs_trim_extent_bytes_max", 4 << 20)] {
         zilla_core::tunables().set(k, v).unwrap();
     }
     let rig = CrashRig::new(&["m0a", "m0b", "m1a", "m1b"], DEV);

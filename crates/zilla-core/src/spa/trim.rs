@@ -11,11 +11,15 @@
 //! (`Metaslabs::take_free_for_trim`: at least `zfs_trim_extent_bytes_min`, split at
 //! `zfs_trim_extent_bytes_max`), discards them on every writable child
 //! (`vdev::trim::trim_top`: trim class, `zfs_trim_queue_limit` in flight per child),
-//! waits for the discards, and gives the extents back. A pass walks from the sync
+//! waits for the discards, and gives the extents back (at most `zilla_trim_txg_bytes`
+//! per vdev per txg, but always one extent). A pass walks from the sync
 //! that releases the frees made before it started (`TXG_DEFER_SIZE` + 1 txgs later), so
 //! the space of a volume just destroyed is in it. While a pass is active each
-//! sync asks for the next one, so it advances txg by txg even on an idle pool (an
-//! empty txg costs its object directory and uberblock writes).
+//! sync asks for the next one `zilla_trim_txg_interval_ms` later, so it advances on
+//! an idle pool too (an empty txg costs its object directory and uberblock writes),
+//! without making txgs back to back: the defer window is counted in txgs, and a pass
+//! that shrank a txg to milliseconds would shrink the time a freed block stays
+//! untouched with it.
 //!
 //! Crash analysis. (1) No write lands on space being discarded: the extents are out of
 //! the free trees while their discards are in flight, under `sync_lock`, so neither
@@ -43,11 +47,27 @@ use super::{Pool, PoolInner};
 
 pub static ZILLA_TRIM_TXG_EXTENTS: Tunable = Tunable::new(
     "zilla_trim_txg_extents",
-    8,
+    256,
     1,
     100_000,
     Applies::Live,
     "free extents a manual trim (zilla pool trim) discards per top-level vdev per txg",
+);
+pub static ZILLA_TRIM_TXG_BYTES: Tunable = Tunable::new(
+    "zilla_trim_txg_bytes",
+    1 << 30,
+    4096,
+    1 << 40,
+    Applies::Live,
+    "bytes a manual trim discards per top-level vdev per txg (at least one extent)",
+);
+pub static ZILLA_TRIM_TXG_INTERVAL_MS: Tunable = Tunable::new(
+    "zilla_trim_txg_interval_ms",
+    100,
+    0,
+    60_000,
+    Applies::Live,
+    "least time between the txgs a manual trim asks for (ms; other syncs are not held)",
 );
 
 /// What `zilla pool trim` asks for.
@@ -114,13 +134,14 @@ impl PoolInner {
                 return;
             }
             if txg < t.walk_from_txg {
-                self.txg.request_sync(self.txg.open_txg());
+                self.txg.request_sync_after(self.txg.open_txg(), ZILLA_TRIM_TXG_INTERVAL_MS.get() * 1_000_000);
                 return;
             }
             t.cursors.iter().map(|(&v, &c)| (v, c)).collect()
         };
         let (min, max) = crate::vdev::trim::extent_bounds();
         let (per_txg, queue_limit) = (ZILLA_TRIM_TXG_EXTENTS.get() as usize, ZFS_TRIM_QUEUE_LIMIT.get() as usize);
+        let bytes_per_txg = ZILLA_TRIM_TXG_BYTES.get();
         let stats = TrimStats::default();
         let mut moved: Vec<(VdevId, Option<u64>)> = Vec::with_capacity(cursors.len());
         let mut skipped = 0;
@@ -129,7 +150,7 @@ impl PoolInner {
                 moved.push((vdev, None)); // removed since the pass began
                 continue;
             };
-            let (extents, next, short) = self.io.ms.take_free_for_trim(vdev, from, min, max, per_txg);
+            let (extents, next, short) = self.io.ms.take_free_for_trim(vdev, from, min, max, (per_txg, bytes_per_txg));
             skipped += short;
             crate::vdev::trim::trim_top(&top, &extents, queue_limit, &stats, "trim");
             self.io.ms.return_trimmed(vdev, &extents);
@@ -158,7 +179,7 @@ impl PoolInner {
             t.status.end_time_s = self.env.unix_time_ns() / 1_000_000_000;
             tracing::info!(pool = %self.name, txg = txg.get(), bytes = t.status.bytes_trimmed, "manual trim complete");
         } else {
-            self.txg.request_sync(self.txg.open_txg());
+            self.txg.request_sync_after(self.txg.open_txg(), ZILLA_TRIM_TXG_INTERVAL_MS.get() * 1_000_000);
         }
     }
 }
