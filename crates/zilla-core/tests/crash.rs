@@ -1211,7 +1211,8 @@ impl Harness {
     /// Start a manual trim (`pool trim`): it runs in the syncs, which it requests, so
     /// the crash devices' garbage for discarded space lands between them and the cut.
     fn trim_start(&mut self, pool: &Arc<Pool>) -> Step {
-        let _ = pool.trim(TrimCmd::Start);
+        let r = pool.trim(TrimCmd::Start);
+        self.note(format!("trim start: {}", r.map_or_else(|e| format!("refused: {e}"), |()| "ok".into())));
         self.ledger.background_sync = true;
         Step::Go
     }
