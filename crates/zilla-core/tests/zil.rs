@@ -1021,13 +1021,12 @@ fn a_commit_of_more_than_the_bound_waits_for_a_txg_sync() {
     }
 }
 
-/// A partial write of a block whose whole-block write is still pending in the same txg
-/// is logged as the whole new block, superseding the first record (no old buffer kept
-/// beside the new one); after a flush and a power cut with nothing synced, replay
-/// gives both writes, for a log record with the data (logbias=latency) and for a
-/// block written in place (throughput).
-#[test]
-fn a_partial_write_after_a_pending_whole_write_replays_both() {
+/// The superseding tests' frame, for logbias latency (a log record with the data) and
+/// throughput (a block written in place), each with two kinds of power cut: `writes`
+/// (given the model, the volume and the round) runs with no txg syncing, a flush
+/// commits it, the itxs superseded must number `superseded`, and after the cut replay
+/// must give exactly the model.
+fn replay_after_superseding(seed: u64, superseded: u64, writes: &dyn Fn(&mut Model, &dyn BlockVolume, u64)) {
     for props in [vec![], throughput()] {
         for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset].into_iter().enumerate() {
             let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
@@ -1036,15 +1035,11 @@ fn a_partial_write_after_a_pending_whole_write_replays_both() {
             let synced = pool.synced_txg();
             let st = &v.zil().stats;
             let superseded0 = st.zil_itx_superseded_count.load(Ordering::Relaxed);
-            for i in 1..9u64 {
-                m.write(&*v, i * TP_BS, &pattern(300 + i + k as u64, TP_BS as usize), false);
-                m.write(&*v, i * TP_BS + 4096, &pattern(400 + i, 4096), false);
-                m.write(&*v, i * TP_BS + 12288, &pattern(500 + i, 1024), false);
-            }
+            writes(&mut m, &*v, k as u64);
             v.flush().unwrap();
             assert_eq!(pool.synced_txg(), synced, "the commit waited for a txg sync");
-            assert_eq!(st.zil_itx_superseded_count.load(Ordering::Relaxed) - superseded0, 16, "each partial write superseded the block's record");
-            let after = rig.power_cut(mode, 700 + k as u64);
+            assert_eq!(st.zil_itx_superseded_count.load(Ordering::Relaxed) - superseded0, superseded, "itxs superseded ({mode:?}, {props:?})");
+            let after = rig.power_cut(mode, seed + k as u64);
             pool.abandon();
             let p2 = after.import();
             m.check(&*p2.open_volume("v").unwrap(), &format!("after replay ({mode:?}, {props:?})"));
@@ -1054,42 +1049,39 @@ fn a_partial_write_after_a_pending_whole_write_replays_both() {
     }
 }
 
+/// A partial write of a block whose whole-block write is still pending in the same txg
+/// is logged as the whole new block, superseding the first record (no old buffer kept
+/// beside the new one); replay gives both writes.
+#[test]
+fn a_partial_write_after_a_pending_whole_write_replays_both() {
+    // each partial write supersedes the block's record: two per block
+    replay_after_superseding(700, 16, &|m, v, k| {
+        for i in 1..9u64 {
+            m.write(v, i * TP_BS, &pattern(300 + i + k, TP_BS as usize), false);
+            m.write(v, i * TP_BS + 4096, &pattern(400 + i, 4096), false);
+            m.write(v, i * TP_BS + 12288, &pattern(500 + i, 1024), false);
+        }
+    });
+}
+
 /// An unmap or write_zeroes of a whole block whose whole-block write is still pending
 /// in the same txg supersedes that record (its buffer is released), and a partial one
-/// does not; after a flush and a power cut with nothing synced, replay gives the zeros
-/// and the writes after them, for a log record with the data (logbias=latency) and
-/// for a block written in place (throughput).
+/// does not; replay gives the zeros and the writes after them.
 #[test]
 fn a_whole_block_unmap_after_a_pending_whole_write_replays_as_zeros() {
-    for props in [vec![], throughput()] {
-        for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset].into_iter().enumerate() {
-            let rig = Rig::new(&["m0a", "m0b", "la", "lb"], DEV_SIZE);
-            let (pool, mut m) = setup_16k(&rig, true, &props);
-            let v = pool.open_zvol("v").unwrap();
-            let synced = pool.synced_txg();
-            let st = &v.zil().stats;
-            let superseded0 = st.zil_itx_superseded_count.load(Ordering::Relaxed);
-            for i in 1..9u64 {
-                m.write(&*v, i * TP_BS, &pattern(600 + i + k as u64, TP_BS as usize), false);
-                m.zero(&*v, i * TP_BS, TP_BS); // whole block: supersedes the write
-                if i % 2 == 0 {
-                    m.write(&*v, i * TP_BS, &pattern(700 + i, TP_BS as usize), false);
-                    m.zero(&*v, i * TP_BS + 4096, 4096); // part of it: supersedes nothing
-                }
+    // each whole-block unmap supersedes the block's record: 8 + 2
+    replay_after_superseding(900, 10, &|m, v, k| {
+        for i in 1..9u64 {
+            m.write(v, i * TP_BS, &pattern(600 + i + k, TP_BS as usize), false);
+            m.zero(v, i * TP_BS, TP_BS); // whole block: supersedes the write
+            if i % 2 == 0 {
+                m.write(v, i * TP_BS, &pattern(700 + i, TP_BS as usize), false);
+                m.zero(v, i * TP_BS + 4096, 4096); // part of it: supersedes nothing
             }
-            // two blocks in one unmap: each block's record goes
-            m.write(&*v, 10 * TP_BS, &pattern(801, TP_BS as usize), false);
-            m.write(&*v, 11 * TP_BS, &pattern(802, TP_BS as usize), false);
-            m.zero(&*v, 10 * TP_BS, 2 * TP_BS);
-            v.flush().unwrap();
-            assert_eq!(pool.synced_txg(), synced, "the commit waited for a txg sync");
-            assert_eq!(st.zil_itx_superseded_count.load(Ordering::Relaxed) - superseded0, 10, "each whole-block unmap superseded the block's record");
-            let after = rig.power_cut(mode, 900 + k as u64);
-            pool.abandon();
-            let p2 = after.import();
-            m.check(&*p2.open_volume("v").unwrap(), &format!("after replay ({mode:?}, {props:?})"));
-            p2.check_space_accounting().unwrap();
-            p2.export().unwrap();
         }
-    }
+        // two blocks in one unmap: each block's record goes
+        m.write(v, 10 * TP_BS, &pattern(801, TP_BS as usize), false);
+        m.write(v, 11 * TP_BS, &pattern(802, TP_BS as usize), false);
+        m.zero(v, 10 * TP_BS, 2 * TP_BS);
+    });
 }
