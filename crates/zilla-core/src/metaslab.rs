@@ -27,6 +27,7 @@
 //! list of allocated extents per vdev plus the defer lists; see docs/on-disk-format.md.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -378,6 +379,10 @@ pub struct Metaslabs {
     /// not leak them (the intent log claims what it finds at import). Taken before a
     /// class lock. Bounded by the blocks of the log chains in flight.
     log_unreferenced: Mutex<Vec<Dva>>,
+    /// Bumped (under the defer lock) whenever frees leave their defer lists: a reader
+    /// that saw the same value before and after knows no block it found could have
+    /// been reused meanwhile (see [`Metaslabs::release_generation`]).
+    release_generation: AtomicU64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -414,6 +419,7 @@ impl Metaslabs {
             vdev_class: RwLock::new(BTreeMap::new()),
             defer: Mutex::new(DeferLists::default()),
             log_unreferenced: Mutex::new(Vec::new()),
+            release_generation: AtomicU64::new(0),
         }
     }
 
@@ -600,6 +606,21 @@ impl Metaslabs {
         FreePin { ms: self, txg }
     }
 
+    /// How many times freed blocks have been released for reuse so far.
+    pub fn release_generation(&self) -> u64 {
+        self.release_generation.load(Ordering::Acquire)
+    }
+
+    /// Run `write` (a self-heal rewrite of a block read since the release generation
+    /// was `generation`) with every release held off, only if no block was released
+    /// since: the block read cannot have been freed and reused by another owner, whose
+    /// data the rewrite would overwrite. False (not written) otherwise: a scrub repairs
+    /// it later. A scrub or resilver needs no gate; its pin holds its tree's blocks.
+    pub fn with_releases_held(&self, generation: u64, write: &mut dyn FnMut() -> bool) -> bool {
+        let _pin = self.pin_frees(|| Txg(0));
+        self.release_generation() == generation && write()
+    }
+
     pub fn release_through(&self, txg: Txg) {
         let released = self.take_released(txg);
         self.free_released(&released);
@@ -614,7 +635,11 @@ impl Metaslabs {
             let mut d = self.defer.lock();
             let txg = d.pins.iter().copied().min().map_or(txg, |p| txg.min(p));
             let keep = d.lists.split_off(&txg.next());
-            std::mem::replace(&mut d.lists, keep)
+            let done = std::mem::replace(&mut d.lists, keep);
+            if done.values().any(|l| !l.is_empty()) {
+                self.release_generation.fetch_add(1, Ordering::AcqRel);
+            }
+            done
         };
         done.into_values().flatten().collect()
     }
@@ -915,6 +940,33 @@ mod tests {
         assert!(enc(&[(5, vec![d]), (6, vec![d])]).is_err(), "one extent deferred in two txgs");
         let overlap = Dva { vdev: VdevId(0), asize: 8192, offset: 4096 };
         assert!(enc(&[(5, vec![d]), (6, vec![overlap])]).is_err(), "overlapping deferred extents");
+    }
+
+    /// A self-heal rewrite runs only if no freed block was released since the read
+    /// began, and no release happens while it runs (the block read cannot have a new
+    /// owner whose data it would overwrite).
+    #[test]
+    fn a_self_heal_rewrite_waits_out_no_release() {
+        let ms = Metaslabs::new();
+        ms.add_vdev(VdevId(0), crate::vdev::Role::Normal, 1 << 20);
+        let d = Dva { vdev: VdevId(0), asize: 4096, offset: 8192 };
+        ms.claim(&d).unwrap();
+        ms.free_deferred(Txg(5), d);
+        let read_began = ms.release_generation();
+        let mut released_meanwhile = 0;
+        assert!(ms.with_releases_held(read_began, &mut || {
+            released_meanwhile = ms.take_released(Txg(9)).len();
+            true
+        }));
+        assert_eq!(released_meanwhile, 0, "a release ran beside the rewrite");
+        assert_eq!(ms.take_released(Txg(9)), vec![d]);
+        let mut ran = false;
+        assert!(!ms.with_releases_held(read_began, &mut || {
+            ran = true;
+            true
+        }));
+        assert!(!ran, "the rewrite ran after its block was released");
+        assert!(ms.with_releases_held(ms.release_generation(), &mut || true));
     }
 
     proptest! {

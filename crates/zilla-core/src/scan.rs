@@ -512,7 +512,7 @@ fn repair_ditto(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, lost: &[(Arc<crate
     let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
     let good = bp.copies().filter(|d| !lost.iter().any(|(_, l)| l == *d)).find_map(|d| {
         let tvd = inner.io().top(d.vdev)?;
-        tvd.read_verified(IoClass::Scrub, d.offset, d.asize as usize, bp.birth, &verify).ok()
+        tvd.read_verified(IoClass::Scrub, d.offset, d.asize as usize, bp.birth, &verify, &crate::vdev::mirror::repair_always).ok()
     });
     let Some(good) = good else { return };
     for (tvd, d) in lost {

@@ -206,7 +206,7 @@ impl PoolInner {
 
 /// Write `cfg` into labels `pass` of `leaf` and flush. False if the leaf failed (its
 /// error counters and DTL say so); Err only for a config too big for its label.
-fn write_label_pass(leaf: &Leaf, cfg: &PoolConfig, pass: [usize; 2]) -> Result<bool> {
+fn write_label_pass(leaf: &Arc<Leaf>, cfg: &PoolConfig, pass: [usize; 2]) -> Result<bool> {
     let json = serde_json::to_vec(&LabelJson { this_guid: leaf.guid, config: cfg.clone() })
         .map_err(|e| Error::Corrupt(format!("encoding the pool config: {e}")))?;
     let size = leaf.device().size();
@@ -218,11 +218,12 @@ fn write_label_pass(leaf: &Leaf, cfg: &PoolConfig, pass: [usize; 2]) -> Result<b
             good = false;
         }
     }
-    if good && leaf.flush_blocking().is_ok() {
-        return Ok(true);
+    if !good {
+        leaf.write_errors.fetch_add(1, Ordering::Relaxed);
+        return Ok(false);
     }
-    leaf.write_errors.fetch_add(1, Ordering::Relaxed);
-    Ok(false)
+    // a failed flush counts its own write error
+    Ok(leaf.flush_blocking().is_ok())
 }
 
 impl Pool {

@@ -141,14 +141,10 @@ impl PoolInner {
                     let _ = tx.send((i, d.result.is_ok()));
                 })));
             }
-            let (tx, l) = (tx.clone(), leaf.clone());
-            let (covered, _) = leaf.begin_flush(false);
-            leaf.queue.submit(IoRequest::flush(Box::new(move |d| {
-                if d.result.is_err() {
-                    l.flush_failed(covered);
-                }
-                let _ = tx.send((i, d.result.is_ok()));
-            })));
+            let tx = tx.clone();
+            leaf.submit_flush(false, move |result, _| {
+                let _ = tx.send((i, result.is_ok()));
+            });
         }
         drop(tx);
         let mut good = vec![true; leaves.len()];

@@ -81,11 +81,9 @@ pub struct Leaf {
     /// Bumped on every DTL change; the sync compares it to notice a DTL that changed
     /// after the MOS recording it was encoded.
     dtl_generation: AtomicU64,
-    /// Birth-txg range of the writes issued to this leaf since its last successful
-    /// flush. A failed flush may have dropped any of them (Linux drops the dirty pages
-    /// of a failed fdatasync and reports the error once), so the whole range goes into
-    /// the DTL.
-    unflushed: Mutex<Option<(Txg, Txg)>>,
+    /// Which writes each flush covers, so a failed flush puts in the DTL everything it
+    /// may have dropped (see [`FlushTrack`]).
+    flush_track: Mutex<FlushTrack>,
     /// A write failed since the last flush was submitted: this leaf does not hold the
     /// txg being synced, whatever its next flush says.
     write_failed_since_flush: std::sync::atomic::AtomicBool,
@@ -96,6 +94,24 @@ pub struct Leaf {
     /// range being repaired). The pass does not clear these (see `scan::finish_resilver`).
     dtl_journal: Mutex<Option<Vec<(Txg, Txg)>>>,
 }
+
+/// A leaf's unflushed writes and flushes in flight, by birth txg range.
+#[derive(Default)]
+struct FlushTrack {
+    /// Births of the writes queued since the last flush was queued.
+    unflushed: Option<(Txg, Txg)>,
+    /// Flushes queued and not completed: id and the births each covers.
+    in_flight: Vec<(u64, Option<(Txg, Txg)>)>,
+    /// Failed flushes so far: a flush in flight across a failure proves nothing.
+    failures: u64,
+}
+
+/// Bound on flushes in flight on one leaf (each has a caller waiting for it: the
+/// syncing txg, intent-log commits, label writes).
+const FLUSHES_IN_FLIGHT_MAX: usize = 4096;
+
+/// Flush ids, unique within the process.
+static FLUSH_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// Bound on a leaf's DTL ranges; beyond it the two closest ranges merge (resilvering
 /// more than needed, never less).
@@ -119,56 +135,113 @@ impl Leaf {
             cksum_errors: AtomicU64::new(0),
             dtl: Mutex::new(Vec::new()),
             dtl_generation: AtomicU64::new(0),
-            unflushed: Mutex::new(None),
+            flush_track: Mutex::new(FlushTrack::default()),
             write_failed_since_flush: std::sync::atomic::AtomicBool::new(false),
             consecutive_errors: std::sync::atomic::AtomicU32::new(0),
             dtl_journal: Mutex::new(None),
         }
     }
 
-    /// A write of a block born in `birth` was issued to this leaf.
-    pub fn note_unflushed(&self, birth: Txg) {
-        let mut u = self.unflushed.lock();
-        *u = Some(match *u {
-            Some((lo, hi)) => (lo.min(birth), hi.max(birth)),
-            None => (birth, birth),
+    /// Queue a write of blocks born in `births` on this leaf, noting them as unflushed
+    /// in the same step as the write takes its place in the queue's order (a flush
+    /// another thread queues at the same moment either covers the write and its
+    /// births, or neither).
+    pub fn submit_write(&self, req: IoRequest, births: &[Txg]) {
+        debug_assert!(req.op == IoOp::Write, "only writes carry births");
+        self.queue.submit_noting(req, || {
+            let mut t = self.flush_track.lock();
+            for &b in births {
+                t.unflushed = Some(match t.unflushed {
+                    Some((lo, hi)) => (lo.min(b), hi.max(b)),
+                    None => (b, b),
+                });
+            }
         });
     }
 
-    /// A flush is being submitted: the writes it covers (returned) leave the unflushed
-    /// set. With `consume` (the sync's data flush), whether the leaf held all of them
-    /// is returned too (no write error since the previous data flush); other flushes
-    /// (labels, uberblocks) leave that for the sync to see.
-    pub(crate) fn begin_flush(&self, consume: bool) -> (Option<(Txg, Txg)>, bool) {
-        let taken = self.unflushed.lock().take();
-        let failed = if consume {
-            self.write_failed_since_flush.swap(false, Ordering::AcqRel)
-        } else {
-            self.write_failed_since_flush.load(Ordering::Acquire)
-        };
-        (taken, !failed)
+    /// Blocking write of `buf` at `phys`, a block born in `birth` (see [`Leaf::submit_write`]).
+    pub fn write_blocking(&self, class: IoClass, buf: &[u8], phys: u64, birth: Txg) -> Result<(), IoError> {
+        let w = super::queue::Waiter::new();
+        self.submit_write(IoRequest::write(class, phys, Arc::new(AlignedBuf::copy_of(buf)), w.completion()), &[birth]);
+        w.wait().result
     }
 
-    /// A flush failed: everything it covered, and everything written since (the kernel
-    /// may have dropped those pages too and will not say so again), is missing here.
+    /// Queue a flush of this leaf. It covers every write queued before it; those
+    /// births leave the unflushed range as it is queued (atomically, see
+    /// [`Leaf::submit_write`]). A failure puts in the DTL everything it may have
+    /// dropped: what it covered, what any other flush still in flight covers, and what
+    /// was written since (Linux drops the dirty pages of a failed fdatasync and reports
+    /// the error to one caller only, so a concurrent flush may succeed without having
+    /// made its writes durable). `done` gets the result and whether this leaf now
+    /// holds every write flushed: the flush succeeded, no flush failed while it was in
+    /// flight, and no write failed since the previous flush with `consume` (the sync's
+    /// data flush consumes that note; label and uberblock flushes only read it).
+    pub fn submit_flush(self: &Arc<Self>, consume: bool, done: impl FnOnce(Result<(), IoError>, bool) + Send + 'static) {
+        let id = FLUSH_IDS.fetch_add(1, Ordering::Relaxed);
+        // (failures when queued, a write failed since the previous consuming flush):
+        // set as the flush is queued, before its completion can run
+        let begun = Arc::new(Mutex::new((0u64, false)));
+        let leaf = self.clone();
+        let at = begun.clone();
+        let req = IoRequest::flush(Box::new(move |d| {
+            let (failures_at, write_failed) = *at.lock();
+            let (covered, failed_meanwhile) = {
+                let mut t = leaf.flush_track.lock();
+                let i = t.in_flight.iter().position(|f| f.0 == id).expect("a queued flush is tracked until it completes");
+                let (_, covered) = t.in_flight.swap_remove(i);
+                (covered, t.failures != failures_at)
+            };
+            match d.result {
+                Ok(()) => done(Ok(()), !failed_meanwhile && !write_failed),
+                Err(e) => {
+                    leaf.flush_failed(covered);
+                    done(Err(e), false)
+                }
+            }
+        }));
+        self.queue.submit_noting(req, || {
+            let write_failed = if consume {
+                self.write_failed_since_flush.swap(false, Ordering::AcqRel)
+            } else {
+                self.write_failed_since_flush.load(Ordering::Acquire)
+            };
+            let mut t = self.flush_track.lock();
+            let covered = t.unflushed.take();
+            assert!(t.in_flight.len() < FLUSHES_IN_FLIGHT_MAX, "flushes in flight on one leaf are bounded by their waiting callers");
+            t.in_flight.push((id, covered));
+            *begun.lock() = (t.failures, write_failed);
+        });
+    }
+
+    /// A flush failed: what it covered, what every flush still in flight covers, and
+    /// everything written since (the kernel may have dropped those pages too and will
+    /// not say so again) is missing here. A flush issued outside the queue (on the
+    /// completion of its own last write) passes None: it covers completed writes, all
+    /// of which are in the unflushed range or covered by a flush in flight.
     pub(crate) fn flush_failed(&self, covered: Option<(Txg, Txg)>) {
-        let later = *self.unflushed.lock();
-        for (lo, hi) in [covered, later].into_iter().flatten() {
+        let lost: Vec<(Txg, Txg)> = {
+            let mut t = self.flush_track.lock();
+            t.failures += 1;
+            [covered, t.unflushed].into_iter().chain(t.in_flight.iter().map(|f| f.1)).flatten().collect()
+        };
+        for (lo, hi) in lost {
             self.dtl_add_range(lo, hi);
         }
         self.write_failed_since_flush.store(true, Ordering::Release);
     }
 
     /// Flush this leaf through its queue (after every write queued before). A failure
-    /// puts what it may have dropped in the DTL, as in [`TopVdev::flush_async`].
-    pub fn flush_blocking(&self) -> io::Result<()> {
-        let (covered, _) = self.begin_flush(false);
-        match self.queue.flush() {
+    /// puts what it may have dropped in the DTL (see [`Leaf::submit_flush`]).
+    pub fn flush_blocking(self: &Arc<Self>) -> io::Result<()> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.submit_flush(false, move |r, _| {
+            let _ = tx.send(r);
+        });
+        match rx.recv().map_err(|_| io::Error::other("leaf flush completion lost"))? {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.write_errors.fetch_add(1, Ordering::Relaxed);
-                self.flush_failed(covered);
-                Err(e)
+                Err(e.into())
             }
         }
     }
@@ -296,6 +369,13 @@ pub struct SuspectRead {
     child: Guid,
 }
 
+/// The self-heal gate of a caller whose blocks cannot be reused while it runs (a scrub
+/// or resilver holds a free pin): [`TopVdev::read_verified`] runs each rewrite through
+/// its gate, which runs it only if still safe and says whether it ran and succeeded.
+pub fn repair_always(write: &mut dyn FnMut() -> bool) -> bool {
+    write()
+}
+
 /// Failed asynchronous first tries remembered for their blocking retries.
 const SUSPECT_READS_MAX: usize = 256;
 
@@ -398,7 +478,6 @@ impl TopVdev {
         }
         let fan = Fanout::new(writable.len(), data.len() as u64, phys, done);
         for c in writable {
-            c.note_unflushed(txg);
             let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
             let req = IoRequest::write(class, phys, data.clone(), Box::new(move |d| {
                 // Let go of the shared buffer before the last child reports, so the
@@ -417,7 +496,7 @@ impl TopVdev {
                 }
                 fan.child_done();
             }));
-            c.queue.submit(req);
+            c.submit_write(req, &[txg]);
         }
     }
 
@@ -445,7 +524,6 @@ impl TopVdev {
         let fan = Fanout::new(writable.len(), len, first, done);
         let txgs: Arc<[Txg]> = blocks.iter().map(|b| b.txg).collect();
         for c in writable {
-            txgs.iter().for_each(|t| c.note_unflushed(*t));
             // Where a durable write is one device request (io_uring: RWF_DSYNC, FUA on a
             // device that has it), each block is written durable and no flush follows:
             // no completion waits on a blocking fdatasync (the leaf's reaper would stall
@@ -490,7 +568,7 @@ impl TopVdev {
                     }
                     fan.child_done();
                 }));
-                c.queue.submit(if durable { req.durable() } else { req });
+                c.submit_write(if durable { req.durable() } else { req }, &[b.txg]);
             }
         }
     }
@@ -547,7 +625,9 @@ impl TopVdev {
         order
     }
 
-    /// Read `len` bytes at data offset `offset`, verifying each copy; self-heal bad copies.
+    /// Read `len` bytes at data offset `offset`, verifying each copy; self-heal bad
+    /// copies, each rewrite run through `gate` (which runs it only if the block cannot
+    /// have been freed and reused since it was found; see `Metaslabs::with_releases_held`).
     pub fn read_verified(
         &self,
         class: IoClass,
@@ -555,6 +635,7 @@ impl TopVdev {
         len: usize,
         birth: Txg,
         verify: &dyn Fn(&[u8]) -> VerifyResult,
+        gate: &dyn Fn(&mut dyn FnMut() -> bool) -> bool,
     ) -> io::Result<MirrorRead> {
         let phys = super::label::DATA_START + offset;
         let children = self.children();
@@ -578,7 +659,7 @@ impl TopVdev {
                     if verify(&buf) == VerifyResult::Good {
                         let mut repaired = 0;
                         for &f in &failed {
-                            if self.repair(&children[f], &buf, phys, birth) {
+                            if gate(&mut || self.repair(&children[f], &buf, phys, birth)) {
                                 repaired += len as u64;
                             }
                         }
@@ -678,14 +759,13 @@ impl TopVdev {
         if !c.readable() {
             return false;
         }
-        c.note_unflushed(birth);
-        match c.queue.write(IoClass::AsyncWrite, good, phys) {
+        match c.write_blocking(IoClass::AsyncWrite, good, phys, birth) {
             Ok(()) => true,
             Err(e) => {
                 c.write_errors.fetch_add(1, Ordering::Relaxed);
                 c.write_failed_since_flush.store(true, Ordering::Release);
                 c.dtl_add(birth);
-                self.note_error(c, &IoError::from_io(&c.queue_name(), IoOp::Write, phys, good.len() as u64, &e));
+                self.note_error(c, &e);
                 false
             }
         }
@@ -769,23 +849,21 @@ impl TopVdev {
         let fan = Fanout::new(online.len(), 0, 0, done);
         for c in online {
             let (fan, top, leaf) = (fan.clone(), self.clone(), c.clone());
-            let (covered, clean) = c.begin_flush(true);
-            c.queue.submit(IoRequest::flush(Box::new(move |d| {
-                match d.result {
-                    Ok(()) if clean => {
+            c.submit_flush(true, move |result, holds_all| {
+                match result {
+                    Ok(()) if holds_all => {
                         leaf.note_ok();
                         fan.outcome.lock().written += 1
                     }
                     Ok(()) => {}
                     Err(e) => {
                         leaf.write_errors.fetch_add(1, Ordering::Relaxed);
-                        leaf.flush_failed(covered);
                         top.note_error(&leaf, &e);
                         fan.outcome.lock().failed.push((leaf.guid, e));
                     }
                 }
                 fan.child_done();
-            })));
+            });
         }
     }
 
@@ -1044,5 +1122,173 @@ mod dtl_tests {
         for i in 0..1000u64 {
             assert!(d.iter().any(|&(a, b)| a.get() <= i * 10 && i * 10 <= b.get()), "txg {} dropped", i * 10);
         }
+    }
+}
+
+#[cfg(test)]
+mod flush_race_tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// Device operations in the order the device saw them: a write by its offset when
+    /// it completes, a flush (and whether it failed) when it starts.
+    #[derive(Clone, Copy, Debug)]
+    enum Op {
+        Write(u64),
+        Flush { failed: bool },
+    }
+
+    /// Every third flush fails, as a disk whose write-back fails: Linux drops the dirty
+    /// pages of the writes it had not made durable.
+    struct OrderDevice {
+        ops: Mutex<Vec<Op>>,
+        flushes: AtomicU64,
+        in_flush: AtomicBool,
+        overlapping_flushes: AtomicU64,
+    }
+
+    impl Device for OrderDevice {
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> io::Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_at(&self, _buf: &[u8], offset: u64) -> io::Result<()> {
+            std::hint::spin_loop();
+            self.ops.lock().push(Op::Write(offset));
+            Ok(())
+        }
+        fn flush(&self) -> io::Result<()> {
+            if self.in_flush.swap(true, Ordering::AcqRel) {
+                self.overlapping_flushes.fetch_add(1, Ordering::Relaxed);
+            }
+            let failed = self.flushes.fetch_add(1, Ordering::Relaxed) % 3 == 1;
+            self.ops.lock().push(Op::Flush { failed });
+            std::thread::yield_now();
+            self.in_flush.store(false, Ordering::Release);
+            if failed {
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            } else {
+                Ok(())
+            }
+        }
+        fn size(&self) -> u64 {
+            1 << 40
+        }
+        fn rotational(&self) -> bool {
+            false
+        }
+        fn kind(&self) -> crate::vdev::DeviceKind {
+            crate::vdev::DeviceKind::Memory
+        }
+    }
+
+    /// Repairs (writes with no flush of their own) racing queued flushes from two
+    /// threads and intent-log style write-then-flush runs from a third: every write
+    /// that a failed flush may have dropped (the first flush the device started after
+    /// the write completed failed) has its birth txg in the DTL. A flush that took the
+    /// write's txg off the unflushed range before the write was queued behind it would
+    /// leave it out. The device never sees two flushes at once (Linux would report a
+    /// failed write-back to only one of them).
+    #[test]
+    fn every_write_a_failed_flush_may_have_dropped_is_in_the_dtl() {
+        let dev = Arc::new(OrderDevice {
+            ops: Mutex::new(Vec::new()),
+            flushes: AtomicU64::new(0),
+            in_flush: AtomicBool::new(false),
+            overlapping_flushes: AtomicU64::new(0),
+        });
+        let spec = LeafSpec { path: "/mem/race".into(), model: None };
+        let leaf = Arc::new(Leaf::new(Guid(11), spec, dev.clone()));
+        let top = Arc::new(TopVdev {
+            id: VdevId(0),
+            guid: Guid(10),
+            role: Role::Normal,
+            is_mirror: true,
+            ashift: 12,
+            children: parking_lot::RwLock::new(vec![leaf.clone()]),
+            suspect_reads: Default::default(),
+        });
+        const WRITES: u64 = 20_000;
+        let phys_of = |birth: u64| super::super::label::DATA_START + birth * 4096;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flushers: Vec<_> = (0..2)
+            .map(|_| {
+                let (top, stop) = (top.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        let _ = top.flush();
+                    }
+                })
+            })
+            .collect();
+        let logger = {
+            let (top, stop) = (top.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut birth = WRITES;
+                while !stop.load(Ordering::Acquire) {
+                    birth += 1;
+                    let (tx, rx) = crossbeam_channel::bounded(1);
+                    let data = Arc::new(AlignedBuf::copy_of(&[9u8; 4096]));
+                    let block = BlockWrite { offset: birth * 4096, data, txg: Txg(birth) };
+                    top.write_blocks_then_flush(IoClass::SyncWrite, vec![block], true, Box::new(move |o| {
+                        let _ = tx.send(o.written);
+                    }));
+                    rx.recv().unwrap();
+                }
+            })
+        };
+        let data = vec![7u8; 4096];
+        for birth in 1..=WRITES {
+            assert!(top.repair(&leaf, &data, phys_of(birth), Txg(birth)), "the device refuses no write");
+        }
+        stop.store(true, Ordering::Release);
+        flushers.into_iter().for_each(|f| f.join().unwrap());
+        logger.join().unwrap();
+        assert_eq!(dev.overlapping_flushes.load(Ordering::Relaxed), 0, "two device flushes ran at once");
+        let ops = dev.ops.lock().clone();
+        let mut exposed = 0;
+        for (i, op) in ops.iter().enumerate() {
+            let Op::Write(offset) = *op else { continue };
+            let next_flush = ops[i + 1..].iter().find_map(|o| match o {
+                Op::Flush { failed } => Some(*failed),
+                Op::Write(_) => None,
+            });
+            if next_flush == Some(true) {
+                exposed += 1;
+                let birth = (offset - super::super::label::DATA_START) / 4096;
+                assert!(leaf.dtl_contains(Txg(birth)), "txg {birth} may be lost to a failed flush but is not in the DTL");
+            }
+        }
+        assert!(exposed > 100, "only {exposed} writes met a failed flush: the race was not exercised");
+    }
+
+    /// A flush queued behind one that fails proves nothing for the writes it covers:
+    /// they may have completed, and been dropped, before the failing flush ran. The
+    /// failure puts them in the DTL, and the later flush does not report the leaf whole.
+    #[test]
+    fn a_failed_flush_takes_the_queued_flushes_births_into_the_dtl() {
+        let dev = Arc::new(OrderDevice {
+            ops: Mutex::new(Vec::new()),
+            flushes: AtomicU64::new(1), // the first flush is the failing one (1 % 3)
+            in_flush: AtomicBool::new(false),
+            overlapping_flushes: AtomicU64::new(0),
+        });
+        let spec = LeafSpec { path: "/mem/queued".into(), model: None };
+        let leaf = Arc::new(Leaf::new(Guid(12), spec, dev.clone()));
+        leaf.queue.set_paused(true);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let buf = Arc::new(AlignedBuf::copy_of(&[1u8; 4096]));
+        for (birth, name) in [(5u64, "first"), (6, "second")] {
+            leaf.submit_write(IoRequest::write(IoClass::AsyncWrite, birth * 4096, buf.clone(), Box::new(|_| {})), &[Txg(birth)]);
+            let tx = tx.clone();
+            leaf.submit_flush(true, move |r, holds_all| {
+                let _ = tx.send((name, r.is_ok(), holds_all));
+            });
+        }
+        leaf.queue.set_paused(false);
+        let mut ends: Vec<_> = (0..2).map(|_| rx.recv().unwrap()).collect();
+        ends.sort();
+        assert_eq!(ends, vec![("first", false, false), ("second", true, false)]);
+        assert_eq!(leaf.dtl(), vec![(Txg(5), Txg(6))]);
     }
 }

@@ -206,6 +206,11 @@ impl PoolIo {
         if let Some(d) = self.arc.lookup(&key) {
             return Ok(d);
         }
+        // Self-heal rewrites only while no freed block has been released for reuse
+        // since here (a slow read of a block freed meanwhile must not write its old
+        // contents over a new owner's).
+        let generation = self.ms.release_generation();
+        let gate = |write: &mut dyn FnMut() -> bool| self.ms.with_releases_held(generation, write);
         let mut last: Option<io::Error> = None;
         let mut all_checksum = true;
         let mut failed: Vec<(Arc<TopVdev>, Dva)> = Vec::new();
@@ -215,14 +220,14 @@ impl PoolIo {
                 continue;
             };
             let verify = |b: &[u8]| crate::zio::verify_copy(bp, b);
-            match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify) {
+            match tvd.read_verified(class, dva.offset, dva.asize as usize, bp.birth, &verify, &gate) {
                 Ok(r) => {
                     let mut healed = r.repaired_bytes;
                     // ditto self-heal: a copy bad on every child of its mirror is rewritten
                     // from this good one (never touching a copy that read back good)
                     for (ftvd, fdva) in failed.drain(..) {
                         let still_allocated = self.ms.is_allocated(&fdva);
-                        if still_allocated && ftvd.write(IoClass::AsyncWrite, &r.data, fdva.offset, bp.birth).is_ok() {
+                        if still_allocated && gate(&mut || ftvd.write(IoClass::AsyncWrite, &r.data, fdva.offset, bp.birth).is_ok()) {
                             healed += fdva.asize as u64;
                         }
                     }

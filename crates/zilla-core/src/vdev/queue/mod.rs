@@ -471,6 +471,8 @@ pub(super) struct Shared {
     last_offset: AtomicU64,
     stats: [ClassStats; CLASSES],
     flushes: AtomicU64,
+    /// Held across every device cache flush of this leaf (see `Shared::device_flush`).
+    device_flush_lock: Mutex<()>,
     flush_latency: Histogram,
     /// Set when the io_uring engine runs this leaf.
     uring: Mutex<Option<Arc<super::uring::UringEngine>>>,
@@ -533,6 +535,7 @@ impl LeafQueue {
                 disk_latency: Histogram::default(),
             }),
             flushes: AtomicU64::new(0),
+            device_flush_lock: Mutex::new(()),
             flush_latency: Histogram::default(),
             uring: Mutex::new(None),
         });
@@ -564,7 +567,16 @@ impl LeafQueue {
 
     /// Queue a request; its completion runs later on an engine thread. Never blocks on I/O.
     pub fn submit(&self, req: IoRequest) {
-        self.shared.submit(req)
+        self.shared.submit(req, || {})
+    }
+
+    /// Submit `req`, running `note` under the queue's lock as the request takes its
+    /// place in the write order: a flush submitted by another thread is ordered either
+    /// before both (and does not cover the request) or after both. The leaf's
+    /// unflushed-range bookkeeping needs this (see `vdev::mirror::Leaf`). `note` must not
+    /// submit to this queue.
+    pub fn submit_noting(&self, req: IoRequest, note: impl FnOnce()) {
+        self.shared.submit(req, note)
     }
 
     /// Blocking read of `len` bytes at `offset` into a fresh aligned buffer.
@@ -605,7 +617,7 @@ impl LeafQueue {
                 return;
             }
         }
-        self.submit(req)
+        self.shared.submit(req, || {})
     }
 
     /// Blocking read through the queue in class `class` (copies into `buf`).
@@ -663,7 +675,7 @@ impl LeafQueue {
 
     /// Tests: hold (true) or release (false) every queued request.
     #[cfg(test)]
-    fn set_paused(&self, paused: bool) {
+    pub(crate) fn set_paused(&self, paused: bool) {
         let mut st = self.shared.state.lock();
         st.paused = paused;
         if paused {
@@ -732,9 +744,10 @@ impl LeafQueue {
 }
 
 impl Shared {
-    fn submit(self: &Arc<Self>, req: IoRequest) {
+    fn submit(self: &Arc<Self>, req: IoRequest, note: impl FnOnce()) {
         self.pending.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state.lock();
+        note();
         let seq = if req.is_write_like() || req.op == IoOp::Flush {
             st.next_seq += 1;
             st.next_seq
@@ -834,7 +847,7 @@ impl Shared {
         let r = match (op, &mut data) {
             (IoOp::Read, IoData::Read(b)) => self.dev.read_at(b.as_mut_slice(), offset),
             (IoOp::Write, IoData::Write(b)) => self.dev.write_at(b.as_slice(), offset),
-            (IoOp::Flush, _) => self.dev.flush(),
+            (IoOp::Flush, _) => self.device_flush(),
             (IoOp::Discard, _) => self.dev.discard(offset, len),
             (op, _) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} request without its buffer", op.name()))),
         };
@@ -849,11 +862,19 @@ impl Shared {
         if !req.durable || r.is_err() {
             return (issued_at, r, data);
         }
-        let r = self.dev.flush().map_err(|e| IoError::from_io(&self.name, req.op, req.offset, req.len, &e));
+        let r = self.device_flush().map_err(|e| IoError::from_io(&self.name, req.op, req.offset, req.len, &e));
         if r.is_ok() {
             self.count_flush();
         }
         (issued_at, r, data)
+    }
+
+    /// The device's cache flush, never two at once on one leaf (a queued flush, the
+    /// one inside a durable write, or [`LeafQueue::flush_completed_writes`]): Linux
+    /// reports a failed write-back to one of two concurrent fdatasyncs only.
+    fn device_flush(&self) -> io::Result<()> {
+        let _one_at_a_time = self.device_flush_lock.lock();
+        self.dev.flush()
     }
 
     /// One more cache flush done (a flush request, or the one inside a durable write).

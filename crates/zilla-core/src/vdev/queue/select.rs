@@ -296,7 +296,10 @@ impl QueueState {
         if self.active_total >= limits.max_active_total {
             return None;
         }
-        if let Some(f) = self.flushes.front() {
+        // One flush at a time: Linux reports a failed write-back to one fdatasync only,
+        // so a flush running beside a failing one could succeed without its writes
+        // being durable (see `vdev::mirror::Leaf::submit_flush`).
+        if let Some(f) = self.flushes.front().filter(|_| self.active_flushes == 0) {
             if self.outstanding_writes.first().is_none_or(|&w| w > f.seq) {
                 self.active_flushes += 1;
                 self.active_total += 1;
