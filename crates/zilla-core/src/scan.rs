@@ -143,6 +143,12 @@ pub struct ScanStatus {
     /// bookmark, so a pass resumed after a crash clears no more than it covered.
     #[serde(default)]
     pub targets: Vec<ResilverTarget>,
+    /// Scrub: `PoolIo::errors_logged` when the scrub began. A finished scrub keeps only
+    /// the errors logged since (OpenZFS likewise drops the error log's entries that the
+    /// last scrub did not find again). In memory only, as the error log is: a scrub
+    /// resumed after a restart begins with an empty log and a mark of 0.
+    #[serde(skip)]
+    pub errors_logged_at_start: u64,
 }
 
 /// One leaf a resilver pass repairs (see [`ScanStatus::targets`]).
@@ -323,6 +329,7 @@ pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
                 state: ScanState::Scanning,
                 start_time_s: now_s(inner),
                 to_examine_bytes: allocated_bytes(inner),
+                errors_logged_at_start: inner.io().errors_logged(),
                 ..Default::default()
             };
         }
@@ -607,14 +614,17 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
         }
     }
     // done
-    {
+    let errors_mark = {
         let mut s = inner.scan().status.lock();
         s.state = ScanState::Finished;
         s.end_time_s = now_s(inner);
         s.bookmark = Bookmark::default();
-    }
+        s.errors_logged_at_start
+    };
     if resilver {
         finish_resilver(inner, &unrepaired);
+    } else {
+        inner.io().keep_errors_since(errors_mark);
     }
     Ok(())
 }

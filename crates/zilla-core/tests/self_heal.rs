@@ -460,6 +460,13 @@ fn both_copies_bad_is_an_error_never_wrong_data() {
     let mut b = vec![0u8; BS as usize];
     v.read(9 * BS, &mut b).unwrap();
     assert_eq!(b, fresh);
+    // the bad block is gone: the next scrub finds nothing, and the list says so (as
+    // OpenZFS keeps only what the last scrub, and reads since, found)
+    pool.sync().unwrap();
+    let line = scrub(&pool);
+    assert!(line.state == "finished" && line.errors == 0, "{line:?}");
+    let st = pool.status();
+    assert!(st.data_errors == 0 && st.error_list.is_empty(), "a replaced block still listed: {} {:?}", st.data_errors, st.error_list);
     drop(v);
     pool.export().unwrap();
 }

@@ -563,8 +563,7 @@ impl Pool {
                         l.set_state(LeafState::Online);
                     }
                 }
-                inner.io.errors.unrecoverable.store(0, Ordering::Relaxed);
-                inner.io.error_log.lock().clear();
+                inner.io.clear_errors();
             }
         }
         inner.suspended.store(false, Ordering::Relaxed);

@@ -624,8 +624,7 @@ fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock
                 }
                 // the errors met reading the txgs given up are not errors of the pool
                 // now imported: their blocks are not in it
-                io.error_log.lock().clear();
-                io.errors.unrecoverable.store(0, std::sync::atomic::Ordering::Relaxed);
+                io.clear_errors();
                 return Ok(Chosen { ub: ub.clone(), mos, ms, newest_txg: newest.txg, plan });
             }
             Err(e) => last_err = format!("; txg {}: {e}", ub.txg),

@@ -201,7 +201,7 @@ impl Pool {
             trim: self.trim_status(),
             config,
             data_errors: inner.io.errors.unrecoverable.load(Ordering::Relaxed),
-            error_list: inner.io.error_log.lock().clone(),
+            error_list: inner.io.error_list(),
         }
     }
 

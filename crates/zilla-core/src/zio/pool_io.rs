@@ -53,8 +53,9 @@ pub struct PoolIo {
     pub ms: Metaslabs,
     pub arc: ArcCache,
     pub errors: IoErrors,
-    /// Recent unrecoverable block errors (bounded, for `status -v`).
-    pub error_log: Mutex<Vec<String>>,
+    /// Recent unrecoverable block errors, each block once, oldest first, bounded (for
+    /// `status -v`); see [`PoolIo::log_error`].
+    error_log: Mutex<ErrorLog>,
     /// Normal-class (size, unavailable: see `space`) as of the last sync, read lock-free
     /// by writers.
     pub space_size: std::sync::atomic::AtomicU64,
@@ -70,6 +71,15 @@ pub struct PoolIo {
 }
 
 pub const ERROR_LOG_MAX: usize = 100;
+
+/// See [`PoolIo::log_error`].
+#[derive(Default)]
+struct ErrorLog {
+    /// (when logged: the value of `logged` then, message)
+    entries: Vec<(u64, String)>,
+    /// Calls of `log_error` so far.
+    logged: u64,
+}
 
 /// A block allocated and prepared in syncing context, not yet written.
 pub struct PendingWrite {
@@ -108,7 +118,7 @@ impl PoolIo {
             ms,
             arc: ArcCache::following_tunable(),
             errors: Default::default(),
-            error_log: Mutex::new(Vec::new()),
+            error_log: Mutex::new(ErrorLog::default()),
             space_size: Default::default(),
             space_unavailable: Default::default(),
             space_log_bytes: Default::default(),
@@ -164,14 +174,47 @@ impl PoolIo {
         self.vdevs.read().iter().find(|t| t.id == id).cloned()
     }
 
-    /// Record an unrecoverable block in the bounded error log (`zpool status -v`).
+    /// Record an unrecoverable block in the bounded error log (`zpool status -v`). A
+    /// block already listed moves to the end (newest) and is not counted again: the
+    /// pool's data-error count is the number of distinct blocks listed.
     pub fn log_error(&self, msg: String) {
         let mut l = self.error_log.lock();
-        if l.len() >= ERROR_LOG_MAX {
-            l.remove(0);
+        l.logged += 1;
+        let seq = l.logged;
+        if let Some(i) = l.entries.iter().position(|(_, m)| *m == msg) {
+            l.entries.remove(i);
+        } else {
+            if l.entries.len() >= ERROR_LOG_MAX {
+                l.entries.remove(0);
+            }
+            self.errors.unrecoverable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        l.push(msg);
-        self.errors.unrecoverable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        l.entries.push((seq, msg));
+    }
+
+    /// The blocks listed, oldest first.
+    pub fn error_list(&self) -> Vec<String> {
+        self.error_log.lock().entries.iter().map(|(_, m)| m.clone()).collect()
+    }
+
+    /// Forget every listed error (`pool clear`, a rewind's import).
+    pub fn clear_errors(&self) {
+        self.error_log.lock().entries.clear();
+        self.errors.unrecoverable.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A mark for [`PoolIo::keep_errors_since`]: errors logged after it are newer.
+    pub fn errors_logged(&self) -> u64 {
+        self.error_log.lock().logged
+    }
+
+    /// A scrub that began at `mark` read every block: the errors logged before it are of
+    /// blocks it found good or that are gone (repaired, overwritten, freed). Keep only
+    /// the blocks logged since, and count only them.
+    pub fn keep_errors_since(&self, mark: u64) {
+        let mut l = self.error_log.lock();
+        l.entries.retain(|(seq, _)| *seq > mark);
+        self.errors.unrecoverable.store(l.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The first try of [`PoolIo::read_block`] without blocking, for a block the ARC
