@@ -613,7 +613,13 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
             }
         }
     }
-    // done
+    finish_pass(inner, resilver, &unrepaired);
+    Ok(())
+}
+
+/// A pass read everything: it is finished; a resilver clears the DTLs it repaired, a
+/// scrub keeps only the errors found since it began.
+fn finish_pass(inner: &Arc<dyn ScanPool>, resilver: bool, unrepaired: &Unrepaired) {
     let errors_mark = {
         let mut s = inner.scan().status.lock();
         s.state = ScanState::Finished;
@@ -622,11 +628,10 @@ fn run(inner: &Arc<dyn ScanPool>) -> Result<()> {
         s.errors_logged_at_start
     };
     if resilver {
-        finish_resilver(inner, &unrepaired);
+        finish_resilver(inner, unrepaired);
     } else {
         inner.io().keep_errors_since(errors_mark);
     }
-    Ok(())
 }
 
 /// Count the blocks of a span found bad on every copy, rechecked against the current
