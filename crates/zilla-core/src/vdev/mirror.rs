@@ -1291,4 +1291,91 @@ mod flush_race_tests {
         assert_eq!(ends, vec![("first", false, false), ("second", true, false)]);
         assert_eq!(leaf.dtl(), vec![(Txg(5), Txg(6))]);
     }
+
+    /// Writes succeed; the first device flush fails, later ones succeed; a write at
+    /// `gated` blocks in the device until `gate` is set.
+    struct GateDevice {
+        flushes: AtomicU64,
+        gated: u64,
+        gate: AtomicBool,
+    }
+
+    impl Device for GateDevice {
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> io::Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_at(&self, _buf: &[u8], offset: u64) -> io::Result<()> {
+            while offset == self.gated && !self.gate.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok(())
+        }
+        fn flush(&self) -> io::Result<()> {
+            if self.flushes.fetch_add(1, Ordering::AcqRel) == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            Ok(())
+        }
+        fn size(&self) -> u64 {
+            1 << 40
+        }
+        fn rotational(&self) -> bool {
+            false
+        }
+        fn kind(&self) -> crate::vdev::DeviceKind {
+            crate::vdev::DeviceKind::Memory
+        }
+    }
+
+    /// An intent-log write-then-flush whose flush (run in the write's completion,
+    /// outside the queue) fails drops the pages of every write completed before it.
+    /// A queued flush that was waiting at that moment, and that runs (and succeeds:
+    /// Linux reported the error once) before the failing one's bookkeeping, must not
+    /// report the leaf whole, and its writes must be in the DTL.
+    #[test]
+    fn a_queued_flush_completing_before_a_failed_log_flush_is_accounted_loses_nothing() {
+        let phys_of = |birth: u64| super::super::label::DATA_START + birth * 4096;
+        let dev = Arc::new(GateDevice { flushes: AtomicU64::new(0), gated: phys_of(6), gate: AtomicBool::new(false) });
+        let spec = LeafSpec { path: "/mem/gate".into(), model: None };
+        let leaf = Arc::new(Leaf::new(Guid(13), spec, dev.clone()));
+        let top = Arc::new(TopVdev {
+            id: VdevId(0),
+            guid: Guid(10),
+            role: Role::Normal,
+            is_mirror: true,
+            ashift: 12,
+            children: parking_lot::RwLock::new(vec![leaf.clone()]),
+            suspect_reads: Default::default(),
+        });
+        let buf = Arc::new(AlignedBuf::copy_of(&[3u8; 4096]));
+        // txg 7's write completes: its pages are dirty, unflushed
+        leaf.write_blocking(IoClass::AsyncWrite, &[3u8; 4096], phys_of(7), Txg(7)).unwrap();
+        // txg 6's write hangs in the device; a flush (covering 6 and 7) queues behind it
+        leaf.submit_write(IoRequest::write(IoClass::AsyncWrite, phys_of(6), buf.clone(), Box::new(|_| {})), &[Txg(6)]);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        leaf.submit_flush(true, move |r, holds_all| {
+            let _ = tx.send((r.is_ok(), holds_all));
+        });
+        // the intent log writes txg 8 and flushes in the write's completion: the device
+        // fails that flush (dropping txg 7's pages); its bookkeeping is held up here
+        let dtl_guard = leaf.dtl.lock();
+        let block = BlockWrite { offset: 8 * 4096, data: buf.clone(), txg: Txg(8) };
+        let (ltx, lrx) = crossbeam_channel::bounded(1);
+        top.write_blocks_then_flush(IoClass::SyncWrite, vec![block], true, Box::new(move |o| {
+            let _ = ltx.send(o.written);
+        }));
+        while dev.flushes.load(Ordering::Acquire) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // txg 6's write completes; the queued flush runs, after the failed one
+        dev.gate.store(true, Ordering::Release);
+        let queued = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(dtl_guard);
+        assert_eq!(lrx.recv().unwrap(), 0, "the log's flush failed");
+        let (ok, holds_all) = queued.expect("the queued flush completes while the failed one's bookkeeping waits");
+        assert!(ok, "the device failed only the first flush");
+        assert!(leaf.dtl_contains(Txg(7)), "txg 7, written before a flush that failed, is not in the DTL: {:?}", leaf.dtl());
+        assert!(!holds_all, "a flush that ran after a failed one reported the leaf whole");
+    }
 }
