@@ -1368,12 +1368,15 @@ mod flush_race_tests {
         while dev.flushes.load(Ordering::Acquire) == 0 {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        // txg 6's write completes; the queued flush runs, after the failed one
+        // txg 6's write completes; the queued flush runs, after the failed one, and its
+        // completion takes it off the in-flight list
         dev.gate.store(true, Ordering::Release);
-        let queued = rx.recv_timeout(std::time::Duration::from_secs(10));
+        while dev.flushes.load(Ordering::Acquire) < 2 || !leaf.flush_track.lock().in_flight.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         drop(dtl_guard);
         assert_eq!(lrx.recv().unwrap(), 0, "the log's flush failed");
-        let (ok, holds_all) = queued.expect("the queued flush completes while the failed one's bookkeeping waits");
+        let (ok, holds_all) = rx.recv().unwrap();
         assert!(ok, "the device failed only the first flush");
         assert!(leaf.dtl_contains(Txg(7)), "txg 7, written before a flush that failed, is not in the DTL: {:?}", leaf.dtl());
         assert!(!holds_all, "a flush that ran after a failed one reported the leaf whole");
