@@ -265,6 +265,9 @@ impl UringEngine {
                 sh.finish(q, data, issued_at, Ok(()))
             }
             Outcome::Failed(errno) => {
+                if q.req.op == IoOp::Flush || q.req.durable {
+                    sh.note_device_flush_error();
+                }
                 let e = io::Error::from_raw_os_error(errno);
                 let err = IoError::from_io(&sh.name, q.req.op, q.req.offset, q.req.len, &e);
                 sh.finish(q, data, issued_at, Err(err))

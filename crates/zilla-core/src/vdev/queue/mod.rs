@@ -473,6 +473,9 @@ pub(super) struct Shared {
     flushes: AtomicU64,
     /// Held across every device cache flush of this leaf (see `Shared::device_flush`).
     device_flush_lock: Mutex<()>,
+    /// Device cache flushes (or durable writes) that failed, counted before the next
+    /// device flush can start (see `LeafQueue::device_flush_errors`).
+    device_flush_errors: AtomicU64,
     flush_latency: Histogram,
     /// Set when the io_uring engine runs this leaf.
     uring: Mutex<Option<Arc<super::uring::UringEngine>>>,
@@ -536,6 +539,7 @@ impl LeafQueue {
             }),
             flushes: AtomicU64::new(0),
             device_flush_lock: Mutex::new(()),
+            device_flush_errors: AtomicU64::new(0),
             flush_latency: Histogram::default(),
             uring: Mutex::new(None),
         });
@@ -637,6 +641,16 @@ impl LeafQueue {
         let w = Waiter::new();
         self.submit(IoRequest::flush(w.completion()));
         Ok(w.wait().result?)
+    }
+
+    /// Device cache flushes of this leaf that failed so far (queued flushes, the flush
+    /// of a durable write, [`LeafQueue::flush_completed_writes`]), counted as the
+    /// device reports the failure, before another device flush of the leaf starts and
+    /// before any completion runs. A flush that sees the count change between its
+    /// queueing and its completion was in flight across a failure whose bookkeeping
+    /// (`vdev::mirror::Leaf::flush_failed`) may not have run yet.
+    pub fn device_flush_errors(&self) -> u64 {
+        self.shared.device_flush_errors.load(Ordering::Acquire)
     }
 
     /// Does a durable write ([`IoRequest::durable`]) cost one device request here (the
@@ -872,9 +886,19 @@ impl Shared {
     /// The device's cache flush, never two at once on one leaf (a queued flush, the
     /// one inside a durable write, or [`LeafQueue::flush_completed_writes`]): Linux
     /// reports a failed write-back to one of two concurrent fdatasyncs only.
+    /// A failure is counted before the next device flush can start.
     fn device_flush(&self) -> io::Result<()> {
         let _one_at_a_time = self.device_flush_lock.lock();
-        self.dev.flush()
+        let r = self.dev.flush();
+        if r.is_err() {
+            self.note_device_flush_error();
+        }
+        r
+    }
+
+    /// A device flush (or a durable write) failed: see [`LeafQueue::device_flush_errors`].
+    pub(in crate::vdev) fn note_device_flush_error(&self) {
+        self.device_flush_errors.fetch_add(1, Ordering::AcqRel);
     }
 
     /// One more cache flush done (a flush request, or the one inside a durable write).
