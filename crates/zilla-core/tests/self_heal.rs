@@ -550,3 +550,29 @@ fn a_read_error_met_by_a_cold_read_counts_once_toward_a_fault() {
     drop(v);
     pool.export().unwrap();
 }
+
+// ---- error list -------------------------------------------------------------------
+
+/// The error list is per block (cffd240): a block bad on every copy, found by a scrub
+/// and then read by a client, is one damaged block, listed and counted once.
+#[test]
+fn a_damaged_block_found_by_scrub_and_by_a_read_is_listed_once() {
+    let (rig, pool) = setup();
+    pool.abandon();
+    drop(pool);
+    let pool = rig.import();
+    let bp = l0(&pool, 9);
+    let d = bp.dva[0];
+    for (i, n) in children(&pool, d.vdev).iter().enumerate() {
+        corrupt(&rig, n, &d, 40 + i as u64);
+    }
+    let line = scrub(&pool);
+    assert!(line.state == "finished" && line.errors == 1, "{line:?}");
+    let v = pool.open_volume("vol").unwrap();
+    let mut b = vec![0u8; 4096];
+    assert!(v.read(9 * BS, &mut b).is_err());
+    let st = pool.status();
+    assert_eq!((st.data_errors, st.error_list.len()), (1, 1), "one damaged block listed twice: {:?}", st.error_list);
+    drop(v);
+    pool.export().unwrap();
+}
