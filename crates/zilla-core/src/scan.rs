@@ -642,7 +642,7 @@ fn count_bad_blocks(inner: &Arc<dyn ScanPool>, v: &VolumeState, bad: Vec<(BlockI
         if let Ok(now) = dmu::lookup(inner.io(), &cur, blkid, IoClass::Scrub) {
             if now == bp && !v.destroyed.load(Ordering::Acquire) {
                 inner.scan().status.lock().errors += 1;
-                inner.io().log_error(format!("{}/{} block {blkid} (birth {})", inner.pool_name(), v.name, bp.birth));
+                inner.io().log_error(&bp, format!("{}/{} block {blkid} (birth {})", inner.pool_name(), v.name, bp.birth));
             }
         }
     }

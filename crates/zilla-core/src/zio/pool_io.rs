@@ -75,11 +75,15 @@ pub const ERROR_LOG_MAX: usize = 100;
 /// See [`PoolIo::log_error`].
 #[derive(Default)]
 struct ErrorLog {
-    /// (when logged: the value of `logged` then, message)
-    entries: Vec<(u64, String)>,
+    /// (when logged: the value of `logged` then, the block, message)
+    entries: Vec<(u64, ErrorKey, String)>,
     /// Calls of `log_error` so far.
     logged: u64,
 }
+
+/// A block in the error log: its first DVA and birth (the read path and a scrub word
+/// their messages differently; the block is the same).
+type ErrorKey = (VdevId, u64, Txg);
 
 /// A block allocated and prepared in syncing context, not yet written.
 pub struct PendingWrite {
@@ -177,11 +181,12 @@ impl PoolIo {
     /// Record an unrecoverable block in the bounded error log (`zpool status -v`). A
     /// block already listed moves to the end (newest) and is not counted again: the
     /// pool's data-error count is the number of distinct blocks listed.
-    pub fn log_error(&self, msg: String) {
+    pub fn log_error(&self, bp: &BlockPointer, msg: String) {
+        let key = (bp.dva[0].vdev, bp.dva[0].offset, bp.birth);
         let mut l = self.error_log.lock();
         l.logged += 1;
         let seq = l.logged;
-        if let Some(i) = l.entries.iter().position(|(_, m)| *m == msg) {
+        if let Some(i) = l.entries.iter().position(|(_, k, _)| *k == key) {
             l.entries.remove(i);
         } else {
             if l.entries.len() >= ERROR_LOG_MAX {
@@ -189,12 +194,12 @@ impl PoolIo {
             }
             self.errors.unrecoverable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        l.entries.push((seq, msg));
+        l.entries.push((seq, key, msg));
     }
 
     /// The blocks listed, oldest first.
     pub fn error_list(&self) -> Vec<String> {
-        self.error_log.lock().entries.iter().map(|(_, m)| m.clone()).collect()
+        self.error_log.lock().entries.iter().map(|(_, _, m)| m.clone()).collect()
     }
 
     /// Forget every listed error (`pool clear`, a rewind's import).
@@ -213,7 +218,7 @@ impl PoolIo {
     /// the blocks logged since, and count only them.
     pub fn keep_errors_since(&self, mark: u64) {
         let mut l = self.error_log.lock();
-        l.entries.retain(|(seq, _)| *seq > mark);
+        l.entries.retain(|(seq, _, _)| *seq > mark);
         self.errors.unrecoverable.store(l.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -289,7 +294,7 @@ impl PoolIo {
             }
         }
         let where_ = format!("vdev {} offset {:#x} birth {}", bp.dva[0].vdev, bp.dva[0].offset, bp.birth);
-        self.log_error(format!("<0x{:x}> {where_}", bp.dva[0].offset));
+        self.log_error(bp, format!("<0x{:x}> {where_}", bp.dva[0].offset));
         if all_checksum {
             Err(Error::Checksum(where_))
         } else {
