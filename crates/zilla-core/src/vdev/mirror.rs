@@ -1393,4 +1393,44 @@ mod flush_race_tests {
         assert!(leaf.dtl_contains(Txg(7)), "txg 7, written before a flush that failed, is not in the DTL: {:?}", leaf.dtl());
         assert!(!holds_all, "a flush that ran after a failed one reported the leaf whole");
     }
+
+    /// A queued flush that fails releases its slot before its completion (its
+    /// bookkeeping) runs, and a flush queued after the device reported the failure may
+    /// run and complete first, having covered writes that completed before the failed
+    /// flush (and were dropped with it). The queue has counted the failure; the leaf has
+    /// not accounted for it yet. That flush proves nothing and its writes go in the DTL.
+    #[test]
+    fn a_flush_queued_after_an_unaccounted_device_failure_proves_nothing() {
+        let phys_of = |birth: u64| super::super::label::DATA_START + birth * 4096;
+        let dev = Arc::new(GateDevice { flushes: AtomicU64::new(1), gated: 0, gate: AtomicBool::new(true) });
+        let spec = LeafSpec { path: "/mem/unaccounted".into(), model: None };
+        let leaf = Arc::new(Leaf::new(Guid(14), spec, dev.clone()));
+        leaf.write_blocking(IoClass::AsyncWrite, &[3u8; 4096], phys_of(5), Txg(5)).unwrap();
+        // a flush in flight before (covering nothing of txg 5) fails on the device:
+        // txg 5's pages are dropped; its completion has not run yet
+        leaf.queue.note_device_flush_error();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        leaf.submit_flush(true, move |r, holds_all| {
+            let _ = tx.send((r.is_ok(), holds_all));
+        });
+        let (ok, holds_all) = rx.recv().unwrap();
+        // the failed flush's bookkeeping, late
+        leaf.flush_failed(None);
+        assert!(ok);
+        assert!(leaf.dtl_contains(Txg(5)), "txg 5, dropped by the failed flush, is not in the DTL: {:?}", leaf.dtl());
+        assert!(!holds_all, "a flush run before a failure was accounted reported the leaf whole");
+        // once accounted, flushes prove their writes again
+        leaf.write_blocking(IoClass::AsyncWrite, &[3u8; 4096], phys_of(6), Txg(6)).unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        leaf.submit_flush(true, move |r, holds_all| {
+            let _ = tx.send((r.is_ok(), holds_all));
+        });
+        let (ok, _) = rx.recv().unwrap();
+        assert!(ok && !leaf.dtl_contains(Txg(6)));
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        leaf.submit_flush(true, move |r, holds_all| {
+            let _ = tx.send((r.is_ok(), holds_all));
+        });
+        assert_eq!(rx.recv().unwrap(), (true, true), "an accounted failure must not degrade the leaf for ever");
+    }
 }

@@ -687,6 +687,13 @@ impl LeafQueue {
         Ok(w.wait().result?)
     }
 
+    /// Tests: a device flush failed here, as the engine counts it before the failing
+    /// request's completion (its bookkeeping) runs.
+    #[cfg(test)]
+    pub(crate) fn note_device_flush_error(&self) {
+        self.shared.note_device_flush_error()
+    }
+
     /// Tests: hold (true) or release (false) every queued request.
     #[cfg(test)]
     pub(crate) fn set_paused(&self, paused: bool) {
