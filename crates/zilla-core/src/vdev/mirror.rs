@@ -104,6 +104,10 @@ struct FlushTrack {
     in_flight: Vec<(u64, Option<(Txg, Txg)>)>,
     /// Failed flushes so far: a flush in flight across a failure proves nothing.
     failures: u64,
+    /// The queue's device flush errors ([`LeafQueue::device_flush_errors`]) as of the
+    /// last [`Leaf::flush_failed`]: fewer than the queue's count means a failure whose
+    /// bookkeeping has not run, which will not see a flush completing meanwhile.
+    accounted: u64,
 }
 
 /// Bound on flushes in flight on one leaf (each has a caller waiting for it: the
@@ -178,33 +182,31 @@ impl Leaf {
     /// data flush consumes that note; label and uberblock flushes only read it).
     pub fn submit_flush(self: &Arc<Self>, consume: bool, done: impl FnOnce(Result<(), IoError>, bool) + Send + 'static) {
         let id = FLUSH_IDS.fetch_add(1, Ordering::Relaxed);
-        // (failures when queued, device flush errors when queued, a write failed since
-        // the previous consuming flush): set as the flush is queued, before its
-        // completion can run
-        let begun = Arc::new(Mutex::new((0u64, 0u64, false)));
+        // (failures when queued, a write failed since the previous consuming flush):
+        // set as the flush is queued, before its completion can run
+        let begun = Arc::new(Mutex::new((0u64, false)));
         let leaf = self.clone();
         let at = begun.clone();
         let req = IoRequest::flush(Box::new(move |d| {
-            let (failures_at, device_errors_at, write_failed) = *at.lock();
-            let (covered, failed_meanwhile) = {
+            let (failures_at, write_failed) = *at.lock();
+            let (covered, failed_meanwhile, unaccounted) = {
                 let mut t = leaf.flush_track.lock();
                 let i = t.in_flight.iter().position(|f| f.0 == id).expect("a queued flush is tracked until it completes");
                 let (_, covered) = t.in_flight.swap_remove(i);
-                (covered, t.failures != failures_at)
+                (covered, t.failures != failures_at, leaf.queue.device_flush_errors() != t.accounted)
             };
-            // A device flush failed while this one was in flight, and its bookkeeping
-            // may not have run yet (an intent-log flush fails in a write's completion,
-            // then this one runs and succeeds, Linux having reported the error once):
-            // that bookkeeping will not find this flush in flight, so what this one
-            // covers goes into the DTL here.
-            let device_failed_meanwhile = leaf.queue.device_flush_errors() != device_errors_at;
-            if d.result.is_ok() && device_failed_meanwhile {
+            // A device flush failed and its bookkeeping has not run yet (an intent-log
+            // flush failed in a write's completion, or a queued flush whose completion
+            // is still to come), then this one ran and succeeded (Linux reports the
+            // error once): that bookkeeping will not find this flush in flight, so what
+            // this one covers goes into the DTL here.
+            if d.result.is_ok() && unaccounted {
                 if let Some((lo, hi)) = covered {
                     leaf.dtl_add_range(lo, hi);
                 }
             }
             match d.result {
-                Ok(()) => done(Ok(()), !failed_meanwhile && !device_failed_meanwhile && !write_failed),
+                Ok(()) => done(Ok(()), !failed_meanwhile && !unaccounted && !write_failed),
                 Err(e) => {
                     leaf.flush_failed(covered);
                     done(Err(e), false)
@@ -221,7 +223,7 @@ impl Leaf {
             let covered = t.unflushed.take();
             assert!(t.in_flight.len() < FLUSHES_IN_FLIGHT_MAX, "flushes in flight on one leaf are bounded by their waiting callers");
             t.in_flight.push((id, covered));
-            *begun.lock() = (t.failures, self.queue.device_flush_errors(), write_failed);
+            *begun.lock() = (t.failures, write_failed);
         });
     }
 
@@ -234,6 +236,9 @@ impl Leaf {
         let lost: Vec<(Txg, Txg)> = {
             let mut t = self.flush_track.lock();
             t.failures += 1;
+            // every write a failure counted so far may have dropped is in what this
+            // collects, or was put in the DTL by a flush that completed before it
+            t.accounted = self.queue.device_flush_errors();
             [covered, t.unflushed].into_iter().chain(t.in_flight.iter().map(|f| f.1)).flatten().collect()
         };
         for (lo, hi) in lost {
