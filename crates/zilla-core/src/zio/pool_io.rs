@@ -500,3 +500,36 @@ fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
     }
     runs
 }
+
+#[cfg(test)]
+mod error_log_tests {
+    use super::*;
+
+    fn bp(offset: u64) -> BlockPointer {
+        let mut bp = BlockPointer::default();
+        bp.dva[0] = Dva { vdev: VdevId(0), asize: 4096, offset };
+        bp.birth = Txg(5);
+        bp
+    }
+
+    /// log_error's doc: "the pool's data-error count is the number of distinct blocks
+    /// listed". Beyond ERROR_LOG_MAX the count goes on while the list evicts, a block
+    /// evicted and found again is counted twice, and a scrub that keeps every entry
+    /// changes the count. Ignored: records what was seen (the bound makes an exact
+    /// count need unbounded memory); the doc or the count should change.
+    #[test]
+    #[ignore = "known: data-error count vs the 100-entry bound"]
+    fn the_data_error_count_is_the_distinct_blocks_listed() {
+        let io = PoolIo::new(Vec::new(), Metaslabs::new());
+        for i in 0..=ERROR_LOG_MAX as u64 {
+            io.log_error(&bp(i * 4096), format!("block {i}"));
+        }
+        io.log_error(&bp(0), "block 0".into());
+        let count = io.errors.unrecoverable.load(std::sync::atomic::Ordering::Relaxed);
+        let listed = io.error_list().len() as u64;
+        // a scrub that began before everything above keeps it all
+        io.keep_errors_since(0);
+        let after_scrub = io.errors.unrecoverable.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((count, listed, after_scrub), (listed, listed, listed), "101 distinct blocks, 100 listed");
+    }
+}
