@@ -495,13 +495,16 @@ impl Volume {
 
     /// Content of a committed block (None = hole).
     fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<Arc<[u8]>>> {
+        // before the tree is looked at: a self-heal rewrite of the block found is safe
+        // only if nothing freed was released since (see `PoolIo::read_block_found_at`)
+        let generation = self.pool.io().ms.release_generation();
         let root = *self.vol.committed.read();
         let bp = dmu::lookup(&self.pool.io(), &root, blkid, class)?;
         if bp.is_hole() {
             return Ok(None);
         }
         let cache = self.primary_cache_data();
-        Ok(Some(self.pool.io().read_block(&bp, class, BufKind::Data, cache)?))
+        Ok(Some(self.pool.io().read_block_found_at(&bp, class, BufKind::Data, cache, generation)?))
     }
 
     /// Newest content of a block: dirty first, then committed. Dirty must be checked first

@@ -252,15 +252,23 @@ impl PoolIo {
 
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
     pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
+        self.read_block_found_at(bp, class, kind, cache, self.ms.release_generation())
+    }
+
+    /// [`PoolIo::read_block`] of a block pointer found in a tree while the release
+    /// generation (`Metaslabs::release_generation`) was `generation`, sampled before
+    /// the tree was looked at: a bad copy is rewritten only if no freed block was
+    /// released since, so a slow lookup and read of a block freed and reused meanwhile
+    /// never writes old contents over the new owner's.
+    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<Arc<[u8]>> {
         assert!(!bp.is_hole());
         let key = BlockKey::of(bp);
         if let Some(d) = self.arc.lookup(&key) {
             return Ok(d);
         }
         // Self-heal rewrites only while no freed block has been released for reuse
-        // since here (a slow read of a block freed meanwhile must not write its old
-        // contents over a new owner's).
-        let generation = self.ms.release_generation();
+        // since the block was found (a slow read of a block freed meanwhile must not
+        // write its old contents over a new owner's).
         let gate = |write: &mut dyn FnMut() -> bool| self.ms.with_releases_held(generation, write);
         let mut last: Option<io::Error> = None;
         let mut all_checksum = true;
