@@ -422,17 +422,23 @@ fn damaged_uberblock_slot_still_imports_newest_txg() {
 
 // ---- both copies bad --------------------------------------------------------------
 
-#[test]
-fn both_copies_bad_is_an_error_never_wrong_data() {
+/// The pool of `setup`, reimported with block 9's copy corrupted on every child of its
+/// mirror (`seed` picks the garbage).
+fn block_9_bad_on_every_copy(seed: u64) -> (Rig, Arc<Pool>) {
     let (rig, pool) = setup();
     pool.abandon();
     drop(pool);
     let pool = rig.import();
-    let bp = l0(&pool, 9);
-    let d = bp.dva[0];
+    let d = l0(&pool, 9).dva[0];
     for (i, n) in children(&pool, d.vdev).iter().enumerate() {
-        corrupt(&rig, n, &d, 20 + i as u64);
+        corrupt(&rig, n, &d, seed + i as u64);
     }
+    (rig, pool)
+}
+
+#[test]
+fn both_copies_bad_is_an_error_never_wrong_data() {
+    let (rig, pool) = block_9_bad_on_every_copy(20);
     let v = pool.open_volume("vol").unwrap();
     let mut b = vec![0u8; 4096];
     let e = v.read(9 * BS + 4096, &mut b).expect_err("reading a block bad on every copy must fail");
@@ -557,15 +563,7 @@ fn a_read_error_met_by_a_cold_read_counts_once_toward_a_fault() {
 /// and then read by a client, is one damaged block, listed and counted once.
 #[test]
 fn a_damaged_block_found_by_scrub_and_by_a_read_is_listed_once() {
-    let (rig, pool) = setup();
-    pool.abandon();
-    drop(pool);
-    let pool = rig.import();
-    let bp = l0(&pool, 9);
-    let d = bp.dva[0];
-    for (i, n) in children(&pool, d.vdev).iter().enumerate() {
-        corrupt(&rig, n, &d, 40 + i as u64);
-    }
+    let (_rig, pool) = block_9_bad_on_every_copy(40);
     let line = scrub(&pool);
     assert!(line.state == "finished" && line.errors == 1, "{line:?}");
     let v = pool.open_volume("vol").unwrap();

@@ -1199,6 +1199,19 @@ mod flush_race_tests {
         }
     }
 
+    /// A one-child mirror of `leaf` (its writes, repairs and flushes are the leaf's).
+    fn mirror_of(leaf: &Arc<Leaf>) -> Arc<TopVdev> {
+        Arc::new(TopVdev {
+            id: VdevId(0),
+            guid: Guid(10),
+            role: Role::Normal,
+            is_mirror: true,
+            ashift: 12,
+            children: parking_lot::RwLock::new(vec![leaf.clone()]),
+            suspect_reads: Default::default(),
+        })
+    }
+
     /// Repairs (writes with no flush of their own) racing queued flushes from two
     /// threads and intent-log style write-then-flush runs from a third: every write
     /// that a failed flush may have dropped (the first flush the device started after
@@ -1216,15 +1229,7 @@ mod flush_race_tests {
         });
         let spec = LeafSpec { path: "/mem/race".into(), model: None };
         let leaf = Arc::new(Leaf::new(Guid(11), spec, dev.clone()));
-        let top = Arc::new(TopVdev {
-            id: VdevId(0),
-            guid: Guid(10),
-            role: Role::Normal,
-            is_mirror: true,
-            ashift: 12,
-            children: parking_lot::RwLock::new(vec![leaf.clone()]),
-            suspect_reads: Default::default(),
-        });
+        let top = mirror_of(&leaf);
         const WRITES: u64 = 20_000;
         let phys_of = |birth: u64| super::super::label::DATA_START + birth * 4096;
         let stop = Arc::new(AtomicBool::new(false));
@@ -1356,15 +1361,7 @@ mod flush_race_tests {
         let dev = Arc::new(GateDevice { flushes: AtomicU64::new(0), gated: phys_of(6), gate: AtomicBool::new(false) });
         let spec = LeafSpec { path: "/mem/gate".into(), model: None };
         let leaf = Arc::new(Leaf::new(Guid(13), spec, dev.clone()));
-        let top = Arc::new(TopVdev {
-            id: VdevId(0),
-            guid: Guid(10),
-            role: Role::Normal,
-            is_mirror: true,
-            ashift: 12,
-            children: parking_lot::RwLock::new(vec![leaf.clone()]),
-            suspect_reads: Default::default(),
-        });
+        let top = mirror_of(&leaf);
         let buf = Arc::new(AlignedBuf::copy_of(&[3u8; 4096]));
         // txg 7's write completes: its pages are dirty, unflushed
         leaf.write_blocking(IoClass::AsyncWrite, &[3u8; 4096], phys_of(7), Txg(7)).unwrap();
