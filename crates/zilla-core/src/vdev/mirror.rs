@@ -100,14 +100,25 @@ pub struct Leaf {
 struct FlushTrack {
     /// Births of the writes queued since the last flush was queued.
     unflushed: Option<(Txg, Txg)>,
-    /// Flushes queued and not completed: id and the births each covers.
-    in_flight: Vec<(u64, Option<(Txg, Txg)>)>,
+    /// Flushes queued and not completed.
+    in_flight: Vec<InFlightFlush>,
     /// Failed flushes so far: a flush in flight across a failure proves nothing.
     failures: u64,
     /// The queue's device flush errors ([`LeafQueue::device_flush_errors`]) as of the
     /// last [`Leaf::flush_failed`]: fewer than the queue's count means a failure whose
     /// bookkeeping has not run, which will not see a flush completing meanwhile.
     accounted: u64,
+}
+
+/// A queued flush, as it was when it took its place in the queue.
+struct InFlightFlush {
+    id: u64,
+    /// The births it covers.
+    covered: Option<(Txg, Txg)>,
+    /// `FlushTrack::failures` then.
+    failures_at: u64,
+    /// A write had failed since the previous consuming flush.
+    write_failed: bool,
 }
 
 /// Bound on flushes in flight on one leaf (each has a caller waiting for it: the
@@ -182,18 +193,13 @@ impl Leaf {
     /// data flush consumes that note; label and uberblock flushes only read it).
     pub fn submit_flush(self: &Arc<Self>, consume: bool, done: impl FnOnce(Result<(), IoError>, bool) + Send + 'static) {
         let id = FLUSH_IDS.fetch_add(1, Ordering::Relaxed);
-        // (failures when queued, a write failed since the previous consuming flush):
-        // set as the flush is queued, before its completion can run
-        let begun = Arc::new(Mutex::new((0u64, false)));
         let leaf = self.clone();
-        let at = begun.clone();
         let req = IoRequest::flush(Box::new(move |d| {
-            let (failures_at, write_failed) = *at.lock();
-            let (covered, failed_meanwhile, unaccounted) = {
+            let (covered, write_failed, failed_meanwhile, unaccounted) = {
                 let mut t = leaf.flush_track.lock();
-                let i = t.in_flight.iter().position(|f| f.0 == id).expect("a queued flush is tracked until it completes");
-                let (_, covered) = t.in_flight.swap_remove(i);
-                (covered, t.failures != failures_at, leaf.queue.device_flush_errors() != t.accounted)
+                let i = t.in_flight.iter().position(|f| f.id == id).expect("a queued flush is tracked until it completes");
+                let f = t.in_flight.swap_remove(i);
+                (f.covered, f.write_failed, t.failures != f.failures_at, leaf.queue.device_flush_errors() != t.accounted)
             };
             // A device flush failed and its bookkeeping has not run yet (an intent-log
             // flush failed in a write's completion, or a queued flush whose completion
@@ -222,8 +228,8 @@ impl Leaf {
             let mut t = self.flush_track.lock();
             let covered = t.unflushed.take();
             assert!(t.in_flight.len() < FLUSHES_IN_FLIGHT_MAX, "flushes in flight on one leaf are bounded by their waiting callers");
-            t.in_flight.push((id, covered));
-            *begun.lock() = (t.failures, write_failed);
+            let failures_at = t.failures;
+            t.in_flight.push(InFlightFlush { id, covered, failures_at, write_failed });
         });
     }
 
@@ -239,7 +245,7 @@ impl Leaf {
             // every write a failure counted so far may have dropped is in what this
             // collects, or was put in the DTL by a flush that completed before it
             t.accounted = self.queue.device_flush_errors();
-            [covered, t.unflushed].into_iter().chain(t.in_flight.iter().map(|f| f.1)).flatten().collect()
+            [covered, t.unflushed].into_iter().chain(t.in_flight.iter().map(|f| f.covered)).flatten().collect()
         };
         for (lo, hi) in lost {
             self.dtl_add_range(lo, hi);
