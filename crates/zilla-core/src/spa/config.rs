@@ -4,9 +4,14 @@
 //! Theory of operation
 //! -------------------
 //! [`PoolConfig`] is the vdev tree as JSON in each leaf's label (with that leaf's own
-//! guid, [`LabelJson`]). A config change updates the live tree under `sync_lock` (so no
-//! sync sees half a change), then rewrites the labels: even copies, flush, odd copies,
-//! flush, so a crash leaves at least one intact copy of either the old or new config.
+//! guid, [`LabelJson`]). A config change updates the live tree and rewrites the labels
+//! (even copies, flush, odd copies, flush, so a crash leaves at least one intact copy of
+//! either the old or new config) in one hold of `sync_lock`. No sync sees half a change,
+//! and none runs between the two: an uberblock carries the guid sum of the live tree,
+//! and import refuses an uberblock at or above the config's txg whose sum differs. A
+//! sync in between once wrote the new sum under the old labels; a power cut there left
+//! a pool that imported only with -F (found by the power-cut soak, a detach).
+//! The config's txg is the open txg, above every uberblock written with the old sum.
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -329,16 +334,30 @@ impl Pool {
         // it has nothing: every txg up to now is missing
         leaf.set_dtl(vec![(Txg(1), inner.txg.open_txg())]);
         {
+            // the labels are written before a sync may put the new guid sum in an
+            // uberblock (see the module comment)
             let _g = inner.sync_lock.lock();
+            let was_mirror = inner.config.lock().tops.iter().find(|t| t.id == top.id).is_some_and(|t| t.mirror);
             top.children.write().push(leaf.clone());
             inner.leaves.write().push(leaf);
-            let mut cfg = inner.config.lock();
-            if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
-                tc.children.push(LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
-                tc.mirror = true;
+            {
+                let mut cfg = inner.config.lock();
+                if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
+                    tc.children.push(LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
+                    tc.mirror = true;
+                }
+            }
+            if let Err(e) = inner.write_config_labels("active") {
+                top.children.write().retain(|c| c.guid != g);
+                inner.leaves.write().retain(|c| c.guid != g);
+                let mut cfg = inner.config.lock();
+                if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
+                    tc.children.retain(|c| c.guid != g);
+                    tc.mirror = was_mirror;
+                }
+                return Err(e);
             }
         }
-        inner.write_config_labels("active")?;
         crate::scan::start_resilver(&inner.scanner());
         Ok(())
     }
@@ -372,23 +391,37 @@ impl Pool {
             self.refuse_if_only_holder_after_sync(&top, &leaf, dev, "detach")?;
         }
         {
+            // The labels get the config without the leaf before a sync may put the new
+            // guid sum in an uberblock, and before the leaf's own labels are wiped: a
+            // power cut in between leaves the old config with the old sum, or the new
+            // one (the leaf, still labelled, is then not in it and import passes it by).
             let _g = inner.sync_lock.lock();
+            let before = (top.children(), inner.leaves.read().clone(), inner.config.lock().clone());
             top.children.write().retain(|c| c.guid != leaf.guid);
             inner.leaves.write().retain(|c| c.guid != leaf.guid);
-            let mut cfg = inner.config.lock();
-            for tc in cfg.tops.iter_mut() {
-                tc.children.retain(|c| c.guid != leaf.guid);
+            {
+                let mut cfg = inner.config.lock();
+                for tc in cfg.tops.iter_mut() {
+                    tc.children.retain(|c| c.guid != leaf.guid);
+                }
+                if top.role == Role::Cache || top.role == Role::Spare {
+                    cfg.tops.retain(|t| t.id != top.id);
+                }
+            }
+            if let Err(e) = inner.write_config_labels("active") {
+                *top.children.write() = before.0;
+                *inner.leaves.write() = before.1;
+                let txg = inner.config.lock().txg;
+                *inner.config.lock() = PoolConfig { txg, ..before.2 };
+                return Err(e);
             }
             if top.role == Role::Cache || top.role == Role::Spare {
-                cfg.tops.retain(|t| t.id != top.id);
+                inner.io.vdevs.write().retain(|t| t.id != top.id);
             }
-        }
-        if top.role == Role::Cache || top.role == Role::Spare {
-            inner.io.vdevs.write().retain(|t| t.id != top.id);
         }
         let _ = label::wipe_labels(&**leaf.device());
         leaf.device().release();
-        inner.write_config_labels("active")
+        Ok(())
     }
 
     /// `zpool remove`: a log vdev (by its leaf name, or `mirror-N` for a log mirror),
@@ -432,16 +465,17 @@ impl Pool {
         }
         r?;
         let leaves = {
+            // labels before any uberblock with the new guid sum (module comment)
             let _g = inner.sync_lock.lock();
             inner.io.ms.remove_vdev(id)?;
             let guids: Vec<Guid> = top.children().iter().map(|c| c.guid).collect();
             inner.io.vdevs.write().retain(|t| t.id != id);
             inner.leaves.write().retain(|l| !guids.contains(&l.guid));
             inner.config.lock().tops.retain(|t| t.id != id);
+            inner.io.refresh_space();
+            inner.write_config_labels("active")?;
             top.children()
         };
-        inner.io.refresh_space();
-        inner.write_config_labels("active")?;
         for leaf in leaves {
             let _ = label::wipe_labels(&**leaf.device());
             leaf.device().release();
@@ -495,10 +529,10 @@ impl Pool {
             }
             self.refuse_if_only_holder_after_sync(&top, &leaf, dev, "offline")?;
         }
-        {
-            let _g = inner.sync_lock.lock();
-            leaf.set_state(LeafState::Offline);
-        }
+        // under the sync lock up to the labels: `offline_since` is the first txg the
+        // leaf misses, so no sync may run between the state change and the config
+        let _g = inner.sync_lock.lock();
+        leaf.set_state(LeafState::Offline);
         inner.write_config_labels("active")
     }
 
@@ -516,8 +550,8 @@ impl Pool {
         {
             let _g = inner.sync_lock.lock();
             leaf.set_state(LeafState::Online);
+            inner.write_config_labels("active")?;
         }
-        inner.write_config_labels("active")?;
         if matches!(inner.meta.lock().health.iter().find(|h| h.guid == leaf.guid), Some(h) if h.faulted) {
             self.sync()?; // a fault the MOS records is cleared there too
         }
