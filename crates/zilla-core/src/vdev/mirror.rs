@@ -243,7 +243,12 @@ impl Leaf {
             let mut t = self.flush_track.lock();
             t.failures += 1;
             // every write a failure counted so far may have dropped is in what this
-            // collects, or was put in the DTL by a flush that completed before it
+            // collects, or was put in the DTL by a flush that completed before it.
+            // That holds for a second failure counted before this bookkeeping too: the
+            // writes it dropped completed before it was counted, so they are queued by
+            // now, and each is unflushed, covered by a flush in flight (collected
+            // here), or covered by a flush that completed while the count was ahead
+            // (which put its range in the DTL itself).
             t.accounted = self.queue.device_flush_errors();
             [covered, t.unflushed].into_iter().chain(t.in_flight.iter().map(|f| f.covered)).flatten().collect()
         };
