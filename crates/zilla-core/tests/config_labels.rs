@@ -88,3 +88,161 @@ fn a_txg_synced_during_a_detach_leaves_an_importable_pool() {
         pool.abandon();
     }
 }
+
+// ------------------------------------------------------------------------------------
+// A config write that fails, and a label rewrite racing a config change
+// ------------------------------------------------------------------------------------
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use zilla_core::vdev::fault::CrashDevice;
+use zilla_core::vdev::label::{label_offset, CONFIG_REGION_SIZE};
+use zilla_core::vdev::{Device, DeviceKind};
+
+/// A CrashDevice whose config writes to the labels in `mask` (bit l: label l) fail
+/// with EIO while armed, after `skip` of them succeeded: a disk (or its controller)
+/// failing the second pass of a config write, say.
+struct LabelFaults {
+    dev: Arc<CrashDevice>,
+    mask: AtomicUsize,
+    skip: AtomicU64,
+}
+
+impl LabelFaults {
+    fn arm(&self, labels: &[usize], skip: u64) {
+        self.skip.store(skip, Ordering::SeqCst);
+        self.mask.store(labels.iter().fold(0, |m, l| m | 1 << l), Ordering::SeqCst);
+    }
+    fn refuses(&self, len: usize, offset: u64) -> bool {
+        let mask = self.mask.load(Ordering::SeqCst);
+        let config_write = len == CONFIG_REGION_SIZE && (0..4).any(|l| mask & 1 << l != 0 && label_offset(self.dev.size(), l) == offset);
+        config_write && self.skip.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| s.checked_sub(1)).is_err()
+    }
+}
+
+impl Device for LabelFaults {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if self.refuses(buf.len(), offset) {
+            return Err(std::io::Error::other("injected label write error"));
+        }
+        self.dev.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.dev.flush()
+    }
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+    fn rotational(&self) -> bool {
+        false
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Test("label-faults")
+    }
+}
+
+/// A CrashRig whose every device is a `LabelFaults` (disarmed).
+fn label_fault_rig(names: &[&str]) -> (CrashRig, Vec<(String, Arc<LabelFaults>)>) {
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+    let rig = CrashRig::new(names, DEV_SIZE);
+    let mut faults = Vec::new();
+    for n in names {
+        let f = Arc::new(LabelFaults { dev: rig.dev(n), mask: AtomicUsize::new(0), skip: AtomicU64::new(0) });
+        rig.set.insert(n, f.clone());
+        faults.push((n.to_string(), f));
+    }
+    (rig, faults)
+}
+
+fn arm(faults: &[(String, Arc<LabelFaults>)], names: &[&str], labels: &[usize], skip: u64) {
+    for (_, f) in faults.iter().filter(|(n, _)| names.contains(&n.as_str())) {
+        f.arm(labels, skip);
+    }
+}
+
+/// A flushed write after a failed config change, synced, then a power cut: the pool
+/// imports without a rewind and the write reads back.
+fn write_sync_cut_import(rig: &CrashRig, pool: &Arc<Pool>, what: &str) {
+    let v = pool.open_volume("v").unwrap();
+    v.write(8192, &pattern(77, 4096), false).unwrap();
+    v.flush().unwrap();
+    drop(v);
+    pool.sync().unwrap();
+    let imported = import_cut(rig, CrashMode::DropAll, 5, what);
+    let mut back = vec![0u8; 4096];
+    imported.open_volume("v").unwrap().read(8192, &mut back).unwrap();
+    assert!(back == pattern(77, 4096), "{what}: the flushed write after it is lost");
+    imported.export().unwrap();
+    pool.abandon();
+}
+
+/// The second pass of a config write (labels 1 and 3) fails on every device it goes
+/// to, after the first pass (labels 0 and 2, flushed) took the new config: the change
+/// fails and attach and detach undo it in the live tree. The txgs synced next carry
+/// the old guid sum; before the fix they went under labels whose newest config was
+/// the undone one, and import refused "guid sum mismatch" (import with -F).
+#[test]
+fn a_config_write_failing_in_its_second_pass_leaves_an_importable_pool() {
+    for op in ["detach", "attach"] {
+        let (rig, faults) = label_fault_rig(&["a", "b", "c"]);
+        let kids = if op == "detach" { vec![leaf("a"), leaf("b"), leaf("c")] } else { vec![leaf("a"), leaf("b")] };
+        let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: kids }];
+        let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+        pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+        pool.sync().unwrap();
+        arm(&faults, &["a", "b", "c"], &[1, 3], 0);
+        let r = if op == "detach" { pool.detach("c") } else { pool.attach("a", &leaf("c"), false) };
+        assert!(r.is_err(), "{op}: the config reached no device's labels 1 and 3, yet it succeeded");
+        arm(&faults, &["a", "b", "c"], &[], 0);
+        write_sync_cut_import(&rig, &pool, &format!("{op} whose label write failed"));
+    }
+}
+
+/// `add` of a log vdev whose config write fails in its second pass: either the
+/// write to the new leaf alone (its labels 0 and 2 then name the added vdev, at a
+/// config txg the pool's own labels do not reach), or the write of the full config
+/// after it (the add is undone in the live tree). The next txgs must still import
+/// with the new leaf present; before the fix import took the config naming the log
+/// vdev and refused "guid sum mismatch".
+#[test]
+fn an_add_whose_config_write_fails_leaves_an_importable_pool() {
+    for (old_leaves_fail, new_leaf_skip) in [(false, 0), (true, 2)] {
+        let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
+        let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+        let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+        pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+        pool.sync().unwrap();
+        if old_leaves_fail {
+            arm(&faults, &["a", "b"], &[1, 3], 0);
+        }
+        arm(&faults, &["l"], &[1, 3], new_leaf_skip);
+        let r = pool.add(vec![TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] }], false);
+        assert!(r.is_err(), "a config write reached no device's labels 1 and 3, yet add succeeded");
+        arm(&faults, &["a", "b", "l"], &[], 0);
+        write_sync_cut_import(&rig, &pool, &format!("add whose label write failed (old leaves failing too: {old_leaves_fail})"));
+    }
+}
+
+/// `remove` of a log vdev whose config write fails in its first pass on the data
+/// devices: the live tree has dropped the log vdev already (nothing undoes that), so
+/// the txgs synced next carry the guid sum without it, under labels that still list
+/// it. Before the fix import refused "guid sum mismatch".
+#[test]
+fn a_log_remove_whose_config_write_fails_leaves_an_importable_pool() {
+    let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
+    let tops = vec![
+        TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] },
+        TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] },
+    ];
+    let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    pool.sync().unwrap();
+    arm(&faults, &["a", "b"], &[0, 2], 0);
+    let r = pool.remove("l");
+    assert!(r.is_err(), "the config reached no device's labels 0 and 2, yet remove succeeded");
+    arm(&faults, &["a", "b"], &[], 0);
+    write_sync_cut_import(&rig, &pool, "log remove whose label write failed");
+}

@@ -12,6 +12,9 @@
 //! sync in between once wrote the new sum under the old labels; a power cut there left
 //! a pool that imported only with -F (found by the power-cut soak, a detach).
 //! The config's txg is the open txg, above every uberblock written with the old sum.
+//! A label write that fails may leave its config in some copies (attach and detach
+//! then undo their change): the labels are stale, and the next sync writes the live
+//! config before its uberblock (`rewrite_stale_labels`).
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -188,7 +191,40 @@ impl PoolInner {
         cfg.txg = self.txg.open_txg().max(cfg.txg.next());
         *self.config.lock() = cfg.clone();
         let leaves = self.leaves.read().clone();
-        self.write_labels(&cfg, &leaves)
+        let r = self.write_labels(&cfg, &leaves);
+        self.labels_stale.store(r.is_err(), Ordering::Release);
+        r
+    }
+
+    /// Write the config `edit` makes of the live one to the labels of `new` leaves only
+    /// (add, attach: before any leaf of the pool names them). Its config txg is spent
+    /// even if the write fails (a new leaf may hold it): the next config write goes
+    /// above it, and is due before the next uberblock.
+    fn label_new_leaves(&self, new: &[Arc<Leaf>], edit: impl FnOnce(&mut PoolConfig)) -> Result<()> {
+        let _w = self.config_write_lock.lock();
+        let mut cfg = self.refresh_config();
+        edit(&mut cfg);
+        cfg.state = "active".to_string();
+        cfg.txg = self.txg.open_txg().max(cfg.txg.next());
+        self.config.lock().txg = cfg.txg;
+        let r = self.write_labels(&cfg, new);
+        if r.is_err() {
+            self.labels_stale.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// After a failed config write (`labels_stale`), write the live config before an
+    /// uberblock carries its guid sum: the failed write may have left its config, newer
+    /// than any other, in some label copies (a pass fails only where every device
+    /// failed it, and the one before may have succeeded), and an attach or detach undoes
+    /// its change; import refuses an uberblock at or above the newest config's txg
+    /// whose sum is not that config's. Under `sync_lock`.
+    pub(super) fn rewrite_stale_labels(&self) -> Result<()> {
+        if !self.labels_stale.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.write_config_labels("active")
     }
 
     /// Write `cfg` to the labels of `leaves`: even labels, flush, odd labels, flush. Ok if
@@ -265,15 +301,8 @@ impl Pool {
         // needs them, and a power cut between the two would leave a config naming
         // top-level vdevs with no label anywhere (an unimportable pool; found by the
         // power-cut test).
-        {
-            let _w = inner.config_write_lock.lock();
-            let mut cfg = inner.refresh_config();
-            cfg.tops.extend(new_tops.iter().map(|(_, tc, _)| tc.clone()));
-            cfg.state = "active".to_string();
-            cfg.txg = inner.txg.open_txg().max(cfg.txg.next());
-            let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
-            inner.write_labels(&cfg, &new_leaves)?;
-        }
+        let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
+        inner.label_new_leaves(&new_leaves, |cfg| cfg.tops.extend(new_tops.iter().map(|(_, tc, _)| tc.clone())))?;
         // The new vdevs' labels are written before the allocator may place a block on
         // them: a block there is never referenced from a pool whose labels do not know
         // the vdev. On failure the tree is as before.

@@ -155,6 +155,10 @@ pub(crate) struct PoolInner {
     sync_lock: Mutex<()>,
     /// Serialises label writes (each config txg is written once, increasing).
     config_write_lock: Mutex<()>,
+    /// The last config write failed: the labels may hold a config other than the live
+    /// one (the new one in some copies, an undone one). The next sync writes them
+    /// before its uberblock, which carries the live guid sum (spa/config.rs).
+    labels_stale: AtomicBool,
     opener: Opener,
     suspended: AtomicBool,
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
@@ -214,6 +218,7 @@ impl PoolInner {
             meta: Mutex::new(meta),
             sync_lock: Mutex::new(()),
             config_write_lock: Mutex::new(()),
+            labels_stale: false.into(),
             opener,
             suspended: false.into(),
             abandoned: false.into(),
