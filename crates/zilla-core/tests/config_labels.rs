@@ -93,7 +93,7 @@ fn a_txg_synced_during_a_detach_leaves_an_importable_pool() {
 // A config write that fails, and a label rewrite racing a config change
 // ------------------------------------------------------------------------------------
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use zilla_core::vdev::fault::CrashDevice;
 use zilla_core::vdev::label::{label_offset, CONFIG_REGION_SIZE};
@@ -245,4 +245,94 @@ fn a_log_remove_whose_config_write_fails_leaves_an_importable_pool() {
     assert!(r.is_err(), "the config reached no device's labels 0 and 2, yet remove succeeded");
     arm(&faults, &["a", "b"], &[], 0);
     write_sync_cut_import(&rig, &pool, "log remove whose label write failed");
+}
+
+/// An Env whose `hostid`, asked on a scan thread while armed, waits until released:
+/// it stops the scan's label rewrite (`write_config_labels`) in the middle.
+struct ScanGate {
+    real: Arc<dyn zilla_core::env::Env>,
+    armed: parking_lot::Mutex<bool>,
+    cv: parking_lot::Condvar,
+    stopped: AtomicBool,
+}
+
+impl ScanGate {
+    fn release(&self) {
+        *self.armed.lock() = false;
+        self.cv.notify_all();
+    }
+}
+
+impl zilla_core::env::Env for ScanGate {
+    fn now_ns(&self) -> u64 {
+        self.real.now_ns()
+    }
+    fn unix_time_ns(&self) -> u64 {
+        self.real.unix_time_ns()
+    }
+    fn sleep_until_ns(&self, deadline_ns: u64) {
+        self.real.sleep_until_ns(deadline_ns)
+    }
+    fn spawn(&self, name: String, body: zilla_core::env::ThreadBody) -> std::io::Result<std::thread::JoinHandle<()>> {
+        self.real.spawn(name, body)
+    }
+    fn random_u64(&self) -> u64 {
+        self.real.random_u64()
+    }
+    fn is_simulated(&self) -> bool {
+        false
+    }
+    fn threads_spawned(&self) -> u64 {
+        self.real.threads_spawned()
+    }
+    fn hostid(&self) -> u32 {
+        if std::thread::current().name().is_some_and(|n| n.starts_with("scan_")) {
+            let mut armed = self.armed.lock();
+            if *armed {
+                self.stopped.store(true, Ordering::SeqCst);
+            }
+            while *armed {
+                self.cv.wait(&mut armed);
+            }
+        }
+        self.real.hostid()
+    }
+}
+
+fn leaf_names(pool: &Pool) -> Vec<String> {
+    let mut v: Vec<String> = pool.status().config.iter().flat_map(|t| t.children.iter().map(|c| c.name.clone())).collect();
+    v.sort();
+    v
+}
+
+/// The resilver of an attach ends in a label rewrite (`write_config_labels`, under
+/// `config_write_lock` but not `sync_lock`); a detach changes the live tree and config
+/// under `sync_lock` only, then waits for `config_write_lock`. Before the fix the
+/// rewrite refreshed its copy of the config, then stored it back: a detach in between
+/// was undone in the config (the detached leaf came back), its labels and uberblocks
+/// listed the leaf it had wiped, and the next import showed it UNAVAIL.
+#[test]
+fn a_label_rewrite_by_the_scan_does_not_undo_a_concurrent_detach() {
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+    let rig = CrashRig::new(&["a", "b", "c"], DEV_SIZE);
+    let gate = Arc::new(ScanGate { real: zilla_core::env::real(), armed: parking_lot::Mutex::new(true), cv: Default::default(), stopped: AtomicBool::new(false) });
+    let opts = zilla_core::spa::CreateOptions { env: Some(gate.clone()), ..Default::default() };
+    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+    let pool = Pool::create_with("tank", tops, opts, rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    pool.open_volume("v").unwrap().write(0, &pattern(1, 4096), false).unwrap();
+    pool.sync().unwrap();
+    pool.attach("a", &leaf("c"), false).unwrap();
+    wait_until("the resilver's label rewrite stops at the gate", || gate.stopped.load(Ordering::SeqCst));
+    let p = pool.clone();
+    let detach = std::thread::spawn(move || p.detach("b"));
+    wait_until("the detach changes the live tree", || !leaf_names(&pool).contains(&"b".to_string()) || detach.is_finished());
+    std::thread::sleep(Duration::from_millis(200)); // its config follows in the same step
+    gate.release();
+    detach.join().unwrap().unwrap();
+    pool.sync().unwrap();
+    pool.export().unwrap();
+    let imported = Pool::import_with(&rig.set.specs(), rig.set.opener()).unwrap();
+    assert_eq!(leaf_names(&imported), ["a", "c"], "devices after the detach of b: {:?}", imported.status().config);
+    imported.export().unwrap();
 }

@@ -145,6 +145,12 @@ impl PoolInner {
     /// Refresh the config's per-leaf state from the live tree.
     pub fn refresh_config(&self) -> PoolConfig {
         let mut cfg = self.config.lock();
+        self.refresh_locked(&mut cfg);
+        cfg.clone()
+    }
+
+    /// [`PoolInner::refresh_config`] on the config its caller holds locked.
+    fn refresh_locked(&self, cfg: &mut PoolConfig) {
         let synced = self.txg.synced_txg();
         for t in cfg.tops.iter_mut() {
             for l in t.children.iter_mut() {
@@ -159,7 +165,6 @@ impl PoolInner {
                 }
             }
         }
-        cfg.clone()
     }
 
     /// Refuse to `what` (detach, offline) `leaf` when it is the only child of `top`
@@ -184,12 +189,19 @@ impl PoolInner {
     /// time, and each write carries a config txg above the last one written.
     pub fn write_config_labels(&self, state: &str) -> Result<()> {
         let _w = self.config_write_lock.lock();
-        let mut cfg = self.refresh_config();
-        cfg.state = state.to_string();
-        cfg.hostid = self.env.hostid();
-        cfg.hostname = crate::env::system_hostname();
-        cfg.txg = self.txg.open_txg().max(cfg.txg.next());
-        *self.config.lock() = cfg.clone();
+        let (hostid, hostname) = (self.env.hostid(), crate::env::system_hostname());
+        // refreshed, stamped and stored in one hold of the config lock: a change made
+        // meanwhile under `sync_lock` alone (the scan rewrites the labels without it)
+        // must not be overwritten with an older copy (a detached leaf came back)
+        let cfg = {
+            let mut live = self.config.lock();
+            self.refresh_locked(&mut live);
+            live.state = state.to_string();
+            live.hostid = hostid;
+            live.hostname = hostname;
+            live.txg = self.txg.open_txg().max(live.txg.next());
+            live.clone()
+        };
         let leaves = self.leaves.read().clone();
         let r = self.write_labels(&cfg, &leaves);
         self.labels_stale.store(r.is_err(), Ordering::Release);
