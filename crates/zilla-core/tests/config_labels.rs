@@ -336,3 +336,37 @@ fn a_label_rewrite_by_the_scan_does_not_undo_a_concurrent_detach() {
     assert_eq!(leaf_names(&imported), ["a", "c"], "devices after the detach of b: {:?}", imported.status().config);
     imported.export().unwrap();
 }
+
+/// An attach cut while its config write is under way, after the first old leaf took
+/// the new config (b's writes held): that config names the new leaf. Before the fix the
+/// new leaf's labels came last, so the cut left it with none and import showed it
+/// UNAVAIL although present (`online` refuses it as missing at import, and an export
+/// and import do not help: it has no label); now it is labelled first, as `add` does.
+#[test]
+fn an_attach_cut_during_its_label_write_finds_the_new_leaf() {
+    for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset, CrashMode::TornReordered].into_iter().enumerate() {
+        zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+        let rig = CrashRig::new(&["a", "b", "c"], DEV_SIZE);
+        let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+        let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+        pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+        pool.open_volume("v").unwrap().write(0, &pattern(1, 4096), false).unwrap();
+        pool.sync().unwrap();
+        let b = rig.dev("b");
+        b.hold_writes(true);
+        let p = pool.clone();
+        let attach = std::thread::spawn(move || p.attach("a", &leaf("c"), false));
+        wait_until("the attach reaches b's writes", || b.writes_held() > 0 || attach.is_finished());
+        let imported = import_cut(&rig, mode, 60 + k as u64, &format!("attach, cut mode {mode:?}"));
+        let states: Vec<(String, String)> =
+            imported.status().config.iter().flat_map(|t| t.children.iter().map(|c| (c.name.clone(), c.state.clone()))).collect();
+        assert!(!states.iter().any(|(_, s)| s == "UNAVAIL"), "cut mode {mode:?}: devices after import: {states:?}");
+        let mut back = vec![0u8; 4096];
+        imported.open_volume("v").unwrap().read(0, &mut back).unwrap();
+        assert!(back == pattern(1, 4096));
+        imported.export().unwrap();
+        b.hold_writes(false);
+        let _ = attach.join().unwrap();
+        pool.abandon();
+    }
+}

@@ -379,15 +379,13 @@ impl Pool {
             // uberblock (see the module comment)
             let _g = inner.sync_lock.lock();
             let was_mirror = inner.config.lock().tops.iter().find(|t| t.id == top.id).is_some_and(|t| t.mirror);
+            let lc = LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] };
+            // the new leaf is labelled first, as in `add`: a cut after an old leaf took
+            // the config naming it once left it unlabelled, UNAVAIL at import
+            inner.label_new_leaves(std::slice::from_ref(&leaf), |cfg| push_child(cfg, top.id, lc.clone()))?;
             top.children.write().push(leaf.clone());
             inner.leaves.write().push(leaf);
-            {
-                let mut cfg = inner.config.lock();
-                if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
-                    tc.children.push(LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
-                    tc.mirror = true;
-                }
-            }
+            push_child(&mut inner.config.lock(), top.id, lc);
             if let Err(e) = inner.write_config_labels("active") {
                 top.children.write().retain(|c| c.guid != g);
                 inner.leaves.write().retain(|c| c.guid != g);
@@ -652,6 +650,14 @@ impl Pool {
         Ok(())
     }
 
+}
+
+/// `lc` as a new child of top-level vdev `top` in `cfg` (attach), which makes it a mirror.
+fn push_child(cfg: &mut PoolConfig, top: VdevId, lc: LeafConfig) {
+    if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top) {
+        tc.children.push(lc);
+        tc.mirror = true;
+    }
 }
 
 /// Refuse leaves that are the same storage as each other or as a leaf already in the
