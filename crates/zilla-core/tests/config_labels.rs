@@ -370,3 +370,50 @@ fn an_attach_cut_during_its_label_write_finds_the_new_leaf() {
         pool.abandon();
     }
 }
+
+/// The config state in device `name`'s labels (active, exported).
+fn label_state(rig: &CrashRig, name: &str) -> String {
+    let scan = zilla_core::vdev::label::scan_labels(&*rig.set.get(name)).unwrap();
+    let (_, json) = scan.config.expect("a config");
+    serde_json::from_slice::<zilla_core::spa::LabelJson>(&json).unwrap().config.state
+}
+
+/// An attach that passed its open-pool check, then waited (here: in the opener of
+/// the new device), while the admin exported the pool. Before the fix it went on
+/// after the export: it wrote "active" over the exported labels of devices the pool
+/// had released (another host then needs -f, and the new leaf is attached to a pool
+/// nobody has imported) and started a resilver on the exported pool.
+#[test]
+fn an_attach_racing_an_export_leaves_the_pool_exported() {
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+    let rig = CrashRig::new(&["a", "b", "c"], DEV_SIZE);
+    let gate = Arc::new((parking_lot::Mutex::new((true, false)), parking_lot::Condvar::new()));
+    let (inner, g) = (rig.set.opener(), gate.clone());
+    let opener: zilla_core::spa::Opener = Arc::new(move |spec, role| {
+        if spec.path.to_str() == Some("c") {
+            let mut st = g.0.lock();
+            st.1 = true;
+            while st.0 {
+                g.1.wait(&mut st);
+            }
+        }
+        inner(spec, role)
+    });
+    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+    let pool = Pool::create_with("tank", tops, Default::default(), opener).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    let p = pool.clone();
+    let attach = std::thread::spawn(move || p.attach("a", &leaf("c"), false));
+    wait_until("the attach opens c", || gate.0.lock().1);
+    pool.export().unwrap();
+    gate.0.lock().0 = false;
+    gate.1.notify_all();
+    let r = attach.join().unwrap();
+    assert!(r.is_err(), "an attach to an exported pool succeeded");
+    for n in ["a", "b"] {
+        assert_eq!(label_state(&rig, n), "exported", "labels of {n} after the export");
+    }
+    let imported = rig.import();
+    assert_eq!(leaf_names(&imported), ["a", "b"]);
+    imported.export().unwrap();
+}

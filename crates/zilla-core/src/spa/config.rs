@@ -280,10 +280,20 @@ fn write_label_pass(leaf: &Arc<Leaf>, cfg: &PoolConfig, pass: [usize; 2]) -> Res
 }
 
 impl Pool {
+    /// `sync_lock` for a config change, refused once the pool is closed. Export writes
+    /// its labels under the lock: a change that passed `check_open` before an export
+    /// once went on after it, wrote "active" over the exported labels of released
+    /// devices and started a resilver on the exported pool.
+    fn lock_for_change(&self) -> Result<parking_lot::MutexGuard<'_, ()>> {
+        let g = self.inner.sync_lock.lock();
+        self.check_open()?;
+        Ok(g)
+    }
+
     pub fn add(&self, tops: Vec<TopSpec>, force: bool) -> Result<()> {
         self.check_open()?;
         let inner = &self.inner;
-        let _g = inner.sync_lock.lock();
+        let _g = self.lock_for_change()?;
         let mut new_tops = Vec::new();
         let mut next_id = inner.tops().iter().map(|t| t.id.next()).max().unwrap_or(VdevId(0));
         let new_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
@@ -377,7 +387,7 @@ impl Pool {
         {
             // the labels are written before a sync may put the new guid sum in an
             // uberblock (see the module comment)
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             let was_mirror = inner.config.lock().tops.iter().find(|t| t.id == top.id).is_some_and(|t| t.mirror);
             let lc = LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] };
             // the new leaf is labelled first, as in `add`: a cut after an old leaf took
@@ -434,7 +444,7 @@ impl Pool {
             // guid sum in an uberblock, and before the leaf's own labels are wiped: a
             // power cut in between leaves the old config with the old sum, or the new
             // one (the leaf, still labelled, is then not in it and import passes it by).
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             let before = (top.children(), inner.leaves.read().clone(), inner.config.lock().clone());
             top.children.write().retain(|c| c.guid != leaf.guid);
             inner.leaves.write().retain(|c| c.guid != leaf.guid);
@@ -505,7 +515,7 @@ impl Pool {
         r?;
         let leaves = {
             // labels before any uberblock with the new guid sum (module comment)
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             inner.io.ms.remove_vdev(id)?;
             let guids: Vec<Guid> = top.children().iter().map(|c| c.guid).collect();
             inner.io.vdevs.write().retain(|t| t.id != id);
@@ -570,7 +580,7 @@ impl Pool {
         }
         // under the sync lock up to the labels: `offline_since` is the first txg the
         // leaf misses, so no sync may run between the state change and the config
-        let _g = inner.sync_lock.lock();
+        let _g = self.lock_for_change()?;
         leaf.set_state(LeafState::Offline);
         inner.write_config_labels("active")
     }
@@ -587,7 +597,7 @@ impl Pool {
             _ => {}
         }
         {
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             leaf.set_state(LeafState::Online);
             inner.write_config_labels("active")?;
         }

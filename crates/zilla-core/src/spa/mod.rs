@@ -324,6 +324,8 @@ impl Pool {
         if let Some(e) = self.inner.txg.sync_error() {
             return Err(Error::Io(std::io::Error::other(format!("final sync failed: {e}"))));
         }
+        // under sync_lock: a config change (`lock_for_change`) ended before, or is refused
+        let _g = self.inner.sync_lock.lock();
         let r = self.inner.write_config_labels("exported");
         self.inner.release_leaves();
         r
