@@ -88,3 +88,332 @@ fn a_txg_synced_during_a_detach_leaves_an_importable_pool() {
         pool.abandon();
     }
 }
+
+// ------------------------------------------------------------------------------------
+// A config write that fails, and a label rewrite racing a config change
+// ------------------------------------------------------------------------------------
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use zilla_core::vdev::fault::CrashDevice;
+use zilla_core::vdev::label::{label_offset, CONFIG_REGION_SIZE};
+use zilla_core::vdev::{Device, DeviceKind};
+
+/// A CrashDevice whose config writes to the labels in `mask` (bit l: label l) fail
+/// with EIO while armed, after `skip` of them succeeded: a disk (or its controller)
+/// failing the second pass of a config write, say.
+struct LabelFaults {
+    dev: Arc<CrashDevice>,
+    mask: AtomicUsize,
+    skip: AtomicU64,
+}
+
+impl LabelFaults {
+    fn arm(&self, labels: &[usize], skip: u64) {
+        self.skip.store(skip, Ordering::SeqCst);
+        self.mask.store(labels.iter().fold(0, |m, l| m | 1 << l), Ordering::SeqCst);
+    }
+    fn refuses(&self, len: usize, offset: u64) -> bool {
+        let mask = self.mask.load(Ordering::SeqCst);
+        let config_write = len == CONFIG_REGION_SIZE && (0..4).any(|l| mask & 1 << l != 0 && label_offset(self.dev.size(), l) == offset);
+        config_write && self.skip.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| s.checked_sub(1)).is_err()
+    }
+}
+
+impl Device for LabelFaults {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if self.refuses(buf.len(), offset) {
+            return Err(std::io::Error::other("injected label write error"));
+        }
+        self.dev.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.dev.flush()
+    }
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+    fn rotational(&self) -> bool {
+        false
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Test("label-faults")
+    }
+}
+
+/// A CrashRig whose every device is a `LabelFaults` (disarmed).
+fn label_fault_rig(names: &[&str]) -> (CrashRig, Vec<(String, Arc<LabelFaults>)>) {
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+    let rig = CrashRig::new(names, DEV_SIZE);
+    let mut faults = Vec::new();
+    for n in names {
+        let f = Arc::new(LabelFaults { dev: rig.dev(n), mask: AtomicUsize::new(0), skip: AtomicU64::new(0) });
+        rig.set.insert(n, f.clone());
+        faults.push((n.to_string(), f));
+    }
+    (rig, faults)
+}
+
+fn arm(faults: &[(String, Arc<LabelFaults>)], names: &[&str], labels: &[usize], skip: u64) {
+    for (_, f) in faults.iter().filter(|(n, _)| names.contains(&n.as_str())) {
+        f.arm(labels, skip);
+    }
+}
+
+/// A flushed write after a failed config change, synced, then a power cut: the pool
+/// imports without a rewind and the write reads back.
+fn write_sync_cut_import(rig: &CrashRig, pool: &Arc<Pool>, what: &str) {
+    let v = pool.open_volume("v").unwrap();
+    v.write(8192, &pattern(77, 4096), false).unwrap();
+    v.flush().unwrap();
+    drop(v);
+    pool.sync().unwrap();
+    let imported = import_cut(rig, CrashMode::DropAll, 5, what);
+    let mut back = vec![0u8; 4096];
+    imported.open_volume("v").unwrap().read(8192, &mut back).unwrap();
+    assert!(back == pattern(77, 4096), "{what}: the flushed write after it is lost");
+    imported.export().unwrap();
+    pool.abandon();
+}
+
+/// The second pass of a config write (labels 1 and 3) fails on every device it goes
+/// to, after the first pass (labels 0 and 2, flushed) took the new config: the change
+/// fails and attach and detach undo it in the live tree. The txgs synced next carry
+/// the old guid sum; before the fix they went under labels whose newest config was
+/// the undone one, and import refused "guid sum mismatch" (import with -F).
+#[test]
+fn a_config_write_failing_in_its_second_pass_leaves_an_importable_pool() {
+    for op in ["detach", "attach"] {
+        let (rig, faults) = label_fault_rig(&["a", "b", "c"]);
+        let kids = if op == "detach" { vec![leaf("a"), leaf("b"), leaf("c")] } else { vec![leaf("a"), leaf("b")] };
+        let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: kids }];
+        let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+        pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+        pool.sync().unwrap();
+        arm(&faults, &["a", "b", "c"], &[1, 3], 0);
+        let r = if op == "detach" { pool.detach("c") } else { pool.attach("a", &leaf("c"), false) };
+        assert!(r.is_err(), "{op}: the config reached no device's labels 1 and 3, yet it succeeded");
+        arm(&faults, &["a", "b", "c"], &[], 0);
+        write_sync_cut_import(&rig, &pool, &format!("{op} whose label write failed"));
+    }
+}
+
+/// `add` of a log vdev whose config write fails in its second pass: either the
+/// write to the new leaf alone (its labels 0 and 2 then name the added vdev, at a
+/// config txg the pool's own labels do not reach), or the write of the full config
+/// after it (the add is undone in the live tree). The next txgs must still import
+/// with the new leaf present; before the fix import took the config naming the log
+/// vdev and refused "guid sum mismatch".
+#[test]
+fn an_add_whose_config_write_fails_leaves_an_importable_pool() {
+    for (old_leaves_fail, new_leaf_skip) in [(false, 0), (true, 2)] {
+        let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
+        let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+        let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+        pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+        pool.sync().unwrap();
+        if old_leaves_fail {
+            arm(&faults, &["a", "b"], &[1, 3], 0);
+        }
+        arm(&faults, &["l"], &[1, 3], new_leaf_skip);
+        let r = pool.add(vec![TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] }], false);
+        assert!(r.is_err(), "a config write reached no device's labels 1 and 3, yet add succeeded");
+        arm(&faults, &["a", "b", "l"], &[], 0);
+        write_sync_cut_import(&rig, &pool, &format!("add whose label write failed (old leaves failing too: {old_leaves_fail})"));
+    }
+}
+
+/// `remove` of a log vdev whose config write fails in its first pass on the data
+/// devices: the live tree has dropped the log vdev already (nothing undoes that), so
+/// the txgs synced next carry the guid sum without it, under labels that still list
+/// it. Before the fix import refused "guid sum mismatch".
+#[test]
+fn a_log_remove_whose_config_write_fails_leaves_an_importable_pool() {
+    let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
+    let tops = vec![
+        TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] },
+        TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] },
+    ];
+    let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    pool.sync().unwrap();
+    arm(&faults, &["a", "b"], &[0, 2], 0);
+    let r = pool.remove("l");
+    assert!(r.is_err(), "the config reached no device's labels 0 and 2, yet remove succeeded");
+    arm(&faults, &["a", "b"], &[], 0);
+    write_sync_cut_import(&rig, &pool, "log remove whose label write failed");
+}
+
+/// An Env whose `hostid`, asked on a scan thread while armed, waits until released:
+/// it stops the scan's label rewrite (`write_config_labels`) in the middle.
+struct ScanGate {
+    real: Arc<dyn zilla_core::env::Env>,
+    armed: parking_lot::Mutex<bool>,
+    cv: parking_lot::Condvar,
+    stopped: AtomicBool,
+}
+
+impl ScanGate {
+    fn release(&self) {
+        *self.armed.lock() = false;
+        self.cv.notify_all();
+    }
+}
+
+impl zilla_core::env::Env for ScanGate {
+    fn now_ns(&self) -> u64 {
+        self.real.now_ns()
+    }
+    fn unix_time_ns(&self) -> u64 {
+        self.real.unix_time_ns()
+    }
+    fn sleep_until_ns(&self, deadline_ns: u64) {
+        self.real.sleep_until_ns(deadline_ns)
+    }
+    fn spawn(&self, name: String, body: zilla_core::env::ThreadBody) -> std::io::Result<std::thread::JoinHandle<()>> {
+        self.real.spawn(name, body)
+    }
+    fn random_u64(&self) -> u64 {
+        self.real.random_u64()
+    }
+    fn is_simulated(&self) -> bool {
+        false
+    }
+    fn threads_spawned(&self) -> u64 {
+        self.real.threads_spawned()
+    }
+    fn hostid(&self) -> u32 {
+        if std::thread::current().name().is_some_and(|n| n.starts_with("scan_")) {
+            let mut armed = self.armed.lock();
+            if *armed {
+                self.stopped.store(true, Ordering::SeqCst);
+            }
+            while *armed {
+                self.cv.wait(&mut armed);
+            }
+        }
+        self.real.hostid()
+    }
+}
+
+fn leaf_names(pool: &Pool) -> Vec<String> {
+    let mut v: Vec<String> = pool.status().config.iter().flat_map(|t| t.children.iter().map(|c| c.name.clone())).collect();
+    v.sort();
+    v
+}
+
+/// The resilver of an attach ends in a label rewrite (`write_config_labels`, under
+/// `config_write_lock` but not `sync_lock`); a detach changes the live tree and config
+/// under `sync_lock` only, then waits for `config_write_lock`. Before the fix the
+/// rewrite refreshed its copy of the config, then stored it back: a detach in between
+/// was undone in the config (the detached leaf came back), its labels and uberblocks
+/// listed the leaf it had wiped, and the next import showed it UNAVAIL.
+#[test]
+fn a_label_rewrite_by_the_scan_does_not_undo_a_concurrent_detach() {
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+    let rig = CrashRig::new(&["a", "b", "c"], DEV_SIZE);
+    let gate = Arc::new(ScanGate { real: zilla_core::env::real(), armed: parking_lot::Mutex::new(true), cv: Default::default(), stopped: AtomicBool::new(false) });
+    let opts = zilla_core::spa::CreateOptions { env: Some(gate.clone()), ..Default::default() };
+    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+    let pool = Pool::create_with("tank", tops, opts, rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    pool.open_volume("v").unwrap().write(0, &pattern(1, 4096), false).unwrap();
+    pool.sync().unwrap();
+    pool.attach("a", &leaf("c"), false).unwrap();
+    wait_until("the resilver's label rewrite stops at the gate", || gate.stopped.load(Ordering::SeqCst));
+    let p = pool.clone();
+    let detach = std::thread::spawn(move || p.detach("b"));
+    wait_until("the detach changes the live tree", || !leaf_names(&pool).contains(&"b".to_string()) || detach.is_finished());
+    std::thread::sleep(Duration::from_millis(200)); // its config follows in the same step
+    gate.release();
+    detach.join().unwrap().unwrap();
+    pool.sync().unwrap();
+    pool.export().unwrap();
+    let imported = Pool::import_with(&rig.set.specs(), rig.set.opener()).unwrap();
+    assert_eq!(leaf_names(&imported), ["a", "c"], "devices after the detach of b: {:?}", imported.status().config);
+    imported.export().unwrap();
+}
+
+/// An attach cut while its config write is under way, after the first old leaf took
+/// the new config (b's writes held): that config names the new leaf. Before the fix the
+/// new leaf's labels came last, so the cut left it with none and import showed it
+/// UNAVAIL although present (`online` refuses it as missing at import, and an export
+/// and import do not help: it has no label); now it is labelled first, as `add` does.
+#[test]
+fn an_attach_cut_during_its_label_write_finds_the_new_leaf() {
+    for (k, mode) in [CrashMode::DropAll, CrashMode::KeepRandomSubset, CrashMode::TornReordered].into_iter().enumerate() {
+        zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+        let rig = CrashRig::new(&["a", "b", "c"], DEV_SIZE);
+        let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+        let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+        pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+        pool.open_volume("v").unwrap().write(0, &pattern(1, 4096), false).unwrap();
+        pool.sync().unwrap();
+        let b = rig.dev("b");
+        b.hold_writes(true);
+        let p = pool.clone();
+        let attach = std::thread::spawn(move || p.attach("a", &leaf("c"), false));
+        wait_until("the attach reaches b's writes", || b.writes_held() > 0 || attach.is_finished());
+        let imported = import_cut(&rig, mode, 60 + k as u64, &format!("attach, cut mode {mode:?}"));
+        let states: Vec<(String, String)> =
+            imported.status().config.iter().flat_map(|t| t.children.iter().map(|c| (c.name.clone(), c.state.clone()))).collect();
+        assert!(!states.iter().any(|(_, s)| s == "UNAVAIL"), "cut mode {mode:?}: devices after import: {states:?}");
+        let mut back = vec![0u8; 4096];
+        imported.open_volume("v").unwrap().read(0, &mut back).unwrap();
+        assert!(back == pattern(1, 4096));
+        imported.export().unwrap();
+        b.hold_writes(false);
+        let _ = attach.join().unwrap();
+        pool.abandon();
+    }
+}
+
+/// The config state in device `name`'s labels (active, exported).
+fn label_state(rig: &CrashRig, name: &str) -> String {
+    let scan = zilla_core::vdev::label::scan_labels(&*rig.set.get(name)).unwrap();
+    let (_, json) = scan.config.expect("a config");
+    serde_json::from_slice::<zilla_core::spa::LabelJson>(&json).unwrap().config.state
+}
+
+/// An attach that passed its open-pool check, then waited (here: in the opener of
+/// the new device), while the admin exported the pool. Before the fix it went on
+/// after the export: it wrote "active" over the exported labels of devices the pool
+/// had released (another host then needs -f, and the new leaf is attached to a pool
+/// nobody has imported) and started a resilver on the exported pool.
+#[test]
+fn an_attach_racing_an_export_leaves_the_pool_exported() {
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+    let rig = CrashRig::new(&["a", "b", "c"], DEV_SIZE);
+    let gate = Arc::new((parking_lot::Mutex::new((true, false)), parking_lot::Condvar::new()));
+    let (inner, g) = (rig.set.opener(), gate.clone());
+    let opener: zilla_core::spa::Opener = Arc::new(move |spec, role| {
+        if spec.path.to_str() == Some("c") {
+            let mut st = g.0.lock();
+            st.1 = true;
+            while st.0 {
+                g.1.wait(&mut st);
+            }
+        }
+        inner(spec, role)
+    });
+    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+    let pool = Pool::create_with("tank", tops, Default::default(), opener).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    let p = pool.clone();
+    let attach = std::thread::spawn(move || p.attach("a", &leaf("c"), false));
+    wait_until("the attach opens c", || gate.0.lock().1);
+    pool.export().unwrap();
+    gate.0.lock().0 = false;
+    gate.1.notify_all();
+    let r = attach.join().unwrap();
+    assert!(r.is_err(), "an attach to an exported pool succeeded");
+    for n in ["a", "b"] {
+        assert_eq!(label_state(&rig, n), "exported", "labels of {n} after the export");
+    }
+    let imported = rig.import();
+    assert_eq!(leaf_names(&imported), ["a", "b"]);
+    imported.export().unwrap();
+}

@@ -12,6 +12,9 @@
 //! sync in between once wrote the new sum under the old labels; a power cut there left
 //! a pool that imported only with -F (found by the power-cut soak, a detach).
 //! The config's txg is the open txg, above every uberblock written with the old sum.
+//! A label write that fails may leave its config in some copies (attach and detach
+//! then undo their change): the labels are stale, and the next sync writes the live
+//! config before its uberblock (`rewrite_stale_labels`).
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -142,6 +145,12 @@ impl PoolInner {
     /// Refresh the config's per-leaf state from the live tree.
     pub fn refresh_config(&self) -> PoolConfig {
         let mut cfg = self.config.lock();
+        self.refresh_locked(&mut cfg);
+        cfg.clone()
+    }
+
+    /// [`PoolInner::refresh_config`] on the config its caller holds locked.
+    fn refresh_locked(&self, cfg: &mut PoolConfig) {
         let synced = self.txg.synced_txg();
         for t in cfg.tops.iter_mut() {
             for l in t.children.iter_mut() {
@@ -156,7 +165,6 @@ impl PoolInner {
                 }
             }
         }
-        cfg.clone()
     }
 
     /// Refuse to `what` (detach, offline) `leaf` when it is the only child of `top`
@@ -181,14 +189,54 @@ impl PoolInner {
     /// time, and each write carries a config txg above the last one written.
     pub fn write_config_labels(&self, state: &str) -> Result<()> {
         let _w = self.config_write_lock.lock();
-        let mut cfg = self.refresh_config();
-        cfg.state = state.to_string();
-        cfg.hostid = self.env.hostid();
-        cfg.hostname = crate::env::system_hostname();
-        cfg.txg = self.txg.open_txg().max(cfg.txg.next());
-        *self.config.lock() = cfg.clone();
+        let (hostid, hostname) = (self.env.hostid(), crate::env::system_hostname());
+        // refreshed, stamped and stored in one hold of the config lock: a change made
+        // meanwhile under `sync_lock` alone (the scan rewrites the labels without it)
+        // must not be overwritten with an older copy (a detached leaf came back)
+        let cfg = {
+            let mut live = self.config.lock();
+            self.refresh_locked(&mut live);
+            live.state = state.to_string();
+            live.hostid = hostid;
+            live.hostname = hostname;
+            live.txg = self.txg.open_txg().max(live.txg.next());
+            live.clone()
+        };
         let leaves = self.leaves.read().clone();
-        self.write_labels(&cfg, &leaves)
+        let r = self.write_labels(&cfg, &leaves);
+        self.labels_stale.store(r.is_err(), Ordering::Release);
+        r
+    }
+
+    /// Write the config `edit` makes of the live one to the labels of `new` leaves only
+    /// (add, attach: before any leaf of the pool names them). Its config txg is spent
+    /// even if the write fails (a new leaf may hold it): the next config write goes
+    /// above it, and is due before the next uberblock.
+    fn label_new_leaves(&self, new: &[Arc<Leaf>], edit: impl FnOnce(&mut PoolConfig)) -> Result<()> {
+        let _w = self.config_write_lock.lock();
+        let mut cfg = self.refresh_config();
+        edit(&mut cfg);
+        cfg.state = "active".to_string();
+        cfg.txg = self.txg.open_txg().max(cfg.txg.next());
+        self.config.lock().txg = cfg.txg;
+        let r = self.write_labels(&cfg, new);
+        if r.is_err() {
+            self.labels_stale.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// After a failed config write (`labels_stale`), write the live config before an
+    /// uberblock carries its guid sum: the failed write may have left its config, newer
+    /// than any other, in some label copies (a pass fails only where every device
+    /// failed it, and the one before may have succeeded), and an attach or detach undoes
+    /// its change; import refuses an uberblock at or above the newest config's txg
+    /// whose sum is not that config's. Under `sync_lock`.
+    pub(super) fn rewrite_stale_labels(&self) -> Result<()> {
+        if !self.labels_stale.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.write_config_labels("active")
     }
 
     /// Write `cfg` to the labels of `leaves`: even labels, flush, odd labels, flush. Ok if
@@ -232,10 +280,20 @@ fn write_label_pass(leaf: &Arc<Leaf>, cfg: &PoolConfig, pass: [usize; 2]) -> Res
 }
 
 impl Pool {
+    /// `sync_lock` for a config change, refused once the pool is closed. Export writes
+    /// its labels under the lock: a change that passed `check_open` before an export
+    /// once went on after it, wrote "active" over the exported labels of released
+    /// devices and started a resilver on the exported pool.
+    fn lock_for_change(&self) -> Result<parking_lot::MutexGuard<'_, ()>> {
+        let g = self.inner.sync_lock.lock();
+        self.check_open()?;
+        Ok(g)
+    }
+
     pub fn add(&self, tops: Vec<TopSpec>, force: bool) -> Result<()> {
         self.check_open()?;
         let inner = &self.inner;
-        let _g = inner.sync_lock.lock();
+        let _g = self.lock_for_change()?;
         let mut new_tops = Vec::new();
         let mut next_id = inner.tops().iter().map(|t| t.id.next()).max().unwrap_or(VdevId(0));
         let new_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
@@ -265,15 +323,8 @@ impl Pool {
         // needs them, and a power cut between the two would leave a config naming
         // top-level vdevs with no label anywhere (an unimportable pool; found by the
         // power-cut test).
-        {
-            let _w = inner.config_write_lock.lock();
-            let mut cfg = inner.refresh_config();
-            cfg.tops.extend(new_tops.iter().map(|(_, tc, _)| tc.clone()));
-            cfg.state = "active".to_string();
-            cfg.txg = inner.txg.open_txg().max(cfg.txg.next());
-            let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
-            inner.write_labels(&cfg, &new_leaves)?;
-        }
+        let new_leaves: Vec<Arc<Leaf>> = new_tops.iter().flat_map(|(_, _, kids)| kids.iter().cloned()).collect();
+        inner.label_new_leaves(&new_leaves, |cfg| cfg.tops.extend(new_tops.iter().map(|(_, tc, _)| tc.clone())))?;
         // The new vdevs' labels are written before the allocator may place a block on
         // them: a block there is never referenced from a pool whose labels do not know
         // the vdev. On failure the tree is as before.
@@ -336,17 +387,15 @@ impl Pool {
         {
             // the labels are written before a sync may put the new guid sum in an
             // uberblock (see the module comment)
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             let was_mirror = inner.config.lock().tops.iter().find(|t| t.id == top.id).is_some_and(|t| t.mirror);
+            let lc = LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] };
+            // the new leaf is labelled first, as in `add`: a cut after an old leaf took
+            // the config naming it once left it unlabelled, UNAVAIL at import
+            inner.label_new_leaves(std::slice::from_ref(&leaf), |cfg| push_child(cfg, top.id, lc.clone()))?;
             top.children.write().push(leaf.clone());
             inner.leaves.write().push(leaf);
-            {
-                let mut cfg = inner.config.lock();
-                if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
-                    tc.children.push(LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
-                    tc.mirror = true;
-                }
-            }
+            push_child(&mut inner.config.lock(), top.id, lc);
             if let Err(e) = inner.write_config_labels("active") {
                 top.children.write().retain(|c| c.guid != g);
                 inner.leaves.write().retain(|c| c.guid != g);
@@ -395,7 +444,7 @@ impl Pool {
             // guid sum in an uberblock, and before the leaf's own labels are wiped: a
             // power cut in between leaves the old config with the old sum, or the new
             // one (the leaf, still labelled, is then not in it and import passes it by).
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             let before = (top.children(), inner.leaves.read().clone(), inner.config.lock().clone());
             top.children.write().retain(|c| c.guid != leaf.guid);
             inner.leaves.write().retain(|c| c.guid != leaf.guid);
@@ -466,7 +515,7 @@ impl Pool {
         r?;
         let leaves = {
             // labels before any uberblock with the new guid sum (module comment)
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             inner.io.ms.remove_vdev(id)?;
             let guids: Vec<Guid> = top.children().iter().map(|c| c.guid).collect();
             inner.io.vdevs.write().retain(|t| t.id != id);
@@ -531,7 +580,7 @@ impl Pool {
         }
         // under the sync lock up to the labels: `offline_since` is the first txg the
         // leaf misses, so no sync may run between the state change and the config
-        let _g = inner.sync_lock.lock();
+        let _g = self.lock_for_change()?;
         leaf.set_state(LeafState::Offline);
         inner.write_config_labels("active")
     }
@@ -548,7 +597,7 @@ impl Pool {
             _ => {}
         }
         {
-            let _g = inner.sync_lock.lock();
+            let _g = self.lock_for_change()?;
             leaf.set_state(LeafState::Online);
             inner.write_config_labels("active")?;
         }
@@ -611,6 +660,14 @@ impl Pool {
         Ok(())
     }
 
+}
+
+/// `lc` as a new child of top-level vdev `top` in `cfg` (attach), which makes it a mirror.
+fn push_child(cfg: &mut PoolConfig, top: VdevId, lc: LeafConfig) {
+    if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top) {
+        tc.children.push(lc);
+        tc.mirror = true;
+    }
 }
 
 /// Refuse leaves that are the same storage as each other or as a leaf already in the

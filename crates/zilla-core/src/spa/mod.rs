@@ -155,6 +155,10 @@ pub(crate) struct PoolInner {
     sync_lock: Mutex<()>,
     /// Serialises label writes (each config txg is written once, increasing).
     config_write_lock: Mutex<()>,
+    /// The last config write failed: the labels may hold a config other than the live
+    /// one (the new one in some copies, an undone one). The next sync writes them
+    /// before its uberblock, which carries the live guid sum (spa/config.rs).
+    labels_stale: AtomicBool,
     opener: Opener,
     suspended: AtomicBool,
     /// Set by `Pool::abandon`: background threads stop at once, nothing more is written.
@@ -214,6 +218,7 @@ impl PoolInner {
             meta: Mutex::new(meta),
             sync_lock: Mutex::new(()),
             config_write_lock: Mutex::new(()),
+            labels_stale: false.into(),
             opener,
             suspended: false.into(),
             abandoned: false.into(),
@@ -319,6 +324,8 @@ impl Pool {
         if let Some(e) = self.inner.txg.sync_error() {
             return Err(Error::Io(std::io::Error::other(format!("final sync failed: {e}"))));
         }
+        // under sync_lock: a config change (`lock_for_change`) ended before, or is refused
+        let _g = self.inner.sync_lock.lock();
         let r = self.inner.write_config_labels("exported");
         self.inner.release_leaves();
         r

@@ -315,6 +315,7 @@ impl PoolInner {
 
     /// Steps 2-7 of the commit protocol.
     fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
+        self.rewrite_stale_labels().map_err(SyncError::Failed)?;
         let mut phases = SyncPhases::start();
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
