@@ -392,9 +392,12 @@ impl Pool {
             let lc = LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] };
             // the new leaf is labelled first, as in `add`: a cut after an old leaf took
             // the config naming it once left it unlabelled, UNAVAIL at import
-            inner.label_new_leaves(std::slice::from_ref(&leaf), |cfg| push_child(cfg, top.id, lc.clone()))?;
+            if let Err(e) = inner.label_new_leaves(std::slice::from_ref(&leaf), |cfg| push_child(cfg, top.id, lc.clone())) {
+                abandon_new_leaf(&leaf);
+                return Err(e);
+            }
             top.children.write().push(leaf.clone());
-            inner.leaves.write().push(leaf);
+            inner.leaves.write().push(leaf.clone());
             push_child(&mut inner.config.lock(), top.id, lc);
             if let Err(e) = inner.write_config_labels("active") {
                 top.children.write().retain(|c| c.guid != g);
@@ -404,6 +407,8 @@ impl Pool {
                     tc.children.retain(|c| c.guid != g);
                     tc.mirror = was_mirror;
                 }
+                drop(cfg);
+                abandon_new_leaf(&leaf);
                 return Err(e);
             }
         }
@@ -660,6 +665,14 @@ impl Pool {
         Ok(())
     }
 
+}
+
+/// A leaf an attach labelled but could not add: its labels (which name it a member)
+/// are wiped and its device released, so a retry needs no -f. Best effort: the device
+/// may be what failed.
+fn abandon_new_leaf(leaf: &Leaf) {
+    let _ = label::wipe_labels(&**leaf.device());
+    leaf.device().release();
 }
 
 /// `lc` as a new child of top-level vdev `top` in `cfg` (attach), which makes it a mirror.
