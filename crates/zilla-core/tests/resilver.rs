@@ -116,3 +116,62 @@ fn offlined_child_is_resilvered_on_online() {
 fn offlined_child_is_resilvered_after_export_import() {
     offline_write_online(true);
 }
+
+/// A mirror child whose failed flush lost writes that it still serves to reads (Linux
+/// keeps the pages of a failed fdatasync in its page cache, clean: they read back and
+/// are never written again; `flush-eio-cached` of the crash test) has those txgs in its
+/// DTL. The resilver that the DTL starts must rewrite the child's copy, not read it
+/// back, find it good and clear the DTL: the copy is gone at the next power cut, and
+/// the engine, believing the child holds everything, lets its sibling be faulted,
+/// detached or lost. Crash soak seed 4675065709196258009, boot 1416 ("checksum mismatch
+/// on every copy" of a block on a mirror whose child b had failed a flush with the page
+/// cache kept, while a refused writes and was faulted). Here the lost write is a block
+/// an intent-log commit wrote in place (dmu_sync), whose txg's sync uses it as is.
+#[test]
+fn a_resilver_rewrites_a_dtl_child_whose_lost_copy_still_reads_back() {
+    use zilla_core::spa::TopSpec;
+    use zilla_core::vdev::fault::{CrashMode, DeviceFault};
+    use zilla_core::vdev::Role;
+    zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
+    let rig = CrashRig::new(&["a", "b"], 32 << 20);
+    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+    let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", 1 << 20, 4096, &[("logbias".to_string(), "throughput".to_string())]).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    // a first commit starts the volume's log chain (it waits for a sync to record it)
+    v.write(0, &pattern(1, 4096), false).unwrap();
+    v.flush().unwrap();
+    pool.sync().unwrap();
+    let dtl_of = |p: &Pool, name: &str| p.debug_leaves().iter().find(|l| l.spec.display() == name).expect("leaf").dtl();
+    assert!(dtl_of(&pool, "b").is_empty());
+    // b's next flush fails; what it covered is lost but reads back until the cut
+    rig.dev("b").arm(DeviceFault::FlushEio { nth: 0, keep_cached: true });
+    let data = pattern(2, 4096);
+    v.write(8192, &data, false).unwrap();
+    // the commit writes the block in place and flushes each child: a holds it, b failed
+    v.flush().unwrap();
+    assert_eq!(rig.dev("b").fired().flush_eio, 1, "b's flush after the in-place write failed");
+    assert!(!dtl_of(&pool, "b").is_empty(), "b's DTL names what its failed flush lost");
+    // the sync uses the block as written; its DTL entry on a readable child starts a resilver
+    pool.sync().unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let s = pool.scan_status();
+        if s.func == "resilver" && s.state == "finished" {
+            break;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "no resilver finished: {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // the resilver's result on disk
+    pool.sync().unwrap();
+    assert!(dtl_of(&pool, "b").is_empty(), "the resilver repaired b: {:?}", dtl_of(&pool, "b"));
+    // b holds everything, the engine says: a power cut, then b alone must serve the data
+    let cut = rig.power_cut(CrashMode::DropAll, 1);
+    cut.set.devs.lock().remove("a");
+    let p = cut.import();
+    let mut got = vec![0u8; 4096];
+    p.open_volume("v").unwrap().read(8192, &mut got).expect("b's copy of the block the commit wrote reads back after the cut");
+    assert!(got == data, "b's copy after the cut is not what was acknowledged");
+    p.abandon();
+}

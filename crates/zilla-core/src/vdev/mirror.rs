@@ -800,8 +800,14 @@ impl TopVdev {
     }
 
     /// Scrub one block: read every readable child, verify, repair bad copies from a good
-    /// one. Children whose DTL covers `birth` are repaired too when good data exists
-    /// (resilver).
+    /// one. Children whose DTL covers `birth` are rewritten too when good data exists
+    /// (resilver), even when their own copy reads back: a failed flush may have lost
+    /// the write while the page cache still serves it (Linux keeps the pages of a
+    /// failed fdatasync, clean, and never writes them again), and the resilver clears
+    /// the DTL of every block it leaves alone. Left alone, such a copy was gone at the
+    /// next power cut while the engine held the child whole and let its sibling be
+    /// faulted (crash soak seed 4675065709196258009). OpenZFS's resilver likewise
+    /// writes a child whose DTL covers the block without reading it.
     pub fn scrub_block(
         &self,
         offset: u64,
@@ -813,6 +819,7 @@ impl TopVdev {
         let children = self.children();
         let mut good: Option<AlignedBuf> = None;
         let mut bad: Vec<usize> = Vec::new();
+        let mut stale: Vec<usize> = Vec::new();
         let mut out = ScrubOutcome::default();
         for (i, c) in children.iter().enumerate() {
             if !c.readable() {
@@ -829,6 +836,10 @@ impl TopVdev {
                 Ok(buf) if verify(&buf) == VerifyResult::Good => {
                     if good.is_none() {
                         good = Some(buf);
+                    }
+                    // a read proves nothing on a DTL child: see the doc comment
+                    if c.dtl_contains(birth) {
+                        stale.push(i);
                     }
                 }
                 Ok(_) => {
@@ -847,7 +858,7 @@ impl TopVdev {
         out.bad_copies = bad.len() as u32;
         match good {
             Some(g) => {
-                for i in bad {
+                for i in bad.into_iter().chain(stale) {
                     if self.repair(&children[i], &g, phys, birth) {
                         out.repaired_bytes += len as u64;
                     } else {
