@@ -209,6 +209,21 @@ pub struct ScanControl {
     /// Serialises starting, pausing and canceling: each is stop, join, set the status,
     /// launch, and two of them interleaved could leave a scan stopped but "scanning".
     control: Mutex<()>,
+    /// Set under `control` by export and abandon: no scan starts after them. `online`
+    /// and `attach` start their resilver after releasing the pool's sync lock, and one
+    /// that began before an export once launched after it, resilvered the released
+    /// devices and wrote "active" over their exported labels.
+    closed: AtomicBool,
+}
+
+impl ScanControl {
+    /// Stop for good (export under `control`, abandon).
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
 }
 
 fn now_s(inner: &Arc<dyn ScanPool>) -> u64 {
@@ -306,6 +321,9 @@ fn join(inner: &Arc<dyn ScanPool>) {
 
 pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
     let _control = inner.scan().control.lock();
+    if inner.scan().is_closed() {
+        return Err(Error::Shutdown);
+    }
     {
         let mut s = inner.scan().status.lock();
         if s.state == ScanState::Scanning && inner.scan().running.load(Ordering::Acquire) {
@@ -342,6 +360,9 @@ pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
 
 pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
     let _control = inner.scan().control.lock();
+    if inner.scan().is_closed() {
+        return; // exported meanwhile: the DTLs start it again at the next import
+    }
     // An online leaf's open-ended DTL range (offline across an export: "missing from
     // offline_since on") ends now; left open it would survive every resilver.
     let open = inner.txg().open_txg();
@@ -428,6 +449,8 @@ pub fn wait(inner: &Arc<dyn ScanPool>) {
 
 /// Export: stop a running scan, keeping it resumable (state stays "scanning" on disk).
 pub fn pause_for_export(inner: &Arc<dyn ScanPool>) {
+    let _control = inner.scan().control.lock();
+    inner.scan().close();
     if inner.scan().running.load(Ordering::Acquire) {
         inner.scan().stop.store(true, Ordering::Release);
         join(inner);
@@ -437,6 +460,9 @@ pub fn pause_for_export(inner: &Arc<dyn ScanPool>) {
 }
 
 pub fn stop(inner: &Arc<dyn ScanPool>) {
+    // not under `control`: abandon (a simulated crash) must not wait for a start in
+    // progress; a scan launched after this is stopped by the pool's shutdown
+    inner.scan().close();
     inner.scan().stop.store(true, Ordering::Release);
     join(inner);
 }

@@ -106,6 +106,8 @@ struct LabelFaults {
     dev: Arc<CrashDevice>,
     mask: AtomicUsize,
     skip: AtomicU64,
+    /// Reads so far (any offset).
+    reads: AtomicU64,
 }
 
 impl LabelFaults {
@@ -122,6 +124,7 @@ impl LabelFaults {
 
 impl Device for LabelFaults {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.dev.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
@@ -150,7 +153,7 @@ fn label_fault_rig(names: &[&str]) -> (CrashRig, Vec<(String, Arc<LabelFaults>)>
     let rig = CrashRig::new(names, DEV_SIZE);
     let mut faults = Vec::new();
     for n in names {
-        let f = Arc::new(LabelFaults { dev: rig.dev(n), mask: AtomicUsize::new(0), skip: AtomicU64::new(0) });
+        let f = Arc::new(LabelFaults { dev: rig.dev(n), mask: AtomicUsize::new(0), skip: AtomicU64::new(0), reads: AtomicU64::new(0) });
         rig.set.insert(n, f.clone());
         faults.push((n.to_string(), f));
     }
@@ -253,19 +256,43 @@ fn a_log_remove_whose_config_write_fails_leaves_an_importable_pool() {
     write_sync_cut_import(&rig, &pool, "log remove whose label write failed");
 }
 
-/// An Env whose `hostid`, asked on a scan thread while armed, waits until released:
-/// it stops the scan's label rewrite (`write_config_labels`) in the middle.
+/// An Env that stops a thread of the test's choice at a point of its choice while
+/// armed: `hostid` asked on a thread whose name starts with `thread` (`clock` false:
+/// the scan's label rewrite, `write_config_labels`), or the wall clock read there
+/// (`clock` true: `start_resilver` stamping its start time).
 struct ScanGate {
     real: Arc<dyn zilla_core::env::Env>,
+    thread: &'static str,
+    clock: bool,
     armed: parking_lot::Mutex<bool>,
     cv: parking_lot::Condvar,
     stopped: AtomicBool,
 }
 
 impl ScanGate {
+    fn new(thread: &'static str, clock: bool, armed: bool) -> Arc<ScanGate> {
+        let real = zilla_core::env::real();
+        Arc::new(ScanGate { real, thread, clock, armed: parking_lot::Mutex::new(armed), cv: Default::default(), stopped: AtomicBool::new(false) })
+    }
+    fn arm(&self) {
+        *self.armed.lock() = true;
+    }
     fn release(&self) {
         *self.armed.lock() = false;
         self.cv.notify_all();
+    }
+    /// Wait here while armed, if this is the gated thread and `clock` says this point.
+    fn pass(&self, clock: bool) {
+        if clock != self.clock || !std::thread::current().name().is_some_and(|n| n.starts_with(self.thread)) {
+            return;
+        }
+        let mut armed = self.armed.lock();
+        if *armed {
+            self.stopped.store(true, Ordering::SeqCst);
+        }
+        while *armed {
+            self.cv.wait(&mut armed);
+        }
     }
 }
 
@@ -274,6 +301,7 @@ impl zilla_core::env::Env for ScanGate {
         self.real.now_ns()
     }
     fn unix_time_ns(&self) -> u64 {
+        self.pass(true);
         self.real.unix_time_ns()
     }
     fn sleep_until_ns(&self, deadline_ns: u64) {
@@ -292,15 +320,7 @@ impl zilla_core::env::Env for ScanGate {
         self.real.threads_spawned()
     }
     fn hostid(&self) -> u32 {
-        if std::thread::current().name().is_some_and(|n| n.starts_with("scan_")) {
-            let mut armed = self.armed.lock();
-            if *armed {
-                self.stopped.store(true, Ordering::SeqCst);
-            }
-            while *armed {
-                self.cv.wait(&mut armed);
-            }
-        }
+        self.pass(false);
         self.real.hostid()
     }
 }
@@ -321,7 +341,7 @@ fn leaf_names(pool: &Pool) -> Vec<String> {
 fn a_label_rewrite_by_the_scan_does_not_undo_a_concurrent_detach() {
     zilla_core::txg::ZFS_TXG_TIMEOUT.set(3600).unwrap();
     let rig = CrashRig::new(&["a", "b", "c"], DEV_SIZE);
-    let gate = Arc::new(ScanGate { real: zilla_core::env::real(), armed: parking_lot::Mutex::new(true), cv: Default::default(), stopped: AtomicBool::new(false) });
+    let gate = ScanGate::new("scan_", false, true);
     let opts = zilla_core::spa::CreateOptions { env: Some(gate.clone()), ..Default::default() };
     let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
     let pool = Pool::create_with("tank", tops, opts, rig.set.opener()).unwrap();
@@ -421,5 +441,55 @@ fn an_attach_racing_an_export_leaves_the_pool_exported() {
     }
     let imported = rig.import();
     assert_eq!(leaf_names(&imported), ["a", "b"]);
+    imported.export().unwrap();
+}
+
+/// `online` starts its resilver after releasing the sync lock. One stopped there (at
+/// `start_resilver`'s clock reading) while the admin exported the pool: before the fix
+/// export went through (no scan was running yet), then the resilver launched on the
+/// exported pool, resilvered its released devices and ended by writing "active" over
+/// their exported labels. Now export waits for the start and stops what it launched.
+#[test]
+fn a_resilver_started_as_the_pool_is_exported_does_not_run_after_it() {
+    let (rig, faults) = label_fault_rig(&["a", "b"]);
+    let reads = || faults.iter().map(|(_, f)| f.reads.load(Ordering::SeqCst)).sum::<u64>();
+    let gate = ScanGate::new("online-call", true, false);
+    let opts = zilla_core::spa::CreateOptions { env: Some(gate.clone()), ..Default::default() };
+    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] }];
+    let pool = Pool::create_with("tank", tops, opts, rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    v.write(0, &pattern(1, 4096), false).unwrap();
+    pool.sync().unwrap();
+    pool.offline("b").unwrap();
+    v.write(4096, &pattern(2, 4096), false).unwrap();
+    drop(v);
+    pool.sync().unwrap();
+    gate.arm();
+    let p = pool.clone();
+    let online = std::thread::Builder::new().name("online-call".into()).spawn(move || p.online("b")).unwrap();
+    wait_until("the online's resilver start reads the clock", || gate.stopped.load(Ordering::SeqCst) || online.is_finished());
+    let p = pool.clone();
+    let export = std::thread::spawn(move || p.export());
+    std::thread::sleep(Duration::from_millis(300));
+    // before the fix the export ended here, the resilver start still held
+    let exported_first = export.is_finished();
+    let mut reads_at_export = reads();
+    gate.release();
+    online.join().unwrap().unwrap();
+    export.join().unwrap().unwrap();
+    if !exported_first {
+        reads_at_export = reads();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(reads(), reads_at_export, "the exported pool's devices were read after the export: a scan ran on it ({:?})", pool.scan_status());
+    for d in ["a", "b"] {
+        assert_eq!(label_state(&rig, d), "exported", "{d}'s labels after the export and a resilver started meanwhile");
+    }
+    let imported = Pool::import_with(&rig.set.specs(), rig.set.opener()).unwrap();
+    imported.scrub_wait().unwrap(); // the resilver the export stopped runs now
+    let mut back = vec![0u8; 4096];
+    imported.open_volume("v").unwrap().read(4096, &mut back).unwrap();
+    assert!(back == pattern(2, 4096));
     imported.export().unwrap();
 }
