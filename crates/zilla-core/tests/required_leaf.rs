@@ -22,8 +22,15 @@ fn leaf_state(pool: &zilla_core::spa::Pool, name: &str) -> String {
     l.state
 }
 
+/// The tests of this file run one at a time: the first sets `zfs_scan_pause_every_spans`,
+/// a process-wide tunable, and a resilver of the other running meanwhile paused after
+/// its first span and never finished ("cannot offline a: it is the only device holding
+/// txgs 7-8", CI 2026-11-26).
+static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
 #[test]
 fn the_only_holder_of_some_txgs_stays_online_through_write_errors() {
+    let _one = ONE_AT_A_TIME.lock();
     let devs = DevSet::default();
     let mut f = Vec::new();
     for n in ["a", "b"] {
@@ -108,6 +115,7 @@ fn drop_uberblocks_after(img: &mut [u8], txg: u64) {
 /// anyway, or the rewound volume does not read back.
 #[test]
 fn a_rewind_reads_from_a_device_offlined_after_that_txg() {
+    let _one = ONE_AT_A_TIME.lock();
     use zilla_core::vdev::fault::CrashMode;
     const DEV: u64 = 64 << 20;
     let rig = CrashRig::new(&["a", "b"], DEV);
