@@ -388,7 +388,6 @@ impl Pool {
             // the labels are written before a sync may put the new guid sum in an
             // uberblock (see the module comment)
             let _g = self.lock_for_change()?;
-            let was_mirror = inner.config.lock().tops.iter().find(|t| t.id == top.id).is_some_and(|t| t.mirror);
             let lc = LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] };
             // the new leaf is labelled first, as in `add`: a cut after an old leaf took
             // the config naming it once left it unlabelled, UNAVAIL at import
@@ -396,18 +395,12 @@ impl Pool {
                 abandon_new_leaf(&leaf);
                 return Err(e);
             }
+            let before = inner.tree_before(&top);
             top.children.write().push(leaf.clone());
             inner.leaves.write().push(leaf.clone());
             push_child(&mut inner.config.lock(), top.id, lc);
             if let Err(e) = inner.write_config_labels("active") {
-                top.children.write().retain(|c| c.guid != g);
-                inner.leaves.write().retain(|c| c.guid != g);
-                let mut cfg = inner.config.lock();
-                if let Some(tc) = cfg.tops.iter_mut().find(|t| t.id == top.id) {
-                    tc.children.retain(|c| c.guid != g);
-                    tc.mirror = was_mirror;
-                }
-                drop(cfg);
+                inner.restore_tree(&top, before);
                 abandon_new_leaf(&leaf);
                 return Err(e);
             }
@@ -450,7 +443,7 @@ impl Pool {
             // power cut in between leaves the old config with the old sum, or the new
             // one (the leaf, still labelled, is then not in it and import passes it by).
             let _g = self.lock_for_change()?;
-            let before = (top.children(), inner.leaves.read().clone(), inner.config.lock().clone());
+            let before = inner.tree_before(&top);
             top.children.write().retain(|c| c.guid != leaf.guid);
             inner.leaves.write().retain(|c| c.guid != leaf.guid);
             {
@@ -463,10 +456,7 @@ impl Pool {
                 }
             }
             if let Err(e) = inner.write_config_labels("active") {
-                *top.children.write() = before.0;
-                *inner.leaves.write() = before.1;
-                let txg = inner.config.lock().txg;
-                *inner.config.lock() = PoolConfig { txg, ..before.2 };
+                inner.restore_tree(&top, before);
                 return Err(e);
             }
             if top.role == Role::Cache || top.role == Role::Spare {
@@ -665,6 +655,29 @@ impl Pool {
         Ok(())
     }
 
+}
+
+/// The live tree a change (attach, detach) is about to alter: `top`'s children, the
+/// pool's leaves and its config, so a failed label write can put them back.
+struct TreeBefore {
+    children: Vec<Arc<Leaf>>,
+    leaves: Vec<Arc<Leaf>>,
+    config: PoolConfig,
+}
+
+impl PoolInner {
+    fn tree_before(&self, top: &TopVdev) -> TreeBefore {
+        TreeBefore { children: top.children(), leaves: self.leaves.read().clone(), config: self.config.lock().clone() }
+    }
+
+    /// Undo a change whose label write failed; the config keeps the txg that write
+    /// spent (the next one goes above it).
+    fn restore_tree(&self, top: &TopVdev, before: TreeBefore) {
+        *top.children.write() = before.children;
+        *self.leaves.write() = before.leaves;
+        let mut cfg = self.config.lock();
+        *cfg = PoolConfig { txg: cfg.txg, ..before.config };
+    }
 }
 
 /// A leaf an attach labelled but could not add: its labels (which name it a member)
