@@ -99,6 +99,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::sim::SIM_SEED,
     &vdev::sim::SIM_FLUSH_BACKING,
     &vdev::sim::SIM_SPIN_US,
+    &vdev::ZILLA_LOG_REGION_FILL,
     &vdev::ZFS_VDEV_MIRROR_ROTATING_INC,
     &vdev::ZFS_VDEV_MIRROR_ROTATING_SEEK_INC,
     &vdev::ZFS_VDEV_MIRROR_ROTATING_SEEK_OFFSET,

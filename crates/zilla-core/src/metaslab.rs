@@ -13,6 +13,23 @@
 //! vdevs with a rotor that moves to the next vdev every `metaslab_aliquot` bytes
 //! (512 KiB), skipping full ones.
 //!
+//! The embedded log region (OpenZFS 2.1's embedded log class, one metaslab of each
+//! normal vdev kept for the intent log). With no log vdevs, or when they are full or
+//! failing, intent-log blocks are allocated from the normal class; mixed in with data
+//! they fragment its free space, and on a leaf that is a sparse file each log write
+//! lands on space the host file system has never allocated, so every commit waits
+//! for a host journal commit on every child (docs/BENCHMARKS.md, "Stop 31"). So each
+//! normal vdev keeps its first `vdev::embedded_log_bytes` (1/32 of it, at most 256 MiB)
+//! for log blocks: they are allocated there first, next-fit with a cursor of their
+//! own, so the region cycles as the txgs free old chains; data blocks start after it.
+//! The region is a preference, not a partition: a log block that finds no room there
+//! goes to the data area, and a data block that finds none in the data area goes to
+//! the region, so the class's free space means what it did and a nearly full pool
+//! fills the region too. Nothing of it is on disk: the region is a function of the
+//! vdev's size, any block may live anywhere, and pools from before it import as they
+//! are. A plain-file leaf has the region's holes filled when it is opened
+//! (`vdev::open_leaf`, tunable `zilla_log_region_fill`).
+//!
 //! Frees are deferred: a block freed in txg T goes to `defer[T]`, and the sync of T+3
 //! returns it to the free tree before it allocates (TXG_DEFER_SIZE = 2: the trees of
 //! the two uberblocks before T's stay intact on disk, and T-1's too while T syncs).
@@ -31,7 +48,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::vdev::Role;
+use crate::vdev::{embedded_log_bytes, Role};
+#[cfg(test)]
+use crate::vdev::EMBEDDED_LOG_MAX_BYTES;
 use crate::block::blkptr::Dva;
 use crate::kstat::{Applies, Tunable};
 use crate::{Error, Result, Txg, VdevId};
@@ -53,6 +72,16 @@ pub static ZILLA_METASLAB_FIRST_FIT: Tunable = Tunable::new(
     "1: allocate from the lowest free offset (reuse freed space at once; for tests)",
 );
 
+/// What an allocation is for: where in a vdev it looks first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Blocks of the txg's tree (and dmu_sync's blocks, which join it): the data area
+    /// first, the embedded log region last.
+    Data,
+    /// Intent-log blocks (lwbs): the embedded log region first.
+    IntentLog,
+}
+
 #[derive(Debug, Clone)]
 pub struct RangeAllocator {
     pub size: u64,
@@ -62,16 +91,32 @@ pub struct RangeAllocator {
     /// allocatable, but not allocated either (space admission must not see a pool
     /// fill up for the length of a trim step and refuse writes).
     trimming_bytes: u64,
+    /// `[0, log_end)` is the embedded log region (0: none).
+    log_end: u64,
+    /// Next-fit cursors: the data area's (in `[log_end, size]`) and the region's (in
+    /// `[0, log_end]`).
     cursor: u64,
+    log_cursor: u64,
 }
 
 impl RangeAllocator {
     pub fn new(size: u64) -> RangeAllocator {
+        RangeAllocator::with_log_region(size, 0)
+    }
+
+    /// An allocator whose first `log_bytes` are the embedded log region.
+    pub fn with_log_region(size: u64, log_bytes: u64) -> RangeAllocator {
+        assert!(log_bytes <= size / 2, "log region {log_bytes} of a {size}-byte vdev");
         let mut free = BTreeMap::new();
         if size > 0 {
             free.insert(0, size);
         }
-        RangeAllocator { size, free, free_bytes: size, trimming_bytes: 0, cursor: 0 }
+        RangeAllocator { size, free, free_bytes: size, trimming_bytes: 0, log_end: log_bytes, cursor: log_bytes, log_cursor: 0 }
+    }
+
+    /// Bytes of the embedded log region.
+    pub fn log_region_bytes(&self) -> u64 {
+        self.log_end
     }
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes
@@ -84,26 +129,58 @@ impl RangeAllocator {
         self.free.len()
     }
 
+    /// Allocate `len` bytes of data (the data area first).
     pub fn alloc(&mut self, len: u64) -> Option<u64> {
+        self.alloc_for(len, Purpose::Data)
+    }
+
+    /// Allocate `len` bytes for `purpose`: next-fit in its own area, then the other.
+    pub fn alloc_for(&mut self, len: u64, purpose: Purpose) -> Option<u64> {
         assert!(len > 0);
-        if ZILLA_METASLAB_FIRST_FIT.get() == 1 {
-            self.cursor = 0;
+        let first_fit = ZILLA_METASLAB_FIRST_FIT.get() == 1;
+        let (data, log) = ((self.log_end, self.size), (0, self.log_end));
+        let order = match purpose {
+            Purpose::Data => [data, log],
+            Purpose::IntentLog => [log, data],
+        };
+        for (lo, hi) in order {
+            if hi - lo < len {
+                continue;
+            }
+            let is_log = lo == 0 && hi == self.log_end;
+            let cursor = if first_fit { lo } else if is_log { self.log_cursor } else { self.cursor };
+            let Some(at) = self.find_free(len, lo, hi, cursor.clamp(lo, hi)) else { continue };
+            debug_assert!(lo <= at && at + len <= hi);
+            self.remove_range(at, len);
+            if is_log {
+                self.log_cursor = at + len;
+            } else {
+                self.cursor = at + len;
+            }
+            return Some(at);
         }
-        let found = self
-            .free
-            .range(self.cursor..)
-            .find(|(_, &l)| l >= len)
-            .or_else(|| {
-                // an extent that starts before the cursor but covers it
-                self.free.range(..self.cursor).next_back().filter(|(&s, &l)| s + l > self.cursor && s + l - self.cursor >= len)
-            })
-            .or_else(|| self.free.range(..self.cursor).find(|(_, &l)| l >= len))
-            .map(|(&s, &l)| (s, l));
-        let (start, extent_len) = found?;
-        let at = if start < self.cursor && start + extent_len > self.cursor && start + extent_len - self.cursor >= len { self.cursor } else { start };
-        self.remove_range(at, len);
-        self.cursor = at + len;
-        Some(at)
+        None
+    }
+
+    /// The first `len` free bytes within `[lo, hi)` at or after `from`, else the first
+    /// from `lo` on (next-fit with wrap-around).
+    fn find_free(&self, len: u64, lo: u64, hi: u64, from: u64) -> Option<u64> {
+        for start in [from, lo] {
+            // the free extent holding `start`, then those after it, clipped to the area
+            let holding = self.free.range(..start).next_back().filter(|(&s, &l)| s + l > start);
+            let found = holding
+                .into_iter()
+                .chain(self.free.range(start..hi))
+                .map(|(&s, &l)| (s.max(start), (s + l).min(hi)))
+                .find(|&(a, b)| b >= a + len);
+            if let Some((a, _)) = found {
+                return Some(a);
+            }
+            if start == lo {
+                break;
+            }
+        }
+        None
     }
 
     fn remove_range(&mut self, at: u64, len: u64) {
@@ -291,8 +368,8 @@ impl AllocClass {
         self.vdevs.iter().find(|(id, _)| *id == vdev).map(|(_, a)| a)
     }
 
-    /// Allocate `len` bytes, avoiding vdev `avoid` when another has room.
-    fn alloc(&mut self, len: u64, avoid: Option<VdevId>) -> Result<Dva> {
+    /// Allocate `len` bytes for `purpose`, avoiding vdev `avoid` when another has room.
+    fn alloc(&mut self, len: u64, avoid: Option<VdevId>, purpose: Purpose) -> Result<Dva> {
         let n = self.vdevs.len();
         if n == 0 {
             return Err(Error::NoSpace);
@@ -308,7 +385,7 @@ impl AllocClass {
                 if (pass == 0 && avoid == Some(*id) && n > 1) || self.noalloc.contains(id) {
                     continue;
                 }
-                if let Some(off) = a.alloc(len) {
+                if let Some(off) = a.alloc_for(len, purpose) {
                     let dva = Dva { vdev: *id, asize: len as u32, offset: off };
                     if k != 0 {
                         self.rotor = i;
@@ -325,12 +402,12 @@ impl AllocClass {
     }
 
     /// `copies` DVAs of `len` bytes on distinct vdevs where possible; all or nothing.
-    fn alloc_copies(&mut self, len: u64, copies: usize) -> Result<Vec<Dva>> {
+    fn alloc_copies(&mut self, len: u64, copies: usize, purpose: Purpose) -> Result<Vec<Dva>> {
         let copies = copies.min(self.vdevs.len()).clamp(1, 3);
         let mut out: Vec<Dva> = Vec::with_capacity(copies);
         for i in 0..copies {
             let avoid = if i > 0 { Some(out[0].vdev) } else { None };
-            match self.alloc(len, avoid) {
+            match self.alloc(len, avoid, purpose) {
                 Ok(d) => out.push(d),
                 Err(e) => {
                     for d in &out {
@@ -433,12 +510,14 @@ impl Metaslabs {
         *self.defer.lock() = other.defer.into_inner();
     }
 
-    /// Give top-level vdev `id` of class `role` an allocator of `size` bytes.
+    /// Give top-level vdev `id` of class `role` an allocator of `size` bytes (a normal
+    /// vdev's with its embedded log region).
     pub fn add_vdev(&self, id: VdevId, role: Role, size: u64) {
         let Some(ci) = class_index(role) else { return };
+        let log_bytes = if role == Role::Normal { embedded_log_bytes(size) } else { 0 };
         let mut c = self.classes[ci].lock();
         c.vdevs.retain(|(v, _)| *v != id);
-        c.vdevs.push((id, RangeAllocator::new(size)));
+        c.vdevs.push((id, RangeAllocator::with_log_region(size, log_bytes)));
         c.vdevs.sort_by_key(|(v, _)| *v);
         self.vdev_class.write().insert(id, ci);
     }
@@ -450,9 +529,13 @@ impl Metaslabs {
     /// Allocate `copies` DVAs of `len` bytes in class `role` for the sync of `txg`
     /// (recorded in that sync's undo list), or outside any sync (`txg` = None).
     pub fn alloc(&self, role: Role, len: u64, copies: usize, txg: Option<Txg>) -> Result<Vec<Dva>> {
+        self.alloc_for(role, len, copies, txg, Purpose::Data)
+    }
+
+    fn alloc_for(&self, role: Role, len: u64, copies: usize, txg: Option<Txg>, purpose: Purpose) -> Result<Vec<Dva>> {
         let ci = class_index(role).ok_or(Error::NoSpace)?;
         let mut c = self.classes[ci].lock();
-        let dvas = c.alloc_copies(len, copies)?;
+        let dvas = c.alloc_copies(len, copies, purpose)?;
         if let Some(t) = txg {
             assert_eq!(c.sync_txg, t, "allocation for txg {t} outside its sync");
             c.sync_allocs.extend_from_slice(&dvas);
@@ -460,11 +543,12 @@ impl Metaslabs {
         Ok(dvas)
     }
 
-    /// Allocate one log block in class `role`, outside any sync; it stays out of the
+    /// Allocate one block in class `role` outside any sync, for `purpose` (an intent-log
+    /// block, or a dmu_sync data block the log points to); it stays out of the
     /// persisted space maps until [`Metaslabs::log_referenced`].
-    pub fn alloc_log(&self, role: Role, len: u64) -> Result<Dva> {
+    pub fn alloc_log(&self, role: Role, len: u64, purpose: Purpose) -> Result<Dva> {
         let mut u = self.log_unreferenced.lock();
-        let d = self.alloc(role, len, 1, None)?[0];
+        let d = self.alloc_for(role, len, 1, None, purpose)?[0];
         u.push(d);
         Ok(d)
     }
@@ -967,6 +1051,75 @@ mod tests {
         }));
         assert!(!ran, "the rewrite ran after its block was released");
         assert!(ms.with_releases_held(ms.release_generation(), &mut || true));
+    }
+
+    /// Intent-log blocks go to the embedded log region and data stays out of it while
+    /// the data area has room; each spills into the other when its own area is full.
+    #[test]
+    fn the_embedded_log_region_takes_log_blocks_first() {
+        let size = 64 << 20;
+        let region = embedded_log_bytes(size);
+        assert_eq!(region, 2 << 20);
+        assert_eq!(embedded_log_bytes((8 << 20) - 1), 0, "a vdev under 8 MiB has no region");
+        assert_eq!(embedded_log_bytes(15 << 20), 256 << 10, "the crash test's vdevs have one");
+        assert_eq!(embedded_log_bytes(1 << 40), EMBEDDED_LOG_MAX_BYTES);
+        let ms = Metaslabs::new();
+        ms.add_vdev(VdevId(0), Role::Normal, size);
+        ms.add_vdev(VdevId(1), Role::Log, size);
+        let data = ms.alloc(Role::Normal, 128 << 10, 1, None).unwrap()[0];
+        assert!(data.offset >= region, "a data block in the log region: {data:?}");
+        let lwb = ms.alloc_log(Role::Normal, 128 << 10, Purpose::IntentLog).unwrap();
+        assert!(lwb.offset + (128 << 10) <= region, "a log block outside the region: {lwb:?}");
+        let indirect = ms.alloc_log(Role::Normal, 16 << 10, Purpose::Data).unwrap();
+        assert!(indirect.offset >= region, "a dmu_sync block in the log region: {indirect:?}");
+        assert_eq!(ms.alloc_log(Role::Log, 4096, Purpose::IntentLog).unwrap().offset, 0, "a log vdev is all log");
+
+        let unit = 4096;
+        let mut a = RangeAllocator::with_log_region(16 * unit, 4 * unit);
+        let logs: Vec<u64> = (0..4).map(|_| a.alloc_for(unit, Purpose::IntentLog).unwrap()).collect();
+        assert_eq!(logs, [0, unit, 2 * unit, 3 * unit], "next-fit through the region");
+        assert!(a.alloc_for(unit, Purpose::IntentLog).unwrap() >= 4 * unit, "a full region spills into the data area");
+        a.free(unit, unit);
+        assert_eq!(a.alloc_for(unit, Purpose::IntentLog), Some(unit), "the region's cursor wraps to freed space");
+        while a.alloc(unit).is_some() {}
+        assert_eq!(a.free_bytes(), 0);
+        a.free(2 * unit, unit);
+        assert_eq!(a.alloc(unit), Some(2 * unit), "a full data area spills into the region");
+        assert_eq!(a.alloc(unit), None);
+    }
+
+    proptest! {
+        /// Model test, with an embedded log region: allocations never overlap, frees
+        /// restore, accounting holds, and an allocation lands outside its own area only
+        /// when that area had no room for it.
+        #[test]
+        fn allocator_with_a_log_region_matches_model(ops in proptest::collection::vec((0u8..3, 1u64..16), 1..300)) {
+            let (size, region) = (256 * 4096, 32 * 4096);
+            let mut a = RangeAllocator::with_log_region(size, region);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for (op, units) in ops {
+                if op < 2 || live.is_empty() {
+                    let (len, purpose) = (units * 4096, if op == 0 { Purpose::Data } else { Purpose::IntentLog });
+                    let own = if purpose == Purpose::Data { (region, size) } else { (0, region) };
+                    let room = a.find_free(len, own.0, own.1, own.0).is_some();
+                    if let Some(at) = a.alloc_for(len, purpose) {
+                        for &(s, l) in &live {
+                            prop_assert!(at + len <= s || s + l <= at, "overlap");
+                        }
+                        let inside = own.0 <= at && at + len <= own.1;
+                        prop_assert_eq!(inside, room, "{:?} of {} at {}", purpose, len, at);
+                        live.push((at, len));
+                    } else {
+                        prop_assert!(!room, "refused although its area had room");
+                    }
+                } else {
+                    let (s, l) = live.swap_remove((units as usize) % live.len());
+                    a.free(s, l);
+                }
+                let used: u64 = live.iter().map(|x| x.1).sum();
+                prop_assert_eq!(a.allocated_bytes(), used);
+            }
+        }
     }
 
     proptest! {

@@ -105,6 +105,7 @@ use crate::block::compress::Compression;
 use crate::block::checksum::fletcher4;
 use crate::block::reader::Reader;
 use crate::kstat::{Applies, Tunable};
+use crate::metaslab::Purpose;
 use crate::vdev::abd::AlignedBuf;
 use crate::vdev::mirror::BlockWrite;
 use crate::vdev::{IoClass, Role};
@@ -1232,7 +1233,7 @@ impl Zilog {
         // allocated and listed under one lock: a volume destroyed meanwhile
         // (`take_all_blocks`) frees every block listed, and no other is allocated
         let mut o = self.overrides.lock();
-        let dva = if admit(p.asize()) { io.ms.alloc_log(Role::Normal, p.asize()).ok() } else { None };
+        let dva = if admit(p.asize()) { io.ms.alloc_log(Role::Normal, p.asize(), Purpose::Data).ok() } else { None };
         let Some(dva) = dva else {
             o.end_in_flight(txg);
             drop(o);
@@ -1691,7 +1692,7 @@ fn alloc_log_block_sized(io: &PoolIo, want: usize, need: usize, admit_normal: Ad
         let roomy = allocated.saturating_mul(4) <= size.saturating_mul(3);
         let sizes: &[u64] = if want > need && roomy { &[want, need] } else { &[need] };
         for &len in sizes {
-            if let Ok(d) = io.ms.alloc_log(Role::Log, len) {
+            if let Ok(d) = io.ms.alloc_log(Role::Log, len, Purpose::IntentLog) {
                 return Ok(LogPtr { dva: d });
             }
         }
@@ -1702,7 +1703,7 @@ fn alloc_log_block_sized(io: &PoolIo, want: usize, need: usize, admit_normal: Ad
     if !admit_normal(want) {
         return Err(Error::NoSpace);
     }
-    Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, want)? })
+    Ok(LogPtr { dva: io.ms.alloc_log(Role::Normal, want, Purpose::IntentLog)? })
 }
 
 /// The pool has log vdevs and each can take a log block: some online child has not

@@ -106,19 +106,27 @@ struct LabelFaults {
     dev: Arc<CrashDevice>,
     mask: AtomicUsize,
     skip: AtomicU64,
+    /// Config writes still to refuse once armed (u64::MAX: all).
+    refusals_left: AtomicU64,
     /// Reads so far (any offset).
     reads: AtomicU64,
 }
 
 impl LabelFaults {
     fn arm(&self, labels: &[usize], skip: u64) {
+        self.arm_limited(labels, skip, u64::MAX);
+    }
+    fn arm_limited(&self, labels: &[usize], skip: u64, refusals: u64) {
+        self.refusals_left.store(refusals, Ordering::SeqCst);
         self.skip.store(skip, Ordering::SeqCst);
         self.mask.store(labels.iter().fold(0, |m, l| m | 1 << l), Ordering::SeqCst);
     }
     fn refuses(&self, len: usize, offset: u64) -> bool {
         let mask = self.mask.load(Ordering::SeqCst);
         let config_write = len == CONFIG_REGION_SIZE && (0..4).any(|l| mask & 1 << l != 0 && label_offset(self.dev.size(), l) == offset);
-        config_write && self.skip.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| s.checked_sub(1)).is_err()
+        config_write
+            && self.skip.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| s.checked_sub(1)).is_err()
+            && self.refusals_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
     }
 }
 
@@ -153,7 +161,7 @@ fn label_fault_rig(names: &[&str]) -> (CrashRig, Vec<(String, Arc<LabelFaults>)>
     let rig = CrashRig::new(names, DEV_SIZE);
     let mut faults = Vec::new();
     for n in names {
-        let f = Arc::new(LabelFaults { dev: rig.dev(n), mask: AtomicUsize::new(0), skip: AtomicU64::new(0), reads: AtomicU64::new(0) });
+        let f = Arc::new(LabelFaults { dev: rig.dev(n), mask: AtomicUsize::new(0), skip: AtomicU64::new(0), refusals_left: AtomicU64::new(u64::MAX), reads: AtomicU64::new(0) });
         rig.set.insert(n, f.clone());
         faults.push((n.to_string(), f));
     }
@@ -252,8 +260,37 @@ fn a_log_remove_whose_config_write_fails_leaves_an_importable_pool() {
     arm(&faults, &["a", "b"], &[0, 2], 0);
     let r = pool.remove("l");
     assert!(r.is_err(), "the config reached no device's labels 0 and 2, yet remove succeeded");
+    let scan = zilla_core::vdev::label::scan_labels(&*rig.set.get("l")).unwrap();
+    assert!(scan.config.is_some(), "the removed log device lost its labels while every config on disk still lists it");
     arm(&faults, &["a", "b"], &[], 0);
     write_sync_cut_import(&rig, &pool, "log remove whose label write failed");
+}
+
+/// `remove` of a log vdev whose config write fails once: the removal stands in the
+/// live tree, so the error must say so (before, it reported the label error alone,
+/// as if nothing had changed), the device keeps its labels (every config on disk
+/// still lists it), and the next sync writes the new config: it imports without it.
+#[test]
+fn a_log_remove_whose_config_write_fails_once_says_the_removal_stands() {
+    let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
+    let tops = vec![
+        TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] },
+        TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] },
+    ];
+    let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+    pool.sync().unwrap();
+    for (_, f) in faults.iter().filter(|(n, _)| n == "a" || n == "b") {
+        f.arm_limited(&[0, 2], 0, 2);
+    }
+    let e = pool.remove("l").expect_err("the config reached no device's labels 0 and 2, yet remove succeeded");
+    assert!(e.to_string().contains("out of the pool"), "the error does not say the removal stands: {e}");
+    let exhausted = faults.iter().filter(|(_, f)| f.refusals_left.load(Ordering::SeqCst) == 0).count();
+    assert_eq!(exhausted, 2, "the injected failures did not all happen");
+    let scan = zilla_core::vdev::label::scan_labels(&*rig.set.get("l")).unwrap();
+    assert!(scan.config.is_some(), "the removed log device lost its labels while the configs on disk still list it");
+    pool.sync().expect("the sync writes the stale config and goes on");
+    write_sync_cut_import(&rig, &pool, "log remove whose first label write failed");
 }
 
 /// An Env that stops a thread of the test's choice at a point of its choice while

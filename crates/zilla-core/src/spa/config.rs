@@ -508,7 +508,7 @@ impl Pool {
             inner.io.ms.set_noalloc(id, false);
         }
         r?;
-        let leaves = {
+        let labels = {
             // labels before any uberblock with the new guid sum (module comment)
             let _g = self.lock_for_change()?;
             inner.io.ms.remove_vdev(id)?;
@@ -517,10 +517,27 @@ impl Pool {
             inner.leaves.write().retain(|l| !guids.contains(&l.guid));
             inner.config.lock().tops.retain(|t| t.id != id);
             inner.io.refresh_space();
-            inner.write_config_labels("active")?;
-            top.children()
+            inner.write_config_labels("active")
         };
-        for leaf in leaves {
+        // Nothing undoes the removal in the live tree: the log is evacuated, and a
+        // failed label write leaves the labels stale, so the next sync writes them
+        // before its uberblock (or fails). The removed leaves lose their labels only
+        // when a config without them is on disk: until then the labels that are still
+        // list them, and a power cut must find them there.
+        if let Err(e) = labels {
+            for leaf in top.children() {
+                leaf.device().release();
+            }
+            let devs: Vec<String> = top.children().iter().map(|c| c.spec.display()).collect();
+            return Err(Error::Io(std::io::Error::other(
+                format!(
+                    "the log vdev is out of the pool, but writing the new configuration failed ({e}); the next txg sync \
+                     writes it again. {} keep their labels (a new pool takes them with -f)",
+                    devs.join(", ")
+                ),
+            )));
+        }
+        for leaf in top.children() {
             let _ = label::wipe_labels(&**leaf.device());
             leaf.device().release();
         }

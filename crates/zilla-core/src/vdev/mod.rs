@@ -357,6 +357,9 @@ pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> 
         )),
         _ => crate::Error::Io(io::Error::new(e.kind(), format!("{}: {e}", spec.path.display()))),
     })?;
+    if spec.model.is_none() && ZILLA_LOG_REGION_FILL.get() == 1 {
+        fill_log_region(&base);
+    }
     let base: Arc<dyn Device> = Arc::new(base);
     Ok(match spec.model {
         None => base,
@@ -370,6 +373,55 @@ pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> 
             Arc::new(sim::SimDevice::new(base, profile))
         }
     })
+}
+
+/// The embedded log region's share of a normal vdev: 1/2^EMBEDDED_LOG_SHIFT of it.
+pub const EMBEDDED_LOG_SHIFT: u32 = 5;
+/// The region's largest size (bytes), per vdev.
+pub const EMBEDDED_LOG_MAX_BYTES: u64 = 256 << 20;
+/// The region's granularity and smallest size (bytes): a vdev under 8 MiB has none.
+pub const EMBEDDED_LOG_UNIT_BYTES: u64 = 256 << 10;
+
+/// Bytes at the start of a normal vdev of `size` bytes kept for intent-log blocks (see
+/// the `metaslab` module comment). A function of the size alone, monotone in it, so every import
+/// finds the same region and a leaf at least as large as its vdev covers it.
+pub fn embedded_log_bytes(size: u64) -> u64 {
+    let r = (size >> EMBEDDED_LOG_SHIFT).min(EMBEDDED_LOG_MAX_BYTES);
+    r / EMBEDDED_LOG_UNIT_BYTES * EMBEDDED_LOG_UNIT_BYTES
+}
+
+/// Whether opening a plain-file leaf fills the holes of its embedded log region.
+pub static ZILLA_LOG_REGION_FILL: Tunable = Tunable::new(
+    "zilla_log_region_fill",
+    1,
+    0,
+    1,
+    Applies::Live,
+    "1: a leaf that is a sparse file gets the holes of its embedded log region (1/32 of it, at most 256 MiB) written with zeros when opened, so intent-log writes there wait for no host file system allocation",
+);
+
+/// Fill the holes of a plain-file leaf's embedded log region (see `metaslab`): the
+/// region as the leaf's own size gives it, which covers its top-level vdev's (a vdev
+/// is no larger than its smallest leaf, and the region grows with the size). Best
+/// effort: a host file system without room for it leaves the rest sparse, and the
+/// log works there as anywhere, only slower.
+fn fill_log_region(dev: &file::FileDevice) {
+    let size = label::usable_end(dev.size()).saturating_sub(label::DATA_START);
+    let region = embedded_log_bytes(size);
+    if region == 0 {
+        return;
+    }
+    let started = std::time::Instant::now();
+    match dev.fill_holes(label::DATA_START, label::DATA_START + region) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            "{}: wrote {} MiB of zeros over the holes of its log region in {} ms (so intent-log writes find allocated blocks)",
+            dev.path().display(),
+            n >> 20,
+            started.elapsed().as_millis()
+        ),
+        Err(e) => tracing::warn!("{}: filling its log region failed, leaving it sparse: {e}", dev.path().display()),
+    }
 }
 
 /// Mirror read-selection tunables (vdev_mirror.c defaults).
