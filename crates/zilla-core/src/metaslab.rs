@@ -19,7 +19,7 @@
 //! they fragment its free space, and on a leaf that is a sparse file each log write
 //! lands on space the host file system has never allocated, so every commit waits
 //! for a host journal commit on every child (docs/BENCHMARKS.md, "Stop 31"). So each
-//! normal vdev keeps its first `vdev::embedded_log_bytes` (1/32 of it, at most 256 MiB)
+//! normal vdev keeps its first `vdev::embedded_log_bytes` (1/16 of it, at most 512 MiB)
 //! for log blocks: they are allocated there first, next-fit with a cursor of their
 //! own, so the region cycles as the txgs free old chains; data blocks start after it.
 //! The region is a preference, not a partition: a log block that finds no room there
@@ -1059,9 +1059,9 @@ mod tests {
     fn the_embedded_log_region_takes_log_blocks_first() {
         let size = 64 << 20;
         let region = embedded_log_bytes(size);
-        assert_eq!(region, 2 << 20);
-        assert_eq!(embedded_log_bytes((8 << 20) - 1), 0, "a vdev under 8 MiB has no region");
-        assert_eq!(embedded_log_bytes(15 << 20), 256 << 10, "the crash test's vdevs have one");
+        assert_eq!(region, 4 << 20);
+        assert_eq!(embedded_log_bytes((4 << 20) - 1), 0, "a vdev under 4 MiB has no region");
+        assert_eq!(embedded_log_bytes(15 << 20), 768 << 10, "the crash test's vdevs have one");
         assert_eq!(embedded_log_bytes(1 << 40), EMBEDDED_LOG_MAX_BYTES);
         let ms = Metaslabs::new();
         ms.add_vdev(VdevId(0), Role::Normal, size);

@@ -399,3 +399,22 @@ fn ashift_13_no_write_shares_a_physical_sector() {
     let _ = devs4.get("b8").size();
     pool.export().unwrap();
 }
+
+/// Listing importable pools names each pool's state from its newest config: a device
+/// holding an older one (a copy taken while the pool was active; a log device whose
+/// removal could not write the new config keeps its labels the same way) must not make
+/// an exported pool list as "active". Before, the first device scanned set the state.
+#[test]
+fn the_importable_list_shows_the_state_of_the_newest_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = files(dir.path(), &["b", "c"]);
+    let pool = Pool::create("tank", mirror(l.clone()), CreateOptions::default()).unwrap();
+    write_and_sync(&pool, 3);
+    // sorted before b and c, so it is scanned first
+    std::fs::copy(&l[0].path, dir.path().join("a-copy-while-active")).unwrap();
+    pool.export().unwrap();
+    let found = Pool::find_importable(&[dir.path().to_path_buf()]).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].state, "exported", "an older config's state was listed: {found:?}");
+    assert_eq!(found[0].leaves.len(), 3);
+}

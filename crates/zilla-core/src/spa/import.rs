@@ -215,20 +215,26 @@ impl Pool {
 
     pub fn find_importable(search: &[PathBuf]) -> Result<Vec<ImportablePool>> {
         let found = scan_search_paths(search)?;
-        let mut out: BTreeMap<Guid, ImportablePool> = BTreeMap::new();
+        // per pool, the name and state of the newest config any of its devices holds
+        // (as import itself chooses): a device detached or removed while the pool was
+        // active keeps an older config saying "active" after the pool is exported
+        let mut out: BTreeMap<Guid, (Txg, ImportablePool)> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
                 continue;
             }
-            let e = out.entry(lj.config.guid).or_insert_with(|| ImportablePool {
-                name: lj.config.name.clone(),
-                guid: lj.config.guid,
-                state: lj.config.state.clone(),
-                leaves: vec![],
+            let c = &lj.config;
+            let (newest, e) = out.entry(c.guid).or_insert_with(|| {
+                (c.txg, ImportablePool { name: c.name.clone(), guid: c.guid, state: c.state.clone(), leaves: vec![] })
             });
+            if c.txg > *newest {
+                *newest = c.txg;
+                e.name = c.name.clone();
+                e.state = c.state.clone();
+            }
             e.leaves.push(spec);
         }
-        Ok(out.into_values().collect())
+        Ok(out.into_values().map(|(_, p)| p).collect())
     }
 
     pub fn import(search: &[PathBuf], name: Option<&str>) -> Result<Arc<Pool>> {

@@ -376,10 +376,10 @@ pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> 
 }
 
 /// The embedded log region's share of a normal vdev: 1/2^EMBEDDED_LOG_SHIFT of it.
-pub const EMBEDDED_LOG_SHIFT: u32 = 5;
+pub const EMBEDDED_LOG_SHIFT: u32 = 4;
 /// The region's largest size (bytes), per vdev.
-pub const EMBEDDED_LOG_MAX_BYTES: u64 = 256 << 20;
-/// The region's granularity and smallest size (bytes): a vdev under 8 MiB has none.
+pub const EMBEDDED_LOG_MAX_BYTES: u64 = 512 << 20;
+/// The region's granularity and smallest size (bytes): a vdev under 4 MiB has none.
 pub const EMBEDDED_LOG_UNIT_BYTES: u64 = 256 << 10;
 
 /// Bytes at the start of a normal vdev of `size` bytes kept for intent-log blocks (see
@@ -397,7 +397,7 @@ pub static ZILLA_LOG_REGION_FILL: Tunable = Tunable::new(
     0,
     1,
     Applies::Live,
-    "1: a leaf that is a sparse file gets the holes of its embedded log region (1/32 of it, at most 256 MiB) written with zeros when opened, so intent-log writes there wait for no host file system allocation",
+    "1: a leaf that is a sparse file gets the holes of its embedded log region (1/16 of it, at most 512 MiB) written with zeros when opened, so intent-log writes there wait for no host file system allocation",
 );
 
 /// Fill the holes of a plain-file leaf's embedded log region (see `metaslab`): the
