@@ -418,3 +418,43 @@ fn the_importable_list_shows_the_state_of_the_newest_config() {
     assert_eq!(found[0].state, "exported", "an older config's state was listed: {found:?}");
     assert_eq!(found[0].leaves.len(), 3);
 }
+
+/// The embedded log region of a plain-file leaf is filled (no holes) when a pool is
+/// created on it and when it is imported, not by a dry run (`import -F -n` writes
+/// nothing). Method: create on sparse files; punch a hole in the region of an
+/// exported pool's leaf; plan a rewind; import.
+#[test]
+fn a_plain_file_leaf_has_its_log_region_filled_by_create_and_import_only() {
+    use rustix::fs::{FallocateFlags, SeekFrom};
+    let dir = tempfile::tempdir().unwrap();
+    let l = files(dir.path(), &["a", "b"]);
+    let (start, region) = {
+        let usable = zilla_core::vdev::label::usable_end(SIZE) - zilla_core::vdev::label::DATA_START;
+        (zilla_core::vdev::label::DATA_START, zilla_core::vdev::embedded_log_bytes(usable))
+    };
+    assert!(region > 0);
+    let first_hole = |path: &Path| {
+        let f = std::fs::File::open(path).unwrap();
+        rustix::fs::seek(&f, SeekFrom::Hole(start)).unwrap()
+    };
+    if first_hole(&l[0].path) >= start + region {
+        eprintln!("this file system reports no holes: nothing to check");
+        return;
+    }
+    let pool = Pool::create("tank", mirror(l.clone()), CreateOptions::default()).unwrap();
+    for leaf in &l {
+        assert!(first_hole(&leaf.path) >= start + region, "create left a hole in {}'s log region", leaf.path.display());
+    }
+    write_and_sync(&pool, 5);
+    pool.export().unwrap();
+    let punch = std::fs::OpenOptions::new().write(true).open(&l[0].path).unwrap();
+    rustix::fs::fallocate(&punch, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, start + region - (1 << 20), 1 << 20).unwrap();
+    drop(punch);
+    let hole = first_hole(&l[0].path);
+    assert!(hole < start + region, "the punched hole is not there");
+    Pool::rewind_plan(&l, default_opener()).unwrap();
+    assert_eq!(first_hole(&l[0].path), hole, "a dry run filled the hole");
+    let pool = Pool::import_leaves(&l).unwrap();
+    assert!(first_hole(&l[0].path) >= start + region, "import left the hole");
+    pool.export().unwrap();
+}

@@ -308,6 +308,7 @@ impl Pool {
                 check_system_use(l, force)?;
                 let dev = (inner.opener)(l, t.role)?;
                 check_device_free(&*dev, l, force)?;
+                crate::vdev::fill_log_region(&*dev, &l.display());
                 label::wipe_labels(&*dev)?;
                 let g = new_guid(&*inner.env);
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
@@ -366,6 +367,7 @@ impl Pool {
         check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
         check_device_free(&*dev, new, force)?;
+        crate::vdev::fill_log_region(&*dev, &new.display());
         let need = device_ashift(&*dev, new)?;
         if need > top.ashift {
             return Err(Error::invalid(format!(

@@ -101,6 +101,7 @@ fn open_new_leaves(tops: &[TopSpec], opener: &Opener, force: bool, claims: &mut 
             let dev = opener(l, t.role)?;
             claims.0.push(dev.clone());
             check_device_free(&*dev, l, force)?;
+            crate::vdev::fill_log_region(&*dev, &l.display());
             v.push(Opened { spec: l.clone(), dev });
         }
         opened_tops.push((t.clone(), v));
@@ -395,6 +396,12 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     let (devs, mut cfg) = read_labels(specs, opener, claims)?;
     let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
     super::mmp::check_import_ownership(&cfg, &checked, env, opts.force)?;
+    if !opts.dry_run {
+        // the pool is ours and nothing of it has written yet
+        for (spec, dev, _, _) in &devs {
+            crate::vdev::fill_log_region(&**dev, &spec.display());
+        }
+    }
     let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, claims)?;
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;

@@ -181,16 +181,21 @@ impl FileDevice {
     }
 
     /// Write zeros into every hole of a regular file within `[start, end)`, then make
-    /// them durable; returns the bytes written. Holes read as zeros, so no byte a reader
+    /// them durable; returns the bytes written (0 when its file system has less than
+    /// `min_free_bytes` free). Holes read as zeros, so no byte a reader
     /// can see changes: what changes is that the host file system has allocated those
     /// blocks, and a later durable write there needs no journal commit of its own (an
     /// allocation, or an unwritten extent's conversion, which SEEK_HOLE reports as a
     /// hole too). Only on a leaf this process holds (the claim): a concurrent writer
     /// could fill a hole between our SEEK_HOLE and our write. A block device has no
     /// holes: nothing to do.
-    pub fn fill_holes(&self, start: u64, end: u64) -> io::Result<u64> {
+    pub fn fill_holes(&self, start: u64, end: u64, min_free_bytes: u64) -> io::Result<u64> {
         const CHUNK_BYTES: u64 = 1 << 20;
         if self.is_block || self.claim.lock().is_none() {
+            return Ok(0);
+        }
+        let fs = rustix::fs::fstatvfs(&self.file)?;
+        if fs.f_bavail.saturating_mul(fs.f_frsize) < min_free_bytes {
             return Ok(0);
         }
         let end = end.min(self.size_bytes);
@@ -359,6 +364,10 @@ impl super::Device for FileDevice {
 
     fn identity(&self) -> Option<super::DeviceIdentity> {
         Some(self.identity)
+    }
+
+    fn fill_holes(&self, start: u64, end: u64, min_free_bytes: u64) -> io::Result<u64> {
+        FileDevice::fill_holes(self, start, end, min_free_bytes)
     }
 
     fn release(&self) {
@@ -550,13 +559,14 @@ mod tests {
         dev.write_at(&data, 1 << 20).unwrap();
         dev.write_at(&data, 6 << 20).unwrap();
         let shared = FileDevice::open_shared(&dir.path().join("leaf0")).unwrap();
-        assert_eq!(shared.fill_holes(0, 4 << 20).unwrap(), 0, "a shared open filled holes");
+        assert_eq!(shared.fill_holes(0, 4 << 20, 0).unwrap(), 0, "a shared open filled holes");
         let hole_at = |at: u64| rustix::fs::seek(&dev.file, SeekFrom::Hole(at)).unwrap();
         if hole_at(0) >= 4 << 20 {
             eprintln!("this file system reports no holes: nothing to check");
             return;
         }
-        let filled = dev.fill_holes(4096, 4 << 20).unwrap();
+        assert_eq!(dev.fill_holes(4096, 4 << 20, u64::MAX).unwrap(), 0, "filled without the free space asked for");
+        let filled = dev.fill_holes(4096, 4 << 20, 0).unwrap();
         assert_eq!(filled, (4 << 20) - 4096 - 8192, "every hole byte of the range, nothing else");
         assert!(hole_at(4096) >= 4 << 20, "a hole is left in the range");
         assert!(hole_at(4 << 20) < 6 << 20, "the fill went past its range");
@@ -566,7 +576,7 @@ mod tests {
         let mut zeros = vec![1u8; 1 << 20];
         dev.read_at(&mut zeros, 2 << 20).unwrap();
         assert!(zeros.iter().all(|&b| b == 0), "a filled hole does not read as zeros");
-        assert_eq!(dev.fill_holes(0, 4 << 20).unwrap(), 4096, "only the one hole left");
+        assert_eq!(dev.fill_holes(0, 4 << 20, 0).unwrap(), 4096, "only the one hole left");
     }
 
     #[test]

@@ -87,6 +87,12 @@ pub trait Device: Send + Sync + 'static {
     /// Give up this pool's claim on the device (flock / O_EXCL) at export, destroy,
     /// detach or a simulated crash; I/O threads may still hold the device afterwards.
     fn release(&self) {}
+    /// Write zeros into the holes of `[start, end)` (a sparse file's), making them
+    /// durable; bytes written. Nothing where there are no holes, or where the backing
+    /// file system has less than `min_free_bytes` free. Default: nothing.
+    fn fill_holes(&self, _start: u64, _end: u64, _min_free_bytes: u64) -> io::Result<u64> {
+        Ok(0)
+    }
 }
 
 /// A device's identity: block devices by their device number (st_rdev), regular files
@@ -357,9 +363,6 @@ pub fn open_leaf(spec: &LeafSpec, role: Role) -> crate::Result<Arc<dyn Device>> 
         )),
         _ => crate::Error::Io(io::Error::new(e.kind(), format!("{}: {e}", spec.path.display()))),
     })?;
-    if spec.model.is_none() && ZILLA_LOG_REGION_FILL.get() == 1 {
-        fill_log_region(&base);
-    }
     let base: Arc<dyn Device> = Arc::new(base);
     Ok(match spec.model {
         None => base,
@@ -400,27 +403,35 @@ pub static ZILLA_LOG_REGION_FILL: Tunable = Tunable::new(
     "1: a leaf that is a sparse file gets the holes of its embedded log region (1/16 of it, at most 512 MiB) written with zeros when opened, so intent-log writes there wait for no host file system allocation",
 );
 
-/// Fill the holes of a plain-file leaf's embedded log region (see `metaslab`): the
-/// region as the leaf's own size gives it, which covers its top-level vdev's (a vdev
-/// is no larger than its smallest leaf, and the region grows with the size). Best
-/// effort: a host file system without room for it leaves the rest sparse, and the
-/// log works there as anywhere, only slower.
-fn fill_log_region(dev: &file::FileDevice) {
+/// Fill the holes of a plain-file leaf's embedded log region (see `metaslab`; devices
+/// other than plain files have none, [`Device::fill_holes`]): the region as the leaf's
+/// own size gives it, which covers its top-level vdev's (a vdev is no larger than its
+/// smallest leaf, and the region grows with the size).
+///
+/// Only before anything of the pool writes to the leaf, and only once the pool is
+/// known to be this process's (a new leaf that passed the in-use checks; an import
+/// past its multihost check; never a dry run): a write between the hole's SEEK_HOLE
+/// and the zeros would be overwritten. Best effort: it is skipped where the host file
+/// system has less than four times the region free (the room is the data's), and a
+/// failure leaves the rest sparse; the log works there as anywhere, only slower.
+pub fn fill_log_region(dev: &dyn Device, name: &str) {
+    if ZILLA_LOG_REGION_FILL.get() != 1 {
+        return;
+    }
     let size = label::usable_end(dev.size()).saturating_sub(label::DATA_START);
     let region = embedded_log_bytes(size);
     if region == 0 {
         return;
     }
     let started = std::time::Instant::now();
-    match dev.fill_holes(label::DATA_START, label::DATA_START + region) {
+    match dev.fill_holes(label::DATA_START, label::DATA_START + region, region.saturating_mul(4)) {
         Ok(0) => {}
         Ok(n) => tracing::info!(
-            "{}: wrote {} MiB of zeros over the holes of its log region in {} ms (so intent-log writes find allocated blocks)",
-            dev.path().display(),
+            "{name}: wrote {} MiB of zeros over the holes of its log region in {} ms (so intent-log writes find allocated blocks)",
             n >> 20,
             started.elapsed().as_millis()
         ),
-        Err(e) => tracing::warn!("{}: filling its log region failed, leaving it sparse: {e}", dev.path().display()),
+        Err(e) => tracing::warn!("{name}: filling its log region failed, leaving it sparse: {e}"),
     }
 }
 
