@@ -27,8 +27,8 @@
 //! the region, so the class's free space means what it did and a nearly full pool
 //! fills the region too. Nothing of it is on disk: the region is a function of the
 //! vdev's size, any block may live anywhere, and pools from before it import as they
-//! are. A plain-file leaf has the region's holes filled when it is opened
-//! (`vdev::open_leaf`, tunable `zilla_log_region_fill`).
+//! are. A plain-file leaf has the region's holes filled once the pool owns it
+//! (`vdev::fill_log_region`, tunable `zilla_log_region_fill`).
 //!
 //! Frees are deferred: a block freed in txg T goes to `defer[T]`, and the sync of T+3
 //! returns it to the free tree before it allocates (TXG_DEFER_SIZE = 2: the trees of
