@@ -244,53 +244,38 @@ fn an_add_whose_config_write_fails_leaves_an_importable_pool() {
 }
 
 /// `remove` of a log vdev whose config write fails in its first pass on the data
-/// devices: the live tree has dropped the log vdev already (nothing undoes that), so
-/// the txgs synced next carry the guid sum without it, under labels that still list
-/// it. Before the fix import refused "guid sum mismatch".
+/// devices, for good or once: the live tree has dropped the log vdev already (nothing
+/// undoes that), so the txgs synced next carry the guid sum without it, under labels
+/// that still list it (before the fix import refused "guid sum mismatch"). The error
+/// must say the removal stands (before, it reported the label error alone, as if
+/// nothing had changed), the device keeps its labels (every config on disk still
+/// lists it), and once a sync wrote the config the pool imports without it.
 #[test]
 fn a_log_remove_whose_config_write_fails_leaves_an_importable_pool() {
-    let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
-    let tops = vec![
-        TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] },
-        TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] },
-    ];
-    let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
-    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
-    pool.sync().unwrap();
-    arm(&faults, &["a", "b"], &[0, 2], 0);
-    let r = pool.remove("l");
-    assert!(r.is_err(), "the config reached no device's labels 0 and 2, yet remove succeeded");
-    let scan = zilla_core::vdev::label::scan_labels(&*rig.set.get("l")).unwrap();
-    assert!(scan.config.is_some(), "the removed log device lost its labels while every config on disk still lists it");
-    arm(&faults, &["a", "b"], &[], 0);
-    write_sync_cut_import(&rig, &pool, "log remove whose label write failed");
-}
-
-/// `remove` of a log vdev whose config write fails once: the removal stands in the
-/// live tree, so the error must say so (before, it reported the label error alone,
-/// as if nothing had changed), the device keeps its labels (every config on disk
-/// still lists it), and the next sync writes the new config: it imports without it.
-#[test]
-fn a_log_remove_whose_config_write_fails_once_says_the_removal_stands() {
-    let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
-    let tops = vec![
-        TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] },
-        TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] },
-    ];
-    let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
-    pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
-    pool.sync().unwrap();
-    for (_, f) in faults.iter().filter(|(n, _)| n == "a" || n == "b") {
-        f.arm_limited(&[0, 2], 0, 2);
+    for refusals in [u64::MAX, 2] {
+        let (rig, faults) = label_fault_rig(&["a", "b", "l"]);
+        let tops = vec![
+            TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("a"), leaf("b")] },
+            TopSpec { role: Role::Log, mirror: false, leaves: vec![leaf("l")] },
+        ];
+        let pool = Pool::create_with("tank", tops, Default::default(), rig.set.opener()).unwrap();
+        pool.volume_create("v", VOLSIZE, 4096, &[]).unwrap();
+        pool.sync().unwrap();
+        for (_, f) in faults.iter().filter(|(n, _)| n == "a" || n == "b") {
+            f.arm_limited(&[0, 2], 0, refusals);
+        }
+        let e = pool.remove("l").expect_err("the config reached no device's labels 0 and 2, yet remove succeeded");
+        assert!(e.to_string().contains("out of the pool"), "the error does not say the removal stands: {e}");
+        let scan = zilla_core::vdev::label::scan_labels(&*rig.set.get("l")).unwrap();
+        assert!(scan.config.is_some(), "the removed log device lost its labels while every config on disk still lists it");
+        if refusals != u64::MAX {
+            let exhausted = faults.iter().filter(|(_, f)| f.refusals_left.load(Ordering::SeqCst) == 0).count();
+            assert_eq!(exhausted, 2, "the injected failures did not all happen");
+            pool.sync().expect("the sync writes the stale config and goes on");
+        }
+        arm(&faults, &["a", "b"], &[], 0);
+        write_sync_cut_import(&rig, &pool, &format!("log remove whose label write failed (refusals {refusals})"));
     }
-    let e = pool.remove("l").expect_err("the config reached no device's labels 0 and 2, yet remove succeeded");
-    assert!(e.to_string().contains("out of the pool"), "the error does not say the removal stands: {e}");
-    let exhausted = faults.iter().filter(|(_, f)| f.refusals_left.load(Ordering::SeqCst) == 0).count();
-    assert_eq!(exhausted, 2, "the injected failures did not all happen");
-    let scan = zilla_core::vdev::label::scan_labels(&*rig.set.get("l")).unwrap();
-    assert!(scan.config.is_some(), "the removed log device lost its labels while the configs on disk still list it");
-    pool.sync().expect("the sync writes the stale config and goes on");
-    write_sync_cut_import(&rig, &pool, "log remove whose first label write failed");
 }
 
 /// An Env that stops a thread of the test's choice at a point of its choice while
