@@ -114,10 +114,6 @@ impl RangeAllocator {
         RangeAllocator { size, free, free_bytes: size, trimming_bytes: 0, log_end: log_bytes, cursor: log_bytes, log_cursor: 0 }
     }
 
-    /// Bytes of the embedded log region.
-    pub fn log_region_bytes(&self) -> u64 {
-        self.log_end
-    }
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
@@ -138,16 +134,15 @@ impl RangeAllocator {
     pub fn alloc_for(&mut self, len: u64, purpose: Purpose) -> Option<u64> {
         assert!(len > 0);
         let first_fit = ZILLA_METASLAB_FIRST_FIT.get() == 1;
-        let (data, log) = ((self.log_end, self.size), (0, self.log_end));
+        let (data, log) = ((self.log_end, self.size, false), (0, self.log_end, true));
         let order = match purpose {
             Purpose::Data => [data, log],
             Purpose::IntentLog => [log, data],
         };
-        for (lo, hi) in order {
+        for (lo, hi, is_log) in order {
             if hi - lo < len {
                 continue;
             }
-            let is_log = lo == 0 && hi == self.log_end;
             let cursor = if first_fit { lo } else if is_log { self.log_cursor } else { self.cursor };
             let Some(at) = self.find_free(len, lo, hi, cursor.clamp(lo, hi)) else { continue };
             debug_assert!(lo <= at && at + len <= hi);

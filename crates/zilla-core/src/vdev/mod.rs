@@ -393,14 +393,15 @@ pub fn embedded_log_bytes(size: u64) -> u64 {
     r / EMBEDDED_LOG_UNIT_BYTES * EMBEDDED_LOG_UNIT_BYTES
 }
 
-/// Whether opening a plain-file leaf fills the holes of its embedded log region.
+/// Whether a plain-file leaf the pool takes has the holes of its embedded log region
+/// filled ([`fill_log_region`]).
 pub static ZILLA_LOG_REGION_FILL: Tunable = Tunable::new(
     "zilla_log_region_fill",
     1,
     0,
     1,
     Applies::Live,
-    "1: a leaf that is a sparse file gets the holes of its embedded log region (1/16 of it, at most 512 MiB) written with zeros when opened, so intent-log writes there wait for no host file system allocation",
+    "1: a leaf that is a sparse file gets the holes of its embedded log region (1/16 of it, at most 512 MiB) written with zeros when a pool takes it (create, add, attach, import), so intent-log writes there wait for no host file system allocation",
 );
 
 /// Fill the holes of a plain-file leaf's embedded log region (see `metaslab`; devices
