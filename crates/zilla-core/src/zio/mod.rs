@@ -43,7 +43,7 @@ pub fn round_up(n: u64, unit: u64) -> u64 {
 /// A block ready to be allocated and written. `data` shares the caller's buffer when no
 /// transform was needed (uncompressed and already a multiple of the allocation unit).
 pub struct PreparedBlock {
-    pub data: std::sync::Arc<[u8]>,
+    pub data: crate::vdev::abd::BlockBuf,
     pub lsize: u32,
     pub psize: u32,
     pub compression: Compression,
@@ -59,7 +59,7 @@ impl PreparedBlock {
 
 /// Compress (if asked and worth it), pad to the allocation unit `unit` (a power of two,
 /// at least [`ALLOC_UNIT`]), checksum.
-pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
+pub fn prepare(logical: &crate::vdev::abd::BlockBuf, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
     let lsize = logical.len() as u32;
     let compressed = match comp {
         Compression::Off => None,
@@ -100,7 +100,7 @@ pub fn verify_copy(bp: &BlockPointer, phys: &[u8]) -> crate::vdev::mirror::Verif
 
 /// Turn verified physical bytes into logical bytes (one copy, into the shared buffer
 /// the ARC and the callers keep).
-pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<std::sync::Arc<[u8]>> {
+pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<crate::vdev::abd::BlockBuf> {
     match bp.compression() {
         Some(Compression::Off) => Ok(phys[..(bp.lsize as usize).min(phys.len())].into()),
         Some(c) => {

@@ -35,6 +35,7 @@ use crate::block::blkptr::{BlockPointer, Dva};
 use crate::block::checksum::ChecksumAlgo;
 use crate::block::compress::Compression;
 use crate::metaslab::Metaslabs;
+use crate::vdev::abd::WriteData;
 use crate::vdev::mirror::TopVdev;
 use crate::vdev::{IoClass, Role};
 use crate::{Error, Result, Txg, VdevId};
@@ -65,7 +66,6 @@ pub struct PoolIo {
     /// between syncs, and admission must see them at once (see `space`).
     space_log_bytes: std::sync::atomic::AtomicU64,
     /// Aligned aggregation buffers for sync writes.
-    pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
 }
@@ -88,7 +88,7 @@ type ErrorKey = (VdevId, u64, Txg);
 /// A block allocated and prepared in syncing context, not yet written.
 pub struct PendingWrite {
     pub dva: Dva,
-    pub data: Arc<[u8]>,
+    pub data: crate::vdev::abd::BlockBuf,
 }
 
 /// Largest aggregated write (zfs_vdev_aggregation_limit).
@@ -96,14 +96,16 @@ pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
 /// The largest block the pool writes (an indirect block, an object-directory chunk,
 /// the largest volblocksize): space admission counts free space in pieces of this size.
 pub const SPACE_ADMISSION_UNIT_BYTES: u64 = 128 << 10;
-/// Idle aggregation buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
-pub const WRITE_BUFFERS_POOLED: usize = 32;
+/// Most runs one txg sync keeps in flight (each at most AGGREGATION_LIMIT_BYTES).
+pub const SYNC_WRITE_WINDOW_MAX: usize = 128;
 
 /// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
 struct Run {
     vdev: VdevId,
     offset: u64,
     bytes: usize,
+    /// Memory pages the run's segments touch (at most [`WRITE_PAGES_MAX`]).
+    pages: usize,
     blocks: std::ops::Range<usize>,
 }
 
@@ -126,7 +128,6 @@ impl PoolIo {
             space_size: Default::default(),
             space_unavailable: Default::default(),
             space_log_bytes: Default::default(),
-            write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
             prepare: std::sync::OnceLock::new(),
         }
     }
@@ -239,8 +240,8 @@ impl PoolIo {
 
     /// The logical block from verified physical bytes of `bp` (decompressed, its size
     /// checked), inserted into the ARC when `cache`: how every block read ends.
-    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
-        let data: Arc<[u8]> = crate::zio::finish_read(bp, phys)?;
+    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<crate::vdev::abd::BlockBuf> {
+        let data: crate::vdev::abd::BlockBuf = crate::zio::finish_read(bp, phys)?;
         if data.len() != bp.lsize as usize {
             return Err(Error::Corrupt("decompressed size mismatch".into()));
         }
@@ -251,7 +252,7 @@ impl PoolIo {
     }
 
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
-    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
+    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<crate::vdev::abd::BlockBuf> {
         self.read_block_found_at(bp, class, kind, cache, self.ms.release_generation())
     }
 
@@ -260,7 +261,7 @@ impl PoolIo {
     /// the tree was looked at: a bad copy is rewritten only if no freed block was
     /// released since, so a slow lookup and read of a block freed and reused meanwhile
     /// never writes old contents over the new owner's.
-    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<Arc<[u8]>> {
+    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<crate::vdev::abd::BlockBuf> {
         assert!(!bp.is_hole());
         let key = BlockKey::of(bp);
         if let Some(d) = self.arc.lookup(&key) {
@@ -320,7 +321,7 @@ impl PoolIo {
     #[allow(clippy::too_many_arguments)]
     pub fn alloc_block(
         &self,
-        logical: &Arc<[u8]>,
+        logical: &crate::vdev::abd::BlockBuf,
         txg: Txg,
         kind: u8,
         level: u8,
@@ -390,8 +391,8 @@ impl PoolIo {
 }
 
 /// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
-/// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
-/// into a pooled buffer), runs of different vdevs are interleaved so every mirror works
+/// blocks of one top-level vdev are merged into runs of up to 1 MiB (the blocks' own
+/// buffers as the segments of one vectored write, not copied), runs of different vdevs are interleaved so every mirror works
 /// at once, and each run becomes one mirror write (one request per child, all in
 /// flight). At most `window` runs are in flight: `issue` blocks only when the window is
 /// full, so the caller prepares the next batch while the devices write this one.
@@ -413,7 +414,7 @@ impl<'a> SyncWriter<'a> {
     pub fn new(io: &'a PoolIo, txg: Txg) -> SyncWriter<'a> {
         let ntops = io.vdevs.read().len().max(1);
         let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
-        let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
+        let window = (per_top * ntops).clamp(8, SYNC_WRITE_WINDOW_MAX);
         SyncWriter { io, txg, window, state: Arc::new((Mutex::new(WriterState::default()), parking_lot::Condvar::new())) }
     }
 
@@ -427,19 +428,13 @@ impl<'a> SyncWriter<'a> {
             let Some(top) = self.io.top(run.vdev) else {
                 return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
             };
-            let mut buf = self.io.write_buffers.get(run.bytes);
-            for w in &batch[run.blocks.clone()] {
-                buf.extend_from_slice(&w.data);
-            }
+            // The run's blocks as the segments of one vectored write: no copy.
+            let data = WriteData::segments(batch[run.blocks.clone()].iter().map(|w| w.data.clone()).collect());
+            debug_assert_eq!(data.len(), run.bytes);
             self.wait_below(self.window)?;
-            let buf = Arc::new(buf);
-            let (state, keep) = (self.state.clone(), buf.clone());
-            let pool = self.io.write_buffers.clone();
-            top.write_async(IoClass::AsyncWrite, buf, run.offset, self.txg, Box::new(move |o| {
+            let state = self.state.clone();
+            top.write_async(IoClass::AsyncWrite, data, run.offset, self.txg, Box::new(move |o| {
                 let r = o.into_result();
-                if let Ok(b) = Arc::try_unwrap(keep) {
-                    pool.put(b);
-                }
                 let mut st = state.0.lock();
                 st.in_flight -= 1;
                 if let (Err(e), None) = (r, &st.failed) {
@@ -492,12 +487,14 @@ fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
     let mut per_vdev: BTreeMap<VdevId, Vec<Run>> = BTreeMap::new();
     for (i, w) in batch.iter().enumerate() {
         let runs = per_vdev.entry(w.dva.vdev).or_default();
+        let pages = crate::vdev::abd::pages_spanned(w.data.as_ptr(), w.data.len());
         match runs.last_mut() {
-            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
+            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES && r.pages + pages <= crate::vdev::abd::WRITE_PAGES_MAX => {
                 r.bytes += w.data.len();
+                r.pages += pages;
                 r.blocks.end = i + 1;
             }
-            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
+            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), pages, blocks: i..i + 1 }),
         }
     }
     let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
@@ -546,5 +543,28 @@ mod error_log_tests {
         assert_eq!((count(), io.error_list()), (1, vec!["block 5 seen by the scrub".to_string()]));
         io.clear_errors();
         assert_eq!((count(), io.error_list().len()), (0, 0));
+    }
+
+    #[test]
+    fn sync_runs_are_contiguous_bounded_and_interleaved() {
+        // Goal: the txg sync's runs join only adjacent blocks of one vdev, stop at 1 MiB
+        // and at WRITE_PAGES_MAX pages of buffers, and alternate between vdevs.
+        use crate::vdev::abd::{pages_spanned, BlockBuf, WRITE_PAGES_MAX};
+        let block = |vdev: u32, offset: u64| PendingWrite { dva: Dva { vdev: VdevId(vdev), asize: 16384, offset }, data: BlockBuf::copy_of(&[vdev as u8; 16384]) };
+        let mut batch: Vec<PendingWrite> = (0..128u64).map(|i| block(0, i * 16384)).collect();
+        batch.extend((0..4u64).map(|i| block(1, i * 16384)));
+        batch.push(block(1, 100 * 16384)); // not adjacent
+        let runs = interleaved_runs(&batch);
+        for r in &runs {
+            let blocks = &batch[r.blocks.clone()];
+            assert!(blocks.windows(2).all(|w| w[0].dva.vdev == w[1].dva.vdev && w[0].dva.offset + 16384 == w[1].dva.offset), "a run of adjacent blocks");
+            assert_eq!(r.bytes, blocks.len() * 16384);
+            assert!(r.bytes <= AGGREGATION_LIMIT_BYTES);
+            assert_eq!(r.pages, blocks.iter().map(|b| pages_spanned(b.data.as_ptr(), 16384)).sum::<usize>());
+            assert!(r.pages <= WRITE_PAGES_MAX, "run of {} pages", r.pages);
+        }
+        assert_eq!(runs.iter().map(|r| r.blocks.len()).sum::<usize>(), batch.len());
+        assert_eq!((runs[0].vdev, runs[1].vdev, runs[2].vdev, runs[3].vdev), (VdevId(0), VdevId(1), VdevId(0), VdevId(1)), "interleaved");
+        assert!(runs.iter().filter(|r| r.vdev == VdevId(0)).count() >= 2, "2 MiB on vdev 0 needs at least two runs");
     }
 }
