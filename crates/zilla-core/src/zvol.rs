@@ -942,7 +942,7 @@ impl BlockVolume for Volume {
         let cache = self.primary_cache_data();
         self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, Box::new(move |phys| {
             let Some(phys) = phys else { return done(None) };
-            let block = pool.io().finish_block_read(&bp, &phys, BufKind::Data, cache).ok();
+            let block = pool.io().finish_block_read(&bp, phys, BufKind::Data, cache).ok();
             match block.and_then(|d| SharedSlice::new(d, in_block, piece_len)) {
                 Some(piece) => {
                     pieces[at] = piece;

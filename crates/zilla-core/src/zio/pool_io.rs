@@ -240,8 +240,9 @@ impl PoolIo {
 
     /// The logical block from verified physical bytes of `bp` (decompressed, its size
     /// checked), inserted into the ARC when `cache`: how every block read ends.
-    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<crate::vdev::abd::BlockBuf> {
-        let data: crate::vdev::abd::BlockBuf = crate::zio::finish_read(bp, phys)?;
+    /// An uncompressed block keeps the buffer it was read into (no copy).
+    pub fn finish_block_read(&self, bp: &BlockPointer, phys: crate::vdev::abd::AlignedBuf, kind: BufKind, cache: bool) -> Result<crate::vdev::abd::BlockBuf> {
+        let data: crate::vdev::abd::BlockBuf = crate::zio::finish_read_owned(bp, phys)?;
         if data.len() != bp.lsize as usize {
             return Err(Error::Corrupt("decompressed size mismatch".into()));
         }
@@ -294,7 +295,7 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    return self.finish_block_read(bp, &r.data, kind, cache);
+                    return self.finish_block_read(bp, r.data, kind, cache);
                 }
                 Err(e) => {
                     if e.kind() != io::ErrorKind::InvalidData {

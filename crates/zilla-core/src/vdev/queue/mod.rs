@@ -586,10 +586,11 @@ impl LeafQueue {
         self.shared.submit(req, note)
     }
 
-    /// Blocking read of `len` bytes at `offset` into a fresh aligned buffer.
+    /// Blocking read of `len` bytes at `offset` into a fresh buffer aligned as block
+    /// buffers are ([`super::abd::BLOCK_ALIGN`]: it may become one, in the ARC).
     pub fn read_buf(&self, class: IoClass, len: usize, offset: u64) -> Result<AlignedBuf, IoError> {
         let w = Waiter::new();
-        self.submit_and_wait(IoRequest::read(class, offset, AlignedBuf::zeroed(len), w.completion()));
+        self.submit_and_wait(IoRequest::read(class, offset, AlignedBuf::zeroed_aligned(len, super::abd::BLOCK_ALIGN), w.completion()));
         w.wait().into_read()
     }
 
