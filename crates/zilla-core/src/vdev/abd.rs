@@ -1,4 +1,4 @@
-//! abd: the one aligned buffer type of device I/O, and a bounded pool of them.
+//! abd: the aligned buffers of device I/O and of blocks, and the bytes of a write.
 //!
 //! Theory of operation
 //! -------------------
@@ -18,12 +18,7 @@
 //! ARC's buffers, the segments of a write. Because it is an `AlignedBuf`, the txg sync
 //! hands a run of blocks to the device as one vectored write ([`WriteData`], pwritev or
 //! io_uring's WRITEV) instead of copying them into one buffer first.
-//!
-//! [`BufPool`] keeps at most `max_pooled` idle buffers of one size for reuse (the
-//! front end's payloads), so their pages are not faulted in again for every request.
-//! More may be in use than are pooled.
 
-use parking_lot::Mutex;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -350,58 +345,17 @@ impl std::fmt::Debug for WriteData {
     }
 }
 
-/// A bounded free list of equally sized aligned buffers.
-pub struct BufPool {
-    buf_bytes: usize,
-    max_pooled: usize,
-    free: Mutex<Vec<AlignedBuf>>,
-}
-
-impl BufPool {
-    pub fn new(buf_bytes: usize, max_pooled: usize) -> BufPool {
-        BufPool { buf_bytes, max_pooled, free: Mutex::new(Vec::new()) }
-    }
-    /// A cleared buffer of at least `len` bytes capacity.
-    pub fn get(&self, len: usize) -> AlignedBuf {
-        if len <= self.buf_bytes {
-            if let Some(mut b) = self.free.lock().pop() {
-                b.clear();
-                return b;
-            }
-            return AlignedBuf::with_capacity(self.buf_bytes);
-        }
-        AlignedBuf::with_capacity(len)
-    }
-    /// Give a buffer back; kept only if it has the pool's size and the pool is not full.
-    pub fn put(&self, b: AlignedBuf) {
-        if b.capacity() == self.buf_bytes {
-            let mut f = self.free.lock();
-            if f.len() < self.max_pooled {
-                f.push(b);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     #[test]
-    fn aligned_and_bounded() {
-        let pool = BufPool::new(1 << 20, 2);
-        let mut a = pool.get(4096);
+    fn aligned_and_exact() {
+        let mut a = AlignedBuf::with_capacity(4096);
         assert_eq!(a.as_slice().as_ptr() as usize % ALIGN, 0);
         a.extend_from_slice(&[1, 2, 3]);
         a.extend_from_slice(&[4]);
         assert_eq!(a.as_slice(), &[1, 2, 3, 4]);
-        let b = pool.get(10);
-        let c = pool.get(10);
-        pool.put(a);
-        pool.put(b);
-        pool.put(c);
-        assert_eq!(pool.free.lock().len(), 2, "pool keeps at most max_pooled idle buffers");
-        let big = pool.get(3 << 20);
-        assert!(big.capacity() >= 3 << 20);
+        assert_eq!(a.capacity(), 4096);
         for align in [512, 4096, 65536] {
             let z = AlignedBuf::zeroed_aligned(1000, align);
             assert_eq!(z.as_slice().as_ptr() as usize % align, 0);

@@ -65,7 +65,6 @@ pub struct PoolIo {
     /// counted as whole `SPACE_ADMISSION_UNIT_BYTES` pieces): log blocks are allocated
     /// between syncs, and admission must see them at once (see `space`).
     space_log_bytes: std::sync::atomic::AtomicU64,
-    /// Aligned aggregation buffers for sync writes.
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
 }
