@@ -1422,7 +1422,7 @@ impl Zilog {
         }
         for w in data {
             let top = io.top(w.dva.vdev).ok_or_else(|| Error::Corrupt(format!("data block on unknown vdev {}", w.dva.vdev)))?;
-            add(top, BlockWrite { offset: w.dva.offset, data: w.data.clone(), txg: w.txg });
+            add(top, BlockWrite { offset: w.dva.offset, data: crate::vdev::abd::AlignedBuf::copy_of(&w.data).into(), txg: w.txg }); // 4 KiB-aligned: abd.rs
         }
         Ok(per_top)
     }

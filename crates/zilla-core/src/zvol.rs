@@ -223,8 +223,8 @@ fn patched_block(base: Option<&[u8]>, bs: usize, in_off: usize, len: usize, patc
         return crate::vdev::abd::BlockBuf::copy_of(p);
     }
     let mut block = match base {
-        Some(b) => crate::vdev::abd::AlignedBuf::copy_of_aligned(b, crate::vdev::abd::BLOCK_ALIGN),
-        None => crate::vdev::abd::AlignedBuf::zeroed_aligned(bs, crate::vdev::abd::BLOCK_ALIGN),
+        Some(b) => crate::vdev::abd::AlignedBuf::copy_of_aligned(b, crate::vdev::abd::HEAP_ALIGN),
+        None => crate::vdev::abd::AlignedBuf::zeroed_aligned(bs, crate::vdev::abd::HEAP_ALIGN),
     };
     let range = &mut block[in_off..in_off + len];
     match patch {

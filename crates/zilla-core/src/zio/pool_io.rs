@@ -65,6 +65,8 @@ pub struct PoolIo {
     /// counted as whole `SPACE_ADMISSION_UNIT_BYTES` pieces): log blocks are allocated
     /// between syncs, and admission must see them at once (see `space`).
     space_log_bytes: std::sync::atomic::AtomicU64,
+    /// Aligned run buffers of the txg sync's writes (abd.rs says why runs are copied).
+    pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
 }
@@ -95,16 +97,16 @@ pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
 /// The largest block the pool writes (an indirect block, an object-directory chunk,
 /// the largest volblocksize): space admission counts free space in pieces of this size.
 pub const SPACE_ADMISSION_UNIT_BYTES: u64 = 128 << 10;
+/// Idle run buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
+pub const WRITE_BUFFERS_POOLED: usize = 32;
 /// Most runs one txg sync keeps in flight (each at most AGGREGATION_LIMIT_BYTES).
-pub const SYNC_WRITE_WINDOW_MAX: usize = 128;
+pub const SYNC_WRITE_WINDOW_MAX: usize = 4 * WRITE_BUFFERS_POOLED;
 
 /// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
 struct Run {
     vdev: VdevId,
     offset: u64,
     bytes: usize,
-    /// Memory pages the run's segments touch (at most [`WRITE_PAGES_MAX`]).
-    pages: usize,
     blocks: std::ops::Range<usize>,
 }
 
@@ -127,6 +129,7 @@ impl PoolIo {
             space_size: Default::default(),
             space_unavailable: Default::default(),
             space_log_bytes: Default::default(),
+            write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
             prepare: std::sync::OnceLock::new(),
         }
     }
@@ -391,8 +394,8 @@ impl PoolIo {
 }
 
 /// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
-/// blocks of one top-level vdev are merged into runs of up to 1 MiB (the blocks' own
-/// buffers as the segments of one vectored write, not copied), runs of different vdevs are interleaved so every mirror works
+/// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
+/// into a pooled buffer; abd.rs says why not vectored), runs of different vdevs are interleaved so every mirror works
 /// at once, and each run becomes one mirror write (one request per child, all in
 /// flight). At most `window` runs are in flight: `issue` blocks only when the window is
 /// full, so the caller prepares the next batch while the devices write this one.
@@ -428,13 +431,20 @@ impl<'a> SyncWriter<'a> {
             let Some(top) = self.io.top(run.vdev) else {
                 return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
             };
-            // The run's blocks as the segments of one vectored write: no copy.
-            let data = WriteData::segments(batch[run.blocks.clone()].iter().map(|w| w.data.clone()).collect());
-            debug_assert_eq!(data.len(), run.bytes);
+            // One copy into a 4 KiB-aligned pooled buffer (abd.rs: why not vectored).
+            let mut buf = self.io.write_buffers.get(run.bytes);
+            for w in &batch[run.blocks.clone()] {
+                buf.extend_from_slice(&w.data);
+            }
             self.wait_below(self.window)?;
-            let state = self.state.clone();
+            let data = WriteData::from(buf);
+            let (state, keep) = (self.state.clone(), data.clone());
+            let pool = self.io.write_buffers.clone();
             top.write_async(IoClass::AsyncWrite, data, run.offset, self.txg, Box::new(move |o| {
                 let r = o.into_result();
+                if let Some(b) = keep.into_single() {
+                    pool.put(b);
+                }
                 let mut st = state.0.lock();
                 st.in_flight -= 1;
                 if let (Err(e), None) = (r, &st.failed) {
@@ -487,14 +497,12 @@ fn interleaved_runs(batch: &[PendingWrite]) -> Vec<Run> {
     let mut per_vdev: BTreeMap<VdevId, Vec<Run>> = BTreeMap::new();
     for (i, w) in batch.iter().enumerate() {
         let runs = per_vdev.entry(w.dva.vdev).or_default();
-        let pages = crate::vdev::abd::pages_spanned(w.data.as_ptr(), w.data.len());
         match runs.last_mut() {
-            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES && r.pages + pages <= crate::vdev::abd::WRITE_PAGES_MAX => {
+            Some(r) if r.offset + r.bytes as u64 == w.dva.offset && r.bytes + w.data.len() <= AGGREGATION_LIMIT_BYTES => {
                 r.bytes += w.data.len();
-                r.pages += pages;
                 r.blocks.end = i + 1;
             }
-            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), pages, blocks: i..i + 1 }),
+            _ => runs.push(Run { vdev: w.dva.vdev, offset: w.dva.offset, bytes: w.data.len(), blocks: i..i + 1 }),
         }
     }
     let mut queues: Vec<std::collections::VecDeque<Run>> = per_vdev.into_values().map(Into::into).collect();
@@ -547,9 +555,9 @@ mod error_log_tests {
 
     #[test]
     fn sync_runs_are_contiguous_bounded_and_interleaved() {
-        // Goal: the txg sync's runs join only adjacent blocks of one vdev, stop at 1 MiB
-        // and at WRITE_PAGES_MAX pages of buffers, and alternate between vdevs.
-        use crate::vdev::abd::{pages_spanned, BlockBuf, WRITE_PAGES_MAX};
+        // Goal: the txg sync's runs join only adjacent blocks of one vdev, stop at 1 MiB,
+        // and alternate between vdevs.
+        use crate::vdev::abd::BlockBuf;
         let block = |vdev: u32, offset: u64| PendingWrite { dva: Dva { vdev: VdevId(vdev), asize: 16384, offset }, data: BlockBuf::copy_of(&[vdev as u8; 16384]) };
         let mut batch: Vec<PendingWrite> = (0..128u64).map(|i| block(0, i * 16384)).collect();
         batch.extend((0..4u64).map(|i| block(1, i * 16384)));
@@ -560,11 +568,9 @@ mod error_log_tests {
             assert!(blocks.windows(2).all(|w| w[0].dva.vdev == w[1].dva.vdev && w[0].dva.offset + 16384 == w[1].dva.offset), "a run of adjacent blocks");
             assert_eq!(r.bytes, blocks.len() * 16384);
             assert!(r.bytes <= AGGREGATION_LIMIT_BYTES);
-            assert_eq!(r.pages, blocks.iter().map(|b| pages_spanned(b.data.as_ptr(), 16384)).sum::<usize>());
-            assert!(r.pages <= WRITE_PAGES_MAX, "run of {} pages", r.pages);
         }
         assert_eq!(runs.iter().map(|r| r.blocks.len()).sum::<usize>(), batch.len());
-        assert_eq!((runs[0].vdev, runs[1].vdev, runs[2].vdev, runs[3].vdev), (VdevId(0), VdevId(1), VdevId(0), VdevId(1)), "interleaved");
-        assert!(runs.iter().filter(|r| r.vdev == VdevId(0)).count() >= 2, "2 MiB on vdev 0 needs at least two runs");
+        let vdevs: Vec<u32> = runs.iter().map(|r| r.vdev.get()).collect();
+        assert_eq!(vdevs, vec![0, 1, 0, 1], "interleaved: 2 MiB on vdev 0 in two runs, vdev 1 in two (one block apart)");
     }
 }

@@ -1424,13 +1424,19 @@ mod tests {
 
     /// One file leaf, both engines: concurrent owned writes, a flush, read back, an
     /// unaligned write (the bounce path), an out-of-range read.
-    fn engine_round_trip(engine: EngineKind) {
+    /// A queue with `engine` on a 16 MiB file leaf (keep the directory while it is used).
+    fn file_leaf_queue(engine: EngineKind) -> (tempfile::TempDir, LeafQueue) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leaf");
         std::fs::File::create(&path).unwrap().set_len(16 << 20).unwrap();
         let dev: Arc<dyn Device> = Arc::new(crate::vdev::file::FileDevice::open(&path).unwrap());
         let q = LeafQueue::with_engine(dev, path.to_str().unwrap(), engine);
         assert_eq!(q.engine(), engine, "engine fell back");
+        (dir, q)
+    }
+
+    fn engine_round_trip(engine: EngineKind) {
+        let (_dir, q) = file_leaf_queue(engine);
         let (tx, rx) = crossbeam_channel::unbounded();
         for i in 0..64u64 {
             let buf = Arc::new(AlignedBuf::copy_of(&vec![i as u8 + 1; 65536]));
@@ -1581,18 +1587,13 @@ mod tests {
     /// land back to back; a write aggregate of such requests too, and the page bound
     /// of a raw leaf splits aggregates that would touch more pages than one bio takes.
     fn vectored_writes_round_trip(engine: EngineKind) {
-        use crate::vdev::abd::{BlockBuf, WriteData, BLOCK_ALIGN, WRITE_PAGES_MAX};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("leaf");
-        std::fs::File::create(&path).unwrap().set_len(16 << 20).unwrap();
-        let dev: Arc<dyn Device> = Arc::new(crate::vdev::file::FileDevice::open(&path).unwrap());
-        let q = LeafQueue::with_engine(dev, path.to_str().unwrap(), engine);
-        assert_eq!(q.engine(), engine, "engine fell back");
+        use crate::vdev::abd::{BlockBuf, WriteData, ALIGN, WRITE_PAGES_MAX};
+        let (_dir, q) = file_leaf_queue(engine);
         let pattern = |seed: u64, len: usize| -> Vec<u8> { (0..len as u64).map(|i| (i * 31 + seed * 7) as u8).collect() };
-        // aligned segments: 16K, 4K, 512 at BLOCK_ALIGN; then a segment at an odd
-        // address (a sub-slice copy is still aligned, so force it through a 1-byte skew)
-        let aligned: Vec<BlockBuf> = [16384usize, 4096, 512].iter().enumerate().map(|(i, &n)| BlockBuf::copy_of(&pattern(i as u64, n))).collect();
-        assert!(aligned.iter().all(|b| b.as_ptr() as usize % BLOCK_ALIGN == 0));
+        // aligned segments: 16K, 4K, 512 at 4 KiB alignment (O_DIRECT takes them as
+        // they are); then heap-aligned segments and odd lengths (copied into one buffer)
+        let aligned: Vec<BlockBuf> = [16384usize, 4096, 512].iter().enumerate().map(|(i, &n)| BlockBuf::from(AlignedBuf::copy_of(&pattern(i as u64, n)))).collect();
+        assert!(aligned.iter().all(|b| b.as_ptr() as usize % ALIGN == 0));
         let mut expect: Vec<u8> = aligned.iter().flat_map(|b| b.iter().copied()).collect();
         q.write_buf(IoClass::SyncWrite, WriteData::segments(aligned.clone()), 1 << 20).unwrap();
         let back = q.read_buf(IoClass::SyncRead, expect.len(), 1 << 20).unwrap();
