@@ -5,7 +5,7 @@
 //! Blocks are immutable (copy-on-write), so a block's identity — the first copy's
 //! address plus its birth txg, [`BlockKey`] — names its content forever: a cached buffer
 //! can never be stale, only unreachable. The cache holds *logical* (verified,
-//! decompressed) buffers as `crate::vdev::abd::BlockBuf`, shared with readers without copying.
+//! decompressed) buffers as `Arc<[u8]>`, shared with readers without copying.
 //!
 //! This first version is a sharded CLOCK cache (second-chance LRU approximation)
 //! bounded in bytes (`zfs_arc_max`, followed live: lowering it trims every shard at
@@ -33,6 +33,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -72,7 +73,7 @@ pub enum BufKind {
 }
 
 struct Entry {
-    data: crate::vdev::abd::BlockBuf,
+    data: Arc<[u8]>,
     referenced: bool,
     /// Matches the ring slot that owns this entry; older slots for the key are stale.
     generation: u64,
@@ -258,7 +259,7 @@ impl ArcCache {
         &self.shards[(h >> 60) as usize % SHARDS]
     }
 
-    pub fn lookup(&self, k: &BlockKey) -> Option<crate::vdev::abd::BlockBuf> {
+    pub fn lookup(&self, k: &BlockKey) -> Option<Arc<[u8]>> {
         let found = {
             let mut s = self.shard(k).lock();
             s.map.get_mut(k).map(|e| {
@@ -273,7 +274,7 @@ impl ArcCache {
         found
     }
 
-    pub fn insert(&self, k: BlockKey, data: crate::vdev::abd::BlockBuf, kind: BufKind) {
+    pub fn insert(&self, k: BlockKey, data: Arc<[u8]>, kind: BufKind) {
         let len = data.len() as u64;
         let limit = self.shard_limit();
         if len > limit {

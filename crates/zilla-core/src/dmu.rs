@@ -26,6 +26,7 @@
 //! block meanwhile, in which case the read is retried.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -85,7 +86,7 @@ pub fn levels_for(nblocks: u64) -> u8 {
 
 /// Read an indirect block of a volume tree (through the ARC, as metadata) and check
 /// that it is one.
-pub fn read_indirect(io: &PoolIo, bp: &BlockPointer, class: IoClass) -> Result<crate::vdev::abd::BlockBuf> {
+pub fn read_indirect(io: &PoolIo, bp: &BlockPointer, class: IoClass) -> Result<Arc<[u8]>> {
     let d = io.read_block(bp, class, BufKind::Metadata, true)?;
     if d.len() != INDIRECT_SIZE || bp.kind != blkptr::KIND_INDIRECT {
         return Err(Error::Corrupt(format!("indirect block has size {} kind {}", d.len(), bp.kind)));
@@ -203,7 +204,7 @@ pub struct WritePolicy {
 }
 
 /// A block written by a sync, to enter the ARC once its txg has committed.
-pub type WrittenBlock = (crate::arc::BlockKey, crate::vdev::abd::BlockBuf);
+pub type WrittenBlock = (crate::arc::BlockKey, Arc<[u8]>);
 
 /// Apply sorted L0 changes to the tree rooted at `root`: write new indirects (queued in
 /// `batch`), free replaced blocks in `txg`. Returns the new root. With
@@ -261,7 +262,7 @@ pub fn apply_changes(
         if fill == 0 {
             return Ok(BlockPointer::hole());
         }
-        let ind: crate::vdev::abd::BlockBuf = ind.into();
+        let ind: Arc<[u8]> = ind.into();
         let new = io.alloc_block(&ind, pol.txg, blkptr::KIND_INDIRECT, level as u8, fill, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
         if pol.cache_metadata {
             written.push((crate::arc::BlockKey::of(&new), ind));
@@ -284,7 +285,7 @@ pub const DIRTY_SHARDS: usize = 64;
 pub struct DirtyVersion {
     pub txg: Txg,
     /// None = the block was freed (reads as zeros, hole).
-    pub data: Option<crate::vdev::abd::BlockBuf>,
+    pub data: Option<Arc<[u8]>>,
 }
 
 #[derive(Default)]
@@ -318,13 +319,13 @@ impl DirtySet {
         &self.shards[(blkid.get() as usize) % DIRTY_SHARDS]
     }
     /// Newest dirty version of a block: Some(None) = freed, Some(Some) = data.
-    pub fn newest(&self, blkid: BlockId) -> Option<Option<crate::vdev::abd::BlockBuf>> {
+    pub fn newest(&self, blkid: BlockId) -> Option<Option<Arc<[u8]>>> {
         self.shard(blkid).lock().blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone())
     }
     /// Insert a version for `txg`; returns true if this block became newly dirty in txg.
     /// Versions stay in txg order: `txg` is at least the newest version's (a writer
     /// holding an older txg writes into the newest version, see zvol update_block).
-    pub fn insert(shard: &mut DirtyShard, blkid: BlockId, txg: Txg, data: Option<crate::vdev::abd::BlockBuf>) -> bool {
+    pub fn insert(shard: &mut DirtyShard, blkid: BlockId, txg: Txg, data: Option<Arc<[u8]>>) -> bool {
         let v = shard.blocks.entry(blkid).or_default();
         assert!(v.last().is_none_or(|last| last.txg <= txg), "dirty version of {txg:?} after a newer one: its sync would be overwritten by the older data");
         match v.last_mut() {
@@ -339,7 +340,7 @@ impl DirtySet {
         }
     }
     /// Every record of txg `txg`, sorted by blkid.
-    pub fn collect(&self, txg: Txg) -> Vec<(BlockId, Option<crate::vdev::abd::BlockBuf>)> {
+    pub fn collect(&self, txg: Txg) -> Vec<(BlockId, Option<Arc<[u8]>>)> {
         let mut out = Vec::new();
         for s in &self.shards {
             let s = s.lock();
@@ -607,11 +608,11 @@ pub fn write_mos(io: &PoolIo, blob: &[u8], txg: Txg, batch: &mut Vec<PendingWrit
     for (i, c) in chunks.iter().enumerate() {
         let mut buf = c.to_vec();
         buf.resize(c.len().div_ceil(4096) * 4096, 0);
-        let buf: crate::vdev::abd::BlockBuf = buf.into();
+        let buf: Arc<[u8]> = buf.into();
         let bp = io.alloc_block(&buf, txg, blkptr::KIND_MOS_CHUNK, 0, 1, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
         index[i * BlockPointer::SIZE..(i + 1) * BlockPointer::SIZE].copy_from_slice(&bp.encode());
     }
-    let index: crate::vdev::abd::BlockBuf = index.into();
+    let index: Arc<[u8]> = index.into();
     let mut ibp = io.alloc_block(&index, txg, blkptr::KIND_MOS_INDEX, 1, chunks.len() as u64, ChecksumAlgo::Fletcher4, Compression::Lz4, 3, batch)?;
     ibp.fill = blob.len() as u64;
     // fill of the index = exact blob length; the checksum covers data only, so this is safe

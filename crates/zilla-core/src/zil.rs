@@ -247,7 +247,7 @@ pub struct LogRecord {
     pub txg: Txg,
     pub offset: u64,
     pub len: u64,
-    pub data: crate::vdev::abd::BlockBuf,
+    pub data: Arc<[u8]>,
 }
 
 impl LogRecord {
@@ -264,16 +264,16 @@ impl LogRecord {
 #[derive(Clone)]
 enum ItxData {
     /// TX_WRITE, WR_COPIED: the bytes, copied when the write was applied.
-    Copied(crate::vdev::abd::BlockBuf),
+    Copied(Arc<[u8]>),
     /// TX_WRITE, WR_NEED_COPY: a whole block's immutable buffer, copied into the log
     /// block at commit.
-    Block(crate::vdev::abd::BlockBuf),
+    Block(Arc<[u8]>),
     /// TX_TRUNCATE: the range reads as zeros.
     Truncate(u64),
     /// TX_WRITE, WR_INDIRECT (whole blocks, see `zvol::log_itx`): the block's immutable
     /// buffer; at commit it is written in place to the pool (dmu_sync) and the log
     /// record carries only its block pointer.
-    Indirect(crate::vdev::abd::BlockBuf),
+    Indirect(Arc<[u8]>),
     /// A whole-block write (`Block` or `Indirect`) that a later whole-block write of the
     /// same block in the same txg replaced before any commit took it: it writes no
     /// record, and its buffer is released at once (see `ItxLists::whole_blocks`).
@@ -460,7 +460,7 @@ impl ZilStats {
 enum Pending {
     Record(LogRecord),
     /// A WR_INDIRECT itx: its block is written in place by the commit.
-    Indirect { txg: Txg, offset: u64, block: crate::vdev::abd::BlockBuf },
+    Indirect { txg: Txg, offset: u64, block: Arc<[u8]> },
 }
 
 impl Pending {
@@ -486,7 +486,7 @@ impl Pending {
 struct DataWrite {
     dva: Dva,
     txg: Txg,
-    data: crate::vdev::abd::BlockBuf,
+    data: Arc<[u8]>,
 }
 
 /// How a volume checksums and compresses its data blocks (for dmu_sync).
@@ -503,7 +503,7 @@ pub struct DmuSynced {
     pub txg: Txg,
     pub blkid: crate::BlockId,
     /// The dirty version written (compared by identity at sync).
-    pub data: crate::vdev::abd::BlockBuf,
+    pub data: Arc<[u8]>,
     pub bp: BlockPointer,
     /// Its write and the lwb with its record are flushed.
     pub durable: bool,
@@ -512,8 +512,8 @@ pub struct DmuSynced {
 impl DmuSynced {
     /// The sync may use this block for block `blkid` whose dirty version of its txg is
     /// `data`: the very version written, and durable.
-    pub fn matches(&self, blkid: crate::BlockId, data: &crate::vdev::abd::BlockBuf) -> bool {
-        self.durable && self.blkid == blkid && !self.data.is_empty() && crate::vdev::abd::BlockBuf::ptr_eq(&self.data, data)
+    pub fn matches(&self, blkid: crate::BlockId, data: &Arc<[u8]>) -> bool {
+        self.durable && self.blkid == blkid && !self.data.is_empty() && Arc::ptr_eq(&self.data, data)
     }
 }
 
@@ -709,14 +709,14 @@ impl Zilog {
 
     /// Log a write of `data` at byte `offset` in `txg`; `whole_block` = `data` is a
     /// whole block's immutable buffer (kept by reference, copied at commit).
-    pub fn log_write(&self, txg: Txg, offset: u64, data: crate::vdev::abd::BlockBuf, whole_block: bool) {
+    pub fn log_write(&self, txg: Txg, offset: u64, data: Arc<[u8]>, whole_block: bool) {
         let d = if whole_block { ItxData::Block(data) } else { ItxData::Copied(data) };
         self.append(txg, Itx { offset, data: d });
     }
 
     /// Log a whole-block write that goes to the pool in place (WR_INDIRECT): `block` is
     /// the block's immutable buffer, written by the commit that covers it (dmu_sync).
-    pub fn log_write_indirect(&self, txg: Txg, offset: u64, block: crate::vdev::abd::BlockBuf) {
+    pub fn log_write_indirect(&self, txg: Txg, offset: u64, block: Arc<[u8]>) {
         self.append(txg, Itx { offset, data: ItxData::Indirect(block) });
     }
 
@@ -726,7 +726,7 @@ impl Zilog {
     /// or WR_INDIRECT), superseding it: a copy of the bytes would leave the old buffer
     /// alive in that itx beside the new one. Logging the whole block is always right
     /// (it is the state after the write). One lock for the choice and the append.
-    pub fn log_partial_write(&self, txg: Txg, block_offset: u64, offset: u64, patch: crate::vdev::abd::BlockBuf, block: &crate::vdev::abd::BlockBuf) {
+    pub fn log_partial_write(&self, txg: Txg, block_offset: u64, offset: u64, patch: Arc<[u8]>, block: &Arc<[u8]>) {
         self.stats.zil_itx_count.fetch_add(1, Ordering::Relaxed);
         let mut l = self.itxs.lock();
         let itx = match pending_whole(&l, txg, block_offset) {
@@ -1165,7 +1165,7 @@ impl Zilog {
                         self.stats.zil_itx_needcopy_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
                         (TX_WRITE, WR_NEED_COPY, d)
                     }
-                    ItxData::Truncate(_) => (TX_TRUNCATE, 0, crate::vdev::abd::BlockBuf::copy_of(&[])),
+                    ItxData::Truncate(_) => (TX_TRUNCATE, 0, Arc::from(&[][..])),
                     ItxData::Superseded => continue,
                     ItxData::Indirect(block) => {
                         self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
@@ -1216,7 +1216,7 @@ impl Zilog {
     /// One block written in place for txg `txg` (see `dmu_sync_all`); `None`: copy it
     /// into the log instead. Until [`Zilog::dmu_sync_done`] the sync of `txg` waits for
     /// it in `overrides_for_sync`.
-    fn dmu_sync(&self, io: &PoolIo, txg: Txg, offset: u64, block: &crate::vdev::abd::BlockBuf, pol: DataPolicy, admit: AdmitLogBlock<'_>) -> Option<(LogRecord, DataWrite)> {
+    fn dmu_sync(&self, io: &PoolIo, txg: Txg, offset: u64, block: &Arc<[u8]>, pol: DataPolicy, admit: AdmitLogBlock<'_>) -> Option<(LogRecord, DataWrite)> {
         {
             let mut o = self.overrides.lock();
             if txg <= o.closed_through {
@@ -1256,11 +1256,11 @@ impl Zilog {
         o.blocks.insert(dva, DmuSynced { txg, blkid, data: block.clone(), bp, durable: false });
         if let Some(older) = o.latest.insert((txg, blkid), dva) {
             if let Some(b) = o.blocks.get_mut(&older) {
-                b.data = crate::vdev::abd::BlockBuf::copy_of(&[]); // superseded: never matches, freed by the sync
+                b.data = Arc::from(&[][..]); // superseded: never matches, freed by the sync
             }
         }
         drop(o);
-        let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: crate::vdev::abd::BlockBuf::copy_of(&bp.encode()) };
+        let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: Arc::from(&bp.encode()[..]) };
         Some((record, DataWrite { dva, txg, data: p.data }))
     }
 
@@ -1418,11 +1418,11 @@ impl Zilog {
         for (cb, block) in planned {
             let top = io.top(cb.ptr.dva.vdev).ok_or_else(|| Error::Corrupt(format!("log block on unknown vdev {}", cb.ptr.dva.vdev)))?;
             self.count_lwb(top.role == Role::Log, cb, block.len());
-            add(top, BlockWrite { offset: cb.ptr.dva.offset, data: block.clone().into(), txg: open });
+            add(top, BlockWrite { offset: cb.ptr.dva.offset, data: block.clone(), txg: open });
         }
         for w in data {
             let top = io.top(w.dva.vdev).ok_or_else(|| Error::Corrupt(format!("data block on unknown vdev {}", w.dva.vdev)))?;
-            add(top, BlockWrite { offset: w.dva.offset, data: crate::vdev::abd::AlignedBuf::copy_of(&w.data).into(), txg: w.txg }); // 4 KiB-aligned: abd.rs
+            add(top, BlockWrite { offset: w.dva.offset, data: Arc::new(AlignedBuf::copy_of(&w.data)), txg: w.txg });
         }
         Ok(per_top)
     }
@@ -1897,7 +1897,7 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
         if !ok {
             return Err(malformed());
         }
-        out.push(LogRecord { rtype, wr, txg, offset, len, data: crate::vdev::abd::BlockBuf::copy_of(data) });
+        out.push(LogRecord { rtype, wr, txg, offset, len, data: Arc::from(data) });
     }
     Ok(out)
 }
@@ -2009,7 +2009,7 @@ mod tests {
     fn lwb_round_trips_and_rejects_other_chains() {
         let recs = vec![
             LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 5, data: b"hello"[..].into() },
-            LogRecord { rtype: TX_TRUNCATE, wr: 0, txg: Txg(8), offset: 0, len: 8192, data: crate::vdev::abd::BlockBuf::copy_of(&[]) },
+            LogRecord { rtype: TX_TRUNCATE, wr: 0, txg: Txg(8), offset: 0, len: 8192, data: Arc::from(&[][..]) },
         ];
         let mut body = Vec::new();
         for r in &recs {
@@ -2092,8 +2092,8 @@ mod tests {
 mod superseded_tests {
     use super::*;
 
-    fn block(fill: u8) -> crate::vdev::abd::BlockBuf {
-        vec![fill; 16384].into()
+    fn block(fill: u8) -> Arc<[u8]> {
+        Arc::from(vec![fill; 16384])
     }
 
     fn token(txg: Txg) -> SyncToken {
@@ -2118,24 +2118,24 @@ mod superseded_tests {
         let z = Zilog::new(1);
         let first = block(1);
         z.log_write(Txg(5), 0, first.clone(), true);
-        assert_eq!(crate::vdev::abd::BlockBuf::strong_count(&first), 2, "the pending itx keeps the buffer");
+        assert_eq!(Arc::strong_count(&first), 2, "the pending itx keeps the buffer");
         let second = block(2);
         z.log_write(Txg(5), 0, second.clone(), true);
-        assert_eq!(crate::vdev::abd::BlockBuf::strong_count(&first), 1, "the superseded itx let go of its buffer");
+        assert_eq!(Arc::strong_count(&first), 1, "the superseded itx let go of its buffer");
         // another block, and the same block in the next txg, are kept
         z.log_write(Txg(5), 16384, block(3), true);
         z.log_write(Txg(6), 0, block(4), true);
-        assert_eq!(crate::vdev::abd::BlockBuf::strong_count(&second), 2);
+        assert_eq!(Arc::strong_count(&second), 2);
         assert_eq!(z.stats.zil_itx_superseded_count.load(Ordering::Relaxed), 1);
         assert_eq!(take_summary(&z), vec![(WR_NEED_COPY, 0, 2), (WR_NEED_COPY, 16384, 3), (WR_NEED_COPY, 0, 4)]);
-        assert_eq!(crate::vdev::abd::BlockBuf::strong_count(&second), 1, "taken itxs are no longer held by the lists");
+        assert_eq!(Arc::strong_count(&second), 1, "taken itxs are no longer held by the lists");
     }
 
     #[test]
     fn records_between_two_whole_writes_stay_in_order() {
         let z = Zilog::new(1);
         z.log_write_indirect(Txg(5), 0, block(1));
-        z.log_write(Txg(5), 100, vec![7u8; 10].into(), false);
+        z.log_write(Txg(5), 100, Arc::from(vec![7u8; 10]), false);
         z.log_truncate(Txg(5), 0, 16384);
         z.log_write(Txg(5), 0, block(2), true);
         assert_eq!(take_summary(&z), vec![(WR_COPIED, 100, 7), (0, 0, 0), (WR_NEED_COPY, 0, 2)]);

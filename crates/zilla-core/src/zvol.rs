@@ -116,7 +116,7 @@ pub type ReadDone = Box<dyn FnOnce(Option<Result<Vec<SharedSlice>>>) + Send>;
 /// A block as [`Volume::lookup_cached`] finds it in memory.
 enum CachedBlock {
     /// Its newest content (None: a hole).
-    Data(Option<crate::vdev::abd::BlockBuf>),
+    Data(Option<Arc<[u8]>>),
     /// Committed, not in the ARC: where to read it.
     Missing(crate::block::blkptr::BlockPointer),
 }
@@ -130,14 +130,14 @@ pub type CommitDone = Box<dyn FnOnce(Option<Result<()>>) + Send>;
 /// bytes are on the wire.
 #[derive(Clone)]
 pub struct SharedSlice {
-    data: crate::vdev::abd::BlockBuf,
+    data: std::sync::Arc<[u8]>,
     start: usize,
     len: usize,
 }
 
 impl SharedSlice {
     /// `None` if the range is not inside `data`.
-    pub fn new(data: crate::vdev::abd::BlockBuf, start: usize, len: usize) -> Option<SharedSlice> {
+    pub fn new(data: std::sync::Arc<[u8]>, start: usize, len: usize) -> Option<SharedSlice> {
         (start.checked_add(len)? <= data.len()).then_some(SharedSlice { data, start, len })
     }
     pub fn as_slice(&self) -> &[u8] {
@@ -162,9 +162,9 @@ pub const SHARED_READ_BLOCKS_MAX: u64 = 64;
 
 /// One shared block of zeros for holes in zero-copy reads, as large as the largest
 /// volblocksize (a larger hole piece makes the read fall back to copying).
-fn zero_block() -> &'static crate::vdev::abd::BlockBuf {
+fn zero_block() -> &'static std::sync::Arc<[u8]> {
     const ZERO_BLOCK_BYTES: usize = 128 << 10;
-    static ZEROS: std::sync::OnceLock<crate::vdev::abd::BlockBuf> = std::sync::OnceLock::new();
+    static ZEROS: std::sync::OnceLock<std::sync::Arc<[u8]>> = std::sync::OnceLock::new();
     ZEROS.get_or_init(|| vec![0u8; ZERO_BLOCK_BYTES].into())
 }
 
@@ -218,20 +218,20 @@ pub struct Volume {
 /// block written is one allocation and one copy of the caller's bytes (it was a zeroed
 /// Vec, a copy into it, and a second allocation and copy into the Arc: 11 % of the
 /// daemon's CPU under 8K writes).
-fn patched_block(base: Option<&[u8]>, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> crate::vdev::abd::BlockBuf {
+fn patched_block(base: Option<&[u8]>, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> Arc<[u8]> {
     if let (Some(p), true) = (patch, in_off == 0 && len == bs) {
-        return crate::vdev::abd::BlockBuf::copy_of(p);
+        return Arc::from(p);
     }
-    let mut block = match base {
-        Some(b) => crate::vdev::abd::AlignedBuf::copy_of_aligned(b, crate::vdev::abd::HEAP_ALIGN),
-        None => crate::vdev::abd::AlignedBuf::zeroed_aligned(bs, crate::vdev::abd::HEAP_ALIGN),
+    let mut block: Arc<[u8]> = match base {
+        Some(b) => Arc::from(b),
+        None => Arc::from(vec![0u8; bs]),
     };
-    let range = &mut block[in_off..in_off + len];
+    let range = &mut Arc::get_mut(&mut block).expect("a block just made has no other owner")[in_off..in_off + len];
     match patch {
         Some(p) => range.copy_from_slice(p),
         None => range.fill(0),
     }
-    block.into()
+    block
 }
 
 /// One block's share of a byte range: `(blkid, offset in block, offset in range, len)`.
@@ -494,7 +494,7 @@ impl Volume {
     }
 
     /// Content of a committed block (None = hole).
-    fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<crate::vdev::abd::BlockBuf>> {
+    fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<Arc<[u8]>>> {
         // before the tree is looked at: a self-heal rewrite of the block found is safe
         // only if nothing freed was released since (see `PoolIo::read_block_found_at`)
         let generation = self.pool.io().ms.release_generation();
@@ -509,7 +509,7 @@ impl Volume {
 
     /// Newest content of a block: dirty first, then committed. Dirty must be checked first
     /// (see dmu: records are dropped only after the new root is published).
-    fn read_block(&self, blkid: BlockId) -> Result<Option<crate::vdev::abd::BlockBuf>> {
+    fn read_block(&self, blkid: BlockId) -> Result<Option<Arc<[u8]>>> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Ok(d);
         }
@@ -520,7 +520,7 @@ impl Volume {
     /// of the previous block so a multi-block read walks the tree once per 1024 blocks;
     /// it is tied to the root it was read from and dropped when a sync publishes a new
     /// one (the root is re-read after each dirty check, as the dmu ordering requires).
-    fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, crate::vdev::abd::BlockBuf)>) -> Option<Option<crate::vdev::abd::BlockBuf>> {
+    fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<Option<Arc<[u8]>>> {
         match self.lookup_cached(blkid, memo)? {
             CachedBlock::Data(d) => Some(d),
             CachedBlock::Missing(_) => None,
@@ -530,7 +530,7 @@ impl Volume {
     /// Where block `blkid` is, from memory only: its newest content (dirty or in the
     /// ARC; None = hole), or the block pointer of a committed block the ARC lacks.
     /// `None` when an indirect block on the way is not cached.
-    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, crate::vdev::abd::BlockBuf)>) -> Option<CachedBlock> {
+    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<CachedBlock> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Some(CachedBlock::Data(d));
         }
@@ -605,7 +605,7 @@ impl Volume {
             // a whole-block write needs no base (and touching the old buffer's count
             // would only pull it into the cache)
             let newest = if full { None } else { shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone()) };
-            let base_now: Option<crate::vdev::abd::BlockBuf> = if full {
+            let base_now: Option<Arc<[u8]>> = if full {
                 None
             } else if let Some(n) = newest {
                 n
@@ -617,7 +617,7 @@ impl Volume {
             } else {
                 base.flatten()
             };
-            let new: Option<crate::vdev::abd::BlockBuf> = if whole_hole && full {
+            let new: Option<Arc<[u8]>> = if whole_hole && full {
                 None
             } else {
                 Some(patched_block(base_now.as_deref(), bs, in_off, len, patch))
@@ -647,7 +647,7 @@ impl Volume {
     /// version's txg instead: T+1 is open and cannot quiesce while T is held. (OpenZFS
     /// likewise writes into the newest dbuf data once a later txg has dirtied it.)
     #[allow(clippy::too_many_arguments)]
-    fn record_version(&self, shard: &mut crate::dmu::DirtyShard, blkid: BlockId, held: Txg, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<crate::vdev::abd::BlockBuf>) -> (Txg, Dirtied) {
+    fn record_version(&self, shard: &mut crate::dmu::DirtyShard, blkid: BlockId, held: Txg, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<Arc<[u8]>>) -> (Txg, Dirtied) {
         let last = shard.blocks.get(&blkid).and_then(|v| v.last());
         let txg = last.map_or(held, |v| v.txg.max(held));
         debug_assert!(txg.get() <= held.get() + 1, "a dirty version more than one txg past a held txg");
@@ -694,7 +694,7 @@ impl Volume {
     /// write is indirect (written in place by the commit, the log gets its block
     /// pointer) as zvol_log_write chooses: with logbias=throughput, or when the pool
     /// has no log vdev and the block is larger than `zfs_immediate_write_sz`.
-    fn log_itx(&self, txg: Txg, blkid: crate::BlockId, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&crate::vdev::abd::BlockBuf>) {
+    fn log_itx(&self, txg: Txg, blkid: crate::BlockId, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
         let props = self.vol.props.typed();
         if props.sync == SyncPolicy::Disabled {
             return;
@@ -942,7 +942,7 @@ impl BlockVolume for Volume {
         let cache = self.primary_cache_data();
         self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, Box::new(move |phys| {
             let Some(phys) = phys else { return done(None) };
-            let block = pool.io().finish_block_read(&bp, phys, BufKind::Data, cache).ok();
+            let block = pool.io().finish_block_read(&bp, &phys, BufKind::Data, cache).ok();
             match block.and_then(|d| SharedSlice::new(d, in_block, piece_len)) {
                 Some(piece) => {
                     pieces[at] = piece;

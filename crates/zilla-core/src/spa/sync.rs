@@ -496,7 +496,7 @@ impl PoolInner {
     fn sync_volume_data(
         &self,
         v: &VolumeState,
-        recs: &[(crate::BlockId, Option<crate::vdev::abd::BlockBuf>)],
+        recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
         overrides: &[crate::zil::DmuSynced],
         pass: &mut DataPass<'_>,
     ) -> Result<Vec<(crate::BlockId, BlockPointer)>> {
@@ -516,7 +516,7 @@ impl PoolInner {
             }
             self.dirty.undirty(txg, pass.reservation.take_up_to(overridden.len() as u64 * v.volblocksize as u64));
         }
-        let recs: &[(crate::BlockId, Option<crate::vdev::abd::BlockBuf>)] = rest.as_deref().unwrap_or(recs);
+        let recs: &[(crate::BlockId, Option<Arc<[u8]>>)] = rest.as_deref().unwrap_or(recs);
         for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
             let prepared = workers.prepare_all(chunk, algo, comp, self.io.alloc_unit());
             let mut chunk_batch = Vec::with_capacity(chunk.len());
@@ -547,11 +547,11 @@ impl PoolInner {
     /// overrides not used in `txg`.
     #[allow(clippy::type_complexity)]
     fn take_overrides(
-        recs: &[(crate::BlockId, Option<crate::vdev::abd::BlockBuf>)],
+        recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
         overrides: &[crate::zil::DmuSynced],
         txg: Txg,
         io: &crate::zio::PoolIo,
-    ) -> (Vec<(crate::BlockId, crate::vdev::abd::BlockBuf, BlockPointer)>, Option<Vec<(crate::BlockId, Option<crate::vdev::abd::BlockBuf>)>>) {
+    ) -> (Vec<(crate::BlockId, Arc<[u8]>, BlockPointer)>, Option<Vec<(crate::BlockId, Option<Arc<[u8]>>)>>) {
         if overrides.is_empty() {
             return (Vec::new(), None);
         }

@@ -288,56 +288,6 @@ impl FileDevice {
     }
 }
 
-/// Write every byte of `parts` back to back from `offset` (pwritev, resumed after a
-/// short write), at most IOV_MAX buffers per call.
-fn pwritev_all(file: &File, parts: &[super::abd::BlockBuf], offset: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    const IOV_MAX: usize = 1024;
-    let (mut part, mut skip, mut at) = (0usize, 0usize, offset);
-    while part < parts.len() {
-        let iov: Vec<libc::iovec> = parts[part..]
-            .iter()
-            .take(IOV_MAX)
-            .enumerate()
-            .map(|(i, p)| {
-                let s = if i == 0 { &p[skip..] } else { &p[..] };
-                libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() }
-            })
-            .collect();
-        // SAFETY: every iovec points into a buffer `parts` keeps alive for the call; the
-        // kernel only reads them.
-        let n = unsafe { libc::pwritev(file.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int, at as libc::off_t) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
-        }
-        at += n as u64;
-        let mut n = n as usize;
-        while part < parts.len() && n > 0 {
-            let left = parts[part].len() - skip;
-            if n >= left {
-                n -= left;
-                part += 1;
-                skip = 0;
-            } else {
-                skip += n;
-                n = 0;
-            }
-        }
-        while part < parts.len() && parts[part].len() == skip {
-            part += 1;
-            skip = 0;
-        }
-    }
-    Ok(())
-}
-
 impl super::Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len())?;
@@ -375,21 +325,6 @@ impl super::Device for FileDevice {
         self.read_aligned(bounce.as_mut_slice(), start, skip + buf.len())?;
         bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
         self.file.write_all_at(bounce.as_slice(), start)
-    }
-
-    fn write_vectored_at(&self, parts: &[super::abd::BlockBuf], offset: u64) -> io::Result<()> {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        self.check_range(offset, len)?;
-        // pwritev when O_DIRECT would take every part as it is, else one bounce.
-        let direct_ok = |p: &super::abd::BlockBuf| self.mem_aligned(p.as_ptr()) && p.len().is_multiple_of(self.offset_align.max(self.mem_align));
-        if parts.len() < 2 || !(!self.direct || (self.offset_aligned(offset, len) && parts.iter().all(direct_ok))) {
-            return match parts {
-                [one] => self.write_at(one, offset),
-                many => self.write_at(&many.iter().flat_map(|p| p.iter().copied()).collect::<Vec<u8>>(), offset),
-            };
-        }
-        let _range = self.write_ranges.lock(offset, offset + len as u64);
-        pwritev_all(&self.file, parts, offset)
     }
 
     fn flush(&self) -> io::Result<()> {

@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use crate::{Guid, Txg, VdevId};
 
-use super::abd::{AlignedBuf, WriteData};
+use super::abd::AlignedBuf;
 use super::queue::{IoRequest, LeafQueue};
 use super::{Device, IoClass, IoError, IoErrorKind, IoOp, LeafSpec, Role};
 use super::{
@@ -497,8 +497,7 @@ impl TopVdev {
     /// child: one child request each, sharing the buffer, all in flight at once. Children
     /// that miss it (not online, or their write fails) get `txg` in their DTL. `done` runs
     /// once, on the engine thread of the last child to finish, with every child's result.
-    pub fn write_async(self: &Arc<Self>, class: IoClass, data: impl Into<WriteData>, offset: u64, txg: Txg, done: WriteDone) {
-        let data: WriteData = data.into();
+    pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: Txg, done: WriteDone) {
         let phys = super::label::DATA_START + offset;
         let writable = self.writable_children(&|c| c.dtl_add(txg));
         if writable.is_empty() {
@@ -739,7 +738,7 @@ impl TopVdev {
             return done(None);
         };
         let (this, leaf) = (self.clone(), c.clone());
-        c.queue.submit(IoRequest::read(class, phys, AlignedBuf::zeroed_aligned(len, super::abd::BLOCK_ALIGN), Box::new(move |d| match d.into_read() {
+        c.queue.submit(IoRequest::read(class, phys, AlignedBuf::zeroed(len), Box::new(move |d| match d.into_read() {
             Ok(buf) if verify(&buf) == VerifyResult::Good => done(Some(buf)),
             Ok(_) => {
                 leaf.cksum_errors.fetch_add(1, Ordering::Relaxed);
@@ -966,7 +965,7 @@ struct Fanout {
 /// the txg a child that misses it gets in its DTL.
 pub struct BlockWrite {
     pub offset: u64,
-    pub data: super::abd::BlockBuf,
+    pub data: Arc<AlignedBuf>,
     pub txg: Txg,
 }
 
@@ -1274,7 +1273,7 @@ mod flush_race_tests {
                     birth += 1;
                     let (tx, rx) = crossbeam_channel::bounded(1);
                     let data = Arc::new(AlignedBuf::copy_of(&[9u8; 4096]));
-                    let block = BlockWrite { offset: birth * 4096, data: data.into(), txg: Txg(birth) };
+                    let block = BlockWrite { offset: birth * 4096, data, txg: Txg(birth) };
                     top.write_blocks_then_flush(IoClass::SyncWrite, vec![block], true, Box::new(move |o| {
                         let _ = tx.send(o.written);
                     }));
@@ -1397,7 +1396,7 @@ mod flush_race_tests {
         // the intent log writes txg 8 and flushes in the write's completion: the device
         // fails that flush (dropping txg 7's pages); its bookkeeping is held up here
         let dtl_guard = leaf.dtl.lock();
-        let block = BlockWrite { offset: 8 * 4096, data: buf.clone().into(), txg: Txg(8) };
+        let block = BlockWrite { offset: 8 * 4096, data: buf.clone(), txg: Txg(8) };
         let (ltx, lrx) = crossbeam_channel::bounded(1);
         top.write_blocks_then_flush(IoClass::SyncWrite, vec![block], true, Box::new(move |o| {
             let _ = ltx.send(o.written);

@@ -54,22 +54,6 @@ pub trait Device: Send + Sync + 'static {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`. Not durable until `flush` returns.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
-    /// Write `parts` back to back from `offset`, as one device write. Default: the parts
-    /// copied into one buffer and [`Device::write_at`] (modelled and test devices see one
-    /// I/O, as the engine issued it); leaves that can write from many buffers at once
-    /// (pwritev) override it.
-    fn write_vectored_at(&self, parts: &[abd::BlockBuf], offset: u64) -> io::Result<()> {
-        match parts {
-            [one] => self.write_at(one, offset),
-            many => {
-                let mut b = abd::AlignedBuf::with_capacity(many.iter().map(|p| p.len()).sum());
-                for p in many {
-                    b.extend_from_slice(p);
-                }
-                self.write_at(&b, offset)
-            }
-        }
-    }
     /// Make every write that completed before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Usable size in bytes.

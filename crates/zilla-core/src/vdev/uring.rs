@@ -56,15 +56,7 @@ struct InFlight {
     issued_at: Instant,
     /// Bytes the kernel must transfer (reads and writes).
     expect: u64,
-    /// A vectored write's iovec array, which the kernel reads until the completion.
-    _iov: Option<IoVecs>,
 }
-
-/// The iovecs of a WRITEV request; they point into the request's own `data`.
-struct IoVecs(Vec<libc::iovec>);
-// SAFETY: the pointers are into buffers the same InFlight owns (IoData::Write's shared,
-// immutable segments); the array is only read, by the kernel.
-unsafe impl Send for IoVecs {}
 
 /// Owners of in-flight requests, indexed by user_data.
 #[derive(Default)]
@@ -160,9 +152,9 @@ impl UringEngine {
         for mut q in ready {
             let data = q.take_device_data();
             match self.sqe_for(&q, &data) {
-                Some((entry, expect, iov)) => {
+                Some((entry, expect)) => {
                     sh.note_issue(q.req.offset, q.req.len);
-                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at: Instant::now(), expect, _iov: iov });
+                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at: Instant::now(), expect });
                     self.push(entry.user_data(id));
                     pushed = true;
                 }
@@ -180,7 +172,7 @@ impl UringEngine {
     }
 
     /// The SQE for a request the kernel can do directly, with the bytes it must move.
-    fn sqe_for(&self, q: &Queued, data: &IoData) -> Option<(io_uring::squeue::Entry, u64, Option<IoVecs>)> {
+    fn sqe_for(&self, q: &Queued, data: &IoData) -> Option<(io_uring::squeue::Entry, u64)> {
         let t = &self.target;
         let fd = types::Fd(t.fd);
         let (off, len) = (q.req.offset, q.req.len);
@@ -196,30 +188,16 @@ impl UringEngine {
                 // The buffer is owned by the in-flight slab until the CQE; its heap
                 // memory does not move when the AlignedBuf value does.
                 let ptr = b.as_slice().as_ptr() as *mut u8;
-                Some((opcode::Read::new(fd, ptr, len as u32).offset(off).build(), len, None))
+                Some((opcode::Read::new(fd, ptr, len as u32).offset(off).build(), len))
             }
-            (IoOp::Write, IoData::Write(w)) => {
+            (IoOp::Write, IoData::Write(b)) if fits(b.as_slice().as_ptr()) => {
                 // RWF_DSYNC: the kernel makes this write durable before it completes
                 // (FUA where the device has it, else the write and a cache flush; on a
                 // file, with the metadata needed to read it back): no second request
                 let flags = if q.req.durable { libc::RWF_DSYNC } else { 0 };
-                match w.parts() {
-                    [one] if fits(one.as_ptr()) => Some((opcode::Write::new(fd, one.as_ptr(), len as u32).offset(off).rw_flags(flags as _).build(), len, None)),
-                    [_] => None,
-                    parts => {
-                        // One WRITEV of the segments (each aligned as O_DIRECT needs);
-                        // a run too long for one call takes the synchronous path.
-                        let seg_ok = |p: &crate::vdev::abd::BlockBuf| fits(p.as_ptr()) && p.len().is_multiple_of(t.offset_align.max(t.mem_align));
-                        if parts.len() > 1024 || !parts.iter().all(seg_ok) {
-                            return None;
-                        }
-                        let iov = IoVecs(parts.iter().map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() }).collect());
-                        let entry = opcode::Writev::new(fd, iov.0.as_ptr(), iov.0.len() as u32).offset(off).rw_flags(flags as _).build();
-                        Some((entry, len, Some(iov)))
-                    }
-                }
+                Some((opcode::Write::new(fd, b.as_slice().as_ptr(), len as u32).offset(off).rw_flags(flags as _).build(), len))
             }
-            (IoOp::Flush, _) => Some((opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(), 0, None)),
+            (IoOp::Flush, _) => Some((opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(), 0)),
             _ => None,
         }
     }
@@ -278,7 +256,7 @@ impl UringEngine {
     }
 
     fn complete(&self, sh: &Arc<Shared>, f: InFlight, res: i32) {
-        let InFlight { q, data, issued_at, expect, .. } = f;
+        let InFlight { q, data, issued_at, expect } = f;
         match Outcome::of(res, expect) {
             Outcome::Done => {
                 if q.req.durable {

@@ -43,7 +43,7 @@ pub fn round_up(n: u64, unit: u64) -> u64 {
 /// A block ready to be allocated and written. `data` shares the caller's buffer when no
 /// transform was needed (uncompressed and already a multiple of the allocation unit).
 pub struct PreparedBlock {
-    pub data: crate::vdev::abd::BlockBuf,
+    pub data: std::sync::Arc<[u8]>,
     pub lsize: u32,
     pub psize: u32,
     pub compression: Compression,
@@ -59,7 +59,7 @@ impl PreparedBlock {
 
 /// Compress (if asked and worth it), pad to the allocation unit `unit` (a power of two,
 /// at least [`ALLOC_UNIT`]), checksum.
-pub fn prepare(logical: &crate::vdev::abd::BlockBuf, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
+pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
     let lsize = logical.len() as u32;
     let compressed = match comp {
         Compression::Off => None,
@@ -98,21 +98,9 @@ pub fn verify_copy(bp: &BlockPointer, phys: &[u8]) -> crate::vdev::mirror::Verif
     if verify(bp, phys) { VerifyResult::Good } else { VerifyResult::Bad }
 }
 
-/// [`finish_read`] of a buffer we own: an uncompressed block becomes the shared buffer
-/// as it is (shortened to lsize if padded), with no copy.
-pub fn finish_read_owned(bp: &BlockPointer, mut phys: crate::vdev::abd::AlignedBuf) -> std::io::Result<crate::vdev::abd::BlockBuf> {
-    if bp.compression() != Some(Compression::Off) {
-        return finish_read(bp, &phys);
-    }
-    if phys.len() > bp.lsize as usize {
-        phys.resize(bp.lsize as usize);
-    }
-    Ok(phys.into())
-}
-
 /// Turn verified physical bytes into logical bytes (one copy, into the shared buffer
 /// the ARC and the callers keep).
-pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<crate::vdev::abd::BlockBuf> {
+pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<std::sync::Arc<[u8]>> {
     match bp.compression() {
         Some(Compression::Off) => Ok(phys[..(bp.lsize as usize).min(phys.len())].into()),
         Some(c) => {
@@ -120,32 +108,5 @@ pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<crate::vde
             compress::decompress(c, &phys[..p], bp.lsize as usize).map(Into::into)
         }
         None => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "unknown compression code")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::block::blkptr::BlockPointer;
-    use crate::vdev::abd::AlignedBuf;
-
-    #[test]
-    fn an_uncompressed_read_keeps_its_buffer_and_a_compressed_one_is_decoded() {
-        // Goal: finishing a read of an uncompressed block hands the read buffer itself
-        // to the ARC (same memory, no copy), shortened to lsize when padded; a
-        // compressed block is decompressed to lsize.
-        let logical: Vec<u8> = (0..16384u32).map(|i| (i % 251) as u8).collect();
-        let phys = AlignedBuf::copy_of(&logical);
-        let at = phys.as_ptr();
-        let off = BlockPointer { lsize: 16384, psize: 16384, compression_code: Compression::Off.code(), ..BlockPointer::default() };
-        let b = finish_read_owned(&off, phys).unwrap();
-        assert_eq!((b.as_ptr(), &b[..]), (at, &logical[..]), "the read buffer, not a copy");
-        let padded = BlockPointer { lsize: 1000, psize: 1000, ..off };
-        assert_eq!(&finish_read_owned(&padded, AlignedBuf::copy_of(&logical[..4096])).unwrap()[..], &logical[..1000]);
-        let zeros = vec![0u8; 16384];
-        let p = prepare(&crate::vdev::abd::BlockBuf::copy_of(&zeros), ChecksumAlgo::Fletcher4, Compression::Lz4, 4096);
-        assert_eq!(p.compression, Compression::Lz4);
-        let lz = BlockPointer { lsize: p.lsize, psize: p.psize, compression_code: p.compression.code(), ..off };
-        assert_eq!(&finish_read_owned(&lz, AlignedBuf::copy_of(&p.data)).unwrap()[..], &zeros[..]);
     }
 }

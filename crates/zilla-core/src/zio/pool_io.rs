@@ -35,7 +35,6 @@ use crate::block::blkptr::{BlockPointer, Dva};
 use crate::block::checksum::ChecksumAlgo;
 use crate::block::compress::Compression;
 use crate::metaslab::Metaslabs;
-use crate::vdev::abd::WriteData;
 use crate::vdev::mirror::TopVdev;
 use crate::vdev::{IoClass, Role};
 use crate::{Error, Result, Txg, VdevId};
@@ -65,7 +64,7 @@ pub struct PoolIo {
     /// counted as whole `SPACE_ADMISSION_UNIT_BYTES` pieces): log blocks are allocated
     /// between syncs, and admission must see them at once (see `space`).
     space_log_bytes: std::sync::atomic::AtomicU64,
-    /// Aligned run buffers of the txg sync's writes (abd.rs says why runs are copied).
+    /// Aligned aggregation buffers for sync writes.
     pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
@@ -89,7 +88,7 @@ type ErrorKey = (VdevId, u64, Txg);
 /// A block allocated and prepared in syncing context, not yet written.
 pub struct PendingWrite {
     pub dva: Dva,
-    pub data: crate::vdev::abd::BlockBuf,
+    pub data: Arc<[u8]>,
 }
 
 /// Largest aggregated write (zfs_vdev_aggregation_limit).
@@ -97,10 +96,8 @@ pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
 /// The largest block the pool writes (an indirect block, an object-directory chunk,
 /// the largest volblocksize): space admission counts free space in pieces of this size.
 pub const SPACE_ADMISSION_UNIT_BYTES: u64 = 128 << 10;
-/// Idle run buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
+/// Idle aggregation buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
 pub const WRITE_BUFFERS_POOLED: usize = 32;
-/// Most runs one txg sync keeps in flight (each at most AGGREGATION_LIMIT_BYTES).
-pub const SYNC_WRITE_WINDOW_MAX: usize = 4 * WRITE_BUFFERS_POOLED;
 
 /// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
 struct Run {
@@ -242,9 +239,8 @@ impl PoolIo {
 
     /// The logical block from verified physical bytes of `bp` (decompressed, its size
     /// checked), inserted into the ARC when `cache`: how every block read ends.
-    /// An uncompressed block keeps the buffer it was read into (no copy).
-    pub fn finish_block_read(&self, bp: &BlockPointer, phys: crate::vdev::abd::AlignedBuf, kind: BufKind, cache: bool) -> Result<crate::vdev::abd::BlockBuf> {
-        let data: crate::vdev::abd::BlockBuf = crate::zio::finish_read_owned(bp, phys)?;
+    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
+        let data: Arc<[u8]> = crate::zio::finish_read(bp, phys)?;
         if data.len() != bp.lsize as usize {
             return Err(Error::Corrupt("decompressed size mismatch".into()));
         }
@@ -255,7 +251,7 @@ impl PoolIo {
     }
 
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
-    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<crate::vdev::abd::BlockBuf> {
+    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
         self.read_block_found_at(bp, class, kind, cache, self.ms.release_generation())
     }
 
@@ -264,7 +260,7 @@ impl PoolIo {
     /// the tree was looked at: a bad copy is rewritten only if no freed block was
     /// released since, so a slow lookup and read of a block freed and reused meanwhile
     /// never writes old contents over the new owner's.
-    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<crate::vdev::abd::BlockBuf> {
+    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<Arc<[u8]>> {
         assert!(!bp.is_hole());
         let key = BlockKey::of(bp);
         if let Some(d) = self.arc.lookup(&key) {
@@ -297,7 +293,7 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    return self.finish_block_read(bp, r.data, kind, cache);
+                    return self.finish_block_read(bp, &r.data, kind, cache);
                 }
                 Err(e) => {
                     if e.kind() != io::ErrorKind::InvalidData {
@@ -324,7 +320,7 @@ impl PoolIo {
     #[allow(clippy::too_many_arguments)]
     pub fn alloc_block(
         &self,
-        logical: &crate::vdev::abd::BlockBuf,
+        logical: &Arc<[u8]>,
         txg: Txg,
         kind: u8,
         level: u8,
@@ -395,7 +391,7 @@ impl PoolIo {
 
 /// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
 /// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
-/// into a pooled buffer; abd.rs says why not vectored), runs of different vdevs are interleaved so every mirror works
+/// into a pooled buffer), runs of different vdevs are interleaved so every mirror works
 /// at once, and each run becomes one mirror write (one request per child, all in
 /// flight). At most `window` runs are in flight: `issue` blocks only when the window is
 /// full, so the caller prepares the next batch while the devices write this one.
@@ -417,7 +413,7 @@ impl<'a> SyncWriter<'a> {
     pub fn new(io: &'a PoolIo, txg: Txg) -> SyncWriter<'a> {
         let ntops = io.vdevs.read().len().max(1);
         let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
-        let window = (per_top * ntops).clamp(8, SYNC_WRITE_WINDOW_MAX);
+        let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
         SyncWriter { io, txg, window, state: Arc::new((Mutex::new(WriterState::default()), parking_lot::Condvar::new())) }
     }
 
@@ -431,18 +427,17 @@ impl<'a> SyncWriter<'a> {
             let Some(top) = self.io.top(run.vdev) else {
                 return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
             };
-            // One copy into a 4 KiB-aligned pooled buffer (abd.rs: why not vectored).
             let mut buf = self.io.write_buffers.get(run.bytes);
             for w in &batch[run.blocks.clone()] {
                 buf.extend_from_slice(&w.data);
             }
             self.wait_below(self.window)?;
-            let data = WriteData::from(buf);
-            let (state, keep) = (self.state.clone(), data.clone());
+            let buf = Arc::new(buf);
+            let (state, keep) = (self.state.clone(), buf.clone());
             let pool = self.io.write_buffers.clone();
-            top.write_async(IoClass::AsyncWrite, data, run.offset, self.txg, Box::new(move |o| {
+            top.write_async(IoClass::AsyncWrite, buf, run.offset, self.txg, Box::new(move |o| {
                 let r = o.into_result();
-                if let Some(b) = keep.into_single() {
+                if let Ok(b) = Arc::try_unwrap(keep) {
                     pool.put(b);
                 }
                 let mut st = state.0.lock();
@@ -551,26 +546,5 @@ mod error_log_tests {
         assert_eq!((count(), io.error_list()), (1, vec!["block 5 seen by the scrub".to_string()]));
         io.clear_errors();
         assert_eq!((count(), io.error_list().len()), (0, 0));
-    }
-
-    #[test]
-    fn sync_runs_are_contiguous_bounded_and_interleaved() {
-        // Goal: the txg sync's runs join only adjacent blocks of one vdev, stop at 1 MiB,
-        // and alternate between vdevs.
-        use crate::vdev::abd::BlockBuf;
-        let block = |vdev: u32, offset: u64| PendingWrite { dva: Dva { vdev: VdevId(vdev), asize: 16384, offset }, data: BlockBuf::copy_of(&[vdev as u8; 16384]) };
-        let mut batch: Vec<PendingWrite> = (0..128u64).map(|i| block(0, i * 16384)).collect();
-        batch.extend((0..4u64).map(|i| block(1, i * 16384)));
-        batch.push(block(1, 100 * 16384)); // not adjacent
-        let runs = interleaved_runs(&batch);
-        for r in &runs {
-            let blocks = &batch[r.blocks.clone()];
-            assert!(blocks.windows(2).all(|w| w[0].dva.vdev == w[1].dva.vdev && w[0].dva.offset + 16384 == w[1].dva.offset), "a run of adjacent blocks");
-            assert_eq!(r.bytes, blocks.len() * 16384);
-            assert!(r.bytes <= AGGREGATION_LIMIT_BYTES);
-        }
-        assert_eq!(runs.iter().map(|r| r.blocks.len()).sum::<usize>(), batch.len());
-        let vdevs: Vec<u32> = runs.iter().map(|r| r.vdev.get()).collect();
-        assert_eq!(vdevs, vec![0, 1, 0, 1], "interleaved: 2 MiB on vdev 0 in two runs, vdev 1 in two (one block apart)");
     }
 }

@@ -27,16 +27,17 @@
 //! their place: class of the chosen request (one active slot of that class), the span
 //! as offset and length, and the children kept inside it. Its buffer is made outside
 //! the queue lock ([`build_data`]): a fresh span-sized buffer for reads, the children's
-//! segments end to end for writes (one vectored device write, no copy). When the device I/O completes, every child
+//! bytes copied end to end for writes. When the device I/O completes, every child
 //! completes with its own buffer (reads get their slice copied in, [`scatter_read`]).
 //! When the aggregate fails, each child is redone alone, so one bad sector fails only
 //! the child that covers it. Children keep their write sequence numbers until their
 //! own completion has run, so a flush still waits for every write queued before it.
 
+use std::sync::Arc;
 
 use super::select::{QueueLimits, QueueState};
 use super::{IoData, IoOp, Queued};
-use crate::vdev::abd::{AlignedBuf, WriteData};
+use crate::vdev::abd::AlignedBuf;
 use crate::vdev::IoClass;
 
 /// Never more than this in one aggregate (SPA_MAXBLOCKSIZE).
@@ -71,13 +72,6 @@ pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option
     if limit == 0 || primary.req.len == 0 || primary.req.len >= limit || primary.req.durable {
         return None;
     }
-    // A write aggregate's buffers stay within the leaf's page bound (abd.rs).
-    let pages_max = st.write_pages_max.unwrap_or(usize::MAX);
-    let pages_of = |r: &super::IoRequest| match &r.data {
-        IoData::Write(w) => w.pages(),
-        _ => 0,
-    };
-    let mut pages = pages_of(&primary.req);
     let start_key = (primary.req.offset, id);
     let (mut first, mut last) = (start_key, start_key);
     let mut first_off = primary.req.offset;
@@ -85,19 +79,17 @@ pub(super) fn aggregate(st: &mut QueueState, id: u64, l: &QueueLimits) -> Option
     for &key in tree.range(..start_key).rev() {
         let d = &st.queued[&key.1].req;
         let d_end = d.offset.saturating_add(d.len);
-        if family(d.class) != fam || d.durable || d.len == 0 || d_end > first_off || first_off - d_end > max_gap || last_end - d.offset > limit || pages + pages_of(d) > pages_max {
+        if family(d.class) != fam || d.durable || d.len == 0 || d_end > first_off || first_off - d_end > max_gap || last_end - d.offset > limit {
             break;
         }
-        pages += pages_of(d);
         (first, first_off) = (key, d.offset);
     }
     for &key in tree.range((std::ops::Bound::Excluded(start_key), std::ops::Bound::Unbounded)) {
         let d = &st.queued[&key.1].req;
         let d_end = d.offset.saturating_add(d.len);
-        if family(d.class) != fam || d.durable || d.len == 0 || d.offset < last_end || d.offset - last_end > max_gap || d_end - first_off > limit || pages + pages_of(d) > pages_max {
+        if family(d.class) != fam || d.durable || d.len == 0 || d.offset < last_end || d.offset - last_end > max_gap || d_end - first_off > limit {
             break;
         }
-        pages += pages_of(d);
         (last, last_end) = (key, d_end);
     }
     if first == last {
@@ -114,17 +106,14 @@ pub(super) fn build_data(agg: &Queued) -> IoData {
     match agg.req.op {
         IoOp::Read => IoData::Read(AlignedBuf::zeroed(len)),
         _ => {
-            // The children's segments in order: the device writes them with one
-            // vectored call, no copy.
-            let mut segs = Vec::new();
+            let mut b = AlignedBuf::with_capacity(len);
             for c in &agg.children {
                 if let IoData::Write(d) = &c.req.data {
-                    segs.extend(d.parts().iter().cloned());
+                    b.extend_from_slice(d.as_slice());
                 }
             }
-            let data = WriteData::segments(segs);
-            debug_assert_eq!(data.len(), len, "write aggregate with a hole");
-            IoData::Write(data)
+            debug_assert_eq!(b.len(), len, "write aggregate with a hole");
+            IoData::Write(Arc::new(b))
         }
     }
 }
@@ -152,7 +141,7 @@ mod tests {
         let req = if class.is_read() {
             IoRequest::read(class, offset, AlignedBuf::zeroed(len), done)
         } else {
-            IoRequest::write(class, offset, AlignedBuf::copy_of(&vec![(offset >> 12) as u8; len]), done)
+            IoRequest::write(class, offset, Arc::new(AlignedBuf::copy_of(&vec![(offset >> 12) as u8; len])), done)
         };
         st.push(Queued::new(req, 0, Instant::now()), super::super::SchedulerMode::OpenZfs, 0);
     }
@@ -194,32 +183,7 @@ mod tests {
         let agg = st.next(&l).unwrap();
         let IoData::Write(b) = build_data(&agg) else { panic!("write aggregate without bytes") };
         assert_eq!(b.len(), 12 * 1024);
-        assert_eq!(b.parts().len(), 3, "a write aggregate is its children's buffers, not a copy");
-        let b = b.contiguous();
         assert!(b[..4096].iter().all(|&x| x == 0) && b[4096..8192].iter().all(|&x| x == 1) && b[8192..].iter().all(|&x| x == 2));
-    }
-
-    #[test]
-    fn write_aggregates_stop_at_the_leafs_page_bound() {
-        // Goal: on a leaf the kernel writes from our buffers (a page bound set), a
-        // write aggregate touches at most that many memory pages, however far the byte
-        // limit would let it grow; reads and unbounded leaves are not affected.
-        // Method: 4 KiB buffers aligned to 4 KiB are one page each; bound 10.
-        let l = limits(1024 * K);
-        let mut st = QueueState::with_write_pages_max(Some(10));
-        for i in 0..25 {
-            push(&mut st, IoClass::AsyncWrite, i * 4 * K, 4096);
-        }
-        assert_eq!(issued(&mut st, &l), vec![(0, 40 * K, 10), (40 * K, 40 * K, 10), (80 * K, 20 * K, 5)]);
-        for i in 0..25 {
-            push(&mut st, IoClass::AsyncRead, i * 4 * K, 4096);
-        }
-        assert_eq!(issued(&mut st, &l), vec![(0, 100 * K, 25)], "reads have no page bound");
-        let mut st = QueueState::default();
-        for i in 0..25 {
-            push(&mut st, IoClass::AsyncWrite, i * 4 * K, 4096);
-        }
-        assert_eq!(issued(&mut st, &l), vec![(0, 100 * K, 25)], "no bound on a modelled leaf");
     }
 
     #[test]

@@ -91,7 +91,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::abd::{AlignedBuf, WriteData};
+use super::abd::AlignedBuf;
 use super::{Device, IoClass, IoError, IoOp};
 use crate::kstat::{Applies, Histogram, Tunable};
 
@@ -308,8 +308,7 @@ impl DirtyGauge {
 #[derive(Debug)]
 pub enum IoData {
     Read(AlignedBuf),
-    /// One or more aligned segments, written back to back (shared by a mirror's children).
-    Write(WriteData),
+    Write(Arc<AlignedBuf>),
     /// Flush and discard carry no bytes.
     None,
 }
@@ -338,8 +337,7 @@ impl IoRequest {
         IoRequest { class, op: IoOp::Read, offset, len: buf.len() as u64, data: IoData::Read(buf), durable: false, done }
     }
     /// Write all of `data` at `offset`.
-    pub fn write(class: IoClass, offset: u64, data: impl Into<WriteData>, done: Completion) -> IoRequest {
-        let data = data.into();
+    pub fn write(class: IoClass, offset: u64, data: Arc<AlignedBuf>, done: Completion) -> IoRequest {
         IoRequest { class, op: IoOp::Write, offset, len: data.len() as u64, data: IoData::Write(data), durable: false, done }
     }
     /// Make every write submitted before this request durable.
@@ -519,7 +517,6 @@ impl LeafQueue {
 
     fn build(dev: Arc<dyn Device>, name: &str, limits: LimitSource, engine: EngineKind) -> LeafQueue {
         let rotational = dev.rotational();
-        let write_pages_max = dev.raw_target().is_some().then_some(super::abd::WRITE_PAGES_MAX);
         let shared = Arc::new(Shared {
             dev,
             name: name.into(),
@@ -527,7 +524,7 @@ impl LeafQueue {
             rotational,
             dirty: std::sync::OnceLock::new(),
             epoch: Instant::now(),
-            state: Mutex::new(QueueState::with_write_pages_max(write_pages_max)),
+            state: Mutex::new(QueueState::default()),
             work: Condvar::new(),
             pending: AtomicU32::new(0),
             last_offset: AtomicU64::new(0),
@@ -586,16 +583,15 @@ impl LeafQueue {
         self.shared.submit(req, note)
     }
 
-    /// Blocking read of `len` bytes at `offset` into a fresh buffer aligned as block
-    /// buffers are ([`super::abd::BLOCK_ALIGN`]: it may become one, in the ARC).
+    /// Blocking read of `len` bytes at `offset` into a fresh aligned buffer.
     pub fn read_buf(&self, class: IoClass, len: usize, offset: u64) -> Result<AlignedBuf, IoError> {
         let w = Waiter::new();
-        self.submit_and_wait(IoRequest::read(class, offset, AlignedBuf::zeroed_aligned(len, super::abd::BLOCK_ALIGN), w.completion()));
+        self.submit_and_wait(IoRequest::read(class, offset, AlignedBuf::zeroed(len), w.completion()));
         w.wait().into_read()
     }
 
     /// Blocking write of a shared buffer.
-    pub fn write_buf(&self, class: IoClass, data: impl Into<WriteData>, offset: u64) -> Result<(), IoError> {
+    pub fn write_buf(&self, class: IoClass, data: Arc<AlignedBuf>, offset: u64) -> Result<(), IoError> {
         let w = Waiter::new();
         self.submit_and_wait(IoRequest::write(class, offset, data, w.completion()));
         w.wait().result
@@ -871,7 +867,7 @@ impl Shared {
         let issued_at = Instant::now();
         let r = match (op, &mut data) {
             (IoOp::Read, IoData::Read(b)) => self.dev.read_at(b.as_mut_slice(), offset),
-            (IoOp::Write, IoData::Write(b)) => self.dev.write_vectored_at(b.parts(), offset),
+            (IoOp::Write, IoData::Write(b)) => self.dev.write_at(b.as_slice(), offset),
             (IoOp::Flush, _) => self.device_flush(),
             (IoOp::Discard, _) => self.dev.discard(offset, len),
             (op, _) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} request without its buffer", op.name()))),
@@ -1424,19 +1420,13 @@ mod tests {
 
     /// One file leaf, both engines: concurrent owned writes, a flush, read back, an
     /// unaligned write (the bounce path), an out-of-range read.
-    /// A queue with `engine` on a 16 MiB file leaf (keep the directory while it is used).
-    fn file_leaf_queue(engine: EngineKind) -> (tempfile::TempDir, LeafQueue) {
+    fn engine_round_trip(engine: EngineKind) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leaf");
         std::fs::File::create(&path).unwrap().set_len(16 << 20).unwrap();
         let dev: Arc<dyn Device> = Arc::new(crate::vdev::file::FileDevice::open(&path).unwrap());
         let q = LeafQueue::with_engine(dev, path.to_str().unwrap(), engine);
         assert_eq!(q.engine(), engine, "engine fell back");
-        (dir, q)
-    }
-
-    fn engine_round_trip(engine: EngineKind) {
-        let (_dir, q) = file_leaf_queue(engine);
         let (tx, rx) = crossbeam_channel::unbounded();
         for i in 0..64u64 {
             let buf = Arc::new(AlignedBuf::copy_of(&vec![i as u8 + 1; 65536]));
@@ -1580,62 +1570,6 @@ mod tests {
         let dev = Arc::new(CrashDevice::new(1 << 20));
         write_all(&dev);
         assert!(dev.power_cut(CrashMode::DropAll, 0)[..32768].iter().all(|&x| x == 0), "dropped whole");
-    }
-
-    /// Vectored writes: segments of different lengths and alignments, some that O_DIRECT
-    /// takes as they are (pwritev / WRITEV) and some it cannot (copied into one buffer),
-    /// land back to back; a write aggregate of such requests too, and the page bound
-    /// of a raw leaf splits aggregates that would touch more pages than one bio takes.
-    fn vectored_writes_round_trip(engine: EngineKind) {
-        use crate::vdev::abd::{BlockBuf, WriteData, ALIGN, WRITE_PAGES_MAX};
-        let (_dir, q) = file_leaf_queue(engine);
-        let pattern = |seed: u64, len: usize| -> Vec<u8> { (0..len as u64).map(|i| (i * 31 + seed * 7) as u8).collect() };
-        // aligned segments: 16K, 4K, 512 at 4 KiB alignment (O_DIRECT takes them as
-        // they are); then heap-aligned segments and odd lengths (copied into one buffer)
-        let aligned: Vec<BlockBuf> = [16384usize, 4096, 512].iter().enumerate().map(|(i, &n)| BlockBuf::from(AlignedBuf::copy_of(&pattern(i as u64, n)))).collect();
-        assert!(aligned.iter().all(|b| b.as_ptr() as usize % ALIGN == 0));
-        let mut expect: Vec<u8> = aligned.iter().flat_map(|b| b.iter().copied()).collect();
-        q.write_buf(IoClass::SyncWrite, WriteData::segments(aligned.clone()), 1 << 20).unwrap();
-        let back = q.read_buf(IoClass::SyncRead, expect.len(), 1 << 20).unwrap();
-        assert_eq!(&back[..], &expect[..], "aligned segments");
-        // one segment of 1000 bytes makes the write unaligned for O_DIRECT: still right
-        let mut odd = aligned.clone();
-        odd.insert(1, BlockBuf::copy_of(&pattern(9, 1000)));
-        odd.push(BlockBuf::copy_of(&pattern(10, 24)));
-        let odd_bytes: Vec<u8> = odd.iter().flat_map(|b| b.iter().copied()).collect();
-        assert_eq!(odd_bytes.len() % 512, 0);
-        q.write_buf(IoClass::SyncWrite, WriteData::segments(odd), 2 << 20).unwrap();
-        assert_eq!(&q.read_buf(IoClass::SyncRead, odd_bytes.len(), 2 << 20).unwrap()[..], &odd_bytes[..], "unaligned segments");
-        // An aggregate of 64 contiguous 16 KiB vectored writes (two segments each):
-        // every byte in place, and no device write touches more than WRITE_PAGES_MAX pages.
-        let before = q.stats();
-        let w = IoClass::AsyncWrite as usize;
-        expect.clear();
-        let mut writes: Vec<Box<dyn FnOnce(Completion) -> IoRequest>> = Vec::new();
-        for i in 0..64u64 {
-            let halves = vec![BlockBuf::copy_of(&pattern(100 + 2 * i, 8192)), BlockBuf::copy_of(&pattern(101 + 2 * i, 8192))];
-            expect.extend(halves.iter().flat_map(|b| b.iter().copied()));
-            let data = WriteData::segments(halves);
-            assert!(data.pages() <= 6);
-            writes.push(Box::new(move |c| IoRequest::write(IoClass::AsyncWrite, (4 << 20) + i * 16384, data, c)));
-        }
-        assert!(submit_held(&q, writes).iter().all(|d| d.result.is_ok()));
-        let after = q.stats();
-        let device_writes = after.device_ops[w] - before.device_ops[w];
-        let limits = QueueLimits::from_tunables(false, None);
-        let by_bytes = (64 * 16384u64).div_ceil(limits.aggregation_limit_bytes.max(1));
-        assert!(device_writes >= by_bytes.max((64 * 4) / WRITE_PAGES_MAX as u64) && device_writes < 64, "64 writes became {device_writes} device writes");
-        assert_eq!(&q.read_buf(IoClass::SyncRead, expect.len(), 4 << 20).unwrap()[..], &expect[..], "aggregated vectored writes");
-    }
-
-    #[test]
-    fn worker_engine_vectored_writes() {
-        vectored_writes_round_trip(EngineKind::Workers);
-    }
-
-    #[test]
-    fn uring_engine_vectored_writes() {
-        vectored_writes_round_trip(EngineKind::Uring);
     }
 
     #[test]

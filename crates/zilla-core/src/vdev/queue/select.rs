@@ -156,10 +156,6 @@ pub(crate) struct QueueState {
     last_class: usize,
     /// End offset of the last issued I/O (the elevator's position).
     pub(super) last_offset: u64,
-    /// Most memory pages one write aggregate's buffers may touch: WRITE_PAGES_MAX on a
-    /// leaf the kernel writes from our buffers directly (raw target), None (no bound)
-    /// on modelled devices, which copy an aggregate into one buffer anyway.
-    pub(super) write_pages_max: Option<usize>,
     /// Active interactive (non-scrub) I/Os, and the scrub credit (see module comment).
     ia_active: u32,
     nia_credit: u32,
@@ -173,11 +169,6 @@ pub(crate) struct QueueState {
 }
 
 impl QueueState {
-    /// An empty queue whose write aggregates touch at most `pages` memory pages.
-    pub(super) fn with_write_pages_max(pages: Option<usize>) -> QueueState {
-        QueueState { write_pages_max: pages, ..QueueState::default() }
-    }
-
     /// Queue `q` (not a flush) at `now_ns` (any monotonic clock of this leaf).
     pub(super) fn push(&mut self, mut q: Queued, mode: SchedulerMode, now_ns: u64) {
         self.next_id += 1;
