@@ -307,8 +307,7 @@ impl Pool {
                 }
                 check_system_use(l, force)?;
                 let dev = (inner.opener)(l, t.role)?;
-                check_device_free(&*dev, l, force)?;
-                crate::vdev::fill_log_region(&*dev, &l.display());
+                take_new_leaf(&*dev, l, force)?;
                 label::wipe_labels(&*dev)?;
                 let g = new_guid(&*inner.env);
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
@@ -366,8 +365,7 @@ impl Pool {
         check_distinct_leaves(&[new], &inner.leaves.read(), &inner.name)?;
         check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
-        check_device_free(&*dev, new, force)?;
-        crate::vdev::fill_log_region(&*dev, &new.display());
+        take_new_leaf(&*dev, new, force)?;
         let need = device_ashift(&*dev, new)?;
         if need > top.ashift {
             return Err(Error::invalid(format!(
@@ -770,6 +768,15 @@ pub(super) fn check_system_use(spec: &LeafSpec, force: bool) -> Result<()> {
         return Ok(());
     }
     Err(Error::Busy(format!("{} is in use: {why}{}", spec.display(), if overridable { "; use -f to override" } else { "" })))
+}
+
+/// Take a new leaf into the pool: [`check_device_free`], then, the leaf being ours and
+/// nothing of the pool having written to it, fill its log region's holes
+/// ([`crate::vdev::fill_log_region`]). Create, add and attach all come through here.
+pub(super) fn take_new_leaf(dev: &dyn Device, spec: &LeafSpec, force: bool) -> Result<()> {
+    check_device_free(dev, spec, force)?;
+    crate::vdev::fill_log_region(dev, &spec.display());
+    Ok(())
 }
 
 /// Refuse a device that carries a label of an active or exported pool, or a known file

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::config::{check_device_free, check_distinct_devices, check_distinct_leaves, check_system_use, device_ashift, open_top, pool_props_with_defaults};
+use super::config::{check_distinct_devices, check_distinct_leaves, check_system_use, device_ashift, open_top, pool_props_with_defaults, take_new_leaf};
 use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
 use crate::dmu::{self, VolumeState};
@@ -100,8 +100,7 @@ fn open_new_leaves(tops: &[TopSpec], opener: &Opener, force: bool, claims: &mut 
             check_system_use(l, force)?;
             let dev = opener(l, t.role)?;
             claims.0.push(dev.clone());
-            check_device_free(&*dev, l, force)?;
-            crate::vdev::fill_log_region(&*dev, &l.display());
+            take_new_leaf(&*dev, l, force)?;
             v.push(Opened { spec: l.clone(), dev });
         }
         opened_tops.push((t.clone(), v));
