@@ -334,6 +334,33 @@ impl ArcCache {
         }
     }
 
+    /// Give up the cached buffer `held` of block `k` to a writer that is about to
+    /// modify it in place (OpenZFS's `arc_release` of a buffer nobody else holds): the
+    /// entry is removed if it holds exactly `held` and nobody but the cache and the
+    /// caller holds that buffer, and then the caller's `held` is the only reference
+    /// (`Arc::get_mut` succeeds). Returns whether it was removed; when not (another
+    /// reader holds the buffer, or it is not this entry's), the caller copies.
+    ///
+    /// Safe for every reader: blocks are immutable under their key, so removing an
+    /// entry is an eviction (a later lookup misses and reads the device), and under the
+    /// shard lock nobody can take a new reference through the cache; with the count at
+    /// two (the entry's and `held`) no other reference exists to clone from.
+    pub fn release_to_writer(&self, k: &BlockKey, held: &Arc<[u8]>) -> bool {
+        let mut s = self.shard(k).lock();
+        let unshared = s.map.get(k).is_some_and(|e| Arc::ptr_eq(&e.data, held) && Arc::strong_count(held) == 2 && Arc::weak_count(held) == 0);
+        if !unshared {
+            return false;
+        }
+        let e = s.map.remove(k).expect("the entry was just found under the same lock");
+        s.bytes -= e.data.len() as u64;
+        self.account(e.kind, e.data.len() as u64, false);
+        s.compact_if_needed();
+        drop(s);
+        drop(e);
+        debug_assert_eq!(Arc::strong_count(held), 1, "a released buffer has one owner left");
+        true
+    }
+
     /// Drop a block (it was freed).
     pub fn evict(&self, k: &BlockKey) {
         let mut s = self.shard(k).lock();

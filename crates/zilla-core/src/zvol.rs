@@ -495,6 +495,11 @@ impl Volume {
 
     /// Content of a committed block (None = hole).
     fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<Arc<[u8]>>> {
+        Ok(self.read_committed_keyed(blkid, class)?.map(|(data, _)| data))
+    }
+
+    /// Content of a committed block and its cache key (None = hole).
+    fn read_committed_keyed(&self, blkid: BlockId, class: IoClass) -> Result<Option<(Arc<[u8]>, BlockKey)>> {
         // before the tree is looked at: a self-heal rewrite of the block found is safe
         // only if nothing freed was released since (see `PoolIo::read_block_found_at`)
         let generation = self.pool.io().ms.release_generation();
@@ -504,7 +509,8 @@ impl Volume {
             return Ok(None);
         }
         let cache = self.primary_cache_data();
-        Ok(Some(self.pool.io().read_block_found_at(&bp, class, BufKind::Data, cache, generation)?))
+        let data = self.pool.io().read_block_found_at(&bp, class, BufKind::Data, cache, generation)?;
+        Ok(Some((data, BlockKey::of(&bp))))
     }
 
     /// Newest content of a block: dirty first, then committed. Dirty must be checked first
@@ -597,7 +603,7 @@ impl Volume {
                 if has {
                     (None, gen)
                 } else {
-                    (Some(self.read_committed(blkid, IoClass::SyncRead)?), gen)
+                    (Some(self.read_committed_keyed(blkid, IoClass::SyncRead)?), gen)
                 }
             };
             let hold = self.hold_for(blkid);
@@ -605,22 +611,29 @@ impl Volume {
             // a whole-block write needs no base (and touching the old buffer's count
             // would only pull it into the cache)
             let newest = if full { None } else { shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone()) };
-            let base_now: Option<Arc<[u8]>> = if full {
-                None
+            // the base, and its cache key when it is the committed block
+            let (base_now, committed_key): (Option<Arc<[u8]>>, Option<BlockKey>) = if full {
+                (None, None)
             } else if let Some(n) = newest {
-                n
+                (n, None)
             } else if shard.commit_gen != gen || base.is_none() {
                 if attempts > 100 {
                     return Err(Error::Busy("block changed too often during a partial write".into()));
                 }
                 continue;
             } else {
-                base.flatten()
+                match base.flatten() {
+                    Some((data, key)) => (Some(data), Some(key)),
+                    None => (None, None),
+                }
             };
             let new: Option<Arc<[u8]>> = if whole_hole && full {
                 None
             } else {
-                Some(patched_block(base_now.as_deref(), bs, in_off, len, patch))
+                Some(match (base_now, committed_key) {
+                    (Some(block), Some(key)) => self.patch_committed(block, &key, bs, in_off, len, patch),
+                    (base_now, _) => patched_block(base_now.as_deref(), bs, in_off, len, patch),
+                })
             };
             let has_data = new.is_some();
             let (txg, dirtied) = self.record_version(&mut shard, blkid, hold.txg, in_off, len, patch, new);
@@ -632,6 +645,28 @@ impl Volume {
             }
             return Ok(txg);
         }
+    }
+
+    /// The new version of a committed block after a partial change. The committed
+    /// block's buffer becomes the new version, changed in place, when nobody else holds
+    /// it: it is unique already (not cached), or the ARC gives it up
+    /// ([`crate::arc::ArcCache::release_to_writer`], OpenZFS's `arc_release` when a
+    /// dbuf is dirtied). Otherwise (a reader holds it: a reply on the wire, an
+    /// intent-log record) the block is copied, as before. The ARC then lacks the old
+    /// version, as in OpenZFS; the txg sync caches the new one. Under random 4K writes
+    /// the copy and the allocation of the 16 KiB block were 10.5 % and ~5 % of the
+    /// daemon's CPU (stop 34's profile).
+    fn patch_committed(&self, mut block: Arc<[u8]>, key: &BlockKey, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> Arc<[u8]> {
+        let unique = block.len() == bs && (Arc::get_mut(&mut block).is_some() || self.pool.io().arc.release_to_writer(key, &block));
+        if !unique {
+            return patched_block(Some(&block), bs, in_off, len, patch);
+        }
+        let range = &mut Arc::get_mut(&mut block).expect("a released buffer has no other owner")[in_off..in_off + len];
+        match patch {
+            Some(p) => range.copy_from_slice(p),
+            None => range.fill(0),
+        }
+        block
     }
 
     /// Put block `blkid`'s new version `new` in the dirty set (the shard is locked), with
