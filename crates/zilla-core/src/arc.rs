@@ -14,7 +14,8 @@
 //! giving referenced entries a second chance. The adaptive MRU/MFU lists with ghost
 //! lists and the L2ARC feed replace it behind the same interface: `lookup`, `insert`,
 //! `evict`, `release_to_writer` (a partial write takes a buffer nobody else holds and
-//! changes it in place, OpenZFS's `arc_release`), `stats`. A shard mutex is held only for the map operation, never across I/O.
+//! changes it in place, OpenZFS's `arc_release`), `stats`. A shard mutex is held only
+//! for the map operation, never across I/O.
 //!
 //! Bounds: total bytes ≤ c_max − reserved (per shard that / SHARDS, evicting on insert);
 //! the ring holds at most 2 × entries + 1024 slots (stale slots of freed blocks are

@@ -226,12 +226,16 @@ fn patched_block(base: Option<&[u8]>, bs: usize, in_off: usize, len: usize, patc
         Some(b) => Arc::from(b),
         None => Arc::from(vec![0u8; bs]),
     };
-    let range = &mut Arc::get_mut(&mut block).expect("a block just made has no other owner")[in_off..in_off + len];
+    apply_patch(&mut Arc::get_mut(&mut block).expect("a block just made has no other owner")[in_off..in_off + len], patch);
+    block
+}
+
+/// Write a change into its range of a block: the patch's bytes, or zeros (None).
+fn apply_patch(range: &mut [u8], patch: Option<&[u8]>) {
     match patch {
         Some(p) => range.copy_from_slice(p),
         None => range.fill(0),
     }
-    block
 }
 
 /// One block's share of a byte range: `(blkid, offset in block, offset in range, len)`.
@@ -661,11 +665,7 @@ impl Volume {
         if !unique {
             return patched_block(Some(&block), bs, in_off, len, patch);
         }
-        let range = &mut Arc::get_mut(&mut block).expect("a released buffer has no other owner")[in_off..in_off + len];
-        match patch {
-            Some(p) => range.copy_from_slice(p),
-            None => range.fill(0),
-        }
+        apply_patch(&mut Arc::get_mut(&mut block).expect("a released buffer has no other owner")[in_off..in_off + len], patch);
         block
     }
 
