@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Flame graphs of the two data paths issue 8 measures (docs/BENCHMARKS.md):
+# Flame graphs of the two data paths pool-vs-direct measures (docs/BENCHMARKS.md):
 # 1 MiB sequential writes at QD8 and cold 16K random reads at QD32, through NBD, on a
 # pool of two 2-way mirrors of 512 MiB files with pool-vs-direct's quick settings
 # (dirty max 128 MiB, ARC max 64 MiB).

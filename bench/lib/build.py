@@ -17,7 +17,7 @@ import sys
 
 from .proc import ROOT, BenchError, log, run
 
-DEFAULT_OLD_REV = "204d980"   # main before the engine restructure (issue 13)
+DEFAULT_OLD_REV = "204d980"   # main before the engine restructure
 
 
 def git(*args):

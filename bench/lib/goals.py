@@ -1,7 +1,7 @@
 """The `goals` record (ARCHITECTURE.md section 8).
 
-Theory of operation: every scenario's JSON carries `goals`, one entry per number an
-issue names: {"goal", "target" (">= 0.95"), "measured", "unit", "met"}. A goal whose
+Theory of operation: every scenario's JSON carries `goals`, one entry per number the
+product is held to: {"goal", "target" (">= 0.95"), "measured", "unit", "met"}. A goal whose
 figure could not be measured is listed with measured null and met false, so a script
 reading the record never mistakes a missing number for a met goal.
 """

@@ -27,7 +27,7 @@ model sets the device's time only while the real I/O is shorter than the model. 
 the lab VM's one virtual disk a sim-hdd's 1 MiB O_DIRECT pwrite into a 12 GB sparse
 file overran its model by more than 2 ms for 36 % of writes (up to 0.81 s), and a QD1
 read queued behind such a write waited for the lab disk: the 1.4 s stalls of
-docs/BENCHMARKS.md, stop 26. In tmpfs a 1 MiB overwrite takes ~0.3 ms (p50), under
+docs/BENCHMARKS.md (picket-fence). In tmpfs a 1 MiB overwrite takes ~0.3 ms (p50), under
 the model's 3.5 ms cache write. The first write into a tmpfs page was slow, though
 (a hole: 2-4 ms per 1 MiB, p90 up to 13 ms; even a posix_fallocate'd page 1.1-2.2 ms),
 so the sim-hdd files are written with zeros once before the pool is created
@@ -74,7 +74,7 @@ active_min_dirty_percent`) and gives the sync-read class its own slots, so a rea
 waits behind at most a few writes; legacy gives async writes a fixed 10 slots from
 the first byte, and the reads of each sync wait behind all of them: the square wave.
 
-Goals (issue 8): in openzfs mode the highest interval p99 is at most 3x the lowest,
+Goals: in openzfs mode the highest interval p99 is at most 3x the lowest,
 and the reader's p99 under the writer stays within 3x of its idle p99. The legacy
 ratio is reported, not judged (it is the baseline the fence is seen in).
 """

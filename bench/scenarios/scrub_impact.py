@@ -16,7 +16,7 @@ filled once with sequential 1M writes (the scrub has blocks to read) and has
 
 The scrub must still be running at the end of step 3 (else the bench fails: make the
 data bigger). Reported per mode: client IOPS idle and under the scrub, their ratio, the
-client's p99, scrub MB/s alone and under the client. The goal (issue 8) is on openzfs:
+client's p99, scrub MB/s alone and under the client. The goal is on openzfs:
 client IOPS under the scrub >= 0.8 of idle; legacy is reported for comparison. With
 the OpenZFS queue, scrub I/Os are a class of their own with few slots, and the
 non-interactive credit (`zfs_vdev_nia_credit`, `zfs_vdev_nia_delay`) lets them through

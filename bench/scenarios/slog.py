@@ -16,7 +16,7 @@ mirrors (no sim model, no log: the log blocks go to the data vdevs) against
 server's request loop cost per sync write whatever the server does; reported beside the
 QD1 latency goal, not subtracted from it.
 
-Goals (issue 7, seed 000): QD1 sync-write IOPS with the log >= 12x without; mean
+Goals (seed 000): QD1 sync-write IOPS with the log >= 12x without; mean
 latency >= 20x lower; QD1 latency with the log within the sim-ssd model of the lwbs it
 wrote + 100 us; IOPS rising from 1 to 8 to 32 writers; Zilla on plain files >= nbdkit.
 """

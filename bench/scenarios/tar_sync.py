@@ -13,7 +13,7 @@ side after `NOLOG_LIMIT_S` and reports its rate (files per second) over the part
 did, which is what the ratio compares. Afterwards the files are checked against the
 tarball (`tar -d`).
 
-Goal (issue 7, seed 000): with the log mirror, at least 10x faster.
+Goal (seed 000): with the log mirror, at least 10x faster.
 
 Also reported, not part of the goal: the *client floor*, the same extraction through
 nbdfuse and loop onto `nbdkit memory` (no storage, a free flush): what ext4, the loop

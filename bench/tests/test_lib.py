@@ -7,7 +7,7 @@ import os
 import tempfile
 import unittest
 
-from lib import admin, goals, packages, tables
+from lib import admin, goals, packages, summary, tables
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -217,3 +217,38 @@ class ThrottleWindow(unittest.TestCase):
     def test_every_dump_of_a_fio_output_file_is_read(self):
         text = 'w: (g=0)\n{\n "a" : 1\n}\n{\n "a" : {"b" : 2}\n}\nfio: terminating on signal 2\n{"a": 3}\n'
         self.assertEqual([o["a"] for o in self.th.json_objects(text)], [1, {"b": 2}, 3])
+
+
+class CurrentFigures(unittest.TestCase):
+    def result(self, d, name, goals_, quick=False):
+        import json
+        with open(os.path.join(d, f"{name}.json"), "w") as f:
+            json.dump({"scenario": name, "quick": quick, "started_utc": "2026-01-02T03:04:05Z",
+                       "git_commit": "abc1234", "machine": {"cores": 2, "cpu_model": "CPU"},
+                       "builds": [{"rev": None}, {"rev": "def5678"}], "goals": goals_}, f)
+
+    def test_every_goal_is_a_row_with_its_rerun_command(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.result(d, "slog", [goals.goal("a (issue 7)", ">=", 12, 22.5),
+                                    goals.goal("b", "<=", 100, 159.1, unit="us")])
+            self.result(d, "throttle", [goals.goal("c", ">=", 1.0, None)], quick=True)
+            block = summary.render(summary.load(d))
+        self.assertIn("| slog | a | >= 12x | 22.5x | met |", block)
+        self.assertIn("| slog | b | <= 100 us | 159.1 us | **not met** |", block)
+        self.assertIn("| throttle | c | >= 1.0x | not measured | **not met** |", block)
+        self.assertIn("1 of 3 goals met", block)
+        self.assertIn("`bench/run slog --compare-old def5678`", block)
+        self.assertIn("`bench/run throttle --quick --compare-old def5678`", block)
+
+    def test_the_block_between_the_markers_is_replaced_and_nothing_else(self):
+        with tempfile.TemporaryDirectory() as d:
+            doc = os.path.join(d, "B.md")
+            with open(doc, "w") as f:
+                f.write(f"head\n{summary.BEGIN}\nold\n{summary.END}\ntail\n")
+            summary.write_into(doc, f"{summary.BEGIN}\nnew\n{summary.END}")
+            with open(doc) as f:
+                self.assertEqual(f.read(), f"head\n{summary.BEGIN}\nnew\n{summary.END}\ntail\n")
+            with open(doc, "w") as f:
+                f.write("no markers\n")
+            with self.assertRaises(ValueError):
+                summary.write_into(doc, "x")
