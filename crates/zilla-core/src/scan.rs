@@ -13,7 +13,9 @@
 //! The walk proceeds one L1 span (1024 blocks) at a time against a fresh snapshot of the
 //! volume root, recording a bookmark `(phase, volume id, blkid)` after each span. The
 //! bookmark and counters live in the MOS (`scan_state`, JSON), so a paused scrub — or one
-//! running when the pool was exported — resumes where it stopped.
+//! running when the pool was exported — resumes where it stopped. Starting, pausing
+//! and stopping a scrub return only once the txg carrying the new record has synced
+//! (`wait_durable`), so a crash right after one of them keeps its effect.
 //!
 //! A block found bad on every copy is rechecked against the current tree before it is
 //! counted: the walk reads a snapshot, and a block freed and reused meanwhile is not an
