@@ -30,9 +30,20 @@
 //! are. A plain-file leaf has the region's holes filled once the pool owns it
 //! (`vdev::fill_log_region`, tunable `zilla_log_region_fill`).
 //!
-//! Frees are deferred: a block freed in txg T goes to `defer[T]`, and the sync of T+3
-//! returns it to the free tree before it allocates (TXG_DEFER_SIZE = 2: the trees of
-//! the two uberblocks before T's stay intact on disk, and T-1's too while T syncs).
+//! Frees are deferred: a block freed in txg T goes to `defer[T]`, and once T+2 has
+//! committed it returns to the free tree (TXG_DEFER_SIZE = 2: the trees of the newest
+//! uberblock and of the two before it stay intact on disk; a block freed in T is still
+//! in T-1's tree, and T+2 is the newest when it is released).
+//!
+//! Awaited frees. A pool that goes idle right after a change would leave that change's
+//! frees deferred for as long as no txg syncs, and FREE would not show them. So a
+//! sync whose txg freed anything besides its own rewrite of the object directory
+//! marks the txg awaited (`await_release`), and while an awaited defer list is not
+//! yet released the pool keeps syncing, empty txgs at the `zfs_txg_timeout` pace
+//! (`frees_awaited`, spa's idle decision). The object directory's own frees are not
+//! awaited: every sync makes some, and awaiting them would keep an idle pool syncing
+//! for ever; they are released with the next change. At import every loaded defer
+//! list is awaited.
 //!
 //! A sync that fails is undone exactly: every allocation made for the txg being synced
 //! goes on that sync's undo list (`begin_sync` .. `end_sync` / `undo_sync`), and the
@@ -443,8 +454,8 @@ pub struct Metaslabs {
     classes: [Mutex<AllocClass>; 2],
     /// Top-level vdev id -> class index, for frees and claims that name only a DVA.
     vdev_class: RwLock<BTreeMap<VdevId, usize>>,
-    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE + 1 starts
-    /// to sync.
+    /// txg -> extents freed in that txg, released when txg + TXG_DEFER_SIZE has
+    /// committed.
     defer: Mutex<DeferLists>,
     /// Log blocks allocated whose referrer (the previous log block or the ZIL header)
     /// is not durable yet: left out of the persisted space maps, so a power cut does
@@ -467,6 +478,9 @@ struct DeferLists {
     /// txgs stay deferred while a pin holds, so a repair never writes over a block that
     /// was freed and reused after its tree was read. Bounded by the scan threads.
     pins: Vec<Txg>,
+    /// Defer lists of txgs up to this one are awaited: the pool syncs until they are
+    /// released (see "Awaited frees").
+    awaited: Txg,
 }
 
 /// Holds frees of txgs after `txg` on their defer lists until dropped.
@@ -502,7 +516,10 @@ impl Metaslabs {
         *self.classes[0].lock() = n.into_inner();
         *self.classes[1].lock() = l.into_inner();
         *self.vdev_class.write() = other.vdev_class.into_inner();
-        *self.defer.lock() = other.defer.into_inner();
+        let mut d = other.defer.into_inner();
+        // frees the previous owner of the pool did not see released: apply them
+        d.awaited = d.lists.keys().next_back().copied().unwrap_or(Txg::ZERO);
+        *self.defer.lock() = d;
     }
 
     /// Give top-level vdev `id` of class `role` an allocator of `size` bytes (a normal
@@ -674,7 +691,24 @@ impl Metaslabs {
         self.defer.lock().lists.entry(txg).or_default().push(dva);
     }
 
-    /// Release every defer list of a txg <= `txg`.
+    /// Deferred frees of txg `txg` (the object directory's own included).
+    pub fn deferred_count(&self, txg: Txg) -> usize {
+        self.defer.lock().lists.get(&txg).map_or(0, |l| l.len())
+    }
+
+    /// The frees of txg `txg` are awaited: the pool keeps syncing until they are
+    /// released (see "Awaited frees").
+    pub fn await_release(&self, txg: Txg) {
+        let mut d = self.defer.lock();
+        d.awaited = d.awaited.max(txg);
+    }
+
+    /// Some awaited defer list is not released yet.
+    pub fn frees_awaited(&self) -> bool {
+        let d = self.defer.lock();
+        d.lists.range(..=d.awaited).any(|(_, l)| !l.is_empty())
+    }
+
     /// Pin the trees of `synced_txg()` (read under the defer lock, so no release can
     /// slip between): every block they reference keeps its contents until the pin is
     /// dropped. See [`DeferLists::pins`].
@@ -700,6 +734,7 @@ impl Metaslabs {
         self.release_generation() == generation && write()
     }
 
+    /// Release every defer list of a txg <= `txg`.
     pub fn release_through(&self, txg: Txg) {
         let released = self.take_released(txg);
         self.free_released(&released);

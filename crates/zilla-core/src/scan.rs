@@ -13,7 +13,9 @@
 //! The walk proceeds one L1 span (1024 blocks) at a time against a fresh snapshot of the
 //! volume root, recording a bookmark `(phase, volume id, blkid)` after each span. The
 //! bookmark and counters live in the MOS (`scan_state`, JSON), so a paused scrub — or one
-//! running when the pool was exported — resumes where it stopped.
+//! running when the pool was exported — resumes where it stopped. Starting, pausing
+//! and stopping a scrub return only once the txg carrying the new record has synced
+//! (`wait_durable`), so a crash right after one of them keeps its effect.
 //!
 //! A block found bad on every copy is rechecked against the current tree before it is
 //! counted: the walk reads a snapshot, and a block freed and reused meanwhile is not an
@@ -319,7 +321,31 @@ fn join(inner: &Arc<dyn ScanPool>) {
     }
 }
 
+/// Start (or resume a paused) scrub; returns once its start is on disk, so a crash
+/// after the command answered resumes it at the next import.
 pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let txg = start_scrub_locked(inner)?;
+    wait_durable(inner, txg, "the scrub is started")
+}
+
+/// Wait until txg `txg`, open when the scan record was saved, has synced: it carries
+/// the record (a txg that was syncing then may have encoded the MOS before it), so a
+/// crash after this leaves the record on disk, as OpenZFS's scan setup is a sync task.
+/// Called without the control lock: a pool whose syncs fail answers at once with an
+/// error (the record stays in memory and goes out when the syncs work again), and no
+/// other scan command waits behind it.
+fn wait_durable(inner: &Arc<dyn ScanPool>, txg: Txg, done: &str) -> Result<()> {
+    match inner.txg().wait_synced_or_failed(txg) {
+        Ok(()) => Ok(()),
+        Err(Error::Shutdown) => Err(Error::Shutdown),
+        Err(e) => Err(Error::Io(std::io::Error::other(format!(
+            "{done}, but the pool could not record it on disk yet ({e}); it is recorded with the next txg that syncs"
+        )))),
+    }
+}
+
+/// `start_scrub` under the control lock; returns the txg that records the start.
+fn start_scrub_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
     let _control = inner.scan().control.lock();
     if inner.scan().is_closed() {
         return Err(Error::Shutdown);
@@ -354,8 +380,9 @@ pub fn start_scrub(inner: &Arc<dyn ScanPool>) -> Result<()> {
     }
     join(inner);
     persist(inner, true);
+    let txg = inner.txg().open_txg();
     launch(inner);
-    Ok(())
+    Ok(txg)
 }
 
 pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
@@ -399,7 +426,13 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
     launch(inner);
 }
 
+/// Pause the scrub; returns once the pause is on disk (see `wait_durable`).
 pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let txg = pause_locked(inner)?;
+    wait_durable(inner, txg, "the scrub is paused")
+}
+
+fn pause_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
     let _control = inner.scan().control.lock();
     {
         let s = inner.scan().status.lock();
@@ -414,10 +447,16 @@ pub fn pause(inner: &Arc<dyn ScanPool>) -> Result<()> {
     join(inner);
     inner.scan().status.lock().state = ScanState::Paused;
     persist(inner, true);
-    Ok(())
+    Ok(inner.txg().open_txg())
 }
 
+/// Cancel the scrub; returns once that is on disk (see `wait_durable`).
 pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
+    let txg = cancel_locked(inner)?;
+    wait_durable(inner, txg, "the scrub is canceled")
+}
+
+fn cancel_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
     let _control = inner.scan().control.lock();
     {
         let s = inner.scan().status.lock();
@@ -436,7 +475,7 @@ pub fn cancel(inner: &Arc<dyn ScanPool>) -> Result<()> {
         s.end_time_s = now_s(inner);
     }
     persist(inner, true);
-    Ok(())
+    Ok(inner.txg().open_txg())
 }
 
 /// Block until no scan is running.

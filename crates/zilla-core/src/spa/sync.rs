@@ -8,14 +8,23 @@
 //!  1. snapshot the allocator (restored if the sync fails, so nothing leaks)
 //!  2. per volume: allocate + write T's dirty blocks, rewrite indirects (COW),
 //!     old blocks -> defer[T]; destroyed volumes' trees -> defer[T]
-//!  3. old MOS blocks -> defer[T]; defer lists of txg <= T-3 return to the free trees
+//!  3. old MOS blocks -> defer[T]
 //!  4. encode MOS (volumes, space maps, defer lists, scan state), write it
 //!  5. flush every leaf                               <- data durable
 //!  6. uberblock T into slot T%32 of all 4 labels of every leaf, flush   <- commit point
-//!  7. publish new roots, drop T's dirty records, retire T's dirty bytes
+//!  7. publish new roots, drop T's dirty records, retire T's dirty bytes;
+//!     defer lists of txg <= T-2 return to the free trees
 //! ```
 //! A crash before 6 completes on some device leaves uberblock T-1 the newest valid one;
 //! every block T-1 references is intact because nothing it references was freed for
+//! reuse: the frees released so far are of txgs <= T-3, and a block freed in F is
+//! referenced only by trees older than F. Step 7's release keeps the same window for
+//! the newest uberblock, T: the trees of T, T-1 and T-2 stay intact.
+//!
+//! Idle. A txg with nothing dirty is not synced, with one exception: while a change's
+//! frees wait out the defer window (metaslab.rs, "Awaited frees"), `has_dirty` says
+//! yes, so an idle pool syncs empty txgs at the `zfs_txg_timeout` pace until they are
+//! released (two txgs after the one that freed them), then stays idle.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -234,6 +243,10 @@ impl PoolInner {
         if self.leaf_health() != self.meta.lock().health {
             return true;
         }
+        // frees that come back only with more txgs (see "Idle")
+        if self.io.ms.frees_awaited() {
+            return true;
+        }
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg) || v.zil.needs_header_sync())
     }
 
@@ -252,7 +265,8 @@ impl PoolInner {
         self.publish_dirty_gauge();
         // Frees of txg <= T-3 are reusable whether or not T commits (the trees of T-1
         // and T-2 never reference them), so release them outside the undo list: a sync
-        // retried after ENOSPC then sees that space.
+        // retried after ENOSPC then sees that space. (Step 7 of the previous sync
+        // released them already; after an import this is the first release.)
         self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
         // a manual trim's step, at the same place and for the same reason (spa/trim.rs)
         self.manual_trim_step(txg);
@@ -274,6 +288,13 @@ impl PoolInner {
                 Ok(()) => break Ok(()),
             }
         };
+        if r.is_ok() {
+            // Step 7's release: T is the newest uberblock, and no tree of T, T-1 or T-2
+            // references a block freed in T-2 or before. Released now rather than at the
+            // next sync's start, so that space is back (FREE, admission) even if no
+            // further txg syncs soon.
+            self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE));
+        }
         self.io.refresh_space();
         match r {
             Ok(()) => {
@@ -342,12 +363,7 @@ impl PoolInner {
         writer.issue(std::mem::take(&mut batch))?;
         writer.finish()?;
         phases.mark();
-        // the MOS
-        if !old_mos.is_hole() {
-            for bp in dmu::mos_blocks(&self.io, &old_mos, crate::vdev::IoClass::AsyncRead)? {
-                self.io.free_block(&bp, txg);
-            }
-        }
+        let mos_frees = self.free_old_mos(&old_mos, txg)?;
         let (zil_headers, zil_tokens) = self.zil_headers_for_sync(&new_roots, txg);
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
         let (mos_root, health) = self.write_mos_and_flush(txg, Mos {
@@ -361,6 +377,10 @@ impl PoolInner {
         }, &mut batch)?;
         phases.mark();
         self.commit_uberblock(txg, mos_root)?;
+        if self.io.ms.deferred_count(txg) > mos_frees {
+            // this txg freed more than its old MOS: the pool syncs until that is back
+            self.io.ms.await_release(txg);
+        }
         phases.mark();
         // committed: publish. ARC entries only now: a failed sync is retried with new
         // allocations, and a key (vdev, offset, birth) must never name other content.
@@ -433,6 +453,19 @@ impl PoolInner {
             return Err(SyncError::HealthChanged(format!("txg {txg}: a device failed while the txg was written: {}", health_diff(&health, &now))));
         }
         Ok((mos_root, health))
+    }
+
+    /// Step 3: free the blocks of the MOS that `txg` replaces; returns how many
+    /// deferred frees that made (block copies).
+    fn free_old_mos(&self, old_mos: &BlockPointer, txg: Txg) -> Result<usize> {
+        if old_mos.is_hole() {
+            return Ok(0);
+        }
+        let before = self.io.ms.deferred_count(txg);
+        for bp in dmu::mos_blocks(&self.io, old_mos, crate::vdev::IoClass::AsyncRead)? {
+            self.io.free_block(&bp, txg);
+        }
+        Ok(self.io.ms.deferred_count(txg) - before)
     }
 
     /// Free every block of the destroyed volumes' trees in `txg`.
