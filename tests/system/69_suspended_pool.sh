@@ -77,7 +77,7 @@ every_command_answers() {
         zt 5 $c
         [ "$ZRC" -eq 0 ] || fail "'zilla $c' failed on a suspended pool: $(cat "$T/out")"
     done
-    zt 10 set sync=always tank/vol
+    zt 10 set compression=lz4 tank/vol
     [ "$ZRC" -ne 0 ] || fail "set on a suspended pool said it was done"
     zt 10 pool scrub tank
 }

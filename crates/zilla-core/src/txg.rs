@@ -210,11 +210,15 @@ struct State {
     /// `retry_sync_now` waits for the outcome of an attempt that began after it.
     attempts_ended: u64,
     attempt_running: bool,
-    /// An admin asked the suspended pool's sync thread to retry without its backoff.
-    retry_now: bool,
+    /// Retries an admin asked the suspended pool's sync thread to make without its
+    /// backoff (`retry_sync_now`).
+    retry_now: u32,
     /// The sync thread died (a bug): waiters get an error instead of hanging.
     fatal: Option<String>,
 }
+
+/// Sync attempts a `retry_sync_now` (`zpool clear`) asks for and waits on.
+pub const CLEAR_RETRY_ATTEMPTS: u32 = 3;
 
 /// Why `wait_synced_suspended_for` gave up.
 #[derive(Debug)]
@@ -297,7 +301,7 @@ impl TxgState {
                 sync_error: None,
                 attempts_ended: 0,
                 attempt_running: false,
-                retry_now: false,
+                retry_now: 0,
                 fatal: None,
             }),
             cv: Condvar::new(),
@@ -580,26 +584,30 @@ impl TxgState {
         if self.env.is_simulated() {
             // virtual time moves only when a thread sleeps: sleep it out
             self.env.sleep_ns(backoff_ns);
-            self.state.lock().retry_now = false;
+            let mut s = self.state.lock();
+            s.retry_now = s.retry_now.saturating_sub(1);
             return;
         }
         let mut s = self.state.lock();
         let deadline = self.env.now_ns().saturating_add(backoff_ns);
-        while !s.retry_now && self.env.now_ns() < deadline {
+        while s.retry_now == 0 && self.env.now_ns() < deadline {
             env::wait_until(&*self.env, &self.cv, &mut s, deadline);
         }
-        s.retry_now = false;
+        s.retry_now = s.retry_now.saturating_sub(1);
     }
 
     /// `zpool clear` of a suspended pool: ask the sync thread to retry the failed sync
-    /// at once and wait (at most `timeout`) for the outcome of an attempt that began
-    /// after this call. Ok: it committed (the pool resumes); Err: it failed again
-    /// (the error says why), the sync thread stopped, or no attempt ended in time.
+    /// at once, [`CLEAR_RETRY_ATTEMPTS`] times without backoff, and wait (at most
+    /// `timeout`) for the outcome of those attempts, all begun after this call. Ok:
+    /// one committed (the pool resumes); Err: they failed (the error says why), the
+    /// sync thread stopped, or they did not end in time. (The first sync after a failed
+    /// flush may fail by design: a mirror child whose earlier flush failed holds all
+    /// its writes only from its next consuming flush on.)
     pub fn retry_sync_now(&self, timeout: Duration) -> Result<()> {
         let mut s = self.state.lock();
         // an attempt already running began before the caller cleared anything
-        let target = s.attempts_ended + if s.attempt_running { 2 } else { 1 };
-        s.retry_now = true;
+        let target = s.attempts_ended + CLEAR_RETRY_ATTEMPTS as u64 + u64::from(s.attempt_running);
+        s.retry_now = CLEAR_RETRY_ATTEMPTS;
         self.cv.notify_all();
         let deadline = std::time::Instant::now() + timeout;
         while s.attempts_ended < target && s.sync_error.is_some() {
@@ -633,7 +641,7 @@ impl TxgState {
         let mut s = self.state.lock();
         s.shutting_down = false;
         s.sync_done = false;
-        s.retry_now = false;
+        s.retry_now = 0;
         s.attempt_running = false;
         self.shutting_down.store(false, Ordering::Release);
         let unfinished = (!s.syncing_txg.is_zero() && s.syncing_txg > s.synced_txg).then_some(s.syncing_txg);

@@ -669,11 +669,15 @@ impl Pool {
             // resumes, waiting writers go on) or the answer says they still fail
             if let Err(e) = inner.txg.retry_sync_now(CLEAR_RETRY_WAIT) {
                 let n = &inner.name;
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "pool '{n}' is still suspended: the retried sync failed ({e}); its devices still fail. \
+                let why = match e {
+                    Error::Io(e) => e.to_string(),
+                    e => e.to_string(),
+                };
+                return Err(Error::Busy(format!(
+                    "pool '{n}' is still suspended: the retried sync failed ({why}); its devices still fail. \
                      Once they work again run `zilla pool clear {n}` again, or `zilla pool export -f {n}` \
                      exports the pool without the final sync"
-                ))));
+                )));
             }
         }
         // the cleared faults are in the MOS when clear returns (a power cut must not

@@ -306,9 +306,10 @@ impl Pool {
     fn suspended_error(&self, why: &str) -> Error {
         let n = &self.inner.name;
         Error::Busy(format!(
-            "pool '{n}' is suspended: its txg syncs fail ({why}); writes wait until `zilla pool clear {n}` \
-             resumes it once the devices work again, or `zilla pool export -f {n}` exports it without \
-             the final sync (what the last synced txg and the intent logs hold stays)"
+            "pool '{n}' is suspended: its txg syncs fail ({why}); the change is written by the first \
+             sync that succeeds. Writes wait until `zilla pool clear {n}` resumes the pool once the \
+             devices work again, or `zilla pool export -f {n}` exports it without the final sync (what \
+             the last synced txg and the intent logs hold stays)"
         ))
     }
 
