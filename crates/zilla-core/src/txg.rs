@@ -206,8 +206,27 @@ struct State {
     sync_done: bool,
     /// An error from the last sync (the pool is suspended until it succeeds).
     sync_error: Option<String>,
+    /// Sync attempts that ended (committed or failed), and whether one is running:
+    /// `retry_sync_now` waits for the outcome of an attempt that began after it.
+    attempts_ended: u64,
+    attempt_running: bool,
+    /// Retries an admin asked the suspended pool's sync thread to make without its
+    /// backoff (`retry_sync_now`).
+    retry_now: u32,
     /// The sync thread died (a bug): waiters get an error instead of hanging.
     fatal: Option<String>,
+}
+
+/// Sync attempts a `retry_sync_now` (`zpool clear`) asks for and waits on.
+pub const CLEAR_RETRY_ATTEMPTS: u32 = 3;
+
+/// Why `wait_synced_suspended_for` gave up.
+#[derive(Debug)]
+pub enum SyncWait {
+    /// The pool stayed suspended: the last sync error.
+    Suspended(String),
+    /// The sync thread stopped (shutdown, a broken invariant).
+    Failed(Error),
 }
 
 /// One shard of hold counters, on its own cache lines.
@@ -280,6 +299,9 @@ impl TxgState {
                 shutting_down: false,
                 sync_done: false,
                 sync_error: None,
+                attempts_ended: 0,
+                attempt_running: false,
+                retry_now: 0,
                 fatal: None,
             }),
             cv: Condvar::new(),
@@ -546,7 +568,117 @@ impl TxgState {
         s.synced_txg = txg;
         s.syncing_txg = Txg::ZERO;
         s.sync_error = None;
+        s.attempts_ended += 1;
+        s.attempt_running = false;
         self.cv.notify_all();
+    }
+
+    /// Sync thread: an attempt at syncing the current txg begins.
+    pub fn note_attempt_start(&self) {
+        self.state.lock().attempt_running = true;
+    }
+
+    /// Sync thread, after a failed attempt: wait `backoff_ns` before the next one, or
+    /// less if an admin asks for a retry now (`retry_sync_now`) or the pool shuts down.
+    pub fn wait_retry_backoff(&self, backoff_ns: u64) {
+        if self.env.is_simulated() {
+            // virtual time moves only when a thread sleeps: sleep it out
+            self.env.sleep_ns(backoff_ns);
+            let mut s = self.state.lock();
+            s.retry_now = s.retry_now.saturating_sub(1);
+            return;
+        }
+        let mut s = self.state.lock();
+        let deadline = self.env.now_ns().saturating_add(backoff_ns);
+        while s.retry_now == 0 && self.env.now_ns() < deadline {
+            env::wait_until(&*self.env, &self.cv, &mut s, deadline);
+        }
+        s.retry_now = s.retry_now.saturating_sub(1);
+    }
+
+    /// `zpool clear` of a suspended pool: ask the sync thread to retry the failed sync
+    /// at once, [`CLEAR_RETRY_ATTEMPTS`] times without backoff, and wait (at most
+    /// `timeout`) for the outcome of those attempts, all begun after this call. Ok:
+    /// one committed (the pool resumes); Err: they failed (the error says why), the
+    /// sync thread stopped, or they did not end in time. (The first sync after a failed
+    /// flush may fail by design: a mirror child whose earlier flush failed holds all
+    /// its writes only from its next consuming flush on.)
+    pub fn retry_sync_now(&self, timeout: Duration) -> Result<()> {
+        let mut s = self.state.lock();
+        // an attempt already running began before the caller cleared anything
+        let target = s.attempts_ended + CLEAR_RETRY_ATTEMPTS as u64 + u64::from(s.attempt_running);
+        s.retry_now = CLEAR_RETRY_ATTEMPTS;
+        self.cv.notify_all();
+        let deadline = std::time::Instant::now() + timeout;
+        while s.attempts_ended < target && s.sync_error.is_some() {
+            if let Some(f) = &s.fatal {
+                return Err(Error::Io(std::io::Error::other(format!("txg sync thread failed: {f}"))));
+            }
+            if s.sync_done {
+                return Err(Error::Shutdown);
+            }
+            if self.cv.wait_until(&mut s, deadline).timed_out() {
+                let e = s.sync_error.clone().unwrap_or_default();
+                return Err(Error::Io(std::io::Error::other(format!("the retried sync did not finish within {} s (last error: {e})", timeout.as_secs()))));
+            }
+        }
+        match &s.sync_error {
+            Some(e) => Err(Error::Io(std::io::Error::other(e.clone()))),
+            None => Ok(()),
+        }
+    }
+
+    /// The pool's syncs are failing (suspended): the last attempt's error.
+    pub fn suspended_by(&self) -> Option<String> {
+        self.state.lock().sync_error.clone()
+    }
+
+    /// Undo `begin_shutdown` after the sync thread exited on a failed sync (an export
+    /// whose final sync failed keeps the pool imported). Returns the txg whose sync
+    /// failed, which the caller's new sync thread must sync first (the txgs after it
+    /// are still quiesced or open); the caller starts new txg threads.
+    pub fn cancel_shutdown(&self) -> Option<Txg> {
+        let mut s = self.state.lock();
+        s.shutting_down = false;
+        s.sync_done = false;
+        s.retry_now = 0;
+        s.attempt_running = false;
+        self.shutting_down.store(false, Ordering::Release);
+        let unfinished = (!s.syncing_txg.is_zero() && s.syncing_txg > s.synced_txg).then_some(s.syncing_txg);
+        self.cv.notify_all();
+        unfinished
+    }
+
+    /// `wait_synced` for admin commands: while the pool is suspended (its syncs fail),
+    /// wait at most `suspended_for` for a retry to go through, then give up with
+    /// [`SyncWait::Suspended`] and the last error.
+    pub fn wait_synced_suspended_for(&self, txg: Txg, suspended_for: Duration) -> std::result::Result<(), SyncWait> {
+        let mut s = self.state.lock();
+        if txg > s.sync_requested {
+            s.sync_requested = txg;
+            self.cv.notify_all();
+        }
+        let mut suspended_since: Option<std::time::Instant> = None;
+        while s.synced_txg < txg {
+            if let Some(f) = &s.fatal {
+                return Err(SyncWait::Failed(Error::Io(std::io::Error::other(format!("txg sync thread failed: {f}")))));
+            }
+            match &s.sync_error {
+                Some(e) if s.shutting_down => return Err(SyncWait::Failed(Error::Io(std::io::Error::other(e.clone())))),
+                Some(e) => {
+                    let since = *suspended_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() >= suspended_for {
+                        return Err(SyncWait::Suspended(e.clone()));
+                    }
+                }
+                None => suspended_since = None,
+            }
+            if s.sync_done && s.shutting_down {
+                return Err(SyncWait::Failed(Error::Shutdown));
+            }
+            self.cv.wait_for(&mut s, Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// The sync thread has exited: the quiesce thread must not wait for it.
@@ -577,6 +709,8 @@ impl TxgState {
     pub fn mark_sync_failed(&self, msg: String) {
         let mut s = self.state.lock();
         s.sync_error = Some(msg);
+        s.attempts_ended += 1;
+        s.attempt_running = false;
         self.cv.notify_all();
     }
 

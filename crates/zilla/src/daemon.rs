@@ -649,11 +649,26 @@ async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String
     let _g = d.admin.lock().await;
     // As `zpool export` refuses while a zvol is open ("pool is busy"): a client whose
     // volume vanishes under it gets I/O errors for every later request.
-    d.pool(&pool)?;
+    let handle = d.pool(&pool)?;
     let p = pool.clone();
-    clear_sessions(&d, &format!("pool '{pool}'"), q.force, &move |e| zilla_frontend::sessions::export_in_pool(e, &p)).await?;
-    d.retire_pool(&pool, Pool::export).await?;
-    tracing::info!("exported pool '{pool}'");
+    let in_pool = move |e: &str| zilla_frontend::sessions::export_in_pool(e, &p);
+    if !handle.is_suspended() || !q.force {
+        if let Some(e) = handle.export_refusal() {
+            return Err(e.into()); // suspended: its final sync cannot complete
+        }
+        clear_sessions(&d, &format!("pool '{pool}'"), q.force, &in_pool).await?;
+        d.retire_pool(&pool, Pool::export).await?;
+        tracing::info!("exported pool '{pool}'");
+        return Ok(Json(Empty {}));
+    }
+    // Suspended, -f: its clients' requests wait on the pool and would hold their
+    // sessions; the export without a final sync fails those requests, then they go.
+    d.nbd.frontend().sessions.disconnect(&in_pool);
+    d.retire_pool(&pool, Pool::export_unsynced).await?;
+    if let Err(ApiError(_, e)) = clear_sessions(&d, &format!("pool '{pool}'"), true, &in_pool).await {
+        tracing::warn!("exported pool '{pool}' without its final sync; {e}");
+    }
+    tracing::info!("exported suspended pool '{pool}' without its final sync");
     Ok(Json(Empty {}))
 }
 

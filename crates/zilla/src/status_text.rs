@@ -25,7 +25,7 @@ pub fn status_action(s: &PoolStatus) -> (String, String) {
         ),
         "SUSPENDED" => (
             "The pool is suspended: a txg could not be written.",
-            "Check the devices; writes wait until the pool can be synced (failmode=wait).",
+            "Check the devices; writes wait until the pool can be synced (failmode=wait).\n\tOnce they work, 'zilla pool clear' resumes it; 'zilla pool export -f' exports it\n\twithout the final sync.",
         ),
         _ => ("One or more devices could not be used.", "Attach the missing device and import again."),
     };

@@ -27,6 +27,9 @@ use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
 use crate::vdev::{Device, LeafSpec, Role};
 use crate::{Error, Guid, Result, Txg, VdevId};
 
+/// Longest `clear` of a suspended pool waits for the retried sync's outcome.
+pub const CLEAR_RETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Opens a leaf device from its spec; tests substitute crash or fault devices.
 pub type Opener = Arc<dyn Fn(&LeafSpec, Role) -> Result<Arc<dyn Device>> + Send + Sync>;
 
@@ -661,7 +664,22 @@ impl Pool {
                 inner.io.clear_errors();
             }
         }
-        inner.suspended.store(false, Ordering::Relaxed);
+        if inner.txg.suspended_by().is_some() {
+            // the failed sync, retried now on the cleared devices: it commits (the pool
+            // resumes, waiting writers go on) or the answer says they still fail
+            if let Err(e) = inner.txg.retry_sync_now(CLEAR_RETRY_WAIT) {
+                let n = &inner.name;
+                let why = match e {
+                    Error::Io(e) => e.to_string(),
+                    e => e.to_string(),
+                };
+                return Err(Error::Busy(format!(
+                    "pool '{n}' is still suspended: the retried sync failed ({why}); its devices still fail. \
+                     Once they work again run `zilla pool clear {n}` again, or `zilla pool export -f {n}` \
+                     exports the pool without the final sync"
+                )));
+            }
+        }
         // the cleared faults are in the MOS when clear returns (a power cut must not
         // bring them back)
         inner.meta.lock().changed = true;

@@ -85,6 +85,10 @@ pub enum ScrubCmd {
 }
 
 pub const POOL_VERSION: u64 = 1;
+
+/// How long `Pool::sync` (every admin command that changes the pool) waits on a
+/// suspended pool's retries before it answers that the pool is suspended.
+pub const SUSPENDED_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 pub const MAX_VOLBLOCKSIZE: u32 = 128 << 10;
 pub const MIN_VOLBLOCKSIZE: u32 = 4096;
 
@@ -273,14 +277,7 @@ pub struct Pool {
 
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Arc<Pool> {
-        let (q, s) = (inner.clone(), inner.clone());
-        let threads = vec![
-            inner.env.spawn(format!("txg_quiesce_{}", inner.name), Box::new(move || q.quiesce_loop())).expect("spawn txg quiesce thread"),
-            inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || {
-                crate::zio::workers::lower_thread_priority();
-                s.sync_loop()
-            })).expect("spawn txg sync thread"),
-        ];
+        let threads = Self::spawn_txg_threads(&inner, None);
         let mut threads = threads;
         if inner.multihost() {
             let h = inner.clone();
@@ -291,6 +288,30 @@ impl Pool {
         pool
     }
 
+    /// The txg quiesce and sync threads; `unfinished`: a txg whose sync failed when the
+    /// previous sync thread stopped, synced first.
+    fn spawn_txg_threads(inner: &Arc<PoolInner>, unfinished: Option<Txg>) -> Vec<std::thread::JoinHandle<()>> {
+        let (q, s) = (inner.clone(), inner.clone());
+        vec![
+            inner.env.spawn(format!("txg_quiesce_{}", inner.name), Box::new(move || q.quiesce_loop())).expect("spawn txg quiesce thread"),
+            inner.env.spawn(format!("txg_sync_{}", inner.name), Box::new(move || {
+                crate::zio::workers::lower_thread_priority();
+                s.sync_loop(unfinished)
+            })).expect("spawn txg sync thread"),
+        ]
+    }
+
+    /// The error every admin command that needs a sync gets while the pool is
+    /// suspended: why, and the two ways out.
+    fn suspended_error(&self, why: &str) -> Error {
+        let n = &self.inner.name;
+        Error::Busy(format!(
+            "pool '{n}' is suspended: its txg syncs fail ({why}); the change is written by the first \
+             sync that succeeds. Writes wait until `zilla pool clear {n}` resumes the pool once the \
+             devices work again, or `zilla pool export -f {n}` exports it without the final sync (what \
+             the last synced txg and the intent logs hold stays)"
+        ))
+    }
 
     fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
@@ -312,17 +333,44 @@ impl Pool {
         self.join_txg_threads();
     }
 
+    /// Why a plain export is refused now: the pool is suspended, so its final sync
+    /// cannot complete (`export_unsynced` exports it without one).
+    pub fn export_refusal(&self) -> Option<Error> {
+        let why = self.inner.txg.suspended_by()?;
+        let n = &self.inner.name;
+        Some(Error::Busy(format!(
+            "pool '{n}' is suspended: its txg syncs fail ({why}), so the final sync of an export \
+             cannot complete; `zilla pool export -f {n}` exports it without the final sync (what \
+             the last synced txg and the intent logs hold stays), or heal the devices and run \
+             `zilla pool clear {n}`"
+        )))
+    }
+
+    /// Export: a final sync, labels marked exported, devices released. All or nothing:
+    /// if the final sync fails the pool stays imported and running as before.
     pub fn export(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("pool '{}' is already exported", self.inner.name)));
+        }
+        if let Some(e) = self.export_refusal() {
+            return Err(e);
+        }
+        // the final sync while the pool still runs: a failure leaves it as it was
+        let open = self.inner.txg.open_txg();
+        if let Err(e) = self.inner.txg.wait_synced_or_failed(open) {
+            return Err(Error::Io(std::io::Error::other(format!("final sync failed, the pool stays imported: {e}"))));
+        }
         if self.closed.swap(true, Ordering::AcqRel) {
             return Err(Error::invalid(format!("pool '{}' is already exported", self.inner.name)));
         }
         crate::scan::pause_for_export(&self.inner.scanner());
-        // final sync of everything dirty
+        // what was dirtied since, synced as the threads stop
         let open = self.inner.txg.open_txg();
         self.inner.txg.request_sync(open);
         self.stop_threads();
         if let Some(e) = self.inner.txg.sync_error() {
-            return Err(Error::Io(std::io::Error::other(format!("final sync failed: {e}"))));
+            self.restart_after_failed_export();
+            return Err(Error::Io(std::io::Error::other(format!("final sync failed, the pool stays imported: {e}"))));
         }
         // under sync_lock: a config change (`lock_for_change`) ended before, or is refused
         let _g = self.inner.sync_lock.lock();
@@ -331,8 +379,52 @@ impl Pool {
         r
     }
 
+    /// The devices failed during an export's last sync after the threads were told to
+    /// stop: start them again (the failed txg first) so the pool is imported and
+    /// retrying as before the export.
+    fn restart_after_failed_export(&self) {
+        if self.inner.txg.fatal_error().is_some() {
+            return; // a broken invariant: nothing syncs again either way
+        }
+        let unfinished = self.inner.txg.cancel_shutdown();
+        *self.txg_threads.lock() = Self::spawn_txg_threads(&self.inner, unfinished);
+        self.closed.store(false, Ordering::Release);
+        tracing::error!(pool = %self.inner.name, "export: the final sync failed; the pool stays imported (suspended, retrying)");
+    }
+
+    /// `zilla pool export -f` of a suspended pool: export without the final sync. The
+    /// pool stops at once (nothing more is synced; writers and flushes waiting on it get
+    /// an error), its labels are marked exported where the devices still take writes,
+    /// and its devices are released. What the last synced txg holds stays, and the
+    /// intent logs (every write a FLUSH or FUA acknowledged since) replay at the next
+    /// import. A pool that is not suspended is exported as by `export`.
+    pub fn export_unsynced(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("pool '{}' is already exported", self.inner.name)));
+        }
+        let Some(why) = self.inner.txg.suspended_by() else {
+            return self.export();
+        };
+        tracing::warn!(pool = %self.inner.name, "exporting the suspended pool without its final sync ({why}); the intent logs replay at the next import");
+        self.stop_without_sync();
+        let _g = self.inner.sync_lock.lock();
+        if let Err(e) = self.inner.write_config_labels("exported") {
+            // an import needs no exported label (a pool that was not exported imports too)
+            tracing::warn!(pool = %self.inner.name, "export -f: could not mark the labels exported: {e}");
+        }
+        self.inner.release_leaves();
+        Ok(())
+    }
+
     /// Stop the background threads without syncing (tests: simulated crash).
     pub fn abandon(&self) {
+        self.stop_without_sync();
+        self.inner.release_leaves();
+    }
+
+    /// Close the pool and stop its threads without syncing: the dirty data is dropped,
+    /// every waiter gets an error.
+    fn stop_without_sync(&self) {
         self.closed.store(true, Ordering::Release);
         self.inner.abandoned.store(true, Ordering::Release);
         crate::scan::stop(&self.inner.scanner());
@@ -346,8 +438,8 @@ impl Pool {
         for t in crate::txg::TXG_INITIAL.get()..=self.inner.txg.open_txg().get() {
             self.inner.dirty.retire(Txg(t));
         }
+        self.inner.dirty.wake_all();
         self.join_txg_threads();
-        self.inner.release_leaves();
     }
 
     pub fn destroy(&self) -> Result<()> {
@@ -380,10 +472,16 @@ impl Pool {
         self.inner.txg.synced_txg()
     }
 
+    /// Wait until everything changed so far is synced. A suspended pool gets
+    /// [`SUSPENDED_SYNC_WAIT`] for its retries to go through, then an error that says
+    /// so (an admin command never hangs on it; writers wait, as `failmode=wait`).
     pub fn sync(&self) -> Result<()> {
         self.check_open()?;
         let t = self.inner.txg.open_txg();
-        self.inner.txg.wait_synced(t)
+        self.inner.txg.wait_synced_suspended_for(t, SUSPENDED_SYNC_WAIT).map_err(|e| match e {
+            crate::txg::SyncWait::Suspended(why) => self.suspended_error(&why),
+            crate::txg::SyncWait::Failed(e) => e,
+        })
     }
 
     /// Dirty data and the write throttle: bytes dirty now, the limit, delayed writers.

@@ -616,9 +616,16 @@ impl PoolInner {
     }
 
     /// The sync thread body: syncs quiesced txgs in order, retrying a failed one.
-    pub(super) fn sync_loop(self: &Arc<Self>) {
+    /// `unfinished`: a txg a previous sync thread failed to sync, synced first.
+    pub(super) fn sync_loop(self: &Arc<Self>, unfinished: Option<Txg>) {
         let kick = |open: Txg| self.dirty.should_kick(open);
         let has = |open: Txg| self.has_dirty(open);
+        if let Some(txg) = unfinished {
+            if !self.sync_until_done(txg) {
+                self.txg.sync_thread_exited();
+                return;
+            }
+        }
         while let Some(txg) = self.txg.wait_for_sync_work(&kick, &has) {
             if self.abandoned.load(Ordering::Acquire) || !self.sync_until_done(txg) {
                 break;
@@ -653,12 +660,14 @@ impl PoolInner {
         t
     }
 
-    /// Sync `txg`, retrying with backoff while the pool is suspended. False: stop the
+    /// Sync `txg`, retrying with backoff while the pool is suspended (`zilla pool
+    /// clear` cuts the backoff short: `TxgState::retry_sync_now`). False: stop the
     /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
     fn sync_until_done(&self, txg: Txg) -> bool {
         let mut backoff_ms = 10;
         self.txg.note_sync_start(txg, self.dirty.txg_dirty(txg));
         loop {
+            self.txg.note_attempt_start();
             let before = self.leaf_io_totals();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spa_sync(txg)));
             let after = self.leaf_io_totals();
@@ -685,7 +694,7 @@ impl PoolInner {
                     if self.abandoned.load(Ordering::Acquire) || (self.txg.is_shutting_down() && backoff_ms >= 1000) {
                         return false;
                     }
-                    self.env.sleep_ns(backoff_ms * 1_000_000);
+                    self.txg.wait_retry_backoff(backoff_ms * 1_000_000);
                     backoff_ms = (backoff_ms * 2).min(1000);
                 }
             }
