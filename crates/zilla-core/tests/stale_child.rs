@@ -137,15 +137,20 @@ fn halves_written_apart_import_as_one_side_with_the_other_diverged() {
     drop(pool);
 
     let side_a = import_set(&only(&devs, &["a"]));
-    for i in 0..4u64 {
-        write(&side_a, &mut want, (i * 2) << 20, &pattern(10 + i, 1 << 20));
+    // more txgs than b's side below: a's is the newest
+    for i in 0..12u64 {
+        write(&side_a, &mut want, ((i % 4) * 2) << 20, &pattern(10 + i, 1 << 20));
     }
     side_a.export().unwrap();
     drop(side_a);
     let mut theirs = vec![0u8; VOL as usize];
     let side_b = import_set(&only(&devs, &["b"]));
-    write(&side_b, &mut theirs, 1 << 20, &pattern(20, 6 << 20));
-    write(&side_b, &mut theirs, 21 << 20, &pattern(21, 1 << 20));
+    // overwritten again and again: blocks of the common past that a still references
+    // are freed on b and their space reused
+    for i in 0..4u64 {
+        write(&side_b, &mut theirs, 1 << 20, &pattern(20 + i, 6 << 20));
+        write(&side_b, &mut theirs, 21 << 20, &pattern(30 + i, 1 << 20));
+    }
     side_b.export().unwrap();
     drop(side_b);
 
