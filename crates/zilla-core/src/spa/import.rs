@@ -7,7 +7,8 @@
 //! exactly when that uberblock is durable. Import reads every label, takes the config with
 //! the highest config txg, matches leaves by guid (missing ones become UNAVAIL), and loads
 //! the MOS from the newest uberblock whose object directory reads back, claiming the
-//! MOS blocks in a fresh allocator.
+//! MOS blocks in a fresh allocator. Leaves whose uberblock rings show they missed txgs
+//! or were written apart from the pool get those txgs in their DTL (spa/stale.rs).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
