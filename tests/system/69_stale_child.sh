@@ -4,7 +4,10 @@
 # aside, write more through NBD, export, put the old copy back, import: `pool status`
 # must say the child missed txgs, `pool offline` of the only current child must be
 # refused while the resilver has not finished, every block must read back right, and
-# after the resilver the old child alone must serve everything.
+# after the resilver the old child alone must serve everything. Then the halves of the
+# mirror are imported alone and written apart (d0's half more): together, the pool is
+# d0's, d1 is diverged (status says so, offline of d0 refused) and is rebuilt from d0,
+# with nothing of d1's other life served.
 . "$(dirname "$0")/lib.sh"
 start_daemon
 truncate -s 256M "$T/disks/d0" "$T/disks/d1"
@@ -49,5 +52,52 @@ z pool export tank
 z pool import -d "$T/disks" tank
 nbdcopy "$(nbd_unix_uri tank/v)" "$T/back2"
 cmp <(head -c $((32 << 20)) "$T/back2") "$T/want" || fail "the resilvered child alone serves other data"
+z pool online tank "$T/disks/d0"
+wait_resilvered() {
+    for ((i = 0; i < 300; i++)); do
+        z pool status tank >"$T/st"
+        grep -q 'scan: resilvered' "$T/st" && ! grep -q 'resilvering' "$T/st" && return 0
+        sleep 0.1
+    done
+    cat "$T/st"; fail "the resilver did not finish"
+}
+wait_resilvered
+z pool export tank
+
+# the halves apart: d0 alone (two imports, more txgs), then d1 alone
+mkdir "$T/aside"
+mv "$T/disks/d1" "$T/aside/"
+z pool import -d "$T/disks" tank
+head -c $((8 << 20)) /dev/urandom >"$T/c1"
+nbdcopy "$T/c1" "$(nbd_unix_uri tank/v)"
+z pool export tank
+z pool import -d "$T/disks" tank
+head -c $((4 << 20)) /dev/urandom >"$T/c2"
+nbdcopy "$T/c2" "$(nbd_unix_uri tank/v)"
+z pool export tank
+mv "$T/disks/d0" "$T/aside/" && mv "$T/aside/d1" "$T/disks/"
+z pool import -d "$T/disks" tank
+head -c $((12 << 20)) /dev/urandom >"$T/d"
+nbdcopy "$T/d" "$(nbd_unix_uri tank/v)"
+z pool export tank
+mv "$T/aside/d0" "$T/disks/"
+{ cat "$T/c2"; tail -c +$(((4 << 20) + 1)) "$T/c1"; tail -c +$(((8 << 20) + 1)) "$T/want"; } >"$T/want2"
+
+z tunable set zfs_scan_pause_every_spans=1
+z pool import -d "$T/disks" tank
+z pool status tank | tee "$T/st3"
+grep -E "d1 .*\(diverged" "$T/st3" || fail "status does not say that d1 is diverged"
+expect_error "only device holding" z pool offline tank "$T/disks/d0"
+nbdcopy "$(nbd_unix_uri tank/v)" "$T/back3"
+cmp <(head -c $((32 << 20)) "$T/back3") "$T/want2" || fail "the pool serves other data than d0's half"
+z tunable set zfs_scan_pause_every_spans=0
+z pool export tank
+z pool import -d "$T/disks" tank
+wait_resilvered
+z pool offline tank "$T/disks/d0"
+z pool export tank
+z pool import -d "$T/disks" tank
+nbdcopy "$(nbd_unix_uri tank/v)" "$T/back4"
+cmp <(head -c $((32 << 20)) "$T/back4") "$T/want2" || fail "the rebuilt diverged child alone serves other data"
 stop_daemon
-log "a stale child is resilvered, and the only current child cannot be taken offline before"
+log "a stale child is resilvered, a diverged one rebuilt; neither is taken for a current copy before"
