@@ -7,7 +7,8 @@
 //! exactly when that uberblock is durable. Import reads every label, takes the config with
 //! the highest config txg, matches leaves by guid (missing ones become UNAVAIL), and loads
 //! the MOS from the newest uberblock whose object directory reads back, claiming the
-//! MOS blocks in a fresh allocator.
+//! MOS blocks in a fresh allocator. Leaves whose uberblock rings show they missed txgs
+//! or were written apart from the pool get those txgs in their DTL (spa/stale.rs).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -299,14 +300,14 @@ impl Pool {
             return Err(Error::invalid("a dry run imports nothing: use rewind_plan"));
         }
         let mut claims = Claims::default();
-        let Loaded { mut cfg, leaves, io, chosen, bad_labels } = load_for_import(specs, &opener, opts, &*env, &mut claims)?;
+        let Loaded { mut cfg, leaves, io, chosen, bad_labels, judged } = load_for_import(specs, &opener, opts, &*env, &mut claims)?;
         let Chosen { ub, mos, ms, newest_txg, plan } = chosen;
         if plan.load_txg != plan.newest_txg {
             tracing::warn!(pool = %cfg.name, "rewinding from txg {} to txg {}: {:.1} s of writes dropped ({})", plan.newest_txg, plan.load_txg, plan.dropped_seconds, plan.reason);
         }
         io.ms.replace_with(ms);
         io.refresh_space();
-        settle_leaf_states(&io, &leaves, &cfg, &mos);
+        settle_leaf_states(&io, &leaves, &cfg, &mos, &judged);
         let volumes = volumes_from_mos(&mos);
         if let Ok(p) = serde_json::from_str::<BTreeMap<String, String>>(&mos.pool_props) {
             cfg.props.extend(p);
@@ -325,7 +326,10 @@ impl Pool {
         if let Err(e) = inner.write_config_labels("active") {
             tracing::warn!("import: could not rewrite labels: {e}");
         }
-        spread_loaded_uberblock(&inner, &ub, newest_txg);
+        // not onto a stale or diverged device before a synced MOS records its DTL
+        if !judged.any() {
+            spread_loaded_uberblock(&inner, &ub, newest_txg);
+        }
         if bad_labels > 0 {
             tracing::info!(pool = %inner.name, bad_labels, "rewrote damaged labels");
         }
@@ -385,6 +389,7 @@ struct Loaded {
     io: PoolIo,
     chosen: Chosen,
     bad_labels: usize,
+    judged: super::stale::Judged,
 }
 
 /// Read the labels, build the vdev tree, choose the uberblock and load its MOS.
@@ -392,7 +397,8 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     if specs.is_empty() {
         return Err(Error::invalid("no devices to import from"));
     }
-    let (devs, mut cfg) = read_labels(specs, opener, claims)?;
+    let (devs, cfg) = read_labels(specs, opener, claims)?;
+    let (judged, mut cfg) = judge_devices(&devs, cfg);
     let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
     super::mmp::check_import_ownership(&cfg, &checked, env, opts.force)?;
     if !opts.dry_run {
@@ -401,13 +407,40 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
             crate::vdev::fill_log_region(&**dev, &spec.display());
         }
     }
-    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, claims)?;
+    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, &judged, opener, claims)?;
+    // before the object directory is read: its reads skip what a device misses
+    judged.apply(&leaves);
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
     if !opts.missing_log {
         super::replay::check_log_devices(&cfg, &leaves, &chosen.mos, &chosen.ub)?;
     }
-    Ok(Loaded { cfg, leaves, io, chosen, bad_labels })
+    Ok(Loaded { cfg, leaves, io, chosen, bad_labels, judged })
+}
+
+/// Stale and diverged devices (spa/stale.rs), judged by the uberblocks of the pool's
+/// data and log devices; and the config to import with: the newest one of a device
+/// that is not diverged (a device written apart may have changed its config too).
+fn judge_devices(devs: &[DevLabel], cfg: PoolConfig) -> (super::stale::Judged, PoolConfig) {
+    let ub_guids: Vec<Guid> = cfg.tops.iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).flat_map(|t| t.children.iter().map(|c| c.guid)).collect();
+    let rings: Vec<(Guid, Vec<label::Uberblock>)> = devs
+        .iter()
+        .filter_map(|d| d.3.as_ref().map(|lj| (lj.this_guid, &d.2)))
+        .filter(|(g, _)| ub_guids.contains(g))
+        .map(|(g, scan)| (g, scan.uberblocks.iter().filter(|u| u.pool_guid == cfg.guid).cloned().collect()))
+        .collect();
+    let judged = super::stale::judge(&rings);
+    for (spec, _, _, lj) in devs {
+        if let Some(lj) = lj {
+            let v = judged.verdict(lj.this_guid);
+            if *v != super::stale::Verdict::Current {
+                tracing::warn!(pool = %cfg.name, device = %spec.display(), "{}: resilvering it", v.note());
+            }
+        }
+    }
+    let trusted = devs.iter().filter_map(|d| d.3.as_ref()).filter(|lj| !judged.diverged(lj.this_guid)).max_by_key(|lj| lj.config.txg);
+    let cfg = trusted.map(|lj| lj.config.clone()).unwrap_or(cfg);
+    (judged, cfg)
 }
 
 /// Every device's labels, and the config with the highest config txg.
@@ -455,7 +488,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
 /// The live vdev tree for `cfg`, leaves matched to devices by guid (missing ones
 /// UNAVAIL); also every uberblock found and the count of damaged labels.
 #[allow(clippy::type_complexity)]
-fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
+fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], judged: &super::stale::Judged, opener: &Opener, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
     let (mut vdevs, mut leaves, mut ubs, mut bad_labels) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let pool_guid = cfg.guid;
     for t in cfg.tops.iter_mut() {
@@ -465,7 +498,10 @@ fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, claims: 
             let leaf = match found {
                 Some((spec, dev, scan, _)) => {
                     let dev = reopen_for_role(spec, dev, t.role, opener, claims)?;
-                    ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == pool_guid).cloned());
+                    // a device written apart offers no txg to load: no mixture of lives
+                    if !judged.diverged(lc.guid) {
+                        ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == pool_guid).cloned());
+                    }
                     bad_labels += scan.bad_labels;
                     lc.spec = spec.clone();
                     let l = Arc::new(Leaf::new(lc.guid, spec.clone(), dev));
@@ -647,7 +683,7 @@ fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock
 
 /// Leaf states at import: DTLs and faults from the MOS, offline leaves missing every
 /// txg since they went offline, and no leaf faulted that alone holds some txgs.
-fn settle_leaf_states(io: &PoolIo, leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::Mos) {
+fn settle_leaf_states(io: &PoolIo, leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::Mos, judged: &super::stale::Judged) {
     apply_leaf_health(leaves, cfg, mos);
     // leaves that were offline missed every txg since
     for l in leaves {
@@ -661,6 +697,8 @@ fn settle_leaf_states(io: &PoolIo, leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: 
             }
         }
     }
+    // what the labels show a device missed, which the MOS cannot know (spa/stale.rs)
+    judged.apply(leaves);
     keep_required_leaves(io);
 }
 

@@ -48,6 +48,7 @@ mod import;
 mod mmp;
 mod replay;
 mod status;
+mod stale;
 mod sync;
 mod verify;
 pub mod trim;

@@ -129,6 +129,18 @@ pub struct VolumeInfo {
     pub readonly: bool,
 }
 
+/// What `status` prints beside a leaf: "(resilvering)" while a resilver repairs it,
+/// and why import found it behind or apart from its siblings while it still misses
+/// txgs ("(missed txgs 12-20; resilvering)").
+fn leaf_note(c: &crate::vdev::mirror::Leaf, resilvering: bool) -> String {
+    match (c.import_note(), resilvering && !c.dtl_empty()) {
+        (Some(n), true) => format!("({n}; resilvering)"),
+        (Some(n), false) => format!("({n})"),
+        (None, true) => "(resilvering)".into(),
+        (None, false) => String::new(),
+    }
+}
+
 impl Pool {
     /// True while the pool's txg syncs fail (it retries with backoff; writes are held).
     pub fn is_suspended(&self) -> bool {
@@ -169,7 +181,7 @@ impl Pool {
                     read_errors: c.read_errors.load(Ordering::Relaxed),
                     write_errors: c.write_errors.load(Ordering::Relaxed),
                     cksum_errors: c.cksum_errors.load(Ordering::Relaxed),
-                    note: if resilvering && !c.dtl_empty() { "(resilvering)".into() } else { String::new() },
+                    note: leaf_note(c, resilvering),
                     children: vec![],
                 })
                 .collect();

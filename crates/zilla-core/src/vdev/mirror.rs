@@ -93,6 +93,9 @@ pub struct Leaf {
     /// ranges the DTL already covered (a repair lost to a failed flush lands inside the
     /// range being repaired). The pass does not clear these (see `scan::finish_resilver`).
     dtl_journal: Mutex<Option<Vec<(Txg, Txg)>>>,
+    /// Why import found this leaf behind or apart from its siblings ("missed txgs
+    /// 12-20"), shown by `pool status` while its DTL is not empty.
+    import_note: Mutex<String>,
 }
 
 /// A leaf's unflushed writes and flushes in flight, by birth txg range.
@@ -154,6 +157,7 @@ impl Leaf {
             write_failed_since_flush: std::sync::atomic::AtomicBool::new(false),
             consecutive_errors: std::sync::atomic::AtomicU32::new(0),
             dtl_journal: Mutex::new(None),
+            import_note: Mutex::new(String::new()),
         }
     }
 
@@ -351,6 +355,18 @@ impl Leaf {
     }
     pub fn dtl_empty(&self) -> bool {
         self.dtl.lock().is_empty()
+    }
+    /// Why import put this leaf's DTL where it is (see `import_note`).
+    pub fn set_import_note(&self, note: String) {
+        *self.import_note.lock() = note;
+    }
+    /// The import note while the leaf still misses txgs (resilver not finished).
+    pub fn import_note(&self) -> Option<String> {
+        if self.dtl_empty() {
+            return None;
+        }
+        let n = self.import_note.lock().clone();
+        (!n.is_empty()).then_some(n)
     }
     pub fn clear_errors(&self) {
         self.read_errors.store(0, Ordering::Relaxed);
