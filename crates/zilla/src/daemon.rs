@@ -344,8 +344,8 @@ impl Daemon {
             };
             match r {
                 Some(Ok(())) => tracing::info!("exported pool '{n}'"),
-                Some(Err(ApiError(_, e))) => tracing::error!("cannot export pool '{n}': {e}"),
-                None => tracing::error!(
+                Some(Err(ApiError(_, e))) if !pool.is_suspended() => tracing::error!("cannot export pool '{n}': {e}"),
+                _ => tracing::error!(
                     "pool '{n}' is suspended (its txg syncs fail) and cannot finish its final sync: \
                      leaving it unexported, as a power cut would; the next import loads its last \
                      synced txg, and writes no flush acknowledged since then are lost"
