@@ -692,6 +692,15 @@ mod tests {
     }
 
     #[test]
+    fn names_from_disk_are_printed_escaped_and_unavailable_pools_without_sizes() {
+        let row = |name: &str, health| PoolListRow { name: name.into(), size: 0, alloc: 0, free: 0, frag_percent: 0, cap_percent: 0, health, ashift: 0 };
+        let cols: Vec<String> = ["name", "size", "health"].iter().map(|s| s.to_string()).collect();
+        let out = pool_list(&[row("evil\n\x1b[31mred", zilla_core::spa::PoolHealth::Unavail)], &cols, true, false);
+        assert_eq!(out, "evil\\n\\u{1b}[31mred\t-\tUNAVAIL\n");
+        assert!(!out.contains('\x1b'));
+    }
+
+    #[test]
     fn iostat_counts_scrub_as_reads_by_class_name() {
         let f = IostatFlags { scripted: true, parsable: true, ..Default::default() };
         let prev = [iostat_entry(1_000_000_000, IoClass::Scrub, 0, 0)];

@@ -846,15 +846,36 @@ fn format_rewind_plan(p: &zilla_core::spa::RewindPlan) -> String {
 }
 
 fn format_importable(p: &ImportablePool) -> String {
-    let mut o = format!("   pool: {}\n     id: {}\n  state: {}\n", p.name, p.guid, p.state);
-    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") {
-        "The pool can be imported using its name or numeric identifier."
+    use zilla_core::vdev::Role;
+    let name = format::safe(&p.name);
+    let mut o = format!("   pool: {name}\n     id: {}\n  state: {}\n", p.guid, format::safe(&p.state));
+    let missing_log: Vec<String> = p.missing.iter().filter(|(r, _)| *r == Role::Log).map(|(_, l)| format::safe(&l.display())).collect();
+    let missing_other = p.missing.iter().any(|(r, _)| *r != Role::Log && *r != Role::Cache && *r != Role::Spare);
+    if !missing_log.is_empty() {
+        o.push_str(&format!(
+            " status: The log device(s) {} are missing; the synchronous writes acknowledged after the\n\tlast synced txg are in the intent log records on them.\n",
+            missing_log.join(", ")
+        ));
+    }
+    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") && !missing_other && missing_log.is_empty() {
+        "The pool can be imported using its name or numeric identifier.".to_string()
+    } else if !missing_log.is_empty() && !missing_other {
+        "Attach the missing log device(s) and import, or import with 'zilla pool import -m' to\n\tdiscard the log records on them (those synchronous writes are lost).".to_string()
     } else {
-        "The pool cannot be imported: some devices are missing or damaged."
+        "The pool cannot be imported: some devices are missing or damaged.".to_string()
     };
-    o.push_str(&format!(" action: {action}\n config:\n\n\t{}  {}\n", p.name, p.state));
+    o.push_str(&format!(" action: {action}\n config:\n\n\t{name}  {}\n", format::safe(&p.state)));
     for l in &p.leaves {
-        o.push_str(&format!("\t  {}\n", l.display()));
+        o.push_str(&format!("\t  {}\n", format::safe(&l.display())));
+    }
+    for (role, l) in &p.missing {
+        let class = match role {
+            Role::Log => "log ",
+            Role::Cache => "cache ",
+            Role::Spare => "spare ",
+            _ => "",
+        };
+        o.push_str(&format!("\t  {}  {class}device missing\n", format::safe(&l.display())));
     }
     o
 }
