@@ -370,6 +370,7 @@ impl Daemon {
     /// Import every pool in the cache file that is not imported yet, except those held
     /// after a stop on a broken invariant (and all of them with `no_import`).
     async fn import_cached(self: &Arc<Self>, no_import: bool) -> anyhow::Result<()> {
+        crate::state_dir::record_stops_in(&self.state_dir);
         let mut cache = read_cache(&self.state_dir)?;
         let stop = crate::state_dir::read_stop_record(&self.state_dir);
         if let Some(stop) = &stop {
@@ -549,7 +550,6 @@ pub async fn run(
         let name = p.name();
         daemon.pools.insert(name, p);
     }
-    crate::state_dir::record_stops_in(&dir);
     daemon.import_cached(opts.no_import).await?;
     {
         let _g = daemon.admin.lock().await;

@@ -72,6 +72,11 @@ pub fn is_healthy(s: &PoolStatus) -> bool {
     s.state == "ONLINE" && status_action(s).0.is_empty() && s.error_list.is_empty() && s.config.iter().all(clean)
 }
 
+/// Is this pool imported and in perfect health (for `status -x`)?
+pub fn is_healthy_entry(s: &crate::api::PoolStatusEntry) -> bool {
+    s.unavailable.is_none() && is_healthy(&s.status)
+}
+
 /// The config list without a root node, whichever way the engine reports it.
 fn top_level(s: &PoolStatus) -> (Option<&VdevStatus>, &[VdevStatus]) {
     match s.config.as_slice() {

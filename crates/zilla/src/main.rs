@@ -698,8 +698,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 println!("no pools available");
                 return Ok(());
             }
-            let shown: Vec<&PoolStatusEntry> =
-                st.iter().filter(|s| !problems || s.unavailable.is_some() || !format::is_healthy(&s.status)).collect();
+            let shown: Vec<&PoolStatusEntry> = st.iter().filter(|s| !problems || !format::is_healthy_entry(s)).collect();
             if shown.is_empty() {
                 match pools.as_slice() {
                     [one] => println!("pool '{one}' is healthy"),
