@@ -378,19 +378,22 @@ mod tests {
 
     #[test]
     fn spawned_threads_work_for_the_spawners_pool() {
+        // its own env: the spawn counter of `real()` is another test's
+        let env: Arc<dyn Env> = Arc::new(RealEnv::new());
         assert_eq!(working_for_pool(), None);
         {
             let _w = WorkingForPool::enter("tank");
-            let h = real().spawn("env_pool".into(), Box::new(|| {
+            let e2 = env.clone();
+            let h = env.spawn("env_pool".into(), Box::new(move || {
                 assert_eq!(working_for_pool().as_deref(), Some("tank"));
                 // and its own children too
-                real().spawn("env_pool2".into(), Box::new(|| assert_eq!(working_for_pool().as_deref(), Some("tank")))).unwrap().join().unwrap();
+                e2.spawn("env_pool2".into(), Box::new(|| assert_eq!(working_for_pool().as_deref(), Some("tank")))).unwrap().join().unwrap();
             }));
             h.unwrap().join().unwrap();
             let _inner = WorkingForPool::enter("other");
             assert_eq!(working_for_pool().as_deref(), Some("other"));
         }
         assert_eq!(working_for_pool(), None);
-        real().spawn("env_none".into(), Box::new(|| assert_eq!(working_for_pool(), None))).unwrap().join().unwrap();
+        env.spawn("env_none".into(), Box::new(|| assert_eq!(working_for_pool(), None))).unwrap().join().unwrap();
     }
 }
