@@ -346,7 +346,7 @@ impl Pool {
         // the intent logs, before anyone can open a volume; only the newest txg's
         // (a rewound pool's logs name blocks reused since)
         if ub.txg == newest_txg {
-            if let Err(e) = pool.replay_intent_logs(&mos, ub.txg) {
+            if let Err(e) = pool.replay_intent_logs(&mos, ub.txg, opts.missing_log) {
                 pool.abandon();
                 return Err(e);
             }

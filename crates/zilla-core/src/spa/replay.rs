@@ -41,7 +41,10 @@ use crate::{Error, Result, Txg};
 impl Pool {
     /// Claim and replay every volume's intent log (see the module comment); `synced`
     /// is the txg the pool was loaded at. Returns the records replayed.
-    pub(super) fn replay_intent_logs(&self, mos: &Mos, synced: Txg) -> Result<u64> {
+    /// `discard_unreadable` (import -m): a chain that cannot be read (read errors on
+    /// every copy of a log block) is discarded with a warning instead of failing the
+    /// import; without it the error says that -m is the way out and what it costs.
+    pub(super) fn replay_intent_logs(&self, mos: &Mos, synced: Txg, discard_unreadable: bool) -> Result<u64> {
         let mut replayed = 0u64;
         let mut any = false;
         for (id, hdr) in mos.zil_headers.iter().filter(|(_, h)| !h.is_empty()) {
@@ -50,7 +53,26 @@ impl Pool {
             };
             let vol = self.open_zvol(&name)?;
             let claim_txg = if hdr.claim_txg.is_zero() { synced } else { hdr.claim_txg };
-            let chain = zil::claim(&self.inner.io, hdr, *id, claim_txg)?;
+            let chain = match zil::claim(&self.inner.io, hdr, *id, claim_txg) {
+                Ok(c) => c,
+                Err(e @ Error::Io(_)) if discard_unreadable => {
+                    tracing::warn!(pool = %self.inner.name, volume = %name, "cannot read the intent log ({e}); import -m: discarding it, the synchronous writes acknowledged after txg {synced} are lost");
+                    vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });
+                    vol.zil().end_replay(vec![]);
+                    any = true;
+                    continue;
+                }
+                Err(Error::Io(e)) => {
+                    return Err(Error::Io(std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "cannot read the intent log of volume '{name}': {e}; import with -m to discard the \
+                             unreadable log (the synchronous writes acknowledged after txg {synced} are then lost)"
+                        ),
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
             vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });
             // a chain with no record newer than the claim txg changes nothing: the next
             // sync frees it (an import of an idle pool writes nothing; a cut before that
