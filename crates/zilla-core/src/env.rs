@@ -17,6 +17,7 @@
 //!   timed waits   Condvar::wait_for(left)           poll the caller's condvar in short
 //!                                                   real slices until the clock passes
 //!   spawn         named std thread                  named std thread (counted)
+//!                 (both inherit the spawner's pool: `working_for_pool`)
 //!   random_u64    OS-seeded RNG                     one seeded RNG (StdRng)
 //! ```
 //!
@@ -41,6 +42,52 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
+
+// ------------------------------------------------------------------------------------
+// Which pool a thread works for
+// ------------------------------------------------------------------------------------
+
+thread_local! {
+    static WORKING_FOR_POOL: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The pool the current thread works for, if one was named: set by the caller around a
+/// pool operation ([`WorkingForPool::enter`]) and inherited by every thread started
+/// through [`Env::spawn`] meanwhile (a pool's txg, checksum, scan and I/O threads are
+/// all started from its import or create, or from one of its own threads). A fail-stop
+/// reads it to record which pool it stopped in (the daemon's panic hook).
+pub fn working_for_pool() -> Option<Arc<str>> {
+    WORKING_FOR_POOL.with(|w| w.borrow().clone())
+}
+
+/// While alive, the current thread works for one pool; dropping it restores what was
+/// there before.
+pub struct WorkingForPool {
+    before: Option<Arc<str>>,
+}
+
+impl WorkingForPool {
+    pub fn enter(pool: &str) -> WorkingForPool {
+        let before = WORKING_FOR_POOL.with(|w| w.borrow_mut().replace(Arc::from(pool)));
+        WorkingForPool { before }
+    }
+}
+
+impl Drop for WorkingForPool {
+    fn drop(&mut self) {
+        let before = self.before.take();
+        WORKING_FOR_POOL.with(|w| *w.borrow_mut() = before);
+    }
+}
+
+/// Start a named std thread that works for the same pool as its spawner.
+fn spawn_inheriting_pool(name: String, body: ThreadBody) -> std::io::Result<JoinHandle<()>> {
+    let pool = working_for_pool();
+    std::thread::Builder::new().name(name).spawn(move || {
+        WORKING_FOR_POOL.with(|w| *w.borrow_mut() = pool);
+        body()
+    })
+}
 
 /// A thread body handed to [`Env::spawn`].
 pub type ThreadBody = Box<dyn FnOnce() + Send + 'static>;
@@ -174,7 +221,7 @@ impl Env for RealEnv {
     }
 
     fn spawn(&self, name: String, body: ThreadBody) -> std::io::Result<JoinHandle<()>> {
-        let h = std::thread::Builder::new().name(name).spawn(body)?;
+        let h = spawn_inheriting_pool(name, body)?;
         self.threads_spawned.fetch_add(1, Ordering::Relaxed);
         Ok(h)
     }
@@ -243,7 +290,7 @@ impl Env for SimEnv {
     }
 
     fn spawn(&self, name: String, body: ThreadBody) -> std::io::Result<JoinHandle<()>> {
-        let h = std::thread::Builder::new().name(name).spawn(body)?;
+        let h = spawn_inheriting_pool(name, body)?;
         self.threads_spawned.fetch_add(1, Ordering::Relaxed);
         Ok(h)
     }
@@ -327,5 +374,26 @@ mod tests {
             h.join().unwrap();
             assert_eq!(env.threads_spawned(), before + 1);
         }
+    }
+
+    #[test]
+    fn spawned_threads_work_for_the_spawners_pool() {
+        // its own env: the spawn counter of `real()` is another test's
+        let env: Arc<dyn Env> = Arc::new(RealEnv::new());
+        assert_eq!(working_for_pool(), None);
+        {
+            let _w = WorkingForPool::enter("tank");
+            let e2 = env.clone();
+            let h = env.spawn("env_pool".into(), Box::new(move || {
+                assert_eq!(working_for_pool().as_deref(), Some("tank"));
+                // and its own children too
+                e2.spawn("env_pool2".into(), Box::new(|| assert_eq!(working_for_pool().as_deref(), Some("tank")))).unwrap().join().unwrap();
+            }));
+            h.unwrap().join().unwrap();
+            let _inner = WorkingForPool::enter("other");
+            assert_eq!(working_for_pool().as_deref(), Some("other"));
+        }
+        assert_eq!(working_for_pool(), None);
+        env.spawn("env_none".into(), Box::new(|| assert_eq!(working_for_pool(), None))).unwrap().join().unwrap();
     }
 }

@@ -141,8 +141,9 @@ fn import_with_every_label_zeroed_is_a_clear_error() {
         label::wipe_labels(&*devs.get(n)).unwrap();
     }
     let e = Pool::import_with(&devs.specs(), devs.opener()).map(|_| ()).unwrap_err();
-    assert!(matches!(e, Error::NotFound(_)), "{e:?}");
-    assert!(e.to_string().contains("no valid pool label"), "{e}");
+    assert!(!matches!(e, Error::NotFound(_)), "{e:?}");
+    assert!(e.to_string().contains("no valid pool label") && e.to_string().contains("have no valid label"), "{e}");
+    assert!(!e.to_string().contains("does not exist"), "{e}");
 }
 
 #[test]

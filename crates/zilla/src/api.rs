@@ -29,6 +29,17 @@ pub struct CreatePool {
     pub props: Vec<(String, String)>,
 }
 
+
+/// One pool in `/v1/status`: the engine's status, and for a pool in the cache file
+/// that this daemon has not imported (state UNAVAIL), why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolStatusEntry {
+    #[serde(flatten)]
+    pub status: zilla_core::spa::PoolStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct ImportReq {
     /// Directories or device paths to search; empty = the default (/dev/disk/by-id style

@@ -16,6 +16,24 @@
 //! (a pool that fails is logged and kept in the cache as unavailable, never fatal),
 //! then serve the admin API, NBD, and the HTTP page/metrics.
 //!
+//! A pool that is not imported stays in the cache file and shows as UNAVAIL with the
+//! reason in `pool status` and `pool list` until the admin imports it (`pool import
+//! NAME`, from its cached leaves), exports or destroys it (both just forget it):
+//!
+//! ```text
+//!   import at start failed        reason: the import error; retried at every start
+//!   held                          the daemon stopped on a broken invariant while
+//!                                 working for it (DIR/zilla.stopped, written by the
+//!                                 panic hook, is folded into the cache entry at the
+//!                                 next start): not imported automatically again, so
+//!                                 one pool cannot crash-loop the daemon
+//!   serve --no-import             every pool; the cache file is kept as it is
+//! ```
+//!
+//! A kill -9 or a power cut leaves no stop record: every pool comes back. Export marks
+//! the pool's cache entry `exporting` before the engine exports it and drops the entry
+//! after, so a pool whose export was cut short is imported again at the next start.
+//!
 //! Every change to the set of pools or their devices (create, import, export,
 //! destroy, add, attach, detach, replace) rewrites the cache file atomically (write a
 //! temporary file, fsync, rename, fsync the directory), under the admin mutex that
@@ -68,12 +86,34 @@ pub struct ServeOpts {
     pub http: Option<String>,
     /// Config-file settings (limits, admin_group).
     pub settings: crate::config::Settings,
+    /// Import no pool at start (`serve --no-import`); the cache file is kept.
+    pub no_import: bool,
 }
 
 impl ServeOpts {
     pub fn new(nbd: Option<String>, iscsi: Option<String>, http: Option<String>) -> ServeOpts {
-        ServeOpts { nbd, iscsi, http, settings: Default::default() }
+        ServeOpts { nbd, iscsi, http, settings: Default::default(), no_import: false }
     }
+}
+
+/// Mark the pool a stop on a broken invariant was working for as held in the cache
+/// (not imported at start until the admin imports it by hand).
+fn hold_stopped_pool(cache: &mut CacheFile, stop: &crate::state_dir::StopRecord) {
+    let Some(pool) = &stop.pool else {
+        tracing::warn!("the daemon stopped on a broken invariant ({}) while working for no one pool; importing every pool", stop.message);
+        return;
+    };
+    let shown = crate::clip::clip(pool);
+    let Some(entry) = cache.pools.iter_mut().find(|e| &e.name == pool) else {
+        tracing::warn!("the daemon stopped on a broken invariant while working for pool '{shown}', which is not in the cache file: {}", stop.message);
+        return;
+    };
+    let when = crate::status_text::fmt_time(stop.time_unix_s);
+    entry.held = Some(format!(
+        "the daemon stopped on a broken invariant while working for this pool at {when}: {}; \
+         import it by hand with `zilla pool import {shown}` once resolved",
+        crate::clip::clip_message(&stop.message)
+    ));
 }
 
 /// Prepare the state directory (create it private, refuse one others can write) and
@@ -124,9 +164,10 @@ use crate::state_dir::write_cache;
 pub struct Daemon {
     pub state_dir: PathBuf,
     pub pools: Arc<PoolTable>,
-    /// Cache entries whose import failed at start: kept so a later start retries,
-    /// dropped when a pool of that name is created, imported or destroyed.
-    unavailable: Mutex<Vec<CacheEntry>>,
+    /// Cache entries not imported (the import at start failed, held after a stop on a
+    /// broken invariant, `--no-import`): kept so a later start retries, dropped when a
+    /// pool of that name is created, imported, exported or destroyed.
+    unavailable: Mutex<Vec<Unavailable>>,
     /// Serialises configuration changes and cache-file writes.
     admin: tokio::sync::Mutex<()>,
     pub info: DaemonInfo,
@@ -136,6 +177,27 @@ pub struct Daemon {
 }
 
 pub use crate::api_error::ApiError;
+
+/// A pool in the cache file that this daemon has not imported, and why.
+#[derive(Clone)]
+pub struct Unavailable {
+    pub entry: CacheEntry,
+    pub reason: String,
+}
+
+/// Run an engine call for pool `pool` on the blocking pool: a broken invariant in it
+/// (or in a thread it starts) is recorded as a stop while working for that pool.
+pub(crate) async fn blocking_for<T: Send + 'static>(
+    pool: impl Into<String>,
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let pool: String = pool.into();
+    blocking(move || {
+        let _w = zilla_core::env::WorkingForPool::enter(&pool);
+        f()
+    })
+    .await
+}
 
 /// A JSON request body whose rejection (bad JSON, wrong type) is an [`ApiError`]: one
 /// line, `{"error": ...}`, with any echoed value clipped.
@@ -197,17 +259,24 @@ impl Daemon {
     /// Rewrite DIR/zilla.cache from the imported pools (+ unavailable ones), leaving
     /// out `without`. Called with the admin mutex held.
     async fn save_cache_without(self: &Arc<Self>, without: Option<&str>) -> Result<(), ApiError> {
+        self.save_cache_edited(without, None).await
+    }
+
+    /// Rewrite DIR/zilla.cache, leaving out `without` and marking `exporting` as
+    /// being exported.
+    async fn save_cache_edited(self: &Arc<Self>, without: Option<&str>, exporting: Option<&str>) -> Result<(), ApiError> {
         let d = self.clone();
         let without = without.map(str::to_string);
+        let exporting = exporting.map(str::to_string);
         blocking(move || {
             let mut pools: Vec<CacheEntry> = d
                 .pools
                 .all()
                 .into_iter()
                 .filter(|(name, _)| Some(name) != without.as_ref())
-                .map(|(name, p)| CacheEntry { name, guid: p.guid(), leaves: p.leaf_specs() })
+                .map(|(name, p)| CacheEntry { exporting: Some(&name) == exporting.as_ref(), ..CacheEntry::new(name, p.guid(), p.leaf_specs()) })
                 .collect();
-            pools.extend(d.unavailable.lock().iter().filter(|e| Some(&e.name) != without.as_ref()).cloned());
+            pools.extend(d.unavailable.lock().iter().map(|u| &u.entry).filter(|e| Some(&e.name) != without.as_ref()).cloned());
             pools.sort_by(|a, b| a.name.cmp(&b.name));
             write_cache(&d.state_dir, &CacheFile { version: CACHE_VERSION, pools }).map_err(|e| {
                 let path = d.state_dir.join("zilla.cache");
@@ -231,7 +300,7 @@ impl Daemon {
         undo: fn(&Pool) -> zilla_core::Result<()>,
         undone: &str,
     ) -> Result<(), ApiError> {
-        let was_unavailable: Vec<CacheEntry> = self.unavailable.lock().iter().filter(|e| e.name == name).cloned().collect();
+        let was_unavailable: Vec<Unavailable> = self.unavailable.lock().iter().filter(|u| u.entry.name == name).cloned().collect();
         self.forget_unavailable(name);
         self.pools.insert(name.to_string(), pool.clone());
         let Err(ApiError(status, msg)) = self.save_cache().await else {
@@ -248,18 +317,26 @@ impl Daemon {
     }
 
     /// Export or destroy a pool all or nothing: the cache file is written without it
-    /// first (failure: nothing changed), then the engine acts (failure: the cache file
-    /// is written with it again), then the table forgets it.
-    async fn retire_pool(self: &Arc<Self>, name: &str, act: fn(&Pool) -> zilla_core::Result<()>) -> Result<(), ApiError> {
+    /// first (export: with it marked `exporting`, so an export cut short by a kill is
+    /// imported again at the next start) (failure: nothing changed), then the engine
+    /// acts (failure: the cache file is written with it again), then the table forgets
+    /// it (export: and the cache file drops it).
+    async fn retire_pool(self: &Arc<Self>, name: &str, act: fn(&Pool) -> zilla_core::Result<()>, exporting: bool) -> Result<(), ApiError> {
         let p = self.pool(name)?;
-        self.save_cache_without(Some(name)).await.map_err(|ApiError(s, m)| ApiError(s, format!("{m}; nothing was changed")))?;
-        if let Err(e) = blocking(move || Ok(act(&p)?)).await {
+        let first = if exporting { self.save_cache_edited(None, Some(name)).await } else { self.save_cache_without(Some(name)).await };
+        first.map_err(|ApiError(s, m)| ApiError(s, format!("{m}; nothing was changed")))?;
+        if let Err(e) = blocking_for(name, move || Ok(act(&p)?)).await {
             if let Err(ApiError(_, m)) = self.save_cache().await {
                 tracing::error!("pool '{name}' stays imported but is missing from the cache file: {m}");
             }
             return Err(e);
         }
         self.pools.remove(name);
+        if exporting {
+            if let Err(ApiError(_, m)) = self.save_cache().await {
+                tracing::error!("pool '{name}' was exported, but {m}; the next start imports it again");
+            }
+        }
         Ok(())
     }
 
@@ -278,30 +355,64 @@ impl Daemon {
     }
 
     fn forget_unavailable(&self, name: &str) {
-        self.unavailable.lock().retain(|e| e.name != name);
+        self.unavailable.lock().retain(|u| u.entry.name != name);
     }
 
-    /// Import every pool in the cache file that is not imported yet.
-    async fn import_cached(self: &Arc<Self>) -> anyhow::Result<()> {
-        let cache = read_cache(&self.state_dir)?;
+    /// The pools in the cache file not imported here, by name.
+    pub fn unavailable_pools(&self) -> Vec<Unavailable> {
+        select_unavailable(self, &PoolQuery { pool: None })
+    }
+
+    fn unavailable_entry(&self, name: &str) -> Option<Unavailable> {
+        self.unavailable.lock().iter().find(|u| u.entry.name == name).cloned()
+    }
+
+    /// Import every pool in the cache file that is not imported yet, except those held
+    /// after a stop on a broken invariant (and all of them with `no_import`).
+    async fn import_cached(self: &Arc<Self>, no_import: bool) -> anyhow::Result<()> {
+        crate::state_dir::record_stops_in(&self.state_dir);
+        let mut cache = read_cache(&self.state_dir)?;
+        let stop = crate::state_dir::read_stop_record(&self.state_dir);
+        if let Some(stop) = &stop {
+            hold_stopped_pool(&mut cache, stop);
+            // the hold must be durable before the record goes
+            write_cache(&self.state_dir, &cache).with_context(|| format!("cannot write the cache file in {}", self.state_dir.display()))?;
+            crate::state_dir::remove_stop_record(&self.state_dir)
+                .with_context(|| format!("cannot remove the stop record in {}", self.state_dir.display()))?;
+        }
         for entry in cache.pools {
-            if self.pools.get(&entry.name).is_some() {
+            let name = entry.name.clone();
+            if self.pools.get(&name).is_some() {
                 continue;
             }
+            let shown = crate::clip::clip(&name);
+            if let Some(held) = &entry.held {
+                tracing::error!("pool '{shown}' is not imported: {held}");
+                self.unavailable.lock().push(Unavailable { reason: held.clone(), entry });
+                continue;
+            }
+            if no_import {
+                let reason = format!("not imported: the daemon was started with --no-import; import it with `zilla pool import {shown}`");
+                self.unavailable.lock().push(Unavailable { reason, entry });
+                continue;
+            }
+            if entry.exporting {
+                tracing::warn!("the export of pool '{shown}' did not finish; importing it again");
+            }
             let leaves = entry.leaves.clone();
-            let name = entry.name.clone();
-            match blocking(move || Pool::import_leaves(&leaves).map_err(ApiError::from)).await {
+            match blocking_for(&name, move || Pool::import_leaves(&leaves).map_err(ApiError::from)).await {
                 Ok(pool) => {
                     let got = pool.name();
                     if got != name {
-                        tracing::warn!("cache entry '{name}' imported as pool '{got}'");
+                        tracing::warn!("cache entry '{shown}' imported as pool '{}'", crate::clip::clip(&got));
                     }
-                    tracing::info!("imported pool '{got}' from the cache file");
+                    tracing::info!("imported pool '{}' from the cache file", crate::clip::clip(&got));
                     self.pools.insert(got, pool);
                 }
                 Err(ApiError(_, msg)) => {
-                    tracing::error!("cannot import pool '{name}' from the cache file: {msg}; skipping it");
-                    self.unavailable.lock().push(entry);
+                    tracing::error!("cannot import pool '{shown}' from the cache file: {msg}; it stays UNAVAIL, the daemon serves the other pools");
+                    let reason = format!("cannot be imported from the cache file: {msg}");
+                    self.unavailable.lock().push(Unavailable { reason, entry: CacheEntry { exporting: false, ..entry } });
                 }
             }
         }
@@ -323,7 +434,7 @@ impl Daemon {
         for (name, pool) in self.pools.all() {
             let n = name.clone();
             let p = pool.clone();
-            let job = blocking(move || {
+            let job = blocking_for(&name, move || {
                 p.sync()?;
                 p.export()?;
                 Ok(())
@@ -439,7 +550,7 @@ pub async fn run(
         let name = p.name();
         daemon.pools.insert(name, p);
     }
-    daemon.import_cached().await?;
+    daemon.import_cached(opts.no_import).await?;
     {
         let _g = daemon.admin.lock().await;
         if let Err(ApiError(_, e)) = daemon.save_cache().await {
@@ -551,14 +662,82 @@ fn select_pools(d: &Daemon, q: &PoolQuery) -> Result<Vec<Arc<Pool>>, ApiError> {
     }
 }
 
-async fn pool_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::PoolListRow>> {
-    let pools = select_pools(&d, &q)?;
-    Ok(Json(blocking(move || Ok(pools.iter().map(|p| p.list_row()).collect())).await?))
+/// The unavailable pools the query selects (all, the named one, or none), by name.
+fn select_unavailable(d: &Daemon, q: &PoolQuery) -> Vec<Unavailable> {
+    let mut v: Vec<Unavailable> =
+        d.unavailable.lock().iter().filter(|u| q.pool.as_ref().is_none_or(|p| p == &u.entry.name)).cloned().collect();
+    v.sort_by(|a, b| a.entry.name.cmp(&b.entry.name));
+    v
 }
 
-async fn pool_status(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::PoolStatus>> {
-    let pools = select_pools(&d, &q)?;
-    Ok(Json(blocking(move || Ok(pools.iter().map(|p| p.status()).collect())).await?))
+/// The imported pools the query selects and the unavailable ones; "no such pool" when
+/// a named pool is neither.
+fn select_all(d: &Daemon, q: &PoolQuery) -> Result<(Vec<Arc<Pool>>, Vec<Unavailable>), ApiError> {
+    let unavailable = select_unavailable(d, q);
+    if q.pool.is_some() && !unavailable.is_empty() {
+        return Ok((vec![], unavailable));
+    }
+    Ok((select_pools(d, q)?, unavailable))
+}
+
+async fn pool_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::PoolListRow>> {
+    let (pools, unavailable) = select_all(&d, &q)?;
+    let mut rows: Vec<_> = blocking(move || Ok(pools.iter().map(|p| p.list_row()).collect::<Vec<_>>())).await?;
+    rows.extend(unavailable.iter().map(|u| u.list_row()));
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Json(rows))
+}
+
+async fn pool_status(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<PoolStatusEntry>> {
+    let (pools, unavailable) = select_all(&d, &q)?;
+    let mut v: Vec<PoolStatusEntry> = blocking(move || {
+        Ok(pools.iter().map(|p| PoolStatusEntry { status: p.status(), unavailable: None }).collect::<Vec<_>>())
+    })
+    .await?;
+    v.extend(unavailable.iter().map(|u| u.status()));
+    v.sort_by(|a, b| a.status.name.cmp(&b.status.name));
+    Ok(Json(v))
+}
+
+impl Unavailable {
+    pub fn list_row(&self) -> zilla_core::spa::PoolListRow {
+        zilla_core::spa::PoolListRow {
+            name: self.entry.name.clone(),
+            size: 0,
+            alloc: 0,
+            free: 0,
+            frag_percent: 0,
+            cap_percent: 0,
+            health: zilla_core::spa::PoolHealth::Unavail,
+            ashift: 0,
+        }
+    }
+
+    /// The status of a pool not imported: its cached leaves, all UNAVAIL, and why.
+    pub fn status(&self) -> PoolStatusEntry {
+        let leaf = |l: &LeafSpec| zilla_core::spa::VdevStatus {
+            name: l.display(),
+            kind: String::new(),
+            role: zilla_core::vdev::Role::Normal,
+            state: "UNAVAIL".into(),
+            read_errors: 0,
+            write_errors: 0,
+            cksum_errors: 0,
+            note: String::new(),
+            children: vec![],
+        };
+        let status = zilla_core::spa::PoolStatus {
+            name: self.entry.name.clone(),
+            guid: self.entry.guid,
+            state: zilla_core::spa::PoolHealth::Unavail,
+            scan: Default::default(),
+            trim: Default::default(),
+            config: self.entry.leaves.iter().map(leaf).collect(),
+            data_errors: 0,
+            error_list: vec![],
+        };
+        PoolStatusEntry { status, unavailable: Some(self.reason.clone()) }
+    }
 }
 
 async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<IostatEntry>> {
@@ -596,7 +775,7 @@ async fn pool_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreateP
         }
     }
     let name = req.name.clone();
-    let pool = blocking(move || Ok(Pool::create(&name, req.tops, opts)?)).await?;
+    let pool = blocking_for(&req.name, move || Ok(Pool::create(&name, req.tops, opts)?)).await?;
     d.commit_new_pool(&req.name, pool, Pool::destroy, "the pool was destroyed again (nothing was created)").await?;
     tracing::info!("created pool '{}'", req.name);
     Ok(Json(Empty {}))
@@ -610,9 +789,14 @@ fn search_paths(dirs: &[String]) -> Vec<PathBuf> {
     }
 }
 
-async fn pool_importable(State(_d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<Vec<zilla_core::spa::ImportablePool>> {
+/// The pools `pool import` could import from the search paths, leaving out those this
+/// daemon has imported already (their labels say "active" on this host).
+async fn pool_importable(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<Vec<zilla_core::spa::ImportablePool>> {
     let search = search_paths(&req.dirs);
-    Ok(Json(blocking(move || Ok(Pool::find_importable(&search)?)).await?))
+    let mut found = blocking(move || Ok(Pool::find_importable(&search)?)).await?;
+    let imported: Vec<zilla_core::Guid> = d.pools.all().iter().map(|(_, p)| p.guid()).collect();
+    found.retain(|f| !imported.contains(&f.guid));
+    Ok(Json(found))
 }
 
 async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<Empty> {
@@ -625,7 +809,18 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     let search = search_paths(&req.dirs);
     let name = req.name.clone();
     let opts = zilla_core::spa::ImportOptions { force: req.force, rewind: req.rewind, dry_run: false, missing_log: req.missing_log };
-    let pool = blocking(move || Ok(Pool::import_found(&search, name.as_deref(), &opts)?)).await?;
+    // A pool this daemon has in its cache file but not imported: from its cached leaves
+    // unless the admin names where to search.
+    let cached = name.as_deref().and_then(|n| d.unavailable_entry(n)).filter(|_| req.dirs.is_empty());
+    let working_for = match (&name, &cached) {
+        (Some(n), _) => n.clone(),
+        (None, _) => importable_name(search.clone()).await.unwrap_or_default(),
+    };
+    let pool = blocking_for(&working_for, move || match cached {
+        Some(u) => Ok(Pool::import_with_options(&u.entry.leaves, zilla_core::spa::default_opener(), zilla_core::env::real(), &opts)?),
+        None => Ok(Pool::import_found(&search, name.as_deref(), &opts)?),
+    })
+    .await?;
     let name = pool.name();
     if d.pools.get(&name).is_some() {
         // Imported by guid under a name we already have: undo.
@@ -638,6 +833,21 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     Ok(Json(Empty {}))
 }
 
+/// The pool part of "pool" or "pool/volume".
+fn pool_of(name: &str) -> &str {
+    name.split_once('/').map_or(name, |(p, _)| p)
+}
+
+/// The name of the only importable pool in `search` (what `pool import` without a
+/// name imports), so that its import runs as working for it.
+async fn importable_name(search: Vec<PathBuf>) -> Option<String> {
+    let found = blocking(move || Ok(Pool::find_importable(&search)?)).await.ok()?;
+    match found.as_slice() {
+        [one] => Some(one.name.clone()),
+        _ => None,
+    }
+}
+
 /// `zilla pool import -F -n`: what a rewind would load and drop; imports nothing.
 async fn pool_rewind_plan(State(_d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<zilla_core::spa::RewindPlan> {
     let search = search_paths(&req.dirs);
@@ -647,6 +857,13 @@ async fn pool_rewind_plan(State(_d): State<Arc<Daemon>>, ApiJson(req): ApiJson<I
 
 async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Query(q): Query<DestroyQuery>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
+    if d.pools.get(&pool).is_none() && d.unavailable_entry(&pool).is_some() {
+        // not imported here: exporting it only means forgetting it
+        d.save_cache_without(Some(&pool)).await?;
+        d.forget_unavailable(&pool);
+        tracing::info!("forgot unavailable pool '{}'", crate::clip::clip(&pool));
+        return Ok(Json(Empty {}));
+    }
     // As `zpool export` refuses while a zvol is open ("pool is busy"): a client whose
     // volume vanishes under it gets I/O errors for every later request.
     let handle = d.pool(&pool)?;
@@ -657,14 +874,14 @@ async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String
             return Err(e.into()); // suspended: its final sync cannot complete
         }
         clear_sessions(&d, &format!("pool '{pool}'"), q.force, &in_pool).await?;
-        d.retire_pool(&pool, Pool::export).await?;
+        d.retire_pool(&pool, Pool::export, true).await?;
         tracing::info!("exported pool '{pool}'");
         return Ok(Json(Empty {}));
     }
     // Suspended, -f: its clients' requests wait on the pool and would hold their
     // sessions; the export without a final sync fails those requests, then they go.
     d.nbd.frontend().sessions.disconnect(&in_pool);
-    d.retire_pool(&pool, Pool::export_unsynced).await?;
+    d.retire_pool(&pool, Pool::export_unsynced, true).await?;
     if let Err(ApiError(_, e)) = clear_sessions(&d, &format!("pool '{pool}'"), true, &in_pool).await {
         tracing::warn!("exported pool '{pool}' without its final sync; {e}");
     }
@@ -732,7 +949,7 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
         clear_sessions(&d, &format!("pool '{pool}'"), q.force, &move |e| zilla_frontend::sessions::export_in_pool(e, &p)).await?;
     }
     if d.pools.get(&pool).is_none() {
-        let was_unavailable = d.unavailable.lock().iter().any(|e| e.name == pool);
+        let was_unavailable = d.unavailable_entry(&pool).is_some();
         if was_unavailable {
             d.save_cache_without(Some(&pool)).await?;
             d.forget_unavailable(&pool);
@@ -740,14 +957,14 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
         }
         return Err(ApiError::not_found("no such pool"));
     }
-    d.retire_pool(&pool, Pool::destroy).await?;
+    d.retire_pool(&pool, Pool::destroy, false).await?;
     tracing::info!("destroyed pool '{pool}'");
     Ok(Json(Empty {}))
 }
 
 async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<ScrubReq>) -> ApiResult<Empty> {
     let p = d.pool(&pool)?;
-    blocking(move || {
+    blocking_for(&pool, move || {
         p.scrub(req.cmd)?;
         if req.wait && req.cmd == zilla_core::spa::ScrubCmd::Start {
             p.scrub_wait()?;
@@ -760,7 +977,7 @@ async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>
 
 async fn pool_trim(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<TrimReq>) -> ApiResult<Empty> {
     let p = d.pool(&pool)?;
-    blocking(move || {
+    blocking_for(&pool, move || {
         p.trim(req.cmd)?;
         if req.wait && req.cmd == zilla_core::spa::trim::TrimCmd::Start {
             p.trim_wait()?;
@@ -774,7 +991,7 @@ async fn pool_trim(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>,
 async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<AddReq>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
     let p = d.pool(&pool)?;
-    blocking(move || Ok(p.add(req.tops, req.force)?)).await?;
+    blocking_for(&pool, move || Ok(p.add(req.tops, req.force)?)).await?;
     d.save_cache_after_device_change("the add").await?;
     Ok(Json(Empty {}))
 }
@@ -796,10 +1013,10 @@ async fn pool_device_op(
             let new = req.new.ok_or_else(|| ApiError::bad("missing new device"))?;
             let new_name = new.path.display().to_string();
             let p2 = p.clone();
-            blocking(move || Ok(p.attach(&dev, &new, req.force)?)).await?;
+            blocking_for(&pool, move || Ok(p.attach(&dev, &new, req.force)?)).await?;
             if let Err(ApiError(status, msg)) = d.save_cache().await {
                 // Undo: detach the new device again, so the pool matches the cache file.
-                let outcome = match blocking(move || Ok(p2.detach(&new_name)?)).await {
+                let outcome = match blocking_for(&pool, move || Ok(p2.detach(&new_name)?)).await {
                     Ok(()) => "the new device was detached again (nothing was attached)".to_string(),
                     Err(ApiError(_, e)) => format!("detaching the new device again failed as well ({e})"),
                 };
@@ -812,25 +1029,25 @@ async fn pool_device_op(
                 Some(n) => n,
                 None => LeafSpec::parse(&dev).map_err(ApiError::from)?,
             };
-            blocking(move || Ok(p.replace(&dev, &new, req.force)?)).await?
+            blocking_for(&pool, move || Ok(p.replace(&dev, &new, req.force)?)).await?
         }
         "detach" => {
             let dev = need_dev()?;
-            blocking(move || Ok(p.detach(&dev)?)).await?
+            blocking_for(&pool, move || Ok(p.detach(&dev)?)).await?
         }
         "remove" => {
             let dev = need_dev()?;
-            blocking(move || Ok(p.remove(&dev)?)).await?
+            blocking_for(&pool, move || Ok(p.remove(&dev)?)).await?
         }
         "offline" => {
             let dev = need_dev()?;
-            blocking(move || Ok(p.offline(&dev)?)).await?
+            blocking_for(&pool, move || Ok(p.offline(&dev)?)).await?
         }
         "online" => {
             let dev = need_dev()?;
-            blocking(move || Ok(p.online(&dev)?)).await?
+            blocking_for(&pool, move || Ok(p.online(&dev)?)).await?
         }
-        "clear" => blocking(move || Ok(p.clear(device.as_deref())?)).await?,
+        "clear" => blocking_for(&pool, move || Ok(p.clear(device.as_deref())?)).await?,
         other => return Err(ApiError::not_found(format!("unknown pool operation '{other}'"))),
     }
     if changes_config {
@@ -841,7 +1058,7 @@ async fn pool_device_op(
 
 async fn pool_props(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Vec<zilla_core::props::PropRow>> {
     let p = d.pool(&pool)?;
-    Ok(Json(blocking(move || Ok(p.get_pool_props())).await?))
+    Ok(Json(blocking_for(&pool, move || Ok(p.get_pool_props())).await?))
 }
 
 #[derive(Deserialize)]
@@ -887,7 +1104,7 @@ async fn volume_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<Creat
     for (k, v) in &req.props {
         zilla_core::props::validate(k, v)?;
     }
-    blocking(move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, &req.props)?)).await?;
+    blocking_for(pool_of(&req.name).to_string(), move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, &req.props)?)).await?;
     tracing::info!("created volume '{}'", req.name);
     Ok(Json(Empty {}))
 }
@@ -897,7 +1114,7 @@ async fn volume_destroy(State(d): State<Arc<Daemon>>, UrlPath((pool, name)): Url
     let export = format!("{pool}/{name}");
     let e = export.clone();
     clear_sessions(&d, &format!("volume '{export}'"), q.force, &move |x| x == e).await?;
-    blocking(move || Ok(p.volume_destroy(&name)?)).await?;
+    blocking_for(&pool, move || Ok(p.volume_destroy(&name)?)).await?;
     Ok(Json(Empty {}))
 }
 
@@ -905,7 +1122,7 @@ async fn prop_get(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<GetReq>) -
     if !req.name.contains('/') {
         // A pool: its pool properties (zpool get).
         let p = d.pool(&req.name)?;
-        let rows = blocking(move || Ok(p.get_pool_props())).await?;
+        let rows = blocking_for(pool_of(&req.name).to_string(), move || Ok(p.get_pool_props())).await?;
         if req.props.is_empty() {
             return Ok(Json(rows));
         }
@@ -919,19 +1136,19 @@ async fn prop_get(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<GetReq>) -
         return Ok(Json(out));
     }
     let (p, vol) = d.volume_pool(&req.name)?;
-    Ok(Json(blocking(move || Ok(p.get_props(&vol, &req.props)?)).await?))
+    Ok(Json(blocking_for(pool_of(&req.name).to_string(), move || Ok(p.get_props(&vol, &req.props)?)).await?))
 }
 
 async fn prop_set(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<SetReq>) -> ApiResult<Empty> {
     if !req.name.contains('/') {
         // A pool: a pool property (zpool set).
         let p = d.pool(&req.name)?;
-        blocking(move || Ok(p.set_pool_prop(&req.property, &req.value)?)).await?;
+        blocking_for(pool_of(&req.name).to_string(), move || Ok(p.set_pool_prop(&req.property, &req.value)?)).await?;
         return Ok(Json(Empty {}));
     }
     let (p, vol) = d.volume_pool(&req.name)?;
     zilla_core::props::validate(&req.property, &req.value)?;
-    blocking(move || Ok(p.set_prop(&vol, &req.property, &req.value)?)).await?;
+    blocking_for(pool_of(&req.name).to_string(), move || Ok(p.set_prop(&vol, &req.property, &req.value)?)).await?;
     Ok(Json(Empty {}))
 }
 

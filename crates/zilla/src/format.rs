@@ -72,6 +72,11 @@ pub fn is_healthy(s: &PoolStatus) -> bool {
     s.state == "ONLINE" && status_action(s).0.is_empty() && s.error_list.is_empty() && s.config.iter().all(clean)
 }
 
+/// Is this pool imported and in perfect health (for `status -x`)?
+pub fn is_healthy_entry(s: &crate::api::PoolStatusEntry) -> bool {
+    s.unavailable.is_none() && is_healthy(&s.status)
+}
+
 /// The config list without a root node, whichever way the engine reports it.
 fn top_level(s: &PoolStatus) -> (Option<&VdevStatus>, &[VdevStatus]) {
     match s.config.as_slice() {
@@ -80,11 +85,19 @@ fn top_level(s: &PoolStatus) -> (Option<&VdevStatus>, &[VdevStatus]) {
     }
 }
 
-pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
+/// `zpool status` of one pool; `unavailable`: why a pool in the cache file is not
+/// imported (it replaces the status and action paragraphs).
+pub fn pool_status(s: &PoolStatus, unavailable: Option<&str>, verbose: bool) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "  pool: {}", s.name);
+    let _ = writeln!(o, "  pool: {}", safe(&s.name));
     let _ = writeln!(o, " state: {}", s.state);
-    let (status, action) = status_action(s);
+    let (status, action) = match unavailable {
+        Some(why) => (
+            format!("The pool is not imported: {}", crate::clip::clip_message(why)),
+            format!("Import it with 'zilla pool import {}', or forget it with 'zilla pool export {}'.", safe(&s.name), safe(&s.name)),
+        ),
+        None => status_action(s),
+    };
     if !status.is_empty() {
         let _ = writeln!(o, "status: {}", indent_para(&status));
     }
@@ -100,7 +113,7 @@ pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
     let (root, tops) = top_level(s);
     let mut rows: Vec<(String, &str, String, String, String, &str)> = vec![];
     let (r, w, c) = root.map_or((0, 0, 0), |r| (r.read_errors, r.write_errors, r.cksum_errors));
-    rows.push((s.name.clone(), s.state.as_str(), r.to_string(), w.to_string(), c.to_string(), ""));
+    rows.push((safe(&s.name), s.state.as_str(), r.to_string(), w.to_string(), c.to_string(), ""));
     let mut classes: Vec<(Role, &str)> = vec![(Role::Normal, "")];
     classes.extend([(Role::Log, "logs"), (Role::Cache, "cache"), (Role::Spare, "spares")]);
     for (role, header) in classes {
@@ -139,7 +152,7 @@ pub fn pool_status(s: &PoolStatus, verbose: bool) -> String {
 type StatusRow<'a> = (String, &'a str, String, String, String, &'a str);
 
 fn push_vdev<'a>(rows: &mut Vec<StatusRow<'a>>, v: &'a VdevStatus, depth: usize) {
-    let name = format!("{}{}", "  ".repeat(depth), v.name);
+    let name = format!("{}{}", "  ".repeat(depth), safe(&v.name));
     rows.push((
         name,
         &v.state,
@@ -187,6 +200,17 @@ pub fn list_columns(spec: Option<&str>) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// A name read from a device or sent by a client, fit to print: control characters
+/// and escape sequences shown escaped, cut to a bounded length.
+pub fn safe(name: &str) -> String {
+    crate::clip::clip(name)
+}
+
+/// A pool not imported (its sizes are unknown).
+fn unavail(r: &PoolListRow) -> bool {
+    r.health == zilla_core::spa::PoolHealth::Unavail && r.size == 0
+}
+
 pub fn pool_list(rows: &[PoolListRow], cols: &[String], scripted: bool, parsable: bool) -> String {
     let size = |n: u64| if parsable { n.to_string() } else { nicebytes(n) };
     let pct = |n: u64| if parsable { n.to_string() } else { format!("{n}%") };
@@ -195,7 +219,8 @@ pub fn pool_list(rows: &[PoolListRow], cols: &[String], scripted: bool, parsable
         .map(|r| {
             cols.iter()
                 .map(|c| match c.as_str() {
-                    "name" => r.name.clone(),
+                    "name" => safe(&r.name),
+                    "size" | "alloc" | "free" | "frag" | "cap" | "ashift" | "dedup" if unavail(r) => "-".into(),
                     "size" => size(r.size),
                     "alloc" => size(r.alloc),
                     "free" => size(r.free),
@@ -453,7 +478,7 @@ fn push_iostat_node(
     f: IostatFlags,
 ) {
     let cap = if v.children.is_empty() && v.alloc + v.free == 0 { None } else { Some((v.alloc, v.free)) };
-    let name = format!("{}{}", "  ".repeat(depth), v.name);
+    let name = format!("{}{}", "  ".repeat(depth), safe(&v.name));
     rows.push(iostat_row(&name, cap, &v.stats, prev.map(|p| &p.stats), secs, fm, f));
     for c in &v.children {
         let pc = prev.and_then(|p| p.children.iter().find(|x| x.name == c.name));
@@ -672,6 +697,15 @@ mod tests {
     }
 
     #[test]
+    fn names_from_disk_are_printed_escaped_and_unavailable_pools_without_sizes() {
+        let row = |name: &str, health| PoolListRow { name: name.into(), size: 0, alloc: 0, free: 0, frag_percent: 0, cap_percent: 0, health, ashift: 0 };
+        let cols: Vec<String> = ["name", "size", "health"].iter().map(|s| s.to_string()).collect();
+        let out = pool_list(&[row("evil\n\x1b[31mred", zilla_core::spa::PoolHealth::Unavail)], &cols, true, false);
+        assert_eq!(out, "evil\\n\\u{1b}[31mred\t-\tUNAVAIL\n");
+        assert!(!out.contains('\x1b'));
+    }
+
+    #[test]
     fn iostat_counts_scrub_as_reads_by_class_name() {
         let f = IostatFlags { scripted: true, parsable: true, ..Default::default() };
         let prev = [iostat_entry(1_000_000_000, IoClass::Scrub, 0, 0)];
@@ -715,7 +749,7 @@ mod tests {
             data_errors: 0,
             error_list: vec![],
         };
-        let out = pool_status(&s, false);
+        let out = pool_status(&s, None, false);
         assert!(out.contains("  pool: tank\n state: ONLINE\n  scan: none requested\nconfig:\n\n"));
         assert!(out.contains("\tNAME              STATE     READ WRITE CKSUM\n"), "{out}");
         assert!(out.contains("\t  mirror-0        ONLINE       0     0     0\n"), "{out}");

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use zilla_core::spa::{ImportablePool, PoolListRow, PoolStatus, ScrubCmd, TopSpec, VolumeInfo};
+use zilla_core::spa::{ImportablePool, PoolListRow, ScrubCmd, TopSpec, VolumeInfo};
 use zilla_core::vdev::LeafSpec;
 
 use crate::api::*;
@@ -134,6 +134,10 @@ struct ServeArgs {
     /// http_body_max_bytes, fd_reserve (see docs/cli.md)
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Start with no pool imported (the pools of the cache file show as UNAVAIL until
+    /// imported by hand; the cache file is kept as it is)
+    #[arg(long)]
+    no_import: bool,
     /// Set a tunable before any pool is imported (repeatable), e.g.
     /// `--tunable zil_replay_disable=1`: for those read at import
     #[arg(long = "tunable", value_name = "NAME=VALUE")]
@@ -438,17 +442,42 @@ fn listen_opts(l: &ListenArgs) -> Listen {
 /// The broken-invariant policy (docs/design.md "Broken invariants"): a panic anywhere
 /// in the daemon is a failed assertion, and the daemon stops at once with one clear log
 /// line instead of serving on with state it can no longer trust. Nothing is lost: the
-/// on-disk state is always the last synced txg, and the next start imports the pools.
+/// on-disk state is always the last synced txg, and the next start imports the pools,
+/// except the one the failing thread worked for (`zilla_core::env::working_for_pool`):
+/// the stop is recorded in the state directory and that pool waits, UNAVAIL, for the
+/// admin to import it by hand, so a pool that trips an assertion cannot crash-loop the
+/// daemon.
+/// The pool a per-pool engine thread works for, from its name (`txg_sync_POOL`, ...):
+/// the fallback when no pool was named for the thread.
+fn pool_of_thread(thread: &str) -> Option<String> {
+    ["txg_sync_", "txg_quiesce_", "mmp_", "scan_", "resilver_start_"]
+        .iter()
+        .find_map(|prefix| thread.strip_prefix(prefix))
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+}
+
 fn stop_on_broken_invariant() {
     std::panic::set_hook(Box::new(|info| {
         let payload = info.payload();
         let msg = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
         let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_else(|| "?".into());
         let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+        let msg = msg.as_deref().unwrap_or("panic");
+        let pool = zilla_core::env::working_for_pool().map(|p| p.to_string()).or_else(|| pool_of_thread(&thread));
+        let next_start = match &pool {
+            Some(p) => format!(
+                "the next start imports the other pools and leaves pool '{}' for the admin to import by hand",
+                clip::clip(p)
+            ),
+            None => "the next start imports the pools".to_string(),
+        };
         tracing::error!(
-            "internal error (broken invariant) in thread {thread} at {at}: {}; stopping the daemon (on-disk state is the last synced txg; the next start imports the pools)",
-            msg.as_deref().unwrap_or("panic")
+            "internal error (broken invariant) in thread {thread} at {at}: {msg}; stopping the daemon (on-disk state is the last synced txg; {next_start})"
         );
+        if let Some(Err(e)) = state_dir::record_stop(pool, &thread, &format!("{msg} (at {at}, thread {thread})")) {
+            tracing::error!("cannot record the stop in the state directory: {e}");
+        }
         let bt = std::backtrace::Backtrace::capture();
         if bt.status() == std::backtrace::BacktraceStatus::Captured {
             eprintln!("{bt}");
@@ -518,7 +547,7 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
     }
     let l = listen_opts(&listen);
     let lock = daemon::lock_state_dir(&state_dir, &settings).unwrap_or_else(|e| die(format!("{e:#}")));
-    let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http, settings };
+    let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http, settings, no_import: args.no_import };
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
     if let Err(e) = rt.block_on(daemon::run(opts, lock, vec![], |_| {})) {
         die(format!("{e:#}"));
@@ -664,12 +693,12 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
             let _: Empty = c.post("/v1/pools", &CreatePool { name: pool.clone(), tops, force, props }).await.map_err(err)?;
         }
         PoolCmd::Status { verbose, problems, pools } => {
-            let st: Vec<PoolStatus> = fetch(c, "/v1/status", &pools).await?;
+            let st: Vec<PoolStatusEntry> = fetch(c, "/v1/status", &pools).await?;
             if st.is_empty() {
                 println!("no pools available");
                 return Ok(());
             }
-            let shown: Vec<&PoolStatus> = st.iter().filter(|s| !problems || !format::is_healthy(s)).collect();
+            let shown: Vec<&PoolStatusEntry> = st.iter().filter(|s| !problems || !format::is_healthy_entry(s)).collect();
             if shown.is_empty() {
                 match pools.as_slice() {
                     [one] => println!("pool '{one}' is healthy"),
@@ -677,7 +706,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
                 }
                 return Ok(());
             }
-            let text: Vec<String> = shown.iter().map(|s| format::pool_status(s, verbose)).collect();
+            let text: Vec<String> = shown.iter().map(|s| format::pool_status(&s.status, s.unavailable.as_deref(), verbose)).collect();
             print!("{}", text.join("\n"));
         }
         PoolCmd::List { scripted, parsable, columns, pools } => {
@@ -816,15 +845,36 @@ fn format_rewind_plan(p: &zilla_core::spa::RewindPlan) -> String {
 }
 
 fn format_importable(p: &ImportablePool) -> String {
-    let mut o = format!("   pool: {}\n     id: {}\n  state: {}\n", p.name, p.guid, p.state);
-    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") {
-        "The pool can be imported using its name or numeric identifier."
+    use zilla_core::vdev::Role;
+    let name = format::safe(&p.name);
+    let mut o = format!("   pool: {name}\n     id: {}\n  state: {}\n", p.guid, format::safe(&p.state));
+    let missing_log: Vec<String> = p.missing.iter().filter(|(r, _)| *r == Role::Log).map(|(_, l)| format::safe(&l.display())).collect();
+    let missing_other = p.missing.iter().any(|(r, _)| *r != Role::Log && *r != Role::Cache && *r != Role::Spare);
+    if !missing_log.is_empty() {
+        o.push_str(&format!(
+            " status: The log device(s) {} are missing; the synchronous writes acknowledged after the\n\tlast synced txg are in the intent log records on them.\n",
+            missing_log.join(", ")
+        ));
+    }
+    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") && !missing_other && missing_log.is_empty() {
+        "The pool can be imported using its name or numeric identifier.".to_string()
+    } else if !missing_log.is_empty() && !missing_other {
+        "Attach the missing log device(s) and import, or import with 'zilla pool import -m' to\n\tdiscard the log records on them (those synchronous writes are lost).".to_string()
     } else {
-        "The pool cannot be imported: some devices are missing or damaged."
+        "The pool cannot be imported: some devices are missing or damaged.".to_string()
     };
-    o.push_str(&format!(" action: {action}\n config:\n\n\t{}  {}\n", p.name, p.state));
+    o.push_str(&format!(" action: {action}\n config:\n\n\t{name}  {}\n", format::safe(&p.state)));
     for l in &p.leaves {
-        o.push_str(&format!("\t  {}\n", l.display()));
+        o.push_str(&format!("\t  {}\n", format::safe(&l.display())));
+    }
+    for (role, l) in &p.missing {
+        let class = match role {
+            Role::Log => "log ",
+            Role::Cache => "cache ",
+            Role::Spare => "spare ",
+            _ => "",
+        };
+        o.push_str(&format!("\t  {}  {class}device missing\n", format::safe(&l.display())));
     }
     o
 }

@@ -16,6 +16,10 @@
 //!                     admin_group)
 //!   DIR/nbd.sock      NBD, the same mode as the admin socket: volume data is no
 //!                     less private than the admin API
+//!   DIR/zilla.stopped 0600, written by the panic hook when the daemon stops on a
+//!                     broken invariant: the pool it was working for, when, why. The
+//!                     next start marks that pool held in the cache file (not imported
+//!                     until the admin imports it by hand), then removes the record
 //! ```
 //!
 //! Modes are set explicitly (mkdir mode, open mode, chmod after bind), so the umask the
@@ -173,6 +177,20 @@ pub struct CacheEntry {
     pub name: String,
     pub guid: zilla_core::Guid,
     pub leaves: Vec<LeafSpec>,
+    /// Set while `pool export` runs: a pool whose export did not finish (the daemon
+    /// was killed meanwhile) is imported again at the next start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exporting: bool,
+    /// Why the daemon does not import this pool at start: it stopped on a broken
+    /// invariant while working for it. Cleared when the admin imports it by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+}
+
+impl CacheEntry {
+    pub fn new(name: String, guid: zilla_core::Guid, leaves: Vec<LeafSpec>) -> CacheEntry {
+        CacheEntry { name, guid, leaves, exporting: false, held: None }
+    }
 }
 
 pub const CACHE_VERSION: u32 = 1;
@@ -192,6 +210,70 @@ pub fn read_cache(dir: &Path) -> anyhow::Result<CacheFile> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CacheFile { version: CACHE_VERSION, pools: vec![] }),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// What the daemon was doing when it stopped on a broken invariant (DIR/zilla.stopped).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StopRecord {
+    /// The pool the failing thread worked for; None when it worked for no one pool.
+    pub pool: Option<String>,
+    pub time_unix_s: u64,
+    pub thread: String,
+    pub message: String,
+}
+
+const STOP_NAME: &str = "zilla.stopped";
+/// Longest stop record read back (a larger file is not one this daemon wrote).
+const STOP_RECORD_MAX_BYTES: u64 = 64 * 1024;
+
+/// Write the stop record and make it durable (called from the panic hook, just before
+/// the process aborts).
+pub fn write_stop_record(dir: &Path, rec: &StopRecord) -> std::io::Result<()> {
+    let path = dir.join(STOP_NAME);
+    let mut f = create_private(&path)?;
+    f.write_all(&serde_json::to_vec(rec).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    File::open(dir)?.sync_all()
+}
+
+/// The stop record a previous daemon left, if any. An unreadable one is reported as a
+/// stop for no known pool, so the start goes on.
+pub fn read_stop_record(dir: &Path) -> Option<StopRecord> {
+    let path = dir.join(STOP_NAME);
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&path).ok()?;
+    let mut bytes = vec![];
+    let read = file.take(STOP_RECORD_MAX_BYTES).read_to_end(&mut bytes);
+    match read.ok().and_then(|_| serde_json::from_slice::<StopRecord>(&bytes).ok()) {
+        Some(r) => Some(r),
+        None => {
+            tracing::warn!("{} is not a stop record this daemon wrote; ignoring it", path.display());
+            Some(StopRecord { pool: None, time_unix_s: 0, thread: String::new(), message: String::new() })
+        }
+    }
+}
+
+/// The state directory the panic hook records a stop in (set once the daemon holds
+/// its lock).
+static STOP_RECORD_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+pub fn record_stops_in(dir: &Path) {
+    let _ = STOP_RECORD_DIR.set(dir.to_path_buf());
+}
+
+/// Record a stop on a broken invariant for the next start (see [`StopRecord`]); None
+/// when no daemon state directory is set (an embedder, a test).
+pub fn record_stop(pool: Option<String>, thread: &str, message: &str) -> Option<std::io::Result<()>> {
+    let dir = STOP_RECORD_DIR.get()?;
+    let time_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let message: String = message.chars().take(1000).collect();
+    Some(write_stop_record(dir, &StopRecord { pool, time_unix_s, thread: thread.to_string(), message }))
+}
+
+pub fn remove_stop_record(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(dir.join(STOP_NAME)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => File::open(dir)?.sync_all(),
     }
 }
 

@@ -22,7 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, PoolStatus, VolumeInfo};
+use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, VolumeInfo};
 use zilla_core::vdev::queue::LeafStats;
 use zilla_core::vdev::IoClass;
 
@@ -35,7 +35,8 @@ pub fn router(d: Arc<Daemon>) -> Router {
 /// Everything the page and the metrics need, gathered off the async threads.
 struct Snapshot {
     rows: Vec<PoolListRow>,
-    status: Vec<PoolStatus>,
+    /// Imported pools, then those in the cache file not imported (UNAVAIL, with why).
+    status: Vec<crate::api::PoolStatusEntry>,
     iostat: Vec<IostatSnapshot>,
     volumes: Vec<VolumeInfo>,
     /// Per pool: the intent-log counters (OpenZFS kstat names).
@@ -74,13 +75,18 @@ impl FrontendMetrics {
 
 async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
     let pools = d.pools.all();
+    let unavailable = d.unavailable_pools();
     let frontend = FrontendMetrics::of(d);
     let d2 = d.clone();
     tokio::task::spawn_blocking(move || Snapshot {
         frontend,
         memory: crate::daemon::memory_report(&d2),
-        rows: pools.iter().map(|(_, p)| p.list_row()).collect(),
-        status: pools.iter().map(|(_, p)| p.status()).collect(),
+        rows: pools.iter().map(|(_, p)| p.list_row()).chain(unavailable.iter().map(|u| u.list_row())).collect(),
+        status: pools
+            .iter()
+            .map(|(_, p)| crate::api::PoolStatusEntry { status: p.status(), unavailable: None })
+            .chain(unavailable.iter().map(|u| u.status()))
+            .collect(),
         iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
         volumes: pools.iter().flat_map(|(_, p)| p.volumes()).collect(),
         zil: pools.iter().map(|(n, p)| (n.clone(), p.zil_stats())).collect(),
@@ -117,7 +123,8 @@ async fn index(State(d): State<Arc<Daemon>>) -> Html<String> {
             let _ = write!(o, "<h2>Pools</h2><pre>{}</pre>", esc(&crate::format::pool_list(&s.rows, &cols, false, false)));
             let _ = write!(o, "<h2>Volumes</h2><pre>{}</pre>", esc(&crate::format::volume_list(&s.volumes, false, false)));
             for st in &s.status {
-                let _ = write!(o, "<h2>{}</h2><pre>{}</pre>", esc(&st.name), esc(&crate::format::pool_status(st, true)));
+                let text = crate::format::pool_status(&st.status, st.unavailable.as_deref(), true);
+                let _ = write!(o, "<h2>{}</h2><pre>{}</pre>", esc(&crate::clip::clip(&st.status.name)), esc(&text));
             }
         }
     }

@@ -34,6 +34,9 @@ pub struct ImportablePool {
     pub guid: Guid,
     pub state: String,
     pub leaves: Vec<LeafSpec>,
+    /// Devices of the pool's newest config not found in the search, with their role.
+    #[serde(default)]
+    pub missing: Vec<(Role, LeafSpec)>,
 }
 
 /// How to import (CLI: `zilla pool import [-f] [-F [-n]]`).
@@ -219,23 +222,32 @@ impl Pool {
         // per pool, the name and state of the newest config any of its devices holds
         // (as import itself chooses): a device detached or removed while the pool was
         // active keeps an older config saying "active" after the pool is exported
-        let mut out: BTreeMap<Guid, (Txg, ImportablePool)> = BTreeMap::new();
+        let mut out: BTreeMap<Guid, (PoolConfig, Vec<Guid>, ImportablePool)> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
                 continue;
             }
             let c = &lj.config;
-            let (newest, e) = out.entry(c.guid).or_insert_with(|| {
-                (c.txg, ImportablePool { name: c.name.clone(), guid: c.guid, state: c.state.clone(), leaves: vec![] })
+            let (newest, seen, e) = out.entry(c.guid).or_insert_with(|| {
+                let p = ImportablePool { name: c.name.clone(), guid: c.guid, state: c.state.clone(), leaves: vec![], missing: vec![] };
+                (c.clone(), vec![], p)
             });
-            if c.txg > *newest {
-                *newest = c.txg;
+            if c.txg > newest.txg {
+                *newest = c.clone();
                 e.name = c.name.clone();
                 e.state = c.state.clone();
             }
+            seen.push(lj.this_guid);
             e.leaves.push(spec);
         }
-        Ok(out.into_values().map(|(_, p)| p).collect())
+        Ok(out
+            .into_values()
+            .map(|(cfg, seen, mut p)| {
+                let leaves = cfg.tops.iter().flat_map(|t| t.children.iter().map(move |c| (t.role, c)));
+                p.missing = leaves.filter(|(_, c)| !seen.contains(&c.guid)).map(|(role, c)| (role, c.spec.clone())).collect();
+                p
+            })
+            .collect())
     }
 
     pub fn import(search: &[PathBuf], name: Option<&str>) -> Result<Arc<Pool>> {
@@ -338,7 +350,7 @@ impl Pool {
         // the intent logs, before anyone can open a volume; only the newest txg's
         // (a rewound pool's logs name blocks reused since)
         if ub.txg == newest_txg {
-            if let Err(e) = pool.replay_intent_logs(&mos, ub.txg) {
+            if let Err(e) = pool.replay_intent_logs(&mos, ub.txg, opts.missing_log) {
                 pool.abandon();
                 return Err(e);
             }
@@ -443,9 +455,26 @@ fn judge_devices(devs: &[DevLabel], cfg: PoolConfig) -> (super::stale::Judged, P
     (judged, cfg)
 }
 
+/// None of the devices has a pool label. `missing`: those that could not be opened
+/// because they do not exist. "does not exist" only when none exists; else each device
+/// with what is wrong with it.
+fn no_valid_label(specs: &[LeafSpec], missing: &[LeafSpec]) -> Error {
+    let paths = |v: &[&LeafSpec]| v.iter().map(|s| s.display()).collect::<Vec<_>>().join(", ");
+    let (gone, there): (Vec<&LeafSpec>, Vec<&LeafSpec>) = specs.iter().partition(|s| missing.contains(s));
+    if there.is_empty() {
+        return Error::NotFound(paths(&gone));
+    }
+    let mut what = format!("{} {}", paths(&there), if there.len() == 1 { "has no valid label" } else { "have no valid label" });
+    if !gone.is_empty() {
+        what.push_str(&format!("; {} {}", paths(&gone), if gone.len() == 1 { "does not exist" } else { "do not exist" }));
+    }
+    Error::InvalidArgument(format!("no valid pool label: {what}"))
+}
+
 /// Every device's labels, and the config with the highest config txg.
 fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<(Vec<DevLabel>, PoolConfig)> {
     let mut devs: Vec<DevLabel> = Vec::new();
+    let mut missing: Vec<LeafSpec> = Vec::new();
     for s in specs {
         let dev = match opener(s, Role::Normal) {
             Ok(d) => {
@@ -455,6 +484,9 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
             // held by a live pool (here or in another process): never import around it
             Err(e @ Error::Busy(_)) => return Err(e),
             Err(e) => {
+                if matches!(&e, Error::NotFound(_)) || matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound) {
+                    missing.push(s.clone());
+                }
                 tracing::warn!("import: cannot open {}: {e}", s.display());
                 continue;
             }
@@ -470,7 +502,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
         devs.push((s.clone(), dev, scan, lj));
     }
     let Some(best_cfg) = devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()) else {
-        return Err(Error::NotFound(format!("no valid pool label on {}", specs.iter().map(|s| s.display()).collect::<Vec<_>>().join(", "))));
+        return Err(no_valid_label(specs, &missing));
     };
     if best_cfg.state == "destroyed" {
         return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));

@@ -41,7 +41,10 @@ use crate::{Error, Result, Txg};
 impl Pool {
     /// Claim and replay every volume's intent log (see the module comment); `synced`
     /// is the txg the pool was loaded at. Returns the records replayed.
-    pub(super) fn replay_intent_logs(&self, mos: &Mos, synced: Txg) -> Result<u64> {
+    /// `discard_unreadable` (import -m): a chain that cannot be read (read errors on
+    /// every copy of a log block) is discarded with a warning instead of failing the
+    /// import; without it the error says that -m is the way out and what it costs.
+    pub(super) fn replay_intent_logs(&self, mos: &Mos, synced: Txg, discard_unreadable: bool) -> Result<u64> {
         let mut replayed = 0u64;
         let mut any = false;
         for (id, hdr) in mos.zil_headers.iter().filter(|(_, h)| !h.is_empty()) {
@@ -50,7 +53,26 @@ impl Pool {
             };
             let vol = self.open_zvol(&name)?;
             let claim_txg = if hdr.claim_txg.is_zero() { synced } else { hdr.claim_txg };
-            let chain = zil::claim(&self.inner.io, hdr, *id, claim_txg)?;
+            let chain = match zil::claim(&self.inner.io, hdr, *id, claim_txg) {
+                Ok(c) => c,
+                Err(e @ Error::Io(_)) if discard_unreadable => {
+                    tracing::warn!(pool = %self.inner.name, volume = %name, "cannot read the intent log ({e}); import -m: discarding it, the synchronous writes acknowledged after txg {synced} are lost");
+                    vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });
+                    vol.zil().end_replay(vec![]);
+                    any = true;
+                    continue;
+                }
+                Err(Error::Io(e)) => {
+                    return Err(Error::Io(std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "cannot read the intent log of volume '{name}': {e}; import with -m to discard the \
+                             unreadable log (the synchronous writes acknowledged after txg {synced} are then lost)"
+                        ),
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
             vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });
             // a chain with no record newer than the claim txg changes nothing: the next
             // sync frees it (an import of an idle pool writes nothing; a cut before that
@@ -115,28 +137,32 @@ fn replay_record(io: &crate::zio::PoolIo, vol: &dyn BlockVolume, r: &LogRecord) 
 
 /// Import without `-m`: refuse a pool with a log vdev whose every device is missing.
 /// The intent log on it may hold synchronous writes acknowledged after the loaded txg;
-/// the error says how many seconds of them may be lost (a pool with writes in flight
-/// syncs a txg at least every `zfs_txg_timeout` seconds, so the log holds at most about
-/// that much) and how many volumes have a log chain starting there.
+/// the error says from which txg and time on they may be lost (the records themselves,
+/// and so their txgs, are on the missing device; `zfs_txg_timeout` today says nothing
+/// about the one in force when they were written) and how many volumes have a log
+/// chain starting there.
 pub(super) fn check_log_devices(cfg: &PoolConfig, leaves: &[Arc<Leaf>], mos: &Mos, ub: &Uberblock) -> Result<()> {
     let missing_top = |t: &super::TopConfig| t.children.iter().all(|c| leaves.iter().any(|l| l.guid == c.guid && l.state() == LeafState::Unavail));
     let missing: Vec<&super::TopConfig> = cfg.tops.iter().filter(|t| t.role == Role::Log && missing_top(t)).collect();
     if missing.is_empty() {
         return Ok(());
     }
-    let names: Vec<String> = missing.iter().flat_map(|t| t.children.iter().map(|c| c.spec.display())).collect();
+    // a log file truncated or overwritten is there but has no valid label
+    let why = |c: &super::LeafConfig| if std::fs::symlink_metadata(&c.spec.path).is_ok() { "has no valid label" } else { "does not exist" };
+    let names: Vec<String> = missing.iter().flat_map(|t| t.children.iter().map(|c| format!("{} ({})", c.spec.display(), why(c)))).collect();
     let chains = mos.zil_headers.iter().filter(|(_, h)| !h.is_empty() && missing.iter().any(|t| t.id == h.head.dva.vdev)).count();
     let at = ub.timestamp_ns / 1_000_000_000;
     let lost = if chains == 0 {
         "no volume's intent log starts there, so no acknowledged write is lost".to_string()
     } else {
         format!(
-            "the intent logs of {chains} volume(s) start there: up to {} s of synchronous writes acknowledged after txg {} (written at unix time {at}) may be lost",
-            crate::txg::ZFS_TXG_TIMEOUT.get(),
+            "the intent logs of {chains} volume(s) start there: the synchronous writes acknowledged after txg {} \
+             (synced at unix time {at}) until the pool stopped are in those log records and may be lost \
+             (how many cannot be known without the device)",
             ub.txg.get()
         )
     };
-    Err(Error::NotFound(format!(
+    Err(Error::InvalidArgument(format!(
         "pool '{}': log device {} is missing; {lost}; import with -m to discard the log records on it",
         cfg.name,
         names.join(", ")

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Goal: import says what is wrong and what the way out costs. A pool whose log file
+# was truncated after a kill -9 (its intent log held acknowledged synchronous writes):
+# the start reports it UNAVAIL with a reason that says the log file has no valid label
+# (not that it does not exist) and does not claim a loss window from today's
+# zfs_txg_timeout; the import listing marks the log device missing and names -m; the
+# import without -m refuses the same way; -m imports; the listing then no longer
+# offers the imported pool.
+. "$(dirname "$0")/lib.sh"
+start_daemon
+for d in a0 a1 log0; do truncate -s 256M "$T/disks/$d"; done
+z pool create tank mirror "$T/disks/a0" "$T/disks/a1" log "$T/disks/log0"
+make_volume tank/v 32M -o sync=always
+head -c $((2 << 20)) /dev/urandom | nbdcopy - "$(nbd_unix_uri tank/v)"
+kill9_daemon
+truncate -s 0 "$T/disks/log0"
+truncate -s 256M "$T/disks/log0"
+
+start_daemon
+z pool status tank >"$T/st"
+cat "$T/st"
+grep -q 'state: UNAVAIL' "$T/st" || fail "tank not UNAVAIL at start"
+grep -q 'log0 (has no valid label)' "$T/st" || fail "the reason does not say the log file has no valid label"
+grep -q 'does not exist' "$T/st" && fail "the reason says 'does not exist' of a file that exists"
+grep -q 'up to [0-9]* s of synchronous writes' "$T/st" && fail "the reason claims a loss window from zfs_txg_timeout"
+grep -q 'acknowledged after txg [0-9]*' "$T/st" || fail "the reason does not say from which txg writes may be lost"
+z pool export tank
+
+z pool import -d "$T/disks" >"$T/listing"
+cat "$T/listing"
+grep -q 'log0  log device missing' "$T/listing" || fail "the listing does not show the missing log device"
+grep -q "zilla pool import -m" "$T/listing" || fail "the listing does not mention -m"
+
+z pool import -d "$T/disks" tank >"$T/out" 2>&1 && fail "imported without its log and without -m"
+cat "$T/out"
+grep -q 'has no valid label' "$T/out" || fail "the refusal does not say the log file has no valid label"
+grep -q 'does not exist' "$T/out" && fail "the refusal says 'does not exist'"
+grep -q 'import with -m' "$T/out" || fail "the refusal does not name -m"
+
+z pool import -d "$T/disks" -m tank
+z pool status tank | grep -q 'state: ' || fail "no status after import -m"
+if z pool import -d "$T/disks" >"$T/listing2" 2>&1; then
+    grep -q 'pool: tank' "$T/listing2" && fail "the listing offers the pool this daemon has imported"
+fi
+stop_daemon
+log "import messages OK"
