@@ -50,7 +50,10 @@ impl Pool {
             };
             let vol = self.open_zvol(&name)?;
             let claim_txg = if hdr.claim_txg.is_zero() { synced } else { hdr.claim_txg };
-            let chain = zil::claim(&self.inner.io, hdr, *id, claim_txg)?;
+            let chain = zil::claim(&self.inner.io, hdr, *id, claim_txg).map_err(|e| match e {
+                Error::Corrupt(m) => Error::Corrupt(format!("volume {name}: {m}")),
+                e => e,
+            })?;
             vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });
             // a chain with no record newer than the claim txg changes nothing: the next
             // sync frees it (an import of an idle pool writes nothing; a cut before that
