@@ -1831,6 +1831,24 @@ fn lwb_checksum(block: &[u8]) -> [u8; 32] {
     out
 }
 
+/// Recompute the embedded checksum of an lwb over the bytes its `written` field covers
+/// (0: the whole block), as [`fill_lwb`] does: tools and tests that rewrite a header
+/// field reseal with it. False when the field names a length the block cannot hold.
+pub fn reseal_lwb(block: &mut [u8]) -> bool {
+    if block.len() < LWB_HEADER_SIZE {
+        return false;
+    }
+    let written = match u32::from_le_bytes(block[36..40].try_into().expect("4 bytes")) as usize {
+        0 => block.len(),
+        n if (LWB_CKSUM_AT + 32..=block.len()).contains(&n) => n,
+        _ => return false,
+    };
+    block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].fill(0);
+    let ck = lwb_checksum(&block[..written]);
+    block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].copy_from_slice(&ck);
+    true
+}
+
 /// A verified lwb: its records and its successor.
 #[derive(Debug)]
 pub struct ParsedLwb {
