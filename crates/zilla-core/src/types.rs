@@ -46,9 +46,17 @@ impl Txg {
             Some(Txg(self.0 + 1))
         }
     }
-    /// Below [`Txg::LIMIT`]: a txg a device may hold.
+    /// A pool's newest txg (its uberblock's, its config's) is below this: 2^32 txgs
+    /// (136 years at one a second) below [`Txg::LIMIT`], so a pool loaded from any
+    /// valid uberblock never reaches the end of the counter.
+    pub const POOL_LIMIT: Txg = Txg(Self::LIMIT.0 - (1 << 32));
+    /// Below [`Txg::LIMIT`]: a txg a block pointer, a log record or a DTL may hold.
     pub const fn is_valid_on_disk(self) -> bool {
         self.0 < Self::LIMIT.0
+    }
+    /// Below [`Txg::POOL_LIMIT`]: a txg an uberblock or a label config may hold.
+    pub const fn is_valid_pool_txg(self) -> bool {
+        self.0 < Self::POOL_LIMIT.0
     }
     /// The txg before this one (ZERO stays ZERO).
     pub const fn prev(self) -> Txg {

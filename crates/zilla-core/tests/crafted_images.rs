@@ -162,7 +162,12 @@ fn serve_check(case: &str, pool: &Arc<Pool>, set: &DevSet, expected: &Expected) 
         return;
     }
     pool.export().unwrap_or_else(|e| panic!("{case}: export: {e}"));
-    let again = Pool::import_with(&set.specs(), set.opener()).unwrap_or_else(|e| panic!("{case}: import after export: {e}"));
+    let again = match Pool::import_with(&set.specs(), set.opener()) {
+        Ok(p) => p,
+        // a pool imported just below the txg limit has passed it: refused, saying so
+        Err(e) if e.to_string().contains("field txg") => return eprintln!("{case}: import after export refused: {e}"),
+        Err(e) => panic!("{case}: import after export: {e}"),
+    };
     let v = again.open_volume("vol").unwrap();
     let mut b = vec![0u8; fresh.len()];
     v.read(1 << 20, &mut b).unwrap_or_else(|e| panic!("{case}: read after reimport: {e}"));
@@ -254,9 +259,11 @@ fn ub_case(base: &Images, exp: &Expected, case: &str, words: &[&str], field: usi
 fn uberblock_fields() {
     watchdog();
     let (base, exp) = exported_pool();
-    let hostile = [0u64, 1, 2, (1 << 63) - 2, (1 << 63) - 1, 1 << 63, u64::MAX - 1, u64::MAX];
+    let limit = zilla_core::Txg::POOL_LIMIT.get();
+    let hostile = [0u64, 1, 2, limit - 1, limit, (1 << 63) - 1, 1 << 63, u64::MAX - 1, u64::MAX];
     let w: &[&str] = &["uberblock", "txg", "guid sum", "-F"];
-    for v in hostile {
+    let only: Option<u64> = std::env::var("CRAFT_ONLY").ok().and_then(|v| v.parse().ok());
+    for v in hostile.into_iter().filter(|v| only.map_or(true, |o| o == *v)) {
         ub_case(&base, &exp, &format!("ub version={v}"), w, 8, 8, v);
         ub_case(&base, &exp, &format!("ub txg={v}"), w, 16, 8, v);
         ub_case(&base, &exp, &format!("ub guid_sum={v}"), w, 24, 8, v);

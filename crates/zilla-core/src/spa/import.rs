@@ -407,6 +407,7 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     }
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
+    label::check_pool_txg(&chosen.ub).map_err(|why| Error::Corrupt(format!("pool '{}': {why}", cfg.name)))?;
     if !opts.missing_log {
         super::replay::check_log_devices(&cfg, &leaves, &chosen.mos, &chosen.ub)?;
     }

@@ -264,6 +264,19 @@ impl Uberblock {
     }
 }
 
+/// A pool whose newest txg is this close to the end of the txg counter is not imported:
+/// the refusal names the uberblock's txg (no txg number ever wraps; see `Txg::POOL_LIMIT`).
+pub fn check_pool_txg(ub: &Uberblock) -> std::result::Result<(), String> {
+    if ub.txg.is_valid_pool_txg() {
+        return Ok(());
+    }
+    Err(format!(
+        "uberblock field txg = {} is out of range: at most {} (2^63 - 2^32) leaves the txg counter room to write",
+        ub.txg,
+        Txg::POOL_LIMIT.get() - 1
+    ))
+}
+
 /// Encode a config region: header + JSON, sealed with the region's offset.
 pub fn encode_config(json: &[u8], config_txg: Txg, offset: u64) -> io::Result<Vec<u8>> {
     if json.len() > CONFIG_REGION_SIZE - CONFIG_HEADER_SIZE - TRAILER_SIZE {
