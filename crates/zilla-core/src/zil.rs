@@ -1909,6 +1909,12 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
     let mut out = Vec::new();
     let mut r = Reader::new(body);
     while r.remaining() > 0 {
+        if r.remaining() < RECORD_HEADER_SIZE {
+            return Err(Error::Corrupt(format!(
+                "intent log record: field body length leaves {} bytes, less than a record header",
+                r.remaining()
+            )));
+        }
         let rtype = r.u8()?;
         let wr = r.u8()?;
         r.bytes(2)?;
@@ -2037,8 +2043,22 @@ pub fn claim(io: &PoolIo, hdr: &ZilHeader, volume_id: u64, claim_txg: Txg) -> Re
     let mut out = ClaimedChain { blocks: Vec::new(), records: Vec::new(), indirect_blocks: Vec::new() };
     let mut claimed = std::collections::HashSet::new();
     let (mut ptr, mut seq) = (hdr.head, hdr.head_seq);
+    // the chain's blocks by (vdev, offset) -> end: no two may overlap (a loop, or a
+    // block named twice, would be claimed and later freed twice)
+    let mut extents: std::collections::BTreeMap<(crate::VdevId, u64), u64> = Default::default();
     while !ptr.is_none() && out.blocks.len() < ZIL_CHAIN_BLOCKS_MAX {
-        check_log_ptr(io, &ptr, if out.blocks.is_empty() { "head".to_string() } else { format!("next of intent log block {}", seq - 1) })?;
+        let field = if out.blocks.is_empty() { "head".to_string() } else { format!("next of intent log block {}", seq - 1) };
+        check_log_ptr(io, &ptr, field.clone())?;
+        let (d, end) = (ptr.dva, ptr.dva.offset + ptr.dva.asize as u64);
+        let before = extents.range(..=(d.vdev, d.offset)).next_back().is_some_and(|(&(v, _), &e)| v == d.vdev && e > d.offset);
+        let after = extents.range((d.vdev, d.offset)..).next().is_some_and(|(&(v, o), _)| v == d.vdev && o < end);
+        if before || after {
+            return Err(Error::Corrupt(format!(
+                "intent log: field {field} = vdev {} offset {:#x} asize {:#x} overlaps a block already in the chain",
+                d.vdev, d.offset, d.asize
+            )));
+        }
+        extents.insert((d.vdev, d.offset), end);
         io.ms.claim_log(&ptr.dva)?;
         out.blocks.push(ptr);
         let Some(p) = read_lwb(io, &ptr, hdr.guid, volume_id, seq)? else { break };
