@@ -32,6 +32,13 @@
 //! checksum [u8;32]}` is computed with the verifier in the checksum slot, so a block read
 //! from the wrong place (misdirected write, a stale copy at another offset) fails.
 //!
+//! Untrusted bytes: a slot that verifies is still checked field by field
+//! (`Uberblock::decode_checked`: version, txg below 2^63, timestamp, pool guid, the
+//! MOS pointer's every field, a heartbeat's interval); one out of range makes the slot
+//! no import candidate, and the reason, naming the field and value, is kept
+//! (`LabelScan::rejected`) for import to report. The config JSON is checked by
+//! `spa::parse_label` against the limits of docs/on-disk-format.md §2.1.
+//!
 //! Commit protocol (spa_sync): data flushed → uberblock for txg T written to slot
 //! `T % 32` of all four labels of every leaf → flush. Config changes rewrite the config
 //! regions: even labels (L0, L2), flush, odd labels (L1, L3), flush, so a crash leaves at
