@@ -37,7 +37,7 @@ z pool list -H | grep -q '^tank' || fail "pool not imported after its newest ube
 grep -q "field txg = 18446744073709551615" "$T/daemon.log" || fail "the crafted uberblock was not reported"
 # 40 writes, each acknowledged with FLUSH
 for i in $(seq 0 39); do
-    qemu-io -f raw "$(nbd_unix_uri tank/v)" -c "write -P $((i + 1)) $((8 << 20 + i * 4096)) 4k" -c flush >/dev/null ||
+    qemu-io -f raw "$(nbd_unix_uri tank/v)" -c "write -P $((i + 1)) $(((8 << 20) + i * 4096)) 4k" -c flush >/dev/null ||
         fail "write $i failed"
 done
 z pool export tank
@@ -45,7 +45,7 @@ z pool import -d "$T/disks" tank
 nbdcopy "$(nbd_unix_uri tank/v)" "$T/back"
 cmp <(head -c $((4 << 20)) "$T/back") "$T/data" || fail "data written before the crafted uberblock differs"
 for i in $(seq 0 39); do
-    cmp <(tail -c +$((8 << 20 + i * 4096 + 1)) "$T/back" | head -c 4096) <(head -c 4096 /dev/zero | tr '\0' "\\$(printf %03o $((i + 1)))") ||
+    cmp <(tail -c +$(((8 << 20) + i * 4096 + 1)) "$T/back" | head -c 4096) <(head -c 4096 /dev/zero | tr '\0' "\\$(printf %03o $((i + 1)))") ||
         fail "write $i acknowledged with FLUSH is lost"
 done
 kill -0 "$DAEMON_PID" || fail "the daemon died"
