@@ -18,10 +18,10 @@ use zilla_core::spa::{Pool, TopSpec};
 use zilla_core::vdev::fault::{CrashDevice, CrashMode};
 use zilla_core::vdev::Role;
 
-const DEV_SIZE: u64 = 16 << 20;
+const DEV_SIZE: u64 = 10 << 20;
 const VOLSIZE: u64 = 2 << 20;
 const NAMES: [&str; 3] = ["a", "b", "l"];
-/// Peak resident memory the test process may reach (VmHWM): the images (3 x 16 MiB,
+/// Peak resident memory the test process may reach (VmHWM): the images (3 x 10 MiB,
 /// a few copies at a time), the pools and the test harness fit well below it.
 const MEMORY_BOUND_BYTES: u64 = 1 << 30;
 
