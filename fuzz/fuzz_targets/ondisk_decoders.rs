@@ -1,5 +1,6 @@
 //! Every on-disk decoder over arbitrary bytes: block pointers, uberblocks, config
-//! regions, the MOS stream, compressed payloads. None may panic.
+//! regions and the label config's checks, the MOS stream, log blocks and ZIL headers,
+//! compressed payloads. None may panic.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 

@@ -622,9 +622,11 @@ pub fn write_mos(io: &PoolIo, blob: &[u8], txg: Txg, batch: &mut Vec<PendingWrit
 /// Every bp of the MOS (index first), for freeing and scrubbing.
 pub fn mos_blocks(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Result<Vec<BlockPointer>> {
     let ind = io.read_block(index, class, BufKind::Metadata, false)?;
-    let nchunks = (index.fill as usize).div_ceil(MOS_CHUNK_SIZE);
-    if nchunks * BlockPointer::SIZE > ind.len() {
-        return Err(Error::Corrupt("MOS index too small".into()));
+    // the index's fill is the MOS byte length: at most one index block of chunks
+    let max_chunks = INDIRECT_SIZE / BlockPointer::SIZE;
+    let nchunks = (index.fill.min((max_chunks * MOS_CHUNK_SIZE) as u64 + 1) as usize).div_ceil(MOS_CHUNK_SIZE);
+    if nchunks > max_chunks || nchunks * BlockPointer::SIZE > ind.len() {
+        return Err(Error::Corrupt(format!("MOS index: field fill = {} is out of range (at most {} bytes)", index.fill, max_chunks * MOS_CHUNK_SIZE)));
     }
     let mut out = vec![*index];
     for i in 0..nchunks {

@@ -147,6 +147,8 @@ pub fn tunables() -> &'static kstat::Registry {
 /// fuzz target `ondisk_decoders` and by a property test in the default test run; must
 /// never panic.
 pub fn fuzz_ondisk_decoders(data: &[u8]) {
+    // (block pointers, uberblocks, config regions and their JSON, the MOS stream, log
+    // blocks and ZIL headers, compressed payloads)
     use vdev::label;
     let _ = block::blkptr::BlockPointer::decode(data);
     let mut slot = vec![0u8; label::UB_SLOT_SIZE];
@@ -157,8 +159,22 @@ pub fn fuzz_ondisk_decoders(data: &[u8]) {
     let n = data.len().min(region.len());
     region[..n].copy_from_slice(&data[..n]);
     if let Some((_, json)) = label::decode_config(&region, 0) {
-        let _ = serde_json::from_slice::<spa::LabelJson>(&json);
+        let _ = spa::parse_label(&json);
     }
+    // the config decoder and its checks over the bytes as JSON
+    let _ = spa::parse_label(data);
+    // the log block decoder: the bytes as a block, and behind a header of a chain that
+    // verifies (resealed), so the fields and records behind it are reached
+    let _ = zil::decode_lwb(data, 0, 0, 0);
+    let mut lwb = vec![0u8; zil::LWB_MIN_SIZE];
+    let n = data.len().min(lwb.len() - 32);
+    lwb[32..32 + n].copy_from_slice(&data[..n]);
+    lwb[..8].copy_from_slice(&zil::LWB_MAGIC.to_le_bytes());
+    lwb[8..32].fill(0);
+    if zil::reseal_lwb(&mut lwb) {
+        let _ = zil::decode_lwb(&lwb, 0, 0, 0);
+    }
+    let _ = zil::ZilHeader::decode(&mut block::reader::Reader::new(data));
     let mut ms = metaslab::Metaslabs::new();
     ms.add_vdev(VdevId(0), vdev::Role::Normal, 1 << 30);
     ms.add_vdev(VdevId(1), vdev::Role::Normal, 1 << 30);

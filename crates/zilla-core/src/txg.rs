@@ -40,6 +40,12 @@
 //! is left and no close is in progress (`sync_done`); the quiesce thread exits after it.
 //! A dead sync thread (`fatal`) releases the quiesce thread too.
 //!
+//! Txg numbers never wrap. A txg read from a device is below `Txg::LIMIT` (2^63; label
+//! decode refuses larger ones), and the quiesce thread opens the next txg only through
+//! `Txg::checked_next`: a counter that would reach the limit stops the pool with an
+//! error (`fatal`) instead of opening txg 0 again, whose uberblocks would lose to the
+//! old ones and drop every write after it.
+//!
 //! History. Every txg's life is kept in a ring of the last `zfs_txg_history` txgs
 //! (OpenZFS's /proc/spl/kstat/zfs/POOL/txgs, shown by `zilla txgs`): birth (Env clock,
 //! ns), state (O open, Q quiescing, W waiting for the sync thread, S syncing, C
@@ -283,8 +289,14 @@ fn my_shard() -> usize {
     })
 }
 
+/// Why no txg after `t` can be opened.
+fn txg_exhausted(t: Txg) -> String {
+    format!("txg {t}: the txg counter reached its limit (2^63); no further txg can be written without wrapping")
+}
+
 impl TxgState {
     pub fn new(last_synced: Txg, env: Arc<dyn Env>) -> TxgState {
+        let exhausted = last_synced.checked_next().is_none().then(|| txg_exhausted(last_synced));
         let tx = TxgState {
             state: Mutex::new(State {
                 synced_txg: last_synced,
@@ -302,16 +314,16 @@ impl TxgState {
                 attempts_ended: 0,
                 attempt_running: false,
                 retry_now: 0,
-                fatal: None,
+                fatal: exhausted,
             }),
             cv: Condvar::new(),
-            open_txg: AtomicU64::new(last_synced.next().get()),
+            open_txg: AtomicU64::new(last_synced.checked_next().unwrap_or(last_synced).get()),
             shards: (0..TXG_HOLD_SHARDS).map(|_| HoldShard { count: Mutex::new([0; TXG_SIZE]), drained: Condvar::new() }).collect(),
             shutting_down: AtomicBool::new(false),
             history: Mutex::new(TxgHistory::default()),
             env,
         };
-        tx.history.lock().opened(last_synced.next(), tx.env.now_ns());
+        tx.history.lock().opened(last_synced.checked_next().unwrap_or(last_synced), tx.env.now_ns());
         tx
     }
 
@@ -481,6 +493,11 @@ impl TxgState {
                 break;
             }
             self.cv.wait(&mut s);
+        }
+        if self.open_txg().checked_next().is_none() {
+            s.fatal = Some(txg_exhausted(self.open_txg()));
+            self.cv.notify_all();
+            return None;
         }
         s.quiescing = true;
         s.last_close_ns = self.env.now_ns();

@@ -26,6 +26,9 @@ pub struct Txg(pub u64);
 impl Txg {
     /// "No txg": the birth of a hole, the synced txg of a pool that never synced.
     pub const ZERO: Txg = Txg(0);
+    /// Txgs on disk are below 2^63 (docs/on-disk-format.md): a larger one read from a
+    /// device is corrupt, and no txg after this one is ever opened.
+    pub const LIMIT: Txg = Txg(1 << 63);
 
     pub const fn get(self) -> u64 {
         self.0
@@ -33,6 +36,27 @@ impl Txg {
     /// The txg after this one.
     pub const fn next(self) -> Txg {
         Txg(self.0 + 1)
+    }
+    /// The txg after this one, or None when it would reach [`Txg::LIMIT`] (the counter
+    /// never wraps: an exhausted counter is an error, never txg 0 again).
+    pub const fn checked_next(self) -> Option<Txg> {
+        if self.0 >= Self::LIMIT.0 - 1 {
+            None
+        } else {
+            Some(Txg(self.0 + 1))
+        }
+    }
+    /// A pool's newest txg (its uberblock's, its config's) is below this: 2^32 txgs
+    /// (136 years at one a second) below [`Txg::LIMIT`], so a pool loaded from any
+    /// valid uberblock never reaches the end of the counter.
+    pub const POOL_LIMIT: Txg = Txg(Self::LIMIT.0 - (1 << 32));
+    /// Below [`Txg::LIMIT`]: a txg a block pointer, a log record or a DTL may hold.
+    pub const fn is_valid_on_disk(self) -> bool {
+        self.0 < Self::LIMIT.0
+    }
+    /// Below [`Txg::POOL_LIMIT`]: a txg an uberblock or a label config may hold.
+    pub const fn is_valid_pool_txg(self) -> bool {
+        self.0 < Self::POOL_LIMIT.0
     }
     /// The txg before this one (ZERO stays ZERO).
     pub const fn prev(self) -> Txg {

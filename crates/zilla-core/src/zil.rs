@@ -1831,6 +1831,24 @@ fn lwb_checksum(block: &[u8]) -> [u8; 32] {
     out
 }
 
+/// Recompute the embedded checksum of an lwb over the bytes its `written` field covers
+/// (0: the whole block), as [`fill_lwb`] does: tools and tests that rewrite a header
+/// field reseal with it. False when the field names a length the block cannot hold.
+pub fn reseal_lwb(block: &mut [u8]) -> bool {
+    if block.len() < LWB_HEADER_SIZE {
+        return false;
+    }
+    let written = match u32::from_le_bytes(block[36..40].try_into().expect("4 bytes")) as usize {
+        0 => block.len(),
+        n if (LWB_CKSUM_AT + 32..=block.len()).contains(&n) => n,
+        _ => return false,
+    };
+    block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].fill(0);
+    let ck = lwb_checksum(&block[..written]);
+    block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].copy_from_slice(&ck);
+    true
+}
+
 /// A verified lwb: its records and its successor.
 #[derive(Debug)]
 pub struct ParsedLwb {
@@ -1839,8 +1857,11 @@ pub struct ParsedLwb {
 }
 
 /// Verify an lwb against the chain's verifier (`guid`, `volume_id`, `seq`). `None`: not
-/// a block of this chain at this position (the end of the chain). Malformed records in
-/// a verified block are corruption.
+/// a block of this chain at this position (the end of the chain): its header names
+/// another chain or position, or its checksum does not verify over the bytes its
+/// `written` field covers. A block that verifies and holds an impossible field (body
+/// length, written length, next pointer, a record) is corruption: the error names the
+/// field and its value.
 pub fn decode_lwb(block: &[u8], guid: u64, volume_id: u64, seq: u64) -> Result<Option<ParsedLwb>> {
     if block.len() < LWB_MIN_SIZE {
         return Ok(None);
@@ -1850,22 +1871,36 @@ pub fn decode_lwb(block: &[u8], guid: u64, volume_id: u64, seq: u64) -> Result<O
         return Ok(None);
     }
     let body_len = r.u32()? as usize;
-    // bytes written (0: the whole block, as blocks written before the field existed)
-    let written = match r.u32()? as usize {
+    let written_field = r.u32()? as usize;
+    // bytes written (0: the whole block, as blocks written before the field existed);
+    // a length the block cannot hold cannot be verified
+    let written = match written_field {
         0 => block.len(),
-        n if n <= block.len() && n % 512 == 0 && LWB_HEADER_SIZE + body_len <= n => n,
+        n if (LWB_CKSUM_AT + 32..=block.len()).contains(&n) => n,
         _ => return Ok(None),
-    };
-    let next = match LogPtr::decode(&mut r) {
-        Ok(n) => n,
-        Err(_) => return Ok(None),
     };
     let stored: [u8; 32] = block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].try_into().expect("32 bytes");
     let mut copy = block[..written].to_vec();
     copy[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].fill(0);
-    if lwb_checksum(&copy) != stored || LWB_HEADER_SIZE + body_len > written {
+    if lwb_checksum(&copy) != stored {
         return Ok(None);
     }
+    let bad = |field: &str, v: u64| Error::Corrupt(format!("intent log block {seq} of chain {guid:#x}: field {field} = {v} is out of range"));
+    if written % 512 != 0 || written < LWB_HEADER_SIZE {
+        return Err(bad("written", written_field as u64));
+    }
+    if LWB_HEADER_SIZE + body_len > written {
+        return Err(bad("body length", body_len as u64));
+    }
+    let next = LogPtr::decode(&mut r).map_err(|_| {
+        let v = |o: usize| u32::from_le_bytes(block[o..o + 4].try_into().expect("4 bytes"));
+        let off = u64::from_le_bytes(block[48..56].try_into().expect("8 bytes"));
+        Error::Corrupt(format!(
+            "intent log block {seq} of chain {guid:#x}: field next = vdev {} asize {:#x} offset {off:#x} is out of range",
+            v(40),
+            v(44)
+        ))
+    })?;
     let records = decode_records(&block[LWB_HEADER_SIZE..LWB_HEADER_SIZE + body_len])?;
     Ok(Some(ParsedLwb { next, records }))
 }
@@ -1874,6 +1909,12 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
     let mut out = Vec::new();
     let mut r = Reader::new(body);
     while r.remaining() > 0 {
+        if r.remaining() < RECORD_HEADER_SIZE {
+            return Err(Error::Corrupt(format!(
+                "intent log record: field body length leaves {} bytes, less than a record header",
+                r.remaining()
+            )));
+        }
         let rtype = r.u8()?;
         let wr = r.u8()?;
         r.bytes(2)?;
@@ -1896,6 +1937,9 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
         };
         if !ok {
             return Err(malformed());
+        }
+        if txg.is_zero() || !txg.is_valid_on_disk() || offset.checked_add(len).is_none() {
+            return Err(Error::Corrupt(format!("intent log record (type {rtype}): field txg = {txg}, offset = {offset:#x}, length = {len:#x} is out of range")));
         }
         out.push(LogRecord { rtype, wr, txg, offset, len, data: Arc::from(data) });
     }
@@ -1959,6 +2003,25 @@ fn read_lwb(io: &PoolIo, ptr: &LogPtr, guid: u64, volume_id: u64, seq: u64) -> R
     }
 }
 
+/// A log block pointer read from a verified block (or the ZIL header) names a vdev of
+/// the pool and lies within it; else the chain is corrupt (`field` says which pointer).
+/// A vdev whose every device is missing (`import -m`) has no known size: only its
+/// existence is checked, and the read ends the chain.
+fn check_log_ptr(io: &PoolIo, ptr: &LogPtr, field: String) -> Result<()> {
+    let d = ptr.dva;
+    let Some(top) = io.top(d.vdev) else {
+        return Err(Error::Corrupt(format!("intent log: field {field} = vdev {} offset {:#x} asize {:#x}: the pool has no vdev {}", d.vdev, d.offset, d.asize, d.vdev)));
+    };
+    let size = top.asize();
+    if size > 0 && d.offset.checked_add(d.asize as u64).map_or(true, |end| end > size) {
+        return Err(Error::Corrupt(format!(
+            "intent log: field {field} = vdev {} offset {:#x} asize {:#x} is beyond the vdev's {size} bytes",
+            d.vdev, d.offset, d.asize
+        )));
+    }
+    Ok(())
+}
+
 /// A chain read at import: its verified blocks in order (with their records) and the
 /// allocated successor of the last one.
 pub struct ClaimedChain {
@@ -1980,7 +2043,22 @@ pub fn claim(io: &PoolIo, hdr: &ZilHeader, volume_id: u64, claim_txg: Txg) -> Re
     let mut out = ClaimedChain { blocks: Vec::new(), records: Vec::new(), indirect_blocks: Vec::new() };
     let mut claimed = std::collections::HashSet::new();
     let (mut ptr, mut seq) = (hdr.head, hdr.head_seq);
+    // the chain's blocks by (vdev, offset) -> end: no two may overlap (a loop, or a
+    // block named twice, would be claimed and later freed twice)
+    let mut extents: std::collections::BTreeMap<(crate::VdevId, u64), u64> = Default::default();
     while !ptr.is_none() && out.blocks.len() < ZIL_CHAIN_BLOCKS_MAX {
+        let field = if out.blocks.is_empty() { "head".to_string() } else { format!("next of intent log block {}", seq - 1) };
+        check_log_ptr(io, &ptr, field.clone())?;
+        let (d, end) = (ptr.dva, ptr.dva.offset + ptr.dva.asize as u64);
+        let before = extents.range(..=(d.vdev, d.offset)).next_back().is_some_and(|(&(v, _), &e)| v == d.vdev && e > d.offset);
+        let after = extents.range((d.vdev, d.offset)..).next().is_some_and(|(&(v, o), _)| v == d.vdev && o < end);
+        if before || after {
+            return Err(Error::Corrupt(format!(
+                "intent log: field {field} = vdev {} offset {:#x} asize {:#x} overlaps a block already in the chain",
+                d.vdev, d.offset, d.asize
+            )));
+        }
+        extents.insert((d.vdev, d.offset), end);
         io.ms.claim_log(&ptr.dva)?;
         out.blocks.push(ptr);
         let Some(p) = read_lwb(io, &ptr, hdr.guid, volume_id, seq)? else { break };

@@ -99,14 +99,26 @@ impl BlockPointer {
 
     /// Decode; `None` if the bytes cannot be a block pointer (untrusted input).
     pub fn decode(b: &[u8]) -> Option<BlockPointer> {
+        Self::check(b).ok()
+    }
+
+    /// Decode untrusted bytes, or say which field is impossible and its value. Every
+    /// limit is in docs/on-disk-format.md §3: a pointer that passes can be read
+    /// without allocating more than [`MAX_ASIZE`] bytes; whether its vdev exists and its
+    /// offset is within that vdev is checked where the pool is known (the read fails
+    /// with an I/O error naming the block).
+    pub fn check(b: &[u8]) -> Result<BlockPointer, String> {
         if b.len() < Self::SIZE {
-            return None;
+            return Err(format!("{} bytes, not {}", b.len(), Self::SIZE));
         }
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         let birth = Txg(u64_at(56));
         if birth.is_zero() {
-            return if b[..Self::SIZE].iter().all(|&x| x == 0) { Some(BlockPointer::hole()) } else { None };
+            return match b[..Self::SIZE].iter().position(|&x| x != 0) {
+                None => Ok(BlockPointer::hole()),
+                Some(at) => Err(format!("a hole (birth 0) with byte {at} = {:#x}", b[at])),
+            };
         }
         let mut dva = [Dva::default(); 3];
         for (i, d) in dva.iter_mut().enumerate() {
@@ -127,19 +139,63 @@ impl BlockPointer {
             level: b[75],
             checksum,
         };
-        if bp.dva[0].is_empty() || bp.checksum_algo().is_none() || bp.compression().is_none() {
-            return None;
+        bp.check_fields(u32_at(76), u64_at(112) | u64_at(120))?;
+        Ok(bp)
+    }
+
+    /// The limits of [`BlockPointer::check`] on a decoded non-hole pointer.
+    fn check_fields(&self, reserved_76: u32, reserved_112: u64) -> Result<(), String> {
+        let bad = |field: &str, v: u64| Err(format!("field {field} = {v} is out of range"));
+        if !self.birth.is_valid_on_disk() {
+            return bad("birth", self.birth.get());
         }
-        if bp.lsize == 0 || bp.lsize > (16 << 20) || bp.psize > bp.dva[0].asize || bp.dva[0].asize % 512 != 0 {
-            return None;
+        if self.dva[0].is_empty() {
+            return bad("dva[0].asize", 0);
         }
-        // every further copy holds the same physical bytes: same allocated size
-        if bp.dva[1..].iter().any(|d| !d.is_empty() && d.asize != bp.dva[0].asize) {
-            return None;
+        if self.checksum_algo().is_none() {
+            return bad("checksum", self.checksum_code as u64);
         }
-        Some(bp)
+        if self.compression().is_none() {
+            return bad("compression", self.compression_code as u64);
+        }
+        if !(KIND_DATA..=KIND_MOS_CHUNK).contains(&self.kind) {
+            return bad("kind", self.kind as u64);
+        }
+        if self.level > MAX_LEVEL {
+            return bad("level", self.level as u64);
+        }
+        if self.lsize == 0 || self.lsize > MAX_LSIZE {
+            return bad("lsize", self.lsize as u64);
+        }
+        if reserved_76 != 0 || reserved_112 != 0 {
+            return bad("reserved", reserved_76 as u64 | reserved_112);
+        }
+        for (i, d) in self.dva.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
+            // every further copy holds the same physical bytes: same allocated size
+            if d.asize % 512 != 0 || d.asize > MAX_ASIZE || d.asize != self.dva[0].asize {
+                return bad(&format!("dva[{i}].asize"), d.asize as u64);
+            }
+            if d.offset % 512 != 0 || d.offset.checked_add(d.asize as u64).map_or(true, |end| end > MAX_OFFSET) {
+                return bad(&format!("dva[{i}].offset"), d.offset);
+            }
+        }
+        if self.psize > self.dva[0].asize {
+            return bad("psize", self.psize as u64);
+        }
+        Ok(())
     }
 }
+
+/// Largest logical size of a block (volume blocks are at most 128 KiB; the format
+/// leaves room).
+pub const MAX_LSIZE: u32 = 16 << 20;
+/// Largest allocated size of a block: what one read of a block may allocate.
+pub const MAX_ASIZE: u32 = 16 << 20;
+/// DVA offsets (plus the block's size) stay below 2^56 bytes (64 PiB), the largest
+/// vdev the format addresses.
+pub const MAX_OFFSET: u64 = 1 << 56;
+/// Highest block level (a volume tree has at most 8 levels, 0..=7).
+pub const MAX_LEVEL: u8 = 7;
 
 #[cfg(test)]
 mod tests {

@@ -93,6 +93,146 @@ impl PoolConfig {
     }
 }
 
+/// Most top-level vdevs a label config may list.
+pub const MAX_TOPS: usize = 1024;
+/// Most children of one top-level vdev.
+pub const MAX_CHILDREN: usize = 64;
+/// Most leaves of a pool (the object directory's health section has the same bound).
+pub const MAX_LEAVES: usize = crate::dmu::MOS_MAX_LEAVES as usize;
+/// Most pool properties a label config may hold, and the longest key or value.
+pub const MAX_PROPS: usize = 64;
+pub const MAX_PROP_LEN: usize = 256;
+/// Longest host name, leaf path or latency model a label config may hold.
+pub const MAX_TEXT_LEN: usize = 4096;
+/// Largest top-level vdev id.
+pub const MAX_VDEV_ID: u32 = u16::MAX as u32;
+
+/// Parse a label's JSON and check every field against the limits of
+/// docs/on-disk-format.md §2.1. The error names the field and its value (made
+/// printable); the caller adds the device.
+pub fn parse_label(json: &[u8]) -> std::result::Result<LabelJson, String> {
+    let lj: LabelJson = serde_json::from_slice(json).map_err(|e| format!("the pool config does not parse: {e}"))?;
+    validate_label(&lj)?;
+    Ok(lj)
+}
+
+/// `s` with control characters and non-ASCII escaped, at most 100 characters: safe to
+/// print whatever a device holds.
+pub fn printable(s: &str) -> String {
+    let mut out: String = s.chars().take(100).flat_map(|c| c.escape_default()).collect();
+    if s.chars().nth(100).is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
+fn text_ok(s: &str) -> bool {
+    s.len() <= MAX_TEXT_LEN && !s.chars().any(|c| c.is_control())
+}
+
+/// The checks of [`parse_label`] on a parsed label.
+pub fn validate_label(lj: &LabelJson) -> std::result::Result<(), String> {
+    let c = &lj.config;
+    let bad = |field: &str, v: &dyn std::fmt::Display| Err(format!("field {field} = {v} is out of range"));
+    if super::validate_pool_name(&c.name).is_err() {
+        return bad("name", &format!("'{}'", printable(&c.name)));
+    }
+    if c.guid.get() == 0 {
+        return bad("guid", &0);
+    }
+    if lj.this_guid.get() == 0 {
+        return bad("this_guid", &0);
+    }
+    if c.version != super::POOL_VERSION {
+        return bad("version", &c.version);
+    }
+    if !matches!(c.state.as_str(), "active" | "exported" | "destroyed") {
+        return bad("state", &format!("'{}'", printable(&c.state)));
+    }
+    if c.txg.is_zero() || !c.txg.is_valid_on_disk() {
+        return bad("txg", &c.txg);
+    }
+    if !text_ok(&c.hostname) {
+        return bad("hostname", &format!("'{}'", printable(&c.hostname)));
+    }
+    validate_props(&c.props)?;
+    validate_tops(c)
+}
+
+fn validate_props(props: &BTreeMap<String, String>) -> std::result::Result<(), String> {
+    if props.len() > MAX_PROPS {
+        return Err(format!("field props has {} entries (at most {MAX_PROPS})", props.len()));
+    }
+    for (k, v) in props {
+        let known = POOL_PROP_DEFAULTS.iter().any(|(d, _)| d == k);
+        let ok = k.len() <= MAX_PROP_LEN && v.len() <= MAX_PROP_LEN && text_ok(k) && text_ok(v);
+        if !ok || (known && validate_pool_prop(k, v).is_err()) {
+            return Err(format!("field props.{} = '{}' is out of range", printable(k), printable(v)));
+        }
+    }
+    Ok(())
+}
+
+fn validate_tops(c: &PoolConfig) -> std::result::Result<(), String> {
+    if c.tops.is_empty() || c.tops.len() > MAX_TOPS {
+        return Err(format!("field tops has {} entries (1 to {MAX_TOPS})", c.tops.len()));
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    let mut guids = std::collections::BTreeSet::new();
+    let mut leaves = 0usize;
+    for t in &c.tops {
+        let at = format!("tops[id {}]", t.id);
+        if t.id.get() > MAX_VDEV_ID || !ids.insert(t.id) {
+            return Err(format!("field {at}.id = {} is out of range or repeated", t.id));
+        }
+        if t.guid.get() == 0 || !guids.insert(t.guid) {
+            return Err(format!("field {at}.guid = {} is zero or repeated", t.guid));
+        }
+        if !(label::MIN_ASHIFT..=label::MAX_ASHIFT).contains(&t.ashift) {
+            return Err(format!("field {at}.ashift = {} is out of range ({} to {})", t.ashift, label::MIN_ASHIFT, label::MAX_ASHIFT));
+        }
+        if t.children.is_empty() || t.children.len() > MAX_CHILDREN || (!t.mirror && t.children.len() > 1) {
+            return Err(format!("field {at}.children has {} entries (1 to {MAX_CHILDREN}, 1 unless a mirror)", t.children.len()));
+        }
+        leaves += t.children.len();
+        if leaves > MAX_LEAVES {
+            return Err(format!("field tops lists more than {MAX_LEAVES} leaves"));
+        }
+        for l in &t.children {
+            validate_leaf(l, &at, &mut guids)?;
+        }
+    }
+    if !c.tops.iter().any(|t| t.role == Role::Normal) {
+        return Err("field tops has no data vdev".to_string());
+    }
+    Ok(())
+}
+
+fn validate_leaf(l: &LeafConfig, at: &str, guids: &mut std::collections::BTreeSet<Guid>) -> std::result::Result<(), String> {
+    if l.guid.get() == 0 || !guids.insert(l.guid) {
+        return Err(format!("field {at}.children.guid = {} is zero or repeated", l.guid));
+    }
+    let at = format!("{at}.children[guid {}]", l.guid);
+    let path = l.spec.path.to_string_lossy();
+    if path.is_empty() || !text_ok(&path) {
+        return Err(format!("field {at}.path = '{}' is out of range", printable(&path)));
+    }
+    if !l.offline_since.is_valid_on_disk() {
+        return Err(format!("field {at}.offline_since = {} is out of range", l.offline_since));
+    }
+    if l.dtl.len() > crate::vdev::mirror::DTL_MAX_RANGES {
+        return Err(format!("field {at}.dtl has {} ranges (at most {})", l.dtl.len(), crate::vdev::mirror::DTL_MAX_RANGES));
+    }
+    let mut prev: Option<Txg> = None;
+    for &(a, b) in &l.dtl {
+        if a.is_zero() || a > b || !b.is_valid_on_disk() || prev.is_some_and(|p| p >= a) {
+            return Err(format!("field {at}.dtl range [{a}, {b}] is out of range or out of order"));
+        }
+        prev = Some(b);
+    }
+    Ok(())
+}
+
 /// Pool properties and their defaults (`ashift` is set at creation only).
 pub const POOL_PROP_DEFAULTS: [(&str, &str); 5] =
     [("ashift", "0"), ("autoreplace", "off"), ("autotrim", "off"), ("failmode", "wait"), ("multihost", "off")];

@@ -422,8 +422,12 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, &judged, opener, claims)?;
     // before the object directory is read: its reads skip what a device misses
     judged.apply(&leaves);
+    if let (true, Some((spec, _, scan, _))) = (ubs.is_empty(), devs.iter().find(|d| !d.2.rejected.is_empty())) {
+        return Err(Error::Corrupt(format!("pool '{}': no valid uberblock; {}: {}", cfg.name, spec.display(), scan.rejected[0])));
+    }
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
+    label::check_pool_txg(&chosen.ub).map_err(|why| Error::Corrupt(format!("pool '{}': {why}", cfg.name)))?;
     if !opts.missing_log {
         super::replay::check_log_devices(&cfg, &leaves, &chosen.mos, &chosen.ub)?;
     }
@@ -498,7 +502,14 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
                 continue;
             }
         };
-        let lj = scan.config.as_ref().and_then(|(_, j)| serde_json::from_slice::<LabelJson>(j).ok());
+        // every number of a label is checked before use: one out of range fails the import
+        let lj = match scan.config.as_ref().map(|(_, j)| super::config::parse_label(j)).transpose() {
+            Ok(lj) => lj,
+            Err(why) => return Err(Error::Corrupt(format!("{}: label: {why}", s.display()))),
+        };
+        for why in &scan.rejected {
+            tracing::warn!(device = %s.display(), "import: {why}; not used");
+        }
         devs.push((s.clone(), dev, scan, lj));
     }
     let Some(best_cfg) = devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()) else {

@@ -54,6 +54,7 @@ mod verify;
 pub mod trim;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
+pub use config::{parse_label, printable, validate_label};
 pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
 pub use mmp::ZFS_MULTIHOST_INTERVAL_MS;
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};

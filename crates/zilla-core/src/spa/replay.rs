@@ -71,6 +71,7 @@ impl Pool {
                         ),
                     )))
                 }
+                Err(Error::Corrupt(m)) => return Err(Error::Corrupt(format!("volume {name}: {m}"))),
                 Err(e) => return Err(e),
             };
             vol.zil().begin_replay(ZilHeader { claim_txg, ..*hdr });

@@ -32,6 +32,13 @@
 //! checksum [u8;32]}` is computed with the verifier in the checksum slot, so a block read
 //! from the wrong place (misdirected write, a stale copy at another offset) fails.
 //!
+//! Untrusted bytes: a slot that verifies is still checked field by field
+//! (`Uberblock::decode_checked`: version, txg below 2^63, timestamp, pool guid, the
+//! MOS pointer's every field, a heartbeat's interval); one out of range makes the slot
+//! no import candidate, and the reason, naming the field and value, is kept
+//! (`LabelScan::rejected`) for import to report. The config JSON is checked by
+//! `spa::parse_label` against the limits of docs/on-disk-format.md §2.1.
+//!
 //! Commit protocol (spa_sync): data flushed → uberblock for txg T written to slot
 //! `T % 32` of all four labels of every leaf → flush. Config changes rewrite the config
 //! regions: even labels (L0, L2), flush, odd labels (L1, L3), flush, so a crash leaves at
@@ -58,6 +65,11 @@ pub const MAX_ASHIFT: u8 = 13;
 pub const MIN_ASHIFT: u8 = 12;
 pub const HEARTBEAT_MAGIC: u64 = 0x4d4d_5048_4541_5254; // "MMPHEART"
 const HEARTBEAT_AT: usize = 1024;
+/// Largest heartbeat interval a label may record (the `zfs_multihost_interval_ms`
+/// tunable's maximum): import waits two of them, so a larger one would hang it.
+pub const HEARTBEAT_INTERVAL_MAX_MS: u32 = 60_000;
+/// Uberblock timestamps are below 2^63 ns (the year 2262): a larger one is corrupt.
+pub const TIMESTAMP_LIMIT_NS: u64 = 1 << 63;
 /// First byte of the data area on every leaf.
 pub const DATA_START: u64 = 2 * LABEL_SIZE;
 
@@ -203,15 +215,46 @@ impl Uberblock {
         b
     }
 
-    /// Decode a slot of any supported size (4 KiB .. 8 KiB).
+    /// Decode a slot of any supported size (4 KiB .. 8 KiB); `None` if it is not a
+    /// valid uberblock (see [`Uberblock::decode_checked`]).
     pub fn decode(b: &[u8], offset: u64) -> Option<Uberblock> {
+        Self::decode_checked(b, offset).ok()
+    }
+
+    /// Decode a slot: `Err(None)` when it holds no sealed uberblock (an empty or torn
+    /// slot: normal), `Err(Some(why))` when it is sealed but a field is impossible
+    /// (the reason names the field and its value). Either way the slot is not an import
+    /// candidate: import takes the newest uberblock that decodes.
+    pub fn decode_checked(b: &[u8], offset: u64) -> std::result::Result<Uberblock, Option<String>> {
         let sizes = ub_slot_size(MIN_ASHIFT)..=ub_slot_size(MAX_ASHIFT);
         if !b.len().is_power_of_two() || !sizes.contains(&b.len()) || !verify_sealed(b, offset) {
-            return None;
+            return Err(None);
         }
         let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        if u(0) != UB_MAGIC || u(8) != FORMAT_VERSION {
-            return None;
+        if u(0) != UB_MAGIC {
+            return Err(None);
+        }
+        let bad = |field: &str, v: u64| Err(Some(format!("uberblock at offset {offset:#x}: field {field} = {v} is out of range")));
+        if u(8) != FORMAT_VERSION {
+            return bad("version", u(8));
+        }
+        let txg = Txg(u(16));
+        if txg.is_zero() || !txg.is_valid_on_disk() {
+            return bad("txg", txg.get());
+        }
+        if u(32) >= TIMESTAMP_LIMIT_NS {
+            return bad("timestamp", u(32));
+        }
+        if u(40) == 0 {
+            return bad("pool_guid", 0);
+        }
+        let root = BlockPointer::check(&b[48..48 + BlockPointer::SIZE])
+            .map_err(|why| Some(format!("uberblock at offset {offset:#x}: MOS pointer: {why}")))?;
+        if !root.is_hole() && (root.kind != crate::block::blkptr::KIND_MOS_INDEX || root.birth > txg) {
+            return Err(Some(format!(
+                "uberblock at offset {offset:#x}: MOS pointer of kind {} born in txg {} (expected a MOS index born by txg {txg})",
+                root.kind, root.birth
+            )));
         }
         let at = HEARTBEAT_AT;
         let heartbeat = (u(at) == HEARTBEAT_MAGIC).then(|| Heartbeat {
@@ -219,15 +262,26 @@ impl Uberblock {
             hostid: u32::from_le_bytes(b[at + 16..at + 20].try_into().unwrap()),
             interval_ms: u32::from_le_bytes(b[at + 20..at + 24].try_into().unwrap()),
         });
-        Some(Uberblock {
-            txg: Txg(u(16)),
-            guid_sum: u(24),
-            timestamp_ns: u(32),
-            pool_guid: Guid(u(40)),
-            root: BlockPointer::decode(&b[48..48 + BlockPointer::SIZE])?,
-            heartbeat,
-        })
+        if let Some(h) = heartbeat {
+            if !(1..=HEARTBEAT_INTERVAL_MAX_MS).contains(&h.interval_ms) {
+                return bad("heartbeat interval_ms", h.interval_ms as u64);
+            }
+        }
+        Ok(Uberblock { txg, guid_sum: u(24), timestamp_ns: u(32), pool_guid: Guid(u(40)), root, heartbeat })
     }
+}
+
+/// A pool whose newest txg is this close to the end of the txg counter is not imported:
+/// the refusal names the uberblock's txg (no txg number ever wraps; see `Txg::POOL_LIMIT`).
+pub fn check_pool_txg(ub: &Uberblock) -> std::result::Result<(), String> {
+    if ub.txg.is_valid_pool_txg() {
+        return Ok(());
+    }
+    Err(format!(
+        "uberblock field txg = {} is out of range: at most {} (2^63 - 2^32) leaves the txg counter room to write",
+        ub.txg,
+        Txg::POOL_LIMIT.get() - 1
+    ))
 }
 
 /// Encode a config region: header + JSON, sealed with the region's offset.
@@ -255,7 +309,7 @@ pub fn decode_config(b: &[u8], offset: u64) -> Option<(Txg, Vec<u8>)> {
         return None;
     }
     let len = u32::from_le_bytes(b[24..28].try_into().unwrap()) as usize;
-    if len > CONFIG_REGION_SIZE - CONFIG_HEADER_SIZE - TRAILER_SIZE {
+    if len > CONFIG_REGION_SIZE - CONFIG_HEADER_SIZE - TRAILER_SIZE || !Txg(u(16)).is_valid_on_disk() {
         return None;
     }
     Some((Txg(u(16)), b[CONFIG_HEADER_SIZE..CONFIG_HEADER_SIZE + len].to_vec()))
@@ -271,7 +325,13 @@ pub struct LabelScan {
     /// Multihost heartbeats (from heartbeat slots; not import candidates).
     pub heartbeats: Vec<Uberblock>,
     pub bad_labels: usize,
+    /// Sealed uberblocks with an impossible field (why, naming field and value), at
+    /// most [`REJECTED_MAX`]: not import candidates, reported by import.
+    pub rejected: Vec<String>,
 }
+
+/// Most rejected uberblocks a scan keeps the reason of.
+pub const REJECTED_MAX: usize = 8;
 
 /// Read all four labels of a device (not through the queue: import time only).
 pub fn scan_labels(dev: &dyn super::Device) -> io::Result<LabelScan> {
@@ -279,7 +339,7 @@ pub fn scan_labels(dev: &dyn super::Device) -> io::Result<LabelScan> {
     if size < MIN_DEVICE_SIZE {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("device too small ({size} bytes)")));
     }
-    let mut out = LabelScan { config: None, valid_configs: 0, uberblocks: Vec::new(), heartbeats: Vec::new(), bad_labels: 0 };
+    let mut out = LabelScan { config: None, valid_configs: 0, uberblocks: Vec::new(), heartbeats: Vec::new(), bad_labels: 0, rejected: Vec::new() };
     for l in 0..LABELS {
         let off = label_offset(size, l);
         let mut buf = vec![0u8; LABEL_SIZE as usize];
@@ -300,12 +360,11 @@ pub fn scan_labels(dev: &dyn super::Device) -> io::Result<LabelScan> {
         for ashift in MIN_ASHIFT..=MAX_ASHIFT {
             let slot = ub_slot_size(ashift);
             for so in (CONFIG_REGION_SIZE..LABEL_SIZE as usize).step_by(slot) {
-                if let Some(ub) = Uberblock::decode(&buf[so..so + slot], off + so as u64) {
-                    if ub.heartbeat.is_some() {
-                        out.heartbeats.push(ub);
-                    } else {
-                        out.uberblocks.push(ub);
-                    }
+                match Uberblock::decode_checked(&buf[so..so + slot], off + so as u64) {
+                    Ok(ub) if ub.heartbeat.is_some() => out.heartbeats.push(ub),
+                    Ok(ub) => out.uberblocks.push(ub),
+                    Err(Some(why)) if out.rejected.len() < REJECTED_MAX => out.rejected.push(why),
+                    Err(_) => {}
                 }
             }
         }

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Goal: a crafted label never takes the daemon down, and a crafted txg never wraps.
+# Method: craft ashift=255 into every label of every leaf (checksums resealed) and
+# start the daemon under an address-space limit: it must stay up and answer, the pool
+# not imported, and the refusal (log, `pool import`) must name the field. Then put the
+# ashift back and craft the newest uberblock's txg to 2^64-1: that uberblock is corrupt
+# (txgs are below 2^63), the previous one is loaded, and 40 writes acknowledged with
+# FLUSH after it read back after export and import.
+. "$(dirname "$0")/lib.sh"
+CRAFT="$(dirname "$0")/../tools/craft_label.py"
+AS_LIMIT=$((4 << 30)) # bytes of address space for the daemon
+start_daemon
+make_pool tank 64M
+make_volume tank/v 16M
+head -c $((4 << 20)) /dev/urandom >"$T/data"
+nbdcopy "$T/data" "$(nbd_unix_uri tank/v)"
+stop_daemon
+
+for f in "$T"/disks/tank-*; do python3 "$CRAFT" config "$f" 'config.tops.*.ashift' 255 >/dev/null; done
+DAEMON_PREFIX=(prlimit --as=$AS_LIMIT --)
+start_daemon
+z pool list -H | grep -q '^tank' && fail "a pool with ashift 255 in its labels was imported"
+grep -q "ashift = 255" "$T/daemon.log" || fail "the daemon log does not name the field: $(tail -n 5 "$T/daemon.log")"
+z pool import -d "$T/disks" tank 2>"$T/err" && fail "import of ashift 255 succeeded"
+grep -q "ashift = 255" "$T/err" || fail "the import error does not name the field: $(cat "$T/err")"
+sleep 1
+kill -0 "$DAEMON_PID" || fail "the daemon died"
+z pool list -H >/dev/null || fail "the daemon does not answer"
+stop_daemon
+log "ashift 255: refused, named, daemon up under a $((AS_LIMIT >> 30)) GiB address-space limit"
+
+for f in "$T"/disks/tank-*; do python3 "$CRAFT" config "$f" 'config.tops.*.ashift' 12 >/dev/null; done
+for f in "$T"/disks/tank-*; do python3 "$CRAFT" txg "$f" 0xffffffffffffffff >/dev/null; done
+start_daemon
+z pool list -H | grep -q '^tank' || z pool import -d "$T/disks" tank
+z pool list -H | grep -q '^tank' || fail "pool not imported after its newest uberblock was crafted"
+grep -q "field txg = 18446744073709551615" "$T/daemon.log" || fail "the crafted uberblock was not reported"
+# 40 writes, each acknowledged with FLUSH
+for i in $(seq 0 39); do
+    qemu-io -f raw "$(nbd_unix_uri tank/v)" -c "write -P $((i + 1)) $(((8 << 20) + i * 4096)) 4k" -c flush >/dev/null ||
+        fail "write $i failed"
+done
+z pool export tank
+z pool import -d "$T/disks" tank
+nbdcopy "$(nbd_unix_uri tank/v)" "$T/back"
+cmp <(head -c $((4 << 20)) "$T/back") "$T/data" || fail "data written before the crafted uberblock differs"
+for i in $(seq 0 39); do
+    cmp <(tail -c +$(((8 << 20) + i * 4096 + 1)) "$T/back" | head -c 4096) <(head -c 4096 /dev/zero | tr '\0' "\\$(printf %03o $((i + 1)))") ||
+        fail "write $i acknowledged with FLUSH is lost"
+done
+kill -0 "$DAEMON_PID" || fail "the daemon died"
+stop_daemon
+log "txg 2^64-1: uberblock refused as corrupt, previous one loaded, 40 flushed writes survive export and import"
