@@ -409,8 +409,7 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     if specs.is_empty() {
         return Err(Error::invalid("no devices to import from"));
     }
-    let (devs, cfg) = read_labels(specs, opener, claims)?;
-    let (judged, mut cfg) = judge_devices(&devs, cfg);
+    let (devs, mut cfg) = read_labels(specs, opener, claims)?;
     let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
     super::mmp::check_import_ownership(&cfg, &checked, env, opts.force)?;
     if !opts.dry_run {
@@ -419,15 +418,14 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
             crate::vdev::fill_log_region(&**dev, &spec.display());
         }
     }
-    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, &judged, opener, claims)?;
-    // before the object directory is read: its reads skip what a device misses
-    judged.apply(&leaves);
+    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, claims)?;
     if let (true, Some((spec, _, scan, _))) = (ubs.is_empty(), devs.iter().find(|d| !d.2.rejected.is_empty())) {
         return Err(Error::Corrupt(format!("pool '{}': no valid uberblock; {}: {}", cfg.name, spec.display(), scan.rejected[0])));
     }
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
     label::check_pool_txg(&chosen.ub).map_err(|why| Error::Corrupt(format!("pool '{}': {why}", cfg.name)))?;
+    let judged = judge_devices(&devs, &cfg, &chosen.ub);
     if !opts.missing_log {
         super::replay::check_log_devices(&cfg, &leaves, &chosen.mos, &chosen.ub)?;
     }
@@ -435,9 +433,8 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
 }
 
 /// Stale and diverged devices (spa/stale.rs), judged by the uberblocks of the pool's
-/// data and log devices; and the config to import with: the newest one of a device
-/// that is not diverged (a device written apart may have changed its config too).
-fn judge_devices(devs: &[DevLabel], cfg: PoolConfig) -> (super::stale::Judged, PoolConfig) {
+/// data and log devices against the one loaded.
+fn judge_devices(devs: &[DevLabel], cfg: &PoolConfig, loaded: &label::Uberblock) -> super::stale::Judged {
     let ub_guids: Vec<Guid> = cfg.tops.iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)).flat_map(|t| t.children.iter().map(|c| c.guid)).collect();
     let rings: Vec<(Guid, Vec<label::Uberblock>)> = devs
         .iter()
@@ -445,7 +442,7 @@ fn judge_devices(devs: &[DevLabel], cfg: PoolConfig) -> (super::stale::Judged, P
         .filter(|(g, _)| ub_guids.contains(g))
         .map(|(g, scan)| (g, scan.uberblocks.iter().filter(|u| u.pool_guid == cfg.guid).cloned().collect()))
         .collect();
-    let judged = super::stale::judge(&rings);
+    let judged = super::stale::judge(&rings, loaded);
     for (spec, _, _, lj) in devs {
         if let Some(lj) = lj {
             let v = judged.verdict(lj.this_guid);
@@ -454,9 +451,7 @@ fn judge_devices(devs: &[DevLabel], cfg: PoolConfig) -> (super::stale::Judged, P
             }
         }
     }
-    let trusted = devs.iter().filter_map(|d| d.3.as_ref()).filter(|lj| !judged.diverged(lj.this_guid)).max_by_key(|lj| lj.config.txg);
-    let cfg = trusted.map(|lj| lj.config.clone()).unwrap_or(cfg);
-    (judged, cfg)
+    judged
 }
 
 /// None of the devices has a pool label. `missing`: those that could not be opened
@@ -531,7 +526,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
 /// The live vdev tree for `cfg`, leaves matched to devices by guid (missing ones
 /// UNAVAIL); also every uberblock found and the count of damaged labels.
 #[allow(clippy::type_complexity)]
-fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], judged: &super::stale::Judged, opener: &Opener, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
+fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
     let (mut vdevs, mut leaves, mut ubs, mut bad_labels) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let pool_guid = cfg.guid;
     for t in cfg.tops.iter_mut() {
@@ -541,10 +536,7 @@ fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], judged: &super::stale::Ju
             let leaf = match found {
                 Some((spec, dev, scan, _)) => {
                     let dev = reopen_for_role(spec, dev, t.role, opener, claims)?;
-                    // a device written apart offers no txg to load: no mixture of lives
-                    if !judged.diverged(lc.guid) {
-                        ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == pool_guid).cloned());
-                    }
+                    ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == pool_guid).cloned());
                     bad_labels += scan.bad_labels;
                     lc.spec = spec.clone();
                     let l = Arc::new(Leaf::new(lc.guid, spec.clone(), dev));

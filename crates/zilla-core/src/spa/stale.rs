@@ -13,7 +13,7 @@
 //! Import compares the rings before it builds the pool:
 //!
 //! ```text
-//!   reference:  the devices holding the newest uberblock (highest txg, then time)
+//!   reference:  the devices holding the uberblock import loaded (the newest that loads)
 //!   each other device, newest ring first:
 //!     a txg both have, with no uberblock in common     -> DIVERGED
 //!     otherwise, its newest txg t below the newest N  -> STALE, misses t+1 ..= N
@@ -24,9 +24,9 @@
 //! the last-copy guard (`offline`, `detach`) counts it as missing them, and import
 //! starts a resilver. A diverged child is trusted for nothing: its other life freed
 //! blocks of the common past and reused their space, so any of its copies may be
-//! overwritten; it gets every txg in its DTL and is rebuilt from the chosen side. Its
-//! uberblocks and config are not candidates for the import, so nothing of its other
-//! life is loaded or mixed in.
+//! overwritten; it gets every txg in its DTL and is rebuilt from the chosen side. The
+//! side loaded is the one with the newest uberblock (highest txg, then time), as for any
+//! import; only a rewind (`-F`) could load an older txg of the other side.
 //!
 //! Bounds and limits: the rings hold the last 32 txgs (16 at ashift 13). A device with
 //! no txg in common with the reference cannot be told diverged from stale; it is taken
@@ -34,7 +34,8 @@
 //! pool recorded (offline, faulted, missing at import) is covered anyway by the DTL the
 //! pool kept from the txg it left. Until the DTL is in a synced object directory the
 //! loaded uberblock is not copied to such a device (`Judged::any`), so a crash in between
-//! finds it stale again.
+//! finds it stale again. A device holding txgs past the loaded one (a rewind) is
+//! current.
 use std::collections::BTreeMap;
 
 use crate::vdev::label::Uberblock;
@@ -88,6 +89,7 @@ impl Judged {
     pub(super) fn verdict(&self, g: Guid) -> &Verdict {
         self.verdicts.get(&g).unwrap_or(&Verdict::Current)
     }
+    #[cfg(test)]
     pub(super) fn diverged(&self, g: Guid) -> bool {
         matches!(self.verdict(g), Verdict::Diverged { .. })
     }
@@ -129,17 +131,24 @@ fn ring_of(ubs: &[Uberblock]) -> Ring {
 
 /// Order of uberblocks: the newest is the highest txg, then the latest time, then the
 /// guid sum and the MOS root's address (any fixed order, so every import chooses alike).
+#[cfg(test)]
 fn ub_key(u: &Uberblock) -> (Txg, u64, u64, u64) {
     (u.txg, u.timestamp_ns, u.guid_sum, u.root.dva[0].offset)
 }
 
+/// The newest of `devices`' uberblocks (highest txg, then time): what import loads
+/// when it can.
+#[cfg(test)]
+fn newest(devices: &[(Guid, Vec<Uberblock>)]) -> Option<Uberblock> {
+    devices.iter().flat_map(|(_, u)| u.iter()).max_by_key(|u| ub_key(u)).cloned()
+}
+
 /// Judge every device by its uberblocks (`devices`: its guid and the pool's uberblocks
-/// its labels hold). See the module comment.
-pub(super) fn judge(devices: &[(Guid, Vec<Uberblock>)]) -> Judged {
+/// its labels hold) against `newest`, the uberblock import loaded. See the module
+/// comment.
+pub(super) fn judge(devices: &[(Guid, Vec<Uberblock>)], newest: &Uberblock) -> Judged {
     let rings: Vec<(Guid, Ring)> = devices.iter().map(|(g, u)| (*g, ring_of(u))).collect();
-    let Some(newest) = rings.iter().flat_map(|(_, r)| r.values().flatten()).max_by_key(|u| ub_key(u)).cloned() else {
-        return Judged::default();
-    };
+    let newest = newest.clone();
     let pool = newest.txg;
     let mut reference: Ring = BTreeMap::new();
     let mut rest = Vec::new();
@@ -151,7 +160,7 @@ pub(super) fn judge(devices: &[(Guid, Vec<Uberblock>)]) -> Judged {
         }
     }
     // the devices closest to the reference first: each that agrees extends it
-    rest.sort_by_key(|(_, r)| std::cmp::Reverse(r.keys().next_back().copied().unwrap_or(Txg::ZERO)));
+    rest.sort_by_key(|(_, r)| std::cmp::Reverse(r.range(..=pool).next_back().map(|(t, _)| *t).unwrap_or(Txg::ZERO)));
     let mut out = Judged::default();
     for (g, r) in rest {
         let v = compare(&reference, r, pool);
@@ -186,6 +195,10 @@ fn compare(reference: &Ring, r: &Ring, pool: Txg) -> Verdict {
         }
         agreed = *t;
     }
+    // a device with txgs past the loaded one (a rewind) holds every txg up to it
+    if r.range(pool.next()..).next().is_some() {
+        return Verdict::Current;
+    }
     match r.keys().next_back() {
         Some(&newest) if newest < pool => Verdict::Stale { newest, pool },
         None => Verdict::Stale { newest: Txg::ZERO, pool },
@@ -206,9 +219,13 @@ mod tests {
         txgs.map(|t| ub(t, time_of(t))).collect()
     }
 
+    fn judge_newest(devices: &[(Guid, Vec<Uberblock>)]) -> Judged {
+        judge(devices, &newest(devices).unwrap())
+    }
+
     #[test]
     fn a_device_behind_its_sibling_is_stale() {
-        let j = judge(&[(Guid(1), ring(3..=20, |t| t)), (Guid(2), ring(3..=12, |t| t))]);
+        let j = judge_newest(&[(Guid(1), ring(3..=20, |t| t)), (Guid(2), ring(3..=12, |t| t))]);
         assert_eq!(*j.verdict(Guid(1)), Verdict::Current);
         assert_eq!(*j.verdict(Guid(2)), Verdict::Stale { newest: Txg(12), pool: Txg(20) });
         assert_eq!(j.verdict(Guid(2)).missing(), vec![(Txg(13), Txg(20))]);
@@ -220,7 +237,7 @@ mod tests {
         // both were at txg 10; each was then written alone: a to 18, b to 15
         let a = ring(3..=18, |t| t);
         let b = ring(3..=15, |t| if t > 10 { t + 1000 } else { t });
-        let j = judge(&[(Guid(1), a), (Guid(2), b)]);
+        let j = judge_newest(&[(Guid(1), a), (Guid(2), b)]);
         assert_eq!(*j.verdict(Guid(1)), Verdict::Current);
         assert_eq!(*j.verdict(Guid(2)), Verdict::Diverged { agreed: Txg(10), first_differing: Txg(11), pool: Txg(18) });
         assert_eq!(j.verdict(Guid(2)).missing(), vec![(Txg(1), Txg(18))]);
@@ -229,10 +246,9 @@ mod tests {
 
     #[test]
     fn equal_rings_and_a_lone_device_are_current() {
-        let j = judge(&[(Guid(1), ring(3..=9, |t| t)), (Guid(2), ring(3..=9, |t| t))]);
+        let j = judge_newest(&[(Guid(1), ring(3..=9, |t| t)), (Guid(2), ring(3..=9, |t| t))]);
         assert!(!j.any());
-        assert!(!judge(&[(Guid(1), ring(3..=9, |t| t))]).any());
-        assert!(!judge(&[]).any());
+        assert!(!judge_newest(&[(Guid(1), ring(3..=9, |t| t))]).any());
     }
 
     /// The same highest txg written twice apart: the later one is chosen, the other
@@ -241,7 +257,7 @@ mod tests {
     fn the_same_txg_written_apart_is_decided_by_time() {
         let a = ring(3..=12, |t| if t > 10 { t + 2000 } else { t });
         let b = ring(3..=12, |t| if t > 10 { t + 1000 } else { t });
-        let j = judge(&[(Guid(1), a), (Guid(2), b)]);
+        let j = judge_newest(&[(Guid(1), a), (Guid(2), b)]);
         assert_eq!(*j.verdict(Guid(1)), Verdict::Current);
         assert!(j.diverged(Guid(2)), "{:?}", j.verdict(Guid(2)));
     }
