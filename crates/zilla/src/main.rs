@@ -439,14 +439,6 @@ fn listen_opts(l: &ListenArgs) -> Listen {
     Listen { nbd: off(&l.nbd), iscsi: off(&l.iscsi), http: off(&l.http) }
 }
 
-/// The broken-invariant policy (docs/design.md "Broken invariants"): a panic anywhere
-/// in the daemon is a failed assertion, and the daemon stops at once with one clear log
-/// line instead of serving on with state it can no longer trust. Nothing is lost: the
-/// on-disk state is always the last synced txg, and the next start imports the pools,
-/// except the one the failing thread worked for (`zilla_core::env::working_for_pool`):
-/// the stop is recorded in the state directory and that pool waits, UNAVAIL, for the
-/// admin to import it by hand, so a pool that trips an assertion cannot crash-loop the
-/// daemon.
 /// The pool a per-pool engine thread works for, from its name (`txg_sync_POOL`, ...):
 /// the fallback when no pool was named for the thread.
 fn pool_of_thread(thread: &str) -> Option<String> {
@@ -457,6 +449,14 @@ fn pool_of_thread(thread: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The broken-invariant policy (docs/design.md "Broken invariants"): a panic anywhere
+/// in the daemon is a failed assertion, and the daemon stops at once with one clear log
+/// line instead of serving on with state it can no longer trust. Nothing is lost: the
+/// on-disk state is always the last synced txg, and the next start imports the pools,
+/// except the one the failing thread worked for (`zilla_core::env::working_for_pool`):
+/// the stop is recorded in the state directory and that pool waits, UNAVAIL, for the
+/// admin to import it by hand, so a pool that trips an assertion cannot crash-loop the
+/// daemon.
 fn stop_on_broken_invariant() {
     std::panic::set_hook(Box::new(|info| {
         let payload = info.payload();
