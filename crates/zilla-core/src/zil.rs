@@ -1922,9 +1922,18 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
         let txg = Txg(r.u64()?);
         let offset = r.u64()?;
         let len = r.u64()?;
-        let dlen = r.u64()? as usize;
-        let padded = dlen.div_ceil(8) * 8;
+        let dlen_field = r.u64()?;
         let malformed = || Error::Corrupt(format!("intent log record (type {rtype}, wr {wr}, {reclen} bytes) is malformed"));
+        // the data must fit in what is left of the block: checked before any rounding,
+        // so a length near 2^64 cannot wrap to a small one
+        if dlen_field > r.remaining() as u64 {
+            return Err(Error::Corrupt(format!(
+                "intent log record (type {rtype}, wr {wr}): field data length = {dlen_field} exceeds the {} bytes left in the block",
+                r.remaining()
+            )));
+        }
+        let dlen = dlen_field as usize;
+        let padded = dlen.div_ceil(8) * 8;
         if reclen != RECORD_HEADER_SIZE + padded || padded > r.remaining() {
             return Err(malformed());
         }

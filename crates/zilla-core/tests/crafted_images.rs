@@ -337,7 +337,7 @@ fn log_block_fields() {
     // the chain as written replays
     try_crafted("log chain unchanged", &base, &exp, &[], &|_| true);
     let w: &[&str] = &["intent log"];
-    let fields: [(&str, usize, usize); 10] = [
+    let fields: [(&str, usize, usize); 11] = [
         ("body length", 32, 4),
         ("written", 36, 4),
         ("next.vdev", 40, 4),
@@ -348,8 +348,9 @@ fn log_block_fields() {
         ("record txg", 104, 8),
         ("record offset", 112, 8),
         ("record len", 120, 8),
+        ("record data length", 128, 8),
     ];
-    let values = [0u64, 1, 4097, 1 << 20, 0xfffff000, 1 << 40, 1 << 63, u64::MAX];
+    let values = [0u64, 1, 4097, 1 << 20, 0xfffff000, 1 << 40, 1 << 63, u64::MAX - 6, u64::MAX];
     // the head and the block after it: every header field is read the same way in both
     for &at in blocks.iter().take(2) {
         for (name, f, len) in fields {

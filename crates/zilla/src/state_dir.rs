@@ -197,9 +197,28 @@ pub const CACHE_VERSION: u32 = 1;
 const CACHE_NAME: &str = "zilla.cache";
 const CACHE_TMP_NAME: &str = "zilla.cache.tmp";
 
+/// Largest cache file read: far beyond any real one (a pool's entry is its leaf list).
+const CACHE_MAX_BYTES: u64 = 64 << 20;
+
+/// The bytes of a regular file of at most `max_bytes`, opened so that a FIFO or a
+/// device put in its place cannot block or flood the reader.
+fn read_regular_file(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    if meta.len() > max_bytes {
+        return Err(std::io::Error::other(format!("{} bytes, more than the {max_bytes} a cache file may hold", meta.len())));
+    }
+    let mut bytes = vec![];
+    file.take(max_bytes).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 pub fn read_cache(dir: &Path) -> anyhow::Result<CacheFile> {
     let path = dir.join(CACHE_NAME);
-    match std::fs::read(&path) {
+    match read_regular_file(&path, CACHE_MAX_BYTES) {
         Ok(bytes) => {
             let c: CacheFile =
                 serde_json::from_slice(&bytes).with_context(|| format!("{} is not a valid cache file", path.display()))?;
@@ -241,7 +260,12 @@ pub fn write_stop_record(dir: &Path, rec: &StopRecord) -> std::io::Result<()> {
 /// stop for no known pool, so the start goes on.
 pub fn read_stop_record(dir: &Path) -> Option<StopRecord> {
     let path = dir.join(STOP_NAME);
-    let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&path).ok()?;
+    // O_NONBLOCK: a FIFO put there must not hold the start (a regular file ignores it)
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK).open(&path).ok()?;
+    if !file.metadata().map(|m| m.is_file()).unwrap_or(false) {
+        tracing::warn!("{} is not a regular file; ignoring it", path.display());
+        return Some(StopRecord { pool: None, time_unix_s: 0, thread: String::new(), message: String::new() });
+    }
     let mut bytes = vec![];
     let read = file.take(STOP_RECORD_MAX_BYTES).read_to_end(&mut bytes);
     match read.ok().and_then(|_| serde_json::from_slice::<StopRecord>(&bytes).ok()) {

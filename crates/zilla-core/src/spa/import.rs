@@ -355,6 +355,9 @@ impl Pool {
                 return Err(e);
             }
         }
+        if judged.any() {
+            record_judged_devices(&pool);
+        }
         // leaves returning with a DTL get resilvered
         for l in pool.inner.leaves.read().iter() {
             if l.state() == LeafState::Online && !l.dtl_empty() {
@@ -365,6 +368,24 @@ impl Pool {
         Ok(pool)
     }
 
+}
+
+/// The volumes of an object directory name each volume once, by a name `volume create`
+/// accepts, and each id once, below the next id to hand out: a crafted directory that
+/// repeats one would have two volumes share an intent log and a tree.
+fn check_mos_volumes(mos: &crate::dmu::Mos) -> std::result::Result<(), String> {
+    let (mut ids, mut names) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+    for v in &mos.volumes {
+        let shown = crate::spa::config::printable(&v.name);
+        super::validate_volume_name(&v.name).map_err(|_| format!("field volume name = {shown} is not a valid volume name"))?;
+        if !names.insert(v.name.as_str()) {
+            return Err(format!("field volume name = {shown} appears twice"));
+        }
+        if !ids.insert(v.id) || v.id >= mos.next_volume_id {
+            return Err(format!("field volume id = {} of volume {shown} is repeated or not below the next id {}", v.id, mos.next_volume_id));
+        }
+    }
+    Ok(())
 }
 
 /// The volumes the MOS lists, as the pool holds them (each with an empty intent log
@@ -425,6 +446,7 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     let io = PoolIo::new(vdevs, Metaslabs::new());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
     label::check_pool_txg(&chosen.ub).map_err(|why| Error::Corrupt(format!("pool '{}': {why}", cfg.name)))?;
+    check_mos_volumes(&chosen.mos).map_err(|why| Error::Corrupt(format!("pool '{}': object directory of txg {}: {why}", cfg.name, chosen.ub.txg)))?;
     let judged = judge_devices(&devs, &cfg, &chosen.ub);
     if !opts.missing_log {
         super::replay::check_log_devices(&cfg, &leaves, &chosen.mos, &chosen.ub)?;
@@ -789,6 +811,19 @@ fn spread_loaded_uberblock(inner: &PoolInner, ub: &label::Uberblock, newest_txg:
         if let Err(e) = inner.write_uberblocks(ub) {
             tracing::warn!("import: could not rewrite the uberblock: {e}");
         }
+    }
+}
+
+/// The loaded txg is on the current devices only (a stale or diverged one must not get
+/// its uberblock before a MOS records what it misses): sync a txg now, whose object
+/// directory holds the DTLs and whose uberblock goes to every device, so losing or
+/// detaching the current devices cannot roll the pool back to before what clients
+/// have read (the power-cut test's check). A failed sync leaves the pool suspended,
+/// and nothing that needs a durable config change goes on until it syncs.
+fn record_judged_devices(pool: &Pool) {
+    pool.inner.meta.lock().changed = true;
+    if let Err(e) = pool.sync() {
+        tracing::warn!(pool = %pool.inner.name, "import: could not record the stale or diverged devices yet: {e}");
     }
 }
 

@@ -250,10 +250,12 @@ impl Uberblock {
         }
         let root = BlockPointer::check(&b[48..48 + BlockPointer::SIZE])
             .map_err(|why| Some(format!("uberblock at offset {offset:#x}: MOS pointer: {why}")))?;
-        if !root.is_hole() && (root.kind != crate::block::blkptr::KIND_MOS_INDEX || root.birth > txg) {
+        // every txg, the first one included, writes an object directory before its
+        // uberblock: a hole here is as impossible as a pointer of another kind
+        if root.is_hole() || root.kind != crate::block::blkptr::KIND_MOS_INDEX || root.birth > txg || root.checksum_code != 1 {
             return Err(Some(format!(
-                "uberblock at offset {offset:#x}: MOS pointer of kind {} born in txg {} (expected a MOS index born by txg {txg})",
-                root.kind, root.birth
+                "uberblock at offset {offset:#x}: MOS pointer of kind {} born in txg {} with checksum {} (expected a fletcher4 MOS index born by txg {txg})",
+                root.kind, root.birth, root.checksum_code
             )));
         }
         let at = HEARTBEAT_AT;
