@@ -398,7 +398,11 @@ mod tests {
     }
     #[test]
     fn uberblock_slots_decode_at_their_own_size_only() {
-        let ub = Uberblock { txg: Txg(7), guid_sum: 1, timestamp_ns: 2, pool_guid: Guid(3), root: BlockPointer::hole(), heartbeat: None };
+        let mut root = BlockPointer::hole();
+        root.dva[0] = crate::block::blkptr::Dva { vdev: crate::types::VdevId(0), asize: 4096, offset: 8192 };
+        (root.lsize, root.psize, root.birth, root.fill) = (4096, 4096, Txg(6), 1);
+        (root.checksum_code, root.compression_code, root.kind) = (1, 1, crate::block::blkptr::KIND_MOS_INDEX);
+        let ub = Uberblock { txg: Txg(7), guid_sum: 1, timestamp_ns: 2, pool_guid: Guid(3), root, heartbeat: None };
         let b8 = ub.encode_slot(8192, 8192);
         assert_eq!(Uberblock::decode(&b8, 8192), Some(ub.clone()));
         assert_eq!(Uberblock::decode(&b8[..4096], 8192), None, "a 4K read of an 8K slot");
