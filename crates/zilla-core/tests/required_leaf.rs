@@ -159,7 +159,10 @@ fn a_rewind_reads_from_a_device_offlined_after_that_txg() {
     zilla_core::tunables().set("zil_replay_disable", 1).unwrap();
     let pool = zilla_core::spa::Pool::import_with(&rewound.set.specs(), rewound.set.opener()).expect("rewound import");
     zilla_core::tunables().set("zil_replay_disable", 0).unwrap();
-    assert_eq!(pool.synced_txg().get(), rewind_txg, "the import did not load the rewound txg");
+    // the rewound txg is loaded; a device whose ring now lacks it is recorded stale by
+    // one txg synced at import (the contents below tell the two txgs apart)
+    let synced = pool.synced_txg().get();
+    assert!(synced == rewind_txg || synced == rewind_txg + 1, "the import did not load the rewound txg: synced {synced}, rewound {rewind_txg}");
     let v = pool.open_volume("vol").unwrap();
     let mut got = vec![0u8; 65536];
     v.read(0, &mut got).expect("the rewound volume reads back");
