@@ -138,7 +138,7 @@ z pool status tank >"$T/status"
 log "after the fdatasync EIO round: $(grep -E '^\s+\S+/d[01] ' "$T/status" | awk '{ print $1, $2, $3, $4, $5 }' | tr '\n' ';')"
 z pool status tank | grep -q 'state: ONLINE' || fail "pool not ONLINE after the cuts"
 
-# Issue 15 row 1: d1 refuses its next writes, then one fdatasync of d0 fails (its dirty
+# The double-eio case: d1 refuses its next writes, then one fdatasync of d0 fails (its dirty
 # pages dropped). A FLUSH must not be acknowledged for a txg that no child holds (before
 # the mirror flush/DTL fix this lost acknowledged writes in 4 of 4 runs).
 INJECT=$'fail-write /d1 3\nfail-fsync /d0 1' cut "row-1 round" $'clear\ndrop'

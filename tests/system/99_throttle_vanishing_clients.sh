@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Goal (issue 8): writes the throttle delays wait in the front end's delay timer
+# Goal: writes the throttle delays wait in the front end's delay timer
 # (no thread, no volume call). Clients that vanish while their writes wait there, an
 # export and a SIGTERM with delayed writes pending: the daemon stays up, acknowledged
 # data survives the export and import, SIGTERM exits 0 within 10 s, nothing panics.

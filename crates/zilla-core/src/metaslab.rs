@@ -18,7 +18,7 @@
 //! failing, intent-log blocks are allocated from the normal class; mixed in with data
 //! they fragment its free space, and on a leaf that is a sparse file each log write
 //! lands on space the host file system has never allocated, so every commit waits
-//! for a host journal commit on every child (docs/BENCHMARKS.md, "Stop 31"). So each
+//! for a host journal commit on every child (the slog scenario's plain-file pool). So each
 //! normal vdev keeps its first `vdev::embedded_log_bytes` (1/16 of it, at most 512 MiB)
 //! for log blocks: they are allocated there first, next-fit with a cursor of their
 //! own, so the region cycles as the txgs free old chains; data blocks start after it.

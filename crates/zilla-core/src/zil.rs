@@ -140,7 +140,7 @@ pub static ZILLA_ZIL_COMMIT_BYTES_MAX: Tunable = Tunable::new(
     0,
     1 << 40,
     Applies::Live,
-    "a commit that would copy more data than this into log blocks and in-place writes waits for a txg sync instead, which writes those bytes once (Zilla: bounds the buffers a commit holds, issue 8); 0 = no bound",
+    "a commit that would copy more data than this into log blocks and in-place writes waits for a txg sync instead, which writes those bytes once (Zilla: bounds the buffers a commit holds); 0 = no bound",
 );
 pub static ZFS_COMMIT_TIMEOUT_PCT: Tunable = Tunable::new(
     "zfs_commit_timeout_pct",

@@ -1,4 +1,4 @@
-//! The legacy write throttle (`zfs_write_throttle_mode=legacy`, issue 8): writes are
+//! The legacy write throttle (`zfs_write_throttle_mode=legacy`): writes are
 //! delayed a tick past 7/8 of the txg write limit and wait for the next txg when it is
 //! full; in openzfs mode neither happens below the delay curve. Its own binary: the
 //! mode is a process-wide tunable.

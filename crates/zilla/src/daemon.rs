@@ -581,7 +581,7 @@ pub async fn run(
         info.http.as_deref().unwrap_or("off")
     );
     if let Some(i) = &opts.iscsi {
-        tracing::warn!("iSCSI on {i} is not served yet (the iSCSI target is a later issue)");
+        tracing::warn!("iSCSI on {i} is not served yet (this build serves NBD only)");
     }
     ready(&info);
 

@@ -154,7 +154,7 @@ fn print_banner(dir: &Path, state: &Path, info: &crate::api::DaemonInfo) {
         o.push_str(&format!("  browser:      http://{}/\n", h.replace("0.0.0.0", "127.0.0.1")));
     }
     if let Some(i) = &info.iscsi {
-        o.push_str(&format!("  iSCSI:        {i} (not served yet: the iSCSI target is a later issue)\n"));
+        o.push_str(&format!("  iSCSI:        {i} (not served yet: this build serves NBD only)\n"));
     }
     o.push_str("\nCtrl-C stops the daemon; the pool is exported cleanly and reused next time.\n");
     println!("{o}");

@@ -494,7 +494,7 @@ fn stop_on_broken_invariant() {
 /// come and go, so with several arenas each one grows to its own peak share of the live
 /// data and keeps it: the sum of the arenas' peaks is resident, not the peak of the
 /// live data. `bench/run pool-vs-direct --quick`'s write phase (ARC max 64 MiB, dirty
-/// max 128 MiB; issue 8) peaked this far beyond ARC max + dirty max: 4 arenas 88 and
+/// max 128 MiB) peaked this far beyond ARC max + dirty max: 4 arenas 88 and
 /// 105 MiB (three 64 MiB arena heaps full, besides the main heap), 2 arenas 53 and
 /// 64 MiB, 1 arena 15 and 19 MiB (heaptrack: live heap 160–190 MiB throughout). An
 /// earlier soak measured 2 arenas at about 60 MiB less than glibc's default.

@@ -1,5 +1,5 @@
 //! The HTTP side for people and Prometheus (--http ADDR, default 127.0.0.1:8080):
-//! `/` a small status page (the analytics UI with heat maps is a later issue) and
+//! `/` a small status page (latency heat maps are not in this build) and
 //! `/metrics` in the OpenMetrics text format (what Prometheus scrapes), rendered by
 //! the prometheus-client crate (HELP, TYPE, `# EOF`; label values escaped here),
 //! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
