@@ -399,6 +399,12 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             l.set_dtl(d.into_iter().map(|(a, b)| (a, b.min(open))).collect());
         }
     }
+    // Nothing is missing: a start asked for by a sync that saw a DTL grow may arrive
+    // after the resilver that repaired it finished, and must not start another (an
+    // admin's scrub right after that resilver would find the pool busy).
+    if !inner.leaves().iter().any(|l| l.readable() && !l.dtl_empty()) {
+        return;
+    }
     if inner.scan().running.load(Ordering::Acquire) {
         // restart as a resilver: resilver takes priority over a scrub
         inner.scan().stop.store(true, Ordering::Release);
@@ -479,10 +485,22 @@ fn cancel_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
 }
 
 /// Block until no scan is running.
+/// Wait until no scan runs. A resilver restarted under the control lock (to take a new
+/// target) is not running for a moment between its two threads: the wait ends only when
+/// no scan runs with the control lock free, so the caller's next command does not meet
+/// the restarted one.
 pub fn wait(inner: &Arc<dyn ScanPool>) {
-    let mut s = inner.scan().status.lock();
-    while inner.scan().running.load(Ordering::Acquire) {
-        inner.scan().cv.wait_for(&mut s, std::time::Duration::from_millis(100));
+    loop {
+        {
+            let mut s = inner.scan().status.lock();
+            while inner.scan().running.load(Ordering::Acquire) {
+                inner.scan().cv.wait_for(&mut s, std::time::Duration::from_millis(100));
+            }
+        }
+        let _control = inner.scan().control.lock();
+        if !inner.scan().running.load(Ordering::Acquire) {
+            return;
+        }
     }
 }
 
