@@ -992,7 +992,13 @@ impl Harness {
                 self.ledger.background_sync = true;
             }
             let (step, sync_op) = self.step(pool, dom, armed);
-            if !sync_op && pool.synced_txg().get() != before {
+            // A txg that synced during the step, or one still quiesced or syncing at its
+            // end, may hold part of the step's ops: a txg boundary can fall inside a
+            // multi-block write (each block takes its own hold; a write short of space
+            // waits for a sync midway). One syncing when the power was cut may be on
+            // disk although the pool never published it.
+            let (_, quiesced, syncing) = pool.debug_txg_states();
+            if !sync_op && (pool.synced_txg().get() != before || quiesced != 0 || syncing != 0) {
                 self.ledger.background_sync = true;
             }
             if matches!(step, Step::Stop) {
