@@ -365,6 +365,16 @@ fn start_scrub_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
             // ever), hanging this and every later scan command
             return Err(Error::Busy("a resilver is in progress (another pass waits for a txg sync)".into()));
         }
+        if s.state == ScanState::Paused && s.func == ScanFunc::Resilver {
+            // A resilver that stopped (an error, a pause between spans) still owns its
+            // targets' DTLs: a scrub started over it would forget them, leaving the
+            // devices missing txgs until the next import. Resume it instead.
+            s.state = ScanState::Scanning;
+            drop(s);
+            persist(inner, true);
+            launch(inner);
+            return Err(Error::Busy("a resilver had stopped before it finished: it has been resumed; start the scrub once it finishes".into()));
+        }
         if s.state == ScanState::Paused && s.func == ScanFunc::Scrub {
             s.state = ScanState::Scanning;
         } else {

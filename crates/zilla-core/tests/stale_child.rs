@@ -121,6 +121,47 @@ fn a_stale_child_is_resilvered_and_never_taken_for_the_last_copy() {
     resilver_then_read_from_the_other(pool, &devs, "a", &want);
 }
 
+/// A scrub asked for while the resilver of a stale child is stopped resumes the
+/// resilver (a scrub over it would forget the child's missing txgs).
+#[test]
+fn a_scrub_asked_for_over_a_stopped_resilver_resumes_the_resilver() {
+    let _one = ONE_AT_A_TIME.lock();
+    let devs = mem_devs(&["a", "b"], SIZE);
+    let pool = create(&devs, mirror());
+    pool.volume_create("vol", VOL, 16384, &[]).unwrap();
+    let mut want = vec![0u8; VOL as usize];
+    write(&pool, &mut want, 0, &pattern(1, 4 << 20));
+    pool.export().unwrap();
+    drop(pool);
+    let old_b = image(&devs.get("b"));
+    let pool = import(&devs);
+    write(&pool, &mut want, 2 << 20, &pattern(3, 4 << 20));
+    write(&pool, &mut want, 24 << 20, &pattern(4, 1 << 20));
+    pool.export().unwrap();
+    drop(pool);
+
+    devs.insert("b", device_from(&old_b));
+    zilla_core::tunables().set("zfs_scan_pause_every_spans", 1).unwrap();
+    let pool = import(&devs);
+    pool.scrub_wait().unwrap();
+    let scan = pool.scan_status();
+    assert!(scan.func == "resilver" && scan.state == "paused", "{scan:?}");
+    zilla_core::tunables().set("zfs_scan_pause_every_spans", 0).unwrap();
+    let e = pool.scrub(zilla_core::spa::ScrubCmd::Start).expect_err("a scrub replaced a stopped resilver");
+    assert!(e.to_string().contains("resilver"), "{e}");
+    pool.scrub_wait().unwrap();
+    let scan = pool.scan_status();
+    assert!(scan.func == "resilver" && scan.state == "finished" && scan.errors == 0, "{scan:?}");
+    assert_eq!(pool.status().state, "ONLINE", "b still misses txgs: {:?}", pool.status().config);
+    pool.scrub(zilla_core::spa::ScrubCmd::Start).unwrap();
+    pool.scrub_wait().unwrap();
+    let scan = pool.scan_status();
+    assert!(scan.func == "scrub" && scan.state == "finished" && scan.errors == 0, "{scan:?}");
+    pool.offline("a").expect("offline after the resilver finished");
+    check(&pool, &want, "b alone");
+    pool.export().unwrap();
+}
+
 /// As `zpool import` of each half of a split mirror: a alone is written (more txgs),
 /// then b alone; together, the pool is a's, b is diverged and rebuilt from a, and no
 /// block of b's other life is served.
