@@ -88,9 +88,10 @@ fn resilver_then_read_from_the_other(pool: Arc<Pool>, devs: &DevSet, keep_out: &
     pool.export().unwrap();
 }
 
-#[test]
-fn a_stale_child_is_resilvered_and_never_taken_for_the_last_copy() {
-    let _one = ONE_AT_A_TIME.lock();
+/// A mirror whose child b missed two writes (put back from an image taken before
+/// them), imported with the resilver stopped after its first span: the pool, the devices
+/// and the contents every read must return.
+fn stale_b_with_resilver_stopped() -> (Arc<Pool>, DevSet, Vec<u8>) {
     let devs = mem_devs(&["a", "b"], SIZE);
     let pool = create(&devs, mirror());
     pool.volume_create("vol", VOL, 16384, &[]).unwrap();
@@ -107,11 +108,17 @@ fn a_stale_child_is_resilvered_and_never_taken_for_the_last_copy() {
     pool.export().unwrap();
     drop(pool);
 
-    // b comes back with its old contents; the resilver stops after its first span
     devs.insert("b", device_from(&old_b));
     zilla_core::tunables().set("zfs_scan_pause_every_spans", 1).unwrap();
     let pool = import(&devs);
     pool.scrub_wait().unwrap();
+    (pool, devs, want)
+}
+
+#[test]
+fn a_stale_child_is_resilvered_and_never_taken_for_the_last_copy() {
+    let _one = ONE_AT_A_TIME.lock();
+    let (pool, devs, want) = stale_b_with_resilver_stopped();
     assert_eq!(pool.status().state, "DEGRADED", "a stale child shown as current: {:?}", pool.status().config);
     let note = leaf_note(&pool, "b");
     assert!(note.contains("missed txgs"), "status does not say b missed txgs: {note:?}");
@@ -126,24 +133,7 @@ fn a_stale_child_is_resilvered_and_never_taken_for_the_last_copy() {
 #[test]
 fn a_scrub_asked_for_over_a_stopped_resilver_resumes_the_resilver() {
     let _one = ONE_AT_A_TIME.lock();
-    let devs = mem_devs(&["a", "b"], SIZE);
-    let pool = create(&devs, mirror());
-    pool.volume_create("vol", VOL, 16384, &[]).unwrap();
-    let mut want = vec![0u8; VOL as usize];
-    write(&pool, &mut want, 0, &pattern(1, 4 << 20));
-    pool.export().unwrap();
-    drop(pool);
-    let old_b = image(&devs.get("b"));
-    let pool = import(&devs);
-    write(&pool, &mut want, 2 << 20, &pattern(3, 4 << 20));
-    write(&pool, &mut want, 24 << 20, &pattern(4, 1 << 20));
-    pool.export().unwrap();
-    drop(pool);
-
-    devs.insert("b", device_from(&old_b));
-    zilla_core::tunables().set("zfs_scan_pause_every_spans", 1).unwrap();
-    let pool = import(&devs);
-    pool.scrub_wait().unwrap();
+    let (pool, _devs, want) = stale_b_with_resilver_stopped();
     let scan = pool.scan_status();
     assert!(scan.func == "resilver" && scan.state == "paused", "{scan:?}");
     zilla_core::tunables().set("zfs_scan_pause_every_spans", 0).unwrap();
