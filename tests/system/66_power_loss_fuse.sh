@@ -15,26 +15,8 @@
 #
 # ZILLA_FUSE_ROUNDS (default 5) sets the number of drop rounds and of tear rounds.
 . "$(dirname "$0")/lib.sh"
-LAZYFS=${ZILLA_LAZYFS_BIN:-$ROOT/target/release/zilla-lazyfs}
-[ -x "$LAZYFS" ] || fail "no zilla-lazyfs binary at $LAZYFS (cargo build --release --workspace)"
-[ -e /dev/fuse ] || skip "no /dev/fuse"
-command -v fusermount3 >/dev/null || skip "no fusermount3 (Debian fuse3)"
-LEDGER=$T/ledger.json # outside the mount
-CLIENT=(python3 "$ROOT/tests/tools/ledger_client.py")
+. "$(dirname "$0")/lazyfs.sh"
 ROUNDS=${ZILLA_FUSE_ROUNDS:-5}
-M=$T/mnt
-mkdir -p "$M" "$T/backing"
-
-"$LAZYFS" "$T/backing" "$M" 2>>"$T/lazyfs.log" &
-LAZY_PID=$!
-on_exit "fusermount3 -u -z '$M'; kill $LAZY_PID"
-# Cleanups run newest first: the daemon must let go of the mount before it goes.
-on_exit '[ -z "$DAEMON_PID" ] || { kill -9 $DAEMON_PID; wait $DAEMON_PID; DAEMON_PID=; }'
-for ((i = 0; i < 100; i++)); do [ -e "$M/.lazyfs-ctl" ] && break; sleep 0.1; done
-[ -e "$M/.lazyfs-ctl" ] || { cat "$T/lazyfs.log"; fail "zilla-lazyfs did not mount on $M"; }
-
-ctl() { echo "$*" >"$M/.lazyfs-ctl" || fail "lazyfs command '$*' refused: $(grep '^last' "$M/.lazyfs-ctl")"; }
-stat_of() { awk -v k="$1" '$1 == k { print $2 }' "$M/.lazyfs-ctl"; }
 
 # After kill -9, requests the dead daemon had queued (io_uring workers) may still
 # arrive; the cut happens once the write counter has been still for 0.5 s.
@@ -45,18 +27,6 @@ wait_writes_quiet() {
         [ "$before" = "$after" ] && return 0
     done
     fail "writes still reaching lazyfs 25 s after kill -9"
-}
-
-# Wait until the ledger writer has had at least $1 writes acknowledged (max 30 s).
-wait_acks() {
-    local i n
-    for ((i = 0; i < 300; i++)); do
-        n=$(sed -n 's/^durable \([0-9]*\)$/\1/p' "$T/writer.log" | tail -n 1)
-        [ "${n:-0}" -ge "$1" ] && return 0
-        grep -q '^writer stopped' "$T/writer.log" && fail "writer stopped early: $(cat "$T/writer.log")"
-        sleep 0.1
-    done
-    fail "fewer than $1 writes acknowledged in 30 s: $(tail -n 3 "$T/writer.log")"
 }
 
 # Dead = gone or a zombie (the shell has not reaped it yet; kill -0 still succeeds).

@@ -12,23 +12,8 @@
 # both fail again; a plain `export` is refused and says `-f`; `export -f` must export; the
 # devices heal; `import` and the ledger's verify: nothing acknowledged is missing.
 . "$(dirname "$0")/lib.sh"
-LAZYFS=${ZILLA_LAZYFS_BIN:-$ROOT/target/release/zilla-lazyfs}
-[ -x "$LAZYFS" ] || fail "no zilla-lazyfs binary at $LAZYFS (cargo build --release --workspace)"
-[ -e /dev/fuse ] || skip "no /dev/fuse"
-command -v fusermount3 >/dev/null || skip "no fusermount3 (Debian fuse3)"
-LEDGER=$T/ledger.json # outside the mount
-CLIENT=(python3 "$ROOT/tests/tools/ledger_client.py")
-M=$T/mnt
-mkdir -p "$M" "$T/backing"
-
-"$LAZYFS" "$T/backing" "$M" 2>>"$T/lazyfs.log" &
-LAZY_PID=$!
-on_exit "fusermount3 -u -z '$M'; kill $LAZY_PID"
-on_exit '[ -z "$DAEMON_PID" ] || { kill -9 $DAEMON_PID; wait $DAEMON_PID; DAEMON_PID=; }'
+. "$(dirname "$0")/lazyfs.sh"
 on_exit '[ -z "${WPID:-}" ] || kill $WPID'
-for ((i = 0; i < 100; i++)); do [ -e "$M/.lazyfs-ctl" ] && break; sleep 0.1; done
-[ -e "$M/.lazyfs-ctl" ] || { cat "$T/lazyfs.log"; fail "zilla-lazyfs did not mount on $M"; }
-ctl() { echo "$*" >"$M/.lazyfs-ctl" || fail "lazyfs command '$*' refused: $(grep '^last' "$M/.lazyfs-ctl")"; }
 
 # zt SECONDS CMD...: an admin command that must answer within SECONDS (any exit status);
 # its status is in $ZRC, its output in $T/out (stdout and stderr).
@@ -47,16 +32,6 @@ wait_state() { # STATE SECONDS
     for ((i = 0; i < $2 * 2; i++)); do state_is "$1" >/dev/null && return 0; sleep 0.5; done
     cat "$T/out"
     fail "pool did not become $1 within $2 s"
-}
-wait_acks() { # N: the writer has had at least N writes acknowledged (max 30 s)
-    local i n
-    for ((i = 0; i < 300; i++)); do
-        n=$(sed -n 's/^durable \([0-9]*\)$/\1/p' "$T/writer.log" | tail -n 1)
-        [ "${n:-0}" -ge "$1" ] && return 0
-        grep -q '^writer stopped' "$T/writer.log" && fail "writer stopped early: $(cat "$T/writer.log")"
-        sleep 0.1
-    done
-    fail "fewer than $1 writes acknowledged in 30 s: $(tail -n 3 "$T/writer.log")"
 }
 start_writer() { # SECONDS
     : >"$T/writer.log"
