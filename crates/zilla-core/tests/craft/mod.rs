@@ -5,6 +5,8 @@
 //! value can stop it.
 #![allow(dead_code)]
 
+pub mod tree;
+
 use zilla_core::vdev::label::{self, CONFIG_REGION_SIZE, LABELS, LABEL_SIZE};
 use zilla_core::zil;
 
