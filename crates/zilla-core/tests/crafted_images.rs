@@ -1,9 +1,11 @@
 //! Crafted disk images: every field of a label config, an uberblock, the block pointer
-//! an uberblock holds and a log block header, set to boundary and hostile values with
-//! its checksum resealed (tests/craft). Import must either refuse with a message that
-//! names the field (or says which structure is corrupt), or import and serve what the
-//! image holds: every read matches the data written before the image was taken (or is
-//! a clear I/O error), and a write acknowledged after import survives export and import
+//! an uberblock holds, the block pointers of a volume's tree (its root in the object
+//! directory, an indirect's, a data block's) and a log block header, set to boundary and
+//! hostile values with the checksums above it resealed (tests/craft). Import must
+//! either refuse with a message that names the field (or says which structure is
+//! corrupt), or import and serve what the image holds: every read matches the data
+//! written before the image was taken (or is a clear I/O error, and a scrub finishes
+//! counting it), and a write acknowledged after import survives export and import
 //! (a wrapped txg counter once lost it). Nothing may panic, and the process stays under
 //! `MEMORY_BOUND_BYTES` of peak resident memory (a crafted ashift once made one
 //! allocation grow by gigabytes).
