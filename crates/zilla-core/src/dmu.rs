@@ -96,7 +96,47 @@ pub fn read_indirect(io: &PoolIo, bp: &BlockPointer, class: IoClass) -> Result<A
 
 fn child_bp(ind: &[u8], idx: u64) -> Result<BlockPointer> {
     let o = idx as usize * BlockPointer::SIZE;
-    BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]).ok_or_else(|| Error::Corrupt("bad block pointer in indirect block".into()))
+    BlockPointer::check(&ind[o..o + BlockPointer::SIZE]).map_err(|e| Error::Corrupt(format!("block pointer {idx} of an indirect block: {e}")))
+}
+
+/// Pointer `idx` of an indirect block of a volume tree, whose children are at `level`:
+/// a valid block pointer ([`BlockPointer::check`]) that is also what a tree holds at
+/// that level ([`check_tree_bp`]).
+pub fn tree_child(ind: &[u8], idx: u64, level: u32, parent_birth: Txg) -> Result<BlockPointer> {
+    let bp = child_bp(ind, idx)?;
+    check_tree_bp(&bp, level, None, parent_birth).map_err(|e| Error::Corrupt(format!("block pointer {idx} of a level {} indirect block: {e}", level + 1)))?;
+    Ok(bp)
+}
+
+/// The limits of a non-hole pointer at `level` of a volume tree (docs/on-disk-format.md
+/// §6): a data block (level 0: kind 1, fill 1, `lsize` the volume's block size when
+/// `volblocksize` is known) or an indirect (kind 2, `lsize` 128 KiB, fill 1 …
+/// 1024^level); its `level` field is the level it is found at, and it was born at or
+/// before its parent (`parent_birth`: the txg of the object directory for the root), which
+/// copy-on-write rewrote with it.
+pub fn check_tree_bp(bp: &BlockPointer, level: u32, volblocksize: Option<u32>, parent_birth: Txg) -> std::result::Result<(), String> {
+    if bp.is_hole() {
+        return Ok(());
+    }
+    let bad = |field: &str, v: u64| Err(format!("field {field} = {v} is out of range"));
+    if bp.birth > parent_birth {
+        return Err(format!("field birth = {} is out of range (after its parent's, {parent_birth})", bp.birth));
+    }
+    let (kind, max_fill) = if level == 0 { (blkptr::KIND_DATA, 1) } else { (blkptr::KIND_INDIRECT, EPB.saturating_pow(level)) };
+    if bp.kind != kind {
+        return bad("kind", bp.kind as u64);
+    }
+    if bp.level as u32 != level {
+        return bad("level", bp.level as u64);
+    }
+    if bp.fill == 0 || bp.fill > max_fill {
+        return bad("fill", bp.fill);
+    }
+    let lsize = if level == 0 { volblocksize } else { Some(INDIRECT_SIZE as u32) };
+    if lsize.is_some_and(|l| l != bp.lsize) {
+        return bad("lsize", bp.lsize as u64);
+    }
+    Ok(())
 }
 
 /// Committed root of a volume's tree.
@@ -128,7 +168,7 @@ pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: BlockId, class: IoClass) -> R
             return Ok(bp);
         }
         let ind = read_indirect(io, &bp, class)?;
-        bp = child_bp(&ind, blkid.slot_in(level))?;
+        bp = tree_child(&ind, blkid.slot_in(level), level - 1, bp.birth)?;
     }
     Ok(bp)
 }
@@ -164,7 +204,7 @@ pub fn walk_range(
         let lo = first.saturating_sub(base) / span;
         let hi = ((last - base) / span).min(EPB - 1);
         for idx in lo..=hi {
-            let c = child_bp(&ind, idx)?;
+            let c = tree_child(&ind, idx, level - 1, bp.birth)?;
             if !rec(io, &c, level - 1, base + idx * span, first, last, class, f)? {
                 return Ok(false);
             }
@@ -186,7 +226,7 @@ pub fn walk_all(io: &PoolIo, root: &TreeRoot, class: IoClass, f: &mut dyn FnMut(
         }
         let ind = read_indirect(io, bp, class)?;
         for idx in 0..EPB {
-            let c = child_bp(&ind, idx)?;
+            let c = tree_child(&ind, idx, level - 1, bp.birth)?;
             rec(io, &c, level - 1, class, f)?;
         }
         Ok(())
@@ -248,7 +288,7 @@ pub fn apply_changes(
             while j < changes.len() && (changes[j].0.get() - base) / span == idx {
                 j += 1;
             }
-            let old = child_bp(&ind, idx)?;
+            let old = tree_child(&ind, idx, level - 1, bp.birth)?;
             let new = rec(io, &old, level - 1, base + idx * span, &changes[i..j], pol, batch, written)?;
             let o = idx as usize * BlockPointer::SIZE;
             ind[o..o + BlockPointer::SIZE].copy_from_slice(&new.encode());
@@ -257,7 +297,7 @@ pub fn apply_changes(
         io.free_block(bp, pol.txg);
         let mut fill = 0u64;
         for idx in 0..EPB {
-            fill += child_bp(&ind, idx)?.fill;
+            fill = fill.saturating_add(child_bp(&ind, idx)?.fill);
         }
         if fill == 0 {
             return Ok(BlockPointer::hole());
@@ -496,6 +536,19 @@ fn decode_leaf_health(r: &mut Reader<'_>) -> Result<Vec<LeafHealth>> {
     Ok(recs)
 }
 
+/// A volume's root pointer from the object directory: a block pointer that is the top
+/// of a tree of `nlevels` levels of `volblocksize` blocks, with at most `nblocks` data
+/// blocks below it.
+fn check_volume_root(name: &str, b: &[u8], nblocks: u64, volblocksize: u32, nlevels: u8, mos_txg: Txg) -> Result<BlockPointer> {
+    let bad = |e: String| Error::Corrupt(format!("volume {name}: root block pointer: {e}"));
+    let bp = BlockPointer::check(b).map_err(bad)?;
+    check_tree_bp(&bp, nlevels as u32 - 1, Some(volblocksize), mos_txg).map_err(bad)?;
+    if bp.fill > nblocks {
+        return Err(bad(format!("field fill = {} is out of range (the volume has {nblocks} blocks)", bp.fill)));
+    }
+    Ok(bp)
+}
+
 impl Mos {
     pub fn encode(&self, ms: &Metaslabs) -> Vec<u8> {
         let mut out = Vec::new();
@@ -555,7 +608,7 @@ impl Mos {
             let volsize = r.u64()?;
             let volblocksize = r.u32()?;
             let nlevels = r.u8()?;
-            let bp = BlockPointer::decode(r.bytes(BlockPointer::SIZE)?).ok_or_else(|| Error::Corrupt("bad volume root".into()))?;
+            let root_bytes = r.bytes(BlockPointer::SIZE)?;
             let props_json = r.string()?;
             let local: BTreeMap<String, String> =
                 serde_json::from_str(&props_json).map_err(|e| Error::Corrupt(format!("volume properties: {e}")))?;
@@ -565,6 +618,7 @@ impl Mos {
             if !(512..=(128 << 10)).contains(&volblocksize) || !volblocksize.is_power_of_two() || volsize == 0 || nlevels != levels_for(volsize.div_ceil(volblocksize as u64)) {
                 return Err(Error::Corrupt(format!("volume {name}: bad geometry (volsize {volsize}, volblocksize {volblocksize}, {nlevels} levels)")));
             }
+            let bp = check_volume_root(&name, root_bytes, volsize.div_ceil(volblocksize as u64), volblocksize, nlevels, txg)?;
             volumes.push(VolumeRecord {
                 id,
                 name,

@@ -855,8 +855,7 @@ fn walk_span(
         let lo = first.saturating_sub(base) / span;
         let hi = ((last - base) / span).min(EPB - 1);
         for idx in lo..=hi {
-            let o = idx as usize * BlockPointer::SIZE;
-            let Some(c) = BlockPointer::decode(&ind[o..o + BlockPointer::SIZE]) else {
+            let Ok(c) = dmu::tree_child(&ind, idx, level - 1, bp.birth) else {
                 inner.scan().status.lock().errors += 1;
                 w.unrepaired.all = true;
                 continue;

@@ -1872,12 +1872,15 @@ pub fn decode_lwb(block: &[u8], guid: u64, volume_id: u64, seq: u64) -> Result<O
     }
     let body_len = r.u32()? as usize;
     let written_field = r.u32()? as usize;
-    // bytes written (0: the whole block, as blocks written before the field existed);
-    // a length the block cannot hold cannot be verified
+    let bad = |field: &str, v: u64| Error::Corrupt(format!("intent log block {seq} of chain {guid:#x}: field {field} = {v} is out of range"));
+    // bytes written (0: the whole block, as blocks written before the field existed).
+    // A block whose header names this chain and position was written for it (the
+    // header is in one sector, written whole): a length it cannot hold is corruption,
+    // as any other impossible field, not the end of the chain.
     let written = match written_field {
         0 => block.len(),
         n if (LWB_CKSUM_AT + 32..=block.len()).contains(&n) => n,
-        _ => return Ok(None),
+        n => return Err(bad("written", n as u64)),
     };
     let stored: [u8; 32] = block[LWB_CKSUM_AT..LWB_CKSUM_AT + 32].try_into().expect("32 bytes");
     let mut copy = block[..written].to_vec();
@@ -1885,7 +1888,6 @@ pub fn decode_lwb(block: &[u8], guid: u64, volume_id: u64, seq: u64) -> Result<O
     if lwb_checksum(&copy) != stored {
         return Ok(None);
     }
-    let bad = |field: &str, v: u64| Error::Corrupt(format!("intent log block {seq} of chain {guid:#x}: field {field} = {v} is out of range"));
     if written % 512 != 0 || written < LWB_HEADER_SIZE {
         return Err(bad("written", written_field as u64));
     }
@@ -2138,11 +2140,18 @@ mod tests {
             c[i] ^= 1;
             assert!(decode_lwb(&c, 42, 3, 9).unwrap().is_none(), "flip at {i}");
         }
-        // a written length that is not a whole number of sectors, or past the block
-        for bad in [100u32, 20000] {
+        // a written length that is not a whole number of sectors does not verify (the
+        // checksum covers other bytes); one past the block, or inside the header, is
+        // corruption naming the field, as is every impossible field of a block that is
+        // this chain's at this position
+        let mut c = on_disk.clone();
+        c[36..40].copy_from_slice(&100u32.to_le_bytes());
+        assert!(decode_lwb(&c, 42, 3, 9).unwrap().is_none(), "written length 100");
+        for bad in [1u32, 20000, u32::MAX] {
             let mut c = on_disk.clone();
             c[36..40].copy_from_slice(&bad.to_le_bytes());
-            assert!(decode_lwb(&c, 42, 3, 9).unwrap().is_none(), "written length {bad}");
+            let e = decode_lwb(&c, 42, 3, 9).expect_err("written beyond the block");
+            assert!(e.to_string().contains(&format!("field written = {bad}")), "{e}");
         }
         // blocks written whole before the length field existed (0) still verify
         let mut old = b.clone();

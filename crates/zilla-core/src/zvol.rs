@@ -512,6 +512,8 @@ impl Volume {
         if bp.is_hole() {
             return Ok(None);
         }
+        dmu::check_tree_bp(&bp, 0, Some(self.vol.volblocksize), crate::Txg::LIMIT)
+            .map_err(|e| Error::Corrupt(format!("volume {} block {blkid}: block pointer: {e}", self.vol.name)))?;
         let cache = self.primary_cache_data();
         let data = self.pool.io().read_block_found_at(&bp, class, BufKind::Data, cache, generation)?;
         Ok(Some((data, BlockKey::of(&bp))))
@@ -549,7 +551,9 @@ impl Volume {
         let bp = match memo {
             Some((r, l1idx, l1)) if *r == root && *l1idx == blkid.ancestor(1) && root.nlevels >= 2 => {
                 let o = blkid.slot_in(1) as usize * crate::block::blkptr::BlockPointer::SIZE;
-                crate::block::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?
+                let bp = crate::block::blkptr::BlockPointer::decode(l1.get(o..o + 128)?)?;
+                dmu::check_tree_bp(&bp, 0, Some(self.vol.volblocksize), crate::Txg::LIMIT).ok()?;
+                bp
             }
             _ => {
                 let mut bp = root.bp;
@@ -559,7 +563,10 @@ impl Volume {
                     }
                     let ind = io.arc.lookup(&BlockKey::of(&bp))?;
                     let o = blkid.slot_in(level) as usize * crate::block::blkptr::BlockPointer::SIZE;
+                    let parent_birth = bp.birth;
                     bp = crate::block::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
+                    // a pointer out of place is corruption: the blocking read says so
+                    dmu::check_tree_bp(&bp, level - 1, Some(self.vol.volblocksize), parent_birth).ok()?;
                     if level == 1 {
                         *memo = Some((root, blkid.ancestor(1), ind));
                     }

@@ -1,9 +1,11 @@
 //! Crafted disk images: every field of a label config, an uberblock, the block pointer
-//! an uberblock holds and a log block header, set to boundary and hostile values with
-//! its checksum resealed (tests/craft). Import must either refuse with a message that
-//! names the field (or says which structure is corrupt), or import and serve what the
-//! image holds: every read matches the data written before the image was taken (or is
-//! a clear I/O error), and a write acknowledged after import survives export and import
+//! an uberblock holds, the block pointers of a volume's tree (its root in the object
+//! directory, an indirect's, a data block's) and a log block header, set to boundary and
+//! hostile values with the checksums above it resealed (tests/craft). Import must
+//! either refuse with a message that names the field (or says which structure is
+//! corrupt), or import and serve what the image holds: every read matches the data
+//! written before the image was taken (or is a clear I/O error, and a scrub finishes
+//! counting it), and a write acknowledged after import survives export and import
 //! (a wrapped txg counter once lost it). Nothing may panic, and the process stays under
 //! `MEMORY_BOUND_BYTES` of peak resident memory (a crafted ashift once made one
 //! allocation grow by gigabytes).
@@ -372,6 +374,163 @@ fn log_block_fields() {
         let e = Pool::import_with(&set.specs(), set.opener()).map(|_| ()).expect_err(name);
         let msg = e.to_string();
         assert!(msg.contains("volume vol") && msg.contains("next") && (msg.contains("out of range") || msg.contains("beyond")), "{name}: {msg}");
+    }
+    // a written length the block cannot hold (beyond its largest size, or inside its
+    // header: the checksum cannot be checked) once ended the chain silently, where one
+    // it can hold but that leaves no room for the body was refused: both are refused,
+    // naming the field
+    let body_len = |at: usize| u32::from_le_bytes(base[l].1[at + 32..at + 36].try_into().unwrap()) as usize;
+    let full = *blocks.iter().max_by_key(|&&at| body_len(at)).unwrap();
+    assert!(body_len(full) > 512, "no log block holds more than 512 bytes of records");
+    for (v, field) in [(1u64, "written"), (512, "body length"), ((128 << 10) + 512, "written"), (0xfffff000, "written")] {
+        let mut images = base.clone();
+        craft::set_log_block_field(&mut images[l].1, full, 36, 4, v);
+        let set = devset(&images);
+        let e = Pool::import_with(&set.specs(), set.opener()).map(|_| ()).expect_err("crafted written length");
+        let msg = e.to_string();
+        eprintln!("log block written={v:#x}: refused: {msg}");
+        assert!(msg.contains("volume vol") && msg.contains(&format!("field {field} = ")), "written={v:#x}: {msg}");
+    }
+    check_memory();
+}
+
+/// Volume size of `tree_pool`: 2048 blocks of 4 KiB need three levels (root L2, L1
+/// indirects, L0 data).
+const TREE_VOLSIZE: u64 = 8 << 20;
+/// Where `tree_pool` wrote: 16 KiB of incompressible data (stored raw) at 0, 16 KiB of
+/// compressible data (stored lz4) under the second L1 indirect.
+const TREE_WRITES: [u64; 2] = [0, 4 << 20];
+
+/// An exported pool whose volume `vol` has a three-level tree with data under two L1
+/// indirects; the volume's expected content.
+fn tree_pool() -> (Images, Vec<u8>) {
+    let rig = CrashRig::new(&NAMES, DEV_SIZE);
+    let pool = Pool::create_with("tank", tops(), Default::default(), rig.set.opener()).unwrap();
+    pool.volume_create("vol", TREE_VOLSIZE, 4096, &[("compression".into(), "lz4".into())]).unwrap();
+    let v = pool.open_volume("vol").unwrap();
+    let mut expected = vec![0u8; TREE_VOLSIZE as usize];
+    let raw = pattern(3, 16384);
+    let compressible = pattern(4, 64).repeat(256);
+    for (off, d) in TREE_WRITES.into_iter().zip([raw, compressible]) {
+        v.write(off, &d, false).unwrap();
+        expected[off as usize..off as usize + d.len()].copy_from_slice(&d);
+    }
+    v.flush().unwrap();
+    drop(v);
+    pool.sync().unwrap();
+    pool.export().unwrap();
+    let images = rig.devs.iter().map(|(n, d)| (n.clone(), d.image_if_cut_now(CrashMode::DropAll, 0))).collect();
+    (images, expected)
+}
+
+/// Import a pool whose tree pointer was crafted: a refusal names the field (or the
+/// structure found corrupt); an imported pool reads every byte of the volume back as
+/// written or fails that read with EIO, and a scrub finishes. False if the field could
+/// not be crafted.
+fn tree_case(case: &str, base: &Images, expected: &[u8], craft: &dyn Fn(&mut Images) -> bool) -> bool {
+    let mut images = base.clone();
+    if !craft(&mut images) {
+        eprintln!("{case}: cannot be crafted (does not fit), skipped");
+        return false;
+    }
+    let set = devset(&images);
+    let pool = match Pool::import_with(&set.specs(), set.opener()) {
+        Err(e) => {
+            let msg = e.to_string();
+            eprintln!("{case}: refused: {msg}");
+            assert!(msg.contains("volume vol") && msg.contains("field "), "{case}: the refusal names no volume and field: {msg}");
+            return true;
+        }
+        Ok(p) => p,
+    };
+    let v = pool.open_volume("vol").unwrap_or_else(|e| panic!("{case}: volume not served: {e}"));
+    let piece = 64 << 10;
+    let mut errors = 0;
+    for at in (0..TREE_VOLSIZE as usize).step_by(piece) {
+        let mut buf = vec![0u8; piece];
+        match v.read(at as u64, &mut buf) {
+            Ok(()) => assert!(buf == expected[at..at + piece], "{case}: bytes {at:#x}+{piece:#x} read back other bytes than were written"),
+            Err(e) => {
+                assert_eq!(e.errno(), libc::EIO, "{case}: read at {at:#x} failed with another error than EIO: {e}");
+                if errors == 0 {
+                    eprintln!("{case}: read error at {at:#x} (accepted): {e}");
+                }
+                errors += 1;
+            }
+        }
+    }
+    drop(v);
+    pool.scrub(zilla_core::spa::ScrubCmd::Start).unwrap_or_else(|e| panic!("{case}: scrub: {e}"));
+    pool.scrub_wait().unwrap();
+    let s = pool.scan_status();
+    eprintln!("{case}: imported, {errors} read errors, scrub {:?} with {} errors", s.state, s.errors);
+    assert_eq!(s.state, zilla_core::scan::ScanState::Finished, "{case}: the scrub did not finish");
+    pool.export().unwrap_or_else(|e| panic!("{case}: export: {e}"));
+    true
+}
+
+/// Block pointers inside a volume's tree, each field set to boundary and hostile values
+/// with every checksum above it resealed (tests/craft/tree.rs): the volume's root
+/// pointer in the object directory, an L1 indirect's pointer in the L2 block, and the
+/// pointers of a raw and of a compressed data block in their L1 blocks.
+#[test]
+fn tree_block_pointer_fields() {
+    watchdog();
+    let (base, expected) = tree_pool();
+    let target = |level: u8, blkid: u64| craft::tree::TreeTarget { volume: "vol", level, blkid };
+    let targets = [
+        ("root", target(2, 0)),
+        ("L1", target(1, 0)),
+        ("L0 raw", target(0, 0)),
+        ("L0 lz4", target(0, TREE_WRITES[1] / 4096)),
+    ];
+    let fields: [(&str, usize, usize); 16] = [
+        ("dva0.vdev", 0, 4),
+        ("dva0.asize", 4, 4),
+        ("dva0.offset", 8, 8),
+        ("dva1.vdev", 16, 4),
+        ("dva1.asize", 20, 4),
+        ("dva1.offset", 24, 8),
+        ("lsize", 48, 4),
+        ("psize", 52, 4),
+        ("birth", 56, 8),
+        ("fill", 64, 8),
+        ("checksum", 72, 1),
+        ("compression", 73, 1),
+        ("kind", 74, 1),
+        ("level", 75, 1),
+        ("reserved76", 76, 4),
+        ("reserved112", 112, 8),
+    ];
+    let values = [0u64, 1, 5, 0xff, 4096, 0xfffff000, (16 << 20) + 4096, 1 << 40, 1 << 63, u64::MAX];
+    // the tree as written is served
+    assert!(tree_case("tree unchanged", &base, &expected, &|_| true));
+    // every value on the root and the L1 pointer; half of them (alternating) on each
+    // data pointer, all of them with CRAFT_ALL=1
+    let all = std::env::var("CRAFT_ALL").is_ok();
+    let only = std::env::var("CRAFT_CASE").unwrap_or_default();
+    for (ti, (what, t)) in targets.into_iter().enumerate() {
+        let (mut tried, mut crafted) = (0, 0);
+        for (name, at, len) in fields {
+            let mut seen = Vec::new();
+            for v in values {
+                let v = if len < 8 { v & ((1u64 << (len * 8)) - 1) } else { v };
+                if seen.contains(&v) {
+                    continue;
+                }
+                seen.push(v);
+                if !all && ti >= 2 && (seen.len() + ti) % 2 == 1 {
+                    continue;
+                }
+                let case = format!("{what} bp {name}={v:#x}");
+                if !case.contains(&only) {
+                    continue;
+                }
+                tried += 1;
+                crafted += tree_case(&case, &base, &expected, &|imgs| craft::tree::set_tree_bp_field(imgs, t, at, len, v)) as usize;
+            }
+        }
+        assert!(crafted * 10 >= tried * 9, "{what}: only {crafted} of {tried} cases could be crafted");
     }
     check_memory();
 }

@@ -117,7 +117,7 @@ impl BlockPointer {
         if birth.is_zero() {
             return match b[..Self::SIZE].iter().position(|&x| x != 0) {
                 None => Ok(BlockPointer::hole()),
-                Some(at) => Err(format!("a hole (birth 0) with byte {at} = {:#x}", b[at])),
+                Some(at) => Err(format!("field birth = 0 (a hole) with byte {at} = {:#x}", b[at])),
             };
         }
         let mut dva = [Dva::default(); 3];
@@ -170,6 +170,12 @@ impl BlockPointer {
         if reserved_76 != 0 || reserved_112 != 0 {
             return bad("reserved", reserved_76 as u64 | reserved_112);
         }
+        // an unused copy is all zero
+        for (i, d) in self.dva.iter().enumerate().filter(|(_, d)| d.is_empty()) {
+            if d.vdev.get() != 0 || d.offset != 0 {
+                return bad(&format!("dva[{i}].{}", if d.offset != 0 { "offset" } else { "vdev" }), d.offset.max(d.vdev.get() as u64));
+            }
+        }
         for (i, d) in self.dva.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
             // every further copy holds the same physical bytes: same allocated size
             if d.asize % 512 != 0 || d.asize > MAX_ASIZE || d.asize != self.dva[0].asize {
@@ -179,7 +185,9 @@ impl BlockPointer {
                 return bad(&format!("dva[{i}].offset"), d.offset);
             }
         }
-        if self.psize > self.dva[0].asize {
+        // stored raw, the physical bytes are the logical ones; compressed, they are fewer
+        let raw = self.compression_code == Compression::Off.code();
+        if self.psize > self.dva[0].asize || (raw && self.psize != self.lsize) || (!raw && (self.psize == 0 || self.psize > self.lsize)) {
             return bad("psize", self.psize as u64);
         }
         Ok(())

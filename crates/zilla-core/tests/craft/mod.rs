@@ -2,8 +2,11 @@
 //! block pointer an uberblock holds, or a log block header, and reseal the embedded
 //! checksum that covers it (the label's trailer, the uberblock slot's trailer, the log
 //! block's header checksum), so the image passes every checksum and only the field's
-//! value can stop it.
+//! value can stop it. `tree` does the same for the block pointers inside a volume's
+//! tree, resealing the whole chain of checksums up to the uberblock.
 #![allow(dead_code)]
+
+pub mod tree;
 
 use zilla_core::vdev::label::{self, CONFIG_REGION_SIZE, LABELS, LABEL_SIZE};
 use zilla_core::zil;
