@@ -6,6 +6,8 @@
 # nothing and keeps the cache file; `pool import NAME` imports from the cached devices.
 # (3) kill -9 while `pool export` runs: the pool whose export did not finish is
 # imported at the next start. (4) kill -9 is not a broken invariant: every pool is back.
+# (5) A cache file that cannot be read is kept aside as zilla.cache.bad and the daemon
+# starts without it (with or without --no-import).
 . "$(dirname "$0")/lib.sh"
 start_daemon
 make_pool good 128M
@@ -82,4 +84,23 @@ z pool list -H -o name,health >"$T/list"
 grep -qx "good	ONLINE" "$T/list" && grep -qx "ex	ONLINE" "$T/list" || fail "not every pool is back after kill -9: $(cat "$T/list")"
 z pool export ex
 stop_daemon
-log "unavailable pools, --no-import, interrupted export, kill -9 OK"
+
+# (5) a cache file that cannot be read keeps no daemon from starting: it is moved aside
+# to zilla.cache.bad, the log and `pool status` say so, pools are imported by hand
+# and a new cache file is written
+: >"$STATE/zilla.cache"
+start_daemon --no-import
+[ -f "$STATE/zilla.cache.bad" ] || fail "the empty cache file was not kept as zilla.cache.bad"
+z pool status >"$T/st"
+grep -q "^note: .*zilla.cache is not a valid cache file: EOF.*kept as $STATE/zilla.cache.bad" "$T/st" || fail "pool status does not say the cache file was unreadable: $(cat "$T/st")"
+stop_daemon
+printf '{"version":1,"pools":[{"name":"good"' >"$STATE/zilla.cache"
+cp "$STATE/zilla.cache" "$T/cache.cut"
+start_daemon
+cmp "$STATE/zilla.cache.bad.1" "$T/cache.cut" || fail "the cut-short cache file was not kept as zilla.cache.bad.1"
+grep -q "ERROR.*zilla.cache is not a valid cache file.*kept as $STATE/zilla.cache.bad.1" "$T/daemon.log" || fail "no log line for the unreadable cache file"
+z pool import -d "$T/disks" good
+grep -q '"good"' "$STATE/zilla.cache" || fail "no new cache file after the import"
+z pool status good | grep -q 'state: ONLINE' || fail "good not ONLINE after the import by hand"
+stop_daemon
+log "unavailable pools, --no-import, interrupted export, kill -9, unreadable cache file OK"

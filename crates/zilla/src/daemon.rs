@@ -7,6 +7,8 @@
 //! ```text
 //!   DIR/zilla.lock    flock'd for the daemon's lifetime; holds its pid
 //!   DIR/zilla.cache   JSON: the pools this daemon has imported and their leaf specs
+//!                     (one that cannot be read is moved aside to zilla.cache.bad and
+//!                     the start goes on without it; `pool status` says so)
 //!   DIR/zilla.sock    admin API: JSON over HTTP/1.1 (the CLI talks to this)
 //!   DIR/nbd.sock      NBD over a unix socket (TCP on --nbd as well)
 //! ```
@@ -170,6 +172,9 @@ pub struct Daemon {
     unavailable: Mutex<Vec<Unavailable>>,
     /// Serialises configuration changes and cache-file writes.
     admin: tokio::sync::Mutex<()>,
+    /// What the admin should know about this start (a cache file that could not be
+    /// read): `/v1/info`, shown by `pool status` and the import listing.
+    notices: Mutex<Vec<String>>,
     pub info: DaemonInfo,
     /// The NBD server (its counters, limits and the shared front end: memory budget,
     /// per-volume and per-client statistics) for /metrics and the API.
@@ -371,7 +376,11 @@ impl Daemon {
     /// after a stop on a broken invariant (and all of them with `no_import`).
     async fn import_cached(self: &Arc<Self>, no_import: bool) -> anyhow::Result<()> {
         crate::state_dir::record_stops_in(&self.state_dir);
-        let mut cache = read_cache(&self.state_dir)?;
+        let (mut cache, problem) = crate::state_dir::load_cache(&self.state_dir);
+        if let Some(problem) = problem {
+            tracing::error!("{problem}");
+            self.notices.lock().push(problem);
+        }
         let stop = crate::state_dir::read_stop_record(&self.state_dir);
         if let Some(stop) = &stop {
             hold_stopped_pool(&mut cache, stop);
@@ -535,6 +544,7 @@ pub async fn run(
         nbd_unix: Some(nbd_sock.display().to_string()),
         iscsi: opts.iscsi.clone(),
         http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
+        notices: vec![],
     };
     let pools = Arc::new(PoolTable::default());
     let nbd = crate::nbd_glue::server(pools.clone(), frontend_config, nbd_config);
@@ -542,6 +552,7 @@ pub async fn run(
         state_dir: dir.clone(),
         pools,
         unavailable: Mutex::new(vec![]),
+        notices: Mutex::new(vec![]),
         admin: tokio::sync::Mutex::new(()),
         info: info.clone(),
         nbd,
@@ -646,7 +657,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
 }
 
 async fn info(State(d): State<Arc<Daemon>>) -> Json<DaemonInfo> {
-    Json(d.info.clone())
+    Json(DaemonInfo { notices: d.notices.lock().clone(), ..d.info.clone() })
 }
 
 #[derive(Deserialize)]

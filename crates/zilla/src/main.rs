@@ -694,6 +694,9 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         }
         PoolCmd::Status { verbose, problems, pools } => {
             let st: Vec<PoolStatusEntry> = fetch(c, "/v1/status", &pools).await?;
+            if pools.is_empty() {
+                print_notices(c).await;
+            }
             if st.is_empty() {
                 println!("no pools available");
                 return Ok(());
@@ -773,6 +776,15 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
     Ok(())
 }
 
+/// What the daemon says the admin should know about its start (a cache file it could
+/// not read), one `note:` line each; nothing when it cannot be asked.
+async fn print_notices(c: &Client) {
+    let Ok(info) = c.get::<DaemonInfo>("/v1/info").await else { return };
+    for n in &info.notices {
+        println!("note: {}", clip::clip_message(n));
+    }
+}
+
 /// `zilla pool import` flags: -f, -F, -n, -m.
 struct ImportFlags {
     force: bool,
@@ -800,6 +812,7 @@ async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, flags: ImportFlags, pool: Op
                 .map_err(ctx(format!("cannot import '{name}'")))?;
         }
         None => {
+            print_notices(c).await;
             let found: Vec<ImportablePool> = c
                 .post("/v1/importable", &ImportReq { dirs, name: None, ..Default::default() })
                 .await
