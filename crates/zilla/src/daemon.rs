@@ -326,23 +326,32 @@ impl Daemon {
     /// imported again at the next start) (failure: nothing changed), then the engine
     /// acts (failure: the cache file is written with it again), then the table forgets
     /// it (export: and the cache file drops it).
-    async fn retire_pool(self: &Arc<Self>, name: &str, act: fn(&Pool) -> zilla_core::Result<()>, exporting: bool) -> Result<(), ApiError> {
+    /// `act`'s Ok means the pool is gone from the engine (its value is passed back).
+    async fn retire_pool<T: Send + 'static>(
+        self: &Arc<Self>,
+        name: &str,
+        act: fn(&Pool) -> zilla_core::Result<T>,
+        exporting: bool,
+    ) -> Result<T, ApiError> {
         let p = self.pool(name)?;
         let first = if exporting { self.save_cache_edited(None, Some(name)).await } else { self.save_cache_without(Some(name)).await };
         first.map_err(|ApiError(s, m)| ApiError(s, format!("{m}; nothing was changed")))?;
-        if let Err(e) = blocking_for(name, move || Ok(act(&p)?)).await {
-            if let Err(ApiError(_, m)) = self.save_cache().await {
-                tracing::error!("pool '{name}' stays imported but is missing from the cache file: {m}");
+        let done = match blocking_for(name, move || Ok(act(&p)?)).await {
+            Ok(done) => done,
+            Err(e) => {
+                if let Err(ApiError(_, m)) = self.save_cache().await {
+                    tracing::error!("pool '{name}' stays imported but is missing from the cache file: {m}");
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         self.pools.remove(name);
         if exporting {
             if let Err(ApiError(_, m)) = self.save_cache().await {
                 tracing::error!("pool '{name}' was exported, but {m}; the next start imports it again");
             }
         }
-        Ok(())
+        Ok(done)
     }
 
     /// After a device change the engine already committed to the labels: write the
@@ -968,9 +977,20 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
         }
         return Err(ApiError::not_found("no such pool"));
     }
-    d.retire_pool(&pool, Pool::destroy, false).await?;
-    tracing::info!("destroyed pool '{pool}'");
-    Ok(Json(Empty {}))
+    let report = d.retire_pool(&pool, Pool::destroy_report, false).await?;
+    if report.labels_kept.is_empty() {
+        tracing::info!("destroyed pool '{pool}'");
+        return Ok(Json(Empty {}));
+    }
+    // As a device's failure: the pool is gone here, but its labels are not.
+    let kept: Vec<String> = report.labels_kept.iter().map(|(dev, e)| format!("{} ({e})", zilla_core::spa::printable(dev))).collect();
+    let msg = format!(
+        "the pool was removed from this daemon, but the labels on {} could not be cleared: \
+         `zilla pool import` may still find the pool there; once the devices work, import it and destroy it again",
+        kept.join(", ")
+    );
+    tracing::error!("destroy of pool '{pool}': {msg}");
+    Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, msg))
 }
 
 async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<ScrubReq>) -> ApiResult<Empty> {
