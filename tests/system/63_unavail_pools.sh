@@ -2,7 +2,8 @@
 # Goal: one pool that cannot be imported never keeps the daemon from serving the
 # others, and a restart brings back what was there. (1) A pool of the cache file whose
 # devices are gone is UNAVAIL with the reason in `pool status` and `pool list` while the
-# other pool is served; `pool export` forgets it. (2) `serve --no-import` imports
+# other pool is served; `pool clear` of it names its state, the reason and the way out;
+# `pool export` forgets it. (2) `serve --no-import` imports
 # nothing and keeps the cache file; `pool import NAME` imports from the cached devices.
 # (3) kill -9 while `pool export` runs: the pool whose export did not finish is
 # imported at the next start. (4) kill -9 is not a broken invariant: every pool is back.
@@ -30,6 +31,8 @@ z pool status | grep -q 'pool: good' || fail "pool status without a name lacks g
 z pool list -H -o name,health,size >"$T/list"
 grep -qx "gone	UNAVAIL	-" "$T/list" || fail "pool list does not show gone UNAVAIL: $(cat "$T/list")"
 grep -q "cannot import pool 'gone' from the cache file" "$T/daemon.log" || fail "no log line for gone"
+# an admin command on it says what state it is in, why, and the way out
+expect_error "cannot clear errors for 'gone': pool 'gone' is UNAVAIL \(not imported\): .*gone-b1: does not exist; .*import it with .zilla pool import gone." z pool clear gone
 nbdcopy "$uri" "$T/back" && cmp -n $((4 << 20)) "$T/data" "$T/back" || fail "good does not serve its data"
 z pool export gone
 z pool list -H -o name | grep -qx gone && fail "gone still listed after export"

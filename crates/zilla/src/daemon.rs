@@ -248,8 +248,22 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 impl Daemon {
+    /// The imported pool `name`; for a pool of the cache file not imported here, an
+    /// error that says so, why, and the way out (not "no such pool").
     fn pool(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
-        self.pools.get(name).ok_or_else(|| ApiError::not_found("no such pool"))
+        if let Some(p) = self.pools.get(name) {
+            return Ok(p);
+        }
+        let Some(u) = self.unavailable_entry(name) else {
+            return Err(ApiError::not_found("no such pool"));
+        };
+        let shown = crate::clip::clip(name);
+        let way_out = if u.reason.contains("zilla pool import") {
+            String::new()
+        } else {
+            format!("; once its devices (or their labels) are fixed, import it with `zilla pool import {shown}`")
+        };
+        Err(ApiError(StatusCode::CONFLICT, format!("pool '{shown}' is UNAVAIL (not imported): {}{way_out}", u.reason)))
     }
 
     /// Split "pool/vol" and find the pool.
