@@ -825,11 +825,11 @@ fn search_paths(dirs: &[String]) -> Vec<PathBuf> {
 
 /// The pools `pool import` could import from the search paths, leaving out those this
 /// daemon has imported already (their labels say "active" on this host).
-async fn pool_importable(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<Vec<zilla_core::spa::ImportablePool>> {
+async fn pool_importable(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<zilla_core::spa::ImportScan> {
     let search = search_paths(&req.dirs);
-    let mut found = blocking(move || Ok(Pool::find_importable(&search)?)).await?;
+    let mut found = blocking(move || Ok(Pool::scan_importable(&search)?)).await?;
     let imported: Vec<zilla_core::Guid> = d.pools.all().iter().map(|(_, p)| p.guid()).collect();
-    found.retain(|f| !imported.contains(&f.guid));
+    found.pools.retain(|f| !imported.contains(&f.guid));
     Ok(Json(found))
 }
 

@@ -813,18 +813,24 @@ async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, flags: ImportFlags, pool: Op
         }
         None => {
             print_notices(c).await;
-            let found: Vec<ImportablePool> = c
+            let found: zilla_core::spa::ImportScan = c
                 .post("/v1/importable", &ImportReq { dirs, name: None, ..Default::default() })
                 .await
                 .map_err(ctx("cannot discover pools".to_string()))?;
-            if found.is_empty() {
-                return Err("no pools available to import".into());
-            }
-            for (i, p) in found.iter().enumerate() {
+            for (i, p) in found.pools.iter().enumerate() {
                 if i > 0 {
                     println!();
                 }
                 print!("{}", format_importable(p));
+            }
+            for (i, u) in found.unusable.iter().enumerate() {
+                if i > 0 || !found.pools.is_empty() {
+                    println!();
+                }
+                print!("{}", format_unusable(u));
+            }
+            if found.pools.is_empty() {
+                return Err("no pools available to import".into());
             }
         }
     }
@@ -854,6 +860,17 @@ fn format_rewind_plan(p: &zilla_core::spa::RewindPlan) -> String {
         p.newest_txg.get(),
         p.load_txg.get(),
         p.dropped_seconds
+    )
+}
+
+/// A device of the listing whose label cannot be used, as `zpool import` shows one.
+fn format_unusable(u: &zilla_core::spa::UnusableLabel) -> String {
+    let reason = crate::clip::clip_message(&u.reason);
+    let mut chars = reason.chars();
+    let reason: String = chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default();
+    format!(
+        " device: {}\n  state: UNAVAIL\n status: {reason}.\n action: No pool can be imported from this device; import its pool from its other devices,\n\tif any, and replace this one.\n",
+        format::safe(&u.device.display()),
     )
 }
 

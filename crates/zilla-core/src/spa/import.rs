@@ -39,6 +39,23 @@ pub struct ImportablePool {
     pub missing: Vec<(Role, LeafSpec)>,
 }
 
+/// A device in the search whose label checksum verifies (it is a Zilla device) but whose
+/// label cannot be used to list it under a pool, and why (printable).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct UnusableLabel {
+    pub device: LeafSpec,
+    pub reason: String,
+}
+
+/// What a search for importable pools found: the pools, and the Zilla devices that
+/// belong to none of them because their labels cannot be used.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ImportScan {
+    pub pools: Vec<ImportablePool>,
+    #[serde(default)]
+    pub unusable: Vec<UnusableLabel>,
+}
+
 /// How to import (CLI: `zilla pool import [-f] [-F [-n]]`).
 #[derive(Debug, Clone, Default)]
 pub struct ImportOptions {
@@ -218,7 +235,13 @@ impl Pool {
     }
 
     pub fn find_importable(search: &[PathBuf]) -> Result<Vec<ImportablePool>> {
-        let found = scan_search_paths(search)?;
+        Ok(Self::scan_importable(search)?.pools)
+    }
+
+    /// The importable pools in `search`, and the devices whose labels verify but cannot
+    /// be used (listed, never skipped silently).
+    pub fn scan_importable(search: &[PathBuf]) -> Result<ImportScan> {
+        let (found, unusable) = scan_search_paths(search)?;
         // per pool, the name and state of the newest config any of its devices holds
         // (as import itself chooses): a device detached or removed while the pool was
         // active keeps an older config saying "active" after the pool is exported
@@ -240,14 +263,15 @@ impl Pool {
             seen.push(lj.this_guid);
             e.leaves.push(spec);
         }
-        Ok(out
+        let pools = out
             .into_values()
             .map(|(cfg, seen, mut p)| {
                 let leaves = cfg.tops.iter().flat_map(|t| t.children.iter().map(move |c| (t.role, c)));
                 p.missing = leaves.filter(|(_, c)| !seen.contains(&c.guid)).map(|(role, c)| (role, c.spec.clone())).collect();
                 p
             })
-            .collect())
+            .collect();
+        Ok(ImportScan { pools, unusable })
     }
 
     pub fn import(search: &[PathBuf], name: Option<&str>) -> Result<Arc<Pool>> {
@@ -269,13 +293,17 @@ impl Pool {
 
     /// The leaves of the one importable pool matching `name` (or the only one).
     fn find_one(search: &[PathBuf], name: Option<&str>) -> Result<Vec<LeafSpec>> {
-        let cands = Self::find_importable(search)?;
+        let ImportScan { pools: cands, unusable } = Self::scan_importable(search)?;
         let chosen: Vec<&ImportablePool> = match name {
             Some(n) => cands.iter().filter(|c| c.name == n || c.guid.to_string() == n).collect(),
             None => cands.iter().collect(),
         };
         match chosen.len() {
-            0 => Err(Error::NotFound(format!("pool '{}' (no importable pool found in the given directories)", name.unwrap_or("")))),
+            0 => Err(Error::NotFound(format!(
+                "pool '{}' (no importable pool found in the given directories{})",
+                super::config::printable(name.unwrap_or("")),
+                unusable.iter().map(|u| format!("; {}: {}", super::config::printable(&u.device.display()), u.reason)).collect::<String>()
+            ))),
             1 => Ok(chosen[0].leaves.clone()),
             _ => Err(Error::invalid(format!(
                 "more than one importable pool{}: {}; name one (or its guid)",
@@ -850,8 +878,9 @@ impl Device for MissingDevice {
     }
 }
 
-/// Files (and block devices) in the search paths that carry a Zilla label.
-fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
+/// Files (and block devices) in the search paths that carry a Zilla label, and those
+/// whose sealed label config does not decode.
+fn scan_search_paths(search: &[PathBuf]) -> Result<(Vec<(LeafSpec, LabelJson)>, Vec<UnusableLabel>)> {
     let mut files = Vec::new();
     for p in search {
         if p.is_dir() {
@@ -865,7 +894,7 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
             return Err(Error::NotFound(p.display().to_string()));
         }
     }
-    let mut out = Vec::new();
+    let (mut out, mut unusable) = (Vec::new(), Vec::new());
     for f in files {
         let Ok(md) = std::fs::metadata(&f) else { continue };
         use std::os::unix::fs::FileTypeExt;
@@ -877,7 +906,14 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
         let Ok(dev) = crate::vdev::file::FileDevice::open_shared(&f) else { continue };
         let Ok(scan) = label::scan_labels(&dev) else { continue };
         let Some((_, j)) = scan.config else { continue };
-        let Ok(lj) = serde_json::from_slice::<LabelJson>(&j) else { continue };
+        let lj = match serde_json::from_slice::<LabelJson>(&j) {
+            Ok(lj) => lj,
+            Err(e) => {
+                let reason = format!("its label verifies but its pool config cannot be decoded: {}", super::config::printable_text(&e.to_string()));
+                unusable.push(UnusableLabel { device: raw, reason });
+                continue;
+            }
+        };
         // keep the latency model recorded in the config for this leaf
         let spec = lj
             .config
@@ -889,7 +925,7 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
             .unwrap_or(raw);
         out.push((spec, lj));
     }
-    Ok(out)
+    Ok((out, unusable))
 }
 
 #[cfg(test)]

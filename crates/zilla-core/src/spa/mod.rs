@@ -54,8 +54,8 @@ mod verify;
 pub mod trim;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
-pub use config::{parse_label, printable, validate_label};
-pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
+pub use config::{is_unsafe_char, parse_label, printable, printable_text, push_printable_char, validate_label};
+pub use import::{ImportOptions, ImportScan, ImportablePool, RewindPlan, UnusableLabel, REWIND_MAX_TXGS};
 pub use mmp::ZFS_MULTIHOST_INTERVAL_MS;
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
