@@ -875,25 +875,43 @@ fn format_unusable(u: &zilla_core::spa::UnusableLabel) -> String {
 }
 
 fn format_importable(p: &ImportablePool) -> String {
+    use zilla_core::spa::PoolHealth;
     use zilla_core::vdev::Role;
     let name = format::safe(&p.name);
-    let mut o = format!("   pool: {name}\n     id: {}\n  state: {}\n", p.guid, format::safe(&p.state));
-    let missing_log: Vec<String> = p.missing.iter().filter(|(r, _)| *r == Role::Log).map(|(_, l)| format::safe(&l.display())).collect();
-    let missing_other = p.missing.iter().any(|(r, _)| *r != Role::Log && *r != Role::Cache && *r != Role::Spare);
-    if !missing_log.is_empty() {
-        o.push_str(&format!(
-            " status: The log device(s) {} are missing; the synchronous writes acknowledged after the\n\tlast synced txg are in the intent log records on them.\n",
+    let names = |role: Role| -> Vec<String> { p.missing.iter().filter(|(r, _)| *r == role).map(|(_, l)| format::safe(&l.display())).collect() };
+    let absent = |role: Role| -> Vec<String> { p.absent_vdevs.iter().filter(|(r, _)| *r == role).map(|(_, v)| format::safe(v)).collect() };
+    let (absent_data, absent_log, missing_data, missing_log) = (absent(Role::Normal), absent(Role::Log), names(Role::Normal), names(Role::Log));
+    // a daemon that does not say (older): as before, any missing data device is fatal
+    let health = p.health.unwrap_or(if missing_data.is_empty() && missing_log.is_empty() { PoolHealth::Online } else { PoolHealth::Unavail });
+    let mut o = format!("   pool: {name}\n     id: {}\n  state: {health}\n", p.guid);
+    // devices missing from vdevs that still have one (a whole log vdev missing: below)
+    let mut missing = missing_data.clone();
+    if absent_log.is_empty() {
+        missing.extend(missing_log.iter().cloned());
+    }
+    let mut status = vec![];
+    if !missing.is_empty() {
+        status.push(format!("One or more devices are missing from the system: {}.", missing.join(", ")));
+    }
+    if !absent_log.is_empty() {
+        status.push(format!(
+            "The log device(s) {} are missing; the synchronous writes acknowledged after the\n\tlast synced txg are in the intent log records on them.",
             missing_log.join(", ")
         ));
     }
-    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") && !missing_other && missing_log.is_empty() {
-        "The pool can be imported using its name or numeric identifier.".to_string()
-    } else if !missing_log.is_empty() && !missing_other {
+    if !status.is_empty() {
+        o.push_str(&format!(" status: {}\n", status.join("\n\t")));
+    }
+    let action = if !absent_data.is_empty() {
+        format!("The pool cannot be imported: every device of {} is missing. Attach the missing\n\tdevices and try again.", absent_data.join(", "))
+    } else if !absent_log.is_empty() {
         "Attach the missing log device(s) and import, or import with 'zilla pool import -m' to\n\tdiscard the log records on them (those synchronous writes are lost).".to_string()
+    } else if health == PoolHealth::Degraded {
+        "The pool can be imported using its name or numeric identifier. It will be DEGRADED:\n\tits redundancy is reduced until the missing devices come back or are replaced.".to_string()
     } else {
-        "The pool cannot be imported: some devices are missing or damaged.".to_string()
+        "The pool can be imported using its name or numeric identifier.".to_string()
     };
-    o.push_str(&format!(" action: {action}\n config:\n\n\t{name}  {}\n", format::safe(&p.state)));
+    o.push_str(&format!(" action: {action}\n config:\n\n\t{name}  {health}\n"));
     for l in &p.leaves {
         o.push_str(&format!("\t  {}\n", format::safe(&l.display())));
     }

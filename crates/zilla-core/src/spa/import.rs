@@ -37,6 +37,15 @@ pub struct ImportablePool {
     /// Devices of the pool's newest config not found in the search, with their role.
     #[serde(default)]
     pub missing: Vec<(Role, LeafSpec)>,
+    /// Data and log vdevs none of whose devices was found (`mirror-1`, or the device of
+    /// a single-device vdev), with their role.
+    #[serde(default)]
+    pub absent_vdevs: Vec<(Role, String)>,
+    /// What an import would make of the pool: ONLINE, DEGRADED (a data or log device is
+    /// missing but every such vdev has one) or UNAVAIL (a data vdev has none: it cannot
+    /// be imported; a log vdev has none: only with `-m`).
+    #[serde(default)]
+    pub health: Option<super::PoolHealth>,
 }
 
 /// A device in the search whose label checksum verifies (it is a Zilla device) but whose
@@ -252,7 +261,15 @@ impl Pool {
             }
             let c = &lj.config;
             let (newest, seen, e) = out.entry(c.guid).or_insert_with(|| {
-                let p = ImportablePool { name: c.name.clone(), guid: c.guid, state: c.state.clone(), leaves: vec![], missing: vec![] };
+                let p = ImportablePool {
+                    name: c.name.clone(),
+                    guid: c.guid,
+                    state: c.state.clone(),
+                    leaves: vec![],
+                    missing: vec![],
+                    absent_vdevs: vec![],
+                    health: None,
+                };
                 (c.clone(), vec![], p)
             });
             if c.txg > newest.txg {
@@ -268,6 +285,7 @@ impl Pool {
             .map(|(cfg, seen, mut p)| {
                 let leaves = cfg.tops.iter().flat_map(|t| t.children.iter().map(move |c| (t.role, c)));
                 p.missing = leaves.filter(|(_, c)| !seen.contains(&c.guid)).map(|(role, c)| (role, c.spec.clone())).collect();
+                set_import_health(&mut p, &cfg, &seen);
                 p
             })
             .collect();
@@ -876,6 +894,27 @@ impl Device for MissingDevice {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Missing
     }
+}
+
+/// The vdevs of `cfg` with no device in `seen`, and the health an import would give
+/// the pool (see [`ImportablePool::health`]). A missing cache or spare device changes
+/// neither.
+fn set_import_health(p: &mut ImportablePool, cfg: &PoolConfig, seen: &[Guid]) {
+    use super::PoolHealth;
+    let counted = |r: Role| matches!(r, Role::Normal | Role::Log);
+    p.absent_vdevs = cfg
+        .tops
+        .iter()
+        .filter(|t| counted(t.role) && !t.children.is_empty() && t.children.iter().all(|c| !seen.contains(&c.guid)))
+        .map(|t| (t.role, if t.mirror { format!("mirror-{}", t.id) } else { t.children[0].spec.display() }))
+        .collect();
+    p.health = Some(if !p.absent_vdevs.is_empty() {
+        PoolHealth::Unavail
+    } else if p.missing.iter().any(|(r, _)| counted(*r)) {
+        PoolHealth::Degraded
+    } else {
+        PoolHealth::Online
+    });
 }
 
 /// Files (and block devices) in the search paths that carry a Zilla label, and those
