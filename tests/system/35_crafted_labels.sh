@@ -7,7 +7,8 @@
 # (txgs are below 2^63), the previous one is loaded, and 40 writes acknowledged with
 # FLUSH after it read back after export and import. Last, a label that verifies but
 # whose config does not decode is named in the listing and the import error, its
-# decoder message shown escaped.
+# decoder message shown escaped; names from labels holding bidi overrides, invisible
+# characters and backslashes are shown escaped.
 . "$(dirname "$0")/lib.sh"
 CRAFT="$(dirname "$0")/../tools/craft_label.py"
 AS_LIMIT=$((4 << 30)) # bytes of address space for the daemon
@@ -67,5 +68,20 @@ grep -qF 'pool config cannot be decoded: unknown variant `\u{202e}\u{1b}[31mevil
 LC_ALL=C grep -q "$(printf '\033')\|$(printf '\342\200\256')" "$T/list" && fail "the listing prints an escape or a bidi override raw: $(cat -v "$T/list")"
 z pool import -d "$T/disks" odd 2>"$T/err" && fail "odd imported though its config does not decode"
 grep -q "$T/disks/odd0: its label verifies but its pool config cannot be decoded" "$T/err" || fail "the import error does not name the device: $(cat "$T/err")"
-stop_daemon
 log "a label whose config does not decode: named, with the decoder's message escaped"
+
+# Names from a label are printed by one rule: a right-to-left override, an isolate, a
+# zero-width space and a backslash in the pool name and in a missing device's path
+# are shown escaped in the listing.
+truncate -s 64M "$T/disks/bidi0" "$T/disks/bidi1"
+z pool create bidi mirror "$T/disks/bidi0" "$T/disks/bidi1"
+z pool export bidi
+rm "$T/disks/bidi1"
+python3 "$CRAFT" config "$T/disks/bidi0" 'config.name' '"ev\u202eil\\x\u200b"' >/dev/null
+python3 "$CRAFT" config "$T/disks/bidi0" 'config.tops.0.children.1.spec.path' '"/gone\u202e\\n\u2066"' >/dev/null
+z pool import -d "$T/disks" >"$T/list" 2>&1 || true
+grep -qF 'pool: ev\u{202e}il\\x\u{200b}' "$T/list" || fail "the pool name is not shown escaped: $(cat -v "$T/list")"
+grep -qF '/gone\u{202e}\\n\u{2066}  device missing' "$T/list" || fail "the missing device's path is not shown escaped: $(cat -v "$T/list")"
+LC_ALL=C grep -q "$(printf '\342\200\256')\|$(printf '\342\201\246')\|$(printf '\342\200\213')" "$T/list" && fail "the listing prints a bidi or invisible character raw: $(cat -v "$T/list")"
+stop_daemon
+log "names from labels: bidi overrides, isolates, invisible characters and backslashes shown escaped"

@@ -326,7 +326,7 @@ impl Pool {
             _ => Err(Error::invalid(format!(
                 "more than one importable pool{}: {}; name one (or its guid)",
                 name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
-                chosen.iter().map(|c| format!("{} ({})", c.name, c.guid)).collect::<Vec<_>>().join(", ")
+                chosen.iter().map(|c| format!("{} ({})", super::config::printable(&c.name), c.guid)).collect::<Vec<_>>().join(", ")
             ))),
         }
     }
