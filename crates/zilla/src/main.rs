@@ -899,10 +899,16 @@ fn format_importable(p: &ImportablePool) -> String {
             missing_log.join(", ")
         ));
     }
+    for (guid, specs) in &p.duplicates {
+        let shown: Vec<String> = specs.iter().map(|s| format::safe(&s.display())).collect();
+        status.push(format!("The devices {} claim to be the same device (guid {guid}):\n\ta copied disk, or a crafted label.", shown.join(" and ")));
+    }
     if !status.is_empty() {
         o.push_str(&format!(" status: {}\n", status.join("\n\t")));
     }
-    let action = if !absent_data.is_empty() {
+    let action = if !p.duplicates.is_empty() {
+        "The pool cannot be imported while two devices claim to be the same one: take out\n\tthe ones that are not the pool's (or name the devices to use with -d) and import again.".to_string()
+    } else if !absent_data.is_empty() {
         format!("The pool cannot be imported: every device of {} is missing. Attach the missing\n\tdevices and try again.", absent_data.join(", "))
     } else if !absent_log.is_empty() {
         "Attach the missing log device(s) and import, or import with 'zilla pool import -m' to\n\tdiscard the log records on them (those synchronous writes are lost).".to_string()

@@ -46,6 +46,11 @@ pub struct ImportablePool {
     /// be imported; a log vdev has none: only with `-m`).
     #[serde(default)]
     pub health: Option<super::PoolHealth>,
+    /// Devices of the pool found more than once: each guid with the devices whose
+    /// labels claim it (a copied disk, or a crafted label). Import refuses the pool
+    /// while any is listed (UNAVAIL).
+    #[serde(default)]
+    pub duplicates: Vec<(Guid, Vec<LeafSpec>)>,
 }
 
 /// A device in the search whose label checksum verifies (it is a Zilla device) but whose
@@ -254,7 +259,7 @@ impl Pool {
         // per pool, the name and state of the newest config any of its devices holds
         // (as import itself chooses): a device detached or removed while the pool was
         // active keeps an older config saying "active" after the pool is exported
-        let mut out: BTreeMap<Guid, (PoolConfig, Vec<Guid>, ImportablePool)> = BTreeMap::new();
+        let mut out: BTreeMap<Guid, (PoolConfig, Vec<(Guid, LeafSpec)>, ImportablePool)> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
                 continue;
@@ -269,6 +274,7 @@ impl Pool {
                     missing: vec![],
                     absent_vdevs: vec![],
                     health: None,
+                    duplicates: vec![],
                 };
                 (c.clone(), vec![], p)
             });
@@ -277,15 +283,17 @@ impl Pool {
                 e.name = c.name.clone();
                 e.state = c.state.clone();
             }
-            seen.push(lj.this_guid);
+            seen.push((lj.this_guid, spec.clone()));
             e.leaves.push(spec);
         }
         let pools = out
             .into_values()
             .map(|(cfg, seen, mut p)| {
+                let guids: Vec<Guid> = seen.iter().map(|(g, _)| *g).collect();
                 let leaves = cfg.tops.iter().flat_map(|t| t.children.iter().map(move |c| (t.role, c)));
-                p.missing = leaves.filter(|(_, c)| !seen.contains(&c.guid)).map(|(role, c)| (role, c.spec.clone())).collect();
-                set_import_health(&mut p, &cfg, &seen);
+                p.missing = leaves.filter(|(_, c)| !guids.contains(&c.guid)).map(|(role, c)| (role, c.spec.clone())).collect();
+                p.duplicates = claimed_twice(&cfg, seen.iter().map(|(g, s)| (*g, s)));
+                set_import_health(&mut p, &cfg, &guids);
                 p
             })
             .collect();
@@ -588,6 +596,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
             }
         }
     }
+    check_one_device_per_guid(&devs, &best_cfg)?;
     Ok((devs, best_cfg))
 }
 
@@ -896,6 +905,35 @@ impl Device for MissingDevice {
     }
 }
 
+/// The devices of `cfg` that more than one device found claims to be: each guid with
+/// the devices (in the order found).
+fn claimed_twice<'a>(cfg: &PoolConfig, found: impl Iterator<Item = (Guid, &'a LeafSpec)>) -> Vec<(Guid, Vec<LeafSpec>)> {
+    let mut by_guid: BTreeMap<Guid, Vec<LeafSpec>> = BTreeMap::new();
+    for (g, spec) in found {
+        by_guid.entry(g).or_default().push(spec.clone());
+    }
+    let in_cfg = |g: &Guid| cfg.tops.iter().any(|t| t.children.iter().any(|c| c.guid == *g));
+    by_guid.into_iter().filter(|(g, specs)| specs.len() > 1 && in_cfg(g)).collect()
+}
+
+/// Refuse an import where two devices claim to be the same device of the pool: which
+/// one is the pool's cannot be told (an older copy would be judged stale or diverged
+/// by spa/stale.rs, but only once it is the only device with that guid).
+fn check_one_device_per_guid(devs: &[DevLabel], cfg: &PoolConfig) -> Result<()> {
+    let found = devs.iter().filter_map(|d| d.3.as_ref().map(|lj| (lj.this_guid, &d.0)));
+    let Some((guid, specs)) = claimed_twice(cfg, found).into_iter().next() else {
+        return Ok(());
+    };
+    let shown: Vec<String> = specs.iter().map(|s| super::config::printable(&s.display())).collect();
+    Err(Error::invalid(format!(
+        "pool '{}': the devices {} {} claim to be its device with guid {guid} (a copied disk, or a crafted label); \
+         take out the ones that are not the pool's (or name the devices to use with -d) and import again",
+        cfg.name,
+        shown.join(" and "),
+        if shown.len() == 2 { "both" } else { "all" }
+    )))
+}
+
 /// The vdevs of `cfg` with no device in `seen`, and the health an import would give
 /// the pool (see [`ImportablePool::health`]). A missing cache or spare device changes
 /// neither.
@@ -908,7 +946,7 @@ fn set_import_health(p: &mut ImportablePool, cfg: &PoolConfig, seen: &[Guid]) {
         .filter(|t| counted(t.role) && !t.children.is_empty() && t.children.iter().all(|c| !seen.contains(&c.guid)))
         .map(|t| (t.role, if t.mirror { format!("mirror-{}", t.id) } else { t.children[0].spec.display() }))
         .collect();
-    p.health = Some(if !p.absent_vdevs.is_empty() {
+    p.health = Some(if !p.absent_vdevs.is_empty() || !p.duplicates.is_empty() {
         PoolHealth::Unavail
     } else if p.missing.iter().any(|(r, _)| counted(*r)) {
         PoolHealth::Degraded
