@@ -523,6 +523,17 @@ fn resolve_limits(
     Ok((limits, nbd_config, frontend_config))
 }
 
+/// Remove sockets a daemon that died left behind (we hold the lock, so any socket
+/// there is such a one).
+fn remove_stale_sockets(socks: &[&Path]) -> anyhow::Result<()> {
+    for s in socks {
+        if std::fs::symlink_metadata(s).is_ok() {
+            std::fs::remove_file(s).with_context(|| format!("cannot remove stale socket {}", s.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Run the daemon until SIGTERM/SIGINT. `preimported` pools (the demo's) are added
 /// before the cache file is read. `ready` is called once every listener is bound.
 pub async fn run(
@@ -536,12 +547,7 @@ pub async fn run(
     let (limits, nbd_config, frontend_config) = resolve_limits(&opts)?;
     let admin_sock = dir.join("zilla.sock");
     let nbd_sock = dir.join("nbd.sock");
-    for s in [&admin_sock, &nbd_sock] {
-        // We hold the lock, so any socket here is left over from a daemon that died.
-        if std::fs::symlink_metadata(s).is_ok() {
-            std::fs::remove_file(s).with_context(|| format!("cannot remove stale socket {}", s.display()))?;
-        }
-    }
+    remove_stale_sockets(&[&admin_sock, &nbd_sock])?;
 
     // Bind everything first so a busy port fails the start before pools are touched.
     let admin_listener = tokio::net::UnixListener::bind(&admin_sock)
@@ -581,8 +587,7 @@ pub async fn run(
         nbd,
     });
     for p in preimported {
-        let name = p.name();
-        daemon.pools.insert(name, p);
+        daemon.pools.insert(p.name(), p);
     }
     daemon.import_cached(opts.no_import).await?;
     {

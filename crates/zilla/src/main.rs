@@ -681,6 +681,29 @@ async fn set_cmd(c: &Client, assignment: &str, name: String) -> Result<(), Strin
     Ok(())
 }
 
+/// `pool status [-v] [-x] [POOL]...` (the daemon's notices first when no pool is named).
+async fn status_cmd(c: &Client, verbose: bool, problems: bool, pools: &[String]) -> Result<(), String> {
+    let st: Vec<PoolStatusEntry> = fetch(c, "/v1/status", pools).await?;
+    if pools.is_empty() {
+        print_notices(c).await;
+    }
+    if st.is_empty() {
+        println!("no pools available");
+        return Ok(());
+    }
+    let shown: Vec<&PoolStatusEntry> = st.iter().filter(|s| !problems || !format::is_healthy_entry(s)).collect();
+    if shown.is_empty() {
+        match pools {
+            [one] => println!("pool '{one}' is healthy"),
+            _ => println!("all pools are healthy"),
+        }
+        return Ok(());
+    }
+    let text: Vec<String> = shown.iter().map(|s| format::pool_status(&s.status, s.unavailable.as_deref(), verbose)).collect();
+    print!("{}", text.join("\n"));
+    Ok(())
+}
+
 async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
     match cmd {
         PoolCmd::Create { force, props, pool, vdevs } => {
@@ -692,26 +715,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
             };
             let _: Empty = c.post("/v1/pools", &CreatePool { name: pool.clone(), tops, force, props }).await.map_err(err)?;
         }
-        PoolCmd::Status { verbose, problems, pools } => {
-            let st: Vec<PoolStatusEntry> = fetch(c, "/v1/status", &pools).await?;
-            if pools.is_empty() {
-                print_notices(c).await;
-            }
-            if st.is_empty() {
-                println!("no pools available");
-                return Ok(());
-            }
-            let shown: Vec<&PoolStatusEntry> = st.iter().filter(|s| !problems || !format::is_healthy_entry(s)).collect();
-            if shown.is_empty() {
-                match pools.as_slice() {
-                    [one] => println!("pool '{one}' is healthy"),
-                    _ => println!("all pools are healthy"),
-                }
-                return Ok(());
-            }
-            let text: Vec<String> = shown.iter().map(|s| format::pool_status(&s.status, s.unavailable.as_deref(), verbose)).collect();
-            print!("{}", text.join("\n"));
-        }
+        PoolCmd::Status { verbose, problems, pools } => status_cmd(c, verbose, problems, &pools).await?,
         PoolCmd::List { scripted, parsable, columns, pools } => {
             let cols = format::list_columns(columns.as_deref())?;
             let rows: Vec<PoolListRow> = fetch(c, "/v1/pools", &pools).await?;
