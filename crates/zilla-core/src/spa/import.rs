@@ -9,6 +9,11 @@
 //! the MOS from the newest uberblock whose object directory reads back, claiming the
 //! MOS blocks in a fresh allocator. Leaves whose uberblock rings show they missed txgs
 //! or were written apart from the pool get those txgs in their DTL (spa/stale.rs).
+//! Two devices whose labels claim the same device guid cannot both be it: import
+//! refuses, naming both (which is the pool's cannot be told; an older copy alone is
+//! judged stale). The listing (`scan_importable`) gives each pool the state an import
+//! would give it, and names every device whose label verifies but whose config does
+//! not decode, never skipping one silently.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
