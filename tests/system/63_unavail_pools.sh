@@ -2,10 +2,13 @@
 # Goal: one pool that cannot be imported never keeps the daemon from serving the
 # others, and a restart brings back what was there. (1) A pool of the cache file whose
 # devices are gone is UNAVAIL with the reason in `pool status` and `pool list` while the
-# other pool is served; `pool export` forgets it. (2) `serve --no-import` imports
+# other pool is served; `pool clear` of it names its state, the reason and the way out;
+# `pool export` forgets it. (2) `serve --no-import` imports
 # nothing and keeps the cache file; `pool import NAME` imports from the cached devices.
 # (3) kill -9 while `pool export` runs: the pool whose export did not finish is
 # imported at the next start. (4) kill -9 is not a broken invariant: every pool is back.
+# (5) A cache file that cannot be read is kept aside as zilla.cache.bad and the daemon
+# starts without it (with or without --no-import).
 . "$(dirname "$0")/lib.sh"
 start_daemon
 make_pool good 128M
@@ -28,6 +31,8 @@ z pool status | grep -q 'pool: good' || fail "pool status without a name lacks g
 z pool list -H -o name,health,size >"$T/list"
 grep -qx "gone	UNAVAIL	-" "$T/list" || fail "pool list does not show gone UNAVAIL: $(cat "$T/list")"
 grep -q "cannot import pool 'gone' from the cache file" "$T/daemon.log" || fail "no log line for gone"
+# an admin command on it says what state it is in, why, and the way out
+expect_error "cannot clear errors for 'gone': pool 'gone' is UNAVAIL \(not imported\): .*gone-b1: does not exist; .*import it with .zilla pool import gone." z pool clear gone
 nbdcopy "$uri" "$T/back" && cmp -n $((4 << 20)) "$T/data" "$T/back" || fail "good does not serve its data"
 z pool export gone
 z pool list -H -o name | grep -qx gone && fail "gone still listed after export"
@@ -82,4 +87,23 @@ z pool list -H -o name,health >"$T/list"
 grep -qx "good	ONLINE" "$T/list" && grep -qx "ex	ONLINE" "$T/list" || fail "not every pool is back after kill -9: $(cat "$T/list")"
 z pool export ex
 stop_daemon
-log "unavailable pools, --no-import, interrupted export, kill -9 OK"
+
+# (5) a cache file that cannot be read keeps no daemon from starting: it is moved aside
+# to zilla.cache.bad, the log and `pool status` say so, pools are imported by hand
+# and a new cache file is written
+: >"$STATE/zilla.cache"
+start_daemon --no-import
+[ -f "$STATE/zilla.cache.bad" ] || fail "the empty cache file was not kept as zilla.cache.bad"
+z pool status >"$T/st"
+grep -q "^note: .*zilla.cache is not a valid cache file: EOF.*kept as $STATE/zilla.cache.bad" "$T/st" || fail "pool status does not say the cache file was unreadable: $(cat "$T/st")"
+stop_daemon
+printf '{"version":1,"pools":[{"name":"good"' >"$STATE/zilla.cache"
+cp "$STATE/zilla.cache" "$T/cache.cut"
+start_daemon
+cmp "$STATE/zilla.cache.bad.1" "$T/cache.cut" || fail "the cut-short cache file was not kept as zilla.cache.bad.1"
+grep -q "ERROR.*zilla.cache is not a valid cache file.*kept as $STATE/zilla.cache.bad.1" "$T/daemon.log" || fail "no log line for the unreadable cache file"
+z pool import -d "$T/disks" good
+grep -q '"good"' "$STATE/zilla.cache" || fail "no new cache file after the import"
+z pool status good | grep -q 'state: ONLINE' || fail "good not ONLINE after the import by hand"
+stop_daemon
+log "unavailable pools, --no-import, interrupted export, kill -9, unreadable cache file OK"

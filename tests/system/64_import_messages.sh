@@ -5,7 +5,10 @@
 # (not that it does not exist) and does not claim a loss window from today's
 # zfs_txg_timeout; the import listing marks the log device missing and names -m; the
 # import without -m refuses the same way; -m imports; the listing then no longer
-# offers the imported pool.
+# offers the imported pool. A mirror with one child missing is listed as importable,
+# DEGRADED, naming the missing device, and imports; with a copy of its other child
+# beside it, the listing and the import name both devices claiming to be one and the
+# import refuses.
 . "$(dirname "$0")/lib.sh"
 start_daemon
 for d in a0 a1 log0; do truncate -s 256M "$T/disks/$d"; done
@@ -42,5 +45,31 @@ z pool status tank | grep -q 'state: ' || fail "no status after import -m"
 if z pool import -d "$T/disks" >"$T/listing2" 2>&1; then
     grep -q 'pool: tank' "$T/listing2" && fail "the listing offers the pool this daemon has imported"
 fi
+
+# A mirror with one child missing imports DEGRADED: the listing says it can be imported,
+# DEGRADED, and names the missing device.
+mkdir "$T/mir"
+truncate -s 128M "$T/mir/m0" "$T/mir/m1"
+z pool create mir mirror "$T/mir/m0" "$T/mir/m1"
+z pool export mir
+mv "$T/mir/m1" "$T/m1.away"
+z pool import -d "$T/mir" >"$T/listing3"
+cat "$T/listing3"
+grep -q '^  state: DEGRADED$' "$T/listing3" || fail "the listing does not say the pool would be DEGRADED"
+grep -q 'cannot be imported' "$T/listing3" && fail "the listing says a mirror with one child left cannot be imported"
+grep -q 'The pool can be imported' "$T/listing3" || fail "the listing does not say the pool can be imported"
+grep -q "missing from the system: $T/mir/m1\." "$T/listing3" || fail "the listing does not name the missing device in its status"
+grep -q "$T/mir/m1  device missing" "$T/listing3" || fail "the listing does not mark the missing device"
+# Two devices claiming to be the same child (a copy of m0 beside it): the listing and
+# the import say so, naming both and the guid; import refuses.
+cp --sparse=always "$T/mir/m0" "$T/mir/m0-copy"
+z pool import -d "$T/mir" >"$T/listing4"
+cat "$T/listing4"
+grep -q '^  state: UNAVAIL$' "$T/listing4" || fail "the listing offers a pool two of whose devices claim to be the same one"
+grep -q "The devices $T/mir/m0 and $T/mir/m0-copy claim to be the same device (guid [0-9]*)" "$T/listing4" || fail "the listing does not name both devices and the guid"
+expect_error "the devices $T/mir/m0 and $T/mir/m0-copy both claim to be its device with guid [0-9]+ \(a copied disk" z pool import -d "$T/mir" mir
+rm "$T/mir/m0-copy"
+z pool import -d "$T/mir" mir
+z pool status mir | grep -q '^ state: DEGRADED$' || fail "mir not DEGRADED after the import"
 stop_daemon
 log "import messages OK"

@@ -11,6 +11,8 @@
 # the devices heal, `clear` must resume the pool and the held writer must go on. Round 2:
 # both fail again; a plain `export` is refused and says `-f`; `export -f` must export; the
 # devices heal; `import` and the ledger's verify: nothing acknowledged is missing.
+# Round 3: `destroy -f` of a suspended pool takes it out of the daemon but fails, saying
+# its labels could not be cleared (an import still finds it); healed, it imports.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/lazyfs.sh"
 on_exit '[ -z "${WPID:-}" ] || kill $WPID'
@@ -102,7 +104,24 @@ zt 30 pool import -d "$M" tank
 [ "$ZRC" -eq 0 ] || fail "import after export -f and heal failed: $(cat "$T/out")"
 wait_state ONLINE 15
 "${CLIENT[@]}" verify "$LEDGER" "$STATE/nbd.sock" tank/vol || fail "round 2: acknowledged writes lost after export -f and import"
-zt 10 pool export tank
-[ "$ZRC" -eq 0 ] || fail "plain export of the healed pool failed: $(cat "$T/out")"
+
+# Round 3: destroy -f of a suspended pool: gone from the daemon, but its labels could
+# not be cleared, and the admin is told so (an import still finds it).
+start_writer 60
+fail_fsyncs
+zt 30 pool destroy -f tank
+[ "$ZRC" -ne 0 ] || fail "destroy -f of a suspended pool said it was done though no label could be cleared"
+grep -q "removed from this daemon, but the labels on $M/d0 .*could not be cleared" "$T/out" || fail "destroy's error does not say the labels stay: $(cat "$T/out")"
+grep -q "pool import" "$T/out" || fail "destroy's error does not say an import still finds the pool: $(cat "$T/out")"
+wait "$WPID" || true # disconnected by destroy -f
+WPID=
+zt 5 pool list -H
+grep -q '^tank' "$T/out" && fail "tank still listed after destroy -f"
+ctl clear
+zt 30 pool import -d "$M"
+grep -q "pool: tank" "$T/out" || fail "the labels the destroy could not clear are gone: $(cat "$T/out")"
+zt 30 pool import -d "$M" tank
+zt 30 pool destroy tank
+[ "$ZRC" -eq 0 ] || fail "destroy of the healed pool failed: $(cat "$T/out")"
 stop_daemon
-log "suspended pool: clear, export -f, heal and import all answered; nothing acknowledged lost"
+log "suspended pool: clear, export -f, heal and import, destroy -f all answered; nothing acknowledged lost"

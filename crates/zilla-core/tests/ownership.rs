@@ -419,6 +419,33 @@ fn the_importable_list_shows_the_state_of_the_newest_config() {
     assert_eq!(found[0].leaves.len(), 3);
 }
 
+/// Two devices claiming to be the same device of a pool (a copy of one beside it) are
+/// named in the listing (the pool UNAVAIL) and the import refuses, naming both and the
+/// guid: which one is the pool's cannot be told. Without the copy it imports.
+#[test]
+fn two_devices_claiming_one_guid_are_named_and_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = files(dir.path(), &["b", "c"]);
+    let pool = Pool::create("tank", mirror(l.clone()), CreateOptions::default()).unwrap();
+    write_and_sync(&pool, 4);
+    pool.export().unwrap();
+    let copy = dir.path().join("b-copy");
+    std::fs::copy(&l[0].path, &copy).unwrap();
+    let scan = Pool::scan_importable(&[dir.path().to_path_buf()]).unwrap();
+    let p = &scan.pools[0];
+    assert_eq!(p.health, Some(zilla_core::spa::PoolHealth::Unavail), "{p:?}");
+    assert_eq!(p.duplicates.len(), 1, "{p:?}");
+    let mut claimed: Vec<PathBuf> = p.duplicates[0].1.iter().map(|s| s.path.clone()).collect();
+    claimed.sort();
+    assert_eq!(claimed, vec![l[0].path.clone(), copy.clone()]);
+    let e = Pool::import(&[dir.path().to_path_buf()], Some("tank")).err().expect("import with two devices claiming one guid").to_string();
+    let guid = p.duplicates[0].0;
+    assert!(e.contains(&format!("both claim to be its device with guid {guid}")), "{e}");
+    assert!(e.contains(&copy.display().to_string()) && e.contains(&l[0].path.display().to_string()), "{e}");
+    std::fs::remove_file(&copy).unwrap();
+    Pool::import(&[dir.path().to_path_buf()], Some("tank")).expect("import without the copy").export().unwrap();
+}
+
 /// The embedded log region of a plain-file leaf is filled (no holes) when a pool is
 /// created on it and when it is imported, not by a dry run (`import -F -n` writes
 /// nothing). Method: create on sparse files; punch a hole in the region of an

@@ -158,6 +158,10 @@ pub struct DaemonInfo {
     pub nbd_unix: Option<String>,
     pub iscsi: Option<String>,
     pub http: Option<String>,
+    /// What the admin should know about this start, e.g. a cache file that could not
+    /// be read and was moved aside.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -1,8 +1,13 @@
 //! Error messages quote bad values, and a value can be anything a client sent (a
 //! 1.5 MB "volume name"). Every message that leaves the daemon or the CLI passes
 //! through [`clip_message`]: a quoted part ('...' or "...") longer than
-//! [`QUOTE_MAX_CHARS`] is cut to that length and marked, control characters are
-//! shown escaped (a message stays one line), and the whole message is bounded.
+//! [`QUOTE_MAX_CHARS`] is cut to that length and marked, control characters and the
+//! characters that reorder or hide text (bidi overrides and isolates, zero-width and
+//! other invisible format characters: `zilla_core::spa::is_unsafe_char`) are shown
+//! escaped (a message stays one line and reads as it is), and the whole message is
+//! bounded. A name on its own ([`clip`]) follows the rule of `zilla_core::spa::printable`,
+//! which escapes the backslash as well; a whole message leaves backslashes as they are,
+//! as the names in it are escaped already.
 
 /// Longest part of a bad value quoted back.
 pub const QUOTE_MAX_CHARS: usize = 100;
@@ -10,17 +15,23 @@ pub const QUOTE_MAX_CHARS: usize = 100;
 const MESSAGE_MAX_CHARS: usize = 1000;
 const CUT_MARK: &str = "...(truncated)";
 
-/// `s` cut to [`QUOTE_MAX_CHARS`] characters (marked when cut).
+/// A name (from a device or a client) fit to print: escaped by the one rule of
+/// `zilla_core::spa::printable` and cut to [`QUOTE_MAX_CHARS`] characters (marked
+/// when cut).
 pub fn clip(s: &str) -> String {
-    let mut out: String = s.chars().take(QUOTE_MAX_CHARS).map(printable).collect::<Vec<_>>().concat();
+    let mut out = String::new();
+    for c in s.chars().take(QUOTE_MAX_CHARS) {
+        zilla_core::spa::push_printable_char(&mut out, c);
+    }
     if s.chars().nth(QUOTE_MAX_CHARS).is_some() {
         out.push_str(CUT_MARK);
     }
     out
 }
 
+/// A character of a message: escaped when unsafe, else as it is (backslash included).
 fn printable(c: char) -> String {
-    if c.is_control() {
+    if zilla_core::spa::is_unsafe_char(c) {
         c.escape_default().to_string()
     } else {
         c.to_string()
@@ -91,6 +102,18 @@ mod tests {
         assert_eq!(clip("short"), "short");
         // An apostrophe with no closing quote does not swallow the message.
         assert_eq!(clip_message("can't open it"), "can't open it");
+    }
+
+    #[test]
+    fn names_and_messages_hide_nothing() {
+        // a right-to-left override, an isolate, a zero-width space, a BOM, a backslash
+        let name = "ev\u{202e}il\u{2066}\\x\u{200b}\u{feff}";
+        assert_eq!(clip(name), "ev\\u{202e}il\\u{2066}\\\\x\\u{200b}\\u{feff}");
+        assert_eq!(clip(name), zilla_core::spa::printable(name), "one rule for every name");
+        assert_eq!(clip("café"), "café", "other characters stay readable");
+        // a message keeps its backslashes (its names are escaped already) but hides nothing
+        assert_eq!(clip_message(&format!("pool '{}'", clip(name))), format!("pool '{}'", clip(name)));
+        assert_eq!(clip_message("a\u{202e}b\\c"), "a\\u{202e}b\\c");
     }
 
     #[test]

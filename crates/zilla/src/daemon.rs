@@ -7,6 +7,8 @@
 //! ```text
 //!   DIR/zilla.lock    flock'd for the daemon's lifetime; holds its pid
 //!   DIR/zilla.cache   JSON: the pools this daemon has imported and their leaf specs
+//!                     (one that cannot be read is moved aside to zilla.cache.bad and
+//!                     the start goes on without it; `pool status` says so)
 //!   DIR/zilla.sock    admin API: JSON over HTTP/1.1 (the CLI talks to this)
 //!   DIR/nbd.sock      NBD over a unix socket (TCP on --nbd as well)
 //! ```
@@ -170,6 +172,9 @@ pub struct Daemon {
     unavailable: Mutex<Vec<Unavailable>>,
     /// Serialises configuration changes and cache-file writes.
     admin: tokio::sync::Mutex<()>,
+    /// What the admin should know about this start (a cache file that could not be
+    /// read): `/v1/info`, shown by `pool status` and the import listing.
+    notices: Mutex<Vec<String>>,
     pub info: DaemonInfo,
     /// The NBD server (its counters, limits and the shared front end: memory budget,
     /// per-volume and per-client statistics) for /metrics and the API.
@@ -243,8 +248,22 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 impl Daemon {
+    /// The imported pool `name`; for a pool of the cache file not imported here, an
+    /// error that says so, why, and the way out (not "no such pool").
     fn pool(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
-        self.pools.get(name).ok_or_else(|| ApiError::not_found("no such pool"))
+        if let Some(p) = self.pools.get(name) {
+            return Ok(p);
+        }
+        let Some(u) = self.unavailable_entry(name) else {
+            return Err(ApiError::not_found("no such pool"));
+        };
+        let shown = crate::clip::clip(name);
+        let way_out = if u.reason.contains("zilla pool import") {
+            String::new()
+        } else {
+            format!("; once its devices (or their labels) are fixed, import it with `zilla pool import {shown}`")
+        };
+        Err(ApiError(StatusCode::CONFLICT, format!("pool '{shown}' is UNAVAIL (not imported): {}{way_out}", u.reason)))
     }
 
     /// Split "pool/vol" and find the pool.
@@ -321,23 +340,32 @@ impl Daemon {
     /// imported again at the next start) (failure: nothing changed), then the engine
     /// acts (failure: the cache file is written with it again), then the table forgets
     /// it (export: and the cache file drops it).
-    async fn retire_pool(self: &Arc<Self>, name: &str, act: fn(&Pool) -> zilla_core::Result<()>, exporting: bool) -> Result<(), ApiError> {
+    /// `act`'s Ok means the pool is gone from the engine (its value is passed back).
+    async fn retire_pool<T: Send + 'static>(
+        self: &Arc<Self>,
+        name: &str,
+        act: fn(&Pool) -> zilla_core::Result<T>,
+        exporting: bool,
+    ) -> Result<T, ApiError> {
         let p = self.pool(name)?;
         let first = if exporting { self.save_cache_edited(None, Some(name)).await } else { self.save_cache_without(Some(name)).await };
         first.map_err(|ApiError(s, m)| ApiError(s, format!("{m}; nothing was changed")))?;
-        if let Err(e) = blocking_for(name, move || Ok(act(&p)?)).await {
-            if let Err(ApiError(_, m)) = self.save_cache().await {
-                tracing::error!("pool '{name}' stays imported but is missing from the cache file: {m}");
+        let done = match blocking_for(name, move || Ok(act(&p)?)).await {
+            Ok(done) => done,
+            Err(e) => {
+                if let Err(ApiError(_, m)) = self.save_cache().await {
+                    tracing::error!("pool '{name}' stays imported but is missing from the cache file: {m}");
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         self.pools.remove(name);
         if exporting {
             if let Err(ApiError(_, m)) = self.save_cache().await {
                 tracing::error!("pool '{name}' was exported, but {m}; the next start imports it again");
             }
         }
-        Ok(())
+        Ok(done)
     }
 
     /// After a device change the engine already committed to the labels: write the
@@ -371,7 +399,11 @@ impl Daemon {
     /// after a stop on a broken invariant (and all of them with `no_import`).
     async fn import_cached(self: &Arc<Self>, no_import: bool) -> anyhow::Result<()> {
         crate::state_dir::record_stops_in(&self.state_dir);
-        let mut cache = read_cache(&self.state_dir)?;
+        let (mut cache, problem) = crate::state_dir::load_cache(&self.state_dir);
+        if let Some(problem) = problem {
+            tracing::error!("{problem}");
+            self.notices.lock().push(problem);
+        }
         let stop = crate::state_dir::read_stop_record(&self.state_dir);
         if let Some(stop) = &stop {
             hold_stopped_pool(&mut cache, stop);
@@ -491,6 +523,17 @@ fn resolve_limits(
     Ok((limits, nbd_config, frontend_config))
 }
 
+/// Remove sockets a daemon that died left behind (we hold the lock, so any socket
+/// there is such a one).
+fn remove_stale_sockets(socks: &[&Path]) -> anyhow::Result<()> {
+    for s in socks {
+        if std::fs::symlink_metadata(s).is_ok() {
+            std::fs::remove_file(s).with_context(|| format!("cannot remove stale socket {}", s.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Run the daemon until SIGTERM/SIGINT. `preimported` pools (the demo's) are added
 /// before the cache file is read. `ready` is called once every listener is bound.
 pub async fn run(
@@ -504,12 +547,7 @@ pub async fn run(
     let (limits, nbd_config, frontend_config) = resolve_limits(&opts)?;
     let admin_sock = dir.join("zilla.sock");
     let nbd_sock = dir.join("nbd.sock");
-    for s in [&admin_sock, &nbd_sock] {
-        // We hold the lock, so any socket here is left over from a daemon that died.
-        if std::fs::symlink_metadata(s).is_ok() {
-            std::fs::remove_file(s).with_context(|| format!("cannot remove stale socket {}", s.display()))?;
-        }
-    }
+    remove_stale_sockets(&[&admin_sock, &nbd_sock])?;
 
     // Bind everything first so a busy port fails the start before pools are touched.
     let admin_listener = tokio::net::UnixListener::bind(&admin_sock)
@@ -535,6 +573,7 @@ pub async fn run(
         nbd_unix: Some(nbd_sock.display().to_string()),
         iscsi: opts.iscsi.clone(),
         http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
+        notices: vec![],
     };
     let pools = Arc::new(PoolTable::default());
     let nbd = crate::nbd_glue::server(pools.clone(), frontend_config, nbd_config);
@@ -542,13 +581,13 @@ pub async fn run(
         state_dir: dir.clone(),
         pools,
         unavailable: Mutex::new(vec![]),
+        notices: Mutex::new(vec![]),
         admin: tokio::sync::Mutex::new(()),
         info: info.clone(),
         nbd,
     });
     for p in preimported {
-        let name = p.name();
-        daemon.pools.insert(name, p);
+        daemon.pools.insert(p.name(), p);
     }
     daemon.import_cached(opts.no_import).await?;
     {
@@ -646,7 +685,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
 }
 
 async fn info(State(d): State<Arc<Daemon>>) -> Json<DaemonInfo> {
-    Json(d.info.clone())
+    Json(DaemonInfo { notices: d.notices.lock().clone(), ..d.info.clone() })
 }
 
 #[derive(Deserialize)]
@@ -791,11 +830,11 @@ fn search_paths(dirs: &[String]) -> Vec<PathBuf> {
 
 /// The pools `pool import` could import from the search paths, leaving out those this
 /// daemon has imported already (their labels say "active" on this host).
-async fn pool_importable(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<Vec<zilla_core::spa::ImportablePool>> {
+async fn pool_importable(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportReq>) -> ApiResult<zilla_core::spa::ImportScan> {
     let search = search_paths(&req.dirs);
-    let mut found = blocking(move || Ok(Pool::find_importable(&search)?)).await?;
+    let mut found = blocking(move || Ok(Pool::scan_importable(&search)?)).await?;
     let imported: Vec<zilla_core::Guid> = d.pools.all().iter().map(|(_, p)| p.guid()).collect();
-    found.retain(|f| !imported.contains(&f.guid));
+    found.pools.retain(|f| !imported.contains(&f.guid));
     Ok(Json(found))
 }
 
@@ -957,9 +996,20 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
         }
         return Err(ApiError::not_found("no such pool"));
     }
-    d.retire_pool(&pool, Pool::destroy, false).await?;
-    tracing::info!("destroyed pool '{pool}'");
-    Ok(Json(Empty {}))
+    let report = d.retire_pool(&pool, Pool::destroy_report, false).await?;
+    if report.labels_kept.is_empty() {
+        tracing::info!("destroyed pool '{pool}'");
+        return Ok(Json(Empty {}));
+    }
+    // As a device's failure: the pool is gone here, but its labels are not.
+    let kept: Vec<String> = report.labels_kept.iter().map(|(dev, e)| format!("{} ({e})", zilla_core::spa::printable(dev))).collect();
+    let msg = format!(
+        "the pool was removed from this daemon, but the labels on {} could not be cleared: \
+         `zilla pool import` may still find the pool there; once the devices work, import it and destroy it again",
+        kept.join(", ")
+    );
+    tracing::error!("destroy of pool '{pool}': {msg}");
+    Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, msg))
 }
 
 async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<ScrubReq>) -> ApiResult<Empty> {

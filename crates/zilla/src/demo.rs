@@ -58,7 +58,8 @@ async fn engine<T: Send + 'static>(
 /// Find or make the pool. None = the state directory's cache file has it, so the
 /// daemon imports it at start.
 async fn prepare_pool(dir: &Path, state: &Path) -> anyhow::Result<Option<Arc<Pool>>> {
-    if daemon::read_cache(state)?.pools.iter().any(|p| p.name == POOL) {
+    // (a cache file that cannot be read is moved aside by the daemon at start)
+    if daemon::read_cache(state).is_ok_and(|c| c.pools.iter().any(|p| p.name == POOL)) {
         return Ok(None);
     }
     let files = leaf_files(dir);

@@ -681,6 +681,29 @@ async fn set_cmd(c: &Client, assignment: &str, name: String) -> Result<(), Strin
     Ok(())
 }
 
+/// `pool status [-v] [-x] [POOL]...` (the daemon's notices first when no pool is named).
+async fn status_cmd(c: &Client, verbose: bool, problems: bool, pools: &[String]) -> Result<(), String> {
+    let st: Vec<PoolStatusEntry> = fetch(c, "/v1/status", pools).await?;
+    if pools.is_empty() {
+        print_notices(c).await;
+    }
+    if st.is_empty() {
+        println!("no pools available");
+        return Ok(());
+    }
+    let shown: Vec<&PoolStatusEntry> = st.iter().filter(|s| !problems || !format::is_healthy_entry(s)).collect();
+    if shown.is_empty() {
+        match pools {
+            [one] => println!("pool '{one}' is healthy"),
+            _ => println!("all pools are healthy"),
+        }
+        return Ok(());
+    }
+    let text: Vec<String> = shown.iter().map(|s| format::pool_status(&s.status, s.unavailable.as_deref(), verbose)).collect();
+    print!("{}", text.join("\n"));
+    Ok(())
+}
+
 async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
     match cmd {
         PoolCmd::Create { force, props, pool, vdevs } => {
@@ -692,23 +715,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
             };
             let _: Empty = c.post("/v1/pools", &CreatePool { name: pool.clone(), tops, force, props }).await.map_err(err)?;
         }
-        PoolCmd::Status { verbose, problems, pools } => {
-            let st: Vec<PoolStatusEntry> = fetch(c, "/v1/status", &pools).await?;
-            if st.is_empty() {
-                println!("no pools available");
-                return Ok(());
-            }
-            let shown: Vec<&PoolStatusEntry> = st.iter().filter(|s| !problems || !format::is_healthy_entry(s)).collect();
-            if shown.is_empty() {
-                match pools.as_slice() {
-                    [one] => println!("pool '{one}' is healthy"),
-                    _ => println!("all pools are healthy"),
-                }
-                return Ok(());
-            }
-            let text: Vec<String> = shown.iter().map(|s| format::pool_status(&s.status, s.unavailable.as_deref(), verbose)).collect();
-            print!("{}", text.join("\n"));
-        }
+        PoolCmd::Status { verbose, problems, pools } => status_cmd(c, verbose, problems, &pools).await?,
         PoolCmd::List { scripted, parsable, columns, pools } => {
             let cols = format::list_columns(columns.as_deref())?;
             let rows: Vec<PoolListRow> = fetch(c, "/v1/pools", &pools).await?;
@@ -773,6 +780,15 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
     Ok(())
 }
 
+/// What the daemon says the admin should know about its start (a cache file it could
+/// not read), one `note:` line each; nothing when it cannot be asked.
+async fn print_notices(c: &Client) {
+    let Ok(info) = c.get::<DaemonInfo>("/v1/info").await else { return };
+    for n in &info.notices {
+        println!("note: {}", clip::clip_message(n));
+    }
+}
+
 /// `zilla pool import` flags: -f, -F, -n, -m.
 struct ImportFlags {
     force: bool,
@@ -800,18 +816,25 @@ async fn import_cmd(c: &Client, dirs: Vec<PathBuf>, flags: ImportFlags, pool: Op
                 .map_err(ctx(format!("cannot import '{name}'")))?;
         }
         None => {
-            let found: Vec<ImportablePool> = c
+            print_notices(c).await;
+            let found: zilla_core::spa::ImportScan = c
                 .post("/v1/importable", &ImportReq { dirs, name: None, ..Default::default() })
                 .await
                 .map_err(ctx("cannot discover pools".to_string()))?;
-            if found.is_empty() {
-                return Err("no pools available to import".into());
-            }
-            for (i, p) in found.iter().enumerate() {
+            for (i, p) in found.pools.iter().enumerate() {
                 if i > 0 {
                     println!();
                 }
                 print!("{}", format_importable(p));
+            }
+            for (i, u) in found.unusable.iter().enumerate() {
+                if i > 0 || !found.pools.is_empty() {
+                    println!();
+                }
+                print!("{}", format_unusable(u));
+            }
+            if found.pools.is_empty() {
+                return Err("no pools available to import".into());
             }
         }
     }
@@ -844,26 +867,61 @@ fn format_rewind_plan(p: &zilla_core::spa::RewindPlan) -> String {
     )
 }
 
+/// A device of the listing whose label cannot be used, as `zpool import` shows one.
+fn format_unusable(u: &zilla_core::spa::UnusableLabel) -> String {
+    let reason = crate::clip::clip_message(&u.reason);
+    let mut chars = reason.chars();
+    let reason: String = chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default();
+    format!(
+        " device: {}\n  state: UNAVAIL\n status: {reason}.\n action: No pool can be imported from this device; import its pool from its other devices,\n\tif any, and replace this one.\n",
+        format::safe(&u.device.display()),
+    )
+}
+
 fn format_importable(p: &ImportablePool) -> String {
+    use zilla_core::spa::PoolHealth;
     use zilla_core::vdev::Role;
     let name = format::safe(&p.name);
-    let mut o = format!("   pool: {name}\n     id: {}\n  state: {}\n", p.guid, format::safe(&p.state));
-    let missing_log: Vec<String> = p.missing.iter().filter(|(r, _)| *r == Role::Log).map(|(_, l)| format::safe(&l.display())).collect();
-    let missing_other = p.missing.iter().any(|(r, _)| *r != Role::Log && *r != Role::Cache && *r != Role::Spare);
-    if !missing_log.is_empty() {
-        o.push_str(&format!(
-            " status: The log device(s) {} are missing; the synchronous writes acknowledged after the\n\tlast synced txg are in the intent log records on them.\n",
+    let names = |role: Role| -> Vec<String> { p.missing.iter().filter(|(r, _)| *r == role).map(|(_, l)| format::safe(&l.display())).collect() };
+    let absent = |role: Role| -> Vec<String> { p.absent_vdevs.iter().filter(|(r, _)| *r == role).map(|(_, v)| format::safe(v)).collect() };
+    let (absent_data, absent_log, missing_data, missing_log) = (absent(Role::Normal), absent(Role::Log), names(Role::Normal), names(Role::Log));
+    // a daemon that does not say (older): as before, any missing data device is fatal
+    let health = p.health.unwrap_or(if missing_data.is_empty() && missing_log.is_empty() { PoolHealth::Online } else { PoolHealth::Unavail });
+    let mut o = format!("   pool: {name}\n     id: {}\n  state: {health}\n", p.guid);
+    // devices missing from vdevs that still have one (a whole log vdev missing: below)
+    let mut missing = missing_data.clone();
+    if absent_log.is_empty() {
+        missing.extend(missing_log.iter().cloned());
+    }
+    let mut status = vec![];
+    if !missing.is_empty() {
+        status.push(format!("One or more devices are missing from the system: {}.", missing.join(", ")));
+    }
+    if !absent_log.is_empty() {
+        status.push(format!(
+            "The log device(s) {} are missing; the synchronous writes acknowledged after the\n\tlast synced txg are in the intent log records on them.",
             missing_log.join(", ")
         ));
     }
-    let action = if !matches!(p.state.to_ascii_uppercase().as_str(), "UNAVAIL" | "FAULTED") && !missing_other && missing_log.is_empty() {
-        "The pool can be imported using its name or numeric identifier.".to_string()
-    } else if !missing_log.is_empty() && !missing_other {
+    for (guid, specs) in &p.duplicates {
+        let shown: Vec<String> = specs.iter().map(|s| format::safe(&s.display())).collect();
+        status.push(format!("The devices {} claim to be the same device (guid {guid}):\n\ta copied disk, or a crafted label.", shown.join(" and ")));
+    }
+    if !status.is_empty() {
+        o.push_str(&format!(" status: {}\n", status.join("\n\t")));
+    }
+    let action = if !p.duplicates.is_empty() {
+        "The pool cannot be imported while two devices claim to be the same one: take out\n\tthe ones that are not the pool's (or name the devices to use with -d) and import again.".to_string()
+    } else if !absent_data.is_empty() {
+        format!("The pool cannot be imported: every device of {} is missing. Attach the missing\n\tdevices and try again.", absent_data.join(", "))
+    } else if !absent_log.is_empty() {
         "Attach the missing log device(s) and import, or import with 'zilla pool import -m' to\n\tdiscard the log records on them (those synchronous writes are lost).".to_string()
+    } else if health == PoolHealth::Degraded {
+        "The pool can be imported using its name or numeric identifier. It will be DEGRADED:\n\tits redundancy is reduced until the missing devices come back or are replaced.".to_string()
     } else {
-        "The pool cannot be imported: some devices are missing or damaged.".to_string()
+        "The pool can be imported using its name or numeric identifier.".to_string()
     };
-    o.push_str(&format!(" action: {action}\n config:\n\n\t{name}  {}\n", format::safe(&p.state)));
+    o.push_str(&format!(" action: {action}\n config:\n\n\t{name}  {health}\n"));
     for l in &p.leaves {
         o.push_str(&format!("\t  {}\n", format::safe(&l.display())));
     }

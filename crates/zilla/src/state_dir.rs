@@ -12,6 +12,8 @@
 //!   DIR/zilla.cache   0600, replaced atomically: zilla.cache.tmp is created with
 //!                     O_CREAT|O_EXCL|O_NOFOLLOW (a file or symlink planted at that
 //!                     name is removed, never followed), fsync, rename, fsync DIR
+//!   DIR/zilla.cache.bad  a cache file that could not be read, moved aside at start
+//!                     (.bad.1 ... .bad.9 when taken); the start goes on without it
 //!   DIR/zilla.sock    admin API, chmod 0600 right after bind (0660 + chgrp with
 //!                     admin_group)
 //!   DIR/nbd.sock      NBD, the same mode as the admin socket: volume data is no
@@ -232,6 +234,42 @@ pub fn read_cache(dir: &Path) -> anyhow::Result<CacheFile> {
     }
 }
 
+/// Most unreadable cache files kept aside (zilla.cache.bad, .bad.1, ...): the last
+/// name is reused once every one is taken.
+const CACHE_BAD_KEPT_MAX: usize = 10;
+
+/// The cache file to start from. One that cannot be read (empty, cut short, not JSON,
+/// another version, not a regular file) never keeps the daemon from starting: it is
+/// moved aside to DIR/zilla.cache.bad (kept for the admin to look at) and the start
+/// goes on with no pool from it; the second value says what happened, for the log and
+/// for `pool status`. A new cache file is written as pools are created and imported.
+pub fn load_cache(dir: &Path) -> (CacheFile, Option<String>) {
+    let err = match read_cache(dir) {
+        Ok(c) => return (c, None),
+        Err(e) => crate::clip::clip_message(&format!("{e:#}")),
+    };
+    let kept = match set_aside(dir) {
+        Ok(bad) => format!("the file was kept as {}", bad.display()),
+        Err(e) => format!("moving the file aside failed as well ({e})"),
+    };
+    let problem = format!(
+        "{err}; {kept} and no pool was imported from it: find its pools with \
+         `zilla pool import -d DIR` and import them by hand (a new cache file is written as \
+         pools are created and imported)"
+    );
+    (CacheFile { version: CACHE_VERSION, pools: vec![] }, Some(problem))
+}
+
+/// Rename DIR/zilla.cache to the first free name of zilla.cache.bad, .bad.1, ...
+fn set_aside(dir: &Path) -> std::io::Result<PathBuf> {
+    let names = (0..CACHE_BAD_KEPT_MAX).map(|i| if i == 0 { format!("{CACHE_NAME}.bad") } else { format!("{CACHE_NAME}.bad.{i}") });
+    let names: Vec<PathBuf> = names.map(|n| dir.join(n)).collect();
+    let bad = names.iter().find(|p| std::fs::symlink_metadata(p).is_err()).unwrap_or(&names[CACHE_BAD_KEPT_MAX - 1]);
+    std::fs::rename(dir.join(CACHE_NAME), bad)?;
+    File::open(dir)?.sync_all()?;
+    Ok(bad.clone())
+}
+
 /// What the daemon was doing when it stopped on a broken invariant (DIR/zilla.stopped).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StopRecord {
@@ -371,6 +409,23 @@ mod tests {
         assert!(prepare(t.path(), None).is_err());
         std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(prepare(t.path(), None).is_ok());
+    }
+
+    #[test]
+    fn an_unreadable_cache_file_is_kept_aside_not_fatal() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = prepare(&t.path().join("state"), None).unwrap();
+        for (i, bytes) in [&b""[..], b"{\"version\":1,\"pools\":[{", b"{\"version\":7,\"pools\":[]}"].iter().enumerate() {
+            std::fs::write(dir.join(CACHE_NAME), bytes).unwrap();
+            let (cache, problem) = load_cache(&dir);
+            assert!(cache.pools.is_empty());
+            let problem = problem.expect("a problem is reported");
+            let bad = if i == 0 { dir.join("zilla.cache.bad") } else { dir.join(format!("zilla.cache.bad.{i}")) };
+            assert!(problem.contains(&format!("kept as {}", bad.display())), "{problem}");
+            assert_eq!(std::fs::read(&bad).unwrap(), *bytes);
+            assert!(!dir.join(CACHE_NAME).exists());
+        }
+        assert!(load_cache(&dir).1.is_none(), "no cache file is no problem");
     }
 
     #[test]

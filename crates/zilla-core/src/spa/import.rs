@@ -9,6 +9,11 @@
 //! the MOS from the newest uberblock whose object directory reads back, claiming the
 //! MOS blocks in a fresh allocator. Leaves whose uberblock rings show they missed txgs
 //! or were written apart from the pool get those txgs in their DTL (spa/stale.rs).
+//! Two devices whose labels claim the same device guid cannot both be it: import
+//! refuses, naming both (which is the pool's cannot be told; an older copy alone is
+//! judged stale). The listing (`scan_importable`) gives each pool the state an import
+//! would give it, and names every device whose label verifies but whose config does
+//! not decode, never skipping one silently.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +42,37 @@ pub struct ImportablePool {
     /// Devices of the pool's newest config not found in the search, with their role.
     #[serde(default)]
     pub missing: Vec<(Role, LeafSpec)>,
+    /// Data and log vdevs none of whose devices was found (`mirror-1`, or the device of
+    /// a single-device vdev), with their role.
+    #[serde(default)]
+    pub absent_vdevs: Vec<(Role, String)>,
+    /// What an import would make of the pool: ONLINE, DEGRADED (a data or log device is
+    /// missing but every such vdev has one) or UNAVAIL (a data vdev has none: it cannot
+    /// be imported; a log vdev has none: only with `-m`).
+    #[serde(default)]
+    pub health: Option<super::PoolHealth>,
+    /// Devices of the pool found more than once: each guid with the devices whose
+    /// labels claim it (a copied disk, or a crafted label). Import refuses the pool
+    /// while any is listed (UNAVAIL).
+    #[serde(default)]
+    pub duplicates: Vec<(Guid, Vec<LeafSpec>)>,
+}
+
+/// A device in the search whose label checksum verifies (it is a Zilla device) but whose
+/// label cannot be used to list it under a pool, and why (printable).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct UnusableLabel {
+    pub device: LeafSpec,
+    pub reason: String,
+}
+
+/// What a search for importable pools found: the pools, and the Zilla devices that
+/// belong to none of them because their labels cannot be used.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ImportScan {
+    pub pools: Vec<ImportablePool>,
+    #[serde(default)]
+    pub unusable: Vec<UnusableLabel>,
 }
 
 /// How to import (CLI: `zilla pool import [-f] [-F [-n]]`).
@@ -218,18 +254,33 @@ impl Pool {
     }
 
     pub fn find_importable(search: &[PathBuf]) -> Result<Vec<ImportablePool>> {
-        let found = scan_search_paths(search)?;
+        Ok(Self::scan_importable(search)?.pools)
+    }
+
+    /// The importable pools in `search`, and the devices whose labels verify but cannot
+    /// be used (listed, never skipped silently).
+    pub fn scan_importable(search: &[PathBuf]) -> Result<ImportScan> {
+        let (found, unusable) = scan_search_paths(search)?;
         // per pool, the name and state of the newest config any of its devices holds
         // (as import itself chooses): a device detached or removed while the pool was
         // active keeps an older config saying "active" after the pool is exported
-        let mut out: BTreeMap<Guid, (PoolConfig, Vec<Guid>, ImportablePool)> = BTreeMap::new();
+        let mut out: BTreeMap<Guid, (PoolConfig, Vec<(Guid, LeafSpec)>, ImportablePool)> = BTreeMap::new();
         for (spec, lj) in found {
             if lj.config.state == "destroyed" {
                 continue;
             }
             let c = &lj.config;
             let (newest, seen, e) = out.entry(c.guid).or_insert_with(|| {
-                let p = ImportablePool { name: c.name.clone(), guid: c.guid, state: c.state.clone(), leaves: vec![], missing: vec![] };
+                let p = ImportablePool {
+                    name: c.name.clone(),
+                    guid: c.guid,
+                    state: c.state.clone(),
+                    leaves: vec![],
+                    missing: vec![],
+                    absent_vdevs: vec![],
+                    health: None,
+                    duplicates: vec![],
+                };
                 (c.clone(), vec![], p)
             });
             if c.txg > newest.txg {
@@ -237,17 +288,21 @@ impl Pool {
                 e.name = c.name.clone();
                 e.state = c.state.clone();
             }
-            seen.push(lj.this_guid);
+            seen.push((lj.this_guid, spec.clone()));
             e.leaves.push(spec);
         }
-        Ok(out
+        let pools = out
             .into_values()
             .map(|(cfg, seen, mut p)| {
+                let guids: Vec<Guid> = seen.iter().map(|(g, _)| *g).collect();
                 let leaves = cfg.tops.iter().flat_map(|t| t.children.iter().map(move |c| (t.role, c)));
-                p.missing = leaves.filter(|(_, c)| !seen.contains(&c.guid)).map(|(role, c)| (role, c.spec.clone())).collect();
+                p.missing = leaves.filter(|(_, c)| !guids.contains(&c.guid)).map(|(role, c)| (role, c.spec.clone())).collect();
+                p.duplicates = claimed_twice(&cfg, seen.iter().map(|(g, s)| (*g, s)));
+                set_import_health(&mut p, &cfg, &guids);
                 p
             })
-            .collect())
+            .collect();
+        Ok(ImportScan { pools, unusable })
     }
 
     pub fn import(search: &[PathBuf], name: Option<&str>) -> Result<Arc<Pool>> {
@@ -269,18 +324,22 @@ impl Pool {
 
     /// The leaves of the one importable pool matching `name` (or the only one).
     fn find_one(search: &[PathBuf], name: Option<&str>) -> Result<Vec<LeafSpec>> {
-        let cands = Self::find_importable(search)?;
+        let ImportScan { pools: cands, unusable } = Self::scan_importable(search)?;
         let chosen: Vec<&ImportablePool> = match name {
             Some(n) => cands.iter().filter(|c| c.name == n || c.guid.to_string() == n).collect(),
             None => cands.iter().collect(),
         };
         match chosen.len() {
-            0 => Err(Error::NotFound(format!("pool '{}' (no importable pool found in the given directories)", name.unwrap_or("")))),
+            0 => Err(Error::NotFound(format!(
+                "pool '{}' (no importable pool found in the given directories{})",
+                super::config::printable(name.unwrap_or("")),
+                unusable.iter().map(|u| format!("; {}: {}", super::config::printable(&u.device.display()), u.reason)).collect::<String>()
+            ))),
             1 => Ok(chosen[0].leaves.clone()),
             _ => Err(Error::invalid(format!(
                 "more than one importable pool{}: {}; name one (or its guid)",
                 name.map(|n| format!(" named '{n}'")).unwrap_or_default(),
-                chosen.iter().map(|c| format!("{} ({})", c.name, c.guid)).collect::<Vec<_>>().join(", ")
+                chosen.iter().map(|c| format!("{} ({})", super::config::printable(&c.name), c.guid)).collect::<Vec<_>>().join(", ")
             ))),
         }
     }
@@ -542,6 +601,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
             }
         }
     }
+    check_one_device_per_guid(&devs, &best_cfg)?;
     Ok((devs, best_cfg))
 }
 
@@ -850,8 +910,59 @@ impl Device for MissingDevice {
     }
 }
 
-/// Files (and block devices) in the search paths that carry a Zilla label.
-fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
+/// The devices of `cfg` that more than one device found claims to be: each guid with
+/// the devices (in the order found).
+fn claimed_twice<'a>(cfg: &PoolConfig, found: impl Iterator<Item = (Guid, &'a LeafSpec)>) -> Vec<(Guid, Vec<LeafSpec>)> {
+    let mut by_guid: BTreeMap<Guid, Vec<LeafSpec>> = BTreeMap::new();
+    for (g, spec) in found {
+        by_guid.entry(g).or_default().push(spec.clone());
+    }
+    let in_cfg = |g: &Guid| cfg.tops.iter().any(|t| t.children.iter().any(|c| c.guid == *g));
+    by_guid.into_iter().filter(|(g, specs)| specs.len() > 1 && in_cfg(g)).collect()
+}
+
+/// Refuse an import where two devices claim to be the same device of the pool: which
+/// one is the pool's cannot be told (an older copy would be judged stale or diverged
+/// by spa/stale.rs, but only once it is the only device with that guid).
+fn check_one_device_per_guid(devs: &[DevLabel], cfg: &PoolConfig) -> Result<()> {
+    let found = devs.iter().filter_map(|d| d.3.as_ref().map(|lj| (lj.this_guid, &d.0)));
+    let Some((guid, specs)) = claimed_twice(cfg, found).into_iter().next() else {
+        return Ok(());
+    };
+    let shown: Vec<String> = specs.iter().map(|s| super::config::printable(&s.display())).collect();
+    Err(Error::invalid(format!(
+        "pool '{}': the devices {} {} claim to be its device with guid {guid} (a copied disk, or a crafted label); \
+         take out the ones that are not the pool's (or name the devices to use with -d) and import again",
+        cfg.name,
+        shown.join(" and "),
+        if shown.len() == 2 { "both" } else { "all" }
+    )))
+}
+
+/// The vdevs of `cfg` with no device in `seen`, and the health an import would give
+/// the pool (see [`ImportablePool::health`]). A missing cache or spare device changes
+/// neither.
+fn set_import_health(p: &mut ImportablePool, cfg: &PoolConfig, seen: &[Guid]) {
+    use super::PoolHealth;
+    let counted = |r: Role| matches!(r, Role::Normal | Role::Log);
+    p.absent_vdevs = cfg
+        .tops
+        .iter()
+        .filter(|t| counted(t.role) && !t.children.is_empty() && t.children.iter().all(|c| !seen.contains(&c.guid)))
+        .map(|t| (t.role, if t.mirror { format!("mirror-{}", t.id) } else { t.children[0].spec.display() }))
+        .collect();
+    p.health = Some(if !p.absent_vdevs.is_empty() || !p.duplicates.is_empty() {
+        PoolHealth::Unavail
+    } else if p.missing.iter().any(|(r, _)| counted(*r)) {
+        PoolHealth::Degraded
+    } else {
+        PoolHealth::Online
+    });
+}
+
+/// Files (and block devices) in the search paths that carry a Zilla label, and those
+/// whose sealed label config does not decode.
+fn scan_search_paths(search: &[PathBuf]) -> Result<(Vec<(LeafSpec, LabelJson)>, Vec<UnusableLabel>)> {
     let mut files = Vec::new();
     for p in search {
         if p.is_dir() {
@@ -865,7 +976,7 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
             return Err(Error::NotFound(p.display().to_string()));
         }
     }
-    let mut out = Vec::new();
+    let (mut out, mut unusable) = (Vec::new(), Vec::new());
     for f in files {
         let Ok(md) = std::fs::metadata(&f) else { continue };
         use std::os::unix::fs::FileTypeExt;
@@ -877,7 +988,14 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
         let Ok(dev) = crate::vdev::file::FileDevice::open_shared(&f) else { continue };
         let Ok(scan) = label::scan_labels(&dev) else { continue };
         let Some((_, j)) = scan.config else { continue };
-        let Ok(lj) = serde_json::from_slice::<LabelJson>(&j) else { continue };
+        let lj = match serde_json::from_slice::<LabelJson>(&j) {
+            Ok(lj) => lj,
+            Err(e) => {
+                let reason = format!("its label verifies but its pool config cannot be decoded: {}", super::config::printable_text(&e.to_string()));
+                unusable.push(UnusableLabel { device: raw, reason });
+                continue;
+            }
+        };
         // keep the latency model recorded in the config for this leaf
         let spec = lj
             .config
@@ -889,7 +1007,7 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<Vec<(LeafSpec, LabelJson)>> {
             .unwrap_or(raw);
         out.push((spec, lj));
     }
-    Ok(out)
+    Ok((out, unusable))
 }
 
 #[cfg(test)]

@@ -54,8 +54,8 @@ mod verify;
 pub mod trim;
 
 pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
-pub use config::{parse_label, printable, validate_label};
-pub use import::{ImportOptions, ImportablePool, RewindPlan, REWIND_MAX_TXGS};
+pub use config::{is_unsafe_char, parse_label, printable, printable_text, push_printable_char, validate_label};
+pub use import::{ImportOptions, ImportScan, ImportablePool, RewindPlan, UnusableLabel, REWIND_MAX_TXGS};
 pub use mmp::ZFS_MULTIHOST_INTERVAL_MS;
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
@@ -270,6 +270,13 @@ impl PoolInner {
     }
 }
 
+/// What [`Pool::destroy_report`] could not do.
+#[derive(Debug, Default)]
+pub struct DestroyReport {
+    /// The devices whose labels could not be cleared, and why.
+    pub labels_kept: Vec<(String, String)>,
+}
+
 pub struct Pool {
     inner: Arc<PoolInner>,
     /// The txg quiesce and sync threads.
@@ -444,21 +451,42 @@ impl Pool {
         self.join_txg_threads();
     }
 
+    /// Destroy the pool; an error when the labels of a device it could reach could not
+    /// be cleared (the pool is gone here all the same: see [`Pool::destroy_report`]).
     pub fn destroy(&self) -> Result<()> {
+        let report = self.destroy_report()?;
+        match report.labels_kept.as_slice() {
+            [] => Ok(()),
+            kept => Err(Error::Io(std::io::Error::other(format!(
+                "the labels on {} could not be cleared",
+                kept.iter().map(|(dev, e)| format!("{dev} ({e})")).collect::<Vec<_>>().join(", ")
+            )))),
+        }
+    }
+
+    /// Destroy the pool: close it, stop its threads and clear the labels of every
+    /// device it can reach, then release its devices. Once this returns Ok the pool is
+    /// gone from this process whatever the devices did; a device whose labels could
+    /// not be cleared (its writes or flush fail: a suspended pool) is listed in the
+    /// report, as an import may still find the pool on it. An unavailable device is
+    /// not written (nor listed).
+    pub fn destroy_report(&self) -> Result<DestroyReport> {
         self.check_open()?;
         self.closed.store(true, Ordering::Release);
         crate::scan::stop(&self.inner.scanner());
         self.stop_threads();
+        let mut labels_kept = vec![];
         for leaf in self.inner.leaves.read().iter() {
             if leaf.state() == LeafState::Unavail {
                 continue;
             }
             if let Err(e) = label::wipe_labels(&**leaf.device()) {
-                tracing::warn!("destroy: could not wipe {}: {e}", leaf.spec.display());
+                tracing::warn!(pool = %self.inner.name, "destroy: could not clear the labels on {}: {e}", leaf.spec.display());
+                labels_kept.push((leaf.spec.display(), e.to_string()));
             }
         }
         self.inner.release_leaves();
-        Ok(())
+        Ok(DestroyReport { labels_kept })
     }
 
     pub fn name(&self) -> String {
