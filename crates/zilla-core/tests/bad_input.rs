@@ -244,3 +244,35 @@ impl Without for DevSet {
         d
     }
 }
+
+/// A device path goes into every label, where import refuses control characters: create,
+/// add and attach refuse such a path before writing anything, so no pool is left that
+/// can never be imported again.
+#[test]
+fn a_device_path_a_label_cannot_hold_is_refused_before_anything_is_written() {
+    let bad = "m1\nb";
+    let devs = mem_devs(&["m0a", "m0b", "m1a", bad, "x"], SIZE);
+    let tops = vec![
+        TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("m0a"), leaf("m0b")] },
+        TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("m1a"), leaf(bad)] },
+    ];
+    let e = Pool::create_with("tank", tops, CreateOptions::default(), devs.opener()).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("control character") && e.to_string().contains("m1\\nb"), "{e}");
+    for n in ["m0a", "m0b", "m1a", bad] {
+        assert!(label::scan_labels(&*devs.get(n)).unwrap().config.is_none(), "{n:?} was written");
+    }
+    let pool = create(&devs, vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("m0a"), leaf("m0b")] }]);
+    let e = pool.add(vec![TopSpec { role: Role::Normal, mirror: true, leaves: vec![leaf("m1a"), leaf(bad)] }], false).unwrap_err();
+    assert!(e.to_string().contains("control character"), "{e}");
+    let e = pool.attach("m0a", &leaf(bad), false).unwrap_err();
+    assert!(e.to_string().contains("control character"), "{e}");
+    for n in ["m1a", bad] {
+        assert!(label::scan_labels(&*devs.get(n)).unwrap().config.is_none(), "{n:?} was written");
+    }
+    // the pool imports as it was
+    pool.export().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    assert_eq!(pool.status().config.len(), 1);
+    pool.export().unwrap();
+}

@@ -487,6 +487,9 @@ impl Pool {
         let mut next_id = inner.tops().iter().map(|t| t.id.next()).max().unwrap_or(VdevId(0));
         let new_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
         check_distinct_leaves(&new_specs, &inner.leaves.read(), &inner.name)?;
+        for l in &new_specs {
+            check_leaf_path(l)?;
+        }
         for t in &tops {
             let mut kids = Vec::new();
             let mut cfg_kids = Vec::new();
@@ -552,6 +555,7 @@ impl Pool {
             return Err(Error::invalid(format!("{} is already in pool '{}'", new.display(), inner.name)));
         }
         check_distinct_leaves(&[new], &inner.leaves.read(), &inner.name)?;
+        check_leaf_path(new)?;
         check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
         take_new_leaf(&*dev, new, force)?;
@@ -960,6 +964,22 @@ pub(super) fn device_ashift(dev: &dyn Device, spec: &LeafSpec) -> Result<u8> {
         return Err(Error::invalid(format!("{}: {sector}-byte sectors are not supported (at most 8 KiB)", spec.display())));
     }
     Ok(a)
+}
+
+/// A new device's path goes into every label of its pool, where import checks it
+/// (`validate_leaf`): a path those checks refuse would leave a pool that can never be
+/// imported again, so it is refused here, before anything is written.
+pub(super) fn check_leaf_path(spec: &LeafSpec) -> Result<()> {
+    let Some(path) = spec.path.to_str() else {
+        return Err(Error::invalid(format!("device path '{}' is not UTF-8: it cannot be stored in the pool's labels", printable(&spec.path.to_string_lossy()))));
+    };
+    if path.is_empty() || !text_ok(path) {
+        return Err(Error::invalid(format!(
+            "device path '{}' cannot be stored in the pool's labels: it is empty, longer than {MAX_TEXT_LEN} bytes or holds a control character",
+            printable(path)
+        )));
+    }
+    Ok(())
 }
 
 /// Refuse a device the system uses (mounted, a partition mounted, backing a loop device,

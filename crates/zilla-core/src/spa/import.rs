@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::config::{check_distinct_devices, check_distinct_leaves, check_system_use, device_ashift, open_top, pool_props_with_defaults, take_new_leaf};
+use super::config::{check_distinct_devices, check_distinct_leaves, check_leaf_path, check_system_use, device_ashift, open_top, pool_props_with_defaults, take_new_leaf};
 use super::{new_guid, validate_pool_name, CreateOptions, LabelJson, LeafConfig, MosMeta, Opener, Pool, PoolConfig, PoolInner, TopConfig, TopSpec, POOL_VERSION};
 use super::default_opener;
 use crate::dmu::{self, VolumeState};
@@ -195,6 +195,9 @@ impl Pool {
         }
         let all_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
         check_distinct_leaves(&all_specs, &[], name)?;
+        for l in &all_specs {
+            check_leaf_path(l)?;
+        }
         let mut claims = Claims::default();
         let opened_tops = open_new_leaves(&tops, &opener, opts.force, &mut claims)?;
         let all_devs: Vec<(&LeafSpec, &dyn Device)> = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| (&o.spec, &*o.dev)).collect();
