@@ -31,7 +31,9 @@ z pool export tank
 
 z pool import -d "$T/disks" >"$T/listing"
 cat "$T/listing"
-grep -q 'log0  log device missing' "$T/listing" || fail "the listing does not show the missing log device"
+grep -q 'log0  log device has no valid label' "$T/listing" || fail "the listing does not show the log device without a label"
+grep -q 'log0 (has no valid label) cannot be used' "$T/listing" || fail "the listing's status does not say the log file has no valid label"
+grep -q 'missing from the system' "$T/listing" && fail "the listing calls a file that exists missing from the system"
 grep -q "zilla pool import -m" "$T/listing" || fail "the listing does not mention -m"
 
 z pool import -d "$T/disks" tank >"$T/out" 2>&1 && fail "imported without its log and without -m"

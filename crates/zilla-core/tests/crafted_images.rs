@@ -534,3 +534,19 @@ fn tree_block_pointer_fields() {
     }
     check_memory();
 }
+
+/// One device's labels name the pool otherwise (a crafted label, a disk relabelled
+/// elsewhere), at the same config txg: import refuses naming both names and the devices,
+/// instead of taking the name of whichever device it read last.
+#[test]
+fn labels_disagreeing_on_the_pool_name_are_refused() {
+    watchdog();
+    let (base, _exp) = exported_pool();
+    let mut images = base.clone();
+    assert!(craft::edit_config(&mut images[1].1, &|v| v["config"]["name"] = serde_json::json!("evil")));
+    let set = devset(&images);
+    let e = Pool::import_with(&set.specs(), set.opener()).map(|_| ()).expect_err("imported under one of two names");
+    let msg = e.to_string();
+    assert!(msg.contains("disagree on its name") && msg.contains("'evil'") && msg.contains("'tank'"), "{msg}");
+    assert!(msg.contains(&images[1].0), "the device is not named: {msg}");
+}

@@ -893,14 +893,27 @@ fn format_importable(p: &ImportablePool) -> String {
     if absent_log.is_empty() {
         missing.extend(missing_log.iter().cloned());
     }
+    // a device the config names whose path exists holds no label of this pool (wiped,
+    // relabelled, or another file now): not "missing from the system"
+    let exists = |shown: &String| p.missing.iter().any(|(_, l)| format::safe(&l.display()) == *shown && l.path.exists());
+    let (unlabelled, missing): (Vec<String>, Vec<String>) = missing.into_iter().partition(|m| exists(m));
     let mut status = vec![];
     if !missing.is_empty() {
         status.push(format!("One or more devices are missing from the system: {}.", missing.join(", ")));
     }
+    if !unlabelled.is_empty() {
+        status.push(format!("One or more devices exist but hold no valid label of this pool: {}.", unlabelled.join(", ")));
+    }
     if !absent_log.is_empty() {
+        let logs: Vec<String> = p
+            .missing
+            .iter()
+            .filter(|(r, _)| *r == Role::Log)
+            .map(|(_, l)| format!("{} ({})", format::safe(&l.display()), if l.path.exists() { "has no valid label" } else { "missing" }))
+            .collect();
         status.push(format!(
-            "The log device(s) {} are missing; the synchronous writes acknowledged after the\n\tlast synced txg are in the intent log records on them.",
-            missing_log.join(", ")
+            "The log device(s) {} cannot be used; the synchronous writes acknowledged after\n\tthe last synced txg are in the intent log records on them.",
+            logs.join(", ")
         ));
     }
     for (guid, specs) in &p.duplicates {
@@ -932,7 +945,8 @@ fn format_importable(p: &ImportablePool) -> String {
             Role::Spare => "spare ",
             _ => "",
         };
-        o.push_str(&format!("\t  {}  {class}device missing\n", format::safe(&l.display())));
+        let what = if l.path.exists() { "has no valid label" } else { "missing" };
+        o.push_str(&format!("\t  {}  {class}device {what}\n", format::safe(&l.display())));
     }
     o
 }

@@ -152,7 +152,9 @@ async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
-/// A label value escaped as the exposition format requires (`\\`, `\"`, `\n`); the
+/// A label value escaped as the exposition format requires (`\\`, `\"`, `\n`), and
+/// the characters every other output escapes (controls, bidi overrides, invisible
+/// format characters: `printable`) written as the text `\u{...}`; the
 /// prometheus-client crate writes label values verbatim.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct LabelValue(String);
@@ -165,6 +167,7 @@ impl EncodeLabelValue for LabelValue {
                 '\\' => escaped.push_str("\\\\"),
                 '"' => escaped.push_str("\\\""),
                 '\n' => escaped.push_str("\\n"),
+                c if zilla_core::spa::is_unsafe_char(c) => escaped.push_str(&format!("\\\\u{{{:x}}}", c as u32)),
                 c => escaped.push(c),
             }
         }
@@ -396,6 +399,11 @@ mod tests {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         assert!(out.contains(r#"t_bytes{vdev="a\nb\\c\"d"} 1"#), "{out}");
+        let mut reg = Registry::default();
+        gauges(&mut reg, "u_bytes", "help", [(labels(&[("vdev", "x\u{202e}y\u{1b}z")]), 1)]);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(out.contains(r#"u_bytes{vdev="x\\u{202e}y\\u{1b}z"} 1"#), "{out}");
         assert!(out.ends_with("# EOF\n"));
     }
 

@@ -605,7 +605,29 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
         }
     }
     check_one_device_per_guid(&devs, &best_cfg)?;
+    check_one_name(&devs, &best_cfg)?;
     Ok((devs, best_cfg))
+}
+
+/// Every label holding the newest config names the pool alike: one that names it
+/// otherwise (a crafted label, a disk relabelled elsewhere) would rename the pool at
+/// import, depending on which device was read last.
+fn check_one_name(devs: &[DevLabel], best: &PoolConfig) -> Result<()> {
+    let newest = devs.iter().filter_map(|d| d.3.as_ref().map(|lj| (&d.0, lj))).filter(|(_, lj)| lj.config.txg == best.txg);
+    let mut names: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (spec, lj) in newest {
+        names.entry(lj.config.name.as_str()).or_default().push(super::config::printable(&spec.display()));
+    }
+    if names.len() <= 1 {
+        return Ok(());
+    }
+    let shown: Vec<String> = names.iter().map(|(n, d)| format!("'{}' ({})", super::config::printable(n), d.join(", "))).collect();
+    Err(Error::Corrupt(format!(
+        "the labels of pool guid {} disagree on its name at config txg {}: {}; take out the devices that are not the pool's (or name the ones to use with -d)",
+        best.guid,
+        best.txg,
+        shown.join(" vs ")
+    )))
 }
 
 /// The live vdev tree for `cfg`, leaves matched to devices by guid (missing ones
