@@ -878,6 +878,20 @@ fn format_unusable(u: &zilla_core::spa::UnusableLabel) -> String {
     )
 }
 
+/// The listing's status line for a log vdev none of whose devices can be used.
+fn log_devices_status(p: &ImportablePool) -> String {
+    let logs: Vec<String> = p
+        .missing
+        .iter()
+        .filter(|(r, _)| *r == zilla_core::vdev::Role::Log)
+        .map(|(_, l)| format!("{} ({})", format::safe(&l.display()), if l.path.exists() { "has no valid label" } else { "missing" }))
+        .collect();
+    format!(
+        "The log device(s) {} cannot be used; the synchronous writes acknowledged after\n\tthe last synced txg are in the intent log records on them.",
+        logs.join(", ")
+    )
+}
+
 fn format_importable(p: &ImportablePool) -> String {
     use zilla_core::spa::PoolHealth;
     use zilla_core::vdev::Role;
@@ -905,16 +919,7 @@ fn format_importable(p: &ImportablePool) -> String {
         status.push(format!("One or more devices exist but hold no valid label of this pool: {}.", unlabelled.join(", ")));
     }
     if !absent_log.is_empty() {
-        let logs: Vec<String> = p
-            .missing
-            .iter()
-            .filter(|(r, _)| *r == Role::Log)
-            .map(|(_, l)| format!("{} ({})", format::safe(&l.display()), if l.path.exists() { "has no valid label" } else { "missing" }))
-            .collect();
-        status.push(format!(
-            "The log device(s) {} cannot be used; the synchronous writes acknowledged after\n\tthe last synced txg are in the intent log records on them.",
-            logs.join(", ")
-        ));
+        status.push(log_devices_status(p));
     }
     for (guid, specs) in &p.duplicates {
         let shown: Vec<String> = specs.iter().map(|s| format::safe(&s.display())).collect();

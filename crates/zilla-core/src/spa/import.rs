@@ -195,9 +195,7 @@ impl Pool {
         }
         let all_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
         check_distinct_leaves(&all_specs, &[], name)?;
-        for l in &all_specs {
-            check_leaf_path(l)?;
-        }
+        all_specs.iter().try_for_each(|l| check_leaf_path(l))?;
         let mut claims = Claims::default();
         let opened_tops = open_new_leaves(&tops, &opener, opts.force, &mut claims)?;
         let all_devs: Vec<(&LeafSpec, &dyn Device)> = opened_tops.iter().flat_map(|(_, v)| v.iter()).map(|o| (&o.spec, &*o.dev)).collect();
