@@ -648,6 +648,9 @@ struct Harness {
     /// Devices that may hold silent damage, with the boot their fault was armed in.
     suspect: BTreeMap<usize, usize>,
     ledger: Ledger,
+    /// The pool's synced txg when the last workload step ended (a sync after it, before
+    /// the cut, is a background sync).
+    synced_at_last_step: u64,
     faults: Vec<Fault>,
     stats: Stats,
     boot: usize,
@@ -676,6 +679,7 @@ impl Harness {
             absent: BTreeSet::new(),
             suspect: BTreeMap::new(),
             ledger: Ledger::new(State::new(), 0),
+            synced_at_last_step: 0,
             faults,
             stats: Stats::default(),
             boot: 0,
@@ -855,7 +859,16 @@ impl Harness {
         self.stats.cuts_after_trims += usize::from(trimmed > 0);
         let manual = pool.trim_stats().iter().find(|(k, _)| *k == "trim_manual_extents").map_or(0, |e| e.1);
         self.stats.cuts_after_manual_trims += usize::from(manual > 0);
+        let synced_at_workload_end = pool.synced_txg().get();
         dom.cut();
+        // A sync that started after the last step (a resilver's next pass, a suspended
+        // pool's retry, a trim step) may be on disk, whole or as its uberblock without the
+        // pool publishing it: one that ran, or still runs, after the workload counts as a
+        // background sync too. (Checked after the cut: no sync begun later can land.)
+        let (_, quiesced, syncing) = pool.debug_txg_states();
+        if pool.synced_txg().get() != synced_at_workload_end || quiesced != 0 || syncing != 0 || self.synced_at_last_step != synced_at_workload_end {
+            self.ledger.background_sync = true;
+        }
         pool.abandon();
         drop(pool);
         self.take_images(&dom);
@@ -982,6 +995,7 @@ enum Step {
 
 impl Harness {
     fn workload(&mut self, pool: &Arc<Pool>, dom: &Arc<Domain>, armed: &Armed) {
+        self.synced_at_last_step = pool.synced_txg().get();
         for _ in 0..OPS_PER_BOOT {
             if dom.crashed() {
                 return;
@@ -1001,6 +1015,7 @@ impl Harness {
             if !sync_op && (pool.synced_txg().get() != before || quiesced != 0 || syncing != 0) {
                 self.ledger.background_sync = true;
             }
+            self.synced_at_last_step = pool.synced_txg().get();
             if matches!(step, Step::Stop) {
                 return;
             }
