@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Goal (issue 14 row 6): the edges of names, values and the exposition format.
-# Method: a pool whose leaf paths hold a newline, a backslash and a double quote must
+# Goal: the edges of names, values and the exposition format.
+# Method: a leaf path with a newline is refused at create (no label can hold it); a pool
+# whose leaf paths hold a right-to-left override, a backslash and a double quote must
 # still give a /metrics that a Prometheus parser accepts (python3-prometheus-client's
 # text parser when installed, else a strict line parser) and that names the leaves;
 # volume names '.', '..', '-V' are refused (CLI and API); volblocksize 512 and 2K are
@@ -12,7 +13,10 @@
 . "$(dirname "$0")/../tools/memory_bound.sh"
 start_daemon
 NL=$'\n'
-odd=("$T/disks/new${NL}line" "$T/disks/back\\slash" "$T/disks/quo\"te" "$T/disks/plain")
+RLO=$'\u202e'
+truncate -s 128M "$T/disks/new${NL}line" "$T/disks/plain0"
+expect_error "control character" z pool create edge0 mirror "$T/disks/new${NL}line" "$T/disks/plain0"
+odd=("$T/disks/rl${RLO}o" "$T/disks/back\\slash" "$T/disks/quo\"te" "$T/disks/plain")
 for f in "${odd[@]}"; do truncate -s 128M "$f"; done
 z pool create edge mirror "${odd[0]}" "${odd[1]}" mirror "${odd[2]}" "${odd[3]}"
 curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >"$T/metrics"
@@ -45,7 +49,7 @@ for family in text_string_to_metric_families(text):
     for s in family.samples:
         if "vdev" in s.labels:
             vdevs.add(s.labels["vdev"])
-for want in ("new\nline", "back\\slash", 'quo"te'):
+for want in ("rl\\u{202e}o", "back\\slash", 'quo"te'):
     assert any(want in v for v in vdevs), "leaf %r not in the vdev labels %r" % (want, sorted(vdevs))
 print("prometheus_client: parsed, %d vdev labels" % len(vdevs))
 PY
@@ -53,7 +57,7 @@ else
     log "python3-prometheus-client not installed: strict line parser only"
 fi
 grep -q 'back\\\\slash' "$T/metrics" || fail "backslash not escaped in /metrics"
-grep -q 'new\\nline' "$T/metrics" || fail "newline not escaped in /metrics"
+grep -q 'rl\\\\u{202e}o' "$T/metrics" || fail "right-to-left override not escaped in /metrics"
 
 # Volume names.
 for bad in . .. -V; do
