@@ -703,9 +703,12 @@ impl Metaslabs {
         d.awaited = d.awaited.max(txg);
     }
 
-    /// Some awaited defer list is not released yet.
+    /// Some awaited defer list is not released yet. The sync thread asks under the txg
+    /// state lock (spa's `has_dirty`), while [`Metaslabs::pin_frees`] takes the defer
+    /// lock and then the txg state's: waiting here would deadlock the two. A defer lock
+    /// held elsewhere answers "maybe" (true), which costs at most one more idle sync.
     pub fn frees_awaited(&self) -> bool {
-        let d = self.defer.lock();
+        let Some(d) = self.defer.try_lock() else { return true };
         d.lists.range(..=d.awaited).any(|(_, l)| !l.is_empty())
     }
 
