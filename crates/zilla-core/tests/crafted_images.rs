@@ -288,6 +288,29 @@ fn uberblock_fields() {
     check_memory();
 }
 
+/// Every field of a block pointer: (name, byte offset, length).
+const BP_FIELDS: [(&str, usize, usize); 16] = [
+    ("dva0.vdev", 0, 4),
+    ("dva0.asize", 4, 4),
+    ("dva0.offset", 8, 8),
+    ("dva1.vdev", 16, 4),
+    ("dva1.asize", 20, 4),
+    ("dva1.offset", 24, 8),
+    ("lsize", 48, 4),
+    ("psize", 52, 4),
+    ("birth", 56, 8),
+    ("fill", 64, 8),
+    ("checksum", 72, 1),
+    ("compression", 73, 1),
+    ("kind", 74, 1),
+    ("level", 75, 1),
+    ("reserved76", 76, 4),
+    ("reserved112", 112, 8),
+];
+
+/// Boundary and hostile values written into each block pointer field (cut to its width).
+const BP_VALUES: [u64; 10] = [0, 1, 5, 0xff, 4096, 0xfffff000, (16 << 20) + 4096, 1 << 40, 1 << 63, u64::MAX];
+
 /// The MOS index block pointer every uberblock holds (its parent checksum is the
 /// uberblock's): every field, boundary and hostile values.
 #[test]
@@ -295,25 +318,7 @@ fn block_pointer_fields() {
     watchdog();
     let (base, exp) = exported_pool();
     let w: &[&str] = &["uberblock", "object directory", "MOS", "-F", "txg"];
-    let fields: [(&str, usize, usize); 16] = [
-        ("dva0.vdev", 0, 4),
-        ("dva0.asize", 4, 4),
-        ("dva0.offset", 8, 8),
-        ("dva1.vdev", 16, 4),
-        ("dva1.asize", 20, 4),
-        ("dva1.offset", 24, 8),
-        ("lsize", 48, 4),
-        ("psize", 52, 4),
-        ("birth", 56, 8),
-        ("fill", 64, 8),
-        ("checksum", 72, 1),
-        ("compression", 73, 1),
-        ("kind", 74, 1),
-        ("level", 75, 1),
-        ("reserved76", 76, 4),
-        ("reserved112", 112, 8),
-    ];
-    let values = [0u64, 1, 5, 0xff, 4096, 0xfffff000, (16 << 20) + 4096, 1 << 40, 1 << 63, u64::MAX];
+    let (fields, values) = (BP_FIELDS, BP_VALUES);
     for (name, at, len) in fields {
         for v in values {
             let v = if len < 8 { v & ((1u64 << (len * 8)) - 1) } else { v };
@@ -484,25 +489,7 @@ fn tree_block_pointer_fields() {
         ("L0 raw", target(0, 0)),
         ("L0 lz4", target(0, TREE_WRITES[1] / 4096)),
     ];
-    let fields: [(&str, usize, usize); 16] = [
-        ("dva0.vdev", 0, 4),
-        ("dva0.asize", 4, 4),
-        ("dva0.offset", 8, 8),
-        ("dva1.vdev", 16, 4),
-        ("dva1.asize", 20, 4),
-        ("dva1.offset", 24, 8),
-        ("lsize", 48, 4),
-        ("psize", 52, 4),
-        ("birth", 56, 8),
-        ("fill", 64, 8),
-        ("checksum", 72, 1),
-        ("compression", 73, 1),
-        ("kind", 74, 1),
-        ("level", 75, 1),
-        ("reserved76", 76, 4),
-        ("reserved112", 112, 8),
-    ];
-    let values = [0u64, 1, 5, 0xff, 4096, 0xfffff000, (16 << 20) + 4096, 1 << 40, 1 << 63, u64::MAX];
+    let (fields, values) = (BP_FIELDS, BP_VALUES);
     // the tree as written is served
     assert!(tree_case("tree unchanged", &base, &expected, &|_| true));
     // every value on the root and the L1 pointer; half of them (alternating) on each
