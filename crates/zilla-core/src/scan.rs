@@ -788,7 +788,7 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
     };
     for l in inner.leaves().iter() {
         if unrepaired.leaves.contains(&l.guid) {
-            tracing::warn!(pool = %inner.pool_name(), device = %l.spec.display(), "resilver could not repair every block on this device: its DTL is kept");
+            tracing::warn!(pool = %inner.pool_name(), device = %l.spec.shown(), "resilver could not repair every block on this device: its DTL is kept");
         }
         match targets.iter().find(|t| t.guid == l.guid) {
             Some(t) if l.readable() && !unrepaired.all && !unrepaired.leaves.contains(&l.guid) => {

@@ -89,11 +89,17 @@
 //! 1000), ZILLA_CRASH_FAULTS=all (or a comma list of the names above, `none` for clean
 //! cuts only) chooses the fault modes; the default leaves out the modes listed in
 //! `GATED_FAULTS` (known engine losses, issue 15, being fixed).
+//! ZILLA_CRASH_HANG_S (default 300) is the watchdog's limit: a boot that makes no
+//! progress for that long is a hang (a deadlock, a wait nobody wakes); the watchdog prints
+//! the seed, the boot, every thread's name, state and kernel wait channel, and the threads'
+//! stacks when gdb is installed, then aborts so the run fails instead of stalling CI.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::io::Write;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use common::*;
@@ -1432,8 +1438,10 @@ fn run(seed: u64, iterations: usize, faults: Vec<Fault>) -> Stats {
     zilla_core::tunables().set("zilla_trim_txg_extents", 4).unwrap();
     zilla_core::tunables().set("zilla_trim_txg_interval_ms", 0).unwrap();
     let mut h = Harness::new(seed, faults);
+    let progress = watchdog(seed);
     for it in 0..iterations {
         h.boot = it;
+        progress.store(it);
         if it % EPOCH_BOOTS == 0 {
             h.new_epoch();
         }
@@ -1451,6 +1459,79 @@ fn run(seed: u64, iterations: usize, faults: Vec<Fault>) -> Stats {
     p.check_space_accounting().unwrap_or_else(|e| h.fail(&format!("final space accounting: {e}")));
     p.abandon();
     h.stats
+}
+
+/// The hang watchdog's handle: the run stores its boot number in it; dropping it (the run
+/// ended or failed) stops the watchdog.
+struct Watchdog(Arc<AtomicUsize>);
+
+impl Watchdog {
+    const STOPPED: usize = usize::MAX;
+    fn store(&self, boot: usize) {
+        self.0.store(boot, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(Watchdog::STOPPED, Ordering::Relaxed);
+    }
+}
+
+/// Start the hang watchdog (see the module comment): a boot number that stays put for
+/// ZILLA_CRASH_HANG_S is a hang.
+fn watchdog(seed: u64) -> Watchdog {
+    let limit_s: u64 = std::env::var("ZILLA_CRASH_HANG_S").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let progress = Arc::new(AtomicUsize::new(0));
+    let seen = progress.clone();
+    std::thread::Builder::new()
+        .name("crash-watchdog".into())
+        .spawn(move || {
+            let (mut last, mut since) = (usize::MAX, std::time::Instant::now());
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                let now = seen.load(Ordering::Relaxed);
+                if now == Watchdog::STOPPED {
+                    return;
+                }
+                if now != last {
+                    (last, since) = (now, std::time::Instant::now());
+                } else if since.elapsed().as_secs() >= limit_s {
+                    // straight to the descriptor: eprintln! output is captured by the test
+                    // harness for this thread too, and abort would drop it
+                    let mut err = std::io::stderr();
+                    let _ = writeln!(err, "seed {seed} boot {now}: no progress for {limit_s} s, a hang (replay: ZILLA_CRASH_SEED={seed})");
+                    let _ = write!(err, "{}", thread_report());
+                    // the stacks: gdb writes them to our stderr itself (into a pipe that
+                    // this thread read, it would block, this thread being stopped by it)
+                    let pid = std::process::id().to_string();
+                    let gdb = ["-p", &pid, "-batch", "-nx", "-ex", "thread apply all bt 16"];
+                    let stderr = std::process::Stdio::from(std::io::stderr().as_fd().try_clone_to_owned().expect("dup stderr"));
+                    if let Err(e) = std::process::Command::new("gdb").args(gdb).stdin(std::process::Stdio::null()).stdout(stderr).status() {
+                        let _ = writeln!(err, "(no stacks: gdb: {e})");
+                    }
+                    std::process::abort();
+                }
+            }
+        })
+        .expect("spawn the crash watchdog");
+    Watchdog(progress)
+}
+
+/// Every thread of this process: name, state and kernel wait channel, from /proc.
+fn thread_report() -> String {
+    let mut out = String::from("threads (tid name state wchan):\n");
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            let dir = t.path();
+            let stat = read(dir.join("stat"));
+            // the state is the first field after the parenthesised name
+            let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').next()).unwrap_or("?").to_string();
+            out += &format!("  {} {} {state} {}\n", t.file_name().to_string_lossy(), read(dir.join("comm")), read(dir.join("wchan")));
+        }
+    }
+    out
 }
 
 #[test]

@@ -529,7 +529,7 @@ fn judge_devices(devs: &[DevLabel], cfg: &PoolConfig, loaded: &label::Uberblock)
         if let Some(lj) = lj {
             let v = judged.verdict(lj.this_guid);
             if *v != super::stale::Verdict::Current {
-                tracing::warn!(pool = %cfg.name, device = %spec.display(), "{}: resilvering it", v.note());
+                tracing::warn!(pool = %cfg.name, device = %spec.shown(), "{}: resilvering it", v.note());
             }
         }
     }
@@ -568,24 +568,24 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
                 if matches!(&e, Error::NotFound(_)) || matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound) {
                     missing.push(s.clone());
                 }
-                tracing::warn!("import: cannot open {}: {e}", s.display());
+                tracing::warn!("import: cannot open {}: {e}", s.shown());
                 continue;
             }
         };
         let scan = match label::scan_labels(&*dev) {
             Ok(sc) => sc,
             Err(e) => {
-                tracing::warn!("import: cannot read labels of {}: {e}", s.display());
+                tracing::warn!("import: cannot read labels of {}: {e}", s.shown());
                 continue;
             }
         };
         // every number of a label is checked before use: one out of range fails the import
         let lj = match scan.config.as_ref().map(|(_, j)| super::config::parse_label(j)).transpose() {
             Ok(lj) => lj,
-            Err(why) => return Err(Error::Corrupt(format!("{}: label: {why}", s.display()))),
+            Err(why) => return Err(Error::Corrupt(format!("{}: label: {why}", s.shown()))),
         };
         for why in &scan.rejected {
-            tracing::warn!(device = %s.display(), "import: {why}; not used");
+            tracing::warn!(device = %s.shown(), "import: {why}; not used");
         }
         devs.push((s.clone(), dev, scan, lj));
     }
@@ -614,7 +614,7 @@ fn check_one_name(devs: &[DevLabel], best: &PoolConfig) -> Result<()> {
     let newest = devs.iter().filter_map(|d| d.3.as_ref().map(|lj| (&d.0, lj))).filter(|(_, lj)| lj.config.txg == best.txg);
     let mut names: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (spec, lj) in newest {
-        names.entry(lj.config.name.as_str()).or_default().push(super::config::printable(&spec.display()));
+        names.entry(lj.config.name.as_str()).or_default().push(spec.shown());
     }
     if names.len() <= 1 {
         return Ok(());
@@ -755,7 +755,7 @@ fn offline_as_of(io: &PoolIo, cfg: &PoolConfig, txg: Txg) {
             }
             let offline = lc.offline_since.is_zero() || lc.offline_since <= txg.next();
             if !offline && l.state() == LeafState::Offline {
-                tracing::warn!(device = %l.spec.display(), %txg, offline_since = %lc.offline_since, "rewind to a txg before this device went offline: opened online");
+                tracing::warn!(device = %l.spec.shown(), %txg, offline_since = %lc.offline_since, "rewind to a txg before this device went offline: opened online");
             }
             l.set_state(if offline { LeafState::Offline } else { LeafState::Online });
         }
@@ -877,7 +877,7 @@ fn keep_required_leaves(io: &crate::zio::PoolIo) {
             let only_here = t.txgs_required(l);
             if !only_here.is_empty() {
                 let was = if l.state() == LeafState::Faulted { "faulted" } else { "offline" };
-                tracing::warn!(device = %l.spec.display(), txgs = %crate::vdev::mirror::ranges_text(&only_here), "{was} device is the only one holding some txgs: brought online (degraded)");
+                tracing::warn!(device = %l.spec.shown(), txgs = %crate::vdev::mirror::ranges_text(&only_here), "{was} device is the only one holding some txgs: brought online (degraded)");
                 l.set_state(LeafState::Online);
             }
         }
@@ -952,7 +952,7 @@ fn check_one_device_per_guid(devs: &[DevLabel], cfg: &PoolConfig) -> Result<()> 
     let Some((guid, specs)) = claimed_twice(cfg, found).into_iter().next() else {
         return Ok(());
     };
-    let shown: Vec<String> = specs.iter().map(|s| super::config::printable(&s.display())).collect();
+    let shown: Vec<String> = specs.iter().map(|s| s.shown()).collect();
     Err(Error::invalid(format!(
         "pool '{}': the devices {} {} claim to be its device with guid {guid} (a copied disk, or a crafted label); \
          take out the ones that are not the pool's (or name the devices to use with -d) and import again",

@@ -481,7 +481,7 @@ impl Pool {
                 continue;
             }
             if let Err(e) = label::wipe_labels(&**leaf.device()) {
-                tracing::warn!(pool = %self.inner.name, "destroy: could not clear the labels on {}: {e}", leaf.spec.display());
+                tracing::warn!(pool = %self.inner.name, "destroy: could not clear the labels on {}: {e}", leaf.spec.shown());
                 labels_kept.push((leaf.spec.display(), e.to_string()));
             }
         }

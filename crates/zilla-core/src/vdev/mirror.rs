@@ -444,10 +444,10 @@ impl TopVdev {
             let only_here = self.txgs_required(c);
             if sibling_ok && only_here.is_empty() {
                 c.set_state(LeafState::Faulted);
-                tracing::warn!(device = %c.spec.display(), errors = n, "device faulted after I/O errors: {e}");
+                tracing::warn!(device = %c.spec.shown(), errors = n, "device faulted after I/O errors: {e}");
             } else if sibling_ok && n == FAULT_AFTER_CONSECUTIVE_ERRORS {
                 tracing::warn!(
-                    device = %c.spec.display(),
+                    device = %c.spec.shown(),
                     errors = n,
                     txgs = %ranges_text(&only_here),
                     "device has I/O errors but is the only one holding some txgs: kept online (degraded): {e}"

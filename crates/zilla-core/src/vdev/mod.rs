@@ -351,6 +351,12 @@ impl LeafSpec {
             None => self.path.display().to_string(),
         }
     }
+    /// [`LeafSpec::display`] safe to print in a log line or a message: a path may come
+    /// from a device directory anyone could write a file name into (see
+    /// [`crate::spa::printable`]).
+    pub fn shown(&self) -> String {
+        crate::spa::printable(&self.display())
+    }
 }
 
 /// Open a leaf device from its spec. `role` picks the sim-ssd profile (log or cache).
@@ -447,3 +453,16 @@ pub static ZFS_VDEV_MIRROR_NON_ROTATING_INC: Tunable =
     Tunable::new("zfs_vdev_mirror_non_rotating_inc", 0, 0, 1000, Applies::Live, "load added for a sequential read on a non-rotating child (vdev_mirror.c)");
 pub static ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC: Tunable =
     Tunable::new("zfs_vdev_mirror_non_rotating_seek_inc", 1, 0, 1000, Applies::Live, "load added for a seeking read on a non-rotating child (vdev_mirror.c)");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leaf_path_is_shown_with_its_control_and_format_characters_escaped() {
+        let spec = LeafSpec::parse("sim-hdd:/dev/disk\n2026-11-28 INFO pool imported\u{202e}").unwrap();
+        assert_eq!(spec.display(), "sim-hdd:/dev/disk\n2026-11-28 INFO pool imported\u{202e}");
+        assert_eq!(spec.shown(), "sim-hdd:/dev/disk\\n2026-11-28 INFO pool imported\\u{202e}");
+        assert_eq!(LeafSpec::parse("/dev/plain").unwrap().shown(), "/dev/plain");
+    }
+}
