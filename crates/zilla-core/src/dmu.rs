@@ -114,10 +114,27 @@ pub fn tree_child(ind: &[u8], idx: u64, level: u32, parent_birth: Txg) -> Result
 /// 1024^level); its `level` field is the level it is found at, and it was born at or
 /// before its parent (`parent_birth`: the txg of the object directory for the root), which
 /// copy-on-write rewrote with it.
+#[inline]
 pub fn check_tree_bp(bp: &BlockPointer, level: u32, volblocksize: Option<u32>, parent_birth: Txg) -> std::result::Result<(), String> {
-    if bp.is_hole() {
+    // every read of a cached block asks: one predicate first, the message only on failure
+    let indirect = level != 0;
+    let (kind, lsize) = if indirect { (blkptr::KIND_INDIRECT, Some(INDIRECT_SIZE as u32)) } else { (blkptr::KIND_DATA, volblocksize) };
+    let max_fill = if indirect { EPB.saturating_pow(level) } else { 1 };
+    let ok = (bp.birth <= parent_birth)
+        & (bp.kind == kind)
+        & (bp.level as u32 == level)
+        & (bp.fill != 0)
+        & (bp.fill <= max_fill)
+        & lsize.map_or(true, |l| l == bp.lsize);
+    if ok || bp.is_hole() {
         return Ok(());
     }
+    check_tree_bp_fields(bp, level, volblocksize, parent_birth)
+}
+
+/// [`check_tree_bp`]'s limits one by one, naming the first field out of range.
+#[cold]
+fn check_tree_bp_fields(bp: &BlockPointer, level: u32, volblocksize: Option<u32>, parent_birth: Txg) -> std::result::Result<(), String> {
     let bad = |field: &str, v: u64| Err(format!("field {field} = {v} is out of range"));
     if bp.birth > parent_birth {
         return Err(format!("field birth = {} is out of range (after its parent's, {parent_birth})", bp.birth));
@@ -739,6 +756,45 @@ impl VolumeState {
 #[cfg(test)]
 mod block_id_tests {
     use super::*;
+
+    /// `check_tree_bp`'s one predicate and its field-by-field check agree: every pair
+    /// of its fields set to every pair of boundary values, at every level.
+    #[test]
+    fn check_tree_bp_predicate_agrees_with_its_fields() {
+        let values = [0u64, 1, 2, 3, 4, 7, 1023, 1024, 1025, 4096, 16384, INDIRECT_SIZE as u64, 1 << 20, 1 << 30, u32::MAX as u64, u64::MAX];
+        let (mut checked, mut refused) = (0, 0);
+        for level in 0..4u32 {
+            let mut base = BlockPointer::hole();
+            base.birth = Txg(50);
+            (base.kind, base.level, base.fill) = (if level == 0 { blkptr::KIND_DATA } else { blkptr::KIND_INDIRECT }, level as u8, 1);
+            base.lsize = if level == 0 { 16384 } else { INDIRECT_SIZE as u32 };
+            for f in 0..5 {
+                for g in f..5 {
+                    for &v in &values {
+                        for &w in &values {
+                            let mut bp = base;
+                            for (field, x) in [(f, v), (g, w)] {
+                                match field {
+                                    0 => bp.kind = x as u8,
+                                    1 => bp.level = x as u8,
+                                    2 => bp.fill = x,
+                                    3 => bp.lsize = x as u32,
+                                    _ => bp.birth = Txg(x.max(1)),
+                                }
+                            }
+                            for vbs in [None, Some(16384)] {
+                                let fast = check_tree_bp(&bp, level, vbs, Txg(100)).is_ok();
+                                assert_eq!(fast, check_tree_bp_fields(&bp, level, vbs, Txg(100)).is_ok(), "{bp:?} level {level}");
+                                checked += 1;
+                                refused += usize::from(!fast);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(refused > checked / 4 && refused < checked, "{refused} of {checked} refused");
+    }
 
     #[test]
     fn tree_geometry_of_a_block_id() {

@@ -98,8 +98,17 @@ impl BlockPointer {
     }
 
     /// Decode; `None` if the bytes cannot be a block pointer (untrusted input).
+    /// [`BlockPointer::check`] says why.
+    #[inline]
     pub fn decode(b: &[u8]) -> Option<BlockPointer> {
-        Self::check(b).ok()
+        // every read of a cached block decodes its pointer: the limits are tested in one
+        // predicate, and only a pointer that fails them pays for the field's name
+        let b: &[u8; Self::SIZE] = b.get(..Self::SIZE)?.try_into().ok()?;
+        let (bp, reserved) = Self::fields_of(b);
+        if bp.birth.is_zero() {
+            return (*b == [0u8; Self::SIZE]).then(BlockPointer::hole);
+        }
+        bp.fields_ok(reserved.0, reserved.1).then_some(bp)
     }
 
     /// Decode untrusted bytes, or say which field is impossible and its value. Every
@@ -107,43 +116,90 @@ impl BlockPointer {
     /// without allocating more than [`MAX_ASIZE`] bytes; whether its vdev exists and its
     /// offset is within that vdev is checked where the pool is known (the read fails
     /// with an I/O error naming the block).
+    #[inline]
     pub fn check(b: &[u8]) -> Result<BlockPointer, String> {
-        if b.len() < Self::SIZE {
-            return Err(format!("{} bytes, not {}", b.len(), Self::SIZE));
+        match Self::decode(b) {
+            Some(bp) => Ok(bp),
+            None => Err(Self::why_not(b)),
         }
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-        let birth = Txg(u64_at(56));
-        if birth.is_zero() {
-            return match b[..Self::SIZE].iter().position(|&x| x != 0) {
-                None => Ok(BlockPointer::hole()),
-                Some(at) => Err(format!("field birth = 0 (a hole) with byte {at} = {:#x}", b[at])),
+    }
+
+    /// Why [`BlockPointer::decode`] refused `b`: the first field out of range.
+    #[cold]
+    fn why_not(b: &[u8]) -> String {
+        let Some(b) = b.get(..Self::SIZE).and_then(|b| <&[u8; Self::SIZE]>::try_from(b).ok()) else {
+            return format!("{} bytes, not {}", b.len(), Self::SIZE);
+        };
+        let (bp, reserved) = Self::fields_of(b);
+        if bp.birth.is_zero() {
+            return match b.iter().position(|&x| x != 0) {
+                Some(at) => format!("field birth = 0 (a hole) with byte {at} = {:#x}", b[at]),
+                None => "a hole, which was refused (a bug)".into(),
             };
         }
-        let mut dva = [Dva::default(); 3];
-        for (i, d) in dva.iter_mut().enumerate() {
-            let o = i * 16;
-            *d = Dva { vdev: VdevId(u32_at(o)), asize: u32_at(o + 4), offset: u64_at(o + 8) };
+        match bp.check_fields(reserved.0, reserved.1) {
+            Err(why) => why,
+            Ok(()) => format!("refused although every field is in range (a bug): {bp:?}"),
         }
-        let mut checksum = [0u8; 32];
-        checksum.copy_from_slice(&b[80..112]);
+    }
+
+    /// The fields of `b` as they are, and its reserved words (offset 76, and 112 | 120).
+    #[inline(always)]
+    fn fields_of(b: &[u8; Self::SIZE]) -> (BlockPointer, (u32, u64)) {
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let dva_at = |o: usize| Dva { vdev: VdevId(u32_at(o)), asize: u32_at(o + 4), offset: u64_at(o + 8) };
         let bp = BlockPointer {
-            dva,
+            dva: [dva_at(0), dva_at(16), dva_at(32)],
             lsize: u32_at(48),
             psize: u32_at(52),
-            birth,
+            birth: Txg(u64_at(56)),
             fill: u64_at(64),
             checksum_code: b[72],
             compression_code: b[73],
             kind: b[74],
             level: b[75],
-            checksum,
+            checksum: b[80..112].try_into().unwrap(),
         };
-        bp.check_fields(u32_at(76), u64_at(112) | u64_at(120))?;
-        Ok(bp)
+        (bp, (u32_at(76), u64_at(112) | u64_at(120)))
     }
 
-    /// The limits of [`BlockPointer::check`] on a decoded non-hole pointer.
+    /// [`BlockPointer::check_fields`] as one predicate (no early exits, no message): the
+    /// same limits, the same answer (a property test holds the two together).
+    #[inline(always)]
+    fn fields_ok(&self, reserved_76: u32, reserved_112: u64) -> bool {
+        let [d0, d1, d2] = self.dva;
+        // every copy holds the same physical bytes: one allocated size; an unused copy is
+        // all zero
+        let copy_ok = |d: Dva| {
+            if d.asize == 0 {
+                (d.vdev.get() == 0) & (d.offset == 0)
+            } else {
+                (d.asize == d0.asize) & (d.offset % 512 == 0) & (d.offset <= MAX_OFFSET - d0.asize as u64)
+            }
+        };
+        let raw = self.compression_code == Compression::Off.code();
+        self.birth.is_valid_on_disk()
+            & (d0.asize != 0)
+            & (d0.asize % 512 == 0)
+            & (d0.asize <= MAX_ASIZE)
+            & (d0.offset % 512 == 0)
+            & (d0.offset <= MAX_OFFSET - d0.asize as u64)
+            & copy_ok(d1)
+            & copy_ok(d2)
+            & ChecksumAlgo::from_code(self.checksum_code).is_some()
+            & Compression::from_code(self.compression_code).is_some()
+            & (KIND_DATA..=KIND_MOS_CHUNK).contains(&self.kind)
+            & (self.level <= MAX_LEVEL)
+            & (self.lsize != 0)
+            & (self.lsize <= MAX_LSIZE)
+            & ((reserved_76 as u64 | reserved_112) == 0)
+            & (self.psize <= d0.asize)
+            & if raw { self.psize == self.lsize } else { (self.psize != 0) & (self.psize <= self.lsize) }
+    }
+
+    /// The limits of [`BlockPointer::check`] on a decoded non-hole pointer, naming the
+    /// first field out of range.
     fn check_fields(&self, reserved_76: u32, reserved_112: u64) -> Result<(), String> {
         let bad = |field: &str, v: u64| Err(format!("field {field} = {v} is out of range"));
         if !self.birth.is_valid_on_disk() {
@@ -227,6 +283,74 @@ mod tests {
         bp.dva[1].asize = 1 << 30;
         assert!(BlockPointer::decode(&bp.encode()).is_none(), "second copy with a different asize accepted");
     }
+    /// Set field `f` (0..17) of `bp` to `v`.
+    fn set_field(bp: &mut BlockPointer, f: usize, v: u64) {
+        match f {
+            0..=8 => {
+                let d = &mut bp.dva[f / 3];
+                match f % 3 {
+                    0 => d.vdev = VdevId(v as u32),
+                    1 => d.asize = v as u32,
+                    _ => d.offset = v,
+                }
+            }
+            9 => bp.lsize = v as u32,
+            10 => bp.psize = v as u32,
+            11 => bp.birth = Txg(v.max(1)),
+            12 => bp.fill = v,
+            13 => bp.checksum_code = v as u8,
+            14 => bp.compression_code = v as u8,
+            15 => bp.kind = v as u8,
+            _ => bp.level = v as u8,
+        }
+    }
+
+    /// The one-pass predicate and the field-naming check agree: every pair of fields set
+    /// to every pair of boundary values, from well-formed pointers with one, two and three
+    /// copies, raw and lz4.
+    #[test]
+    fn fields_ok_agrees_with_check_fields() {
+        let values = [
+            0u64, 1, 2, 3, 4, 7, 0x81, 0xff, 511, 512, 2048, 4096, 4097, 8192, MAX_ASIZE as u64, MAX_ASIZE as u64 + 512, MAX_LSIZE as u64 + 1,
+            u32::MAX as u64, 1 << 20, MAX_OFFSET - 4096, MAX_OFFSET - 512, MAX_OFFSET, Txg::LIMIT.get() - 1, Txg::LIMIT.get(), u64::MAX - 511, u64::MAX,
+        ];
+        let mut bases = vec![];
+        for copies in 1..=3 {
+            for lz4 in [false, true] {
+                let mut bp = BlockPointer::hole();
+                for c in 0..copies {
+                    bp.dva[c] = Dva { vdev: VdevId(c as u32), asize: 4096, offset: (c as u64 + 1) << 20 };
+                }
+                (bp.lsize, bp.psize, bp.birth, bp.fill) = (4096, if lz4 { 2048 } else { 4096 }, Txg(9), 1);
+                (bp.checksum_code, bp.compression_code, bp.kind, bp.level) = (1, lz4 as u8, KIND_DATA, 0);
+                assert!(bp.check_fields(0, 0).is_ok() && bp.fields_ok(0, 0), "base {bp:?}");
+                bases.push(bp);
+            }
+        }
+        let (mut checked, mut refused) = (0, 0);
+        for base in &bases {
+            for f in 0..17 {
+                for g in f..17 {
+                    for &v in &values {
+                        for &w in &values {
+                            let mut bp = *base;
+                            set_field(&mut bp, f, v);
+                            set_field(&mut bp, g, w);
+                            for reserved in [(0u32, 0u64), (1, 0), (0, 1 << 63)] {
+                                let slow = bp.check_fields(reserved.0, reserved.1).is_ok();
+                                assert_eq!(bp.fields_ok(reserved.0, reserved.1), slow, "{bp:?} reserved {reserved:?}");
+                                checked += 1;
+                                refused += usize::from(!slow);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // the cases exercise both answers
+        assert!(refused > checked / 4 && refused < checked, "{refused} of {checked} refused");
+    }
+
     #[test]
     fn roundtrip() {
         let bp = BlockPointer {

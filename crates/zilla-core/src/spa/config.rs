@@ -116,61 +116,7 @@ pub fn parse_label(json: &[u8]) -> std::result::Result<LabelJson, String> {
     Ok(lj)
 }
 
-/// Longest name [`printable`] shows, and longest text [`printable_text`] shows.
-pub const PRINTABLE_NAME_MAX_CHARS: usize = 100;
-pub const PRINTABLE_TEXT_MAX_CHARS: usize = 1000;
-
-/// Whether `c` must not reach a terminal or a log line as it is: control characters
-/// (C0, DEL, C1: escape sequences, line breaks), the line and paragraph separators,
-/// the bidirectional embeddings, overrides, isolates and marks (U+202A-U+202E,
-/// U+2066-U+2069, U+200E/F, U+061C: they reorder what follows) and the other invisible
-/// format characters (zero-width spaces and joiners, soft hyphen, word joiner, BOM,
-/// tags, ...), which make two different names look the same.
-pub fn is_unsafe_char(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c as u32,
-            0x00AD | 0x034F | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2 | 0x115F..=0x1160
-                | 0x17B4..=0x17B5 | 0x180B..=0x180F | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x206F
-                | 0x3164 | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0 | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD
-                | 0x13430..=0x1343F | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF
-        )
-}
-
-/// `c` as [`printable`] shows it: an unsafe character (see [`is_unsafe_char`]) as its
-/// Rust escape (`\n`, `\u{202e}`), the backslash doubled (so a name cannot pass for
-/// an escaped one), everything else as it is.
-pub fn push_printable_char(out: &mut String, c: char) {
-    if c == '\\' || is_unsafe_char(c) {
-        out.extend(c.escape_default());
-    } else {
-        out.push(c);
-    }
-}
-
-/// A name read from a device (pool name, device path, host name, property) or sent by
-/// a client, safe to print: one rule for every place that shows one (see
-/// [`push_printable_char`]), at most [`PRINTABLE_NAME_MAX_CHARS`] characters.
-pub fn printable(s: &str) -> String {
-    printable_cut(s, PRINTABLE_NAME_MAX_CHARS)
-}
-
-/// Longer text that may quote a device's bytes (a decoder's error message), by the
-/// same rule, at most [`PRINTABLE_TEXT_MAX_CHARS`] characters.
-pub fn printable_text(s: &str) -> String {
-    printable_cut(s, PRINTABLE_TEXT_MAX_CHARS)
-}
-
-fn printable_cut(s: &str, max_chars: usize) -> String {
-    let mut out = String::new();
-    for c in s.chars().take(max_chars) {
-        push_printable_char(&mut out, c);
-    }
-    if s.chars().nth(max_chars).is_some() {
-        out.push_str("...");
-    }
-    out
-}
+pub use crate::types::{is_unsafe_char, printable, printable_text, push_printable_char};
 
 fn text_ok(s: &str) -> bool {
     s.len() <= MAX_TEXT_LEN && !s.chars().any(|c| c.is_control())

@@ -353,9 +353,9 @@ impl LeafSpec {
     }
     /// [`LeafSpec::display`] safe to print in a log line or a message: a path may come
     /// from a device directory anyone could write a file name into (see
-    /// [`crate::spa::printable`]).
+    /// [`crate::types::printable`]).
     pub fn shown(&self) -> String {
-        crate::spa::printable(&self.display())
+        crate::types::printable(&self.display())
     }
 }
 
