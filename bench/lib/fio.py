@@ -31,6 +31,10 @@ def fio(args, workdir, tag, cpu_pid=None):
         raise BenchError(f"fio {tag} failed ({r.returncode}): {err[-1] if err else ''}")
     with open(out) as f:
         text = f.read()
+    if "{" not in text:
+        # fio said it succeeded but wrote no report: show what it did say
+        said = " | ".join(x for x in (text.strip(), (r.stderr or "").strip(), (r.stdout or "").strip()) if x)
+        raise BenchError(f"fio {tag} exited 0 without a JSON report: {said[-2000:] or 'nothing'}")
     s = summarise(json.loads(text[text.index("{"):])["jobs"])
     s["tag"] = tag
     s["wall_s"] = round(wall, 3)
