@@ -8,7 +8,9 @@
 //! - [`buffers`]: one byte-bounded, idle-trimmed pool of reply buffers;
 //! - [`delay_timer`]: precise async sleeps for the write throttle's delays;
 //! - [`iostats`]: per-volume I/O counters the front ends record and analytics read;
-//! - [`sessions`]: the live sessions by export, which destroy counts and disconnects.
+//! - [`sessions`]: the live sessions by export, which destroy counts and disconnects;
+//! - [`executor`]: the one request path: a protocol submits owned requests and gets
+//!   exactly one completion each ([`Executor`]).
 //!
 //! [`Frontend`] bundles them; the daemon builds one from a [`FrontendConfig`] and hands
 //! the same `Arc<Frontend>` to every front end, so a second protocol shares the same
@@ -24,10 +26,12 @@ use std::time::Duration;
 pub mod budget;
 pub mod buffers;
 pub mod delay_timer;
+pub mod executor;
 pub mod iostats;
 pub mod registry;
 pub mod sessions;
 
+pub use executor::{Admission, Command, Completer, Completion, Executor, IoCounters, Output, ReadData, Request};
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
 pub use iostats::{
@@ -143,6 +147,8 @@ pub struct Frontend {
     pub clients: ClientStatsTable,
     /// Live sessions by export (destroy refuses while clients are attached).
     pub sessions: sessions::SessionTable,
+    /// COMPARE AND WRITE's locks (see [`executor`]).
+    compare_and_write_locks: Box<[std::sync::Mutex<()>]>,
 }
 
 /// Everything /metrics shows about the front ends.
@@ -182,6 +188,7 @@ impl Frontend {
             io_stats: IoStatsTable::default(),
             clients: ClientStatsTable::new(config.clients_max),
             sessions: sessions::SessionTable::default(),
+            compare_and_write_locks: executor::new_caw_locks(),
             registry,
             config,
         })

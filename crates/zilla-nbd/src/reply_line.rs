@@ -50,9 +50,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use zilla_frontend::Frontend;
 
-use tokio::sync::OwnedSemaphorePermit;
 use zilla_core::zvol::SharedSlice;
-use zilla_frontend::BudgetPermit;
+use zilla_frontend::Admission;
 
 use crate::stats::NbdStats;
 
@@ -71,16 +70,16 @@ pub(crate) const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
 pub(crate) struct Reply {
     pub(crate) bytes: Vec<u8>,
     pub(crate) shared: Vec<SharedSlice>,
-    pub(crate) _budget: Budget,
+    pub(crate) _budget: Admission,
 }
 
 impl Reply {
-    pub(crate) fn new(bytes: Vec<u8>, budget: Budget) -> Reply {
+    pub(crate) fn new(bytes: Vec<u8>, budget: Admission) -> Reply {
         Reply { bytes, shared: Vec::new(), _budget: budget }
     }
     #[cfg(test)]
-    pub(crate) fn new_for_test(bytes: Vec<u8>, request: OwnedSemaphorePermit, memory: BudgetPermit) -> Reply {
-        Reply::new(bytes, Budget { _request: request, _memory: memory })
+    pub(crate) fn new_for_test(bytes: Vec<u8>, request: tokio::sync::OwnedSemaphorePermit, memory: zilla_frontend::BudgetPermit) -> Reply {
+        Reply::new(bytes, Admission::from_parts(request, memory))
     }
     /// Bytes this reply puts on the wire.
     pub(crate) fn wire_bytes(&self) -> usize {
@@ -92,11 +91,6 @@ impl Reply {
     }
 }
 
-/// The per-request share of the budgets.
-pub(crate) struct Budget {
-    pub(crate) _request: OwnedSemaphorePermit,
-    pub(crate) _memory: BudgetPermit,
-}
 
 /// A write half that may expose its socket's descriptor for direct writes.
 pub trait DirectFd {

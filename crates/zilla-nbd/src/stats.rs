@@ -65,3 +65,9 @@ impl NbdStats {
         }
     }
 }
+
+impl zilla_frontend::IoCounters for NbdStats {
+    fn io(&self) -> &VolumeIoStats {
+        &self.io
+    }
+}

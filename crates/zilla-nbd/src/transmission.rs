@@ -3,45 +3,43 @@
 //! ```text
 //!   socket read half                                             socket write half
 //!        |                                                              ^
-//!   [reader loop] --budget--> fast path: try_read_cached / try_write ---+
-//!        |                     (inline on the reactor, no thread hop)   |
-//!        +--call permit--> spawn_blocking(volume call) --> Reply --> [writer task]
-//!        +--call permit--> read_async / flush_async: the engine thread that completes
-//!                          the device I/O replies (a cache-miss READ, a FLUSH, a FUA write)
-//!                          (never waits on a socket: the         (unbounded queue,
-//!                           reply queue cannot block)             bounded by budget)
+//!   [reader loop] --admit--> zilla_frontend::Executor::submit           |
+//!        |                     inline completion -> reply batch --------+
+//!        |                     later completion (engine thread, blocking |
+//!        |                     pool, delay task) -> NbdCompleter --------+
+//!        |                                                    (writes at once if the
+//!        |                                                     socket is idle, else
+//!        |                                                     queues for [writer task])
 //! ```
 //!
-//! The reader parses one 28-byte header at a time, validates it against the session
-//! ([`proto::validate_request`]), reads a WRITE payload, and dispatches: reads the
-//! volume can serve from memory and writes it can take without blocking are answered
-//! inline; a write the write throttle delays claims its turn
-//! (`BlockVolume::claim_write_delay`) and waits in its own task on the throttle timer
-//! (`zilla_frontend::delay_timer`), holding no thread and no volume call, then is
-//! applied like the inline ones; everything else runs on tokio's blocking pool, because
-//! `BlockVolume` calls block. Each finished request becomes one contiguous `Reply` buffer (header and data
-//! together, so no reply interleaves with another) queued to the connection's own
-//! writer task, which puts whatever is queued on the wire with vectored writes (one
-//! system call per burst, no copy into a staging buffer). Replies leave in completion
-//! order; the cookie ties them to requests.
+//! This module is the NBD protocol only: the reader parses one 28-byte header at a
+//! time, validates it against the session ([`proto::validate_request`]), reads a WRITE
+//! payload into a buffer of the front ends' pool, turns the request into an owned
+//! [`zilla_frontend::Command`] and submits it to the connection's
+//! [`zilla_frontend::Executor`], which decides how it runs (inline, on the throttle
+//! timer, through an engine completion or on the blocking pool), takes the volume-call
+//! budget and records the statistics. The one completion of each request comes back
+//! either at once (then its reply joins the reader's batch) or later on any thread
+//! (then [`NbdCompleter`] encodes and sends it). Each reply is one contiguous `Reply`
+//! (header and data together, or the header and the volume's shared block buffers), so
+//! no reply interleaves with another; the connection's writer puts whatever is queued
+//! on the wire with vectored writes (one system call per burst, no copy into a staging
+//! buffer). Replies leave in completion order; the cookie ties them to requests.
 //!
-//! Bounds. Every reply, error replies included, holds a request permit (at most
-//! `in_flight_requests_max` per connection) and a share of the daemon-wide memory
-//! budget ([`zilla_frontend::SharedBudget`]; READ/WRITE count their length) from the
-//! moment the reader takes the request until the writer has put the reply on the
-//! wire. A volume call additionally holds a permit of the daemon-wide volume-call
-//! budget while it runs on the blocking pool. The reply queue is unbounded because
-//! the request permits already bound it, so a blocking thread never waits for a
-//! client: when a client stops reading, its replies wait in its own queue, its budget
-//! runs out, and its own reader stops reading requests. Nobody else waits for it.
-//! Its writer gives up when the socket accepts nothing for `reply_stall_timeout` and
-//! the connection closes, returning its budget.
+//! Bounds. Every request, refused ones included, holds an admission (one of
+//! `in_flight_requests_max` request slots and a share of the daemon-wide memory budget,
+//! [`zilla_frontend::SharedBudget`]; READ/WRITE count their length) from the moment the
+//! reader takes it until the writer has put its reply on the wire. The reply queue is
+//! unbounded because the admissions already bound it, so a finishing thread never
+//! waits for a client: when a client stops reading, its replies wait in its own queue,
+//! its budget runs out, and its own reader stops reading requests. Nobody else waits
+//! for it. Its writer gives up when the socket accepts nothing for
+//! `reply_stall_timeout` and the connection closes, returning its budget.
 //!
 //! READ/WRITE lengths above `payload_max_bytes` get EINVAL; for a WRITE the payload
-//! cannot be skipped safely, so the connection is then closed. TRIM and WRITE_ZEROES
-//! run as volume calls of at most `ZERO_CALL_MAX_BYTES` each, so a 1 GiB TRIM never
-//! holds the volume for one long call. BLOCK_STATUS looks at no more than
-//! `BLOCK_STATUS_SPAN_MAX_BYTES` and returns at most `BLOCK_STATUS_EXTENTS_MAX` extents.
+//! cannot be skipped safely, so the connection is then closed. BLOCK_STATUS returns at
+//! most `BLOCK_STATUS_EXTENTS_MAX` extents of at most
+//! [`zilla_frontend::executor::BLOCK_STATUS_SPAN_MAX_BYTES`].
 //!
 //! Ending: NBD_CMD_DISC, EOF, a bad magic, an I/O error, the idle timeout (nothing in
 //! flight and no request for `idle_timeout`: the client sees the connection closed, as
@@ -63,28 +61,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::watch;
 use tokio::time::Instant;
-use zilla_core::zvol::{BlockVolume, SharedSlice, WriteDelay};
-use zilla_frontend::{BudgetPermit, BudgetShare, ClientIoStats, Frontend, IoKind, VolumeIoStats};
+use zilla_core::zvol::Extent;
+use zilla_frontend::executor::BLOCK_STATUS_SPAN_MAX_BYTES;
+use zilla_frontend::{Admission, ClientIoStats, Command, Completer, Completion, Executor, Frontend, IoKind, Output, ReadData};
 
+use crate::connection_slot::ConnectionSlot;
 use crate::framing::FrameReader;
 use crate::handshake::Session;
 use crate::proto::*;
-use crate::reply_line::{Budget, DirectFd, Reply, ReplyLine, ReplySender, Take, WriterGuard, IOV_MAX};
-use crate::connection_slot::ConnectionSlot;
+use crate::reply_line::{DirectFd, Reply, ReplyLine, ReplySender, Take, WriterGuard, IOV_MAX};
 use crate::stats::NbdStats;
 use crate::NbdConfig;
 
-/// Largest range one BLOCK_STATUS request examines; clients ask again for the rest.
-pub const BLOCK_STATUS_SPAN_MAX_BYTES: u64 = 1 << 30;
 /// Most extents returned in one BLOCK_STATUS reply (the spec allows up to 2^20).
 pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1 << 16;
-/// TRIM / WRITE_ZEROES are applied in volume calls of at most this many bytes.
-pub const ZERO_CALL_MAX_BYTES: u64 = 64 << 20;
-/// TRIM / WRITE_ZEROES requests one connection may have running at once: they are
-/// long and dirty much metadata, so a flood of them must not crowd the txg.
-const ZERO_CALLS_PER_CONNECTION: usize = 1;
 /// Inline replies gathered before the reader hands them to the writer.
 const REPLY_BATCH_MAX: usize = 64;
 /// Replies the writer puts on the wire with one vectored write, at most.
@@ -98,44 +90,13 @@ const BLOCK_STATUS_REPLY_UNITS: usize = 32 + 8 * BLOCK_STATUS_EXTENTS_MAX;
 /// "Never" for a disabled idle timeout.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// The connection's budgets, used by its reader only.
-struct Budgets {
-    requests: Arc<Semaphore>,
-    requests_max: usize,
-    memory: BudgetShare,
-    volume_calls: BudgetShare,
-    /// TRIM / WRITE_ZEROES in flight on this connection (`ZERO_CALLS_PER_CONNECTION`).
-    zero_calls: Arc<Semaphore>,
-}
-
-impl Budgets {
-    fn new(config: &NbdConfig, frontend: &Frontend) -> Budgets {
-        // Clamped so that wait_idle's acquire_many(u32) can take every slot.
-        let requests_max = config.in_flight_requests_max.clamp(1, u32::MAX as usize);
-        Budgets {
-            requests: Arc::new(Semaphore::new(requests_max)),
-            requests_max,
-            memory: frontend.memory.share(),
-            volume_calls: frontend.volume_calls.share(),
-            zero_calls: Arc::new(Semaphore::new(ZERO_CALLS_PER_CONNECTION)),
-        }
-    }
-
-    fn nothing_in_flight(&self) -> bool {
-        self.requests.available_permits() >= self.requests_max
-    }
-}
-
-/// Everything a request needs once dispatched; cheap to clone into a blocking task.
-#[derive(Clone)]
-struct RequestContext {
-    volume: Arc<dyn BlockVolume>,
+/// How a session's replies are encoded and where they go; shared by its requests'
+/// completions.
+struct ReplyContext {
     structured_replies: bool,
     base_allocation_context_id: Option<u32>,
     replies: ReplySender,
     frontend: Arc<Frontend>,
-    io_stats: Arc<VolumeIoStats>,
-    recorders: SessionRecorders,
 }
 
 /// Where a session's requests are counted besides its volume: its client's row and
@@ -146,7 +107,20 @@ pub(crate) struct SessionRecorders {
     pub(crate) server: Arc<NbdStats>,
 }
 
-impl RequestContext {
+/// The completer of one submitted request: encodes its completion and sends the reply.
+struct NbdCompleter {
+    context: Arc<ReplyContext>,
+    request: Request,
+}
+
+impl Completer for NbdCompleter {
+    fn complete(self, completion: Completion) {
+        let reply = self.context.reply(&self.request, completion);
+        self.context.send(vec![reply]);
+    }
+}
+
+impl ReplyContext {
     /// Write the replies now if the connection's write side is idle, else queue them
     /// for the writer ([`crate::reply_line`]). Never blocks; if the writer is gone the
     /// replies (and their budget) are dropped.
@@ -154,33 +128,153 @@ impl RequestContext {
         self.replies.send(replies, &self.frontend);
     }
 
-    fn record(&self, request: &Request, reply: &[u8], started: Instant) {
-        let kind = match request.command {
-            CMD_READ => IoKind::Read,
-            CMD_WRITE => IoKind::Write,
-            CMD_FLUSH => IoKind::Flush,
-            CMD_TRIM => IoKind::Trim,
-            CMD_WRITE_ZEROES => IoKind::WriteZeroes,
-            _ => IoKind::Other,
+    fn read_prefix_bytes(&self) -> usize {
+        if self.structured_replies { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES }
+    }
+
+    /// The executor's command for a validated request (`None`: not one it runs).
+    fn command(&self, request: &Request, payload: Vec<u8>) -> Option<Command> {
+        let (offset, length) = (request.offset, u64::from(request.length));
+        let fua = request.flags & CMD_FLAG_FUA != 0;
+        Some(match request.command {
+            CMD_READ => Command::Read {
+                offset,
+                length: request.length,
+                prefix_bytes: self.read_prefix_bytes(),
+                holes: self.structured_replies,
+            },
+            CMD_WRITE => Command::Write { offset, data: payload, fua },
+            CMD_FLUSH => Command::Flush,
+            CMD_TRIM => Command::Unmap { offset, length, fua },
+            // NO_HOLE asks for provisioned zeros; a copy-on-write pool cannot promise
+            // space for future overwrites either way, so zeroing is done the cheap way
+            // (which also makes FAST_ZERO always succeed).
+            CMD_WRITE_ZEROES => Command::WriteZeroes { offset, length, fua },
+            CMD_BLOCK_STATUS => Command::BlockStatus { offset, length },
+            CMD_CACHE => Command::Prefetch { offset, length },
+            _ => return None,
+        })
+    }
+
+    /// Encode a request's completion as its reply.
+    fn reply(&self, request: &Request, completion: Completion) -> Reply {
+        let Completion { result, admission } = completion;
+        let bytes = match result {
+            Ok(Output::Data(data)) => return self.read_reply(request, data, admission),
+            Ok(Output::Extents(extents)) => self.block_status_reply(request, &extents),
+            Ok(Output::Done) => simple_reply(0, request.cookie),
+            Ok(Output::Miscompare { .. }) => simple_reply(NBD_EIO, request.cookie),
+            Err(error) => self.error_reply_bytes(request, nbd_error_from_errno(error.errno()), "request failed"),
         };
-        let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let (bytes, failed) = (u64::from(request.length), reply_failed(reply));
-        self.io_stats.record(kind, bytes, latency_ns, failed);
-        self.recorders.client.io.record(kind, bytes, latency_ns, failed);
-        self.recorders.server.io.record(kind, bytes, latency_ns, failed);
+        Reply::new(bytes, admission)
+    }
+
+    /// The reply to a READ: the header in front of the data the executor placed after
+    /// the prefix, or the header followed by the volume's shared block buffers.
+    fn read_reply(&self, request: &Request, data: ReadData, admission: Admission) -> Reply {
+        match data {
+            ReadData::Copied(buffer) if request.length == 0 => {
+                self.frontend.buffers.give(buffer);
+                Reply::new(self.read_reply_empty(request.cookie), admission)
+            }
+            ReadData::Copied(mut buffer) => {
+                self.finish_read_reply(request, &mut buffer);
+                Reply::new(buffer, admission)
+            }
+            ReadData::Shared(pieces) => {
+                let mut head = vec![0u8; self.read_prefix_bytes()];
+                self.finish_read_reply(request, &mut head);
+                Reply { bytes: head, shared: pieces, _budget: admission }
+            }
+            ReadData::Hole => {
+                let mut payload = [0u8; 12];
+                payload[..8].copy_from_slice(&request.offset.to_be_bytes());
+                payload[8..].copy_from_slice(&request.length.to_be_bytes());
+                let mut reply = Vec::with_capacity(CHUNK_HEADER_BYTES + 12);
+                push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_HOLE, request.cookie, &payload);
+                Reply::new(reply, admission)
+            }
+        }
+    }
+
+    /// Fill in the header in front of read data already placed after the prefix.
+    fn finish_read_reply(&self, request: &Request, buffer: &mut [u8]) {
+        if self.structured_replies {
+            let chunk_bytes = 8 + request.length; // offset + data; length <= payload cap
+            encode_chunk_header(buffer, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, request.cookie, chunk_bytes);
+            buffer[CHUNK_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES].copy_from_slice(&request.offset.to_be_bytes());
+        } else {
+            encode_simple_reply_header(buffer, 0, request.cookie);
+        }
+    }
+
+    fn read_reply_empty(&self, cookie: u64) -> Vec<u8> {
+        if self.structured_replies {
+            let mut reply = Vec::with_capacity(CHUNK_HEADER_BYTES);
+            push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, &[]);
+            reply
+        } else {
+            simple_reply(0, cookie)
+        }
+    }
+
+    /// An error reply: a structured ERROR chunk for READ and BLOCK_STATUS once
+    /// structured replies are negotiated, a simple reply otherwise.
+    fn error_reply_bytes(&self, request: &Request, error: u32, message: &str) -> Vec<u8> {
+        if self.structured_replies && matches!(request.command, CMD_READ | CMD_BLOCK_STATUS) {
+            let mut reply = Vec::new();
+            push_error_chunk(&mut reply, request.cookie, error, message);
+            reply
+        } else {
+            simple_reply(error, request.cookie)
+        }
+    }
+
+    /// BLOCK_STATUS for base:allocation: holes are HOLE|ZERO, data is 0.
+    fn block_status_reply(&self, request: &Request, extents: &[Extent]) -> Vec<u8> {
+        let Some(context_id) = self.base_allocation_context_id else {
+            return self.error_reply_bytes(request, NBD_EINVAL, "no meta context selected");
+        };
+        let span_bytes = u64::from(request.length).min(BLOCK_STATUS_SPAN_MAX_BYTES);
+        let extents_max = if request.flags & CMD_FLAG_REQ_ONE != 0 { 1 } else { BLOCK_STATUS_EXTENTS_MAX };
+        let mut payload = Vec::with_capacity(4 + 8 * extents.len().min(extents_max));
+        payload.extend_from_slice(&context_id.to_be_bytes());
+        let mut described = 0usize;
+        for extent in extents.iter().filter(|e| e.length > 0).take(extents_max) {
+            // Extents lie inside the span (<= 1 GiB), so their length fits 32 bits.
+            let length = u32::try_from(extent.length).unwrap_or(u32::MAX);
+            let flags = if extent.hole { STATE_HOLE | STATE_ZERO } else { 0 };
+            payload.extend_from_slice(&length.to_be_bytes());
+            payload.extend_from_slice(&flags.to_be_bytes());
+            described += 1;
+        }
+        if described == 0 {
+            // The volume returned nothing usable: describe the span as allocated data,
+            // which is always a truthful answer.
+            payload.extend_from_slice(&(span_bytes as u32).to_be_bytes());
+            payload.extend_from_slice(&0u32.to_be_bytes());
+        }
+        let mut reply = Vec::with_capacity(CHUNK_HEADER_BYTES + payload.len());
+        push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, request.cookie, &payload);
+        reply
     }
 }
 
-/// Whether an encoded reply reports an error (simple reply error field, or a
-/// structured chunk of an error type).
-fn reply_failed(reply: &[u8]) -> bool {
-    if reply.len() < 8 {
-        return false;
-    }
-    match u32::from_be_bytes([reply[0], reply[1], reply[2], reply[3]]) {
-        SIMPLE_REPLY_MAGIC => u32::from_be_bytes([reply[4], reply[5], reply[6], reply[7]]) != 0,
-        STRUCTURED_REPLY_MAGIC => reply[6] & 0x80 != 0,
-        _ => false,
+fn simple_reply(error: u32, cookie: u64) -> Vec<u8> {
+    let mut reply = vec![0u8; SIMPLE_REPLY_HEADER_BYTES];
+    encode_simple_reply_header(&mut reply, error, cookie);
+    reply
+}
+
+/// How the statistics count an NBD command.
+fn io_kind(command: u16) -> IoKind {
+    match command {
+        CMD_READ => IoKind::Read,
+        CMD_WRITE => IoKind::Write,
+        CMD_FLUSH => IoKind::Flush,
+        CMD_TRIM => IoKind::Trim,
+        CMD_WRITE_ZEROES => IoKind::WriteZeroes,
+        _ => IoKind::Other,
     }
 }
 
@@ -197,6 +291,7 @@ enum ReaderEnd {
 }
 
 /// Run the transmission phase until the client leaves or the server stops.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run<R, W>(
     mut reader: FrameReader<R>,
     writer: W,
@@ -213,8 +308,7 @@ where
 {
     let (line, reply_sender) = ReplyLine::new(writer.direct_fd(), recorders.server.clone());
     let writer_task = spawn_writer(writer, line, frontend.clone(), config.reply_stall_timeout);
-    let budgets = Budgets::new(config, frontend);
-    let (limits, context) = session_context(&session, config, frontend, reply_sender, recorders);
+    let (limits, context, executor) = session_context(&session, config, frontend, reply_sender, &recorders);
 
     let mut watch = ReaderWatch::new(shutdown, config);
     slot.touch();
@@ -225,7 +319,7 @@ where
         if !batch.is_empty() && (reader.buffered_bytes() < REQUEST_HEADER_BYTES || batch.len() >= REPLY_BATCH_MAX) {
             context.send(std::mem::take(&mut batch));
         }
-        let header = match watch.next_header(&mut reader, &budgets, &context, slot).await {
+        let header = match watch.next_header(&mut reader, &executor, &context, slot).await {
             NextHeader::Header(header) => header,
             NextHeader::Again => continue,
             NextHeader::End(end) => break end,
@@ -242,19 +336,19 @@ where
             break ReaderEnd::Disconnect;
         }
         let verdict = if watch.stopping { Err(NBD_ESHUTDOWN) } else { validate_request(&request, &limits) };
-        let step = take_request(&mut reader, &context, &budgets, &mut batch, request, verdict, config, started);
+        let step = take_request(&mut reader, &context, &executor, &mut batch, request, verdict, config, started);
         if let Err(end) = step.await {
             break end;
         }
     };
     context.send(std::mem::take(&mut batch));
     if end == ReaderEnd::IdleTimeout {
-        context.recorders.server.connections_idle_timed_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        recorders.server.connections_idle_timed_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!("nbd: closing a connection idle for {:?}", config.idle_timeout);
     } else {
         tracing::debug!(?end, "nbd: connection reader stopped");
     }
-    finish(context, budgets, writer_task, end, watch.stop_deadline, config).await
+    finish(context, executor, writer_task, end, watch.stop_deadline, config).await
 }
 
 /// What the reader waits for besides the next request: the server's shutdown signal,
@@ -300,8 +394,8 @@ impl ReaderWatch {
     async fn next_header<R: AsyncRead + Unpin>(
         &mut self,
         reader: &mut FrameReader<R>,
-        budgets: &Budgets,
-        context: &RequestContext,
+        executor: &Executor,
+        context: &ReplyContext,
         slot: &ConnectionSlot,
     ) -> NextHeader {
         if !self.stopping && reader.buffered_bytes() >= REQUEST_HEADER_BYTES && matches!(self.shutdown.has_changed(), Ok(false)) {
@@ -317,11 +411,11 @@ impl ReaderWatch {
                 }
                 NextHeader::Again
             }
-            _ = wait_idle(budgets), if self.stopping => NextHeader::End(ReaderEnd::Shutdown),
+            _ = executor.idle(), if self.stopping => NextHeader::End(ReaderEnd::Shutdown),
             _ = tokio::time::sleep_until(self.stop_deadline), if self.stopping => NextHeader::End(ReaderEnd::Shutdown),
             _ = context.replies.line().closed() => NextHeader::End(ReaderEnd::WriterGone),
             _ = slot.evict.notified() => {
-                if budgets.nothing_in_flight() { NextHeader::End(ReaderEnd::Evicted) } else { NextHeader::Again }
+                if executor.nothing_in_flight() { NextHeader::End(ReaderEnd::Evicted) } else { NextHeader::Again }
             }
             _ = self.idle_timer.as_mut() => {
                 // The timer is not moved per request: when it fires, a later request
@@ -332,7 +426,7 @@ impl ReaderWatch {
                     self.idle_timer.as_mut().reset(idle_until);
                     return NextHeader::Again;
                 }
-                if budgets.nothing_in_flight() {
+                if executor.nothing_in_flight() {
                     return NextHeader::End(ReaderEnd::IdleTimeout);
                 }
                 self.idle_timer.as_mut().reset(now + self.idle_timeout);
@@ -343,14 +437,14 @@ impl ReaderWatch {
     }
 }
 
-/// The request limits and the dispatch context of one session.
+/// The request limits, the reply context and the executor of one session.
 fn session_context(
     session: &Session,
     config: &NbdConfig,
     frontend: &Arc<Frontend>,
     replies: ReplySender,
-    recorders: SessionRecorders,
-) -> (RequestLimits, RequestContext) {
+    recorders: &SessionRecorders,
+) -> (RequestLimits, Arc<ReplyContext>, Executor) {
     let volume = session.export.volume.clone();
     let limits = RequestLimits {
         export_bytes: volume.size(),
@@ -359,23 +453,22 @@ fn session_context(
         block_status_enabled: session.base_allocation_context_id.is_some(),
         payload_max_bytes: config.payload_max_bytes,
     };
-    let context = RequestContext {
-        volume,
+    let context = Arc::new(ReplyContext {
         structured_replies: session.structured_replies,
         base_allocation_context_id: session.base_allocation_context_id,
         replies,
         frontend: frontend.clone(),
-        io_stats: frontend.io_stats.volume(&session.export.name),
-        recorders,
-    };
-    (limits, context)
+    });
+    let also: Vec<Arc<dyn zilla_frontend::IoCounters>> = vec![recorders.client.clone(), recorders.server.clone()];
+    let executor = Executor::new(frontend, volume, &session.export.name, config.in_flight_requests_max, also);
+    (limits, context, executor)
 }
 
 /// After the reader stopped: let in-flight requests finish and the writer drain, both
 /// bounded by the grace period; then abort a writer stuck on a client that does not read.
 async fn finish(
-    context: RequestContext,
-    budgets: Budgets,
+    context: Arc<ReplyContext>,
+    executor: Executor,
     writer_task: tokio::task::JoinHandle<io::Result<()>>,
     end: ReaderEnd,
     stop_deadline: Instant,
@@ -383,9 +476,9 @@ async fn finish(
 ) -> io::Result<()> {
     let deadline = if end == ReaderEnd::Shutdown { stop_deadline } else { Instant::now() + config.shutdown_grace };
     if end != ReaderEnd::WriterGone {
-        let _ = tokio::time::timeout_at(deadline, wait_idle(&budgets)).await;
+        let _ = tokio::time::timeout_at(deadline, executor.idle()).await;
     }
-    drop(context);
+    drop((context, executor));
     let writer_abort = writer_task.abort_handle();
     match tokio::time::timeout_at(deadline + Duration::from_millis(500), writer_task).await {
         Ok(Ok(result)) => result,
@@ -397,48 +490,29 @@ async fn finish(
     }
 }
 
-/// Resolves when every request slot is free, i.e. nothing is in flight.
-async fn wait_idle(budgets: &Budgets) {
-    let _all = budgets.requests.acquire_many(budgets.requests_max as u32).await;
-}
-
 /// Memory units a request holds until its reply is written.
-fn memory_units(context: &RequestContext, request: &Request) -> usize {
+fn memory_units(context: &ReplyContext, request: &Request) -> usize {
     match request.command {
-        CMD_READ => request.length as usize + read_prefix_bytes(context),
+        CMD_READ => request.length as usize + context.read_prefix_bytes(),
         CMD_WRITE => request.length as usize + SMALL_REPLY_UNITS,
         CMD_BLOCK_STATUS => BLOCK_STATUS_REPLY_UNITS,
         _ => SMALL_REPLY_UNITS,
     }
 }
 
-/// Take a request permit and `units` of memory: at once if possible, otherwise hand
-/// the inline batch (which holds budget) to the writer first and wait. Waiting here
-/// stalls only this connection's reader.
-async fn acquire_budget(budgets: &Budgets, context: &RequestContext, batch: &mut Vec<Reply>, units: usize) -> Budget {
-    if let Ok(request) = budgets.requests.clone().try_acquire_owned() {
-        if let Some(memory) = budgets.memory.try_acquire(units) {
-            return Budget { _request: request, _memory: memory };
-        }
-    }
-    context.send(std::mem::take(batch));
-    let memory = budgets.memory.acquire(units).await;
-    // The semaphore is never closed; if it were, waiting forever is wrong, so make a
-    // fresh permit rather than panic.
-    let request = match budgets.requests.clone().acquire_owned().await {
-        Ok(permit) => permit,
-        Err(_) => Arc::new(Semaphore::new(1)).try_acquire_owned().expect("fresh semaphore has a permit"),
-    };
-    Budget { _request: request, _memory: memory }
+/// Take an admission of `units`: at once if possible, otherwise hand the inline batch
+/// (which holds budget) to the writer first and wait. Waiting stalls only this reader.
+async fn admit(executor: &Executor, context: &ReplyContext, batch: &mut Vec<Reply>, units: usize) -> Admission {
+    executor.admit(units, || context.send(std::mem::take(batch))).await
 }
 
-/// Read the rest of one request (its payload) and answer or dispatch it. `Err` ends
-/// the connection.
+/// Read the rest of one request (its payload) and answer or submit it. `Err` ends the
+/// connection.
 #[allow(clippy::too_many_arguments)]
 async fn take_request<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
-    context: &RequestContext,
-    budgets: &Budgets,
+    context: &Arc<ReplyContext>,
+    executor: &Executor,
     batch: &mut Vec<Reply>,
     request: Request,
     verdict: Result<(), u32>,
@@ -448,480 +522,60 @@ async fn take_request<R: AsyncRead + Unpin>(
     let has_payload = request.command == CMD_WRITE;
     if has_payload && request.length > config.payload_max_bytes {
         tracing::debug!(length = request.length, "nbd: write payload over the cap, closing");
-        let budget = acquire_budget(budgets, context, batch, SMALL_REPLY_UNITS).await;
-        batch.push(error_reply(context, &request, NBD_EINVAL, "payload too large", budget));
+        let admission = admit(executor, context, batch, SMALL_REPLY_UNITS).await;
+        batch.push(Reply::new(context.error_reply_bytes(&request, NBD_EINVAL, "payload too large"), admission));
         return Err(ReaderEnd::ProtocolError);
     }
     if let Err(error) = verdict {
         if has_payload && reader.skip(u64::from(request.length)).await.is_err() {
             return Err(ReaderEnd::ClientGone);
         }
-        let budget = acquire_budget(budgets, context, batch, SMALL_REPLY_UNITS).await;
-        let reply = error_reply(context, &request, error, "", budget);
-        context.record(&request, &reply.bytes, started);
-        batch.push(reply);
+        let admission = admit(executor, context, batch, SMALL_REPLY_UNITS).await;
+        executor.refuse(io_kind(request.command), u64::from(request.length), started);
+        batch.push(Reply::new(context.error_reply_bytes(&request, error, ""), admission));
         return Ok(());
     }
-    let budget = acquire_budget(budgets, context, batch, memory_units(context, &request)).await;
+    let admission = admit(executor, context, batch, memory_units(context, &request)).await;
     let payload = if has_payload {
         // from the daemon-wide buffer pool: a fresh large Vec is zero pages from the
         // kernel on every request (37% of the daemon's CPU in clear_page under 128K
-        // sequential writes); dispatch gives it back once the volume has the data
+        // sequential writes); the executor gives it back once the volume has the data
         let mut payload = context.frontend.buffers.take(request.length as usize);
         if reader.read_into(&mut payload).await.is_err() {
+            context.frontend.buffers.give(payload);
             return Err(ReaderEnd::ClientGone);
         }
         payload
     } else {
         Vec::new()
     };
-    dispatch(context, budgets, request, payload, budget, batch, started).await;
+    submit(context, executor, request, payload, admission, batch, started).await;
     Ok(())
 }
 
-/// Start one validated request. Replies made inline go into `batch`; a volume call
-/// waits for a volume-call permit (stalling only this reader) and then runs on the
-/// blocking pool.
-async fn dispatch(
-    context: &RequestContext,
-    budgets: &Budgets,
+/// Hand one validated request to the executor. An inline completion's reply goes into
+/// `batch`; a later one is sent by its [`NbdCompleter`].
+async fn submit(
+    context: &Arc<ReplyContext>,
+    executor: &Executor,
     request: Request,
     payload: Vec<u8>,
-    budget: Budget,
+    admission: Admission,
     batch: &mut Vec<Reply>,
     started: Instant,
 ) {
-    if let Some((bytes, shared)) = try_inline(context, &request, &payload) {
-        context.frontend.buffers.give(payload);
-        context.record(&request, &bytes, started);
-        batch.push(Reply { bytes, shared, _budget: budget });
+    let Some(command) = context.command(&request, payload) else {
+        executor.refuse(io_kind(request.command), u64::from(request.length), started);
+        batch.push(Reply::new(simple_reply(NBD_EINVAL, request.cookie), admission));
         return;
-    }
-    if request.command == CMD_WRITE {
-        if let WriteDelay::After(delay) = context.volume.claim_write_delay(u64::from(request.length)) {
-            tokio::spawn(delayed_write(context.clone(), request, payload, budget, delay, started));
-            return;
-        }
-    }
-    let zero_call = if matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES) {
-        context.send(std::mem::take(batch));
-        budgets.zero_calls.clone().acquire_owned().await.ok()
-    } else {
-        None
     };
-    let call = match budgets.volume_calls.try_acquire(1) {
-        Some(call) => call,
-        None => {
-            context.send(std::mem::take(batch));
-            budgets.volume_calls.acquire(1).await
-        }
-    };
-    let context = context.clone();
-    let (budget, call) = match try_read_async(&context, &request, budget, call, started) {
-        Ok(()) => return context.frontend.buffers.give(payload),
-        Err(back) => back,
-    };
-    let (budget, call) = match try_commit_async(&context, &request, &payload, budget, call, started) {
-        Ok(()) => return context.frontend.buffers.give(payload),
-        Err(back) => back,
-    };
-    tokio::task::spawn_blocking(move || {
-        let bytes = execute_blocking(&context, &request, &payload);
-        context.frontend.buffers.give(payload);
-        drop((call, zero_call));
-        context.record(&request, &bytes, started);
-        context.send(vec![Reply::new(bytes, budget)]);
+    let completer = NbdCompleter { context: context.clone(), request };
+    let submitted = executor.submit(zilla_frontend::Request { command, started }, admission, completer, || {
+        context.send(std::mem::take(batch))
     });
-}
-
-/// FLUSH, and a WRITE that must be durable before its reply (FUA, or any write to a
-/// `sync=always` volume), without a blocking thread: the write is applied here when the
-/// volume can take it at once, the commit is started here, and the engine thread that
-/// completes the intent-log write queues the reply (one hand-off to the devices and one
-/// back, instead of two more through the blocking pool). When the commit cannot finish
-/// without blocking (another commit holds the log: batching; a txg to wait for), its
-/// completion runs the blocking `flush` on the blocking pool. `Err` gives the request's
-/// permits back for the blocking path (a write the volume cannot take at once, other
-/// commands). The volume-call permit is held until the reply is made, as for a
-/// blocking call.
-fn try_commit_async(
-    context: &RequestContext,
-    request: &Request,
-    payload: &[u8],
-    budget: Budget,
-    call: BudgetPermit,
-    started: Instant,
-) -> Result<(), (Budget, BudgetPermit)> {
-    match request.command {
-        CMD_FLUSH => {}
-        CMD_WRITE => {
-            let fua = request.flags & CMD_FLAG_FUA != 0;
-            match context.volume.try_write_nonblocking_sync(request.offset, payload, fua) {
-                None => return Err((budget, call)),
-                Some(Ok(true)) => {}
-                Some(done) => {
-                    finish_reply(context, request, done.map(|_| ()), budget, CallPermit::Budget(call), started);
-                    return Ok(());
-                }
-            }
-        }
-        _ => return Err((budget, call)),
+    if let Some((completion, completer)) = submitted.await {
+        batch.push(context.reply(&completer.request, completion));
     }
-    commit_then_reply(context, request, budget, CallPermit::Budget(call), started);
-    Ok(())
-}
-
-/// A READ that missed the cache, without a blocking thread: the volume issues the one
-/// block it lacks and the engine thread that completes the device read replies (with
-/// the io_uring engine, no thread hand-off at all on the way to the device). When the
-/// read cannot finish that way (several blocks to fetch, an indirect block not cached,
-/// a copy that failed or did not verify: the blocking read tries every copy and heals),
-/// its completion runs the blocking `read` on the blocking pool. `Err` gives the
-/// permits back for the blocking path (other commands). The volume-call permit is held
-/// until the reply is made, as for a blocking call.
-fn try_read_async(context: &RequestContext, request: &Request, budget: Budget, call: BudgetPermit, started: Instant) -> Result<(), (Budget, BudgetPermit)> {
-    if request.command != CMD_READ {
-        return Err((budget, call));
-    }
-    let handle = tokio::runtime::Handle::current();
-    let (context, request) = (context.clone(), *request);
-    let volume = context.volume.clone();
-    volume.read_async(request.offset, u64::from(request.length), Box::new(move |result| match result {
-        Some(result) => {
-            drop(call);
-            let reply = match result {
-                Ok(pieces) => {
-                    let mut head = vec![0u8; read_prefix_bytes(&context)];
-                    finish_read_reply(&context, &request, &mut head);
-                    Reply { bytes: head, shared: pieces, _budget: budget }
-                }
-                Err(error) => Reply::new(read_error_reply(&context, request.cookie, error.errno()), budget),
-            };
-            context.record(&request, &reply.bytes, started);
-            context.send(vec![reply]);
-        }
-        // On the engine thread that completed the device read: handed to the blocking
-        // pool from inside a task, as a FLUSH's commit is (`commit_then_reply`).
-        None => {
-            handle.spawn(async move {
-                let _ = tokio::task::spawn_blocking(move || {
-                    let bytes = execute_blocking(&context, &request, &[]);
-                    drop(call);
-                    context.record(&request, &bytes, started);
-                    context.send(vec![Reply::new(bytes, budget)]);
-                })
-                .await;
-            });
-        }
-    }));
-    Ok(())
-}
-
-/// A WRITE the write throttle delays (`claim_write_delay`): it waits on the throttle
-/// timer holding its request permit and memory, but no thread and no volume call; then
-/// it is applied without a second delay, inline when the volume can take it at once
-/// (and committed without a thread when FUA), else on the blocking pool under one of
-/// the front ends' `delayed_write_calls`.
-async fn delayed_write(context: RequestContext, request: Request, payload: Vec<u8>, budget: Budget, delay: Duration, started: Instant) {
-    zilla_frontend::delay_timer::sleep(delay).await;
-    let fua = request.flags & CMD_FLAG_FUA != 0;
-    let needs_commit = match context.volume.try_write_after_delay(request.offset, &payload, fua) {
-        Some(Ok(true)) => true,
-        Some(done) => {
-            context.frontend.buffers.give(payload);
-            return finish_reply(&context, &request, done.map(|_| ()), budget, CallPermit::None, started);
-        }
-        None => false,
-    };
-    let call = match context.frontend.delayed_write_calls.clone().acquire_owned().await {
-        Ok(permit) => CallPermit::AfterDelay(permit),
-        Err(_closed) => CallPermit::None, // never closed
-    };
-    if needs_commit {
-        context.frontend.buffers.give(payload);
-        return commit_then_reply(&context, &request, budget, call, started);
-    }
-    tokio::task::spawn_blocking(move || {
-        let result = context.volume.write_after_delay(request.offset, &payload, fua);
-        context.frontend.buffers.give(payload);
-        finish_reply(&context, &request, result, budget, call, started);
-    });
-}
-
-/// What a request holds while its volume work may need a blocking thread; dropped with
-/// the reply (held for its `Drop` only).
-#[allow(dead_code)]
-enum CallPermit {
-    Budget(BudgetPermit),
-    AfterDelay(OwnedSemaphorePermit),
-    None,
-}
-
-/// Start the commit a FLUSH or a durable write needs; its completion replies (on the
-/// blocking pool when the commit cannot finish without blocking).
-fn commit_then_reply(context: &RequestContext, request: &Request, budget: Budget, call: CallPermit, started: Instant) {
-    let handle = tokio::runtime::Handle::current();
-    let (context, request) = (context.clone(), *request);
-    let volume = context.volume.clone();
-    volume.flush_async(Box::new(move |result| match result {
-        Some(result) => finish_reply(&context, &request, result, budget, call, started),
-        // This may run on an engine thread (a commit round settling its waiters):
-        // the hand-off to the blocking pool happens inside a task, so that a blocking
-        // pool that cannot start a thread (spawn_blocking panics then) fails this
-        // request's task, never the engine thread that completes device I/O.
-        None => {
-            handle.spawn(async move {
-                let _ = tokio::task::spawn_blocking(move || {
-                    let result = context.volume.flush();
-                    finish_reply(&context, &request, result, budget, call, started);
-                })
-                .await;
-            });
-        }
-    }));
-}
-
-/// Reply to a request whose volume work is done (from any thread).
-fn finish_reply(context: &RequestContext, request: &Request, result: zilla_core::Result<()>, budget: Budget, call: CallPermit, started: Instant) {
-    drop(call);
-    let bytes = match result {
-        Ok(()) => simple_reply(0, request.cookie),
-        Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
-    };
-    context.record(request, &bytes, started);
-    context.send(vec![Reply::new(bytes, budget)]);
-}
-
-/// Requests answered on the reactor thread: cached reads, writes the volume takes
-/// without blocking, CACHE hints. `None`: needs a volume call. The reply is its bytes
-/// and, for a zero-copy read, the shared data pieces that follow them.
-fn try_inline(context: &RequestContext, request: &Request, payload: &[u8]) -> Option<(Vec<u8>, Vec<SharedSlice>)> {
-    if request.command == CMD_READ {
-        return try_read_inline(context, request);
-    }
-    let bytes = match request.command {
-        // A write the volume can take without blocking (no throttle delay, no device
-        // read) is applied here.
-        CMD_WRITE if request.flags & CMD_FLAG_FUA == 0 => {
-            let result = context.volume.try_write_nonblocking(request.offset, payload)?;
-            Some(match result {
-                Ok(()) => simple_reply(0, request.cookie),
-                Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
-            })
-        }
-        // A prefetch hint; the ARC decides what stays in memory. Acknowledge at once.
-        CMD_CACHE => Some(simple_reply(0, request.cookie)),
-        _ => None,
-    }?;
-    Some((bytes, Vec::new()))
-}
-
-/// The fast path: answer a READ from memory without leaving the reactor thread. The
-/// volume's block buffers are sent as they are when it can share them (no copy);
-/// otherwise the data is copied into a reply buffer.
-fn try_read_inline(context: &RequestContext, request: &Request) -> Option<(Vec<u8>, Vec<SharedSlice>)> {
-    let length = request.length as usize;
-    if length == 0 {
-        return Some((read_reply_empty(context, request.cookie), Vec::new()));
-    }
-    let prefix = read_prefix_bytes(context);
-    if let Some(result) = context.volume.try_read_cached_shared(request.offset, u64::from(request.length)) {
-        return Some(match result {
-            Ok(pieces) => {
-                let mut head = vec![0u8; prefix];
-                finish_read_reply(context, request, &mut head);
-                (head, pieces)
-            }
-            Err(error) => (read_error_reply(context, request.cookie, error.errno()), Vec::new()),
-        });
-    }
-    if context.volume.cached_reads_are_shared(u64::from(request.length)) {
-        return None; // a block is not in memory: the copying way would miss as well
-    }
-    let mut buffer = context.frontend.buffers.take(prefix + length);
-    let Some(result) = context.volume.try_read_cached(request.offset, &mut buffer[prefix..]) else {
-        context.frontend.buffers.give(buffer);
-        return None;
-    };
-    let bytes = match result {
-        Ok(()) => {
-            finish_read_reply(context, request, &mut buffer);
-            buffer
-        }
-        Err(error) => read_error_reply(context, request.cookie, error.errno()),
-    };
-    Some((bytes, Vec::new()))
-}
-
-/// Run a request that may block on the volume. Returns the encoded reply.
-fn execute_blocking(context: &RequestContext, request: &Request, payload: &[u8]) -> Vec<u8> {
-    let volume = &*context.volume;
-    let fua = request.flags & CMD_FLAG_FUA != 0;
-    let offset = request.offset;
-    let length = u64::from(request.length);
-    let result = match request.command {
-        CMD_READ => return read_blocking(context, request),
-        CMD_BLOCK_STATUS => return block_status(context, request),
-        CMD_WRITE => volume.write(offset, payload, fua),
-        CMD_FLUSH => volume.flush(),
-        CMD_TRIM => in_pieces(offset, length, |at, len| volume.unmap(at, len))
-            .and_then(|()| if fua { volume.flush() } else { Ok(()) }),
-        // NO_HOLE asks for provisioned zeros; a copy-on-write pool cannot promise
-        // space for future overwrites either way, so zeroing is done the cheap way
-        // (which also makes FAST_ZERO always succeed).
-        CMD_WRITE_ZEROES => in_pieces(offset, length, |at, len| volume.write_zeroes(at, len))
-            .and_then(|()| if fua { volume.flush() } else { Ok(()) }),
-        _ => return simple_reply(NBD_EINVAL, request.cookie),
-    };
-    match result {
-        Ok(()) => simple_reply(0, request.cookie),
-        Err(error) => simple_reply(nbd_error_from_errno(error.errno()), request.cookie),
-    }
-}
-
-/// Apply `op` to `[offset, offset+length)` in pieces of at most `ZERO_CALL_MAX_BYTES`,
-/// so one huge TRIM does not hold the volume in one long call.
-fn in_pieces(
-    offset: u64,
-    length: u64,
-    mut op: impl FnMut(u64, u64) -> zilla_core::Result<()>,
-) -> zilla_core::Result<()> {
-    if length == 0 {
-        return op(offset, 0);
-    }
-    let mut done = 0;
-    while done < length {
-        let piece = (length - done).min(ZERO_CALL_MAX_BYTES);
-        op(offset + done, piece)?;
-        done += piece;
-    }
-    Ok(())
-}
-
-/// A READ that missed the cache. With structured replies, a range that is entirely a
-/// hole is answered with one OFFSET_HOLE chunk instead of zero-filled data.
-fn read_blocking(context: &RequestContext, request: &Request) -> Vec<u8> {
-    let length = request.length as usize;
-    if length == 0 {
-        return read_reply_empty(context, request.cookie);
-    }
-    if context.structured_replies {
-        if let Ok(extents) = context.volume.block_status(request.offset, u64::from(request.length)) {
-            if let [only] = extents.as_slice() {
-                if only.hole && only.length >= u64::from(request.length) {
-                    let mut payload = [0u8; 12];
-                    payload[..8].copy_from_slice(&request.offset.to_be_bytes());
-                    payload[8..].copy_from_slice(&request.length.to_be_bytes());
-                    let mut reply = Vec::with_capacity(CHUNK_HEADER_BYTES + 12);
-                    push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_HOLE, request.cookie, &payload);
-                    return reply;
-                }
-            }
-        }
-    }
-    let prefix = read_prefix_bytes(context);
-    let mut buffer = context.frontend.buffers.take(prefix + length);
-    match context.volume.read(request.offset, &mut buffer[prefix..]) {
-        Ok(()) => {
-            finish_read_reply(context, request, &mut buffer);
-            buffer
-        }
-        Err(error) => read_error_reply(context, request.cookie, error.errno()),
-    }
-}
-
-fn read_prefix_bytes(context: &RequestContext) -> usize {
-    if context.structured_replies { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES }
-}
-
-/// Fill in the header in front of read data already placed after the prefix.
-fn finish_read_reply(context: &RequestContext, request: &Request, buffer: &mut [u8]) {
-    if context.structured_replies {
-        let chunk_bytes = 8 + request.length; // offset + data; length <= payload cap
-        encode_chunk_header(buffer, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, request.cookie, chunk_bytes);
-        buffer[CHUNK_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES].copy_from_slice(&request.offset.to_be_bytes());
-    } else {
-        encode_simple_reply_header(buffer, 0, request.cookie);
-    }
-}
-
-fn read_reply_empty(context: &RequestContext, cookie: u64) -> Vec<u8> {
-    if context.structured_replies {
-        let mut reply = Vec::with_capacity(CHUNK_HEADER_BYTES);
-        push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, &[]);
-        reply
-    } else {
-        simple_reply(0, cookie)
-    }
-}
-
-fn read_error_reply(context: &RequestContext, cookie: u64, errno: i32) -> Vec<u8> {
-    let error = nbd_error_from_errno(errno);
-    if context.structured_replies {
-        let mut reply = Vec::new();
-        push_error_chunk(&mut reply, cookie, error, "read failed");
-        reply
-    } else {
-        simple_reply(error, cookie)
-    }
-}
-
-fn simple_reply(error: u32, cookie: u64) -> Vec<u8> {
-    let mut reply = vec![0u8; SIMPLE_REPLY_HEADER_BYTES];
-    encode_simple_reply_header(&mut reply, error, cookie);
-    reply
-}
-
-/// An error reply that does not touch the volume.
-fn error_reply(context: &RequestContext, request: &Request, error: u32, message: &str, budget: Budget) -> Reply {
-    let structured = context.structured_replies && matches!(request.command, CMD_READ | CMD_BLOCK_STATUS);
-    let bytes = if structured {
-        let mut reply = Vec::new();
-        push_error_chunk(&mut reply, request.cookie, error, message);
-        reply
-    } else {
-        simple_reply(error, request.cookie)
-    };
-    Reply::new(bytes, budget)
-}
-
-/// BLOCK_STATUS for base:allocation: holes are HOLE|ZERO, data is 0.
-fn block_status(context: &RequestContext, request: &Request) -> Vec<u8> {
-    let Some(context_id) = context.base_allocation_context_id else {
-        let mut reply = Vec::new();
-        push_error_chunk(&mut reply, request.cookie, NBD_EINVAL, "no meta context selected");
-        return reply;
-    };
-    let span_bytes = u64::from(request.length).min(BLOCK_STATUS_SPAN_MAX_BYTES);
-    let extents = match context.volume.block_status(request.offset, span_bytes) {
-        Ok(extents) => extents,
-        Err(error) => {
-            let mut reply = Vec::new();
-            push_error_chunk(&mut reply, request.cookie, nbd_error_from_errno(error.errno()), "block status failed");
-            return reply;
-        }
-    };
-    let extents_max = if request.flags & CMD_FLAG_REQ_ONE != 0 { 1 } else { BLOCK_STATUS_EXTENTS_MAX };
-    let mut payload = Vec::with_capacity(4 + 8 * extents.len().min(extents_max));
-    payload.extend_from_slice(&context_id.to_be_bytes());
-    let mut described = 0usize;
-    for extent in extents.iter().filter(|e| e.length > 0).take(extents_max) {
-        // Extents lie inside the span (<= 1 GiB), so their length fits 32 bits.
-        let length = u32::try_from(extent.length).unwrap_or(u32::MAX);
-        let flags = if extent.hole { STATE_HOLE | STATE_ZERO } else { 0 };
-        payload.extend_from_slice(&length.to_be_bytes());
-        payload.extend_from_slice(&flags.to_be_bytes());
-        described += 1;
-    }
-    if described == 0 {
-        // The volume returned nothing usable: describe the span as allocated data,
-        // which is always a truthful answer.
-        payload.extend_from_slice(&(span_bytes as u32).to_be_bytes());
-        payload.extend_from_slice(&0u32.to_be_bytes());
-    }
-    let mut reply = Vec::with_capacity(CHUNK_HEADER_BYTES + payload.len());
-    push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, request.cookie, &payload);
-    reply
 }
 
 fn stalled() -> io::Error {
@@ -1048,10 +702,10 @@ mod tests {
         let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         b.set_nonblocking(true).unwrap();
-        let budget = Budget {
-            _request: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
-            _memory: frontend.memory.share().try_acquire(SMALL_REPLY_UNITS).unwrap(),
-        };
+        let budget = Admission::from_parts(
+            Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().unwrap(),
+            frontend.memory.share().try_acquire(SMALL_REPLY_UNITS).unwrap(),
+        );
         sender.send(vec![Reply::new(simple_reply(0, 7), budget)], &frontend);
         let mut byte = [0u8; 64];
         for (name, socket) in [("a", &mut a), ("b", &mut b)] {

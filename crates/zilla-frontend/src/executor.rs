@@ -1,0 +1,747 @@
+//! executor: the one request path of every front end.
+//!
+//! A protocol (NBD, iSCSI, the in-tree test front end) parses its wire format into an
+//! owned [`Request`] (a [`Command`] with its buffers), takes an [`Admission`] for it
+//! from its connection's [`Executor`], and submits it with a [`Completer`]. The
+//! request then has exactly one completion ([`Completion`]: the result and the
+//! admission back), which the protocol encodes into its reply:
+//!
+//! ```text
+//!   protocol reader --admit--> Admission (request slot + memory units)
+//!        |
+//!        +--submit(Request, Admission, Completer)
+//!              |
+//!              +-- inline: served from memory / taken without blocking
+//!              |     -> returned to the caller with its completer (no hop, no task)
+//!              +-- throttled write: claims its delay, waits on the delay timer
+//!              |     (no thread, no volume call), then applied as below
+//!              +-- volume call permit, then
+//!                    +-- async engine completion (a cache-miss read of one block, a
+//!                    |   FLUSH, a FUA or sync=always write): the engine thread that
+//!                    |   completes the device I/O calls the completer
+//!                    +-- the blocking pool (everything else, and every async start
+//!                        that reports it cannot finish without blocking)
+//! ```
+//!
+//! Which way a request goes is decided here only, from the engine's answers
+//! ([`BlockVolume`]'s `try_`, `_async` and `_after_delay` calls); a protocol never
+//! calls the engine's volume for I/O. Statistics are recorded here only: every
+//! completion, and every request a protocol refuses before submitting
+//! ([`Executor::refuse`]), is counted once on the volume's [`VolumeIoStats`] and on
+//! the session's other counters (its client's row, the protocol's totals).
+//!
+//! Exactly once. Inline, the completion is returned together with the completer (the
+//! caller batches it). Otherwise the completer travels inside a [`Pending`] that
+//! calls it when the work is done; if the work is dropped without a result (a
+//! blocking task that panicked, an engine that dropped its completion, a runtime
+//! shutting down) the `Pending`'s drop completes it with an I/O error, so a client
+//! always gets an answer and the admission always comes back.
+//!
+//! Bounds. An [`Admission`] holds one of the connection's `requests_max` request slots
+//! and a share of the daemon-wide memory budget from before the request's payload is
+//! read until the protocol drops it (after its reply is on the wire). A request that
+//! needs a thread or an engine completion also holds a permit of the daemon-wide
+//! volume-call budget ([`SharedBudget`]) until its completion; a write the throttle
+//! delayed holds none while it waits, and one of `Frontend::delayed_write_calls` if it
+//! then still needs a thread. UNMAP, WRITE ZEROES and WRITE SAME run one at a time per
+//! connection, in calls of at most [`ZERO_CALL_MAX_BYTES`]; BLOCK STATUS looks at most
+//! [`BLOCK_STATUS_SPAN_MAX_BYTES`] ahead; WRITE SAME's pattern buffer is at most
+//! [`WRITE_SAME_BUFFER_MAX_BYTES`]. COMPARE AND WRITE is atomic against other
+//! COMPARE AND WRITEs of the volume (one of `CAW_LOCKS` locks, by volume name), as
+//! SCSI targets do it; plain writes are not held back by it.
+//!
+//! Waiting. `admit` and `submit` may wait (for memory, a volume call, the connection's
+//! zero-call slot); before the first wait they call the caller's `before_wait`, where
+//! a protocol hands the replies it batched to its writer (they hold budget that the
+//! wait may need). Waiting stalls only that connection's reader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use zilla_core::zvol::{BlockVolume, Extent, SharedSlice, WriteDelay};
+use zilla_core::Error;
+
+use crate::budget::{BudgetPermit, BudgetShare};
+use crate::iostats::{IoKind, VolumeIoStats};
+use crate::Frontend;
+
+/// Largest range one BLOCK STATUS request examines; clients ask again for the rest.
+pub const BLOCK_STATUS_SPAN_MAX_BYTES: u64 = 1 << 30;
+/// UNMAP / WRITE ZEROES / WRITE SAME are applied in volume calls of at most this many
+/// bytes, so a 1 GiB TRIM never holds the volume for one long call.
+pub const ZERO_CALL_MAX_BYTES: u64 = 64 << 20;
+/// Largest buffer WRITE SAME fills with its pattern (it writes the range in pieces).
+pub const WRITE_SAME_BUFFER_MAX_BYTES: usize = 1 << 20;
+/// UNMAP / WRITE ZEROES / WRITE SAME requests one connection may have running at once:
+/// they are long and dirty much metadata, so a flood of them must not crowd the txg.
+const ZERO_CALLS_PER_CONNECTION: usize = 1;
+/// Locks serialising COMPARE AND WRITE, chosen by volume name.
+const CAW_LOCKS: usize = 16;
+
+/// What a front end asks of a volume, with its buffers.
+#[derive(Debug)]
+pub enum Command {
+    /// `length` bytes at `offset`. A copied reply buffer starts with `prefix_bytes`
+    /// bytes left for the protocol's header. `holes`: a range that is one hole may be
+    /// answered [`ReadData::Hole`] instead of zeros.
+    Read { offset: u64, length: u32, prefix_bytes: usize, holes: bool },
+    /// `data` (a buffer of the front ends' pool; given back here) at `offset`. `fua`:
+    /// durable before the completion.
+    Write { offset: u64, data: Vec<u8>, fua: bool },
+    /// Every write completed before the FLUSH was submitted becomes durable.
+    Flush,
+    /// Deallocate (reads return zeros afterwards).
+    Unmap { offset: u64, length: u64, fua: bool },
+    WriteZeroes { offset: u64, length: u64, fua: bool },
+    /// `pattern` repeated over `[offset, offset+length)`; `length` is a multiple of
+    /// the pattern's length.
+    WriteSame { offset: u64, length: u64, pattern: Vec<u8>, fua: bool },
+    /// Atomically: if `[offset, offset+compare.len())` holds `compare`, write `data`
+    /// (of the same length) there; else [`Output::Miscompare`].
+    CompareAndWrite { offset: u64, compare: Vec<u8>, data: Vec<u8>, fua: bool },
+    /// Allocation of `[offset, offset+length)` (at most `BLOCK_STATUS_SPAN_MAX_BYTES`).
+    BlockStatus { offset: u64, length: u64 },
+    /// A hint that the range will be read; acknowledged at once.
+    Prefetch { offset: u64, length: u64 },
+}
+
+impl Command {
+    /// How the statistics count this command, and its bytes.
+    pub fn io_kind(&self) -> (IoKind, u64) {
+        match self {
+            Command::Read { length, .. } => (IoKind::Read, u64::from(*length)),
+            Command::Write { data, .. } => (IoKind::Write, data.len() as u64),
+            Command::CompareAndWrite { data, .. } => (IoKind::Write, data.len() as u64),
+            Command::Flush => (IoKind::Flush, 0),
+            Command::Unmap { length, .. } => (IoKind::Trim, *length),
+            Command::WriteZeroes { length, .. } | Command::WriteSame { length, .. } => (IoKind::WriteZeroes, *length),
+            Command::BlockStatus { length, .. } | Command::Prefetch { length, .. } => (IoKind::Other, *length),
+        }
+    }
+}
+
+/// A command and when the front end received it (the statistics' start).
+#[derive(Debug)]
+pub struct Request {
+    pub command: Command,
+    pub started: Instant,
+}
+
+/// Read data as the completion carries it.
+#[derive(Debug)]
+pub enum ReadData {
+    /// A buffer of the front ends' pool: `prefix_bytes` for the header, then the data.
+    /// The protocol gives it back to `Frontend::buffers` once it is on the wire.
+    Copied(Vec<u8>),
+    /// The volume's own immutable block buffers, in order (no copy).
+    Shared(Vec<SharedSlice>),
+    /// The whole range is a hole (only when the read allowed it).
+    Hole,
+}
+
+/// What a successful request produced.
+#[derive(Debug)]
+pub enum Output {
+    Done,
+    Data(ReadData),
+    Extents(Vec<Extent>),
+    /// COMPARE AND WRITE found a difference at this byte of the range; nothing written.
+    Miscompare { offset: u64 },
+}
+
+/// The one completion of a request: its result and the admission it held, which the
+/// protocol keeps until the reply is on the wire.
+#[derive(Debug)]
+pub struct Completion {
+    pub result: zilla_core::Result<Output>,
+    pub admission: Admission,
+}
+
+/// Receives a request's completion; called at most once (by value), from any thread.
+/// `complete` must not block: it runs on engine threads too.
+pub trait Completer: Send + 'static {
+    fn complete(self, completion: Completion);
+}
+
+/// A request slot of the connection and a share of the memory budget, held from
+/// admission until the protocol drops it (after the reply is written).
+pub struct Admission {
+    _request: OwnedSemaphorePermit,
+    _memory: BudgetPermit,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Admission({} memory units)", self._memory.units())
+    }
+}
+
+impl Admission {
+    /// An admission from permits taken elsewhere (a protocol's own tests).
+    pub fn from_parts(request: OwnedSemaphorePermit, memory: BudgetPermit) -> Admission {
+        Admission { _request: request, _memory: memory }
+    }
+
+    /// Memory units held.
+    pub fn memory_units(&self) -> usize {
+        self._memory.units()
+    }
+}
+
+/// Counters a session records every request on besides its volume's (a client's row,
+/// a protocol's totals).
+pub trait IoCounters: Send + Sync {
+    fn io(&self) -> &VolumeIoStats;
+}
+
+impl IoCounters for VolumeIoStats {
+    fn io(&self) -> &VolumeIoStats {
+        self
+    }
+}
+
+impl IoCounters for crate::ClientIoStats {
+    fn io(&self) -> &VolumeIoStats {
+        &self.io
+    }
+}
+
+/// What every request of a session shares; one `Arc` clone per request that leaves
+/// the reader.
+struct Shared {
+    volume: Arc<dyn BlockVolume>,
+    frontend: Arc<Frontend>,
+    stats: Arc<VolumeIoStats>,
+    also: Box<[Arc<dyn IoCounters>]>,
+}
+
+impl Shared {
+    fn record(&self, kind: IoKind, bytes: u64, started: Instant, failed: bool) {
+        let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.record(kind, bytes, latency_ns, failed);
+        for counters in self.also.iter() {
+            counters.io().record(kind, bytes, latency_ns, failed);
+        }
+    }
+
+    /// Record and build the completion.
+    fn finish(&self, kind: (IoKind, u64), started: Instant, result: zilla_core::Result<Output>, admission: Admission) -> Completion {
+        self.record(kind.0, kind.1, started, result.is_err());
+        Completion { result, admission }
+    }
+}
+
+/// The request path of one connection to one volume: its budgets, its volume, its
+/// counters. Used by the connection's reader; completions may come from any thread.
+pub struct Executor {
+    shared: Arc<Shared>,
+    requests: Arc<Semaphore>,
+    requests_max: usize,
+    memory: BudgetShare,
+    volume_calls: BudgetShare,
+    zero_calls: Arc<Semaphore>,
+}
+
+/// What a submitted request holds until its completion.
+enum CallPermit {
+    Budget(#[allow(dead_code)] BudgetPermit),
+    AfterDelay(#[allow(dead_code)] OwnedSemaphorePermit),
+    None,
+}
+
+/// A request on its way (in a task, a blocking thread or an engine completion). Its
+/// drop completes it with an I/O error if nothing else did.
+pub struct Pending<C: Completer> {
+    inner: Option<PendingInner<C>>,
+}
+
+struct PendingInner<C> {
+    completer: C,
+    admission: Admission,
+    kind: (IoKind, u64),
+    started: Instant,
+    shared: Arc<Shared>,
+    _call: CallPermit,
+    _zero_call: Option<OwnedSemaphorePermit>,
+}
+
+impl<C: Completer> Pending<C> {
+    fn complete(mut self, result: zilla_core::Result<Output>) {
+        if let Some(inner) = self.inner.take() {
+            let PendingInner { completer, admission, kind, started, shared, _call, _zero_call } = inner;
+            // the volume call ends before the completion is handed on
+            drop((_call, _zero_call));
+            completer.complete(shared.finish(kind, started, result, admission));
+        }
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.inner.as_ref().expect("a pending request is completed only once").shared
+    }
+
+    fn set_call(&mut self, call: CallPermit) {
+        if let Some(inner) = self.inner.as_mut() {
+            inner._call = call;
+        }
+    }
+}
+
+impl<C: Completer> Drop for Pending<C> {
+    fn drop(&mut self) {
+        if self.inner.is_some() {
+            tracing::warn!("front end: a request's work ended without a result; answering it with an I/O error");
+            let error = std::io::Error::other("the request's work ended without a result");
+            Pending { inner: self.inner.take() }.complete(Err(Error::Io(error)));
+        }
+    }
+}
+
+impl Executor {
+    /// The executor of one connection to `volume` (exported as `export`), with at most
+    /// `requests_max` requests in flight, recording on the volume's counters and `also`.
+    pub fn new(
+        frontend: &Arc<Frontend>,
+        volume: Arc<dyn BlockVolume>,
+        export: &str,
+        requests_max: usize,
+        also: Vec<Arc<dyn IoCounters>>,
+    ) -> Executor {
+        // Clamped so that idle()'s acquire_many(u32) can take every slot.
+        let requests_max = requests_max.clamp(1, u32::MAX as usize);
+        Executor {
+            shared: Arc::new(Shared {
+                volume,
+                stats: frontend.io_stats.volume(export),
+                frontend: frontend.clone(),
+                also: also.into_boxed_slice(),
+            }),
+            requests: Arc::new(Semaphore::new(requests_max)),
+            requests_max,
+            memory: frontend.memory.share(),
+            volume_calls: frontend.volume_calls.share(),
+            zero_calls: Arc::new(Semaphore::new(ZERO_CALLS_PER_CONNECTION)),
+        }
+    }
+
+    pub fn volume(&self) -> &Arc<dyn BlockVolume> {
+        &self.shared.volume
+    }
+
+    pub fn frontend(&self) -> &Arc<Frontend> {
+        &self.shared.frontend
+    }
+
+    /// A request slot and `memory_units` of memory, if available without waiting.
+    pub fn try_admit(&self, memory_units: usize) -> Option<Admission> {
+        let request = self.requests.clone().try_acquire_owned().ok()?;
+        let memory = self.memory.try_acquire(memory_units)?;
+        Some(Admission { _request: request, _memory: memory })
+    }
+
+    /// A request slot and `memory_units` of memory; `before_wait` runs first if that
+    /// means waiting. Cancel-safe.
+    pub async fn admit(&self, memory_units: usize, before_wait: impl FnOnce()) -> Admission {
+        if let Some(admission) = self.try_admit(memory_units) {
+            return admission;
+        }
+        before_wait();
+        let memory = self.memory.acquire(memory_units).await;
+        // The semaphore is never closed; if it were, waiting forever would be wrong, so
+        // make a fresh permit rather than panic.
+        let request = match self.requests.clone().acquire_owned().await {
+            Ok(permit) => permit,
+            Err(_) => Arc::new(Semaphore::new(1)).try_acquire_owned().expect("fresh semaphore has a permit"),
+        };
+        Admission { _request: request, _memory: memory }
+    }
+
+    /// Count a request the protocol answered without submitting it (refused by
+    /// validation, the server stopping).
+    pub fn refuse(&self, kind: IoKind, bytes: u64, started: Instant) {
+        self.shared.record(kind, bytes, started, true);
+    }
+
+    /// True when no admission of this connection is held.
+    pub fn nothing_in_flight(&self) -> bool {
+        self.requests.available_permits() >= self.requests_max
+    }
+
+    /// Resolves when no admission of this connection is held.
+    pub async fn idle(&self) {
+        let _all = self.requests.acquire_many(self.requests_max as u32).await;
+    }
+
+    /// Start `request`. Done inline, its completion comes back with the completer;
+    /// otherwise `None`, and the completer gets it later (exactly once, see the module
+    /// comment). `before_wait` runs before this waits for a permit.
+    pub async fn submit<C: Completer>(
+        &self,
+        request: Request,
+        admission: Admission,
+        completer: C,
+        mut before_wait: impl FnMut(),
+    ) -> Option<(Completion, C)> {
+        let shared = &self.shared;
+        let kind = request.command.io_kind();
+        let Request { command, started } = request;
+        let command = match try_inline(shared, command) {
+            Inline::Done(result) => return Some((shared.finish(kind, started, result, admission), completer)),
+            Inline::No(command) => command,
+        };
+        let pending = Pending {
+            inner: Some(PendingInner {
+                completer,
+                admission,
+                kind,
+                started,
+                shared: shared.clone(),
+                _call: CallPermit::None,
+                _zero_call: None,
+            }),
+        };
+        if let Command::Write { offset, data, fua } = command {
+            match shared.volume.claim_write_delay(data.len() as u64) {
+                WriteDelay::After(delay) => {
+                    tokio::spawn(delayed_write(pending, offset, data, fua, delay));
+                    return None;
+                }
+                _ => return self.submit_call(pending, Command::Write { offset, data, fua }, &mut before_wait).await,
+            }
+        }
+        self.submit_call(pending, command, &mut before_wait).await
+    }
+
+    /// Take the permits a volume call needs, then start it the cheapest way it goes.
+    async fn submit_call<C: Completer>(
+        &self,
+        mut pending: Pending<C>,
+        command: Command,
+        before_wait: &mut impl FnMut(),
+    ) -> Option<(Completion, C)> {
+        if matches!(command, Command::Unmap { .. } | Command::WriteZeroes { .. } | Command::WriteSame { .. }) {
+            before_wait();
+            let zero_call = self.zero_calls.clone().acquire_owned().await.ok();
+            if let Some(inner) = pending.inner.as_mut() {
+                inner._zero_call = zero_call;
+            }
+        }
+        let call = match self.volume_calls.try_acquire(1) {
+            Some(call) => call,
+            None => {
+                before_wait();
+                self.volume_calls.acquire(1).await
+            }
+        };
+        pending.set_call(CallPermit::Budget(call));
+        let (pending, command) = match try_read_async(pending, command) {
+            Ok(()) => return None,
+            Err(back) => back,
+        };
+        match try_commit_async(pending, command) {
+            Ok(()) => None,
+            Err((pending, command)) => {
+                tokio::task::spawn_blocking(move || {
+                    let result = execute_blocking(pending.shared(), &command);
+                    give_buffers(pending.shared(), command);
+                    pending.complete(result);
+                });
+                None
+            }
+        }
+    }
+}
+
+/// The outcome of [`try_inline`].
+enum Inline {
+    Done(zilla_core::Result<Output>),
+    No(Command),
+}
+
+/// Requests answered on the caller's (reactor) thread: cached reads, writes the volume
+/// takes without blocking, prefetch hints.
+fn try_inline(shared: &Shared, command: Command) -> Inline {
+    match command {
+        Command::Read { offset, length, prefix_bytes, holes } => match try_read_inline(shared, offset, length, prefix_bytes) {
+            Some(result) => Inline::Done(result),
+            None => Inline::No(Command::Read { offset, length, prefix_bytes, holes }),
+        },
+        // A write the volume can take without blocking (no throttle delay, no device
+        // read) is applied here.
+        Command::Write { offset, data, fua: false } => match shared.volume.try_write_nonblocking(offset, &data) {
+            Some(result) => {
+                shared.frontend.buffers.give(data);
+                Inline::Done(result.map(|()| Output::Done))
+            }
+            None => Inline::No(Command::Write { offset, data, fua: false }),
+        },
+        // The ARC decides what stays in memory: acknowledged at once.
+        Command::Prefetch { .. } => Inline::Done(Ok(Output::Done)),
+        command => Inline::No(command),
+    }
+}
+
+/// A READ from memory: the volume's block buffers as they are when it can share them
+/// (no copy), else copied into a reply buffer. `None`: not all in memory.
+fn try_read_inline(shared: &Shared, offset: u64, length: u32, prefix_bytes: usize) -> Option<zilla_core::Result<Output>> {
+    let volume = &*shared.volume;
+    if length == 0 {
+        return Some(Ok(Output::Data(ReadData::Copied(shared.frontend.buffers.take(prefix_bytes)))));
+    }
+    if let Some(result) = volume.try_read_cached_shared(offset, u64::from(length)) {
+        return Some(result.map(|pieces| Output::Data(ReadData::Shared(pieces))));
+    }
+    if volume.cached_reads_are_shared(u64::from(length)) {
+        return None; // a block is not in memory: the copying way would miss as well
+    }
+    let mut buffer = shared.frontend.buffers.take(prefix_bytes + length as usize);
+    match volume.try_read_cached(offset, &mut buffer[prefix_bytes..]) {
+        Some(Ok(())) => Some(Ok(Output::Data(ReadData::Copied(buffer)))),
+        Some(Err(error)) => {
+            shared.frontend.buffers.give(buffer);
+            Some(Err(error))
+        }
+        None => {
+            shared.frontend.buffers.give(buffer);
+            None
+        }
+    }
+}
+
+/// A READ that missed the cache, without a blocking thread: the volume issues the one
+/// block it lacks and the engine thread that completes the device read completes the
+/// request. When the read cannot finish that way (several blocks, an indirect block not
+/// cached, a copy that failed or did not verify: the blocking read tries every copy and
+/// heals), its completion hands it to the blocking pool. `Err` gives it back (another
+/// command).
+fn try_read_async<C: Completer>(pending: Pending<C>, command: Command) -> Result<(), (Pending<C>, Command)> {
+    let Command::Read { offset, length, prefix_bytes, holes } = command else {
+        return Err((pending, command));
+    };
+    let handle = tokio::runtime::Handle::current();
+    let volume = pending.shared().volume.clone();
+    volume.read_async(offset, u64::from(length), Box::new(move |result| match result {
+        Some(result) => pending.complete(result.map(|pieces| Output::Data(ReadData::Shared(pieces)))),
+        None => to_blocking_pool(&handle, pending, Command::Read { offset, length, prefix_bytes, holes }),
+    }));
+    Ok(())
+}
+
+/// Run `command` on the blocking pool from a completion that may run on an engine
+/// thread: the hand-off happens inside a task, so a blocking pool that cannot start a
+/// thread (spawn_blocking panics then) fails this request's task, never the engine
+/// thread that completes device I/O.
+fn to_blocking_pool<C: Completer>(handle: &tokio::runtime::Handle, pending: Pending<C>, command: Command) {
+    handle.spawn(async move {
+        let _ = tokio::task::spawn_blocking(move || {
+            let result = execute_blocking(pending.shared(), &command);
+            give_buffers(pending.shared(), command);
+            pending.complete(result);
+        })
+        .await;
+    });
+}
+
+/// FLUSH, and a WRITE that must be durable before its completion (FUA, or any write
+/// to a `sync=always` volume), without a blocking thread: the write is applied here
+/// when the volume can take it at once, the commit is started here, and the engine
+/// thread that completes the intent-log write completes the request. When the commit
+/// cannot finish without blocking (another commit holds the log: batching; a txg to
+/// wait for), it runs the blocking `flush` on the blocking pool. `Err` gives the
+/// request back (a write the volume cannot take at once, other commands).
+fn try_commit_async<C: Completer>(pending: Pending<C>, command: Command) -> Result<(), (Pending<C>, Command)> {
+    match command {
+        Command::Flush => {}
+        Command::Write { offset, data, fua } => {
+            let shared = pending.shared().clone();
+            match shared.volume.try_write_nonblocking_sync(offset, &data, fua) {
+                None => return Err((pending, Command::Write { offset, data, fua })),
+                Some(Ok(true)) => shared.frontend.buffers.give(data),
+                Some(done) => {
+                    shared.frontend.buffers.give(data);
+                    pending.complete(done.map(|_| Output::Done));
+                    return Ok(());
+                }
+            }
+        }
+        command => return Err((pending, command)),
+    }
+    commit_then_complete(pending);
+    Ok(())
+}
+
+/// Start the commit a FLUSH or a durable write needs; its engine completion completes
+/// the request (through the blocking pool when the commit cannot finish without
+/// blocking).
+fn commit_then_complete<C: Completer>(pending: Pending<C>) {
+    let handle = tokio::runtime::Handle::current();
+    let volume = pending.shared().volume.clone();
+    volume.flush_async(Box::new(move |result| match result {
+        Some(result) => pending.complete(result.map(|()| Output::Done)),
+        None => to_blocking_pool(&handle, pending, Command::Flush),
+    }));
+}
+
+/// A WRITE the write throttle delays: it waits on the throttle timer holding its
+/// admission but no thread and no volume call; then it is applied without a second
+/// delay, inline when the volume can take it at once (and committed without a thread
+/// when it must be durable), else on the blocking pool under one of the front ends'
+/// `delayed_write_calls`.
+async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data: Vec<u8>, fua: bool, delay: Duration) {
+    crate::delay_timer::sleep(delay).await;
+    let shared = pending.shared().clone();
+    let needs_commit = match shared.volume.try_write_after_delay(offset, &data, fua) {
+        Some(Ok(true)) => true,
+        Some(done) => {
+            shared.frontend.buffers.give(data);
+            return pending.complete(done.map(|_| Output::Done));
+        }
+        None => false,
+    };
+    if let Ok(permit) = shared.frontend.delayed_write_calls.clone().acquire_owned().await {
+        pending.set_call(CallPermit::AfterDelay(permit));
+    }
+    if needs_commit {
+        shared.frontend.buffers.give(data);
+        return commit_then_complete(pending);
+    }
+    tokio::task::spawn_blocking(move || {
+        let result = shared.volume.write_after_delay(offset, &data, fua);
+        shared.frontend.buffers.give(data);
+        pending.complete(result.map(|()| Output::Done));
+    });
+}
+
+/// Give a finished command's buffers back to the front ends' pool.
+fn give_buffers(shared: &Shared, command: Command) {
+    match command {
+        Command::Write { data, .. } => shared.frontend.buffers.give(data),
+        Command::WriteSame { pattern, .. } => shared.frontend.buffers.give(pattern),
+        Command::CompareAndWrite { compare, data, .. } => {
+            shared.frontend.buffers.give(compare);
+            shared.frontend.buffers.give(data);
+        }
+        _ => {}
+    }
+}
+
+/// Run a command that may block on the volume.
+fn execute_blocking(shared: &Shared, command: &Command) -> zilla_core::Result<Output> {
+    let volume = &*shared.volume;
+    let then_flush = |fua: bool| if fua { volume.flush() } else { Ok(()) };
+    match *command {
+        Command::Read { offset, length, prefix_bytes, holes } => read_blocking(shared, offset, length, prefix_bytes, holes),
+        Command::BlockStatus { offset, length } => {
+            volume.block_status(offset, length.min(BLOCK_STATUS_SPAN_MAX_BYTES)).map(Output::Extents)
+        }
+        Command::Write { offset, ref data, fua } => volume.write(offset, data, fua).map(|()| Output::Done),
+        Command::Flush => volume.flush().map(|()| Output::Done),
+        Command::Unmap { offset, length, fua } => {
+            in_pieces(offset, length, |at, len| volume.unmap(at, len)).and_then(|()| then_flush(fua)).map(|()| Output::Done)
+        }
+        // Zeroing is done the cheap way (blocks freed, partial ones zeroed): a
+        // copy-on-write pool cannot promise space for future overwrites either way.
+        Command::WriteZeroes { offset, length, fua } => in_pieces(offset, length, |at, len| volume.write_zeroes(at, len))
+            .and_then(|()| then_flush(fua))
+            .map(|()| Output::Done),
+        Command::WriteSame { offset, length, ref pattern, fua } => {
+            write_same(shared, offset, length, pattern).and_then(|()| then_flush(fua)).map(|()| Output::Done)
+        }
+        Command::CompareAndWrite { offset, ref compare, ref data, fua } => compare_and_write(shared, offset, compare, data, fua),
+        Command::Prefetch { .. } => Ok(Output::Done),
+    }
+}
+
+/// Apply `op` to `[offset, offset+length)` in pieces of at most `ZERO_CALL_MAX_BYTES`.
+fn in_pieces(offset: u64, length: u64, mut op: impl FnMut(u64, u64) -> zilla_core::Result<()>) -> zilla_core::Result<()> {
+    if length == 0 {
+        return op(offset, 0);
+    }
+    let mut done = 0;
+    while done < length {
+        let piece = (length - done).min(ZERO_CALL_MAX_BYTES);
+        op(offset + done, piece)?;
+        done += piece;
+    }
+    Ok(())
+}
+
+/// A READ that missed the cache, on the blocking pool. A range that is one hole is
+/// answered `Hole` when the read allows it.
+fn read_blocking(shared: &Shared, offset: u64, length: u32, prefix_bytes: usize, holes: bool) -> zilla_core::Result<Output> {
+    if holes && length > 0 {
+        if let Ok(extents) = shared.volume.block_status(offset, u64::from(length)) {
+            if let [only] = extents.as_slice() {
+                if only.hole && only.length >= u64::from(length) {
+                    return Ok(Output::Data(ReadData::Hole));
+                }
+            }
+        }
+    }
+    let mut buffer = shared.frontend.buffers.take(prefix_bytes + length as usize);
+    match shared.volume.read(offset, &mut buffer[prefix_bytes..]) {
+        Ok(()) => Ok(Output::Data(ReadData::Copied(buffer))),
+        Err(error) => {
+            shared.frontend.buffers.give(buffer);
+            Err(error)
+        }
+    }
+}
+
+/// WRITE SAME: an all-zero pattern zeroes the range the cheap way; any other is
+/// repeated into one buffer of at most `WRITE_SAME_BUFFER_MAX_BYTES` written piece by
+/// piece.
+fn write_same(shared: &Shared, offset: u64, length: u64, pattern: &[u8]) -> zilla_core::Result<()> {
+    let volume = &*shared.volume;
+    if pattern.is_empty() || pattern.len() > WRITE_SAME_BUFFER_MAX_BYTES || length % pattern.len() as u64 != 0 {
+        return Err(Error::invalid(format!("write same: {length} bytes is not a multiple of a {}-byte pattern", pattern.len())));
+    }
+    if pattern.iter().all(|&b| b == 0) {
+        return in_pieces(offset, length, |at, len| volume.write_zeroes(at, len));
+    }
+    let repeats = (WRITE_SAME_BUFFER_MAX_BYTES / pattern.len()).max(1) as u64;
+    let piece_max = (repeats * pattern.len() as u64).min(length);
+    let mut buffer = shared.frontend.buffers.take(piece_max as usize);
+    for chunk in buffer.chunks_mut(pattern.len()) {
+        chunk.copy_from_slice(pattern);
+    }
+    let mut done = 0;
+    let mut result = Ok(());
+    while done < length && result.is_ok() {
+        let piece = (length - done).min(piece_max);
+        result = volume.write(offset + done, &buffer[..piece as usize], false);
+        done += piece;
+    }
+    shared.frontend.buffers.give(buffer);
+    result
+}
+
+/// COMPARE AND WRITE under the volume's lock: read, compare, write if equal.
+fn compare_and_write(shared: &Shared, offset: u64, compare: &[u8], data: &[u8], fua: bool) -> zilla_core::Result<Output> {
+    if compare.len() != data.len() {
+        return Err(Error::invalid(format!("compare and write: {} bytes to compare, {} to write", compare.len(), data.len())));
+    }
+    let volume = &*shared.volume;
+    let lock = &shared.frontend.compare_and_write_locks[caw_lock_index(&volume.name())];
+    let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut current = shared.frontend.buffers.take(compare.len());
+    let read = volume.read(offset, &mut current);
+    let differs = current.iter().zip(compare).position(|(a, b)| a != b);
+    shared.frontend.buffers.give(current);
+    read?;
+    if let Some(at) = differs {
+        return Ok(Output::Miscompare { offset: at as u64 });
+    }
+    volume.write(offset, data, fua).map(|()| Output::Done)
+}
+
+fn caw_lock_index(volume_name: &str) -> usize {
+    let hash = volume_name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (hash % CAW_LOCKS as u64) as usize
+}
+
+/// The locks COMPARE AND WRITE takes (a `Frontend` holds one set).
+pub(crate) fn new_caw_locks() -> Box<[std::sync::Mutex<()>]> {
+    (0..CAW_LOCKS).map(|_| std::sync::Mutex::new(())).collect()
+}
