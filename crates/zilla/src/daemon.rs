@@ -60,13 +60,14 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::watch;
 use zilla_core::spa::{CreateOptions, Pool};
 use zilla_core::vdev::LeafSpec;
 
 use crate::api::*;
+use crate::pools::{PoolTable, Unavailable};
 
 pub const DEFAULT_NBD: &str = "127.0.0.1:10809";
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -126,37 +127,6 @@ pub fn lock_state_dir(dir: &Path, settings: &crate::config::Settings) -> anyhow:
     crate::state_dir::lock(&dir)
 }
 
-/// The imported pools, by name. Shared with the NBD export registry, which looks a
-/// volume up on every new connection so a new volume is exported at once.
-#[derive(Default)]
-pub struct PoolTable {
-    pools: RwLock<BTreeMap<String, Arc<Pool>>>,
-    /// Wall-clock ns when each pool was imported here: iostat's first report is the
-    /// average since then, as zpool's is since boot.
-    opened_ns: RwLock<BTreeMap<String, u64>>,
-}
-
-impl PoolTable {
-    pub fn get(&self, name: &str) -> Option<Arc<Pool>> {
-        self.pools.read().get(name).cloned()
-    }
-    pub fn all(&self) -> Vec<(String, Arc<Pool>)> {
-        self.pools.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-    }
-    pub fn opened_ns(&self, name: &str) -> u64 {
-        self.opened_ns.read().get(name).copied().unwrap_or(0)
-    }
-    fn insert(&self, name: String, pool: Arc<Pool>) {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        self.opened_ns.write().insert(name.clone(), now.as_nanos() as u64);
-        self.pools.write().insert(name, pool);
-    }
-    fn remove(&self, name: &str) -> Option<Arc<Pool>> {
-        self.opened_ns.write().remove(name);
-        self.pools.write().remove(name)
-    }
-}
-
 pub use crate::state_dir::{read_cache, CacheEntry, CacheFile, StateLock, CACHE_VERSION};
 use crate::state_dir::write_cache;
 
@@ -182,13 +152,6 @@ pub struct Daemon {
 }
 
 pub use crate::api_error::ApiError;
-
-/// A pool in the cache file that this daemon has not imported, and why.
-#[derive(Clone)]
-pub struct Unavailable {
-    pub entry: CacheEntry,
-    pub reason: String,
-}
 
 /// Run an engine call for pool `pool` on the blocking pool: a broken invariant in it
 /// (or in a thread it starts) is recorded as a stop while working for that pool.
@@ -736,47 +699,6 @@ async fn pool_status(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
     v.extend(unavailable.iter().map(|u| u.status()));
     v.sort_by(|a, b| a.status.name.cmp(&b.status.name));
     Ok(Json(v))
-}
-
-impl Unavailable {
-    pub fn list_row(&self) -> zilla_core::spa::PoolListRow {
-        zilla_core::spa::PoolListRow {
-            name: self.entry.name.clone(),
-            size: 0,
-            alloc: 0,
-            free: 0,
-            frag_percent: 0,
-            cap_percent: 0,
-            health: zilla_core::spa::PoolHealth::Unavail,
-            ashift: 0,
-        }
-    }
-
-    /// The status of a pool not imported: its cached leaves, all UNAVAIL, and why.
-    pub fn status(&self) -> PoolStatusEntry {
-        let leaf = |l: &LeafSpec| zilla_core::spa::VdevStatus {
-            name: l.display(),
-            kind: String::new(),
-            role: zilla_core::vdev::Role::Normal,
-            state: "UNAVAIL".into(),
-            read_errors: 0,
-            write_errors: 0,
-            cksum_errors: 0,
-            note: String::new(),
-            children: vec![],
-        };
-        let status = zilla_core::spa::PoolStatus {
-            name: self.entry.name.clone(),
-            guid: self.entry.guid,
-            state: zilla_core::spa::PoolHealth::Unavail,
-            scan: Default::default(),
-            trim: Default::default(),
-            config: self.entry.leaves.iter().map(leaf).collect(),
-            data_errors: 0,
-            error_list: vec![],
-        };
-        PoolStatusEntry { status, unavailable: Some(self.reason.clone()) }
-    }
 }
 
 async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<IostatEntry>> {
