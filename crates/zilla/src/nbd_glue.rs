@@ -1,5 +1,5 @@
-//! The one place the daemon meets the NBD server (crates/zilla-nbd). The exports are
-//! those of [`crate::exports`].
+//! The one place the daemon meets the NBD server (crates/zilla-nbd). The daemon builds
+//! the front end (with the export registry of [`crate::exports`]) and hands it here.
 
 use std::sync::Arc;
 
@@ -7,17 +7,10 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::exports::Exports;
-use crate::pools::PoolTable;
-
-/// The NBD server over the daemon's pools, with its own front end (memory budget,
-/// volume-call budget, reply buffers, statistics) built from the config file.
-pub fn server(
-    pools: Arc<PoolTable>,
-    frontend: zilla_frontend::FrontendConfig,
-    config: zilla_nbd::NbdConfig,
-) -> zilla_nbd::NbdServer {
-    let frontend = zilla_frontend::Frontend::new(Arc::new(Exports { pools }), frontend);
+/// The NBD server over the daemon's one front end (export registry, memory budget,
+/// volume-call budget, reply buffers, sessions, statistics), which it shares with
+/// every other front end and the web layer.
+pub fn server(frontend: Arc<zilla_frontend::Frontend>, config: zilla_nbd::NbdConfig) -> zilla_nbd::NbdServer {
     zilla_nbd::NbdServer::with_frontend(frontend, config)
 }
 

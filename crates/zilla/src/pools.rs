@@ -16,21 +16,26 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use zilla_core::spa::Pool;
 use zilla_core::vdev::LeafSpec;
 
 use crate::api::PoolStatusEntry;
 use crate::state_dir::CacheEntry;
 
-/// The imported pools, by name. Shared with the NBD export registry, which looks a
-/// volume up on every new connection so a new volume is exported at once.
+/// The imported pools, by name, and the pools of the cache file not imported. Shared
+/// with the export registry, which looks a volume up on every new connection so a new
+/// volume is exported at once.
 #[derive(Default)]
 pub struct PoolTable {
     pools: RwLock<BTreeMap<String, Arc<Pool>>>,
     /// Wall-clock ns when each pool was imported here: iostat's first report is the
     /// average since then, as zpool's is since boot.
     opened_ns: RwLock<BTreeMap<String, u64>>,
+    /// Cache entries not imported (the import at start failed, held after a stop on a
+    /// broken invariant, `--no-import`): kept so a later start retries, dropped when a
+    /// pool of that name is created, imported, exported or destroyed.
+    unavailable: Mutex<Vec<Unavailable>>,
 }
 
 impl PoolTable {
@@ -51,6 +56,27 @@ impl PoolTable {
     pub fn remove(&self, name: &str) -> Option<Arc<Pool>> {
         self.opened_ns.write().remove(name);
         self.pools.write().remove(name)
+    }
+
+    /// The pools not imported here, all or the one named `pool`, by name.
+    pub fn unavailable(&self, pool: Option<&str>) -> Vec<Unavailable> {
+        let mut v: Vec<Unavailable> =
+            self.unavailable.lock().iter().filter(|u| pool.is_none_or(|p| p == u.entry.name)).cloned().collect();
+        v.sort_by(|a, b| a.entry.name.cmp(&b.entry.name));
+        v
+    }
+    pub fn unavailable_entry(&self, name: &str) -> Option<Unavailable> {
+        self.unavailable.lock().iter().find(|u| u.entry.name == name).cloned()
+    }
+    pub fn add_unavailable(&self, u: Unavailable) {
+        self.unavailable.lock().push(u);
+    }
+    /// Forget the pool `name` is not imported; returns what was forgotten.
+    pub fn forget_unavailable(&self, name: &str) -> Vec<Unavailable> {
+        let mut list = self.unavailable.lock();
+        let (gone, kept) = std::mem::take(&mut *list).into_iter().partition(|u| u.entry.name == name);
+        *list = kept;
+        gone
     }
 }
 
