@@ -127,3 +127,31 @@ impl Unavailable {
         PoolStatusEntry { status, unavailable: Some(self.reason.clone()) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable(name: &str, reason: &str) -> Unavailable {
+        Unavailable { entry: CacheEntry::new(name.into(), Default::default(), vec![]), reason: reason.into() }
+    }
+
+    #[test]
+    fn pools_not_imported_are_listed_by_name_and_forgotten_with_what_they_were() {
+        let t = PoolTable::default();
+        t.add_unavailable(unavailable("b", "held"));
+        t.add_unavailable(unavailable("a", "missing devices"));
+        let names = |v: Vec<Unavailable>| v.into_iter().map(|u| u.entry.name).collect::<Vec<_>>();
+        assert_eq!(names(t.unavailable(None)), ["a", "b"]);
+        assert_eq!(names(t.unavailable(Some("b"))), ["b"]);
+        assert!(t.unavailable(Some("c")).is_empty());
+        assert_eq!(t.unavailable_entry("a").map(|u| u.reason).as_deref(), Some("missing devices"));
+        let gone = t.forget_unavailable("b");
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].reason, "held");
+        assert_eq!(names(t.unavailable(None)), ["a"]);
+        assert!(t.forget_unavailable("b").is_empty());
+        gone.into_iter().for_each(|u| t.add_unavailable(u));
+        assert_eq!(names(t.unavailable(None)), ["a", "b"]);
+    }
+}
