@@ -45,6 +45,13 @@
 //! to finish in-flight requests, then `sync` and `export` every pool *without* removing
 //! it from the cache, so the next start imports it again; remove the sockets; exit 0.
 //!
+//! The daemon owns the parts and wires them, and none of them knows the daemon: the
+//! pool table (pools.rs), the one front end every protocol shares (zilla-frontend's
+//! `Frontend`: export registry over the pool table (exports.rs), budgets, sessions,
+//! statistics), handed to the NBD server (nbd_glue.rs) and to any later front end,
+//! and a read-only view of both for the page and /metrics (web.rs). The admin API
+//! below changes the pool table and asks the front end's sessions.
+//!
 //! Engine calls block (device I/O, txg syncs); the async side reaches them only
 //! through `spawn_blocking`. A panic anywhere is a broken invariant: the panic hook
 //! (`stop_on_broken_invariant` in main.rs) logs it and stops the daemon; see
@@ -60,13 +67,14 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::watch;
 use zilla_core::spa::{CreateOptions, Pool};
 use zilla_core::vdev::LeafSpec;
 
 use crate::api::*;
+use crate::pools::{PoolTable, Unavailable};
 
 pub const DEFAULT_NBD: &str = "127.0.0.1:10809";
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -126,37 +134,6 @@ pub fn lock_state_dir(dir: &Path, settings: &crate::config::Settings) -> anyhow:
     crate::state_dir::lock(&dir)
 }
 
-/// The imported pools, by name. Shared with the NBD export registry, which looks a
-/// volume up on every new connection so a new volume is exported at once.
-#[derive(Default)]
-pub struct PoolTable {
-    pools: RwLock<BTreeMap<String, Arc<Pool>>>,
-    /// Wall-clock ns when each pool was imported here: iostat's first report is the
-    /// average since then, as zpool's is since boot.
-    opened_ns: RwLock<BTreeMap<String, u64>>,
-}
-
-impl PoolTable {
-    pub fn get(&self, name: &str) -> Option<Arc<Pool>> {
-        self.pools.read().get(name).cloned()
-    }
-    pub fn all(&self) -> Vec<(String, Arc<Pool>)> {
-        self.pools.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-    }
-    pub fn opened_ns(&self, name: &str) -> u64 {
-        self.opened_ns.read().get(name).copied().unwrap_or(0)
-    }
-    fn insert(&self, name: String, pool: Arc<Pool>) {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        self.opened_ns.write().insert(name.clone(), now.as_nanos() as u64);
-        self.pools.write().insert(name, pool);
-    }
-    fn remove(&self, name: &str) -> Option<Arc<Pool>> {
-        self.opened_ns.write().remove(name);
-        self.pools.write().remove(name)
-    }
-}
-
 pub use crate::state_dir::{read_cache, CacheEntry, CacheFile, StateLock, CACHE_VERSION};
 use crate::state_dir::write_cache;
 
@@ -166,29 +143,21 @@ use crate::state_dir::write_cache;
 pub struct Daemon {
     pub state_dir: PathBuf,
     pub pools: Arc<PoolTable>,
-    /// Cache entries not imported (the import at start failed, held after a stop on a
-    /// broken invariant, `--no-import`): kept so a later start retries, dropped when a
-    /// pool of that name is created, imported, exported or destroyed.
-    unavailable: Mutex<Vec<Unavailable>>,
     /// Serialises configuration changes and cache-file writes.
     admin: tokio::sync::Mutex<()>,
     /// What the admin should know about this start (a cache file that could not be
     /// read): `/v1/info`, shown by `pool status` and the import listing.
     notices: Mutex<Vec<String>>,
     pub info: DaemonInfo,
-    /// The NBD server (its counters, limits and the shared front end: memory budget,
-    /// per-volume and per-client statistics) for /metrics and the API.
+    /// The one front end every protocol shares (export registry over `pools`, memory
+    /// and volume-call budgets, reply buffers, sessions, per-volume and per-client
+    /// statistics); the daemon builds it and hands it to each front end and the web.
+    pub frontend: Arc<zilla_frontend::Frontend>,
+    /// The NBD server over `frontend` (its own counters and limits).
     pub nbd: zilla_nbd::NbdServer,
 }
 
 pub use crate::api_error::ApiError;
-
-/// A pool in the cache file that this daemon has not imported, and why.
-#[derive(Clone)]
-pub struct Unavailable {
-    pub entry: CacheEntry,
-    pub reason: String,
-}
 
 /// Run an engine call for pool `pool` on the blocking pool: a broken invariant in it
 /// (or in a thread it starts) is recorded as a stop while working for that pool.
@@ -248,13 +217,55 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 impl Daemon {
+    /// A daemon with no pool yet, and the one front end every protocol shares (its
+    /// export registry reads the pool table), with the NBD server over it.
+    fn new(
+        state_dir: PathBuf,
+        info: DaemonInfo,
+        frontend_config: zilla_frontend::FrontendConfig,
+        nbd_config: zilla_nbd::NbdConfig,
+    ) -> Arc<Daemon> {
+        let pools = Arc::new(PoolTable::default());
+        let registry = Arc::new(crate::exports::Exports { pools: pools.clone() });
+        let frontend = zilla_frontend::Frontend::new(registry, frontend_config);
+        let nbd = crate::nbd_glue::server(frontend.clone(), nbd_config);
+        Arc::new(Daemon {
+            state_dir,
+            pools,
+            notices: Mutex::new(vec![]),
+            admin: tokio::sync::Mutex::new(()),
+            info,
+            frontend,
+            nbd,
+        })
+    }
+
+    /// What the page and /metrics read: the pool table, the front end, the NBD
+    /// server's counters and limits, where the daemon serves.
+    fn web_view(&self) -> Arc<crate::web::View> {
+        Arc::new(crate::web::View {
+            pools: self.pools.clone(),
+            frontend: self.frontend.clone(),
+            nbd_stats: self.nbd.stats().clone(),
+            nbd_config: self.nbd.config().clone(),
+            state_dir: self.info.state_dir.clone(),
+            nbd_tcp: self.info.nbd_tcp.clone(),
+        })
+    }
+
+    /// The daemon's memory beyond the ARC and dirty data, and its bound (memory.rs).
+    fn memory_report(&self) -> crate::memory::MemoryReport {
+        let connections = self.nbd.stats().snapshot().connections_active;
+        crate::memory::measure(&self.pools, &self.frontend.stats(), connections)
+    }
+
     /// The imported pool `name`; for a pool of the cache file not imported here, an
     /// error that says so, why, and the way out (not "no such pool").
     fn pool(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
         if let Some(p) = self.pools.get(name) {
             return Ok(p);
         }
-        let Some(u) = self.unavailable_entry(name) else {
+        let Some(u) = self.pools.unavailable_entry(name) else {
             return Err(ApiError::not_found("no such pool"));
         };
         let shown = crate::clip::clip(name);
@@ -295,7 +306,7 @@ impl Daemon {
                 .filter(|(name, _)| Some(name) != without.as_ref())
                 .map(|(name, p)| CacheEntry { exporting: Some(&name) == exporting.as_ref(), ..CacheEntry::new(name, p.guid(), p.leaf_specs()) })
                 .collect();
-            pools.extend(d.unavailable.lock().iter().map(|u| &u.entry).filter(|e| Some(&e.name) != without.as_ref()).cloned());
+            pools.extend(d.pools.unavailable(None).into_iter().map(|u| u.entry).filter(|e| Some(&e.name) != without.as_ref()));
             pools.sort_by(|a, b| a.name.cmp(&b.name));
             write_cache(&d.state_dir, &CacheFile { version: CACHE_VERSION, pools }).map_err(|e| {
                 let path = d.state_dir.join("zilla.cache");
@@ -319,14 +330,13 @@ impl Daemon {
         undo: fn(&Pool) -> zilla_core::Result<()>,
         undone: &str,
     ) -> Result<(), ApiError> {
-        let was_unavailable: Vec<Unavailable> = self.unavailable.lock().iter().filter(|u| u.entry.name == name).cloned().collect();
-        self.forget_unavailable(name);
+        let was_unavailable = self.pools.forget_unavailable(name);
         self.pools.insert(name.to_string(), pool.clone());
         let Err(ApiError(status, msg)) = self.save_cache().await else {
             return Ok(());
         };
         self.pools.remove(name);
-        self.unavailable.lock().extend(was_unavailable);
+        was_unavailable.into_iter().for_each(|u| self.pools.add_unavailable(u));
         let outcome = match blocking(move || Ok(undo(&pool)?)).await {
             Ok(()) => undone.to_string(),
             Err(ApiError(_, e)) => format!("undoing it failed as well ({e})"),
@@ -382,19 +392,6 @@ impl Daemon {
         })
     }
 
-    fn forget_unavailable(&self, name: &str) {
-        self.unavailable.lock().retain(|u| u.entry.name != name);
-    }
-
-    /// The pools in the cache file not imported here, by name.
-    pub fn unavailable_pools(&self) -> Vec<Unavailable> {
-        select_unavailable(self, &PoolQuery { pool: None })
-    }
-
-    fn unavailable_entry(&self, name: &str) -> Option<Unavailable> {
-        self.unavailable.lock().iter().find(|u| u.entry.name == name).cloned()
-    }
-
     /// Import every pool in the cache file that is not imported yet, except those held
     /// after a stop on a broken invariant (and all of them with `no_import`).
     async fn import_cached(self: &Arc<Self>, no_import: bool) -> anyhow::Result<()> {
@@ -420,12 +417,12 @@ impl Daemon {
             let shown = crate::clip::clip(&name);
             if let Some(held) = &entry.held {
                 tracing::error!("pool '{shown}' is not imported: {held}");
-                self.unavailable.lock().push(Unavailable { reason: held.clone(), entry });
+                self.pools.add_unavailable(Unavailable { reason: held.clone(), entry });
                 continue;
             }
             if no_import {
                 let reason = format!("not imported: the daemon was started with --no-import; import it with `zilla pool import {shown}`");
-                self.unavailable.lock().push(Unavailable { reason, entry });
+                self.pools.add_unavailable(Unavailable { reason, entry });
                 continue;
             }
             if entry.exporting {
@@ -444,7 +441,7 @@ impl Daemon {
                 Err(ApiError(_, msg)) => {
                     tracing::error!("cannot import pool '{shown}' from the cache file: {msg}; it stays UNAVAIL, the daemon serves the other pools");
                     let reason = format!("cannot be imported from the cache file: {msg}");
-                    self.unavailable.lock().push(Unavailable { reason, entry: CacheEntry { exporting: false, ..entry } });
+                    self.pools.add_unavailable(Unavailable { reason, entry: CacheEntry { exporting: false, ..entry } });
                 }
             }
         }
@@ -575,17 +572,7 @@ pub async fn run(
         http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
         notices: vec![],
     };
-    let pools = Arc::new(PoolTable::default());
-    let nbd = crate::nbd_glue::server(pools.clone(), frontend_config, nbd_config);
-    let daemon = Arc::new(Daemon {
-        state_dir: dir.clone(),
-        pools,
-        unavailable: Mutex::new(vec![]),
-        notices: Mutex::new(vec![]),
-        admin: tokio::sync::Mutex::new(()),
-        info: info.clone(),
-        nbd,
-    });
+    let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config);
     for p in preimported {
         daemon.pools.insert(p.name(), p);
     }
@@ -606,7 +593,7 @@ pub async fn run(
     };
     let nbd_task = crate::nbd_glue::spawn(daemon.nbd.clone(), nbd_tcp, nbd_unix, stop_rx.clone());
     let http_task = http.map(|l| {
-        let app = crate::http_serve::with_body_limits(crate::web::router(daemon.clone()), limits.http);
+        let app = crate::http_serve::with_body_limits(crate::web::router(daemon.web_view()), limits.http);
         let listener = crate::http_serve::Listener::Tcp(l);
         tokio::spawn(crate::http_serve::serve("HTTP", listener, app, limits.http, stop_rx.clone(), HTTP_DRAIN))
     });
@@ -701,18 +688,10 @@ fn select_pools(d: &Daemon, q: &PoolQuery) -> Result<Vec<Arc<Pool>>, ApiError> {
     }
 }
 
-/// The unavailable pools the query selects (all, the named one, or none), by name.
-fn select_unavailable(d: &Daemon, q: &PoolQuery) -> Vec<Unavailable> {
-    let mut v: Vec<Unavailable> =
-        d.unavailable.lock().iter().filter(|u| q.pool.as_ref().is_none_or(|p| p == &u.entry.name)).cloned().collect();
-    v.sort_by(|a, b| a.entry.name.cmp(&b.entry.name));
-    v
-}
-
 /// The imported pools the query selects and the unavailable ones; "no such pool" when
 /// a named pool is neither.
 fn select_all(d: &Daemon, q: &PoolQuery) -> Result<(Vec<Arc<Pool>>, Vec<Unavailable>), ApiError> {
-    let unavailable = select_unavailable(d, q);
+    let unavailable = d.pools.unavailable(q.pool.as_deref());
     if q.pool.is_some() && !unavailable.is_empty() {
         return Ok((vec![], unavailable));
     }
@@ -736,47 +715,6 @@ async fn pool_status(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -
     v.extend(unavailable.iter().map(|u| u.status()));
     v.sort_by(|a, b| a.status.name.cmp(&b.status.name));
     Ok(Json(v))
-}
-
-impl Unavailable {
-    pub fn list_row(&self) -> zilla_core::spa::PoolListRow {
-        zilla_core::spa::PoolListRow {
-            name: self.entry.name.clone(),
-            size: 0,
-            alloc: 0,
-            free: 0,
-            frag_percent: 0,
-            cap_percent: 0,
-            health: zilla_core::spa::PoolHealth::Unavail,
-            ashift: 0,
-        }
-    }
-
-    /// The status of a pool not imported: its cached leaves, all UNAVAIL, and why.
-    pub fn status(&self) -> PoolStatusEntry {
-        let leaf = |l: &LeafSpec| zilla_core::spa::VdevStatus {
-            name: l.display(),
-            kind: String::new(),
-            role: zilla_core::vdev::Role::Normal,
-            state: "UNAVAIL".into(),
-            read_errors: 0,
-            write_errors: 0,
-            cksum_errors: 0,
-            note: String::new(),
-            children: vec![],
-        };
-        let status = zilla_core::spa::PoolStatus {
-            name: self.entry.name.clone(),
-            guid: self.entry.guid,
-            state: zilla_core::spa::PoolHealth::Unavail,
-            scan: Default::default(),
-            trim: Default::default(),
-            config: self.entry.leaves.iter().map(leaf).collect(),
-            data_errors: 0,
-            error_list: vec![],
-        };
-        PoolStatusEntry { status, unavailable: Some(self.reason.clone()) }
-    }
 }
 
 async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<IostatEntry>> {
@@ -850,7 +788,7 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     let opts = zilla_core::spa::ImportOptions { force: req.force, rewind: req.rewind, dry_run: false, missing_log: req.missing_log };
     // A pool this daemon has in its cache file but not imported: from its cached leaves
     // unless the admin names where to search.
-    let cached = name.as_deref().and_then(|n| d.unavailable_entry(n)).filter(|_| req.dirs.is_empty());
+    let cached = name.as_deref().and_then(|n| d.pools.unavailable_entry(n)).filter(|_| req.dirs.is_empty());
     let working_for = match (&name, &cached) {
         (Some(n), _) => n.clone(),
         (None, _) => importable_name(search.clone()).await.unwrap_or_default(),
@@ -896,10 +834,10 @@ async fn pool_rewind_plan(State(_d): State<Arc<Daemon>>, ApiJson(req): ApiJson<I
 
 async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Query(q): Query<DestroyQuery>) -> ApiResult<Empty> {
     let _g = d.admin.lock().await;
-    if d.pools.get(&pool).is_none() && d.unavailable_entry(&pool).is_some() {
+    if d.pools.get(&pool).is_none() && d.pools.unavailable_entry(&pool).is_some() {
         // not imported here: exporting it only means forgetting it
         d.save_cache_without(Some(&pool)).await?;
-        d.forget_unavailable(&pool);
+        d.pools.forget_unavailable(&pool);
         tracing::info!("forgot unavailable pool '{}'", crate::clip::clip(&pool));
         return Ok(Json(Empty {}));
     }
@@ -919,7 +857,7 @@ async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String
     }
     // Suspended, -f: its clients' requests wait on the pool and would hold their
     // sessions; the export without a final sync fails those requests, then they go.
-    d.nbd.frontend().sessions.disconnect(&in_pool);
+    d.frontend.sessions.disconnect(&in_pool);
     d.retire_pool(&pool, Pool::export_unsynced, true).await?;
     if let Err(ApiError(_, e)) = clear_sessions(&d, &format!("pool '{pool}'"), true, &in_pool).await {
         tracing::warn!("exported pool '{pool}' without its final sync; {e}");
@@ -948,7 +886,7 @@ const CLOSING_CLIENTS_WAIT: Duration = Duration::from_secs(1);
 /// Export or destroy of `what` (its exports are those `matches` accepts): refuse while
 /// clients are attached, or with `force` disconnect them and wait until they are gone.
 async fn clear_sessions(d: &Daemon, what: &str, force: bool, matches: &(dyn Fn(&str) -> bool + Sync)) -> Result<(), ApiError> {
-    let sessions = &d.nbd.frontend().sessions;
+    let sessions = &d.frontend.sessions;
     let mut attached = sessions.count(matches);
     if attached == 0 {
         return Ok(());
@@ -988,10 +926,10 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
         clear_sessions(&d, &format!("pool '{pool}'"), q.force, &move |e| zilla_frontend::sessions::export_in_pool(e, &p)).await?;
     }
     if d.pools.get(&pool).is_none() {
-        let was_unavailable = d.unavailable_entry(&pool).is_some();
+        let was_unavailable = d.pools.unavailable_entry(&pool).is_some();
         if was_unavailable {
             d.save_cache_without(Some(&pool)).await?;
-            d.forget_unavailable(&pool);
+            d.pools.forget_unavailable(&pool);
             return Ok(Json(Empty {}));
         }
         return Err(ApiError::not_found("no such pool"));
@@ -1229,7 +1167,7 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
 
 /// Per-client front-end counters (bounded table; see zilla-frontend iostats).
 async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
-    Json(d.nbd.frontend().clients.snapshot())
+    Json(d.frontend.clients.snapshot())
 }
 
 /// The intent-log kstat (OpenZFS names, /proc/spl/kstat/zfs/zil) summed over the
@@ -1242,28 +1180,6 @@ async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
         }
     }
     Json(m)
-}
-
-/// The daemon's memory beyond the ARC and dirty data, and its bound (memory.rs).
-pub fn memory_report(d: &Daemon) -> crate::memory::MemoryReport {
-    let (mut arc_size, mut dirty) = (0, 0);
-    for (_, pool) in d.pools.all() {
-        // a syncing txg's written buffers are reserved in the ARC until its commit
-        let arc = pool.arc_stats();
-        arc_size += arc.size + arc.reserved;
-        dirty += pool.throttle_stats().dirty_bytes;
-    }
-    let f = d.nbd.frontend().stats();
-    crate::memory::report(crate::memory::MemoryInputs {
-        rss: crate::memory::rss_bytes(),
-        arc_size,
-        dirty,
-        frontend_budget: f.memory.total,
-        frontend_in_use: f.memory.in_use,
-        reply_pool: f.buffers.pooled_bytes,
-        reply_pool_cap: f.buffers.bytes_max,
-        connections: d.nbd.stats().snapshot().connections_active,
-    })
 }
 
 /// arcstats kstat names -> values, summed over the imported pools (each pool has its
@@ -1286,7 +1202,7 @@ async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
             *m.entry(k.to_string()).or_default() += v;
         }
     }
-    for (k, v) in memory_report(&d).kstats() {
+    for (k, v) in d.memory_report().kstats() {
         m.insert(k.to_string(), v);
     }
     Json(m)

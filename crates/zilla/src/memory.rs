@@ -32,6 +32,8 @@
 //! while the ARC and dirty data are below their maxima is not yet a broken bound (the
 //! bound is on RSS), but it is the number to watch.
 
+use crate::pools::PoolTable;
+
 /// The fixed term of the memory bound (design.md §5).
 pub const FIXED_OVERHEAD_BYTES: u64 = 192 << 20;
 /// Per open NBD connection: its read and write buffers.
@@ -71,6 +73,28 @@ pub fn report(i: MemoryInputs) -> MemoryReport {
         other: overhead.saturating_sub(i.frontend_in_use).saturating_sub(i.reply_pool),
         overhead_max: i.frontend_budget + i.reply_pool_cap + FIXED_OVERHEAD_BYTES + i.connections * PER_CONNECTION_BYTES,
     }
+}
+
+/// The report now: RSS, the ARC and dirty data of every pool of `pools`, the shared
+/// front end's budget and reply pool, `connections` open front-end connections.
+pub fn measure(pools: &PoolTable, frontend: &zilla_frontend::FrontendStats, connections: u64) -> MemoryReport {
+    let (mut arc_size, mut dirty) = (0, 0);
+    for (_, pool) in pools.all() {
+        // a syncing txg's written buffers are reserved in the ARC until its commit
+        let arc = pool.arc_stats();
+        arc_size += arc.size + arc.reserved;
+        dirty += pool.throttle_stats().dirty_bytes;
+    }
+    report(MemoryInputs {
+        rss: rss_bytes(),
+        arc_size,
+        dirty,
+        frontend_budget: frontend.memory.total,
+        frontend_in_use: frontend.memory.in_use,
+        reply_pool: frontend.buffers.pooled_bytes,
+        reply_pool_cap: frontend.buffers.bytes_max,
+        connections,
+    })
 }
 
 /// This process's resident set size (0 if /proc cannot be read).

@@ -26,10 +26,23 @@ use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, VolumeInfo};
 use zilla_core::vdev::queue::LeafStats;
 use zilla_core::vdev::IoClass;
 
-use crate::daemon::Daemon;
+use crate::pools::PoolTable;
 
-pub fn router(d: Arc<Daemon>) -> Router {
-    Router::new().route("/", get(index)).route("/metrics", get(metrics)).with_state(d)
+/// What the page and /metrics read, and all they may: the pool table, the front end
+/// every protocol shares, the NBD server's counters and limits, where the daemon
+/// serves. The daemon builds it; nothing here changes any of them.
+pub struct View {
+    pub pools: Arc<PoolTable>,
+    pub frontend: Arc<zilla_frontend::Frontend>,
+    pub nbd_stats: Arc<zilla_nbd::NbdStats>,
+    pub nbd_config: zilla_nbd::NbdConfig,
+    pub state_dir: String,
+    /// The NBD TCP address, if NBD listens on TCP.
+    pub nbd_tcp: Option<String>,
+}
+
+pub fn router(v: Arc<View>) -> Router {
+    Router::new().route("/", get(index)).route("/metrics", get(metrics)).with_state(v)
 }
 
 /// Everything the page and the metrics need, gathered off the async threads.
@@ -60,11 +73,11 @@ struct FrontendMetrics {
 }
 
 impl FrontendMetrics {
-    fn of(d: &Daemon) -> FrontendMetrics {
-        let config = d.nbd.config();
+    fn of(v: &View) -> FrontendMetrics {
+        let config = &v.nbd_config;
         FrontendMetrics {
-            stats: d.nbd.frontend().stats(),
-            nbd: d.nbd.stats().snapshot(),
+            stats: v.frontend.stats(),
+            nbd: v.nbd_stats.snapshot(),
             nbd_connections_max: config.connections_max,
             nbd_in_flight_requests_max: config.in_flight_requests_max,
             nbd_idle_timeout_s: config.idle_timeout.as_secs(),
@@ -73,14 +86,14 @@ impl FrontendMetrics {
     }
 }
 
-async fn snapshot(d: &Arc<Daemon>) -> Result<Snapshot, String> {
-    let pools = d.pools.all();
-    let unavailable = d.unavailable_pools();
-    let frontend = FrontendMetrics::of(d);
-    let d2 = d.clone();
+async fn snapshot(v: &Arc<View>) -> Result<Snapshot, String> {
+    let pools = v.pools.all();
+    let unavailable = v.pools.unavailable(None);
+    let frontend = FrontendMetrics::of(v);
+    let v2 = v.clone();
     tokio::task::spawn_blocking(move || Snapshot {
+        memory: crate::memory::measure(&v2.pools, &v2.frontend.stats(), v2.nbd_stats.snapshot().connections_active),
         frontend,
-        memory: crate::daemon::memory_report(&d2),
         rows: pools.iter().map(|(_, p)| p.list_row()).chain(unavailable.iter().map(|u| u.list_row())).collect(),
         status: pools
             .iter()
@@ -101,7 +114,7 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
-async fn index(State(d): State<Arc<Daemon>>) -> Html<String> {
+async fn index(State(v): State<Arc<View>>) -> Html<String> {
     let mut o = String::from(
         "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=5>\
          <title>zilla</title><style>body{font-family:sans-serif;margin:2em}\
@@ -111,10 +124,10 @@ async fn index(State(d): State<Arc<Daemon>>) -> Html<String> {
     let _ = write!(
         o,
         "<p>state dir <code>{}</code> &middot; NBD {} &middot; <a href=/metrics>/metrics</a></p>",
-        esc(&d.info.state_dir),
-        esc(d.info.nbd_tcp.as_deref().unwrap_or("off"))
+        esc(&v.state_dir),
+        esc(v.nbd_tcp.as_deref().unwrap_or("off"))
     );
-    match snapshot(&d).await {
+    match snapshot(&v).await {
         Err(e) => {
             let _ = write!(o, "<p>{}</p>", esc(&e));
         }
@@ -144,8 +157,8 @@ fn health_code(h: &str) -> u8 {
     }
 }
 
-async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
-    let body = match snapshot(&d).await {
+async fn metrics(State(v): State<Arc<View>>) -> impl IntoResponse {
+    let body = match snapshot(&v).await {
         Ok(s) => render_metrics(&s),
         Err(e) => format!("# {}\n# EOF\n", e.replace('\n', " ")),
     };
