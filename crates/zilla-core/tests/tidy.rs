@@ -541,3 +541,46 @@ fn every_declared_tunable_is_registered() {
     assert!(missing.is_empty(), "declared but not in zilla_core::TUNABLES (lib.rs): {missing:?}");
     assert_eq!(declared_tunables("static X: Tunable = Tunable::new_auto(\n  \"x_y\", 1);"), vec!["x_y"]);
 }
+
+/// The names in the `[dependencies]` table of a Cargo.toml (not dev-dependencies).
+fn normal_dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut in_table = false;
+    let mut names = BTreeSet::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_table = line == "[dependencies]";
+        } else if in_table && !line.is_empty() && !line.starts_with('#') {
+            names.insert(line.split(['=', '.', ' ']).next().unwrap_or("").to_string());
+        }
+    }
+    names
+}
+
+/// Protocol crates (every crate that depends on zilla-frontend, but the daemon that
+/// assembles everything) reach volumes only through zilla-frontend's request path and
+/// contract: zilla-core is not among their dependencies and their code does not name it.
+#[test]
+fn protocol_crates_see_the_engine_only_through_the_front_end() {
+    let manifest = "[package]\nname = \"x\"\n[dependencies]\nzilla-frontend.workspace = true\nzilla-core = { path = \"..\" }\n[dev-dependencies]\nrand = \"1\"\n";
+    assert_eq!(normal_dependencies(manifest), ["zilla-core", "zilla-frontend"].map(String::from).into());
+    let srcs = sources();
+    let mut protocols = Vec::new();
+    let mut msg = String::new();
+    for dir in std::fs::read_dir(workspace_root().join("crates")).unwrap().map(|e| e.unwrap().path()) {
+        let krate = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else { continue };
+        let deps = normal_dependencies(&manifest);
+        if krate == "zilla" || krate == "zilla-frontend" || !deps.contains("zilla-frontend") {
+            continue;
+        }
+        protocols.push(krate.clone());
+        if deps.contains("zilla-core") {
+            msg += &format!("{krate}: depends on zilla-core; use zilla_frontend (its executor and `volume` module)\n");
+        }
+        for src in srcs.iter().filter(|s| s.krate == krate && s.code.contains("zilla_core")) {
+            msg += &format!("{}: names zilla_core; use zilla_frontend\n", src.path);
+        }
+    }
+    assert!(protocols.contains(&"zilla-nbd".to_string()), "found protocol crates: {protocols:?}");
+    assert!(msg.is_empty(), "{msg}");
+}

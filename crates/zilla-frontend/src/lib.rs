@@ -31,6 +31,15 @@ pub mod iostats;
 pub mod registry;
 pub mod sessions;
 
+/// What a protocol sees of the engine's volumes: the front-end contract and its data
+/// types, and an in-memory stand-in volume for protocol tests. A protocol crate
+/// depends on this crate only, never on the engine's internals.
+pub mod volume {
+    pub use zilla_core::memvol::MemVolume;
+    pub use zilla_core::zvol::{BlockVolume, Extent, SharedSlice};
+    pub use zilla_core::{Error, Result};
+}
+
 pub use executor::{Admission, Command, Completer, Completion, Executor, IoCounters, Output, ReadData, Request};
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zilla_core::memvol::MemVolume;
+use zilla_frontend::volume::MemVolume;
 
 use crate::proto::*;
 use crate::{NbdConfig, NbdServer, StaticRegistry};

@@ -1,5 +1,6 @@
 //! zilla-nbd: an NBD server (fixed newstyle, structured replies, `base:allocation`)
-//! over [`zilla_core::zvol::BlockVolume`].
+//! over [`zilla_frontend::volume::BlockVolume`], through the one request path
+//! of every front end ([`zilla_frontend::Executor`]).
 //!
 //! Modules, in reading order:
 //! - [`proto`]: wire constants, pure parsers and encoders (fuzzed);

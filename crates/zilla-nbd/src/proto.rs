@@ -150,7 +150,7 @@ pub const STRING_MAX_BYTES: u32 = 4096;
 /// Meta-context queries accepted in one LIST/SET_META_CONTEXT option.
 pub const META_QUERIES_MAX: u32 = 128;
 
-/// Map a host errno (from `zilla_core::Error::errno`) to the small set of values the
+/// Map a host errno (from `zilla_frontend::volume::Error::errno`) to the small set of values the
 /// NBD protocol allows on the wire.
 pub fn nbd_error_from_errno(errno: i32) -> u32 {
     match errno {

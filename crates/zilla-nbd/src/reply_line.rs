@@ -50,7 +50,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use zilla_frontend::Frontend;
 
-use zilla_core::zvol::SharedSlice;
+use zilla_frontend::volume::SharedSlice;
 use zilla_frontend::Admission;
 
 use crate::stats::NbdStats;

@@ -63,7 +63,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use zilla_core::zvol::Extent;
+use zilla_frontend::volume::Extent;
 use zilla_frontend::executor::BLOCK_STATUS_SPAN_MAX_BYTES;
 use zilla_frontend::{Admission, ClientIoStats, Command, Completer, Completion, Executor, Frontend, IoKind, Output, ReadData};
 
