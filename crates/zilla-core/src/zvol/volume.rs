@@ -1,175 +1,28 @@
-//! zvol: the block-volume API every front end (NBD, iSCSI) uses.
+//! volume: the engine's block volume (`Volume`), what [`super::BlockVolume`] runs on.
 //!
-//! [`BlockVolume`] is the contract: blocking calls, safe from many threads at once,
-//! many requests in flight. Semantics:
-//! - `read` of never-written or unmapped ranges returns zeros;
-//! - `write(.., fua=true)` returns only when that write is durable;
-//! - `flush` returns only when every write that returned before `flush` was called is
-//!   durable; `flush_async` is the same without blocking its caller (the result
-//!   arrives through a completion, see [`CommitDone`]);
-//! - `unmap` and `write_zeroes` free whole blocks and zero partial ones;
-//! - out-of-range reads are `InvalidArgument`, out-of-range writes `NoSpace`,
-//!   writes to a read-only volume `ReadOnly`.
+//! Theory of operation. A volume is a tree of block pointers (dmu's `TreeRoot`, one
+//! per committed txg) plus a dirty set: per block, the versions written in the open
+//! and quiescing txgs, newest last, sharded by block id. A read looks at the newest
+//! dirty version first, then the committed tree through the ARC; a write of a block
+//!
+//! 1. passes the write throttle (`dsl_pool::DirtyAccounting::throttle`: the delay curve,
+//!    the hard stop at `zfs_dirty_data_max`),
+//! 2. is admitted against the pool's space as the sync will find it (`dsl_pool`'s
+//!    space admission: allocated + pending + this change must leave the slop free),
+//! 3. takes a txg hold, records its new version in the held txg (or the block's newest
+//!    version's txg when later), counts the dirty bytes, and drops the hold;
+//! 4. if it must be durable before its acknowledgement (FUA, `sync=always`), logs an
+//!    intent-log record (zil) and commits it, or waits for its txg when the log is
+//!    disabled or full.
+//!
+//! The sync (spa) writes each txg's dirty versions into a new tree and publishes it;
+//! versions older than the committed txg are dropped. The non-blocking calls
+//! (`try_*`, `*_async`, `*_after_delay`) are the same steps taken only when none of
+//! them would wait; they answer "would block" otherwise and the front end's executor
+//! runs the blocking call on a thread. See docs/design.md, "Data path".
 
+use crate::zvol::{BlockVolume, CommitDone, Extent, ReadDone, SharedSlice, WriteDelay};
 use crate::{BlockId, Result};
-
-/// One run of the block-status map: `hole` = unallocated and reads as zeros.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Extent {
-    pub offset: u64,
-    pub length: u64,
-    pub hole: bool,
-}
-
-pub trait BlockVolume: Send + Sync + 'static {
-    /// "pool/volume"
-    fn name(&self) -> String;
-    fn size(&self) -> u64;
-    /// volblocksize
-    fn block_size(&self) -> u32;
-    fn read_only(&self) -> bool;
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()>;
-    fn flush(&self) -> Result<()>;
-    fn unmap(&self, offset: u64, len: u64) -> Result<()>;
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()>;
-    /// Extents covering `[offset, offset+len)` in order, adjacent extents of the same
-    /// kind merged.
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>>;
-    /// Serve a read without any device I/O if every byte is in memory (ARC or dirty
-    /// data); `None` means "would block, call `read` from a blocking context".
-    fn try_read_cached(&self, _offset: u64, _buf: &mut [u8]) -> Option<Result<()>> {
-        None
-    }
-    /// Like [`BlockVolume::try_read_cached`], but without copying: the in-memory block
-    /// buffers themselves (immutable, shared), in order, covering exactly `len` bytes
-    /// at `offset`. `None` also when the volume cannot share its buffers; then call
-    /// `try_read_cached`.
-    fn try_read_cached_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<SharedSlice>>> {
-        None
-    }
-    /// True when [`BlockVolume::try_read_cached_shared`] answers every read of `len`
-    /// bytes that [`BlockVolume::try_read_cached`] would: its `None` then means "not all
-    /// in memory", and a front end need not take a reply buffer to try the copying way
-    /// (which would miss too) before it goes to the device.
-    fn cached_reads_are_shared(&self, _len: u64) -> bool {
-        false
-    }
-    /// Apply a non-FUA write without blocking (no throttle delay, no device read, no
-    /// txg wait); `None` means "call `write` from a blocking context". A `None` may come
-    /// after part of the write was applied: writes are idempotent, so the caller simply
-    /// calls `write` with the same data.
-    fn try_write_nonblocking(&self, _offset: u64, _data: &[u8]) -> Option<Result<()>> {
-        None
-    }
-    /// Like [`BlockVolume::try_write_nonblocking`], for any write: `Some(Ok(true))` =
-    /// applied, and it must be made durable before it is acknowledged (a FUA write, or
-    /// every write of a `sync=always` volume): the caller follows it with
-    /// [`BlockVolume::flush_async`] (or `flush`). `Some(Ok(false))`: applied, done.
-    fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
-        self.try_write_nonblocking(offset, data).map(|r| r.map(|()| fua))
-    }
-    /// Start a FLUSH without blocking the caller: `done` runs exactly once, before
-    /// this returns or from the engine thread that completes the intent-log write,
-    /// with `Some(result)`, or with `None` when the flush cannot finish without
-    /// blocking (another commit holds the log, a txg sync must be waited for): the
-    /// caller then calls `flush` from a blocking context. `done` must not block.
-    fn flush_async(&self, done: CommitDone) {
-        done(None)
-    }
-    /// Start a READ that missed the cache without blocking the caller: `done` runs
-    /// exactly once, before this returns or from the engine thread that completes the
-    /// device read, with `Some(result)` (the bytes as shared pieces, as
-    /// [`BlockVolume::try_read_cached_shared`] gives them), or with `None` when the read
-    /// cannot finish without blocking (more than one block to fetch, an indirect block
-    /// not cached, a copy that failed or did not verify): the caller then calls `read`
-    /// from a blocking context. `done` must not block.
-    fn read_async(&self, _offset: u64, _len: u64, done: ReadDone) {
-        done(None)
-    }
-    /// The write throttle's verdict for a write of `len` bytes about to be made, for a
-    /// front end that waits on a timer instead of a thread (`DirtyAccounting::
-    /// claim_delay`). `After(d)`: the write's turn is claimed; wait `d`, then write with
-    /// `try_write_after_delay` / `write_after_delay`, which do not delay again.
-    /// `None` and `Blocking`: the usual calls (a `Blocking` write will wait in `write`).
-    fn claim_write_delay(&self, _len: u64) -> WriteDelay {
-        WriteDelay::None
-    }
-    /// [`BlockVolume::try_write_nonblocking_sync`] for a write whose delay was claimed
-    /// and waited (`None`: call `write_after_delay` from a blocking context).
-    fn try_write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
-        self.try_write_nonblocking_sync(offset, data, fua)
-    }
-    /// [`BlockVolume::write`] for a write whose delay was claimed and waited: no second
-    /// delay (the hard stop at the dirty max still applies).
-    fn write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.write(offset, data, fua)
-    }
-}
-
-pub use crate::dsl_pool::WriteDelay;
-
-/// Completion of [`BlockVolume::read_async`]: `Some(result)`, or `None` = "call `read`
-/// from a blocking context for the result".
-pub type ReadDone = Box<dyn FnOnce(Option<Result<Vec<SharedSlice>>>) + Send>;
-
-/// A block as [`Volume::lookup_cached`] finds it in memory.
-enum CachedBlock {
-    /// Its newest content (None: a hole).
-    Data(Option<Arc<[u8]>>),
-    /// Committed, not in the ARC: where to read it.
-    Missing(crate::block::blkptr::BlockPointer),
-}
-
-/// Completion of [`BlockVolume::flush_async`]: `Some(result)`, or `None` = "call
-/// `flush` from a blocking context for the result".
-pub type CommitDone = Box<dyn FnOnce(Option<Result<()>>) + Send>;
-
-/// `len` bytes at `start` of an immutable buffer shared with the ARC or the dirty
-/// set: what a zero-copy read hands to a front end, which keeps it alive until the
-/// bytes are on the wire.
-#[derive(Clone)]
-pub struct SharedSlice {
-    data: std::sync::Arc<[u8]>,
-    start: usize,
-    len: usize,
-}
-
-impl SharedSlice {
-    /// `None` if the range is not inside `data`.
-    pub fn new(data: std::sync::Arc<[u8]>, start: usize, len: usize) -> Option<SharedSlice> {
-        (start.checked_add(len)? <= data.len()).then_some(SharedSlice { data, start, len })
-    }
-    pub fn as_slice(&self) -> &[u8] {
-        &self.data[self.start..self.start + self.len]
-    }
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl std::fmt::Debug for SharedSlice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SharedSlice({}..{} of {})", self.start, self.start + self.len, self.data.len())
-    }
-}
-
-/// Blocks one zero-copy read may share; a longer read is copied instead.
-pub const SHARED_READ_BLOCKS_MAX: u64 = 64;
-
-/// One shared block of zeros for holes in zero-copy reads, as large as the largest
-/// volblocksize (a larger hole piece makes the read fall back to copying).
-fn zero_block() -> &'static std::sync::Arc<[u8]> {
-    const ZERO_BLOCK_BYTES: usize = 128 << 10;
-    static ZEROS: std::sync::OnceLock<std::sync::Arc<[u8]>> = std::sync::OnceLock::new();
-    ZEROS.get_or_init(|| vec![0u8; ZERO_BLOCK_BYTES].into())
-}
-
-// ---------------------------------------------------------------------------------------
-// The engine's volume
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -183,6 +36,26 @@ use crate::txg::TxgState;
 use crate::vdev::IoClass;
 use crate::zil::{AdmitLogBlock, CommitOutcome, CommitStart, CommitWaiter, DataPolicy, Flight, RoundStart, SettledWaiters, Waited};
 use crate::{Error, Txg};
+
+/// A block as [`Volume::lookup_cached`] finds it in memory.
+enum CachedBlock {
+    /// Its newest content (None: a hole).
+    Data(Option<Arc<[u8]>>),
+    /// Committed, not in the ARC: where to read it.
+    Missing(crate::block::blkptr::BlockPointer),
+}
+
+/// Blocks one zero-copy read may share; a longer read is copied instead.
+pub const SHARED_READ_BLOCKS_MAX: u64 = 64;
+
+/// One shared block of zeros for holes in zero-copy reads, as large as the largest
+/// volblocksize (a larger hole piece makes the read fall back to copying).
+fn zero_block() -> &'static std::sync::Arc<[u8]> {
+    const ZERO_BLOCK_BYTES: usize = 128 << 10;
+    static ZEROS: std::sync::OnceLock<std::sync::Arc<[u8]>> = std::sync::OnceLock::new();
+    ZEROS.get_or_init(|| vec![0u8; ZERO_BLOCK_BYTES].into())
+}
+
 
 /// Call settled commit waiters (outside every lock).
 fn settle(settled: SettledWaiters) {
