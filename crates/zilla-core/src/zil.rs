@@ -834,7 +834,8 @@ impl Zilog {
         self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
         if others_waiting {
             // concurrent committers: give the writers that are about to append a moment
-            // to join this lwb (zfs_commit_timeout_pct of the last lwb's latency)
+            // to join this lwb (zfs_commit_timeout_pct of the last lwb's latency, on the
+            // pool's clock)
             let pct = ZFS_COMMIT_TIMEOUT_PCT.get();
             let ns = (self.last_lwb_latency_ns.load(Ordering::Relaxed) * pct / 100).min(ZIL_COMMIT_TIMEOUT_MAX_NS);
             if ns > 0 {

@@ -77,7 +77,10 @@
 //!
 //! Statistics are plain atomics (requests, bytes, errors, device calls, requests sent
 //! inside an aggregate, total and device latency log2 histograms per class, flushes);
-//! recording them never takes the queue lock. Queued
+//! recording them never takes the queue lock. Time (the sorted classes' buckets, the
+//! latencies) is the pool's Env clock, read through a [`crate::env::Clock`] the leaf
+//! keeps (for the real Env, the OS clock read directly): under a simulated clock the
+//! queue runs on simulated time. Queued
 //! requests are bounded by their submitters (the txg sync keeps a bounded window of
 //! writes in flight; blocking callers have one each).
 
