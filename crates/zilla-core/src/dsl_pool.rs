@@ -277,7 +277,7 @@ impl DirtyAccounting {
             self.blocked.fetch_add(1, Relaxed);
             let mut g = self.blocked_mu.lock();
             while self.total.load(Relaxed) >= max && !abort() {
-                self.cv.wait_for(&mut g, Duration::from_millis(50));
+                crate::env::wait_ns(&*self.env, &self.cv, &mut g, 50_000_000);
             }
         }
     }

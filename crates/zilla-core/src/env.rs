@@ -6,8 +6,13 @@
 //! [`Env`] it is given at pool create or import (`Arc<dyn Env>`): a monotonic clock
 //! (`now_ns`), a wall clock for timestamps written to disk (`unix_time_ns`), sleeps,
 //! named thread spawns, and random numbers. Nothing below spa reads `Instant::now`,
-//! calls `thread::sleep` or draws from a global RNG on its own: a test can then swap
-//! the world.
+//! calls `thread::sleep`, waits on a condvar with a timeout of its own or draws from a
+//! global RNG on its own: a test can then swap the world (`tests/tidy.rs` refuses those
+//! clock calls in every module of a row below spa's in `LAYERS`; this module is where
+//! they live). A hot path that reads the clock per request (the vdev queue) keeps a
+//! [`Clock`], a handle that reads the OS clock directly when the Env is the real one.
+//! The few waits that are about the operating system rather than the pool (retrying a
+//! device claim another process still holds) use [`real`], whatever the pool's Env.
 //!
 //! ```text
 //!                 RealEnv (default)                 SimEnv (tests, the simulator)
@@ -115,6 +120,13 @@ pub trait Env: Send + Sync + 'static {
         self.sleep_until_ns(self.now_ns().saturating_add(ns));
     }
 
+    /// The origin of `now_ns` if it is the OS's monotonic clock (`Instant` since this
+    /// instant): a [`Clock`] then reads it without a call through the Env. None (the
+    /// default) for any other clock.
+    fn os_clock_origin(&self) -> Option<Instant> {
+        None
+    }
+
     /// This host's id, written into the labels of the pools it imports (import refuses
     /// an active pool of another host id without force). Tests override it to play
     /// another host.
@@ -173,6 +185,53 @@ pub fn wait_until<T>(env: &dyn Env, cv: &Condvar, guard: &mut MutexGuard<'_, T>,
         cv.wait_for(guard, left);
     }
     env.now_ns() >= deadline_ns
+}
+
+/// [`wait_until`] `ns` from now on this Env's clock: a bounded wait for a caller that
+/// re-checks its condition in a loop (a poll that also wakes on a notify).
+pub fn wait_ns<T>(env: &dyn Env, cv: &Condvar, guard: &mut MutexGuard<'_, T>, ns: u64) -> bool {
+    wait_until(env, cv, guard, env.now_ns().saturating_add(ns))
+}
+
+/// An Env's monotonic clock for a hot path (a timestamp per I/O): made once from the
+/// Env, it reads the OS clock directly when the Env is the real one (the same value
+/// `now_ns` gives, without the call through the Env) and asks the Env otherwise. No
+/// lock, no allocation per read.
+#[derive(Clone)]
+pub struct Clock(ClockSource);
+
+#[derive(Clone)]
+enum ClockSource {
+    /// `Instant` since this origin (RealEnv's `now_ns`).
+    Os(Instant),
+    Env(Arc<dyn Env>),
+}
+
+impl Clock {
+    pub fn of(env: &Arc<dyn Env>) -> Clock {
+        match env.os_clock_origin() {
+            Some(origin) => Clock(ClockSource::Os(origin)),
+            None => Clock(ClockSource::Env(env.clone())),
+        }
+    }
+
+    /// The Env's `now_ns`.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        match &self.0 {
+            ClockSource::Os(origin) => origin.elapsed().as_nanos() as u64,
+            ClockSource::Env(env) => env.now_ns(),
+        }
+    }
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            ClockSource::Os(_) => write!(f, "Clock(os, now_ns={})", self.now_ns()),
+            ClockSource::Env(env) => write!(f, "Clock({env:?})"),
+        }
+    }
 }
 
 /// The process-wide real Env, shared by every pool that was not given another one.
@@ -236,6 +295,10 @@ impl Env for RealEnv {
 
     fn threads_spawned(&self) -> u64 {
         self.threads_spawned.load(Ordering::Relaxed)
+    }
+
+    fn os_clock_origin(&self) -> Option<Instant> {
+        Some(self.origin)
     }
 }
 
@@ -362,6 +425,23 @@ mod tests {
         let d = real.now_ns() + 30_000_000;
         while !wait_until(&real, &cv, &mut g, d) {}
         assert!(t.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_clock_reads_its_envs_time() {
+        // Goal: a Clock gives its Env's now_ns: the OS clock read directly for
+        // RealEnv (same origin), the Env's own for any other.
+        let real: Arc<dyn Env> = Arc::new(RealEnv::new());
+        let clock = Clock::of(&real);
+        assert!(matches!(clock.0, ClockSource::Os(_)));
+        let (before, read, after) = (real.now_ns(), clock.now_ns(), real.now_ns());
+        assert!(before <= read && read <= after, "{before} {read} {after}");
+        let sim = Arc::new(SimEnv::new(5));
+        let clock = Clock::of(&(sim.clone() as Arc<dyn Env>));
+        assert!(matches!(clock.0, ClockSource::Env(_)));
+        sim.advance_ns(7);
+        sim.sleep_ns(3);
+        assert_eq!(clock.now_ns(), 10);
     }
 
     #[test]

@@ -504,7 +504,7 @@ pub fn wait(inner: &Arc<dyn ScanPool>) {
         {
             let mut s = inner.scan().status.lock();
             while inner.scan().running.load(Ordering::Acquire) {
-                inner.scan().cv.wait_for(&mut s, std::time::Duration::from_millis(100));
+                crate::env::wait_ns(inner.env(), &inner.scan().cv, &mut s, 100_000_000);
             }
         }
         let _control = inner.scan().control.lock();

@@ -75,6 +75,15 @@ pub const TXG_SIZE: usize = 4;
 /// Shards of the txg hold counters (a power of two; bounded whatever the core count).
 pub const TXG_HOLD_SHARDS: usize = 16;
 
+/// Re-check interval (Env time) of a wait on the txg state whose condition is not
+/// always notified (an `abort` callback, the open txg): the wait ends after this long
+/// and the caller looks again.
+const WAIT_RECHECK_NS: u64 = 10_000_000;
+/// Re-check interval of `wait_synced` (every change it waits for is notified).
+const WAIT_RECHECK_SLOW_NS: u64 = 100_000_000;
+/// Re-check interval of a caller waiting out a suspended pool.
+const WAIT_RECHECK_SUSPENDED_NS: u64 = 50_000_000;
+
 pub static ZFS_TXG_TIMEOUT: Tunable =
     Tunable::new("zfs_txg_timeout", 5, 1, 86400, Applies::Live, "seconds between txg syncs when nothing else triggers one (txg.c)");
 
@@ -423,7 +432,7 @@ impl TxgState {
             if s.sync_done && s.shutting_down {
                 return Err(Error::Shutdown);
             }
-            self.cv.wait_for(&mut s, Duration::from_millis(100));
+            env::wait_ns(&*self.env, &self.cv, &mut s, WAIT_RECHECK_SLOW_NS);
         }
         Ok(())
     }
@@ -444,7 +453,7 @@ impl TxgState {
             if s.shutting_down {
                 return Err(Error::Shutdown);
             }
-            self.cv.wait_for(&mut s, Duration::from_millis(10));
+            env::wait_ns(&*self.env, &self.cv, &mut s, WAIT_RECHECK_NS);
         }
         Ok(())
     }
@@ -461,7 +470,7 @@ impl TxgState {
             if abort() || s.fatal.is_some() || s.shutting_down {
                 return false;
             }
-            self.cv.wait_for(&mut s, Duration::from_millis(10));
+            env::wait_ns(&*self.env, &self.cv, &mut s, WAIT_RECHECK_NS);
         }
         true
     }
@@ -474,7 +483,7 @@ impl TxgState {
             if abort() || s.fatal.is_some() || s.shutting_down {
                 return;
             }
-            self.cv.wait_for(&mut s, Duration::from_millis(10));
+            env::wait_ns(&*self.env, &self.cv, &mut s, WAIT_RECHECK_NS);
         }
     }
 
@@ -626,7 +635,7 @@ impl TxgState {
         let target = s.attempts_ended + CLEAR_RETRY_ATTEMPTS as u64 + u64::from(s.attempt_running);
         s.retry_now = CLEAR_RETRY_ATTEMPTS;
         self.cv.notify_all();
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline_ns = self.env.now_ns().saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64);
         while s.attempts_ended < target && s.sync_error.is_some() {
             if let Some(f) = &s.fatal {
                 return Err(Error::Io(std::io::Error::other(format!("txg sync thread failed: {f}"))));
@@ -634,10 +643,11 @@ impl TxgState {
             if s.sync_done {
                 return Err(Error::Shutdown);
             }
-            if self.cv.wait_until(&mut s, deadline).timed_out() {
+            if self.env.now_ns() >= deadline_ns {
                 let e = s.sync_error.clone().unwrap_or_default();
                 return Err(Error::Io(std::io::Error::other(format!("the retried sync did not finish within {} s (last error: {e})", timeout.as_secs()))));
             }
+            env::wait_until(&*self.env, &self.cv, &mut s, deadline_ns);
         }
         match &s.sync_error {
             Some(e) => Err(Error::Io(std::io::Error::other(e.clone()))),
@@ -675,7 +685,8 @@ impl TxgState {
             s.sync_requested = txg;
             self.cv.notify_all();
         }
-        let mut suspended_since: Option<std::time::Instant> = None;
+        let suspended_for_ns = suspended_for.as_nanos().min(u64::MAX as u128) as u64;
+        let mut suspended_since_ns: Option<u64> = None;
         while s.synced_txg < txg {
             if let Some(f) = &s.fatal {
                 return Err(SyncWait::Failed(Error::Io(std::io::Error::other(format!("txg sync thread failed: {f}")))));
@@ -683,17 +694,17 @@ impl TxgState {
             match &s.sync_error {
                 Some(e) if s.shutting_down => return Err(SyncWait::Failed(Error::Io(std::io::Error::other(e.clone())))),
                 Some(e) => {
-                    let since = *suspended_since.get_or_insert_with(std::time::Instant::now);
-                    if since.elapsed() >= suspended_for {
+                    let now = self.env.now_ns();
+                    if now.saturating_sub(*suspended_since_ns.get_or_insert(now)) >= suspended_for_ns {
                         return Err(SyncWait::Suspended(e.clone()));
                     }
                 }
-                None => suspended_since = None,
+                None => suspended_since_ns = None,
             }
             if s.sync_done && s.shutting_down {
                 return Err(SyncWait::Failed(Error::Shutdown));
             }
-            self.cv.wait_for(&mut s, Duration::from_millis(50));
+            env::wait_ns(&*self.env, &self.cv, &mut s, WAIT_RECHECK_SUSPENDED_NS);
         }
         Ok(())
     }
@@ -831,6 +842,42 @@ mod tests {
         let kept: Vec<Txg> = tx.history(100).iter().map(|r| r.txg).collect();
         ZFS_TXG_HISTORY.set(100).unwrap();
         assert_eq!(kept, vec![t.plus(4), t.plus(5), t.plus(6)]);
+    }
+
+    /// The waits that bound an admin command on a suspended pool (`wait_synced`
+    /// giving up, `zpool clear`'s retry) run on the pool's Env clock: under a simulated
+    /// clock they end when simulated time passes their bound, in little real time.
+    #[test]
+    fn suspended_waits_end_on_the_env_clock() {
+        // Method: a thread moves the simulated clock a second per real millisecond
+        // while the pool is suspended (its sync failed) and nothing retries it; each
+        // wait is bounded at 30 simulated seconds.
+        let env = Arc::new(crate::env::SimEnv::new(4));
+        let tx = TxgState::new(TXG_INITIAL.prev(), env.clone());
+        let t = tx.open_txg();
+        tx.mark_sync_failed("the device is gone".into());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mover = {
+            let (env, stop) = (env.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                    env.advance_ns(1_000_000_000);
+                }
+            })
+        };
+        let bound = Duration::from_secs(30);
+        let real = std::time::Instant::now();
+        let (start, waited) = (env.now_ns(), tx.wait_synced_suspended_for(t, bound));
+        assert!(matches!(&waited, Err(SyncWait::Suspended(e)) if e == "the device is gone"), "{waited:?}");
+        assert!(env.now_ns() - start >= 30_000_000_000);
+        let start = env.now_ns();
+        let retried = tx.retry_sync_now(bound).unwrap_err().to_string();
+        assert!(retried.contains("did not finish within 30 s"), "{retried}");
+        assert!(env.now_ns() - start >= 30_000_000_000);
+        stop.store(true, Ordering::Relaxed);
+        mover.join().unwrap();
+        assert!(real.elapsed() < Duration::from_secs(20), "60 simulated seconds took {:?}", real.elapsed());
     }
 
     /// Three txgs active at once: one syncing, one quiesced (closed by a dirty kick

@@ -627,7 +627,8 @@ pub struct Flight {
     /// The lwbs with their written bytes (shared with the write requests).
     lwbs: Vec<(ChainBlock, Arc<AlignedBuf>)>,
     data: Vec<DataWrite>,
-    started: std::time::Instant,
+    /// The pool's clock (ns) when its writes were planned.
+    started_ns: u64,
 }
 
 /// Completion of a commit's writes: the flight and how its writes went.
@@ -833,11 +834,12 @@ impl Zilog {
         self.stats.zil_commit_writer_count.fetch_add(1, Ordering::Relaxed);
         if others_waiting {
             // concurrent committers: give the writers that are about to append a moment
-            // to join this lwb (zfs_commit_timeout_pct of the last lwb's latency)
+            // to join this lwb (zfs_commit_timeout_pct of the last lwb's latency, on the
+            // pool's clock)
             let pct = ZFS_COMMIT_TIMEOUT_PCT.get();
             let ns = (self.last_lwb_latency_ns.load(Ordering::Relaxed) * pct / 100).min(ZIL_COMMIT_TIMEOUT_MAX_NS);
             if ns > 0 {
-                std::thread::sleep(std::time::Duration::from_nanos(ns));
+                io.env().sleep_ns(ns);
             }
         }
         match self.prepare(io, synced, open_txg, new_guid, admit_normal, data_policy) {
@@ -1037,9 +1039,9 @@ impl Zilog {
         }
         let (records, data) = self.dmu_sync_all(io, pending, data_policy, admit_normal);
         match self.plan_lwbs(io, &records, admit_normal) {
-            Ok(lwbs) => Prepared::Issue(Flight { seq, synced, open, lwbs, data, started: std::time::Instant::now() }),
+            Ok(lwbs) => Prepared::Issue(Flight { seq, synced, open, lwbs, data, started_ns: io.env().now_ns() }),
             Err(e) => {
-                let flight = Flight { seq, synced, open, lwbs: Vec::new(), data, started: std::time::Instant::now() };
+                let flight = Flight { seq, synced, open, lwbs: Vec::new(), data, started_ns: io.env().now_ns() };
                 Prepared::Outcome(self.finish(io, flight, Err(e)))
             }
         }
@@ -1050,7 +1052,7 @@ impl Zilog {
     /// sync.
     fn finish(&self, io: &PoolIo, flight: Flight, result: Result<()>) -> CommitOutcome {
         if result.is_ok() {
-            self.last_lwb_latency_ns.store(flight.started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.last_lwb_latency_ns.store(io.env().now_ns().saturating_sub(flight.started_ns), Ordering::Relaxed);
             self.lwbs_written(io, &flight.lwbs);
         }
         self.dmu_sync_done(io, &flight.data, result.is_ok());

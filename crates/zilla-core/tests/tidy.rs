@@ -16,8 +16,12 @@
 //!   root is the assembly point and exempt.
 //! * function length: no function body over `MAX_FN_LINES` lines (signature line to
 //!   closing brace).
+//! * the Env's clock: a zilla-core module in a row of `zilla_core::LAYERS` below spa's
+//!   (or in no row yet) does not read the OS clock, sleep or wait with a timeout of its
+//!   own (`CLOCK_CALLS`); time comes from the pool's `Env`, so a test can drive it.
+//!   `env` is where those calls live. No allow-list: there is no violation today.
 //!
-//! Both checks are ratchets over a checked-in allow-list of today's violations
+//! The first two checks are ratchets over a checked-in allow-list of today's violations
 //! (`tests/tidy/layering-allow.txt`, `tests/tidy/long-functions.txt`): a violation not
 //! listed fails, a listed function that grew fails, and an entry that no longer matches
 //! a violation fails too, so the lists can only shrink.
@@ -509,6 +513,79 @@ fn the_parser_sees_what_it_should() {
     edges.insert("b".to_string(), BTreeSet::from(["c".to_string()]));
     edges.insert("c".to_string(), BTreeSet::from(["a".to_string(), "d".to_string()]));
     assert_eq!(cycle_edges(&edges).len(), 3, "a->b->c->a is a cycle, c->d is not");
+}
+
+/// What reads the OS clock, sleeps or waits with a timeout without the Env (matched in
+/// code with its blanks removed): `Instant::now`, `SystemTime::now`, thread sleeps,
+/// tokio's timers, and timed waits on condvars, channels and parked threads.
+const CLOCK_CALLS: &[&str] =
+    &["Instant::now", "SystemTime::now", "thread::sleep", "tokio::time", ".wait_for(", ".wait_until(", ".wait_timeout", "recv_timeout(", "recv_deadline(", "park_timeout("];
+
+/// The one module below spa that may make them.
+const CLOCK_MODULE: &str = "env";
+
+/// Must `module` of zilla-core take its time from the Env: a row below spa's, or no row
+/// yet (a module just added; `layer_table_names_every_engine_module` asks for its row).
+fn takes_time_from_env(module: &str) -> bool {
+    let spa = layer_of("spa").expect("spa has a row");
+    !module.is_empty() && module != CLOCK_MODULE && layer_of(module).is_none_or(|row| row < spa)
+}
+
+/// "path:line: call" for every clock call in a zilla-core module that takes its time
+/// from the Env. Comments, string literals and `#[cfg(test)]` modules (tests may sleep)
+/// are not code here.
+fn clock_calls(srcs: &[Source]) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in srcs.iter().filter(|s| s.krate == "zilla-core" && takes_time_from_env(&s.module)) {
+        for (n, line) in s.code.lines().enumerate() {
+            let squeezed: String = line.split_whitespace().collect();
+            for call in CLOCK_CALLS.iter().filter(|c| squeezed.contains(*c)) {
+                out.push(format!("{}:{}: {}", s.path, n + 1, call.trim_matches(|c| c == '.' || c == '(')));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn below_spa_time_comes_from_the_env() {
+    let found = clock_calls(&sources());
+    assert!(
+        found.is_empty(),
+        "\nclock calls below spa (read the pool's Env instead: `now_ns`, `sleep_ns`/`sleep_until_ns`, \
+         `env::wait_until`/`env::wait_ns` for timed condvar waits, `env::Clock` on a hot path):\n{}\n",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_clock_rule_sees_what_it_should() {
+    let src = |module: &str, text: &str| Source {
+        krate: "zilla-core".into(),
+        path: format!("crates/zilla-core/src/{module}.rs"),
+        module: module.into(),
+        code: drop_test_modules(&blank_non_code(text)),
+    };
+    let calls = |module: &str, text: &str| clock_calls(&[src(module, text)]);
+    // each call, in a module of every row below spa, and in a module with no row yet
+    let text = "fn f(cv: &Condvar, g: &mut G) {\n let t = std::time::Instant::now();\n std::thread::sleep(d);\n \
+                let w = SystemTime::now();\n cv.wait_for(g, d);\n cv\n   .wait_until(g, t);\n rx.recv_timeout(d);\n \
+                tokio::time::sleep(d);\n thread :: sleep(d);\n}\n";
+    for module in ["zil", "txg", "vdev", "zvol", "memvol", "kstat", "a_new_module"] {
+        let found = calls(module, text);
+        assert_eq!(found.len(), 8, "{module}: {found:?}");
+        assert_eq!(found[0], format!("crates/zilla-core/src/{module}.rs:2: Instant::now"));
+    }
+    assert_eq!(calls("zil", "use std::time::Instant;\nfn f() { let t = Instant::now(); }\n"), ["crates/zilla-core/src/zil.rs:2: Instant::now"]);
+    // the Env itself, spa and the crate root may
+    for module in ["env", "spa", ""] {
+        assert!(calls(module, text).is_empty(), "{module}");
+    }
+    // comments, strings, test modules and the Env's own calls are fine
+    let fine = "// std::thread::sleep(d)\n/* Instant::now() */\nfn f(env: &dyn Env) {\n let s = \"thread::sleep\";\n \
+                env.sleep_ns(5);\n env::wait_until(env, cv, g, d);\n self.wait_for_sync_work(a, b);\n}\n\
+                #[cfg(test)]\nmod tests {\n fn t() { std::thread::sleep(d); let t = Instant::now(); }\n}\n";
+    assert_eq!(calls("zil", fine), Vec::<String>::new());
 }
 
 /// The names of the tunables declared in `text` (`Tunable::new("name", ..)`,

@@ -448,7 +448,7 @@ impl Pool {
                 take_new_leaf(&*dev, l, force)?;
                 label::wipe_labels(&*dev)?;
                 let g = new_guid(&*inner.env);
-                kids.push(Arc::new(Leaf::new(g, l.clone(), dev)));
+                kids.push(Arc::new(Leaf::new(g, l.clone(), dev, &inner.env)));
                 cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
             }
             let pool_ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(label::MIN_ASHIFT);
@@ -520,7 +520,7 @@ impl Pool {
         }
         label::wipe_labels(&*dev)?;
         let g = new_guid(&*inner.env);
-        let leaf = Arc::new(Leaf::new(g, new.clone(), dev));
+        let leaf = Arc::new(Leaf::new(g, new.clone(), dev, &inner.env));
         // it has nothing: every txg up to now is missing
         leaf.set_dtl(vec![(Txg(1), inner.txg.open_txg())]);
         {

@@ -216,7 +216,7 @@ impl Pool {
             for o in opened {
                 let g = new_guid(&*env);
                 children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
-                let leaf = Arc::new(Leaf::new(g, o.spec, o.dev));
+                let leaf = Arc::new(Leaf::new(g, o.spec, o.dev, &env));
                 leaves.push(leaf.clone());
                 leaf_objs.push(leaf);
             }
@@ -240,7 +240,7 @@ impl Pool {
             hostname: crate::env::system_hostname(),
         };
         let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![] };
-        let io = PoolIo::new(vdevs, ms);
+        let io = PoolIo::new(vdevs, ms, env.clone());
         let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL.prev(), opener, env);
         // wipe stale uberblock rings, then config labels, then the first txg
         for leaf in inner.leaves.read().iter() {
@@ -361,7 +361,7 @@ impl Pool {
     /// What `import -F` would do, without doing it (`import -F -n`).
     pub fn rewind_plan(specs: &[LeafSpec], opener: Opener) -> Result<RewindPlan> {
         let opts = ImportOptions { rewind: true, dry_run: true, missing_log: true, ..Default::default() };
-        let loaded = load_for_import(specs, &opener, &opts, &*crate::env::real(), &mut Claims::default())?;
+        let loaded = load_for_import(specs, &opener, &opts, &crate::env::real(), &mut Claims::default())?;
         Ok(loaded.chosen.plan)
     }
 
@@ -372,7 +372,7 @@ impl Pool {
             return Err(Error::invalid("a dry run imports nothing: use rewind_plan"));
         }
         let mut claims = Claims::default();
-        let Loaded { mut cfg, leaves, io, chosen, bad_labels, judged } = load_for_import(specs, &opener, opts, &*env, &mut claims)?;
+        let Loaded { mut cfg, leaves, io, chosen, bad_labels, judged } = load_for_import(specs, &opener, opts, &env, &mut claims)?;
         let Chosen { ub, mos, ms, newest_txg, plan } = chosen;
         if plan.load_txg != plan.newest_txg {
             tracing::warn!(pool = %cfg.name, "rewinding from txg {} to txg {}: {:.1} s of writes dropped ({})", plan.newest_txg, plan.load_txg, plan.dropped_seconds, plan.reason);
@@ -486,24 +486,24 @@ struct Loaded {
 }
 
 /// Read the labels, build the vdev tree, choose the uberblock and load its MOS.
-fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, env: &dyn Env, claims: &mut Claims) -> Result<Loaded> {
+fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, env: &Arc<dyn Env>, claims: &mut Claims) -> Result<Loaded> {
     if specs.is_empty() {
         return Err(Error::invalid("no devices to import from"));
     }
     let (devs, mut cfg) = read_labels(specs, opener, claims)?;
     let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
-    super::mmp::check_import_ownership(&cfg, &checked, env, opts.force)?;
+    super::mmp::check_import_ownership(&cfg, &checked, &**env, opts.force)?;
     if !opts.dry_run {
         // the pool is ours and nothing of it has written yet
         for (spec, dev, _, _) in &devs {
             crate::vdev::fill_log_region(&**dev, &spec.display());
         }
     }
-    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, claims)?;
+    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, env, claims)?;
     if let (true, Some((spec, _, scan, _))) = (ubs.is_empty(), devs.iter().find(|d| !d.2.rejected.is_empty())) {
         return Err(Error::Corrupt(format!("pool '{}': no valid uberblock; {}: {}", cfg.name, spec.display(), scan.rejected[0])));
     }
-    let io = PoolIo::new(vdevs, Metaslabs::new());
+    let io = PoolIo::new(vdevs, Metaslabs::new(), env.clone());
     let chosen = choose_uberblock(&io, &cfg, ubs, opts)?;
     label::check_pool_txg(&chosen.ub).map_err(|why| Error::Corrupt(format!("pool '{}': {why}", cfg.name)))?;
     check_mos_volumes(&chosen.mos).map_err(|why| Error::Corrupt(format!("pool '{}': object directory of txg {}: {why}", cfg.name, chosen.ub.txg)))?;
@@ -631,7 +631,7 @@ fn check_one_name(devs: &[DevLabel], best: &PoolConfig) -> Result<()> {
 /// The live vdev tree for `cfg`, leaves matched to devices by guid (missing ones
 /// UNAVAIL); also every uberblock found and the count of damaged labels.
 #[allow(clippy::type_complexity)]
-fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
+fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, env: &Arc<dyn Env>, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
     let (mut vdevs, mut leaves, mut ubs, mut bad_labels) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let pool_guid = cfg.guid;
     for t in cfg.tops.iter_mut() {
@@ -644,14 +644,14 @@ fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, claims: 
                     ubs.extend(scan.uberblocks.iter().filter(|u| u.pool_guid == pool_guid).cloned());
                     bad_labels += scan.bad_labels;
                     lc.spec = spec.clone();
-                    let l = Arc::new(Leaf::new(lc.guid, spec.clone(), dev));
+                    let l = Arc::new(Leaf::new(lc.guid, spec.clone(), dev, env));
                     if lc.offline {
                         l.set_state(LeafState::Offline);
                     }
                     l
                 }
                 None => {
-                    let l = Arc::new(Leaf::new(lc.guid, lc.spec.clone(), Arc::new(MissingDevice)));
+                    let l = Arc::new(Leaf::new(lc.guid, lc.spec.clone(), Arc::new(MissingDevice), env));
                     l.set_state(LeafState::Unavail);
                     l
                 }

@@ -396,12 +396,16 @@ impl super::Device for FileDevice {
 /// its exec closes it (O_CLOEXEC), and the lock or the exclusive open goes with the
 /// last copy. So a busy answer is retried for up to [`CLAIM_BUSY_RETRY`] before it
 /// stands (an export followed at once by an import or a create, as tests do).
+///
+/// The wait is for another process, so it is real time (`env::real`), whatever the
+/// pool's Env.
 fn claim_leaf(path: &Path, is_block: bool) -> io::Result<File> {
-    let deadline = std::time::Instant::now() + CLAIM_BUSY_RETRY;
+    let os = crate::env::real();
+    let deadline_ns = os.now_ns() + CLAIM_BUSY_RETRY_NS;
     loop {
         match claim_leaf_once(path, is_block) {
-            Err(e) if matches!(e.kind(), io::ErrorKind::ResourceBusy | io::ErrorKind::WouldBlock) && std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+            Err(e) if matches!(e.kind(), io::ErrorKind::ResourceBusy | io::ErrorKind::WouldBlock) && os.now_ns() < deadline_ns => {
+                os.sleep_ns(10_000_000);
             }
             r => return r,
         }
@@ -409,7 +413,7 @@ fn claim_leaf(path: &Path, is_block: bool) -> io::Result<File> {
 }
 
 /// How long a busy leaf is retried before the claim is refused (see [`claim_leaf`]).
-const CLAIM_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+const CLAIM_BUSY_RETRY_NS: u64 = 250_000_000;
 
 fn claim_leaf_once(path: &Path, is_block: bool) -> io::Result<File> {
     use rustix::fs::FlockOperation;

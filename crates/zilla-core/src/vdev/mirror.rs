@@ -141,8 +141,9 @@ pub const DTL_MAX_RANGES: usize = 64;
 pub const FAULT_AFTER_CONSECUTIVE_ERRORS: u32 = 10;
 
 impl Leaf {
-    pub fn new(guid: Guid, spec: LeafSpec, dev: Arc<dyn Device>) -> Leaf {
-        let queue = LeafQueue::new(dev, &spec.display());
+    /// A leaf on `dev`, its queue timing requests on `env`'s clock (the pool's).
+    pub fn new(guid: Guid, spec: LeafSpec, dev: Arc<dyn Device>, env: &Arc<dyn crate::env::Env>) -> Leaf {
+        let queue = LeafQueue::new(dev, &spec.display(), env);
         Leaf {
             guid,
             spec,
@@ -1139,7 +1140,7 @@ mod dtl_tests {
 
     fn leaf() -> Leaf {
         let spec = LeafSpec { path: "/mem/a".into(), model: None };
-        Leaf::new(Guid(7), spec, Arc::new(crate::vdev::fault::MemDevice::new(1 << 20)))
+        Leaf::new(Guid(7), spec, Arc::new(crate::vdev::fault::MemDevice::new(1 << 20)), &crate::env::real())
     }
 
     /// A resilver pass clears only what it set out to repair: not a range added while
@@ -1266,7 +1267,7 @@ mod flush_race_tests {
             overlapping_flushes: AtomicU64::new(0),
         });
         let spec = LeafSpec { path: "/mem/race".into(), model: None };
-        let leaf = Arc::new(Leaf::new(Guid(11), spec, dev.clone()));
+        let leaf = Arc::new(Leaf::new(Guid(11), spec, dev.clone(), &crate::env::real()));
         let top = mirror_of(&leaf);
         const WRITES: u64 = 20_000;
         let phys_of = |birth: u64| super::super::label::DATA_START + birth * 4096;
@@ -1334,7 +1335,7 @@ mod flush_race_tests {
             overlapping_flushes: AtomicU64::new(0),
         });
         let spec = LeafSpec { path: "/mem/queued".into(), model: None };
-        let leaf = Arc::new(Leaf::new(Guid(12), spec, dev.clone()));
+        let leaf = Arc::new(Leaf::new(Guid(12), spec, dev.clone(), &crate::env::real()));
         leaf.queue.set_paused(true);
         let (tx, rx) = crossbeam_channel::unbounded();
         let buf = Arc::new(AlignedBuf::copy_of(&[1u8; 4096]));
@@ -1398,7 +1399,7 @@ mod flush_race_tests {
         let phys_of = |birth: u64| super::super::label::DATA_START + birth * 4096;
         let dev = Arc::new(GateDevice { flushes: AtomicU64::new(0), gated: phys_of(6), gate: AtomicBool::new(false) });
         let spec = LeafSpec { path: "/mem/gate".into(), model: None };
-        let leaf = Arc::new(Leaf::new(Guid(13), spec, dev.clone()));
+        let leaf = Arc::new(Leaf::new(Guid(13), spec, dev.clone(), &crate::env::real()));
         let top = mirror_of(&leaf);
         let buf = Arc::new(AlignedBuf::copy_of(&[3u8; 4096]));
         // txg 7's write completes: its pages are dirty, unflushed
@@ -1444,7 +1445,7 @@ mod flush_race_tests {
         let phys_of = |birth: u64| super::super::label::DATA_START + birth * 4096;
         let dev = Arc::new(GateDevice { flushes: AtomicU64::new(1), gated: 0, gate: AtomicBool::new(true) });
         let spec = LeafSpec { path: "/mem/unaccounted".into(), model: None };
-        let leaf = Arc::new(Leaf::new(Guid(14), spec, dev.clone()));
+        let leaf = Arc::new(Leaf::new(Guid(14), spec, dev.clone(), &crate::env::real()));
         leaf.write_blocking(IoClass::AsyncWrite, &[3u8; 4096], phys_of(5), Txg(5)).unwrap();
         // a flush in flight before (covering nothing of txg 5) fails on the device:
         // txg 5's pages are dropped; its completion has not run yet

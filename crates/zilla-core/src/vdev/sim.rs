@@ -95,7 +95,6 @@ use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use rand::rngs::StdRng;
@@ -193,7 +192,7 @@ const LAG_CAP_NS: u64 = 20_000_000;
 /// A channel idle this long forgets its lateness (nothing was back-to-back).
 const LAG_IDLE_NS: u64 = 5_000_000;
 #[cfg(test)]
-const LAG_IDLE: Duration = Duration::from_nanos(LAG_IDLE_NS);
+const LAG_IDLE: std::time::Duration = std::time::Duration::from_nanos(LAG_IDLE_NS);
 
 /// Which service-time model a profile uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -654,7 +653,7 @@ impl SimDevice {
     }
 
     /// RealEnv: sleep, then spin, until `deadline_ns`. SimEnv: move the clock there.
-    fn wait_until(&self, deadline_ns: u64) {
+    fn hold_until(&self, deadline_ns: u64) {
         if self.env.is_simulated() {
             return self.env.sleep_until_ns(deadline_ns);
         }
@@ -666,7 +665,7 @@ impl SimDevice {
             }
             let left = deadline_ns - now;
             if left > self.profile.spin_ns {
-                std::thread::sleep(Duration::from_nanos(left - self.profile.spin_ns));
+                self.env.sleep_ns(left - self.profile.spin_ns);
             } else {
                 std::hint::spin_loop();
             }
@@ -689,7 +688,7 @@ impl SimDevice {
         self.modelled_ns.fetch_add(service_ns, Ordering::Relaxed);
         let deadline = if self.env.is_simulated() { start_ns + service_ns } else { channel.deadline(start_ns, service_ns) };
         let result = io();
-        self.wait_until(deadline);
+        self.hold_until(deadline);
         channel.finished(deadline, self.env.now_ns());
         result
     }
@@ -971,7 +970,7 @@ mod tests {
     use super::*;
     use crate::env::SimEnv;
     use crate::vdev::fault::MemDevice;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     const DEVICE_BYTES: u64 = 64 << 20;
     const TOLERANCE: f64 = 0.05;

@@ -33,7 +33,6 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use io_uring::{opcode, types, IoUring};
 use parking_lot::{Mutex, MutexGuard};
@@ -53,7 +52,7 @@ const IOWQ_UNBOUNDED_WORKERS_MAX: u32 = 2;
 struct InFlight {
     q: Queued,
     data: IoData,
-    issued_at: Instant,
+    issued_at_ns: u64,
     /// Bytes the kernel must transfer (reads and writes).
     expect: u64,
 }
@@ -154,13 +153,13 @@ impl UringEngine {
             match self.sqe_for(&q, &data) {
                 Some((entry, expect)) => {
                     sh.note_issue(q.req.offset, q.req.len);
-                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at: Instant::now(), expect });
+                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at_ns: sh.clock.now_ns(), expect });
                     self.push(entry.user_data(id));
                     pushed = true;
                 }
                 None => {
-                    let (issued_at, r, data) = sh.perform_req(&q.req, data);
-                    sh.finish(q, data, issued_at, r);
+                    let (issued_at_ns, r, data) = sh.perform_req(&q.req, data);
+                    sh.finish(q, data, issued_at_ns, r);
                 }
             }
         }
@@ -256,13 +255,13 @@ impl UringEngine {
     }
 
     fn complete(&self, sh: &Arc<Shared>, f: InFlight, res: i32) {
-        let InFlight { q, data, issued_at, expect } = f;
+        let InFlight { q, data, issued_at_ns, expect } = f;
         match Outcome::of(res, expect) {
             Outcome::Done => {
                 if q.req.durable {
                     sh.count_flush();
                 }
-                sh.finish(q, data, issued_at, Ok(()))
+                sh.finish(q, data, issued_at_ns, Ok(()))
             }
             Outcome::Failed(errno) => {
                 if q.req.op == IoOp::Flush || q.req.durable {
@@ -270,11 +269,11 @@ impl UringEngine {
                 }
                 let e = io::Error::from_raw_os_error(errno);
                 let err = IoError::from_io(&sh.name, q.req.op, q.req.offset, q.req.len, &e);
-                sh.finish(q, data, issued_at, Err(err))
+                sh.finish(q, data, issued_at_ns, Err(err))
             }
             Outcome::Redo => {
-                let (issued_at, r, data) = sh.perform_req(&q.req, data);
-                sh.finish(q, data, issued_at, r)
+                let (issued_at_ns, r, data) = sh.perform_req(&q.req, data);
+                sh.finish(q, data, issued_at_ns, r)
             }
         }
     }

@@ -68,6 +68,9 @@ pub struct PoolIo {
     pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
+    /// The pool's clock and sleeps, for the layers that reach the pool through its I/O
+    /// (the intent log's commit timing).
+    env: Arc<dyn crate::env::Env>,
 }
 
 pub const ERROR_LOG_MAX: usize = 100;
@@ -116,7 +119,7 @@ impl PoolIo {
         (1u64 << ashift).max(crate::zio::ALLOC_UNIT)
     }
 
-    pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs) -> PoolIo {
+    pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs, env: Arc<dyn crate::env::Env>) -> PoolIo {
         PoolIo {
             vdevs: RwLock::new(vdevs),
             ms,
@@ -128,7 +131,13 @@ impl PoolIo {
             space_log_bytes: Default::default(),
             write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
             prepare: std::sync::OnceLock::new(),
+            env,
         }
+    }
+
+    /// The pool's Env (clock, sleeps).
+    pub fn env(&self) -> &Arc<dyn crate::env::Env> {
+        &self.env
     }
 
     /// The pool's checksum/compress workers (started once, on first use).
@@ -528,7 +537,7 @@ mod error_log_tests {
     /// found again after leaving counts twice); a scrub's rotation counts what it keeps.
     #[test]
     fn the_data_error_count_follows_the_bounded_list() {
-        let io = PoolIo::new(Vec::new(), Metaslabs::new());
+        let io = PoolIo::new(Vec::new(), Metaslabs::new(), crate::env::real());
         let count = || io.errors.unrecoverable.load(std::sync::atomic::Ordering::Relaxed);
         io.log_error(&bp(0), "block 0".into());
         io.log_error(&bp(0), "block 0 again".into());

@@ -130,7 +130,6 @@ pub(super) fn scatter_read(agg_offset: u64, agg: &IoData, child: &mut Queued) {
 mod tests {
     use super::*;
     use crate::vdev::queue::{IoRequest, CLASSES};
-    use std::time::Instant;
 
     fn limits(limit: u64) -> QueueLimits {
         QueueLimits { aggregation_limit_bytes: limit, ..QueueLimits::with_active([10; CLASSES], [10; CLASSES], 1000) }
@@ -143,7 +142,7 @@ mod tests {
         } else {
             IoRequest::write(class, offset, Arc::new(AlignedBuf::copy_of(&vec![(offset >> 12) as u8; len])), done)
         };
-        st.push(Queued::new(req, 0, Instant::now()), super::super::SchedulerMode::OpenZfs, 0);
+        st.push(Queued::new(req, 0, 0), super::super::SchedulerMode::OpenZfs, 0);
     }
 
     /// (offset, len, children) of each issued request.

@@ -327,7 +327,6 @@ mod tests {
     use crate::vdev::abd::AlignedBuf;
     use crate::vdev::queue::IoRequest;
     use std::sync::Arc;
-    use std::time::Instant;
 
     /// No aggregation: these tests look at selection alone.
     fn limits(min: u32, max: u32) -> QueueLimits {
@@ -341,7 +340,7 @@ mod tests {
             c if c.is_read() => IoRequest::read(c, offset, AlignedBuf::zeroed(4096), done),
             c => IoRequest::write(c, offset, Arc::new(AlignedBuf::zeroed(4096)), done),
         };
-        Queued::new(req, 0, Instant::now())
+        Queued::new(req, 0, 0)
     }
 
     fn classes_issued(st: &mut QueueState, l: &QueueLimits) -> Vec<usize> {
