@@ -596,7 +596,10 @@ impl Pool {
             return Err(Error::Exists(format!("{}/{name}", inner.name)));
         }
         let space = Arc::new(crate::dsl_pool::VolumeSpace::new(0, 0));
-        inner.reserve_for_volume(&space, reservation)?;
+        inner.reserve_for_volume(&space, reservation).map_err(|e| match e {
+            Error::NoSpaceFor(why) => Error::NoSpaceFor(format!("{why} (a sparse volume, `-s`, reserves nothing)")),
+            e => e,
+        })?;
         let id = {
             let mut m = inner.meta.lock();
             let id = m.next_volume_id;
@@ -829,7 +832,7 @@ impl PoolInner {
         self.dirty.set_reservation(space, bytes, size, unavailable, slop).map_err(|short| {
             let available = size.saturating_sub(unavailable + self.dirty.space_pending() + slop);
             Error::NoSpaceFor(format!(
-                "a refreservation of {} does not fit in pool '{}': {} available, {} short (a sparse volume, `-s`, reserves nothing)",
+                "a refreservation of {} does not fit in pool '{}': {} available, {} short",
                 shown_bytes(bytes),
                 self.name,
                 shown_bytes(available),
