@@ -708,7 +708,7 @@ impl Pool {
             ("referenced".into(), s.referenced.to_string(), "-".into(), None),
             ("logicalused".into(), s.logicalused.to_string(), "-".into(), None),
             ("usedbydataset".into(), s.referenced.to_string(), "-".into(), None),
-            ("usedbyrefreservation".into(), (s.used - s.referenced).to_string(), "-".into(), None),
+            ("usedbyrefreservation".into(), v.space.unused_settled().to_string(), "-".into(), None),
         ];
         for d in crate::props::PROPS {
             let (val, src) = ps.get(d.name);
@@ -815,7 +815,7 @@ impl VolumeSpaceFigures {
         VolumeSpaceFigures {
             refreservation: v.space.reservation(),
             referenced,
-            used: referenced + v.space.unused_settled(),
+            used: referenced.saturating_add(v.space.unused_settled()),
             available: pool.available_to(&v.space),
             // data blocks at their logical size: what was written and not freed
             logicalused: v.committed.read().bp.fill * v.volblocksize as u64,
@@ -830,7 +830,7 @@ impl PoolInner {
         let (size, unavailable) = self.io.space();
         let slop = crate::zvol::slop_bytes(size);
         self.dirty.set_reservation(space, bytes, size, unavailable, slop).map_err(|short| {
-            let available = size.saturating_sub(unavailable + self.dirty.space_pending() + slop);
+            let available = size.saturating_sub(unavailable.saturating_add(self.dirty.space_pending()).saturating_add(slop));
             Error::NoSpaceFor(format!(
                 "a refreservation of {} does not fit in pool '{}': {} available, {} short",
                 shown_bytes(bytes),
