@@ -709,11 +709,14 @@ impl DirtyAccounting {
     /// `reserve`), against its reservation too: the hold notes whether the whole cost
     /// fits in what the volume has not drawn on yet.
     pub fn reserve_for<'a>(&'a self, vol: &'a VolumeSpace, bytes: u64) -> SpaceReservation<'a> {
+        let reservation = vol.reservation();
+        if reservation == 0 {
+            return self.reserve(bytes); // a sparse volume: nothing to hold against
+        }
         self.reserved.fetch_add(bytes, Relaxed);
         let held_before = vol.held.fetch_add(bytes, Relaxed);
-        let reservation = vol.reservation();
         let drawn = vol.charged.load(Relaxed).saturating_add(held_before).saturating_add(bytes);
-        SpaceReservation { acct: self, bytes, volume: Some(vol), within_reservation: reservation > 0 && drawn <= reservation }
+        SpaceReservation { acct: self, bytes, volume: Some(vol), within_reservation: drawn <= reservation }
     }
 
     /// Admission of a held change: `(size, unavailable)` as `PoolIo::space` gives them,
