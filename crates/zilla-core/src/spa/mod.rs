@@ -830,7 +830,9 @@ impl PoolInner {
         let (size, unavailable) = self.io.space();
         let slop = crate::zvol::slop_bytes(size);
         self.dirty.set_reservation(space, bytes, size, unavailable, slop).map_err(|short| {
-            let available = size.saturating_sub(unavailable.saturating_add(self.dirty.space_pending()).saturating_add(slop));
+            // the figure `zilla get available POOL` shows
+            let (size, allocated) = self.io.ms.space(crate::vdev::Role::Normal);
+            let available = self.dirty.space_figures(size, allocated, slop).available;
             Error::NoSpaceFor(format!(
                 "a refreservation of {} does not fit in pool '{}': {} available, {} short",
                 shown_bytes(bytes),
