@@ -29,7 +29,7 @@ for _ in $(seq 100); do [ -S "$WD/state/zilla.sock" ] && break; sleep 0.1; done
 $Z tunable set zfs_dirty_data_max=$((128 << 20)) >/dev/null
 $Z tunable set zfs_arc_max=$((64 << 20)) >/dev/null
 $Z pool create -f flame mirror "$WD/f0.img" "$WD/f1.img" mirror "$WD/f2.img" "$WD/f3.img" >/dev/null
-$Z volume create -V $((768 << 20)) flame/vol >/dev/null 2>&1
+$Z volume create -s -V $((768 << 20)) flame/vol >/dev/null 2>&1
 URI=nbd://127.0.0.1:$NBD/flame/vol
 PID=$(cat "$WD/pid")
 profile() { # NAME SECONDS FIO-ARGS...

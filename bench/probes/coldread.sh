@@ -25,7 +25,7 @@ for _ in $(seq 50); do $Z pool list > /dev/null 2>&1 && break; sleep 0.2; done
 for kv in zfs_dirty_data_max=134217728 zfs_arc_max=67108864 $EXTRA; do $Z tunable set "$kv" > /dev/null; done
 for i in 0 1 2 3; do fallocate -l 512M "$W/f$i.img"; done
 $Z pool create -f p mirror $W/f0.img $W/f1.img mirror $W/f2.img $W/f3.img > /dev/null
-$Z volume create -V 805306368 p/vol > /dev/null
+$Z volume create -s -V 805306368 p/vol > /dev/null
 URI=nbd://127.0.0.1:$NBD_PORT/p/vol
 fio --name=fill --ioengine=nbd --uri=$URI --rw=write --bs=1M --iodepth=8 --size=671088640 --end_fsync=1 > "$W/fill.txt" 2>&1
 sleep 3

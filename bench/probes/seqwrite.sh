@@ -23,7 +23,7 @@ for _ in $(seq 50); do $Z pool list > /dev/null 2>&1 && break; sleep 0.2; done
 for kv in $EXTRA; do $Z tunable set "$kv" > /dev/null; done
 for i in 0 1 2 3; do truncate -s 5632M "$W/f$i.img"; done
 $Z pool create -f p mirror $W/f0.img $W/f1.img mirror $W/f2.img $W/f3.img > /dev/null
-$Z volume create -V 536870912 p/vol > /dev/null
+$Z volume create -s -V 536870912 p/vol > /dev/null
 URI=nbd://127.0.0.1:$NBD_PORT/p/vol
 head -c 536870912 /dev/urandom > "$W/rand.img"
 nbdcopy --flush "$W/rand.img" "$URI"

@@ -38,7 +38,7 @@ for kv in sim_flush_backing=0 sim_ssd_cache_write_mb_s=100 sim_ssd_cache_write_l
 done
 DEV="sim-ssd:$W/ssd.img"; [ -n "$PLAIN" ] && DEV="$W/ssd.img"
 $Z pool create -f bench "$DEV" > /dev/null
-$Z volume create -V 2147483648 -o volblocksize=8K bench/vol > /dev/null 2>&1
+$Z volume create -s -V 2147483648 -o volblocksize=8K bench/vol > /dev/null 2>&1
 DPID=$(pgrep -f "state-dir $S serve" | head -1)
 c0=$(awk '{print $14+$15}' /proc/$DPID/stat)
 ( sleep 5; top -b -d 10 -n 2 > "$W/top.txt" ) &

@@ -32,7 +32,7 @@ make_volume tank/v1 64M
 make_volume tank/v2 32M -b 4K -o sync=always
 z volume list | tee "$T/vols"
 grep -Eq '^tank/v1 ' "$T/vols" && grep -Eq '^tank/v2 ' "$T/vols" || fail "volume list"
-[ "$(z volume list -H -p | awk -F'\t' '$1=="tank/v1"{print $3}')" = $((64 << 20)) ] || fail "volume list -Hp volsize"
+[ "$(z volume list -H -p | awk -F'\t' '$1=="tank/v1"{print $6}')" = $((64 << 20)) ] || fail "volume list -Hp volsize"
 z get all tank/v1 | tee "$T/get"
 head -1 "$T/get" | grep -Eq '^NAME +PROPERTY +VALUE +SOURCE$' || fail "get header"
 [ "$(z get -H -p volsize tank/v1 | cut -f1-3)" = "$(printf 'tank/v1\tvolsize\t%s' $((64 << 20)))" ] || fail "get -Hp volsize"

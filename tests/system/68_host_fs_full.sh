@@ -16,7 +16,7 @@ on_exit "umount -l $SMALL"
 truncate -s 512M "$SMALL/a" "$SMALL/b"
 start_daemon
 z pool create hf mirror "$SMALL/a" "$SMALL/b"
-z volume create -V 400M hf/v 2>/dev/null
+z volume create -s -V 400M hf/v 2>/dev/null
 uri=$(nbd_tcp_uri hf/v)
 
 qio() { timeout 60 qemu-io -f raw "$@" "$uri"; }

@@ -7,8 +7,8 @@
 # volume names '.', '..', '-V' are refused (CLI and API); volblocksize 512 and 2K are
 # refused by the CLI and the API with the 4K..128K range the docs state, 4K and 128K
 # accepted; a 900 kB bad value comes back clipped (an error under 400 bytes; 1.5 MB hits the body limit); an
-# out-of-range tunable is refused with its range; `volume create` without -s says that
-# volumes are sparse.
+# out-of-range tunable is refused with its range; `volume create` without -s makes a
+# thick volume (refreservation set) and prints nothing.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../tools/memory_bound.sh"
 start_daemon
@@ -106,8 +106,9 @@ expect_error "range|between|allowed" z tunable set zfs_vdev_max_active=0
 expect_error "range|between|allowed" z tunable set zfs_arc_max=4096
 z tunable set zfs_vdev_max_active=1000
 
-# Without -s the volume is sparse all the same, and the CLI says so.
+# Without -s the volume is thick: it has a reservation, and the CLI prints nothing.
 z volume create -V 16M edge/nos 2>"$T/note"
-grep -qi "sparse" "$T/note" || fail "volume create without -s said nothing about sparseness: $(cat "$T/note")"
-log "$(cat "$T/note")"
+[ ! -s "$T/note" ] || fail "volume create without -s printed: $(cat "$T/note")"
+[ "$(z get -H -p refreservation edge/nos | cut -f3)" -gt $((16 << 20)) ] || fail "a volume created without -s has no reservation"
+[ "$(z get -H refreservation edge/bs4k | cut -f3)" = none ] || fail "a -s volume has a reservation"
 log "edges OK"

@@ -734,6 +734,8 @@ pub struct VolumeState {
     pub destroyed: std::sync::atomic::AtomicBool,
     /// The volume's intent log.
     pub zil: crate::zil::Zilog,
+    /// Its space against its reservation (`refreservation`), see dsl_pool.
+    pub space: Arc<crate::dsl_pool::VolumeSpace>,
 }
 
 impl VolumeState {

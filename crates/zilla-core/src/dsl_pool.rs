@@ -46,6 +46,33 @@
 //! (`reserve`) from its check until its change is counted, so concurrent writers can
 //! not all pass the same check. zvol's admission compares allocated + `space_pending`
 //! with the pool size minus the slop.
+//!
+//! Reservations (`refreservation`, thick volumes). A thick volume's reservation R is
+//! space the pool keeps for it: the part it has not drawn on yet counts as used for
+//! everyone else. Each volume has a [`VolumeSpace`]:
+//!
+//! ```text
+//!  charged = referenced (its committed data blocks, volblocksize each, as of the last sync)
+//!          + pending    (what its unsynced txgs will allocate, as add_volume_space counted)
+//!  unused  = max(0, R - charged - held)      held = its admissions in progress
+//! ```
+//!
+//! `space_pending` includes the unused reservations of every thick volume, so every
+//! admission (writes of other volumes, intent-log blocks in the normal class, a new
+//! reservation) leaves them free. A thick volume's own change whose cost fits in its
+//! unused reservation is admitted without looking at the pool: it converts reserved
+//! space into pending space, which leaves the pool's total demand unchanged, so it is
+//! never refused for lack of space while the reservation holds. A change that does not
+//! fit is admitted like a thin volume's (and the reservation it exhausts is no longer
+//! counted). The sync retires a txg's pending bytes and sets `referenced` from the new
+//! tree in one step (`VolumeSpace::synced`), so `charged` never jumps. Frees of a thick
+//! volume give its space back to its reservation, not to the pool, as in ZFS.
+//!
+//! Copy-on-write: an overwrite is charged like a new block while its txg is pending
+//! (the old copy is freed only after the sync and its deferral); the reservation's
+//! estimate (`refreservation_for`) covers the data once plus every indirect block and
+//! the object directory's growth, and a txg's overwrites beyond that draw on the free
+//! space like any write.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -202,18 +229,27 @@ pub struct DirtyAccounting {
     doomed_bytes: AtomicU64,
     /// `total` and the limit, published for the leaves' async-write ramp (vdev queue).
     gauge: Arc<DirtyGauge>,
+    /// The volumes with a reservation (see "Reservations" above).
+    thick: Reservations,
 }
 
 /// Space an admitted change holds until its cost is counted by `add_space`; released
-/// on drop.
+/// on drop. A hold taken for a volume (`reserve_for`) holds its cost against the
+/// volume's reservation too.
 pub struct SpaceReservation<'a> {
     acct: &'a DirtyAccounting,
     bytes: u64,
+    volume: Option<&'a VolumeSpace>,
+    /// The whole cost fits in the volume's unused reservation.
+    within_reservation: bool,
 }
 
 impl Drop for SpaceReservation<'_> {
     fn drop(&mut self) {
         self.acct.reserved.fetch_sub(self.bytes, Relaxed);
+        if let Some(v) = self.volume {
+            v.held.fetch_sub(self.bytes, Relaxed);
+        }
     }
 }
 
@@ -240,6 +276,7 @@ impl DirtyAccounting {
             reserved: AtomicU64::new(0),
             doomed_bytes: AtomicU64::new(0),
             gauge: Arc::new(DirtyGauge::default()),
+            thick: Reservations::default(),
         }
     }
 
@@ -383,10 +420,12 @@ impl DirtyAccounting {
     /// (two copies of the last one's size, for each of the open and syncing txgs), plus
     /// admissions in progress and the defer entries of destroyed volumes.
     pub fn space_pending(&self) -> u64 {
-        self.space_total.load(Relaxed)
+        let pending = self.space_total.load(Relaxed)
             + 2 * (2 * self.mos_bytes.load(Relaxed) + (64 << 10))
             + self.reserved.load(Relaxed)
-            + self.doomed_bytes.load(Relaxed)
+            + self.doomed_bytes.load(Relaxed);
+        // (a reservation read from a damaged record may be absurd: never overflow)
+        pending.saturating_add(self.thick.unused())
     }
 
     /// Hold `bytes` of pending space for an admission; the caller checks
@@ -394,7 +433,7 @@ impl DirtyAccounting {
     /// both fit into the same free bytes.
     pub fn reserve(&self, bytes: u64) -> SpaceReservation<'_> {
         self.reserved.fetch_add(bytes, Relaxed);
-        SpaceReservation { acct: self, bytes }
+        SpaceReservation { acct: self, bytes, volume: None, within_reservation: false }
     }
 
     /// A writer waits for a sync because space admission refused it for now.
@@ -494,6 +533,224 @@ impl DirtyAccounting {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Reservations
+
+/// What one indirect block of a volume's tree costs when a txg writes it: 128 KiB
+/// (dmu's `INDIRECT_SIZE`), in two copies.
+const INDIRECT_BLOCK_COST_BYTES: u64 = 2 * (128 << 10);
+
+/// `refreservation=auto` of a volume (`volume create` without `-s`): its size, plus
+/// every indirect block of its full tree (two copies each, as written), plus the object
+/// directory's growth when every block is written, plus one more path of indirect
+/// blocks (a block's admission counts the path it dirties). The counterpart of OpenZFS's
+/// `zvol_volsize_to_reservation` (volsize plus its indirect blocks at full size).
+pub fn refreservation_for(volsize: u64, volblocksize: u32) -> u64 {
+    let mut blocks = volsize.div_ceil(volblocksize.max(1) as u64);
+    let data_blocks = blocks;
+    let (mut indirects, mut levels) = (0u64, 0u64);
+    // 1024 block pointers per indirect block (dmu::EPB), up to the single root
+    while blocks > 1 {
+        blocks = blocks.div_ceil(1024);
+        indirects += blocks;
+        levels += 1;
+    }
+    volsize
+        .saturating_add((indirects + levels).saturating_mul(INDIRECT_BLOCK_COST_BYTES))
+        .saturating_add((data_blocks + indirects).saturating_mul(MOS_COST_PER_BLOCK_BYTES))
+}
+
+/// One volume's space as reservations see it (module comment, "Reservations").
+#[derive(Debug, Default)]
+pub struct VolumeSpace {
+    /// `refreservation` in bytes; 0 = none (a sparse volume).
+    reservation: AtomicU64,
+    /// Committed data blocks at volblocksize each, as of the last sync.
+    referenced: AtomicU64,
+    /// `referenced` plus the pending bytes of every unsynced txg.
+    charged: AtomicU64,
+    pending_per_txg: [AtomicU64; TXG_SIZE],
+    /// Costs of admissions in progress (between their check and `add_volume_space`).
+    held: AtomicU64,
+}
+
+impl VolumeSpace {
+    pub fn new(reservation: u64, referenced: u64) -> VolumeSpace {
+        let v = VolumeSpace::default();
+        v.reservation.store(reservation, Relaxed);
+        v.referenced.store(referenced, Relaxed);
+        v.charged.store(referenced, Relaxed);
+        v
+    }
+
+    /// `refreservation` in bytes (0 = none).
+    pub fn reservation(&self) -> u64 {
+        self.reservation.load(Relaxed)
+    }
+
+    /// Data bytes of the committed tree (zfs `referenced`).
+    pub fn referenced(&self) -> u64 {
+        self.referenced.load(Relaxed)
+    }
+
+    /// The reservation not drawn on yet by committed data (zfs
+    /// `usedbyrefreservation`): what the pool keeps free for this volume.
+    pub fn unused_settled(&self) -> u64 {
+        self.reservation().saturating_sub(self.referenced())
+    }
+
+    /// The reservation not drawn on by committed data, pending txgs and admissions in
+    /// progress: what admission keeps free for this volume now.
+    fn unused_now(&self) -> u64 {
+        self.reservation().saturating_sub(self.charged.load(Relaxed).saturating_add(self.held.load(Relaxed)))
+    }
+
+    /// Txg `txg` is committed and the volume's tree holds `referenced` data bytes: the
+    /// txg's pending bytes become referenced ones, in one step.
+    pub fn synced(&self, txg: Txg, referenced: u64) {
+        let retired = self.pending_per_txg[txg.ring_slot(TXG_SIZE)].swap(0, Relaxed);
+        let old = self.referenced.swap(referenced, Relaxed);
+        // charged += referenced - old - retired, as one atomic step (wrapping arithmetic)
+        self.charged.fetch_add(referenced.wrapping_sub(old).wrapping_sub(retired), Relaxed);
+    }
+
+    /// The pool's unsynced txgs are dropped (a pool closed without its final sync).
+    pub fn drop_pending(&self) {
+        for slot in &self.pending_per_txg {
+            let n = slot.swap(0, Relaxed);
+            self.charged.fetch_sub(n, Relaxed);
+        }
+    }
+}
+
+/// The volumes with a reservation: read lock-free by every admission, changed under a
+/// lock by create, destroy, import and `set refreservation`.
+#[derive(Default)]
+struct Reservations {
+    volumes: arc_swap::ArcSwap<Vec<Arc<VolumeSpace>>>,
+    writer: Mutex<()>,
+}
+
+impl Reservations {
+    /// Sum of the unused reservations admission keeps free.
+    fn unused(&self) -> u64 {
+        self.volumes.load().iter().fold(0, |sum, v| sum.saturating_add(v.unused_now()))
+    }
+
+    fn unused_settled(&self) -> u64 {
+        self.volumes.load().iter().fold(0, |sum, v| sum.saturating_add(v.unused_settled()))
+    }
+
+    /// Put `vol` in the list if it has a reservation, take it out if not (or if
+    /// `gone`). The caller holds `writer`.
+    fn update(&self, vol: &Arc<VolumeSpace>, gone: bool) {
+        let mut list: Vec<Arc<VolumeSpace>> = self.volumes.load().iter().filter(|v| !Arc::ptr_eq(v, vol)).cloned().collect();
+        if !gone && vol.reservation() > 0 {
+            list.push(vol.clone());
+        }
+        self.volumes.store(Arc::new(list));
+    }
+}
+
+/// The pool's space as `zilla get` and `zilla pool list` show it: one reading, so every
+/// figure agrees with the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct SpaceFigures {
+    pub size: u64,
+    pub allocated: u64,
+    /// Kept free for the sync (spa_slop_shift): no volume writes into it.
+    pub slop: u64,
+    /// Unused reservations of thick volumes (refreservation - referenced, summed).
+    pub reserved: u64,
+    /// What a sparse volume may still write (zfs `available` of the pool's datasets):
+    /// size - allocated - slop - reserved, at least 0.
+    pub available: u64,
+}
+
+impl SpaceFigures {
+    /// A volume's `available`: the pool's, plus its own unused reservation.
+    pub fn available_to(&self, vol: &VolumeSpace) -> u64 {
+        self.available.saturating_add(vol.unused_settled())
+    }
+}
+
+impl DirtyAccounting {
+    /// Count a volume from now on (create, import): its reservation is kept free.
+    pub fn track_volume(&self, vol: &Arc<VolumeSpace>) {
+        let _w = self.thick.writer.lock();
+        self.thick.update(vol, false);
+    }
+
+    /// A destroyed volume's reservation is released.
+    pub fn untrack_volume(&self, vol: &Arc<VolumeSpace>) {
+        let _w = self.thick.writer.lock();
+        self.thick.update(vol, true);
+    }
+
+    /// Set a volume's reservation to `bytes` (0 = none) if the pool can keep the growth
+    /// of its unused part free: `(size, unavailable)` as `PoolIo::space` gives them,
+    /// `slop` the space writes leave free. `Err(short)`: the pool lacks `short` bytes.
+    pub fn set_reservation(&self, vol: &Arc<VolumeSpace>, bytes: u64, size: u64, unavailable: u64, slop: u64) -> std::result::Result<(), u64> {
+        let _w = self.thick.writer.lock();
+        let charged = vol.charged.load(Relaxed).saturating_add(vol.held.load(Relaxed));
+        let growth = bytes.saturating_sub(charged).saturating_sub(vol.unused_now());
+        if growth > 0 {
+            let need = unavailable.saturating_add(self.space_pending()).saturating_add(slop).saturating_add(growth);
+            if need > size {
+                return Err(need - size);
+            }
+        }
+        vol.reservation.store(bytes, Relaxed);
+        self.thick.update(vol, false);
+        Ok(())
+    }
+
+    /// Hold `bytes` of pending space for an admission of a change to `vol` (see
+    /// `reserve`), against its reservation too: the hold notes whether the whole cost
+    /// fits in what the volume has not drawn on yet.
+    pub fn reserve_for<'a>(&'a self, vol: &'a VolumeSpace, bytes: u64) -> SpaceReservation<'a> {
+        let reservation = vol.reservation();
+        if reservation == 0 {
+            return self.reserve(bytes); // a sparse volume: nothing to hold against
+        }
+        self.reserved.fetch_add(bytes, Relaxed);
+        let held_before = vol.held.fetch_add(bytes, Relaxed);
+        let drawn = vol.charged.load(Relaxed).saturating_add(held_before).saturating_add(bytes);
+        SpaceReservation { acct: self, bytes, volume: Some(vol), within_reservation: drawn <= reservation }
+    }
+
+    /// Admission of a held change: `(size, unavailable)` as `PoolIo::space` gives them,
+    /// `slop` what the change must leave free. A change of a thick volume that fits in
+    /// its unused reservation is admitted as it is (it adds nothing to the pool's
+    /// demand); any other must fit beside every pending change and every unused
+    /// reservation. `Err(short)`: the pool lacks `short` bytes.
+    pub fn admit(&self, held: &SpaceReservation<'_>, size: u64, unavailable: u64, slop: u64) -> std::result::Result<(), u64> {
+        if held.within_reservation {
+            return Ok(());
+        }
+        let need = unavailable.saturating_add(self.space_pending()).saturating_add(slop);
+        if need > size {
+            return Err(need - size);
+        }
+        Ok(())
+    }
+
+    /// `txg` will allocate `bytes` more for `vol` when it syncs: `add_space`, and the
+    /// volume's charge against its reservation.
+    pub fn add_volume_space(&self, vol: &VolumeSpace, txg: Txg, bytes: u64) {
+        vol.pending_per_txg[txg.ring_slot(TXG_SIZE)].fetch_add(bytes, Relaxed);
+        vol.charged.fetch_add(bytes, Relaxed);
+        self.add_space(txg, bytes);
+    }
+
+    /// The pool's space figures from `size` and `allocated` bytes of the normal class.
+    pub fn space_figures(&self, size: u64, allocated: u64, slop: u64) -> SpaceFigures {
+        let reserved = self.thick.unused_settled();
+        let available = size.saturating_sub(allocated.saturating_add(slop).saturating_add(reserved));
+        SpaceFigures { size, allocated, slop, reserved, available }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,6 +765,44 @@ mod tests {
         assert_eq!(us(90), 1500);
         assert_eq!(us(95), 3500);
         assert_eq!(delay_ns(max, max), 100_000_000);
+    }
+
+    #[test]
+    fn a_reservation_is_kept_from_everyone_but_its_volume() {
+        // Goal: the unused part of a reservation counts as pending for every admission
+        // but its own volume's, whose changes up to it are admitted on a full pool; the
+        // sync turns pending into referenced without changing the figures.
+        const M: u64 = 1 << 20;
+        // 4096 blocks of 16K: 4 L1 + 1 L2 indirect, 2 levels, + object-directory growth
+        assert_eq!(refreservation_for(64 * M, 16384), 64 * M + (5 + 2) * 2 * (128 << 10) + (4096 + 5) * 64);
+        assert_eq!(refreservation_for(16384, 16384), 16384 + 64, "one block: no indirects");
+        let a = DirtyAccounting::new(crate::env::real());
+        let (size, slop) = (100 * M, 4 * M);
+        let base = a.space_pending();
+        let thick = Arc::new(VolumeSpace::new(0, 0));
+        let thin = Arc::new(VolumeSpace::new(0, 0));
+        a.set_reservation(&thick, 50 * M, size, 0, slop).unwrap();
+        assert_eq!(a.space_pending(), base + 50 * M);
+        assert_eq!(a.space_figures(size, 0, slop).available, 46 * M);
+        // a thin change fits exactly beside the reservation, one byte more does not
+        let room = size - slop - base - 50 * M;
+        assert_eq!(a.admit(&a.reserve_for(&thin, room), size, 0, slop), Ok(()));
+        assert_eq!(a.admit(&a.reserve_for(&thin, room + 1), size, 0, slop), Err(1));
+        // the thick volume writes its whole reservation into a pool with nothing free
+        let held = a.reserve_for(&thick, 50 * M);
+        assert_eq!(a.admit(&held, size, size, slop), Ok(()));
+        assert!(a.admit(&a.reserve_for(&thick, 1), size, size, slop).is_err(), "past the reservation: checked like any change");
+        a.add_volume_space(&thick, Txg(5), 50 * M);
+        drop(held);
+        assert_eq!(a.space_pending(), base + 50 * M, "reserved space became pending space");
+        a.retire(Txg(5));
+        thick.synced(Txg(5), 50 * M);
+        assert_eq!((thick.referenced(), thick.unused_settled(), thick.unused_now()), (50 * M, 0, 0));
+        // growing a reservation must fit; giving it up always works
+        assert!(a.set_reservation(&thick, 60 * M, size, size, slop).is_err());
+        assert_eq!(thick.reservation(), 50 * M);
+        a.set_reservation(&thick, 0, size, size, slop).unwrap();
+        assert_eq!(a.space_pending(), base);
     }
 
     #[test]

@@ -11,6 +11,9 @@ pub enum Error {
     Checksum(String),
     #[error("out of space")]
     NoSpace,
+    /// Out of space, with what did not fit (an admin request, not a client write).
+    #[error("out of space: {0}")]
+    NoSpaceFor(String),
     #[error("{0}")]
     InvalidArgument(String),
     #[error("{0}: does not exist")]
@@ -33,7 +36,7 @@ impl Error {
         match self {
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Checksum(_) | Error::Corrupt(_) => libc::EIO,
-            Error::NoSpace => libc::ENOSPC,
+            Error::NoSpace | Error::NoSpaceFor(_) => libc::ENOSPC,
             Error::InvalidArgument(_) => libc::EINVAL,
             Error::NotFound(_) => libc::ENOENT,
             Error::Exists(_) => libc::EEXIST,

@@ -128,10 +128,63 @@ pub const PROPS: &[PropDef] = &[
     PropDef { name: "compression", default: "off", values: &[], settable: true, no_effect_yet: None },
     PropDef { name: "checksum", default: "on", values: &["on", "fletcher4", "blake3", "sha256", "off"], settable: true, no_effect_yet: None },
     PropDef { name: "readonly", default: "off", values: &["off", "on"], settable: true, no_effect_yet: None },
+    PropDef { name: "refreservation", default: "none", values: &[], settable: true, no_effect_yet: None },
 ];
 
 /// Read-only / create-time properties reported by `get` but not in `PROPS`.
-pub const READONLY_PROPS: &[&str] = &["volsize", "volblocksize", "used", "logicalused", "referenced"];
+pub const READONLY_PROPS: &[&str] =
+    &["volsize", "volblocksize", "used", "logicalused", "referenced", "available", "usedbyrefreservation", "usedbydataset"];
+
+/// `refreservation` as stored: `none`, or bytes. (`auto`, accepted by `validate`, is
+/// resolved by the pool from the volume's size before it is stored.)
+pub fn refreservation_bytes(value: &str) -> u64 {
+    value.parse().unwrap_or(0)
+}
+
+/// `refreservation` values: `none` (or 0), `auto`, or a size (`10G`, `1.5T`, `4096`:
+/// powers of 1024, as zfs). Normalised to `none`, `auto` or bytes.
+fn validate_refreservation(value: &str) -> Result<String> {
+    let v = value.trim().to_ascii_lowercase();
+    if v == "none" || v == "auto" {
+        return Ok(v);
+    }
+    match parse_size(&v) {
+        Some(0) => Ok("none".into()),
+        Some(n) => Ok(n.to_string()),
+        None => Err(Error::invalid(format!("bad value '{value}' for property 'refreservation': expected none, auto or a size such as 10G"))),
+    }
+}
+
+/// A size such as `10G`, `512M`, `1.5T` or `4096` (powers of 1024; `B`/`iB` after the
+/// suffix allowed); `None` if it is not one or does not fit in 64 bits.
+fn parse_size(v: &str) -> Option<u64> {
+    let split = v.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(v.len());
+    let (num, suffix) = v.split_at(split);
+    if num.is_empty() || num == "." {
+        return None;
+    }
+    let suffix = suffix.trim().to_ascii_uppercase();
+    let unit = match suffix.as_str() {
+        "" | "B" => 0,
+        s => {
+            let mut chars = s.chars();
+            let letter = chars.next()?;
+            if !matches!(chars.as_str(), "" | "B" | "IB") {
+                return None;
+            }
+            1 + "KMGTPE".find(letter)? as u32
+        }
+    };
+    let mult = 1u128 << (10 * unit);
+    let value = if num.contains('.') {
+        let f: f64 = num.parse().ok()?;
+        let x = f * mult as f64;
+        (x.is_finite() && x <= u64::MAX as f64).then(|| x.round() as u128)?
+    } else {
+        num.parse::<u128>().ok()?.checked_mul(mult)?
+    };
+    u64::try_from(value).ok()
+}
 
 pub fn find(name: &str) -> Option<&'static PropDef> {
     PROPS.iter().find(|p| p.name == name)
@@ -146,6 +199,9 @@ pub fn validate(name: &str, value: &str) -> Result<String> {
             Error::invalid(format!("unknown property '{name}'"))
         }
     })?;
+    if name == "refreservation" {
+        return validate_refreservation(value);
+    }
     let v = value.trim().to_ascii_lowercase();
     if name == "compression" {
         return parse_compression(&v).map(|_| v.clone());
@@ -298,6 +354,22 @@ mod tests {
         });
         let t = p.typed();
         assert!(t.readonly && t.primarycache == CachePolicy::Metadata && t.sync == SyncPolicy::Always);
+    }
+
+    #[test]
+    fn refreservation_values() {
+        assert_eq!(validate("refreservation", "none").unwrap(), "none");
+        assert_eq!(validate("refreservation", "AUTO").unwrap(), "auto");
+        assert_eq!(validate("refreservation", "0").unwrap(), "none");
+        assert_eq!(validate("refreservation", "10G").unwrap(), (10u64 << 30).to_string());
+        assert_eq!(validate("refreservation", "1.5k").unwrap(), "1536");
+        assert_eq!(validate("refreservation", "64MiB").unwrap(), (64u64 << 20).to_string());
+        assert_eq!(validate("refreservation", "4096").unwrap(), "4096");
+        for bad in ["", "ten", "10X", "1.2.3G", "-5M", "99999999999E"] {
+            assert!(validate("refreservation", bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(refreservation_bytes("none"), 0);
+        assert_eq!(refreservation_bytes("4096"), 4096);
     }
 
     #[test]

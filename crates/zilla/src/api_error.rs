@@ -28,7 +28,7 @@ impl From<zilla_core::Error> for ApiError {
             E::NotFound(_) => StatusCode::NOT_FOUND,
             E::Exists(_) | E::Busy(_) => StatusCode::CONFLICT,
             E::ReadOnly(_) => StatusCode::FORBIDDEN,
-            E::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+            E::NoSpace | E::NoSpaceFor(_) => StatusCode::INSUFFICIENT_STORAGE,
             E::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };

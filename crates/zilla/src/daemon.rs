@@ -1092,7 +1092,11 @@ async fn volume_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<Creat
     for (k, v) in &req.props {
         zilla_core::props::validate(k, v)?;
     }
-    blocking_for(pool_of(&req.name).to_string(), move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, &req.props)?)).await?;
+    let mut props = req.props;
+    if !req.sparse && !props.iter().any(|(k, _)| k == "refreservation") {
+        props.push(("refreservation".into(), "auto".into())); // thick, as zfs create -V
+    }
+    blocking_for(pool_of(&req.name).to_string(), move || Ok(p.volume_create(&vol, req.volsize, req.volblocksize, &props)?)).await?;
     tracing::info!("created volume '{}'", req.name);
     Ok(Json(Empty {}))
 }

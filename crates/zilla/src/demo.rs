@@ -2,7 +2,7 @@
 //!
 //! Lays out sparse backing files in DIR (four 1 GiB emulated HDDs, a 256 MiB log SSD
 //! and a 256 MiB cache SSD), creates the pool `demo` =
-//! `mirror d0 d1 mirror d2 d3 log log0 cache cache0`, a sparse 512 MiB volume
+//! `mirror d0 d1 mirror d2 d3 log log0 cache cache0`, a thick 512 MiB volume
 //! `demo/vol0` with a recognisable header and some data, then runs the daemon in the
 //! foreground on DIR/state. Run again, it reuses the pool (re-imported from the state
 //! directory's cache file, or found by its labels in DIR). Ctrl-C stops it the same
@@ -96,7 +96,8 @@ async fn prepare_volume(pool: Arc<Pool>) -> anyhow::Result<()> {
         if pool.volumes().iter().any(|v| v.name == format!("{POOL}/{VOLUME}")) {
             return Ok(());
         }
-        pool.volume_create(VOLUME, VOLSIZE, 16 * 1024, &[])?;
+        // thick, as `zilla volume create` without -s: the pool keeps its size for it
+        pool.volume_create(VOLUME, VOLSIZE, 16 * 1024, &[("refreservation".into(), "auto".into())])?;
         let vol = pool.open_volume(VOLUME)?;
         let mut header = vec![0u8; 4096];
         let text = b"ZILLA DEMO VOLUME demo/vol0\nThis block was written by `zilla demo`.\n";

@@ -175,7 +175,7 @@ fn indent_para(s: &str) -> String {
 
 pub const LIST_COLUMNS: &[&str] =
     &["name", "size", "alloc", "free", "ckpoint", "expandsz", "frag", "cap", "dedup", "health", "altroot"];
-const LIST_EXTRA: &[&str] = &["ashift", "allocated", "fragmentation", "capacity"];
+const LIST_EXTRA: &[&str] = &["ashift", "allocated", "fragmentation", "capacity", "avail"];
 
 /// Check `-o` column names; returns the canonical short names.
 pub fn list_columns(spec: Option<&str>) -> Result<Vec<String>, String> {
@@ -187,6 +187,7 @@ pub fn list_columns(spec: Option<&str>) -> Result<Vec<String>, String> {
             let c = c.trim().to_ascii_lowercase();
             let c = match c.as_str() {
                 "allocated" => "alloc".to_string(),
+                "available" => "avail".to_string(),
                 "fragmentation" => "frag".to_string(),
                 "capacity" => "cap".to_string(),
                 _ => c,
@@ -194,7 +195,7 @@ pub fn list_columns(spec: Option<&str>) -> Result<Vec<String>, String> {
             if LIST_COLUMNS.contains(&c.as_str()) || LIST_EXTRA.contains(&c.as_str()) {
                 Ok(c)
             } else {
-                Err(format!("invalid column '{c}': expected one of {}, ashift", LIST_COLUMNS.join(", ")))
+                Err(format!("invalid column '{c}': expected one of {}, ashift, avail", LIST_COLUMNS.join(", ")))
             }
         })
         .collect()
@@ -220,10 +221,11 @@ pub fn pool_list(rows: &[PoolListRow], cols: &[String], scripted: bool, parsable
             cols.iter()
                 .map(|c| match c.as_str() {
                     "name" => safe(&r.name),
-                    "size" | "alloc" | "free" | "frag" | "cap" | "ashift" | "dedup" if unavail(r) => "-".into(),
+                    "size" | "alloc" | "free" | "avail" | "frag" | "cap" | "ashift" | "dedup" if unavail(r) => "-".into(),
                     "size" => size(r.size),
                     "alloc" => size(r.alloc),
                     "free" => size(r.free),
+                    "avail" => size(r.avail),
                     "frag" => pct(r.frag_percent),
                     "cap" => pct(r.cap_percent),
                     "dedup" => if parsable { "1.00".into() } else { "1.00x".into() },
@@ -246,8 +248,20 @@ pub fn pool_list(rows: &[PoolListRow], cols: &[String], scripted: bool, parsable
 // ---------------------------------------------------------------------------------
 // zilla get / volume list
 
-const SIZE_PROPS: &[&str] =
-    &["volsize", "volblocksize", "used", "logicalused", "referenced", "size", "allocated", "free"];
+const SIZE_PROPS: &[&str] = &[
+    "volsize",
+    "volblocksize",
+    "used",
+    "logicalused",
+    "referenced",
+    "available",
+    "refreservation",
+    "usedbydataset",
+    "usedbyrefreservation",
+    "size",
+    "allocated",
+    "free",
+];
 
 /// `zfs get`: NAME PROPERTY VALUE SOURCE. Size-valued properties are shown as
 /// nicenums, or exact bytes with `-p`, whichever form the engine returned.
@@ -288,14 +302,17 @@ pub fn volume_list(vols: &[VolumeInfo], scripted: bool, parsable: bool) -> Strin
             vec![
                 v.name.clone(),
                 size(v.used),
+                size(v.available),
+                size(v.referenced),
+                if v.refreservation == 0 { "none".into() } else { size(v.refreservation) },
                 size(v.volsize),
                 size(v.volblocksize as u64),
                 if v.readonly { "on".into() } else { "off".into() },
             ]
         })
         .collect();
-    let a = [Align::Left, Align::Right, Align::Right, Align::Right, Align::Right];
-    table(&["NAME", "USED", "VOLSIZE", "VOLBLOCK", "RDONLY"], &a, &cells, scripted)
+    let a = [Align::Left, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right];
+    table(&["NAME", "USED", "AVAIL", "REFER", "REFRESERV", "VOLSIZE", "VOLBLOCK", "RDONLY"], &a, &cells, scripted)
 }
 
 // ---------------------------------------------------------------------------------
@@ -698,7 +715,7 @@ mod tests {
 
     #[test]
     fn names_from_disk_are_printed_escaped_and_unavailable_pools_without_sizes() {
-        let row = |name: &str, health| PoolListRow { name: name.into(), size: 0, alloc: 0, free: 0, frag_percent: 0, cap_percent: 0, health, ashift: 0 };
+        let row = |name: &str, health| PoolListRow { name: name.into(), size: 0, alloc: 0, free: 0, frag_percent: 0, cap_percent: 0, health, ashift: 0, avail: 0 };
         let cols: Vec<String> = ["name", "size", "health"].iter().map(|s| s.to_string()).collect();
         let out = pool_list(&[row("evil\n\x1b[31mred", zilla_core::spa::PoolHealth::Unavail)], &cols, true, false);
         assert_eq!(out, "evil\\n\\u{1b}[31mred\t-\tUNAVAIL\n");

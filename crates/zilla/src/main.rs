@@ -174,7 +174,7 @@ enum PoolCmd {
         scripted: bool,
         #[arg(short = 'p')]
         parsable: bool,
-        /// Columns: name,size,alloc,free,ckpoint,expandsz,frag,cap,dedup,health,altroot,ashift
+        /// Columns: name,size,alloc,free,ckpoint,expandsz,frag,cap,dedup,health,altroot,ashift,avail (free less the slop and unused reservations)
         #[arg(short = 'o', value_name = "COLS")]
         columns: Option<String>,
         pools: Vec<String>,
@@ -312,8 +312,8 @@ enum PoolCmd {
 enum VolumeCmd {
     /// Create a volume: -V SIZE POOL/NAME
     Create {
-        /// Sparse (no reservation). Every volume is sparse until reservations
-        /// (refreservation) exist; without -s the CLI says so.
+        /// Sparse: reserve nothing (refreservation=none). Without -s the pool
+        /// reserves the volume's size and metadata (refreservation), as zfs
         #[arg(short = 's')]
         sparse: bool,
         /// Size, e.g. 10G
@@ -1100,9 +1100,6 @@ async fn volume_cmd(c: &Client, cmd: VolumeCmd) -> Result<(), String> {
             let volblocksize = u32::try_from(volblocksize).map_err(|_| err(format!("bad volblocksize {volblocksize}")))?;
             let req = CreateVolume { name: name.clone(), volsize: size, volblocksize, sparse, props: rest };
             let _: Empty = c.post("/v1/volumes", &req).await.map_err(ctx(format!("cannot create '{name}'")))?;
-            if !sparse {
-                eprintln!("note: '{}' was created sparse (no reservation): zilla has no refreservation yet", clip::clip(&name));
-            }
         }
         VolumeCmd::List { scripted, parsable, pools } => {
             let vols: Vec<VolumeInfo> = fetch(c, "/v1/volumes", &pools).await?;

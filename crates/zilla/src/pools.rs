@@ -98,6 +98,7 @@ impl Unavailable {
             cap_percent: 0,
             health: zilla_core::spa::PoolHealth::Unavail,
             ashift: 0,
+            avail: 0,
         }
     }
 

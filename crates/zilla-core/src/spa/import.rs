@@ -466,6 +466,11 @@ fn volumes_from_mos(mos: &crate::dmu::Mos) -> BTreeMap<String, Arc<VolumeState>>
                 dirty: Default::default(),
                 destroyed: false.into(),
                 zil: crate::zil::Zilog::new(v.id),
+                // a record without the property (older images too) is sparse
+                space: Arc::new(crate::dsl_pool::VolumeSpace::new(
+                    crate::props::refreservation_bytes(&v.props.value("refreservation")),
+                    v.root.bp.fill * v.volblocksize as u64,
+                )),
             }),
         );
     }

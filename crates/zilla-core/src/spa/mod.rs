@@ -212,12 +212,16 @@ impl PoolInner {
         opener: Opener,
         env: Arc<dyn Env>,
     ) -> Arc<PoolInner> {
+        let dirty = DirtyAccounting::new(env.clone());
+        for v in volumes.values() {
+            dirty.track_volume(&v.space);
+        }
         Arc::new(PoolInner {
             name: config.name.clone(),
             guid: config.guid,
             io,
             txg: TxgState::new(synced_txg, env.clone()),
-            dirty: DirtyAccounting::new(env.clone()),
+            dirty,
             config: Mutex::new(config),
             leaves: RwLock::new(leaves),
             volumes: RwLock::new(volumes),
@@ -442,6 +446,7 @@ impl Pool {
         // drop dirty data so the final-sync path has nothing to do
         for v in self.inner.volumes.read().values() {
             v.dirty.clear();
+            v.space.drop_pending();
         }
         self.inner.meta.lock().changed = false;
         for t in crate::txg::TXG_INITIAL.get()..=self.inner.txg.open_txg().get() {
@@ -561,8 +566,9 @@ impl Pool {
 
     // ---- volumes -------------------------------------------------------------------
 
-    /// Create a volume. Every volume is sparse (thin): reservations do not exist yet, so
-    /// the CLI's `-s` is the only behaviour.
+    /// Create a volume. It is sparse unless `props` sets `refreservation` (`auto`: the
+    /// volume's size with its metadata, what `zilla volume create` without `-s` asks
+    /// for); a reservation the pool cannot keep free is refused (`NoSpaceFor`).
     pub fn volume_create(&self, name: &str, volsize: u64, volblocksize: u32, props: &[(String, String)]) -> Result<()> {
         self.check_open()?;
         validate_volume_name(name)?;
@@ -580,13 +586,20 @@ impl Pool {
             if k == "volblocksize" || k == "volsize" {
                 return Err(Error::invalid(format!("use -b / -V for '{k}'")));
             }
-            ps.set(k, v)?;
+            let v = if k == "refreservation" { resolve_refreservation(v, volsize, volblocksize)? } else { v.clone() };
+            ps.set(k, &v)?;
         }
+        let reservation = crate::props::refreservation_bytes(&ps.value("refreservation"));
         let inner = &self.inner;
         let mut vols = inner.volumes.write();
         if vols.contains_key(name) {
             return Err(Error::Exists(format!("{}/{name}", inner.name)));
         }
+        let space = Arc::new(crate::dsl_pool::VolumeSpace::new(0, 0));
+        inner.reserve_for_volume(&space, reservation).map_err(|e| match e {
+            Error::NoSpaceFor(why) => Error::NoSpaceFor(format!("{why} (a sparse volume, `-s`, reserves nothing)")),
+            e => e,
+        })?;
         let id = {
             let mut m = inner.meta.lock();
             let id = m.next_volume_id;
@@ -608,6 +621,7 @@ impl Pool {
                 dirty: Default::default(),
                 destroyed: false.into(),
                 zil: crate::zil::Zilog::new(id),
+                space,
             }),
         );
         drop(vols);
@@ -622,6 +636,7 @@ impl Pool {
         let _g = inner.sync_lock.lock();
         let v = inner.volumes.write().remove(name).ok_or_else(|| Error::NotFound(format!("volume '{}/{name}'", inner.name)))?;
         v.destroyed.store(true, Ordering::Release);
+        inner.dirty.untrack_volume(&v.space);
         // its intent log's blocks go with it, in the txg that drops it from the MOS
         let free_txg = inner.txg.open_txg();
         for d in v.zil.take_all_blocks() {
@@ -642,18 +657,32 @@ impl Pool {
     }
 
     pub fn volumes(&self) -> Vec<VolumeInfo> {
+        let figures = self.space_figures();
         self.inner
             .volumes
             .read()
             .values()
-            .map(|v| VolumeInfo {
-                name: format!("{}/{}", self.inner.name, v.name),
-                volsize: v.volsize,
-                volblocksize: v.volblocksize,
-                used: v.committed.read().bp.fill * v.volblocksize as u64,
-                readonly: v.props.typed().readonly,
+            .map(|v| {
+                let s = VolumeSpaceFigures::of(v, &figures);
+                VolumeInfo {
+                    name: format!("{}/{}", self.inner.name, v.name),
+                    volsize: v.volsize,
+                    volblocksize: v.volblocksize,
+                    used: s.used,
+                    readonly: v.props.typed().readonly,
+                    available: s.available,
+                    referenced: s.referenced,
+                    refreservation: s.refreservation,
+                    logicalused: s.logicalused,
+                }
             })
             .collect()
+    }
+
+    /// The pool's space as `zilla get` and `zilla pool list` show it (one reading).
+    pub fn space_figures(&self) -> crate::dsl_pool::SpaceFigures {
+        let (size, allocated) = self.inner.io.ms.space(crate::vdev::Role::Normal);
+        self.inner.dirty.space_figures(size, allocated, crate::zvol::slop_bytes(size))
     }
 
     pub fn open_volume(&self, name: &str) -> Result<Arc<dyn BlockVolume>> {
@@ -670,13 +699,16 @@ impl Pool {
         let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
         let full = format!("{}/{}", self.inner.name, v.name);
         let ps = v.props.snapshot();
-        let used = v.committed.read().bp.fill * v.volblocksize as u64;
+        let s = VolumeSpaceFigures::of(&v, &self.space_figures());
         let mut all: Vec<(String, String, String, Option<&str>)> = vec![
             ("volsize".into(), v.volsize.to_string(), "local".into(), None),
             ("volblocksize".into(), v.volblocksize.to_string(), "default".into(), None),
-            ("used".into(), used.to_string(), "-".into(), None),
-            ("referenced".into(), used.to_string(), "-".into(), None),
-            ("logicalused".into(), used.to_string(), "-".into(), None),
+            ("used".into(), s.used.to_string(), "-".into(), None),
+            ("available".into(), s.available.to_string(), "-".into(), None),
+            ("referenced".into(), s.referenced.to_string(), "-".into(), None),
+            ("logicalused".into(), s.logicalused.to_string(), "-".into(), None),
+            ("usedbydataset".into(), s.referenced.to_string(), "-".into(), None),
+            ("usedbyrefreservation".into(), v.space.unused_settled().to_string(), "-".into(), None),
         ];
         for d in crate::props::PROPS {
             let (val, src) = ps.get(d.name);
@@ -729,9 +761,86 @@ impl Pool {
     pub fn set_prop(&self, volume: &str, prop: &str, value: &str) -> Result<()> {
         self.check_open()?;
         let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
-        v.props.set(prop, value)?;
+        if prop == "refreservation" {
+            let value = resolve_refreservation(value, v.volsize, v.volblocksize)?;
+            let bytes = crate::props::refreservation_bytes(&value);
+            // the reservation and the property change together: one `set` at a time
+            let _g = self.inner.volumes.write();
+            self.inner.reserve_for_volume(&v.space, bytes)?;
+            v.props.set(prop, &value)?;
+        } else {
+            v.props.set(prop, value)?;
+        }
         self.inner.meta.lock().changed = true;
         self.sync()
+    }
+}
+
+/// `refreservation` as given (`none`, `auto`, a size) to its stored form: `auto` is the
+/// reservation of a thick volume of `volsize` (`dsl_pool::refreservation_for`).
+fn resolve_refreservation(value: &str, volsize: u64, volblocksize: u32) -> Result<String> {
+    match crate::props::validate("refreservation", value)?.as_str() {
+        "auto" => Ok(crate::dsl_pool::refreservation_for(volsize, volblocksize).to_string()),
+        v => Ok(v.to_string()),
+    }
+}
+
+/// Bytes as `zfs` shows them (`1.50G`), for messages.
+fn shown_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["K", "M", "G", "T", "P", "E"];
+    if n < 1024 {
+        return format!("{n}B");
+    }
+    let (mut v, mut i) = (n as f64 / 1024.0, 0);
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.2}{}", UNITS[i])
+}
+
+/// One volume's space figures (zfs names), from the pool's reading.
+struct VolumeSpaceFigures {
+    refreservation: u64,
+    referenced: u64,
+    /// referenced plus the unused reservation (usedbydataset + usedbyrefreservation).
+    used: u64,
+    available: u64,
+    logicalused: u64,
+}
+
+impl VolumeSpaceFigures {
+    fn of(v: &VolumeState, pool: &crate::dsl_pool::SpaceFigures) -> VolumeSpaceFigures {
+        let referenced = v.space.referenced();
+        VolumeSpaceFigures {
+            refreservation: v.space.reservation(),
+            referenced,
+            used: referenced.saturating_add(v.space.unused_settled()),
+            available: pool.available_to(&v.space),
+            // data blocks at their logical size: what was written and not freed
+            logicalused: v.committed.read().bp.fill * v.volblocksize as u64,
+        }
+    }
+}
+
+impl PoolInner {
+    /// Set a volume's reservation to `bytes` (0 = none), refused when the pool cannot
+    /// keep the growth of its unused part free.
+    fn reserve_for_volume(&self, space: &Arc<crate::dsl_pool::VolumeSpace>, bytes: u64) -> Result<()> {
+        let (size, unavailable) = self.io.space();
+        let slop = crate::zvol::slop_bytes(size);
+        self.dirty.set_reservation(space, bytes, size, unavailable, slop).map_err(|short| {
+            // the figure `zilla get available POOL` shows
+            let (size, allocated) = self.io.ms.space(crate::vdev::Role::Normal);
+            let available = self.dirty.space_figures(size, allocated, slop).available;
+            Error::NoSpaceFor(format!(
+                "a refreservation of {} does not fit in pool '{}': {} available, {} short",
+                shown_bytes(bytes),
+                self.name,
+                shown_bytes(available),
+                shown_bytes(short)
+            ))
+        })
     }
 }
 

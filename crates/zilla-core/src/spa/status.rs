@@ -95,6 +95,10 @@ pub struct PoolListRow {
     pub cap_percent: u64,
     pub health: PoolHealth,
     pub ashift: u8,
+    /// What a sparse volume may still write (`SpaceFigures::available`): free space
+    /// less the slop and the thick volumes' unused reservations.
+    #[serde(default)]
+    pub avail: u64,
 }
 
 /// One vdev in an iostat snapshot (cumulative counters; the CLI takes differences).
@@ -125,8 +129,20 @@ pub struct VolumeInfo {
     pub name: String,
     pub volsize: u64,
     pub volblocksize: u32,
+    /// referenced plus the unused reservation (zfs `used`).
     pub used: u64,
     pub readonly: bool,
+    /// The pool's available space, plus the volume's unused reservation (zfs).
+    #[serde(default)]
+    pub available: u64,
+    /// Committed data blocks, volblocksize each.
+    #[serde(default)]
+    pub referenced: u64,
+    /// Bytes; 0 = none (sparse).
+    #[serde(default)]
+    pub refreservation: u64,
+    #[serde(default)]
+    pub logicalused: u64,
 }
 
 /// What `status` prints beside a leaf: "(resilvering)" while a resilver repairs it,
@@ -219,12 +235,14 @@ impl Pool {
 
     pub fn list_row(&self) -> PoolListRow {
         let ms = &self.inner.io.ms;
-        let (size, alloc) = ms.space(Role::Normal);
+        let space = self.space_figures();
+        let (size, alloc) = (space.size, space.allocated);
         PoolListRow {
             name: self.inner.name.clone(),
             size,
             alloc,
             free: size - alloc,
+            avail: space.available,
             frag_percent: ms.frag_percent(),
             cap_percent: if size == 0 { 0 } else { alloc * 100 / size },
             health: self.health(),
@@ -305,6 +323,7 @@ impl Pool {
         push("size", row.size.to_string(), "-");
         push("allocated", row.alloc.to_string(), "-");
         push("free", row.free.to_string(), "-");
+        push("available", row.avail.to_string(), "-");
         push("capacity", format!("{}%", row.cap_percent), "-");
         push("fragmentation", format!("{}%", row.frag_percent), "-");
         push("health", row.health.to_string(), "-");

@@ -389,6 +389,7 @@ impl PoolInner {
         for (v, r) in &new_roots {
             *v.committed.write() = *r;
             v.dirty.retire(txg);
+            v.space.synced(txg, r.bp.fill * v.volblocksize as u64);
         }
         for (v, tok) in zil_tokens {
             v.zil.synced(tok);

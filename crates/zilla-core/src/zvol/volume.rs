@@ -333,21 +333,20 @@ impl Volume {
     /// full path of new indirects, must leave the slop free (half of it for a free).
     /// The rest of the slop is the sync's: estimates that fell short come out of it, so
     /// a sync never fails for space and writers get ENOSPC instead (OpenZFS:
-    /// spa_slop_shift). The reservation returned holds this change's cost in
-    /// `space_pending` until the caller has counted it with `add_space`; `Err` holds
-    /// how many bytes are missing.
+    /// spa_slop_shift). Unused reservations of thick volumes count as allocated; a
+    /// change of a thick volume that fits in its own is admitted as it is (dsl_pool,
+    /// "Reservations"). The reservation returned holds this change's cost in
+    /// `space_pending` until the caller has counted it with `add_volume_space`; `Err`
+    /// holds how many bytes are missing.
     fn check_space(&self, new_bytes: u64, kind: Admit) -> std::result::Result<crate::dsl_pool::SpaceReservation<'_>, u64> {
         let nlevels = self.vol.committed.read().nlevels;
-        let held = self.pool.dirty().reserve(admission_cost_bytes(new_bytes, nlevels));
+        let held = self.pool.dirty().reserve_for(&self.vol.space, admission_cost_bytes(new_bytes, nlevels));
         let (size, alloc) = self.pool.io().space();
         let slop = match kind {
             Admit::Write => slop_bytes(size),
             Admit::Free => slop_bytes(size) / 2,
         };
-        let need = alloc + self.pool.dirty().space_pending() + slop;
-        if need > size {
-            return Err(need - size);
-        }
+        self.pool.dirty().admit(&held, size, alloc, slop)?;
         Ok(held)
     }
 
@@ -587,7 +586,7 @@ impl Volume {
     fn account_refill(&self, txg: Txg) {
         let bs = self.bs();
         self.pool.dirty().add(txg, bs.saturating_sub(512));
-        self.pool.dirty().add_space(txg, bs);
+        self.pool.dirty().add_volume_space(&self.vol.space, txg, bs);
     }
 
     /// Block `blkid` became dirty in `txg`: count its bytes (a free record costs
@@ -600,7 +599,7 @@ impl Volume {
         let indirects = self.vol.dirty.note_indirects(txg, blkid, nlevels) as u64;
         let data = if has_data { bs } else { 0 };
         let mos = (1 + indirects) * MOS_COST_PER_BLOCK_BYTES;
-        self.pool.dirty().add_space(txg, data + indirects * INDIRECT_COST_BYTES + mos);
+        self.pool.dirty().add_volume_space(&self.vol.space, txg, data + indirects * INDIRECT_COST_BYTES + mos);
     }
 
     /// The intent-log record of a change to block `blkid`, appended under the block's
