@@ -4,7 +4,9 @@
 //! owned [`Request`] (a [`Command`] with its buffers), takes an [`Admission`] for it
 //! from its connection's [`Executor`], and submits it with a [`Completer`]. The
 //! request then has exactly one completion ([`Completion`]: the result and the
-//! admission back), which the protocol encodes into its reply:
+//! admission back), which the protocol encodes into its reply. The completer is made
+//! only when the request leaves the caller (a closure builds it), so a request served
+//! inline costs no completer:
 //!
 //! ```text
 //!   protocol reader --admit--> Admission (request slot + memory units)
@@ -30,8 +32,8 @@
 //! ([`Executor::refuse`]), is counted once on the volume's [`VolumeIoStats`] and on
 //! the session's other counters (its client's row, the protocol's totals).
 //!
-//! Exactly once. Inline, the completion is returned together with the completer (the
-//! caller batches it). Otherwise the completer travels inside a [`Pending`] that
+//! Exactly once. Inline, the completion is returned to the caller (which batches its
+//! reply) and no completer exists. Otherwise the completer travels inside a [`Pending`] that
 //! calls it when the work is done; if the work is dropped without a result (a
 //! blocking task that panicked, an engine that dropped its completion, a runtime
 //! shutting down) the `Pending`'s drop completes it with an I/O error, so a client
@@ -50,10 +52,11 @@
 //! COMPARE AND WRITEs of the volume (one of `CAW_LOCKS` locks, by volume name), as
 //! SCSI targets do it; plain writes are not held back by it.
 //!
-//! Waiting. `admit` and `submit` may wait (for memory, a volume call, the connection's
-//! zero-call slot); before the first wait they call the caller's `before_wait`, where
-//! a protocol hands the replies it batched to its writer (they hold budget that the
-//! wait may need). Waiting stalls only that connection's reader.
+//! Waiting. `submit` never waits: a request whose volume call or zero-call slot is not
+//! free comes back `Blocked`, and `resume` waits for it. `admit` and `resume` call the
+//! caller's `before_wait` before they wait, where a protocol hands the replies it
+//! batched to its writer (they hold budget the wait may need). Waiting stalls only
+//! that connection's reader. The hot paths (inline, started at once) build no future.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -373,26 +376,22 @@ impl Executor {
         let _all = self.requests.acquire_many(self.requests_max as u32).await;
     }
 
-    /// Start `request`. Done inline, its completion comes back with the completer;
-    /// otherwise `None`, and the completer gets it later (exactly once, see the module
-    /// comment). `before_wait` runs before this waits for a permit.
-    pub async fn submit<C: Completer>(
-        &self,
-        request: Request,
-        admission: Admission,
-        completer: C,
-        mut before_wait: impl FnMut(),
-    ) -> Option<(Completion, C)> {
+    /// Start `request` without waiting: served inline ([`Submitted::Inline`], the
+    /// completion comes back; `completer` is never called), started ([`Submitted::Started`], the
+    /// completer gets the completion later, exactly once), or waiting for a permit
+    /// ([`Submitted::Blocked`]: pass it to [`Executor::resume`]). Not async, so the
+    /// common paths build no future.
+    pub fn submit<C: Completer>(&self, request: Request, admission: Admission, completer: impl FnOnce() -> C) -> Submitted<C> {
         let shared = &self.shared;
         let kind = request.command.io_kind();
         let Request { command, started } = request;
         let command = match try_inline(shared, command) {
-            Inline::Done(result) => return Some((shared.finish(kind, started, result, admission), completer)),
+            Inline::Done(result) => return Submitted::Inline(shared.finish(kind, started, result, admission)),
             Inline::No(command) => command,
         };
         let pending = Pending {
             inner: Some(PendingInner {
-                completer,
+                completer: completer(),
                 admission,
                 kind,
                 started,
@@ -402,54 +401,91 @@ impl Executor {
             }),
         };
         if let Command::Write { offset, data, fua } = command {
-            match shared.volume.claim_write_delay(data.len() as u64) {
-                WriteDelay::After(delay) => {
-                    tokio::spawn(delayed_write(pending, offset, data, fua, delay));
-                    return None;
-                }
-                _ => return self.submit_call(pending, Command::Write { offset, data, fua }, &mut before_wait).await,
+            if let WriteDelay::After(delay) = shared.volume.claim_write_delay(data.len() as u64) {
+                tokio::spawn(delayed_write(pending, offset, data, fua, delay));
+                return Submitted::Started;
             }
+            return self.try_start_call(pending, Command::Write { offset, data, fua });
         }
-        self.submit_call(pending, command, &mut before_wait).await
+        self.try_start_call(pending, command)
     }
 
-    /// Take the permits a volume call needs, then start it the cheapest way it goes.
-    async fn submit_call<C: Completer>(
-        &self,
-        mut pending: Pending<C>,
-        command: Command,
-        before_wait: &mut impl FnMut(),
-    ) -> Option<(Completion, C)> {
-        if matches!(command, Command::Unmap { .. } | Command::WriteZeroes { .. } | Command::WriteSame { .. }) {
-            before_wait();
+    /// Wait for the permits a [`Submitted::Blocked`] request lacks, then start it.
+    /// `before_wait` runs first. Dropping the future before it is done completes the
+    /// request with an I/O error.
+    pub async fn resume<C: Completer>(&self, blocked: Blocked<C>, before_wait: impl FnOnce()) {
+        let Blocked { mut pending, command } = blocked;
+        before_wait();
+        if is_zero_call(&command) {
             let zero_call = self.zero_calls.clone().acquire_owned().await.ok();
             if let Some(inner) = pending.inner.as_mut() {
                 inner._zero_call = zero_call;
             }
         }
-        let call = match self.volume_calls.try_acquire(1) {
-            Some(call) => call,
-            None => {
-                before_wait();
-                self.volume_calls.acquire(1).await
-            }
-        };
+        let call = self.volume_calls.acquire(1).await;
         pending.set_call(CallPermit::Budget(call));
-        let (pending, command) = match try_read_async(pending, command) {
-            Ok(()) => return None,
-            Err(back) => back,
-        };
-        match try_commit_async(pending, command) {
-            Ok(()) => None,
-            Err((pending, command)) => {
-                tokio::task::spawn_blocking(move || {
-                    let result = execute_blocking(pending.shared(), &command);
-                    give_buffers(pending.shared(), command);
-                    pending.complete(result);
-                });
-                None
+        start_call(pending, command);
+    }
+
+    /// Take the permits a volume call needs if they are free, and start it.
+    fn try_start_call<C: Completer>(&self, mut pending: Pending<C>, command: Command) -> Submitted<C> {
+        if is_zero_call(&command) {
+            match self.zero_calls.clone().try_acquire_owned() {
+                Ok(zero_call) => {
+                    if let Some(inner) = pending.inner.as_mut() {
+                        inner._zero_call = Some(zero_call);
+                    }
+                }
+                Err(_) => return Submitted::Blocked(Blocked { pending, command }),
             }
         }
+        let Some(call) = self.volume_calls.try_acquire(1) else {
+            if let Some(inner) = pending.inner.as_mut() {
+                inner._zero_call = None; // taken again by resume, in order
+            }
+            return Submitted::Blocked(Blocked { pending, command });
+        };
+        pending.set_call(CallPermit::Budget(call));
+        start_call(pending, command);
+        Submitted::Started
+    }
+}
+
+/// What [`Executor::submit`] did with a request.
+pub enum Submitted<C: Completer> {
+    /// Served inline: its completion (the completer was not made).
+    Inline(Completion),
+    /// Under way; the completer gets the completion.
+    Started,
+    /// Waiting for a volume call or the connection's zero-call slot: hand it to
+    /// [`Executor::resume`] (dropping it completes the request with an I/O error).
+    Blocked(Blocked<C>),
+}
+
+/// A request waiting for a permit (see [`Submitted::Blocked`]).
+pub struct Blocked<C: Completer> {
+    pending: Pending<C>,
+    command: Command,
+}
+
+/// UNMAP / WRITE ZEROES / WRITE SAME: one at a time per connection.
+fn is_zero_call(command: &Command) -> bool {
+    matches!(command, Command::Unmap { .. } | Command::WriteZeroes { .. } | Command::WriteSame { .. })
+}
+
+/// Start a request that holds its permits the cheapest way it goes: an async engine
+/// read or commit, else the blocking pool.
+fn start_call<C: Completer>(pending: Pending<C>, command: Command) {
+    let (pending, command) = match try_read_async(pending, command) {
+        Ok(()) => return,
+        Err(back) => back,
+    };
+    if let Err((pending, command)) = try_commit_async(pending, command) {
+        tokio::task::spawn_blocking(move || {
+            let result = execute_blocking(pending.shared(), &command);
+            give_buffers(pending.shared(), command);
+            pending.complete(result);
+        });
     }
 }
 

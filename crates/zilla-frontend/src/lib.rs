@@ -40,7 +40,7 @@ pub mod volume {
     pub use zilla_core::{Error, Result};
 }
 
-pub use executor::{Admission, Command, Completer, Completion, Executor, IoCounters, Output, ReadData, Request};
+pub use executor::{Admission, Blocked, Command, Completer, Completion, Executor, IoCounters, Output, ReadData, Request, Submitted};
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
 pub use iostats::{

@@ -21,7 +21,7 @@ use zilla_core::memvol::MemVolume;
 use zilla_core::zvol::{BlockVolume, CommitDone, Extent, ReadDone, SharedSlice, WriteDelay};
 use zilla_core::{Error, Result};
 use zilla_frontend::{
-    Admission, Command, Completer, Completion, Executor, Frontend, FrontendConfig, Output, ReadData, Request, StaticRegistry,
+    Admission, Command, Completer, Completion, Executor, Frontend, FrontendConfig, Output, ReadData, Request, StaticRegistry, Submitted,
 };
 
 const VOLUME_BYTES: u64 = 4 << 20;
@@ -280,10 +280,14 @@ fn run_random(volume: Arc<ModelVolume>, frontend: &Arc<Frontend>, seed: u64, cou
                 tokio::time::sleep(Duration::from_micros(100)).await;
             };
             let request = Request { command, started: tokio::time::Instant::now() };
-            let completer = TestCompleter { id, to: to.clone(), calls: calls.clone() };
-            if let Some((completion, completer)) = executor.submit(request, admission, completer, || {}).await {
-                inline += 1;
-                completer.complete(completion);
+            let completer_for = |id| TestCompleter { id, to: to.clone(), calls: calls.clone() };
+            match executor.submit(request, admission, || completer_for(id)) {
+                Submitted::Inline(completion) => {
+                    inline += 1;
+                    completer_for(id).complete(completion);
+                }
+                Submitted::Started => {}
+                Submitted::Blocked(blocked) => executor.resume(blocked, || {}).await,
             }
             drain(&from, &mut seen);
         }
@@ -355,9 +359,10 @@ fn run_one(volume: Arc<dyn BlockVolume>, frontend: &Arc<Frontend>, command: Comm
         let admission: Admission = executor.admit(1 << 20, || {}).await;
         let request = Request { command, started: tokio::time::Instant::now() };
         let completer = TestCompleter { id: 0, to, calls: Arc::new(AtomicUsize::new(0)) };
-        match executor.submit(request, admission, completer, || {}).await {
-            Some((completion, _)) => completion,
-            None => tokio::task::spawn_blocking(move || from.recv_timeout(Duration::from_secs(10)).unwrap().1).await.unwrap(),
+        match executor.submit(request, admission, || completer) {
+            Submitted::Inline(completion) => completion,
+            Submitted::Started => tokio::task::spawn_blocking(move || from.recv_timeout(Duration::from_secs(10)).unwrap().1).await.unwrap(),
+            Submitted::Blocked(_) => panic!("one request cannot wait for a permit"),
         }
     })
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use zilla_core::memvol::MemVolume;
-use zilla_frontend::{Command, Completer, Completion, Executor, Frontend, FrontendConfig, Output, ReadData, Request, StaticRegistry};
+use zilla_frontend::{Command, Completer, Completion, Executor, Frontend, FrontendConfig, Output, ReadData, Request, StaticRegistry, Submitted};
 
 /// Sends one reply line to the connection's writer.
 struct LineCompleter {
@@ -79,10 +79,12 @@ async fn serve(frontend: Arc<Frontend>, stream: tokio::io::DuplexStream) {
             continue;
         };
         let admission = executor.admit(64 << 10, || {}).await;
-        let completer = LineCompleter { tag, replies: replies.clone() };
+        let completer = || LineCompleter { tag: tag.clone(), replies: replies.clone() };
         let request = Request { command, started: tokio::time::Instant::now() };
-        if let Some((completion, completer)) = executor.submit(request, admission, completer, || {}).await {
-            completer.complete(completion);
+        match executor.submit(request, admission, &completer) {
+            Submitted::Inline(completion) => completer().complete(completion),
+            Submitted::Started => {}
+            Submitted::Blocked(blocked) => executor.resume(blocked, || {}).await,
         }
     }
     executor.idle().await;

@@ -64,10 +64,18 @@ pub(crate) const IOV_MAX: usize = 1024;
 /// to copying them).
 pub(crate) const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
 
+/// Largest reply header kept inline in a [`Reply`] (a structured OFFSET_DATA or
+/// OFFSET_HOLE chunk header with its fields is 28 or 32 bytes, a simple reply 16).
+pub(crate) const REPLY_HEAD_MAX_BYTES: usize = 32;
+
 /// One reply, ready to write, holding its budget until the writer has consumed it:
-/// `bytes` (header, or header and data), then the `shared` pieces of a zero-copy read
-/// (block buffers of the volume, kept alive until they are on the wire).
+/// `head` (a short header kept inline, so a reply without data or with shared data
+/// allocates nothing for it), then `bytes` (header, or header and data), then the
+/// `shared` pieces of a zero-copy read (block buffers of the volume, kept alive until
+/// they are on the wire).
 pub(crate) struct Reply {
+    head: [u8; REPLY_HEAD_MAX_BYTES],
+    head_len: u8,
     pub(crate) bytes: Vec<u8>,
     pub(crate) shared: Vec<SharedSlice>,
     pub(crate) _budget: Admission,
@@ -75,7 +83,16 @@ pub(crate) struct Reply {
 
 impl Reply {
     pub(crate) fn new(bytes: Vec<u8>, budget: Admission) -> Reply {
-        Reply { bytes, shared: Vec::new(), _budget: budget }
+        Reply { head: [0; REPLY_HEAD_MAX_BYTES], head_len: 0, bytes, shared: Vec::new(), _budget: budget }
+    }
+    /// A reply of a short header (at most `REPLY_HEAD_MAX_BYTES`, kept inline) followed
+    /// by `shared` pieces.
+    pub(crate) fn with_head(head: &[u8], shared: Vec<SharedSlice>, budget: Admission) -> Reply {
+        debug_assert!(head.len() <= REPLY_HEAD_MAX_BYTES);
+        let head_len = head.len().min(REPLY_HEAD_MAX_BYTES);
+        let mut reply = Reply { head: [0; REPLY_HEAD_MAX_BYTES], head_len: head_len as u8, bytes: Vec::new(), shared, _budget: budget };
+        reply.head[..head_len].copy_from_slice(&head[..head_len]);
+        reply
     }
     #[cfg(test)]
     pub(crate) fn new_for_test(bytes: Vec<u8>, request: tokio::sync::OwnedSemaphorePermit, memory: zilla_frontend::BudgetPermit) -> Reply {
@@ -83,14 +100,13 @@ impl Reply {
     }
     /// Bytes this reply puts on the wire.
     pub(crate) fn wire_bytes(&self) -> usize {
-        self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
+        usize::from(self.head_len) + self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
     }
-    /// The pieces this reply puts on the wire, in order.
+    /// The pieces this reply puts on the wire, in order (some may be empty).
     pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        std::iter::once(&self.bytes[..]).chain(self.shared.iter().map(SharedSlice::as_slice))
+        [&self.head[..usize::from(self.head_len)], &self.bytes[..]].into_iter().chain(self.shared.iter().map(SharedSlice::as_slice))
     }
 }
-
 
 /// A write half that may expose its socket's descriptor for direct writes.
 pub trait DirectFd {

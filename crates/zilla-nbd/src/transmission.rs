@@ -65,7 +65,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use zilla_frontend::volume::Extent;
 use zilla_frontend::executor::BLOCK_STATUS_SPAN_MAX_BYTES;
-use zilla_frontend::{Admission, ClientIoStats, Command, Completer, Completion, Executor, Frontend, IoKind, Output, ReadData};
+use zilla_frontend::{
+    Admission, Blocked, ClientIoStats, Command, Completer, Completion, Executor, Frontend, IoKind, Output, ReadData, Submitted,
+};
 
 use crate::connection_slot::ConnectionSlot;
 use crate::framing::FrameReader;
@@ -162,8 +164,8 @@ impl ReplyContext {
         let bytes = match result {
             Ok(Output::Data(data)) => return self.read_reply(request, data, admission),
             Ok(Output::Extents(extents)) => self.block_status_reply(request, &extents),
-            Ok(Output::Done) => simple_reply(0, request.cookie),
-            Ok(Output::Miscompare { .. }) => simple_reply(NBD_EIO, request.cookie),
+            Ok(Output::Done) => return simple_reply_inline(0, request.cookie, admission),
+            Ok(Output::Miscompare { .. }) => return simple_reply_inline(NBD_EIO, request.cookie, admission),
             Err(error) => self.error_reply_bytes(request, nbd_error_from_errno(error.errno()), "request failed"),
         };
         Reply::new(bytes, admission)
@@ -175,16 +177,18 @@ impl ReplyContext {
         match data {
             ReadData::Copied(buffer) if request.length == 0 => {
                 self.frontend.buffers.give(buffer);
-                Reply::new(self.read_reply_empty(request.cookie), admission)
+                let empty = self.read_reply_empty(request.cookie);
+                Reply::with_head(&empty, Vec::new(), admission)
             }
             ReadData::Copied(mut buffer) => {
                 self.finish_read_reply(request, &mut buffer);
                 Reply::new(buffer, admission)
             }
             ReadData::Shared(pieces) => {
-                let mut head = vec![0u8; self.read_prefix_bytes()];
-                self.finish_read_reply(request, &mut head);
-                Reply { bytes: head, shared: pieces, _budget: admission }
+                let mut head = [0u8; OFFSET_DATA_PREFIX_BYTES];
+                let head = &mut head[..self.read_prefix_bytes()];
+                self.finish_read_reply(request, head);
+                Reply::with_head(head, pieces, admission)
             }
             ReadData::Hole => {
                 let mut payload = [0u8; 12];
@@ -192,7 +196,7 @@ impl ReplyContext {
                 payload[8..].copy_from_slice(&request.length.to_be_bytes());
                 let mut reply = Vec::with_capacity(CHUNK_HEADER_BYTES + 12);
                 push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_HOLE, request.cookie, &payload);
-                Reply::new(reply, admission)
+                Reply::with_head(&reply, Vec::new(), admission)
             }
         }
     }
@@ -258,6 +262,13 @@ impl ReplyContext {
         push_chunk(&mut reply, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, request.cookie, &payload);
         reply
     }
+}
+
+/// A simple reply kept inline in its [`Reply`] (no allocation).
+fn simple_reply_inline(error: u32, cookie: u64, admission: Admission) -> Reply {
+    let mut head = [0u8; SIMPLE_REPLY_HEADER_BYTES];
+    encode_simple_reply_header(&mut head, error, cookie);
+    Reply::with_head(&head, Vec::new(), admission)
 }
 
 fn simple_reply(error: u32, cookie: u64) -> Vec<u8> {
@@ -535,7 +546,11 @@ async fn take_request<R: AsyncRead + Unpin>(
         batch.push(Reply::new(context.error_reply_bytes(&request, error, ""), admission));
         return Ok(());
     }
-    let admission = admit(executor, context, batch, memory_units(context, &request)).await;
+    let units = memory_units(context, &request);
+    let admission = match executor.try_admit(units) {
+        Some(admission) => admission,
+        None => admit(executor, context, batch, units).await,
+    };
     let payload = if has_payload {
         // from the daemon-wide buffer pool: a fresh large Vec is zero pages from the
         // kernel on every request (37% of the daemon's CPU in clear_page under 128K
@@ -549,13 +564,16 @@ async fn take_request<R: AsyncRead + Unpin>(
     } else {
         Vec::new()
     };
-    submit(context, executor, request, payload, admission, batch, started).await;
+    if let Some(blocked) = submit(context, executor, request, payload, admission, batch, started) {
+        executor.resume(blocked, || context.send(std::mem::take(batch))).await;
+    }
     Ok(())
 }
 
 /// Hand one validated request to the executor. An inline completion's reply goes into
-/// `batch`; a later one is sent by its [`NbdCompleter`].
-async fn submit(
+/// `batch`; a later one is sent by its [`NbdCompleter`]. Not async: a request that
+/// must wait for a permit comes back for the caller to `resume`.
+fn submit(
     context: &Arc<ReplyContext>,
     executor: &Executor,
     request: Request,
@@ -563,18 +581,20 @@ async fn submit(
     admission: Admission,
     batch: &mut Vec<Reply>,
     started: Instant,
-) {
+) -> Option<Blocked<NbdCompleter>> {
     let Some(command) = context.command(&request, payload) else {
         executor.refuse(io_kind(request.command), u64::from(request.length), started);
-        batch.push(Reply::new(simple_reply(NBD_EINVAL, request.cookie), admission));
-        return;
+        batch.push(simple_reply_inline(NBD_EINVAL, request.cookie, admission));
+        return None;
     };
-    let completer = NbdCompleter { context: context.clone(), request };
-    let submitted = executor.submit(zilla_frontend::Request { command, started }, admission, completer, || {
-        context.send(std::mem::take(batch))
-    });
-    if let Some((completion, completer)) = submitted.await {
-        batch.push(context.reply(&completer.request, completion));
+    let completer = || NbdCompleter { context: context.clone(), request };
+    match executor.submit(zilla_frontend::Request { command, started }, admission, completer) {
+        Submitted::Inline(completion) => {
+            batch.push(context.reply(&request, completion));
+            None
+        }
+        Submitted::Started => None,
+        Submitted::Blocked(blocked) => Some(blocked),
     }
 }
 
