@@ -64,47 +64,67 @@ pub(crate) const IOV_MAX: usize = 1024;
 /// to copying them).
 pub(crate) const DIRECT_WRITE_BYTES_MAX: usize = 64 << 10;
 
-/// Largest reply header kept inline in a [`Reply`] (a structured OFFSET_DATA or
-/// OFFSET_HOLE chunk header with its fields is 28 or 32 bytes, a simple reply 16).
-pub(crate) const REPLY_HEAD_MAX_BYTES: usize = 32;
+/// Largest reply header kept inline in a [`Reply`] (a structured OFFSET_DATA chunk
+/// header with its offset is 28 bytes, a simple reply 16). With the inline header a
+/// `Reply` stays small enough to be moved without a call to memcpy.
+pub(crate) const REPLY_HEAD_MAX_BYTES: usize = 30;
+
+/// The first piece of a reply: a short header kept inline, or a buffer (header, or
+/// header and data) that goes back to the front ends' pool once written.
+enum Head {
+    Inline(u8, [u8; REPLY_HEAD_MAX_BYTES]),
+    Buffer(Vec<u8>),
+}
 
 /// One reply, ready to write, holding its budget until the writer has consumed it:
-/// `head` (a short header kept inline, so a reply without data or with shared data
-/// allocates nothing for it), then `bytes` (header, or header and data), then the
-/// `shared` pieces of a zero-copy read (block buffers of the volume, kept alive until
-/// they are on the wire).
+/// its head (see [`Head`]: a reply without data, or with shared data, allocates nothing
+/// for its header), then the `shared` pieces of a zero-copy read (block buffers of the
+/// volume, kept alive until they are on the wire).
 pub(crate) struct Reply {
-    head: [u8; REPLY_HEAD_MAX_BYTES],
-    head_len: u8,
-    pub(crate) bytes: Vec<u8>,
+    head: Head,
     pub(crate) shared: Vec<SharedSlice>,
     pub(crate) _budget: Admission,
 }
 
 impl Reply {
     pub(crate) fn new(bytes: Vec<u8>, budget: Admission) -> Reply {
-        Reply { head: [0; REPLY_HEAD_MAX_BYTES], head_len: 0, bytes, shared: Vec::new(), _budget: budget }
+        Reply { head: Head::Buffer(bytes), shared: Vec::new(), _budget: budget }
     }
-    /// A reply of a short header (at most `REPLY_HEAD_MAX_BYTES`, kept inline) followed
-    /// by `shared` pieces.
+    /// A reply of a short header followed by `shared` pieces; a header longer than
+    /// `REPLY_HEAD_MAX_BYTES` goes into a buffer.
     pub(crate) fn with_head(head: &[u8], shared: Vec<SharedSlice>, budget: Admission) -> Reply {
-        debug_assert!(head.len() <= REPLY_HEAD_MAX_BYTES);
-        let head_len = head.len().min(REPLY_HEAD_MAX_BYTES);
-        let mut reply = Reply { head: [0; REPLY_HEAD_MAX_BYTES], head_len: head_len as u8, bytes: Vec::new(), shared, _budget: budget };
-        reply.head[..head_len].copy_from_slice(&head[..head_len]);
-        reply
+        let head = if head.len() <= REPLY_HEAD_MAX_BYTES {
+            let mut inline = [0; REPLY_HEAD_MAX_BYTES];
+            inline[..head.len()].copy_from_slice(head);
+            Head::Inline(head.len() as u8, inline)
+        } else {
+            Head::Buffer(head.to_vec())
+        };
+        Reply { head, shared, _budget: budget }
     }
     #[cfg(test)]
     pub(crate) fn new_for_test(bytes: Vec<u8>, request: tokio::sync::OwnedSemaphorePermit, memory: zilla_frontend::BudgetPermit) -> Reply {
         Reply::new(bytes, Admission::from_parts(request, memory))
     }
+    fn head(&self) -> &[u8] {
+        match &self.head {
+            Head::Inline(len, bytes) => &bytes[..usize::from(*len)],
+            Head::Buffer(bytes) => bytes,
+        }
+    }
     /// Bytes this reply puts on the wire.
     pub(crate) fn wire_bytes(&self) -> usize {
-        usize::from(self.head_len) + self.bytes.len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
+        self.head().len() + self.shared.iter().map(SharedSlice::len).sum::<usize>()
     }
-    /// The pieces this reply puts on the wire, in order (some may be empty).
+    /// The pieces this reply puts on the wire, in order.
     pub(crate) fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        [&self.head[..usize::from(self.head_len)], &self.bytes[..]].into_iter().chain(self.shared.iter().map(SharedSlice::as_slice))
+        std::iter::once(self.head()).chain(self.shared.iter().map(SharedSlice::as_slice))
+    }
+    /// Give the reply's buffer (if it has one) back to the front ends' pool.
+    pub(crate) fn recycle(self, frontend: &Frontend) {
+        if let Head::Buffer(bytes) = self.head {
+            frontend.buffers.give(bytes);
+        }
     }
 }
 
@@ -231,7 +251,7 @@ impl ReplyLine {
             st.queued.drain(..).collect()
         };
         for reply in dropped {
-            frontend.buffers.give(reply.bytes);
+            reply.recycle(frontend);
         }
         self.gone.notify_waiters();
     }
@@ -276,7 +296,7 @@ impl ReplySender {
             return;
         }
         for reply in self.line.send(replies) {
-            frontend.buffers.give(reply.bytes);
+            reply.recycle(frontend);
         }
     }
 
@@ -457,7 +477,7 @@ mod tests {
         assert!(pending(&mut peer).is_empty(), "a reply was written while the writer held a group");
         drop(group);
         let Take::Group(group, _) = line.take(64, 1 << 20) else { panic!("the small reply was not queued") };
-        assert_eq!(group[0].bytes, b"second");
+        assert_eq!(group[0].head(), b"second");
         drop(group);
 
         // the writer found the queue empty: idle again, direct writes resume

@@ -629,7 +629,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         };
         let written = write_gathered(guard.writer(), &group, skip, stall).await;
         for reply in group {
-            frontend.buffers.give(reply.bytes);
+            reply.recycle(&frontend);
         }
         if let Err(error) = written {
             tracing::info!(%error, "nbd: closing connection");
