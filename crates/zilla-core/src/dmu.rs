@@ -41,6 +41,8 @@ use crate::BlockId;
 use crate::{Error, Result, Txg};
 
 pub const INDIRECT_SIZE: usize = 128 << 10;
+// space admission (a lower layer) prices a dirtied indirect block as two copies of it
+const _: () = assert!(crate::dsl_pool::INDIRECT_COST_BYTES == 2 * INDIRECT_SIZE as u64);
 pub const INDIRECT_SHIFT: u32 = 10;
 pub const EPB: u64 = 1 << INDIRECT_SHIFT;
 

@@ -694,7 +694,7 @@ impl Pool {
             let open = || inner.txg.open_txg();
             let mut busy = false;
             for v in &vols {
-                let admit = |len: u64| crate::zvol::admit_log_block(&inner.io, &inner.dirty, len);
+                let admit = |len: u64| crate::dsl_pool::admit_log_block(&inner.io, &inner.dirty, len);
                 busy |= !v.zil.evacuate(&inner.io, id, &open, &admit)?;
                 busy |= v.zil.references_vdev(id);
             }

@@ -682,7 +682,7 @@ impl Pool {
     /// The pool's space as `zilla get` and `zilla pool list` show it (one reading).
     pub fn space_figures(&self) -> crate::dsl_pool::SpaceFigures {
         let (size, allocated) = self.inner.io.ms.space(crate::vdev::Role::Normal);
-        self.inner.dirty.space_figures(size, allocated, crate::zvol::slop_bytes(size))
+        self.inner.dirty.space_figures(size, allocated, crate::dsl_pool::slop_bytes(size))
     }
 
     pub fn open_volume(&self, name: &str) -> Result<Arc<dyn BlockVolume>> {
@@ -828,7 +828,7 @@ impl PoolInner {
     /// keep the growth of its unused part free.
     fn reserve_for_volume(&self, space: &Arc<crate::dsl_pool::VolumeSpace>, bytes: u64) -> Result<()> {
         let (size, unavailable) = self.io.space();
-        let slop = crate::zvol::slop_bytes(size);
+        let slop = crate::dsl_pool::slop_bytes(size);
         self.dirty.set_reservation(space, bytes, size, unavailable, slop).map_err(|short| {
             // the figure `zilla get available POOL` shows
             let (size, allocated) = self.io.ms.space(crate::vdev::Role::Normal);

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use crate::arc::{BlockKey, BufKind};
 use crate::dmu::{self, DirtySet, TreeRoot, VolumeState};
 use crate::zio::PoolIo;
-use crate::dsl_pool::DirtyAccounting;
+use crate::dsl_pool::{Admit, DirtyAccounting};
 use crate::props::{CachePolicy, SyncPolicy};
 use crate::txg::TxgState;
 use crate::vdev::IoClass;
@@ -137,54 +137,6 @@ pub fn block_chunks(offset: u64, len: u64, block_size: u64) -> impl Iterator<Ite
     })
 }
 
-/// Space a dirtied indirect block takes when its txg syncs: a new copy of it, written
-/// twice (indirect blocks carry two copies), uncompressed at worst.
-const INDIRECT_COST_BYTES: u64 = 2 * crate::dmu::INDIRECT_SIZE as u64;
-
-use crate::dsl_pool::MOS_COST_PER_BLOCK_BYTES;
-
-/// Syncs an admission waits for before it answers ENOSPC: a write waits this many in
-/// all, a free this many in a row that did not bring it closer to fitting.
-const ADMISSION_STALLS_MAX: usize = crate::metaslab::TXG_DEFER_SIZE as usize + 2;
-
-/// Bytes kept free for the sync (spa_slop_shift = 5: 1/32 of the pool), at least 4 MiB
-/// and at most half the pool. Writes must leave all of it free; frees may use half of
-/// it (OpenZFS lets frees into the reserved slop the same way), so a full pool can
-/// always be emptied.
-pub fn slop_bytes(size: u64) -> u64 {
-    (size / 32).max(4 << 20).min(size / 2)
-}
-
-/// Space admission of an intent-log block of `len` bytes in the normal class (the pool
-/// has no usable log vdev): like a write, it must leave the whole slop free, so the log
-/// never takes the space the sync needs (log blocks are freed only by syncs: a log that
-/// starved the sync would wait for it forever). Admitted, it counts as unavailable
-/// space at once (`PoolIo::note_log_block`), so later writes are admitted around it.
-/// Refused, the commit waits for a txg instead.
-pub fn admit_log_block(io: &crate::zio::PoolIo, dirty: &crate::dsl_pool::DirtyAccounting, len: u64) -> bool {
-    let _held = dirty.reserve(len.next_multiple_of(crate::zio::pool_io::SPACE_ADMISSION_UNIT_BYTES));
-    let (size, unavailable) = io.space();
-    if unavailable + dirty.space_pending() + slop_bytes(size) > size {
-        return false;
-    }
-    io.note_log_block(len);
-    true
-}
-
-/// What a change admitted to the pool costs: data at its logical size, a full path of
-/// new indirect blocks, and the object directory's growth for each of them.
-pub fn admission_cost_bytes(data_bytes: u64, nlevels: u8) -> u64 {
-    let indirects = (nlevels as u64).saturating_sub(1);
-    data_bytes + indirects * INDIRECT_COST_BYTES + (1 + indirects) * MOS_COST_PER_BLOCK_BYTES
-}
-
-/// Is the change a free (admitted into half the slop) or a write (leaves all of it)?
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Admit {
-    Write,
-    Free,
-}
-
 /// How `modify` throttles: each block through the delay curve (a blocking write), or
 /// only the hard stop at the dirty max (the write's delay was claimed and waited).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,7 +182,7 @@ impl Volume {
         let synced = txgs.synced_txg();
         let open = || txgs.open_txg();
         let pool = &self.pool;
-        let admit = |len: u64| admit_log_block(pool.io(), pool.dirty(), len);
+        let admit = |len: u64| crate::dsl_pool::admit_log_block(pool.io(), pool.dirty(), len);
         let props = self.vol.props.typed();
         let policy = DataPolicy { algo: props.checksum, comp: props.compression };
         f(pool.io(), synced, &open, &|| pool.random_u64(), &admit, policy)
@@ -297,57 +249,12 @@ impl Volume {
         Ok(())
     }
 
-    /// Like `check_space`, but when the estimate fails while dirty data or deferred
-    /// frees are pending, wait for txgs to sync (which turns dirty bytes into exact
-    /// allocations and returns frees older than three txgs) and try again (OpenZFS:
-    /// ERESTART from dsl_dir_tempreserve_space, then dmu_tx_wait). A write gets ENOSPC
-    /// when it does not fit even then; a free keeps waiting as long as the syncs make
-    /// progress (each one empties indirect blocks and returns deferred frees), so a
-    /// TRIM of a full pool finishes in several txgs instead of failing.
+    /// Admit a change of `new_bytes` (0 for a free) against the pool's space, waiting
+    /// for syncs when it does not fit yet (dsl_pool/space.rs). The reservation holds
+    /// its cost until `account_dirty` has counted it.
     fn reserve_space(&self, new_bytes: u64, kind: Admit) -> Result<crate::dsl_pool::SpaceReservation<'_>> {
-        let mut stalls = 0;
-        let mut best_shortfall = u64::MAX;
-        loop {
-            let shortfall = match self.check_space(new_bytes, kind) {
-                Ok(held) => return Ok(held),
-                Err(shortfall) => shortfall,
-            };
-            if kind == Admit::Free && shortfall < best_shortfall {
-                best_shortfall = shortfall;
-                stalls = 0;
-            }
-            let pending = self.pool.dirty().total() > 0 || self.pool.io().ms.deferred_bytes() > 0;
-            if !pending || stalls >= ADMISSION_STALLS_MAX {
-                return Err(Error::NoSpace);
-            }
-            stalls += 1;
-            self.pool.dirty().note_space_wait();
-            let t = self.pool.txg().open_txg();
-            self.pool.txg().wait_synced(t)?;
-        }
-    }
-
-    /// Refuse new dirty data when the pool could not hold it after copy-on-write:
-    /// what is allocated, plus what the unsynced txgs will allocate (data, every
-    /// indirect block they dirty, their object directories), plus this change with a
-    /// full path of new indirects, must leave the slop free (half of it for a free).
-    /// The rest of the slop is the sync's: estimates that fell short come out of it, so
-    /// a sync never fails for space and writers get ENOSPC instead (OpenZFS:
-    /// spa_slop_shift). Unused reservations of thick volumes count as allocated; a
-    /// change of a thick volume that fits in its own is admitted as it is (dsl_pool,
-    /// "Reservations"). The reservation returned holds this change's cost in
-    /// `space_pending` until the caller has counted it with `add_volume_space`; `Err`
-    /// holds how many bytes are missing.
-    fn check_space(&self, new_bytes: u64, kind: Admit) -> std::result::Result<crate::dsl_pool::SpaceReservation<'_>, u64> {
         let nlevels = self.vol.committed.read().nlevels;
-        let held = self.pool.dirty().reserve_for(&self.vol.space, admission_cost_bytes(new_bytes, nlevels));
-        let (size, alloc) = self.pool.io().space();
-        let slop = match kind {
-            Admit::Write => slop_bytes(size),
-            Admit::Free => slop_bytes(size) / 2,
-        };
-        self.pool.dirty().admit(&held, size, alloc, slop)?;
-        Ok(held)
+        self.pool.dirty().admit_change(self.pool.io(), self.pool.txg(), &self.vol.space, new_bytes, nlevels, kind)
     }
 
     /// The block reads as a hole: no dirty version, or a dirty free, over a committed
@@ -598,8 +505,7 @@ impl Volume {
         let nlevels = self.vol.committed.read().nlevels;
         let indirects = self.vol.dirty.note_indirects(txg, blkid, nlevels) as u64;
         let data = if has_data { bs } else { 0 };
-        let mos = (1 + indirects) * MOS_COST_PER_BLOCK_BYTES;
-        self.pool.dirty().add_volume_space(&self.vol.space, txg, data + indirects * INDIRECT_COST_BYTES + mos);
+        self.pool.dirty().add_volume_space(&self.vol.space, txg, crate::dsl_pool::dirtied_cost_bytes(data, indirects));
     }
 
     /// The intent-log record of a change to block `blkid`, appended under the block's
@@ -675,7 +581,8 @@ impl Volume {
         if waits {
             return None;
         }
-        let Ok(_admitted) = self.check_space(data.len() as u64, Admit::Write) else {
+        let nlevels = self.vol.committed.read().nlevels;
+        let Ok(_admitted) = dirty.try_admit_change(self.pool.io(), &self.vol.space, data.len() as u64, nlevels, Admit::Write) else {
             return None; // the blocking path waits for syncs before answering ENOSPC
         };
         let bs = self.bs();

@@ -74,6 +74,9 @@
 //! the object directory's growth, and a txg's overwrites beyond that draw on the free
 //! space like any write.
 
+mod space;
+pub use space::{admission_cost_bytes, admit_log_block, dirtied_cost_bytes, slop_bytes, Admit, INDIRECT_COST_BYTES};
+
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,7 +192,7 @@ pub struct ThrottleStats {
     #[serde(default)]
     pub write_limit_bytes: u64,
     /// Writes and frees that waited for a txg sync because space admission found the
-    /// pool too full for them (see zvol's `reserve_space`).
+    /// pool too full for them (see [`space`]).
     #[serde(default)]
     pub space_waits: u64,
 }
