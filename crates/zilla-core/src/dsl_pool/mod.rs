@@ -44,7 +44,7 @@
 //! allocate when it syncs (`add_space`: data, the indirect blocks it dirties, its growth
 //! of the object directory), and an admission in progress holds a reservation
 //! (`reserve`) from its check until its change is counted, so concurrent writers can
-//! not all pass the same check. zvol's admission compares allocated + `space_pending`
+//! not all pass the same check. space admission (space.rs) compares allocated + `space_pending`
 //! with the pool size minus the slop.
 //!
 //! Reservations (`refreservation`, thick volumes). A thick volume's reservation R is
