@@ -221,5 +221,10 @@ def goals(results, ctx):
     if ctx.old is not None:
         g += [new_over_old(f"{r['test']} IOPS", r["ratio_new_over_old"]["iops"], ctx.old.rev)
               for r in results]
+        # the daemon's CPU per request (from /proc/PID/stat over each run) is no higher
+        # than the old build's for the small requests, where per-request code dominates
+        g += [goal(f"{by[t]['test']} daemon CPU per I/O, new / old ({ctx.old.rev})", "<=", 1.0,
+                   by[t]["ratio_new_over_old"]["server_cpu_us_per_io"])
+              for t in ("randread4k", "randwrite4k")]
     return g
 
