@@ -99,6 +99,30 @@ fn thick_volume_keeps_its_writes_while_a_thin_one_fills_the_pool() {
         thick.read(off, &mut b).unwrap();
         assert!(b == pattern(7 + off, CHUNK), "thick chunk at {off} differs");
     }
+    // and rewritten, all of it, while the pool stays full: a rewrite's new copy needs
+    // room before its old copy comes back, so the writes wait for syncs instead of
+    // failing
+    // (eight writers at once, as a client with many requests in flight: they compete
+    // for the room each sync returns)
+    std::thread::scope(|scope| {
+        for writer in 0..8u64 {
+            let thick = &thick;
+            scope.spawn(move || {
+                for off in (0..THICK_BYTES).step_by(CHUNK).skip(writer as usize).step_by(8) {
+                    for piece in (off..off + CHUNK as u64).step_by(16384) {
+                        let data = &pattern(9 + off, CHUNK)[(piece - off) as usize..][..16384];
+                        thick.write(piece, data, false).unwrap_or_else(|e| panic!("thick rewrite at {piece}: {e}"));
+                    }
+                }
+            });
+        }
+    });
+    thick.flush().unwrap();
+    pool.sync().unwrap();
+    for off in (0..THICK_BYTES).step_by(CHUNK) {
+        thick.read(off, &mut b).unwrap();
+        assert!(b == pattern(9 + off, CHUNK), "rewritten thick chunk at {off} differs");
+    }
     assert_eq!(bytes(&pool, "thick", "referenced"), THICK_BYTES);
     assert_eq!(bytes(&pool, "thick", "logicalused"), THICK_BYTES);
     check_figures_agree(&pool, "thick");

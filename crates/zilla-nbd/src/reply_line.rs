@@ -173,6 +173,8 @@ pub(crate) struct ReplyLine {
     wake: Notify,
     /// Wakes the reader when the writer is gone.
     gone: Notify,
+    /// `LineState::closed`, readable without the lock (the reader looks per request).
+    closed: std::sync::atomic::AtomicBool,
     fd: Option<RawFd>,
     stats: Arc<NbdStats>,
 }
@@ -195,10 +197,16 @@ impl ReplyLine {
             state: Mutex::new(LineState { queued: VecDeque::new(), head_written: 0, writer_busy: false, closed: false, senders: 1 }),
             wake: Notify::new(),
             gone: Notify::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
             fd,
             stats,
         });
         (line.clone(), ReplySender { line })
+    }
+
+    /// Whether the writer is gone (the connection can send nothing more).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Resolves once the writer is gone.
@@ -247,6 +255,7 @@ impl ReplyLine {
         let dropped: Vec<Reply> = {
             let mut st = self.state.lock();
             st.closed = true;
+            self.closed.store(true, Ordering::Release);
             st.head_written = 0;
             st.queued.drain(..).collect()
         };

@@ -409,6 +409,10 @@ impl ReaderWatch {
         context: &ReplyContext,
         slot: &ConnectionSlot,
     ) -> NextHeader {
+        if context.replies.line().is_closed() {
+            // the client is gone: requests it left buffered are not run
+            return NextHeader::End(ReaderEnd::WriterGone);
+        }
         if !self.stopping && reader.buffered_bytes() >= REQUEST_HEADER_BYTES && matches!(self.shutdown.has_changed(), Ok(false)) {
             return NextHeader::Header(reader.read_array::<REQUEST_HEADER_BYTES>().await);
         }

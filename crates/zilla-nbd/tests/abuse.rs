@@ -233,3 +233,29 @@ async fn replies_to_a_slow_reader_arrive_whole_and_unmixed() {
     harness.shutdown.send(true).unwrap();
     let _ = harness.task.await;
 }
+
+/// A client that sends a burst of large reads, reads no reply and resets the
+/// connection: the requests it left in the server's buffer are not run once its
+/// replies can no longer be sent (they cost a 32 MiB copy each, for nobody).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_a_client_that_reset_are_not_run() {
+    let harness = start_shared(NbdConfig::default(), FrontendConfig::default()).await;
+    let mut client = RawClient::connect(harness.addr).await;
+    client.structured_reply().await;
+    client.go("pool/big").await.unwrap();
+    let burst: Vec<u8> = (0..2000u64).flat_map(|cookie| request(CMD_READ, cookie, 0, 32 << 20)).collect();
+    client.stream.write_all(&burst).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // linger 0: the close sends a reset, as a client killed mid-stream does
+    #[allow(deprecated)]
+    client.stream.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(client);
+    let reads = || harness.frontend.io_stats.volume("pool/big").snapshot().read_ops;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while harness.frontend.memory.stats().in_use > 0 {
+        assert!(Instant::now() < deadline, "still serving a gone client after 3 s: {} reads run", reads());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reads() < 200, "{} of the 2000 reads were run for a client that was gone", reads());
+    let _ = harness.shutdown.send(true);
+}

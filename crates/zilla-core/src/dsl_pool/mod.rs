@@ -591,6 +591,14 @@ impl VolumeSpace {
         self.reservation.load(Relaxed)
     }
 
+    /// Whether the volume is thick and its committed data is within its reservation:
+    /// its changes may wait for syncs to return the space its own rewrites free,
+    /// rather than fail (see space.rs).
+    pub fn holds_reservation(&self) -> bool {
+        let reservation = self.reservation();
+        reservation > 0 && self.referenced() <= reservation
+    }
+
     /// Data bytes of the committed tree (zfs `referenced`).
     pub fn referenced(&self) -> u64 {
         self.referenced.load(Relaxed)
@@ -747,9 +755,16 @@ impl DirtyAccounting {
     }
 
     /// The pool's space figures from `size` and `allocated` bytes of the normal class.
-    pub fn space_figures(&self, size: u64, allocated: u64, slop: u64) -> SpaceFigures {
+    /// `unavailable` is what space admission counts as taken (allocated, free pieces too
+    /// small for a block, intent-log blocks since the last sync: `PoolIo::space`), so
+    /// `available` is what a write can be admitted into once pending txgs have synced:
+    /// it leaves out the slop, every unused reservation, the object directory's margin
+    /// and destroyed volumes not yet freed, exactly as admission does.
+    pub fn space_figures(&self, size: u64, allocated: u64, unavailable: u64, slop: u64) -> SpaceFigures {
         let reserved = self.thick.unused_settled();
-        let available = size.saturating_sub(allocated.saturating_add(slop).saturating_add(reserved));
+        let margin = 2 * (2 * self.mos_bytes.load(Relaxed) + (64 << 10)) + self.doomed_bytes.load(Relaxed);
+        let taken = unavailable.max(allocated).saturating_add(slop).saturating_add(reserved).saturating_add(margin);
+        let available = size.saturating_sub(taken);
         SpaceFigures { size, allocated, slop, reserved, available }
     }
 }
@@ -786,9 +801,10 @@ mod tests {
         let thin = Arc::new(VolumeSpace::new(0, 0));
         a.set_reservation(&thick, 50 * M, size, 0, slop).unwrap();
         assert_eq!(a.space_pending(), base + 50 * M);
-        assert_eq!(a.space_figures(size, 0, slop).available, 46 * M);
-        // a thin change fits exactly beside the reservation, one byte more does not
+        // a thin change fits exactly beside the reservation, one byte more does not;
+        // `available` shows exactly that room
         let room = size - slop - base - 50 * M;
+        assert_eq!(a.space_figures(size, 0, 0, slop).available, room);
         assert_eq!(a.admit(&a.reserve_for(&thin, room), size, 0, slop), Ok(()));
         assert_eq!(a.admit(&a.reserve_for(&thin, room + 1), size, 0, slop), Err(1));
         // the thick volume writes its whole reservation into a pool with nothing free

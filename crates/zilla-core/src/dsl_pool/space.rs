@@ -104,7 +104,12 @@ impl DirtyAccounting {
     /// not fit and they may make room: a write gets ENOSPC when it does not fit even
     /// then; a free keeps waiting as long as the syncs make progress (each one empties
     /// indirect blocks and returns deferred frees), so a TRIM of a full pool finishes
-    /// in several txgs instead of failing.
+    /// in several txgs instead of failing. A change of a thick volume whose data is
+    /// within its reservation also keeps waiting while deferred frees are pending: a
+    /// rewrite's new copy is allocated before the old copy comes back (two txgs after
+    /// the sync that frees it), so in a full pool a thick volume rewrites at the pace
+    /// its own frees return instead of failing. It gets ENOSPC only when nothing is
+    /// left to return.
     pub fn admit_change<'a>(
         &'a self,
         io: &PoolIo,
@@ -116,16 +121,20 @@ impl DirtyAccounting {
     ) -> Result<SpaceReservation<'a>> {
         let mut stalls = 0;
         let mut best_shortfall = u64::MAX;
+        // a thick volume within its reservation waits while frees are on their way:
+        // its rewrites need room for the new copy before the old one is returned
+        let patient = vol.holds_reservation();
         loop {
             let shortfall = match self.try_admit_change(io, vol, new_bytes, nlevels, kind) {
                 Ok(held) => return Ok(held),
                 Err(shortfall) => shortfall,
             };
-            if kind == Admit::Free && shortfall < best_shortfall {
+            let deferred = io.ms.deferred_bytes() > 0;
+            if (kind == Admit::Free || patient) && (shortfall < best_shortfall || (patient && deferred)) {
                 best_shortfall = shortfall;
                 stalls = 0;
             }
-            let pending = self.total() > 0 || io.ms.deferred_bytes() > 0;
+            let pending = self.total() > 0 || deferred;
             if !pending || stalls >= ADMISSION_STALLS_MAX {
                 return Err(Error::NoSpace);
             }

@@ -682,7 +682,8 @@ impl Pool {
     /// The pool's space as `zilla get` and `zilla pool list` show it (one reading).
     pub fn space_figures(&self) -> crate::dsl_pool::SpaceFigures {
         let (size, allocated) = self.inner.io.ms.space(crate::vdev::Role::Normal);
-        self.inner.dirty.space_figures(size, allocated, crate::dsl_pool::slop_bytes(size))
+        let (_, unavailable) = self.inner.io.space();
+        self.inner.dirty.space_figures(size, allocated, unavailable, crate::dsl_pool::slop_bytes(size))
     }
 
     pub fn open_volume(&self, name: &str) -> Result<Arc<dyn BlockVolume>> {
@@ -832,7 +833,7 @@ impl PoolInner {
         self.dirty.set_reservation(space, bytes, size, unavailable, slop).map_err(|short| {
             // the figure `zilla get available POOL` shows
             let (size, allocated) = self.io.ms.space(crate::vdev::Role::Normal);
-            let available = self.dirty.space_figures(size, allocated, slop).available;
+            let available = self.dirty.space_figures(size, allocated, unavailable, slop).available;
             Error::NoSpaceFor(format!(
                 "a refreservation of {} does not fit in pool '{}': {} available, {} short",
                 shown_bytes(bytes),
