@@ -186,11 +186,6 @@ impl Admission {
     pub fn from_parts(request: OwnedSemaphorePermit, memory: BudgetPermit) -> Admission {
         Admission { _request: request, _memory: memory }
     }
-
-    /// Memory units held.
-    pub fn memory_units(&self) -> usize {
-        self._memory.units()
-    }
 }
 
 /// Counters a session records every request on besides its volume's (a client's row,
@@ -326,14 +321,6 @@ impl Executor {
             volume_calls: frontend.volume_calls.share(),
             zero_calls: Arc::new(Semaphore::new(ZERO_CALLS_PER_CONNECTION)),
         }
-    }
-
-    pub fn volume(&self) -> &Arc<dyn BlockVolume> {
-        &self.shared.volume
-    }
-
-    pub fn frontend(&self) -> &Arc<Frontend> {
-        &self.shared.frontend
     }
 
     /// A request slot and `memory_units` of memory, if available without waiting.
