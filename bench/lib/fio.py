@@ -1,8 +1,9 @@
 """fio runs and what is sampled while they run.
 
 Theory of operation: `fio` runs one fio command with JSON output and boils it down to
-one summary (I/Os, IOPS, MB/s, mean and p99 latency, and the server's CPU per I/O when
-given its pid). `QueueSampler` polls the leaves' active I/O counts through the admin
+one summary (I/Os, IOPS, MB/s, mean and p99 latency, fio's own user and system CPU, and
+the server's CPU per I/O when given its pid; with machine_cpu, also what the machine's
+CPUs did over the run: steal and idle from /proc/stat). `QueueSampler` polls the leaves' active I/O counts through the admin
 API while a test runs (its sample list is bounded by the run time / period): the mean
 number of I/Os in flight per leaf says whether the devices are kept busy.
 """
@@ -13,19 +14,22 @@ import statistics
 import threading
 import time
 
-from .machine import cpu_seconds
+from .machine import cpu_seconds, machine_cpu_delta, system_cpu
 from .proc import BenchError, run
 
 
-def fio(args, workdir, tag, cpu_pid=None):
-    """Run fio with JSON output; return a summary dict (plus server CPU if cpu_pid)."""
+def fio(args, workdir, tag, cpu_pid=None, machine_cpu=False):
+    """Run fio with JSON output; return a summary dict (plus server CPU if cpu_pid, and
+    the machine's steal and idle time over the run if machine_cpu)."""
     out = os.path.join(workdir, f"fio-{tag}.json")
     cmd = ["fio", "--output-format=json", f"--output={out}", "--lat_percentiles=1"] + args
+    m0 = system_cpu() if machine_cpu else None
     c0 = cpu_seconds(cpu_pid) if cpu_pid else None
     t0 = time.time()
     r = run(cmd, check=False)
     wall = time.time() - t0
     c1 = cpu_seconds(cpu_pid) if cpu_pid else None
+    m1 = system_cpu() if machine_cpu else None
     if r.returncode != 0:
         err = (r.stderr or r.stdout or "").strip().splitlines()
         raise BenchError(f"fio {tag} failed ({r.returncode}): {err[-1] if err else ''}")
@@ -38,6 +42,8 @@ def fio(args, workdir, tag, cpu_pid=None):
     s = summarise(json.loads(text[text.index("{"):])["jobs"])
     s["tag"] = tag
     s["wall_s"] = round(wall, 3)
+    if machine_cpu:
+        s["machine_cpu"] = machine_cpu_delta(m0, m1)
     if cpu_pid:
         ios = s["ios"]
         s["server_cpu_s"] = round(c1 - c0, 3)
@@ -73,7 +79,9 @@ def summarise(jobs):
             "lat_mean_us": round(sum(m * k for m, k in lat_mean) / n / 1000, 2) if n else None,
             "lat_p99_us": round(max(p99) / 1000, 2) if p99 else None,
             "fio_cpu_usr_pct": round(sum(j["usr_cpu"] for j in jobs), 1),
-            "fio_cpu_sys_pct": round(sum(j["sys_cpu"] for j in jobs), 1)}
+            "fio_cpu_sys_pct": round(sum(j["sys_cpu"] for j in jobs), 1),
+            # fio's usr/sys are percent of one CPU over its run: summed over jobs, cores
+            "fio_cores": round(sum(j["usr_cpu"] + j["sys_cpu"] for j in jobs) / 100, 3)}
 
 
 def nbd_flush(uri, workdir, tag):

@@ -3,7 +3,9 @@
 Theory of operation: every result carries the machine it ran on (cores, kernel, CPU
 model, memory) and the load average, because the machine is shared and a ratio means
 little without them. Server CPU is read from /proc/PID/stat (utime + stime of all
-threads) before and after a run; memory from /proc/PID/status.
+threads) before and after a run; memory from /proc/PID/status. What the rest of the
+machine did over a run (steal time: the hypervisor running someone else on our vCPUs;
+idle) comes from /proc/stat's `cpu` line, summed over every CPU.
 """
 
 import os
@@ -47,6 +49,42 @@ def cpu_seconds(pid):
         s = f.read()
     fields = s[s.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def system_cpu():
+    """The machine's CPU time so far by state (/proc/stat `cpu` line: every CPU summed),
+    in seconds; guest time is already inside user."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return parse_cpu_line(fields)
+
+
+def parse_cpu_line(fields):
+    """{state: seconds} of a /proc/stat `cpu` line split on blanks (older kernels may
+    have fewer columns: the missing ones are 0)."""
+    vals = [int(x) for x in fields[1:1 + len(CPU_STATES)]]
+    vals += [0] * (len(CPU_STATES) - len(vals))
+    return {n: v / CLK_TCK for n, v in zip(CPU_STATES, vals)}
+
+
+def machine_cpu_delta(before, after, cpus=None):
+    """What the machine's CPUs did between two `system_cpu()` readings: seconds and
+    percent of all CPUs' time for steal and idle, and the number of CPUs busy on
+    average with anything (user, system, interrupts) and stolen."""
+    d = {k: max(0.0, after[k] - before[k]) for k in CPU_STATES}
+    total = sum(d.values())
+    cpus = cpus or os.cpu_count() or 1
+    wall = total / cpus
+    pct = (lambda x: round(100 * x / total, 1)) if total else (lambda x: None)
+    busy = total - d["idle"] - d["iowait"] - d["steal"]
+    return {"cpus": cpus, "wall_s": round(wall, 3),
+            "steal_s": round(d["steal"], 3), "steal_pct": pct(d["steal"]),
+            "steal_cores": round(d["steal"] / wall, 3) if wall else None,
+            "idle_pct": pct(d["idle"] + d["iowait"]),
+            "busy_cores": round(busy / wall, 3) if wall else None}
 
 
 def proc_status_kib(pid, key):

@@ -216,6 +216,13 @@ def goals(results, ctx):
               by["randread4k"]["ratio_zilla_over_nbdkit"]["iops"]),
          goal("4K random write IOPS, Zilla / nbdkit", ">=", 0.9,
               by["randwrite4k"]["ratio_zilla_over_nbdkit"]["iops"]),
+         goal("4K random write IOPS, Zilla / nbdkit, at par", ">=", 1.0,
+              by["randwrite4k"]["ratio_zilla_over_nbdkit"]["iops"]),
+         # the daemon's CPU per 4K write (/proc/PID/stat over the run) against nbdkit's
+         # in the same run: no more work per write than a server that only hands it
+         # to the page cache
+         goal("4K random write daemon CPU per I/O, Zilla / nbdkit", "<=", 1.0,
+              by["randwrite4k"]["ratio_zilla_over_nbdkit"]["server_cpu_us_per_io"]),
          goal("128K sequential write IOPS, Zilla / nbdkit", ">=", 0.9,
               by["write128k"]["ratio_zilla_over_nbdkit"]["iops"])]
     if ctx.old is not None:

@@ -7,8 +7,17 @@ sequential write (with end_fsync) and 16K random read. *Zilla*: a daemon makes
 nbd engine writes 1 MiB sequentially (several times the dirty limit, end_fsync) and
 reads 16K at random over the written region (ARC cold) and over a region that fits the
 ARC (warm); device bytes come from the admin API, leaf queue depth is sampled, memory
-is read from /proc. Rounds alternate so the machine's drift shows: direct, Zilla,
-direct. With an old build: direct, new, old, direct (quick), or direct, new, old,
+is read from /proc. Then, in the same daemon, the write again *with company*: the pool
+is exported, a second pool on its own files (`company`) gets a volume whose
+`company_bytes` are written and read back, so they are in that pool's ARC (checked
+with the ARC counters), and the same 1 MiB write runs on a fresh pool made again of the
+first four files. The ARC limit is per pool, so for this part it is raised to
+`company_arc_max` (the other pool's data plus the scenario's ARC max) for both pools,
+and the peak-RSS budget of this part is two such ARCs plus the dirty max. Daemon CPU
+(/proc/PID/stat over each fio run) is reported per MiB written and per read; for the
+cold reads also fio's own CPU and the machine's steal and idle time (/proc/stat), so a
+reader sees whether the CPU was there to be had. Rounds alternate so the machine's
+drift shows: direct, Zilla, direct. With an old build: direct, new, old, direct (quick), or direct, new, old,
 direct, old, new, direct (full), each build's figure the median of its rounds.
 """
 
@@ -39,6 +48,12 @@ def settings(quick):
             "volume_bytes": 768 * MiB if quick else 3 * GiB, "volblocksize": "16K (default)",
             "zilla_write_bytes": 640 * MiB if quick else 2 * GiB,
             "read_runtime_s": 8 if quick else 15, "warm_working_set_bytes": 32 * MiB,
+            "company_bytes": 512 * MiB if quick else 1 * GiB,
+            "company_arc_max": (512 * MiB if quick else 1 * GiB) + 64 * MiB,
+            "company": "a second pool (mirror of two files) in the same daemon whose volume's "
+                       "company_bytes are written and read back (cached in its ARC) before the "
+                       "1 MiB write runs again on a fresh pool of the four files; zfs_arc_max "
+                       "(per pool) is company_arc_max for that part",
             "direct": "fio on the 4 files at once, one job per file, libaio direct=1: "
                       "write iodepth=2 per file (8 x 1 MiB in flight), randread iodepth=8 "
                       "per file (32 in flight), group_reporting (aggregate)",
@@ -75,10 +90,12 @@ def run_scenario(ctx):
     d_w = statistics.median(d["seqwrite_1M"]["MBps"] for d in direct)
     d_r = statistics.median(d["randread_16K"]["iops"] for d in direct)
     med = {label: build_medians(rs) for label, rs in runs.items()}
-    results = results_for(med, d_w, d_r, ctx)
+    results = results_for(med, d_w, d_r, ctx, runs["zilla"][0])
+    results["randread_16K_cold"]["direct_cpu_context"] = cpu_context(direct[0]["randread_16K"])
     print_tables(med, results, direct, runs["zilla"][0], cfg, ctx)
     out = {"config": cfg, "results": results, "direct": direct,
            "zilla": runs["zilla"][0]["figures"], "memory": runs["zilla"][0]["memory"],
+           "other_pool": runs["zilla"][0]["company"],
            "medians": med, "loadavg": loads, "goals": goals(results, runs["zilla"][0]["memory"], ctx)}
     if ctx.old is not None or len(runs["zilla"]) > 1:
         out["zilla_runs"] = runs    # every round of every build ("zilla" is the first new one)
@@ -108,7 +125,7 @@ def direct_round(files, cfg, wd, tag):
     w["MBps_incl_wall"] = round(w["bytes"] / w["wall_s"] / 1e6, 2)
     r = fio(["--ioengine=libaio", "--direct=1", "--rw=randread", "--bs=16k", "--iodepth=8",
              f"--runtime={cfg['read_runtime_s']}", "--time_based", "--group_reporting"]
-            + per_file_jobs(files, cfg, "r"), wd, f"direct-randread-{tag}")
+            + per_file_jobs(files, cfg, "r"), wd, f"direct-randread-{tag}", machine_cpu=True)
     log(f"direct {tag}: write {w['MBps']:.0f} MB/s, randread 16K {r['iops']:,.0f} IOPS")
     return {"seqwrite_1M": w, "randread_16K": r}
 
@@ -135,13 +152,75 @@ def zilla_round(build, files, cfg, wd, step):
     rss["hwm_end_kib"] = proc_status_kib(z.pid, "VmHWM")
     rss["rss_end_kib"] = proc_status_kib(z.pid, "VmRSS")
     z.cli("pool", "export", "bench")
+    wc, company = write_with_company(z, files, cfg, wd, tag)
+    rss["hwm_with_company_kib"] = proc_status_kib(z.pid, "VmHWM")
     z.stop()
+    memory_overheads(rss, cfg)
+    return {"build": build.label, "step": step, "memory": rss, "company": company,
+            "figures": {"seqwrite_1M": w, "randread_16K_cold": rc, "randread_16K_warm": rwm,
+                        "seqwrite_1M_with_company": wc}}
+
+
+def memory_overheads(rss, cfg):
+    """Peak RSS beyond the ARC and dirty limits, per part of the round: alone (one pool:
+    ARC max + dirty max) and with company (two pools, each ARC up to company_arc_max,
+    + dirty max). VmHWM only grows, so each part's figure is the peak up to its end
+    against that part's budget; the goal takes the larger of the two."""
     budget = cfg["zfs_arc_max"] + cfg["zfs_dirty_data_max"]
-    hwm = rss["hwm_end_kib"] * 1024
-    rss.update({"budget_arc_plus_dirty_bytes": budget, "measured_overhead_bytes": hwm - budget,
+    budget_c = 2 * cfg["company_arc_max"] + cfg["zfs_dirty_data_max"]
+    alone = rss["hwm_end_kib"] * 1024 - budget
+    with_company = rss["hwm_with_company_kib"] * 1024 - budget_c
+    rss.update({"budget_arc_plus_dirty_bytes": budget, "overhead_alone_bytes": alone,
+                "budget_with_company_bytes": budget_c, "overhead_with_company_bytes": with_company,
+                "measured_overhead_bytes": max(alone, with_company),
                 "idle_overhead_bytes": rss["after_pool_create_kib"] * 1024})
-    return {"build": build.label, "step": step, "memory": rss,
-            "figures": {"seqwrite_1M": w, "randread_16K_cold": rc, "randread_16K_warm": rwm}}
+    return rss
+
+
+def write_with_company(z, files, cfg, wd, tag):
+    """With `bench` exported: a second pool whose volume's company_bytes are written and
+    read back into its ARC, then the 1 MiB write on a fresh `bench` of the same files.
+    Returns (the write's summary, what the other pool held in the ARC before and after)."""
+    cb = cfg["company_bytes"]
+    z.cli("tunable", "set", f"zfs_arc_max={cfg['company_arc_max']}")
+    cfiles = []
+    for i in range(2):
+        cfiles.append(os.path.join(wd, f"company-{tag}-{i}.img"))
+        with open(cfiles[-1], "wb") as f:
+            f.truncate(cb + cb // 2 + 256 * MiB)
+    z.cli("pool", "create", "-f", "company", "mirror", cfiles[0], cfiles[1])
+    z.cli("volume", "create", "-V", str(cb), "company/vol")
+    seq = ["--ioengine=nbd", f"--uri={z.uri('company/vol')}", "--bs=1M", "--iodepth=8",
+           f"--size={cb}"]
+    fio(["--name=cw", "--rw=write", "--end_fsync=1"] + seq, wd, f"{tag}-company-fill")
+    arc0 = z.admin.arc_counters()
+    fio(["--name=cr", "--rw=read"] + seq, wd, f"{tag}-company-readback")
+    arc1 = z.admin.arc_counters()           # only the other pool is imported: its ARC
+    wait_idle(z.pid)
+    z.cli("pool", "create", "-f", "bench", "mirror", files[0], files[1], "mirror", files[2], files[3])
+    z.cli("volume", "create", "-V", str(cfg["volume_bytes"]), "bench/vol")
+    w = zilla_write(z, cfg, wd, f"{tag}-with-company")
+    w["arc_during"] = arc_delta(arc1, z.admin.arc_counters())
+    z.cli("pool", "export", "bench")
+    arc2 = z.admin.arc_counters()           # the other pool's ARC again, after the write
+    z.cli("pool", "export", "company")
+    for p in cfiles:
+        os.unlink(p)
+    company = company_record(cb, cfg["company_arc_max"], arc0, arc1, arc2)
+    log(f"{z.label} write with another pool holding {company['arc_bytes_before_write'] // MiB if company['arc_bytes_before_write'] else '-'}"
+        f" MiB in the ARC ({company['arc_bytes_after_write'] // MiB if company['arc_bytes_after_write'] else '-'} MiB after): "
+        f"{w['MBps']:.0f} MB/s, {w['server_cpu_ms_per_MiB']} ms CPU per MiB"
+        + ("" if company["cached"] else "; the other pool's data was NOT in the ARC"))
+    return w, company
+
+
+def company_record(cb, arc_max, arc0, arc1, arc2):
+    """What the other pool held in its ARC: after its read-back (before the write) and
+    after the write; `cached` when both are >= 0.9 of the bytes it was given."""
+    before, after = arc1.get("size"), arc2.get("size")
+    cached = before is not None and after is not None and min(before, after) >= 0.9 * cb
+    return {"bytes": cb, "arc_max": arc_max, "read_back": arc_delta(arc0, arc1),
+            "arc_bytes_before_write": before, "arc_bytes_after_write": after, "cached": cached}
 
 
 def zilla_write(z, cfg, wd, tag):
@@ -160,9 +239,11 @@ def zilla_write(z, cfg, wd, tag):
     w["device_MBps"] = (round(w["device_bytes_written"] / w["runtime_s"] / 1e6, 2)
                         if w["runtime_s"] else None)
     w["write_amplification"] = round(w["device_bytes_written"] / w["bytes"], 3)
+    w["server_cpu_ms_per_MiB"] = (round(w["server_cpu_s"] * 1000 / (w["bytes"] / MiB), 3)
+                                  if w["bytes"] else None)
     w["device_avg_write_bytes"] = w["device_bytes_written"] // max(1, w["device_write_ops"])
     log(f"{z.label} write: {w['MBps']:.0f} MB/s volume, {w['device_MBps']} MB/s at the devices "
-        f"(x{w['write_amplification']}), {w['server_cpu_us_per_io']} CPU-us per 1 MiB; "
+        f"(x{w['write_amplification']}), {w['server_cpu_ms_per_MiB']} ms CPU per MiB; "
         f"leaf queues {w['leaf_queue']}")
     return w
 
@@ -174,7 +255,7 @@ def zilla_randread(z, span, cfg, wd, tag, sample):
             "--time_based"]
     if sample:
         with QueueSampler(z, "bench", period_s=0.2) as qs:
-            r = fio(args, wd, f"{tag}-randread", cpu_pid=z.pid)
+            r = fio(args, wd, f"{tag}-randread", cpu_pid=z.pid, machine_cpu=True)
         r["leaf_queue"] = qs.summary()
     else:
         r = fio(args, wd, f"{tag}-randread", cpu_pid=z.pid)
@@ -183,29 +264,71 @@ def zilla_randread(z, span, cfg, wd, tag, sample):
     r["device_bytes_read"] = z.admin.device_bytes("bench")["read"] - dev0["read"]
     r["device_read_fraction"] = round(r["device_bytes_read"] / max(1, r["bytes"]), 4)
     log(f"{z.label} {tag} randread 16K: {r['iops']:,.0f} IOPS, device read "
-        f"{r['device_read_fraction']:.2f} x the volume bytes; {r['server_cpu_us_per_io']} CPU-us/IO")
+        f"{r['device_read_fraction']:.2f} x the volume bytes; {r['server_cpu_us_per_io']} CPU-us/IO"
+        + (f"; fio {r['fio_cores']} cores, steal {r['machine_cpu']['steal_pct']}%" if sample else ""))
     return r
 
 
+def median_or_none(values):
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
 def build_medians(rounds):
-    """{figure test: median value} over one build's rounds, plus the device MB/s."""
+    """{figure test: median value} over one build's rounds, plus the device MB/s, the
+    daemon's CPU per MiB written and per cold read, and the write with company (its CPU
+    only from rounds where the other pool's data was in the ARC)."""
     m = {t: statistics.median(r["figures"][t][k] for r in rounds) for t, k, _ in FIGURES}
     m["seqwrite_1M_device_MBps"] = statistics.median(
         r["figures"]["seqwrite_1M"]["device_MBps"] or 0 for r in rounds)
+    m["seqwrite_1M_cpu_ms_per_MiB"] = median_or_none(
+        r["figures"]["seqwrite_1M"].get("server_cpu_ms_per_MiB") for r in rounds)
+    m["randread_16K_cold_cpu_us_per_io"] = median_or_none(
+        r["figures"]["randread_16K_cold"].get("server_cpu_us_per_io") for r in rounds)
+    cached = [r for r in rounds if r.get("company", {}).get("cached")]
+    m["seqwrite_1M_with_company"] = median_or_none(
+        r["figures"]["seqwrite_1M_with_company"]["MBps"] for r in cached)
+    m["seqwrite_1M_with_company_cpu_ms_per_MiB"] = median_or_none(
+        r["figures"]["seqwrite_1M_with_company"].get("server_cpu_ms_per_MiB") for r in cached)
+    m["company_cached_rounds"] = len(cached)
     m["rounds"] = len(rounds)
     return m
 
 
-def results_for(med, d_w, d_r, ctx):
+def cpu_context(read):
+    """Who had the CPUs during a cold read run: the daemon, fio (its usr/sys from its
+    JSON, percent of one CPU), and the machine's steal and idle time (/proc/stat)."""
+    mc = read.get("machine_cpu") or {}
+    return {"daemon_cores": read.get("server_cores"), "fio_usr_pct": read.get("fio_cpu_usr_pct"),
+            "fio_sys_pct": read.get("fio_cpu_sys_pct"), "fio_cores": read.get("fio_cores"),
+            "cpus": mc.get("cpus"), "steal_pct": mc.get("steal_pct"),
+            "steal_cores": mc.get("steal_cores"), "idle_pct": mc.get("idle_pct"),
+            "busy_cores": mc.get("busy_cores")}
+
+
+def results_for(med, d_w, d_r, ctx, first=None):
+    """The comparison records; `first` is this build's first round (the cold read's CPU
+    context comes from it)."""
     n = med["zilla"]
     res = {"seqwrite_1M": {"direct_MBps_median": d_w, "zilla_volume_MBps": n["seqwrite_1M"],
                            "zilla_device_MBps": n["seqwrite_1M_device_MBps"],
+                           "zilla_cpu_ms_per_MiB": n["seqwrite_1M_cpu_ms_per_MiB"],
                            "ratio_volume_over_direct": ratio(n["seqwrite_1M"], d_w),
                            "ratio_device_over_direct": ratio(n["seqwrite_1M_device_MBps"], d_w),
                            "target": "volume >= 0.5 x direct",
                            "target_met": (n["seqwrite_1M"] / d_w) >= 0.5 if d_w else None},
+           "seqwrite_1M_with_company": {
+               "zilla_volume_MBps": n["seqwrite_1M_with_company"],
+               "zilla_alone_MBps": n["seqwrite_1M"],
+               "ratio_with_company_over_alone": ratio(n["seqwrite_1M_with_company"], n["seqwrite_1M"]),
+               "zilla_cpu_ms_per_MiB": n["seqwrite_1M_with_company_cpu_ms_per_MiB"],
+               "zilla_alone_cpu_ms_per_MiB": n["seqwrite_1M_cpu_ms_per_MiB"],
+               "rounds_with_other_pool_cached": n["company_cached_rounds"], "rounds": n["rounds"]},
            "randread_16K_cold": {"direct_iops_median": d_r, "zilla_iops": n["randread_16K_cold"],
-                                 "ratio_zilla_over_direct": ratio(n["randread_16K_cold"], d_r)},
+                                 "ratio_zilla_over_direct": ratio(n["randread_16K_cold"], d_r),
+                                 "zilla_cpu_us_per_io": n["randread_16K_cold_cpu_us_per_io"],
+                                 "cpu_context": (cpu_context(first["figures"]["randread_16K_cold"])
+                                                 if first else None)},
            "randread_16K_warm": {"direct_iops_median": d_r, "zilla_iops": n["randread_16K_warm"],
                                  "ratio_zilla_over_direct": ratio(n["randread_16K_warm"], d_r)}}
     if ctx.old is not None:
@@ -230,14 +353,22 @@ def print_tables(med, results, direct, first, cfg, ctx):
              f"p99 {fmt(fc['lat_p99_us'])} us vs {fmt(d_p99)} us"],
             ["16K rand read IOPS, ARC warm", fmt(d_r), fmt(n["randread_16K_warm"]),
              fmt(ratio(n["randread_16K_warm"], d_r), 2),
-             f"{cfg['warm_working_set_bytes'] // MiB} MiB working set"]]
+             f"{cfg['warm_working_set_bytes'] // MiB} MiB working set"],
+            ["1M seq write MB/s, other pool cached", fmt(d_w), fmt(n["seqwrite_1M_with_company"]),
+             fmt(ratio(n["seqwrite_1M_with_company"], d_w), 2),
+             f"alone {fmt(n['seqwrite_1M'])} MB/s; other pool {cfg['company_bytes'] // MiB} MiB "
+             f"in its ARC in {n['company_cached_rounds']} of {n['rounds']} rounds"]]
     print(table(["test", f"direct (median of {len(direct)})",
                  f"zilla volume (median of {n['rounds']})", "ratio", "note"], rows))
+    print_cpu(results, cfg)
     mem = first["memory"]
-    hwm = mem["hwm_end_kib"] * 1024
-    print(f"daemon VmHWM {hwm / MiB:.0f} MiB = ARC max {cfg['zfs_arc_max'] // MiB} MiB + dirty "
-          f"max {cfg['zfs_dirty_data_max'] // MiB} MiB + {mem['measured_overhead_bytes'] / MiB:.0f}"
-          f" MiB (idle RSS with the pool imported: {mem['after_pool_create_kib'] / 1024:.0f} MiB)")
+    hwm, hwm_c = mem["hwm_end_kib"] * 1024, mem["hwm_with_company_kib"] * 1024
+    print(f"daemon VmHWM alone {hwm / MiB:.0f} MiB = ARC max {cfg['zfs_arc_max'] // MiB} MiB + dirty "
+          f"max {cfg['zfs_dirty_data_max'] // MiB} MiB + {mem['overhead_alone_bytes'] / MiB:.0f}"
+          f" MiB (idle RSS with the pool imported: {mem['after_pool_create_kib'] / 1024:.0f} MiB); "
+          f"whole run with the other pool {hwm_c / MiB:.0f} MiB = 2 x ARC max "
+          f"{cfg['company_arc_max'] // MiB} MiB + dirty max {cfg['zfs_dirty_data_max'] // MiB} MiB + "
+          f"{mem['overhead_with_company_bytes'] / MiB:.0f} MiB")
     if ctx.old is None:
         return
     o = med["zilla_old"]
@@ -248,11 +379,35 @@ def print_tables(med, results, direct, first, cfg, ctx):
                  f"old (median of {o['rounds']})", "new/old"], rows))
 
 
+def print_cpu(results, cfg):
+    """The daemon's CPU per MiB written (alone, with company) and per cold read, and who
+    else had the CPUs during the cold reads."""
+    w, wc = results["seqwrite_1M"], results["seqwrite_1M_with_company"]
+    rc = results["randread_16K_cold"]
+    print(f"daemon CPU per MiB written: {fmt(w['zilla_cpu_ms_per_MiB'], 3)} ms alone, "
+          f"{fmt(wc['zilla_cpu_ms_per_MiB'], 3)} ms with another pool holding "
+          f"{cfg['company_bytes'] // MiB} MiB cached ({fmt(wc['zilla_volume_MBps'])} MB/s vs "
+          f"{fmt(wc['zilla_alone_MBps'])} MB/s alone); daemon CPU per cold 16K read: "
+          f"{fmt(rc['zilla_cpu_us_per_io'], 1)} us")
+    for who, c in (("zilla", rc.get("cpu_context")), ("direct", rc.get("direct_cpu_context"))):
+        if not c:
+            continue
+        print(f"cold 16K reads, {who}: fio usr {fmt(c['fio_usr_pct'])}% + sys {fmt(c['fio_sys_pct'])}%"
+              f" of one CPU ({fmt(c['fio_cores'], 2)} cores)"
+              + (f", daemon {fmt(c['daemon_cores'], 2)} cores" if c.get("daemon_cores") is not None else "")
+              + f"; steal {fmt(c['steal_pct'])}% of the {c['cpus']} CPUs ({fmt(c['steal_cores'], 2)} cores),"
+              f" idle {fmt(c['idle_pct'])}%")
+
+
 def goals(results, memory, ctx):
     """The volume's goal (0.5, a perfect 2-way mirror's ceiling), and the data path's:
     device bytes >= 0.8 of direct and so the volume >= 0.4 (a 2-way mirror writes every
     byte twice), cold random reads >= 0.8 of direct, and peak RSS within ARC max +
-    dirty max + 48 MiB."""
+    dirty max + 48 MiB over the whole round (the part with a second pool included); the
+    daemon's CPU: <= 0.5 ms per MiB written, alone and with another pool holding cached
+    data (not measured when that pool's data was not in its ARC), <= 25 us per cold 16K
+    read."""
+    wc = results["seqwrite_1M_with_company"]
     g = [goal("1 MiB sequential write with checksums, volume / direct (a 2-way mirror's ceiling)", ">=", 0.5,
               results["seqwrite_1M"]["ratio_volume_over_direct"]),
          goal("1 MiB sequential write, volume / direct (0.8 of a 2-way mirror's ceiling)", ">=", 0.4,
@@ -262,7 +417,13 @@ def goals(results, memory, ctx):
          goal("16K random read IOPS, ARC cold, volume / direct", ">=", 0.8,
               results["randread_16K_cold"]["ratio_zilla_over_direct"]),
          goal("daemon peak RSS beyond ARC max + dirty max", "<=", 48,
-              round(memory["measured_overhead_bytes"] / MiB, 1), unit="MiB")]
+              round(memory["measured_overhead_bytes"] / MiB, 1), unit="MiB"),
+         goal("1 MiB sequential write, daemon CPU per MiB written", "<=", 0.5,
+              results["seqwrite_1M"].get("zilla_cpu_ms_per_MiB"), unit="ms/MiB"),
+         goal("1 MiB sequential write with another pool holding cached data in the daemon, "
+              "daemon CPU per MiB written", "<=", 0.5, wc.get("zilla_cpu_ms_per_MiB"), unit="ms/MiB"),
+         goal("16K random read, ARC cold, daemon CPU per read", "<=", 25,
+              results["randread_16K_cold"].get("zilla_cpu_us_per_io"), unit="us")]
     if ctx.old is not None:
         g += [new_over_old(name, results[t]["ratio_new_over_old"], ctx.old.rev)
               for t, _, name in FIGURES]
