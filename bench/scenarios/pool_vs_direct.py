@@ -297,13 +297,16 @@ def build_medians(rounds):
 
 def cpu_context(read):
     """Who had the CPUs during a cold read run: the daemon, fio (its usr/sys from its
-    JSON, percent of one CPU), and the machine's steal and idle time (/proc/stat)."""
+    JSON, percent of one CPU), everything else that was busy (other processes, kernel
+    threads, interrupts), and the machine's steal and idle time (/proc/stat)."""
     mc = read.get("machine_cpu") or {}
+    busy, own = mc.get("busy_cores"), [read.get("server_cores") or 0, read.get("fio_cores")]
+    rest = (round(max(0.0, busy - sum(own)), 3) if busy is not None and None not in own else None)
     return {"daemon_cores": read.get("server_cores"), "fio_usr_pct": read.get("fio_cpu_usr_pct"),
             "fio_sys_pct": read.get("fio_cpu_sys_pct"), "fio_cores": read.get("fio_cores"),
             "cpus": mc.get("cpus"), "steal_pct": mc.get("steal_pct"),
             "steal_cores": mc.get("steal_cores"), "idle_pct": mc.get("idle_pct"),
-            "busy_cores": mc.get("busy_cores")}
+            "busy_cores": busy, "everything_else_cores": rest}
 
 
 def results_for(med, d_w, d_r, ctx, first=None):
@@ -395,7 +398,8 @@ def print_cpu(results, cfg):
         print(f"cold 16K reads, {who}: fio usr {fmt(c['fio_usr_pct'])}% + sys {fmt(c['fio_sys_pct'])}%"
               f" of one CPU ({fmt(c['fio_cores'], 2)} cores)"
               + (f", daemon {fmt(c['daemon_cores'], 2)} cores" if c.get("daemon_cores") is not None else "")
-              + f"; steal {fmt(c['steal_pct'])}% of the {c['cpus']} CPUs ({fmt(c['steal_cores'], 2)} cores),"
+              + f", everything else {fmt(c['everything_else_cores'], 2)} cores; steal "
+              f"{fmt(c['steal_pct'])}% of the {c['cpus']} CPUs ({fmt(c['steal_cores'], 2)} cores),"
               f" idle {fmt(c['idle_pct'])}%")
 
 

@@ -82,6 +82,7 @@ class PoolVsDirect(unittest.TestCase):
         self.assertEqual(wc["ratio_with_company_over_alone"], 0.875)
         ctxt = results["randread_16K_cold"]["cpu_context"]
         self.assertEqual((ctxt["fio_usr_pct"], ctxt["fio_sys_pct"], ctxt["steal_pct"]), (20.0, 45.0, 3.0))
+        self.assertEqual(ctxt["everything_else_cores"], 0.29)     # 1.74 busy - 0.8 - 0.65
         # the existing goals are still there, unchanged
         for start, target in (("16K random read IOPS, ARC cold, volume / direct", ">= 0.8"),
                               ("1 MiB sequential write, bytes reaching the devices / direct", ">= 0.8"),
