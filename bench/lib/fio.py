@@ -3,9 +3,10 @@
 Theory of operation: `fio` runs one fio command with JSON output and boils it down to
 one summary (I/Os, IOPS, MB/s, mean and p99 latency, fio's own user and system CPU, and
 the server's CPU per I/O when given its pid; with machine_cpu, also what the machine's
-CPUs did over the run: steal and idle from /proc/stat). `QueueSampler` polls the leaves' active I/O counts through the admin
-API while a test runs (its sample list is bounded by the run time / period): the mean
-number of I/Os in flight per leaf says whether the devices are kept busy.
+CPUs did over the run: steal and idle from /proc/stat). `QueueSampler` polls the
+leaves' active I/O counts through the admin API while a test runs (its sample list is
+bounded by the run time / period): the mean number of I/Os in flight per leaf says
+whether the devices are kept busy.
 """
 
 import json

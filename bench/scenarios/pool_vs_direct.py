@@ -17,8 +17,9 @@ and the peak-RSS budget of this part is two such ARCs plus the dirty max. Daemon
 (/proc/PID/stat over each fio run) is reported per MiB written and per read; for the
 cold reads also fio's own CPU and the machine's steal and idle time (/proc/stat), so a
 reader sees whether the CPU was there to be had. Rounds alternate so the machine's
-drift shows: direct, Zilla, direct. With an old build: direct, new, old, direct (quick), or direct, new, old,
-direct, old, new, direct (full), each build's figure the median of its rounds.
+drift shows: direct, Zilla, direct. With an old build: direct, new, old, direct (quick),
+or direct, new, old, direct, old, new, direct (full), each build's figure the median of
+its rounds.
 """
 
 import os
@@ -207,8 +208,9 @@ def write_with_company(z, files, cfg, wd, tag):
     for p in cfiles:
         os.unlink(p)
     company = company_record(cb, cfg["company_arc_max"], arc0, arc1, arc2)
-    log(f"{z.label} write with another pool holding {company['arc_bytes_before_write'] // MiB if company['arc_bytes_before_write'] else '-'}"
-        f" MiB in the ARC ({company['arc_bytes_after_write'] // MiB if company['arc_bytes_after_write'] else '-'} MiB after): "
+    mib = lambda b: "-" if b is None else b // MiB
+    log(f"{z.label} write with another pool holding {mib(company['arc_bytes_before_write'])} MiB "
+        f"in the ARC ({mib(company['arc_bytes_after_write'])} MiB after): "
         f"{w['MBps']:.0f} MB/s, {w['server_cpu_ms_per_MiB']} ms CPU per MiB"
         + ("" if company["cached"] else "; the other pool's data was NOT in the ARC"))
     return w, company
