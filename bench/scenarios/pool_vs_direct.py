@@ -35,7 +35,8 @@ from lib.proc import log, make_workdir, run
 from lib.tables import fmt, ratio, table
 
 NAME = "pool-vs-direct"
-DESCRIPTION = ("1M seq write (end_fsync) and 16K rand read: fio direct=1 on four files "
+DESCRIPTION = ("1M seq write (end_fsync; also with another pool holding cached data in the "
+               "daemon) and 16K rand read: fio direct=1 on four files "
                "vs a Zilla volume on a pool of those files as two 2-way mirrors")
 MiB, GiB = 1 << 20, 1 << 30
 FIGURES = (("seqwrite_1M", "MBps", "1 MiB sequential write MB/s"),
