@@ -19,16 +19,19 @@
 //! arithmetic. A trailing partial word (length not a multiple of 4) is padded with zeros
 //! to one full word; ZFS never produces such lengths. The checksum stores a, b, c, d
 //! little-endian in bytes 0..8, 8..16, 16..24, 24..32 (ZFS `zio_cksum_t` word order).
+//! The codes are part of the on-disk format: never renumber them.
 //!
-//! Fletcher-4 in lanes (as OpenZFS's fletcher_4 SIMD variants). Each step depends on
-//! the one before, so one word at a time leaves most of the CPU idle. Instead N lanes
-//! run the same four sums side by side, lane j over words j, j+N, j+2N, ...: one AVX-512
-//! register holds 8 lanes, an AVX2 one 4, and the portable "superscalar" versions keep 2
-//! or 4 lanes in plain registers. Over M words, word i weighs 1 in a, M-i in b,
-//! C(M-i+1, 2) in c and C(M-i+2, 3) in d. In a lane of K = M/N words its k-th word (data
-//! word i = Nk+j) weighs 1, t, C(t+1, 2), C(t+2, 3) with t = K-k, and M-i = Nt-j;
-//! writing the whole-data weights as polynomials in t over that basis gives the
-//! combine step (sums over the lanes j, all mod 2^64, negative terms subtract):
+//! Fletcher-4 in lanes (as OpenZFS's fletcher_4 SIMD variants). One word at a time
+//! costs four additions per word. Instead N lanes run the same four sums side by side,
+//! lane j over words j, j+N, j+2N, ...: an AVX-512 register holds 8 lanes, so four
+//! additions serve 8 words, an AVX2 one holds 4, and the portable "superscalar" versions
+//! keep 2 or 4 lanes in plain registers (independent chains the CPU overlaps).
+//!
+//! Over M words, word i weighs 1 in a, M-i in b, C(M-i+1, 2) in c and C(M-i+2, 3) in d.
+//! In a lane of K = M/N words its k-th word (data word i = Nk+j) weighs 1, t, C(t+1, 2),
+//! C(t+2, 3) in a_j, b_j, c_j, d_j with t = K-k, and M-i = Nt-j; writing the whole-data
+//! weights as polynomials in t over that basis gives the combine step (sums over the
+//! lanes j, all mod 2^64, negative terms subtract):
 //!
 //! ```text
 //! a = Σ a_j
@@ -42,7 +45,6 @@
 //! every length gives the scalar result. The implementation is chosen once, at first
 //! use, by CPU feature (AVX-512F, then AVX2, then the portable lanes; see
 //! [`fletcher4_impl_name`]); a property test holds every one to the scalar loop.
-//! The codes are part of the on-disk format: never renumber them.
 
 use sha2::Digest;
 
@@ -145,8 +147,10 @@ enum Fletcher4Impl {
     #[cfg_attr(all(target_arch = "x86_64", not(test)), allow(dead_code))]
     Superscalar4,
     /// Four u64 lanes in one AVX2 register (x86-64 with AVX2).
+    #[cfg_attr(all(not(target_arch = "x86_64"), not(test)), allow(dead_code))]
     Avx2,
     /// Eight u64 lanes in one AVX-512 register (x86-64 with AVX-512F).
+    #[cfg_attr(all(not(target_arch = "x86_64"), not(test)), allow(dead_code))]
     Avx512,
 }
 
