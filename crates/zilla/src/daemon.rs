@@ -508,6 +508,7 @@ fn resolve_limits(
     let nbd_config = crate::config::nbd_config(&opts.settings, limits.nbd_connections_max)?;
     let frontend_config = crate::config::frontend_config(&opts.settings)?;
     tracing::info!("{}", limits.describe());
+    tracing::info!("fletcher4 checksums: {} implementation", zilla_core::block::checksum::fletcher4_impl_name());
     tracing::info!(
         "front end: memory budget {} bytes, reply-buffer pool {} bytes; NBD: {} requests in flight per connection, \
          idle timeout {} s, reply stall {} s",
