@@ -59,7 +59,7 @@ head -1 "$T/arc" | grep -Eq '^ +time +read +miss +miss% +size +c +avail +overhd$
 curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >"$T/metrics" || fail "/metrics"
 m() { awk -v n="$1" '$1 == n {print $2}' "$T/metrics"; }
 rss=$(m zilla_memory_rss_bytes) ovh=$(m zilla_memory_overhead_bytes) max=$(m zilla_memory_overhead_max_bytes)
-parts=$(($(m zilla_memory_overhead_frontend_bytes) + $(m zilla_memory_overhead_reply_pool_bytes) + $(m zilla_memory_overhead_other_bytes)))
+parts=$(($(m zilla_memory_overhead_frontend_bytes) + $(m zilla_memory_overhead_reply_pool_bytes) + $(m zilla_memory_overhead_block_buffers_bytes) + $(m zilla_memory_overhead_other_bytes)))
 log "memory: rss $rss overhead $ovh (parts $parts) max $max"
 [ "$ovh" -gt $((1 << 20)) ] && [ "$ovh" -le "$rss" ] && [ "$parts" = "$ovh" ] && [ "$ovh" -le "$max" ] ||
     fail "memory overhead: rss $rss overhead $ovh parts $parts max $max"

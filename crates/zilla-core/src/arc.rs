@@ -5,7 +5,7 @@
 //! Blocks are immutable (copy-on-write), so a block's identity — the first copy's
 //! address plus its birth txg, [`BlockKey`] — names its content forever: a cached buffer
 //! can never be stale, only unreachable. The cache holds *logical* (verified,
-//! decompressed) buffers as `Arc<[u8]>`, shared with readers without copying.
+//! decompressed) buffers as `Arc<AlignedBuf>`, shared with readers without copying.
 //!
 //! This first version is a sharded CLOCK cache (second-chance LRU approximation)
 //! bounded in bytes (`zfs_arc_max`, followed live: lowering it trims every shard at
@@ -33,6 +33,7 @@
 //! daemon's data memory stays within ARC max + dirty max, whichever of the two is the
 //! larger (issue 8: peak RSS ≤ ARC max + dirty max + 48 MiB).
 
+use crate::vdev::abd::AlignedBuf;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -75,7 +76,7 @@ pub enum BufKind {
 }
 
 struct Entry {
-    data: Arc<[u8]>,
+    data: Arc<AlignedBuf>,
     referenced: bool,
     /// Matches the ring slot that owns this entry; older slots for the key are stale.
     generation: u64,
@@ -264,7 +265,7 @@ impl ArcCache {
         &self.shards[(h >> 60) as usize % SHARDS]
     }
 
-    pub fn lookup(&self, k: &BlockKey) -> Option<Arc<[u8]>> {
+    pub fn lookup(&self, k: &BlockKey) -> Option<Arc<AlignedBuf>> {
         let found = {
             let mut s = self.shard(k).lock();
             s.map.get_mut(k).map(|e| {
@@ -279,7 +280,7 @@ impl ArcCache {
         found
     }
 
-    pub fn insert(&self, k: BlockKey, data: Arc<[u8]>, kind: BufKind) {
+    pub fn insert(&self, k: BlockKey, data: Arc<AlignedBuf>, kind: BufKind) {
         let len = data.len() as u64;
         let limit = self.shard_limit();
         if len > limit {
@@ -350,7 +351,7 @@ impl ArcCache {
     /// entry is an eviction (a later lookup misses and reads the device), and under the
     /// shard lock nobody can take a new reference through the cache; with the count at
     /// two (the entry's and `held`) no other reference exists to clone from.
-    pub fn release_to_writer(&self, k: &BlockKey, held: &Arc<[u8]>) -> bool {
+    pub fn release_to_writer(&self, k: &BlockKey, held: &Arc<AlignedBuf>) -> bool {
         let mut s = self.shard(k).lock();
         let unshared = s.map.get(k).is_some_and(|e| Arc::ptr_eq(&e.data, held) && Arc::strong_count(held) == 2 && Arc::weak_count(held) == 0);
         if !unshared {
@@ -400,7 +401,7 @@ mod tests {
     fn a_reservation_evicts_at_once_is_capped_and_ends_when_dropped() {
         let arc = ArcCache::new(SHARDS as u64 * 8192);
         for i in 0..64u64 {
-            arc.insert(BlockKey { vdev: VdevId(0), offset: i * 4096, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Data);
+            arc.insert(BlockKey { vdev: VdevId(0), offset: i * 4096, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), BufKind::Data);
         }
         let full = arc.stats().size;
         assert!(full > SHARDS as u64 * 4096, "the cache filled ({full})");
@@ -412,14 +413,14 @@ mod tests {
         assert_eq!(arc.stats().reserved, SHARDS as u64 * 8192);
         drop(r);
         assert_eq!(arc.stats().reserved, 0);
-        arc.insert(BlockKey { vdev: VdevId(0), offset: 1 << 30, birth: Txg(2) }, vec![0u8; 4096].into(), BufKind::Data);
+        arc.insert(BlockKey { vdev: VdevId(0), offset: 1 << 30, birth: Txg(2) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), BufKind::Data);
         assert_eq!(arc.stats().size, 4096, "the cache takes blocks again");
     }
     #[test]
     fn bounded_and_lru() {
         let arc = ArcCache::new(SHARDS as u64 * 8192);
         for i in 0..1000u64 {
-            arc.insert(BlockKey { vdev: VdevId(0), offset: i << 12, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Data);
+            arc.insert(BlockKey { vdev: VdevId(0), offset: i << 12, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), BufKind::Data);
         }
         let st = arc.stats();
         assert!(st.size <= SHARDS as u64 * 8192, "{st:?}");
@@ -447,11 +448,11 @@ mod tests {
         assert_eq!(arc.stats().c_max, 128 << 20);
         let block = 128 << 10;
         for i in 0..800u64 {
-            arc.insert(BlockKey { vdev: VdevId(0), offset: i * block, birth: Txg(1) }, vec![0u8; block as usize].into(), BufKind::Data);
+            arc.insert(BlockKey { vdev: VdevId(0), offset: i * block, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; block as usize])), BufKind::Data);
         }
         assert!(arc.stats().size > 64 << 20, "{:?}", arc.stats());
         ZFS_ARC_MAX.set(64 << 20).unwrap();
-        arc.insert(BlockKey { vdev: VdevId(1), offset: 0, birth: Txg(1) }, vec![0u8; 4096].into(), BufKind::Metadata);
+        arc.insert(BlockKey { vdev: VdevId(1), offset: 0, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), BufKind::Metadata);
         let st = arc.stats();
         assert!(st.size <= 64 << 20, "lowering zfs_arc_max must trim the ARC: {st:?}");
         assert!(ZFS_ARC_MAX.set(4096).is_err(), "below the 64 MiB floor");

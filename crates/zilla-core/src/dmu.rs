@@ -25,6 +25,7 @@
 //! without any lock; a per-shard `commit_gen` counter detects a sync that committed the
 //! block meanwhile, in which case the read is retried.
 
+use crate::vdev::abd::AlignedBuf;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -88,7 +89,7 @@ pub fn levels_for(nblocks: u64) -> u8 {
 
 /// Read an indirect block of a volume tree (through the ARC, as metadata) and check
 /// that it is one.
-pub fn read_indirect(io: &PoolIo, bp: &BlockPointer, class: IoClass) -> Result<Arc<[u8]>> {
+pub fn read_indirect(io: &PoolIo, bp: &BlockPointer, class: IoClass) -> Result<Arc<AlignedBuf>> {
     let d = io.read_block(bp, class, BufKind::Metadata, true)?;
     if d.len() != INDIRECT_SIZE || bp.kind != blkptr::KIND_INDIRECT {
         return Err(Error::Corrupt(format!("indirect block has size {} kind {}", d.len(), bp.kind)));
@@ -263,7 +264,7 @@ pub struct WritePolicy {
 }
 
 /// A block written by a sync, to enter the ARC once its txg has committed.
-pub type WrittenBlock = (crate::arc::BlockKey, Arc<[u8]>);
+pub type WrittenBlock = (crate::arc::BlockKey, Arc<AlignedBuf>);
 
 /// Apply sorted L0 changes to the tree rooted at `root`: write new indirects (queued in
 /// `batch`), free replaced blocks in `txg`. Returns the new root. With
@@ -321,7 +322,7 @@ pub fn apply_changes(
         if fill == 0 {
             return Ok(BlockPointer::hole());
         }
-        let ind: Arc<[u8]> = ind.into();
+        let ind: Arc<AlignedBuf> = Arc::new(AlignedBuf::from(ind));
         let new = io.alloc_block(&ind, pol.txg, blkptr::KIND_INDIRECT, level as u8, fill, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
         if pol.cache_metadata {
             written.push((crate::arc::BlockKey::of(&new), ind));
@@ -344,7 +345,7 @@ pub const DIRTY_SHARDS: usize = 64;
 pub struct DirtyVersion {
     pub txg: Txg,
     /// None = the block was freed (reads as zeros, hole).
-    pub data: Option<Arc<[u8]>>,
+    pub data: Option<Arc<AlignedBuf>>,
 }
 
 #[derive(Default)]
@@ -378,13 +379,13 @@ impl DirtySet {
         &self.shards[(blkid.get() as usize) % DIRTY_SHARDS]
     }
     /// Newest dirty version of a block: Some(None) = freed, Some(Some) = data.
-    pub fn newest(&self, blkid: BlockId) -> Option<Option<Arc<[u8]>>> {
+    pub fn newest(&self, blkid: BlockId) -> Option<Option<Arc<AlignedBuf>>> {
         self.shard(blkid).lock().blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone())
     }
     /// Insert a version for `txg`; returns true if this block became newly dirty in txg.
     /// Versions stay in txg order: `txg` is at least the newest version's (a writer
     /// holding an older txg writes into the newest version, see zvol update_block).
-    pub fn insert(shard: &mut DirtyShard, blkid: BlockId, txg: Txg, data: Option<Arc<[u8]>>) -> bool {
+    pub fn insert(shard: &mut DirtyShard, blkid: BlockId, txg: Txg, data: Option<Arc<AlignedBuf>>) -> bool {
         let v = shard.blocks.entry(blkid).or_default();
         assert!(v.last().is_none_or(|last| last.txg <= txg), "dirty version of {txg:?} after a newer one: its sync would be overwritten by the older data");
         match v.last_mut() {
@@ -399,7 +400,7 @@ impl DirtySet {
         }
     }
     /// Every record of txg `txg`, sorted by blkid.
-    pub fn collect(&self, txg: Txg) -> Vec<(BlockId, Option<Arc<[u8]>>)> {
+    pub fn collect(&self, txg: Txg) -> Vec<(BlockId, Option<Arc<AlignedBuf>>)> {
         let mut out = Vec::new();
         for s in &self.shards {
             let s = s.lock();
@@ -679,13 +680,14 @@ pub fn write_mos(io: &PoolIo, blob: &[u8], txg: Txg, batch: &mut Vec<PendingWrit
     }
     let mut index = vec![0u8; (chunks.len() * BlockPointer::SIZE).div_ceil(4096).max(1) * 4096];
     for (i, c) in chunks.iter().enumerate() {
-        let mut buf = c.to_vec();
-        buf.resize(c.len().div_ceil(4096) * 4096, 0);
-        let buf: Arc<[u8]> = buf.into();
+        let mut buf = AlignedBuf::with_capacity(c.len().div_ceil(4096) * 4096);
+        buf.extend_from_slice(c);
+        buf.resize(buf.capacity().min(c.len().div_ceil(4096) * 4096));
+        let buf = Arc::new(buf);
         let bp = io.alloc_block(&buf, txg, blkptr::KIND_MOS_CHUNK, 0, 1, ChecksumAlgo::Fletcher4, Compression::Lz4, 2, batch)?;
         index[i * BlockPointer::SIZE..(i + 1) * BlockPointer::SIZE].copy_from_slice(&bp.encode());
     }
-    let index: Arc<[u8]> = index.into();
+    let index: Arc<AlignedBuf> = Arc::new(AlignedBuf::from(index));
     let mut ibp = io.alloc_block(&index, txg, blkptr::KIND_MOS_INDEX, 1, chunks.len() as u64, ChecksumAlgo::Fletcher4, Compression::Lz4, 3, batch)?;
     ibp.fill = blob.len() as u64;
     // fill of the index = exact blob length; the checksum covers data only, so this is safe

@@ -90,8 +90,8 @@ impl BlockVolume for MemVolume {
     fn flush(&self) -> Result<()> {
         Ok(())
     }
-    fn try_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
-        Some(self.write(offset, data, false))
+    fn try_write_nonblocking(&self, offset: u64, data: &crate::zvol::WriteData) -> Option<Result<()>> {
+        Some(self.write(offset, &data.to_vec(), false))
     }
     fn unmap(&self, offset: u64, len: u64) -> Result<()> {
         self.check_write(offset, len)?;

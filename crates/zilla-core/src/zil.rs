@@ -247,7 +247,7 @@ pub struct LogRecord {
     pub txg: Txg,
     pub offset: u64,
     pub len: u64,
-    pub data: Arc<[u8]>,
+    pub data: Arc<AlignedBuf>,
 }
 
 impl LogRecord {
@@ -264,16 +264,16 @@ impl LogRecord {
 #[derive(Clone)]
 enum ItxData {
     /// TX_WRITE, WR_COPIED: the bytes, copied when the write was applied.
-    Copied(Arc<[u8]>),
+    Copied(Arc<AlignedBuf>),
     /// TX_WRITE, WR_NEED_COPY: a whole block's immutable buffer, copied into the log
     /// block at commit.
-    Block(Arc<[u8]>),
+    Block(Arc<AlignedBuf>),
     /// TX_TRUNCATE: the range reads as zeros.
     Truncate(u64),
     /// TX_WRITE, WR_INDIRECT (whole blocks, see `zvol::log_itx`): the block's immutable
     /// buffer; at commit it is written in place to the pool (dmu_sync) and the log
     /// record carries only its block pointer.
-    Indirect(Arc<[u8]>),
+    Indirect(Arc<AlignedBuf>),
     /// A whole-block write (`Block` or `Indirect`) that a later whole-block write of the
     /// same block in the same txg replaced before any commit took it: it writes no
     /// record, and its buffer is released at once (see `ItxLists::whole_blocks`).
@@ -460,7 +460,7 @@ impl ZilStats {
 enum Pending {
     Record(LogRecord),
     /// A WR_INDIRECT itx: its block is written in place by the commit.
-    Indirect { txg: Txg, offset: u64, block: Arc<[u8]> },
+    Indirect { txg: Txg, offset: u64, block: Arc<AlignedBuf> },
 }
 
 impl Pending {
@@ -486,7 +486,7 @@ impl Pending {
 struct DataWrite {
     dva: Dva,
     txg: Txg,
-    data: Arc<[u8]>,
+    data: Arc<AlignedBuf>,
 }
 
 /// How a volume checksums and compresses its data blocks (for dmu_sync).
@@ -503,7 +503,7 @@ pub struct DmuSynced {
     pub txg: Txg,
     pub blkid: crate::BlockId,
     /// The dirty version written (compared by identity at sync).
-    pub data: Arc<[u8]>,
+    pub data: Arc<AlignedBuf>,
     pub bp: BlockPointer,
     /// Its write and the lwb with its record are flushed.
     pub durable: bool,
@@ -512,7 +512,7 @@ pub struct DmuSynced {
 impl DmuSynced {
     /// The sync may use this block for block `blkid` whose dirty version of its txg is
     /// `data`: the very version written, and durable.
-    pub fn matches(&self, blkid: crate::BlockId, data: &Arc<[u8]>) -> bool {
+    pub fn matches(&self, blkid: crate::BlockId, data: &Arc<AlignedBuf>) -> bool {
         self.durable && self.blkid == blkid && !self.data.is_empty() && Arc::ptr_eq(&self.data, data)
     }
 }
@@ -710,14 +710,14 @@ impl Zilog {
 
     /// Log a write of `data` at byte `offset` in `txg`; `whole_block` = `data` is a
     /// whole block's immutable buffer (kept by reference, copied at commit).
-    pub fn log_write(&self, txg: Txg, offset: u64, data: Arc<[u8]>, whole_block: bool) {
+    pub fn log_write(&self, txg: Txg, offset: u64, data: Arc<AlignedBuf>, whole_block: bool) {
         let d = if whole_block { ItxData::Block(data) } else { ItxData::Copied(data) };
         self.append(txg, Itx { offset, data: d });
     }
 
     /// Log a whole-block write that goes to the pool in place (WR_INDIRECT): `block` is
     /// the block's immutable buffer, written by the commit that covers it (dmu_sync).
-    pub fn log_write_indirect(&self, txg: Txg, offset: u64, block: Arc<[u8]>) {
+    pub fn log_write_indirect(&self, txg: Txg, offset: u64, block: Arc<AlignedBuf>) {
         self.append(txg, Itx { offset, data: ItxData::Indirect(block) });
     }
 
@@ -727,7 +727,7 @@ impl Zilog {
     /// or WR_INDIRECT), superseding it: a copy of the bytes would leave the old buffer
     /// alive in that itx beside the new one. Logging the whole block is always right
     /// (it is the state after the write). One lock for the choice and the append.
-    pub fn log_partial_write(&self, txg: Txg, block_offset: u64, offset: u64, patch: Arc<[u8]>, block: &Arc<[u8]>) {
+    pub fn log_partial_write(&self, txg: Txg, block_offset: u64, offset: u64, patch: Arc<AlignedBuf>, block: &Arc<AlignedBuf>) {
         self.stats.zil_itx_count.fetch_add(1, Ordering::Relaxed);
         let mut l = self.itxs.lock();
         let itx = match pending_whole(&l, txg, block_offset) {
@@ -1167,7 +1167,7 @@ impl Zilog {
                         self.stats.zil_itx_needcopy_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
                         (TX_WRITE, WR_NEED_COPY, d)
                     }
-                    ItxData::Truncate(_) => (TX_TRUNCATE, 0, Arc::from(&[][..])),
+                    ItxData::Truncate(_) => (TX_TRUNCATE, 0, Arc::new(AlignedBuf::zeroed(0))),
                     ItxData::Superseded => continue,
                     ItxData::Indirect(block) => {
                         self.stats.zil_itx_indirect_count.fetch_add(1, Ordering::Relaxed);
@@ -1218,7 +1218,7 @@ impl Zilog {
     /// One block written in place for txg `txg` (see `dmu_sync_all`); `None`: copy it
     /// into the log instead. Until [`Zilog::dmu_sync_done`] the sync of `txg` waits for
     /// it in `overrides_for_sync`.
-    fn dmu_sync(&self, io: &PoolIo, txg: Txg, offset: u64, block: &Arc<[u8]>, pol: DataPolicy, admit: AdmitLogBlock<'_>) -> Option<(LogRecord, DataWrite)> {
+    fn dmu_sync(&self, io: &PoolIo, txg: Txg, offset: u64, block: &Arc<AlignedBuf>, pol: DataPolicy, admit: AdmitLogBlock<'_>) -> Option<(LogRecord, DataWrite)> {
         {
             let mut o = self.overrides.lock();
             if txg <= o.closed_through {
@@ -1258,11 +1258,11 @@ impl Zilog {
         o.blocks.insert(dva, DmuSynced { txg, blkid, data: block.clone(), bp, durable: false });
         if let Some(older) = o.latest.insert((txg, blkid), dva) {
             if let Some(b) = o.blocks.get_mut(&older) {
-                b.data = Arc::from(&[][..]); // superseded: never matches, freed by the sync
+                b.data = Arc::new(AlignedBuf::zeroed(0)); // superseded: never matches, freed by the sync
             }
         }
         drop(o);
-        let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: Arc::from(&bp.encode()[..]) };
+        let record = LogRecord { rtype: TX_WRITE, wr: WR_INDIRECT, txg, offset, len: block.len() as u64, data: Arc::new(AlignedBuf::copy_of(&bp.encode())) };
         Some((record, DataWrite { dva, txg, data: p.data }))
     }
 
@@ -1954,7 +1954,7 @@ fn decode_records(body: &[u8]) -> Result<Vec<LogRecord>> {
         if txg.is_zero() || !txg.is_valid_on_disk() || offset.checked_add(len).is_none() {
             return Err(Error::Corrupt(format!("intent log record (type {rtype}): field txg = {txg}, offset = {offset:#x}, length = {len:#x} is out of range")));
         }
-        out.push(LogRecord { rtype, wr, txg, offset, len, data: Arc::from(data) });
+        out.push(LogRecord { rtype, wr, txg, offset, len, data: Arc::new(AlignedBuf::from(data)) });
     }
     Ok(out)
 }
@@ -2099,8 +2099,8 @@ mod tests {
     #[test]
     fn lwb_round_trips_and_rejects_other_chains() {
         let recs = vec![
-            LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 5, data: b"hello"[..].into() },
-            LogRecord { rtype: TX_TRUNCATE, wr: 0, txg: Txg(8), offset: 0, len: 8192, data: Arc::from(&[][..]) },
+            LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 5, data: Arc::new(AlignedBuf::from(&b"hello"[..])) },
+            LogRecord { rtype: TX_TRUNCATE, wr: 0, txg: Txg(8), offset: 0, len: 8192, data: Arc::new(AlignedBuf::zeroed(0)) },
         ];
         let mut body = Vec::new();
         for r in &recs {
@@ -2126,7 +2126,7 @@ mod tests {
 
     #[test]
     fn an_lwb_is_written_only_as_far_as_it_is_used() {
-        let r = LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 100, data: vec![9u8; 100].into() };
+        let r = LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(7), offset: 4096, len: 100, data: Arc::new(AlignedBuf::from(vec![9u8; 100])) };
         let mut body = Vec::new();
         encode_record(&r, &mut body);
         let at = ptr(0x10000, 16384);
@@ -2167,7 +2167,7 @@ mod tests {
 
     #[test]
     fn big_writes_are_split_to_fit_a_block() {
-        let r = LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg: Txg(3), offset: 0, len: 256 << 10, data: vec![7u8; 256 << 10].into() };
+        let r = LogRecord { rtype: TX_WRITE, wr: WR_NEED_COPY, txg: Txg(3), offset: 0, len: 256 << 10, data: Arc::new(AlignedBuf::from(vec![7u8; 256 << 10])) };
         let parts = pieces(&r);
         assert!(parts.len() >= 3);
         assert_eq!(parts.iter().map(|p| p.len).sum::<u64>(), 256 << 10);
@@ -2179,7 +2179,7 @@ mod tests {
     #[test]
     fn malformed_records_in_a_verified_block_are_corruption() {
         let mut body = Vec::new();
-        encode_record(&LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(1), offset: 0, len: 3, data: vec![1, 2, 3].into() }, &mut body);
+        encode_record(&LogRecord { rtype: TX_WRITE, wr: WR_COPIED, txg: Txg(1), offset: 0, len: 3, data: Arc::new(AlignedBuf::from(vec![1, 2, 3])) }, &mut body);
         body[0] = 9;
         let b = encode_lwb(&ptr(0, 4096), 1, 1, 1, &LogPtr::default(), &body);
         assert!(decode_lwb(&b, 1, 1, 1).is_err());
@@ -2190,8 +2190,8 @@ mod tests {
 mod superseded_tests {
     use super::*;
 
-    fn block(fill: u8) -> Arc<[u8]> {
-        Arc::from(vec![fill; 16384])
+    fn block(fill: u8) -> Arc<AlignedBuf> {
+        Arc::new(AlignedBuf::from(vec![fill; 16384]))
     }
 
     fn token(txg: Txg) -> SyncToken {
@@ -2233,7 +2233,7 @@ mod superseded_tests {
     fn records_between_two_whole_writes_stay_in_order() {
         let z = Zilog::new(1);
         z.log_write_indirect(Txg(5), 0, block(1));
-        z.log_write(Txg(5), 100, Arc::from(vec![7u8; 10]), false);
+        z.log_write(Txg(5), 100, Arc::new(AlignedBuf::from(vec![7u8; 10])), false);
         z.log_truncate(Txg(5), 0, 16384);
         z.log_write(Txg(5), 0, block(2), true);
         assert_eq!(take_summary(&z), vec![(WR_COPIED, 100, 7), (0, 0, 0), (WR_NEED_COPY, 0, 2)]);

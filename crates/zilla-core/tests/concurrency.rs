@@ -141,7 +141,7 @@ fn acknowledged_writes_survive_a_concurrent_export(round: u64) {
                     let acked = match i % 3 {
                         0 => vol.write(off, &data, false).is_ok(),
                         1 => vol.write(off, &data, true).is_ok(),
-                        _ => match vol.try_write_nonblocking(off, &data) {
+                        _ => match vol.try_write_nonblocking(off, &zilla_core::zvol::WriteData::copy_of(&data)) {
                             Some(r) => r.is_ok(),
                             None => vol.write(off, &data, false).is_ok(),
                         },

@@ -282,7 +282,7 @@ fn a_commit_on_a_destroyed_volumes_log_allocates_nothing() {
     let v = pool.open_zvol("v").unwrap();
     pool.volume_destroy("v").unwrap();
     let open = open_txg(&pool);
-    v.zil().log_write(open, 0, Arc::from(pattern(5, B as usize)), false);
+    v.zil().log_write(open, 0, Arc::new(zilla_core::vdev::abd::AlignedBuf::from(pattern(5, B as usize))), false);
     let io = pool.debug_io();
     let admit = |_: u64| true;
     let policy = zilla_core::zil::DataPolicy { algo: zilla_core::block::checksum::ChecksumAlgo::Fletcher4, comp: zilla_core::block::compress::Compression::Off };

@@ -63,7 +63,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use zilla_core::zvol::{BlockVolume, Extent, SharedSlice, WriteDelay};
+use zilla_core::zvol::{BlockVolume, Extent, SharedSlice, WriteData, WriteDelay};
 use zilla_core::Error;
 
 use crate::budget::{BudgetPermit, BudgetShare};
@@ -92,7 +92,7 @@ pub enum Command {
     Read { offset: u64, length: u32, prefix_bytes: usize, holes: bool },
     /// `data` (a buffer of the front ends' pool; given back here) at `offset`. `fua`:
     /// durable before the completion.
-    Write { offset: u64, data: Vec<u8>, fua: bool },
+    Write { offset: u64, data: WriteData, fua: bool },
     /// Every write completed before the FLUSH was submitted becomes durable.
     Flush,
     /// Deallocate (reads return zeros afterwards).
@@ -323,6 +323,12 @@ impl Executor {
         }
     }
 
+    /// The volume's block size: a front end cuts a WRITE's payload at these boundaries
+    /// as it reads it ([`WriteData::cut`]) so whole blocks are taken by reference.
+    pub fn block_bytes(&self) -> u64 {
+        u64::from(self.shared.volume.block_size())
+    }
+
     /// A request slot and `memory_units` of memory, if available without waiting.
     pub fn try_admit(&self, memory_units: usize) -> Option<Admission> {
         let request = self.requests.clone().try_acquire_owned().ok()?;
@@ -494,7 +500,7 @@ fn try_inline(shared: &Shared, command: Command) -> Inline {
         // read) is applied here.
         Command::Write { offset, data, fua: false } => match shared.volume.try_write_nonblocking(offset, &data) {
             Some(result) => {
-                shared.frontend.buffers.give(data);
+                drop(data);
                 Inline::Done(result.map(|()| Output::Done))
             }
             None => Inline::No(Command::Write { offset, data, fua: false }),
@@ -580,9 +586,9 @@ fn try_commit_async<C: Completer>(pending: Pending<C>, command: Command) -> Resu
             let shared = pending.shared().clone();
             match shared.volume.try_write_nonblocking_sync(offset, &data, fua) {
                 None => return Err((pending, Command::Write { offset, data, fua })),
-                Some(Ok(true)) => shared.frontend.buffers.give(data),
+                Some(Ok(true)) => drop(data),
                 Some(done) => {
-                    shared.frontend.buffers.give(data);
+                    drop(data);
                     pending.complete(done.map(|_| Output::Done));
                     return Ok(());
                 }
@@ -611,13 +617,13 @@ fn commit_then_complete<C: Completer>(pending: Pending<C>) {
 /// delay, inline when the volume can take it at once (and committed without a thread
 /// when it must be durable), else on the blocking pool under one of the front ends'
 /// `delayed_write_calls`.
-async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data: Vec<u8>, fua: bool, delay: Duration) {
+async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data: WriteData, fua: bool, delay: Duration) {
     crate::delay_timer::sleep(delay).await;
     let shared = pending.shared().clone();
     let needs_commit = match shared.volume.try_write_after_delay(offset, &data, fua) {
         Some(Ok(true)) => true,
         Some(done) => {
-            shared.frontend.buffers.give(data);
+            drop(data);
             return pending.complete(done.map(|_| Output::Done));
         }
         None => false,
@@ -626,12 +632,12 @@ async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data:
         pending.set_call(CallPermit::AfterDelay(permit));
     }
     if needs_commit {
-        shared.frontend.buffers.give(data);
+        drop(data);
         return commit_then_complete(pending);
     }
     tokio::task::spawn_blocking(move || {
         let result = shared.volume.write_after_delay(offset, &data, fua);
-        shared.frontend.buffers.give(data);
+        drop(data);
         pending.complete(result.map(|()| Output::Done));
     });
 }
@@ -639,7 +645,9 @@ async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data:
 /// Give a finished command's buffers back to the front ends' pool.
 fn give_buffers(shared: &Shared, command: Command) {
     match command {
-        Command::Write { data, .. } => shared.frontend.buffers.give(data),
+        // a write's pieces may be blocks of the dirty set now: they go when the last
+        // owner lets go
+        Command::Write { data, .. } => drop(data),
         Command::WriteSame { pattern, .. } => shared.frontend.buffers.give(pattern),
         Command::CompareAndWrite { compare, data, .. } => {
             shared.frontend.buffers.give(compare);
@@ -658,7 +666,7 @@ fn execute_blocking(shared: &Shared, command: &Command) -> zilla_core::Result<Ou
         Command::BlockStatus { offset, length } => {
             volume.block_status(offset, length.min(BLOCK_STATUS_SPAN_MAX_BYTES)).map(Output::Extents)
         }
-        Command::Write { offset, ref data, fua } => volume.write(offset, data, fua).map(|()| Output::Done),
+        Command::Write { offset, ref data, fua } => volume.write_data(offset, data, fua).map(|()| Output::Done),
         Command::Flush => volume.flush().map(|()| Output::Done),
         Command::Unmap { offset, length, fua } => {
             in_pieces(offset, length, |at, len| volume.unmap(at, len)).and_then(|()| then_flush(fua)).map(|()| Output::Done)

@@ -36,7 +36,8 @@ pub mod sessions;
 /// depends on this crate only, never on the engine's internals.
 pub mod volume {
     pub use zilla_core::memvol::MemVolume;
-    pub use zilla_core::zvol::{BlockVolume, Extent, SharedSlice};
+    pub use zilla_core::vdev::abd::AlignedBuf;
+    pub use zilla_core::zvol::{BlockVolume, Extent, SharedSlice, WriteData};
     pub use zilla_core::{Error, Result};
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use zilla_core::memvol::MemVolume;
-use zilla_core::zvol::{BlockVolume, CommitDone, Extent, ReadDone, SharedSlice, WriteDelay};
+use zilla_core::zvol::{BlockVolume, CommitDone, Extent, ReadDone, SharedSlice, WriteData, WriteDelay};
 use zilla_core::{Error, Result};
 use zilla_frontend::{
     Admission, Command, Completer, Completion, Executor, Frontend, FrontendConfig, Output, ReadData, Request, StaticRegistry, Submitted,
@@ -103,7 +103,7 @@ impl ModelVolume {
     fn shared_copy(&self, offset: u64, len: u64) -> Result<Vec<SharedSlice>> {
         let mut buffer = vec![0u8; len as usize];
         self.data.read(offset, &mut buffer)?;
-        Ok(vec![SharedSlice::new(buffer.into(), 0, len as usize).unwrap()])
+        Ok(vec![SharedSlice::new(std::sync::Arc::new(zilla_frontend::volume::AlignedBuf::from(buffer)), 0, len as usize).unwrap()])
     }
 }
 
@@ -162,16 +162,16 @@ impl BlockVolume for ModelVolume {
     fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<Result<()>> {
         (self.way() == Way::Now).then(|| self.data.read(offset, buf))
     }
-    fn try_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+    fn try_write_nonblocking(&self, offset: u64, data: &WriteData) -> Option<Result<()>> {
         match self.way() {
-            Way::Now => Some(self.data.write(offset, data, false)),
+            Way::Now => Some(self.data.write(offset, &data.to_vec(), false)),
             Way::Fail => Some(Err(ModelVolume::io_error())),
             _ => None,
         }
     }
-    fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+    fn try_write_nonblocking_sync(&self, offset: u64, data: &WriteData, fua: bool) -> Option<Result<bool>> {
         match self.way() {
-            Way::Now | Way::Later => Some(self.data.write(offset, data, false).map(|()| fua)),
+            Way::Now | Way::Later => Some(self.data.write(offset, &data.to_vec(), false).map(|()| fua)),
             Way::Fail => Some(Err(ModelVolume::io_error())),
             _ => None,
         }
@@ -244,7 +244,7 @@ fn random_command(rng: &mut impl Rng, frontend: &Frontend) -> (Command, usize) {
     };
     let command = match rng.gen_range(0..9) {
         0 | 1 => Command::Read { offset, length: length as u32, prefix_bytes: 16, holes: rng.gen_bool(0.5) },
-        2 | 3 => Command::Write { offset, data: data(rng), fua },
+        2 | 3 => Command::Write { offset, data: WriteData::copy_of(&data(rng)), fua },
         4 => Command::Flush,
         5 => Command::Unmap { offset, length, fua },
         6 => Command::WriteZeroes { offset, length, fua },

@@ -49,7 +49,7 @@ fn parse(line: &str) -> Option<(String, Command)> {
         "WRITE" => {
             let text = words.get(3)?;
             let data = (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect::<Option<Vec<u8>>>()?;
-            Command::Write { offset: number(2)?, data, fua: false }
+            Command::Write { offset: number(2)?, data: zilla_frontend::volume::WriteData::copy_of(&data), fua: false }
         }
         "READ" => Command::Read { offset: number(2)?, length: u32::try_from(number(3)?).ok()?, prefix_bytes: 0, holes: false },
         "FLUSH" => Command::Flush,

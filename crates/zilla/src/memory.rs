@@ -19,7 +19,11 @@
 //!                   held until the commit, arc.rs "Reservations")
 //!   frontend      = front-end budget in use (request/reply data; <= the budget)
 //!   reply_pool    = idle reply buffers kept for reuse        (<= the pool cap)
-//!   other         = overhead - frontend - reply_pool: engine buffers (sync write
+//!   block_buffers = free slots of the block-buffer slab (vdev/abd.rs: whole free
+//!                   chunks <= 16 MiB, plus the free slots of chunks partly in use);
+//!                   the slab's in-use bytes are the ARC's, dirty data's and the
+//!                   front end's, counted there
+//!   other         = overhead - frontend - reply_pool - block_buffers: engine buffers (sync write
 //!                   windows, the MOS copy, allocator trees, queue and scan buffers,
 //!                   intent-log itxs), thread stacks, and freed memory the allocator
 //!                   keeps (<= the fixed term)
@@ -49,6 +53,7 @@ pub struct MemoryInputs {
     pub frontend_in_use: u64,
     pub reply_pool: u64,
     pub reply_pool_cap: u64,
+    pub block_buffers_idle: u64,
     pub connections: u64,
 }
 
@@ -59,6 +64,7 @@ pub struct MemoryReport {
     pub overhead: u64,
     pub frontend: u64,
     pub reply_pool: u64,
+    pub block_buffers_idle: u64,
     pub other: u64,
     pub overhead_max: u64,
 }
@@ -70,7 +76,8 @@ pub fn report(i: MemoryInputs) -> MemoryReport {
         overhead,
         frontend: i.frontend_in_use,
         reply_pool: i.reply_pool,
-        other: overhead.saturating_sub(i.frontend_in_use).saturating_sub(i.reply_pool),
+        block_buffers_idle: i.block_buffers_idle,
+        other: overhead.saturating_sub(i.frontend_in_use).saturating_sub(i.reply_pool).saturating_sub(i.block_buffers_idle),
         overhead_max: i.frontend_budget + i.reply_pool_cap + FIXED_OVERHEAD_BYTES + i.connections * PER_CONNECTION_BYTES,
     }
 }
@@ -93,6 +100,7 @@ pub fn measure(pools: &PoolTable, frontend: &zilla_frontend::FrontendStats, conn
         frontend_in_use: frontend.memory.in_use,
         reply_pool: frontend.buffers.pooled_bytes,
         reply_pool_cap: frontend.buffers.bytes_max,
+        block_buffers_idle: zilla_core::vdev::abd::stats().idle_bytes,
         connections,
     })
 }
@@ -108,12 +116,13 @@ pub fn rss_bytes() -> u64 {
 
 impl MemoryReport {
     /// The `/v1/arcstats` keys (Zilla names, next to the arcstats kstat names).
-    pub fn kstats(&self) -> [(&'static str, u64); 6] {
+    pub fn kstats(&self) -> [(&'static str, u64); 7] {
         [
             ("zilla_rss_bytes", self.rss),
             ("zilla_overhead_bytes", self.overhead),
             ("zilla_overhead_frontend_bytes", self.frontend),
             ("zilla_overhead_reply_pool_bytes", self.reply_pool),
+            ("zilla_overhead_block_buffers_bytes", self.block_buffers_idle),
             ("zilla_overhead_other_bytes", self.other),
             ("zilla_overhead_max_bytes", self.overhead_max),
         ]
@@ -134,11 +143,12 @@ mod tests {
             frontend_in_use: 10 << 20,
             reply_pool: 6 << 20,
             reply_pool_cap: 32 << 20,
+            block_buffers_idle: 3 << 20,
             connections: 4,
         };
         let r = report(i);
         assert_eq!(r.overhead, 336 << 20);
-        assert_eq!(r.frontend + r.reply_pool + r.other, r.overhead);
+        assert_eq!(r.frontend + r.reply_pool + r.block_buffers_idle + r.other, r.overhead);
         assert_eq!(r.overhead_max, (256 << 20) + (32 << 20) + (192 << 20) + 4 * (128 << 10));
         // more ARC and dirty than RSS (pages not touched yet): no underflow
         assert_eq!(report(MemoryInputs { rss: 10, arc_size: 64, dirty: 5, ..i }).overhead, 0);

@@ -354,6 +354,7 @@ fn register_memory(reg: &mut Registry, m: &crate::memory::MemoryReport) {
     gauge(reg, "zilla_memory_overhead_bytes", "Resident memory beyond the ARC and dirty data", m.overhead);
     gauge(reg, "zilla_memory_overhead_frontend_bytes", "Overhead part: front-end budget in use (request and reply data)", m.frontend);
     gauge(reg, "zilla_memory_overhead_reply_pool_bytes", "Overhead part: idle reply buffers kept for reuse", m.reply_pool);
+    gauge(reg, "zilla_memory_overhead_block_buffers_bytes", "Overhead part: free block buffers the slab keeps for reuse", m.block_buffers_idle);
     gauge(reg, "zilla_memory_overhead_other_bytes", "Overhead part: engine buffers, thread stacks, memory the allocator keeps", m.other);
     gauge(reg, "zilla_memory_overhead_max_bytes", "Bound of the overhead: front-end budget + reply-pool cap + 192 MiB + 128 KiB per NBD connection", m.overhead_max);
 }

@@ -26,6 +26,7 @@
 //! yes, so an idle pool syncs empty txgs at the `zfs_txg_timeout` pace until they are
 //! released (two txgs after the one that freed them), then stays idle.
 
+use crate::vdev::abd::AlignedBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -530,7 +531,7 @@ impl PoolInner {
     fn sync_volume_data(
         &self,
         v: &VolumeState,
-        recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
+        recs: &[(crate::BlockId, Option<Arc<AlignedBuf>>)],
         overrides: &[crate::zil::DmuSynced],
         pass: &mut DataPass<'_>,
     ) -> Result<Vec<(crate::BlockId, BlockPointer)>> {
@@ -550,7 +551,7 @@ impl PoolInner {
             }
             self.dirty.undirty(txg, pass.reservation.take_up_to(overridden.len() as u64 * v.volblocksize as u64));
         }
-        let recs: &[(crate::BlockId, Option<Arc<[u8]>>)] = rest.as_deref().unwrap_or(recs);
+        let recs: &[(crate::BlockId, Option<Arc<AlignedBuf>>)] = rest.as_deref().unwrap_or(recs);
         for chunk in recs.chunks(SYNC_CHUNK_BLOCKS) {
             let prepared = workers.prepare_all(chunk, algo, comp, self.io.alloc_unit());
             let mut chunk_batch = Vec::with_capacity(chunk.len());
@@ -581,11 +582,11 @@ impl PoolInner {
     /// overrides not used in `txg`.
     #[allow(clippy::type_complexity)]
     fn take_overrides(
-        recs: &[(crate::BlockId, Option<Arc<[u8]>>)],
+        recs: &[(crate::BlockId, Option<Arc<AlignedBuf>>)],
         overrides: &[crate::zil::DmuSynced],
         txg: Txg,
         io: &crate::zio::PoolIo,
-    ) -> (Vec<(crate::BlockId, Arc<[u8]>, BlockPointer)>, Option<Vec<(crate::BlockId, Option<Arc<[u8]>>)>>) {
+    ) -> (Vec<(crate::BlockId, Arc<AlignedBuf>, BlockPointer)>, Option<Vec<(crate::BlockId, Option<Arc<AlignedBuf>>)>>) {
         if overrides.is_empty() {
             return (Vec::new(), None);
         }
@@ -666,7 +667,8 @@ impl PoolInner {
     /// thread (abandoned, shutting down with the error persisting, or a broken invariant).
     fn sync_until_done(&self, txg: Txg) -> bool {
         let mut backoff_ms = 10;
-        self.txg.note_sync_start(txg, self.dirty.txg_dirty(txg));
+        let dirty_bytes = self.dirty.txg_dirty(txg);
+        self.txg.note_sync_start(txg, dirty_bytes);
         loop {
             self.txg.note_attempt_start();
             let before = self.leaf_io_totals();
@@ -687,6 +689,10 @@ impl PoolInner {
             match r {
                 Ok(()) => {
                     self.txg.mark_synced(txg);
+                    if dirty_bytes == 0 {
+                        // an idle pool: give the block-buffer slab's unused chunks back
+                        crate::vdev::abd::trim();
+                    }
                     return true;
                 }
                 Err(e) => {

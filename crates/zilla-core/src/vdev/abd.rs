@@ -1,43 +1,319 @@
-//! abd: the one aligned buffer type of device I/O, and a bounded pool of them.
+//! abd: the one aligned buffer type of block data and device I/O, from a slab.
 //!
 //! Theory of operation
 //! -------------------
-//! O_DIRECT needs the buffer address aligned (512 or 4096 bytes); a plain `Vec<u8>` is
-//! not, which would force the file leaf to bounce every I/O through a fresh copy. Every
-//! request of the I/O pipeline ([`super::queue`]) therefore owns an [`AlignedBuf`]: a read
-//! request carries the buffer the device fills, a write request shares one (`Arc`) among
-//! the children of a mirror.
+//! O_DIRECT needs the buffer address aligned (512 or 4096 bytes) and a block travels
+//! from the socket to the device by reference (the dirty set, the intent log, the txg
+//! sync and the device write share one buffer), so every block's bytes live in an
+//! [`AlignedBuf`] whose start is 4096-aligned. A block is `Arc<AlignedBuf>`; a device
+//! read fills an owned `AlignedBuf` that becomes the block itself.
 //!
-//! An `AlignedBuf` is a plain `Vec<u8>` over-allocated by the alignment, whose usable
-//! slice starts at the first aligned address inside it: no unsafe code. Bytes
-//! `[0, len)` are always initialised (the storage is zeroed at allocation; `vec![0; n]`
-//! costs no page faults until touched).
+//! The memory comes from a slab, not from the allocator per buffer (memalign of a 16 KiB
+//! buffer costs a quarter more than a `Vec`, and a `Vec` over-allocated by the alignment
+//! as much):
 //!
-//! [`BufPool`] keeps at most `max_pooled` idle buffers of one size for reuse (the txg
-//! sync's aggregation buffers), so a merged write is copied exactly once and its pages
-//! are not faulted in again for every write. More may be in use than are pooled.
+//! ```text
+//!   size classes:  4 KiB steps up to 128 KiB (32 classes: 4K 8K 12K ... 128K),
+//!                  then powers of two 256 KiB ... 16 MiB (7 classes);
+//!                  larger or more strictly aligned buffers: one allocation each
+//!   chunk:         one allocation (zeroed, 4096-aligned) of max(1, 256 KiB / class)
+//!                  slots of one class; a buffer is a slot
+//!   class state:   its chunks, each with its free slots; the chunks with a free slot
+//!                  (LIFO: the most recently freed slot is the warmest)
+//! ```
+//!
+//! A buffer returns its slot when dropped. A chunk whose slots are all free is released
+//! at once when the slab's idle bytes (free slots of every class) exceed
+//! [`IDLE_MAX_BYTES`], and by [`trim`] (called when a pool syncs an empty txg); so the
+//! slab holds what its users hold, the free slots of chunks still partly in use, and at
+//! most that bound of whole free chunks. What users hold is bounded by their own
+//! budgets (the front ends' memory budget, dirty data, the ARC), which wait when full:
+//! the slab never refuses and never allocates around them. [`stats`] feeds the memory
+//! report.
+//!
+//! Bytes `[0, len)` are always initialised: chunks are allocated zeroed and a reused
+//! slot holds the bytes of its previous buffer; [`AlignedBuf::zeroed`] clears them,
+//! [`AlignedBuf::for_overwrite`] leaves them for a caller that writes every byte.
 
 use parking_lot::Mutex;
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Default alignment: safe for every device's O_DIRECT.
 pub const ALIGN: usize = 4096;
+/// The largest class in 4 KiB steps.
+const STEP_CLASSES_MAX_BYTES: usize = 128 << 10;
+const STEP_CLASSES: usize = STEP_CLASSES_MAX_BYTES / ALIGN;
+/// Power-of-two classes above the stepped ones: 256 KiB ... 16 MiB.
+const POW2_CLASSES: usize = 7;
+const CLASSES: usize = STEP_CLASSES + POW2_CLASSES;
+/// The largest slab buffer; larger ones are allocated one by one.
+pub const SLAB_MAX_BYTES: usize = 16 << 20;
+/// A chunk holds this many bytes of slots (at least one slot).
+const CHUNK_TARGET_BYTES: usize = 256 << 10;
+/// Free slots the slab keeps before it releases chunks whose slots are all free.
+pub const IDLE_MAX_BYTES: u64 = 16 << 20;
+
+/// Bytes of size class `class`.
+fn class_bytes(class: usize) -> usize {
+    if class < STEP_CLASSES {
+        (class + 1) * ALIGN
+    } else {
+        STEP_CLASSES_MAX_BYTES << (class - STEP_CLASSES + 1)
+    }
+}
+
+/// The smallest class that holds `len` bytes, None above [`SLAB_MAX_BYTES`].
+fn class_of(len: usize) -> Option<usize> {
+    if len <= STEP_CLASSES_MAX_BYTES {
+        return Some(len.max(1).div_ceil(ALIGN) - 1);
+    }
+    if len > SLAB_MAX_BYTES {
+        return None;
+    }
+    let pow = len.next_power_of_two().trailing_zeros() as usize;
+    Some(STEP_CLASSES + pow - (STEP_CLASSES_MAX_BYTES.trailing_zeros() as usize + 1))
+}
+
+struct Chunk {
+    base: NonNull<u8>,
+    layout: Layout,
+    /// Free slot indexes (LIFO).
+    free: Vec<u32>,
+    in_partial: bool,
+}
+
+struct ClassState {
+    slot_bytes: usize,
+    slots_per_chunk: u32,
+    /// Chunk id → chunk (None: released; its id is reused).
+    chunks: Vec<Option<Chunk>>,
+    released_ids: Vec<u32>,
+    /// Chunks with at least one free slot.
+    partial: Vec<u32>,
+}
+
+// SAFETY: a chunk's memory is owned by the class state (behind its mutex); the raw
+// pointer is only dereferenced through the buffers handed out, each a disjoint slot.
+unsafe impl Send for ClassState {}
+
+struct Slab {
+    classes: Vec<Mutex<ClassState>>,
+    /// Bytes of free slots in live chunks.
+    idle_bytes: AtomicU64,
+    /// Bytes of live chunks.
+    chunk_bytes: AtomicU64,
+    /// Bytes of buffers in use (their class sizes), slab and oversized.
+    in_use_bytes: AtomicU64,
+    /// Bytes of oversized buffers in use.
+    oversized_bytes: AtomicU64,
+}
+
+fn slab() -> &'static Slab {
+    static SLAB: std::sync::OnceLock<Slab> = std::sync::OnceLock::new();
+    SLAB.get_or_init(Slab::new)
+}
+
+impl Slab {
+    fn new() -> Slab {
+        Slab {
+        classes: (0..CLASSES)
+            .map(|c| {
+                let slot_bytes = class_bytes(c);
+                let slots_per_chunk = (CHUNK_TARGET_BYTES / slot_bytes).max(1) as u32;
+                Mutex::new(ClassState { slot_bytes, slots_per_chunk, chunks: Vec::new(), released_ids: Vec::new(), partial: Vec::new() })
+            })
+            .collect(),
+        idle_bytes: AtomicU64::new(0),
+        chunk_bytes: AtomicU64::new(0),
+        in_use_bytes: AtomicU64::new(0),
+        oversized_bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What the slab holds, for the memory report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlabStats {
+    /// Bytes of buffers in use (rounded to their classes).
+    pub in_use_bytes: u64,
+    /// Bytes of free slots kept for reuse.
+    pub idle_bytes: u64,
+    /// Bytes of chunks allocated (in use + idle slab slots).
+    pub chunk_bytes: u64,
+    /// Bytes of buffers too large for the slab, in use.
+    pub oversized_bytes: u64,
+}
+
+pub fn stats() -> SlabStats {
+    stats_of(slab())
+}
+
+fn stats_of(s: &Slab) -> SlabStats {
+    SlabStats {
+        in_use_bytes: s.in_use_bytes.load(Ordering::Relaxed),
+        idle_bytes: s.idle_bytes.load(Ordering::Relaxed),
+        chunk_bytes: s.chunk_bytes.load(Ordering::Relaxed),
+        oversized_bytes: s.oversized_bytes.load(Ordering::Relaxed),
+    }
+}
+
+/// Release every chunk whose slots are all free (the pool went idle). Returns the bytes
+/// released.
+pub fn trim() -> u64 {
+    trim_slab(slab())
+}
+
+fn trim_slab(s: &Slab) -> u64 {
+    let mut released = 0;
+    for class in &s.classes {
+        let mut st = class.lock();
+        let ids: Vec<u32> = st.partial.clone();
+        for id in ids {
+            let full_free = st.chunks[id as usize].as_ref().is_some_and(|c| c.free.len() as u32 == st.slots_per_chunk);
+            if full_free {
+                released += release_chunk(s, &mut st, id);
+            }
+        }
+    }
+    released
+}
+
+/// Free chunk `id` (all its slots free); returns its bytes.
+fn release_chunk(s: &Slab, st: &mut ClassState, id: u32) -> u64 {
+    let chunk = st.chunks[id as usize].take().expect("a chunk released twice");
+    debug_assert_eq!(chunk.free.len() as u32, st.slots_per_chunk, "a chunk released with slots in use");
+    if let Some(at) = st.partial.iter().position(|&p| p == id) {
+        st.partial.swap_remove(at);
+    }
+    st.released_ids.push(id);
+    let bytes = chunk.layout.size() as u64;
+    s.idle_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    s.chunk_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    // SAFETY: the chunk was allocated with this layout and no slot of it is in use.
+    unsafe { std::alloc::dealloc(chunk.base.as_ptr(), chunk.layout) };
+    bytes
+}
+
+/// Take a slot of class `class`: (address, chunk id, slot index).
+fn take_slot(s: &Slab, class: usize) -> (NonNull<u8>, u32, u32) {
+    let mut st = s.classes[class].lock();
+    if st.partial.is_empty() {
+        new_chunk(s, &mut st);
+    }
+    let id = *st.partial.last().expect("a chunk with a free slot");
+    let slot_bytes = st.slot_bytes;
+    let chunk = st.chunks[id as usize].as_mut().expect("a partial chunk is live");
+    let slot = chunk.free.pop().expect("a partial chunk has a free slot");
+    let now_full = chunk.free.is_empty();
+    // SAFETY: slot < slots_per_chunk, so the address is inside the chunk's allocation.
+    let ptr = unsafe { NonNull::new_unchecked(chunk.base.as_ptr().add(slot as usize * slot_bytes)) };
+    if now_full {
+        chunk.in_partial = false;
+        st.partial.pop();
+    }
+    s.idle_bytes.fetch_sub(slot_bytes as u64, Ordering::Relaxed);
+    s.in_use_bytes.fetch_add(slot_bytes as u64, Ordering::Relaxed);
+    (ptr, id, slot)
+}
+
+fn new_chunk(s: &Slab, st: &mut ClassState) {
+    let bytes = st.slot_bytes * st.slots_per_chunk as usize;
+    let layout = Layout::from_size_align(bytes, ALIGN).expect("a chunk layout");
+    // SAFETY: the layout has a non-zero size.
+    let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+    let chunk = Chunk { base, layout, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true };
+    let id = match st.released_ids.pop() {
+        Some(id) => {
+            st.chunks[id as usize] = Some(chunk);
+            id
+        }
+        None => {
+            st.chunks.push(Some(chunk));
+            (st.chunks.len() - 1) as u32
+        }
+    };
+    st.partial.push(id);
+    s.idle_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    s.chunk_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+fn give_slot(s: &Slab, class: usize, id: u32, slot: u32) {
+    let mut st = s.classes[class].lock();
+    let slot_bytes = st.slot_bytes as u64;
+    let per_chunk = st.slots_per_chunk;
+    let chunk = st.chunks[id as usize].as_mut().expect("a buffer's chunk is live");
+    debug_assert!(!chunk.free.contains(&slot), "slot {slot} of class {class} freed twice");
+    chunk.free.push(slot);
+    let was_partial = std::mem::replace(&mut chunk.in_partial, true);
+    let all_free = chunk.free.len() as u32 == per_chunk;
+    if !was_partial {
+        st.partial.push(id);
+    }
+    s.in_use_bytes.fetch_sub(slot_bytes, Ordering::Relaxed);
+    let idle = s.idle_bytes.fetch_add(slot_bytes, Ordering::Relaxed) + slot_bytes;
+    if all_free && idle > IDLE_MAX_BYTES {
+        release_chunk(s, &mut st, id);
+    }
+}
+
+/// Where a buffer's memory came from.
+#[derive(Debug, Clone, Copy)]
+enum Home {
+    /// No memory (capacity 0).
+    Empty,
+    /// A slot of the slab.
+    Slab { class: u8, chunk: u32, slot: u32 },
+    /// Its own allocation (too large or too strictly aligned for the slab).
+    Own(Layout),
+}
 
 /// A byte buffer whose start is aligned (default [`ALIGN`]) and whose capacity is fixed.
 pub struct AlignedBuf {
-    storage: Vec<u8>,
-    start: usize,
+    ptr: NonNull<u8>,
     len: usize,
     cap: usize,
+    home: Home,
 }
 
+// SAFETY: an AlignedBuf owns its memory exclusively, as a Vec<u8> does.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads through &[u8].
+unsafe impl Sync for AlignedBuf {}
+
 impl AlignedBuf {
+    /// `len` bytes with whatever the memory held (initialised, possibly another buffer's
+    /// old bytes), aligned to `align`: for a caller that overwrites all of them.
+    fn raw(len: usize, align: usize) -> AlignedBuf {
+        assert!(align.is_power_of_two(), "alignment {align} not a power of two");
+        if len == 0 {
+            return AlignedBuf { ptr: NonNull::dangling(), len: 0, cap: 0, home: Home::Empty };
+        }
+        match class_of(len) {
+            Some(class) if align <= ALIGN => {
+                let (ptr, chunk, slot) = take_slot(slab(), class);
+                AlignedBuf { ptr, len, cap: class_bytes(class), home: Home::Slab { class: class as u8, chunk, slot } }
+            }
+            _ => {
+                let layout = Layout::from_size_align(len, align.max(ALIGN)).expect("a buffer layout");
+                // SAFETY: the layout has a non-zero size.
+                let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+                let s = slab();
+                s.in_use_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                s.oversized_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                AlignedBuf { ptr, len, cap: len, home: Home::Own(layout) }
+            }
+        }
+    }
+
     /// `len` zero bytes, the start aligned to `align` (a power of two).
     pub fn zeroed_aligned(len: usize, align: usize) -> AlignedBuf {
-        assert!(align.is_power_of_two(), "alignment {align} not a power of two");
-        let storage = vec![0u8; len + align];
-        let misalign = storage.as_ptr() as usize % align;
-        let start = if misalign == 0 { 0 } else { align - misalign };
-        AlignedBuf { storage, start, len, cap: len }
+        let mut b = Self::raw(len, align);
+        if matches!(b.home, Home::Slab { .. }) {
+            b.as_mut_slice().fill(0);
+        }
+        b
     }
 
     /// `len` zero bytes aligned to [`ALIGN`].
@@ -45,17 +321,24 @@ impl AlignedBuf {
         Self::zeroed_aligned(len, ALIGN)
     }
 
+    /// `len` bytes aligned to [`ALIGN`] holding old bytes of the slab: only for a caller
+    /// that overwrites every one of them before anything reads them (a copy, a device
+    /// read whose short or failed result discards the buffer).
+    pub fn for_overwrite(len: usize) -> AlignedBuf {
+        Self::raw(len, ALIGN)
+    }
+
     /// An empty buffer that can grow (by `extend_from_slice`) up to `cap` bytes.
     pub fn with_capacity(cap: usize) -> AlignedBuf {
-        let mut b = Self::zeroed(cap);
+        let mut b = Self::raw(cap, ALIGN);
         b.len = 0;
         b
     }
 
     /// A copy of `s` in an aligned buffer.
     pub fn copy_of(s: &[u8]) -> AlignedBuf {
-        let mut b = Self::with_capacity(s.len());
-        b.extend_from_slice(s);
+        let mut b = Self::raw(s.len(), ALIGN);
+        b.as_mut_slice().copy_from_slice(s);
         b
     }
 
@@ -75,25 +358,50 @@ impl AlignedBuf {
     /// Append `s`; panics if it does not fit (a caller bug, never data-dependent).
     pub fn extend_from_slice(&mut self, s: &[u8]) {
         assert!(self.len + s.len() <= self.cap, "AlignedBuf overflow: {} + {} > {}", self.len, s.len(), self.cap);
-        let at = self.start + self.len;
-        self.storage[at..at + s.len()].copy_from_slice(s);
+        let at = self.len;
         self.len += s.len();
+        self.as_mut_slice()[at..].copy_from_slice(s);
     }
 
     /// Grow (zero-filled) or shrink to `len` bytes, within the capacity.
     pub fn resize(&mut self, len: usize) {
         assert!(len <= self.cap, "AlignedBuf resize {len} beyond capacity {}", self.cap);
-        if len > self.len {
-            self.storage[self.start + self.len..self.start + len].fill(0);
-        }
+        let old = self.len;
         self.len = len;
+        if len > old {
+            self.as_mut_slice()[old..].fill(0);
+        }
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
+        // SAFETY: ptr is valid for cap >= len initialised bytes owned by this buffer.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
+        // SAFETY: as in as_slice, and &mut self makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        match self.home {
+            Home::Empty => {}
+            Home::Slab { class, chunk, slot } => give_slot(slab(), class as usize, chunk, slot),
+            Home::Own(layout) => {
+                let s = slab();
+                s.in_use_bytes.fetch_sub(self.cap as u64, Ordering::Relaxed);
+                s.oversized_bytes.fetch_sub(self.cap as u64, Ordering::Relaxed);
+                // SAFETY: allocated with this layout in `raw`, dropped once.
+                unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+            }
+        }
+    }
+}
+
+impl Clone for AlignedBuf {
+    fn clone(&self) -> AlignedBuf {
+        AlignedBuf::copy_of(self.as_slice())
     }
 }
 
@@ -110,75 +418,115 @@ impl std::ops::DerefMut for AlignedBuf {
     }
 }
 
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq for AlignedBuf {
+    fn eq(&self, other: &AlignedBuf) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+impl Eq for AlignedBuf {}
+
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "AlignedBuf(len={}, cap={})", self.len, self.cap)
     }
 }
 
-/// A bounded free list of equally sized aligned buffers.
-pub struct BufPool {
-    buf_bytes: usize,
-    max_pooled: usize,
-    free: Mutex<Vec<AlignedBuf>>,
+impl From<&[u8]> for AlignedBuf {
+    fn from(s: &[u8]) -> AlignedBuf {
+        AlignedBuf::copy_of(s)
+    }
 }
 
-impl BufPool {
-    pub fn new(buf_bytes: usize, max_pooled: usize) -> BufPool {
-        BufPool { buf_bytes, max_pooled, free: Mutex::new(Vec::new()) }
-    }
-    /// A cleared buffer of at least `len` bytes capacity.
-    pub fn get(&self, len: usize) -> AlignedBuf {
-        if len <= self.buf_bytes {
-            if let Some(mut b) = self.free.lock().pop() {
-                b.clear();
-                return b;
-            }
-            return AlignedBuf::with_capacity(self.buf_bytes);
-        }
-        AlignedBuf::with_capacity(len)
-    }
-    /// Give a buffer back; kept only if it has the pool's size and the pool is not full.
-    pub fn put(&self, b: AlignedBuf) {
-        if b.capacity() == self.buf_bytes {
-            let mut f = self.free.lock();
-            if f.len() < self.max_pooled {
-                f.push(b);
-            }
-        }
+impl From<Vec<u8>> for AlignedBuf {
+    fn from(v: Vec<u8>) -> AlignedBuf {
+        AlignedBuf::copy_of(&v)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
     #[test]
-    fn aligned_and_bounded() {
-        let pool = BufPool::new(1 << 20, 2);
-        let mut a = pool.get(4096);
-        assert_eq!(a.as_slice().as_ptr() as usize % ALIGN, 0);
-        a.extend_from_slice(&[1, 2, 3]);
-        a.extend_from_slice(&[4]);
-        assert_eq!(a.as_slice(), &[1, 2, 3, 4]);
-        let b = pool.get(10);
-        let c = pool.get(10);
-        pool.put(a);
-        pool.put(b);
-        pool.put(c);
-        assert_eq!(pool.free.lock().len(), 2, "pool keeps at most max_pooled idle buffers");
-        let big = pool.get(3 << 20);
-        assert!(big.capacity() >= 3 << 20);
-        for align in [512, 4096, 65536] {
-            let z = AlignedBuf::zeroed_aligned(1000, align);
-            assert_eq!(z.as_slice().as_ptr() as usize % align, 0);
-            assert!(z.as_slice().iter().all(|&b| b == 0));
+    fn classes_cover_every_length_tightly() {
+        for len in [1, 4095, 4096, 4097, 12 << 10, (128 << 10) - 1, 128 << 10, (128 << 10) + 1, 1 << 20, (1 << 20) + 1, SLAB_MAX_BYTES] {
+            let c = class_of(len).expect("a slab length has a class");
+            assert!(class_bytes(c) >= len, "class {c} ({}) holds {len}", class_bytes(c));
+            assert!(c == 0 || class_bytes(c - 1) < len, "class {c} is the smallest for {len}");
+            assert_eq!(class_bytes(c) % ALIGN, 0);
         }
+        assert_eq!(class_of(SLAB_MAX_BYTES + 1), None);
+        assert_eq!(class_bytes(CLASSES - 1), SLAB_MAX_BYTES);
+    }
+
+    #[test]
+    fn aligned_initialised_and_disjoint() {
+        let mut live = Vec::new();
+        for i in 0..200usize {
+            let len = 1 + (i * 7919) % (300 << 10);
+            let mut b = AlignedBuf::zeroed(len);
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+            assert!(b.iter().all(|&x| x == 0), "a zeroed buffer of {len} bytes holds old bytes");
+            b.fill(i as u8);
+            live.push(b);
+        }
+        for (i, b) in live.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == i as u8), "buffer {i} was overwritten by another");
+        }
+        drop(live);
         let mut r = AlignedBuf::copy_of(&[9u8; 100]);
         r.resize(50);
         r.resize(100);
-        assert_eq!(&r.as_slice()[..50], &[9u8; 50]);
-        assert_eq!(&r.as_slice()[50..], &[0u8; 50], "regrown bytes are zeroed");
+        assert_eq!(&r[..50], &[9u8; 50]);
+        assert_eq!(&r[50..], &[0u8; 50], "regrown bytes are zeroed");
+        for align in [512, 4096, 65536] {
+            let z = AlignedBuf::zeroed_aligned(1000, align);
+            assert_eq!(z.as_ptr() as usize % align, 0);
+            assert!(z.iter().all(|&b| b == 0));
+        }
+        let big = AlignedBuf::copy_of(&vec![3u8; SLAB_MAX_BYTES + 5]);
+        assert_eq!(big.len(), SLAB_MAX_BYTES + 5);
+        assert!(big.iter().all(|&b| b == 3));
+        assert_eq!(AlignedBuf::with_capacity(0).len(), 0);
     }
+
+    #[test]
+    fn slots_are_reused_and_idle_chunks_released() {
+        // a slab of its own (the global one is shared with every other test)
+        let s = Slab::new();
+        let class = class_of(124 << 10).unwrap(); // 2 slots per chunk
+        let mut held: Vec<(NonNull<u8>, u32, u32)> = (0..8).map(|_| take_slot(&s, class)).collect();
+        let chunks = || s.classes[class].lock().chunks.iter().filter(|c| c.is_some()).count();
+        assert_eq!(chunks(), 4);
+        assert_eq!(stats_of(&s).in_use_bytes, 8 * (124 << 10));
+        let (addr, chunk, slot) = held.pop().unwrap();
+        give_slot(&s, class, chunk, slot);
+        let again = take_slot(&s, class);
+        assert_eq!(again.0, addr, "the most recently freed slot is reused first");
+        held.push(again);
+        for (_, chunk, slot) in held {
+            give_slot(&s, class, chunk, slot);
+        }
+        assert_eq!(stats_of(&s).idle_bytes, 8 * (124 << 10));
+        assert_eq!(trim_slab(&s), 8 * (124 << 10));
+        assert_eq!(chunks(), 0, "trim releases every chunk whose slots are all free");
+        assert_eq!(stats_of(&s), SlabStats::default());
+        // past the idle bound, a chunk whose slots are all free goes at once
+        let big = class_of(SLAB_MAX_BYTES).unwrap();
+        let n = (IDLE_MAX_BYTES as usize / SLAB_MAX_BYTES) + 2;
+        let held: Vec<_> = (0..n).map(|_| take_slot(&s, big)).collect();
+        for (_, chunk, slot) in held {
+            give_slot(&s, big, chunk, slot);
+        }
+        assert!(stats_of(&s).idle_bytes <= IDLE_MAX_BYTES, "idle bytes over the bound: {:?}", stats_of(&s));
+    }
+
     #[test]
     #[should_panic(expected = "overflow")]
     fn overflow_is_caught() {

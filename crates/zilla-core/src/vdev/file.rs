@@ -288,6 +288,42 @@ impl FileDevice {
     }
 }
 
+/// pwritev of all of `bufs` at `offset`, at most IOV_MAX buffers a call, resuming
+/// after a short write.
+fn pwritev_all(file: &std::fs::File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    use std::io::IoSlice;
+    use std::os::unix::fs::FileExt;
+    const IOV_MAX: usize = 1024;
+    let mut at = offset;
+    let mut i = 0;
+    while i < bufs.len() {
+        let n = (bufs.len() - i).min(IOV_MAX);
+        let slices: Vec<IoSlice<'_>> = bufs[i..i + n].iter().map(|b| IoSlice::new(b)).collect();
+        let want: usize = bufs[i..i + n].iter().map(|b| b.len()).sum();
+        let wrote = match rustix::io::pwritev(file, &slices, at) {
+            Ok(w) => w,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if wrote < want {
+            // a short write: finish these buffers one by one from where it stopped
+            let (mut skip, mut pos) = (wrote, at + wrote as u64);
+            for b in &bufs[i..i + n] {
+                if skip >= b.len() {
+                    skip -= b.len();
+                    continue;
+                }
+                file.write_all_at(&b[skip..], pos)?;
+                pos += (b.len() - skip) as u64;
+                skip = 0;
+            }
+        }
+        at += want as u64;
+        i += n;
+    }
+    Ok(())
+}
+
 impl super::Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len())?;
@@ -325,6 +361,24 @@ impl super::Device for FileDevice {
         self.read_aligned(bounce.as_mut_slice(), start, skip + buf.len())?;
         bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
         self.file.write_all_at(bounce.as_slice(), start)
+    }
+
+    /// One pwritev when every buffer suits O_DIRECT (each a multiple of the offset
+    /// alignment, at an aligned address: block buffers are); else one write per buffer.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        self.check_range(offset, len)?;
+        let aligned = !self.direct || (self.offset_aligned(offset, 0) && bufs.iter().all(|b| self.offset_aligned(0, b.len()) && self.mem_aligned(b.as_ptr())));
+        if !aligned {
+            let mut at = offset;
+            for b in bufs {
+                self.write_at(b, at)?;
+                at += b.len() as u64;
+            }
+            return Ok(());
+        }
+        let _range = self.write_ranges.lock(offset, offset + len as u64);
+        pwritev_all(&self.file, bufs, offset)
     }
 
     fn flush(&self) -> io::Result<()> {

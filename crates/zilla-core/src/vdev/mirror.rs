@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use crate::{Guid, Txg, VdevId};
 
 use super::abd::AlignedBuf;
-use super::queue::{IoRequest, LeafQueue};
+use super::queue::{IoRequest, LeafQueue, WriteBytes};
 use super::{Device, IoClass, IoError, IoErrorKind, IoOp, LeafSpec, Role};
 use super::{
     ZFS_VDEV_MIRROR_NON_ROTATING_INC as NON_ROTATING_INC, ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC as NON_ROTATING_SEEK_INC,
@@ -514,7 +514,8 @@ impl TopVdev {
     /// child: one child request each, sharing the buffer, all in flight at once. Children
     /// that miss it (not online, or their write fails) get `txg` in their DTL. `done` runs
     /// once, on the engine thread of the last child to finish, with every child's result.
-    pub fn write_async(self: &Arc<Self>, class: IoClass, data: Arc<AlignedBuf>, offset: u64, txg: Txg, done: WriteDone) {
+    pub fn write_async(self: &Arc<Self>, class: IoClass, data: impl Into<WriteBytes>, offset: u64, txg: Txg, done: WriteDone) {
+        let data: WriteBytes = data.into();
         let phys = super::label::DATA_START + offset;
         let writable = self.writable_children(&|c| c.dtl_add(txg));
         if writable.is_empty() {

@@ -54,6 +54,17 @@ pub trait Device: Send + Sync + 'static {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`. Not durable until `flush` returns.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Write `bufs` back to back from `offset` as one write (a vectored write: one
+    /// device command, torn or dropped as one by a power cut). Default: the buffers
+    /// copied into one and a single `write_at`; a file overrides it with pwritev, a
+    /// model with one modelled command.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        match bufs {
+            [] => Ok(()),
+            [one] => self.write_at(one, offset),
+            _ => self.write_at(&bufs.concat(), offset),
+        }
+    }
     /// Make every write that completed before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Usable size in bytes.

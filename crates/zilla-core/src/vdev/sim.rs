@@ -916,6 +916,19 @@ impl Device for SimDevice {
         }
     }
 
+    /// One modelled command for the whole span, as a disk sees a scatter-gather write.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        match self.profile.model {
+            SimModel::Hdd => self.hdd_io(HddCommand::Write, offset, len, || self.inner.write_vectored_at(bufs, offset)),
+            SimModel::Ssd => {
+                let service = self.profile.expected_service_time_ns(SimOp::Write, len, 0, self.size_bytes);
+                self.ssd_io(service, || self.inner.write_vectored_at(bufs, offset))
+            }
+        }
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         match self.profile.model {

@@ -37,9 +37,11 @@ use std::sync::Arc;
 use io_uring::{opcode, types, IoUring};
 use parking_lot::{Mutex, MutexGuard};
 
-use super::queue::{IoData, Queued, QueueState, Shared};
+use super::queue::{IoData, Queued, QueueState, Shared, WriteBytes};
 use super::{IoError, IoOp, RawTarget};
 
+/// The most buffers one vectored write takes (the kernel's UIO_MAXIOV).
+const IOV_MAX: usize = 1024;
 /// user_data of the shutdown NOP.
 const STOP: u64 = u64::MAX;
 /// Submission queue entries (the completion queue gets twice as many).
@@ -52,10 +54,20 @@ const IOWQ_UNBOUNDED_WORKERS_MAX: u32 = 2;
 struct InFlight {
     q: Queued,
     data: IoData,
+    /// The iovecs of a vectored write (pointing into `data`'s buffers), kept until the
+    /// completion (held for the kernel, never read here).
+    #[allow(dead_code)]
+    iovecs: Iovecs,
     issued_at_ns: u64,
     /// Bytes the kernel must transfer (reads and writes).
     expect: u64,
 }
+
+/// The iovec array of a vectored write.
+struct Iovecs(#[allow(dead_code)] Vec<libc::iovec>);
+// SAFETY: the pointers are into buffers the same InFlight owns (its `data`); they are
+// only read by the kernel while the request is in flight.
+unsafe impl Send for Iovecs {}
 
 /// Owners of in-flight requests, indexed by user_data.
 #[derive(Default)]
@@ -94,6 +106,8 @@ pub struct UringEngine {
     sq_lock: Mutex<()>,
     inflight: Mutex<Slab>,
     stopping: AtomicBool,
+    /// The kernel has IORING_OP_WRITEV (else vectored writes use pwritev on a worker).
+    writev: bool,
 }
 
 impl UringEngine {
@@ -129,6 +143,7 @@ impl UringEngine {
             sq_lock: Mutex::new(()),
             inflight: Mutex::new(Slab::default()),
             stopping: AtomicBool::new(false),
+            writev: probe.is_supported(opcode::Writev::CODE),
         });
         let (e2, sh2) = (eng.clone(), sh.clone());
         let name = format!("zio_uring_{}", sh.name.rsplit('/').next().unwrap_or("leaf"));
@@ -150,10 +165,11 @@ impl UringEngine {
         let mut pushed = false;
         for mut q in ready {
             let data = q.take_device_data();
-            match self.sqe_for(&q, &data) {
+            let mut iovecs = Vec::new();
+            match self.sqe_for(&q, &data, &mut iovecs) {
                 Some((entry, expect)) => {
                     sh.note_issue(q.req.offset, q.req.len);
-                    let id = self.inflight.lock().insert(InFlight { q, data, issued_at_ns: sh.clock.now_ns(), expect });
+                    let id = self.inflight.lock().insert(InFlight { q, data, iovecs: Iovecs(iovecs), issued_at_ns: sh.clock.now_ns(), expect });
                     self.push(entry.user_data(id));
                     pushed = true;
                 }
@@ -171,7 +187,7 @@ impl UringEngine {
     }
 
     /// The SQE for a request the kernel can do directly, with the bytes it must move.
-    fn sqe_for(&self, q: &Queued, data: &IoData) -> Option<(io_uring::squeue::Entry, u64)> {
+    fn sqe_for(&self, q: &Queued, data: &IoData, iovecs: &mut Vec<libc::iovec>) -> Option<(io_uring::squeue::Entry, u64)> {
         let t = &self.target;
         let fd = types::Fd(t.fd);
         let (off, len) = (q.req.offset, q.req.len);
@@ -189,12 +205,21 @@ impl UringEngine {
                 let ptr = b.as_slice().as_ptr() as *mut u8;
                 Some((opcode::Read::new(fd, ptr, len as u32).offset(off).build(), len))
             }
-            (IoOp::Write, IoData::Write(b)) if fits(b.as_slice().as_ptr()) => {
+            (IoOp::Write, IoData::Write(WriteBytes::One(b))) if fits(b.as_slice().as_ptr()) => {
                 // RWF_DSYNC: the kernel makes this write durable before it completes
                 // (FUA where the device has it, else the write and a cache flush; on a
                 // file, with the metadata needed to read it back): no second request
                 let flags = if q.req.durable { libc::RWF_DSYNC } else { 0 };
                 Some((opcode::Write::new(fd, b.as_slice().as_ptr(), len as u32).offset(off).rw_flags(flags as _).build(), len))
+            }
+            (IoOp::Write, IoData::Write(WriteBytes::Vectored(bufs)))
+                if self.writev && bufs.len() <= IOV_MAX && fits(std::ptr::null()) && bufs.iter().all(|b| b.len().is_multiple_of(t.offset_align) && (b.as_ptr() as usize).is_multiple_of(t.mem_align)) =>
+            {
+                // The buffers are shared (Arc) and owned by the in-flight slab until the
+                // CQE; the iovec array lives there too.
+                iovecs.extend(bufs.iter().map(|b| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }));
+                let flags = if q.req.durable { libc::RWF_DSYNC } else { 0 };
+                Some((opcode::Writev::new(fd, iovecs.as_ptr(), iovecs.len() as u32).offset(off).rw_flags(flags as _).build(), len))
             }
             (IoOp::Flush, _) => Some((opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(), 0)),
             _ => None,
@@ -255,7 +280,7 @@ impl UringEngine {
     }
 
     fn complete(&self, sh: &Arc<Shared>, f: InFlight, res: i32) {
-        let InFlight { q, data, issued_at_ns, expect } = f;
+        let InFlight { q, data, issued_at_ns, expect, iovecs: _ } = f;
         match Outcome::of(res, expect) {
             Outcome::Done => {
                 if q.req.durable {

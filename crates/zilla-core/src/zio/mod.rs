@@ -27,6 +27,7 @@ pub mod workers;
 
 pub use pool_io::{PendingWrite, PoolIo, SyncWriter};
 
+use crate::vdev::abd::AlignedBuf;
 use crate::block::blkptr::BlockPointer;
 use crate::block::checksum::{self, ChecksumAlgo, Checksum};
 use crate::block::compress::{self, Compression};
@@ -43,7 +44,7 @@ pub fn round_up(n: u64, unit: u64) -> u64 {
 /// A block ready to be allocated and written. `data` shares the caller's buffer when no
 /// transform was needed (uncompressed and already a multiple of the allocation unit).
 pub struct PreparedBlock {
-    pub data: std::sync::Arc<[u8]>,
+    pub data: std::sync::Arc<AlignedBuf>,
     pub lsize: u32,
     pub psize: u32,
     pub compression: Compression,
@@ -59,7 +60,7 @@ impl PreparedBlock {
 
 /// Compress (if asked and worth it), pad to the allocation unit `unit` (a power of two,
 /// at least [`ALLOC_UNIT`]), checksum.
-pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
+pub fn prepare(logical: &std::sync::Arc<AlignedBuf>, algo: ChecksumAlgo, comp: Compression, unit: u64) -> PreparedBlock {
     let lsize = logical.len() as u32;
     let compressed = match comp {
         Compression::Off => None,
@@ -69,17 +70,16 @@ pub fn prepare(logical: &std::sync::Arc<[u8]>, algo: ChecksumAlgo, comp: Compres
         let checksum = checksum::compute(algo, logical);
         return PreparedBlock { data: logical.clone(), lsize, psize: lsize, compression: Compression::Off, algo, checksum };
     }
-    let (mut data, psize, used) = match compressed {
-        Some((z, c)) => {
-            let p = z.len() as u32;
-            (z, p, c)
-        }
-        None => (logical.to_vec(), lsize, Compression::Off),
+    let (bytes, psize, used): (&[u8], u32, Compression) = match &compressed {
+        Some((z, c)) => (z, z.len() as u32, *c),
+        None => (logical, lsize, Compression::Off),
     };
-    let asize = round_up(data.len() as u64, unit) as usize;
-    data.resize(asize, 0);
+    let asize = round_up(bytes.len() as u64, unit) as usize;
+    let mut data = AlignedBuf::with_capacity(asize);
+    data.extend_from_slice(bytes);
+    data.resize(asize);
     let checksum = checksum::compute(algo, &data);
-    PreparedBlock { data: data.into(), lsize, psize, compression: used, algo, checksum }
+    PreparedBlock { data: std::sync::Arc::new(data), lsize, psize, compression: used, algo, checksum }
 }
 
 /// Does `phys` (asize bytes read from a device) match `bp`?
@@ -100,12 +100,12 @@ pub fn verify_copy(bp: &BlockPointer, phys: &[u8]) -> crate::vdev::mirror::Verif
 
 /// Turn verified physical bytes into logical bytes (one copy, into the shared buffer
 /// the ARC and the callers keep).
-pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<std::sync::Arc<[u8]>> {
+pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<std::sync::Arc<AlignedBuf>> {
     match bp.compression() {
-        Some(Compression::Off) => Ok(phys[..(bp.lsize as usize).min(phys.len())].into()),
+        Some(Compression::Off) => Ok(std::sync::Arc::new(AlignedBuf::copy_of(&phys[..(bp.lsize as usize).min(phys.len())]))),
         Some(c) => {
             let p = (bp.psize as usize).min(phys.len());
-            compress::decompress(c, &phys[..p], bp.lsize as usize).map(Into::into)
+            compress::decompress(c, &phys[..p], bp.lsize as usize).map(|v| std::sync::Arc::new(AlignedBuf::from(v)))
         }
         None => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "unknown compression code")),
     }

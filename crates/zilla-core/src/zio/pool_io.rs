@@ -24,6 +24,8 @@
 //! the vdevs and keeps a bounded window of runs in flight; `finish` reports the first run
 //! no child could write. Frees are deferred (`free_block`) and evict the ARC entry.
 
+use crate::vdev::abd::AlignedBuf;
+use crate::vdev::queue::WriteBytes;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
@@ -64,8 +66,6 @@ pub struct PoolIo {
     /// counted as whole `SPACE_ADMISSION_UNIT_BYTES` pieces): log blocks are allocated
     /// between syncs, and admission must see them at once (see `space`).
     space_log_bytes: std::sync::atomic::AtomicU64,
-    /// Aligned aggregation buffers for sync writes.
-    pub write_buffers: Arc<crate::vdev::abd::BufPool>,
     /// Checksum/compress workers, started at the first sync.
     prepare: std::sync::OnceLock<crate::zio::workers::PrepareWorkers>,
     /// The pool's clock and sleeps, for the layers that reach the pool through its I/O
@@ -91,7 +91,7 @@ type ErrorKey = (VdevId, u64, Txg);
 /// A block allocated and prepared in syncing context, not yet written.
 pub struct PendingWrite {
     pub dva: Dva,
-    pub data: Arc<[u8]>,
+    pub data: Arc<AlignedBuf>,
 }
 
 /// Largest aggregated write (zfs_vdev_aggregation_limit).
@@ -99,8 +99,8 @@ pub const AGGREGATION_LIMIT_BYTES: usize = 1 << 20;
 /// The largest block the pool writes (an indirect block, an object-directory chunk,
 /// the largest volblocksize): space admission counts free space in pieces of this size.
 pub const SPACE_ADMISSION_UNIT_BYTES: u64 = 128 << 10;
-/// Idle aggregation buffers kept for reuse (each AGGREGATION_LIMIT_BYTES).
-pub const WRITE_BUFFERS_POOLED: usize = 32;
+/// The most runs one txg sync keeps in flight.
+pub const SYNC_RUNS_IN_FLIGHT_MAX: usize = 128;
 
 /// Adjacent blocks of one top-level vdev written as one I/O: `blocks` indexes the batch.
 struct Run {
@@ -129,7 +129,6 @@ impl PoolIo {
             space_size: Default::default(),
             space_unavailable: Default::default(),
             space_log_bytes: Default::default(),
-            write_buffers: Arc::new(crate::vdev::abd::BufPool::new(AGGREGATION_LIMIT_BYTES, WRITE_BUFFERS_POOLED)),
             prepare: std::sync::OnceLock::new(),
             env,
         }
@@ -248,8 +247,8 @@ impl PoolIo {
 
     /// The logical block from verified physical bytes of `bp` (decompressed, its size
     /// checked), inserted into the ARC when `cache`: how every block read ends.
-    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
-        let data: Arc<[u8]> = crate::zio::finish_read(bp, phys)?;
+    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<Arc<AlignedBuf>> {
+        let data: Arc<AlignedBuf> = crate::zio::finish_read(bp, phys)?;
         if data.len() != bp.lsize as usize {
             return Err(Error::Corrupt("decompressed size mismatch".into()));
         }
@@ -260,7 +259,7 @@ impl PoolIo {
     }
 
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
-    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<[u8]>> {
+    pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<AlignedBuf>> {
         self.read_block_found_at(bp, class, kind, cache, self.ms.release_generation())
     }
 
@@ -269,7 +268,7 @@ impl PoolIo {
     /// the tree was looked at: a bad copy is rewritten only if no freed block was
     /// released since, so a slow lookup and read of a block freed and reused meanwhile
     /// never writes old contents over the new owner's.
-    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<Arc<[u8]>> {
+    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<Arc<AlignedBuf>> {
         assert!(!bp.is_hole());
         let key = BlockKey::of(bp);
         if let Some(d) = self.arc.lookup(&key) {
@@ -329,7 +328,7 @@ impl PoolIo {
     #[allow(clippy::too_many_arguments)]
     pub fn alloc_block(
         &self,
-        logical: &Arc<[u8]>,
+        logical: &Arc<AlignedBuf>,
         txg: Txg,
         kind: u8,
         level: u8,
@@ -399,8 +398,8 @@ impl PoolIo {
 }
 
 /// Issues a txg's block writes without waiting for each: a batch is sorted, adjacent
-/// blocks of one top-level vdev are merged into aligned runs of up to 1 MiB (copied once
-/// into a pooled buffer), runs of different vdevs are interleaved so every mirror works
+/// blocks of one top-level vdev are merged into runs of up to 1 MiB (written from the
+/// blocks' own aligned buffers by one vectored write, no copy), runs of different vdevs are interleaved so every mirror works
 /// at once, and each run becomes one mirror write (one request per child, all in
 /// flight). At most `window` runs are in flight: `issue` blocks only when the window is
 /// full, so the caller prepares the next batch while the devices write this one.
@@ -422,7 +421,7 @@ impl<'a> SyncWriter<'a> {
     pub fn new(io: &'a PoolIo, txg: Txg) -> SyncWriter<'a> {
         let ntops = io.vdevs.read().len().max(1);
         let per_top = crate::vdev::queue::ZFS_VDEV_ASYNC_WRITE_MAX_ACTIVE.get() as usize;
-        let window = (per_top * ntops).clamp(8, 4 * WRITE_BUFFERS_POOLED);
+        let window = (per_top * ntops).clamp(8, SYNC_RUNS_IN_FLIGHT_MAX);
         SyncWriter { io, txg, window, state: Arc::new((Mutex::new(WriterState::default()), parking_lot::Condvar::new())) }
     }
 
@@ -436,19 +435,16 @@ impl<'a> SyncWriter<'a> {
             let Some(top) = self.io.top(run.vdev) else {
                 return Err(Error::Corrupt(format!("write to unknown vdev {}", run.vdev)));
             };
-            let mut buf = self.io.write_buffers.get(run.bytes);
-            for w in &batch[run.blocks.clone()] {
-                buf.extend_from_slice(&w.data);
-            }
+            let bufs: Vec<Arc<AlignedBuf>> = batch[run.blocks.clone()].iter().map(|w| w.data.clone()).collect();
+            let data = match <[Arc<AlignedBuf>; 1]>::try_from(bufs) {
+                Ok([one]) => WriteBytes::One(one),
+                Err(bufs) => WriteBytes::Vectored(Arc::new(bufs)),
+            };
+            debug_assert_eq!(data.len(), run.bytes, "a run's blocks are its bytes");
             self.wait_below(self.window)?;
-            let buf = Arc::new(buf);
-            let (state, keep) = (self.state.clone(), buf.clone());
-            let pool = self.io.write_buffers.clone();
-            top.write_async(IoClass::AsyncWrite, buf, run.offset, self.txg, Box::new(move |o| {
+            let state = self.state.clone();
+            top.write_async(IoClass::AsyncWrite, data, run.offset, self.txg, Box::new(move |o| {
                 let r = o.into_result();
-                if let Ok(b) = Arc::try_unwrap(keep) {
-                    pool.put(b);
-                }
                 let mut st = state.0.lock();
                 st.in_flight -= 1;
                 if let (Err(e), None) = (r, &st.failed) {

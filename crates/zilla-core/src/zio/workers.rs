@@ -15,6 +15,7 @@
 //!        └────────────── per-call result channel ◄──────────────┘
 //! ```
 
+use crate::vdev::abd::AlignedBuf;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -64,8 +65,8 @@ impl PrepareWorkers {
     }
 
     /// Prepare every record's data (None stays None: a freed block), in order.
-    pub fn prepare_all(&self, recs: &[(crate::BlockId, Option<Arc<[u8]>>)], algo: ChecksumAlgo, comp: Compression, unit: u64) -> Vec<Option<PreparedBlock>> {
-        let one = |d: &Option<Arc<[u8]>>| d.as_ref().map(|d| super::prepare(d, algo, comp, unit));
+    pub fn prepare_all(&self, recs: &[(crate::BlockId, Option<Arc<AlignedBuf>>)], algo: ChecksumAlgo, comp: Compression, unit: u64) -> Vec<Option<PreparedBlock>> {
+        let one = |d: &Option<Arc<AlignedBuf>>| d.as_ref().map(|d| super::prepare(d, algo, comp, unit));
         let Some(jobs) = self.jobs.as_ref().filter(|_| recs.len() >= PARALLEL_MIN_BLOCKS) else {
             return recs.iter().map(|(_, d)| one(d)).collect();
         };
@@ -73,7 +74,7 @@ impl PrepareWorkers {
         let (tx, rx) = crossbeam_channel::bounded(self.workers);
         let mut parts = 0;
         for (i, slice) in recs.chunks(per).enumerate() {
-            let data: Vec<Option<Arc<[u8]>>> = slice.iter().map(|(_, d)| d.clone()).collect();
+            let data: Vec<Option<Arc<AlignedBuf>>> = slice.iter().map(|(_, d)| d.clone()).collect();
             let tx = tx.clone();
             let job: Job = Box::new(move || {
                 let out: Vec<_> = data.iter().map(|d| d.as_ref().map(|d| super::prepare(d, algo, comp, unit))).collect();

@@ -17,6 +17,7 @@
 //! - out-of-range reads are `InvalidArgument`, out-of-range writes `NoSpace`,
 //!   writes to a read-only volume `ReadOnly`.
 
+use crate::vdev::abd::AlignedBuf;
 use crate::Result;
 
 mod volume;
@@ -68,14 +69,20 @@ pub trait BlockVolume: Send + Sync + 'static {
     /// txg wait); `None` means "call `write` from a blocking context". A `None` may come
     /// after part of the write was applied: writes are idempotent, so the caller simply
     /// calls `write` with the same data.
-    fn try_write_nonblocking(&self, _offset: u64, _data: &[u8]) -> Option<Result<()>> {
+    fn try_write_nonblocking(&self, _offset: u64, _data: &WriteData) -> Option<Result<()>> {
         None
+    }
+    /// [`BlockVolume::write`] of bytes a front end received into aligned buffers: a
+    /// buffer that is a whole block (see [`WriteData::cut`]) becomes the block's new
+    /// version itself, with no copy.
+    fn write_data(&self, offset: u64, data: &WriteData, fua: bool) -> Result<()> {
+        self.write(offset, &data.to_vec(), fua)
     }
     /// Like [`BlockVolume::try_write_nonblocking`], for any write: `Some(Ok(true))` =
     /// applied, and it must be made durable before it is acknowledged (a FUA write, or
     /// every write of a `sync=always` volume): the caller follows it with
     /// [`BlockVolume::flush_async`] (or `flush`). `Some(Ok(false))`: applied, done.
-    fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+    fn try_write_nonblocking_sync(&self, offset: u64, data: &WriteData, fua: bool) -> Option<Result<bool>> {
         self.try_write_nonblocking(offset, data).map(|r| r.map(|()| fua))
     }
     /// Start a FLUSH without blocking the caller: `done` runs exactly once, before
@@ -106,13 +113,13 @@ pub trait BlockVolume: Send + Sync + 'static {
     }
     /// [`BlockVolume::try_write_nonblocking_sync`] for a write whose delay was claimed
     /// and waited (`None`: call `write_after_delay` from a blocking context).
-    fn try_write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+    fn try_write_after_delay(&self, offset: u64, data: &WriteData, fua: bool) -> Option<Result<bool>> {
         self.try_write_nonblocking_sync(offset, data, fua)
     }
     /// [`BlockVolume::write`] for a write whose delay was claimed and waited: no second
     /// delay (the hard stop at the dirty max still applies).
-    fn write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.write(offset, data, fua)
+    fn write_after_delay(&self, offset: u64, data: &WriteData, fua: bool) -> Result<()> {
+        self.write_data(offset, data, fua)
     }
 }
 
@@ -126,19 +133,91 @@ pub type ReadDone = Box<dyn FnOnce(Option<Result<Vec<SharedSlice>>>) + Send>;
 /// `flush` from a blocking context for the result".
 pub type CommitDone = Box<dyn FnOnce(Option<Result<()>>) + Send>;
 
+/// A write's bytes as a front end received them: aligned buffers back to back. A front
+/// end that reads a payload off the wire into pieces cut by [`WriteData::cut`] (at the
+/// volume's block boundaries) hands whole blocks over by reference: the block's new
+/// version is the buffer the socket filled. Any other cut is accepted too (copied).
+#[derive(Clone, Default)]
+pub struct WriteData {
+    pieces: Vec<std::sync::Arc<AlignedBuf>>,
+    len: usize,
+}
+
+impl WriteData {
+    pub fn from_pieces(pieces: Vec<std::sync::Arc<AlignedBuf>>) -> WriteData {
+        let len = pieces.iter().map(|p| p.len()).sum();
+        WriteData { pieces, len }
+    }
+    /// `bytes` copied into one aligned buffer.
+    pub fn copy_of(bytes: &[u8]) -> WriteData {
+        Self::from_pieces(vec![std::sync::Arc::new(AlignedBuf::copy_of(bytes))])
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn pieces(&self) -> &[std::sync::Arc<AlignedBuf>] {
+        &self.pieces
+    }
+    /// All the bytes in one Vec.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len);
+        for p in &self.pieces {
+            v.extend_from_slice(p);
+        }
+        v
+    }
+    /// The piece lengths of a write of `len` bytes at `offset` on blocks of
+    /// `block_bytes`: cut at every block boundary. They always add up to `len`, whatever
+    /// the offset (a range past the volume's end is refused later, not here).
+    pub fn cut(offset: u64, len: u64, block_bytes: u64) -> impl Iterator<Item = usize> + Clone {
+        let bs = block_bytes.max(1);
+        let (mut at, mut left) = (offset, len);
+        std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            let n = (bs - at % bs).min(left);
+            at = at.wrapping_add(n);
+            left -= n;
+            Some(n as usize)
+        })
+    }
+    /// The bytes `[at, at+len)` when they lie in one piece: the piece, and where in it.
+    pub fn piece_at(&self, at: usize, len: usize) -> Option<(&std::sync::Arc<AlignedBuf>, usize)> {
+        let mut start = 0;
+        for p in &self.pieces {
+            if at < start + p.len() || (len == 0 && at == start) {
+                let off = at - start;
+                return (off + len <= p.len()).then_some((p, off));
+            }
+            start += p.len();
+        }
+        None
+    }
+}
+
+impl std::fmt::Debug for WriteData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WriteData({} bytes in {} pieces)", self.len, self.pieces.len())
+    }
+}
+
 /// `len` bytes at `start` of an immutable buffer shared with the ARC or the dirty
 /// set: what a zero-copy read hands to a front end, which keeps it alive until the
 /// bytes are on the wire.
 #[derive(Clone)]
 pub struct SharedSlice {
-    data: std::sync::Arc<[u8]>,
+    data: std::sync::Arc<AlignedBuf>,
     start: usize,
     len: usize,
 }
 
 impl SharedSlice {
     /// `None` if the range is not inside `data`.
-    pub fn new(data: std::sync::Arc<[u8]>, start: usize, len: usize) -> Option<SharedSlice> {
+    pub fn new(data: std::sync::Arc<AlignedBuf>, start: usize, len: usize) -> Option<SharedSlice> {
         (start.checked_add(len)? <= data.len()).then_some(SharedSlice { data, start, len })
     }
     pub fn as_slice(&self) -> &[u8] {

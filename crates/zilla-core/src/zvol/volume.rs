@@ -21,7 +21,8 @@
 //! them would wait; they answer "would block" otherwise and the front end's executor
 //! runs the blocking call on a thread. See docs/design.md, "Data path".
 
-use crate::zvol::{BlockVolume, CommitDone, Extent, ReadDone, SharedSlice, WriteDelay};
+use crate::vdev::abd::AlignedBuf;
+use crate::zvol::{BlockVolume, CommitDone, Extent, ReadDone, SharedSlice, WriteData, WriteDelay};
 use crate::{BlockId, Result};
 
 use std::sync::atomic::Ordering;
@@ -40,7 +41,7 @@ use crate::{Error, Txg};
 /// A block as [`Volume::lookup_cached`] finds it in memory.
 enum CachedBlock {
     /// Its newest content (None: a hole).
-    Data(Option<Arc<[u8]>>),
+    Data(Option<Arc<AlignedBuf>>),
     /// Committed, not in the ARC: where to read it.
     Missing(crate::block::blkptr::BlockPointer),
 }
@@ -50,10 +51,10 @@ pub const SHARED_READ_BLOCKS_MAX: u64 = 64;
 
 /// One shared block of zeros for holes in zero-copy reads, as large as the largest
 /// volblocksize (a larger hole piece makes the read fall back to copying).
-fn zero_block() -> &'static std::sync::Arc<[u8]> {
+fn zero_block() -> &'static std::sync::Arc<AlignedBuf> {
     const ZERO_BLOCK_BYTES: usize = 128 << 10;
-    static ZEROS: std::sync::OnceLock<std::sync::Arc<[u8]>> = std::sync::OnceLock::new();
-    ZEROS.get_or_init(|| vec![0u8; ZERO_BLOCK_BYTES].into())
+    static ZEROS: std::sync::OnceLock<std::sync::Arc<AlignedBuf>> = std::sync::OnceLock::new();
+    ZEROS.get_or_init(|| Arc::new(AlignedBuf::zeroed(ZERO_BLOCK_BYTES)))
 }
 
 
@@ -91,13 +92,13 @@ pub struct Volume {
 /// block written is one allocation and one copy of the caller's bytes (it was a zeroed
 /// Vec, a copy into it, and a second allocation and copy into the Arc: 11 % of the
 /// daemon's CPU under 8K writes).
-fn patched_block(base: Option<&[u8]>, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> Arc<[u8]> {
+fn patched_block(base: Option<&[u8]>, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> Arc<AlignedBuf> {
     if let (Some(p), true) = (patch, in_off == 0 && len == bs) {
-        return Arc::from(p);
+        return Arc::new(AlignedBuf::copy_of(p));
     }
-    let mut block: Arc<[u8]> = match base {
-        Some(b) => Arc::from(b),
-        None => Arc::from(vec![0u8; bs]),
+    let mut block: Arc<AlignedBuf> = match base {
+        Some(b) => Arc::new(AlignedBuf::copy_of(b)),
+        None => Arc::new(AlignedBuf::zeroed(bs)),
     };
     apply_patch(&mut Arc::get_mut(&mut block).expect("a block just made has no other owner")[in_off..in_off + len], patch);
     block
@@ -143,6 +144,46 @@ pub fn block_chunks(offset: u64, len: u64, block_size: u64) -> impl Iterator<Ite
 enum Throttle {
     PerBlock,
     Delayed,
+}
+
+/// A write's bytes: a slice (copied into the blocks), or what a front end received
+/// cut at this volume's block boundaries (a whole block's piece becomes the block).
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Slice(&'a [u8]),
+    Pieces(&'a [Arc<AlignedBuf>]),
+}
+
+impl<'a> Src<'a> {
+    /// `data` as this volume takes it: its pieces when they are cut at the block
+    /// boundaries of a write at `offset`, else its bytes copied into `flat`.
+    fn of(data: &'a WriteData, offset: u64, bs: u64, flat: &'a mut Vec<u8>) -> Src<'a> {
+        let cut = crate::zvol::WriteData::cut(offset, data.len() as u64, bs);
+        if data.pieces().len() == cut.clone().count() && data.pieces().iter().zip(cut).all(|(p, n)| p.len() == n) {
+            return Src::Pieces(data.pieces());
+        }
+        *flat = data.to_vec();
+        Src::Slice(flat)
+    }
+
+    /// Chunk `i` (`c`) of the write: its bytes, and the block's new buffer itself when
+    /// the chunk is a whole block received in its own piece.
+    fn chunk(&self, i: usize, c: &BlockChunk, bs: usize) -> (&'a [u8], Option<&'a Arc<AlignedBuf>>) {
+        match *self {
+            Src::Slice(d) => (&d[c.in_range..c.in_range + c.len], None),
+            Src::Pieces(p) => {
+                debug_assert_eq!(p[i].len(), c.len, "a piece is its chunk");
+                (p[i].as_slice(), (c.len == bs).then_some(&p[i]))
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match *self {
+            Src::Slice(d) => d.len(),
+            Src::Pieces(p) => p.iter().map(|b| b.len()).sum(),
+        }
+    }
 }
 
 /// What a new dirty version did to its block's dirty accounting in its txg.
@@ -277,12 +318,12 @@ impl Volume {
     }
 
     /// Content of a committed block (None = hole).
-    fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<Arc<[u8]>>> {
+    fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<Arc<AlignedBuf>>> {
         Ok(self.read_committed_keyed(blkid, class)?.map(|(data, _)| data))
     }
 
     /// Content of a committed block and its cache key (None = hole).
-    fn read_committed_keyed(&self, blkid: BlockId, class: IoClass) -> Result<Option<(Arc<[u8]>, BlockKey)>> {
+    fn read_committed_keyed(&self, blkid: BlockId, class: IoClass) -> Result<Option<(Arc<AlignedBuf>, BlockKey)>> {
         // before the tree is looked at: a self-heal rewrite of the block found is safe
         // only if nothing freed was released since (see `PoolIo::read_block_found_at`)
         let generation = self.pool.io().ms.release_generation();
@@ -300,7 +341,7 @@ impl Volume {
 
     /// Newest content of a block: dirty first, then committed. Dirty must be checked first
     /// (see dmu: records are dropped only after the new root is published).
-    fn read_block(&self, blkid: BlockId) -> Result<Option<Arc<[u8]>>> {
+    fn read_block(&self, blkid: BlockId) -> Result<Option<Arc<AlignedBuf>>> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Ok(d);
         }
@@ -311,7 +352,7 @@ impl Volume {
     /// of the previous block so a multi-block read walks the tree once per 1024 blocks;
     /// it is tied to the root it was read from and dropped when a sync publishes a new
     /// one (the root is re-read after each dirty check, as the dmu ordering requires).
-    fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<Option<Arc<[u8]>>> {
+    fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<AlignedBuf>)>) -> Option<Option<Arc<AlignedBuf>>> {
         match self.lookup_cached(blkid, memo)? {
             CachedBlock::Data(d) => Some(d),
             CachedBlock::Missing(_) => None,
@@ -321,7 +362,7 @@ impl Volume {
     /// Where block `blkid` is, from memory only: its newest content (dirty or in the
     /// ARC; None = hole), or the block pointer of a committed block the ARC lacks.
     /// `None` when an indirect block on the way is not cached.
-    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<[u8]>)>) -> Option<CachedBlock> {
+    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<AlignedBuf>)>) -> Option<CachedBlock> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Some(CachedBlock::Data(d));
         }
@@ -376,7 +417,9 @@ impl Volume {
 
     /// Replace `[in_off, in_off+patch.len())` of block `blkid` (None patch = zeros), or the
     /// whole block. `whole_hole` = free the block instead of writing zeros.
-    fn update_block(&self, blkid: BlockId, in_off: usize, patch: Option<&[u8]>, len: usize, whole_hole: bool) -> Result<Txg> {
+    /// `whole`: the new block's own buffer (a whole block a front end received), taken
+    /// by reference instead of copying `patch`.
+    fn update_block(&self, blkid: BlockId, in_off: usize, patch: Option<&[u8]>, whole: Option<&Arc<AlignedBuf>>, len: usize, whole_hole: bool) -> Result<Txg> {
         let bs = self.bs() as usize;
         let full = in_off == 0 && len == bs;
         let mut attempts = 0;
@@ -402,7 +445,7 @@ impl Volume {
             // would only pull it into the cache)
             let newest = if full { None } else { shard.blocks.get(&blkid).and_then(|v| v.last()).map(|v| v.data.clone()) };
             // the base, and its cache key when it is the committed block
-            let (base_now, committed_key): (Option<Arc<[u8]>>, Option<BlockKey>) = if full {
+            let (base_now, committed_key): (Option<Arc<AlignedBuf>>, Option<BlockKey>) = if full {
                 (None, None)
             } else if let Some(n) = newest {
                 (n, None)
@@ -417,12 +460,14 @@ impl Volume {
                     None => (None, None),
                 }
             };
-            let new: Option<Arc<[u8]>> = if whole_hole && full {
+            let new: Option<Arc<AlignedBuf>> = if whole_hole && full {
                 None
+            } else if let (true, Some(block)) = (full, whole) {
+                Some(block.clone())
             } else {
                 Some(match (base_now, committed_key) {
                     (Some(block), Some(key)) => self.patch_committed(block, &key, bs, in_off, len, patch),
-                    (base_now, _) => patched_block(base_now.as_deref(), bs, in_off, len, patch),
+                    (base_now, _) => patched_block(base_now.as_deref().map(|b| b.as_slice()), bs, in_off, len, patch),
                 })
             };
             let has_data = new.is_some();
@@ -446,7 +491,7 @@ impl Volume {
     /// version, as in OpenZFS; the txg sync caches the new one. Under random 4K writes
     /// the copy and the allocation of the 16 KiB block were 10.5 % and ~5 % of the
     /// daemon's CPU (stop 34's profile).
-    fn patch_committed(&self, mut block: Arc<[u8]>, key: &BlockKey, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> Arc<[u8]> {
+    fn patch_committed(&self, mut block: Arc<AlignedBuf>, key: &BlockKey, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> Arc<AlignedBuf> {
         let unique = block.len() == bs && (Arc::get_mut(&mut block).is_some() || self.pool.io().arc.release_to_writer(key, &block));
         if !unique {
             return patched_block(Some(&block), bs, in_off, len, patch);
@@ -468,7 +513,7 @@ impl Volume {
     /// version's txg instead: T+1 is open and cannot quiesce while T is held. (OpenZFS
     /// likewise writes into the newest dbuf data once a later txg has dirtied it.)
     #[allow(clippy::too_many_arguments)]
-    fn record_version(&self, shard: &mut crate::dmu::DirtyShard, blkid: BlockId, held: Txg, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<Arc<[u8]>>) -> (Txg, Dirtied) {
+    fn record_version(&self, shard: &mut crate::dmu::DirtyShard, blkid: BlockId, held: Txg, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<Arc<AlignedBuf>>) -> (Txg, Dirtied) {
         let last = shard.blocks.get(&blkid).and_then(|v| v.last());
         let txg = last.map_or(held, |v| v.txg.max(held));
         debug_assert!(txg.get() <= held.get() + 1, "a dirty version more than one txg past a held txg");
@@ -514,7 +559,7 @@ impl Volume {
     /// write is indirect (written in place by the commit, the log gets its block
     /// pointer) as zvol_log_write chooses: with logbias=throughput, or when the pool
     /// has no log vdev and the block is larger than `zfs_immediate_write_sz`.
-    fn log_itx(&self, txg: Txg, blkid: crate::BlockId, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<[u8]>>) {
+    fn log_itx(&self, txg: Txg, blkid: crate::BlockId, in_off: usize, len: usize, patch: Option<&[u8]>, new: Option<&Arc<AlignedBuf>>) {
         let props = self.vol.props.typed();
         if props.sync == SyncPolicy::Disabled {
             return;
@@ -528,8 +573,8 @@ impl Volume {
             (Some(_), Some(block)) if indirect => self.vol.zil.log_write_indirect(txg, offset, block.clone()),
             (Some(_), Some(block)) if whole => self.vol.zil.log_write(txg, offset, block.clone(), true),
             // the whole new block instead when a whole-block itx of it is pending
-            (Some(p), Some(block)) => self.vol.zil.log_partial_write(txg, blkid.offset_bytes(self.bs()), offset, p.into(), block),
-            (Some(p), None) => self.vol.zil.log_write(txg, offset, p.into(), false),
+            (Some(p), Some(block)) => self.vol.zil.log_partial_write(txg, blkid.offset_bytes(self.bs()), offset, Arc::new(AlignedBuf::copy_of(p)), block),
+            (Some(p), None) => self.vol.zil.log_write(txg, offset, Arc::new(AlignedBuf::copy_of(p)), false),
             (None, _) if whole => self.vol.zil.log_truncate_block(txg, offset, len as u64),
             (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),
         }
@@ -568,7 +613,7 @@ impl Volume {
     /// `delayed`: the write's throttle delay was claimed and waited
     /// (`claim_write_delay`), so only the hard stop at the dirty max sends it to the
     /// blocking path.
-    fn apply_write_nonblocking(&self, offset: u64, data: &[u8], delayed: bool) -> Option<Result<()>> {
+    fn apply_write_nonblocking(&self, offset: u64, data: Src<'_>, delayed: bool) -> Option<Result<()>> {
         if let Err(e) = self.check_write(offset, data.len() as u64) {
             return Some(Err(e));
         }
@@ -587,12 +632,12 @@ impl Volume {
         };
         let bs = self.bs();
         let mut max_txg = Txg::ZERO;
-        for c in block_chunks(offset, data.len() as u64, bs) {
+        for (i, c) in block_chunks(offset, data.len() as u64, bs).enumerate() {
             if c.len as u64 != bs && self.read_block_cached(c.blkid, &mut None).is_none() {
                 return None;
             }
-            let patch = &data[c.in_range..c.in_range + c.len];
-            match self.update_block(c.blkid, c.in_block, Some(patch), c.len, false) {
+            let (patch, whole) = data.chunk(i, &c, bs as usize);
+            match self.update_block(c.blkid, c.in_block, Some(patch), whole, c.len, false) {
                 Ok(t) => max_txg = max_txg.max(t),
                 Err(e) => return Some(Err(e)),
             }
@@ -625,14 +670,14 @@ impl Volume {
         Ok(())
     }
 
-    fn modify(&self, offset: u64, len: u64, data: Option<&[u8]>, free_whole: bool, fua: bool) -> Result<()> {
+    fn modify(&self, offset: u64, len: u64, data: Option<Src<'_>>, free_whole: bool, fua: bool) -> Result<()> {
         self.modify_with(offset, len, data, free_whole, fua, Throttle::PerBlock)
     }
 
-    fn modify_with(&self, offset: u64, len: u64, data: Option<&[u8]>, free_whole: bool, fua: bool, throttle: Throttle) -> Result<()> {
+    fn modify_with(&self, offset: u64, len: u64, data: Option<Src<'_>>, free_whole: bool, fua: bool, throttle: Throttle) -> Result<()> {
         let bs = self.bs();
         let mut max_txg = Txg::ZERO;
-        for c in block_chunks(offset, len, bs) {
+        for (i, c) in block_chunks(offset, len, bs).enumerate() {
             // freeing a block that was never written (or is freed already) changes
             // nothing: no dirty record, no throttle (a TRIM of a whole empty volume
             // must not fill the dirty limit)
@@ -652,8 +697,14 @@ impl Volume {
             } else {
                 self.reserve_space(0, Admit::Free)?
             };
-            let patch = data.map(|d| &d[c.in_range..c.in_range + c.len]);
-            let t = self.update_block(c.blkid, c.in_block, patch, c.len, free_whole)?;
+            let (patch, whole) = match data {
+                Some(d) => {
+                    let (p, w) = d.chunk(i, &c, bs as usize);
+                    (Some(p), w)
+                }
+                None => (None, None),
+            };
+            let t = self.update_block(c.blkid, c.in_block, patch, whole, c.len, free_whole)?;
             max_txg = max_txg.max(t);
         }
         if !max_txg.is_zero() {
@@ -776,33 +827,45 @@ impl BlockVolume for Volume {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_write(offset, data.len() as u64)?;
-        self.modify(offset, data.len() as u64, Some(data), false, fua)
+        self.modify(offset, data.len() as u64, Some(Src::Slice(data)), false, fua)
     }
 
-    fn try_write_nonblocking(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+    fn write_data(&self, offset: u64, data: &WriteData, fua: bool) -> Result<()> {
+        self.check_write(offset, data.len() as u64)?;
+        let mut flat = Vec::new();
+        let src = Src::of(data, offset, self.bs(), &mut flat);
+        self.modify(offset, data.len() as u64, Some(src), false, fua)
+    }
+
+    fn try_write_nonblocking(&self, offset: u64, data: &WriteData) -> Option<Result<()>> {
         if self.vol.props.typed().sync == SyncPolicy::Always {
             return None;
         }
-        self.apply_write_nonblocking(offset, data, false)
+        let mut flat = Vec::new();
+        self.apply_write_nonblocking(offset, Src::of(data, offset, self.bs(), &mut flat), false)
     }
 
-    fn try_write_nonblocking_sync(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+    fn try_write_nonblocking_sync(&self, offset: u64, data: &WriteData, fua: bool) -> Option<Result<bool>> {
         let commit = self.write_needs_commit(fua);
-        Some(self.apply_write_nonblocking(offset, data, false)?.map(|()| commit))
+        let mut flat = Vec::new();
+        Some(self.apply_write_nonblocking(offset, Src::of(data, offset, self.bs(), &mut flat), false)?.map(|()| commit))
     }
 
     fn claim_write_delay(&self, len: u64) -> WriteDelay {
         self.pool.dirty().claim_delay(self.pool.txg(), len)
     }
 
-    fn try_write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Option<Result<bool>> {
+    fn try_write_after_delay(&self, offset: u64, data: &WriteData, fua: bool) -> Option<Result<bool>> {
         let commit = self.write_needs_commit(fua);
-        Some(self.apply_write_nonblocking(offset, data, true)?.map(|()| commit))
+        let mut flat = Vec::new();
+        Some(self.apply_write_nonblocking(offset, Src::of(data, offset, self.bs(), &mut flat), true)?.map(|()| commit))
     }
 
-    fn write_after_delay(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+    fn write_after_delay(&self, offset: u64, data: &WriteData, fua: bool) -> Result<()> {
         self.check_write(offset, data.len() as u64)?;
-        self.modify_with(offset, data.len() as u64, Some(data), false, fua, Throttle::Delayed)
+        let mut flat = Vec::new();
+        let src = Src::of(data, offset, self.bs(), &mut flat);
+        self.modify_with(offset, data.len() as u64, Some(src), false, fua, Throttle::Delayed)
     }
 
     fn flush_async(&self, done: CommitDone) {

@@ -107,7 +107,7 @@ pub fn flush_as_front_end_on(v: &dyn zilla_core::zvol::BlockVolume) -> (zilla_co
 /// A FUA write as the NBD front end makes it (see `flush_as_front_end`).
 #[allow(dead_code)]
 pub fn fua_write_as_front_end(v: &dyn zilla_core::zvol::BlockVolume, off: u64, data: &[u8]) -> zilla_core::Result<()> {
-    match v.try_write_nonblocking_sync(off, data, true) {
+    match v.try_write_nonblocking_sync(off, &zilla_core::zvol::WriteData::copy_of(data), true) {
         Some(Ok(true)) => flush_as_front_end(v),
         Some(r) => r.map(|_| ()),
         None => v.write(off, data, true),

@@ -58,7 +58,7 @@ fn read_logical(imgs: &Images, bp: &BlockPointer) -> Option<Vec<u8>> {
 /// the new physical size, compression and checksum; None if it no longer fits.
 fn rewrite_block(imgs: &mut Images, bp: &BlockPointer, logical: &[u8]) -> Option<BlockPointer> {
     let algo = bp.checksum_algo()?;
-    let p = zio::prepare(&Arc::from(logical), algo, Compression::Lz4, zio::ALLOC_UNIT);
+    let p = zio::prepare(&Arc::new(zilla_core::vdev::abd::AlignedBuf::copy_of(logical)), algo, Compression::Lz4, zio::ALLOC_UNIT);
     let asize = bp.dva[0].asize as usize;
     if p.data.len() > asize {
         return None;

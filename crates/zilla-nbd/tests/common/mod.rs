@@ -94,7 +94,7 @@ impl SharedVolume {
                 return Some(Err(error));
             }
             let piece_len = (block_start + BLOCK).min(offset + len) - at;
-            pieces.push(SharedSlice::new(block.into(), (at - block_start) as usize, piece_len as usize).unwrap());
+            pieces.push(SharedSlice::new(Arc::new(zilla_core::vdev::abd::AlignedBuf::from(block)), (at - block_start) as usize, piece_len as usize).unwrap());
             at += piece_len;
         }
         Some(Ok(pieces))

@@ -27,7 +27,7 @@
 //! their place: class of the chosen request (one active slot of that class), the span
 //! as offset and length, and the children kept inside it. Its buffer is made outside
 //! the queue lock ([`build_data`]): a fresh span-sized buffer for reads, the children's
-//! bytes copied end to end for writes. When the device I/O completes, every child
+//! own buffers in offset order for writes (one vectored write, no copy). When the device I/O completes, every child
 //! completes with its own buffer (reads get their slice copied in, [`scatter_read`]).
 //! When the aggregate fails, each child is redone alone, so one bad sector fails only
 //! the child that covers it. Children keep their write sequence numbers until their
@@ -36,7 +36,7 @@
 use std::sync::Arc;
 
 use super::select::{QueueLimits, QueueState};
-use super::{IoData, IoOp, Queued};
+use super::{IoData, IoOp, Queued, WriteBytes};
 use crate::vdev::abd::AlignedBuf;
 use crate::vdev::IoClass;
 
@@ -106,14 +106,16 @@ pub(super) fn build_data(agg: &Queued) -> IoData {
     match agg.req.op {
         IoOp::Read => IoData::Read(AlignedBuf::zeroed(len)),
         _ => {
-            let mut b = AlignedBuf::with_capacity(len);
+            // the children's own buffers, written by one vectored write: no copy
+            let mut bufs = Vec::with_capacity(agg.children.len());
             for c in &agg.children {
                 if let IoData::Write(d) = &c.req.data {
-                    b.extend_from_slice(d.as_slice());
+                    bufs.extend(d.buffers().iter().cloned());
                 }
             }
-            debug_assert_eq!(b.len(), len, "write aggregate with a hole");
-            IoData::Write(Arc::new(b))
+            let w = WriteBytes::Vectored(Arc::new(bufs));
+            debug_assert_eq!(w.len(), len, "write aggregate with a hole");
+            IoData::Write(w)
         }
     }
 }
@@ -180,7 +182,9 @@ mod tests {
             push(&mut st, IoClass::AsyncWrite, off, 4096);
         }
         let agg = st.next(&l).unwrap();
-        let IoData::Write(b) = build_data(&agg) else { panic!("write aggregate without bytes") };
+        let IoData::Write(w) = build_data(&agg) else { panic!("write aggregate without bytes") };
+        assert_eq!(w.buffers().len(), 3, "an aggregate writes its children's own buffers");
+        let b: Vec<u8> = w.slices().concat();
         assert_eq!(b.len(), 12 * 1024);
         assert!(b[..4096].iter().all(|&x| x == 0) && b[4096..8192].iter().all(|&x| x == 1) && b[8192..].iter().all(|&x| x == 2));
     }

@@ -307,11 +307,49 @@ impl DirtyGauge {
     }
 }
 
+/// The bytes a write writes: one buffer, or several back to back (a vectored write: a
+/// txg sync's run of adjacent blocks, or an aggregate, written from the blocks' own
+/// buffers without a copy).
+#[derive(Debug, Clone)]
+pub enum WriteBytes {
+    One(Arc<AlignedBuf>),
+    Vectored(Arc<Vec<Arc<AlignedBuf>>>),
+}
+
+impl WriteBytes {
+    pub fn len(&self) -> usize {
+        match self {
+            WriteBytes::One(b) => b.len(),
+            WriteBytes::Vectored(v) => v.iter().map(|b| b.len()).sum(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The buffers, in device order.
+    pub fn buffers(&self) -> &[Arc<AlignedBuf>] {
+        match self {
+            WriteBytes::One(b) => std::slice::from_ref(b),
+            WriteBytes::Vectored(v) => v,
+        }
+    }
+    /// The byte slices, in device order.
+    pub fn slices(&self) -> Vec<&[u8]> {
+        self.buffers().iter().map(|b| b.as_slice()).collect()
+    }
+}
+
+impl From<Arc<AlignedBuf>> for WriteBytes {
+    fn from(b: Arc<AlignedBuf>) -> WriteBytes {
+        WriteBytes::One(b)
+    }
+}
+
 /// What a request carries: the buffer a read fills, the bytes a write writes.
 #[derive(Debug)]
 pub enum IoData {
     Read(AlignedBuf),
-    Write(Arc<AlignedBuf>),
+    Write(WriteBytes),
     /// Flush and discard carry no bytes.
     None,
 }
@@ -340,7 +378,8 @@ impl IoRequest {
         IoRequest { class, op: IoOp::Read, offset, len: buf.len() as u64, data: IoData::Read(buf), durable: false, done }
     }
     /// Write all of `data` at `offset`.
-    pub fn write(class: IoClass, offset: u64, data: Arc<AlignedBuf>, done: Completion) -> IoRequest {
+    pub fn write(class: IoClass, offset: u64, data: impl Into<WriteBytes>, done: Completion) -> IoRequest {
+        let data = data.into();
         IoRequest { class, op: IoOp::Write, offset, len: data.len() as u64, data: IoData::Write(data), durable: false, done }
     }
     /// Make every write submitted before this request durable.
@@ -877,7 +916,8 @@ impl Shared {
         let issued_at_ns = self.clock.now_ns();
         let r = match (op, &mut data) {
             (IoOp::Read, IoData::Read(b)) => self.dev.read_at(b.as_mut_slice(), offset),
-            (IoOp::Write, IoData::Write(b)) => self.dev.write_at(b.as_slice(), offset),
+            (IoOp::Write, IoData::Write(WriteBytes::One(b))) => self.dev.write_at(b.as_slice(), offset),
+            (IoOp::Write, IoData::Write(w)) => self.dev.write_vectored_at(&w.slices(), offset),
             (IoOp::Flush, _) => self.device_flush(),
             (IoOp::Discard, _) => self.dev.discard(offset, len),
             (op, _) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} request without its buffer", op.name()))),
