@@ -12,47 +12,25 @@
 //!   (queue lock released)
 //!       └─ per request: aligned and in range?  yes -> SQE (READ / WRITE / FSYNC datasync)
 //!                                              no  -> performed synchronously right here
-//!          on the reaper thread: pushed to the submission queue
-//!          on any other thread:  handed to the reaper (wakes it if it waits)
-//!   reaper thread (one per leaf, the ring's only submitter): pushes what was handed,
-//!       submit_and_wait(1), then per CQE:
+//!          submit()                                   (O_DIRECT bounce path; rare)
+//!   reaper thread (one per leaf): submit_and_wait(1), then per CQE:
 //!       result < 0 -> IoError with the errno; short transfer, EAGAIN, EINTR or
 //!       ECANCELED (not the device's verdict) -> redone synchronously
 //!       finish(): statistics, completion, release the slot, take_issuable() again
 //! ```
 //!
-//! Why the reaper submits. The kernel completes an io_uring read or write in the
-//! context of the thread that *submitted* it (task work): a device completion wakes the
-//! submitter, which posts the CQE, which wakes the reaper. When the submitter is a
-//! front end's reactor thread (a cold read answered from its device completion), every
-//! read woke that thread a second time only to pass the completion on. With the reaper
-//! as the one submitter, the device completion wakes the thread that completes the
-//! request (verify, ARC insert, the reply to the client): one hand-off per request,
-//! from the thread that makes it to the reaper, and none at all while the reaper is
-//! awake (it takes what was handed before it waits again). The ring is set up with
-//! COOP_TASKRUN where the kernel has it (5.19+): the reaper runs its completions' task
-//! work when it enters the kernel to wait, so the kernel need not interrupt it.
-//!
-//! Handing over: a thread appends its SQEs to `handed` and, if the reaper announced it
-//! is about to wait (`reaper_waits`), writes the leaf's eventfd; the reaper keeps a poll
-//! of that eventfd in the ring, so the write ends its wait. The reaper announces the
-//! wait, then looks at `handed` once more before it waits (both sides use SeqCst, so
-//! either the reaper sees the SQEs or the handing thread sees the announcement).
-//!
 //! The in-flight table (slab indexed by user_data) owns each request and its buffer
 //! while the kernel uses it: the buffer's heap memory does not move until the CQE is
-//! reaped. In flight at once is bounded by the queue's selection (max_active), and so is
-//! `handed`. Only the reaper reads the completion queue. Shutdown pushes a NOP tagged
-//! [`STOP`] (a NOP completes inline, in its submitter's system call); the reaper exits
+//! reaped. In flight at once is bounded by the queue's selection (max_active). The
+//! submission queue is pushed under `sq_lock` by whichever thread issues; only the reaper
+//! reads the completion queue. Shutdown pushes a NOP tagged [`STOP`]; the reaper exits
 //! once every in-flight request has completed.
 //!
 //! Discards are performed synchronously (fallocate is cheap and rare). If the kernel
 //! refuses io_uring (seccomp, old kernel), [`UringEngine::start`] returns None and the
 //! leaf uses worker threads.
 
-use std::cell::Cell;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -64,8 +42,6 @@ use super::{IoError, IoOp, RawTarget};
 
 /// user_data of the shutdown NOP.
 const STOP: u64 = u64::MAX;
-/// user_data of the poll of the wake eventfd.
-const WAKE: u64 = u64::MAX - 1;
 /// Submission queue entries (the completion queue gets twice as many).
 const RING_ENTRIES: u32 = 256;
 /// The kernel's io-wq helper threads one ring may use for requests that would block
@@ -111,11 +87,6 @@ impl Slab {
     }
 }
 
-thread_local! {
-    /// The engine whose reaper this thread is (its address), 0 on every other thread.
-    static REAPER_OF: Cell<usize> = const { Cell::new(0) };
-}
-
 /// One leaf's io_uring instance and its reaper.
 pub struct UringEngine {
     ring: IoUring,
@@ -123,13 +94,6 @@ pub struct UringEngine {
     sq_lock: Mutex<()>,
     inflight: Mutex<Slab>,
     stopping: AtomicBool,
-    /// SQEs other threads made, for the reaper to submit (bounded like the in-flight
-    /// table: every one is an in-flight request).
-    handed: Mutex<Vec<io_uring::squeue::Entry>>,
-    /// The reaper is about to wait, or waits: a thread that hands it SQEs wakes it.
-    reaper_waits: AtomicBool,
-    /// Written to end the reaper's wait; the ring holds a poll of it.
-    wake_fd: OwnedFd,
 }
 
 impl UringEngine {
@@ -137,9 +101,7 @@ impl UringEngine {
     /// not a plain descriptor or the kernel refuses io_uring.
     pub(super) fn start(sh: &Arc<Shared>) -> Option<Arc<UringEngine>> {
         let target = sh.device().raw_target()?;
-        // COOP_TASKRUN (5.19+): completions' task work waits for the reaper's next
-        // entry into the kernel instead of interrupting it; older kernels refuse it
-        let ring = match IoUring::builder().setup_coop_taskrun().build(RING_ENTRIES).or_else(|_| IoUring::new(RING_ENTRIES)) {
+        let ring = match IoUring::new(RING_ENTRIES) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(device = %sh.name, "io_uring unavailable, using worker threads: {e}");
@@ -149,7 +111,7 @@ impl UringEngine {
         // Kernels 5.1-5.5 set up a ring but fail READ/WRITE with EINVAL: ask which
         // operations this one has (the probe itself is 5.6+) and use workers otherwise.
         let mut probe = io_uring::Probe::new();
-        let ops = [opcode::Read::CODE, opcode::Write::CODE, opcode::Fsync::CODE, opcode::Nop::CODE, opcode::PollAdd::CODE];
+        let ops = [opcode::Read::CODE, opcode::Write::CODE, opcode::Fsync::CODE, opcode::Nop::CODE];
         if ring.submitter().register_probe(&mut probe).is_err() || !ops.iter().all(|&op| probe.is_supported(op)) {
             tracing::warn!(device = %sh.name, "io_uring lacks READ/WRITE/FSYNC on this kernel, using worker threads");
             return None;
@@ -161,23 +123,12 @@ impl UringEngine {
         if let Err(e) = ring.submitter().register_iowq_max_workers(&mut iowq_max) {
             tracing::debug!(device = %sh.name, "io_uring io-wq worker bound not set: {e}");
         }
-        // SAFETY: eventfd takes no pointers; a descriptor it returns is ours to own.
-        let wake_fd = match unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) } {
-            fd if fd >= 0 => unsafe { OwnedFd::from_raw_fd(fd) },
-            _ => {
-                tracing::warn!(device = %sh.name, "no eventfd for the io_uring reaper, using worker threads: {}", io::Error::last_os_error());
-                return None;
-            }
-        };
         let eng = Arc::new(UringEngine {
             ring,
             target,
             sq_lock: Mutex::new(()),
             inflight: Mutex::new(Slab::default()),
             stopping: AtomicBool::new(false),
-            handed: Mutex::new(Vec::new()),
-            reaper_waits: AtomicBool::new(false),
-            wake_fd,
         });
         let (e2, sh2) = (eng.clone(), sh.clone());
         let name = format!("zio_uring_{}", sh.name.rsplit('/').next().unwrap_or("leaf"));
@@ -196,21 +147,15 @@ impl UringEngine {
         if ready.is_empty() {
             return;
         }
-        // the reaper pushes its own (its loop submits them before it waits); any other
-        // thread hands them over
-        let on_reaper = REAPER_OF.with(Cell::get) == self as *const UringEngine as usize;
-        let mut handed = Vec::new();
+        let mut pushed = false;
         for mut q in ready {
             let data = q.take_device_data();
             match self.sqe_for(&q, &data) {
                 Some((entry, expect)) => {
                     sh.note_issue(q.req.offset, q.req.len);
                     let id = self.inflight.lock().insert(InFlight { q, data, issued_at_ns: sh.clock.now_ns(), expect });
-                    if on_reaper {
-                        self.push(entry.user_data(id));
-                    } else {
-                        handed.push(entry.user_data(id));
-                    }
+                    self.push(entry.user_data(id));
+                    pushed = true;
                 }
                 None => {
                     let (issued_at_ns, r, data) = sh.perform_req(&q.req, data);
@@ -218,33 +163,11 @@ impl UringEngine {
                 }
             }
         }
-        if !handed.is_empty() {
-            self.hand(handed);
+        if pushed {
+            if let Err(e) = self.ring.submit() {
+                tracing::error!(device = %sh.name, "io_uring submit failed: {e}");
+            }
         }
-    }
-
-    /// Give SQEs to the reaper (see "Handing over"); wake it if it waits.
-    fn hand(&self, entries: Vec<io_uring::squeue::Entry>) {
-        self.handed.lock().extend(entries);
-        if self.reaper_waits.swap(false, Ordering::SeqCst) {
-            let one: u64 = 1;
-            // SAFETY: writes the 8 bytes of `one` to our own eventfd. It cannot fail but
-            // by overflowing a counter the reaper drains: then it is awake anyway.
-            let _ = unsafe { libc::write(self.wake_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        }
-    }
-
-    /// The poll that ends the reaper's wait when the eventfd is written (one-shot:
-    /// armed again after each completion).
-    fn wake_poll(&self) -> io_uring::squeue::Entry {
-        opcode::PollAdd::new(types::Fd(self.wake_fd.as_raw_fd()), libc::POLLIN as u32).build().user_data(WAKE)
-    }
-
-    /// Reset the eventfd's counter (nonblocking; empty is fine).
-    fn drain_wake(&self) {
-        let mut count = 0u64;
-        // SAFETY: reads at most 8 bytes into `count`.
-        let _ = unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
     }
 
     /// The SQE for a request the kernel can do directly, with the bytes it must move.
@@ -296,27 +219,17 @@ impl UringEngine {
     /// Stop the reaper once everything in flight has completed.
     pub(super) fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        self.hand(vec![opcode::Nop::new().build().user_data(STOP)]);
+        self.push(opcode::Nop::new().build().user_data(STOP));
+        let _ = self.ring.submit();
     }
 
     fn reap(self: Arc<Self>, sh: &Arc<Shared>) {
-        REAPER_OF.with(|r| r.set(Arc::as_ptr(&self) as usize));
-        self.push(self.wake_poll());
         let mut stop_seen = false;
-        let mut taken = Vec::new();
         loop {
             if stop_seen && self.inflight.lock().used == 0 {
                 return;
             }
-            // announce the wait first, then take what was handed: what comes later wakes it
-            self.reaper_waits.store(true, Ordering::SeqCst);
-            std::mem::swap(&mut taken, &mut *self.handed.lock());
-            for entry in taken.drain(..) {
-                self.push(entry);
-            }
-            let waited = self.ring.submit_and_wait(1);
-            self.reaper_waits.store(false, Ordering::SeqCst);
-            match waited {
+            match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => {
@@ -329,11 +242,6 @@ impl UringEngine {
             for (id, res) in done {
                 if id == STOP {
                     stop_seen = true;
-                    continue;
-                }
-                if id == WAKE {
-                    self.drain_wake();
-                    self.push(self.wake_poll());
                     continue;
                 }
                 let Some(f) = self.inflight.lock().take(id) else { continue };
