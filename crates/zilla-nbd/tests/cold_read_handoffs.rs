@@ -124,6 +124,7 @@ fn a_cold_read_is_one_hand_off_from_the_reactor_to_the_engine_thread_that_replie
 
     let client_rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let blocks: Vec<u64> = (0..DATA / BS).map(|i| (i * 97) % (DATA / BS)).collect();
+    // SAFETY: gettid takes no arguments and cannot fail.
     let client_tid = unsafe { libc::gettid() }.to_string();
     let (before, after, direct) = client_rt.block_on(async {
         let mut client = RawClient::open(addr, "pool/vol").await;
