@@ -2,7 +2,8 @@
 # Probe (not a benchmark): pool-vs-direct's cold-read phase alone. Four plain files in
 # two mirrors (on the lab disk, as the bench has them), a 640 MiB volume written once,
 # ARC max 64 MiB, then fio nbd 16K random reads at QD32 over the written span. Prints
-# IOPS, latency and the daemon's CPU per read; PERF=1 records a profile of the daemon
+# IOPS, latency, the daemon's CPU per read and its threads' sleeps per read (voluntary
+# context switches: each is a wake-up to continue, see docs/design.md); PERF=1 records a profile of the daemon
 # ($W/perf.data), SCHED=1 a scheduler trace. EXTRA="name=value ..." adds tunables.
 # SYNCW=1 runs, beside the reads, one writer doing 4K random writes each followed by a
 # flush on a second volume of the same pool (no log device: the intent log writes to
@@ -31,6 +32,8 @@ fio --name=fill --ioengine=nbd --uri=$URI --rw=write --bs=1M --iodepth=8 --size=
 sleep 3
 DPID=$(pgrep -f "state-dir $S serve" | head -1)
 c0=$(awk '{print $14+$15}' /proc/$DPID/stat)
+sleeps() { cat /proc/$DPID/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/{n+=$2} END{print n+0}'; }
+v0=$(sleeps)
 BG=()
 if [ -n "$SCHED" ]; then
     ( sleep 2; perf sched record -o "$W/sched.data" -- sleep 2 > "$W/perf.log" 2>&1
@@ -55,12 +58,14 @@ fio --name=r --ioengine=nbd --uri=$URI --rw=randread --bs=16k --iodepth=${QD:-32
     --time_based --runtime=$SECS --randrepeat=0 --output-format=json --output="$W/fio.json" > "$W/fio.err" 2>&1 || true
 [ ${#BG[@]} -eq 0 ] || wait "${BG[@]}"
 c1=$(awk '{print $14+$15}' /proc/$DPID/stat)
-python3 - "$W/fio.json" $(( c1-c0 )) <<'PY'
+v1=$(sleeps)
+python3 - "$W/fio.json" $(( c1-c0 )) $(( v1-v0 )) <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]; r = j["read"]
 n = r["total_ios"]
 print(f"IOPS {r['iops']:.0f}  mean {r['lat_ns']['mean']/1e3:.1f} us  p99 {r['clat_ns']['percentile']['99.000000']/1e3:.0f} us  "
-      f"daemon CPU {int(sys.argv[2])*1e4/max(n,1):.1f} us/read  fio CPU usr {j['usr_cpu']:.0f}% sys {j['sys_cpu']:.0f}%")
+      f"daemon CPU {int(sys.argv[2])*1e4/max(n,1):.1f} us/read  daemon sleeps {int(sys.argv[3])/max(n,1):.2f}/read  "
+      f"fio CPU usr {j['usr_cpu']:.0f}% sys {j['sys_cpu']:.0f}%")
 PY
 if [ -n "$SYNCW" ]; then
     python3 - "$W/syncw.json" <<'PY'
