@@ -20,7 +20,8 @@
 //!   frontend      = front-end budget in use (request/reply data; <= the budget)
 //!   reply_pool    = idle reply buffers kept for reuse        (<= the pool cap)
 //!   block_buffers = free slots of the block-buffer slab (vdev/abd.rs: whole free
-//!                   chunks <= 16 MiB, plus the free slots of chunks partly in use);
+//!                   chunks <= 1 GiB, returned when the pool goes idle, plus the free
+//!                   slots of chunks partly in use);
 //!                   the slab's in-use bytes are the ARC's, dirty data's and the
 //!                   front end's, counted there
 //!   other         = overhead - frontend - reply_pool - block_buffers: engine buffers (sync write
