@@ -348,9 +348,14 @@ pub struct DirtyVersion {
     pub data: Option<Arc<AlignedBuf>>,
 }
 
+/// The dirty set's maps hash with a seeded foldhash (SipHash was a visible share of every
+/// write's CPU: a block id and three indirect keys hashed per dirtied block); the
+/// per-process random seed keeps keys crafted by a client from colliding.
+type FastHash = foldhash::fast::RandomState;
+
 #[derive(Default)]
 pub struct DirtyShard {
-    pub blocks: HashMap<BlockId, Vec<DirtyVersion>>,
+    pub blocks: HashMap<BlockId, Vec<DirtyVersion>, FastHash>,
     /// Incremented whenever a sync drops committed records from this shard.
     pub commit_gen: u64,
 }
@@ -359,7 +364,7 @@ pub struct DirtySet {
     pub shards: Vec<Mutex<DirtyShard>>,
     /// Indirect blocks dirtied per txg, as (txg, level, index): each is rewritten by
     /// that txg's sync, and space admission counts it once. Sharded by index.
-    indirects: Vec<Mutex<std::collections::HashSet<(Txg, u8, u64)>>>,
+    indirects: Vec<Mutex<std::collections::HashSet<(Txg, u8, u64), FastHash>>>,
 }
 
 /// Shards of [`DirtySet::indirects`].

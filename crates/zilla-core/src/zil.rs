@@ -8,9 +8,11 @@
 //! block it changes, so per block the itx order is the order of the dirty versions.
 //! Itxs are kept per txg (`BTreeMap<Txg, Vec<Itx>>`): a commit takes them in txg order,
 //! and the itxs of a txg that syncs are dropped, so the lists hold at most the three
-//! unsynced txgs. Partial-block writes copy their bytes into the itx (`WR_COPIED`);
-//! whole-block writes keep a reference to the immutable block buffer and copy it into
-//! the log block only at commit (`WR_NEED_COPY`). A whole-block itx that a later
+//! unsynced txgs. An itx refers to the immutable new version of its block and nothing
+//! is copied until a commit takes it (OpenZFS's `WR_NEED_COPY`): a whole-block write's
+//! block is copied into the log block at commit; a partial write's bytes are cut out of
+//! its block's version then and logged as `WR_COPIED`. A txg that syncs before any
+//! commit drops its itxs without a copy. A whole-block itx that a later
 //! whole-block write of the same block in the same txg replaces before any commit took
 //! it is dropped (`Superseded`): it would only keep an old buffer alive until the sync,
 //! and replaying the newer record makes it moot. A partial write of such a block is
@@ -239,7 +241,8 @@ impl ZilHeader {
 /// (`len` of them; for WR_INDIRECT the 128-byte block pointer of the block holding
 /// them), empty for TX_TRUNCATE. A commit's records share the itxs' buffers (a
 /// WR_NEED_COPY record is the block's own buffer): the bytes are copied once, into
-/// the log block that is written.
+/// the log block that is written (a partial write's bytes once more, out of their
+/// block's version, when the commit takes them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogRecord {
     pub rtype: u8,
@@ -268,6 +271,11 @@ enum ItxData {
     /// TX_WRITE, WR_NEED_COPY: a whole block's immutable buffer, copied into the log
     /// block at commit.
     Block(Arc<AlignedBuf>),
+    /// TX_WRITE of part of a block (OpenZFS's WR_NEED_COPY): the block's new dirty
+    /// version, immutable while shared, whose bytes `[in_block, in_block + len)` are
+    /// the write's; copied out only when a commit takes the record, so a txg that syncs
+    /// first discards it without any copy. Written as WR_COPIED.
+    Partial { block: Arc<AlignedBuf>, in_block: usize, len: usize },
     /// TX_TRUNCATE: the range reads as zeros.
     Truncate(u64),
     /// TX_WRITE, WR_INDIRECT (whole blocks, see `zvol::log_itx`): the block's immutable
@@ -290,6 +298,7 @@ impl Itx {
     fn len(&self) -> u64 {
         match &self.data {
             ItxData::Copied(d) | ItxData::Block(d) | ItxData::Indirect(d) => d.len() as u64,
+            ItxData::Partial { len, .. } => *len as u64,
             ItxData::Truncate(n) => *n,
             ItxData::Superseded => 0,
         }
@@ -297,6 +306,7 @@ impl Itx {
     fn mem_bytes(&self) -> u64 {
         match &self.data {
             ItxData::Copied(d) => d.len() as u64 + 64,
+            ItxData::Partial { len, .. } => *len as u64 + 64,
             _ => 64,
         }
     }
@@ -727,13 +737,14 @@ impl Zilog {
     /// or WR_INDIRECT), superseding it: a copy of the bytes would leave the old buffer
     /// alive in that itx beside the new one. Logging the whole block is always right
     /// (it is the state after the write). One lock for the choice and the append.
-    pub fn log_partial_write(&self, txg: Txg, block_offset: u64, offset: u64, patch: Arc<AlignedBuf>, block: &Arc<AlignedBuf>) {
+    pub fn log_partial_write(&self, txg: Txg, block_offset: u64, offset: u64, block: &Arc<AlignedBuf>, in_block: usize, len: usize) {
+        debug_assert!(in_block + len <= block.len(), "a partial write inside its block");
         self.stats.zil_itx_count.fetch_add(1, Ordering::Relaxed);
         let mut l = self.itxs.lock();
         let itx = match pending_whole(&l, txg, block_offset) {
             Some(true) => Itx { offset: block_offset, data: ItxData::Indirect(block.clone()) },
             Some(false) => Itx { offset: block_offset, data: ItxData::Block(block.clone()) },
-            None => Itx { offset, data: ItxData::Copied(patch) },
+            None => Itx { offset, data: ItxData::Partial { block: block.clone(), in_block, len } },
         };
         self.append_locked(&mut l, txg, itx);
     }
@@ -1161,6 +1172,12 @@ impl Zilog {
                         self.stats.zil_itx_copied_count.fetch_add(1, Ordering::Relaxed);
                         self.stats.zil_itx_copied_bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
                         (TX_WRITE, WR_COPIED, d)
+                    }
+                    ItxData::Partial { block, in_block, len } => {
+                        // the commit's one copy of the write's bytes
+                        self.stats.zil_itx_copied_count.fetch_add(1, Ordering::Relaxed);
+                        self.stats.zil_itx_copied_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        (TX_WRITE, WR_COPIED, Arc::new(AlignedBuf::copy_of(&block[in_block..in_block + len])))
                     }
                     ItxData::Block(d) => {
                         self.stats.zil_itx_needcopy_count.fetch_add(1, Ordering::Relaxed);
@@ -1981,7 +1998,7 @@ pub fn read_indirect(io: &PoolIo, bp: &BlockPointer) -> Option<Vec<u8>> {
         if !crate::zio::verify(bp, buf.as_slice()) {
             continue;
         }
-        match crate::zio::finish_read(bp, buf.as_slice()) {
+        match crate::zio::finish_read(bp, buf.clone()) {
             Ok(d) if d.len() == bp.lsize as usize => return Some(d.to_vec()),
             _ => continue,
         }

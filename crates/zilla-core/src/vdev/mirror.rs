@@ -756,7 +756,7 @@ impl TopVdev {
             return done(None);
         };
         let (this, leaf) = (self.clone(), c.clone());
-        c.queue.submit(IoRequest::read(class, phys, AlignedBuf::zeroed(len), Box::new(move |d| match d.into_read() {
+        c.queue.submit(IoRequest::read(class, phys, AlignedBuf::for_overwrite(len), Box::new(move |d| match d.into_read() {
             Ok(buf) if verify(&buf) == VerifyResult::Good => done(Some(buf)),
             Ok(_) => {
                 leaf.cksum_errors.fetch_add(1, Ordering::Relaxed);

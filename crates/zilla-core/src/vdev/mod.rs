@@ -38,7 +38,6 @@ pub mod mirror;
 pub mod queue;
 pub mod sim;
 pub mod trim;
-pub mod uring;
 
 use std::io;
 use std::path::PathBuf;

@@ -98,11 +98,15 @@ pub fn verify_copy(bp: &BlockPointer, phys: &[u8]) -> crate::vdev::mirror::Verif
     if verify(bp, phys) { VerifyResult::Good } else { VerifyResult::Bad }
 }
 
-/// Turn verified physical bytes into logical bytes (one copy, into the shared buffer
-/// the ARC and the callers keep).
-pub fn finish_read(bp: &BlockPointer, phys: &[u8]) -> std::io::Result<std::sync::Arc<AlignedBuf>> {
+/// Turn verified physical bytes into logical bytes, the buffer the ARC and the callers
+/// keep: an uncompressed block is the read buffer itself (its padding cut off, no
+/// copy); a compressed one is decompressed into a new buffer.
+pub fn finish_read(bp: &BlockPointer, mut phys: AlignedBuf) -> std::io::Result<std::sync::Arc<AlignedBuf>> {
     match bp.compression() {
-        Some(Compression::Off) => Ok(std::sync::Arc::new(AlignedBuf::copy_of(&phys[..(bp.lsize as usize).min(phys.len())]))),
+        Some(Compression::Off) => {
+            phys.resize((bp.lsize as usize).min(phys.len()));
+            Ok(std::sync::Arc::new(phys))
+        }
         Some(c) => {
             let p = (bp.psize as usize).min(phys.len());
             compress::decompress(c, &phys[..p], bp.lsize as usize).map(|v| std::sync::Arc::new(AlignedBuf::from(v)))

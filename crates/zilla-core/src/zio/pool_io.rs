@@ -247,7 +247,7 @@ impl PoolIo {
 
     /// The logical block from verified physical bytes of `bp` (decompressed, its size
     /// checked), inserted into the ARC when `cache`: how every block read ends.
-    pub fn finish_block_read(&self, bp: &BlockPointer, phys: &[u8], kind: BufKind, cache: bool) -> Result<Arc<AlignedBuf>> {
+    pub fn finish_block_read(&self, bp: &BlockPointer, phys: AlignedBuf, kind: BufKind, cache: bool) -> Result<Arc<AlignedBuf>> {
         let data: Arc<AlignedBuf> = crate::zio::finish_read(bp, phys)?;
         if data.len() != bp.lsize as usize {
             return Err(Error::Corrupt("decompressed size mismatch".into()));
@@ -301,7 +301,7 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    return self.finish_block_read(bp, &r.data, kind, cache);
+                    return self.finish_block_read(bp, r.data, kind, cache);
                 }
                 Err(e) => {
                     if e.kind() != io::ErrorKind::InvalidData {

@@ -573,7 +573,8 @@ impl Volume {
             (Some(_), Some(block)) if indirect => self.vol.zil.log_write_indirect(txg, offset, block.clone()),
             (Some(_), Some(block)) if whole => self.vol.zil.log_write(txg, offset, block.clone(), true),
             // the whole new block instead when a whole-block itx of it is pending
-            (Some(p), Some(block)) => self.vol.zil.log_partial_write(txg, blkid.offset_bytes(self.bs()), offset, Arc::new(AlignedBuf::copy_of(p)), block),
+            // by reference to the new version; copied only if a commit takes it
+            (Some(p), Some(block)) => self.vol.zil.log_partial_write(txg, blkid.offset_bytes(self.bs()), offset, block, in_off, p.len()),
             (Some(p), None) => self.vol.zil.log_write(txg, offset, Arc::new(AlignedBuf::copy_of(p)), false),
             (None, _) if whole => self.vol.zil.log_truncate_block(txg, offset, len as u64),
             (None, _) => self.vol.zil.log_truncate(txg, offset, len as u64),
@@ -814,7 +815,7 @@ impl BlockVolume for Volume {
         let cache = self.primary_cache_data();
         self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, Box::new(move |phys| {
             let Some(phys) = phys else { return done(None) };
-            let block = pool.io().finish_block_read(&bp, &phys, BufKind::Data, cache).ok();
+            let block = pool.io().finish_block_read(&bp, phys, BufKind::Data, cache).ok();
             match block.and_then(|d| SharedSlice::new(d, in_block, piece_len)) {
                 Some(piece) => {
                     pieces[at] = piece;

@@ -50,7 +50,7 @@ fn read_logical(imgs: &Images, bp: &BlockPointer) -> Option<Vec<u8>> {
     if !zio::verify(bp, phys) {
         return None;
     }
-    zio::finish_read(bp, phys).ok().map(|a| a.to_vec())
+    zio::finish_read(bp, zilla_core::vdev::abd::AlignedBuf::copy_of(phys)).ok().map(|a| a.to_vec())
 }
 
 /// Store `logical` as the new content of metadata block `bp` in place (every copy, every

@@ -70,7 +70,7 @@
 //! - *workers*: `min(sum of max_active + 1, zfs_vdev_max_active)` threads per leaf,
 //!   started once when the leaf opens (more only if a tunable is raised later), each
 //!   looping: select a request, perform it on the [`Device`], complete it.
-//! - *io_uring* ([`super::uring`]): for devices that are plain descriptors
+//! - *io_uring* ([`uring`]): for devices that are plain descriptors
 //!   ([`Device::raw_target`]); selected requests become SQEs pushed by whichever thread
 //!   made them selectable; one reaper thread per leaf completes them. Other devices
 //!   (sim, fault injection) fall back to workers.
@@ -86,6 +86,7 @@
 
 mod aggregate;
 mod select;
+pub mod uring;
 
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -523,7 +524,7 @@ pub(super) struct Shared {
     device_flush_errors: AtomicU64,
     flush_latency: Histogram,
     /// Set when the io_uring engine runs this leaf.
-    uring: Mutex<Option<Arc<super::uring::UringEngine>>>,
+    uring: Mutex<Option<Arc<uring::UringEngine>>>,
 }
 
 /// One leaf's queue and device engine.
@@ -592,7 +593,7 @@ impl LeafQueue {
             uring: Mutex::new(None),
         });
         let engine = match engine {
-            EngineKind::Uring => match super::uring::UringEngine::start(&shared) {
+            EngineKind::Uring => match uring::UringEngine::start(&shared) {
                 Some(u) => {
                     *shared.uring.lock() = Some(u);
                     EngineKind::Uring
@@ -634,7 +635,8 @@ impl LeafQueue {
     /// Blocking read of `len` bytes at `offset` into a fresh aligned buffer.
     pub fn read_buf(&self, class: IoClass, len: usize, offset: u64) -> Result<AlignedBuf, IoError> {
         let w = Waiter::new();
-        self.submit_and_wait(IoRequest::read(class, offset, AlignedBuf::zeroed(len), w.completion()));
+        // the device fills every byte (a short read is an error and drops the buffer)
+        self.submit_and_wait(IoRequest::read(class, offset, AlignedBuf::for_overwrite(len), w.completion()));
         w.wait().into_read()
     }
 

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use io_uring::{opcode, types, IoUring};
 use parking_lot::{Mutex, MutexGuard};
 
-use super::queue::{IoData, Queued, QueueState, Shared, WriteBytes};
-use super::{IoError, IoOp, RawTarget};
+use super::{IoData, Queued, QueueState, Shared, WriteBytes};
+use crate::vdev::{IoError, IoOp, RawTarget};
 
 /// The most buffers one vectored write takes (the kernel's UIO_MAXIOV).
 const IOV_MAX: usize = 1024;
