@@ -146,3 +146,31 @@ fn a_buffer_shared_by_reference_never_changes_under_its_readers() {
     assert!(back == expect, "the volume holds both partial writes over the first");
     pool.export().unwrap();
 }
+
+#[test]
+fn a_payload_cut_adds_up_to_its_length_at_any_offset() {
+    // Goal: the front end reads exactly the payload's bytes off the wire whatever offset
+    // a client sends (an overflowing one included: the volume refuses it afterwards),
+    // cuts at block boundaries, and never finer than a slab slot.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..2000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bs = [512u64, 4096, 16384, 131072][(i % 4) as usize];
+        let offset = if i % 10 == 0 { u64::MAX - (x % 100_000) } else { x % (1 << 40) };
+        let len = x % (3 << 20);
+        let cut: Vec<usize> = WriteData::cut(offset, len, bs).collect();
+        assert_eq!(cut.iter().sum::<usize>() as u64, len, "offset {offset} len {len} bs {bs}");
+        let step = bs.max(4096);
+        let mut at = offset;
+        for (k, &n) in cut.iter().enumerate() {
+            assert!(n > 0 && n as u64 <= step);
+            let end = at.wrapping_add(n as u64);
+            if k + 1 < cut.len() {
+                assert_eq!(end % step, 0, "a piece ends at a block boundary");
+            }
+            at = end;
+        }
+    }
+}

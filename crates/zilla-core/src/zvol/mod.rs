@@ -133,6 +133,9 @@ pub type ReadDone = Box<dyn FnOnce(Option<Result<Vec<SharedSlice>>>) + Send>;
 /// `flush` from a blocking context for the result".
 pub type CommitDone = Box<dyn FnOnce(Option<Result<()>>) + Send>;
 
+/// The finest cut of a write's payload: the slab's smallest slot.
+pub const WRITE_PIECE_MIN_BYTES: u64 = crate::vdev::abd::ALIGN as u64;
+
 /// A write's bytes as a front end received them: aligned buffers back to back. A front
 /// end that reads a payload off the wire into pieces cut by [`WriteData::cut`] (at the
 /// volume's block boundaries) hands whole blocks over by reference: the block's new
@@ -171,9 +174,12 @@ impl WriteData {
     }
     /// The piece lengths of a write of `len` bytes at `offset` on blocks of
     /// `block_bytes`: cut at every block boundary. They always add up to `len`, whatever
-    /// the offset (a range past the volume's end is refused later, not here).
+    /// the offset (a range past the volume's end is refused later, not here). Never cut
+    /// finer than [`WRITE_PIECE_MIN_BYTES`]: each piece takes a slab slot of at least
+    /// that size, so finer pieces would take more memory than the front end's budget
+    /// counted for the payload (such a volume's writes are copied instead).
     pub fn cut(offset: u64, len: u64, block_bytes: u64) -> impl Iterator<Item = usize> + Clone {
-        let bs = block_bytes.max(1);
+        let bs = block_bytes.max(WRITE_PIECE_MIN_BYTES);
         let (mut at, mut left) = (offset, len);
         std::iter::from_fn(move || {
             if left == 0 {
