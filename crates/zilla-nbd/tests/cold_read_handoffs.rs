@@ -20,16 +20,13 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use zilla_core::spa::{CreateOptions, Pool, TopSpec};
-use zilla_core::vdev::queue::EngineKind;
-use zilla_core::vdev::{IoClass, LeafSpec, Role};
+use zilla_core::spa::Pool;
 use zilla_nbd::proto::*;
 use zilla_nbd::{Frontend, FrontendConfig, NbdConfig, NbdServer, StaticRegistry};
 
@@ -38,10 +35,6 @@ const VOLSIZE: u64 = 16 << 20;
 const BS: u64 = 16 << 10;
 const DATA: u64 = 8 << 20;
 const REACTOR: &str = "nbd-reactor";
-
-fn specs(paths: &[PathBuf]) -> Vec<LeafSpec> {
-    paths.iter().map(|p| LeafSpec { path: p.clone(), model: None }).collect()
-}
 
 /// Voluntary context switches of every thread of this process: thread id -> (name, count).
 fn switches_by_thread() -> HashMap<String, (String, u64)> {
@@ -75,33 +68,8 @@ fn sleeps_per_read(before: &HashMap<String, (String, u64)>, after: &HashMap<Stri
 /// A pool written, exported and imported again (nothing in the ARC), its indirects
 /// read back so a cold READ of a data block is one device read.
 fn cold_pool(dir: &std::path::Path) -> Option<Arc<Pool>> {
-    let paths: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("hand{i}"))).collect();
-    for p in &paths {
-        std::fs::File::create(p).unwrap().set_len(DEV_SIZE).unwrap();
-    }
-    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: specs(&paths) }];
-    let pool = Pool::create("hand", tops, CreateOptions::default()).expect("create");
-    if pool.debug_leaves().iter().any(|l| l.queue.engine() != EngineKind::Uring) {
-        pool.export().unwrap();
-        return None;
-    }
-    pool.volume_create("vol", VOLSIZE, BS as u32, &[]).unwrap();
-    let v = pool.open_volume("vol").unwrap();
-    for off in (0..DATA).step_by(1 << 20) {
-        let data: Vec<u8> = (0..1u64 << 20).map(|i| ((off + i) / 512) as u8 ^ 0x5a).collect();
-        v.write(off, &data, false).unwrap();
-    }
-    v.flush().unwrap();
-    pool.sync().unwrap();
-    drop(v);
-    pool.export().unwrap();
-    drop(pool);
-    let pool = Pool::import_leaves(&specs(&paths)).expect("import");
-    let root = pool.debug_volume_root("vol").unwrap();
-    for blk in (0..DATA / BS).step_by(64) {
-        zilla_core::dmu::lookup(pool.debug_io(), &root, zilla_core::BlockId(blk), IoClass::SyncRead).unwrap();
-    }
-    Some(pool)
+    let fill = |off: u64, len: u64| (0..len).map(|i| ((off + i) / 512) as u8 ^ 0x5a).collect();
+    cold_uring_pool(dir, "hand", DEV_SIZE, VOLSIZE, BS, DATA, fill).map(|(pool, _)| pool)
 }
 
 #[test]

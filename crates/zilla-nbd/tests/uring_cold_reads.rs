@@ -18,10 +18,9 @@ use common::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use zilla_core::spa::{CreateOptions, Pool, TopSpec};
+use zilla_core::spa::Pool;
 use zilla_core::vdev::label::DATA_START;
-use zilla_core::vdev::queue::EngineKind;
-use zilla_core::vdev::{IoClass, LeafSpec, Role};
+use zilla_core::vdev::IoClass;
 use zilla_nbd::proto::*;
 use zilla_nbd::{Frontend, FrontendConfig, NbdConfig, NbdServer, StaticRegistry};
 
@@ -48,40 +47,14 @@ struct Rig {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-fn specs(paths: &[PathBuf]) -> Vec<LeafSpec> {
-    paths.iter().map(|p| LeafSpec { path: p.clone(), model: None }).collect()
-}
-
 /// A cold pool (imported again after the data was written), the L1 indirects cached
 /// so reads take the asynchronous path, served over NBD. None without io_uring.
 async fn rig(name: &str, config: NbdConfig) -> Option<Rig> {
     let dir = tempfile::tempdir().unwrap();
-    let paths: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("{name}{i}"))).collect();
-    for p in &paths {
-        std::fs::File::create(p).unwrap().set_len(DEV_SIZE).unwrap();
-    }
-    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: specs(&paths) }];
-    let pool = Pool::create(name, tops, CreateOptions::default()).expect("create");
-    if pool.debug_leaves().iter().any(|l| l.queue.engine() != EngineKind::Uring) {
-        pool.export().unwrap();
+    let Some((pool, paths)) = cold_uring_pool(dir.path(), name, DEV_SIZE, VOLSIZE, BS, DATA, expected) else {
         eprintln!("no io_uring here: skipped");
         return None;
-    }
-    pool.volume_create("vol", VOLSIZE, BS as u32, &[]).unwrap();
-    let v = pool.open_volume("vol").unwrap();
-    for off in (0..DATA).step_by(1 << 20) {
-        v.write(off, &expected(off, 1 << 20), false).unwrap();
-    }
-    v.flush().unwrap();
-    pool.sync().unwrap();
-    drop(v);
-    pool.export().unwrap();
-    drop(pool);
-    let pool = Pool::import_leaves(&specs(&paths)).expect("import");
-    let root = pool.debug_volume_root("vol").unwrap();
-    for blk in (0..DATA / BS).step_by(64) {
-        zilla_core::dmu::lookup(pool.debug_io(), &root, zilla_core::BlockId(blk), IoClass::SyncRead).unwrap();
-    }
+    };
     let mut registry = StaticRegistry::new();
     registry.insert("pool/vol", "", pool.open_volume("vol").unwrap());
     let frontend = Frontend::new(Arc::new(registry), FrontendConfig::default());

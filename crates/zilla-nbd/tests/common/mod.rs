@@ -331,3 +331,48 @@ pub fn meta_context_data(export: &str, queries: &[&str]) -> Vec<u8> {
     }
     data
 }
+
+/// A cold pool for io_uring read tests: `name` on a mirror of two files of `dev_bytes`
+/// in `dir`, volume "vol" of `volsize` bytes in blocks of `bs`, its first `data` bytes
+/// written 1 MiB at a time with `fill(offset, len)`, synced, exported and imported again
+/// (ARC empty), then the L1 indirects read so a cold read of one block takes the
+/// asynchronous path. None (the pool exported) where a leaf does not run io_uring.
+pub fn cold_uring_pool(
+    dir: &std::path::Path,
+    name: &str,
+    dev_bytes: u64,
+    volsize: u64,
+    bs: u64,
+    data: u64,
+    fill: impl Fn(u64, u64) -> Vec<u8>,
+) -> Option<(Arc<zilla_core::spa::Pool>, Vec<std::path::PathBuf>)> {
+    use zilla_core::spa::{CreateOptions, Pool, TopSpec};
+    use zilla_core::vdev::{IoClass, LeafSpec, Role};
+    let paths: Vec<std::path::PathBuf> = (0..2).map(|i| dir.join(format!("{name}{i}"))).collect();
+    for p in &paths {
+        std::fs::File::create(p).unwrap().set_len(dev_bytes).unwrap();
+    }
+    let specs = || -> Vec<LeafSpec> { paths.iter().map(|p| LeafSpec { path: p.clone(), model: None }).collect() };
+    let tops = vec![TopSpec { role: Role::Normal, mirror: true, leaves: specs() }];
+    let pool = Pool::create(name, tops, CreateOptions::default()).expect("create");
+    if pool.debug_leaves().iter().any(|l| l.queue.engine() != zilla_core::vdev::queue::EngineKind::Uring) {
+        pool.export().unwrap();
+        return None;
+    }
+    pool.volume_create("vol", volsize, bs as u32, &[]).unwrap();
+    let v = pool.open_volume("vol").unwrap();
+    for off in (0..data).step_by(1 << 20) {
+        v.write(off, &fill(off, 1 << 20), false).unwrap();
+    }
+    v.flush().unwrap();
+    pool.sync().unwrap();
+    drop(v);
+    pool.export().unwrap();
+    drop(pool);
+    let pool = Pool::import_leaves(&specs()).expect("import");
+    let root = pool.debug_volume_root("vol").unwrap();
+    for blk in (0..data / bs).step_by(64) {
+        zilla_core::dmu::lookup(pool.debug_io(), &root, zilla_core::BlockId(blk), IoClass::SyncRead).unwrap();
+    }
+    Some((pool, paths))
+}
