@@ -5,7 +5,7 @@
 //! write in flight.
 //!
 //! Method: devices that record the address of every buffer they are asked to write; a
-//! write of `WriteData` pieces cut at block boundaries; the pool synced; the addresses
+//! write of `WriteData` pieces (pseudo-random bytes no compressor shrinks) cut at block boundaries; the pool synced; the addresses
 //! compared. A build that copies the block anywhere on the way (into a run buffer, into
 //! a new block) writes from another address and fails.
 
@@ -59,19 +59,6 @@ impl Device for Recording {
     }
 }
 
-/// Bytes no compressor shrinks (xorshift), so the block is written as received.
-fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn pool_of_recorders() -> (Arc<Pool>, Vec<Arc<Recording>>) {
     let devs = common::DevSet::default();
     let mut recs = Vec::new();
@@ -92,7 +79,7 @@ fn a_whole_block_goes_from_its_receive_buffer_to_the_devices_without_a_copy() {
     let v = pool.open_volume("v").unwrap();
     // three whole blocks and a partial one, cut as a front end cuts what it receives
     let offset = 5 * BS as u64;
-    let bytes = random_bytes(7, 3 * BS + 512);
+    let bytes = common::pattern(7, 3 * BS + 512);
     let cut: Vec<usize> = WriteData::cut(offset, bytes.len() as u64, BS as u64).collect();
     assert_eq!(cut, vec![BS, BS, BS, 512]);
     let mut pieces = Vec::new();
@@ -124,7 +111,7 @@ fn a_buffer_shared_by_reference_never_changes_under_its_readers() {
     let (pool, _recs) = pool_of_recorders();
     pool.volume_create("v", 8 << 20, BS as u32, &[("sync".into(), "always".into())]).unwrap();
     let v = pool.open_volume("v").unwrap();
-    let first = random_bytes(11, BS);
+    let first = common::pattern(11, BS);
     let piece = Arc::new(AlignedBuf::copy_of(&first));
     // sync=always: the write is logged (its record refers to the block) and committed
     v.write_data(0, &WriteData::from_pieces(vec![piece.clone()]), false).unwrap();

@@ -499,10 +499,7 @@ fn try_inline(shared: &Shared, command: Command) -> Inline {
         // A write the volume can take without blocking (no throttle delay, no device
         // read) is applied here.
         Command::Write { offset, data, fua: false } => match shared.volume.try_write_nonblocking(offset, &data) {
-            Some(result) => {
-                drop(data);
-                Inline::Done(result.map(|()| Output::Done))
-            }
+            Some(result) => Inline::Done(result.map(|()| Output::Done)),
             None => Inline::No(Command::Write { offset, data, fua: false }),
         },
         // The ARC decides what stays in memory: acknowledged at once.
@@ -586,9 +583,8 @@ fn try_commit_async<C: Completer>(pending: Pending<C>, command: Command) -> Resu
             let shared = pending.shared().clone();
             match shared.volume.try_write_nonblocking_sync(offset, &data, fua) {
                 None => return Err((pending, Command::Write { offset, data, fua })),
-                Some(Ok(true)) => drop(data),
+                Some(Ok(true)) => {}
                 Some(done) => {
-                    drop(data);
                     pending.complete(done.map(|_| Output::Done));
                     return Ok(());
                 }
@@ -622,22 +618,17 @@ async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data:
     let shared = pending.shared().clone();
     let needs_commit = match shared.volume.try_write_after_delay(offset, &data, fua) {
         Some(Ok(true)) => true,
-        Some(done) => {
-            drop(data);
-            return pending.complete(done.map(|_| Output::Done));
-        }
+        Some(done) => return pending.complete(done.map(|_| Output::Done)),
         None => false,
     };
     if let Ok(permit) = shared.frontend.delayed_write_calls.clone().acquire_owned().await {
         pending.set_call(CallPermit::AfterDelay(permit));
     }
     if needs_commit {
-        drop(data);
         return commit_then_complete(pending);
     }
     tokio::task::spawn_blocking(move || {
         let result = shared.volume.write_after_delay(offset, &data, fua);
-        drop(data);
         pending.complete(result.map(|()| Output::Done));
     });
 }

@@ -428,12 +428,6 @@ impl std::ops::DerefMut for AlignedBuf {
     }
 }
 
-impl AsRef<[u8]> for AlignedBuf {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
 impl PartialEq for AlignedBuf {
     fn eq(&self, other: &AlignedBuf) -> bool {
         self.as_slice() == other.as_slice()

@@ -191,18 +191,6 @@ impl WriteData {
             Some(n as usize)
         })
     }
-    /// The bytes `[at, at+len)` when they lie in one piece: the piece, and where in it.
-    pub fn piece_at(&self, at: usize, len: usize) -> Option<(&std::sync::Arc<AlignedBuf>, usize)> {
-        let mut start = 0;
-        for p in &self.pieces {
-            if at < start + p.len() || (len == 0 && at == start) {
-                let off = at - start;
-                return (off + len <= p.len()).then_some((p, off));
-            }
-            start += p.len();
-        }
-        None
-    }
 }
 
 impl std::fmt::Debug for WriteData {
