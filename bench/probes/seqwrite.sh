@@ -4,7 +4,7 @@
 # Zilla only. Four sparse files in two mirrors, a 512 MiB volume filled once, default
 # tunables, then fio nbd 128K sequential writes at QD32 for SECS seconds. Prints IOPS,
 # the daemon's CPU per write, the bytes that reached the devices and the txgs synced.
-# PERF=1 records a profile of the daemon ($W/perf.data). EXTRA="name=value ..." adds
+# PERF=1 records a profile of the daemon ($W/perf.data), PERF_SECS (4) long from PERF_DELAY (2) s in. EXTRA="name=value ..." adds
 # tunables.
 #
 #   bench/probes/seqwrite.sh 8
@@ -40,7 +40,7 @@ BG+=($!)
 ( sleep 1; top -H -b -n 2 -d 3 -p $DPID > "$W/top.txt" 2>&1 ) &
 BG+=($!)
 if [ -n "$PERF" ]; then
-    ( sleep 2; perf record ${PERF_ARGS:--F 2999 -g} -p $DPID -o "$W/perf.data" -- sleep 4 > "$W/perf.log" 2>&1 ) &
+    ( sleep ${PERF_DELAY:-2}; perf record ${PERF_ARGS:--F 2999 -g} -p $DPID -o "$W/perf.data" -- sleep ${PERF_SECS:-4} > "$W/perf.log" 2>&1 ) &
     BG+=($!)
 fi
 fio --name=w --ioengine=nbd --uri=$URI --rw=${RW:-write} --bs=${BS:-128k} --iodepth=32 --numjobs=1 --size=536870912 \

@@ -24,10 +24,15 @@
 //!
 //! A buffer returns its slot when dropped. A chunk whose slots are all free is released
 //! at once when the slab's idle bytes (free slots of every class) exceed
-//! [`IDLE_MAX_BYTES`], and by [`trim`] (called when a pool syncs an empty txg); so the
-//! slab holds what its users hold, the free slots of chunks still partly in use, and at
-//! most that bound of whole free chunks (1 GiB: what a txg sync frees at once, kept for
-//! the next txg's blocks). What users hold is bounded by their own
+//! [`IDLE_MAX_BYTES`], and by [`trim`] once it has stayed all free for
+//! [`IDLE_RELEASE_AFTER`] (trim is called when a pool syncs an empty txg); so the slab
+//! holds what its users hold, the free slots of chunks still partly in use, and at most
+//! that bound of whole free chunks (1 GiB: what a txg sync frees at once, kept for the
+//! next txg's blocks), given back to the system half a minute after the writes that
+//! used them stopped. A burst that follows a pause shorter than that reuses the slots;
+//! giving them back at the first empty txg made every burst fault its memory in again
+//! (fresh pages cleared by the kernel, then by calloc: a quarter of the daemon's CPU in
+//! the first seconds of 4K random writes). What users hold is bounded by their own
 //! budgets (the front ends' memory budget, dirty data, the ARC), which wait when full:
 //! the slab never refuses and never allocates around them. [`stats`] feeds the memory
 //! report.
@@ -40,6 +45,7 @@ use parking_lot::Mutex;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Default alignment: safe for every device's O_DIRECT.
 pub const ALIGN: usize = 4096;
@@ -61,6 +67,8 @@ const CHUNK_TARGET_BYTES: usize = 256 << 10;
 /// bound). Dirty data and the ARC stay within their own maxima, so what the slab keeps
 /// is memory they held a moment ago; an idle pool's trim returns it.
 pub const IDLE_MAX_BYTES: u64 = 1 << 30;
+/// How long a chunk stays all free before [`trim`] gives it back.
+pub const IDLE_RELEASE_AFTER: Duration = Duration::from_secs(30);
 
 /// Bytes of size class `class`.
 fn class_bytes(class: usize) -> usize {
@@ -89,6 +97,8 @@ struct Chunk {
     /// Free slot indexes (LIFO).
     free: Vec<u32>,
     in_partial: bool,
+    /// When its last slot in use was freed (None while a slot is in use).
+    all_free_since: Option<Instant>,
 }
 
 struct ClassState {
@@ -169,20 +179,24 @@ fn stats_of(s: &Slab) -> SlabStats {
     }
 }
 
-/// Release every chunk whose slots are all free (the pool went idle). Returns the bytes
-/// released.
+/// Release every chunk whose slots have all been free for [`IDLE_RELEASE_AFTER`] (a
+/// pool went idle). Returns the bytes released.
 pub fn trim() -> u64 {
-    trim_slab(slab())
+    trim_slab(slab(), Instant::now(), IDLE_RELEASE_AFTER)
 }
 
-fn trim_slab(s: &Slab) -> u64 {
+/// Release the chunks of `s` all free since before `now - idle_for`.
+fn trim_slab(s: &Slab, now: Instant, idle_for: Duration) -> u64 {
     let mut released = 0;
     for class in &s.classes {
         let mut st = class.lock();
         let ids: Vec<u32> = st.partial.clone();
         for id in ids {
-            let full_free = st.chunks[id as usize].as_ref().is_some_and(|c| c.free.len() as u32 == st.slots_per_chunk);
-            if full_free {
+            let chunk = st.chunks[id as usize].as_ref();
+            let full_free = chunk.is_some_and(|c| c.free.len() as u32 == st.slots_per_chunk);
+            let idle_long = chunk.and_then(|c| c.all_free_since).is_some_and(|t| now.saturating_duration_since(t) >= idle_for);
+            debug_assert!(!idle_long || full_free, "a chunk with a slot in use has a free-since time");
+            if full_free && idle_long {
                 released += release_chunk(s, &mut st, id);
             }
         }
@@ -216,6 +230,7 @@ fn take_slot(s: &Slab, class: usize) -> (NonNull<u8>, u32, u32) {
     let slot_bytes = st.slot_bytes;
     let chunk = st.chunks[id as usize].as_mut().expect("a partial chunk is live");
     let slot = chunk.free.pop().expect("a partial chunk has a free slot");
+    chunk.all_free_since = None;
     let now_full = chunk.free.is_empty();
     // SAFETY: slot < slots_per_chunk, so the address is inside the chunk's allocation.
     let ptr = unsafe { NonNull::new_unchecked(chunk.base.as_ptr().add(slot as usize * slot_bytes)) };
@@ -233,7 +248,7 @@ fn new_chunk(s: &Slab, st: &mut ClassState) {
     let layout = Layout::from_size_align(bytes, ALIGN).expect("a chunk layout");
     // SAFETY: the layout has a non-zero size.
     let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-    let chunk = Chunk { base, layout, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true };
+    let chunk = Chunk { base, layout, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true, all_free_since: None };
     let id = match st.released_ids.pop() {
         Some(id) => {
             st.chunks[id as usize] = Some(chunk);
@@ -258,6 +273,9 @@ fn give_slot(s: &Slab, class: usize, id: u32, slot: u32) {
     chunk.free.push(slot);
     let was_partial = std::mem::replace(&mut chunk.in_partial, true);
     let all_free = chunk.free.len() as u32 == per_chunk;
+    if all_free {
+        chunk.all_free_since = Some(Instant::now());
+    }
     if !was_partial {
         st.partial.push(id);
     }
@@ -518,7 +536,12 @@ mod tests {
             give_slot(&s, class, chunk, slot);
         }
         assert_eq!(stats_of(&s).idle_bytes, 8 * (124 << 10));
-        assert_eq!(trim_slab(&s), 8 * (124 << 10));
+        let now = Instant::now();
+        assert_eq!(trim_slab(&s, now, Duration::from_secs(30)), 0, "chunks freed just now are kept for the next burst");
+        let (_, chunk, slot) = take_slot(&s, class); // one chunk busy again, then free
+        give_slot(&s, class, chunk, slot);
+        assert_eq!(trim_slab(&s, now + Duration::from_secs(30), Duration::from_secs(30)), 6 * (124 << 10), "the chunk used again stays");
+        assert_eq!(trim_slab(&s, now + Duration::from_secs(61), Duration::from_secs(30)), 2 * (124 << 10));
         assert_eq!(chunks(), 0, "trim releases every chunk whose slots are all free");
         assert_eq!(stats_of(&s), SlabStats::default());
         // past the idle bound, a chunk whose slots are all free goes at once
