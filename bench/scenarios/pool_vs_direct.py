@@ -11,9 +11,10 @@ is read from /proc. Then, in the same daemon, the write again *with company*: th
 is exported, a second pool on its own files (`company`) gets a volume whose
 `company_bytes` are written and read back, so they are in that pool's ARC (checked
 with the ARC counters), and the same 1 MiB write runs on a fresh pool made again of the
-first four files. The ARC limit is per pool, so for this part it is raised to
-`company_arc_max` (the other pool's data plus the scenario's ARC max) for both pools,
-and the peak-RSS budget of this part is two such ARCs plus the dirty max. Daemon CPU
+first four files. The daemon's one ARC serves both pools, so for this part its limit is
+raised to `company_arc_max` (the other pool's data plus the scenario's ARC max), and
+the peak-RSS budget of this part is that ARC max plus the dirty max (builds before the
+one ARC per daemon had an ARC per pool: for them this budget is one ARC short). Daemon CPU
 (/proc/PID/stat over each fio run) is reported per MiB written and per read; for the
 cold reads also fio's own CPU and the machine's steal and idle time (/proc/stat), so a
 reader sees whether the CPU was there to be had. Rounds alternate so the machine's
@@ -55,7 +56,7 @@ def settings(quick):
             "company": "a second pool (mirror of two files) in the same daemon whose volume's "
                        "company_bytes are written and read back (cached in its ARC) before the "
                        "1 MiB write runs again on a fresh pool of the four files; zfs_arc_max "
-                       "(per pool) is company_arc_max for that part",
+                       "(the daemon's, both pools') is company_arc_max for that part",
             "direct": "fio on the 4 files at once, one job per file, libaio direct=1: "
                       "write iodepth=2 per file (8 x 1 MiB in flight), randread iodepth=8 "
                       "per file (32 in flight), group_reporting (aggregate)",
@@ -165,11 +166,11 @@ def zilla_round(build, files, cfg, wd, step):
 
 def memory_overheads(rss, cfg):
     """Peak RSS beyond the ARC and dirty limits, per part of the round: alone (one pool:
-    ARC max + dirty max) and with company (two pools, each ARC up to company_arc_max,
-    + dirty max). VmHWM only grows, so each part's figure is the peak up to its end
+    ARC max + dirty max) and with company (two pools sharing the daemon's ARC of
+    company_arc_max, + dirty max). VmHWM only grows, so each part's figure is the peak up to its end
     against that part's budget; the goal takes the larger of the two."""
     budget = cfg["zfs_arc_max"] + cfg["zfs_dirty_data_max"]
-    budget_c = 2 * cfg["company_arc_max"] + cfg["zfs_dirty_data_max"]
+    budget_c = cfg["company_arc_max"] + cfg["zfs_dirty_data_max"]
     alone = rss["hwm_end_kib"] * 1024 - budget
     with_company = rss["hwm_with_company_kib"] * 1024 - budget_c
     rss.update({"budget_arc_plus_dirty_bytes": budget, "overhead_alone_bytes": alone,
@@ -197,14 +198,14 @@ def write_with_company(z, files, cfg, wd, tag):
     fio(["--name=cw", "--rw=write", "--end_fsync=1"] + seq, wd, f"{tag}-company-fill")
     arc0 = z.admin.arc_counters()
     fio(["--name=cr", "--rw=read"] + seq, wd, f"{tag}-company-readback")
-    arc1 = z.admin.arc_counters()           # only the other pool is imported: its ARC
+    arc1 = z.admin.arc_counters()           # only the other pool is imported: its blocks
     wait_idle(z.pid)
     z.cli("pool", "create", "-f", "bench", "mirror", files[0], files[1], "mirror", files[2], files[3])
     z.cli("volume", "create", "-V", str(cfg["volume_bytes"]), "bench/vol")
     w = zilla_write(z, cfg, wd, f"{tag}-with-company")
     w["arc_during"] = arc_delta(arc1, z.admin.arc_counters())
     z.cli("pool", "export", "bench")
-    arc2 = z.admin.arc_counters()           # the other pool's ARC again, after the write
+    arc2 = z.admin.arc_counters()           # the other pool's blocks again (bench's left with it)
     z.cli("pool", "export", "company")
     for p in cfiles:
         os.unlink(p)
@@ -372,7 +373,7 @@ def print_tables(med, results, direct, first, cfg, ctx):
     print(f"daemon VmHWM alone {hwm / MiB:.0f} MiB = ARC max {cfg['zfs_arc_max'] // MiB} MiB + dirty "
           f"max {cfg['zfs_dirty_data_max'] // MiB} MiB + {mem['overhead_alone_bytes'] / MiB:.0f}"
           f" MiB (idle RSS with the pool imported: {mem['after_pool_create_kib'] / 1024:.0f} MiB); "
-          f"whole run with the other pool {hwm_c / MiB:.0f} MiB = 2 x ARC max "
+          f"whole run with the other pool {hwm_c / MiB:.0f} MiB = ARC max "
           f"{cfg['company_arc_max'] // MiB} MiB + dirty max {cfg['zfs_dirty_data_max'] // MiB} MiB + "
           f"{mem['overhead_with_company_bytes'] / MiB:.0f} MiB")
     if ctx.old is None:

@@ -4,7 +4,7 @@
 #   RSS <= ARC max + dirty max + front-end budget + reply-buffer pool cap
 #          + 192 MiB + 128 KiB per open NBD connection
 #
-# Every term is read from the running daemon: ARC max (c_max, summed over pools) from
+# Every term is read from the running daemon: ARC max (c_max of the daemon's one ARC) from
 # GET /v1/arcstats, dirty max from `zilla tunable get`, the front-end terms and the
 # open connections from /metrics.
 

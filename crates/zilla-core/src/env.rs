@@ -133,6 +133,37 @@ pub trait Env: Send + Sync + 'static {
     fn hostid(&self) -> u32 {
         system_hostid()
     }
+
+    /// Memory the system can still give this process without swapping: the smaller of
+    /// MemAvailable and what the cgroup's memory limit leaves (None: unknown). The ARC
+    /// shrinks when it runs short; tests play a shortage through a simulated Env.
+    fn memory_available_bytes(&self) -> Option<u64> {
+        system_memory_available_bytes()
+    }
+}
+
+/// See [`Env::memory_available_bytes`]: /proc/meminfo's MemAvailable, and, under a
+/// cgroup v2 memory limit, memory.max − memory.current of this process's cgroup.
+pub fn system_memory_available_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let avail = meminfo.as_deref().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    let cgroup = (|| {
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        // cgroup v2: one line "0::/path"
+        let path = own.lines().find_map(|l| l.strip_prefix("0::"))?.trim();
+        let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+        let max: u64 = std::fs::read_to_string(dir.join("memory.max")).ok()?.trim().parse().ok()?; // "max": no limit
+        let current: u64 = std::fs::read_to_string(dir.join("memory.current")).ok()?.trim().parse().ok()?;
+        Some(max.saturating_sub(current))
+    })();
+    match (avail, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
 }
 
 /// The host id, read once: `/etc/hostid` (4 bytes, host order, as glibc `gethostid`
@@ -317,6 +348,8 @@ pub struct SimEnv {
     clock_ns: AtomicU64,
     rng: Mutex<StdRng>,
     threads_spawned: AtomicU64,
+    /// What `memory_available_bytes` answers (u64::MAX: unknown).
+    memory_available: AtomicU64,
 }
 
 impl SimEnv {
@@ -326,7 +359,13 @@ impl SimEnv {
             clock_ns: AtomicU64::new(0),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             threads_spawned: AtomicU64::new(0),
+            memory_available: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Play the system's available memory (None: unknown, the default).
+    pub fn set_memory_available_bytes(&self, bytes: Option<u64>) {
+        self.memory_available.store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub fn seed(&self) -> u64 {
@@ -368,6 +407,10 @@ impl Env for SimEnv {
 
     fn threads_spawned(&self) -> u64 {
         self.threads_spawned.load(Ordering::Relaxed)
+    }
+
+    fn memory_available_bytes(&self) -> Option<u64> {
+        Some(self.memory_available.load(Ordering::Relaxed)).filter(|&b| b != u64::MAX)
     }
 }
 

@@ -165,7 +165,7 @@ fn data_block_heals_on_read_after_import() {
     // live pool: evict the block from the ARC, damage the copy read first, read again
     let bp = l0(&pool, 60);
     let d = bp.dva[0];
-    pool.debug_io().arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+    pool.debug_io().forget_cached(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
     let names = children(&pool, d.vdev);
     let bad = first_reader(Some(&pool), &names, &HashMap::new(), d.offset);
     corrupt(&rig, &bad, &d, 2);
@@ -202,14 +202,14 @@ fn asynchronous_reads_serve_one_missing_block_and_leave_bad_copies_to_the_blocki
     let evict = |blk: u64| {
         let bp = l0(&pool, blk);
         let d = bp.dva[0];
-        pool.debug_io().arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+        pool.debug_io().forget_cached(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
         bp
     };
     // one block, not cached: served by the device completion, then cached
     let bp = evict(20);
     assert_eq!(read_async(&*v, 20 * BS + 100, 5000), Some(want(20, 1)[100..5100].to_vec()));
     let d = bp.dva[0];
-    assert!(pool.debug_io().arc.lookup(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth }).is_some(), "the block read was not cached");
+    assert!(pool.debug_io().cached(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth }, zilla_core::arc::BufKind::Data).is_some(), "the block read was not cached");
     // a cached block and a missing one: one device read
     evict(22);
     assert_eq!(read_async(&*v, 21 * BS, 2 * BS), Some(want(21, 2)));
@@ -547,7 +547,7 @@ fn a_read_error_met_by_a_cold_read_counts_once_toward_a_fault() {
     for blk in [40u64, 41, 42, 43] {
         let bp = l0(&pool, blk);
         let d = bp.dva[0];
-        pool.debug_io().arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+        pool.debug_io().forget_cached(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
         let names = children(&pool, d.vdev);
         let bad = first_reader(Some(&pool), &names, &HashMap::new(), d.offset);
         rig.fd(&bad).fail_reads_in(DATA_START + d.offset..DATA_START + d.offset + d.asize as u64);

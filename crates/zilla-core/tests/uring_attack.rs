@@ -82,7 +82,7 @@ fn l0(pool: &Pool, blkid: u64) -> BlockPointer {
 
 fn evict(pool: &Pool, bp: &BlockPointer) {
     let d = bp.dva[0];
-    pool.debug_io().arc.evict(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+    pool.debug_io().forget_cached(&BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
 }
 
 fn names(pool: &Pool) -> Vec<String> {

@@ -73,7 +73,7 @@ impl Rig {
         for blk in 0..DATA / BS {
             let bp = zilla_core::dmu::lookup(self.pool.debug_io(), &root, zilla_core::BlockId(blk), IoClass::SyncRead).unwrap();
             let d = bp.dva[0];
-            self.pool.debug_io().arc.evict(&zilla_core::arc::BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
+            self.pool.debug_io().forget_cached(&zilla_core::arc::BlockKey { vdev: d.vdev, offset: d.offset, birth: bp.birth });
         }
     }
 

@@ -1187,12 +1187,12 @@ async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
     Json(m)
 }
 
-/// arcstats kstat names -> values, summed over the imported pools (each pool has its
-/// own ARC; the names are those of /proc/spl/kstat/zfs/arcstats).
+/// arcstats kstat names -> values of the daemon's ARC (one for every pool; the names
+/// are those of /proc/spl/kstat/zfs/arcstats).
 async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
     let mut m: BTreeMap<String, u64> = BTreeMap::new();
-    for (_, pool) in d.pools.all() {
-        let a = pool.arc_stats();
+    {
+        let a = zilla_core::arc::daemon_arc().stats();
         for (k, v) in [
             ("hits", a.hits),
             ("misses", a.misses),

@@ -86,11 +86,12 @@ pub fn report(i: MemoryInputs) -> MemoryReport {
 /// The report now: RSS, the ARC and dirty data of every pool of `pools`, the shared
 /// front end's budget and reply pool, `connections` open front-end connections.
 pub fn measure(pools: &PoolTable, frontend: &zilla_frontend::FrontendStats, connections: u64) -> MemoryReport {
-    let (mut arc_size, mut dirty) = (0, 0);
+    // the daemon's one ARC; a syncing txg's written buffers are reserved in it until
+    // their txg commits
+    let arc = zilla_core::arc::daemon_arc().stats();
+    let arc_size = arc.size + arc.reserved;
+    let mut dirty = 0;
     for (_, pool) in pools.all() {
-        // a syncing txg's written buffers are reserved in the ARC until its commit
-        let arc = pool.arc_stats();
-        arc_size += arc.size + arc.reserved;
         dirty += pool.throttle_stats().dirty_bytes;
     }
     report(MemoryInputs {

@@ -542,7 +542,7 @@ impl Pool {
     }
 
     pub fn arc_stats(&self) -> crate::arc::ArcStats {
-        self.inner.io.arc.stats()
+        self.inner.io.arc_stats()
     }
 
     pub fn scrub(&self, cmd: ScrubCmd) -> Result<()> {

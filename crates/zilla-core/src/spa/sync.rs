@@ -350,7 +350,7 @@ impl PoolInner {
         // each chunk's writes are submitted without waiting while the next chunk is
         // prepared, and the indirect blocks are rebuilt while the last chunks are still
         // being written.
-        let mut pass = DataPass { txg, writer: crate::zio::SyncWriter::new(&self.io, txg), reservation: self.io.arc.reservation(), written: Vec::new() };
+        let mut pass = DataPass { txg, writer: crate::zio::SyncWriter::new(&self.io, txg), reservation: self.io.arc_reservation(), written: Vec::new() };
         let trees = self.sync_volumes(&vols, &mut pass, &mut new_roots)?;
         phases.mark();
         let mut indirects = Vec::new();
@@ -489,10 +489,10 @@ impl PoolInner {
     /// Put the data blocks and indirect blocks a committed txg wrote into the ARC.
     fn cache_written(&self, data: Vec<dmu::WrittenBlock>, indirects: Vec<dmu::WrittenBlock>) {
         for (k, d) in data {
-            self.io.arc.insert(k, d, crate::arc::BufKind::Data);
+            self.io.cache(k, d, crate::arc::CacheHint::DATA);
         }
         for (k, d) in indirects {
-            self.io.arc.insert(k, d, crate::arc::BufKind::Metadata);
+            self.io.cache(k, d, crate::arc::CacheHint::METADATA);
         }
     }
 

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::arc::{ArcCache, BlockKey, BufKind};
+use crate::arc::{BlockKey, BufKind, CacheHint, PoolArc};
 use crate::block::blkptr::{BlockPointer, Dva};
 use crate::block::checksum::ChecksumAlgo;
 use crate::block::compress::Compression;
@@ -48,12 +48,14 @@ pub struct IoErrors {
     pub unrecoverable: std::sync::atomic::AtomicU64,
 }
 
-/// The engine's block I/O: vdev tree, allocator, ARC.
+/// The engine's block I/O: vdev tree, allocator, and the pool's handle on the daemon's
+/// ARC (reached only through the named operations below: look up, cache, release to a
+/// writer, forget, reserve).
 pub struct PoolIo {
     pub vdevs: RwLock<Vec<Arc<TopVdev>>>,
     /// The allocators, one per class, each with its own lock.
     pub ms: Metaslabs,
-    pub arc: ArcCache,
+    arc: PoolArc,
     pub errors: IoErrors,
     /// Recent unrecoverable block errors, each block once, oldest first, bounded (for
     /// `status -v`); see [`PoolIo::log_error`].
@@ -123,7 +125,7 @@ impl PoolIo {
         PoolIo {
             vdevs: RwLock::new(vdevs),
             ms,
-            arc: ArcCache::following_tunable(),
+            arc: PoolArc::attach(crate::arc::daemon_arc().clone()),
             errors: Default::default(),
             error_log: Mutex::new(ErrorLog::default()),
             space_size: Default::default(),
@@ -132,6 +134,38 @@ impl PoolIo {
             prepare: std::sync::OnceLock::new(),
             env,
         }
+    }
+
+    /// The cached buffer of block `k` (a `kind` block a demand read wants), if the ARC
+    /// holds it (counted as a hit or a miss).
+    pub fn cached(&self, k: &BlockKey, kind: BufKind) -> Option<Arc<AlignedBuf>> {
+        self.arc.lookup(k, CacheHint::of(kind))
+    }
+
+    /// Cache `data` as block `k` (a block read, or written by a committed txg).
+    pub fn cache(&self, k: BlockKey, data: Arc<AlignedBuf>, hint: CacheHint) {
+        self.arc.insert(k, data, hint)
+    }
+
+    /// Take the ARC's buffer `held` of block `k` for a writer that changes it in place,
+    /// if nobody else holds it (see `arc::ArcCache::release_to_writer`).
+    pub fn release_cached_to_writer(&self, k: &BlockKey, held: &Arc<AlignedBuf>) -> bool {
+        self.arc.release_to_writer(k, held)
+    }
+
+    /// Drop block `k` from the ARC (freed, or a test making the next read go to disk).
+    pub fn forget_cached(&self, k: &BlockKey) {
+        self.arc.evict(k)
+    }
+
+    /// A reservation in the ARC for a txg sync's written buffers.
+    pub fn arc_reservation(&self) -> crate::arc::ArcReservation<'_> {
+        self.arc.reservation()
+    }
+
+    /// The daemon's ARC statistics.
+    pub fn arc_stats(&self) -> crate::arc::ArcStats {
+        self.arc.stats()
     }
 
     /// The pool's Env (clock, sleeps).
@@ -253,7 +287,7 @@ impl PoolIo {
             return Err(Error::Corrupt("decompressed size mismatch".into()));
         }
         if cache {
-            self.arc.insert(BlockKey::of(bp), data.clone(), kind);
+            self.arc.insert(BlockKey::of(bp), data.clone(), CacheHint::of(kind));
         }
         Ok(data)
     }
@@ -271,7 +305,7 @@ impl PoolIo {
     pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<Arc<AlignedBuf>> {
         assert!(!bp.is_hole());
         let key = BlockKey::of(bp);
-        if let Some(d) = self.arc.lookup(&key) {
+        if let Some(d) = self.arc.lookup(&key, CacheHint::of(kind)) {
             return Ok(d);
         }
         // Self-heal rewrites only while no freed block has been released for reuse

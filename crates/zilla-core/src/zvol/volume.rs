@@ -381,7 +381,7 @@ impl Volume {
                     if bp.is_hole() {
                         return Some(CachedBlock::Data(None));
                     }
-                    let ind = io.arc.lookup(&BlockKey::of(&bp))?;
+                    let ind = io.cached(&BlockKey::of(&bp), BufKind::Metadata)?;
                     let o = blkid.slot_in(level) as usize * crate::block::blkptr::BlockPointer::SIZE;
                     let parent_birth = bp.birth;
                     bp = crate::block::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
@@ -400,7 +400,7 @@ impl Volume {
         if u64::from(bp.lsize) != self.bs() {
             return None;
         }
-        match io.arc.lookup(&BlockKey::of(&bp)) {
+        match io.cached(&BlockKey::of(&bp), BufKind::Data) {
             Some(d) if d.len() == self.bs() as usize => Some(CachedBlock::Data(Some(d))),
             Some(_) => None,
             None => Some(CachedBlock::Missing(bp)),
@@ -492,7 +492,7 @@ impl Volume {
     /// the copy and the allocation of the 16 KiB block were 10.5 % and ~5 % of the
     /// daemon's CPU (stop 34's profile).
     fn patch_committed(&self, mut block: Arc<AlignedBuf>, key: &BlockKey, bs: usize, in_off: usize, len: usize, patch: Option<&[u8]>) -> Arc<AlignedBuf> {
-        let unique = block.len() == bs && (Arc::get_mut(&mut block).is_some() || self.pool.io().arc.release_to_writer(key, &block));
+        let unique = block.len() == bs && (Arc::get_mut(&mut block).is_some() || self.pool.io().release_cached_to_writer(key, &block));
         if !unique {
             return patched_block(Some(&block), bs, in_off, len, patch);
         }
