@@ -1,4 +1,4 @@
-//! arc: the DRAM block cache.
+//! arc: the adaptive replacement cache in DRAM (OpenZFS arc.c), one per daemon.
 //!
 //! Theory of operation
 //! -------------------
@@ -18,19 +18,57 @@
 //! a `PoolArc`; the rest of the engine asks it by name (look up, cache with a
 //! [`CacheHint`], release to a writer, forget a freed block, reserve for a sync).
 //!
-//! This first version is a sharded CLOCK cache (second-chance LRU approximation)
-//! bounded in bytes (`zfs_arc_max`, followed live: lowering it trims every shard at
-//! the next insert): a hit only sets the entry's referenced bit, so the
-//! hot read path is one hash lookup under a shard mutex; eviction walks the shard's ring,
-//! giving referenced entries a second chance. The adaptive MRU/MFU lists with ghost
-//! lists and the L2ARC feed replace it behind the same interface: `lookup`, `insert`,
-//! `evict`, `release_to_writer` (a partial write takes a buffer nobody else holds and
-//! changes it in place, OpenZFS's `arc_release`), `stats`. A shard mutex is held only
-//! for the map operation, never across I/O.
+//! Headers and states
+//! ------------------
+//! Every cached identity is a header ([`Hdr`], 64 bytes) in one of four states, each
+//! with a list per kind (data, metadata), newest at the head:
 //!
-//! Bounds: total bytes ≤ c_max − reserved (per shard that / SHARDS, evicting on insert);
-//! the ring holds at most 2 × entries + 1024 slots (stale slots of freed blocks are
-//! compacted).
+//! ```text
+//!   MRU        data in DRAM, used once (or again within ARC_MINTIME, 62.5 ms)
+//!   MFU        data in DRAM, used again after ARC_MINTIME
+//!   MRU ghost  header only: evicted from MRU
+//!   MFU ghost  header only: evicted from MFU
+//! ```
+//!
+//! A miss inserts into MRU. A hit in MRU at least 62.5 ms after the header's last use
+//! moves it to MFU (a burst of hits counts as one use); a demand hit on a prefetched
+//! buffer only clears its prefetch flag. A hit in MFU sets the header's referenced flag
+//! (the list is not reordered on the hit path: the evictor gives a referenced MFU header
+//! a second chance, moving it to the head, as CLOCK does), so a hit costs what it cost
+//! the CLOCK cache this replaces: one probe under a shard lock and a flag. A lookup that
+//! finds a ghost is a miss that counts a *ghost hit* (in bytes, per state and kind); the
+//! read's insert then brings the header back to MFU (to MRU if its last life was only a
+//! prefetch).
+//!
+//! Adaptation (OpenZFS 2.2+, see the openzfs brief §4.5). Three fixed-point fractions
+//! (2^32 = 1): `meta` (metadata's share), `pd` (MRU's share of data), `pm` (MRU's share
+//! of metadata). Each eviction round moves them by the ghost hits since the last round:
+//! MRU-ghost hits push MRU's share up, MFU-ghost hits push it down, metadata ghost hits
+//! push `meta` up and data ghost hits down (divided by `zfs_arc_meta_balance / 100`, so
+//! metadata is favoured); a step is at most ~3 % and damped near 0 and 1. Eviction then
+//! takes from MRU metadata, MFU metadata, MRU data and MFU data what each holds beyond
+//! its share of what should remain, and from anything still over the target last. Each
+//! ghost list is cut to half the sum of the other three live lists of the moment.
+//!
+//! Size. `c` is the target, between `c_min` (`zfs_arc_min`) and `c_max`
+//! (`zfs_arc_max`); it grows by what is inserted while the cache is within 32 MiB of it
+//! and memory is plentiful. The evictor checks the system's available memory
+//! ([`crate::env::Env::memory_available_bytes`]: MemAvailable and the cgroup's limit)
+//! every second; short of `zfs_arc_sys_free` it lowers `c` (by 1/128 of c − c_min plus
+//! the shortfall), evicts, gives the block-buffer slab's idle memory back, and does not
+//! grow again for 5 s.
+//!
+//! Eviction never runs on a reader's path: one evictor thread per cache does it. An
+//! insert that takes the cache past its target wakes it; one that takes it past the
+//! target plus `c_max >> 8` (OpenZFS's `zfs_arc_overflow_shift`) waits for it first
+//! (bounded: [`overshoot_max_bytes`]). A prefetched buffer not yet used stays at least
+//! `zfs_arc_min_prefetch_ms` (1 s). What eviction takes from DRAM goes, if the block may
+//! go to a cache device, to the [`EvictSink`] (the L2ARC feed) instead of vanishing.
+//!
+//! Sharding. 16 shards by key hash, each with its own mutex, hash map, header slots,
+//! lists and counters (a hit touches no shared cache line). The fractions and targets
+//! are global; an eviction round walks the shards round-robin from a rotating start,
+//! taking at most `EVICT_BATCH` headers per visit.
 //!
 //! Reservations. A txg sync holds the buffers it writes until the txg commits (readers
 //! see them in the dirty set until then; the ARC may only take them after the commit,
@@ -38,24 +76,26 @@
 //! throttle sees the dirty data drain as the sync proceeds (OpenZFS undirties on write
 //! completion, when the dbuf's data becomes ARC data). Those bytes are still in memory:
 //! the sync *reserves* them in the ARC ([`ArcReservation`]), the cache evicts down to
-//! c_max − reserved at once, and the reservation ends when the txg commits and the
-//! written blocks are inserted. A reservation is granted only up to what the ARC can
-//! give (c_max − reserved): the sync keeps the rest dirty until the txg retires. So the
-//! daemon's data memory stays within ARC max + dirty max, whichever of the two is the
-//! larger (issue 8: peak RSS ≤ ARC max + dirty max + 48 MiB).
+//! c_max − reserved at once (on the sync's thread), and the reservation ends when the
+//! txg commits and the written blocks are inserted. A reservation is granted only up
+//! to what the ARC can give (c_max − reserved): the sync keeps the rest dirty until the
+//! txg retires. So the daemon's data memory stays within ARC max + dirty max.
+//!
+//! Bounds: live bytes ≤ min(c, c_max − reserved) + [`overshoot_max_bytes`] once an
+//! insert returns; ghost bytes per list ≤ half the live bytes of the other lists;
+//! headers ≤ (live + ghost bytes) / 512 B (the smallest block).
 
 use crate::vdev::abd::AlignedBuf;
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
+use crate::env::Env;
 use crate::kstat::{Applies, Tunable};
 use crate::{Txg, VdevId};
 
-/// There is no `zfs_arc_min`: the ARC never shrinks under memory pressure yet, so a
-/// floor would have nothing to hold back. It comes with the adaptive ARC.
 pub static ZFS_ARC_MAX: Tunable = Tunable::new_auto(
     "zfs_arc_max",
     64 << 20,
@@ -63,17 +103,82 @@ pub static ZFS_ARC_MAX: Tunable = Tunable::new_auto(
     Applies::Live,
     "ARC size limit in bytes, one ARC for every pool of the daemon; 0 = auto: 1/8 of RAM, at least 64 MiB (OpenZFS: 5/8 of RAM, min 64 MiB; Zilla shares the box with its clients). Lowering it evicts at once",
 );
+pub static ZFS_ARC_MIN: Tunable = Tunable::new_auto(
+    "zfs_arc_min",
+    32 << 20,
+    1 << 50,
+    Applies::Live,
+    "The ARC's target never shrinks below this under memory pressure (bytes); 0 = auto: 1/32 of RAM, at least 32 MiB, at most zfs_arc_max (OpenZFS's default)",
+);
+pub static ZFS_ARC_META_BALANCE: Tunable = Tunable::new(
+    "zfs_arc_meta_balance",
+    500,
+    1,
+    100_000,
+    Applies::Live,
+    "How much more a metadata ghost hit moves the metadata share than a data ghost hit, in percent (OpenZFS 2.2: 500, metadata favoured 5:1)",
+);
+pub static ZFS_ARC_MIN_PREFETCH_MS: Tunable = Tunable::new(
+    "zfs_arc_min_prefetch_ms",
+    1000,
+    0,
+    60_000,
+    Applies::Live,
+    "A prefetched buffer no demand read has used yet is kept at least this long (ms; OpenZFS: 1000)",
+);
+pub static ZFS_ARC_SYS_FREE: Tunable = Tunable::new_auto(
+    "zfs_arc_sys_free",
+    1 << 20,
+    1 << 50,
+    Applies::Live,
+    "The ARC shrinks when the system's available memory (MemAvailable, the cgroup's limit) falls below this (bytes); 0 = auto: 1/64 of RAM, at least 64 MiB",
+);
 
 const SHARDS: usize = 16;
+/// Headers an eviction round takes from one shard's list per visit (OpenZFS
+/// `zfs_arc_evict_batch_limit`).
+const EVICT_BATCH: usize = 10;
+/// A hit in MRU this long after the last counted use promotes to MFU (OpenZFS
+/// ARC_MINTIME, hz/16).
+const ARC_MINTIME_MS: u32 = 62;
+/// `c` grows only while the cache is within this of it (OpenZFS: 32 MiB).
+const GROW_MARGIN_BYTES: u64 = 32 << 20;
+/// The smallest growth step (OpenZFS: 128 KiB).
+const GROW_MIN_BYTES: u64 = 128 << 10;
+/// After a memory shortage, `c` does not grow for this long (OpenZFS arc_grow_retry).
+const NO_GROW_AFTER_SHORTAGE_MS: u64 = 5_000;
+/// The evictor checks memory this often even when nobody wakes it.
+const EVICTOR_TICK_MS: u64 = 1_000;
+/// An insert waits for the evictor at most this long before it goes on regardless (the
+/// evictor thread could not be started, or the cache is being dropped).
+const INSERT_WAIT_MAX_MS: u64 = 5_000;
+/// Fixed point one for the adaptive fractions.
+const ONE: u64 = 1 << 32;
 
-/// How far the cached bytes may exceed c_max − reserved after an operation returns: the
-/// CLOCK cache evicts within every insert, so not at all.
-pub const OVERSHOOT_MAX_BYTES: u64 = 0;
+/// How far the cached bytes may exceed min(c, c_max − reserved) once an insert returns
+/// (OpenZFS `zfs_arc_overflow_shift` = 8: an insert past this waits for the evictor).
+pub fn overshoot_max_bytes(c_max: u64) -> u64 {
+    c_max >> 8
+}
 
 /// The process's ARC, following `zfs_arc_max` (every pool shares it).
 pub fn daemon_arc() -> &'static Arc<ArcCache> {
     static ARC: std::sync::OnceLock<Arc<ArcCache>> = std::sync::OnceLock::new();
-    ARC.get_or_init(|| Arc::new(ArcCache::following_tunable()))
+    ARC.get_or_init(|| ArcCache::following_tunable(crate::env::real()))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockKey {
+    pub vdev: VdevId,
+    pub offset: u64,
+    pub birth: Txg,
+}
+
+impl BlockKey {
+    /// The key of the block `bp` points to: its first copy's address and its birth.
+    pub fn of(bp: &crate::block::blkptr::BlockPointer) -> BlockKey {
+        BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }
+    }
 }
 
 /// The ARC's key: the pool's load id, then the block.
@@ -83,9 +188,15 @@ struct ArcKey {
     block: BlockKey,
 }
 
-/// How a buffer came to be cached: what it is and what may become of it. `prefetched`
-/// (read ahead of demand) and `l2_eligible` (its volume's `secondarycache` lets it go to
-/// a cache device) are recorded for the adaptive ARC and the L2ARC feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufKind {
+    Data,
+    Metadata,
+}
+
+/// How a buffer came to be cached or looked up: what it is, whether the access is a
+/// read ahead of demand (`prefetched`), and whether its volume's `secondarycache` lets
+/// it go to a cache device (`l2_eligible`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheHint {
     pub kind: BufKind,
@@ -107,32 +218,111 @@ impl CacheHint {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockKey {
-    pub vdev: VdevId,
-    pub offset: u64,
-    pub birth: Txg,
+/// Where the ARC hands what eviction takes from DRAM (the L2ARC feed): blocks whose hint
+/// allowed a cache device. Called without any ARC lock held; must not block for long.
+pub trait EvictSink: Send + Sync {
+    fn evicted(&self, pool: u32, key: BlockKey, data: Arc<AlignedBuf>, kind: BufKind);
 }
 
-impl BlockKey {
-    /// The key of the block `bp` points to: its first copy's address and its birth.
-    pub fn of(bp: &crate::block::blkptr::BlockPointer) -> BlockKey {
-        BlockKey { vdev: bp.dva[0].vdev, offset: bp.dva[0].offset, birth: bp.birth }
+/// The states of a header (OpenZFS arc_state_t without `anon`, `uncached` and
+/// `l2c_only`, which come with the L2ARC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum State {
+    /// Used once (or several times within `ARC_MINTIME_MS`); data in DRAM.
+    Mru = 0,
+    /// Used again after `ARC_MINTIME_MS`; data in DRAM.
+    Mfu = 1,
+    /// Evicted from MRU: the header only.
+    MruGhost = 2,
+    /// Evicted from MFU: the header only.
+    MfuGhost = 3,
+}
+
+impl State {
+    fn is_ghost(self) -> bool {
+        matches!(self, State::MruGhost | State::MfuGhost)
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BufKind {
-    Data,
-    Metadata,
+fn kind_index(kind: BufKind) -> usize {
+    match kind {
+        BufKind::Data => 0,
+        BufKind::Metadata => 1,
+    }
 }
 
-struct Entry {
-    data: Arc<AlignedBuf>,
-    referenced: bool,
-    /// Matches the ring slot that owns this entry; older slots for the key are stale.
-    generation: u64,
+/// The list of (state, kind).
+fn list_index(state: State, kind: BufKind) -> usize {
+    state as usize * 2 + kind_index(kind)
+}
+const LISTS: usize = 8;
+const NIL: u32 = u32::MAX;
+
+/// A header flag: read ahead of demand and not yet used by a demand read.
+const F_PREFETCH: u8 = 1;
+/// A header flag: its volume lets it go to a cache device.
+const F_L2_ELIGIBLE: u8 = 2;
+/// A header flag: hit since the evictor last passed it (MFU second chance).
+const F_REFERENCED: u8 = 4;
+/// A header flag: its last life in MRU was only a prefetch (a ghost hit then goes to MRU).
+const F_PREFETCH_ONLY: u8 = 8;
+
+/// One cached block identity (OpenZFS arc_buf_hdr_t): where its bytes are (DRAM, or
+/// nowhere for a ghost), its place in its list, and when it was last used.
+struct Hdr {
+    key: ArcKey,
+    /// The logical block (None: a ghost).
+    data: Option<Arc<AlignedBuf>>,
+    /// Neighbours in its list (towards the head: newer; towards the tail: older).
+    newer: u32,
+    older: u32,
+    /// Logical size in bytes (kept by a ghost: ghost hits count bytes).
+    bytes: u32,
+    /// Coarse clock (ms) of the last access that counted.
+    access_ms: u32,
+    state: State,
     kind: BufKind,
+    flags: u8,
+}
+
+#[derive(Clone, Copy)]
+struct List {
+    /// The newest header (NIL: empty).
+    head: u32,
+    /// The oldest: eviction starts here.
+    tail: u32,
+    bytes: u64,
+}
+
+impl Default for List {
+    fn default() -> List {
+        List { head: NIL, tail: NIL, bytes: 0 }
+    }
+}
+
+/// Per-shard counters, changed under the shard's lock (no shared cache line per hit).
+#[derive(Default, Clone, Copy)]
+struct ShardCounters {
+    hits: u64,
+    misses: u64,
+    /// [demand data, demand metadata, prefetch data, prefetch metadata]
+    hits_by: [u64; 4],
+    misses_by: [u64; 4],
+    mru_hits: u64,
+    mfu_hits: u64,
+    mru_ghost_hits: u64,
+    mfu_ghost_hits: u64,
+    /// Ghost hits in bytes, [mru ghost data, mru ghost meta, mfu ghost data, mfu ghost meta].
+    ghost_hit_bytes: [u64; 4],
+    /// Prefetched buffers a demand read used.
+    prefetch_used: u64,
+    evicted: u64,
+    evict_skip: u64,
+}
+
+fn access_index(kind: BufKind, prefetch: bool) -> usize {
+    kind_index(kind) + if prefetch { 2 } else { 0 }
 }
 
 #[derive(Default)]
@@ -140,30 +330,138 @@ struct Shard {
     /// Keyed by a seeded foldhash: every read looks up two or three keys here, and
     /// SipHash cost a 16K cache hit a tenth of its CPU; the per-process random seed keeps
     /// keys crafted into a disk image from colliding on purpose.
-    map: HashMap<ArcKey, Entry, foldhash::fast::RandomState>,
-    ring: VecDeque<(ArcKey, u64)>,
-    bytes: u64,
-    generation: u64,
+    map: HashMap<ArcKey, u32, foldhash::fast::RandomState>,
+    hdrs: Vec<Hdr>,
+    free: Vec<u32>,
+    lists: [List; LISTS],
+    counters: ShardCounters,
 }
 
 impl Shard {
-    fn compact_if_needed(&mut self) {
-        if self.ring.len() > 2 * self.map.len() + 1024 {
-            let map = &self.map;
-            self.ring.retain(|(k, g)| map.get(k).is_some_and(|e| e.generation == *g));
+    fn link_head(&mut self, i: u32) {
+        let (li, bytes) = {
+            let h = &self.hdrs[i as usize];
+            (list_index(h.state, h.kind), h.bytes as u64)
+        };
+        let old_head = self.lists[li].head;
+        {
+            let h = &mut self.hdrs[i as usize];
+            h.newer = NIL;
+            h.older = old_head;
         }
+        if old_head != NIL {
+            self.hdrs[old_head as usize].newer = i;
+        } else {
+            self.lists[li].tail = i;
+        }
+        self.lists[li].head = i;
+        self.lists[li].bytes += bytes;
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (li, bytes, newer, older) = {
+            let h = &self.hdrs[i as usize];
+            (list_index(h.state, h.kind), h.bytes as u64, h.newer, h.older)
+        };
+        if newer != NIL {
+            self.hdrs[newer as usize].older = older;
+        } else {
+            debug_assert_eq!(self.lists[li].head, i);
+            self.lists[li].head = older;
+        }
+        if older != NIL {
+            self.hdrs[older as usize].newer = newer;
+        } else {
+            debug_assert_eq!(self.lists[li].tail, i);
+            self.lists[li].tail = newer;
+        }
+        debug_assert!(self.lists[li].bytes >= bytes, "list bytes under its headers'");
+        self.lists[li].bytes -= bytes;
+    }
+
+    fn alloc_hdr(&mut self, h: Hdr) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.hdrs[i as usize] = h;
+                i
+            }
+            None => {
+                self.hdrs.push(h);
+                u32::try_from(self.hdrs.len() - 1).expect("ARC headers per shard fit u32")
+            }
+        }
+    }
+
+    /// Unlink and forget header `i`; returns its data.
+    fn destroy(&mut self, i: u32) -> Option<Arc<AlignedBuf>> {
+        self.unlink(i);
+        let h = &mut self.hdrs[i as usize];
+        let key = h.key;
+        let data = h.data.take();
+        h.state = State::MruGhost; // a dead slot holds no data
+        let removed = self.map.remove(&key);
+        debug_assert_eq!(removed, Some(i), "a header not in the map");
+        self.free.push(i);
+        if self.map.is_empty() {
+            // every header gone: give the slot table back
+            self.hdrs.clear();
+            self.free.clear();
+        }
+        data
+    }
+
+    /// Move header `i` to `state` (at the head of its new list).
+    fn move_to(&mut self, i: u32, state: State) {
+        self.unlink(i);
+        self.hdrs[i as usize].state = state;
+        self.link_head(i);
     }
 }
 
+/// Statistics of the daemon's ARC, with OpenZFS's arcstats names.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ArcStats {
     pub hits: u64,
     pub misses: u64,
+    pub demand_data_hits: u64,
+    pub demand_data_misses: u64,
+    pub demand_metadata_hits: u64,
+    pub demand_metadata_misses: u64,
+    pub prefetch_data_hits: u64,
+    pub prefetch_data_misses: u64,
+    pub prefetch_metadata_hits: u64,
+    pub prefetch_metadata_misses: u64,
+    pub mru_hits: u64,
+    pub mfu_hits: u64,
+    pub mru_ghost_hits: u64,
+    pub mfu_ghost_hits: u64,
+    /// Prefetched buffers a demand read then used.
+    pub prefetch_used: u64,
     pub data_size: u64,
     pub metadata_size: u64,
     pub size: u64,
+    pub mru_size: u64,
+    pub mfu_size: u64,
+    pub mru_ghost_size: u64,
+    pub mfu_ghost_size: u64,
+    /// The MRU target in bytes (OpenZFS ≤ 2.1's `p`; here c × the MRU shares).
+    pub p: u64,
+    pub c: u64,
+    pub c_min: u64,
     pub c_max: u64,
+    /// The adaptive fractions in fixed point, 2^32 = 1 (as OpenZFS's arcstats): the
+    /// metadata share, MRU's share of data, MRU's share of metadata.
+    pub meta: u64,
+    pub pd: u64,
+    pub pm: u64,
+    /// Blocks evicted from DRAM (OpenZFS `deleted` counts destroyed headers).
     pub evictions: u64,
+    pub evict_skip: u64,
+    /// Inserts that waited for the evictor.
+    pub memory_throttle_count: u64,
+    /// Memory shortages seen (the target lowered).
+    pub shrinks: u64,
+    pub hdr_size: u64,
     /// Bytes reserved for syncing txgs' written buffers (see "Reservations").
     pub reserved: u64,
 }
@@ -178,18 +476,57 @@ enum SizeLimit {
     Fn(Box<dyn Fn() -> u64 + Send + Sync>),
 }
 
+/// The evictor's wake-ups and an inserter's wait for it.
+#[derive(Default)]
+struct EvictSignal {
+    state: Mutex<SignalState>,
+    wake: Condvar,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct SignalState {
+    wanted: bool,
+    stop: bool,
+    running: bool,
+}
+
+/// What one eviction round remembers of the last (under `ArcCache::round`).
+#[derive(Default)]
+struct RoundState {
+    /// Ghost-hit byte totals at the last adaptation, [mrud, mrum, mfud, mfum].
+    ghost_hit_bytes_seen: [u64; 4],
+    /// Ghost list sizes at the last round.
+    ghost_sizes: [u64; 4],
+    /// The shard the next walk starts at.
+    cursor: usize,
+}
+
 pub struct ArcCache {
     shards: Vec<Mutex<Shard>>,
     limit: SizeLimit,
-    /// The limit the shards were last trimmed to; a change trims every shard.
-    c_max_applied: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    evictions: AtomicU64,
+    env: Arc<dyn Env>,
+    /// The target size (OpenZFS arc_c).
+    c: AtomicU64,
+    /// Live bytes by kind (data, metadata): what DRAM holds.
     data_bytes: AtomicU64,
     meta_bytes: AtomicU64,
     /// Bytes held for syncing txgs' written buffers (see "Reservations").
     reserved: AtomicU64,
+    /// The adaptive fractions (fixed point, ONE = 1).
+    meta: AtomicU64,
+    pd: AtomicU64,
+    pm: AtomicU64,
+    /// No growth before this time (ms of the Env clock).
+    no_grow_until_ms: AtomicU64,
+    /// When the evictor last read the system's available memory (ms of the Env clock).
+    memory_checked_ms: AtomicU64,
+    evict_wanted: AtomicBool,
+    signal: Arc<EvictSignal>,
+    round: Mutex<RoundState>,
+    sink: parking_lot::RwLock<Option<Arc<dyn EvictSink>>>,
+    memory_throttle_count: AtomicU64,
+    shrinks: AtomicU64,
 }
 
 /// A txg sync's reservation in the ARC (see "Reservations"); ends when dropped.
@@ -239,10 +576,15 @@ impl PoolArc {
         ArcKey { pool: self.pool, block: *k }
     }
 
-    /// The cached buffer of block `k`, if any (a hit marks it used), for an access
-    /// described by `access`.
-    pub fn lookup(&self, k: &BlockKey, _access: CacheHint) -> Option<Arc<AlignedBuf>> {
-        self.cache.lookup(&self.key(k))
+    /// The pool's load id (the first part of its keys).
+    pub fn load_id(&self) -> u32 {
+        self.pool
+    }
+
+    /// The cached buffer of block `k`, if any, for an access described by `access`
+    /// (demand or prefetch, data or metadata: counted apart).
+    pub fn lookup(&self, k: &BlockKey, access: CacheHint) -> Option<Arc<AlignedBuf>> {
+        self.cache.lookup(&self.key(k), access)
     }
 
     /// Cache `data` as block `k`.
@@ -288,36 +630,116 @@ pub fn physical_memory_bytes() -> u64 {
     })
 }
 
+/// `frac` moved by ghost hits: `up` bytes of hits on the ghost list it favours, `down`
+/// on the other, `total` the ghost bytes both lists held; `balance` (percent) divides
+/// the downward step. See the module comment; the step is capped near 1/32 of `total`
+/// and damped by the distance from the end it moves towards.
+fn adjust(frac: u64, total: u64, up: u64, down: u64, balance: u64) -> u64 {
+    if total < 32 || up + down == 0 {
+        return frac;
+    }
+    let (mut up, mut down) = (up as u128, down as u128);
+    let total = total as u128;
+    // never more hits than 1/16 of the lists: scale to 1/32 (a step of ~3 % at most)
+    if up + down >= total / 16 {
+        let scale = ((up + down) / (total / 32).max(1)).max(1);
+        up /= scale;
+        down /= scale;
+    }
+    let one = ONE as u128;
+    let f = frac as u128;
+    let of = one - f.min(one);
+    // near the top (frac ≥ 80 %) a step up is divided by frac / (2 · (1 − frac))
+    if f >= 4 * of {
+        up /= (f / (2 * of + 1)).max(1);
+    }
+    if of >= 4 * f {
+        down /= (of / (2 * f + 1)).max(1);
+    }
+    let step_up = up * one / total;
+    let step_down = down * one / total * 100 / balance.max(1) as u128;
+    (f + step_up).saturating_sub(step_down).min(one) as u64
+}
+
+fn coarse_ms(env: &dyn Env) -> u64 {
+    env.now_ns() / 1_000_000
+}
+
 impl ArcCache {
     /// A cache with a fixed byte limit, independent of `zfs_arc_max`.
-    pub fn new(c_max: u64) -> ArcCache {
-        Self::with_limit(SizeLimit::Fixed(c_max))
+    pub fn new(c_max: u64) -> Arc<ArcCache> {
+        Self::with_limit(SizeLimit::Fixed(c_max), crate::env::real())
     }
 
-    /// A cache whose byte limit is `c_max()`, read live (as from the tunable).
-    pub fn with_limit_fn(c_max: impl Fn() -> u64 + Send + Sync + 'static) -> ArcCache {
-        Self::with_limit(SizeLimit::Fn(Box::new(c_max)))
+    /// A cache whose byte limit is `c_max()`, read live, on `env`'s clock and memory.
+    pub fn with_limit_fn(c_max: impl Fn() -> u64 + Send + Sync + 'static, env: Arc<dyn Env>) -> Arc<ArcCache> {
+        Self::with_limit(SizeLimit::Fn(Box::new(c_max)), env)
     }
 
     /// A cache bounded by the `zfs_arc_max` tunable, following changes live.
-    pub fn following_tunable() -> ArcCache {
-        Self::with_limit(SizeLimit::Tunable { auto_bytes: (physical_memory_bytes() / 8).max(64 << 20) })
+    pub fn following_tunable(env: Arc<dyn Env>) -> Arc<ArcCache> {
+        Self::with_limit(SizeLimit::Tunable { auto_bytes: (physical_memory_bytes() / 8).max(64 << 20) }, env)
     }
 
-    fn with_limit(limit: SizeLimit) -> ArcCache {
-        let cache = ArcCache {
+    fn with_limit(limit: SizeLimit, env: Arc<dyn Env>) -> Arc<ArcCache> {
+        let cache = Arc::new(ArcCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             limit,
-            c_max_applied: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
+            env,
+            c: AtomicU64::new(0),
             data_bytes: AtomicU64::new(0),
             meta_bytes: AtomicU64::new(0),
             reserved: AtomicU64::new(0),
-        };
-        cache.c_max_applied.store(cache.c_max(), Ordering::Relaxed);
+            meta: AtomicU64::new(ONE / 4),
+            pd: AtomicU64::new(ONE / 2),
+            pm: AtomicU64::new(ONE / 2),
+            no_grow_until_ms: AtomicU64::new(0),
+            memory_checked_ms: AtomicU64::new(0),
+            evict_wanted: AtomicBool::new(false),
+            signal: Arc::new(EvictSignal::default()),
+            round: Mutex::new(RoundState::default()),
+            sink: parking_lot::RwLock::new(None),
+            memory_throttle_count: AtomicU64::new(0),
+            shrinks: AtomicU64::new(0),
+        });
+        cache.c.store(cache.c_max(), Ordering::Relaxed);
+        Self::start_evictor(&cache);
         cache
+    }
+
+    /// The evictor thread: holds the cache only while it works, and ends when the
+    /// cache is dropped.
+    fn start_evictor(cache: &Arc<ArcCache>) {
+        let weak: Weak<ArcCache> = Arc::downgrade(cache);
+        let signal = cache.signal.clone();
+        let started = std::thread::Builder::new().name("arc_evict".into()).spawn(move || {
+            loop {
+                {
+                    let mut st = signal.state.lock();
+                    if !st.wanted && !st.stop {
+                        signal.wake.wait_for(&mut st, std::time::Duration::from_millis(EVICTOR_TICK_MS));
+                    }
+                    if st.stop {
+                        return;
+                    }
+                    st.wanted = false;
+                }
+                let Some(cache) = weak.upgrade() else { return };
+                cache.evict_wanted.store(false, Ordering::Relaxed);
+                // /proc and the cgroup files are read once a tick, not per wake-up
+                let now = coarse_ms(&*cache.env);
+                if now.saturating_sub(cache.memory_checked_ms.load(Ordering::Relaxed)) >= EVICTOR_TICK_MS {
+                    cache.memory_checked_ms.store(now, Ordering::Relaxed);
+                    cache.check_memory();
+                }
+                cache.evict_round();
+                drop(cache);
+                signal.done.notify_all();
+            }
+        });
+        if started.is_ok() {
+            cache.signal.state.lock().running = true;
+        }
     }
 
     /// Current byte limit.
@@ -332,13 +754,44 @@ impl ArcCache {
         }
     }
 
+    /// The floor of `c` (never above c_max): `zfs_arc_min` for the cache that follows
+    /// the tunables, an eighth of the limit for the others (tests, experiments).
+    pub fn c_min(&self) -> u64 {
+        if !matches!(self.limit, SizeLimit::Tunable { .. }) {
+            return self.c_max() / 8;
+        }
+        let auto = (physical_memory_bytes() / 32).max(32 << 20);
+        let v = match ZFS_ARC_MIN.get() {
+            0 => auto,
+            b => b,
+        };
+        v.min(self.c_max())
+    }
+
+    /// What the live bytes should come down to: c, and never more than c_max − reserved.
+    fn target(&self) -> u64 {
+        let c_max = self.c_max();
+        let c = self.c.load(Ordering::Relaxed).min(c_max);
+        c.min(c_max.saturating_sub(self.reserved.load(Ordering::Acquire)))
+    }
+
+    fn live_bytes(&self) -> u64 {
+        self.data_bytes.load(Ordering::Relaxed) + self.meta_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Hand what eviction takes from DRAM to `sink` (the L2ARC feed), or stop (None).
+    pub fn set_evict_sink(&self, sink: Option<Arc<dyn EvictSink>>) {
+        *self.sink.write() = sink;
+    }
+
     /// A reservation for a txg sync's written buffers (see "Reservations").
     pub fn reservation(&self) -> ArcReservation<'_> {
         ArcReservation { arc: self, bytes: AtomicU64::new(0) }
     }
 
     /// Reserve up to `want` bytes (at most c_max − reserved) and evict down to the new
-    /// limit at once; returns the bytes granted.
+    /// limit at once (on the caller's thread: the sync's, never a reader's); returns the
+    /// bytes granted.
     fn reserve_up_to(&self, want: u64) -> u64 {
         let c_max = self.c_max();
         let mut granted = 0;
@@ -347,10 +800,7 @@ impl ArcCache {
             Some(r + granted)
         });
         if granted > 0 {
-            let limit = self.shard_limit();
-            for shard in &self.shards {
-                self.evict_to(&mut shard.lock(), limit);
-            }
+            self.evict_round();
         }
         granted
     }
@@ -358,23 +808,6 @@ impl ArcCache {
     fn unreserve(&self, bytes: u64) {
         let before = self.reserved.fetch_sub(bytes, Ordering::AcqRel);
         debug_assert!(before >= bytes, "ARC reservation released twice");
-    }
-
-    /// Per-shard limit (c_max less the reservations); when c_max went down since the
-    /// last call, every shard is trimmed to it now rather than at its next insert.
-    fn shard_limit(&self) -> u64 {
-        let c_max = self.c_max();
-        let limit = c_max.saturating_sub(self.reserved.load(Ordering::Acquire)) / SHARDS as u64;
-        // a plain load on the common path: no shared cache line written per insert
-        if self.c_max_applied.load(Ordering::Relaxed) != c_max {
-            let before = self.c_max_applied.swap(c_max, Ordering::Relaxed);
-            if c_max < before {
-                for shard in &self.shards {
-                    self.evict_to(&mut shard.lock(), limit);
-                }
-            }
-        }
-        limit
     }
 
     fn shard(&self, k: &ArcKey) -> &Mutex<Shard> {
@@ -386,70 +819,6 @@ impl ArcCache {
         &self.shards[(h >> 60) as usize % SHARDS]
     }
 
-    fn lookup(&self, k: &ArcKey) -> Option<Arc<AlignedBuf>> {
-        let found = {
-            let mut s = self.shard(k).lock();
-            s.map.get_mut(k).map(|e| {
-                e.referenced = true;
-                e.data.clone()
-            })
-        };
-        match &found {
-            Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
-            None => self.misses.fetch_add(1, Ordering::Relaxed),
-        };
-        found
-    }
-
-    fn insert(&self, k: ArcKey, data: Arc<AlignedBuf>, hint: CacheHint) {
-        let kind = hint.kind;
-        let len = data.len() as u64;
-        let limit = self.shard_limit();
-        if len > limit {
-            return;
-        }
-        let mut s = self.shard(&k).lock();
-        s.generation += 1;
-        let generation = s.generation;
-        if let Some(old) = s.map.insert(k, Entry { data, referenced: false, generation, kind }) {
-            s.bytes -= old.data.len() as u64;
-            self.account(old.kind, old.data.len() as u64, false);
-        }
-        s.ring.push_back((k, generation));
-        s.bytes += len;
-        self.account(kind, len, true);
-        self.evict_to(&mut s, limit);
-        s.compact_if_needed();
-    }
-
-    /// CLOCK: evict unreferenced entries from the ring's head, second chance otherwise,
-    /// until the shard holds at most `limit` bytes.
-    fn evict_to(&self, s: &mut Shard, limit: u64) {
-        let mut budget = 2 * s.ring.len() + 1;
-        while s.bytes > limit && budget > 0 {
-            budget -= 1;
-            let Some((victim, g)) = s.ring.pop_front() else { break };
-            let second_chance = match s.map.get_mut(&victim) {
-                Some(e) if e.generation == g => {
-                    if e.referenced {
-                        e.referenced = false;
-                        true
-                    } else {
-                        false
-                    }
-                }
-                _ => continue, // stale slot
-            };
-            if second_chance {
-                s.ring.push_back((victim, g));
-            } else if let Some(e) = s.map.remove(&victim) {
-                s.bytes -= e.data.len() as u64;
-                self.account(e.kind, e.data.len() as u64, false);
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
     fn account(&self, kind: BufKind, len: u64, add: bool) {
         let c = match kind {
             BufKind::Data => &self.data_bytes,
@@ -458,7 +827,177 @@ impl ArcCache {
         if add {
             c.fetch_add(len, Ordering::Relaxed);
         } else {
-            c.fetch_sub(len, Ordering::Relaxed);
+            let before = c.fetch_sub(len, Ordering::Relaxed);
+            debug_assert!(before >= len, "ARC byte count under zero");
+        }
+    }
+
+    fn lookup(&self, k: &ArcKey, access: CacheHint) -> Option<Arc<AlignedBuf>> {
+        let ai = access_index(access.kind, access.prefetched);
+        let mut s = self.shard(k).lock();
+        let Some(i) = s.map.get(k).copied() else {
+            s.counters.misses += 1;
+            s.counters.misses_by[ai] += 1;
+            return None;
+        };
+        let (state, kind, bytes) = {
+            let h = &s.hdrs[i as usize];
+            (h.state, h.kind, h.bytes as u64)
+        };
+        match state {
+            State::MruGhost | State::MfuGhost => {
+                s.counters.misses += 1;
+                s.counters.misses_by[ai] += 1;
+                let gi = if state == State::MruGhost { 0 } else { 2 } + kind_index(kind);
+                s.counters.ghost_hit_bytes[gi] += bytes;
+                if state == State::MruGhost {
+                    s.counters.mru_ghost_hits += 1;
+                } else {
+                    s.counters.mfu_ghost_hits += 1;
+                }
+                None
+            }
+            State::Mru => {
+                s.counters.hits += 1;
+                s.counters.hits_by[ai] += 1;
+                s.counters.mru_hits += 1;
+                if !access.prefetched {
+                    let now = coarse_ms(&*self.env) as u32;
+                    let h = &mut s.hdrs[i as usize];
+                    if h.flags & F_PREFETCH != 0 {
+                        // a demand read uses what was read ahead: a first use
+                        h.flags &= !(F_PREFETCH | F_PREFETCH_ONLY);
+                        h.access_ms = now;
+                        s.counters.prefetch_used += 1;
+                    } else if now.wrapping_sub(h.access_ms) >= ARC_MINTIME_MS {
+                        h.access_ms = now;
+                        h.flags &= !F_PREFETCH_ONLY;
+                        s.move_to(i, State::Mfu);
+                    }
+                }
+                s.hdrs[i as usize].data.clone()
+            }
+            State::Mfu => {
+                s.counters.hits += 1;
+                s.counters.hits_by[ai] += 1;
+                s.counters.mfu_hits += 1;
+                let h = &mut s.hdrs[i as usize];
+                h.flags |= F_REFERENCED;
+                h.data.clone()
+            }
+        }
+    }
+
+    fn insert(&self, k: ArcKey, data: Arc<AlignedBuf>, hint: CacheHint) {
+        let len = data.len() as u64;
+        let c_max = self.c_max();
+        if len == 0 || len > c_max / 2 || len > u32::MAX as u64 {
+            return;
+        }
+        let now = coarse_ms(&*self.env);
+        let mut flags = if hint.l2_eligible { F_L2_ELIGIBLE } else { 0 };
+        if hint.prefetched {
+            flags |= F_PREFETCH | F_PREFETCH_ONLY;
+        }
+        let replaced = {
+            let mut s = self.shard(&k).lock();
+            match s.map.get(&k).copied() {
+                Some(i) => {
+                    let (state, old_kind, old_bytes) = {
+                        let h = &s.hdrs[i as usize];
+                        (h.state, h.kind, h.bytes as u64)
+                    };
+                    s.unlink(i);
+                    let new_state = match state {
+                        // the same block cached again (a sync caching what a reader
+                        // read meanwhile): the newer buffer, same place
+                        State::Mru | State::Mfu => state,
+                        // a ghost hit's read completing
+                        State::MruGhost if s.hdrs[i as usize].flags & F_PREFETCH_ONLY != 0 => State::Mru,
+                        State::MruGhost | State::MfuGhost => State::Mfu,
+                    };
+                    let h = &mut s.hdrs[i as usize];
+                    let old = h.data.replace(data);
+                    h.bytes = len as u32;
+                    h.kind = hint.kind;
+                    h.state = new_state;
+                    h.access_ms = now as u32;
+                    h.flags = flags | (h.flags & F_REFERENCED);
+                    s.link_head(i);
+                    old.map(|_| (old_kind, old_bytes))
+                }
+                None => {
+                    let i = s.alloc_hdr(Hdr {
+                        key: k,
+                        data: Some(data),
+                        newer: NIL,
+                        older: NIL,
+                        bytes: len as u32,
+                        access_ms: now as u32,
+                        state: State::Mru,
+                        kind: hint.kind,
+                        flags,
+                    });
+                    s.map.insert(k, i);
+                    s.link_head(i);
+                    None
+                }
+            }
+        };
+        if let Some((kind, bytes)) = replaced {
+            self.account(kind, bytes, false);
+        }
+        self.account(hint.kind, len, true);
+        self.grow(len, now);
+        self.after_insert(c_max);
+    }
+
+    /// Grow `c` towards c_max by `len` while the cache is near it and memory is
+    /// plentiful (module comment, "Size").
+    fn grow(&self, len: u64, now_ms: u64) {
+        let c_max = self.c_max();
+        let c = self.c.load(Ordering::Relaxed);
+        if c > c_max {
+            self.c.store(c_max, Ordering::Relaxed);
+            return;
+        }
+        if c == c_max || now_ms < self.no_grow_until_ms.load(Ordering::Relaxed) {
+            return;
+        }
+        if self.live_bytes() + GROW_MARGIN_BYTES >= c {
+            let _ = self.c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some((c + len.max(GROW_MIN_BYTES)).min(c_max)));
+        }
+    }
+
+    /// Wake the evictor past the target; past the target plus the overshoot, wait for
+    /// it (module comment: eviction never runs on a reader's path).
+    fn after_insert(&self, c_max: u64) {
+        let target = self.target();
+        if self.live_bytes() <= target {
+            return;
+        }
+        if !self.evict_wanted.swap(true, Ordering::Relaxed) {
+            let mut st = self.signal.state.lock();
+            st.wanted = true;
+            self.signal.wake.notify_one();
+        }
+        let bound = target + overshoot_max_bytes(c_max);
+        if self.live_bytes() <= bound {
+            return;
+        }
+        self.memory_throttle_count.fetch_add(1, Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(INSERT_WAIT_MAX_MS);
+        let mut st = self.signal.state.lock();
+        while self.live_bytes() > self.target() + overshoot_max_bytes(self.c_max()) {
+            if !st.running || st.stop || std::time::Instant::now() >= deadline {
+                drop(st);
+                // no evictor to wait for: do its work here rather than grow unbounded
+                self.evict_round();
+                return;
+            }
+            st.wanted = true;
+            self.signal.wake.notify_one();
+            self.signal.done.wait_for(&mut st, std::time::Duration::from_millis(50));
         }
     }
 
@@ -475,80 +1014,374 @@ impl ArcCache {
     /// two (the entry's and `held`) no other reference exists to clone from.
     fn release_to_writer(&self, k: &ArcKey, held: &Arc<AlignedBuf>) -> bool {
         let mut s = self.shard(k).lock();
-        let unshared = s.map.get(k).is_some_and(|e| Arc::ptr_eq(&e.data, held) && Arc::strong_count(held) == 2 && Arc::weak_count(held) == 0);
+        let Some(i) = s.map.get(k).copied() else { return false };
+        let unshared = s.hdrs[i as usize].data.as_ref().is_some_and(|d| Arc::ptr_eq(d, held) && Arc::strong_count(held) == 2 && Arc::weak_count(held) == 0);
         if !unshared {
             return false;
         }
-        let e = s.map.remove(k).expect("the entry was just found under the same lock");
-        s.bytes -= e.data.len() as u64;
-        self.account(e.kind, e.data.len() as u64, false);
-        s.compact_if_needed();
+        let kind = s.hdrs[i as usize].kind;
+        let data = s.destroy(i).expect("a live header has data");
         drop(s);
-        drop(e);
+        self.account(kind, data.len() as u64, false);
+        drop(data);
         debug_assert_eq!(Arc::strong_count(held), 1, "a released buffer has one owner left");
         true
     }
 
-    /// Drop a block (it was freed).
+    /// Drop a block (it was freed): its header too, ghost or live.
     fn evict(&self, k: &ArcKey) {
         let mut s = self.shard(k).lock();
-        if let Some(e) = s.map.remove(k) {
-            s.bytes -= e.data.len() as u64;
-            self.account(e.kind, e.data.len() as u64, false);
+        let Some(i) = s.map.get(k).copied() else { return };
+        let kind = s.hdrs[i as usize].kind;
+        if let Some(d) = s.destroy(i) {
+            drop(s);
+            self.account(kind, d.len() as u64, false);
         }
-        s.compact_if_needed();
     }
 
     /// Drop every block of pool `pool` (it is being exported or closed).
     fn evict_pool(&self, pool: u32) {
         for shard in &self.shards {
             let mut s = shard.lock();
-            let mut gone = Vec::new();
-            s.map.retain(|k, e| {
-                if k.pool == pool {
-                    gone.push((e.kind, e.data.len() as u64));
-                    false
-                } else {
-                    true
+            let doomed: Vec<u32> = s.map.iter().filter(|(k, _)| k.pool == pool).map(|(_, &i)| i).collect();
+            let mut freed = Vec::new();
+            for i in doomed {
+                let kind = s.hdrs[i as usize].kind;
+                if let Some(d) = s.destroy(i) {
+                    freed.push((kind, d));
                 }
-            });
-            for (kind, len) in gone {
-                s.bytes -= len;
-                self.account(kind, len, false);
             }
-            s.compact_if_needed();
+            drop(s);
+            for (kind, d) in freed {
+                self.account(kind, d.len() as u64, false);
+            }
         }
     }
 
+    /// Sizes of the eight lists summed over the shards.
+    fn list_bytes(&self) -> [u64; LISTS] {
+        let mut out = [0u64; LISTS];
+        for shard in &self.shards {
+            let s = shard.lock();
+            for (o, l) in out.iter_mut().zip(s.lists.iter()) {
+                *o += l.bytes;
+            }
+        }
+        out
+    }
+
+    /// Lower `c` when the system runs short of memory (module comment, "Size").
+    fn check_memory(&self) {
+        let Some(avail) = self.env.memory_available_bytes() else { return };
+        let sys_free = match ZFS_ARC_SYS_FREE.get() {
+            0 => (physical_memory_bytes() / 64).max(64 << 20),
+            b => b,
+        };
+        if avail >= sys_free {
+            return;
+        }
+        let shortfall = sys_free - avail;
+        let c_min = self.c_min();
+        let _ = self.c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+            let cut = (c.saturating_sub(c_min) >> 7) + shortfall;
+            Some(c.saturating_sub(cut).max(c_min))
+        });
+        self.no_grow_until_ms.store(coarse_ms(&*self.env) + NO_GROW_AFTER_SHORTAGE_MS, Ordering::Relaxed);
+        self.shrinks.fetch_add(1, Ordering::Relaxed);
+        self.evict_round();
+        // what eviction freed goes back to the system now, not after the slab's delay
+        crate::vdev::abd::trim_now();
+    }
+
+    /// One eviction round (module comment, "Adaptation"): adapt the fractions, evict
+    /// what is over the target from the four live lists in their order, cut the ghost
+    /// lists. Rounds run one at a time.
+    fn evict_round(&self) {
+        let mut round = self.round.lock();
+        let sizes = self.list_bytes();
+        let [mrud, mrum, mfud, mfum, gsrd, gsrm, gsfd, gsfm] = sizes;
+        // ghost hits since the last round
+        let mut hits = [0u64; 4];
+        for shard in &self.shards {
+            let s = shard.lock();
+            for (h, g) in hits.iter_mut().zip(s.counters.ghost_hit_bytes.iter()) {
+                *h += g;
+            }
+        }
+        let d: Vec<u64> = hits.iter().zip(round.ghost_hit_bytes_seen.iter()).map(|(h, s)| h.saturating_sub(*s)).collect();
+        round.ghost_hit_bytes_seen = hits;
+        let (grd, grm, gfd, gfm) = (d[0], d[1], d[2], d[3]);
+        let [pgsrd, pgsrm, pgsfd, pgsfm] = round.ghost_sizes;
+        round.ghost_sizes = [gsrd, gsrm, gsfd, gsfm];
+        let balance = ZFS_ARC_META_BALANCE.get();
+        let meta = adjust(self.meta.load(Ordering::Relaxed), pgsrd + pgsrm + pgsfd + pgsfm, grm + gfm, grd + gfd, balance);
+        let pd = adjust(self.pd.load(Ordering::Relaxed), pgsrd + pgsfd, grd, gfd, 100);
+        let pm = adjust(self.pm.load(Ordering::Relaxed), pgsrm + pgsfm, grm, gfm, 100);
+        self.meta.store(meta, Ordering::Relaxed);
+        self.pd.store(pd, Ordering::Relaxed);
+        self.pm.store(pm, Ordering::Relaxed);
+
+        let target = self.target();
+        let size = self.live_bytes();
+        if size > target {
+            let over = size - target;
+            let t = mrud + mrum + mfud + mfum;
+            let mut wt = t.saturating_sub(over) as u128;
+            let frac = |x: u128, f: u64| (x * f as u128 / ONE as u128) as u64;
+            let mut left = over;
+            // MRU metadata beyond its share of what should remain
+            let e = left.min(mrum.saturating_sub(frac(frac(wt, meta) as u128, pm)));
+            left -= self.evict_list(State::Mru, BufKind::Metadata, e, false, &mut round);
+            // MFU metadata: metadata beyond its share
+            let meta_now = (mrum + mfum).saturating_sub(over - left);
+            let e = left.min(meta_now.saturating_sub(frac(wt, meta)));
+            left -= self.evict_list(State::Mfu, BufKind::Metadata, e, false, &mut round);
+            // data gets what metadata leaves
+            wt = wt.saturating_sub((mrum + mfum).saturating_sub(over - left) as u128);
+            let e = left.min(mrud.saturating_sub(frac(wt, pd)));
+            left -= self.evict_list(State::Mru, BufKind::Data, e, false, &mut round);
+            self.evict_list(State::Mfu, BufKind::Data, left, false, &mut round);
+            // whatever could not come from its list comes from any
+            for (state, kind) in [(State::Mru, BufKind::Data), (State::Mru, BufKind::Metadata), (State::Mfu, BufKind::Metadata), (State::Mfu, BufKind::Data)] {
+                if self.live_bytes() <= target {
+                    break;
+                }
+                let want = self.live_bytes() - target;
+                // (the young prefetches and second chances too: the target holds)
+                self.evict_list(state, kind, want, true, &mut round);
+            }
+        }
+        // ghost lists: each at most half the other three live lists
+        let sizes = self.list_bytes();
+        let live = sizes[0] + sizes[1] + sizes[2] + sizes[3];
+        for (state, kind, li) in [
+            (State::MruGhost, BufKind::Data, 0),
+            (State::MruGhost, BufKind::Metadata, 1),
+            (State::MfuGhost, BufKind::Data, 2),
+            (State::MfuGhost, BufKind::Metadata, 3),
+        ] {
+            let cap = live.saturating_sub(sizes[li]) / 2;
+            let ghost = sizes[list_index(state, kind)];
+            if ghost > cap {
+                self.evict_list(state, kind, ghost - cap, false, &mut round);
+            }
+        }
+    }
+
+    /// Take up to `bytes` from the tails of list (state, kind) across the shards: live
+    /// headers become ghosts (their data handed to the sink when L2-eligible), ghosts
+    /// are destroyed. Referenced MFU headers and young prefetches get a second chance
+    /// unless `force`. Returns the bytes taken.
+    fn evict_list(&self, state: State, kind: BufKind, bytes: u64, force: bool, round: &mut RoundState) -> u64 {
+        if bytes == 0 {
+            return 0;
+        }
+        let li = list_index(state, kind);
+        let now = coarse_ms(&*self.env) as u32;
+        let min_prefetch_ms = ZFS_ARC_MIN_PREFETCH_MS.get() as u32;
+        let sink = self.sink.read().clone();
+        let mut taken = 0u64;
+        let mut empty_visits = 0;
+        let mut shard_ix = round.cursor;
+        // each header is passed at most twice (a second chance, then its eviction)
+        while taken < bytes && empty_visits < SHARDS {
+            let mut handed: Vec<(ArcKey, Arc<AlignedBuf>)> = Vec::new();
+            let mut freed: Vec<Arc<AlignedBuf>> = Vec::new();
+            let mut progressed = false;
+            {
+                let mut s = self.shards[shard_ix].lock();
+                let mut visits = 0;
+                let budget = 2 * EVICT_BATCH;
+                while taken < bytes && visits < budget {
+                    let i = s.lists[li].tail;
+                    if i == NIL {
+                        break;
+                    }
+                    visits += 1;
+                    let (flags, access_ms, hbytes, key) = {
+                        let h = &s.hdrs[i as usize];
+                        (h.flags, h.access_ms, h.bytes as u64, h.key)
+                    };
+                    if !state.is_ghost() {
+                        if !force && state == State::Mfu && flags & F_REFERENCED != 0 {
+                            s.hdrs[i as usize].flags &= !F_REFERENCED;
+                            s.move_to(i, State::Mfu);
+                            s.counters.evict_skip += 1;
+                            continue;
+                        }
+                        if !force && flags & F_PREFETCH != 0 && now.wrapping_sub(access_ms) < min_prefetch_ms {
+                            s.move_to(i, state);
+                            s.counters.evict_skip += 1;
+                            continue;
+                        }
+                        let ghost = if state == State::Mru { State::MruGhost } else { State::MfuGhost };
+                        s.unlink(i);
+                        let h = &mut s.hdrs[i as usize];
+                        let data = h.data.take().expect("a live header has data");
+                        h.state = ghost;
+                        h.flags &= !F_REFERENCED;
+                        s.link_head(i);
+                        s.counters.evicted += 1;
+                        if flags & F_L2_ELIGIBLE != 0 && sink.is_some() {
+                            handed.push((key, data));
+                        } else {
+                            freed.push(data);
+                        }
+                    } else {
+                        s.destroy(i);
+                    }
+                    taken += hbytes;
+                    progressed = true;
+                }
+            }
+            if !state.is_ghost() {
+                for d in &freed {
+                    self.account(kind, d.len() as u64, false);
+                }
+                for (_, d) in &handed {
+                    self.account(kind, d.len() as u64, false);
+                }
+            }
+            drop(freed);
+            if let Some(sink) = &sink {
+                for (k, d) in handed {
+                    sink.evicted(k.pool, k.block, d, kind);
+                }
+            }
+            empty_visits = if progressed { 0 } else { empty_visits + 1 };
+            shard_ix = (shard_ix + 1) % SHARDS;
+        }
+        round.cursor = shard_ix;
+        taken
+    }
+
     pub fn stats(&self) -> ArcStats {
+        let mut c = ShardCounters::default();
+        let mut lists = [0u64; LISTS];
+        let mut hdrs = 0u64;
+        for shard in &self.shards {
+            let s = shard.lock();
+            let x = &s.counters;
+            c.hits += x.hits;
+            c.misses += x.misses;
+            for j in 0..4 {
+                c.hits_by[j] += x.hits_by[j];
+                c.misses_by[j] += x.misses_by[j];
+            }
+            c.mru_hits += x.mru_hits;
+            c.mfu_hits += x.mfu_hits;
+            c.mru_ghost_hits += x.mru_ghost_hits;
+            c.mfu_ghost_hits += x.mfu_ghost_hits;
+            c.prefetch_used += x.prefetch_used;
+            c.evicted += x.evicted;
+            c.evict_skip += x.evict_skip;
+            for (l, b) in lists.iter_mut().zip(s.lists.iter()) {
+                *l += b.bytes;
+            }
+            // header slots plus the map's (key, index) slots and control bytes
+            hdrs += (s.hdrs.capacity() * std::mem::size_of::<Hdr>()) as u64
+                + (s.map.capacity() * (std::mem::size_of::<(ArcKey, u32)>() + 1)) as u64
+                + (s.free.capacity() * 4) as u64;
+        }
         let d = self.data_bytes.load(Ordering::Relaxed);
         let m = self.meta_bytes.load(Ordering::Relaxed);
+        let cc = self.c.load(Ordering::Relaxed);
+        let (meta, pd, pm) = (self.meta.load(Ordering::Relaxed), self.pd.load(Ordering::Relaxed), self.pm.load(Ordering::Relaxed));
+        let f = |x: u64, fr: u64| (x as u128 * fr as u128 / ONE as u128) as u64;
         ArcStats {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
+            hits: c.hits,
+            misses: c.misses,
+            demand_data_hits: c.hits_by[0],
+            demand_metadata_hits: c.hits_by[1],
+            prefetch_data_hits: c.hits_by[2],
+            prefetch_metadata_hits: c.hits_by[3],
+            demand_data_misses: c.misses_by[0],
+            demand_metadata_misses: c.misses_by[1],
+            prefetch_data_misses: c.misses_by[2],
+            prefetch_metadata_misses: c.misses_by[3],
+            mru_hits: c.mru_hits,
+            mfu_hits: c.mfu_hits,
+            mru_ghost_hits: c.mru_ghost_hits,
+            mfu_ghost_hits: c.mfu_ghost_hits,
+            prefetch_used: c.prefetch_used,
             data_size: d,
             metadata_size: m,
             size: d + m,
+            mru_size: lists[0] + lists[1],
+            mfu_size: lists[2] + lists[3],
+            mru_ghost_size: lists[4] + lists[5],
+            mfu_ghost_size: lists[6] + lists[7],
+            p: f(f(cc, ONE - meta), pd) + f(f(cc, meta), pm),
+            c: cc,
+            c_min: self.c_min(),
             c_max: self.c_max(),
-            evictions: self.evictions.load(Ordering::Relaxed),
+            meta,
+            pd,
+            pm,
+            evictions: c.evicted,
+            evict_skip: c.evict_skip,
+            memory_throttle_count: self.memory_throttle_count.load(Ordering::Relaxed),
+            shrinks: self.shrinks.load(Ordering::Relaxed),
+            hdr_size: hdrs,
             reserved: self.reserved.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl Drop for ArcCache {
+    fn drop(&mut self) {
+        let mut st = self.signal.state.lock();
+        st.stop = true;
+        self.signal.wake.notify_all();
+        self.signal.done.notify_all();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::env::SimEnv;
 
     fn pool_on(c_max: u64) -> PoolArc {
-        PoolArc::attach(Arc::new(ArcCache::new(c_max)))
+        PoolArc::attach(ArcCache::new(c_max))
+    }
+
+    fn k(i: u64) -> BlockKey {
+        BlockKey { vdev: VdevId(0), offset: i << 12, birth: Txg(1) }
+    }
+
+    fn buf(len: usize) -> Arc<AlignedBuf> {
+        Arc::new(AlignedBuf::from(vec![0u8; len]))
+    }
+
+    /// A cache on a simulated clock and memory, limit `c_max`.
+    fn sim_cache(c_max: u64) -> (Arc<SimEnv>, Arc<ArcCache>) {
+        let env = Arc::new(SimEnv::new(1));
+        let cache = ArcCache::with_limit_fn(move || c_max, env.clone());
+        (env, cache)
+    }
+
+    /// Wait for the evictor to bring the cache to its target.
+    fn settle(cache: &ArcCache) {
+        for _ in 0..500 {
+            if cache.live_bytes() <= cache.target() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        cache.evict_round();
+    }
+
+    #[test]
+    fn headers_stay_small() {
+        assert!(std::mem::size_of::<Hdr>() <= 64, "a header grew to {} bytes", std::mem::size_of::<Hdr>());
     }
 
     #[test]
     fn a_reservation_evicts_at_once_is_capped_and_ends_when_dropped() {
         let arc = pool_on(SHARDS as u64 * 8192);
         for i in 0..64u64 {
-            arc.insert(BlockKey { vdev: VdevId(0), offset: i * 4096, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), CacheHint::DATA);
+            arc.insert(k(i), buf(4096), CacheHint::DATA);
         }
         let full = arc.stats().size;
         assert!(full > SHARDS as u64 * 4096, "the cache filled ({full})");
@@ -560,20 +1393,22 @@ mod tests {
         assert_eq!(arc.stats().reserved, SHARDS as u64 * 8192);
         drop(r);
         assert_eq!(arc.stats().reserved, 0);
-        arc.insert(BlockKey { vdev: VdevId(0), offset: 1 << 30, birth: Txg(2) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), CacheHint::DATA);
+        arc.insert(BlockKey { vdev: VdevId(0), offset: 1 << 30, birth: Txg(2) }, buf(4096), CacheHint::DATA);
         assert_eq!(arc.stats().size, 4096, "the cache takes blocks again");
     }
+
     #[test]
-    fn bounded_and_lru() {
-        let arc = pool_on(SHARDS as u64 * 8192);
+    fn bounded_and_spread_over_the_shards() {
+        let c_max = SHARDS as u64 * 8192;
+        let arc = pool_on(c_max);
         for i in 0..1000u64 {
-            arc.insert(BlockKey { vdev: VdevId(0), offset: i << 12, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), CacheHint::DATA);
+            arc.insert(k(i), buf(4096), CacheHint::DATA);
+            let st = arc.stats();
+            assert!(st.size <= c_max + overshoot_max_bytes(c_max), "{st:?}");
         }
         let st = arc.stats();
-        assert!(st.size <= SHARDS as u64 * 8192, "{st:?}");
         assert!(st.evictions > 0);
-        let k = BlockKey { vdev: VdevId(0), offset: 999 << 12, birth: Txg(1) };
-        assert!(arc.lookup(&k, CacheHint::DATA).is_some());
+        assert!(arc.lookup(&k(999), CacheHint::DATA).is_some(), "the newest block was evicted");
         // 16K-aligned blocks of one txg must spread over (almost) every shard
         let used: std::collections::HashSet<usize> = (0..256u64)
             .map(|i| {
@@ -582,26 +1417,26 @@ mod tests {
             })
             .collect();
         assert!(used.len() >= SHARDS - 2, "only {} of {SHARDS} shards used", used.len());
-        arc.evict(&k);
-        assert!(arc.lookup(&k, CacheHint::DATA).is_none());
+        arc.evict(&k(999));
+        assert!(arc.lookup(&k(999), CacheHint::DATA).is_none());
     }
 
     #[test]
     fn zfs_arc_max_applies_live() {
-        let arc = PoolArc::attach(Arc::new(ArcCache::following_tunable()));
+        let arc = PoolArc::attach(ArcCache::following_tunable(crate::env::real()));
         let auto = arc.cache.c_max();
         assert!(auto >= 64 << 20);
         ZFS_ARC_MAX.set(128 << 20).unwrap();
         assert_eq!(arc.stats().c_max, 128 << 20);
         let block = 128 << 10;
         for i in 0..800u64 {
-            arc.insert(BlockKey { vdev: VdevId(0), offset: i * block, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; block as usize])), CacheHint::DATA);
+            arc.insert(BlockKey { vdev: VdevId(0), offset: i * block, birth: Txg(1) }, buf(block as usize), CacheHint::DATA);
         }
         assert!(arc.stats().size > 64 << 20, "{:?}", arc.stats());
         ZFS_ARC_MAX.set(64 << 20).unwrap();
-        arc.insert(BlockKey { vdev: VdevId(1), offset: 0, birth: Txg(1) }, Arc::new(AlignedBuf::from(vec![0u8; 4096])), CacheHint::METADATA);
+        arc.insert(BlockKey { vdev: VdevId(1), offset: 0, birth: Txg(1) }, buf(4096), CacheHint::METADATA);
         let st = arc.stats();
-        assert!(st.size <= 64 << 20, "lowering zfs_arc_max must trim the ARC: {st:?}");
+        assert!(st.size <= (64 << 20) + overshoot_max_bytes(64 << 20), "lowering zfs_arc_max must trim the ARC: {st:?}");
         assert!(ZFS_ARC_MAX.set(4096).is_err(), "below the 64 MiB floor");
         ZFS_ARC_MAX.set(0).unwrap();
         assert_eq!(arc.cache.c_max(), auto);
@@ -609,24 +1444,236 @@ mod tests {
 
     #[test]
     fn pools_never_see_each_others_blocks_and_leave_with_their_entries() {
-        let cache = Arc::new(ArcCache::new(64 << 20));
+        let cache = ArcCache::new(64 << 20);
         // two pools with the same block addresses (two copies of one pool image)
         let a = PoolArc::attach(cache.clone());
         let b = PoolArc::attach(cache.clone());
-        let k = BlockKey { vdev: VdevId(0), offset: 4 << 20, birth: Txg(9) };
-        a.insert(k, Arc::new(AlignedBuf::from(vec![1u8; 4096])), CacheHint::DATA);
-        assert!(b.lookup(&k, CacheHint::DATA).is_none(), "pool b was served pool a's block");
-        b.insert(k, Arc::new(AlignedBuf::from(vec![2u8; 4096])), CacheHint::DATA);
-        assert_eq!(a.lookup(&k, CacheHint::DATA).unwrap()[0], 1);
-        assert_eq!(b.lookup(&k, CacheHint::DATA).unwrap()[0], 2);
-        assert!(!b.release_to_writer(&k, &a.lookup(&k, CacheHint::DATA).unwrap()), "b released a's buffer");
-        b.evict(&k);
-        assert_eq!(a.lookup(&k, CacheHint::DATA).unwrap()[0], 1, "b's free dropped a's block");
+        let key = BlockKey { vdev: VdevId(0), offset: 4 << 20, birth: Txg(9) };
+        a.insert(key, Arc::new(AlignedBuf::from(vec![1u8; 4096])), CacheHint::DATA);
+        assert!(b.lookup(&key, CacheHint::DATA).is_none(), "pool b was served pool a's block");
+        b.insert(key, Arc::new(AlignedBuf::from(vec![2u8; 4096])), CacheHint::DATA);
+        assert_eq!(a.lookup(&key, CacheHint::DATA).unwrap()[0], 1);
+        assert_eq!(b.lookup(&key, CacheHint::DATA).unwrap()[0], 2);
+        assert!(!b.release_to_writer(&key, &a.lookup(&key, CacheHint::DATA).unwrap()), "b released a's buffer");
+        b.evict(&key);
+        assert_eq!(a.lookup(&key, CacheHint::DATA).unwrap()[0], 1, "b's free dropped a's block");
         assert_eq!(cache.stats().size, 4096);
         drop(a);
         assert_eq!(cache.stats().size, 0, "an exported pool's entries stay in the ARC");
         // a pool opened later gets a load id of its own
         let c = PoolArc::attach(cache.clone());
-        assert!(c.lookup(&k, CacheHint::DATA).is_none());
+        assert!(c.lookup(&key, CacheHint::DATA).is_none());
+    }
+
+    #[test]
+    fn a_second_use_after_mintime_moves_to_mfu_a_burst_does_not() {
+        let (env, cache) = sim_cache(64 << 20);
+        let p = PoolArc::attach(cache.clone());
+        p.insert(k(1), buf(4096), CacheHint::DATA);
+        p.insert(k(2), buf(4096), CacheHint::DATA);
+        // a burst right after the read: one use
+        env.advance_ns(10_000_000);
+        assert!(p.lookup(&k(1), CacheHint::DATA).is_some());
+        assert_eq!(cache.stats().mfu_size, 0, "a hit within 62.5 ms promoted");
+        env.advance_ns(100_000_000);
+        assert!(p.lookup(&k(1), CacheHint::DATA).is_some());
+        let st = cache.stats();
+        assert_eq!((st.mru_size, st.mfu_size), (4096, 4096), "{st:?}");
+        assert_eq!((st.mru_hits, st.mfu_hits), (2, 0));
+        assert!(p.lookup(&k(1), CacheHint::DATA).is_some());
+        assert_eq!(cache.stats().mfu_hits, 1);
+        // a prefetched block used once by demand stays in MRU
+        p.insert(k(3), buf(4096), CacheHint { prefetched: true, ..CacheHint::DATA });
+        env.advance_ns(500_000_000);
+        assert!(p.lookup(&k(3), CacheHint::DATA).is_some());
+        let st = cache.stats();
+        assert_eq!((st.mru_size, st.prefetch_used), (8192, 1), "{st:?}");
+    }
+
+    /// The hit ratio of `hot` blocks read again, after a sequential scan of `scan`
+    /// other blocks, on a cache of `cap` blocks (a sim clock: reads 1 ms apart).
+    fn hot_hit_ratio_after_scan(cap: u64, hot: u64, scan: u64) -> f64 {
+        let (env, cache) = sim_cache(cap * 4096);
+        let p = PoolArc::attach(cache.clone());
+        let read = |i: u64| {
+            env.advance_ns(1_000_000);
+            if p.lookup(&k(i), CacheHint::DATA).is_none() {
+                p.insert(k(i), buf(4096), CacheHint::DATA);
+            }
+        };
+        // the hot set, used over and over
+        for _ in 0..4 {
+            for i in 0..hot {
+                read(i);
+            }
+            env.advance_ns(100_000_000);
+        }
+        // one big sequential read
+        for i in 0..scan {
+            read(1_000_000 + i);
+            if i % 64 == 0 {
+                settle(&cache);
+            }
+        }
+        settle(&cache);
+        let before = cache.stats();
+        for i in 0..hot {
+            env.advance_ns(1_000_000);
+            let _ = p.lookup(&k(i), CacheHint::DATA);
+        }
+        let after = cache.stats();
+        (after.hits - before.hits) as f64 / hot as f64
+    }
+
+    #[test]
+    fn a_large_sequential_read_does_not_flush_the_hot_set() {
+        // hot set half the cache, scan 4x the cache
+        let ratio = hot_hit_ratio_after_scan(1024, 512, 4096);
+        assert!(ratio >= 0.9, "hot set hit ratio after the scan {ratio:.2}");
+    }
+
+    #[test]
+    fn p_moves_toward_the_list_whose_ghosts_are_hit() {
+        // A hot set of 60 % of the cache, read again every 100 ms, between which a scan
+        // of new blocks (read once) goes by: with MRU holding half, part of the hot set
+        // falls out of MFU and its next read hits the MFU ghost list, so MRU's data
+        // share (pd) must fall until the hot set fits.
+        let cap = 512u64;
+        let hot = cap * 6 / 10;
+        let (env, cache) = sim_cache(cap * 4096);
+        let p = PoolArc::attach(cache.clone());
+        let read = |i: u64| {
+            env.advance_ns(50_000);
+            if p.lookup(&k(i), CacheHint::DATA).is_none() {
+                p.insert(k(i), buf(4096), CacheHint::DATA);
+            }
+        };
+        for i in 0..hot {
+            read(i);
+        }
+        env.advance_ns(100_000_000);
+        settle(&cache);
+        let pd0 = cache.stats().pd;
+        for pass in 0..16u64 {
+            for i in 0..hot {
+                read(i);
+            }
+            for i in 0..cap {
+                read(1_000_000 + pass * cap + i);
+            }
+            env.advance_ns(100_000_000);
+            settle(&cache);
+        }
+        let st = cache.stats();
+        assert!(st.mfu_ghost_hits > 0, "{st:?}");
+        assert!(st.pd < pd0, "pd did not fall under MFU ghost hits: {} -> {} ({st:?})", pd0, st.pd);
+
+        // Scan of new blocks, each read twice within a second: MRU ghost hits push pd up
+        let (env, cache) = sim_cache(cap * 4096);
+        let p = PoolArc::attach(cache.clone());
+        // fill MFU first so MRU is small
+        for round in 0..2 {
+            for i in 0..cap {
+                env.advance_ns(100_000);
+                if p.lookup(&k(i), CacheHint::DATA).is_none() {
+                    p.insert(k(i), buf(4096), CacheHint::DATA);
+                }
+            }
+            env.advance_ns(100_000_000 * (round + 1));
+        }
+        settle(&cache);
+        let pd0 = cache.stats().pd;
+        for pass in 0..8u64 {
+            let base = 10_000 + pass * cap;
+            for i in 0..cap {
+                env.advance_ns(100_000);
+                let key = k(base + i);
+                if p.lookup(&key, CacheHint::DATA).is_none() {
+                    p.insert(key, buf(4096), CacheHint::DATA);
+                }
+            }
+            settle(&cache);
+            // the same new blocks again, soon: those MRU lost are MRU ghost hits
+            for i in 0..cap {
+                env.advance_ns(10_000);
+                let key = k(base + i);
+                if p.lookup(&key, CacheHint::DATA).is_none() {
+                    p.insert(key, buf(4096), CacheHint::DATA);
+                }
+            }
+            settle(&cache);
+        }
+        let st = cache.stats();
+        assert!(st.mru_ghost_hits > 0, "{st:?}");
+        assert!(st.pd > pd0, "pd did not rise under MRU ghost hits: {} -> {} ({st:?})", pd0, st.pd);
+    }
+
+    #[test]
+    fn the_target_shrinks_when_memory_runs_short_and_grows_back_later() {
+        let c_max = 256u64 << 20;
+        let (env, cache) = sim_cache(c_max);
+        let p = PoolArc::attach(cache.clone());
+        for i in 0..(200u64 << 20) / (128 << 10) {
+            p.insert(BlockKey { vdev: VdevId(0), offset: i << 17, birth: Txg(1) }, buf(128 << 10), CacheHint::DATA);
+        }
+        assert_eq!(cache.stats().size, 200 << 20);
+        // the system runs short: 1 MiB available
+        env.set_memory_available_bytes(Some(1 << 20));
+        cache.check_memory();
+        let st = cache.stats();
+        assert!(st.c < c_max && st.c >= st.c_min, "{st:?}");
+        assert!(st.size <= st.c, "not evicted to the new target: {st:?}");
+        assert_eq!(st.shrinks, 1);
+        let c_low = st.c;
+        // plenty again: no growth within 5 s, growth after
+        env.set_memory_available_bytes(Some(u64::MAX - 1));
+        cache.check_memory();
+        p.insert(BlockKey { vdev: VdevId(1), offset: 0, birth: Txg(1) }, buf(128 << 10), CacheHint::DATA);
+        assert_eq!(cache.stats().c, c_low, "grew during the shortage's back-off");
+        env.advance_ns(6_000_000_000);
+        for i in 0..64u64 {
+            p.insert(BlockKey { vdev: VdevId(2), offset: i << 17, birth: Txg(1) }, buf(128 << 10), CacheHint::DATA);
+        }
+        assert!(cache.stats().c > c_low, "did not grow back: {:?}", cache.stats());
+    }
+
+    #[test]
+    fn eviction_hands_l2_eligible_blocks_to_the_sink() {
+        struct Count(Mutex<Vec<BlockKey>>);
+        impl EvictSink for Count {
+            fn evicted(&self, _pool: u32, key: BlockKey, _data: Arc<AlignedBuf>, _kind: BufKind) {
+                self.0.lock().push(key);
+            }
+        }
+        let (_env, cache) = sim_cache(64 * 4096);
+        let sink = Arc::new(Count(Mutex::new(Vec::new())));
+        cache.set_evict_sink(Some(sink.clone()));
+        let p = PoolArc::attach(cache.clone());
+        for i in 0..256u64 {
+            let hint = CacheHint { l2_eligible: i % 2 == 0, ..CacheHint::DATA };
+            p.insert(k(i), buf(4096), hint);
+        }
+        settle(&cache);
+        let handed = sink.0.lock().clone();
+        assert!(handed.len() >= 64, "only {} handed", handed.len());
+        assert!(handed.iter().all(|key| (key.offset >> 12) % 2 == 0), "a block not eligible for L2 was handed");
+    }
+
+    #[test]
+    fn adjust_steps_are_bounded_and_damped() {
+        let half = ONE / 2;
+        assert_eq!(adjust(half, 16, 10, 0, 100), half, "too few ghosts to learn from");
+        assert_eq!(adjust(half, 1 << 20, 0, 0, 100), half);
+        let up = adjust(half, 1 << 20, 1 << 20, 0, 100);
+        assert!(up > half && up - half <= ONE / 30, "step {}", up - half);
+        let down = adjust(half, 1 << 20, 0, 1 << 20, 100);
+        assert!(down < half && half - down <= ONE / 30);
+        let down_balanced = adjust(half, 1 << 20, 0, 1 << 20, 500);
+        assert!(half - down_balanced < half - down, "balance 500 must damp the step down");
+        // near the top a step up is damped
+        let top = ONE / 100 * 95;
+        assert!(adjust(top, 1 << 20, 1 << 20, 0, 100) - top < up - half);
+        assert!(adjust(ONE, 1 << 20, 1 << 20, 0, 100) <= ONE);
+        assert_eq!(adjust(0, 1 << 20, 0, 1 << 20, 100), 0);
     }
 }

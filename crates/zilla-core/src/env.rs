@@ -143,7 +143,9 @@ pub trait Env: Send + Sync + 'static {
 }
 
 /// See [`Env::memory_available_bytes`]: /proc/meminfo's MemAvailable, and, under a
-/// cgroup v2 memory limit, memory.max − memory.current of this process's cgroup.
+/// cgroup v2 memory limit, memory.max − memory.current of this process's cgroup plus
+/// its inactive file pages (page cache the kernel reclaims first: the pool's device
+/// files fill it, and it must not read as a shortage).
 pub fn system_memory_available_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
     let avail = meminfo.as_deref().and_then(|m| {
@@ -158,7 +160,13 @@ pub fn system_memory_available_bytes() -> Option<u64> {
         let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
         let max: u64 = std::fs::read_to_string(dir.join("memory.max")).ok()?.trim().parse().ok()?; // "max": no limit
         let current: u64 = std::fs::read_to_string(dir.join("memory.current")).ok()?.trim().parse().ok()?;
-        Some(max.saturating_sub(current))
+        let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+        let inactive_file: u64 = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("inactive_file "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        Some(max.saturating_sub(current.saturating_sub(inactive_file)))
     })();
     match (avail, cgroup) {
         (Some(a), Some(c)) => Some(a.min(c)),

@@ -133,6 +133,10 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &spa::trim::ZILLA_TRIM_TXG_INTERVAL_MS,
     &scan::ZFS_SCAN_PAUSE_EVERY_SPANS,
     &arc::ZFS_ARC_MAX,
+    &arc::ZFS_ARC_MIN,
+    &arc::ZFS_ARC_META_BALANCE,
+    &arc::ZFS_ARC_MIN_PREFETCH_MS,
+    &arc::ZFS_ARC_SYS_FREE,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
     &spa::ZFS_MULTIHOST_INTERVAL_MS,
 ]);

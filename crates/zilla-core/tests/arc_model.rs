@@ -15,7 +15,7 @@
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
-use zilla_core::arc::{ArcCache, BlockKey, BufKind, CacheHint, PoolArc, OVERSHOOT_MAX_BYTES};
+use zilla_core::arc::{overshoot_max_bytes, ArcCache, BlockKey, BufKind, CacheHint, PoolArc};
 use zilla_core::vdev::abd::AlignedBuf;
 use zilla_core::{Txg, VdevId};
 
@@ -96,12 +96,12 @@ fn check_bounds(m: &Model, reserved: u64, when: &str) -> Result<(), TestCaseErro
     prop_assert_eq!(st.reserved, reserved, "reservations ({})", when);
     let c_max = m.c_max.load(std::sync::atomic::Ordering::Relaxed);
     prop_assert!(
-        st.size <= c_max.saturating_sub(reserved) + OVERSHOOT_MAX_BYTES,
+        st.size <= c_max.saturating_sub(reserved) + overshoot_max_bytes(c_max),
         "size {} over c_max {} - reserved {} + overshoot {} ({})",
         st.size,
         c_max,
         reserved,
-        OVERSHOOT_MAX_BYTES,
+        overshoot_max_bytes(c_max),
         when
     );
     // at most what the oracle says may be cached, per kind
@@ -122,10 +122,13 @@ fn check_bounds(m: &Model, reserved: u64, when: &str) -> Result<(), TestCaseErro
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let c_max = Arc::new(std::sync::atomic::AtomicU64::new(96 * 4096));
-    let cache = Arc::new(ArcCache::with_limit_fn({
-        let c = c_max.clone();
-        move || c.load(std::sync::atomic::Ordering::Relaxed)
-    }));
+    let cache = ArcCache::with_limit_fn(
+        {
+            let c = c_max.clone();
+            move || c.load(std::sync::atomic::Ordering::Relaxed)
+        },
+        zilla_core::env::real(),
+    );
     let mut m = Model {
         pools: (0..POOLS).map(|_| PoolArc::attach(cache.clone())).collect(),
         cache,

@@ -185,6 +185,12 @@ pub fn trim() -> u64 {
     trim_slab(slab(), Instant::now(), IDLE_RELEASE_AFTER)
 }
 
+/// Release every chunk whose slots are all free, now (the system runs short of memory).
+/// Returns the bytes released.
+pub fn trim_now() -> u64 {
+    trim_slab(slab(), Instant::now(), Duration::ZERO)
+}
+
 /// Release the chunks of `s` all free since before `now - idle_for`.
 fn trim_slab(s: &Slab, now: Instant, idle_for: Duration) -> u64 {
     let mut released = 0;
