@@ -152,6 +152,8 @@ const EVICTOR_TICK_MS: u64 = 1_000;
 /// An insert waits for the evictor at most this long before it goes on regardless (the
 /// evictor thread could not be started, or the cache is being dropped).
 const INSERT_WAIT_MAX_MS: u64 = 5_000;
+/// An inserter waiting for the evictor looks again this often.
+const INSERT_WAIT_STEP_MS: u64 = 50;
 /// Fixed point one for the adaptive fractions.
 const ONE: u64 = 1 << 32;
 
@@ -221,7 +223,9 @@ impl CacheHint {
 /// Where the ARC hands what eviction takes from DRAM (the L2ARC feed): blocks whose hint
 /// allowed a cache device. Called without any ARC lock held; must not block for long.
 pub trait EvictSink: Send + Sync {
-    fn evicted(&self, pool: u32, key: BlockKey, data: Arc<AlignedBuf>, kind: BufKind);
+    /// Block `key` of the pool with load id `pool` left DRAM; it was in MFU (`mfu`) and
+    /// read ahead without a demand read using it (`prefetched`).
+    fn evicted(&self, pool: u32, key: BlockKey, data: Arc<AlignedBuf>, kind: BufKind, mfu: bool, prefetched: bool);
 }
 
 /// The states of a header (OpenZFS arc_state_t without `anon`, `uncached` and
@@ -661,6 +665,23 @@ fn adjust(frac: u64, total: u64, up: u64, down: u64, balance: u64) -> u64 {
     (f + step_up).saturating_sub(step_down).min(one) as u64
 }
 
+/// What an eviction visit takes from a shard's list (see `ArcCache::visit_shard`).
+struct Visit {
+    state: State,
+    li: usize,
+    now: u32,
+    min_prefetch_ms: u32,
+    force: bool,
+    to_sink: bool,
+}
+
+/// What a visit took from DRAM: handed to the sink (key, data, prefetched), or freed.
+#[derive(Default)]
+struct VisitOut {
+    handed: Vec<(ArcKey, Arc<AlignedBuf>, bool)>,
+    freed: Vec<Arc<AlignedBuf>>,
+}
+
 fn coarse_ms(env: &dyn Env) -> u64 {
     env.now_ns() / 1_000_000
 }
@@ -712,12 +733,13 @@ impl ArcCache {
     fn start_evictor(cache: &Arc<ArcCache>) {
         let weak: Weak<ArcCache> = Arc::downgrade(cache);
         let signal = cache.signal.clone();
-        let started = std::thread::Builder::new().name("arc_evict".into()).spawn(move || {
+        let env = cache.env.clone();
+        let started = cache.env.spawn("arc_evict".into(), Box::new(move || {
             loop {
                 {
                     let mut st = signal.state.lock();
                     if !st.wanted && !st.stop {
-                        signal.wake.wait_for(&mut st, std::time::Duration::from_millis(EVICTOR_TICK_MS));
+                        crate::env::wait_ns(&*env, &signal.wake, &mut st, EVICTOR_TICK_MS * 1_000_000);
                     }
                     if st.stop {
                         return;
@@ -736,7 +758,7 @@ impl ArcCache {
                 drop(cache);
                 signal.done.notify_all();
             }
-        });
+        }));
         if started.is_ok() {
             cache.signal.state.lock().running = true;
         }
@@ -986,10 +1008,10 @@ impl ArcCache {
             return;
         }
         self.memory_throttle_count.fetch_add(1, Ordering::Relaxed);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(INSERT_WAIT_MAX_MS);
         let mut st = self.signal.state.lock();
+        let mut waits = 0;
         while self.live_bytes() > self.target() + overshoot_max_bytes(self.c_max()) {
-            if !st.running || st.stop || std::time::Instant::now() >= deadline {
+            if !st.running || st.stop || waits >= INSERT_WAIT_MAX_MS / INSERT_WAIT_STEP_MS {
                 drop(st);
                 // no evictor to wait for: do its work here rather than grow unbounded
                 self.evict_round();
@@ -997,7 +1019,8 @@ impl ArcCache {
             }
             st.wanted = true;
             self.signal.wake.notify_one();
-            self.signal.done.wait_for(&mut st, std::time::Duration::from_millis(50));
+            crate::env::wait_ns(&*self.env, &self.signal.done, &mut st, INSERT_WAIT_STEP_MS * 1_000_000);
+            waits += 1;
         }
     }
 
@@ -1093,14 +1116,10 @@ impl ArcCache {
         crate::vdev::abd::trim_now();
     }
 
-    /// One eviction round (module comment, "Adaptation"): adapt the fractions, evict
-    /// what is over the target from the four live lists in their order, cut the ghost
-    /// lists. Rounds run one at a time.
-    fn evict_round(&self) {
-        let mut round = self.round.lock();
-        let sizes = self.list_bytes();
-        let [mrud, mrum, mfud, mfum, gsrd, gsrm, gsfd, gsfm] = sizes;
-        // ghost hits since the last round
+    /// Move the fractions by the ghost hits since the last round (module comment,
+    /// "Adaptation"); `sizes` are the eight lists now. Returns (meta, pd, pm).
+    fn adapt(&self, round: &mut RoundState, sizes: &[u64; LISTS]) -> (u64, u64, u64) {
+        let [.., gsrd, gsrm, gsfd, gsfm] = *sizes;
         let mut hits = [0u64; 4];
         for shard in &self.shards {
             let s = shard.lock();
@@ -1120,7 +1139,17 @@ impl ArcCache {
         self.meta.store(meta, Ordering::Relaxed);
         self.pd.store(pd, Ordering::Relaxed);
         self.pm.store(pm, Ordering::Relaxed);
+        (meta, pd, pm)
+    }
 
+    /// One eviction round (module comment, "Adaptation"): adapt the fractions, evict
+    /// what is over the target from the four live lists in their order, cut the ghost
+    /// lists. Rounds run one at a time.
+    fn evict_round(&self) {
+        let mut round = self.round.lock();
+        let sizes = self.list_bytes();
+        let [mrud, mrum, mfud, mfum, ..] = sizes;
+        let (meta, pd, pm) = self.adapt(&mut round, &sizes);
         let target = self.target();
         let size = self.live_bytes();
         if size > target {
@@ -1176,76 +1205,33 @@ impl ArcCache {
         if bytes == 0 {
             return 0;
         }
-        let li = list_index(state, kind);
-        let now = coarse_ms(&*self.env) as u32;
-        let min_prefetch_ms = ZFS_ARC_MIN_PREFETCH_MS.get() as u32;
         let sink = self.sink.read().clone();
+        let visit = Visit {
+            state,
+            li: list_index(state, kind),
+            now: coarse_ms(&*self.env) as u32,
+            min_prefetch_ms: ZFS_ARC_MIN_PREFETCH_MS.get() as u32,
+            force,
+            to_sink: sink.is_some(),
+        };
         let mut taken = 0u64;
         let mut empty_visits = 0;
         let mut shard_ix = round.cursor;
-        // each header is passed at most twice (a second chance, then its eviction)
         while taken < bytes && empty_visits < SHARDS {
-            let mut handed: Vec<(ArcKey, Arc<AlignedBuf>)> = Vec::new();
-            let mut freed: Vec<Arc<AlignedBuf>> = Vec::new();
-            let mut progressed = false;
-            {
+            let mut out = VisitOut::default();
+            let progressed = {
                 let mut s = self.shards[shard_ix].lock();
-                let mut visits = 0;
-                let budget = 2 * EVICT_BATCH;
-                while taken < bytes && visits < budget {
-                    let i = s.lists[li].tail;
-                    if i == NIL {
-                        break;
-                    }
-                    visits += 1;
-                    let (flags, access_ms, hbytes, key) = {
-                        let h = &s.hdrs[i as usize];
-                        (h.flags, h.access_ms, h.bytes as u64, h.key)
-                    };
-                    if !state.is_ghost() {
-                        if !force && state == State::Mfu && flags & F_REFERENCED != 0 {
-                            s.hdrs[i as usize].flags &= !F_REFERENCED;
-                            s.move_to(i, State::Mfu);
-                            s.counters.evict_skip += 1;
-                            continue;
-                        }
-                        if !force && flags & F_PREFETCH != 0 && now.wrapping_sub(access_ms) < min_prefetch_ms {
-                            s.move_to(i, state);
-                            s.counters.evict_skip += 1;
-                            continue;
-                        }
-                        let ghost = if state == State::Mru { State::MruGhost } else { State::MfuGhost };
-                        s.unlink(i);
-                        let h = &mut s.hdrs[i as usize];
-                        let data = h.data.take().expect("a live header has data");
-                        h.state = ghost;
-                        h.flags &= !F_REFERENCED;
-                        s.link_head(i);
-                        s.counters.evicted += 1;
-                        if flags & F_L2_ELIGIBLE != 0 && sink.is_some() {
-                            handed.push((key, data));
-                        } else {
-                            freed.push(data);
-                        }
-                    } else {
-                        s.destroy(i);
-                    }
-                    taken += hbytes;
-                    progressed = true;
-                }
+                let before = taken;
+                taken += Self::visit_shard(&mut s, &visit, bytes - taken, &mut out);
+                taken > before
+            };
+            for d in out.freed.iter().chain(out.handed.iter().map(|(_, d, _)| d)) {
+                self.account(kind, d.len() as u64, false);
             }
-            if !state.is_ghost() {
-                for d in &freed {
-                    self.account(kind, d.len() as u64, false);
-                }
-                for (_, d) in &handed {
-                    self.account(kind, d.len() as u64, false);
-                }
-            }
-            drop(freed);
+            drop(out.freed);
             if let Some(sink) = &sink {
-                for (k, d) in handed {
-                    sink.evicted(k.pool, k.block, d, kind);
+                for (k, d, prefetched) in out.handed {
+                    sink.evicted(k.pool, k.block, d, kind, state == State::Mfu, prefetched);
                 }
             }
             empty_visits = if progressed { 0 } else { empty_visits + 1 };
@@ -1255,7 +1241,59 @@ impl ArcCache {
         taken
     }
 
-    pub fn stats(&self) -> ArcStats {
+    /// One visit of a shard by [`ArcCache::evict_list`]: at most 2 × `EVICT_BATCH`
+    /// headers from the list's tail (each passed at most twice: a second chance, then
+    /// its eviction), until `want` bytes are taken. Returns the bytes taken; what left
+    /// DRAM is in `out`.
+    fn visit_shard(s: &mut Shard, v: &Visit, want: u64, out: &mut VisitOut) -> u64 {
+        let mut taken = 0;
+        let mut visits = 0;
+        while taken < want && visits < 2 * EVICT_BATCH {
+            let i = s.lists[v.li].tail;
+            if i == NIL {
+                break;
+            }
+            visits += 1;
+            let (flags, access_ms, hbytes, key) = {
+                let h = &s.hdrs[i as usize];
+                (h.flags, h.access_ms, h.bytes as u64, h.key)
+            };
+            if v.state.is_ghost() {
+                s.destroy(i);
+                taken += hbytes;
+                continue;
+            }
+            if !v.force && v.state == State::Mfu && flags & F_REFERENCED != 0 {
+                s.hdrs[i as usize].flags &= !F_REFERENCED;
+                s.move_to(i, State::Mfu);
+                s.counters.evict_skip += 1;
+                continue;
+            }
+            if !v.force && flags & F_PREFETCH != 0 && v.now.wrapping_sub(access_ms) < v.min_prefetch_ms {
+                s.move_to(i, v.state);
+                s.counters.evict_skip += 1;
+                continue;
+            }
+            let ghost = if v.state == State::Mru { State::MruGhost } else { State::MfuGhost };
+            s.unlink(i);
+            let h = &mut s.hdrs[i as usize];
+            let data = h.data.take().expect("a live header has data");
+            h.state = ghost;
+            h.flags &= !F_REFERENCED;
+            s.link_head(i);
+            s.counters.evicted += 1;
+            if flags & F_L2_ELIGIBLE != 0 && v.to_sink {
+                out.handed.push((key, data, flags & F_PREFETCH != 0));
+            } else {
+                out.freed.push(data);
+            }
+            taken += hbytes;
+        }
+        taken
+    }
+
+    /// The shards' counters and list sizes summed, and the bytes their headers take.
+    fn sum_shards(&self) -> (ShardCounters, [u64; LISTS], u64) {
         let mut c = ShardCounters::default();
         let mut lists = [0u64; LISTS];
         let mut hdrs = 0u64;
@@ -1283,6 +1321,11 @@ impl ArcCache {
                 + (s.map.capacity() * (std::mem::size_of::<(ArcKey, u32)>() + 1)) as u64
                 + (s.free.capacity() * 4) as u64;
         }
+        (c, lists, hdrs)
+    }
+
+    pub fn stats(&self) -> ArcStats {
+        let (c, lists, hdrs) = self.sum_shards();
         let d = self.data_bytes.load(Ordering::Relaxed);
         let m = self.meta_bytes.load(Ordering::Relaxed);
         let cc = self.c.load(Ordering::Relaxed);
@@ -1641,7 +1684,7 @@ mod tests {
     fn eviction_hands_l2_eligible_blocks_to_the_sink() {
         struct Count(Mutex<Vec<BlockKey>>);
         impl EvictSink for Count {
-            fn evicted(&self, _pool: u32, key: BlockKey, _data: Arc<AlignedBuf>, _kind: BufKind) {
+            fn evicted(&self, _pool: u32, key: BlockKey, _data: Arc<AlignedBuf>, _kind: BufKind, _mfu: bool, _prefetched: bool) {
                 self.0.lock().push(key);
             }
         }

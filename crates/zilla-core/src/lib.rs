@@ -13,6 +13,7 @@ pub mod block;
 pub mod vdev;
 pub mod metaslab;
 pub mod arc;
+pub mod l2arc;
 pub mod zio;
 pub mod dmu;
 pub mod txg;
@@ -39,6 +40,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["vdev", "txg"],  // leaves, per-leaf queue, mirror, labels; txg state machine
     &["metaslab", "props"], // space allocation per top-level vdev; typed volume properties
     &["arc"],          // DRAM block cache
+    &["l2arc"],        // the second-level cache on a pool's cache devices
     &["zio"],          // the block pipeline: prepare, verified reads + self-heal, allocation, write issue
     &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
     &["dmu"],          // object directory, volume block-pointer trees, dirty records
@@ -137,6 +139,12 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &arc::ZFS_ARC_META_BALANCE,
     &arc::ZFS_ARC_MIN_PREFETCH_MS,
     &arc::ZFS_ARC_SYS_FREE,
+    &l2arc::L2ARC_WRITE_MAX,
+    &l2arc::L2ARC_WRITE_BOOST,
+    &l2arc::L2ARC_FEED_SECS,
+    &l2arc::L2ARC_NOPREFETCH,
+    &l2arc::L2ARC_MFUONLY,
+    &l2arc::L2ARC_META_PERCENT,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
     &spa::ZFS_MULTIHOST_INTERVAL_MS,
 ]);

@@ -124,7 +124,7 @@ pub const PROPS: &[PropDef] = &[
     PropDef { name: "logbias", default: "latency", values: &["latency", "throughput"], settable: true, no_effect_yet: None },
     PropDef { name: "wce", default: "off", values: &["off", "on"], settable: true, no_effect_yet: Some("it reaches initiators with the iSCSI target") },
     PropDef { name: "primarycache", default: "all", values: &["all", "metadata", "none"], settable: true, no_effect_yet: None },
-    PropDef { name: "secondarycache", default: "all", values: &["all", "metadata", "none"], settable: true, no_effect_yet: Some("there is no L2ARC yet") },
+    PropDef { name: "secondarycache", default: "all", values: &["all", "metadata", "none"], settable: true, no_effect_yet: None },
     PropDef { name: "compression", default: "off", values: &[], settable: true, no_effect_yet: None },
     PropDef { name: "checksum", default: "on", values: &["on", "fletcher4", "blake3", "sha256", "off"], settable: true, no_effect_yet: None },
     PropDef { name: "readonly", default: "off", values: &["off", "on"], settable: true, no_effect_yet: None },

@@ -85,6 +85,9 @@ fn threads_for(bytes: u64) -> (u64, usize) {
         leaves.push(LeafSpec { path: p, model: None });
     }
     let env = zilla_core::env::real();
+    // The daemon's one ARC and its evictor thread exist once per process, not per pool:
+    // started before the count begins.
+    let _ = zilla_core::arc::daemon_arc();
     // Threads alive now (this process's, and a previous pool's still exiting) are not
     // this run's; the sampler's own id is excluded below.
     let baseline = tids();

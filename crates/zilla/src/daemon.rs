@@ -1232,8 +1232,36 @@ async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
             *m.entry(k.to_string()).or_default() += v;
         }
     }
+    add_l2arc_stats(&d, &mut m);
     for (k, v) in d.memory_report().kstats() {
         m.insert(k.to_string(), v);
     }
     Json(m)
+}
+
+/// The L2ARC's arcstats (`l2_*`): per pool (its cache devices), summed over the pools
+/// that have one; absent when none has.
+fn add_l2arc_stats(d: &Daemon, m: &mut BTreeMap<String, u64>) {
+    for (_, pool) in d.pools.all() {
+        let Some(l) = pool.l2_stats() else { continue };
+        for (k, v) in [
+            ("l2_hits", l.l2_hits),
+            ("l2_misses", l.l2_misses),
+            ("l2_feeds", l.l2_feeds),
+            ("l2_writes_sent", l.l2_writes_sent),
+            ("l2_writes_done", l.l2_writes_done),
+            ("l2_writes_error", l.l2_writes_error),
+            ("l2_write_bytes", l.l2_write_bytes),
+            ("l2_read_bytes", l.l2_read_bytes),
+            ("l2_cksum_bad", l.l2_cksum_bad),
+            ("l2_io_error", l.l2_io_error),
+            ("l2_abort_lowmem", l.l2_abort_lowmem),
+            ("l2_feed_dropped", l.l2_feed_dropped),
+            ("l2_size", l.l2_size),
+            ("l2_asize", l.l2_asize),
+            ("l2_hdr_size", l.l2_hdr_size),
+        ] {
+            *m.entry(k.to_string()).or_default() += v;
+        }
+    }
 }

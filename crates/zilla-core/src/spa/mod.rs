@@ -545,6 +545,11 @@ impl Pool {
         self.inner.io.arc_stats()
     }
 
+    /// The pool's L2ARC statistics (None without cache devices).
+    pub fn l2_stats(&self) -> Option<crate::l2arc::L2Stats> {
+        self.inner.io.l2_stats()
+    }
+
     pub fn scrub(&self, cmd: ScrubCmd) -> Result<()> {
         self.check_open()?;
         match cmd {

@@ -691,7 +691,7 @@ impl PoolInner {
                     self.txg.mark_synced(txg);
                     if dirty_bytes == 0 {
                         // an idle pool: give the block-buffer slab's unused chunks back
-                        crate::vdev::abd::trim();
+                        crate::vdev::abd::trim(self.env.now_ns());
                     }
                     return true;
                 }

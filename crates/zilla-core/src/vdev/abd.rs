@@ -45,7 +45,7 @@ use parking_lot::Mutex;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Default alignment: safe for every device's O_DIRECT.
 pub const ALIGN: usize = 4096;
@@ -97,8 +97,9 @@ struct Chunk {
     /// Free slot indexes (LIFO).
     free: Vec<u32>,
     in_partial: bool,
-    /// When its last slot in use was freed (None while a slot is in use).
-    all_free_since: Option<Instant>,
+    /// When its last slot in use was freed, as the slab's trim clock then read (None
+    /// while a slot is in use).
+    all_free_since: Option<u64>,
 }
 
 struct ClassState {
@@ -127,6 +128,10 @@ struct Slab {
     oversized_bytes: AtomicU64,
     /// Whole free chunks are released beyond this many idle bytes.
     idle_max_bytes: u64,
+    /// The latest time (ns of its caller's Env clock) a trim was called with: the slab
+    /// has no clock of its own, so a chunk freed between two trims counts as freed at
+    /// the first (it is given back at most one trim interval early).
+    trim_clock_ns: AtomicU64,
 }
 
 fn slab() -> &'static Slab {
@@ -149,6 +154,7 @@ impl Slab {
         chunk_bytes: AtomicU64::new(0),
         in_use_bytes: AtomicU64::new(0),
         oversized_bytes: AtomicU64::new(0),
+        trim_clock_ns: AtomicU64::new(0),
         }
     }
 }
@@ -180,19 +186,21 @@ fn stats_of(s: &Slab) -> SlabStats {
 }
 
 /// Release every chunk whose slots have all been free for [`IDLE_RELEASE_AFTER`] (a
-/// pool went idle). Returns the bytes released.
-pub fn trim() -> u64 {
-    trim_slab(slab(), Instant::now(), IDLE_RELEASE_AFTER)
+/// pool went idle; `now_ns` is its Env's clock). Returns the bytes released.
+pub fn trim(now_ns: u64) -> u64 {
+    trim_slab(slab(), now_ns, IDLE_RELEASE_AFTER)
 }
 
 /// Release every chunk whose slots are all free, now (the system runs short of memory).
 /// Returns the bytes released.
 pub fn trim_now() -> u64 {
-    trim_slab(slab(), Instant::now(), Duration::ZERO)
+    let s = slab();
+    trim_slab(s, s.trim_clock_ns.load(Ordering::Relaxed), Duration::ZERO)
 }
 
-/// Release the chunks of `s` all free since before `now - idle_for`.
-fn trim_slab(s: &Slab, now: Instant, idle_for: Duration) -> u64 {
+/// Release the chunks of `s` all free since before `now_ns - idle_for`.
+fn trim_slab(s: &Slab, now_ns: u64, idle_for: Duration) -> u64 {
+    let now_ns = s.trim_clock_ns.fetch_max(now_ns, Ordering::Relaxed).max(now_ns);
     let mut released = 0;
     for class in &s.classes {
         let mut st = class.lock();
@@ -200,7 +208,7 @@ fn trim_slab(s: &Slab, now: Instant, idle_for: Duration) -> u64 {
         for id in ids {
             let chunk = st.chunks[id as usize].as_ref();
             let full_free = chunk.is_some_and(|c| c.free.len() as u32 == st.slots_per_chunk);
-            let idle_long = chunk.and_then(|c| c.all_free_since).is_some_and(|t| now.saturating_duration_since(t) >= idle_for);
+            let idle_long = chunk.and_then(|c| c.all_free_since).is_some_and(|t| now_ns.saturating_sub(t) >= idle_for.as_nanos() as u64);
             debug_assert!(!idle_long || full_free, "a chunk with a slot in use has a free-since time");
             if full_free && idle_long {
                 released += release_chunk(s, &mut st, id);
@@ -280,7 +288,7 @@ fn give_slot(s: &Slab, class: usize, id: u32, slot: u32) {
     let was_partial = std::mem::replace(&mut chunk.in_partial, true);
     let all_free = chunk.free.len() as u32 == per_chunk;
     if all_free {
-        chunk.all_free_since = Some(Instant::now());
+        chunk.all_free_since = Some(s.trim_clock_ns.load(Ordering::Relaxed));
     }
     if !was_partial {
         st.partial.push(id);
@@ -538,16 +546,18 @@ mod tests {
         let again = take_slot(&s, class);
         assert_eq!(again.0, addr, "the most recently freed slot is reused first");
         held.push(again);
+        // the slab's clock comes from its trims: at 100 s every slot is freed
+        let sec = 1_000_000_000u64;
+        assert_eq!(trim_slab(&s, 100 * sec, Duration::from_secs(30)), 0, "nothing is free yet");
         for (_, chunk, slot) in held {
             give_slot(&s, class, chunk, slot);
         }
         assert_eq!(stats_of(&s).idle_bytes, 8 * (124 << 10));
-        let now = Instant::now();
-        assert_eq!(trim_slab(&s, now, Duration::from_secs(30)), 0, "chunks freed just now are kept for the next burst");
-        let (_, chunk, slot) = take_slot(&s, class); // one chunk busy again, then free
+        assert_eq!(trim_slab(&s, 110 * sec, Duration::from_secs(30)), 0, "chunks freed just now are kept for the next burst");
+        let (_, chunk, slot) = take_slot(&s, class); // one chunk busy again, free at 110 s
         give_slot(&s, class, chunk, slot);
-        assert_eq!(trim_slab(&s, now + Duration::from_secs(30), Duration::from_secs(30)), 6 * (124 << 10), "the chunk used again stays");
-        assert_eq!(trim_slab(&s, now + Duration::from_secs(61), Duration::from_secs(30)), 2 * (124 << 10));
+        assert_eq!(trim_slab(&s, 135 * sec, Duration::from_secs(30)), 6 * (124 << 10), "the chunk used again stays");
+        assert_eq!(trim_slab(&s, 141 * sec, Duration::from_secs(30)), 2 * (124 << 10));
         assert_eq!(chunks(), 0, "trim releases every chunk whose slots are all free");
         assert_eq!(stats_of(&s), SlabStats::default());
         // past the idle bound, a chunk whose slots are all free goes at once

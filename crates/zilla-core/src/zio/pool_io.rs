@@ -56,6 +56,8 @@ pub struct PoolIo {
     /// The allocators, one per class, each with its own lock.
     pub ms: Metaslabs,
     arc: PoolArc,
+    /// The L2ARC on the pool's cache vdevs (None without any).
+    l2: Option<Arc<crate::l2arc::L2Arc>>,
     pub errors: IoErrors,
     /// Recent unrecoverable block errors, each block once, oldest first, bounded (for
     /// `status -v`); see [`PoolIo::log_error`].
@@ -122,10 +124,14 @@ impl PoolIo {
     }
 
     pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs, env: Arc<dyn crate::env::Env>) -> PoolIo {
+        let arc = PoolArc::attach(crate::arc::daemon_arc().clone());
+        let caches: Vec<Arc<TopVdev>> = vdevs.iter().filter(|t| t.role == Role::Cache).cloned().collect();
+        let l2 = if caches.is_empty() { None } else { crate::l2arc::L2Arc::start(arc.load_id(), crate::arc::daemon_arc(), caches, &env) };
         PoolIo {
             vdevs: RwLock::new(vdevs),
             ms,
-            arc: PoolArc::attach(crate::arc::daemon_arc().clone()),
+            l2,
+            arc,
             errors: Default::default(),
             error_log: Mutex::new(ErrorLog::default()),
             space_size: Default::default(),
@@ -166,6 +172,16 @@ impl PoolIo {
     /// The daemon's ARC statistics.
     pub fn arc_stats(&self) -> crate::arc::ArcStats {
         self.arc.stats()
+    }
+
+    /// The pool's L2ARC statistics (None without cache devices).
+    pub fn l2_stats(&self) -> Option<crate::l2arc::L2Stats> {
+        self.l2.as_ref().map(|l| l.stats())
+    }
+
+    /// The pool's L2ARC, if it has cache devices.
+    pub fn l2arc(&self) -> Option<&Arc<crate::l2arc::L2Arc>> {
+        self.l2.as_ref()
     }
 
     /// The pool's Env (clock, sleeps).
@@ -274,6 +290,11 @@ impl PoolIo {
     /// [`PoolIo::finish_block_read`].
     pub fn read_block_first_async(&self, bp: &BlockPointer, class: IoClass, done: Box<dyn FnOnce(Option<crate::vdev::abd::AlignedBuf>) + Send>) {
         let dva = bp.dva[0];
+        // a copy on a cache device is read by the blocking path (the L2ARC reads and
+        // checks it there, falling back to the pool)
+        if self.l2.as_ref().is_some_and(|l| l.holds(&BlockKey::of(bp))) {
+            return done(None);
+        }
         let Some(top) = self.top(dva.vdev).filter(|_| !bp.is_hole()) else { return done(None) };
         let bp_copy = *bp;
         top.read_first_async(class, dva.offset, dva.asize as usize, bp.birth, Box::new(move |b| crate::zio::verify_copy(&bp_copy, b)), done);
@@ -281,20 +302,20 @@ impl PoolIo {
 
     /// The logical block from verified physical bytes of `bp` (decompressed, its size
     /// checked), inserted into the ARC when `cache`: how every block read ends.
-    pub fn finish_block_read(&self, bp: &BlockPointer, phys: AlignedBuf, kind: BufKind, cache: bool) -> Result<Arc<AlignedBuf>> {
+    pub fn finish_block_read(&self, bp: &BlockPointer, phys: AlignedBuf, hint: CacheHint, cache: bool) -> Result<Arc<AlignedBuf>> {
         let data: Arc<AlignedBuf> = crate::zio::finish_read(bp, phys)?;
         if data.len() != bp.lsize as usize {
             return Err(Error::Corrupt("decompressed size mismatch".into()));
         }
         if cache {
-            self.arc.insert(BlockKey::of(bp), data.clone(), CacheHint::of(kind));
+            self.arc.insert(BlockKey::of(bp), data.clone(), hint);
         }
         Ok(data)
     }
 
     /// Read and verify a block; ARC first. `cache` = insert into the ARC.
     pub fn read_block(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool) -> Result<Arc<AlignedBuf>> {
-        self.read_block_found_at(bp, class, kind, cache, self.ms.release_generation())
+        self.read_block_found_at(bp, class, CacheHint::of(kind), cache, self.ms.release_generation())
     }
 
     /// [`PoolIo::read_block`] of a block pointer found in a tree while the release
@@ -302,11 +323,21 @@ impl PoolIo {
     /// the tree was looked at: a bad copy is rewritten only if no freed block was
     /// released since, so a slow lookup and read of a block freed and reused meanwhile
     /// never writes old contents over the new owner's.
-    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, kind: BufKind, cache: bool, generation: u64) -> Result<Arc<AlignedBuf>> {
+    pub fn read_block_found_at(&self, bp: &BlockPointer, class: IoClass, hint: CacheHint, cache: bool, generation: u64) -> Result<Arc<AlignedBuf>> {
         assert!(!bp.is_hole());
         let key = BlockKey::of(bp);
-        if let Some(d) = self.arc.lookup(&key, CacheHint::of(kind)) {
+        if let Some(d) = self.arc.lookup(&key, hint) {
             return Ok(d);
+        }
+        // ARC → L2ARC → pool: a verified copy on a cache device
+        if let Some(l2) = &self.l2 {
+            if let Some(buf) = l2.read(&key).filter(|b| b.len() == bp.lsize as usize) {
+                let data = Arc::new(buf);
+                if cache {
+                    self.arc.insert(key, data.clone(), hint);
+                }
+                return Ok(data);
+            }
         }
         // Self-heal rewrites only while no freed block has been released for reuse
         // since the block was found (a slow read of a block freed meanwhile must not
@@ -335,7 +366,7 @@ impl PoolIo {
                     if healed > 0 {
                         self.errors.self_healed_bytes.fetch_add(healed, std::sync::atomic::Ordering::Relaxed);
                     }
-                    return self.finish_block_read(bp, r.data, kind, cache);
+                    return self.finish_block_read(bp, r.data, hint, cache);
                 }
                 Err(e) => {
                     if e.kind() != io::ErrorKind::InvalidData {
@@ -425,8 +456,19 @@ impl PoolIo {
             return;
         }
         self.arc.evict(&BlockKey::of(bp));
+        if let Some(l2) = &self.l2 {
+            l2.forget(&BlockKey::of(bp));
+        }
         for d in bp.copies() {
             self.ms.free_deferred(txg, *d);
+        }
+    }
+}
+
+impl Drop for PoolIo {
+    fn drop(&mut self) {
+        if let Some(l2) = &self.l2 {
+            l2.stop();
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::{BlockId, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::arc::{BlockKey, BufKind};
+use crate::arc::{BlockKey, BufKind, CacheHint};
 use crate::dmu::{self, DirtySet, TreeRoot, VolumeState};
 use crate::zio::PoolIo;
 use crate::dsl_pool::{Admit, DirtyAccounting};
@@ -317,6 +317,12 @@ impl Volume {
         self.vol.props.typed().primarycache == CachePolicy::All
     }
 
+    /// How this volume's data blocks are cached: on a cache device only with
+    /// `secondarycache=all`.
+    fn data_hint(&self) -> CacheHint {
+        CacheHint { l2_eligible: self.vol.props.typed().secondarycache == CachePolicy::All, ..CacheHint::DATA }
+    }
+
     /// Content of a committed block (None = hole).
     fn read_committed(&self, blkid: BlockId, class: IoClass) -> Result<Option<Arc<AlignedBuf>>> {
         Ok(self.read_committed_keyed(blkid, class)?.map(|(data, _)| data))
@@ -335,7 +341,7 @@ impl Volume {
         dmu::check_tree_bp(&bp, 0, Some(self.vol.volblocksize), crate::Txg::LIMIT)
             .map_err(|e| Error::Corrupt(format!("volume {} block {blkid}: block pointer: {e}", self.vol.name)))?;
         let cache = self.primary_cache_data();
-        let data = self.pool.io().read_block_found_at(&bp, class, BufKind::Data, cache, generation)?;
+        let data = self.pool.io().read_block_found_at(&bp, class, self.data_hint(), cache, generation)?;
         Ok(Some((data, BlockKey::of(&bp))))
     }
 
@@ -813,9 +819,10 @@ impl BlockVolume for Volume {
         };
         let pool = self.pool.clone();
         let cache = self.primary_cache_data();
+        let hint = self.data_hint();
         self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, Box::new(move |phys| {
             let Some(phys) = phys else { return done(None) };
-            let block = pool.io().finish_block_read(&bp, phys, BufKind::Data, cache).ok();
+            let block = pool.io().finish_block_read(&bp, phys, hint, cache).ok();
             match block.and_then(|d| SharedSlice::new(d, in_block, piece_len)) {
                 Some(piece) => {
                     pieces[at] = piece;

@@ -1,0 +1,644 @@
+//! l2arc: the second-level ARC on a pool's cache devices (OpenZFS's L2ARC).
+//!
+//! Theory of operation
+//! -------------------
+//! Reads go ARC → L2ARC → pool. A pool's `cache` vdevs (striped, never mirrored: losing
+//! one costs hits, never data) each hold a *ring*: a write hand sweeps the device's data
+//! area from start to end and wraps, overwriting the oldest copies; there is no
+//! allocator.
+//!
+//! ```text
+//!   cache device:  [labels][ ring: start ........ hand ........ end ][labels]
+//!                           oldest copies ahead of the hand, newest behind it
+//! ```
+//!
+//! The feed. When the daemon's ARC evicts a block whose [`crate::arc::CacheHint`]
+//! allows a cache device (the volume's `secondarycache`, and not a prefetch nobody used
+//! while `l2arc_noprefetch` is on), it hands the block to the pool's L2ARC
+//! ([`crate::arc::EvictSink`]) instead of dropping it: a bounded queue (two feeds'
+//! worth of bytes; beyond it blocks are dropped and counted, the pressure valve of
+//! OpenZFS's design). The feed thread takes up to `l2arc_write_max` bytes from it every
+//! `l2arc_feed_secs` (plus `l2arc_write_boost` while the ARC has not evicted anything
+//! for long, i.e. warming), metadata and MFU blocks first (all of them, or MFU only
+//! with `l2arc_mfuonly`), and writes them to the devices round-robin: for each device,
+//! the copies ahead of the hand that the batch overwrites are forgotten first, then the
+//! batch goes out as one vectored write at the hand, and only once it is on the device
+//! are its headers published for readers.
+//!
+//! Headers. Each copy is a small header in DRAM: the block's key, where it is, its
+//! length and a 64-bit check of its bytes (fletcher4 folded), taken from the ARC's
+//! copy, which was verified against the block pointer when it was read or was just
+//! written. A block is stored in its logical (decompressed) form. A read that finds a
+//! header reads the copy and returns it only if the check matches; a bad, stale
+//! (overwritten by the ring since the lookup) or unreadable copy is counted
+//! (`l2_cksum_bad`, `l2_io_error`), its header dropped, and the read goes to the pool.
+//! Keys carry the birth txg and the pool is the L2ARC's own, so a freed or rewritten
+//! block is never served; a freed block's header is dropped at once. Header memory is
+//! capped at `l2arc_meta_percent` of the ARC's c_max: past it the feed adds nothing.
+//!
+//! Faults. A cache device whose reads or writes fail `FAULT_AFTER_ERRORS` times in a
+//! row is FAULTED (shown so in `pool status`): its headers are dropped and the feed
+//! skips it; the pool carries on.
+//!
+//! Bounds: the feed queue ≤ 2 × (write_max + write_boost) bytes; headers ≤
+//! l2arc_meta_percent of c_max; one feed thread per pool with cache devices.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::arc::{ArcCache, BlockKey, BufKind, EvictSink};
+use crate::kstat::{Applies, Tunable};
+use crate::vdev::abd::AlignedBuf;
+use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
+use crate::vdev::queue::{IoRequest, WriteBytes};
+use crate::vdev::IoClass;
+
+pub static L2ARC_WRITE_MAX: Tunable = Tunable::new(
+    "l2arc_write_max",
+    32 << 20,
+    4096,
+    1 << 34,
+    Applies::Live,
+    "Bytes the L2ARC feed writes to a pool's cache devices per feed interval (OpenZFS 2.3: 32 MiB)",
+);
+pub static L2ARC_WRITE_BOOST: Tunable = Tunable::new(
+    "l2arc_write_boost",
+    32 << 20,
+    0,
+    1 << 34,
+    Applies::Live,
+    "Extra bytes per feed while the ARC is warming (it has evicted nothing for a while) (OpenZFS 2.3: 32 MiB)",
+);
+pub static L2ARC_FEED_SECS: Tunable = Tunable::new(
+    "l2arc_feed_secs",
+    1,
+    1,
+    3600,
+    Applies::Live,
+    "Seconds between L2ARC feeds (OpenZFS: 1)",
+);
+pub static L2ARC_NOPREFETCH: Tunable = Tunable::new(
+    "l2arc_noprefetch",
+    1,
+    0,
+    1,
+    Applies::Live,
+    "1: prefetched blocks no demand read used are not written to cache devices (OpenZFS: 1)",
+);
+pub static L2ARC_MFUONLY: Tunable = Tunable::new(
+    "l2arc_mfuonly",
+    0,
+    0,
+    2,
+    Applies::Live,
+    "Which evicted blocks the L2ARC takes: 0 MRU and MFU, 1 MFU only, 2 all metadata and MFU data (OpenZFS: 0)",
+);
+pub static L2ARC_META_PERCENT: Tunable = Tunable::new(
+    "l2arc_meta_percent",
+    33,
+    1,
+    100,
+    Applies::Live,
+    "L2ARC headers may take at most this percent of zfs_arc_max in DRAM; past it the feed adds nothing (OpenZFS: 33)",
+);
+
+/// Consecutive I/O errors that fault a cache device.
+pub const FAULT_AFTER_ERRORS: u64 = 10;
+/// The ring's unit: every copy starts and ends on it.
+const RING_UNIT_BYTES: u64 = 4096;
+/// DRAM one header costs, for the `l2arc_meta_percent` cap and `l2_hdr_size`: the
+/// header, its index slot and the ring entry, with the hash table's slack.
+pub const HDR_BYTES: u64 = 96;
+
+/// Where a copy is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loc {
+    /// Physical offset on the device.
+    addr: u64,
+    len: u32,
+    kind: BufKind,
+    check: u64,
+}
+
+/// A cache device's ring (under its mutex).
+struct Ring {
+    hand: u64,
+    /// Still on the first sweep (nothing ahead of the hand yet).
+    first_sweep: bool,
+    /// Copies in write order (= address order within a sweep): the oldest first.
+    order: VecDeque<(u64, BlockKey)>,
+    index: HashMap<BlockKey, Loc, foldhash::fast::RandomState>,
+    /// Bytes of copies indexed (their rounded sizes).
+    asize: u64,
+    lsize: u64,
+}
+
+struct CacheDev {
+    top: Arc<TopVdev>,
+    leaf: Arc<Leaf>,
+    start: u64,
+    end: u64,
+    ring: Mutex<Ring>,
+    faulted: AtomicBool,
+    errors_in_a_row: AtomicU64,
+}
+
+/// A block handed over by the ARC's eviction.
+struct Fed {
+    key: BlockKey,
+    data: Arc<AlignedBuf>,
+    kind: BufKind,
+    mfu: bool,
+}
+
+#[derive(Default)]
+struct FeedQueue {
+    blocks: VecDeque<Fed>,
+    bytes: u64,
+    stop: bool,
+}
+
+/// Counters with OpenZFS's arcstats names (`l2_*`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct L2Stats {
+    pub l2_hits: u64,
+    pub l2_misses: u64,
+    pub l2_feeds: u64,
+    pub l2_writes_sent: u64,
+    pub l2_writes_done: u64,
+    pub l2_writes_error: u64,
+    pub l2_write_bytes: u64,
+    pub l2_read_bytes: u64,
+    pub l2_cksum_bad: u64,
+    pub l2_io_error: u64,
+    pub l2_evict_l1cached: u64,
+    pub l2_abort_lowmem: u64,
+    /// Blocks the ARC handed over that the queue had no room for.
+    pub l2_feed_dropped: u64,
+    pub l2_size: u64,
+    pub l2_asize: u64,
+    pub l2_hdr_size: u64,
+    /// Copies on the cache devices (headers).
+    pub l2_blocks: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    feeds: AtomicU64,
+    writes_sent: AtomicU64,
+    writes_done: AtomicU64,
+    writes_error: AtomicU64,
+    write_bytes: AtomicU64,
+    read_bytes: AtomicU64,
+    cksum_bad: AtomicU64,
+    io_error: AtomicU64,
+    abort_lowmem: AtomicU64,
+    feed_dropped: AtomicU64,
+}
+
+/// A pool's L2ARC (module comment).
+pub struct L2Arc {
+    load_id: u32,
+    env: Arc<dyn crate::env::Env>,
+    arc: Arc<ArcCache>,
+    devs: RwLock<Vec<Arc<CacheDev>>>,
+    queue: Mutex<FeedQueue>,
+    feed_cv: Condvar,
+    counters: Counters,
+    /// The device the next feed starts with.
+    next_dev: AtomicU64,
+}
+
+/// The ARC's sink: hands each evicted block to its pool's L2ARC.
+struct Router {
+    pools: RwLock<HashMap<u32, Weak<L2Arc>>>,
+}
+
+impl EvictSink for Router {
+    fn evicted(&self, pool: u32, key: BlockKey, data: Arc<AlignedBuf>, kind: BufKind, mfu: bool, prefetched: bool) {
+        let l2 = self.pools.read().get(&pool).and_then(Weak::upgrade);
+        if let Some(l2) = l2 {
+            l2.offer(key, data, kind, mfu, prefetched);
+        }
+    }
+}
+
+fn router() -> &'static Arc<Router> {
+    static ROUTER: std::sync::OnceLock<Arc<Router>> = std::sync::OnceLock::new();
+    ROUTER.get_or_init(|| Arc::new(Router { pools: RwLock::new(HashMap::new()) }))
+}
+
+/// The 64-bit check a copy is held to: fletcher4 of its bytes, folded.
+fn check_of(data: &[u8]) -> u64 {
+    let f = crate::block::checksum::fletcher4(data);
+    f[0] ^ f[1].rotate_left(16) ^ f[2].rotate_left(32) ^ f[3].rotate_left(48)
+}
+
+impl CacheDev {
+    fn new(top: Arc<TopVdev>) -> Option<Arc<CacheDev>> {
+        let leaf = top.children().into_iter().next()?;
+        let size = leaf.device().size();
+        let start = crate::vdev::label::DATA_START.next_multiple_of(RING_UNIT_BYTES);
+        let end = crate::vdev::label::usable_end(size) / RING_UNIT_BYTES * RING_UNIT_BYTES;
+        if end <= start + 4 * RING_UNIT_BYTES {
+            return None;
+        }
+        let faulted = !leaf.readable();
+        Some(Arc::new(CacheDev {
+            top,
+            leaf,
+            start,
+            end,
+            ring: Mutex::new(Ring {
+                hand: start,
+                first_sweep: true,
+                order: VecDeque::new(),
+                index: HashMap::default(),
+                asize: 0,
+                lsize: 0,
+            }),
+            faulted: AtomicBool::new(faulted),
+            errors_in_a_row: AtomicU64::new(0),
+        }))
+    }
+
+    fn usable(&self) -> bool {
+        !self.faulted.load(Ordering::Relaxed) && self.leaf.readable()
+    }
+
+    /// Forget every copy in [from, to) ahead of the hand (the ring is about to write
+    /// there): they are the oldest, at the front of the write order.
+    fn evict_ahead(ring: &mut Ring, from: u64, to: u64) {
+        while let Some(&(addr, key)) = ring.order.front() {
+            if addr < from || addr >= to {
+                break;
+            }
+            ring.order.pop_front();
+            if ring.index.get(&key).is_some_and(|l| l.addr == addr) {
+                let l = ring.index.remove(&key).expect("just seen");
+                ring.asize -= (l.len as u64).next_multiple_of(RING_UNIT_BYTES);
+                ring.lsize -= l.len as u64;
+            }
+        }
+    }
+
+    /// Reserve `asize` bytes at the hand: forget what lies there, wrap at the end.
+    /// Returns the address.
+    fn claim(&self, ring: &mut Ring, asize: u64) -> u64 {
+        debug_assert!(asize <= (self.end - self.start) / 4, "a feed write beyond a quarter of the device");
+        if ring.hand + asize > self.end {
+            // the tail end is left unused this sweep; what lies there is forgotten
+            if !ring.first_sweep {
+                let hand = ring.hand;
+                Self::evict_ahead(ring, hand, self.end);
+            }
+            ring.hand = self.start;
+            ring.first_sweep = false;
+        }
+        let at = ring.hand;
+        if !ring.first_sweep {
+            Self::evict_ahead(ring, at, at + asize);
+        }
+        ring.hand = at + asize;
+        at
+    }
+
+    fn drop_all(&self) {
+        let mut r = self.ring.lock();
+        r.order.clear();
+        r.index = HashMap::default();
+        r.asize = 0;
+        r.lsize = 0;
+    }
+
+    fn note_io(&self, ok: bool) {
+        if ok {
+            self.errors_in_a_row.store(0, Ordering::Relaxed);
+            return;
+        }
+        let n = self.errors_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= FAULT_AFTER_ERRORS && !self.faulted.swap(true, Ordering::Relaxed) {
+            self.leaf.set_state(LeafState::Faulted);
+            tracing::warn!(device = %self.leaf.spec.shown(), errors = n, "cache device faulted after I/O errors; the pool carries on without it");
+            self.drop_all();
+        }
+    }
+}
+
+impl L2Arc {
+    /// The L2ARC of the pool whose ARC handle has load id `load_id`, on its cache vdevs
+    /// `caches`; None without usable cache devices. Starts the feed thread.
+    pub fn start(load_id: u32, arc: &Arc<ArcCache>, caches: Vec<Arc<TopVdev>>, env: &Arc<dyn crate::env::Env>) -> Option<Arc<L2Arc>> {
+        let devs: Vec<Arc<CacheDev>> = caches.into_iter().filter_map(CacheDev::new).collect();
+        if devs.is_empty() {
+            return None;
+        }
+        let l2 = Arc::new(L2Arc {
+            load_id,
+            env: env.clone(),
+            arc: arc.clone(),
+            devs: RwLock::new(devs),
+            queue: Mutex::new(FeedQueue::default()),
+            feed_cv: Condvar::new(),
+            counters: Counters::default(),
+            next_dev: AtomicU64::new(0),
+        });
+        router().pools.write().insert(load_id, Arc::downgrade(&l2));
+        arc.set_evict_sink(Some(router().clone() as Arc<dyn EvictSink>));
+        let weak = Arc::downgrade(&l2);
+        let spawned = env.spawn(
+            "l2arc_feed".into(),
+            Box::new(move || loop {
+                let Some(l2) = weak.upgrade() else { return };
+                if !l2.feed_once() {
+                    return;
+                }
+            }),
+        );
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the L2ARC feed thread: {e}; the cache devices stay empty");
+        }
+        Some(l2)
+    }
+
+    /// Stop the feed (export); the thread ends at its next wake-up.
+    pub fn stop(&self) {
+        router().pools.write().remove(&self.load_id);
+        let mut q = self.queue.lock();
+        q.stop = true;
+        q.blocks.clear();
+        q.bytes = 0;
+        self.feed_cv.notify_all();
+    }
+
+    fn queue_max_bytes() -> u64 {
+        2 * (L2ARC_WRITE_MAX.get() + L2ARC_WRITE_BOOST.get())
+    }
+
+    /// A block the ARC evicted (module comment, "The feed").
+    fn offer(&self, key: BlockKey, data: Arc<AlignedBuf>, kind: BufKind, mfu: bool, prefetched: bool) {
+        if prefetched && L2ARC_NOPREFETCH.get() == 1 {
+            return;
+        }
+        let wanted = match L2ARC_MFUONLY.get() {
+            1 => mfu,
+            2 => mfu || kind == BufKind::Metadata,
+            _ => true,
+        };
+        if !wanted {
+            return;
+        }
+        let len = data.len() as u64;
+        if len == 0 || len > u32::MAX as u64 {
+            return;
+        }
+        let mut q = self.queue.lock();
+        if q.stop {
+            return;
+        }
+        if q.bytes + len > Self::queue_max_bytes() {
+            self.counters.feed_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        q.bytes += len;
+        q.blocks.push_back(Fed { key, data, kind, mfu });
+    }
+
+    fn hdr_count(&self) -> u64 {
+        self.devs.read().iter().map(|d| d.ring.lock().index.len() as u64).sum()
+    }
+
+    /// One feed: wait the interval (or stop), then write a batch. False when stopped.
+    fn feed_once(&self) -> bool {
+        let secs = L2ARC_FEED_SECS.get().max(1);
+        let batch: Vec<Fed> = {
+            let mut q = self.queue.lock();
+            if !q.stop {
+                crate::env::wait_ns(&*self.env, &self.feed_cv, &mut q, secs * 1_000_000_000);
+            }
+            if q.stop {
+                return false;
+            }
+            let warming = self.arc.stats().evictions == 0 || self.arc.stats().size < self.arc.stats().c / 2;
+            let budget = L2ARC_WRITE_MAX.get() + if warming { L2ARC_WRITE_BOOST.get() } else { 0 };
+            // metadata and MFU first, then the rest, oldest first within each
+            let mut taken = Vec::new();
+            let mut bytes = 0;
+            for pass in 0..3 {
+                let mut rest = VecDeque::with_capacity(q.blocks.len());
+                while let Some(f) = q.blocks.pop_front() {
+                    let first = match pass {
+                        0 => f.kind == BufKind::Metadata,
+                        1 => f.mfu,
+                        _ => true,
+                    };
+                    if first && bytes + f.data.len() as u64 <= budget {
+                        bytes += f.data.len() as u64;
+                        taken.push(f);
+                    } else {
+                        rest.push_back(f);
+                    }
+                }
+                q.blocks = rest;
+            }
+            q.bytes = q.blocks.iter().map(|f| f.data.len() as u64).sum();
+            taken
+        };
+        if batch.is_empty() {
+            return true;
+        }
+        // the header cap (l2arc_meta_percent of c_max)
+        let cap = self.arc.c_max() / 100 * L2ARC_META_PERCENT.get();
+        if self.hdr_count() * HDR_BYTES >= cap {
+            self.counters.abort_lowmem.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        self.counters.feeds.fetch_add(1, Ordering::Relaxed);
+        let devs: Vec<Arc<CacheDev>> = self.devs.read().iter().filter(|d| d.usable()).cloned().collect();
+        if devs.is_empty() {
+            return true;
+        }
+        // round-robin: each device gets a share of the batch, in order
+        let first = self.next_dev.fetch_add(1, Ordering::Relaxed) as usize;
+        let mut per_dev: Vec<Vec<Fed>> = (0..devs.len()).map(|_| Vec::new()).collect();
+        for (i, f) in batch.into_iter().enumerate() {
+            per_dev[(first + i) % devs.len()].push(f);
+        }
+        for (dev, blocks) in devs.iter().zip(per_dev) {
+            self.write_batch(dev, blocks);
+        }
+        true
+    }
+
+    /// Write `blocks` at `dev`'s hand as one vectored write; publish their headers once
+    /// it completed.
+    fn write_batch(&self, dev: &Arc<CacheDev>, blocks: Vec<Fed>) {
+        // skip what the device already holds; pad what does not fill its last unit
+        let mut items: Vec<(BlockKey, Arc<AlignedBuf>, BufKind, u64, u64)> = Vec::new();
+        let (at, total) = {
+            let mut r = dev.ring.lock();
+            let mut total = 0u64;
+            let quarter = (dev.end - dev.start) / 4;
+            for f in blocks {
+                if r.index.contains_key(&f.key) || items.iter().any(|(k, ..)| *k == f.key) {
+                    continue;
+                }
+                let len = f.data.len() as u64;
+                let asize = len.next_multiple_of(RING_UNIT_BYTES);
+                if total + asize > quarter {
+                    break;
+                }
+                let check = check_of(&f.data);
+                let data = if asize == len {
+                    f.data
+                } else {
+                    let mut b = AlignedBuf::zeroed(asize as usize);
+                    b[..len as usize].copy_from_slice(&f.data);
+                    Arc::new(b)
+                };
+                items.push((f.key, data, f.kind, len, check));
+                total += asize;
+            }
+            if items.is_empty() {
+                return;
+            }
+            (dev.claim(&mut r, total), total)
+        };
+        let bufs: Vec<Arc<AlignedBuf>> = items.iter().map(|(_, d, ..)| d.clone()).collect();
+        self.counters.writes_sent.fetch_add(1, Ordering::Relaxed);
+        let w = crate::vdev::queue::Waiter::new();
+        dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, WriteBytes::Vectored(Arc::new(bufs)), w.completion()));
+        let ok = w.wait().result.is_ok();
+        dev.note_io(ok);
+        if !ok {
+            self.counters.writes_error.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.counters.writes_done.fetch_add(1, Ordering::Relaxed);
+        self.counters.write_bytes.fetch_add(total, Ordering::Relaxed);
+        // one feed thread claims and writes: nothing reclaimed [at, at + total) meanwhile
+        let mut r = dev.ring.lock();
+        let mut addr = at;
+        for (key, data, kind, len, check) in items {
+            let asize = (data.len() as u64).max(len);
+            if !r.index.contains_key(&key) {
+                r.order.push_back((addr, key));
+                r.index.insert(key, Loc { addr, len: len as u32, kind, check });
+                r.asize += asize;
+                r.lsize += len;
+            }
+            addr += asize;
+        }
+    }
+
+    /// The copy of block `key` on a cache device, verified, or None (a miss, or a bad
+    /// or unreadable copy: counted, forgotten, and the caller reads the pool).
+    pub fn read(&self, key: &BlockKey) -> Option<AlignedBuf> {
+        let devs: Vec<Arc<CacheDev>> = self.devs.read().clone();
+        for dev in &devs {
+            let loc = dev.ring.lock().index.get(key).copied();
+            let Some(loc) = loc else { continue };
+            if !dev.usable() {
+                continue;
+            }
+            let asize = (loc.len as u64).next_multiple_of(RING_UNIT_BYTES) as usize;
+            match dev.leaf.queue.read_buf(IoClass::SyncRead, asize, loc.addr) {
+                Ok(mut buf) => {
+                    dev.note_io(true);
+                    buf.resize(loc.len as usize);
+                    if check_of(&buf) == loc.check {
+                        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                        self.counters.read_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
+                        return Some(buf);
+                    }
+                    self.counters.cksum_bad.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(device = %dev.leaf.spec.shown(), addr = loc.addr, "L2ARC copy failed its check; read from the pool");
+                }
+                Err(e) => {
+                    self.counters.io_error.fetch_add(1, Ordering::Relaxed);
+                    dev.note_io(false);
+                    tracing::debug!(device = %dev.leaf.spec.shown(), "L2ARC read failed: {e}; read from the pool");
+                }
+            }
+            Self::forget_on(dev, key, loc.addr);
+            return None;
+        }
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Whether a cache device holds block `key`.
+    pub fn holds(&self, key: &BlockKey) -> bool {
+        self.devs.read().iter().any(|d| d.ring.lock().index.contains_key(key))
+    }
+
+    fn forget_on(dev: &CacheDev, key: &BlockKey, addr: u64) {
+        let mut r = dev.ring.lock();
+        if r.index.get(key).is_some_and(|l| l.addr == addr) {
+            let l = r.index.remove(key).expect("just seen");
+            r.asize -= (l.len as u64).next_multiple_of(RING_UNIT_BYTES);
+            r.lsize -= l.len as u64;
+        }
+    }
+
+    /// Block `key` was freed: forget its copies.
+    pub fn forget(&self, key: &BlockKey) {
+        for dev in self.devs.read().iter() {
+            let addr = dev.ring.lock().index.get(key).map(|l| l.addr);
+            if let Some(addr) = addr {
+                Self::forget_on(dev, key, addr);
+            }
+        }
+    }
+
+    /// Cache vdev `top` of the pool: whether it is faulted by the L2ARC.
+    pub fn faulted(&self, top: &TopVdev) -> bool {
+        self.devs.read().iter().any(|d| d.top.id == top.id && d.faulted.load(Ordering::Relaxed))
+    }
+
+    pub fn stats(&self) -> L2Stats {
+        let c = &self.counters;
+        let (mut size, mut asize, mut blocks) = (0, 0, 0);
+        for d in self.devs.read().iter() {
+            let r = d.ring.lock();
+            size += r.lsize;
+            asize += r.asize;
+            blocks += r.index.len() as u64;
+        }
+        L2Stats {
+            l2_hits: c.hits.load(Ordering::Relaxed),
+            l2_misses: c.misses.load(Ordering::Relaxed),
+            l2_feeds: c.feeds.load(Ordering::Relaxed),
+            l2_writes_sent: c.writes_sent.load(Ordering::Relaxed),
+            l2_writes_done: c.writes_done.load(Ordering::Relaxed),
+            l2_writes_error: c.writes_error.load(Ordering::Relaxed),
+            l2_write_bytes: c.write_bytes.load(Ordering::Relaxed),
+            l2_read_bytes: c.read_bytes.load(Ordering::Relaxed),
+            l2_cksum_bad: c.cksum_bad.load(Ordering::Relaxed),
+            l2_io_error: c.io_error.load(Ordering::Relaxed),
+            l2_evict_l1cached: 0,
+            l2_abort_lowmem: c.abort_lowmem.load(Ordering::Relaxed),
+            l2_feed_dropped: c.feed_dropped.load(Ordering::Relaxed),
+            l2_size: size,
+            l2_asize: asize,
+            l2_hdr_size: blocks * HDR_BYTES,
+            l2_blocks: blocks,
+        }
+    }
+
+    /// Wake the feed now (tests, and a pool that wants its blocks on the devices).
+    pub fn kick(&self) {
+        self.feed_cv.notify_all();
+    }
+}
+
+impl Drop for L2Arc {
+    fn drop(&mut self) {
+        router().pools.write().remove(&self.load_id);
+    }
+}
