@@ -1188,80 +1188,8 @@ async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
 }
 
 /// arcstats kstat names -> values of the daemon's ARC (one for every pool; the names
-/// are those of /proc/spl/kstat/zfs/arcstats).
+/// are those of /proc/spl/kstat/zfs/arcstats), and Zilla's memory keys (arcstats.rs).
 async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
-    let mut m: BTreeMap<String, u64> = BTreeMap::new();
-    {
-        let a = zilla_core::arc::daemon_arc().stats();
-        for (k, v) in [
-            ("hits", a.hits),
-            ("misses", a.misses),
-            ("demand_data_hits", a.demand_data_hits),
-            ("demand_data_misses", a.demand_data_misses),
-            ("demand_metadata_hits", a.demand_metadata_hits),
-            ("demand_metadata_misses", a.demand_metadata_misses),
-            ("prefetch_data_hits", a.prefetch_data_hits),
-            ("prefetch_data_misses", a.prefetch_data_misses),
-            ("prefetch_metadata_hits", a.prefetch_metadata_hits),
-            ("prefetch_metadata_misses", a.prefetch_metadata_misses),
-            ("mru_hits", a.mru_hits),
-            ("mfu_hits", a.mfu_hits),
-            ("mru_ghost_hits", a.mru_ghost_hits),
-            ("mfu_ghost_hits", a.mfu_ghost_hits),
-            ("size", a.size),
-            ("c", a.c),
-            ("c_min", a.c_min),
-            ("c_max", a.c_max),
-            ("p", a.p),
-            ("meta", a.meta),
-            ("pd", a.pd),
-            ("pm", a.pm),
-            ("data_size", a.data_size),
-            ("metadata_size", a.metadata_size),
-            ("mru_size", a.mru_size),
-            ("mfu_size", a.mfu_size),
-            ("mru_ghost_size", a.mru_ghost_size),
-            ("mfu_ghost_size", a.mfu_ghost_size),
-            ("hdr_size", a.hdr_size),
-            ("evict_skip", a.evict_skip),
-            ("deleted", a.evictions),
-            ("memory_throttle_count", a.memory_throttle_count),
-            ("arc_prefetch_used", a.prefetch_used),
-            ("arc_shrinks", a.shrinks),
-        ] {
-            *m.entry(k.to_string()).or_default() += v;
-        }
-    }
-    add_l2arc_stats(&d, &mut m);
-    for (k, v) in d.memory_report().kstats() {
-        m.insert(k.to_string(), v);
-    }
-    Json(m)
+    Json(crate::arcstats::arcstats_map(&d.memory_report(), &d.pools))
 }
 
-/// The L2ARC's arcstats (`l2_*`): per pool (its cache devices), summed over the pools
-/// that have one; absent when none has.
-fn add_l2arc_stats(d: &Daemon, m: &mut BTreeMap<String, u64>) {
-    for (_, pool) in d.pools.all() {
-        let Some(l) = pool.l2_stats() else { continue };
-        for (k, v) in [
-            ("l2_hits", l.l2_hits),
-            ("l2_misses", l.l2_misses),
-            ("l2_feeds", l.l2_feeds),
-            ("l2_writes_sent", l.l2_writes_sent),
-            ("l2_writes_done", l.l2_writes_done),
-            ("l2_writes_error", l.l2_writes_error),
-            ("l2_write_bytes", l.l2_write_bytes),
-            ("l2_read_bytes", l.l2_read_bytes),
-            ("l2_cksum_bad", l.l2_cksum_bad),
-            ("l2_io_error", l.l2_io_error),
-            ("l2_abort_lowmem", l.l2_abort_lowmem),
-            ("l2_feed_dropped", l.l2_feed_dropped),
-            ("l2_size", l.l2_size),
-            ("l2_asize", l.l2_asize),
-            ("l2_hdr_size", l.l2_hdr_size),
-        ] {
-            *m.entry(k.to_string()).or_default() += v;
-        }
-    }
-}

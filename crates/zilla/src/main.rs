@@ -7,6 +7,7 @@
 
 mod api;
 mod api_error;
+mod arcstats;
 mod client;
 mod clip;
 mod config;
@@ -87,11 +88,19 @@ enum Cmd {
         assignment: String,
         name: String,
     },
-    /// ARC statistics every INTERVAL seconds
+    /// ARC statistics every INTERVAL seconds, arcstat's fields
     Arcstat {
+        /// Fields to print, comma-separated (arcstat field names; list them with -v)
+        #[arg(short = 'f', value_name = "FIELDS")]
+        fields: Option<String>,
+        /// List the fields with their descriptions
+        #[arg(short = 'v')]
+        verbose: bool,
         interval: Option<f64>,
         count: Option<u64>,
     },
+    /// A report of the ARC: sizes, targets, efficiency (as arc_summary)
+    ArcSummary,
     /// Intent log (ZIL) statistics, zilstat's columns, every INTERVAL seconds
     Zilstat {
         interval: Option<f64>,
@@ -392,7 +401,15 @@ fn main() {
                 die(format!("{e:#}"));
             }
         }
+        Cmd::Arcstat { verbose: true, .. } => print!("{}", arcstats::field_descriptions()),
         cmd => {
+            if let Cmd::Arcstat { fields, .. } = &cmd {
+                // a bad field is bad usage, like a bad option: exit 2 before any daemon
+                if let Err(e) = arcstats::parse_fields(fields.as_deref()) {
+                    eprintln!("zilla: {}", clip::clip_message(&e));
+                    std::process::exit(2);
+                }
+            }
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -637,7 +654,12 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
         Cmd::Volume(v) => volume_cmd(c, v).await,
         Cmd::Get { scripted, parsable, props, name } => get_cmd(c, scripted, parsable, &props, name).await,
         Cmd::Set { assignment, name } => set_cmd(c, &assignment, name).await,
-        Cmd::Arcstat { interval, count } => arcstat(c, interval, count).await,
+        Cmd::Arcstat { fields, verbose: _, interval, count } => arcstat(c, fields.as_deref(), interval, count).await,
+        Cmd::ArcSummary => {
+            let m: std::collections::BTreeMap<String, u64> = c.get("/v1/arcstats").await?;
+            let _ = write_stdout(&arcstats::summary(&m));
+            Ok(())
+        }
         Cmd::Zilstat { interval, count } => zilstat(c, interval, count).await,
         Cmd::Txgs { scripted, count, pool } => {
             let q = count.map_or(String::new(), |n| format!("?n={n}"));
@@ -1016,39 +1038,35 @@ fn check_interval(interval: Option<f64>) -> Result<(), String> {
     }
 }
 
-async fn arcstat(c: &Client, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
+/// Write to stdout and flush (a row shows when it is taken); false when stdout is gone
+/// (a closed pipe), where `print!` would panic.
+fn write_stdout(text: &str) -> bool {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_ok()
+}
+
+/// `zilla arcstat`: arcstat.py's fields (the default columns unless `-f`). The first
+/// row is the totals since the daemon started; later rows are per-second rates over
+/// each INTERVAL (sizes are current values).
+async fn arcstat(c: &Client, fields: Option<&str>, interval: Option<f64>, count: Option<u64>) -> Result<(), String> {
     check_interval(interval)?;
-    let cols = ["time", "read", "miss", "miss%", "size", "c", "avail", "overhd"];
+    let fields = arcstats::parse_fields(fields)?;
     let mut prev: Option<std::collections::BTreeMap<String, u64>> = None;
     let mut n = 0;
-    println!("{}", cols.iter().map(|c| format!("{c:>8}")).collect::<String>());
+    if !write_stdout(&format!("{}\n", arcstats::header(&fields))) {
+        return Ok(());
+    }
     loop {
         let cur: std::collections::BTreeMap<String, u64> = c.get("/v1/arcstats").await?;
-        let get = |k: &str| cur.get(k).copied();
-        let d = |k: &str| -> Option<u64> {
-            let now = get(k)?;
-            Some(now.saturating_sub(prev.as_ref().and_then(|p| p.get(k).copied()).unwrap_or(0)))
-        };
-        let reads = match (d("hits"), d("misses")) {
-            (Some(h), Some(m)) => Some(h + m),
-            _ => None,
-        };
-        let miss_pct = match (reads, d("misses")) {
-            (Some(r), Some(m)) if r > 0 => Some(m * 100 / r),
-            (Some(_), Some(_)) => Some(0),
-            _ => None,
-        };
         let time = {
             let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 86400;
             format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
         };
-        let show = |v: Option<u64>| v.map(units::nicenum).unwrap_or_else(|| "-".into());
-        let avail = match (get("c"), get("size")) {
-            (Some(c), Some(s)) => Some(c.saturating_sub(s)),
-            _ => None,
-        };
-        let vals = [time, show(reads), show(d("misses")), show(miss_pct), show(get("size")), show(get("c")), show(avail), show(get("zilla_overhead_bytes"))];
-        println!("{}", vals.iter().map(|v| format!("{v:>8}")).collect::<String>());
+        let secs = if prev.is_some() { interval.unwrap_or(1.0) } else { 1.0 };
+        if !write_stdout(&format!("{}\n", arcstats::row(&fields, &cur, prev.as_ref(), secs, &time))) {
+            return Ok(()); // the reader went away (`| head`): done, as arcstat.py
+        }
         n += 1;
         let Some(iv) = interval else { break };
         if count.is_some_and(|c| n >= c) {

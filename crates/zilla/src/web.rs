@@ -4,6 +4,8 @@
 //! the prometheus-client crate (HELP, TYPE, `# EOF`; label values escaped here),
 //! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
 //! richardelling/zpool_prometheus `zpool_stats_*`; counters' samples end in `_total`),
+//! node_exporter's ZFS collector `node_zfs_arc_<arcstats name>` for the ARC (every key
+//! of `/v1/arcstats` but Zilla's own, so keys added there appear here),
 //! and `zilla_frontend_*` / `zilla_nbd_*` for the front ends' memory budget, limits
 //! and connection and request counters, `zilla_memory_*` for the daemon's memory beyond
 //! the ARC and dirty data (memory.rs).
@@ -60,6 +62,8 @@ struct Snapshot {
     trim: Vec<(String, Vec<(&'static str, u64)>)>,
     frontend: FrontendMetrics,
     memory: crate::memory::MemoryReport,
+    /// The `/v1/arcstats` map.
+    arcstats: std::collections::BTreeMap<String, u64>,
 }
 
 /// The front ends' side of /metrics: budgets, limits and NBD counters.
@@ -91,20 +95,24 @@ async fn snapshot(v: &Arc<View>) -> Result<Snapshot, String> {
     let unavailable = v.pools.unavailable(None);
     let frontend = FrontendMetrics::of(v);
     let v2 = v.clone();
-    tokio::task::spawn_blocking(move || Snapshot {
-        memory: crate::memory::measure(&v2.pools, &v2.frontend.stats(), v2.nbd_stats.snapshot().connections_active),
-        frontend,
-        rows: pools.iter().map(|(_, p)| p.list_row()).chain(unavailable.iter().map(|u| u.list_row())).collect(),
-        status: pools
-            .iter()
-            .map(|(_, p)| crate::api::PoolStatusEntry { status: p.status(), unavailable: None })
-            .chain(unavailable.iter().map(|u| u.status()))
-            .collect(),
-        iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
-        volumes: pools.iter().flat_map(|(_, p)| p.volumes()).collect(),
-        zil: pools.iter().map(|(n, p)| (n.clone(), p.zil_stats())).collect(),
-        dmu_tx: pools.iter().map(|(n, p)| (n.to_string(), p.throttle_stats())).collect(),
-        trim: pools.iter().map(|(n, p)| (n.clone(), p.trim_stats())).collect(),
+    tokio::task::spawn_blocking(move || {
+        let memory = crate::memory::measure(&v2.pools, &v2.frontend.stats(), v2.nbd_stats.snapshot().connections_active);
+        Snapshot {
+            arcstats: crate::arcstats::arcstats_map(&memory, &v2.pools),
+            memory,
+            frontend,
+            rows: pools.iter().map(|(_, p)| p.list_row()).chain(unavailable.iter().map(|u| u.list_row())).collect(),
+            status: pools
+                .iter()
+                .map(|(_, p)| crate::api::PoolStatusEntry { status: p.status(), unavailable: None })
+                .chain(unavailable.iter().map(|u| u.status()))
+                .collect(),
+            iostat: pools.iter().map(|(_, p)| p.iostat()).collect(),
+            volumes: pools.iter().flat_map(|(_, p)| p.volumes()).collect(),
+            zil: pools.iter().map(|(n, p)| (n.clone(), p.zil_stats())).collect(),
+            dmu_tx: pools.iter().map(|(n, p)| (n.to_string(), p.throttle_stats())).collect(),
+            trim: pools.iter().map(|(n, p)| (n.clone(), p.trim_stats())).collect(),
+        }
     })
     .await
     .map_err(|e| format!("storage engine error: {e}"))
@@ -274,6 +282,7 @@ fn render_metrics(s: &Snapshot) -> String {
     register_pool_kstats(&mut reg, "zilla_", "Autotrim and manual trim: free space discarded on the devices (vdev::trim, spa/trim)", &s.trim);
     register_frontend(&mut reg, &s.frontend);
     register_memory(&mut reg, &s.memory);
+    register_arcstats(&mut reg, &s.arcstats);
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
@@ -359,6 +368,15 @@ fn register_memory(reg: &mut Registry, m: &crate::memory::MemoryReport) {
     gauge(reg, "zilla_memory_overhead_max_bytes", "Bound of the overhead: front-end budget + reply-pool cap + 192 MiB + 128 KiB per NBD connection", m.overhead_max);
 }
 
+/// node_exporter's ZFS collector names for the ARC: one gauge `node_zfs_arc_<name>` per
+/// arcstats key (node_exporter exports them untyped, without a `_total` suffix; a
+/// gauge keeps the name, so its dashboards and `rate()` queries work unchanged).
+fn register_arcstats(reg: &mut Registry, map: &std::collections::BTreeMap<String, u64>) {
+    for (name, value) in crate::arcstats::node_exporter_keys(map) {
+        gauge(reg, &format!("node_zfs_arc_{name}"), &format!("ARC statistic {name} (OpenZFS arcstats)"), value);
+    }
+}
+
 /// `zilla_frontend_*` (memory budget, volume calls, reply buffers) and `zilla_nbd_*`
 /// (limits, connections by fate, requests and bytes by operation).
 fn register_frontend(reg: &mut Registry, f: &FrontendMetrics) {
@@ -419,6 +437,19 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         assert!(out.contains(r#"u_bytes{vdev="x\\u{202e}y\\u{1b}z"} 1"#), "{out}");
         assert!(out.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn arcstats_keys_are_node_exporter_gauges() {
+        let mut reg = Registry::default();
+        let map: std::collections::BTreeMap<String, u64> =
+            [("hits", 12u64), ("l2_hits", 3), ("zilla_overhead_bytes", 9)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        register_arcstats(&mut reg, &map);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(out.contains("\nnode_zfs_arc_hits 12\n"), "{out}");
+        assert!(out.contains("\nnode_zfs_arc_l2_hits 3\n"), "{out}");
+        assert!(!out.contains("zilla_overhead"), "{out}");
     }
 
     #[test]
