@@ -143,6 +143,11 @@ struct CacheDev {
     end: u64,
     ring: Mutex<Ring>,
     faulted: AtomicBool,
+    /// Taken out of the pool (`pool remove`): no more writes or reads.
+    removed: AtomicBool,
+    /// Held by the feed while it writes to the device: a removal waits for it, so no
+    /// write of the feed lands on a device after it left the pool.
+    writing: Mutex<()>,
     errors_in_a_row: AtomicU64,
 }
 
@@ -263,12 +268,14 @@ impl CacheDev {
                 lsize: 0,
             }),
             faulted: AtomicBool::new(faulted),
+            removed: AtomicBool::new(false),
+            writing: Mutex::new(()),
             errors_in_a_row: AtomicU64::new(0),
         }))
     }
 
     fn usable(&self) -> bool {
-        !self.faulted.load(Ordering::Relaxed) && self.leaf.readable()
+        !self.faulted.load(Ordering::Relaxed) && !self.removed.load(Ordering::Relaxed) && self.leaf.readable()
     }
 
     /// Forget every copy in [from, to) ahead of the hand (the ring is about to write
@@ -478,6 +485,10 @@ impl L2Arc {
     /// Write `blocks` at `dev`'s hand as one vectored write; publish their headers once
     /// it completed.
     fn write_batch(&self, dev: &Arc<CacheDev>, blocks: Vec<Fed>) {
+        let _writing = dev.writing.lock();
+        if !dev.usable() {
+            return;
+        }
         // skip what the device already holds; pad what does not fill its last unit
         let mut items: Vec<(BlockKey, Arc<AlignedBuf>, BufKind, u64, u64)> = Vec::new();
         let (at, total) = {
@@ -594,6 +605,36 @@ impl L2Arc {
                 Self::forget_on(dev, key, addr);
             }
         }
+    }
+
+    /// A cache vdev added to the pool (`pool add POOL cache DEV`): used from the next
+    /// feed on.
+    pub fn add_device(&self, top: Arc<TopVdev>) {
+        if let Some(d) = CacheDev::new(top) {
+            self.devs.write().push(d);
+        }
+    }
+
+    /// Cache vdev `id` leaves the pool: once this returns, no read or write of the
+    /// L2ARC touches it (a feed write in progress is waited for) and its copies are
+    /// forgotten.
+    pub fn remove_device(&self, id: crate::VdevId) {
+        let gone: Vec<Arc<CacheDev>> = {
+            let mut devs = self.devs.write();
+            let (gone, kept): (Vec<_>, Vec<_>) = devs.drain(..).partition(|d| d.top.id == id);
+            *devs = kept;
+            gone
+        };
+        for d in gone {
+            d.removed.store(true, Ordering::Relaxed);
+            drop(d.writing.lock());
+            d.drop_all();
+        }
+    }
+
+    /// Cache vdevs in use.
+    pub fn device_count(&self) -> usize {
+        self.devs.read().len()
     }
 
     /// Cache vdev `top` of the pool: whether it is faulted by the L2ARC.

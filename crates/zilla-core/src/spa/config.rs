@@ -484,6 +484,9 @@ impl Pool {
         for top in alloc.iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)) {
             inner.io.ms.add_vdev(top.id, top.role, top.asize());
         }
+        for top in alloc.iter().filter(|t| t.role == Role::Cache) {
+            inner.io.cache_vdev_added(top.clone());
+        }
         inner.meta.lock().changed = true;
         inner.io.refresh_space();
         drop(_g);
@@ -601,6 +604,10 @@ impl Pool {
             if top.role == Role::Cache || top.role == Role::Spare {
                 inner.io.vdevs.write().retain(|t| t.id != top.id);
             }
+        }
+        if top.role == Role::Cache {
+            // no feed write may land on the device once it is released
+            inner.io.cache_vdev_removed(top.id);
         }
         let _ = label::wipe_labels(&**leaf.device());
         leaf.device().release();

@@ -56,8 +56,9 @@ pub struct PoolIo {
     /// The allocators, one per class, each with its own lock.
     pub ms: Metaslabs,
     arc: PoolArc,
-    /// The L2ARC on the pool's cache vdevs (None without any).
-    l2: Option<Arc<crate::l2arc::L2Arc>>,
+    /// The L2ARC on the pool's cache vdevs (None without any; set when the first is
+    /// added).
+    l2: RwLock<Option<Arc<crate::l2arc::L2Arc>>>,
     pub errors: IoErrors,
     /// Recent unrecoverable block errors, each block once, oldest first, bounded (for
     /// `status -v`); see [`PoolIo::log_error`].
@@ -130,7 +131,7 @@ impl PoolIo {
         PoolIo {
             vdevs: RwLock::new(vdevs),
             ms,
-            l2,
+            l2: RwLock::new(l2),
             arc,
             errors: Default::default(),
             error_log: Mutex::new(ErrorLog::default()),
@@ -176,12 +177,29 @@ impl PoolIo {
 
     /// The pool's L2ARC statistics (None without cache devices).
     pub fn l2_stats(&self) -> Option<crate::l2arc::L2Stats> {
-        self.l2.as_ref().map(|l| l.stats())
+        self.l2arc().map(|l| l.stats())
     }
 
     /// The pool's L2ARC, if it has cache devices.
-    pub fn l2arc(&self) -> Option<&Arc<crate::l2arc::L2Arc>> {
-        self.l2.as_ref()
+    pub fn l2arc(&self) -> Option<Arc<crate::l2arc::L2Arc>> {
+        self.l2.read().clone()
+    }
+
+    /// Cache vdev `top` joined the pool (`pool add ... cache`): the L2ARC uses it.
+    pub fn cache_vdev_added(&self, top: Arc<TopVdev>) {
+        let mut l2 = self.l2.write();
+        match &*l2 {
+            Some(l) => l.add_device(top),
+            None => *l2 = crate::l2arc::L2Arc::start(self.arc.load_id(), crate::arc::daemon_arc(), vec![top], &self.env),
+        }
+    }
+
+    /// Cache vdev `id` is leaving the pool: once this returns the L2ARC no longer
+    /// touches it.
+    pub fn cache_vdev_removed(&self, id: VdevId) {
+        if let Some(l) = self.l2arc() {
+            l.remove_device(id);
+        }
     }
 
     /// The pool's Env (clock, sleeps).
@@ -292,7 +310,7 @@ impl PoolIo {
         let dva = bp.dva[0];
         // a copy on a cache device is read by the blocking path (the L2ARC reads and
         // checks it there, falling back to the pool)
-        if self.l2.as_ref().is_some_and(|l| l.holds(&BlockKey::of(bp))) {
+        if self.l2arc().is_some_and(|l| l.holds(&BlockKey::of(bp))) {
             return done(None);
         }
         let Some(top) = self.top(dva.vdev).filter(|_| !bp.is_hole()) else { return done(None) };
@@ -330,7 +348,7 @@ impl PoolIo {
             return Ok(d);
         }
         // ARC → L2ARC → pool: a verified copy on a cache device
-        if let Some(l2) = &self.l2 {
+        if let Some(l2) = self.l2arc() {
             if let Some(buf) = l2.read(&key).filter(|b| b.len() == bp.lsize as usize) {
                 let data = Arc::new(buf);
                 if cache {
@@ -456,7 +474,7 @@ impl PoolIo {
             return;
         }
         self.arc.evict(&BlockKey::of(bp));
-        if let Some(l2) = &self.l2 {
+        if let Some(l2) = self.l2arc() {
             l2.forget(&BlockKey::of(bp));
         }
         for d in bp.copies() {
@@ -467,7 +485,7 @@ impl PoolIo {
 
 impl Drop for PoolIo {
     fn drop(&mut self) {
-        if let Some(l2) = &self.l2 {
+        if let Some(l2) = self.l2.get_mut().take() {
             l2.stop();
         }
     }
