@@ -43,6 +43,8 @@
 //! Bounds: the feed queue ≤ 2 × (write_max + write_boost) bytes; headers ≤
 //! l2arc_meta_percent of c_max; one feed thread per pool with cache devices.
 
+pub mod persist;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -96,6 +98,14 @@ pub static L2ARC_MFUONLY: Tunable = Tunable::new(
     Applies::Live,
     "Which evicted blocks the L2ARC takes: 0 MRU and MFU, 1 MFU only, 2 all metadata and MFU data (OpenZFS: 0)",
 );
+pub static L2ARC_REBUILD_ENABLED: Tunable = Tunable::new(
+    "l2arc_rebuild_enabled",
+    1,
+    0,
+    1,
+    Applies::NextPoolOpen,
+    "1: at import, restore what a cache device held from its log blocks (persistent L2ARC); 0: start it empty (OpenZFS: 1)",
+);
 pub static L2ARC_META_PERCENT: Tunable = Tunable::new(
     "l2arc_meta_percent",
     33,
@@ -126,6 +136,14 @@ struct Loc {
 /// A cache device's ring (under its mutex).
 struct Ring {
     hand: u64,
+    /// The newest log block (address, length; 0: none) and the header's sequence.
+    newest_log: u64,
+    newest_log_len: u32,
+    header_seq: u64,
+    /// Feed batches written so far (their log blocks' sequence).
+    batch_seq: u64,
+    /// The rebuild has run (or was not wanted): the feed may write.
+    rebuilt: bool,
     /// Still on the first sweep (nothing ahead of the hand yet).
     first_sweep: bool,
     /// Copies in write order (= address order within a sweep): the oldest first.
@@ -150,6 +168,10 @@ struct CacheDev {
     writing: Mutex<()>,
     errors_in_a_row: AtomicU64,
 }
+
+/// A copy about to be written: key, bytes (padded to the ring's unit), kind, length,
+/// check.
+type Item = (BlockKey, Arc<AlignedBuf>, BufKind, u64, u64);
 
 /// A block handed over by the ARC's eviction.
 struct Fed {
@@ -188,6 +210,17 @@ pub struct L2Stats {
     pub l2_hdr_size: u64,
     /// Copies on the cache devices (headers).
     pub l2_blocks: u64,
+    /// Cache devices whose contents a rebuild restored (at least one log block).
+    pub l2_rebuild_success: u64,
+    pub l2_rebuild_log_blks: u64,
+    pub l2_rebuild_bufs: u64,
+    /// Device headers that did not match (another pool's, overwritten, torn): started empty.
+    pub l2_rebuild_dh_errors: u64,
+    /// Log blocks that failed their checks (checksum, magic, geometry, sequence).
+    pub l2_rebuild_cksum_lb_errors: u64,
+    pub l2_rebuild_io_errors: u64,
+    /// Rebuilds stopped by the header memory cap.
+    pub l2_rebuild_lowmem: u64,
 }
 
 #[derive(Default)]
@@ -204,6 +237,13 @@ struct Counters {
     io_error: AtomicU64,
     abort_lowmem: AtomicU64,
     feed_dropped: AtomicU64,
+    rebuild_success: AtomicU64,
+    rebuild_log_blks: AtomicU64,
+    rebuild_bufs: AtomicU64,
+    rebuild_dh_errors: AtomicU64,
+    rebuild_cksum_lb_errors: AtomicU64,
+    rebuild_io_errors: AtomicU64,
+    rebuild_lowmem: AtomicU64,
 }
 
 /// A pool's L2ARC (module comment).
@@ -248,7 +288,8 @@ impl CacheDev {
     fn new(top: Arc<TopVdev>) -> Option<Arc<CacheDev>> {
         let leaf = top.children().into_iter().next()?;
         let size = leaf.device().size();
-        let start = crate::vdev::label::DATA_START.next_multiple_of(RING_UNIT_BYTES);
+        // the device header's slot, then the ring
+        let start = (crate::vdev::label::DATA_START + persist::DEV_HDR_BYTES).next_multiple_of(RING_UNIT_BYTES);
         let end = crate::vdev::label::usable_end(size) / RING_UNIT_BYTES * RING_UNIT_BYTES;
         if end <= start + 4 * RING_UNIT_BYTES {
             return None;
@@ -261,6 +302,11 @@ impl CacheDev {
             end,
             ring: Mutex::new(Ring {
                 hand: start,
+                newest_log: 0,
+                newest_log_len: 0,
+                header_seq: 0,
+                batch_seq: 0,
+                rebuilt: false,
                 first_sweep: true,
                 order: VecDeque::new(),
                 index: HashMap::default(),
@@ -360,10 +406,15 @@ impl L2Arc {
         let weak = Arc::downgrade(&l2);
         let spawned = env.spawn(
             "l2arc_feed".into(),
-            Box::new(move || loop {
-                let Some(l2) = weak.upgrade() else { return };
-                if !l2.feed_once() {
-                    return;
+            Box::new(move || {
+                if let Some(l2) = weak.upgrade() {
+                    l2.rebuild_all();
+                }
+                loop {
+                    let Some(l2) = weak.upgrade() else { return };
+                    if !l2.feed_once() {
+                        return;
+                    }
                 }
             }),
         );
@@ -489,45 +540,30 @@ impl L2Arc {
         if !dev.usable() {
             return;
         }
-        // skip what the device already holds; pad what does not fill its last unit
-        let mut items: Vec<(BlockKey, Arc<AlignedBuf>, BufKind, u64, u64)> = Vec::new();
-        let (at, total) = {
-            let mut r = dev.ring.lock();
-            let mut total = 0u64;
-            let quarter = (dev.end - dev.start) / 4;
-            for f in blocks {
-                if r.index.contains_key(&f.key) || items.iter().any(|(k, ..)| *k == f.key) {
-                    continue;
-                }
-                let len = f.data.len() as u64;
-                let asize = len.next_multiple_of(RING_UNIT_BYTES);
-                if total + asize > quarter {
-                    break;
-                }
-                let check = check_of(&f.data);
-                let data = if asize == len {
-                    f.data
-                } else {
-                    let mut b = AlignedBuf::zeroed(asize as usize);
-                    b[..len as usize].copy_from_slice(&f.data);
-                    Arc::new(b)
-                };
-                items.push((f.key, data, f.kind, len, check));
-                total += asize;
-            }
-            if items.is_empty() {
-                return;
-            }
-            (dev.claim(&mut r, total), total)
-        };
-        let bufs: Vec<Arc<AlignedBuf>> = items.iter().map(|(_, d, ..)| d.clone()).collect();
+        let Some((items, at, total)) = Self::place(dev, blocks) else { return };
+        // (1) the range this batch overwrites, in the header; (2) the copies and the
+        // batch's log block in one write; (3) the header names the log block (persist.rs)
+        let (log, log_at, log_len) = Self::log_block(dev, &items, at, total);
+        if !self.write_header(dev, Some((at, log_at + log_len))) {
+            return;
+        }
+        let mut bufs: Vec<Arc<AlignedBuf>> = items.iter().map(|(_, d, ..)| d.clone()).collect();
+        bufs.push(log);
         self.counters.writes_sent.fetch_add(1, Ordering::Relaxed);
         let w = crate::vdev::queue::Waiter::new();
-        dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, WriteBytes::Vectored(Arc::new(bufs)), w.completion()));
+        dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, WriteBytes::Vectored(Arc::new(bufs)), w.completion()).durable());
         let ok = w.wait().result.is_ok();
         dev.note_io(ok);
         if !ok {
             self.counters.writes_error.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        {
+            let mut r = dev.ring.lock();
+            r.newest_log = log_at;
+            r.newest_log_len = log_len as u32;
+        }
+        if !self.write_header(dev, None) {
             return;
         }
         self.counters.writes_done.fetch_add(1, Ordering::Relaxed);
@@ -545,6 +581,233 @@ impl L2Arc {
             }
             addr += asize;
         }
+    }
+
+    /// The blocks of a batch `dev` does not hold yet (padded to the ring's unit, at
+    /// most a quarter of the ring and `LOG_ENTRIES_MAX` of them), placed at the hand
+    /// with room for their log block: (items, address, bytes of copies).
+    fn place(dev: &CacheDev, blocks: Vec<Fed>) -> Option<(Vec<Item>, u64, u64)> {
+        let mut items: Vec<Item> = Vec::new();
+        {
+            let mut r = dev.ring.lock();
+            let mut total = 0u64;
+            let quarter = (dev.end - dev.start) / 4;
+            for f in blocks {
+                if items.len() >= persist::LOG_ENTRIES_MAX {
+                    break;
+                }
+                if r.index.contains_key(&f.key) || items.iter().any(|(k, ..)| *k == f.key) {
+                    continue;
+                }
+                let len = f.data.len() as u64;
+                let asize = len.next_multiple_of(RING_UNIT_BYTES);
+                if total + asize + persist::log_block_bytes(items.len() + 1) > quarter {
+                    break;
+                }
+                let check = check_of(&f.data);
+                let data = if asize == len {
+                    f.data
+                } else {
+                    let mut b = AlignedBuf::zeroed(asize as usize);
+                    b[..len as usize].copy_from_slice(&f.data);
+                    Arc::new(b)
+                };
+                items.push((f.key, data, f.kind, len, check));
+                total += asize;
+            }
+            if items.is_empty() || !r.rebuilt {
+                return None;
+            }
+            let log_bytes = persist::log_block_bytes(items.len());
+            let at = dev.claim(&mut r, total + log_bytes);
+            Some((items, at, total))
+        }
+    }
+
+    /// The log block of a batch placed at `at` (`total` bytes of copies): (its bytes,
+    /// its address, its length).
+    fn log_block(dev: &CacheDev, items: &[Item], at: u64, total: u64) -> (Arc<AlignedBuf>, u64, u64) {
+        {
+            let mut r = dev.ring.lock();
+            let entries: Vec<persist::LogEntry> = {
+                let mut addr = at;
+                items
+                    .iter()
+                    .map(|(key, data, kind, len, check)| {
+                        let e = persist::LogEntry { key: *key, kind: *kind, addr, len: *len as u32, check: *check };
+                        addr += data.len() as u64;
+                        e
+                    })
+                    .collect()
+            };
+            r.batch_seq += 1;
+            let log = persist::LogBlock { top_guid: dev.top.guid.get(), seq: r.batch_seq, prev: r.newest_log, prev_len: r.newest_log_len, batch_start: at, batch_end: at + total, entries };
+            let bytes = log.encode();
+            let log_len = bytes.len() as u64;
+            (Arc::new(AlignedBuf::from(bytes)), at + total, log_len)
+        }
+    }
+
+    /// Write `dev`'s header (persist.rs): the ring as it is, with `evict` the range a
+    /// batch is about to overwrite. Durable before it returns. False on an error (the
+    /// batch is then not written, or not recorded).
+    fn write_header(&self, dev: &CacheDev, evict: Option<(u64, u64)>) -> bool {
+        let bytes = {
+            let mut r = dev.ring.lock();
+            r.header_seq += 1;
+            let (evict_from, evict_to) = evict.unwrap_or((0, 0));
+            persist::DevHeader {
+                first_sweep: r.first_sweep,
+                top_guid: dev.top.guid.get(),
+                leaf_guid: dev.leaf.guid.get(),
+                ring_start: dev.start,
+                ring_end: dev.end,
+                hand: if evict.is_some() { r.newest_log + r.newest_log_len as u64 } else { r.hand },
+                evict_from,
+                evict_to,
+                newest_log: r.newest_log,
+                newest_log_len: r.newest_log_len,
+                seq: r.header_seq,
+            }
+            .encode()
+        };
+        let w = crate::vdev::queue::Waiter::new();
+        let at = dev.start - persist::DEV_HDR_BYTES;
+        dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, Arc::new(AlignedBuf::from(bytes)), w.completion()).durable());
+        let ok = w.wait().result.is_ok();
+        dev.note_io(ok);
+        if !ok {
+            self.counters.writes_error.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Restore every cache device's copies from its log blocks, or start it empty.
+    fn rebuild_all(&self) {
+        let devs: Vec<Arc<CacheDev>> = self.devs.read().clone();
+        for dev in devs {
+            if L2ARC_REBUILD_ENABLED.get() == 1 && dev.usable() {
+                self.rebuild(&dev);
+            }
+            let mut r = dev.ring.lock();
+            r.rebuilt = true;
+        }
+    }
+
+    /// The rebuild of one device (persist.rs, "Rebuild").
+    fn rebuild(&self, dev: &CacheDev) {
+        let geo = persist::Geometry { start: dev.start, end: dev.end };
+        let Some(h) = self.read_header(dev, &geo) else { return };
+        let batches = self.walk_logs(dev, &h, &geo);
+        self.restore(dev, &h, &batches);
+    }
+
+    /// `dev`'s header if it is this cache vdev's (else counted: the device starts empty).
+    fn read_header(&self, dev: &CacheDev, geo: &persist::Geometry) -> Option<persist::DevHeader> {
+        let hdr_at = dev.start - persist::DEV_HDR_BYTES;
+        let hdr = match dev.leaf.queue.read_buf(IoClass::AsyncRead, persist::DEV_HDR_BYTES as usize, hdr_at) {
+            Ok(b) => persist::DevHeader::decode(&b),
+            Err(_) => {
+                self.counters.rebuild_io_errors.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let h = hdr.filter(|h| {
+            h.top_guid == dev.top.guid.get() && h.leaf_guid == dev.leaf.guid.get() && h.ring_start == dev.start && h.ring_end == dev.end && geo.holds(h.hand, h.hand)
+        });
+        if h.is_none() {
+            // empty, another pool's, overwritten or torn: the device starts empty
+            self.counters.rebuild_dh_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        h
+    }
+
+    /// The log blocks a rebuild may trust, newest first (persist.rs, "Rebuild").
+    fn walk_logs(&self, dev: &CacheDev, h: &persist::DevHeader, geo: &persist::Geometry) -> Vec<persist::LogBlock> {
+        let max_headers = (self.arc.c_max() / 100 * L2ARC_META_PERCENT.get() / HDR_BYTES) as usize;
+        let mut batches: Vec<persist::LogBlock> = Vec::new();
+        let (mut at, mut len) = (h.newest_log, h.newest_log_len as u64);
+        let mut last_seq = u64::MAX;
+        let mut last_behind = 0u64;
+        let mut restored = 0usize;
+        let blocks_max = geo.size() / RING_UNIT_BYTES;
+        while at != 0 && (batches.len() as u64) < blocks_max {
+            // the block and its batch inside the ring, clear of an interrupted batch,
+            // and less than one ring behind the hand
+            let max_len = persist::log_block_bytes(persist::LOG_ENTRIES_MAX);
+            if len == 0 || len > max_len || !geo.holds(at, at.saturating_add(len)) {
+                self.counters.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            let b = match dev.leaf.queue.read_buf(IoClass::AsyncRead, len as usize, at) {
+                Ok(b) => b,
+                Err(_) => {
+                    self.counters.rebuild_io_errors.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+            };
+            let Some(lb) = persist::LogBlock::decode(&b) else {
+                self.counters.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let behind = geo.behind(h.hand, lb.batch_start);
+            let sane = lb.top_guid == dev.top.guid.get()
+                && lb.seq < last_seq
+                && lb.batch_end == at
+                && geo.holds(lb.batch_start, lb.batch_end)
+                && !persist::overlaps(lb.batch_start, at + len, h.evict_from, h.evict_to)
+                && behind >= last_behind
+                && behind < geo.size()
+                && (!h.first_sweep || at + len <= h.hand);
+            if !sane {
+                self.counters.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            if restored + lb.entries.len() > max_headers {
+                self.counters.rebuild_lowmem.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            restored += lb.entries.len();
+            last_seq = lb.seq;
+            last_behind = behind;
+            (at, len) = (lb.prev, lb.prev_len as u64);
+            batches.push(lb);
+        }
+        batches
+    }
+
+    /// Headers for the entries of `batches` (newest first) that lie inside their batch,
+    /// and the ring as the header left it.
+    fn restore(&self, dev: &CacheDev, h: &persist::DevHeader, batches: &[persist::LogBlock]) {
+        let mut r = dev.ring.lock();
+        r.hand = h.hand;
+        r.first_sweep = h.first_sweep;
+        r.newest_log = h.newest_log;
+        r.newest_log_len = h.newest_log_len;
+        r.header_seq = h.seq;
+        r.batch_seq = batches.first().map_or(0, |b| b.seq);
+        // oldest first, as the ring's write order; each entry inside its batch
+        let mut bufs = 0u64;
+        for lb in batches.iter().rev() {
+            for e in &lb.entries {
+                let asize = (e.len as u64).next_multiple_of(RING_UNIT_BYTES);
+                let inside = e.len > 0 && e.len <= persist::COPY_MAX_BYTES && lb.batch_start <= e.addr && e.addr.saturating_add(asize) <= lb.batch_end;
+                if !inside || r.index.contains_key(&e.key) {
+                    continue;
+                }
+                r.order.push_back((e.addr, e.key));
+                r.index.insert(e.key, Loc { addr: e.addr, len: e.len, kind: e.kind, check: e.check });
+                r.asize += asize;
+                r.lsize += e.len as u64;
+                bufs += 1;
+            }
+        }
+        drop(r);
+        if !batches.is_empty() {
+            self.counters.rebuild_success.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters.rebuild_log_blks.fetch_add(batches.len() as u64, Ordering::Relaxed);
+        self.counters.rebuild_bufs.fetch_add(bufs, Ordering::Relaxed);
     }
 
     /// The copy of block `key` on a cache device, verified, or None (a miss, or a bad
@@ -669,6 +932,13 @@ impl L2Arc {
             l2_asize: asize,
             l2_hdr_size: blocks * HDR_BYTES,
             l2_blocks: blocks,
+            l2_rebuild_success: c.rebuild_success.load(Ordering::Relaxed),
+            l2_rebuild_log_blks: c.rebuild_log_blks.load(Ordering::Relaxed),
+            l2_rebuild_bufs: c.rebuild_bufs.load(Ordering::Relaxed),
+            l2_rebuild_dh_errors: c.rebuild_dh_errors.load(Ordering::Relaxed),
+            l2_rebuild_cksum_lb_errors: c.rebuild_cksum_lb_errors.load(Ordering::Relaxed),
+            l2_rebuild_io_errors: c.rebuild_io_errors.load(Ordering::Relaxed),
+            l2_rebuild_lowmem: c.rebuild_lowmem.load(Ordering::Relaxed),
         }
     }
 

@@ -145,6 +145,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &l2arc::L2ARC_NOPREFETCH,
     &l2arc::L2ARC_MFUONLY,
     &l2arc::L2ARC_META_PERCENT,
+    &l2arc::L2ARC_REBUILD_ENABLED,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
     &spa::ZFS_MULTIHOST_INTERVAL_MS,
 ]);

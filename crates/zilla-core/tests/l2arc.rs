@@ -146,3 +146,131 @@ fn a_cache_device_added_live_is_fed_and_one_removed_is_never_written_again() {
     assert_eq!(image(&cache), after_remove, "the L2ARC wrote to a device removed from the pool");
     assert_eq!(pool.l2_stats().map(|s| s.l2_size).unwrap_or(0), 0);
 }
+
+/// Wait until the pool's L2ARC rebuild has run (it runs on the feed thread at import).
+fn rebuilt(pool: &Pool) -> zilla_core::l2arc::L2Stats {
+    let t = Instant::now();
+    loop {
+        let s = pool.l2_stats().expect("an L2ARC");
+        if s.l2_rebuild_log_blks > 0 || s.l2_rebuild_dh_errors > 0 || s.l2_rebuild_cksum_lb_errors > 0 || t.elapsed() > Duration::from_secs(10) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_cache_device_is_warm_again_after_an_export_and_import() {
+    let cache: Arc<dyn Device> = Arc::new(MemDevice::new(256 * MIB));
+    let (devs, pool) = pool_with_cache("l2p", cache, 5);
+    warm(&pool, 5, 32 * MIB);
+    let before = pool.l2_stats().unwrap();
+    pool.export().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    let s = rebuilt(&pool);
+    assert!(s.l2_rebuild_bufs > 0 && s.l2_size >= before.l2_size / 2, "little came back: {s:?} (before export {before:?})");
+    read_all(&pool, 5);
+    let after = pool.l2_stats().unwrap();
+    assert!(after.l2_hits > 0, "no hits from the rebuilt headers: {after:?}");
+    assert_eq!(after.l2_cksum_bad, 0, "a rebuilt header pointed at other bytes: {after:?}");
+}
+
+#[test]
+fn an_interrupted_batch_and_crafted_log_blocks_are_never_trusted() {
+    use zilla_core::l2arc::persist::{DevHeader, LogBlock, DEV_HDR_BYTES};
+    let cache: Arc<dyn Device> = Arc::new(MemDevice::new(256 * MIB));
+    let (devs, pool) = pool_with_cache("l2c", cache.clone(), 9);
+    warm(&pool, 9, 32 * MIB);
+    pool.export().unwrap();
+    drop(pool);
+    // the header as a crash left it between steps 1 and 2 of the newest batch, and
+    // that batch half overwritten with other bytes
+    let hdr_at = zilla_core::vdev::label::DATA_START;
+    let mut b = vec![0u8; DEV_HDR_BYTES as usize];
+    cache.read_at(&mut b, hdr_at).unwrap();
+    let mut h = DevHeader::decode(&b).expect("a device header");
+    let mut lb = vec![0u8; h.newest_log_len as usize];
+    cache.read_at(&mut lb, h.newest_log).unwrap();
+    let newest = LogBlock::decode(&lb).expect("the newest log block");
+    h.evict_from = newest.batch_start;
+    h.evict_to = h.newest_log + h.newest_log_len as u64;
+    cache.write_at(&h.encode(), hdr_at).unwrap();
+    let junk = vec![0x5Au8; ((newest.batch_end - newest.batch_start) / 2) as usize];
+    cache.write_at(&junk, newest.batch_start).unwrap();
+    let pool = import(&devs);
+    let s = rebuilt(&pool);
+    assert!(s.l2_rebuild_cksum_lb_errors > 0, "the interrupted batch was trusted: {s:?}");
+    read_all(&pool, 9);
+    read_all(&pool, 9);
+    let after = pool.l2_stats().unwrap();
+    assert_eq!(after.l2_cksum_bad, 0, "a header of the interrupted batch was restored: {after:?}");
+}
+
+#[test]
+fn another_pools_cache_device_is_reset_not_served() {
+    let ca: Arc<dyn Device> = Arc::new(MemDevice::new(256 * MIB));
+    let cb: Arc<dyn Device> = Arc::new(MemDevice::new(256 * MIB));
+    let (da, a) = pool_with_cache("l2s", ca.clone(), 11);
+    let (_db, b) = pool_with_cache("l2t", cb.clone(), 12);
+    warm(&a, 11, 16 * MIB);
+    warm(&b, 12, 16 * MIB);
+    a.export().unwrap();
+    b.export().unwrap();
+    drop((a, b));
+    // pool a's cache device now holds pool b's copies (same block addresses)
+    let mut img = vec![0u8; 256 * MIB as usize];
+    cb.read_at(&mut img, 0).unwrap();
+    // keep a's labels (the pool must still import it as its cache device)
+    let labels = zilla_core::vdev::label::DATA_START as usize;
+    ca.write_at(&img[labels..], labels as u64).unwrap();
+    let a = import(&da);
+    let s = rebuilt(&a);
+    assert!(s.l2_rebuild_dh_errors > 0 && s.l2_rebuild_bufs == 0, "another pool's device was trusted: {s:?}");
+    read_all(&a, 11);
+}
+
+#[test]
+fn crafted_log_entries_with_valid_checksums_restore_nothing_outside_the_ring() {
+    use zilla_core::l2arc::persist::{DevHeader, LogBlock, DEV_HDR_BYTES};
+    let cache: Arc<dyn Device> = Arc::new(MemDevice::new(256 * MIB));
+    let (devs, pool) = pool_with_cache("l2d", cache.clone(), 13);
+    warm(&pool, 13, 32 * MIB);
+    pool.export().unwrap();
+    drop(pool);
+    let hdr_at = zilla_core::vdev::label::DATA_START;
+    let mut b = vec![0u8; DEV_HDR_BYTES as usize];
+    cache.read_at(&mut b, hdr_at).unwrap();
+    let h = DevHeader::decode(&b).expect("a device header");
+    let mut lb = vec![0u8; h.newest_log_len as usize];
+    cache.read_at(&mut lb, h.newest_log).unwrap();
+    let mut newest = LogBlock::decode(&lb).expect("the newest log block");
+    let n = newest.entries.len() as u64;
+    // every way an entry can point outside its batch, re-encoded with a valid checksum
+    for (i, e) in newest.entries.iter_mut().enumerate() {
+        match i % 4 {
+            0 => e.addr = u64::MAX - 4096,
+            1 => e.len = u32::MAX,
+            2 => e.len = 0,
+            _ => e.addr = newest.batch_end,
+        }
+    }
+    cache.write_at(&newest.encode(), h.newest_log).unwrap();
+    let pool = import(&devs);
+    let s = rebuilt(&pool);
+    assert!(s.l2_rebuild_log_blks > 0, "{s:?}");
+    // only the older batches' copies came back, none of the crafted block's
+    let t = Instant::now();
+    while pool.l2_stats().unwrap().l2_rebuild_bufs == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = pool.l2_stats().unwrap();
+    assert!(s.l2_rebuild_bufs > 0, "the older batches did not come back: {s:?}");
+    let _ = n;
+    read_all(&pool, 13);
+    read_all(&pool, 13);
+    let after = pool.l2_stats().unwrap();
+    assert_eq!(after.l2_cksum_bad, 0, "a crafted entry became a header: {after:?}");
+    assert_eq!(after.l2_io_error, 0, "a crafted entry was read: {after:?}");
+}
+

@@ -97,6 +97,13 @@ fn add_l2arc_stats(pools: &crate::pools::PoolTable, m: &mut BTreeMap<String, u64
             ("l2_size", l.l2_size),
             ("l2_asize", l.l2_asize),
             ("l2_hdr_size", l.l2_hdr_size),
+            ("l2_rebuild_success", l.l2_rebuild_success),
+            ("l2_rebuild_log_blks", l.l2_rebuild_log_blks),
+            ("l2_rebuild_bufs", l.l2_rebuild_bufs),
+            ("l2_rebuild_dh_errors", l.l2_rebuild_dh_errors),
+            ("l2_rebuild_cksum_lb_errors", l.l2_rebuild_cksum_lb_errors),
+            ("l2_rebuild_io_errors", l.l2_rebuild_io_errors),
+            ("l2_rebuild_lowmem", l.l2_rebuild_lowmem),
         ] {
             *m.entry(k.to_string()).or_default() += v;
         }
@@ -425,13 +432,9 @@ impl Report {
     }
 }
 
-/// `zilla arc-summary`: OpenZFS arc_summary's ARC sections from one arcstats map. A
-/// line whose keys the map lacks is left out; the L2ARC section appears only when the
-/// map has L2ARC keys.
-pub fn summary(m: &BTreeMap<String, u64>) -> String {
+/// arc-summary's size section.
+fn section_size(r: &mut Report, m: &BTreeMap<String, u64>) {
     let g = |k: &str| m.get(k).copied();
-    let mut r = Report { out: String::new() };
-
     // ARC size
     if let (Some(size), Some(c_max)) = (g("size"), g("c_max")) {
         r.title("ARC size (current)", &f_perc(size, c_max), &f_bytes(size));
@@ -462,7 +465,11 @@ pub fn summary(m: &BTreeMap<String, u64>) -> String {
         }
         r.blank();
     }
+}
 
+/// arc-summary's hash section.
+fn section_hash(r: &mut Report, m: &BTreeMap<String, u64>) {
+    let g = |k: &str| m.get(k).copied();
     // ARC hash breakdown (only the keys the daemon has)
     let hash: Vec<(&str, &str)> = [
         ("hash_elements_max", "Elements max"),
@@ -485,7 +492,11 @@ pub fn summary(m: &BTreeMap<String, u64>) -> String {
         }
         r.blank();
     }
+}
 
+/// arc-summary's misc section.
+fn section_misc(r: &mut Report, m: &BTreeMap<String, u64>) {
+    let g = |k: &str| m.get(k).copied();
     // ARC misc
     let misc: Vec<(&str, &str)> = [
         ("deleted", "Deleted"),
@@ -505,7 +516,11 @@ pub fn summary(m: &BTreeMap<String, u64>) -> String {
         }
         r.blank();
     }
+}
 
+/// arc-summary's targets section.
+fn section_targets(r: &mut Report, m: &BTreeMap<String, u64>) {
+    let g = |k: &str| m.get(k).copied();
     // Adaptive targets
     if g("meta").is_some() || g("pd").is_some() || g("pm").is_some() || g("p").is_some() {
         r.title("ARC adaptive targets", "", "");
@@ -523,7 +538,11 @@ pub fn summary(m: &BTreeMap<String, u64>) -> String {
         }
         r.blank();
     }
+}
 
+/// arc-summary's efficiency section.
+fn section_efficiency(r: &mut Report, m: &BTreeMap<String, u64>) {
+    let g = |k: &str| m.get(k).copied();
     // Efficiency
     if let (Some(hits), Some(misses)) = (g("hits"), g("misses")) {
         let total = hits.saturating_add(misses);
@@ -580,7 +599,11 @@ pub fn summary(m: &BTreeMap<String, u64>) -> String {
             }
         }
     }
+}
 
+/// arc-summary's l2arc section.
+fn section_l2arc(r: &mut Report, m: &BTreeMap<String, u64>) {
+    let g = |k: &str| m.get(k).copied();
     // L2ARC: only with a cache device's keys
     if m.keys().any(|k| k.starts_with("l2_")) {
         let size_lines: Vec<(&str, &str)> = [("l2_asize", "Allocated size (compressed)"), ("l2_hdr_size", "Header size")]
@@ -634,6 +657,19 @@ pub fn summary(m: &BTreeMap<String, u64>) -> String {
             r.blank();
         }
     }
+}
+
+/// `zilla arc-summary`: OpenZFS arc_summary's ARC sections from one arcstats map. A
+/// line whose keys the map lacks is left out; the L2ARC section appears only when the
+/// map has L2ARC keys.
+pub fn summary(m: &BTreeMap<String, u64>) -> String {
+    let mut r = Report { out: String::new() };
+    section_size(&mut r, m);
+    section_hash(&mut r, m);
+    section_misc(&mut r, m);
+    section_targets(&mut r, m);
+    section_efficiency(&mut r, m);
+    section_l2arc(&mut r, m);
     if r.out.ends_with("\n\n") {
         r.out.pop();
     }
