@@ -251,6 +251,7 @@ impl Pool {
         inner.spa_sync(t)?;
         inner.txg.initial_synced(t);
         claims.keep();
+        inner.io.start_l2arc();
         Ok(Self::from_inner(inner))
     }
 
@@ -406,6 +407,8 @@ impl Pool {
             tracing::info!(pool = %inner.name, bad_labels, "rewrote damaged labels");
         }
         claims.keep();
+        // the pool is ours: its cache devices may be read back and fed
+        inner.io.start_l2arc();
         let pool = Self::from_inner(inner);
         // the intent logs, before anyone can open a volume; only the newest txg's
         // (a rewound pool's logs name blocks reused since)

@@ -126,12 +126,10 @@ impl PoolIo {
 
     pub fn new(vdevs: Vec<Arc<TopVdev>>, ms: Metaslabs, env: Arc<dyn crate::env::Env>) -> PoolIo {
         let arc = PoolArc::attach(crate::arc::daemon_arc().clone());
-        let caches: Vec<Arc<TopVdev>> = vdevs.iter().filter(|t| t.role == Role::Cache).cloned().collect();
-        let l2 = if caches.is_empty() { None } else { crate::l2arc::L2Arc::start(arc.load_id(), crate::arc::daemon_arc(), caches, &env) };
         PoolIo {
             vdevs: RwLock::new(vdevs),
             ms,
-            l2: RwLock::new(l2),
+            l2: RwLock::new(None),
             arc,
             errors: Default::default(),
             error_log: Mutex::new(ErrorLog::default()),
@@ -183,6 +181,16 @@ impl PoolIo {
     /// The pool's L2ARC, if it has cache devices.
     pub fn l2arc(&self) -> Option<Arc<crate::l2arc::L2Arc>> {
         self.l2.read().clone()
+    }
+
+    /// Start the L2ARC on the pool's cache vdevs, once the pool is ours (created, or
+    /// imported with its ownership checked): before that, nothing may write to them.
+    pub fn start_l2arc(&self) {
+        let caches: Vec<Arc<TopVdev>> = self.vdevs.read().iter().filter(|t| t.role == Role::Cache).cloned().collect();
+        let mut l2 = self.l2.write();
+        if l2.is_none() && !caches.is_empty() {
+            *l2 = crate::l2arc::L2Arc::start(self.arc.load_id(), crate::arc::daemon_arc(), caches, &self.env);
+        }
     }
 
     /// Cache vdev `top` joined the pool (`pool add ... cache`): the L2ARC uses it.
