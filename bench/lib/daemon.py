@@ -32,18 +32,22 @@ def wait_port(port, proc, what, timeout_s=30):
 class Zilla:
     """`zilla serve` of one build (build.Build) with its own state dir in `workdir`."""
 
-    def __init__(self, build, workdir):
+    def __init__(self, build, workdir, tunables=(), log_tag=""):
+        """`tunables` ("name=value" strings) are set with `serve --tunable`, before the
+        pools of the state dir are imported (a restart on the same `workdir` re-imports
+        them); `log_tag` names a separate log for such a restart."""
         self.build = build
         self.label = build.label
         self.state = os.path.join(workdir, f"{self.label}-state")
         os.makedirs(self.state, exist_ok=True)
         self.nbd_port = free_port()
         self.http_port = free_port()
-        self.logpath = os.path.join(workdir, f"{self.label}.log")
+        self.logpath = os.path.join(workdir, f"{self.label}{'-' + log_tag if log_tag else ''}.log")
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        extra = [x for t in tunables for x in ("--tunable", t)]
         self.proc = spawn([build.binary, "--state-dir", self.state, "serve",
                            "--nbd", f"127.0.0.1:{self.nbd_port}",
-                           "--http", f"127.0.0.1:{self.http_port}"], self.logpath, env=env)
+                           "--http", f"127.0.0.1:{self.http_port}"] + extra, self.logpath, env=env)
         self.pid = self.proc.pid
         wait_port(self.nbd_port, self.proc, f"{self.label} serve")
         sock = os.path.join(self.state, "zilla.sock")
@@ -67,6 +71,12 @@ class Zilla:
 
     def stop(self):
         stop(self.proc)
+
+    def kill(self):
+        """SIGKILL: no export, no last txg sync (a crash as far as the pool can tell)."""
+        self.proc.kill()
+        self.proc.wait()
+        stop(self.proc)    # forgets it
 
 
 class Nbdkit:

@@ -167,5 +167,53 @@ class Slog(unittest.TestCase):
         self.assertEqual((g["measured"], g["met"]), (None, False))
 
 
+class L2arc(unittest.TestCase):
+    def test_device_latency_from_histogram_deltas_of_the_named_leaves(self):
+        from scenarios import l2arc
+        hist = lambda i, n: [0] * i + [n]
+        before = {"d0": {"ops": 10, "total_hist": hist(23, 10), "disk_hist": hist(23, 10)},
+                  "c0": {"ops": 0, "total_hist": [], "disk_hist": []}}
+        after = {"d0": {"ops": 30, "total_hist": hist(23, 30), "disk_hist": hist(22, 30)},
+                 "c0": {"ops": 4, "total_hist": hist(18, 4), "disk_hist": hist(18, 4)}}
+        d = l2arc.latency_delta(before, after, ["d0"])
+        # 20 reads in bucket 23 ([8.4, 16.8) ms), counted at 1.5 x 2^23 ns
+        self.assertEqual((d["read_ops"], d["total_mean_us"]), (20, round(1.5 * (1 << 23) / 1000, 1)))
+        c = l2arc.latency_delta(before, after, ["c0"])
+        self.assertEqual((c["read_ops"], c["total_mean_us"]), (4, round(1.5 * (1 << 18) / 1000, 1)))
+        self.assertIsNone(l2arc.latency_delta(before, before, ["c0"])["total_mean_us"])
+
+    def test_hit_ratio_counts_l2_hits_among_arc_misses(self):
+        from scenarios import l2arc
+        a = {"hits": 100, "misses": 100, "l2_hits": 0, "l2_size": 0, "size": 1, "c": 1}
+        b = {"hits": 160, "misses": 140, "l2_hits": 30, "l2_size": 5, "size": 1, "c": 1}
+        d = l2arc.counter_delta(a, b)
+        self.assertEqual((d["hits"], d["misses"], d["l2_size"]), (60, 40, 5))
+        self.assertEqual(d["hit_ratio_arc_plus_l2"], 0.9)
+
+    def test_goals_met_and_not_met(self):
+        from scenarios import l2arc
+        res = {"iops_warm_over_baseline": 9.0, "device_latency_disks_over_cache": 19.0,
+               "l2_fraction_within_window": None, "restart_over_warm": 0.81, "kill9_over_warm": 0.04}
+        g = l2arc.goals(res)
+        self.assertEqual([x["met"] for x in g], [True, False, False, True, False])
+        self.assertEqual(by_name(g, "share of the working set")["target"], ">= 0.9")
+
+    def test_the_warm_up_plot_is_well_formed_svg(self):
+        import os
+        import tempfile
+        import xml.dom.minidom
+        from scenarios import l2arc
+        pts = [{"t_s": 2.0 * i, "l2_fraction": i / 10, "hit_ratio": None if i == 0 else 0.5,
+                "iops": None if i == 1 else 100.0 * i} for i in range(10)]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "w.svg")
+            l2arc.write_svg({"samples": pts, "pass_end_s": 6.0}, {"working_set_bytes": 256 * MiB}, path)
+            doc = xml.dom.minidom.parse(path)
+        lines = doc.getElementsByTagName("polyline")
+        self.assertEqual(len(lines), 3)
+        self.assertEqual(l2arc.nice_ceiling(900.0), 1000)
+        self.assertEqual(l2arc.nice_ceiling(14100.0), 20000)
+
+
 if __name__ == "__main__":
     unittest.main()
