@@ -85,7 +85,8 @@ struct DataPass<'a> {
     txg: Txg,
     writer: crate::zio::SyncWriter<'a>,
     reservation: crate::arc::ArcReservation<'a>,
-    written: Vec<dmu::WrittenBlock>,
+    /// With the hint each is cached under (its volume's `secondarycache`).
+    written: Vec<(dmu::WrittenBlock, crate::arc::CacheHint)>,
 }
 
 /// One volume's part of a txg: its committed root, its changed block pointers, and
@@ -487,9 +488,9 @@ impl PoolInner {
 
     /// Prepare, allocate and submit one volume's dirty data blocks of `txg`; returns the
     /// Put the data blocks and indirect blocks a committed txg wrote into the ARC.
-    fn cache_written(&self, data: Vec<dmu::WrittenBlock>, indirects: Vec<dmu::WrittenBlock>) {
-        for (k, d) in data {
-            self.io.cache(k, d, crate::arc::CacheHint::DATA);
+    fn cache_written(&self, data: Vec<(dmu::WrittenBlock, crate::arc::CacheHint)>, indirects: Vec<dmu::WrittenBlock>) {
+        for ((k, d), hint) in data {
+            self.io.cache(k, d, hint);
         }
         for (k, d) in indirects {
             self.io.cache(k, d, crate::arc::CacheHint::METADATA);
@@ -539,13 +540,15 @@ impl PoolInner {
         let props = v.props.typed();
         let (algo, comp) = (props.checksum, props.compression);
         let cache = props.primarycache == crate::props::CachePolicy::All;
+        // a written data block may go to a cache device only with secondarycache=all
+        let hint = crate::arc::CacheHint { l2_eligible: props.secondarycache == crate::props::CachePolicy::All, ..crate::arc::CacheHint::DATA };
         let workers = self.io.prepare_workers(&self.env, &self.name);
         let mut changes = Vec::with_capacity(recs.len());
         let (overridden, rest) = Self::take_overrides(recs, overrides, txg, &self.io);
         if !overridden.is_empty() {
             for (blkid, data, bp) in &overridden {
                 if cache {
-                    pass.written.push((crate::arc::BlockKey::of(&bp), data.clone()));
+                    pass.written.push(((crate::arc::BlockKey::of(&bp), data.clone()), hint));
                 }
                 changes.push((*blkid, *bp));
             }
@@ -561,7 +564,7 @@ impl PoolInner {
                     None => BlockPointer::hole(),
                 };
                 if let (true, Some(d)) = (cache, data) {
-                    pass.written.push((crate::arc::BlockKey::of(&bp), d.clone()));
+                    pass.written.push(((crate::arc::BlockKey::of(&bp), d.clone()), hint));
                 }
                 changes.push((*blkid, bp));
             }
