@@ -274,3 +274,27 @@ fn crafted_log_entries_with_valid_checksums_restore_nothing_outside_the_ring() {
     assert_eq!(after.l2_io_error, 0, "a crafted entry was read: {after:?}");
 }
 
+
+#[test]
+fn secondarycache_none_keeps_a_volumes_data_off_the_cache_device() {
+    zilla_core::arc::ZFS_ARC_MAX.set(64 * MIB).unwrap();
+    let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 256 * MIB);
+    devs.insert("c0", Arc::new(MemDevice::new(256 * MIB)));
+    let pool = Pool::create_with("l2n", tops_with_cache(), zilla_core::spa::CreateOptions::default(), devs.opener()).expect("create");
+    pool.volume_create("v", VOL, BS as u32, &[("secondarycache".into(), "none".into())]).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    for off in (0..VOL).step_by(MIB as usize) {
+        v.write(off, &pattern(17 ^ off, MIB as usize), false).unwrap();
+    }
+    v.flush().unwrap();
+    drop(v);
+    pool.sync().unwrap();
+    // written blocks and read blocks both pass through the ARC and are evicted
+    for _ in 0..3 {
+        read_all(&pool, 17);
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+    let s = pool.l2_stats().unwrap();
+    // only indirect blocks (metadata) may be there: under 1/32 of the volume
+    assert!(s.l2_size < VOL / 32, "data of a secondarycache=none volume reached the cache device: {s:?}");
+}
