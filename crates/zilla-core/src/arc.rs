@@ -588,7 +588,19 @@ impl PoolArc {
     /// The cached buffer of block `k`, if any, for an access described by `access`
     /// (demand or prefetch, data or metadata: counted apart).
     pub fn lookup(&self, k: &BlockKey, access: CacheHint) -> Option<Arc<AlignedBuf>> {
-        self.cache.lookup(&self.key(k), access)
+        self.cache.lookup(&self.key(k), access, true)
+    }
+
+    /// [`PoolArc::lookup`] for a caller whose miss the read that follows counts
+    /// ([`PoolArc::note_miss`], or its own counted lookup): one miss per read.
+    pub fn lookup_hit_only(&self, k: &BlockKey, access: CacheHint) -> Option<Arc<AlignedBuf>> {
+        self.cache.lookup(&self.key(k), access, false)
+    }
+
+    /// Count the miss of a read that goes to the devices after
+    /// [`PoolArc::lookup_hit_only`].
+    pub fn note_miss(&self, k: &BlockKey, access: CacheHint) {
+        self.cache.note_miss(&self.key(k), access)
     }
 
     /// Cache `data` as block `k`.
@@ -854,12 +866,23 @@ impl ArcCache {
         }
     }
 
-    fn lookup(&self, k: &ArcKey, access: CacheHint) -> Option<Arc<AlignedBuf>> {
+    /// A miss counted by the read that follows a lookup that did not count it.
+    fn note_miss(&self, k: &ArcKey, access: CacheHint) {
+        let ai = access_index(access.kind, access.prefetched);
+        let mut s = self.shard(k).lock();
+        s.counters.misses += 1;
+        s.counters.misses_by[ai] += 1;
+    }
+
+    /// The buffer of `k`; a miss (no header) is counted only with `count_miss`.
+    fn lookup(&self, k: &ArcKey, access: CacheHint, count_miss: bool) -> Option<Arc<AlignedBuf>> {
         let ai = access_index(access.kind, access.prefetched);
         let mut s = self.shard(k).lock();
         let Some(i) = s.map.get(k).copied() else {
-            s.counters.misses += 1;
-            s.counters.misses_by[ai] += 1;
+            if count_miss {
+                s.counters.misses += 1;
+                s.counters.misses_by[ai] += 1;
+            }
             return None;
         };
         let (state, kind, bytes) = {

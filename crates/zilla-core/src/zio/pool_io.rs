@@ -142,9 +142,10 @@ impl PoolIo {
     }
 
     /// The cached buffer of block `k` (a `kind` block a demand read wants), if the ARC
-    /// holds it (counted as a hit or a miss).
+    /// holds it. A hit is counted; a miss is counted by the read that follows
+    /// (`read_block_first_async`, or `read_block`'s own lookup), so a read counts once.
     pub fn cached(&self, k: &BlockKey, kind: BufKind) -> Option<Arc<AlignedBuf>> {
-        self.arc.lookup(k, CacheHint::of(kind))
+        self.arc.lookup_hit_only(k, CacheHint::of(kind))
     }
 
     /// Cache `data` as block `k` (a block read, or written by a committed txg).
@@ -322,6 +323,8 @@ impl PoolIo {
             return done(None);
         }
         let Some(top) = self.top(dva.vdev).filter(|_| !bp.is_hole()) else { return done(None) };
+        // the ARC miss of this read (the front end's lookup left it to the read)
+        self.arc.note_miss(&BlockKey::of(bp), CacheHint::DATA);
         let bp_copy = *bp;
         top.read_first_async(class, dva.offset, dva.asize as usize, bp.birth, Box::new(move |b| crate::zio::verify_copy(&bp_copy, b)), done);
     }
