@@ -201,7 +201,6 @@ pub struct L2Stats {
     pub l2_read_bytes: u64,
     pub l2_cksum_bad: u64,
     pub l2_io_error: u64,
-    pub l2_evict_l1cached: u64,
     pub l2_abort_lowmem: u64,
     /// Blocks the ARC handed over that the queue had no room for.
     pub l2_feed_dropped: u64,
@@ -895,16 +894,6 @@ impl L2Arc {
         }
     }
 
-    /// Cache vdevs in use.
-    pub fn device_count(&self) -> usize {
-        self.devs.read().len()
-    }
-
-    /// Cache vdev `top` of the pool: whether it is faulted by the L2ARC.
-    pub fn faulted(&self, top: &TopVdev) -> bool {
-        self.devs.read().iter().any(|d| d.top.id == top.id && d.faulted.load(Ordering::Relaxed))
-    }
-
     pub fn stats(&self) -> L2Stats {
         let c = &self.counters;
         let (mut size, mut asize, mut blocks) = (0, 0, 0);
@@ -925,7 +914,6 @@ impl L2Arc {
             l2_read_bytes: c.read_bytes.load(Ordering::Relaxed),
             l2_cksum_bad: c.cksum_bad.load(Ordering::Relaxed),
             l2_io_error: c.io_error.load(Ordering::Relaxed),
-            l2_evict_l1cached: 0,
             l2_abort_lowmem: c.abort_lowmem.load(Ordering::Relaxed),
             l2_feed_dropped: c.feed_dropped.load(Ordering::Relaxed),
             l2_size: size,
@@ -940,11 +928,6 @@ impl L2Arc {
             l2_rebuild_io_errors: c.rebuild_io_errors.load(Ordering::Relaxed),
             l2_rebuild_lowmem: c.rebuild_lowmem.load(Ordering::Relaxed),
         }
-    }
-
-    /// Wake the feed now (tests, and a pool that wants its blocks on the devices).
-    pub fn kick(&self) {
-        self.feed_cv.notify_all();
     }
 }
 
