@@ -61,7 +61,10 @@
 //! Eviction never runs on a reader's path: one evictor thread per cache does it. An
 //! insert that takes the cache past its target wakes it; one that takes it past the
 //! target plus `c_max >> 8` (OpenZFS's `zfs_arc_overflow_shift`) waits for it first
-//! (bounded: [`overshoot_max_bytes`]). A prefetched buffer not yet used stays at least
+//! (bounded: [`overshoot_max_bytes`]). A round takes the cache a little below its target
+//! ([`evict_slack_bytes`]), so one wake-up serves the inserts of many reads: without
+//! it, every miss past the target cost a thread hand-off and a walk of the shards.
+//! A prefetched buffer not yet used stays at least
 //! `zfs_arc_min_prefetch_ms` (1 s). What eviction takes from DRAM goes, if the block may
 //! go to a cache device, to the [`EvictSink`] (the L2ARC feed) instead of vanishing.
 //!
@@ -161,6 +164,13 @@ const ONE: u64 = 1 << 32;
 /// (OpenZFS `zfs_arc_overflow_shift` = 8: an insert past this waits for the evictor).
 pub fn overshoot_max_bytes(c_max: u64) -> u64 {
     c_max >> 8
+}
+
+/// How far below its target a round takes the cache (module comment, "Eviction"):
+/// c_max >> 9, at least 1 MiB, at most 1/16 of the target. One wake-up of the evictor
+/// then serves many inserts instead of one.
+pub fn evict_slack_bytes(c_max: u64, target: u64) -> u64 {
+    (c_max >> 9).max(1 << 20).min(target / 16)
 }
 
 /// The process's ARC, following `zfs_arc_max` (every pool shares it).
@@ -1176,6 +1186,8 @@ impl ArcCache {
         let target = self.target();
         let size = self.live_bytes();
         if size > target {
+            let hard = target;
+            let target = target - evict_slack_bytes(self.c_max(), target);
             let over = size - target;
             let t = mrud + mrum + mfud + mfum;
             let mut wt = t.saturating_sub(over) as u128;
@@ -1194,11 +1206,12 @@ impl ArcCache {
             left -= self.evict_list(State::Mru, BufKind::Data, e, false, &mut round);
             self.evict_list(State::Mfu, BufKind::Data, left, false, &mut round);
             // whatever could not come from its list comes from any
+            // (the slack below it is not worth a young prefetch or a second chance)
             for (state, kind) in [(State::Mru, BufKind::Data), (State::Mru, BufKind::Metadata), (State::Mfu, BufKind::Metadata), (State::Mfu, BufKind::Data)] {
-                if self.live_bytes() <= target {
+                if self.live_bytes() <= hard {
                     break;
                 }
-                let want = self.live_bytes() - target;
+                let want = self.live_bytes() - hard;
                 // (the young prefetches and second chances too: the target holds)
                 self.evict_list(state, kind, want, true, &mut round);
             }
@@ -1441,6 +1454,30 @@ mod tests {
     #[test]
     fn headers_stay_small() {
         assert!(std::mem::size_of::<Hdr>() <= 64, "a header grew to {} bytes", std::mem::size_of::<Hdr>());
+    }
+
+    #[test]
+    fn a_round_takes_the_cache_below_its_target_so_one_wake_up_serves_many_inserts() {
+        let c_max = 256u64 << 20;
+        let (_env, cache) = sim_cache(c_max);
+        let arc = PoolArc::attach(cache.clone());
+        let mut i = 0u64;
+        while cache.stats().evictions == 0 {
+            arc.insert(k(i), buf(64 << 10), CacheHint::DATA);
+            i += 1;
+            assert!(i < 2 * c_max / (64 << 10), "never evicted");
+        }
+        settle(&cache);
+        while cache.live_bytes() <= cache.target() {
+            arc.insert(k(i), buf(64 << 10), CacheHint::DATA);
+            i += 1;
+        }
+        cache.evict_round();
+        let target = cache.target();
+        let slack = evict_slack_bytes(c_max, target);
+        assert!(slack >= 1 << 20);
+        assert!(cache.live_bytes() <= target - slack, "a round stopped at {} (target {target}, slack {slack})", cache.live_bytes());
+        assert!(cache.live_bytes() + slack + (64 << 10) > target - slack, "a round took far more than the slack: {}", cache.live_bytes());
     }
 
     #[test]
