@@ -34,8 +34,10 @@
 //! (fresh pages cleared by the kernel, then by calloc: a quarter of the daemon's CPU in
 //! the first seconds of 4K random writes). What users hold is bounded by their own
 //! budgets (the front ends' memory budget, dirty data, the ARC), which wait when full:
-//! the slab never refuses and never allocates around them. [`stats`] feeds the memory
-//! report.
+//! the slab never refuses and never allocates around them. Whole free chunks are kept
+//! only while the slab fits its users' budget ([`set_budget_fn`]: ARC max + dirty data
+//! max): past it a chunk that comes free goes back at once, and a new chunk first
+//! releases whole free chunks of other classes. [`stats`] feeds the memory report.
 //!
 //! Bytes `[0, len)` are always initialised: chunks are allocated zeroed and a reused
 //! slot holds the bytes of its previous buffer; [`AlignedBuf::zeroed`] clears them,
@@ -128,10 +130,51 @@ struct Slab {
     oversized_bytes: AtomicU64,
     /// Whole free chunks are released beyond this many idle bytes.
     idle_max_bytes: u64,
+    /// What the slab's users may hold together ([`set_budget_fn`]): whole free chunks
+    /// are released while the slab's chunks exceed it.
+    budget: parking_lot::RwLock<Option<BudgetFn>>,
     /// The latest time (ns of its caller's Env clock) a trim was called with: the slab
     /// has no clock of its own, so a chunk freed between two trims counts as freed at
     /// the first (it is given back at most one trim interval early).
     trim_clock_ns: AtomicU64,
+}
+
+/// The budget of the slab's users, in bytes (see [`set_budget_fn`]).
+pub type BudgetFn = std::sync::Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Keep whole free chunks only while every chunk of the slab fits `budget()` (the
+/// engine sets it to ARC max + dirty data max: what the slab's users may hold
+/// together). Idle slots are then memory the budgets have room for; once the ARC and
+/// the dirty data are full, a chunk whose slots all come free goes back at once
+/// instead of waiting out [`IDLE_RELEASE_AFTER`].
+pub fn set_budget_fn(budget: BudgetFn) {
+    *slab().budget.write() = Some(budget);
+}
+
+fn over_budget(s: &Slab) -> bool {
+    let chunks = s.chunk_bytes.load(Ordering::Relaxed);
+    s.budget.read().as_ref().is_some_and(|b| chunks > b())
+}
+
+/// Release whole free chunks of classes other than `class` (whose lock the caller
+/// holds) while the slab is over its budget; a class busy with another thread is
+/// skipped (try_lock: two threads doing this cannot wait on each other).
+fn release_over_budget(s: &Slab, class: usize) {
+    for (c, m) in s.classes.iter().enumerate() {
+        if c == class {
+            continue;
+        }
+        let Some(mut st) = m.try_lock() else { continue };
+        let ids: Vec<u32> = st.partial.clone();
+        for id in ids {
+            if !over_budget(s) {
+                return;
+            }
+            if st.chunks[id as usize].as_ref().is_some_and(|ch| ch.free.len() as u32 == st.slots_per_chunk) {
+                release_chunk(s, &mut st, id);
+            }
+        }
+    }
 }
 
 fn slab() -> &'static Slab {
@@ -143,6 +186,7 @@ impl Slab {
     fn new(idle_max_bytes: u64) -> Slab {
         Slab {
         idle_max_bytes,
+        budget: parking_lot::RwLock::new(None),
         classes: (0..CLASSES)
             .map(|c| {
                 let slot_bytes = class_bytes(c);
@@ -276,6 +320,14 @@ fn new_chunk(s: &Slab, st: &mut ClassState) {
     st.partial.push(id);
     s.idle_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     s.chunk_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    if over_budget(s) {
+        release_over_budget(s, class_index(s, &*st));
+    }
+}
+
+/// The index of class state `st` in `s` (by its slot size).
+fn class_index(s: &Slab, st: &ClassState) -> usize {
+    class_of(st.slot_bytes).filter(|&c| c < s.classes.len()).unwrap_or(usize::MAX)
 }
 
 fn give_slot(s: &Slab, class: usize, id: u32, slot: u32) {
@@ -295,7 +347,7 @@ fn give_slot(s: &Slab, class: usize, id: u32, slot: u32) {
     }
     s.in_use_bytes.fetch_sub(slot_bytes, Ordering::Relaxed);
     let idle = s.idle_bytes.fetch_add(slot_bytes, Ordering::Relaxed) + slot_bytes;
-    if all_free && idle > s.idle_max_bytes {
+    if all_free && (idle > s.idle_max_bytes || over_budget(s)) {
         release_chunk(s, &mut st, id);
     }
 }
@@ -568,6 +620,35 @@ mod tests {
             give_slot(&s, big, chunk, slot);
         }
         assert!(stats_of(&s).idle_bytes <= s.idle_max_bytes, "idle bytes over the bound: {:?}", stats_of(&s));
+    }
+
+    #[test]
+    fn past_its_users_budget_the_slab_keeps_no_whole_free_chunk() {
+        let s = Slab::new(1 << 30);
+        let small = class_of(124 << 10).unwrap(); // 2 slots of 124 KiB per chunk
+        let large = class_of(4 << 20).unwrap();
+        let budget = (4u64 << 20) + (512 << 10);
+        let held: Vec<_> = (0..8).map(|_| take_slot(&s, small)).collect();
+        for (_, chunk, slot) in held {
+            give_slot(&s, small, chunk, slot);
+        }
+        assert_eq!(stats_of(&s).idle_bytes, 8 * (124 << 10), "no budget: the free chunks are kept");
+        *s.budget.write() = Some(std::sync::Arc::new(move || budget));
+        // a chunk of another class takes the slab past the budget: idle ones go
+        let big = take_slot(&s, large);
+        let st = stats_of(&s);
+        assert!(st.chunk_bytes <= budget && st.idle_bytes < 8 * (124 << 10), "whole free chunks of other classes released: {st:?}");
+        // under the budget a chunk that comes free stays
+        give_slot(&s, large, big.1, big.2);
+        assert_eq!(stats_of(&s).chunk_bytes, st.chunk_bytes, "under the budget a free chunk stays");
+        // new small chunks take it past the budget again: the idle large chunk goes
+        let held: Vec<_> = (0..8).map(|_| take_slot(&s, small)).collect();
+        let st = stats_of(&s);
+        assert_eq!(st.chunk_bytes, 4 * 2 * (124 << 10), "the idle large chunk was released: {st:?}");
+        for (_, chunk, slot) in held {
+            give_slot(&s, small, chunk, slot);
+        }
+        assert_eq!(stats_of(&s).idle_bytes, 8 * (124 << 10));
     }
 
     #[test]
