@@ -25,11 +25,11 @@
 //! batch goes out as one vectored write at the hand, and only once it is on the device
 //! are its headers published for readers.
 //!
-//! Headers. Each copy is a small header in DRAM: the block's key, where it is, its
-//! length and a 64-bit check of its bytes (fletcher4 folded), taken from the ARC's
-//! copy, which was verified against the block pointer when it was read or was just
-//! written. A block is stored in its logical (decompressed) form. A read that finds a
-//! header reads the copy and returns it only if the check matches; a bad, stale
+//! Headers. Each copy is a small header in DRAM (headers.rs: 32 bytes and a 4-byte
+//! index slot, at most 64 bytes per copy with every slack): the block's key, where it
+//! is, its length and kind. A block is stored in its logical (decompressed) form. A
+//! read that finds a header reads the copy and returns it only if it matches the block
+//! pointer's checksum (compressed again first if the block was, [`verify_copy`]); a bad, stale
 //! (overwritten by the ring since the lookup) or unreadable copy is counted
 //! (`l2_cksum_bad`, `l2_io_error`), its header dropped, and the read goes to the pool.
 //! Keys carry the birth txg and the pool is the L2ARC's own, so a freed or rewritten
@@ -43,6 +43,7 @@
 //! Bounds: the feed queue ≤ 2 × (write_max + write_boost) bytes; headers ≤
 //! l2arc_meta_percent of c_max; one feed thread per pool with cache devices.
 
+pub mod headers;
 pub mod persist;
 
 use std::collections::{HashMap, VecDeque};
@@ -52,6 +53,10 @@ use std::sync::{Arc, Weak};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::arc::{ArcCache, BlockKey, BufKind, EvictSink};
+use crate::block::blkptr::BlockPointer;
+use crate::block::checksum::{self, ChecksumAlgo};
+use crate::block::compress::{self, Compression};
+use headers::{Headers, Loc};
 use crate::kstat::{Applies, Tunable};
 use crate::vdev::abd::AlignedBuf;
 use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
@@ -118,20 +123,10 @@ pub static L2ARC_META_PERCENT: Tunable = Tunable::new(
 /// Consecutive I/O errors that fault a cache device.
 pub const FAULT_AFTER_ERRORS: u64 = 10;
 /// The ring's unit: every copy starts and ends on it.
-const RING_UNIT_BYTES: u64 = 4096;
-/// DRAM one header costs, for the `l2arc_meta_percent` cap and `l2_hdr_size`: the
-/// header, its index slot and the ring entry, with the hash table's slack.
-pub const HDR_BYTES: u64 = 96;
-
-/// Where a copy is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Loc {
-    /// Physical offset on the device.
-    addr: u64,
-    len: u32,
-    kind: BufKind,
-    check: u64,
-}
+const RING_UNIT_BYTES: u64 = headers::UNIT_BYTES;
+/// The most DRAM a header takes, slack included (headers.rs): the rebuild's bound on
+/// how many it restores within the `l2arc_meta_percent` cap.
+pub const HDR_BYTES_MAX: u64 = 64;
 
 /// A cache device's ring (under its mutex).
 struct Ring {
@@ -146,12 +141,8 @@ struct Ring {
     rebuilt: bool,
     /// Still on the first sweep (nothing ahead of the hand yet).
     first_sweep: bool,
-    /// Copies in write order (= address order within a sweep): the oldest first.
-    order: VecDeque<(u64, BlockKey)>,
-    index: HashMap<BlockKey, Loc, foldhash::fast::RandomState>,
-    /// Bytes of copies indexed (their rounded sizes).
-    asize: u64,
-    lsize: u64,
+    /// The copies, in write order (= address order within a sweep), and their index.
+    hdrs: Headers,
 }
 
 struct CacheDev {
@@ -169,9 +160,8 @@ struct CacheDev {
     errors_in_a_row: AtomicU64,
 }
 
-/// A copy about to be written: key, bytes (padded to the ring's unit), kind, length,
-/// check.
-type Item = (BlockKey, Arc<AlignedBuf>, BufKind, u64, u64);
+/// A copy about to be written: key, bytes (padded to the ring's unit), kind, length.
+type Item = (BlockKey, Arc<AlignedBuf>, BufKind, u64);
 
 /// A block handed over by the ARC's eviction.
 struct Fed {
@@ -277,10 +267,34 @@ fn router() -> &'static Arc<Router> {
     ROUTER.get_or_init(|| Arc::new(Router { pools: RwLock::new(HashMap::new()) }))
 }
 
-/// The 64-bit check a copy is held to: fletcher4 of its bytes, folded.
-fn check_of(data: &[u8]) -> u64 {
-    let f = crate::block::checksum::fletcher4(data);
-    f[0] ^ f[1].rotate_left(16) ^ f[2].rotate_left(32) ^ f[3].rotate_left(48)
+/// Whether `copy` (a cache device's copy of `bp`'s block: its logical bytes, zero
+/// padded to the ring's unit) is that block: the block pointer's checksum over the
+/// block as the pool wrote it (compressed again with its algorithm if it was
+/// compressed, zero padded to its allocated size). Cut to the logical size.
+fn verify_copy(bp: &BlockPointer, copy: &mut AlignedBuf) -> bool {
+    let lsize = bp.lsize as usize;
+    let asize = bp.dva[0].asize as usize;
+    let ok = copy.len() >= lsize
+        && match (bp.checksum_algo(), bp.compression()) {
+            (Some(ChecksumAlgo::Off), Some(_)) => true,
+            (Some(algo), Some(Compression::Off)) if copy.len() == asize => checksum::compute(algo, copy) == bp.checksum,
+            (Some(algo), Some(Compression::Off)) => {
+                let mut phys = AlignedBuf::zeroed(asize.max(lsize));
+                phys[..lsize].copy_from_slice(&copy[..lsize]);
+                checksum::compute(algo, &phys) == bp.checksum
+            }
+            (Some(algo), Some(c)) => match compress::compress(c, &copy[..lsize]) {
+                Some(z) if z.len() == bp.psize as usize && z.len() <= asize => {
+                    let mut phys = AlignedBuf::zeroed(asize);
+                    phys[..z.len()].copy_from_slice(&z);
+                    checksum::compute(algo, &phys) == bp.checksum
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+    copy.resize(lsize.min(copy.len()));
+    ok
 }
 
 impl CacheDev {
@@ -289,7 +303,7 @@ impl CacheDev {
         let size = leaf.device().size();
         // the device header's slot, then the ring
         let start = (crate::vdev::label::DATA_START + persist::DEV_HDR_BYTES).next_multiple_of(RING_UNIT_BYTES);
-        let end = crate::vdev::label::usable_end(size) / RING_UNIT_BYTES * RING_UNIT_BYTES;
+        let end = crate::vdev::label::usable_end(size).min(headers::ADDR_MAX) / RING_UNIT_BYTES * RING_UNIT_BYTES;
         if end <= start + 4 * RING_UNIT_BYTES {
             return None;
         }
@@ -307,10 +321,7 @@ impl CacheDev {
                 batch_seq: 0,
                 rebuilt: false,
                 first_sweep: true,
-                order: VecDeque::new(),
-                index: HashMap::default(),
-                asize: 0,
-                lsize: 0,
+                hdrs: Headers::default(),
             }),
             faulted: AtomicBool::new(faulted),
             removed: AtomicBool::new(false),
@@ -326,17 +337,7 @@ impl CacheDev {
     /// Forget every copy in [from, to) ahead of the hand (the ring is about to write
     /// there): they are the oldest, at the front of the write order.
     fn evict_ahead(ring: &mut Ring, from: u64, to: u64) {
-        while let Some(&(addr, key)) = ring.order.front() {
-            if addr < from || addr >= to {
-                break;
-            }
-            ring.order.pop_front();
-            if ring.index.get(&key).is_some_and(|l| l.addr == addr) {
-                let l = ring.index.remove(&key).expect("just seen");
-                ring.asize -= (l.len as u64).next_multiple_of(RING_UNIT_BYTES);
-                ring.lsize -= l.len as u64;
-            }
-        }
+        ring.hdrs.forget_front_in(from, to);
     }
 
     /// Reserve `asize` bytes at the hand: forget what lies there, wrap at the end.
@@ -361,11 +362,7 @@ impl CacheDev {
     }
 
     fn drop_all(&self) {
-        let mut r = self.ring.lock();
-        r.order.clear();
-        r.index = HashMap::default();
-        r.asize = 0;
-        r.lsize = 0;
+        self.ring.lock().hdrs.clear();
     }
 
     fn note_io(&self, ok: bool) {
@@ -466,8 +463,9 @@ impl L2Arc {
         q.blocks.push_back(Fed { key, data, kind, mfu });
     }
 
-    fn hdr_count(&self) -> u64 {
-        self.devs.read().iter().map(|d| d.ring.lock().index.len() as u64).sum()
+    /// DRAM the headers of every cache device take (`l2_hdr_size`).
+    fn hdr_bytes(&self) -> u64 {
+        self.devs.read().iter().map(|d| d.ring.lock().hdrs.memory_bytes()).sum()
     }
 
     /// One feed: wait the interval (or stop), then write a batch. False when stopped.
@@ -511,7 +509,7 @@ impl L2Arc {
         }
         // the header cap (l2arc_meta_percent of c_max)
         let cap = self.arc.c_max() / 100 * L2ARC_META_PERCENT.get();
-        if self.hdr_count() * HDR_BYTES >= cap {
+        if self.hdr_bytes() >= cap {
             self.counters.abort_lowmem.fetch_add(1, Ordering::Relaxed);
             return true;
         }
@@ -570,15 +568,11 @@ impl L2Arc {
         // one feed thread claims and writes: nothing reclaimed [at, at + total) meanwhile
         let mut r = dev.ring.lock();
         let mut addr = at;
-        for (key, data, kind, len, check) in items {
-            let asize = (data.len() as u64).max(len);
-            if !r.index.contains_key(&key) {
-                r.order.push_back((addr, key));
-                r.index.insert(key, Loc { addr, len: len as u32, kind, check });
-                r.asize += asize;
-                r.lsize += len;
+        for (key, data, kind, len) in items {
+            if !r.hdrs.contains(&key) {
+                r.hdrs.push(key, Loc { addr, len: len as u32, kind });
             }
-            addr += asize;
+            addr += (data.len() as u64).max(len);
         }
     }
 
@@ -595,7 +589,7 @@ impl L2Arc {
                 if items.len() >= persist::LOG_ENTRIES_MAX {
                     break;
                 }
-                if r.index.contains_key(&f.key) || items.iter().any(|(k, ..)| *k == f.key) {
+                if r.hdrs.contains(&f.key) || items.iter().any(|(k, ..)| *k == f.key) {
                     continue;
                 }
                 let len = f.data.len() as u64;
@@ -603,7 +597,6 @@ impl L2Arc {
                 if total + asize + persist::log_block_bytes(items.len() + 1) > quarter {
                     break;
                 }
-                let check = check_of(&f.data);
                 let data = if asize == len {
                     f.data
                 } else {
@@ -611,7 +604,7 @@ impl L2Arc {
                     b[..len as usize].copy_from_slice(&f.data);
                     Arc::new(b)
                 };
-                items.push((f.key, data, f.kind, len, check));
+                items.push((f.key, data, f.kind, len));
                 total += asize;
             }
             if items.is_empty() || !r.rebuilt {
@@ -632,8 +625,8 @@ impl L2Arc {
                 let mut addr = at;
                 items
                     .iter()
-                    .map(|(key, data, kind, len, check)| {
-                        let e = persist::LogEntry { key: *key, kind: *kind, addr, len: *len as u32, check: *check };
+                    .map(|(key, data, kind, len)| {
+                        let e = persist::LogEntry { key: *key, kind: *kind, addr, len: *len as u32, reserved: 0 };
                         addr += data.len() as u64;
                         e
                     })
@@ -723,7 +716,7 @@ impl L2Arc {
 
     /// The log blocks a rebuild may trust, newest first (persist.rs, "Rebuild").
     fn walk_logs(&self, dev: &CacheDev, h: &persist::DevHeader, geo: &persist::Geometry) -> Vec<persist::LogBlock> {
-        let max_headers = (self.arc.c_max() / 100 * L2ARC_META_PERCENT.get() / HDR_BYTES) as usize;
+        let max_headers = (self.arc.c_max() / 100 * L2ARC_META_PERCENT.get() / HDR_BYTES_MAX) as usize;
         let mut batches: Vec<persist::LogBlock> = Vec::new();
         let (mut at, mut len) = (h.newest_log, h.newest_log_len as u64);
         let mut last_seq = u64::MAX;
@@ -788,16 +781,20 @@ impl L2Arc {
         // oldest first, as the ring's write order; each entry inside its batch
         let mut bufs = 0u64;
         for lb in batches.iter().rev() {
+            // each entry inside its batch, on the ring's unit, after the one before
+            let mut next_free = lb.batch_start;
             for e in &lb.entries {
                 let asize = (e.len as u64).next_multiple_of(RING_UNIT_BYTES);
-                let inside = e.len > 0 && e.len <= persist::COPY_MAX_BYTES && lb.batch_start <= e.addr && e.addr.saturating_add(asize) <= lb.batch_end;
-                if !inside || r.index.contains_key(&e.key) {
+                let inside = e.len > 0
+                    && e.len <= persist::COPY_MAX_BYTES
+                    && e.addr % RING_UNIT_BYTES == 0
+                    && next_free <= e.addr
+                    && e.addr.saturating_add(asize) <= lb.batch_end;
+                if !inside || r.hdrs.contains(&e.key) {
                     continue;
                 }
-                r.order.push_back((e.addr, e.key));
-                r.index.insert(e.key, Loc { addr: e.addr, len: e.len, kind: e.kind, check: e.check });
-                r.asize += asize;
-                r.lsize += e.len as u64;
+                next_free = e.addr + asize;
+                r.hdrs.push(e.key, Loc { addr: e.addr, len: e.len, kind: e.kind });
                 bufs += 1;
             }
         }
@@ -809,12 +806,14 @@ impl L2Arc {
         self.counters.rebuild_bufs.fetch_add(bufs, Ordering::Relaxed);
     }
 
-    /// The copy of block `key` on a cache device, verified, or None (a miss, or a bad
-    /// or unreadable copy: counted, forgotten, and the caller reads the pool).
-    pub fn read(&self, key: &BlockKey) -> Option<AlignedBuf> {
+    /// The copy of `bp`'s block on a cache device, verified against `bp`'s checksum, or
+    /// None (a miss, or a bad or unreadable copy: counted, forgotten, and the caller
+    /// reads the pool).
+    pub fn read(&self, bp: &BlockPointer) -> Option<AlignedBuf> {
+        let key = &BlockKey::of(bp);
         let devs: Vec<Arc<CacheDev>> = self.devs.read().clone();
         for dev in &devs {
-            let loc = dev.ring.lock().index.get(key).copied();
+            let loc = dev.ring.lock().hdrs.get(key);
             let Some(loc) = loc else { continue };
             if !dev.usable() {
                 continue;
@@ -823,8 +822,7 @@ impl L2Arc {
             match dev.leaf.queue.read_buf(IoClass::SyncRead, asize, loc.addr) {
                 Ok(mut buf) => {
                     dev.note_io(true);
-                    buf.resize(loc.len as usize);
-                    if check_of(&buf) == loc.check {
+                    if loc.len == bp.lsize && verify_copy(bp, &mut buf) {
                         self.counters.hits.fetch_add(1, Ordering::Relaxed);
                         self.counters.read_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
                         return Some(buf);
@@ -847,22 +845,17 @@ impl L2Arc {
 
     /// Whether a cache device holds block `key`.
     pub fn holds(&self, key: &BlockKey) -> bool {
-        self.devs.read().iter().any(|d| d.ring.lock().index.contains_key(key))
+        self.devs.read().iter().any(|d| d.ring.lock().hdrs.contains(key))
     }
 
     fn forget_on(dev: &CacheDev, key: &BlockKey, addr: u64) {
-        let mut r = dev.ring.lock();
-        if r.index.get(key).is_some_and(|l| l.addr == addr) {
-            let l = r.index.remove(key).expect("just seen");
-            r.asize -= (l.len as u64).next_multiple_of(RING_UNIT_BYTES);
-            r.lsize -= l.len as u64;
-        }
+        dev.ring.lock().hdrs.forget(key, addr);
     }
 
     /// Block `key` was freed: forget its copies.
     pub fn forget(&self, key: &BlockKey) {
         for dev in self.devs.read().iter() {
-            let addr = dev.ring.lock().index.get(key).map(|l| l.addr);
+            let addr = dev.ring.lock().hdrs.get(key).map(|l| l.addr);
             if let Some(addr) = addr {
                 Self::forget_on(dev, key, addr);
             }
@@ -896,12 +889,13 @@ impl L2Arc {
 
     pub fn stats(&self) -> L2Stats {
         let c = &self.counters;
-        let (mut size, mut asize, mut blocks) = (0, 0, 0);
+        let (mut size, mut asize, mut blocks, mut hdr_size) = (0, 0, 0, 0);
         for d in self.devs.read().iter() {
             let r = d.ring.lock();
-            size += r.lsize;
-            asize += r.asize;
-            blocks += r.index.len() as u64;
+            size += r.hdrs.lsize;
+            asize += r.hdrs.asize;
+            blocks += r.hdrs.len() as u64;
+            hdr_size += r.hdrs.memory_bytes();
         }
         L2Stats {
             l2_hits: c.hits.load(Ordering::Relaxed),
@@ -918,7 +912,7 @@ impl L2Arc {
             l2_feed_dropped: c.feed_dropped.load(Ordering::Relaxed),
             l2_size: size,
             l2_asize: asize,
-            l2_hdr_size: blocks * HDR_BYTES,
+            l2_hdr_size: hdr_size,
             l2_blocks: blocks,
             l2_rebuild_success: c.rebuild_success.load(Ordering::Relaxed),
             l2_rebuild_log_blks: c.rebuild_log_blks.load(Ordering::Relaxed),

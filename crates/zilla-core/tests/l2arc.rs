@@ -72,6 +72,8 @@ fn evicted_blocks_are_served_from_the_cache_device_and_bad_copies_never_are() {
     let after = pool.l2_stats().unwrap();
     assert!(after.l2_hits > before.l2_hits, "no L2 hits: {after:?}");
     assert_eq!(after.l2_cksum_bad, 0);
+    let per_block = after.l2_hdr_size as f64 / after.l2_blocks as f64;
+    assert!(per_block <= 64.0, "{per_block:.1} bytes of DRAM per block on the cache device: {after:?}");
 
     // scribble over the whole ring: every copy fails its check, the data still comes
     // from the pool, and the bad copies are forgotten
@@ -294,4 +296,55 @@ fn secondarycache_none_keeps_a_volumes_data_off_the_cache_device() {
     let s = pool.l2_stats().unwrap();
     // only indirect blocks (metadata) may be there: under 1/32 of the volume
     assert!(s.l2_size < VOL / 32, "data of a secondarycache=none volume reached the cache device: {s:?}");
+}
+
+/// Compressible data: runs of a byte from the pattern, so lz4 shrinks every block.
+fn compressible(seed: u64, len: usize) -> Vec<u8> {
+    pattern(seed, len / 64).iter().flat_map(|&b| std::iter::repeat_n(b, 64)).collect()
+}
+
+#[test]
+fn compressed_blocks_are_served_verified_against_their_block_pointers() {
+    zilla_core::arc::ZFS_ARC_MAX.set(64 * MIB).unwrap();
+    let cache = Arc::new(FaultDevice::new(Arc::new(MemDevice::new(256 * MIB))));
+    let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 256 * MIB);
+    devs.insert("c0", cache.clone());
+    let pool = Pool::create_with("l2z", tops_with_cache(), zilla_core::spa::CreateOptions::default(), devs.opener()).expect("create");
+    pool.volume_create("v", VOL, BS as u32, &[("compression".into(), "lz4".into())]).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    for off in (0..VOL).step_by(MIB as usize) {
+        v.write(off, &compressible(off, MIB as usize), false).unwrap();
+    }
+    v.flush().unwrap();
+    pool.sync().unwrap();
+    let check = |pass: &str| {
+        let mut b = vec![0u8; MIB as usize];
+        for off in (0..VOL).step_by(MIB as usize) {
+            v.read(off, &mut b).unwrap();
+            assert!(b == compressible(off, MIB as usize), "{pass}: wrong data at {off}");
+        }
+    };
+    let t = Instant::now();
+    while pool.l2_stats().unwrap().l2_size < 32 * MIB {
+        check("warming");
+        assert!(t.elapsed() < Duration::from_secs(60), "the cache device did not fill: {:?}", pool.l2_stats());
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+    let before = pool.l2_stats().unwrap();
+    check("warm");
+    let after = pool.l2_stats().unwrap();
+    assert!(after.l2_hits > before.l2_hits, "no L2 hits on compressed blocks: {after:?}");
+    assert_eq!(after.l2_cksum_bad, 0, "good copies of compressed blocks failed their check: {after:?}");
+    // one byte changed in every copy: no hit, each counted, the data from the pool
+    let ring = 8 * MIB..248 * MIB;
+    for off in ring.step_by(4096) {
+        let mut b = vec![0u8; 1];
+        cache.read_at(&mut b, off + 100).unwrap();
+        b[0] ^= 1;
+        cache.write_at(&b, off + 100).unwrap();
+    }
+    // (the feed goes on writing good copies meanwhile: those may hit)
+    check("corrupt");
+    let bad = pool.l2_stats().unwrap();
+    assert!(bad.l2_cksum_bad > 0, "corrupt copies of compressed blocks were not noticed: {bad:?}");
 }

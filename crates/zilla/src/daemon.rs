@@ -226,6 +226,9 @@ impl Daemon {
         nbd_config: zilla_nbd::NbdConfig,
     ) -> Arc<Daemon> {
         let pools = Arc::new(PoolTable::default());
+        // the block-buffer slab keeps free memory only while the ARC and the dirty data
+        // leave room for it (docs/design.md, "Memory")
+        zilla_core::vdev::abd::set_budget_fn(Arc::new(|| zilla_core::arc::daemon_arc().c_max() + zilla_core::dsl_pool::dirty_data_max()));
         let registry = Arc::new(crate::exports::Exports { pools: pools.clone() });
         let frontend = zilla_frontend::Frontend::new(registry, frontend_config);
         let nbd = crate::nbd_glue::server(frontend.clone(), nbd_config);
@@ -574,9 +577,6 @@ pub async fn run(
         notices: vec![],
     };
     let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config);
-    // the block-buffer slab keeps free memory only while the ARC and the dirty data
-    // leave room for it (docs/design.md, "Memory")
-    zilla_core::vdev::abd::set_budget_fn(Arc::new(|| zilla_core::arc::daemon_arc().c_max() + zilla_core::dsl_pool::dirty_data_max()));
     for p in preimported {
         daemon.pools.insert(p.name(), p);
     }

@@ -20,7 +20,8 @@
 //!   36 entry count u32       40 batch start u64     48 batch end u64 (= this block's address)
 //!   56 fletcher4 of bytes 0..56 and of the entries (32 bytes)
 //!   88 entries, 48 bytes each: vdev u32, kind u8, 3 pad, offset u64, birth u64,
-//!      address u64, length u32, 4 pad, check u64
+//!      address u64, length u32, 4 pad, 8 reserved (0; a copy is verified against its
+//!      block pointer when read)
 //! ```
 //!
 //! A feed batch is written in three steps, each durable before the next: (1) the header
@@ -146,7 +147,8 @@ pub struct LogEntry {
     pub kind: BufKind,
     pub addr: u64,
     pub len: u32,
-    pub check: u64,
+    /// Reserved (written 0; older devices hold a check of the bytes, not used).
+    pub reserved: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,7 +188,7 @@ impl LogBlock {
             b[o + 16..o + 24].copy_from_slice(&e.key.birth.get().to_le_bytes());
             b[o + 24..o + 32].copy_from_slice(&e.addr.to_le_bytes());
             b[o + 32..o + 36].copy_from_slice(&e.len.to_le_bytes());
-            b[o + 40..o + 48].copy_from_slice(&e.check.to_le_bytes());
+            b[o + 40..o + 48].copy_from_slice(&e.reserved.to_le_bytes());
         }
         let end = LOG_HDR_BYTES + self.entries.len() * LOG_ENTRY_BYTES;
         let c = Self::checksum(&b, end);
@@ -227,7 +229,7 @@ impl LogBlock {
                 kind,
                 addr: u64_at(b, o + 24),
                 len: u32_at(b, o + 32),
-                check: u64_at(b, o + 40),
+                reserved: u64_at(b, o + 40),
             });
         }
         Some(LogBlock {
@@ -276,7 +278,7 @@ mod tests {
     use super::*;
 
     fn entry(i: u64) -> LogEntry {
-        LogEntry { key: BlockKey { vdev: VdevId(1), offset: i << 14, birth: Txg(7) }, kind: BufKind::Data, addr: 8 << 20 | i << 14, len: 16384, check: i * 31 }
+        LogEntry { key: BlockKey { vdev: VdevId(1), offset: i << 14, birth: Txg(7) }, kind: BufKind::Data, addr: 8 << 20 | i << 14, len: 16384, reserved: i * 31 }
     }
 
     #[test]

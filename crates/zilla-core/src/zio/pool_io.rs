@@ -360,7 +360,7 @@ impl PoolIo {
         }
         // ARC → L2ARC → pool: a verified copy on a cache device
         if let Some(l2) = self.l2arc() {
-            if let Some(buf) = l2.read(&key).filter(|b| b.len() == bp.lsize as usize) {
+            if let Some(buf) = l2.read(bp).filter(|b| b.len() == bp.lsize as usize) {
                 let data = Arc::new(buf);
                 if cache {
                     self.arc.insert(key, data.clone(), hint);
