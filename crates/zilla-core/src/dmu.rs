@@ -90,7 +90,12 @@ pub fn levels_for(nblocks: u64) -> u8 {
 /// Read an indirect block of a volume tree (through the ARC, as metadata) and check
 /// that it is one.
 pub fn read_indirect(io: &PoolIo, bp: &BlockPointer, class: IoClass) -> Result<Arc<AlignedBuf>> {
-    let d = io.read_block(bp, class, BufKind::Metadata, true)?;
+    read_indirect_hinted(io, bp, class, crate::arc::CacheHint::METADATA)
+}
+
+/// [`read_indirect`] cached with `hint` (its volume's `secondarycache`).
+pub fn read_indirect_hinted(io: &PoolIo, bp: &BlockPointer, class: IoClass, hint: crate::arc::CacheHint) -> Result<Arc<AlignedBuf>> {
+    let d = io.read_block_hinted(bp, class, hint, true)?;
     if d.len() != INDIRECT_SIZE || bp.kind != blkptr::KIND_INDIRECT {
         return Err(Error::Corrupt(format!("indirect block has size {} kind {}", d.len(), bp.kind)));
     }
@@ -182,12 +187,17 @@ impl TreeRoot {
 
 /// Find the L0 block pointer of `blkid` (hole if unwritten).
 pub fn lookup(io: &PoolIo, root: &TreeRoot, blkid: BlockId, class: IoClass) -> Result<BlockPointer> {
+    lookup_hinted(io, root, blkid, class, crate::arc::CacheHint::METADATA)
+}
+
+/// [`lookup`] caching the indirect blocks it reads with `hint`.
+pub fn lookup_hinted(io: &PoolIo, root: &TreeRoot, blkid: BlockId, class: IoClass, hint: crate::arc::CacheHint) -> Result<BlockPointer> {
     let mut bp = root.bp;
     for level in (1..root.nlevels as u32).rev() {
         if bp.is_hole() {
             return Ok(bp);
         }
-        let ind = read_indirect(io, &bp, class)?;
+        let ind = read_indirect_hinted(io, &bp, class, hint)?;
         bp = tree_child(&ind, blkid.slot_in(level), level - 1, bp.birth)?;
     }
     Ok(bp)

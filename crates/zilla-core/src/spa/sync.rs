@@ -356,7 +356,12 @@ impl PoolInner {
         phases.mark();
         let mut indirects = Vec::new();
         for (v, root, changes, pol) in &trees {
-            let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch, &mut indirects)?;
+            let mut written = Vec::new();
+            let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch, &mut written)?;
+            // a volume's indirect blocks go to a cache device unless secondarycache=none
+            let l2_eligible = v.props.typed().secondarycache != crate::props::CachePolicy::None;
+            let hint = crate::arc::CacheHint { l2_eligible, ..crate::arc::CacheHint::METADATA };
+            indirects.extend(written.into_iter().map(|w| (w, hint)));
             new_roots.push((v.clone(), nr));
         }
         self.free_doomed(&doomed, txg)?;
@@ -488,12 +493,9 @@ impl PoolInner {
 
     /// Prepare, allocate and submit one volume's dirty data blocks of `txg`; returns the
     /// Put the data blocks and indirect blocks a committed txg wrote into the ARC.
-    fn cache_written(&self, data: Vec<(dmu::WrittenBlock, crate::arc::CacheHint)>, indirects: Vec<dmu::WrittenBlock>) {
-        for ((k, d), hint) in data {
+    fn cache_written(&self, data: Vec<(dmu::WrittenBlock, crate::arc::CacheHint)>, indirects: Vec<(dmu::WrittenBlock, crate::arc::CacheHint)>) {
+        for ((k, d), hint) in data.into_iter().chain(indirects) {
             self.io.cache(k, d, hint);
-        }
-        for (k, d) in indirects {
-            self.io.cache(k, d, crate::arc::CacheHint::METADATA);
         }
     }
 

@@ -347,6 +347,11 @@ impl PoolIo {
         self.read_block_found_at(bp, class, CacheHint::of(kind), cache, self.ms.release_generation())
     }
 
+    /// [`PoolIo::read_block`] cached with `hint`.
+    pub fn read_block_hinted(&self, bp: &BlockPointer, class: IoClass, hint: CacheHint, cache: bool) -> Result<Arc<AlignedBuf>> {
+        self.read_block_found_at(bp, class, hint, cache, self.ms.release_generation())
+    }
+
     /// [`PoolIo::read_block`] of a block pointer found in a tree while the release
     /// generation (`Metaslabs::release_generation`) was `generation`, sampled before
     /// the tree was looked at: a bad copy is rewritten only if no freed block was

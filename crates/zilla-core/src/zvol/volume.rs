@@ -310,7 +310,7 @@ impl Volume {
         if root.bp.is_hole() {
             return Ok(true);
         }
-        Ok(dmu::lookup(&self.pool.io(), &root, blkid, IoClass::SyncRead)?.is_hole())
+        Ok(dmu::lookup_hinted(&self.pool.io(), &root, blkid, IoClass::SyncRead, self.metadata_hint())?.is_hole())
     }
 
     fn primary_cache_data(&self) -> bool {
@@ -321,6 +321,12 @@ impl Volume {
     /// `secondarycache=all`.
     fn data_hint(&self) -> CacheHint {
         CacheHint { l2_eligible: self.vol.props.typed().secondarycache == CachePolicy::All, ..CacheHint::DATA }
+    }
+
+    /// How this volume's indirect blocks are cached: on a cache device unless
+    /// `secondarycache=none`.
+    fn metadata_hint(&self) -> CacheHint {
+        CacheHint { l2_eligible: self.vol.props.typed().secondarycache != CachePolicy::None, ..CacheHint::METADATA }
     }
 
     /// Content of a committed block (None = hole).
@@ -334,7 +340,7 @@ impl Volume {
         // only if nothing freed was released since (see `PoolIo::read_block_found_at`)
         let generation = self.pool.io().ms.release_generation();
         let root = *self.vol.committed.read();
-        let bp = dmu::lookup(&self.pool.io(), &root, blkid, class)?;
+        let bp = dmu::lookup_hinted(&self.pool.io(), &root, blkid, class, self.metadata_hint())?;
         if bp.is_hole() {
             return Ok(None);
         }
