@@ -1114,6 +1114,39 @@ impl ArcCache {
         }
     }
 
+    /// The cached blocks of pool `pool` nearest the eviction end of the live lists,
+    /// metadata and MFU first (OpenZFS's `l2arc_write_buffers` scan: MFU metadata, MRU
+    /// metadata, MFU data, MRU data), up to `max_bytes` walked per list (spread over the
+    /// shards), L2-eligible ones only: `visit(key, data, kind, mfu, prefetched)`
+    /// returns false to stop. Each shard's lock is held for its part of one list.
+    pub fn tail_blocks(&self, pool: u32, max_bytes: u64, visit: &mut dyn FnMut(BlockKey, Arc<AlignedBuf>, BufKind, bool, bool) -> bool) {
+        let per_shard = (max_bytes / SHARDS as u64).max(1);
+        let mut found: Vec<(BlockKey, Arc<AlignedBuf>, BufKind, bool, bool)> = Vec::new();
+        for (state, kind) in [(State::Mfu, BufKind::Metadata), (State::Mru, BufKind::Metadata), (State::Mfu, BufKind::Data), (State::Mru, BufKind::Data)] {
+            for shard in &self.shards {
+                found.clear();
+                {
+                    let s = shard.lock();
+                    let mut i = s.lists[list_index(state, kind)].tail;
+                    let mut walked = 0u64;
+                    while i != NIL && walked < per_shard {
+                        let h = &s.hdrs[i as usize];
+                        walked += h.bytes as u64;
+                        if let (true, true, Some(d)) = (h.key.pool == pool, h.flags & F_L2_ELIGIBLE != 0, h.data.as_ref()) {
+                            found.push((h.key.block, d.clone(), h.kind, h.state == State::Mfu, h.flags & F_PREFETCH != 0));
+                        }
+                        i = h.newer;
+                    }
+                }
+                for (k, d, kind, mfu, prefetched) in found.drain(..) {
+                    if !visit(k, d, kind, mfu, prefetched) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
     /// Sizes of the eight lists summed over the shards.
     fn list_bytes(&self) -> [u64; LISTS] {
         let mut out = [0u64; LISTS];

@@ -12,7 +12,10 @@
 //!                           oldest copies ahead of the hand, newest behind it
 //! ```
 //!
-//! The feed. When the daemon's ARC evicts a block whose [`crate::arc::CacheHint`]
+//! The feed. Each feed first scans the eviction ends of the ARC's lists for this pool's
+//! blocks no cache device holds yet (`l2arc_headroom` × `l2arc_write_max` bytes per
+//! list, [`ArcCache::tail_blocks`]), so a block is written before it leaves DRAM.
+//! When the daemon's ARC evicts a block whose [`crate::arc::CacheHint`]
 //! allows a cache device (the volume's `secondarycache`, and not a prefetch nobody used
 //! while `l2arc_noprefetch` is on), it hands the block to the pool's L2ARC
 //! ([`crate::arc::EvictSink`]) instead of dropping it: a bounded queue (two feeds'
@@ -86,6 +89,14 @@ pub static L2ARC_FEED_SECS: Tunable = Tunable::new(
     3600,
     Applies::Live,
     "Seconds between L2ARC feeds (OpenZFS: 1)",
+);
+pub static L2ARC_HEADROOM: Tunable = Tunable::new(
+    "l2arc_headroom",
+    8,
+    0,
+    1024,
+    Applies::Live,
+    "Each feed also scans the ARC lists' eviction ends for this many times l2arc_write_max bytes of blocks not yet on a cache device; 0: only what eviction hands over (OpenZFS: 8)",
 );
 pub static L2ARC_NOPREFETCH: Tunable = Tunable::new(
     "l2arc_noprefetch",
@@ -434,10 +445,11 @@ impl L2Arc {
         2 * (L2ARC_WRITE_MAX.get() + L2ARC_WRITE_BOOST.get())
     }
 
-    /// A block the ARC evicted (module comment, "The feed").
-    fn offer(&self, key: BlockKey, data: Arc<AlignedBuf>, kind: BufKind, mfu: bool, prefetched: bool) {
+    /// A block the ARC evicted, or found near its eviction end (module comment, "The
+    /// feed"). Returns whether it was queued.
+    fn offer(&self, key: BlockKey, data: Arc<AlignedBuf>, kind: BufKind, mfu: bool, prefetched: bool) -> bool {
         if prefetched && L2ARC_NOPREFETCH.get() == 1 {
-            return;
+            return false;
         }
         let wanted = match L2ARC_MFUONLY.get() {
             1 => mfu,
@@ -445,22 +457,42 @@ impl L2Arc {
             _ => true,
         };
         if !wanted {
-            return;
+            return false;
         }
         let len = data.len() as u64;
         if len == 0 || len > u32::MAX as u64 {
-            return;
+            return false;
         }
         let mut q = self.queue.lock();
         if q.stop {
-            return;
+            return false;
         }
         if q.bytes + len > Self::queue_max_bytes() {
             self.counters.feed_dropped.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         }
         q.bytes += len;
         q.blocks.push_back(Fed { key, data, kind, mfu });
+        true
+    }
+
+    /// Queue blocks from the ARC lists' eviction ends that no cache device holds yet,
+    /// until the queue holds `budget` bytes, walking at most `l2arc_headroom` ×
+    /// `l2arc_write_max` bytes per list: the blocks about to be evicted are on a cache
+    /// device before they leave DRAM (OpenZFS feeds only this way).
+    fn scan_arc_tails(&self, budget: u64) {
+        let walk = L2ARC_WRITE_MAX.get().saturating_mul(L2ARC_HEADROOM.get());
+        let mut want = budget.saturating_sub(self.queue.lock().bytes);
+        if walk == 0 || want == 0 {
+            return;
+        }
+        self.arc.tail_blocks(self.load_id, walk, &mut |key, data, kind, mfu, prefetched| {
+            let len = data.len() as u64;
+            if !self.holds(&key) && self.offer(key, data, kind, mfu, prefetched) {
+                want = want.saturating_sub(len);
+            }
+            want > 0
+        });
     }
 
     /// DRAM the headers of every cache device take (`l2_hdr_size`).
@@ -471,7 +503,7 @@ impl L2Arc {
     /// One feed: wait the interval (or stop), then write a batch. False when stopped.
     fn feed_once(&self) -> bool {
         let secs = L2ARC_FEED_SECS.get().max(1);
-        let batch: Vec<Fed> = {
+        {
             let mut q = self.queue.lock();
             if !q.stop {
                 crate::env::wait_ns(&*self.env, &self.feed_cv, &mut q, secs * 1_000_000_000);
@@ -479,8 +511,13 @@ impl L2Arc {
             if q.stop {
                 return false;
             }
-            let warming = self.arc.stats().evictions == 0 || self.arc.stats().size < self.arc.stats().c / 2;
-            let budget = L2ARC_WRITE_MAX.get() + if warming { L2ARC_WRITE_BOOST.get() } else { 0 };
+        }
+        let arc = self.arc.stats();
+        let warming = arc.evictions == 0 || arc.size < arc.c / 2;
+        let budget = L2ARC_WRITE_MAX.get() + if warming { L2ARC_WRITE_BOOST.get() } else { 0 };
+        self.scan_arc_tails(budget);
+        let batch: Vec<Fed> = {
+            let mut q = self.queue.lock();
             // metadata and MFU first, then the rest, oldest first within each
             let mut taken = Vec::new();
             let mut bytes = 0;
@@ -581,6 +618,7 @@ impl L2Arc {
     /// with room for their log block: (items, address, bytes of copies).
     fn place(dev: &CacheDev, blocks: Vec<Fed>) -> Option<(Vec<Item>, u64, u64)> {
         let mut items: Vec<Item> = Vec::new();
+        let mut seen: std::collections::HashSet<BlockKey, foldhash::fast::RandomState> = Default::default();
         {
             let mut r = dev.ring.lock();
             let mut total = 0u64;
@@ -589,7 +627,7 @@ impl L2Arc {
                 if items.len() >= persist::LOG_ENTRIES_MAX {
                     break;
                 }
-                if r.hdrs.contains(&f.key) || items.iter().any(|(k, ..)| *k == f.key) {
+                if r.hdrs.contains(&f.key) || !seen.insert(f.key) {
                     continue;
                 }
                 let len = f.data.len() as u64;

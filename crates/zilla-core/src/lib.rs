@@ -143,6 +143,7 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &l2arc::L2ARC_WRITE_BOOST,
     &l2arc::L2ARC_FEED_SECS,
     &l2arc::L2ARC_NOPREFETCH,
+    &l2arc::L2ARC_HEADROOM,
     &l2arc::L2ARC_MFUONLY,
     &l2arc::L2ARC_META_PERCENT,
     &l2arc::L2ARC_REBUILD_ENABLED,
