@@ -62,6 +62,7 @@ MIN_RANDOM_S = 10        # random reads sampled at least this long, so the curve
 IOPS_GOAL = 8.3          # seed 004: 8.3x the NFS ops with the L2ARC warm
 LATENCY_GOAL = 20        # seed 004: 9-10 ms on the disks, 0.4-0.6 ms on the cache devices
 RESTART_GOAL = 0.8
+HDR_GOAL_BYTES = 64
 READ_CLASSES = ("sync_read", "async_read")
 
 
@@ -213,7 +214,7 @@ def latency_delta(before, after, names):
 def l2_counters(z):
     a = z.admin.get("/v1/arcstats")
     keys = ("hits", "misses", "size", "c", "l2_hits", "l2_misses", "l2_size", "l2_asize",
-            "l2_hdr_size", "l2_feeds", "l2_writes_sent", "l2_writes_done", "l2_write_bytes",
+            "l2_hdr_size", "l2_blocks", "l2_feeds", "l2_writes_sent", "l2_writes_done", "l2_write_bytes",
             "l2_feed_dropped", "l2_abort_lowmem", "l2_cksum_bad", "l2_io_error", "l2_writes_error")
     return {k: a.get(k) for k in keys}
 
@@ -221,7 +222,7 @@ def l2_counters(z):
 def counter_delta(a, b):
     d = {k: (b[k] - a[k]) if isinstance(a.get(k), int) and isinstance(b.get(k), int) else b.get(k)
          for k in b}
-    for k in ("size", "c", "l2_size", "l2_asize", "l2_hdr_size"):
+    for k in ("size", "c", "l2_size", "l2_asize", "l2_hdr_size", "l2_blocks"):
         d[k] = b.get(k)    # sizes: the value at the end
     reads = (d.get("hits") or 0) + (d.get("misses") or 0)
     d["hit_ratio_arc_plus_l2"] = (round(((d.get("hits") or 0) + (d.get("l2_hits") or 0)) / reads, 4)
@@ -363,7 +364,14 @@ def results(base, warm, warmup, restart, killed, cfg):
         "kill9_iops_first_10s": killed["iops"],
         "kill9_over_warm": ratio(killed["iops"], warm["iops"]),
         "kill9_l2_size_at_import": killed["l2_size_at_import"],
+        "l2_hdr_bytes_per_block_warm": hdr_bytes_per_block(warm["arcstats_delta"]),
     }
+
+
+def hdr_bytes_per_block(a):
+    """DRAM per block on the cache device: l2_hdr_size / l2_blocks (None without blocks)."""
+    blocks, hdr = a.get("l2_blocks"), a.get("l2_hdr_size")
+    return round(hdr / blocks, 1) if blocks and hdr is not None else None
 
 
 def goals(res):
@@ -378,6 +386,8 @@ def goals(res):
              ">=", RESTART_GOAL, res["restart_over_warm"]),
         goal(f"8K random read IOPS in the first {RESTART_WINDOW_S}s after kill -9 and restart / warm",
              ">=", RESTART_GOAL, res["kill9_over_warm"]),
+        goal("DRAM per block on the cache device (l2_hdr_size / blocks, every slack included; "
+             "OpenZFS 96)", "<=", HDR_GOAL_BYTES, res["l2_hdr_bytes_per_block_warm"], unit="B"),
     ]
 
 

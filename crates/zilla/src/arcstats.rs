@@ -97,6 +97,7 @@ fn add_l2arc_stats(pools: &crate::pools::PoolTable, m: &mut BTreeMap<String, u64
             ("l2_size", l.l2_size),
             ("l2_asize", l.l2_asize),
             ("l2_hdr_size", l.l2_hdr_size),
+            ("l2_blocks", l.l2_blocks),
             ("l2_rebuild_success", l.l2_rebuild_success),
             ("l2_rebuild_log_blks", l.l2_rebuild_log_blks),
             ("l2_rebuild_bufs", l.l2_rebuild_bufs),
