@@ -89,7 +89,6 @@
 //! headers ≤ (live + ghost bytes) / 512 B (the smallest block).
 
 use crate::vdev::abd::AlignedBuf;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -339,12 +338,52 @@ fn access_index(kind: BufKind, prefetch: bool) -> usize {
     kind_index(kind) + if prefetch { 2 } else { 0 }
 }
 
+/// A shard's index: header slot numbers in a hash table, keyed by their header's key
+/// (stored once, in the header: 5 bytes per bucket instead of a key and a slot).
+struct HdrIndex {
+    table: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl Default for HdrIndex {
+    fn default() -> HdrIndex {
+        HdrIndex { table: hashbrown::HashTable::new(), hasher: foldhash::fast::RandomState::default() }
+    }
+}
+
+impl HdrIndex {
+    fn hash(&self, k: &ArcKey) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, k)
+    }
+    fn get(&self, hdrs: &[Hdr], k: &ArcKey) -> Option<u32> {
+        self.table.find(self.hash(k), |&i| hdrs[i as usize].key == *k).copied()
+    }
+    /// Index slot `i` (whose header holds `k`); `k` must not be indexed yet.
+    fn insert(&mut self, hdrs: &[Hdr], k: &ArcKey, i: u32) {
+        debug_assert!(hdrs[i as usize].key == *k && self.get(hdrs, k).is_none());
+        let (h, hasher) = (self.hash(k), &self.hasher);
+        self.table.insert_unique(h, i, |&j| std::hash::BuildHasher::hash_one(hasher, &hdrs[j as usize].key));
+    }
+    fn remove(&mut self, hdrs: &[Hdr], k: &ArcKey) -> Option<u32> {
+        self.table.find_entry(self.hash(k), |&i| hdrs[i as usize].key == *k).ok().map(|e| e.remove().0)
+    }
+    fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.table.iter().copied()
+    }
+    fn allocation_bytes(&self) -> u64 {
+        self.table.allocation_size() as u64
+    }
+}
+
 #[derive(Default)]
 struct Shard {
     /// Keyed by a seeded foldhash: every read looks up two or three keys here, and
     /// SipHash cost a 16K cache hit a tenth of its CPU; the per-process random seed keeps
     /// keys crafted into a disk image from colliding on purpose.
-    map: HashMap<ArcKey, u32, foldhash::fast::RandomState>,
+    map: HdrIndex,
     hdrs: Vec<Hdr>,
     free: Vec<u32>,
     lists: [List; LISTS],
@@ -413,7 +452,7 @@ impl Shard {
         let key = h.key;
         let data = h.data.take();
         h.state = State::MruGhost; // a dead slot holds no data
-        let removed = self.map.remove(&key);
+        let removed = self.map.remove(&self.hdrs, &key);
         debug_assert_eq!(removed, Some(i), "a header not in the map");
         self.free.push(i);
         if self.map.is_empty() {
@@ -888,7 +927,7 @@ impl ArcCache {
     fn lookup(&self, k: &ArcKey, access: CacheHint, count_miss: bool) -> Option<Arc<AlignedBuf>> {
         let ai = access_index(access.kind, access.prefetched);
         let mut s = self.shard(k).lock();
-        let Some(i) = s.map.get(k).copied() else {
+        let Some(i) = s.map.get(&s.hdrs, k) else {
             if count_miss {
                 s.counters.misses += 1;
                 s.counters.misses_by[ai] += 1;
@@ -956,7 +995,7 @@ impl ArcCache {
         }
         let replaced = {
             let mut s = self.shard(&k).lock();
-            match s.map.get(&k).copied() {
+            match s.map.get(&s.hdrs, &k) {
                 Some(i) => {
                     let (state, old_kind, old_bytes) = {
                         let h = &s.hdrs[i as usize];
@@ -993,7 +1032,8 @@ impl ArcCache {
                         kind: hint.kind,
                         flags,
                     });
-                    s.map.insert(k, i);
+                    let sh = &mut *s;
+                    sh.map.insert(&sh.hdrs, &k, i);
                     s.link_head(i);
                     None
                 }
@@ -1070,7 +1110,7 @@ impl ArcCache {
     /// two (the entry's and `held`) no other reference exists to clone from.
     fn release_to_writer(&self, k: &ArcKey, held: &Arc<AlignedBuf>) -> bool {
         let mut s = self.shard(k).lock();
-        let Some(i) = s.map.get(k).copied() else { return false };
+        let Some(i) = s.map.get(&s.hdrs, k) else { return false };
         let unshared = s.hdrs[i as usize].data.as_ref().is_some_and(|d| Arc::ptr_eq(d, held) && Arc::strong_count(held) == 2 && Arc::weak_count(held) == 0);
         if !unshared {
             return false;
@@ -1087,7 +1127,7 @@ impl ArcCache {
     /// Drop a block (it was freed): its header too, ghost or live.
     fn evict(&self, k: &ArcKey) {
         let mut s = self.shard(k).lock();
-        let Some(i) = s.map.get(k).copied() else { return };
+        let Some(i) = s.map.get(&s.hdrs, k) else { return };
         let kind = s.hdrs[i as usize].kind;
         if let Some(d) = s.destroy(i) {
             drop(s);
@@ -1099,7 +1139,7 @@ impl ArcCache {
     fn evict_pool(&self, pool: u32) {
         for shard in &self.shards {
             let mut s = shard.lock();
-            let doomed: Vec<u32> = s.map.iter().filter(|(k, _)| k.pool == pool).map(|(_, &i)| i).collect();
+            let doomed: Vec<u32> = s.map.iter().filter(|&i| s.hdrs[i as usize].key.pool == pool).collect();
             let mut freed = Vec::new();
             for i in doomed {
                 let kind = s.hdrs[i as usize].kind;
@@ -1385,9 +1425,9 @@ impl ArcCache {
             for (l, b) in lists.iter_mut().zip(s.lists.iter()) {
                 *l += b.bytes;
             }
-            // header slots plus the map's (key, index) slots and control bytes
+            // header slots plus the index's buckets and control bytes
             hdrs += (s.hdrs.capacity() * std::mem::size_of::<Hdr>()) as u64
-                + (s.map.capacity() * (std::mem::size_of::<(ArcKey, u32)>() + 1)) as u64
+                + s.map.allocation_bytes()
                 + (s.free.capacity() * 4) as u64;
         }
         (c, lists, hdrs)

@@ -368,7 +368,8 @@ impl PoolIo {
             if let Some(buf) = l2.read(bp).filter(|b| b.len() == bp.lsize as usize) {
                 let data = Arc::new(buf);
                 if cache {
-                    self.arc.insert(key, data.clone(), hint);
+                    // already on a cache device: its eviction need not feed it again
+                    self.arc.insert(key, data.clone(), CacheHint { l2_eligible: false, ..hint });
                 }
                 return Ok(data);
             }
