@@ -68,7 +68,7 @@
 //! `zfs_arc_min_prefetch_ms` (1 s). What eviction takes from DRAM goes, if the block may
 //! go to a cache device, to the [`EvictSink`] (the L2ARC feed) instead of vanishing.
 //!
-//! Sharding. 16 shards by key hash, each with its own mutex, hash map, header slots,
+//! Sharding. 16 shards by key hash, each with its own mutex, index, header slots,
 //! lists and counters (a hit touches no shared cache line). The fractions and targets
 //! are global; an eviction round walks the shards round-robin from a rotating start,
 //! taking at most `EVICT_BATCH` headers per visit.
