@@ -873,6 +873,10 @@ impl L2Arc {
     /// feed on.
     pub fn add_device(&self, top: Arc<TopVdev>) {
         if let Some(d) = CacheDev::new(top) {
+            // a device added live is new to the pool (fresh guids, labels just
+            // written): nothing on it to restore, so the feed may write at once (the
+            // rebuild that sets this runs only when the feed thread starts)
+            d.ring.lock().rebuilt = true;
             self.devs.write().push(d);
         }
     }
