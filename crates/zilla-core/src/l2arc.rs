@@ -788,10 +788,18 @@ impl L2Arc {
         // oldest first, as the ring's write order; each entry inside its batch
         let mut bufs = 0u64;
         for lb in batches.iter().rev() {
+            // the feed lays a batch's copies one after another: an entry that starts
+            // before the previous one ended (a crafted log piling entries on one copy)
+            // is refused, so the bytes counted never exceed the batch's
+            let mut free_from = lb.batch_start;
             for e in &lb.entries {
                 let asize = (e.len as u64).next_multiple_of(RING_UNIT_BYTES);
-                let inside = e.len > 0 && e.len <= persist::COPY_MAX_BYTES && lb.batch_start <= e.addr && e.addr.saturating_add(asize) <= lb.batch_end;
-                if !inside || r.index.contains_key(&e.key) {
+                let inside = e.len > 0 && e.len <= persist::COPY_MAX_BYTES && free_from <= e.addr && e.addr.saturating_add(asize) <= lb.batch_end;
+                if !inside {
+                    continue;
+                }
+                free_from = e.addr + asize;
+                if r.index.contains_key(&e.key) {
                     continue;
                 }
                 r.order.push_back((e.addr, e.key));
