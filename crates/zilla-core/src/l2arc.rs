@@ -36,9 +36,9 @@
 //! block is never served; a freed block's header is dropped at once. Header memory is
 //! capped at `l2arc_meta_percent` of the ARC's c_max: past it the feed adds nothing.
 //!
-//! Faults. A cache device whose reads or writes fail `FAULT_AFTER_ERRORS` times in a
-//! row is FAULTED (shown so in `pool status`): its headers are dropped and the feed
-//! skips it; the pool carries on.
+//! Faults. A cache device whose reads, or whose writes, fail `FAULT_AFTER_ERRORS` times
+//! in a row (each direction counted on its own) is FAULTED (shown so in `pool
+//! status`): its headers are dropped and the feed skips it; the pool carries on.
 //!
 //! Bounds: the feed queue ≤ 2 × (write_max + write_boost) bytes; headers ≤
 //! l2arc_meta_percent of c_max; one feed thread per pool with cache devices.
@@ -166,7 +166,8 @@ struct CacheDev {
     /// Held by the feed while it writes to the device: a removal waits for it, so no
     /// write of the feed lands on a device after it left the pool.
     writing: Mutex<()>,
-    errors_in_a_row: AtomicU64,
+    read_errors_in_a_row: AtomicU64,
+    write_errors_in_a_row: AtomicU64,
 }
 
 /// A copy about to be written: key, bytes (padded to the ring's unit), kind, length,
@@ -315,7 +316,8 @@ impl CacheDev {
             faulted: AtomicBool::new(faulted),
             removed: AtomicBool::new(false),
             writing: Mutex::new(()),
-            errors_in_a_row: AtomicU64::new(0),
+            read_errors_in_a_row: AtomicU64::new(0),
+            write_errors_in_a_row: AtomicU64::new(0),
         }))
     }
 
@@ -368,12 +370,23 @@ impl CacheDev {
         r.lsize = 0;
     }
 
-    fn note_io(&self, ok: bool) {
+    /// A read's outcome. Reads and writes keep separate runs of errors: a device whose
+    /// every write fails is faulted even while reads of its older copies still work
+    /// (each success would otherwise end the run).
+    fn note_read(&self, ok: bool) {
+        self.note_io(&self.read_errors_in_a_row, ok);
+    }
+
+    fn note_write(&self, ok: bool) {
+        self.note_io(&self.write_errors_in_a_row, ok);
+    }
+
+    fn note_io(&self, errors_in_a_row: &AtomicU64, ok: bool) {
         if ok {
-            self.errors_in_a_row.store(0, Ordering::Relaxed);
+            errors_in_a_row.store(0, Ordering::Relaxed);
             return;
         }
-        let n = self.errors_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = errors_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= FAULT_AFTER_ERRORS && !self.faulted.swap(true, Ordering::Relaxed) {
             self.leaf.set_state(LeafState::Faulted);
             tracing::warn!(device = %self.leaf.spec.shown(), errors = n, "cache device faulted after I/O errors; the pool carries on without it");
@@ -552,7 +565,7 @@ impl L2Arc {
         let w = crate::vdev::queue::Waiter::new();
         dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, WriteBytes::Vectored(Arc::new(bufs)), w.completion()).durable());
         let ok = w.wait().result.is_ok();
-        dev.note_io(ok);
+        dev.note_write(ok);
         if !ok {
             self.counters.writes_error.fetch_add(1, Ordering::Relaxed);
             return;
@@ -674,7 +687,7 @@ impl L2Arc {
         let at = dev.start - persist::DEV_HDR_BYTES;
         dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, Arc::new(AlignedBuf::from(bytes)), w.completion()).durable());
         let ok = w.wait().result.is_ok();
-        dev.note_io(ok);
+        dev.note_write(ok);
         if !ok {
             self.counters.writes_error.fetch_add(1, Ordering::Relaxed);
         }
@@ -830,7 +843,7 @@ impl L2Arc {
             let asize = (loc.len as u64).next_multiple_of(RING_UNIT_BYTES) as usize;
             match dev.leaf.queue.read_buf(IoClass::SyncRead, asize, loc.addr) {
                 Ok(mut buf) => {
-                    dev.note_io(true);
+                    dev.note_read(true);
                     buf.resize(loc.len as usize);
                     if check_of(&buf) == loc.check {
                         self.counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -842,7 +855,7 @@ impl L2Arc {
                 }
                 Err(e) => {
                     self.counters.io_error.fetch_add(1, Ordering::Relaxed);
-                    dev.note_io(false);
+                    dev.note_read(false);
                     tracing::debug!(device = %dev.leaf.spec.shown(), "L2ARC read failed: {e}; read from the pool");
                 }
             }
