@@ -39,6 +39,7 @@
 //! Faults. A cache device whose reads, or whose writes, fail `FAULT_AFTER_ERRORS` times
 //! in a row (each direction counted on its own) is FAULTED (shown so in `pool
 //! status`): its headers are dropped and the feed skips it; the pool carries on.
+//! `pool clear` (or `pool online`) of the device brings it back, empty.
 //!
 //! Bounds: the feed queue ≤ 2 × (write_max + write_boost) bytes; headers ≤
 //! l2arc_meta_percent of c_max; one feed thread per pool with cache devices.
@@ -322,6 +323,13 @@ impl CacheDev {
     }
 
     fn usable(&self) -> bool {
+        if self.faulted.load(Ordering::Relaxed) && self.leaf.readable() {
+            // `pool clear` or `pool online` brought a faulted device back: it starts
+            // over empty (its headers were dropped at the fault) with no errors counted
+            self.read_errors_in_a_row.store(0, Ordering::Relaxed);
+            self.write_errors_in_a_row.store(0, Ordering::Relaxed);
+            self.faulted.store(false, Ordering::Relaxed);
+        }
         !self.faulted.load(Ordering::Relaxed) && !self.removed.load(Ordering::Relaxed) && self.leaf.readable()
     }
 
