@@ -236,8 +236,20 @@ fn a_cache_device_that_errs_live_is_counted_then_faulted_and_the_pool_serves() {
     read_all(&pool, 23);
     assert_eq!(l2(&pool).l2_hits, hits, "a faulted cache device served reads");
 
-    // pulled (ENXIO) at the next import: the pool imports and serves
+    // the admin replaces the disk's cable and clears the fault: the device is fed again
     cache.clear();
+    pool.clear(Some("c0")).unwrap();
+    assert_eq!(cache_state(&pool, "c0"), "ONLINE");
+    let t = Instant::now();
+    while l2(&pool).l2_size < 8 * MIB {
+        assert!(t.elapsed() < Duration::from_secs(30), "a cache device cleared after its fault is shown ONLINE but never used: {:?}", l2(&pool));
+        round += 1;
+        w.write(round % 32 * MIB, &pattern(round, MIB as usize), false).unwrap();
+        read_all(&pool, 23);
+    }
+    drop(w);
+
+    // pulled (ENXIO) at the next import: the pool imports and serves
     pool.export().unwrap();
     drop(pool);
     cache.offline(true);
