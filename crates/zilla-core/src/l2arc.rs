@@ -802,8 +802,9 @@ impl L2Arc {
         let mut r = dev.ring.lock();
         r.hand = h.hand;
         r.first_sweep = h.first_sweep;
-        r.newest_log = h.newest_log;
-        r.newest_log_len = h.newest_log_len;
+        // the next batch continues the chain only if the walk trusted its newest block:
+        // a refused one (a crafted length, a torn block) is not named again
+        (r.newest_log, r.newest_log_len) = if batches.is_empty() { (0, 0) } else { (h.newest_log, h.newest_log_len) };
         r.header_seq = h.seq;
         r.batch_seq = batches.first().map_or(0, |b| b.seq);
         // oldest first, as the ring's write order; each entry inside its batch
