@@ -604,3 +604,49 @@ fn cache_devices_added_and_removed_under_reads() {
     read_all(&pool, 32);
     pool.export().unwrap();
 }
+
+#[test]
+fn crafted_lengths_and_ranges_never_drive_a_read_beyond_the_log_bound() {
+    let (devs, cache, h, newest) = exported_with_log("f_len", 33);
+    let at = zilla_core::vdev::label::DATA_START;
+    // 1: the header names a 4 GiB newest log block (valid header checksum)
+    let mut hh = h;
+    hh.newest_log_len = u32::MAX;
+    cache.write_at(&hh.encode(), at).unwrap();
+    let pool = import(&devs);
+    let s = rebuilt(&pool);
+    assert!(s.l2_rebuild_cksum_lb_errors > 0 && s.l2_rebuild_io_errors == 0 && s.l2_rebuild_bufs == 0, "a 4 GiB log length was read: {s:?}");
+    // the device starts over: what the feed writes now is a chain of its own, which
+    // the next import walks without meeting the refused block again
+    warm(&pool, 33, 32 * MIB);
+    pool.export().unwrap();
+    drop(pool);
+    let pool = import(&devs);
+    let s = rebuilt(&pool);
+    assert!(s.l2_rebuild_bufs > 0 && s.l2_rebuild_cksum_lb_errors == 0, "the new chain led back to the refused block: {s:?}");
+    read_all(&pool, 33);
+    pool.export().unwrap();
+    drop(pool);
+    // 2: the newest block's prev length 4 GiB, and 3: its batch reaching into the
+    // labels: the walk stops there (the newest block alone may come back in 2)
+    cache.write_at(&h.encode(), at).unwrap();
+    for craft in 0..2 {
+        let mut lb = newest.clone();
+        match craft {
+            0 => lb.prev_len = u32::MAX,
+            _ => lb.batch_start = 0,
+        }
+        cache.write_at(&lb.encode(), h.newest_log).unwrap();
+        let pool = import(&devs);
+        let s = rebuilt(&pool);
+        assert!(s.l2_rebuild_cksum_lb_errors > 0 && s.l2_rebuild_io_errors == 0, "craft {craft}: {s:?}");
+        if craft == 1 {
+            assert_eq!(s.l2_rebuild_bufs, 0, "a batch reaching into the labels was restored: {s:?}");
+        }
+        read_all(&pool, 33);
+        assert_eq!(l2(&pool).l2_cksum_bad, 0);
+        pool.export().unwrap();
+        drop(pool);
+        cache.write_at(&h.encode(), at).unwrap();
+    }
+}
