@@ -609,13 +609,16 @@ fn cache_devices_added_and_removed_under_reads() {
 fn crafted_lengths_and_ranges_never_drive_a_read_beyond_the_log_bound() {
     let (devs, cache, h, newest) = exported_with_log("f_len", 33);
     let at = zilla_core::vdev::label::DATA_START;
-    // 1: the header names a 4 GiB newest log block (valid header checksum)
+    // 1: the header names a newest log block of 64 MiB (inside the ring, far beyond
+    // the largest log block), with a valid header checksum
     let mut hh = h;
-    hh.newest_log_len = u32::MAX;
+    let room = (160 * MIB - 2 * at - 4096).saturating_sub(h.newest_log) / 4096 * 4096;
+    hh.newest_log_len = (64 * MIB).min(room) as u32;
+    assert!(hh.newest_log_len as u64 > zilla_core::l2arc::persist::log_block_bytes(zilla_core::l2arc::persist::LOG_ENTRIES_MAX), "no room to craft: {h:?}");
     cache.write_at(&hh.encode(), at).unwrap();
     let pool = import(&devs);
     let s = rebuilt(&pool);
-    assert!(s.l2_rebuild_cksum_lb_errors > 0 && s.l2_rebuild_io_errors == 0 && s.l2_rebuild_bufs == 0, "a 4 GiB log length was read: {s:?}");
+    assert!(s.l2_rebuild_cksum_lb_errors > 0 && s.l2_rebuild_io_errors == 0 && s.l2_rebuild_bufs == 0, "a log length beyond the bound was read: {s:?}");
     // the device starts over: what the feed writes now is a chain of its own, which
     // the next import walks without meeting the refused block again
     warm(&pool, 33, 32 * MIB);
