@@ -193,9 +193,14 @@ class L2arc(unittest.TestCase):
     def test_goals_met_and_not_met(self):
         from scenarios import l2arc
         res = {"iops_warm_over_baseline": 9.0, "device_latency_disks_over_cache": 19.0,
-               "l2_fraction_within_window": None, "restart_over_warm": 0.81, "kill9_over_warm": 0.04}
+               "l2_fraction_within_window": None, "restart_over_warm": 0.81, "kill9_over_warm": 0.04,
+               "l2_hdr_bytes_per_block_warm": 45.0}
         g = l2arc.goals(res)
-        self.assertEqual([x["met"] for x in g], [True, False, False, True, False])
+        self.assertEqual([x["met"] for x in g], [True, False, False, True, False, True])
+        res["l2_hdr_bytes_per_block_warm"] = 96.0
+        self.assertFalse(l2arc.goals(res)[-1]["met"])
+        self.assertEqual(l2arc.hdr_bytes_per_block({"l2_hdr_size": 900, "l2_blocks": 20}), 45.0)
+        self.assertIsNone(l2arc.hdr_bytes_per_block({"l2_hdr_size": 0, "l2_blocks": 0}))
         self.assertEqual(by_name(g, "share of the working set")["target"], ">= 0.9")
 
     def test_the_warm_up_plot_is_well_formed_svg(self):

@@ -39,9 +39,10 @@
 //! block is never served; a freed block's header is dropped at once. Header memory is
 //! capped at `l2arc_meta_percent` of the ARC's c_max: past it the feed adds nothing.
 //!
-//! Faults. A cache device whose reads or writes fail `FAULT_AFTER_ERRORS` times in a
-//! row is FAULTED (shown so in `pool status`): its headers are dropped and the feed
-//! skips it; the pool carries on.
+//! Faults. A cache device whose reads, or whose writes, fail `FAULT_AFTER_ERRORS` times
+//! in a row (each direction counted on its own) is FAULTED (shown so in `pool
+//! status`): its headers are dropped and the feed skips it; the pool carries on.
+//! `pool clear` (or `pool online`) of the device brings it back, empty.
 //!
 //! Bounds: the feed queue ≤ 2 × (write_max + write_boost) bytes; headers ≤
 //! l2arc_meta_percent of c_max; one feed thread per pool with cache devices.
@@ -168,7 +169,8 @@ struct CacheDev {
     /// Held by the feed while it writes to the device: a removal waits for it, so no
     /// write of the feed lands on a device after it left the pool.
     writing: Mutex<()>,
-    errors_in_a_row: AtomicU64,
+    read_errors_in_a_row: AtomicU64,
+    write_errors_in_a_row: AtomicU64,
 }
 
 /// A copy about to be written: key, bytes (padded to the ring's unit), kind, length.
@@ -337,11 +339,19 @@ impl CacheDev {
             faulted: AtomicBool::new(faulted),
             removed: AtomicBool::new(false),
             writing: Mutex::new(()),
-            errors_in_a_row: AtomicU64::new(0),
+            read_errors_in_a_row: AtomicU64::new(0),
+            write_errors_in_a_row: AtomicU64::new(0),
         }))
     }
 
     fn usable(&self) -> bool {
+        if self.faulted.load(Ordering::Relaxed) && self.leaf.readable() {
+            // `pool clear` or `pool online` brought a faulted device back: it starts
+            // over empty (its headers were dropped at the fault) with no errors counted
+            self.read_errors_in_a_row.store(0, Ordering::Relaxed);
+            self.write_errors_in_a_row.store(0, Ordering::Relaxed);
+            self.faulted.store(false, Ordering::Relaxed);
+        }
         !self.faulted.load(Ordering::Relaxed) && !self.removed.load(Ordering::Relaxed) && self.leaf.readable()
     }
 
@@ -376,12 +386,23 @@ impl CacheDev {
         self.ring.lock().hdrs.clear();
     }
 
-    fn note_io(&self, ok: bool) {
+    /// A read's outcome. Reads and writes keep separate runs of errors: a device whose
+    /// every write fails is faulted even while reads of its older copies still work
+    /// (each success would otherwise end the run).
+    fn note_read(&self, ok: bool) {
+        self.note_io(&self.read_errors_in_a_row, ok);
+    }
+
+    fn note_write(&self, ok: bool) {
+        self.note_io(&self.write_errors_in_a_row, ok);
+    }
+
+    fn note_io(&self, errors_in_a_row: &AtomicU64, ok: bool) {
         if ok {
-            self.errors_in_a_row.store(0, Ordering::Relaxed);
+            errors_in_a_row.store(0, Ordering::Relaxed);
             return;
         }
-        let n = self.errors_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = errors_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= FAULT_AFTER_ERRORS && !self.faulted.swap(true, Ordering::Relaxed) {
             self.leaf.set_state(LeafState::Faulted);
             tracing::warn!(device = %self.leaf.spec.shown(), errors = n, "cache device faulted after I/O errors; the pool carries on without it");
@@ -587,7 +608,7 @@ impl L2Arc {
         let w = crate::vdev::queue::Waiter::new();
         dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, WriteBytes::Vectored(Arc::new(bufs)), w.completion()).durable());
         let ok = w.wait().result.is_ok();
-        dev.note_io(ok);
+        dev.note_write(ok);
         if !ok {
             self.counters.writes_error.fetch_add(1, Ordering::Relaxed);
             return;
@@ -705,7 +726,7 @@ impl L2Arc {
         let at = dev.start - persist::DEV_HDR_BYTES;
         dev.leaf.queue.submit(IoRequest::write(IoClass::AsyncWrite, at, Arc::new(AlignedBuf::from(bytes)), w.completion()).durable());
         let ok = w.wait().result.is_ok();
-        dev.note_io(ok);
+        dev.note_write(ok);
         if !ok {
             self.counters.writes_error.fetch_add(1, Ordering::Relaxed);
         }
@@ -812,14 +833,18 @@ impl L2Arc {
         let mut r = dev.ring.lock();
         r.hand = h.hand;
         r.first_sweep = h.first_sweep;
-        r.newest_log = h.newest_log;
-        r.newest_log_len = h.newest_log_len;
+        // the next batch continues the chain only if the walk trusted its newest block:
+        // a refused one (a crafted length, a torn block) is not named again
+        (r.newest_log, r.newest_log_len) = if batches.is_empty() { (0, 0) } else { (h.newest_log, h.newest_log_len) };
         r.header_seq = h.seq;
         r.batch_seq = batches.first().map_or(0, |b| b.seq);
         // oldest first, as the ring's write order; each entry inside its batch
         let mut bufs = 0u64;
         for lb in batches.iter().rev() {
-            // each entry inside its batch, on the ring's unit, after the one before
+            // the feed lays a batch's copies one after another, on the ring's unit: an
+            // entry that starts before the previous one ended (a crafted log piling
+            // entries on one copy) is refused, so the bytes counted never exceed the
+            // batch's
             let mut next_free = lb.batch_start;
             for e in &lb.entries {
                 let asize = (e.len as u64).next_multiple_of(RING_UNIT_BYTES);
@@ -828,10 +853,13 @@ impl L2Arc {
                     && e.addr % RING_UNIT_BYTES == 0
                     && next_free <= e.addr
                     && e.addr.saturating_add(asize) <= lb.batch_end;
-                if !inside || r.hdrs.contains(&e.key) {
+                if !inside {
                     continue;
                 }
                 next_free = e.addr + asize;
+                if r.hdrs.contains(&e.key) {
+                    continue;
+                }
                 r.hdrs.push(e.key, Loc { addr: e.addr, len: e.len, kind: e.kind });
                 bufs += 1;
             }
@@ -859,7 +887,7 @@ impl L2Arc {
             let asize = (loc.len as u64).next_multiple_of(RING_UNIT_BYTES) as usize;
             match dev.leaf.queue.read_buf(IoClass::SyncRead, asize, loc.addr) {
                 Ok(mut buf) => {
-                    dev.note_io(true);
+                    dev.note_read(true);
                     if loc.len == bp.lsize && verify_copy(bp, &mut buf) {
                         self.counters.hits.fetch_add(1, Ordering::Relaxed);
                         self.counters.read_bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
@@ -870,7 +898,7 @@ impl L2Arc {
                 }
                 Err(e) => {
                     self.counters.io_error.fetch_add(1, Ordering::Relaxed);
-                    dev.note_io(false);
+                    dev.note_read(false);
                     tracing::debug!(device = %dev.leaf.spec.shown(), "L2ARC read failed: {e}; read from the pool");
                 }
             }
@@ -904,6 +932,10 @@ impl L2Arc {
     /// feed on.
     pub fn add_device(&self, top: Arc<TopVdev>) {
         if let Some(d) = CacheDev::new(top) {
+            // a device added live is new to the pool (fresh guids, labels just
+            // written): nothing on it to restore, so the feed may write at once (the
+            // rebuild that sets this runs only when the feed thread starts)
+            d.ring.lock().rebuilt = true;
             self.devs.write().push(d);
         }
     }

@@ -597,22 +597,40 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
         }
         devs.push((s.clone(), dev, scan, lj));
     }
-    let Some(best_cfg) = devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()) else {
+    // the config comes from the pool's own devices: a cache device (optional, never
+    // holding data) names the pool only when nothing else does, so another pool's cache
+    // device put in its place cannot make the pool look foreign
+    let best_of = |cache: bool| devs.iter().filter_map(|d| d.3.as_ref()).filter(|lj| labels_a_cache_device(lj) == cache).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone());
+    let Some(best_cfg) = best_of(false).or_else(|| best_of(true)) else {
         return Err(no_valid_label(specs, &missing));
     };
     if best_cfg.state == "destroyed" {
         return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));
     }
-    for d in &devs {
+    let mut foreign_caches = Vec::new();
+    for (i, d) in devs.iter().enumerate() {
         if let Some(lj) = &d.3 {
             if lj.config.guid != best_cfg.guid {
+                if labels_a_cache_device(lj) {
+                    tracing::warn!(device = %d.0.shown(), "import: a cache device of another pool ('{}'); not used", super::config::printable(&lj.config.name));
+                    foreign_caches.push(i);
+                    continue;
+                }
                 return Err(Error::invalid(format!("{} belongs to another pool ('{}', guid {})", d.0.display(), lj.config.name, lj.config.guid)));
             }
         }
     }
+    for i in foreign_caches.into_iter().rev() {
+        devs.remove(i);
+    }
     check_one_device_per_guid(&devs, &best_cfg)?;
     check_one_name(&devs, &best_cfg)?;
     Ok((devs, best_cfg))
+}
+
+/// Whether the label `lj` is a cache device's (its own leaf is in a cache vdev).
+fn labels_a_cache_device(lj: &LabelJson) -> bool {
+    lj.config.tops.iter().any(|t| t.role == Role::Cache && t.children.iter().any(|c| c.guid == lj.this_guid))
 }
 
 /// Every label holding the newest config names the pool alike: one that names it
