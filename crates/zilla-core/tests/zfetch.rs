@@ -239,3 +239,27 @@ fn holes_and_dirty_blocks_are_not_read_ahead_and_a_destroyed_volume_reads_nothin
     drop(v);
     pool.export().unwrap();
 }
+
+/// The detector alone: the distance doubles from twice the read up to its cap, reads of
+/// one reader delivered out of order stay in its stream, and a range given back is read
+/// again at the next hit.
+#[test]
+fn the_detector_follows_one_reader_through_reordered_requests() {
+    use zilla_core::zfetch::{Limits, Zfetch};
+    let _turn = serial();
+    let z = Zfetch::default();
+    let limits = Limits { max_distance: 64, nblocks: 1 << 20, block_bytes: 16384 };
+    let at = |blk: u64| z.access(blk, 8, 0, limits).expect("the detector is free");
+    assert!(at(0).is_empty(), "a new stream reads nothing ahead");
+    assert_eq!(at(8), 16..32, "first hit: twice the read ahead of the new end");
+    assert_eq!(at(16), 32..56);
+    assert_eq!(at(24), 56..96, "distance 64 is the cap");
+    // the next two requests arrive swapped: both continue the stream
+    assert_eq!(at(40), 96..112);
+    assert!(at(32).is_empty(), "the straggler behind the stream adds nothing");
+    // a walk that stopped at 100 leaves 100.. to the next hit
+    z.give_back(96..112, 100);
+    assert_eq!(at(48), 100..120);
+    let s = z.stats();
+    assert_eq!((s.hits, s.misses, z.stream_count()), (6, 1, 1), "{s:?}");
+}
