@@ -6,7 +6,10 @@ sequential write (with end_fsync) and 16K random read. *Zilla*: a daemon makes
 `mirror f0 f1 mirror f2 f3` on the same files with a small ARC and dirty limit, and fio's
 nbd engine writes 1 MiB sequentially (several times the dirty limit, end_fsync) and
 reads 16K at random over the written region (ARC cold) and over a region that fits the
-ARC (warm); device bytes come from the admin API, leaf queue depth is sampled, memory
+ARC (warm), and 128K sequentially over the written region with the ARC dropped first
+(the pool exported and imported again; read-ahead on, then once more with
+`zfs_prefetch_disable=1` for comparison), against 128K sequential direct reads of the
+four files (one job per file); device bytes come from the admin API, leaf queue depth is sampled, memory
 is read from /proc. Then, in the same daemon, the write again *with company*: the pool
 is exported, a second pool on its own files (`company`) gets a volume whose
 `company_bytes` are written and read back, so they are in that pool's ARC (checked
@@ -41,6 +44,7 @@ DESCRIPTION = ("1M seq write (end_fsync; also with another pool holding cached d
                "vs a Zilla volume on a pool of those files as two 2-way mirrors")
 MiB, GiB = 1 << 20, 1 << 30
 FIGURES = (("seqwrite_1M", "MBps", "1 MiB sequential write MB/s"),
+           ("seqread_128K_cold", "MBps", "128K sequential read MB/s, ARC cold"),
            ("randread_16K_cold", "iops", "16K random read IOPS, ARC cold"),
            ("randread_16K_warm", "iops", "16K random read IOPS, ARC warm"))
 
@@ -59,9 +63,12 @@ def settings(quick):
                        "(the daemon's, both pools') is company_arc_max for that part",
             "direct": "fio on the 4 files at once, one job per file, libaio direct=1: "
                       "write iodepth=2 per file (8 x 1 MiB in flight), randread iodepth=8 "
-                      "per file (32 in flight), group_reporting (aggregate)",
+                      "per file (32 in flight), seqread bs=128k iodepth=1 per file (4 in "
+                      "flight), group_reporting (aggregate)",
             "zilla": "fio ioengine=nbd, one connection: write bs=1M iodepth=8 end_fsync=1; "
-                     "randread bs=16k iodepth=32"}
+                     "randread bs=16k iodepth=32; seqread bs=128k iodepth=4 over the "
+                     "written region once, after the pool was exported and imported "
+                     "(nothing of it in the ARC)"}
 
 
 def schedule(ctx):
@@ -92,8 +99,10 @@ def run_scenario(ctx):
         loads[f"after_{i}_{step if step == 'direct' else step.label}"] = loadavg()
     d_w = statistics.median(d["seqwrite_1M"]["MBps"] for d in direct)
     d_r = statistics.median(d["randread_16K"]["iops"] for d in direct)
+    d_s = statistics.median(d["seqread_128K"]["MBps"] for d in direct)
     med = {label: build_medians(rs) for label, rs in runs.items()}
     results = results_for(med, d_w, d_r, ctx, runs["zilla"][0])
+    results["seqread_128K_cold"] = seqread_result(med, d_s, ctx, runs["zilla"][0])
     results["randread_16K_cold"]["direct_cpu_context"] = cpu_context(direct[0]["randread_16K"])
     print_tables(med, results, direct, runs["zilla"][0], cfg, ctx)
     out = {"config": cfg, "results": results, "direct": direct,
@@ -129,8 +138,12 @@ def direct_round(files, cfg, wd, tag):
     r = fio(["--ioengine=libaio", "--direct=1", "--rw=randread", "--bs=16k", "--iodepth=8",
              f"--runtime={cfg['read_runtime_s']}", "--time_based", "--group_reporting"]
             + per_file_jobs(files, cfg, "r"), wd, f"direct-randread-{tag}", machine_cpu=True)
-    log(f"direct {tag}: write {w['MBps']:.0f} MB/s, randread 16K {r['iops']:,.0f} IOPS")
-    return {"seqwrite_1M": w, "randread_16K": r}
+    s = fio(["--ioengine=libaio", "--direct=1", "--rw=read", "--bs=128k", "--iodepth=1",
+             f"--runtime={cfg['read_runtime_s']}", "--time_based", "--group_reporting"]
+            + per_file_jobs(files, cfg, "s"), wd, f"direct-seqread-{tag}")
+    log(f"direct {tag}: write {w['MBps']:.0f} MB/s, randread 16K {r['iops']:,.0f} IOPS, "
+        f"seqread 128K {s['MBps']:.0f} MB/s")
+    return {"seqwrite_1M": w, "randread_16K": r, "seqread_128K": s}
 
 
 def zilla_round(build, files, cfg, wd, step):
@@ -147,6 +160,8 @@ def zilla_round(build, files, cfg, wd, step):
     rss["hwm_after_write_kib"] = proc_status_kib(z.pid, "VmHWM")
     wait_idle(z.pid)
     rc = zilla_randread(z, cfg["zilla_write_bytes"], cfg, wd, f"{tag}-cold", sample=True)
+    sc = zilla_seqread_cold(z, files, cfg, wd, tag, prefetch=True)
+    sc_off = zilla_seqread_cold(z, files, cfg, wd, f"{tag}-noprefetch", prefetch=False)
     # Warm reads: a working set that fits the ARC, read once first.
     run(["fio", "--name=warm", "--ioengine=nbd", f"--uri={z.uri('bench/vol')}", "--rw=read",
          "--bs=128k", "--iodepth=8", f"--size={cfg['warm_working_set_bytes']}",
@@ -161,6 +176,7 @@ def zilla_round(build, files, cfg, wd, step):
     memory_overheads(rss, cfg)
     return {"build": build.label, "step": step, "memory": rss, "company": company,
             "figures": {"seqwrite_1M": w, "randread_16K_cold": rc, "randread_16K_warm": rwm,
+                        "seqread_128K_cold": sc, "seqread_128K_cold_noprefetch": sc_off,
                         "seqwrite_1M_with_company": wc}}
 
 
@@ -276,6 +292,69 @@ def zilla_randread(z, span, cfg, wd, tag, sample):
     return r
 
 
+def zilla_seqread_cold(z, files, cfg, wd, tag, prefetch):
+    """128K sequential reads of the written region with nothing of the pool in the ARC:
+    the pool is exported and imported again first (the export drops its ARC entries).
+    `prefetch=False`: with `zfs_prefetch_disable=1` (set back to 0 after); a build
+    without that tunable gives None."""
+    if not prefetch:
+        try:
+            z.cli("tunable", "set", "zfs_prefetch_disable=1")
+        except Exception as e:          # an older build: no read-ahead to turn off
+            log(f"{z.label}: no zfs_prefetch_disable ({e}); cold seqread without read-ahead skipped")
+            return None
+    z.cli("pool", "export", "bench")
+    z.cli("pool", "import", "-d", os.path.dirname(files[0]), "bench")
+    wait_idle(z.pid)
+    dev0, stats0 = z.admin.device_bytes("bench"), arcstats(z)
+    s = fio(["--name=zs", "--ioengine=nbd", f"--uri={z.uri('bench/vol')}", "--rw=read",
+             "--bs=128k", "--iodepth=4", f"--size={cfg['zilla_write_bytes']}",
+             f"--runtime={cfg['read_runtime_s']}"], wd, f"{tag}-seqread-cold", cpu_pid=z.pid)
+    stats1 = arcstats(z)
+    if not prefetch:
+        z.cli("tunable", "set", "zfs_prefetch_disable=0")
+    s["device_bytes_read"] = z.admin.device_bytes("bench")["read"] - dev0["read"]
+    s["device_read_fraction"] = round(s["device_bytes_read"] / max(1, s["bytes"]), 4)
+    s["server_cpu_us_per_MiB"] = (round(s["server_cpu_s"] * 1e6 / (s["bytes"] / MiB), 1)
+                                  if s["bytes"] else None)
+    s["counters"] = {k: stats1[k] - stats0.get(k, 0) for k in SEQREAD_COUNTERS if k in stats1}
+    log(f"{z.label} cold seqread 128K{'' if prefetch else ' (zfs_prefetch_disable=1)'}: "
+        f"{s['MBps']:.0f} MB/s, device read {s['device_read_fraction']:.2f} x the volume "
+        f"bytes, {s['server_cpu_us_per_MiB']} CPU-us/MiB; {s['counters']}")
+    return s
+
+
+# The arcstats and zfetchstats a cold sequential read reports (as deltas).
+SEQREAD_COUNTERS = ("demand_data_hits", "demand_data_misses", "prefetch_data_hits",
+                    "prefetch_data_misses", "arc_prefetch_used", "zfetch_hits",
+                    "zfetch_misses", "zfetch_max_streams", "zfetch_io_issued")
+
+
+def arcstats(z):
+    try:
+        return z.admin.get("/v1/arcstats")
+    except Exception:
+        return {}
+
+
+def seqread_result(med, d_s, ctx, first):
+    """The cold 128K sequential read's record: the volume against direct, and the same
+    read without read-ahead (first round) for comparison."""
+    n = med["zilla"]
+    off = first["figures"].get("seqread_128K_cold_noprefetch")
+    res = {"direct_MBps_median": d_s, "zilla_volume_MBps": n["seqread_128K_cold"],
+           "ratio_volume_over_direct": ratio(n["seqread_128K_cold"], d_s),
+           "zilla_cpu_us_per_MiB": first["figures"]["seqread_128K_cold"].get("server_cpu_us_per_MiB"),
+           "counters": first["figures"]["seqread_128K_cold"].get("counters"),
+           "zilla_noprefetch_MBps": off["MBps"] if off else None,
+           "ratio_noprefetch_over_direct": ratio(off["MBps"], d_s) if off else None,
+           "noprefetch_counters": off.get("counters") if off else None}
+    if ctx.old is not None:
+        res["zilla_old"] = med["zilla_old"]["seqread_128K_cold"]
+        res["ratio_new_over_old"] = ratio(n["seqread_128K_cold"], res["zilla_old"])
+    return res
+
+
 def median_or_none(values):
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -343,7 +422,7 @@ def results_for(med, d_w, d_r, ctx, first=None):
                                  "ratio_zilla_over_direct": ratio(n["randread_16K_warm"], d_r)}}
     if ctx.old is not None:
         o = med["zilla_old"]
-        for t, _, _ in FIGURES:
+        for t in (t for t, _, _ in FIGURES if t in res):   # the seqread's: seqread_result
             res[t]["zilla_old"] = o[t]
             res[t]["ratio_new_over_old"] = ratio(n[t], o[t])
     return res
@@ -361,6 +440,10 @@ def print_tables(med, results, direct, first, cfg, ctx):
             ["16K rand read IOPS, ARC cold", fmt(d_r), fmt(n["randread_16K_cold"]),
              fmt(ratio(n["randread_16K_cold"], d_r), 2),
              f"p99 {fmt(fc['lat_p99_us'])} us vs {fmt(d_p99)} us"],
+            ["128K seq read MB/s, ARC cold", fmt(results["seqread_128K_cold"]["direct_MBps_median"]),
+             fmt(n["seqread_128K_cold"]),
+             fmt(results["seqread_128K_cold"]["ratio_volume_over_direct"], 2),
+             f"without read-ahead {fmt(results['seqread_128K_cold']['zilla_noprefetch_MBps'])} MB/s"],
             ["16K rand read IOPS, ARC warm", fmt(d_r), fmt(n["randread_16K_warm"]),
              fmt(ratio(n["randread_16K_warm"], d_r), 2),
              f"{cfg['warm_working_set_bytes'] // MiB} MiB working set"],
@@ -417,7 +500,7 @@ def goals(results, memory, ctx):
     dirty max + 48 MiB over the whole round (the part with a second pool included); the
     daemon's CPU: <= 0.5 ms per MiB written, alone and with another pool holding cached
     data (not measured when that pool's data was not in its ARC), <= 25 us per cold 16K
-    read."""
+    read; cold 128K sequential reads (what read-ahead is for) >= 0.8 of direct."""
     wc = results["seqwrite_1M_with_company"]
     g = [goal("1 MiB sequential write with checksums, volume / direct (a 2-way mirror's ceiling)", ">=", 0.5,
               results["seqwrite_1M"]["ratio_volume_over_direct"]),
@@ -427,6 +510,8 @@ def goals(results, memory, ctx):
               results["seqwrite_1M"]["ratio_device_over_direct"]),
          goal("16K random read IOPS, ARC cold, volume / direct", ">=", 0.8,
               results["randread_16K_cold"]["ratio_zilla_over_direct"]),
+         goal("cold 128K sequential read, volume / direct", ">=", 0.8,
+              results["seqread_128K_cold"]["ratio_volume_over_direct"]),
          goal("daemon peak RSS beyond ARC max + dirty max", "<=", 48,
               round(memory["measured_overhead_bytes"] / MiB, 1), unit="MiB"),
          goal("1 MiB sequential write, daemon CPU per MiB written", "<=", 0.5,

@@ -672,6 +672,11 @@ impl PoolArc {
         self.cache.reservation()
     }
 
+    /// The daemon's ARC limit in bytes.
+    pub fn c_max(&self) -> u64 {
+        self.cache.c_max()
+    }
+
     /// The daemon's ARC (sizes are the daemon's, not this pool's).
     pub fn stats(&self) -> ArcStats {
         self.cache.stats()

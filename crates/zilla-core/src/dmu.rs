@@ -755,6 +755,8 @@ pub struct VolumeState {
     pub zil: crate::zil::Zilog,
     /// Its space against its reservation (`refreservation`), see dsl_pool.
     pub space: Arc<crate::dsl_pool::VolumeSpace>,
+    /// Its read-ahead streams and prefetch accounting.
+    pub zfetch: crate::zfetch::Zfetch,
 }
 
 impl VolumeState {

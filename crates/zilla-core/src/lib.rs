@@ -19,6 +19,7 @@ pub mod dmu;
 pub mod txg;
 pub mod dsl_pool;
 pub mod zil;
+pub mod zfetch;
 pub mod spa;
 pub mod scan;
 pub mod zvol;
@@ -43,6 +44,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["l2arc"],        // the second-level cache on a pool's cache devices
     &["zio"],          // the block pipeline: prepare, verified reads + self-heal, allocation, write issue
     &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
+    &["zfetch"],       // sequential-stream detection for read-ahead, per volume
     &["dmu"],          // object directory, volume block-pointer trees, dirty records
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
@@ -147,6 +149,10 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &l2arc::L2ARC_MFUONLY,
     &l2arc::L2ARC_META_PERCENT,
     &l2arc::L2ARC_REBUILD_ENABLED,
+    &zfetch::ZFS_PREFETCH_DISABLE,
+    &zfetch::ZFETCH_MAX_DISTANCE,
+    &zfetch::ZFETCH_MAX_STREAMS,
+    &zfetch::ZFETCH_MIN_SEC_REAP,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
     &spa::ZFS_MULTIHOST_INTERVAL_MS,
 ]);

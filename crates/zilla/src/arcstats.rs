@@ -65,6 +65,7 @@ pub fn arcstats_map(memory: &crate::memory::MemoryReport, pools: &crate::pools::
         *m.entry(k.to_string()).or_default() += v;
     }
     add_l2arc_stats(pools, &mut m);
+    add_zfetch_stats(pools, &mut m);
     // What the system can still give the daemon (MemAvailable, the cgroup's limit):
     // the number the ARC shrinks on; arcstat's `avail`.
     if let Some(avail) = zilla_core::env::system_memory_available_bytes() {
@@ -111,7 +112,20 @@ fn add_l2arc_stats(pools: &crate::pools::PoolTable, m: &mut BTreeMap<String, u64
     }
 }
 
-/// The keys `/metrics` exports as `node_zfs_arc_<key>`: the arcstats kstat names,
+/// The read-ahead counters, OpenZFS's zfetchstats (/proc/spl/kstat/zfs/zfetchstats)
+/// with a `zfetch_` prefix, summed over the pools' volumes.
+fn add_zfetch_stats(pools: &crate::pools::PoolTable, m: &mut BTreeMap<String, u64>) {
+    let mut z = zilla_core::zfetch::ZfetchStats::default();
+    for (_, pool) in pools.all() {
+        z.add(&pool.zfetch_stats());
+    }
+    for (k, v) in [("zfetch_hits", z.hits), ("zfetch_misses", z.misses), ("zfetch_max_streams", z.max_streams), ("zfetch_io_issued", z.io_issued)] {
+        m.insert(k.to_string(), v);
+    }
+}
+
+/// The keys `/metrics` exports as `node_zfs_arc_<key>` (`zfetch_<name>` as
+/// `node_zfs_zfetch_<name>`): the arcstats and zfetchstats kstat names,
 /// not Zilla's memory keys (exported as `zilla_memory_*`), and only names a metric
 /// may carry.
 pub fn node_exporter_keys(map: &BTreeMap<String, u64>) -> impl Iterator<Item = (&str, u64)> {

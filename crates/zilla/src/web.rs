@@ -5,7 +5,8 @@
 //! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
 //! richardelling/zpool_prometheus `zpool_stats_*`; counters' samples end in `_total`),
 //! node_exporter's ZFS collector `node_zfs_arc_<arcstats name>` for the ARC (every key
-//! of `/v1/arcstats` but Zilla's own, so keys added there appear here),
+//! of `/v1/arcstats` but Zilla's own, so keys added there appear here; its `zfetch_*`
+//! keys, the read-ahead's zfetchstats, as `node_zfs_zfetch_<name>`),
 //! and `zilla_frontend_*` / `zilla_nbd_*` for the front ends' memory budget, limits
 //! and connection and request counters, `zilla_memory_*` for the daemon's memory beyond
 //! the ARC and dirty data (memory.rs).
@@ -373,7 +374,11 @@ fn register_memory(reg: &mut Registry, m: &crate::memory::MemoryReport) {
 /// gauge keeps the name, so its dashboards and `rate()` queries work unchanged).
 fn register_arcstats(reg: &mut Registry, map: &std::collections::BTreeMap<String, u64>) {
     for (name, value) in crate::arcstats::node_exporter_keys(map) {
-        gauge(reg, &format!("node_zfs_arc_{name}"), &format!("ARC statistic {name} (OpenZFS arcstats)"), value);
+        // the read-ahead's counters are OpenZFS's zfetchstats: node_zfs_zfetch_<name>
+        match name.strip_prefix("zfetch_") {
+            Some(z) => gauge(reg, &format!("node_zfs_zfetch_{z}"), &format!("Read-ahead statistic {z} (OpenZFS zfetchstats)"), value),
+            None => gauge(reg, &format!("node_zfs_arc_{name}"), &format!("ARC statistic {name} (OpenZFS arcstats)"), value),
+        }
     }
 }
 
@@ -443,12 +448,13 @@ mod tests {
     fn arcstats_keys_are_node_exporter_gauges() {
         let mut reg = Registry::default();
         let map: std::collections::BTreeMap<String, u64> =
-            [("hits", 12u64), ("l2_hits", 3), ("zilla_overhead_bytes", 9)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            [("hits", 12u64), ("l2_hits", 3), ("zfetch_hits", 4), ("zilla_overhead_bytes", 9)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
         register_arcstats(&mut reg, &map);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         assert!(out.contains("\nnode_zfs_arc_hits 12\n"), "{out}");
         assert!(out.contains("\nnode_zfs_arc_l2_hits 3\n"), "{out}");
+        assert!(out.contains("\nnode_zfs_zfetch_hits 4\n") && !out.contains("arc_zfetch"), "{out}");
         assert!(!out.contains("zilla_overhead"), "{out}");
     }
 

@@ -474,6 +474,7 @@ fn volumes_from_mos(mos: &crate::dmu::Mos) -> BTreeMap<String, Arc<VolumeState>>
                     crate::props::refreservation_bytes(&v.props.value("refreservation")),
                     v.root.bp.fill * v.volblocksize as u64,
                 )),
+                zfetch: Default::default(),
             }),
         );
     }

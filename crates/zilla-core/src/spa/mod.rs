@@ -545,6 +545,16 @@ impl Pool {
         self.inner.io.arc_stats()
     }
 
+    /// The read-ahead counters (OpenZFS zfetchstats names) summed over the pool's
+    /// volumes.
+    pub fn zfetch_stats(&self) -> crate::zfetch::ZfetchStats {
+        let mut out = crate::zfetch::ZfetchStats::default();
+        for v in self.inner.volumes.read().values() {
+            out.add(&v.zfetch.stats());
+        }
+        out
+    }
+
     /// The pool's L2ARC statistics (None without cache devices).
     pub fn l2_stats(&self) -> Option<crate::l2arc::L2Stats> {
         self.inner.io.l2_stats()
@@ -627,6 +637,7 @@ impl Pool {
                 destroyed: false.into(),
                 zil: crate::zil::Zilog::new(id),
                 space,
+                zfetch: Default::default(),
             }),
         );
         drop(vols);

@@ -148,6 +148,17 @@ impl PoolIo {
         self.arc.lookup_hit_only(k, CacheHint::of(kind))
     }
 
+    /// [`PoolIo::cached`] for an access `access` describes (a read ahead of demand is
+    /// counted as a prefetch hit, and leaves a prefetched buffer's flag alone).
+    pub fn cached_as(&self, k: &BlockKey, access: CacheHint) -> Option<Arc<AlignedBuf>> {
+        self.arc.lookup_hit_only(k, access)
+    }
+
+    /// The daemon's ARC limit in bytes (`zfs_arc_max` as the ARC reads it).
+    pub fn arc_c_max(&self) -> u64 {
+        self.arc.c_max()
+    }
+
     /// Cache `data` as block `k` (a block read, or written by a committed txg).
     pub fn cache(&self, k: BlockKey, data: Arc<AlignedBuf>, hint: CacheHint) {
         self.arc.insert(k, data, hint)
@@ -314,8 +325,9 @@ impl PoolIo {
     /// does not hold: its first copy, from the child the mirror picks, verified; `done`
     /// runs once, here or from the device completion, with the physical bytes, or with
     /// `None` (then `read_block` from a blocking context). Hand the bytes to
-    /// [`PoolIo::finish_block_read`].
-    pub fn read_block_first_async(&self, bp: &BlockPointer, class: IoClass, done: Box<dyn FnOnce(Option<crate::vdev::abd::AlignedBuf>) + Send>) {
+    /// [`PoolIo::finish_block_read`]. `access` says how the ARC miss is counted (a
+    /// demand or a prefetch read, data or metadata).
+    pub fn read_block_first_async(&self, bp: &BlockPointer, class: IoClass, access: CacheHint, done: Box<dyn FnOnce(Option<crate::vdev::abd::AlignedBuf>) + Send>) {
         let dva = bp.dva[0];
         // a copy on a cache device is read by the blocking path (the L2ARC reads and
         // checks it there, falling back to the pool)
@@ -324,7 +336,7 @@ impl PoolIo {
         }
         let Some(top) = self.top(dva.vdev).filter(|_| !bp.is_hole()) else { return done(None) };
         // the ARC miss of this read (the front end's lookup left it to the read)
-        self.arc.note_miss(&BlockKey::of(bp), CacheHint::DATA);
+        self.arc.note_miss(&BlockKey::of(bp), access);
         let bp_copy = *bp;
         top.read_first_async(class, dva.offset, dva.asize as usize, bp.birth, Box::new(move |b| crate::zio::verify_copy(&bp_copy, b)), done);
     }

@@ -38,12 +38,30 @@ use crate::vdev::IoClass;
 use crate::zil::{AdmitLogBlock, CommitOutcome, CommitStart, CommitWaiter, DataPolicy, Flight, RoundStart, SettledWaiters, Waited};
 use crate::{Error, Txg};
 
+mod prefetch;
+
 /// A block as [`Volume::lookup_cached`] finds it in memory.
 enum CachedBlock {
     /// Its newest content (None: a hole).
     Data(Option<Arc<AlignedBuf>>),
     /// Committed, not in the ARC: where to read it.
     Missing(crate::block::blkptr::BlockPointer),
+    /// An indirect block on the way to it is not in the ARC: that block's pointer.
+    IndirectMissing(crate::block::blkptr::BlockPointer),
+}
+
+/// Who looks a block up: a demand read, or a read ahead of one (counted apart in the
+/// ARC, and a prefetch leaves a prefetched buffer's flag alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Demand,
+    Prefetch,
+}
+
+impl Access {
+    fn hint(self, kind: BufKind) -> CacheHint {
+        CacheHint { prefetched: self == Access::Prefetch, ..CacheHint::of(kind) }
+    }
 }
 
 /// Blocks one zero-copy read may share; a longer read is copied instead.
@@ -365,16 +383,17 @@ impl Volume {
     /// it is tied to the root it was read from and dropped when a sync publishes a new
     /// one (the root is re-read after each dirty check, as the dmu ordering requires).
     fn read_block_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<AlignedBuf>)>) -> Option<Option<Arc<AlignedBuf>>> {
-        match self.lookup_cached(blkid, memo)? {
+        match self.lookup_cached(blkid, memo, Access::Demand)? {
             CachedBlock::Data(d) => Some(d),
-            CachedBlock::Missing(_) => None,
+            CachedBlock::Missing(_) | CachedBlock::IndirectMissing(_) => None,
         }
     }
 
     /// Where block `blkid` is, from memory only: its newest content (dirty or in the
     /// ARC; None = hole), or the block pointer of a committed block the ARC lacks.
-    /// `None` when an indirect block on the way is not cached.
-    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<AlignedBuf>)>) -> Option<CachedBlock> {
+    /// `IndirectMissing` when an indirect block on the way is not cached; `None` when a
+    /// pointer on the way does not check out (the blocking read says why).
+    fn lookup_cached(&self, blkid: BlockId, memo: &mut Option<(TreeRoot, u64, Arc<AlignedBuf>)>, access: Access) -> Option<CachedBlock> {
         if let Some(d) = self.vol.dirty.newest(blkid) {
             return Some(CachedBlock::Data(d));
         }
@@ -393,7 +412,9 @@ impl Volume {
                     if bp.is_hole() {
                         return Some(CachedBlock::Data(None));
                     }
-                    let ind = io.cached(&BlockKey::of(&bp), BufKind::Metadata)?;
+                    let Some(ind) = io.cached_as(&BlockKey::of(&bp), access.hint(BufKind::Metadata)) else {
+                        return Some(CachedBlock::IndirectMissing(bp));
+                    };
                     let o = blkid.slot_in(level) as usize * crate::block::blkptr::BlockPointer::SIZE;
                     let parent_birth = bp.birth;
                     bp = crate::block::blkptr::BlockPointer::decode(ind.get(o..o + 128)?)?;
@@ -412,7 +433,7 @@ impl Volume {
         if u64::from(bp.lsize) != self.bs() {
             return None;
         }
-        match io.cached(&BlockKey::of(&bp), BufKind::Data) {
+        match io.cached_as(&BlockKey::of(&bp), access.hint(BufKind::Data)) {
             Some(d) if d.len() == self.bs() as usize => Some(CachedBlock::Data(Some(d))),
             Some(_) => None,
             None => Some(CachedBlock::Missing(bp)),
@@ -666,6 +687,11 @@ impl Volume {
         &self.vol.zil
     }
 
+    /// The volume's read-ahead detector (counters, prefetch bytes in flight).
+    pub fn zfetch(&self) -> &crate::zfetch::Zfetch {
+        &self.vol.zfetch
+    }
+
     /// Whether a write must be committed before it is acknowledged: every write of a
     /// `sync=always` volume, a FUA write unless `sync=disabled`.
     fn write_needs_commit(&self, fua: bool) -> bool {
@@ -743,6 +769,7 @@ impl BlockVolume for Volume {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_read(offset, buf.len() as u64)?;
+        self.read_ahead(offset, buf.len() as u64);
         for c in block_chunks(offset, buf.len() as u64, self.bs()) {
             let out = &mut buf[c.in_range..c.in_range + c.len];
             match self.read_block(c.blkid)? {
@@ -765,6 +792,7 @@ impl BlockVolume for Volume {
                 None => out.fill(0),
             }
         }
+        self.read_ahead(offset, buf.len() as u64);
         Some(Ok(()))
     }
 
@@ -786,6 +814,7 @@ impl BlockVolume for Volume {
             };
             pieces.push(piece);
         }
+        self.read_ahead(offset, len);
         Some(Ok(pieces))
     }
 
@@ -808,7 +837,7 @@ impl BlockVolume for Volume {
         let mut pieces = Vec::with_capacity(blocks as usize);
         let mut missing = None;
         for c in block_chunks(offset, len, bs) {
-            let piece = match self.lookup_cached(c.blkid, &mut memo) {
+            let piece = match self.lookup_cached(c.blkid, &mut memo, Access::Demand) {
                 Some(CachedBlock::Data(Some(d))) => SharedSlice::new(d, c.in_block, c.len),
                 Some(CachedBlock::Data(None)) => SharedSlice::new(zero_block().clone(), 0, c.len),
                 Some(CachedBlock::Missing(bp)) if missing.is_none() => {
@@ -821,12 +850,13 @@ impl BlockVolume for Volume {
             pieces.push(piece);
         }
         let Some((at, bp, in_block, piece_len)) = missing else {
+            self.read_ahead(offset, len);
             return done(Some(Ok(pieces)));
         };
         let pool = self.pool.clone();
         let cache = self.primary_cache_data();
         let hint = self.data_hint();
-        self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, Box::new(move |phys| {
+        self.pool.io().read_block_first_async(&bp, IoClass::SyncRead, hint, Box::new(move |phys| {
             let Some(phys) = phys else { return done(None) };
             let block = pool.io().finish_block_read(&bp, phys, hint, cache).ok();
             match block.and_then(|d| SharedSlice::new(d, in_block, piece_len)) {
@@ -837,6 +867,8 @@ impl BlockVolume for Volume {
                 None => done(None),
             }
         }));
+        // the demand read is on its way: what follows it is read ahead behind it
+        self.read_ahead(offset, len);
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
