@@ -1283,15 +1283,17 @@ impl ArcCache {
             let e = left.min(mrud.saturating_sub(frac(wt, pd)));
             left -= self.evict_list(State::Mru, BufKind::Data, e, false, &mut round);
             self.evict_list(State::Mfu, BufKind::Data, left, false, &mut round);
-            // whatever could not come from its list comes from any
-            // (the slack below it is not worth a young prefetch or a second chance)
-            for (state, kind) in [(State::Mru, BufKind::Data), (State::Mru, BufKind::Metadata), (State::Mfu, BufKind::Metadata), (State::Mfu, BufKind::Data)] {
-                if self.live_bytes() <= hard {
-                    break;
+            // whatever could not come from its list comes from any: down to the slack
+            // as usual, then down to the target even from young prefetches and second
+            // chances (the slack is not worth them; the target holds)
+            for (goal, force) in [(target, false), (hard, true)] {
+                for (state, kind) in [(State::Mru, BufKind::Data), (State::Mru, BufKind::Metadata), (State::Mfu, BufKind::Metadata), (State::Mfu, BufKind::Data)] {
+                    if self.live_bytes() <= goal {
+                        break;
+                    }
+                    let want = self.live_bytes() - goal;
+                    self.evict_list(state, kind, want, force, &mut round);
                 }
-                let want = self.live_bytes() - hard;
-                // (the young prefetches and second chances too: the target holds)
-                self.evict_list(state, kind, want, true, &mut round);
             }
         }
         // ghost lists: each at most half the other three live lists
