@@ -48,7 +48,7 @@ class PoolVsDirect(unittest.TestCase):
         self.cfg = pool_vs_direct.settings(True)
 
     def one_round(self, cpu_ms=0.4, company_cpu_ms=0.45, cold_us=20.0, cached=True,
-                  hwm_alone_mib=250, hwm_company_mib=1300):
+                  hwm_alone_mib=250, hwm_company_mib=1300, seqread_MBps=450.0):
         rss = self.p.memory_overheads({"hwm_end_kib": hwm_alone_mib * 1024,
                                        "hwm_with_company_kib": hwm_company_mib * 1024,
                                        "after_pool_create_kib": 30 * 1024}, self.cfg)
@@ -60,12 +60,15 @@ class PoolVsDirect(unittest.TestCase):
                 "figures": {"seqwrite_1M": {"MBps": 800.0, "device_MBps": 1600.0,
                                             "server_cpu_ms_per_MiB": cpu_ms},
                             "randread_16K_cold": cold, "randread_16K_warm": {"iops": 90000.0},
+                            "seqread_128K_cold": {"MBps": seqread_MBps, "server_cpu_us_per_MiB": 300.0},
+                            "seqread_128K_cold_noprefetch": {"MBps": 200.0},
                             "seqwrite_1M_with_company": {"MBps": 700.0,
                                                          "server_cpu_ms_per_MiB": company_cpu_ms}}}
 
     def goals_of(self, rounds):
         med = {"zilla": self.p.build_medians(rounds)}
         results = self.p.results_for(med, 1000.0, 50000.0, Ctx(), rounds[0])
+        results["seqread_128K_cold"] = self.p.seqread_result(med, 500.0, Ctx(), rounds[0])
         return results, self.p.goals(results, rounds[0]["memory"], Ctx())
 
     def test_cpu_goals_met(self):
@@ -89,6 +92,15 @@ class PoolVsDirect(unittest.TestCase):
                               ("1 MiB sequential write, volume / direct (0.8", ">= 0.4"),
                               ("daemon peak RSS beyond ARC max + dirty max", "<= 48")):
             self.assertEqual(by_name(g, start)["target"], target)
+
+    def test_cold_sequential_read_against_direct(self):
+        results, g = self.goals_of([self.one_round(seqread_MBps=450.0)])
+        s = by_name(g, "cold 128K sequential read, volume / direct")
+        self.assertEqual((s["measured"], s["target"], s["met"]), (0.9, ">= 0.8", True))
+        self.assertEqual(results["seqread_128K_cold"]["ratio_noprefetch_over_direct"], 0.4)
+        _, g = self.goals_of([self.one_round(seqread_MBps=300.0)])
+        s = by_name(g, "cold 128K sequential read, volume / direct")
+        self.assertEqual((s["measured"], s["met"]), (0.6, False))
 
     def test_cpu_goals_not_met(self):
         _, g = self.goals_of([self.one_round(cpu_ms=1.4, company_cpu_ms=2.7, cold_us=44.0)])
