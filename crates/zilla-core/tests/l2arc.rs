@@ -348,3 +348,44 @@ fn compressed_blocks_are_served_verified_against_their_block_pointers() {
     let bad = pool.l2_stats().unwrap();
     assert!(bad.l2_cksum_bad > 0, "corrupt copies of compressed blocks were not noticed: {bad:?}");
 }
+
+/// A volume of 4K blocks with one block written in every level-1 span (1024 blocks, 4
+/// MiB): each block read needs its own 128 KiB indirect block, so 2048 of them (256 MiB
+/// of metadata) pass through a 64 MiB ARC and are evicted. `secondarycache` is the
+/// volume's; returns the pool's L2 figures after three read passes.
+fn indirect_heavy_pool(name: &str, secondarycache: &str) -> zilla_core::l2arc::L2Stats {
+    const SPAN: u64 = 4 * MIB;
+    const SPANS: u64 = 2048;
+    zilla_core::arc::ZFS_ARC_MAX.set(64 * MIB).unwrap();
+    let devs = mem_devs(&["m0a", "m0b", "m1a", "m1b"], 256 * MIB);
+    devs.insert("c0", Arc::new(MemDevice::new(256 * MIB)));
+    let pool = Pool::create_with(name, tops_with_cache(), zilla_core::spa::CreateOptions::default(), devs.opener()).expect("create");
+    pool.volume_create("v", SPAN * SPANS, 4096, &[("secondarycache".into(), secondarycache.into())]).unwrap();
+    let v = pool.open_volume("v").unwrap();
+    for i in 0..SPANS {
+        v.write(i * SPAN, &pattern(i, 4096), false).unwrap();
+    }
+    v.flush().unwrap();
+    pool.sync().unwrap();
+    let mut b = vec![0u8; 4096];
+    for _ in 0..3 {
+        for i in 0..SPANS {
+            v.read(i * SPAN, &mut b).unwrap();
+            assert!(b == pattern(i, 4096), "wrong data in span {i}");
+        }
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+    pool.l2_stats().unwrap()
+}
+
+#[test]
+fn secondarycache_keeps_a_volumes_indirect_blocks_where_it_says() {
+    // metadata: the evicted indirect blocks reach the cache device (so the workload
+    // does feed indirect blocks), its 4K data blocks do not
+    let meta = indirect_heavy_pool("l2im", "metadata");
+    assert!(meta.l2_blocks >= 256, "indirect blocks of a secondarycache=metadata volume did not reach the cache device: {meta:?}");
+    assert!(meta.l2_size >= meta.l2_blocks * (64 << 10), "small (data) blocks on the cache device of a secondarycache=metadata volume: {meta:?}");
+    // none: not one of the same indirect blocks
+    let none = indirect_heavy_pool("l2in", "none");
+    assert_eq!(none.l2_blocks, 0, "indirect blocks of a secondarycache=none volume reached the cache device: {none:?}");
+}
