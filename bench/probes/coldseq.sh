@@ -30,7 +30,7 @@ $Z pool export p > /dev/null
 $Z pool import -d "$W" p > /dev/null
 sleep 2
 DPID=$(pgrep -f "state-dir $S serve" | head -1)
-stats() { curl -s http://127.0.0.1:$HTTP_PORT/v1/arcstats; }
+stats() { curl -s --unix-socket "$S/zilla.sock" http://zilla/v1/arcstats; }
 stats > "$W/arc0.json"
 c0=$(awk '{print $14+$15}' /proc/$DPID/stat)
 sleeps() { cat /proc/$DPID/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/{n+=$2} END{print n+0}'; }

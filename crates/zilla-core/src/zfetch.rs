@@ -36,7 +36,9 @@
 //!
 //! I/O. The volume (zvol/volume/prefetch.rs) reads the returned blocks without waiting:
 //! each block not dirty, not a hole and not in the ARC is read from its first copy with
-//! class AsyncRead and inserted into the ARC as prefetched (counted as
+//! class AsyncRead (blocks whose first copies lie back to back on one vdev, born in one
+//! txg, as one device read of up to 1 MiB: a run, each block verified against its own
+//! pointer when the span is cut) and inserted into the ARC as prefetched (counted as
 //! `prefetch_data_misses`; one the ARC holds counts as `prefetch_data_hits`); a demand
 //! read that then finds it counts a demand hit and `arc_prefetch_used`. An indirect block
 //! the walk needs and the ARC lacks is read the same way as prefetched metadata and the
@@ -115,7 +117,7 @@ pub struct ZfetchStats {
     pub misses: u64,
     /// Misses that found every stream slot taken by a stream not idle long enough.
     pub max_streams: u64,
-    /// Prefetch reads issued.
+    /// Blocks read ahead (a run of blocks read as one device I/O counts each).
     pub io_issued: u64,
 }
 
@@ -214,9 +216,9 @@ impl Zfetch {
         }
     }
 
-    /// Count `bytes` of prefetch I/O about to be issued, if both bounds allow it
-    /// (module comment, "Bounds"); pair with [`Zfetch::end_io`].
-    pub fn try_begin_io(&self, bytes: u64) -> bool {
+    /// Count `bytes` of prefetch I/O of `blocks` blocks about to be issued, if both
+    /// bounds allow it (module comment, "Bounds"); pair with [`Zfetch::end_io`].
+    pub fn try_begin_io(&self, bytes: u64, blocks: u64) -> bool {
         if self.inflight_bytes.load(Ordering::Relaxed) + bytes > ZFETCH_VOLUME_INFLIGHT_MAX_BYTES {
             return false;
         }
@@ -225,7 +227,7 @@ impl Zfetch {
             return false;
         }
         self.inflight_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.io_issued.fetch_add(1, Ordering::Relaxed);
+        self.io_issued.fetch_add(blocks, Ordering::Relaxed);
         true
     }
 

@@ -263,3 +263,51 @@ fn the_detector_follows_one_reader_through_reordered_requests() {
     let s = z.stats();
     assert_eq!((s.hits, s.misses, z.stream_count()), (6, 1, 1), "{s:?}");
 }
+
+/// Device reads of class AsyncRead (read-ahead's) on every leaf of `pool` so far.
+fn async_read_device_ops(pool: &Pool) -> u64 {
+    let i = zilla_core::vdev::IoClass::ALL.iter().position(|c| *c == zilla_core::vdev::IoClass::AsyncRead).unwrap();
+    pool.iostat().stats.device_ops[i]
+}
+
+#[test]
+fn blocks_stored_back_to_back_are_read_ahead_together_and_each_is_verified() {
+    let _turn = serial();
+    let devs = written_pool(&[(0, VOL_BYTES as usize)]);
+    let data = pattern(SEED, VOL_BYTES as usize);
+    let blocks = VOL_BYTES / BS as u64;
+    // block 100's copy is damaged on every child of its mirror: no read can verify it
+    let bad_blkid = 100u64;
+    let pool = import(&devs);
+    let root = pool.debug_volume_root("v").unwrap();
+    let bp = zilla_core::dmu::lookup(pool.debug_io(), &root, zilla_core::BlockId(bad_blkid), zilla_core::vdev::IoClass::SyncRead).unwrap();
+    let d = bp.dva[0];
+    for c in pool.debug_io().top(d.vdev).unwrap().children() {
+        let junk = vec![0x5Au8; d.asize as usize];
+        devs.get(&c.spec.display()).write_at(&junk, zilla_core::vdev::label::DATA_START + d.offset).unwrap();
+    }
+    pool.export().unwrap();
+
+    let (pool, v) = cold(&devs);
+    let (a0, ops0) = (pool.arc_stats(), async_read_device_ops(&pool));
+    let mut buf = vec![0u8; CHUNK];
+    let bad_chunk = bad_blkid * BS as u64 / CHUNK as u64;
+    for off in (0..VOL_BYTES).step_by(CHUNK) {
+        let r = v.read(off, &mut buf);
+        if off / CHUNK as u64 == bad_chunk {
+            // read ahead with its neighbours, the damaged block was dropped, not cached
+            assert!(matches!(r, Err(zilla_core::Error::Checksum(_))), "the damaged block read as {:?}", r.map(|_| buf[(bad_blkid as usize * BS) % CHUNK]));
+        } else {
+            r.unwrap();
+            assert!(buf == data[off as usize..off as usize + CHUNK], "wrong data at {off}");
+        }
+        settle(&v);
+    }
+    let (a1, ops1) = (pool.arc_stats(), async_read_device_ops(&pool));
+    let prefetched = a1.prefetch_data_misses - a0.prefetch_data_misses;
+    let device_reads = ops1 - ops0;
+    assert!(prefetched >= blocks * 3 / 4, "prefetch reads: {a0:?} -> {a1:?}");
+    // the stream reads ahead 8 blocks per 128K read: runs of several blocks each
+    assert!(device_reads * 3 <= prefetched, "{prefetched} blocks read ahead in {device_reads} device reads");
+    close(pool, v);
+}

@@ -341,6 +341,62 @@ impl PoolIo {
         top.read_first_async(class, dva.offset, dva.asize as usize, bp.birth, Box::new(move |b| crate::zio::verify_copy(&bp_copy, b)), done);
     }
 
+    /// Whether block `next` may join a run of blocks read as one device I/O by
+    /// [`PoolIo::read_run_first_async`]: its first copy starts on the same top-level
+    /// vdev where the run's last block's first copy ends, it was born in the same txg
+    /// (a child is chosen for the whole run by that birth's DTL), and the run's span
+    /// stays within [`AGGREGATION_LIMIT_BYTES`].
+    pub fn continues_run(run: &[BlockPointer], next: &BlockPointer) -> bool {
+        let (Some(first), Some(last)) = (run.first(), run.last()) else { return true };
+        let (a, b) = (last.dva[0], next.dva[0]);
+        !next.is_hole()
+            && a.vdev == b.vdev
+            && a.offset + a.asize as u64 == b.offset
+            && last.birth == next.birth
+            && b.offset + b.asize as u64 - first.dva[0].offset <= AGGREGATION_LIMIT_BYTES as u64
+    }
+
+    /// The first try of several blocks the ARC lacks, stored back to back (each one
+    /// [`PoolIo::continues_run`] of those before it), as one device read of their span
+    /// from one child, without blocking. `done` runs once with the span's bytes, not
+    /// verified: cut them with [`PoolIo::split_run`]; `None` when no child could be
+    /// read or a cache device holds one of them (the blocks' own reads then go their
+    /// usual ways). Each block's ARC miss is counted as `access`.
+    pub fn read_run_first_async(&self, run: &[BlockPointer], class: IoClass, access: CacheHint, done: Box<dyn FnOnce(Option<AlignedBuf>) + Send>) {
+        let Some(first) = run.first() else { return done(None) };
+        let whole = (1..run.len()).all(|i| Self::continues_run(&run[..i], &run[i]));
+        if !whole || first.is_hole() {
+            return done(None);
+        }
+        if let Some(l2) = self.l2arc() {
+            if run.iter().any(|bp| l2.holds(&BlockKey::of(bp))) {
+                return done(None);
+            }
+        }
+        let Some(top) = self.top(first.dva[0].vdev) else { return done(None) };
+        for bp in run {
+            self.arc.note_miss(&BlockKey::of(bp), access);
+        }
+        let last = run[run.len() - 1].dva[0];
+        let span = (last.offset + last.asize as u64 - first.dva[0].offset) as usize;
+        // each block is verified by itself when the span is cut
+        let accept = Box::new(|_: &[u8]| crate::vdev::mirror::VerifyResult::Good);
+        top.read_first_async(class, first.dva[0].offset, span, first.birth, accept, done);
+    }
+
+    /// The verified physical bytes of each block of `run` from the span
+    /// [`PoolIo::read_run_first_async`] read (None: that block's bytes did not verify).
+    pub fn split_run(run: &[BlockPointer], span: &AlignedBuf) -> Vec<Option<AlignedBuf>> {
+        let base = run.first().map_or(0, |bp| bp.dva[0].offset);
+        run.iter()
+            .map(|bp| {
+                let at = (bp.dva[0].offset - base) as usize;
+                let bytes = span.get(at..at + bp.dva[0].asize as usize)?;
+                (crate::zio::verify_copy(bp, bytes) == crate::vdev::mirror::VerifyResult::Good).then(|| AlignedBuf::copy_of(bytes))
+            })
+            .collect()
+    }
+
     /// The logical block from verified physical bytes of `bp` (decompressed, its size
     /// checked), inserted into the ARC when `cache`: how every block read ends.
     pub fn finish_block_read(&self, bp: &BlockPointer, phys: AlignedBuf, hint: CacheHint, cache: bool) -> Result<Arc<AlignedBuf>> {

@@ -31,12 +31,16 @@ impl Volume {
         }
     }
 
-    /// Issue the reads of the blocks of `range` that need one; the block the walk
+    /// Issue the reads of the blocks of `range` that need one, blocks stored back to back
+    /// as one device read (a run, see `PoolIo::continues_run`); the block the walk
     /// stopped at (`range.end`: it went through).
     fn prefetch_range(&self, range: std::ops::Range<u64>) -> u64 {
         let mut memo = None;
         let data = CacheHint { prefetched: true, ..self.data_hint() };
         let metadata = Access::Prefetch.hint(BufKind::Metadata);
+        // the run being gathered and the block it starts at
+        let mut run: Vec<BlockPointer> = Vec::new();
+        let mut run_start = range.start;
         for blkid in range.clone() {
             // a volume destroyed (or a pool exporting) meanwhile reads nothing more
             if self.check_live().is_err() {
@@ -45,26 +49,76 @@ impl Volume {
             match self.lookup_cached(BlockId(blkid), &mut memo, Access::Prefetch) {
                 // dirty, a hole, cached, or a pointer that does not check out (the
                 // demand read will say why): nothing to read ahead
-                Some(CachedBlock::Data(_)) | None => {}
-                Some(CachedBlock::Missing(bp)) => {
-                    if !self.issue_prefetch(bp, data) {
-                        return blkid;
+                Some(CachedBlock::Data(_)) | None => {
+                    if !self.issue_run(&mut run, data) {
+                        return run_start;
                     }
                 }
+                Some(CachedBlock::Missing(bp)) => {
+                    if !PoolIo::continues_run(&run, &bp) && !self.issue_run(&mut run, data) {
+                        return run_start;
+                    }
+                    if run.is_empty() {
+                        run_start = blkid;
+                    }
+                    run.push(bp);
+                }
                 Some(CachedBlock::IndirectMissing(bp)) => {
+                    if !self.issue_run(&mut run, data) {
+                        return run_start;
+                    }
                     self.issue_prefetch(bp, metadata);
                     return blkid;
                 }
             }
         }
+        if !self.issue_run(&mut run, data) {
+            return run_start;
+        }
         range.end
+    }
+
+    /// Read the blocks of `run` (emptied) ahead of demand into the ARC as `hint` says: one
+    /// block by itself, several as one device read of their span, cut and verified block
+    /// by block. False when the in-flight bounds did not allow it (nothing issued).
+    fn issue_run(&self, run: &mut Vec<BlockPointer>, hint: CacheHint) -> bool {
+        match run.len() {
+            0 => return true,
+            1 => {
+                let ok = self.issue_prefetch(run[0], hint);
+                run.clear();
+                return ok;
+            }
+            _ => {}
+        }
+        let bytes: u64 = run.iter().map(|bp| u64::from(bp.lsize).max(u64::from(bp.dva[0].asize))).sum();
+        if !self.vol.zfetch.try_begin_io(bytes, run.len() as u64) {
+            run.clear();
+            return false;
+        }
+        let blocks = std::mem::take(run);
+        let (pool, vol) = (self.pool.clone(), self.vol.clone());
+        let io = self.pool.io();
+        let issued = blocks.clone();
+        io.read_run_first_async(&issued, IoClass::AsyncRead, hint, Box::new(move |span| {
+            // blocks that do not verify are dropped: their demand reads try every copy
+            if let Some(span) = span.filter(|_| !vol.destroyed.load(Ordering::Acquire)) {
+                for (bp, phys) in blocks.iter().zip(PoolIo::split_run(&blocks, &span)) {
+                    if let Some(phys) = phys {
+                        let _ = pool.io().finish_block_read(bp, phys, hint, true);
+                    }
+                }
+            }
+            vol.zfetch.end_io(bytes);
+        }));
+        true
     }
 
     /// Read block `bp` ahead of demand into the ARC as `hint` says, if the in-flight
     /// bounds allow (false: they did not).
     fn issue_prefetch(&self, bp: BlockPointer, hint: CacheHint) -> bool {
         let bytes = u64::from(bp.lsize).max(u64::from(bp.dva[0].asize));
-        if !self.vol.zfetch.try_begin_io(bytes) {
+        if !self.vol.zfetch.try_begin_io(bytes, 1) {
             return false;
         }
         let pool = self.pool.clone();
