@@ -31,6 +31,8 @@ URI=nbd://127.0.0.1:$NBD_PORT/p/vol
 fio --name=fill --ioengine=nbd --uri=$URI --rw=write --bs=1M --iodepth=8 --size=671088640 --end_fsync=1 > "$W/fill.txt" 2>&1
 sleep 3
 DPID=$(pgrep -f "state-dir $S serve" | head -1)
+stats() { curl -s --unix-socket "$S/zilla.sock" http://zilla/v1/arcstats; }
+stats > "$W/arc0.json"
 c0=$(awk '{print $14+$15}' /proc/$DPID/stat)
 sleeps() { cat /proc/$DPID/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/{n+=$2} END{print n+0}'; }
 v0=$(sleeps)
@@ -59,6 +61,7 @@ fio --name=r --ioengine=nbd --uri=$URI --rw=randread --bs=16k --iodepth=${QD:-32
 [ ${#BG[@]} -eq 0 ] || wait "${BG[@]}"
 c1=$(awk '{print $14+$15}' /proc/$DPID/stat)
 v1=$(sleeps)
+stats > "$W/arc1.json"
 python3 - "$W/fio.json" $(( c1-c0 )) $(( v1-v0 )) <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]; r = j["read"]
@@ -66,6 +69,12 @@ n = r["total_ios"]
 print(f"IOPS {r['iops']:.0f}  mean {r['lat_ns']['mean']/1e3:.1f} us  p99 {r['clat_ns']['percentile']['99.000000']/1e3:.0f} us  "
       f"daemon CPU {int(sys.argv[2])*1e4/max(n,1):.1f} us/read  daemon sleeps {int(sys.argv[3])/max(n,1):.2f}/read  "
       f"fio CPU usr {j['usr_cpu']:.0f}% sys {j['sys_cpu']:.0f}%")
+PY
+python3 - "$W" <<'PY'
+import json, sys
+a0, a1 = (json.load(open(f"{sys.argv[1]}/arc{i}.json")) for i in (0, 1))
+keys = ("demand_data_misses", "prefetch_data_misses", "arc_prefetch_used", "zfetch_hits", "zfetch_misses", "zfetch_io_issued")
+print("  " + " ".join(f"{k}={a1.get(k, 0) - a0.get(k, 0)}" for k in keys if k in a1))
 PY
 if [ -n "$SYNCW" ]; then
     python3 - "$W/syncw.json" <<'PY'

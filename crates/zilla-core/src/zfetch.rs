@@ -21,7 +21,11 @@
 //! of one reader that a queue delivered out of order) is a *hit*: `next` moves to the
 //! read's end, the distance doubles (from twice the read's blocks at the first hit) up
 //! to `zfetch_max_distance`, and the blocks in `[max(pf_end, next), next + distance)`
-//! are returned to be read ahead; `pf_end` moves there. A read that matches no stream is
+//! are returned to be read ahead; `pf_end` moves there. Only a read that covers `next`
+//! doubles the distance: one that skipped ahead keeps it. Random reads land ahead of
+//! some stream now and then; if each such landing doubled its distance, a few would
+//! grow a stream to the cap and every later landing would read megabytes ahead for
+//! nothing (a random 16K reader at QD32 read 1.5 times its bytes from the devices). A read that matches no stream is
 //! a *miss* and starts a stream at its end, with no distance: a new stream prefetches
 //! nothing until a read continues it, so random reads issue no I/O. A new stream takes a
 //! free slot, else the slot of the least recently used stream idle for
@@ -194,8 +198,14 @@ impl Zfetch {
         if end <= st.next {
             return Some(0..0); // a straggler behind the stream: nothing new
         }
+        // only a read that covers the stream's next block lengthens its reach: one that
+        // skipped ahead (a reordered request, or a random read that happened to land
+        // there) moves the stream on at its distance, so random reads never grow one
+        let exact = blkid <= st.next;
         st.next = end;
-        st.distance = if st.distance == 0 { 2 * nblks } else { st.distance.saturating_mul(2) };
+        if exact {
+            st.distance = if st.distance == 0 { 2 * nblks } else { st.distance.saturating_mul(2) };
+        }
         st.distance = st.distance.min(limits.max_distance);
         let start = st.pf_end.max(st.next);
         let target = st.next.saturating_add(st.distance).min(limits.nblocks);
