@@ -2,7 +2,8 @@
 # Probe (not a benchmark): cached sequential reads alone. A 256 MiB volume on a mirror of
 # two files, written and read once (ARC max 1 GiB: it all stays cached), then fio nbd
 # sequential reads of BS (128k) at QD8 for SECS seconds. Prints IOPS and the daemon's
-# CPU per read; PERF=1 records a profile ($W/perf.data). BIN= another build to compare.
+# CPU per read; PERF=1 records a profile ($W/perf.data). BIN= another build to compare;
+# EXTRA="name=value ..." adds tunables (e.g. zfs_prefetch_disable=1).
 #
 #   bench/probes/hotread.sh 8
 #   BIN=/tmp/old/zilla BS=4k RW=randread bench/probes/hotread.sh 8
@@ -16,7 +17,7 @@ S=$W/state; P=${NBD_PORT:-10931}
 trap 'pkill -f "state-dir $S" && while pgrep -f "state-dir $S" > /dev/null; do sleep 0.1; done' EXIT
 Z="$BIN --state-dir $S"
 for _ in $(seq 50); do $Z pool list > /dev/null 2>&1 && break; sleep 0.2; done
-$Z tunable set zfs_arc_max=$((1 << 30)) > /dev/null
+for kv in zfs_arc_max=$((1 << 30)) $EXTRA; do $Z tunable set "$kv" > /dev/null; done
 for i in 0 1; do truncate -s 1G "$W/f$i.img"; done
 $Z pool create -f p mirror $W/f0.img $W/f1.img > /dev/null
 $Z volume create -s -V $((256 << 20)) p/vol > /dev/null
