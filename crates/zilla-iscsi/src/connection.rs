@@ -204,10 +204,12 @@ fn data_in(
 }
 
 /// What a submitted command answers when it completes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Answer {
     /// READ of `len` bytes.
     Read { len: usize, residual: Residual },
+    /// VERIFY with BYTCHK 1: the read is compared with `data`.
+    Compare { data: Arc<Vec<u8>>, residual: Residual },
     /// WRITE or SYNCHRONIZE CACHE.
     Done { residual: Residual, sense: Sense },
 }
@@ -226,7 +228,7 @@ impl IoCompleter {
     fn pdus(self, completion: Completion) -> Vec<OutPdu> {
         let Completion { result, admission } = completion;
         let r = &self.replies;
-        let mut pdus = match (result, self.answer) {
+        let mut pdus = match (result, self.answer.clone()) {
             (Ok(Output::Data(data)), Answer::Read { len, residual }) => {
                 let body = match data {
                     ReadData::Copied(buffer) => ReadBody::Copied { buffer, frontend: r.frontend.clone() },
@@ -235,17 +237,29 @@ impl IoCompleter {
                 };
                 data_in(self.itt, self.lun, Arc::new(body), len, residual, r.data_in_segment_bytes, r.burst_bytes, self.counted)
             }
+            (Ok(Output::Data(read)), Answer::Compare { data, residual }) => {
+                let body = match read {
+                    ReadData::Copied(buffer) => ReadBody::Copied { buffer, frontend: r.frontend.clone() },
+                    ReadData::Shared(slices) => ReadBody::Shared(slices),
+                    ReadData::Hole => ReadBody::Owned(vec![0; data.len()]),
+                };
+                if body.equals(&data) {
+                    vec![scsi_response(self.itt, scsi::STATUS_GOOD, None, residual, self.counted)]
+                } else {
+                    vec![check_condition(self.itt, Sense::MISCOMPARE, 0, self.counted)]
+                }
+            }
             (Ok(_), Answer::Done { residual, .. }) => {
                 vec![scsi_response(self.itt, scsi::STATUS_GOOD, None, residual, self.counted)]
             }
-            (Ok(_), Answer::Read { .. }) => {
+            (Ok(_), Answer::Read { .. } | Answer::Compare { .. }) => {
                 vec![check_condition(self.itt, Sense::INTERNAL_FAILURE, self.expected, self.counted)]
             }
             (Err(error), answer) => {
                 let sense = match (&error, answer) {
                     (zilla_frontend::volume::Error::NoSpace, _) => Sense::NO_SPACE,
                     (zilla_frontend::volume::Error::ReadOnly(_), _) => Sense::WRITE_PROTECTED,
-                    (_, Answer::Read { .. }) => Sense::UNRECOVERED_READ_ERROR,
+                    (_, Answer::Read { .. } | Answer::Compare { .. }) => Sense::UNRECOVERED_READ_ERROR,
                     (_, Answer::Done { sense, .. }) => sense,
                 };
                 tracing::debug!(%error, itt = self.itt, "iscsi: command failed");
@@ -272,6 +286,8 @@ impl Completer for IoCompleter {
 enum Sink {
     Write { offset: u64, fua: bool, pieces: Vec<AlignedBuf>, starts: Vec<usize> },
     ModeSelect { ten: bool, buffer: Vec<u8> },
+    /// VERIFY's data, compared with what the volume holds at `offset`.
+    Compare { offset: u64, buffer: Vec<u8> },
 }
 
 /// A command waiting for its data (immediate, unsolicited Data-Out, then R2Ts).
@@ -304,7 +320,7 @@ impl PendingData {
         }
         let bytes = &bytes[..end - at];
         match &mut self.sink {
-            Sink::ModeSelect { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
+            Sink::ModeSelect { buffer, .. } | Sink::Compare { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
             Sink::Write { pieces, starts, .. } => {
                 for (piece, &start) in pieces.iter_mut().zip(starts.iter()) {
                     let piece_end = start + piece.len();
@@ -894,8 +910,8 @@ impl<R: AsyncRead + Unpin> Session<R> {
         let operation = match scsi::decode(bhs.cdb(), lun0, &unit.geometry) {
             Ok(op) => op,
             Err(sense) => {
-                if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88 | 0x0a | 0x2a | 0xaa | 0x8a) {
-                    let kind = if bhs.cdb()[0] & 0x02 != 0 { IoKind::Write } else { IoKind::Read };
+                if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88 | 0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e) {
+                    let kind = if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88) { IoKind::Read } else { IoKind::Write };
                     unit.executor.refuse(kind, expected as u64, started);
                 }
                 self.send(check_condition(itt, sense, expected, counted));
@@ -947,6 +963,12 @@ impl<R: AsyncRead + Unpin> Session<R> {
                     at += n;
                 }
                 let sink = Sink::Write { offset, fua, pieces, starts };
+                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
+            }
+            Operation::VerifyCompare { lba, blocks } => {
+                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
+                let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
+                let sink = Sink::Compare { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), buffer: vec![0; keep] };
                 self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
             }
             Operation::ModeSelect { parameter_bytes, ten, save: _ } => {
@@ -1096,6 +1118,16 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
                 self.submit(Command::Write { offset, data, fua }, admission, started, itt, lun, expected, counted, answer).await;
             }
+            Sink::Compare { offset, buffer } => {
+                let Some(admission) = admission else { return };
+                if buffer.is_empty() {
+                    self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+                    return;
+                }
+                let command = Command::Read { offset, length: buffer.len() as u32, prefix_bytes: 0, holes: false };
+                let answer = Answer::Compare { data: Arc::new(buffer), residual };
+                self.submit(command, admission, started, itt, lun, expected, counted, answer).await;
+            }
             Sink::ModeSelect { ten, buffer } => {
                 let Some(unit) = &self.unit else { return };
                 let current = unit.wce.load(Ordering::Relaxed);
@@ -1137,7 +1169,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
         answer: Answer,
     ) {
         let Some(unit) = &self.unit else { return };
-        let completer = || IoCompleter { replies: unit.replies.clone(), itt, lun, expected, counted, answer };
+        let completer = || IoCompleter { replies: unit.replies.clone(), itt, lun, expected, counted, answer: answer.clone() };
         match unit.executor.submit(Request { command, started }, admission, completer) {
             Submitted::Inline(completion) => completer().complete(completion),
             Submitted::Started => {}

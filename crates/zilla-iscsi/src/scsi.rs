@@ -60,6 +60,7 @@ impl Sense {
     pub const DATA_PHASE_ERROR: Sense = Sense { key: 0x0b, asc: 0x4b, ascq: 0x00 };
     pub const INTERNAL_FAILURE: Sense = Sense { key: 0x04, asc: 0x44, ascq: 0x00 };
     pub const SAVING_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x39, ascq: 0x00 };
+    pub const MISCOMPARE: Sense = Sense { key: 0x0e, asc: 0x1d, ascq: 0x00 };
 
     /// Fixed-format sense data (18 bytes).
     pub fn fixed(&self) -> [u8; 18] {
@@ -83,6 +84,8 @@ pub enum Operation {
     Write { lba: u64, blocks: u32, fua: bool },
     /// VERIFY with BYTCHK 0: the range is checked, nothing transferred.
     Verify,
+    /// VERIFY with BYTCHK 1: the range is read and compared with the data sent.
+    VerifyCompare { lba: u64, blocks: u32 },
     SynchronizeCache,
     /// MODE SELECT of `parameter_bytes` bytes (6 or 10 byte header).
     ModeSelect { parameter_bytes: u32, ten: bool, save: bool },
@@ -159,14 +162,38 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
             rw_flags(&c, geometry)?;
             rw(opcode == 0x8a, be(&c[2..10]), be(&c[10..14]) as u32, c[1] & 0x08 != 0, geometry)
         }
-        0x2f | 0x8f => {
-            let (lba, blocks) = if opcode == 0x2f { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
-            // VRPROTECT, and BYTCHK (a compare with data sent) are not supported
-            if c[1] & 0xe0 != 0 || c[1] & 0x06 != 0 {
+        // WRITE AND VERIFY: written durably before the status; the compare of BYTCHK 1
+        // would read back what the write just placed (the pool checksums every block)
+        0x2e | 0xae | 0x8e => {
+            if c[1] & 0xe0 != 0 {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            let (lba, blocks) = match opcode {
+                0x2e => (be(&c[2..6]), be(&c[7..9])),
+                0xae => (be(&c[2..6]), be(&c[6..10])),
+                _ => (be(&c[2..10]), be(&c[10..14])),
+            };
+            rw(true, lba, blocks as u32, true, geometry)
+        }
+        0x2f | 0xaf | 0x8f => {
+            let (lba, blocks) = match opcode {
+                0x2f => (be(&c[2..6]), be(&c[7..9])),
+                0xaf => (be(&c[2..6]), be(&c[6..10])),
+                _ => (be(&c[2..10]), be(&c[10..14])),
+            };
+            // VRPROTECT is not supported, nor BYTCHK 11 (one block compared to all)
+            let bytchk = (c[1] >> 1) & 0x03;
+            if c[1] & 0xe0 != 0 || bytchk > 1 {
                 return Err(Sense::INVALID_FIELD_IN_CDB);
             }
             check_range(lba, blocks, geometry)?;
-            Ok(Operation::Verify)
+            if bytchk == 0 {
+                return Ok(Operation::Verify);
+            }
+            if blocks * u64::from(LOGICAL_BLOCK_BYTES) > u64::from(geometry.transfer_max_bytes) {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            Ok(Operation::VerifyCompare { lba, blocks: blocks as u32 })
         }
         0x35 | 0x91 => {
             let (lba, blocks) = if opcode == 0x35 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
@@ -546,6 +573,15 @@ mod tests {
         assert_eq!(decode(&cdb(&[0x00]), false, &g), Err(Sense::LUN_NOT_SUPPORTED));
         let ro = Geometry { read_only: true, ..geometry() };
         assert_eq!(decode(&cdb(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0]), true, &ro), Err(Sense::WRITE_PROTECTED));
+        assert_eq!(decode(&cdb(&[0x2f, 0, 0, 0, 0, 1, 0, 0, 2, 0]), true, &g), Ok(Operation::Verify));
+        assert_eq!(decode(&cdb(&[0x2f, 0x02, 0, 0, 0, 1, 0, 0, 2, 0]), true, &g), Ok(Operation::VerifyCompare { lba: 1, blocks: 2 }));
+        assert_eq!(decode(&cdb(&[0x2f, 0x06, 0, 0, 0, 1, 0, 0, 2, 0]), true, &g), Err(Sense::INVALID_FIELD_IN_CDB));
+        assert_eq!(decode(&cdb(&[0xaf, 0x02, 0, 0, 0x07, 0xff, 0, 0, 0, 2, 0, 0]), true, &g), Err(Sense::LBA_OUT_OF_RANGE));
+        assert_eq!(
+            decode(&cdb(&[0x2e, 0x10, 0, 0, 0, 3, 0, 0, 1, 0]), true, &g),
+            Ok(Operation::Write { lba: 3, blocks: 1, fua: true }),
+            "WRITE AND VERIFY is a durable write"
+        );
         let mut big = cdb(&[0xaa]);
         big[6..10].copy_from_slice(&(70_000u32).to_be_bytes());
         let huge = Geometry { blocks: 1 << 30, ..geometry() };

@@ -87,6 +87,20 @@ impl ReadBody {
     }
 }
 
+impl ReadBody {
+    /// Do the body's first `expected.len()` bytes equal `expected`?
+    pub(crate) fn equals(&self, expected: &[u8]) -> bool {
+        let mut at = 0;
+        for piece in self.pieces(0, expected.len()) {
+            if expected.get(at..at + piece.len()) != Some(piece) {
+                return false;
+            }
+            at += piece.len();
+        }
+        at == expected.len()
+    }
+}
+
 impl Drop for ReadBody {
     fn drop(&mut self) {
         if let ReadBody::Copied { buffer, frontend } = self {
