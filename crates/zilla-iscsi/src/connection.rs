@@ -290,6 +290,20 @@ enum Sink {
     Compare { offset: u64, buffer: Vec<u8> },
 }
 
+/// A WRITE's buffers for `keep` bytes at `offset`: cut at the volume's block
+/// boundaries, so whole blocks go to the volume by reference.
+fn write_sink(offset: u64, keep: usize, fua: bool, block_bytes: u64) -> Sink {
+    let mut starts = Vec::new();
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for n in WriteData::cut(offset, keep as u64, block_bytes) {
+        starts.push(at);
+        pieces.push(AlignedBuf::zeroed(n));
+        at += n;
+    }
+    Sink::Write { offset, fua, pieces, starts }
+}
+
 /// A command waiting for its data (immediate, unsolicited Data-Out, then R2Ts).
 struct PendingData {
     lun: [u8; 8],
@@ -380,6 +394,105 @@ async fn write_login<W: AsyncWrite + Unpin>(
     w.flush().await
 }
 
+/// The login status refusing a Login Request for its header alone (`None`: go on):
+/// a version above 0, a TSIH (adding a connection to a session: one connection per
+/// session here), keys spread over more than `LOGIN_TEXT_MAX_BYTES`, an invalid stage.
+fn login_request_refusal(bhs: &Bhs, text_bytes: usize) -> Option<(u8, u8)> {
+    let (transit, csg, nsg) = (bhs.flags() & 0x80 != 0, (bhs.flags() >> 2) & 0x03, bhs.flags() & 0x03);
+    if bhs.0[3] > 0 {
+        return Some((2, 5)); // VersionMin above 0
+    }
+    if bhs.u16_at(14) != 0 {
+        return Some((2, 10));
+    }
+    if text_bytes > LOGIN_TEXT_MAX_BYTES {
+        return Some((2, 0));
+    }
+    if csg == 2 || csg == 3 || (transit && (nsg == 2 || nsg <= csg)) {
+        tracing::info!(csg, nsg, "iscsi: login asks for an invalid stage transition");
+        return Some((2, 0));
+    }
+    None
+}
+
+fn refusal_reason(refusal: &LoginRefusal) -> String {
+    match refusal {
+        LoginRefusal::Authentication => "no shared AuthMethod (only None is offered)".to_string(),
+        LoginRefusal::MissingParameter(key) => format!("missing {key}"),
+        LoginRefusal::InitiatorError(why) => why.clone(),
+    }
+}
+
+/// The target the first Login Request names: its name and, for a normal session, the
+/// export and volume; `Err`: the login status refusing it.
+#[allow(clippy::type_complexity)]
+fn identify(
+    negotiation: &Negotiation,
+    server: &ServerShared,
+    peer: &Peer,
+) -> Result<(String, Option<(String, Arc<dyn BlockVolume>)>), (u8, u8)> {
+    if let Err(refusal) = negotiation.check_required() {
+        tracing::info!(client = %peer.client, reason = %refusal_reason(&refusal), "iscsi: login refused");
+        return Err(refusal.status());
+    }
+    if negotiation.session_type == SessionType::Discovery {
+        return Ok(("discovery".to_string(), None));
+    }
+    let requested = negotiation.target_name.clone().unwrap_or_default();
+    match resolve_target(server, &requested) {
+        Some(found) => Ok((names::target_name(&found.0), Some(found))),
+        None => {
+            tracing::info!(client = %peer.client, target = %requested, "iscsi: login to an unknown target");
+            Err((2, 3))
+        }
+    }
+}
+
+/// The export (and its volume) a normal login names.
+fn resolve_target(server: &ServerShared, requested: &str) -> Option<(String, Arc<dyn BlockVolume>)> {
+    let registry = &*server.frontend.registry;
+    let listed = registry.list();
+    let name = names::export_for_target(requested, listed.iter().map(|e| e.name.as_str()))?;
+    registry.open(name).map(|volume| (name.to_string(), volume))
+}
+
+/// What a login has settled so far.
+struct LoginState {
+    negotiation: Negotiation,
+    export: Option<(String, Arc<dyn BlockVolume>)>,
+    target_name: String,
+    portal_group_sent: bool,
+}
+
+impl LoginState {
+    /// Answer one complete Login Request (its keys gathered): the response header, its
+    /// text, and whether the full-feature phase starts; `Err`: the refusing status.
+    fn step(&mut self, keys: &[(String, String)], bhs: &Bhs, server: &ServerShared, peer: &Peer) -> Result<(Bhs, Vec<u8>, bool), (u8, u8)> {
+        let (transit, csg, nsg) = (bhs.flags() & 0x80 != 0, (bhs.flags() >> 2) & 0x03, bhs.flags() & 0x03);
+        let mut answers = self.negotiation.offer(keys, csg, transit && nsg == 3).map_err(|refusal| {
+            tracing::info!(client = %peer.client, reason = %refusal_reason(&refusal), "iscsi: login refused");
+            refusal.status()
+        })?;
+        // the first request names the initiator and the target
+        if self.target_name.is_empty() {
+            let (name, found) = identify(&self.negotiation, server, peer)?;
+            self.target_name = name;
+            self.export = found;
+        }
+        if self.negotiation.session_type == SessionType::Normal && !self.portal_group_sent {
+            self.portal_group_sent = true;
+            answers.push(("TargetPortalGroupTag".into(), "1".into()));
+        }
+        let done = transit && nsg == 3;
+        let tsih = if done { server.next_tsih.fetch_add(1, Ordering::Relaxed).max(1) } else { 0 };
+        let data = pdu::encode_text(&answers);
+        if data.len() > self.negotiation.params.initiator_max_recv_data_segment_bytes.max(8192) {
+            return Err((3, 0));
+        }
+        Ok((login_response(bhs, transit, nsg, tsih, (0, 0)), data, done))
+    }
+}
+
 /// The login phase. `Ok(None)`: refused (the response said why) or closed.
 async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     reader: &mut PduReader<R>,
@@ -387,14 +500,16 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     server: &ServerShared,
     peer: &Peer,
 ) -> io::Result<Option<LoggedIn>> {
-    let mut negotiation = Negotiation::new(&server.config);
+    let mut state = LoginState {
+        negotiation: Negotiation::new(&server.config),
+        export: None,
+        target_name: String::new(),
+        portal_group_sent: false,
+    };
     let window = server.config.command_window;
     let mut stat_sn = 0u32;
     let mut first = true;
     let mut text = Vec::new();
-    let mut export: Option<(String, Arc<dyn BlockVolume>)> = None;
-    let mut target_name = String::new();
-    let mut portal_group_sent = false;
     loop {
         let pdu = match reader.read_pdu().await? {
             Frame::Pdu(pdu) => pdu,
@@ -410,23 +525,10 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             stat_sn = bhs.u32_at(28);
             first = false;
         }
-        let (transit, cont) = (bhs.flags() & 0x80 != 0, bhs.flags() & 0x40 != 0);
-        let (csg, nsg) = ((bhs.flags() >> 2) & 0x03, bhs.flags() & 0x03);
+        let cont = bhs.flags() & 0x40 != 0;
         let refuse = |status: (u8, u8)| login_response(bhs, false, 0, 0, status);
-        if bhs.0[3] > 0 {
-            // VersionMin above 0: we speak version 0 only
-            let mut stat = stat_sn;
-            write_login(w, refuse((2, 5)), &[], &mut stat, exp_cmd_sn, window).await?;
-            return Ok(None);
-        }
-        if bhs.u16_at(14) != 0 {
-            // adding a connection to a session: one connection per session here
-            let mut stat = stat_sn;
-            write_login(w, refuse((2, 10)), &[], &mut stat, exp_cmd_sn, window).await?;
-            return Ok(None);
-        }
-        if text.len() + pdu.data.len() > LOGIN_TEXT_MAX_BYTES {
-            write_login(w, refuse((2, 0)), &[], &mut stat_sn, exp_cmd_sn, window).await?;
+        if let Some(status) = login_request_refusal(bhs, text.len() + pdu.data.len()) {
+            write_login(w, refuse(status), &[], &mut stat_sn, exp_cmd_sn, window).await?;
             return Ok(None);
         }
         text.extend_from_slice(&pdu.data);
@@ -436,67 +538,16 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             continue;
         }
         let keys = pdu::parse_text(&std::mem::take(&mut text));
-        let bad_stage = csg == 2 || csg == 3 || (transit && (nsg == 2 || nsg <= csg));
-        if bad_stage {
-            tracing::info!(client = %peer.client, csg, nsg, "iscsi: login asks for an invalid stage transition");
-            write_login(w, refuse((2, 0)), &[], &mut stat_sn, exp_cmd_sn, window).await?;
-            return Ok(None);
-        }
-        let mut answers = match negotiation.offer(&keys, csg, transit && nsg == 3) {
-            Ok(answers) => answers,
-            Err(refusal) => {
-                let reason = match &refusal {
-                    LoginRefusal::Authentication => "no shared AuthMethod (only None is offered)".to_string(),
-                    LoginRefusal::MissingParameter(key) => format!("missing {key}"),
-                    LoginRefusal::InitiatorError(why) => why.clone(),
-                };
-                tracing::info!(client = %peer.client, %reason, "iscsi: login refused");
-                write_login(w, refuse(refusal.status()), &[], &mut stat_sn, exp_cmd_sn, window).await?;
+        let (response, data, done) = match state.step(&keys, bhs, server, peer) {
+            Ok(step) => step,
+            Err(status) => {
+                write_login(w, refuse(status), &[], &mut stat_sn, exp_cmd_sn, window).await?;
                 return Ok(None);
             }
         };
-        // the first request names the initiator and the target
-        if target_name.is_empty() {
-            if let Err(refusal) = negotiation.check_required() {
-                tracing::info!(client = %peer.client, ?refusal, "iscsi: login refused");
-                write_login(w, refuse(refusal.status()), &[], &mut stat_sn, exp_cmd_sn, window).await?;
-                return Ok(None);
-            }
-            if negotiation.session_type == SessionType::Normal && export.is_none() {
-                let requested = negotiation.target_name.clone().unwrap_or_default();
-                let registry = &*server.frontend.registry;
-                let listed = registry.list();
-                let found = names::export_for_target(&requested, listed.iter().map(|e| e.name.as_str()))
-                    .and_then(|name| registry.open(name).map(|volume| (name.to_string(), volume)));
-                match found {
-                    Some(found) => {
-                        target_name = names::target_name(&found.0);
-                        export = Some(found);
-                    }
-                    None => {
-                        tracing::info!(client = %peer.client, target = %requested, "iscsi: login to an unknown target");
-                        write_login(w, refuse((2, 3)), &[], &mut stat_sn, exp_cmd_sn, window).await?;
-                        return Ok(None);
-                    }
-                }
-            } else if target_name.is_empty() {
-                target_name = "discovery".to_string();
-            }
-        }
-        if negotiation.session_type == SessionType::Normal && !portal_group_sent {
-            portal_group_sent = true;
-            answers.push(("TargetPortalGroupTag".into(), "1".into()));
-        }
-        let done = transit && nsg == 3;
-        let tsih = if done { server.next_tsih.fetch_add(1, Ordering::Relaxed).max(1) } else { 0 };
-        let response = login_response(bhs, transit, nsg, tsih, (0, 0));
-        let data = pdu::encode_text(&answers);
-        if data.len() > negotiation.params.initiator_max_recv_data_segment_bytes.max(8192) {
-            write_login(w, refuse((3, 0)), &[], &mut stat_sn, exp_cmd_sn, window).await?;
-            return Ok(None);
-        }
         write_login(w, response, &data, &mut stat_sn, exp_cmd_sn, window).await?;
         if done {
+            let LoginState { negotiation, export, target_name, .. } = state;
             return Ok(Some(LoggedIn {
                 params: negotiation.params,
                 session_type: negotiation.session_type,
@@ -506,6 +557,75 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 target_name,
             }));
         }
+    }
+}
+
+/// The login phase within the login timeout, counted when refused; `None`: refused,
+/// closed, timed out or stopped.
+async fn login_in_time<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    reader: &mut PduReader<R>,
+    write_half: &mut W,
+    server: &ServerShared,
+    peer: &Peer,
+    stop: &mut watch::Receiver<bool>,
+) -> io::Result<Option<LoggedIn>> {
+    let refused = || IscsiStats::count(&server.stats.logins_refused);
+    tokio::select! {
+        result = tokio::time::timeout(server.config.login_timeout, login(reader, write_half, server, peer)) => match result {
+            Ok(Ok(Some(session))) => Ok(Some(session)),
+            Ok(Ok(None)) => {
+                refused();
+                Ok(None)
+            }
+            Ok(Err(error)) => {
+                refused();
+                if error.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(error) }
+            }
+            Err(_) => {
+                refused();
+                tracing::info!(client = %peer.client, "iscsi: login timed out");
+                Ok(None)
+            }
+        },
+        _ = stop.wait_for(|s| *s) => Ok(None),
+    }
+}
+
+/// The logical unit of a normal session on `export`.
+fn open_unit(
+    server: &Arc<ServerShared>,
+    export: String,
+    volume: Arc<dyn BlockVolume>,
+    target_name: String,
+    params: &SessionParams,
+    out: &OutSender,
+    client: Arc<zilla_frontend::ClientIoStats>,
+) -> Unit {
+    let registry = &server.frontend.registry;
+    let pool_id = registry.pool_id(&export);
+    let wce = registry.property(&export, "wce").is_some_and(|v| v == "on");
+    let geometry = Geometry {
+        blocks: volume.size() / u64::from(LOGICAL_BLOCK_BYTES),
+        volume_block_bytes: volume.block_size(),
+        read_only: volume.read_only(),
+        transfer_max_bytes: zilla_frontend::REQUEST_MAX_BYTES as u32,
+        naa: names::naa(pool_id, &export),
+        serial: names::serial(pool_id, &export),
+        target_name,
+    };
+    let also: Vec<Arc<dyn IoCounters>> = vec![client, server.stats.clone()];
+    let executor = Executor::new(&server.frontend, volume, &export, server.config.command_window as usize, also);
+    Unit {
+        executor,
+        geometry,
+        export,
+        wce: AtomicBool::new(wce),
+        replies: Arc::new(Replies {
+            out: out.clone(),
+            frontend: server.frontend.clone(),
+            data_in_segment_bytes: params.initiator_max_recv_data_segment_bytes,
+            burst_bytes: params.max_burst_bytes,
+        }),
     }
 }
 
@@ -523,24 +643,8 @@ where
 {
     let config = &server.config;
     let mut reader = PduReader::new(read_half, config.max_recv_data_segment_bytes);
-    let logged_in = tokio::select! {
-        result = tokio::time::timeout(config.login_timeout, login(&mut reader, &mut write_half, &server, &peer)) => match result {
-            Ok(Ok(Some(session))) => session,
-            Ok(Ok(None)) => {
-                IscsiStats::count(&server.stats.logins_refused);
-                return Ok(());
-            }
-            Ok(Err(error)) => {
-                IscsiStats::count(&server.stats.logins_refused);
-                return if error.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(error) };
-            }
-            Err(_) => {
-                IscsiStats::count(&server.stats.logins_refused);
-                tracing::info!(client = %peer.client, "iscsi: login timed out");
-                return Ok(());
-            }
-        },
-        _ = stop.wait_for(|s| *s) => return Ok(()),
+    let Some(logged_in) = login_in_time(&mut reader, &mut write_half, &server, &peer, &mut stop).await? else {
+        return Ok(());
     };
     let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name } = logged_in;
     let digests = Digests { header: params.header_digest, data: params.data_digest };
@@ -555,34 +659,9 @@ where
     let unit = match export {
         Some((export, volume)) => {
             IscsiStats::count(&server.stats.sessions_started);
-            let registry = &server.frontend.registry;
-            let pool_id = registry.pool_id(&export);
-            let wce = registry.property(&export, "wce").is_some_and(|v| v == "on");
-            let geometry = Geometry {
-                blocks: volume.size() / u64::from(LOGICAL_BLOCK_BYTES),
-                volume_block_bytes: volume.block_size(),
-                read_only: volume.read_only(),
-                transfer_max_bytes: zilla_frontend::REQUEST_MAX_BYTES as u32,
-                naa: names::naa(pool_id, &export),
-                serial: names::serial(pool_id, &export),
-                target_name: target_name.clone(),
-            };
-            let also: Vec<Arc<dyn IoCounters>> = vec![client.stats().clone(), server.stats.clone()];
-            let executor = Executor::new(&server.frontend, volume, &export, config.command_window as usize, also);
             listed = Some(server.frontend.sessions.attach(&export));
             tracing::debug!(client = %peer.client, %export, "iscsi: session started");
-            Some(Unit {
-                executor,
-                geometry,
-                export,
-                wce: AtomicBool::new(wce),
-                replies: Arc::new(Replies {
-                    out: out.clone(),
-                    frontend: server.frontend.clone(),
-                    data_in_segment_bytes: params.initiator_max_recv_data_segment_bytes,
-                    burst_bytes: params.max_burst_bytes,
-                }),
-            })
+            Some(open_unit(&server, export, volume, target_name, &params, &out, client.stats().clone()))
         }
         None => {
             IscsiStats::count(&server.stats.discovery_sessions);
@@ -930,18 +1009,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                     Err(sense) => self.send(check_condition(itt, sense, expected, counted)),
                 }
             }
-            Operation::Read { lba, blocks, .. } => {
-                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
-                let len = wanted.min(expected);
-                let residual = Residual::of(expected, wanted);
-                if len == 0 {
-                    self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
-                    return Ok(());
-                }
-                let Some(admission) = self.admit(len + COMMAND_OVERHEAD_UNITS).await? else { return Ok(()) };
-                let command = Command::Read { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), length: len as u32, prefix_bytes: 0, holes: false };
-                self.submit(command, admission, started, itt, lun, expected, counted, Answer::Read { len, residual }).await;
-            }
+            Operation::Read { lba, blocks, .. } => self.start_read(lba, blocks, started, itt, lun, expected, counted).await?,
             Operation::SynchronizeCache => {
                 let Some(admission) = self.admit(COMMAND_OVERHEAD_UNITS).await? else { return Ok(()) };
                 let answer = Answer::Done { residual: Residual::of(expected, 0), sense: Sense::WRITE_ERROR };
@@ -952,17 +1020,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 // an expected length below the command's: only whole blocks of it are written
                 let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
                 let fua = fua || !unit.wce.load(Ordering::Relaxed);
-                let offset = lba * u64::from(LOGICAL_BLOCK_BYTES);
-                let block_bytes = unit.executor.block_bytes();
-                let mut starts = Vec::new();
-                let mut pieces = Vec::new();
-                let mut at = 0;
-                for n in WriteData::cut(offset, keep as u64, block_bytes) {
-                    starts.push(at);
-                    pieces.push(AlignedBuf::zeroed(n));
-                    at += n;
-                }
-                let sink = Sink::Write { offset, fua, pieces, starts };
+                let sink = write_sink(lba * u64::from(LOGICAL_BLOCK_BYTES), keep, fua, unit.executor.block_bytes());
                 self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
             }
             Operation::VerifyCompare { lba, blocks } => {
@@ -978,6 +1036,31 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
             }
         }
+        Ok(())
+    }
+
+    /// A READ: `blocks` at `lba`, at most `expected` bytes of them.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_read(
+        &mut self,
+        lba: u64,
+        blocks: u32,
+        started: Instant,
+        itt: u32,
+        lun: [u8; 8],
+        expected: usize,
+        counted: bool,
+    ) -> io::Result<()> {
+        let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
+        let len = wanted.min(expected);
+        let residual = Residual::of(expected, wanted);
+        if len == 0 {
+            self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+            return Ok(());
+        }
+        let Some(admission) = self.admit(len + COMMAND_OVERHEAD_UNITS).await? else { return Ok(()) };
+        let command = Command::Read { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), length: len as u32, prefix_bytes: 0, holes: false };
+        self.submit(command, admission, started, itt, lun, expected, counted, Answer::Read { len, residual }).await;
         Ok(())
     }
 

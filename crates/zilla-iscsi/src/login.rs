@@ -153,8 +153,6 @@ impl Negotiation {
 
     /// The answer to one key (`None`: declarative, nothing to answer).
     fn answer(&mut self, key: &str, value: &str, stage: u8) -> Result<Option<String>, LoginRefusal> {
-        let p = &mut self.params;
-        let numeric = |min: u64, max: u64| parse_number(value).filter(|n| (min..=max).contains(n));
         let answer = match key {
             "InitiatorName" => {
                 self.initiator_name = Some(value.to_string());
@@ -185,6 +183,15 @@ impl Negotiation {
                     return Err(LoginRefusal::Authentication);
                 }
             }
+            _ => return Ok(self.answer_operational(key, value)),
+        };
+        Ok(Some(answer))
+    }
+
+    /// The answer to an operational key (`None`: declarative).
+    fn answer_operational(&mut self, key: &str, value: &str) -> Option<String> {
+        let p = &mut self.params;
+        let answer = match key {
             "HeaderDigest" | "DataDigest" => {
                 let chosen = value.split(',').find(|v| *v == "None" || *v == "CRC32C");
                 match chosen {
@@ -200,10 +207,6 @@ impl Negotiation {
                     None => "Reject".to_string(),
                 }
             }
-            "MaxConnections" => match numeric(1, 65_535) {
-                Some(_) => "1".to_string(),
-                None => "Reject".to_string(),
-            },
             // OR: Yes if either side wants it; we do not.
             "InitialR2T" => match yes_no(value) {
                 Some(theirs) => {
@@ -220,10 +223,32 @@ impl Negotiation {
                 }
                 None => "Reject".to_string(),
             },
+            // OR: we want both in order, so the answer is Yes whatever they said.
+            "DataPDUInOrder" | "DataSequenceInOrder" => match yes_no(value) {
+                Some(_) => "Yes".to_string(),
+                None => "Reject".to_string(),
+            },
+            "IFMarker" | "OFMarker" => "No".to_string(),
+            "OFMarkInt" | "IFMarkInt" => "Irrelevant".to_string(),
+            "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => "Irrelevant".to_string(),
+            _ => return self.answer_numeric(key, value),
+        };
+        Some(answer)
+    }
+
+    /// The answer to a numeric operational key (`None`: declarative).
+    fn answer_numeric(&mut self, key: &str, value: &str) -> Option<String> {
+        let p = &mut self.params;
+        let numeric = |min: u64, max: u64| parse_number(value).filter(|n| (min..=max).contains(n));
+        let answer = match key {
+            "MaxConnections" => match numeric(1, 65_535) {
+                Some(_) => "1".to_string(),
+                None => "Reject".to_string(),
+            },
             "MaxRecvDataSegmentLength" => {
                 if let Some(n) = numeric(512, (1 << 24) - 1) {
                     p.initiator_max_recv_data_segment_bytes = n as usize;
-                    return Ok(None);
+                    return None;
                 }
                 "Reject".to_string()
             }
@@ -263,22 +288,13 @@ impl Negotiation {
                 }
                 None => "Reject".to_string(),
             },
-            // OR: we want both in order, so the answer is Yes whatever they said.
-            "DataPDUInOrder" | "DataSequenceInOrder" => match yes_no(value) {
-                Some(_) => "Yes".to_string(),
-                None => "Reject".to_string(),
-            },
             "ErrorRecoveryLevel" => match numeric(0, 2) {
                 Some(_) => "0".to_string(),
                 None => "Reject".to_string(),
             },
-            "IFMarker" | "OFMarker" => "No".to_string(),
-            "OFMarkInt" | "IFMarkInt" => "Irrelevant".to_string(),
-            "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => "Irrelevant".to_string(),
-            _ if key.starts_with("X-") || key.starts_with("X#") => "NotUnderstood".to_string(),
             _ => "NotUnderstood".to_string(),
         };
-        Ok(Some(answer))
+        Some(answer)
     }
 
     /// Check what a session type requires before leaving the security stage.

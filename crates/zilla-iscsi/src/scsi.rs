@@ -128,6 +128,9 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
     if !lun0 {
         return Err(Sense::LUN_NOT_SUPPORTED);
     }
+    if let Some(decoded) = decode_block_io(opcode, &c, geometry) {
+        return decoded;
+    }
     match opcode {
         0x00 => Ok(Operation::TestUnitReady),
         0x25 => {
@@ -145,21 +148,54 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
             let allocation = be(&c[10..14]) as usize;
             Ok(Operation::DataIn(cut(read_capacity16(geometry), allocation)))
         }
+        0x35 | 0x91 => {
+            let (lba, blocks) = if opcode == 0x35 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
+            check_range(lba, blocks, geometry)?;
+            Ok(Operation::SynchronizeCache)
+        }
+        0x1a | 0x5a => {
+            let ten = opcode == 0x5a;
+            let allocation = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
+            Ok(Operation::ModeSense {
+                ten,
+                dbd: c[1] & 0x08 != 0,
+                llbaa: ten && c[1] & 0x10 != 0,
+                page_control: c[2] >> 6,
+                page: c[2] & 0x3f,
+                subpage: c[3],
+                allocation,
+            })
+        }
+        0x15 | 0x55 => {
+            let ten = opcode == 0x55;
+            let parameter_bytes = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
+            if geometry.read_only {
+                return Err(Sense::WRITE_PROTECTED);
+            }
+            Ok(Operation::ModeSelect { parameter_bytes, ten, save: c[1] & 0x01 != 0 })
+        }
+        _ => Err(Sense::INVALID_OPCODE),
+    }
+}
+
+/// READ, WRITE, WRITE AND VERIFY and VERIFY of every size; `None`: another opcode.
+fn decode_block_io(opcode: u8, c: &[u8; 16], geometry: &Geometry) -> Option<Result<Operation, Sense>> {
+    let decoded = (|| match opcode {
         0x08 | 0x0a => {
             let lba = be(&c[1..4]) & 0x1f_ffff;
             let blocks = if c[4] == 0 { 256 } else { u32::from(c[4]) };
             rw(opcode == 0x0a, lba, blocks, false, geometry)
         }
         0x28 | 0x2a => {
-            rw_flags(&c, geometry)?;
+            rw_flags(c, geometry)?;
             rw(opcode == 0x2a, be(&c[2..6]), be(&c[7..9]) as u32, c[1] & 0x08 != 0, geometry)
         }
         0xa8 | 0xaa => {
-            rw_flags(&c, geometry)?;
+            rw_flags(c, geometry)?;
             rw(opcode == 0xaa, be(&c[2..6]), be(&c[6..10]) as u32, c[1] & 0x08 != 0, geometry)
         }
         0x88 | 0x8a => {
-            rw_flags(&c, geometry)?;
+            rw_flags(c, geometry)?;
             rw(opcode == 0x8a, be(&c[2..10]), be(&c[10..14]) as u32, c[1] & 0x08 != 0, geometry)
         }
         // WRITE AND VERIFY: written durably before the status; the compare of BYTCHK 1
@@ -195,34 +231,10 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
             }
             Ok(Operation::VerifyCompare { lba, blocks: blocks as u32 })
         }
-        0x35 | 0x91 => {
-            let (lba, blocks) = if opcode == 0x35 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
-            check_range(lba, blocks, geometry)?;
-            Ok(Operation::SynchronizeCache)
-        }
-        0x1a | 0x5a => {
-            let ten = opcode == 0x5a;
-            let allocation = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
-            Ok(Operation::ModeSense {
-                ten,
-                dbd: c[1] & 0x08 != 0,
-                llbaa: ten && c[1] & 0x10 != 0,
-                page_control: c[2] >> 6,
-                page: c[2] & 0x3f,
-                subpage: c[3],
-                allocation,
-            })
-        }
-        0x15 | 0x55 => {
-            let ten = opcode == 0x55;
-            let parameter_bytes = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
-            if geometry.read_only {
-                return Err(Sense::WRITE_PROTECTED);
-            }
-            Ok(Operation::ModeSelect { parameter_bytes, ten, save: c[1] & 0x01 != 0 })
-        }
         _ => Err(Sense::INVALID_OPCODE),
-    }
+    })();
+    let known = matches!(opcode, 0x08 | 0x0a | 0x28 | 0x2a | 0xa8 | 0xaa | 0x88 | 0x8a | 0x2e | 0xae | 0x8e | 0x2f | 0xaf | 0x8f);
+    known.then_some(decoded)
 }
 
 /// RDPROTECT/WRPROTECT are not supported (no protection information).
@@ -455,21 +467,26 @@ pub fn mode_sense(
         d[5..8].copy_from_slice(&LOGICAL_BLOCK_BYTES.to_be_bytes()[1..4]);
         d
     };
-    let mut out = if ten {
-        let mut h = vec![0u8; 8];
-        let len = (6 + descriptor.len() + pages.len()) as u16;
-        h[0..2].copy_from_slice(&len.to_be_bytes());
-        h[3] = device_specific;
-        h[4] = u8::from(long);
-        h[6..8].copy_from_slice(&(descriptor.len() as u16).to_be_bytes());
-        h
-    } else {
-        vec![(3 + descriptor.len() + pages.len()) as u8, 0, device_specific, descriptor.len() as u8]
-    };
+    let mut out = mode_header(ten, long, device_specific, descriptor.len(), pages.len());
     out.extend(descriptor);
     out.extend(pages);
     out.truncate(allocation as usize);
     Ok(out)
+}
+
+/// The mode parameter header (6 or 10 byte form).
+fn mode_header(ten: bool, long: bool, device_specific: u8, descriptor_bytes: usize, pages_bytes: usize) -> Vec<u8> {
+    if ten {
+        let mut h = vec![0u8; 8];
+        let len = (6 + descriptor_bytes + pages_bytes) as u16;
+        h[0..2].copy_from_slice(&len.to_be_bytes());
+        h[3] = device_specific;
+        h[4] = u8::from(long);
+        h[6..8].copy_from_slice(&(descriptor_bytes as u16).to_be_bytes());
+        h
+    } else {
+        vec![(3 + descriptor_bytes + pages_bytes) as u8, 0, device_specific, descriptor_bytes as u8]
+    }
 }
 
 /// The WCE a MODE SELECT parameter list asks for (`None`: it leaves the caching page

@@ -569,14 +569,8 @@ pub async fn run(
     let nbd_unix = tokio::net::UnixListener::bind(&nbd_sock)
         .with_context(|| format!("cannot listen on {}", nbd_sock.display()))?;
     crate::state_dir::secure_socket(&nbd_sock, admin_gid)?;
-    let http = match &opts.http {
-        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for HTTP on {a}"))?),
-        None => None,
-    };
-    let iscsi = match &opts.iscsi {
-        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for iSCSI on {a}"))?),
-        None => None,
-    };
+    let http = bind_tcp(opts.http.as_deref(), "HTTP").await?;
+    let iscsi = bind_tcp(opts.iscsi.as_deref(), "iSCSI").await?;
 
     let info = DaemonInfo {
         version: env!("CARGO_PKG_VERSION").into(),
@@ -629,14 +623,7 @@ pub async fn run(
     wait_for_signal().await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    if tokio::time::timeout(NBD_DRAIN, nbd_task).await.is_err() {
-        tracing::warn!("NBD connections did not finish within {NBD_DRAIN:?}; exporting anyway");
-    }
-    if let Some(task) = iscsi_task {
-        if tokio::time::timeout(NBD_DRAIN, task).await.is_err() {
-            tracing::warn!("iSCSI connections did not finish within {NBD_DRAIN:?}; exporting anyway");
-        }
-    }
+    drain_front_ends(nbd_task, iscsi_task).await;
     let _ = admin_task.await;
     if let Some(t) = http_task {
         let _ = t.await;
@@ -647,6 +634,27 @@ pub async fn run(
     tracing::info!("stopped");
     drop(lock);
     Ok(())
+}
+
+/// A TCP listener on `addr` (`None`: that listener is off).
+async fn bind_tcp(addr: Option<&str>, what: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match addr {
+        Some(a) => Ok(Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for {what} on {a}"))?)),
+        None => Ok(None),
+    }
+}
+
+/// At shutdown: give the NBD and iSCSI connections a bounded time to finish their
+/// in-flight requests.
+async fn drain_front_ends(nbd_task: tokio::task::JoinHandle<()>, iscsi_task: Option<tokio::task::JoinHandle<()>>) {
+    if tokio::time::timeout(NBD_DRAIN, nbd_task).await.is_err() {
+        tracing::warn!("NBD connections did not finish within {NBD_DRAIN:?}; exporting anyway");
+    }
+    if let Some(task) = iscsi_task {
+        if tokio::time::timeout(NBD_DRAIN, task).await.is_err() {
+            tracing::warn!("iSCSI connections did not finish within {NBD_DRAIN:?}; exporting anyway");
+        }
+    }
 }
 
 async fn wait_for_signal() {
