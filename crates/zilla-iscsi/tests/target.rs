@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::watch;
 use zilla_frontend::volume::MemVolume;
-use zilla_frontend::StaticRegistry;
+use zilla_frontend::{ExportRegistry, StaticRegistry};
 use zilla_iscsi::pdu::{self, op, Bhs, BHS_BYTES};
 use zilla_iscsi::{IscsiConfig, IscsiServer};
 
@@ -328,4 +328,57 @@ async fn oversized_data_segments_close_the_connection() {
     bhs.set_data_segment_bytes(pdu::DATA_SEGMENT_FIELD_MAX);
     i.stream.write_all(&bhs.0[..BHS_BYTES]).await.unwrap();
     assert!(i.receive().await.is_none(), "closed on a data segment above MaxRecvDataSegmentLength");
+}
+
+/// A registry that keeps volume properties, as the daemon's does.
+struct PropertyRegistry {
+    inner: StaticRegistry,
+    properties: std::sync::Mutex<Vec<(String, String, String)>>,
+}
+
+impl zilla_frontend::ExportRegistry for PropertyRegistry {
+    fn list(&self) -> Vec<zilla_frontend::ExportInfo> {
+        self.inner.list()
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn zilla_frontend::volume::BlockVolume>> {
+        self.inner.open(name)
+    }
+    fn property(&self, name: &str, property: &str) -> Option<String> {
+        let set = self.properties.lock().unwrap();
+        set.iter().rev().find(|(n, p, _)| n == name && p == property).map(|(_, _, v)| v.clone())
+    }
+    fn set_property(&self, name: &str, property: &str, value: &str) -> Result<(), String> {
+        self.properties.lock().unwrap().push((name.into(), property.into(), value.into()));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_wce_change_is_saved_and_the_next_session_sees_it() {
+    let registry = Arc::new(PropertyRegistry {
+        inner: StaticRegistry::new().with("tank/vol", Arc::new(MemVolume::new("tank/vol", 1 << 20, 16384))),
+        properties: Default::default(),
+    });
+    let server = IscsiServer::new(registry.clone(), IscsiConfig::default());
+    let (_stop_tx, stop) = watch::channel(false);
+    let connect = || {
+        let (client, served) = tokio::io::duplex(1 << 20);
+        let (server, stop) = (server.clone(), stop.clone());
+        tokio::spawn(async move { server.serve_stream(served, None, stop).await });
+        Initiator { stream: client, cmd_sn: 1, itt: 1, header_digest: false }
+    };
+    let mut i = connect();
+    assert_eq!(i.login(NORMAL).await.bhs.0[36], 0);
+    let mut params = vec![0u8, 0, 0, 0, 0x08, 0x12, 0x04];
+    params.resize(4 + 20, 0);
+    i.command(&[0x15, 0x10, 0, 0, params.len() as u8, 0], params.len() as u32, false, true, true, &params).await;
+    assert_eq!(i.read_status().await.1, 0);
+    assert_eq!(registry.property("tank/vol", "wce").as_deref(), Some("on"), "saved as the wce property");
+    // a new session starts with the saved setting
+    let mut j = connect();
+    assert_eq!(j.login(NORMAL).await.bhs.0[36], 0);
+    j.command(&[0x5a, 0x08, 0x08, 0, 0, 0, 0, 0, 255, 0], 255, true, false, true, &[]).await;
+    let (data, status, ..) = j.read_status().await;
+    assert_eq!(status, 0);
+    assert_eq!(data[8 + 2] & 0x04, 0x04, "MODE SENSE 10 shows WCE on");
 }
