@@ -66,6 +66,13 @@ for family in "${families[@]}"; do
     log "iscsi-test-cu $family: $(awk '/^ *tests /{print $4 " of " $2 " passed"}' "$T/cu")"
 done
 
+# /metrics counts the target's sessions and requests.
+curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >"$T/metrics"
+awk '$1 == "zilla_iscsi_sessions_started_total" && $2 > 0 { ok = 1 } END { exit !ok }' "$T/metrics" ||
+    fail "zilla_iscsi_sessions_started_total is not above 0"
+awk '$1 == "zilla_iscsi_requests_total{op=\"write\"}" && $2 > 0 { ok = 1 } END { exit !ok }' "$T/metrics" ||
+    fail "no iSCSI write counted in /metrics"
+
 # The identity survives a restart.
 stop_daemon
 start_daemon

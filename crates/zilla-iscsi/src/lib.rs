@@ -117,9 +117,36 @@ pub struct IscsiStats {
     pub io: zilla_frontend::VolumeIoStats,
 }
 
+/// Plain copy of [`IscsiStats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IscsiStatsSnapshot {
+    pub connections_accepted: u64,
+    pub connections_active: u64,
+    pub sessions_started: u64,
+    pub discovery_sessions: u64,
+    pub logins_refused: u64,
+    pub protocol_errors: u64,
+    pub commands_out_of_window: u64,
+    pub io: zilla_frontend::VolumeIoSnapshot,
+}
+
 impl IscsiStats {
     pub fn count(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> IscsiStatsSnapshot {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        IscsiStatsSnapshot {
+            connections_accepted: load(&self.connections_accepted),
+            connections_active: load(&self.connections_active),
+            sessions_started: load(&self.sessions_started),
+            discovery_sessions: load(&self.discovery_sessions),
+            logins_refused: load(&self.logins_refused),
+            protocol_errors: load(&self.protocol_errors),
+            commands_out_of_window: load(&self.commands_out_of_window),
+            io: self.io.snapshot(),
+        }
     }
 }
 

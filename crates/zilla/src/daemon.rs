@@ -259,6 +259,7 @@ impl Daemon {
             frontend: self.frontend.clone(),
             nbd_stats: self.nbd.stats().clone(),
             nbd_config: self.nbd.config().clone(),
+            iscsi_stats: self.iscsi.stats().clone(),
             state_dir: self.info.state_dir.clone(),
             nbd_tcp: self.info.nbd_tcp.clone(),
         })
@@ -266,7 +267,7 @@ impl Daemon {
 
     /// The daemon's memory beyond the ARC and dirty data, and its bound (memory.rs).
     fn memory_report(&self) -> crate::memory::MemoryReport {
-        let connections = self.nbd.stats().snapshot().connections_active;
+        let connections = self.nbd.stats().snapshot().connections_active + self.iscsi.stats().snapshot().connections_active;
         crate::memory::measure(&self.pools, &self.frontend.stats(), connections)
     }
 
