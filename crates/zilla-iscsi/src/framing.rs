@@ -3,8 +3,9 @@
 //! The reader keeps what it has read in its own buffer, so dropping a `read_pdu`
 //! future (a `select!` that took another branch) loses nothing: the next call goes on
 //! where it stopped. The buffer grows to one PDU at most (header, AHS, digests and
-//! our declared MaxRecvDataSegmentLength), checked by [`crate::pdu::parse_frame`]
-//! before it grows.
+//! our declared MaxRecvDataSegmentLength: 64 KiB by default), checked by
+//! [`crate::pdu::parse_frame`] before it grows. With the writer's 32 KiB buffer a
+//! connection's fixed buffers stay within the daemon's per-connection memory term.
 
 use std::io;
 
@@ -34,7 +35,7 @@ fn malformed(error: FrameError) -> io::Error {
 
 impl<R: AsyncRead + Unpin> PduReader<R> {
     pub(crate) fn new(inner: R, data_segment_max: usize) -> PduReader<R> {
-        PduReader { inner, buffer: vec![0; 64 << 10], filled: 0, digests: Digests::default(), data_segment_max }
+        PduReader { inner, buffer: vec![0; 16 << 10], filled: 0, digests: Digests::default(), data_segment_max }
     }
 
     /// Bytes buffered beyond what was taken.
@@ -80,10 +81,7 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
         // keep what follows for the next PDU
         self.buffer.copy_within(layout.total_bytes..self.filled, 0);
         self.filled -= layout.total_bytes;
-        if self.buffer.len() > (1 << 20) && self.filled < (64 << 10) {
-            self.buffer.truncate(64 << 10);
-            self.buffer.shrink_to_fit();
-        }
+
         Ok(frame)
     }
 }

@@ -63,7 +63,7 @@ impl Default for IscsiConfig {
     fn default() -> IscsiConfig {
         IscsiConfig {
             command_window: 128,
-            max_recv_data_segment_bytes: 256 << 10,
+            max_recv_data_segment_bytes: 64 << 10,
             max_burst_bytes: 8 << 20,
             first_burst_bytes: 256 << 10,
             login_timeout: Duration::from_secs(30),

@@ -159,7 +159,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
     digests: Digests,
     stall: Duration,
 ) -> io::Result<()> {
-    let mut out = BufWriter::with_capacity(256 << 10, writer);
+    let mut out = BufWriter::with_capacity(32 << 10, writer);
     let stall = if stall.is_zero() { Duration::from_secs(100 * 365 * 86_400) } else { stall };
     while let Some(first) = queue.recv().await {
         let mut next = Some(first);
