@@ -382,3 +382,69 @@ async fn a_wce_change_is_saved_and_the_next_session_sees_it() {
     assert_eq!(status, 0);
     assert_eq!(data[8 + 2] & 0x04, 0x04, "MODE SENSE 10 shows WCE on");
 }
+
+/// Writes that together exceed the connection's share of the memory budget: the
+/// reader waits for budget for the third while it takes in the first two's data, so
+/// all complete (no deadlock) and read back.
+#[tokio::test]
+async fn writes_beyond_the_memory_share_wait_and_complete() {
+    let config = zilla_frontend::FrontendConfig {
+        memory_budget_bytes: 72 << 20,
+        memory_reserve_bytes: 32 << 20,
+        memory_per_connection_max_bytes: 40 << 20,
+        ..zilla_frontend::FrontendConfig::default()
+    };
+    config.validate().unwrap();
+    let registry = StaticRegistry::new().with("tank/vol", Arc::new(MemVolume::new("tank/vol", 64 << 20, 16384)));
+    let frontend = zilla_frontend::Frontend::new(Arc::new(registry), config);
+    let server = IscsiServer::with_frontend(frontend.clone(), IscsiConfig::default());
+    let (client, served) = tokio::io::duplex(1 << 20);
+    let (_stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move { server.serve_stream(served, None, stop).await });
+    let mut i = Initiator { stream: client, cmd_sn: 1, itt: 1, header_digest: false };
+    let mut keys = NORMAL.to_vec();
+    keys.retain(|(k, _)| *k != "MaxBurstLength" && *k != "MaxRecvDataSegmentLength");
+    keys.push(("MaxBurstLength", "8388608"));
+    assert_eq!(i.login(&keys).await.bhs.0[36], 0);
+    const WRITE_BYTES: usize = 16 << 20;
+    let blocks = (WRITE_BYTES / 512) as u32;
+    let mut itts = Vec::new();
+    for n in 0..3u32 {
+        let mut cdb = vec![0x8a, 0];
+        cdb.extend_from_slice(&u64::from(n * blocks).to_be_bytes());
+        cdb.extend_from_slice(&blocks.to_be_bytes());
+        cdb.extend_from_slice(&[0, 0]);
+        itts.push(i.command(&cdb, WRITE_BYTES as u32, false, true, true, &[]).await);
+    }
+    let fill = |itt: u32| (itt % 251) as u8;
+    let mut done = 0;
+    while done < 3 {
+        let r = i.receive().await.expect("a PDU");
+        match r.bhs.opcode() {
+            op::R2T => {
+                let (itt, ttt, offset, len) = (r.bhs.itt(), r.bhs.u32_at(20), r.bhs.u32_at(40) as usize, r.bhs.u32_at(44) as usize);
+                let chunk = vec![fill(itt); 32 << 10];
+                let mut at = 0;
+                let mut data_sn = 0;
+                while at < len {
+                    let n = (len - at).min(chunk.len());
+                    i.data_out(itt, ttt, data_sn, (offset + at) as u32, &chunk[..n], at + n == len).await;
+                    at += n;
+                    data_sn += 1;
+                }
+            }
+            op::SCSI_RESPONSE => {
+                assert_eq!(r.bhs.0[3], 0, "write GOOD");
+                done += 1;
+            }
+            other => panic!("unexpected opcode {other:#x}"),
+        }
+    }
+    for (n, &itt) in itts.iter().enumerate() {
+        i.command(&read10((n as u32 * blocks) + blocks - 8, 8), 4096, true, false, true, &[]).await;
+        let (data, status, ..) = i.read_status().await;
+        assert_eq!(status, 0);
+        assert!(data.iter().all(|&b| b == fill(itt)), "write {n} read back");
+    }
+    assert!(frontend.memory.stats().waits > 0, "the third write waited for the memory budget");
+}
