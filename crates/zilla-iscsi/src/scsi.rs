@@ -144,6 +144,7 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
             d.extend_from_slice(&LOGICAL_BLOCK_BYTES.to_be_bytes());
             Ok(Operation::DataIn(d))
         }
+        0xa3 if c[1] & 0x1f == 0x0c => report_supported_operation_codes(&c),
         0x9e if c[1] & 0x1f == 0x10 => {
             let allocation = be(&c[10..14]) as usize;
             Ok(Operation::DataIn(cut(read_capacity16(geometry), allocation)))
@@ -235,6 +236,102 @@ fn decode_block_io(opcode: u8, c: &[u8; 16], geometry: &Geometry) -> Option<Resu
     })();
     let known = matches!(opcode, 0x08 | 0x0a | 0x28 | 0x2a | 0xa8 | 0xaa | 0x88 | 0x8a | 0x2e | 0xae | 0x8e | 0x2f | 0xaf | 0x8f);
     known.then_some(decoded)
+}
+
+const RW10: [u8; 10] = [0, 0x18, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0];
+const RW12: [u8; 12] = [0, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0];
+const RW16: [u8; 16] = [0, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0];
+
+/// The CDB usage bitmap of `opcode` (service action `sa`): the bits a CDB may set
+/// (its first byte the opcode). `None`: not supported.
+fn cdb_usage(opcode: u8, sa: Option<u16>) -> Option<Vec<u8>> {
+    let with = |mut usage: Vec<u8>, byte1: u8| {
+        usage[0] = opcode;
+        usage[1] = byte1;
+        usage
+    };
+    let usage = match (opcode, sa) {
+        (0x00, None) => vec![0x00, 0, 0, 0, 0, 0],
+        (0x03, None) => vec![0x03, 0x01, 0, 0, 0xff, 0],
+        (0x08 | 0x0a, None) => vec![opcode, 0x1f, 0xff, 0xff, 0xff, 0],
+        (0x12, None) => vec![0x12, 0x01, 0xff, 0xff, 0xff, 0],
+        (0x15, None) => vec![0x15, 0x11, 0, 0, 0xff, 0],
+        (0x1a, None) => vec![0x1a, 0x08, 0xff, 0xff, 0xff, 0],
+        (0x25, None) => vec![0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        (0x28 | 0x2a, None) => with(RW10.to_vec(), 0x18),
+        (0x2e | 0x2f, None) => with(RW10.to_vec(), 0x12),
+        (0x35, None) => with(RW10.to_vec(), 0x02),
+        (0x55, None) => vec![0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+        (0x5a, None) => vec![0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0],
+        (0x88 | 0x8a, None) => with(RW16.to_vec(), 0x18),
+        (0x8e | 0x8f, None) => with(RW16.to_vec(), 0x12),
+        (0x91, None) => with(RW16.to_vec(), 0x02),
+        (0x9e, Some(0x10)) => vec![0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        (0xa0, None) => vec![0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        (0xa3, Some(0x0c)) => vec![0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        (0xa8 | 0xaa, None) => with(RW12.to_vec(), 0x18),
+        (0xae | 0xaf, None) => with(RW12.to_vec(), 0x12),
+        _ => return None,
+    };
+    Some(usage)
+}
+
+/// Opcodes that take a service action (in CDB byte 1).
+fn has_service_action(opcode: u8) -> bool {
+    matches!(opcode, 0x9e | 0xa3)
+}
+
+/// Every supported (opcode, service action).
+const SUPPORTED_COMMANDS: &[(u8, Option<u16>)] = &[
+    (0x00, None), (0x03, None), (0x08, None), (0x0a, None), (0x12, None), (0x15, None), (0x1a, None),
+    (0x25, None), (0x28, None), (0x2a, None), (0x2e, None), (0x2f, None), (0x35, None), (0x55, None),
+    (0x5a, None), (0x88, None), (0x8a, None), (0x8e, None), (0x8f, None), (0x91, None), (0x9e, Some(0x10)),
+    (0xa0, None), (0xa3, Some(0x0c)), (0xa8, None), (0xaa, None), (0xae, None), (0xaf, None),
+];
+
+/// A command timeouts descriptor (no timeouts given).
+const TIMEOUTS_DESCRIPTOR: [u8; 12] = [0, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// REPORT SUPPORTED OPERATION CODES: all commands (option 0) or one (options 1, 2).
+fn report_supported_operation_codes(c: &[u8; 16]) -> Result<Operation, Sense> {
+    let rctd = c[2] & 0x80 != 0;
+    let (opcode, sa) = (c[3], be(&c[4..6]) as u16);
+    let allocation = be(&c[6..10]) as usize;
+    let mut d = Vec::new();
+    match c[2] & 0x07 {
+        0 => {
+            d.extend_from_slice(&[0; 4]);
+            for &(op, service) in SUPPORTED_COMMANDS {
+                let length = cdb_usage(op, service).map_or(0, |u| u.len()) as u16;
+                let flags = u8::from(service.is_some()) | if rctd { 0x02 } else { 0 };
+                d.extend_from_slice(&[op, 0]);
+                d.extend_from_slice(&service.unwrap_or(0).to_be_bytes());
+                d.extend_from_slice(&[0, flags]);
+                d.extend_from_slice(&length.to_be_bytes());
+                if rctd {
+                    d.extend_from_slice(&TIMEOUTS_DESCRIPTOR);
+                }
+            }
+            let length = (d.len() - 4) as u32;
+            d[0..4].copy_from_slice(&length.to_be_bytes());
+        }
+        option @ (1 | 2) => {
+            if (option == 1) == has_service_action(opcode) {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            let usage = cdb_usage(opcode, (option == 2).then_some(sa));
+            let support = if usage.is_some() { 0x03 } else { 0x01 };
+            let usage = usage.unwrap_or_default();
+            d.extend_from_slice(&[0, support | if rctd { 0x80 } else { 0 }]);
+            d.extend_from_slice(&(usage.len() as u16).to_be_bytes());
+            d.extend_from_slice(&usage);
+            if rctd {
+                d.extend_from_slice(&TIMEOUTS_DESCRIPTOR);
+            }
+        }
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+    }
+    Ok(Operation::DataIn(cut(d, allocation)))
 }
 
 /// RDPROTECT/WRPROTECT are not supported (no protection information).
@@ -646,6 +743,32 @@ mod tests {
         assert_eq!(decode(&cdb(&[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0]), true, &g), Err(Sense::INVALID_FIELD_IN_CDB));
         let s = Sense::LBA_OUT_OF_RANGE.fixed();
         assert_eq!((s[0], s[2], s[7], s[12], s[13]), (0x70, 5, 10, 0x21, 0));
+    }
+
+    #[test]
+    fn supported_operation_codes_are_reported() {
+        let g = geometry();
+        let Ok(Operation::DataIn(all)) = decode(&cdb(&[0xa3, 0x0c, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0]), true, &g) else { panic!() };
+        let length = u32::from_be_bytes(all[0..4].try_into().unwrap()) as usize;
+        assert_eq!(length, SUPPORTED_COMMANDS.len() * 8);
+        assert!(all[4..].chunks(8).any(|d| d[0] == 0x28 && u16::from_be_bytes([d[6], d[7]]) == 10));
+        assert!(all[4..].chunks(8).any(|d| d[0] == 0x9e && d[5] & 0x01 != 0 && d[3] == 0x10));
+        let Ok(Operation::DataIn(one)) = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x2a, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
+        assert_eq!(one[1] & 0x07, 0x03);
+        assert_eq!(&one[4..6], &[0x2a, 0x18], "WRITE 10 takes DPO and FUA");
+        let Ok(Operation::DataIn(none)) = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x42, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
+        assert_eq!(none[1] & 0x07, 0x01, "UNMAP is not supported");
+        assert_eq!(decode(&cdb(&[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g), Err(Sense::INVALID_FIELD_IN_CDB));
+        let Ok(Operation::DataIn(sa)) = decode(&cdb(&[0xa3, 0x0c, 0x02, 0x9e, 0, 0x10, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
+        assert_eq!(sa[1] & 0x07, 0x03);
+        // every supported command decodes to something other than INVALID OPCODE
+        for &(op, service) in SUPPORTED_COMMANDS {
+            let mut c = cdb(&[op]);
+            if let Some(sa) = service {
+                c[1] = sa as u8;
+            }
+            assert_ne!(decode(&c, true, &g), Err(Sense::INVALID_OPCODE), "opcode {op:#x}");
+        }
     }
 
     #[test]
