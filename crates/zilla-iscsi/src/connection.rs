@@ -160,6 +160,7 @@ fn check_condition(itt: u32, sense: Sense, expected: usize, counted: bool) -> Ou
 }
 
 /// Data-In PDUs for `len` bytes of `body`, the last with status GOOD (phase collapse).
+#[allow(clippy::too_many_arguments)]
 fn data_in(
     itt: u32,
     lun: [u8; 8],

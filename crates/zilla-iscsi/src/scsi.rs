@@ -446,7 +446,7 @@ fn device_identification(g: &Geometry) -> Vec<u8> {
     let mut name = g.target_name.as_bytes().to_vec();
     name.truncate(251);
     name.push(0);
-    while name.len() % 4 != 0 {
+    while !name.len().is_multiple_of(4) {
         name.push(0);
     }
     d.extend_from_slice(&[0x53, 0xa8, 0x00, name.len() as u8]);
