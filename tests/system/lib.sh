@@ -63,7 +63,7 @@ start_daemon() {
     NBD_PORT=${NBD_PORT:-$(free_port)}
     HTTP_PORT=${HTTP_PORT:-$(free_port)}
     "${DAEMON_PREFIX[@]}" "$ZILLA" --state-dir "$STATE" serve --nbd "127.0.0.1:$NBD_PORT" --http "127.0.0.1:$HTTP_PORT" \
-        --iscsi off "$@" >>"$T/daemon.log" 2>&1 &
+        --iscsi "${ISCSI_ADDR:-off}" "$@" >>"$T/daemon.log" 2>&1 &
     DAEMON_PID=$!
     local i
     for ((i = 0; i < 600; i++)); do

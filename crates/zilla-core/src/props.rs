@@ -122,7 +122,7 @@ pub struct PropDef {
 pub const PROPS: &[PropDef] = &[
     PropDef { name: "sync", default: "standard", values: &["standard", "always", "disabled"], settable: true, no_effect_yet: None },
     PropDef { name: "logbias", default: "latency", values: &["latency", "throughput"], settable: true, no_effect_yet: None },
-    PropDef { name: "wce", default: "off", values: &["off", "on"], settable: true, no_effect_yet: Some("it reaches initiators with the iSCSI target") },
+    PropDef { name: "wce", default: "off", values: &["off", "on"], settable: true, no_effect_yet: None },
     PropDef { name: "primarycache", default: "all", values: &["all", "metadata", "none"], settable: true, no_effect_yet: None },
     PropDef { name: "secondarycache", default: "all", values: &["all", "metadata", "none"], settable: true, no_effect_yet: None },
     PropDef { name: "compression", default: "off", values: &[], settable: true, no_effect_yet: None },

@@ -27,6 +27,22 @@ pub trait ExportRegistry: Send + Sync + 'static {
     /// The volume behind an exact export name (not the empty name; see
     /// [`resolve_export`]).
     fn open(&self, name: &str) -> Option<Arc<dyn BlockVolume>>;
+    /// A stable number identifying the pool that holds export `name` (the pool GUID),
+    /// from which a protocol derives identifiers that survive restarts (the iSCSI
+    /// target's NAA identifier and serial). `None`: not known (then the name alone is
+    /// used).
+    fn pool_id(&self, _name: &str) -> Option<u64> {
+        None
+    }
+    /// The value of a volume property of export `name` ("on"/"off", ...), if any.
+    fn property(&self, _name: &str, _property: &str) -> Option<String> {
+        None
+    }
+    /// Set a volume property of export `name` persistently (an iSCSI MODE SELECT that
+    /// changes the write cache sets `wce`). May block (the pool writes the change).
+    fn set_property(&self, _name: &str, _property: &str, _value: &str) -> Result<(), String> {
+        Err("this registry cannot change properties".to_string())
+    }
 }
 
 /// An opened export: its canonical name, description and volume.

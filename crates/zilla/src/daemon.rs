@@ -13,10 +13,13 @@
 //!   DIR/nbd.sock      NBD over a unix socket (TCP on --nbd as well)
 //! ```
 //!
+//! iSCSI is served on TCP (--iscsi, 127.0.0.1:3260 unless told), by the target of
+//! crates/zilla-iscsi over the same front end (iscsi_glue.rs).
+//!
 //! Start: take the lock (a second daemon on the same directory is refused), remove a
 //! stale socket, read the cache file and import each pool from its exact leaf list
 //! (a pool that fails is logged and kept in the cache as unavailable, never fatal),
-//! then serve the admin API, NBD, and the HTTP page/metrics.
+//! then serve the admin API, NBD, iSCSI, and the HTTP page/metrics.
 //!
 //! A pool that is not imported stays in the cache file and shows as UNAVAIL with the
 //! reason in `pool status` and `pool list` until the admin imports it (`pool import
@@ -41,14 +44,15 @@
 //! temporary file, fsync, rename, fsync the directory), under the admin mutex that
 //! serialises configuration changes.
 //!
-//! Stop (SIGTERM/SIGINT): stop accepting everywhere, give the NBD server a bounded time
+//! Stop (SIGTERM/SIGINT): stop accepting everywhere, give the NBD server and the iSCSI
+//! target a bounded time
 //! to finish in-flight requests, then `sync` and `export` every pool *without* removing
 //! it from the cache, so the next start imports it again; remove the sockets; exit 0.
 //!
 //! The daemon owns the parts and wires them, and none of them knows the daemon: the
 //! pool table (pools.rs), the one front end every protocol shares (zilla-frontend's
 //! `Frontend`: export registry over the pool table (exports.rs), budgets, sessions,
-//! statistics), handed to the NBD server (nbd_glue.rs) and to any later front end,
+//! statistics), handed to the NBD server (nbd_glue.rs) and the iSCSI target (iscsi_glue.rs),
 //! and a read-only view of both for the page and /metrics (web.rs). The admin API
 //! below changes the pool table and asks the front end's sessions.
 //!
@@ -155,6 +159,8 @@ pub struct Daemon {
     pub frontend: Arc<zilla_frontend::Frontend>,
     /// The NBD server over `frontend` (its own counters and limits).
     pub nbd: zilla_nbd::NbdServer,
+    /// The iSCSI target over `frontend` (its own counters and limits).
+    pub iscsi: zilla_iscsi::IscsiServer,
 }
 
 pub use crate::api_error::ApiError;
@@ -232,6 +238,7 @@ impl Daemon {
         let registry = Arc::new(crate::exports::Exports { pools: pools.clone() });
         let frontend = zilla_frontend::Frontend::new(registry, frontend_config);
         let nbd = crate::nbd_glue::server(frontend.clone(), nbd_config);
+        let iscsi = crate::iscsi_glue::server(frontend.clone(), zilla_iscsi::IscsiConfig::default());
         Arc::new(Daemon {
             state_dir,
             pools,
@@ -240,6 +247,7 @@ impl Daemon {
             info,
             frontend,
             nbd,
+            iscsi,
         })
     }
 
@@ -251,6 +259,7 @@ impl Daemon {
             frontend: self.frontend.clone(),
             nbd_stats: self.nbd.stats().clone(),
             nbd_config: self.nbd.config().clone(),
+            iscsi_stats: self.iscsi.stats().clone(),
             state_dir: self.info.state_dir.clone(),
             nbd_tcp: self.info.nbd_tcp.clone(),
         })
@@ -258,7 +267,7 @@ impl Daemon {
 
     /// The daemon's memory beyond the ARC and dirty data, and its bound (memory.rs).
     fn memory_report(&self) -> crate::memory::MemoryReport {
-        let connections = self.nbd.stats().snapshot().connections_active;
+        let connections = self.nbd.stats().snapshot().connections_active + self.iscsi.stats().snapshot().connections_active;
         crate::memory::measure(&self.pools, &self.frontend.stats(), connections)
     }
 
@@ -561,10 +570,8 @@ pub async fn run(
     let nbd_unix = tokio::net::UnixListener::bind(&nbd_sock)
         .with_context(|| format!("cannot listen on {}", nbd_sock.display()))?;
     crate::state_dir::secure_socket(&nbd_sock, admin_gid)?;
-    let http = match &opts.http {
-        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for HTTP on {a}"))?),
-        None => None,
-    };
+    let http = bind_tcp(opts.http.as_deref(), "HTTP").await?;
+    let iscsi = bind_tcp(opts.iscsi.as_deref(), "iSCSI").await?;
 
     let info = DaemonInfo {
         version: env!("CARGO_PKG_VERSION").into(),
@@ -572,7 +579,7 @@ pub async fn run(
         state_dir: dir.display().to_string(),
         nbd_tcp: nbd_tcp.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
         nbd_unix: Some(nbd_sock.display().to_string()),
-        iscsi: opts.iscsi.clone(),
+        iscsi: iscsi.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
         http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
         notices: vec![],
     };
@@ -596,6 +603,7 @@ pub async fn run(
         tokio::spawn(crate::http_serve::serve("admin API", listener, app, limits.admin, stop_rx.clone(), ADMIN_DRAIN))
     };
     let nbd_task = crate::nbd_glue::spawn(daemon.nbd.clone(), nbd_tcp, nbd_unix, stop_rx.clone());
+    let iscsi_task = iscsi.map(|l| crate::iscsi_glue::spawn(daemon.iscsi.clone(), l, stop_rx.clone()));
     let http_task = http.map(|l| {
         let app = crate::http_serve::with_body_limits(crate::web::router(daemon.web_view()), limits.http);
         let listener = crate::http_serve::Listener::Tcp(l);
@@ -603,24 +611,20 @@ pub async fn run(
     });
 
     tracing::info!(
-        "serving {}: admin {}, NBD {} and {}, HTTP {}",
+        "serving {}: admin {}, NBD {} and {}, iSCSI {}, HTTP {}",
         dir.display(),
         admin_sock.display(),
         info.nbd_tcp.as_deref().unwrap_or("off"),
         nbd_sock.display(),
+        info.iscsi.as_deref().unwrap_or("off"),
         info.http.as_deref().unwrap_or("off")
     );
-    if let Some(i) = &opts.iscsi {
-        tracing::warn!("iSCSI on {i} is not served yet (this build serves NBD only)");
-    }
     ready(&info);
 
     wait_for_signal().await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    if tokio::time::timeout(NBD_DRAIN, nbd_task).await.is_err() {
-        tracing::warn!("NBD connections did not finish within {NBD_DRAIN:?}; exporting anyway");
-    }
+    drain_front_ends(nbd_task, iscsi_task).await;
     let _ = admin_task.await;
     if let Some(t) = http_task {
         let _ = t.await;
@@ -631,6 +635,27 @@ pub async fn run(
     tracing::info!("stopped");
     drop(lock);
     Ok(())
+}
+
+/// A TCP listener on `addr` (`None`: that listener is off).
+async fn bind_tcp(addr: Option<&str>, what: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match addr {
+        Some(a) => Ok(Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen for {what} on {a}"))?)),
+        None => Ok(None),
+    }
+}
+
+/// At shutdown: give the NBD and iSCSI connections a bounded time to finish their
+/// in-flight requests.
+async fn drain_front_ends(nbd_task: tokio::task::JoinHandle<()>, iscsi_task: Option<tokio::task::JoinHandle<()>>) {
+    if tokio::time::timeout(NBD_DRAIN, nbd_task).await.is_err() {
+        tracing::warn!("NBD connections did not finish within {NBD_DRAIN:?}; exporting anyway");
+    }
+    if let Some(task) = iscsi_task {
+        if tokio::time::timeout(NBD_DRAIN, task).await.is_err() {
+            tracing::warn!("iSCSI connections did not finish within {NBD_DRAIN:?}; exporting anyway");
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -156,7 +156,11 @@ fn print_banner(dir: &Path, state: &Path, info: &crate::api::DaemonInfo) {
         o.push_str(&format!("  browser:      http://{}/\n", h.replace("0.0.0.0", "127.0.0.1")));
     }
     if let Some(i) = &info.iscsi {
-        o.push_str(&format!("  iSCSI:        {i} (not served yet: this build serves NBD only)\n"));
+        let portal = i.replace("0.0.0.0", "127.0.0.1");
+        let target = zilla_iscsi::names::target_name(&export);
+        o.push_str(&format!("  iSCSI:        iscsi-ls -s iscsi://{portal}\n"));
+        o.push_str(&format!("                iscsi-inq iscsi://{portal}/{target}/0\n"));
+        o.push_str(&format!("                qemu-img info iscsi://{portal}/{target}/0\n"));
     }
     o.push_str("\nCtrl-C stops the daemon; the pool is exported cleanly and reused next time.\n");
     println!("{o}");

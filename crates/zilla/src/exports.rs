@@ -55,4 +55,18 @@ impl zilla_nbd::ExportRegistry for Exports {
     fn open(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
         Exports::open(self, name)
     }
+    fn pool_id(&self, name: &str) -> Option<u64> {
+        let (pool, _) = name.split_once('/')?;
+        Some(self.pools.get(pool)?.guid().0)
+    }
+    fn property(&self, name: &str, property: &str) -> Option<String> {
+        let (pool, vol) = name.split_once('/')?;
+        let rows = self.pools.get(pool)?.get_props(vol, &[property.to_string()]).ok()?;
+        rows.into_iter().next().map(|row| row.value)
+    }
+    fn set_property(&self, name: &str, property: &str, value: &str) -> Result<(), String> {
+        let (pool, vol) = name.split_once('/').ok_or_else(|| format!("'{name}' is not POOL/NAME"))?;
+        let pool = self.pools.get(pool).ok_or_else(|| format!("pool of '{name}' is not imported"))?;
+        pool.set_prop(vol, property, value).map_err(|e| e.to_string())
+    }
 }

@@ -17,6 +17,7 @@ mod exports;
 mod format;
 mod memory;
 mod http_serve;
+mod iscsi_glue;
 mod nbd_glue;
 mod pools;
 mod state_dir;
@@ -127,7 +128,7 @@ struct ListenArgs {
     /// NBD TCP address ("off" to disable; the unix socket DIR/nbd.sock is always served)
     #[arg(long, value_name = "ADDR", default_value = daemon::DEFAULT_NBD)]
     nbd: String,
-    /// iSCSI address (accepted; the iSCSI target is not served yet)
+    /// iSCSI address (the target serves every volume as iqn.2026-11.io.zilla:POOL.NAME, LUN 0)
     #[arg(long, value_name = "ADDR", default_value = daemon::DEFAULT_ISCSI)]
     iscsi: String,
     /// HTTP address for the status page and /metrics ("off" to disable)

@@ -41,7 +41,7 @@ use crate::pools::PoolTable;
 
 /// The fixed term of the memory bound (design.md §5).
 pub const FIXED_OVERHEAD_BYTES: u64 = 192 << 20;
-/// Per open NBD connection: its read and write buffers.
+/// Per open NBD or iSCSI connection: its read and write buffers.
 pub const PER_CONNECTION_BYTES: u64 = 128 << 10;
 
 /// What the overhead is computed from, all in bytes except `connections`.

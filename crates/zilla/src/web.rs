@@ -7,7 +7,7 @@
 //! node_exporter's ZFS collector `node_zfs_arc_<arcstats name>` for the ARC (every key
 //! of `/v1/arcstats` but Zilla's own, so keys added there appear here; its `zfetch_*`
 //! keys, the read-ahead's zfetchstats, as `node_zfs_zfetch_<name>`),
-//! and `zilla_frontend_*` / `zilla_nbd_*` for the front ends' memory budget, limits
+//! and `zilla_frontend_*` / `zilla_nbd_*` / `zilla_iscsi_*` for the front ends' memory budget, limits
 //! and connection and request counters, `zilla_memory_*` for the daemon's memory beyond
 //! the ARC and dirty data (memory.rs).
 
@@ -39,6 +39,8 @@ pub struct View {
     pub frontend: Arc<zilla_frontend::Frontend>,
     pub nbd_stats: Arc<zilla_nbd::NbdStats>,
     pub nbd_config: zilla_nbd::NbdConfig,
+    /// The iSCSI target's counters.
+    pub iscsi_stats: Arc<zilla_iscsi::IscsiStats>,
     pub state_dir: String,
     /// The NBD TCP address, if NBD listens on TCP.
     pub nbd_tcp: Option<String>,
@@ -75,6 +77,7 @@ struct FrontendMetrics {
     nbd_in_flight_requests_max: usize,
     nbd_idle_timeout_s: u64,
     nbd_reply_stall_timeout_s: u64,
+    iscsi: zilla_iscsi::IscsiStatsSnapshot,
 }
 
 impl FrontendMetrics {
@@ -87,6 +90,7 @@ impl FrontendMetrics {
             nbd_in_flight_requests_max: config.in_flight_requests_max,
             nbd_idle_timeout_s: config.idle_timeout.as_secs(),
             nbd_reply_stall_timeout_s: config.reply_stall_timeout.as_secs(),
+            iscsi: v.iscsi_stats.snapshot(),
         }
     }
 }
@@ -97,7 +101,8 @@ async fn snapshot(v: &Arc<View>) -> Result<Snapshot, String> {
     let frontend = FrontendMetrics::of(v);
     let v2 = v.clone();
     tokio::task::spawn_blocking(move || {
-        let memory = crate::memory::measure(&v2.pools, &v2.frontend.stats(), v2.nbd_stats.snapshot().connections_active);
+        let connections = v2.nbd_stats.snapshot().connections_active + v2.iscsi_stats.snapshot().connections_active;
+        let memory = crate::memory::measure(&v2.pools, &v2.frontend.stats(), connections);
         Snapshot {
             arcstats: crate::arcstats::arcstats_map(&memory, &v2.pools),
             memory,
@@ -423,6 +428,26 @@ fn register_frontend(reg: &mut Registry, f: &FrontendMetrics) {
         (op("trim"), io.trim_bytes),
     ]);
     counter(reg, "zilla_nbd_request_errors", "NBD requests answered with an error", io.error_ops);
+    register_iscsi(reg, &f.iscsi);
+}
+
+/// `zilla_iscsi_*`: connections and logins by fate, commands and bytes.
+fn register_iscsi(reg: &mut Registry, i: &zilla_iscsi::IscsiStatsSnapshot) {
+    gauge(reg, "zilla_iscsi_connections_open", "iSCSI connections open", i.connections_active);
+    counter(reg, "zilla_iscsi_connections_accepted", "iSCSI connections accepted", i.connections_accepted);
+    counter(reg, "zilla_iscsi_sessions_started", "iSCSI normal sessions logged in", i.sessions_started);
+    counter(reg, "zilla_iscsi_discovery_sessions", "iSCSI discovery sessions logged in", i.discovery_sessions);
+    counter(reg, "zilla_iscsi_logins_refused", "iSCSI logins refused (unknown target, bad keys, timeout)", i.logins_refused);
+    counter(reg, "zilla_iscsi_protocol_errors", "iSCSI PDUs rejected and connections closed on malformed PDUs", i.protocol_errors);
+    counter(reg, "zilla_iscsi_commands_out_of_window", "iSCSI commands dropped for a CmdSN outside the window", i.commands_out_of_window);
+    let op = |name: &str| labels(&[("op", name)]);
+    counters(reg, "zilla_iscsi_requests", "iSCSI volume requests completed, by operation", [
+        (op("read"), i.io.read_ops),
+        (op("write"), i.io.write_ops),
+        (op("flush"), i.io.flush_ops),
+    ]);
+    counters(reg, "zilla_iscsi_bytes", "iSCSI request bytes, by operation", [(op("read"), i.io.read_bytes), (op("write"), i.io.write_bytes)]);
+    counter(reg, "zilla_iscsi_request_errors", "iSCSI volume requests answered with an error", i.io.error_ops);
 }
 
 #[cfg(test)]

@@ -1,0 +1,1277 @@
+//! connection: one iSCSI connection, from the first Login Request to the close.
+//!
+//! Theory of operation
+//! -------------------
+//! ```text
+//!   login (reader writes its responses itself, bounded by login_timeout)
+//!     security stage (AuthMethod=None) -> operational stage -> full feature phase
+//!   full feature phase:
+//!   socket read half                                              socket write half
+//!        |                                                               ^
+//!   [reader loop] -- CmdSN window check, CDB decode                      |
+//!        |  answered from the unit's description --> OutPdu ----------> [writer task]
+//!        |  READ / WRITE / SYNCHRONIZE CACHE --> Executor::submit         ^ (StatSN,
+//!        |        (WRITE once its data is in: immediate, unsolicited,    |  MaxCmdSN,
+//!        |         then R2T by R2T)                                      |  digests)
+//!        |        completion on any thread --> IoCompleter --> OutPdus --+
+//! ```
+//!
+//! The reader decodes the next PDU while earlier commands' I/O is in flight; it never
+//! waits for a command, only for budget (an admission) or, for a request the executor
+//! gives back `Blocked`, for a volume call. While it waits for budget it keeps reading
+//! Data-Out PDUs of writes already admitted (their data is what frees the budget) and
+//! holds every other PDU in a queue of at most `command_window + DEFERRED_EXTRA`.
+//!
+//! Bounds: commands in flight are at most the CmdSN window (a command out of the
+//! window is dropped, as RFC 7143 says); each holds its admission (a share of the
+//! daemon-wide memory budget, counted for its whole transfer) from when its data is
+//! first buffered until its last PDU is written. Data segments are at most our
+//! declared MaxRecvDataSegmentLength (the reader refuses longer ones), immediate data
+//! at most FirstBurstLength, a transfer at most `REQUEST_MAX_BYTES`.
+//!
+//! Errors: a malformed header (a length above our limit, a wrong header digest)
+//! closes the connection with a log line; a PDU we do not take (SNACK, an unknown
+//! opcode, a Login in the full-feature phase, a bad data digest) gets a Reject; a
+//! data phase out of order fails its command with ABORTED COMMAND / DATA PHASE ERROR.
+//! Every SCSI error is a CHECK CONDITION with fixed-format sense and the residual
+//! count of what was not transferred.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use zilla_frontend::volume::{AlignedBuf, BlockVolume, WriteData};
+use zilla_frontend::{
+    Admission, Command, Completer, Completion, Executor, Frontend, IoCounters, IoKind, Output, ReadData, Request, Submitted,
+};
+
+use crate::framing::{Frame, PduReader};
+use crate::login::{LoginRefusal, Negotiation, SessionParams, SessionType};
+use crate::pdu::{self, op, reject, Bhs, Digests, Pdu, NO_TAG};
+use crate::scsi::{self, Geometry, Operation, Sense, LOGICAL_BLOCK_BYTES};
+use crate::writer::{self, CommandWindow, OutPdu, OutSender, Payload, ReadBody, StatSn};
+use crate::{names, IscsiConfig, IscsiStats};
+
+/// PDUs held back (beyond the window) while the reader waits for budget.
+const DEFERRED_EXTRA: usize = 16;
+/// Bytes of text a login may spread over PDUs with the C bit.
+const LOGIN_TEXT_MAX_BYTES: usize = 64 << 10;
+/// Memory units charged on top of a transfer (headers, bookkeeping).
+const COMMAND_OVERHEAD_UNITS: usize = 1024;
+
+/// What every connection of the server shares.
+pub(crate) struct ServerShared {
+    pub(crate) frontend: Arc<Frontend>,
+    pub(crate) config: IscsiConfig,
+    pub(crate) stats: Arc<IscsiStats>,
+    pub(crate) next_tsih: AtomicU16,
+}
+
+/// Where a connection is, for its logs and SendTargets.
+pub(crate) struct Peer {
+    pub(crate) client: String,
+    /// "ip:port" of our end, for TargetAddress; `None` for a plain stream.
+    pub(crate) portal: Option<String>,
+}
+
+/// The logical unit of a normal session.
+struct Unit {
+    executor: Executor,
+    geometry: Geometry,
+    export: String,
+    wce: AtomicBool,
+    replies: Arc<Replies>,
+}
+
+/// What a completion needs to answer.
+struct Replies {
+    out: OutSender,
+    frontend: Arc<Frontend>,
+    data_in_segment_bytes: usize,
+    burst_bytes: usize,
+}
+
+/// A residual of a command (RFC 7143 §11.4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Residual {
+    None,
+    Under(u32),
+    Over(u32),
+}
+
+impl Residual {
+    /// `expected` bytes the initiator said, `wanted` bytes the command moves.
+    fn of(expected: usize, wanted: usize) -> Residual {
+        match expected.cmp(&wanted) {
+            std::cmp::Ordering::Equal => Residual::None,
+            std::cmp::Ordering::Greater => Residual::Under(clamp32(expected - wanted)),
+            std::cmp::Ordering::Less => Residual::Over(clamp32(wanted - expected)),
+        }
+    }
+
+    fn apply(self, bhs: &mut Bhs) {
+        match self {
+            Residual::None => {}
+            Residual::Under(n) => {
+                bhs.0[1] |= 0x02;
+                bhs.set_u32(44, n);
+            }
+            Residual::Over(n) => {
+                bhs.0[1] |= 0x04;
+                bhs.set_u32(44, n);
+            }
+        }
+    }
+}
+
+fn clamp32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// A SCSI Response PDU.
+fn scsi_response(itt: u32, status: u8, sense: Option<Sense>, residual: Residual, counted: bool) -> OutPdu {
+    let mut bhs = Bhs::new(op::SCSI_RESPONSE, true);
+    bhs.0[3] = status;
+    bhs.set_u32(16, itt);
+    residual.apply(&mut bhs);
+    let data = match sense {
+        Some(sense) => {
+            let fixed = sense.fixed();
+            let mut d = Vec::with_capacity(2 + fixed.len());
+            d.extend_from_slice(&(fixed.len() as u16).to_be_bytes());
+            d.extend_from_slice(&fixed);
+            Payload::Bytes(d)
+        }
+        None => Payload::None,
+    };
+    let mut pdu = OutPdu::new(bhs, data, StatSn::Advance);
+    pdu.ends_command = counted;
+    pdu
+}
+
+fn check_condition(itt: u32, sense: Sense, expected: usize, counted: bool) -> OutPdu {
+    let residual = if expected > 0 { Residual::Under(clamp32(expected)) } else { Residual::None };
+    scsi_response(itt, scsi::STATUS_CHECK_CONDITION, Some(sense), residual, counted)
+}
+
+/// Data-In PDUs for `len` bytes of `body`, the last with status GOOD (phase collapse).
+#[allow(clippy::too_many_arguments)]
+fn data_in(
+    itt: u32,
+    lun: [u8; 8],
+    body: Arc<ReadBody>,
+    len: usize,
+    residual: Residual,
+    segment_bytes: usize,
+    burst_bytes: usize,
+    counted: bool,
+) -> Vec<OutPdu> {
+    let segment_bytes = segment_bytes.max(512);
+    let burst_bytes = burst_bytes.max(512);
+    let mut pdus = Vec::with_capacity(len / segment_bytes + 1);
+    let (mut at, mut data_sn, mut burst_end) = (0usize, 0u32, burst_bytes.min(len));
+    while at < len {
+        let n = segment_bytes.min(burst_end - at);
+        let last = at + n == len;
+        let mut bhs = Bhs::new(op::DATA_IN, at + n == burst_end);
+        bhs.set_lun(lun);
+        bhs.set_u32(16, itt);
+        bhs.set_u32(20, NO_TAG);
+        bhs.set_u32(36, data_sn);
+        bhs.set_u32(40, clamp32(at));
+        let stat = if last {
+            bhs.0[1] |= 0x80 | 0x01; // F, S
+            bhs.0[3] = scsi::STATUS_GOOD;
+            residual.apply(&mut bhs);
+            StatSn::Advance
+        } else {
+            StatSn::None
+        };
+        let mut pdu = OutPdu::new(bhs, Payload::Range { body: body.clone(), start: at, len: n }, stat);
+        pdu.ends_command = last && counted;
+        pdus.push(pdu);
+        at += n;
+        data_sn += 1;
+        if at == burst_end {
+            burst_end = (burst_end + burst_bytes).min(len);
+        }
+    }
+    pdus
+}
+
+/// What a submitted command answers when it completes.
+#[derive(Clone)]
+enum Answer {
+    /// READ of `len` bytes.
+    Read { len: usize, residual: Residual },
+    /// VERIFY with BYTCHK 1: the read is compared with `data`.
+    Compare { data: Arc<Vec<u8>>, residual: Residual },
+    /// WRITE or SYNCHRONIZE CACHE.
+    Done { residual: Residual, sense: Sense },
+}
+
+/// The completer of one command.
+struct IoCompleter {
+    replies: Arc<Replies>,
+    itt: u32,
+    lun: [u8; 8],
+    expected: usize,
+    counted: bool,
+    answer: Answer,
+}
+
+impl IoCompleter {
+    fn pdus(self, completion: Completion) -> Vec<OutPdu> {
+        let Completion { result, admission } = completion;
+        let r = &self.replies;
+        let mut pdus = match (result, self.answer.clone()) {
+            (Ok(Output::Data(data)), Answer::Read { len, residual }) => {
+                let body = match data {
+                    ReadData::Copied(buffer) => ReadBody::Copied { buffer, frontend: r.frontend.clone() },
+                    ReadData::Shared(slices) => ReadBody::Shared(slices),
+                    ReadData::Hole => ReadBody::Owned(vec![0; len]),
+                };
+                data_in(self.itt, self.lun, Arc::new(body), len, residual, r.data_in_segment_bytes, r.burst_bytes, self.counted)
+            }
+            (Ok(Output::Data(read)), Answer::Compare { data, residual }) => {
+                let body = match read {
+                    ReadData::Copied(buffer) => ReadBody::Copied { buffer, frontend: r.frontend.clone() },
+                    ReadData::Shared(slices) => ReadBody::Shared(slices),
+                    ReadData::Hole => ReadBody::Owned(vec![0; data.len()]),
+                };
+                if body.equals(&data) {
+                    vec![scsi_response(self.itt, scsi::STATUS_GOOD, None, residual, self.counted)]
+                } else {
+                    vec![check_condition(self.itt, Sense::MISCOMPARE, 0, self.counted)]
+                }
+            }
+            (Ok(_), Answer::Done { residual, .. }) => {
+                vec![scsi_response(self.itt, scsi::STATUS_GOOD, None, residual, self.counted)]
+            }
+            (Ok(_), Answer::Read { .. } | Answer::Compare { .. }) => {
+                vec![check_condition(self.itt, Sense::INTERNAL_FAILURE, self.expected, self.counted)]
+            }
+            (Err(error), answer) => {
+                let sense = match (&error, answer) {
+                    (zilla_frontend::volume::Error::NoSpace, _) => Sense::NO_SPACE,
+                    (zilla_frontend::volume::Error::ReadOnly(_), _) => Sense::WRITE_PROTECTED,
+                    (_, Answer::Read { .. } | Answer::Compare { .. }) => Sense::UNRECOVERED_READ_ERROR,
+                    (_, Answer::Done { sense, .. }) => sense,
+                };
+                tracing::debug!(%error, itt = self.itt, "iscsi: command failed");
+                vec![check_condition(self.itt, sense, self.expected, self.counted)]
+            }
+        };
+        if let Some(last) = pdus.last_mut() {
+            last.admission = Some(admission);
+        }
+        pdus
+    }
+}
+
+impl Completer for IoCompleter {
+    fn complete(self, completion: Completion) {
+        let out = self.replies.out.clone();
+        for pdu in self.pdus(completion) {
+            let _ = out.send(pdu);
+        }
+    }
+}
+
+/// Where a command's data goes as it arrives.
+enum Sink {
+    Write { offset: u64, fua: bool, pieces: Vec<AlignedBuf>, starts: Vec<usize> },
+    ModeSelect { ten: bool, buffer: Vec<u8> },
+    /// VERIFY's data, compared with what the volume holds at `offset`.
+    Compare { offset: u64, buffer: Vec<u8> },
+}
+
+/// A WRITE's buffers for `keep` bytes at `offset`: cut at the volume's block
+/// boundaries, so whole blocks go to the volume by reference.
+fn write_sink(offset: u64, keep: usize, fua: bool, block_bytes: u64) -> Sink {
+    let mut starts = Vec::new();
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for n in WriteData::cut(offset, keep as u64, block_bytes) {
+        starts.push(at);
+        pieces.push(AlignedBuf::zeroed(n));
+        at += n;
+    }
+    Sink::Write { offset, fua, pieces, starts }
+}
+
+/// A command waiting for its data (immediate, unsolicited Data-Out, then R2Ts).
+struct PendingData {
+    lun: [u8; 8],
+    counted: bool,
+    expected: usize,
+    /// Bytes kept (the command's transfer, at most `expected`).
+    keep: usize,
+    /// Bytes the initiator will send in all (unsolicited, then solicited).
+    total: usize,
+    received: usize,
+    unsolicited_end: usize,
+    /// The outstanding R2T: (TTT, end offset).
+    r2t: Option<(u32, usize)>,
+    next_r2t_sn: u32,
+    next_data_sn: u32,
+    residual: Residual,
+    sink: Sink,
+    admission: Option<Admission>,
+    started: Instant,
+}
+
+impl PendingData {
+    /// Copy `bytes` received at stream offset `at` into the sink (what lies below `keep`).
+    fn store(&mut self, at: usize, bytes: &[u8]) {
+        let end = (at + bytes.len()).min(self.keep);
+        if at >= end {
+            return;
+        }
+        let bytes = &bytes[..end - at];
+        match &mut self.sink {
+            Sink::ModeSelect { buffer, .. } | Sink::Compare { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
+            Sink::Write { pieces, starts, .. } => {
+                for (piece, &start) in pieces.iter_mut().zip(starts.iter()) {
+                    let piece_end = start + piece.len();
+                    if piece_end <= at || start >= end {
+                        continue;
+                    }
+                    let from = at.max(start);
+                    let to = end.min(piece_end);
+                    piece.as_mut_slice()[from - start..to - start].copy_from_slice(&bytes[from - at..to - at]);
+                }
+            }
+        }
+    }
+}
+
+/// The outcome of the login phase.
+struct LoggedIn {
+    params: SessionParams,
+    session_type: SessionType,
+    export: Option<(String, Arc<dyn BlockVolume>)>,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    target_name: String,
+}
+
+fn login_response(request: &Bhs, transit: bool, nsg: u8, tsih: u16, status: (u8, u8)) -> Bhs {
+    let csg = (request.flags() >> 2) & 0x03;
+    let mut bhs = Bhs::new(op::LOGIN_RESPONSE, false);
+    bhs.0[1] = if transit { 0x80 | (csg << 2) | (nsg & 0x03) } else { csg << 2 };
+    bhs.0[2] = 0x00; // VersionMax
+    bhs.0[3] = 0x00; // VersionActive
+    bhs.0[8..14].copy_from_slice(&request.0[8..14]); // ISID
+    bhs.set_u16(14, tsih);
+    bhs.set_u32(16, request.itt());
+    bhs.0[36] = status.0;
+    bhs.0[37] = status.1;
+    bhs
+}
+
+async fn write_login<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut bhs: Bhs,
+    data: &[u8],
+    stat_sn: &mut u32,
+    exp_cmd_sn: u32,
+    window: u32,
+) -> io::Result<()> {
+    bhs.set_u32(24, *stat_sn);
+    *stat_sn = stat_sn.wrapping_add(1);
+    bhs.set_u32(28, exp_cmd_sn);
+    bhs.set_u32(32, exp_cmd_sn.wrapping_add(window.saturating_sub(1)));
+    bhs.set_data_segment_bytes(data.len());
+    let mut bytes = bhs.0.to_vec();
+    bytes.extend_from_slice(data);
+    bytes.resize(pdu::BHS_BYTES + pdu::padded(data.len()), 0);
+    w.write_all(&bytes).await?;
+    w.flush().await
+}
+
+/// The login status refusing a Login Request for its header alone (`None`: go on):
+/// a version above 0, a TSIH (adding a connection to a session: one connection per
+/// session here), keys spread over more than `LOGIN_TEXT_MAX_BYTES`, an invalid stage.
+fn login_request_refusal(bhs: &Bhs, text_bytes: usize) -> Option<(u8, u8)> {
+    let (transit, csg, nsg) = (bhs.flags() & 0x80 != 0, (bhs.flags() >> 2) & 0x03, bhs.flags() & 0x03);
+    if bhs.0[3] > 0 {
+        return Some((2, 5)); // VersionMin above 0
+    }
+    if bhs.u16_at(14) != 0 {
+        return Some((2, 10));
+    }
+    if text_bytes > LOGIN_TEXT_MAX_BYTES {
+        return Some((2, 0));
+    }
+    if csg == 2 || csg == 3 || (transit && (nsg == 2 || nsg <= csg)) {
+        tracing::info!(csg, nsg, "iscsi: login asks for an invalid stage transition");
+        return Some((2, 0));
+    }
+    None
+}
+
+fn refusal_reason(refusal: &LoginRefusal) -> String {
+    match refusal {
+        LoginRefusal::Authentication => "no shared AuthMethod (only None is offered)".to_string(),
+        LoginRefusal::MissingParameter(key) => format!("missing {key}"),
+        LoginRefusal::InitiatorError(why) => why.clone(),
+    }
+}
+
+/// The target the first Login Request names: its name and, for a normal session, the
+/// export and volume; `Err`: the login status refusing it.
+#[allow(clippy::type_complexity)]
+fn identify(
+    negotiation: &Negotiation,
+    server: &ServerShared,
+    peer: &Peer,
+) -> Result<(String, Option<(String, Arc<dyn BlockVolume>)>), (u8, u8)> {
+    if let Err(refusal) = negotiation.check_required() {
+        tracing::info!(client = %peer.client, reason = %refusal_reason(&refusal), "iscsi: login refused");
+        return Err(refusal.status());
+    }
+    if negotiation.session_type == SessionType::Discovery {
+        return Ok(("discovery".to_string(), None));
+    }
+    let requested = negotiation.target_name.clone().unwrap_or_default();
+    match resolve_target(server, &requested) {
+        Some(found) => Ok((names::target_name(&found.0), Some(found))),
+        None => {
+            tracing::info!(client = %peer.client, target = %requested, "iscsi: login to an unknown target");
+            Err((2, 3))
+        }
+    }
+}
+
+/// The export (and its volume) a normal login names.
+fn resolve_target(server: &ServerShared, requested: &str) -> Option<(String, Arc<dyn BlockVolume>)> {
+    let registry = &*server.frontend.registry;
+    let listed = registry.list();
+    let name = names::export_for_target(requested, listed.iter().map(|e| e.name.as_str()))?;
+    registry.open(name).map(|volume| (name.to_string(), volume))
+}
+
+/// What a login has settled so far.
+struct LoginState {
+    negotiation: Negotiation,
+    export: Option<(String, Arc<dyn BlockVolume>)>,
+    target_name: String,
+    portal_group_sent: bool,
+}
+
+impl LoginState {
+    /// Answer one complete Login Request (its keys gathered): the response header, its
+    /// text, and whether the full-feature phase starts; `Err`: the refusing status.
+    fn step(&mut self, keys: &[(String, String)], bhs: &Bhs, server: &ServerShared, peer: &Peer) -> Result<(Bhs, Vec<u8>, bool), (u8, u8)> {
+        let (transit, csg, nsg) = (bhs.flags() & 0x80 != 0, (bhs.flags() >> 2) & 0x03, bhs.flags() & 0x03);
+        let mut answers = self.negotiation.offer(keys, csg, transit && nsg == 3).map_err(|refusal| {
+            tracing::info!(client = %peer.client, reason = %refusal_reason(&refusal), "iscsi: login refused");
+            refusal.status()
+        })?;
+        // the first request names the initiator and the target
+        if self.target_name.is_empty() {
+            let (name, found) = identify(&self.negotiation, server, peer)?;
+            self.target_name = name;
+            self.export = found;
+        }
+        if self.negotiation.session_type == SessionType::Normal && !self.portal_group_sent {
+            self.portal_group_sent = true;
+            answers.push(("TargetPortalGroupTag".into(), "1".into()));
+        }
+        let done = transit && nsg == 3;
+        let tsih = if done { server.next_tsih.fetch_add(1, Ordering::Relaxed).max(1) } else { 0 };
+        let data = pdu::encode_text(&answers);
+        if data.len() > self.negotiation.params.initiator_max_recv_data_segment_bytes.max(8192) {
+            return Err((3, 0));
+        }
+        Ok((login_response(bhs, transit, nsg, tsih, (0, 0)), data, done))
+    }
+}
+
+/// The login phase. `Ok(None)`: refused (the response said why) or closed.
+async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    reader: &mut PduReader<R>,
+    w: &mut W,
+    server: &ServerShared,
+    peer: &Peer,
+) -> io::Result<Option<LoggedIn>> {
+    let mut state = LoginState {
+        negotiation: Negotiation::new(&server.config),
+        export: None,
+        target_name: String::new(),
+        portal_group_sent: false,
+    };
+    let window = server.config.command_window;
+    let mut stat_sn = 0u32;
+    let mut first = true;
+    let mut text = Vec::new();
+    loop {
+        let pdu = match reader.read_pdu().await? {
+            Frame::Pdu(pdu) => pdu,
+            Frame::DataDigestError(_) => return Err(io::Error::new(io::ErrorKind::InvalidData, "digest error during login")),
+        };
+        let bhs = &pdu.bhs;
+        if bhs.opcode() != op::LOGIN {
+            tracing::info!(client = %peer.client, opcode = bhs.opcode(), "iscsi: a PDU other than Login before the login completed; closing");
+            return Ok(None);
+        }
+        let exp_cmd_sn = bhs.u32_at(24);
+        if first {
+            stat_sn = bhs.u32_at(28);
+            first = false;
+        }
+        let cont = bhs.flags() & 0x40 != 0;
+        let refuse = |status: (u8, u8)| login_response(bhs, false, 0, 0, status);
+        if let Some(status) = login_request_refusal(bhs, text.len() + pdu.data.len()) {
+            write_login(w, refuse(status), &[], &mut stat_sn, exp_cmd_sn, window).await?;
+            return Ok(None);
+        }
+        text.extend_from_slice(&pdu.data);
+        if cont {
+            // the rest of the keys follows; answer empty
+            write_login(w, login_response(bhs, false, 0, 0, (0, 0)), &[], &mut stat_sn, exp_cmd_sn, window).await?;
+            continue;
+        }
+        let keys = pdu::parse_text(&std::mem::take(&mut text));
+        let (response, data, done) = match state.step(&keys, bhs, server, peer) {
+            Ok(step) => step,
+            Err(status) => {
+                write_login(w, refuse(status), &[], &mut stat_sn, exp_cmd_sn, window).await?;
+                return Ok(None);
+            }
+        };
+        write_login(w, response, &data, &mut stat_sn, exp_cmd_sn, window).await?;
+        if done {
+            let LoginState { negotiation, export, target_name, .. } = state;
+            return Ok(Some(LoggedIn {
+                params: negotiation.params,
+                session_type: negotiation.session_type,
+                export,
+                stat_sn,
+                exp_cmd_sn,
+                target_name,
+            }));
+        }
+    }
+}
+
+/// The login phase within the login timeout, counted when refused; `None`: refused,
+/// closed, timed out or stopped.
+async fn login_in_time<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    reader: &mut PduReader<R>,
+    write_half: &mut W,
+    server: &ServerShared,
+    peer: &Peer,
+    stop: &mut watch::Receiver<bool>,
+) -> io::Result<Option<LoggedIn>> {
+    let refused = || IscsiStats::count(&server.stats.logins_refused);
+    tokio::select! {
+        result = tokio::time::timeout(server.config.login_timeout, login(reader, write_half, server, peer)) => match result {
+            Ok(Ok(Some(session))) => Ok(Some(session)),
+            Ok(Ok(None)) => {
+                refused();
+                Ok(None)
+            }
+            Ok(Err(error)) => {
+                refused();
+                if error.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(error) }
+            }
+            Err(_) => {
+                refused();
+                tracing::info!(client = %peer.client, "iscsi: login timed out");
+                Ok(None)
+            }
+        },
+        _ = stop.wait_for(|s| *s) => Ok(None),
+    }
+}
+
+/// The logical unit of a normal session on `export`.
+fn open_unit(
+    server: &Arc<ServerShared>,
+    export: String,
+    volume: Arc<dyn BlockVolume>,
+    target_name: String,
+    params: &SessionParams,
+    out: &OutSender,
+    client: Arc<zilla_frontend::ClientIoStats>,
+) -> Unit {
+    let registry = &server.frontend.registry;
+    let pool_id = registry.pool_id(&export);
+    let wce = registry.property(&export, "wce").is_some_and(|v| v == "on");
+    let geometry = Geometry {
+        blocks: volume.size() / u64::from(LOGICAL_BLOCK_BYTES),
+        volume_block_bytes: volume.block_size(),
+        read_only: volume.read_only(),
+        transfer_max_bytes: zilla_frontend::REQUEST_MAX_BYTES as u32,
+        naa: names::naa(pool_id, &export),
+        serial: names::serial(pool_id, &export),
+        target_name,
+    };
+    let also: Vec<Arc<dyn IoCounters>> = vec![client, server.stats.clone()];
+    let executor = Executor::new(&server.frontend, volume, &export, server.config.command_window as usize, also);
+    Unit {
+        executor,
+        geometry,
+        export,
+        wce: AtomicBool::new(wce),
+        replies: Arc::new(Replies {
+            out: out.clone(),
+            frontend: server.frontend.clone(),
+            data_in_segment_bytes: params.initiator_max_recv_data_segment_bytes,
+            burst_bytes: params.max_burst_bytes,
+        }),
+    }
+}
+
+/// Serve one connection until it logs out, closes, fails or `stop` turns true.
+pub(crate) async fn serve<R, W>(
+    read_half: R,
+    mut write_half: W,
+    server: Arc<ServerShared>,
+    peer: Peer,
+    mut stop: watch::Receiver<bool>,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let config = &server.config;
+    let mut reader = PduReader::new(read_half, config.max_recv_data_segment_bytes);
+    let Some(logged_in) = login_in_time(&mut reader, &mut write_half, &server, &peer, &mut stop).await? else {
+        return Ok(());
+    };
+    let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name } = logged_in;
+    let digests = Digests { header: params.header_digest, data: params.data_digest };
+    reader.digests = digests;
+    let window = Arc::new(Mutex::new(CommandWindow { exp_cmd_sn, in_flight: 0, size: config.command_window }));
+    let (out, queue) = tokio::sync::mpsc::unbounded_channel();
+    let writer = tokio::spawn(writer::run(write_half, queue, window.clone(), stat_sn, digests, config.reply_stall_timeout));
+
+    // a normal session: its unit, listed among the sessions, counted per client
+    let client = server.frontend.clients.connect("iscsi", &peer.client);
+    let mut listed = None;
+    let unit = match export {
+        Some((export, volume)) => {
+            IscsiStats::count(&server.stats.sessions_started);
+            listed = Some(server.frontend.sessions.attach(&export));
+            tracing::debug!(client = %peer.client, %export, "iscsi: session started");
+            Some(open_unit(&server, export, volume, target_name, &params, &out, client.stats().clone()))
+        }
+        None => {
+            IscsiStats::count(&server.stats.discovery_sessions);
+            None
+        }
+    };
+    let disconnect = listed.as_ref().map(|l| l.disconnect_requested());
+    let mut session = Session {
+        reader,
+        out,
+        window,
+        params,
+        server: server.clone(),
+        peer,
+        unit,
+        pending: HashMap::new(),
+        deferred: VecDeque::new(),
+        next_ttt: 1,
+        text_rest: None,
+        session_type,
+    };
+    let result = session.run(stop, disconnect).await;
+    session.finish().await;
+    drop(session);
+    match tokio::time::timeout(config.shutdown_grace + config.reply_stall_timeout, writer).await {
+        Ok(Ok(Err(error))) => tracing::debug!(%error, "iscsi: writer ended with an error"),
+        Err(_) => tracing::warn!("iscsi: a connection's writer did not finish; dropping it"),
+        _ => {}
+    }
+    drop(listed);
+    result
+}
+
+/// Whether the reader goes on.
+enum Flow {
+    Continue,
+    Close,
+}
+
+struct Session<R> {
+    reader: PduReader<R>,
+    out: OutSender,
+    window: Arc<Mutex<CommandWindow>>,
+    params: SessionParams,
+    server: Arc<ServerShared>,
+    peer: Peer,
+    unit: Option<Unit>,
+    pending: HashMap<u32, PendingData>,
+    deferred: VecDeque<Pdu>,
+    next_ttt: u32,
+    /// SendTargets text still to send: (TTT, bytes).
+    text_rest: Option<(u32, Vec<u8>)>,
+    session_type: SessionType,
+}
+
+impl<R: AsyncRead + Unpin> Session<R> {
+    fn send(&self, pdu: OutPdu) {
+        let _ = self.out.send(pdu);
+    }
+
+    fn reject(&self, bhs: &Bhs, reason: u8, counted: bool) {
+        IscsiStats::count(&self.server.stats.protocol_errors);
+        let mut r = Bhs::new(op::REJECT, true);
+        r.0[2] = reason;
+        r.set_u32(16, NO_TAG);
+        let mut pdu = OutPdu::new(r, Payload::Bytes(bhs.0.to_vec()), StatSn::Advance);
+        pdu.ends_command = counted;
+        self.send(pdu);
+    }
+
+    async fn run(&mut self, mut stop: watch::Receiver<bool>, disconnect: Option<watch::Receiver<bool>>) -> io::Result<()> {
+        // a discovery session is not listed: nothing asks it to go but the shutdown
+        let (_keep, unlisted) = watch::channel(false);
+        let mut disconnect = disconnect.unwrap_or(unlisted);
+        loop {
+            let frame = match self.deferred.pop_front() {
+                Some(pdu) => Ok(Frame::Pdu(pdu)),
+                None => tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return Ok(()),
+                    Ok(_) = disconnect.wait_for(|s| *s) => return Ok(()),
+                    frame = self.reader.read_pdu() => frame,
+                },
+            };
+            let pdu = match frame {
+                Ok(Frame::Pdu(pdu)) => pdu,
+                Ok(Frame::DataDigestError(bhs)) => {
+                    tracing::info!(client = %self.peer.client, "iscsi: data digest error; PDU rejected");
+                    self.reject(&bhs, reject::DATA_DIGEST_ERROR, false);
+                    if bhs.opcode() == op::DATA_OUT {
+                        // its command cannot complete: fail it
+                        if let Some(p) = self.pending.remove(&bhs.itt()) {
+                            self.send(check_condition(bhs.itt(), Sense::DATA_PHASE_ERROR, p.expected, p.counted));
+                        }
+                    }
+                    continue;
+                }
+                Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+                    IscsiStats::count(&self.server.stats.protocol_errors);
+                    tracing::warn!(client = %self.peer.client, %error, "iscsi: malformed PDU; closing the connection");
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+            };
+            match self.dispatch(pdu).await? {
+                Flow::Continue => {}
+                Flow::Close => return Ok(()),
+            }
+        }
+    }
+
+    /// Accept a command's CmdSN: `Some(counted)` if it is to be run (counted: it holds
+    /// a window slot), `None` if it is outside the window (dropped).
+    fn accept_cmd_sn(&self, bhs: &Bhs) -> Option<bool> {
+        if bhs.immediate() {
+            return Some(false);
+        }
+        let cmd_sn = bhs.u32_at(24);
+        let mut w = self.window.lock();
+        if pdu::sn_le(w.exp_cmd_sn, cmd_sn) && pdu::sn_le(cmd_sn, w.max_cmd_sn()) {
+            w.exp_cmd_sn = cmd_sn.wrapping_add(1);
+            w.in_flight += 1;
+            Some(true)
+        } else {
+            IscsiStats::count(&self.server.stats.commands_out_of_window);
+            tracing::debug!(cmd_sn, exp_cmd_sn = w.exp_cmd_sn, max_cmd_sn = w.max_cmd_sn(), "iscsi: command outside the CmdSN window dropped");
+            None
+        }
+    }
+
+    async fn dispatch(&mut self, pdu: Pdu) -> io::Result<Flow> {
+        let opcode = pdu.bhs.opcode();
+        if opcode == op::DATA_OUT {
+            self.on_data_out(pdu).await;
+            return Ok(Flow::Continue);
+        }
+        if opcode == op::SNACK {
+            self.reject(&pdu.bhs, reject::COMMAND_NOT_SUPPORTED, false);
+            return Ok(Flow::Continue);
+        }
+        let known = matches!(opcode, op::NOP_OUT | op::SCSI_COMMAND | op::TASK_MANAGEMENT | op::TEXT | op::LOGOUT);
+        if !known {
+            tracing::info!(client = %self.peer.client, opcode, "iscsi: unexpected opcode; rejected");
+            self.reject(&pdu.bhs, if opcode == op::LOGIN { reject::PROTOCOL_ERROR } else { reject::COMMAND_NOT_SUPPORTED }, false);
+            return Ok(Flow::Continue);
+        }
+        // NOP-Out answering a NOP-In of ours: no CmdSN to check, nothing to answer
+        if opcode == op::NOP_OUT && pdu.bhs.itt() == NO_TAG {
+            return Ok(Flow::Continue);
+        }
+        let Some(counted) = self.accept_cmd_sn(&pdu.bhs) else {
+            return Ok(Flow::Continue);
+        };
+        match opcode {
+            op::NOP_OUT => {
+                let mut bhs = Bhs::new(op::NOP_IN, true);
+                bhs.set_lun(pdu.bhs.lun());
+                bhs.set_u32(16, pdu.bhs.itt());
+                bhs.set_u32(20, NO_TAG);
+                let mut data = pdu.data;
+                data.truncate(self.params.initiator_max_recv_data_segment_bytes);
+                let mut out = OutPdu::new(bhs, if data.is_empty() { Payload::None } else { Payload::Bytes(data) }, StatSn::Advance);
+                out.ends_command = counted;
+                self.send(out);
+            }
+            op::SCSI_COMMAND => self.on_scsi_command(pdu, counted).await?,
+            op::TASK_MANAGEMENT => {
+                let mut bhs = Bhs::new(op::TASK_MANAGEMENT_RESPONSE, true);
+                bhs.0[2] = 5; // function not supported
+                bhs.set_u32(16, pdu.bhs.itt());
+                let mut out = OutPdu::new(bhs, Payload::None, StatSn::Advance);
+                out.ends_command = counted;
+                self.send(out);
+            }
+            op::TEXT => self.on_text(pdu, counted),
+            op::LOGOUT => {
+                let reason = pdu.bhs.flags() & 0x7f;
+                self.drain().await;
+                let mut bhs = Bhs::new(op::LOGOUT_RESPONSE, true);
+                bhs.0[2] = if reason <= 1 { 0 } else { 2 }; // recovery is not supported
+                bhs.set_u32(16, pdu.bhs.itt());
+                let mut out = OutPdu::new(bhs, Payload::None, StatSn::Advance);
+                out.ends_command = counted;
+                out.then_close = true;
+                self.send(out);
+                return Ok(Flow::Close);
+            }
+            _ => {}
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// SendTargets (the only text key we answer in the full-feature phase).
+    fn on_text(&mut self, pdu: Pdu, counted: bool) {
+        let itt = pdu.bhs.itt();
+        let ttt = pdu.bhs.u32_at(20);
+        let body = if ttt != NO_TAG {
+            match self.text_rest.take() {
+                Some((t, rest)) if t == ttt => rest,
+                _ => {
+                    self.reject(&pdu.bhs, reject::INVALID_PDU_FIELD, counted);
+                    return;
+                }
+            }
+        } else {
+            self.text_rest = None;
+            let mut answers = Vec::new();
+            for (key, value) in pdu::parse_text(&pdu.data) {
+                if key == "SendTargets" {
+                    answers.extend(self.send_targets(&value));
+                } else {
+                    answers.push((key, "NotUnderstood".to_string()));
+                }
+            }
+            pdu::encode_text(&answers)
+        };
+        let limit = self.params.initiator_max_recv_data_segment_bytes;
+        let mut bhs = Bhs::new(op::TEXT_RESPONSE, false);
+        bhs.set_u32(16, itt);
+        let (now, rest) = if body.len() > limit {
+            // cut at a key boundary when one is inside the limit
+            let cut = body[..limit].iter().rposition(|&b| b == 0).map(|p| p + 1).filter(|&p| p > 0).unwrap_or(limit);
+            (body[..cut].to_vec(), Some(body[cut..].to_vec()))
+        } else {
+            (body, None)
+        };
+        match rest {
+            Some(rest) => {
+                let t = self.take_ttt();
+                bhs.0[1] = 0x40; // C
+                bhs.set_u32(20, t);
+                self.text_rest = Some((t, rest));
+            }
+            None => {
+                bhs.0[1] = 0x80; // F
+                bhs.set_u32(20, NO_TAG);
+            }
+        }
+        let mut out = OutPdu::new(bhs, Payload::Bytes(now), StatSn::Advance);
+        out.ends_command = counted;
+        self.send(out);
+    }
+
+    fn send_targets(&self, value: &str) -> Vec<(String, String)> {
+        let registry = &self.server.frontend.registry;
+        let exports: Vec<String> = match (&self.unit, self.session_type) {
+            (Some(unit), _) => vec![unit.export.clone()],
+            (None, SessionType::Discovery) => registry.list().into_iter().map(|e| e.name).collect(),
+            (None, SessionType::Normal) => Vec::new(),
+        };
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for export in exports {
+            let name = names::target_name(&export);
+            if value != "All" && !value.is_empty() && !value.eq_ignore_ascii_case(&name) {
+                continue;
+            }
+            if !seen.insert(name.clone()) {
+                continue; // a name two volumes map to: the first is served
+            }
+            out.push(("TargetName".to_string(), name));
+            if let Some(portal) = &self.peer.portal {
+                out.push(("TargetAddress".to_string(), format!("{portal},1")));
+            }
+        }
+        out
+    }
+
+    fn take_ttt(&mut self) -> u32 {
+        let t = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == NO_TAG {
+            self.next_ttt = 1;
+        }
+        t
+    }
+
+    /// An admission for `units`; while it waits, Data-Out PDUs of commands already
+    /// admitted are taken in (they free budget), everything else is deferred.
+    async fn admit(&mut self, units: usize) -> io::Result<Option<Admission>> {
+        let Some(unit) = &self.unit else { return Ok(None) };
+        let units = units.min(self.server.frontend.memory.per_share_max());
+        if let Some(admission) = unit.executor.try_admit(units) {
+            return Ok(Some(admission));
+        }
+        loop {
+            let Some(unit) = &self.unit else { return Ok(None) };
+            let frame = tokio::select! {
+                admission = unit.executor.admit(units, || {}) => return Ok(Some(admission)),
+                frame = self.reader.read_pdu() => frame?,
+            };
+            match frame {
+                Frame::Pdu(pdu) if pdu.bhs.opcode() == op::DATA_OUT && self.pending.contains_key(&pdu.bhs.itt()) => {
+                    self.on_data_out(pdu).await;
+                }
+                Frame::Pdu(pdu) => {
+                    if self.deferred.len() >= self.server.config.command_window as usize + DEFERRED_EXTRA {
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, "too many PDUs while waiting for budget"));
+                    }
+                    self.deferred.push_back(pdu);
+                }
+                Frame::DataDigestError(bhs) => self.reject(&bhs, reject::DATA_DIGEST_ERROR, false),
+            }
+        }
+    }
+
+    async fn on_scsi_command(&mut self, pdu: Pdu, counted: bool) -> io::Result<()> {
+        let bhs = &pdu.bhs;
+        let itt = bhs.itt();
+        let expected = bhs.u32_at(20) as usize;
+        let lun = bhs.lun();
+        let Some(unit) = &self.unit else {
+            tracing::info!(client = %self.peer.client, "iscsi: SCSI command in a discovery session; rejected");
+            self.reject(bhs, reject::PROTOCOL_ERROR, counted);
+            return Ok(());
+        };
+        let immediate = pdu.data.len();
+        if immediate > 0 && (!self.params.immediate_data || immediate > self.params.first_burst_bytes || immediate > expected) {
+            tracing::info!(client = %self.peer.client, immediate, expected, "iscsi: immediate data beyond what was negotiated; rejected");
+            self.reject(bhs, reject::PROTOCOL_ERROR, counted);
+            return Ok(());
+        }
+        let started = Instant::now();
+        let lun0 = lun == [0; 8];
+        let operation = match scsi::decode(bhs.cdb(), lun0, &unit.geometry) {
+            Ok(op) => op,
+            Err(sense) => {
+                if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88 | 0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e) {
+                    let kind = if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88) { IoKind::Read } else { IoKind::Write };
+                    unit.executor.refuse(kind, expected as u64, started);
+                }
+                self.send(check_condition(itt, sense, expected, counted));
+                return Ok(());
+            }
+        };
+        match operation {
+            Operation::TestUnitReady | Operation::Verify => {
+                self.send(scsi_response(itt, scsi::STATUS_GOOD, None, Residual::of(expected, 0), counted));
+            }
+            Operation::DataIn(data) => self.send_small_data_in(itt, lun, data, expected, counted),
+            Operation::ModeSense { ten, dbd, llbaa, page_control, page, subpage, allocation } => {
+                let wce = unit.wce.load(Ordering::Relaxed);
+                match scsi::mode_sense(&unit.geometry, wce, ten, dbd, llbaa, page_control, page, subpage, allocation) {
+                    Ok(data) => self.send_small_data_in(itt, lun, data, expected, counted),
+                    Err(sense) => self.send(check_condition(itt, sense, expected, counted)),
+                }
+            }
+            Operation::Read { lba, blocks, .. } => self.start_read(lba, blocks, started, itt, lun, expected, counted).await?,
+            Operation::SynchronizeCache => {
+                let Some(admission) = self.admit(COMMAND_OVERHEAD_UNITS).await? else { return Ok(()) };
+                let answer = Answer::Done { residual: Residual::of(expected, 0), sense: Sense::WRITE_ERROR };
+                self.submit(Command::Flush, admission, started, itt, lun, expected, counted, answer).await;
+            }
+            Operation::Write { lba, blocks, fua } => {
+                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
+                // an expected length below the command's: only whole blocks of it are written
+                let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
+                let fua = fua || !unit.wce.load(Ordering::Relaxed);
+                let sink = write_sink(lba * u64::from(LOGICAL_BLOCK_BYTES), keep, fua, unit.executor.block_bytes());
+                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
+            }
+            Operation::VerifyCompare { lba, blocks } => {
+                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
+                let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
+                let sink = Sink::Compare { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), buffer: vec![0; keep] };
+                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
+            }
+            Operation::ModeSelect { parameter_bytes, ten, save: _ } => {
+                let keep = (parameter_bytes as usize).min(expected).min(4096);
+                let sink = Sink::ModeSelect { ten, buffer: vec![0; keep] };
+                let residual = Residual::of(expected, parameter_bytes as usize);
+                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A READ: `blocks` at `lba`, at most `expected` bytes of them.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_read(
+        &mut self,
+        lba: u64,
+        blocks: u32,
+        started: Instant,
+        itt: u32,
+        lun: [u8; 8],
+        expected: usize,
+        counted: bool,
+    ) -> io::Result<()> {
+        let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
+        let len = wanted.min(expected);
+        let residual = Residual::of(expected, wanted);
+        if len == 0 {
+            self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+            return Ok(());
+        }
+        let Some(admission) = self.admit(len + COMMAND_OVERHEAD_UNITS).await? else { return Ok(()) };
+        let command = Command::Read { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), length: len as u32, prefix_bytes: 0, holes: false };
+        self.submit(command, admission, started, itt, lun, expected, counted, Answer::Read { len, residual }).await;
+        Ok(())
+    }
+
+    fn send_small_data_in(&self, itt: u32, lun: [u8; 8], mut data: Vec<u8>, expected: usize, counted: bool) {
+        let residual = Residual::of(expected, data.len());
+        data.truncate(expected);
+        if data.is_empty() {
+            self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+            return;
+        }
+        let len = data.len();
+        let segment = self.params.initiator_max_recv_data_segment_bytes;
+        for pdu in data_in(itt, lun, Arc::new(ReadBody::Owned(data)), len, residual, segment, self.params.max_burst_bytes, counted) {
+            self.send(pdu);
+        }
+    }
+
+    /// Start collecting a command's data: immediate data now, the rest as it comes.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_data_out(
+        &mut self,
+        pdu: Pdu,
+        counted: bool,
+        expected: usize,
+        keep: usize,
+        residual: Residual,
+        sink: Sink,
+        started: Instant,
+    ) -> io::Result<()> {
+        let itt = pdu.bhs.itt();
+        let unsolicited_end = if !self.params.initial_r2t && !pdu.bhs.final_bit() {
+            self.params.first_burst_bytes.min(expected).max(pdu.data.len())
+        } else {
+            pdu.data.len()
+        };
+        let admission = self.admit(keep + COMMAND_OVERHEAD_UNITS).await?;
+        if self.unit.is_none() {
+            return Ok(());
+        }
+        if self.pending.contains_key(&itt) {
+            tracing::info!(client = %self.peer.client, itt, "iscsi: a task tag already in use; rejected");
+            self.reject(&pdu.bhs, reject::INVALID_PDU_FIELD, counted);
+            return Ok(());
+        }
+        let mut pending = PendingData {
+            lun: pdu.bhs.lun(),
+            counted,
+            expected,
+            keep,
+            total: keep.max(unsolicited_end),
+            received: 0,
+            unsolicited_end,
+            r2t: None,
+            next_r2t_sn: 0,
+            next_data_sn: 0,
+            residual,
+            sink,
+            admission,
+            started,
+        };
+        pending.store(0, &pdu.data);
+        pending.received = pdu.data.len();
+        self.advance(itt, pending).await;
+        Ok(())
+    }
+
+    /// After data arrived: submit when all is in, else send the next R2T or wait.
+    async fn advance(&mut self, itt: u32, mut pending: PendingData) {
+        if pending.received >= pending.total {
+            self.data_complete(itt, pending).await;
+            return;
+        }
+        let phase_done = match pending.r2t {
+            None => pending.received >= pending.unsolicited_end,
+            Some((_, end)) => pending.received >= end,
+        };
+        if phase_done {
+            let ttt = self.take_ttt();
+            let end = (pending.received + self.params.max_burst_bytes).min(pending.total);
+            let mut bhs = Bhs::new(op::R2T, true);
+            bhs.set_lun(pending.lun);
+            bhs.set_u32(16, itt);
+            bhs.set_u32(20, ttt);
+            bhs.set_u32(36, pending.next_r2t_sn);
+            bhs.set_u32(40, clamp32(pending.received));
+            bhs.set_u32(44, clamp32(end - pending.received));
+            pending.next_r2t_sn = pending.next_r2t_sn.wrapping_add(1);
+            pending.next_data_sn = 0;
+            pending.r2t = Some((ttt, end));
+            self.send(OutPdu::new(bhs, Payload::None, StatSn::Peek));
+        }
+        self.pending.insert(itt, pending);
+    }
+
+    async fn on_data_out(&mut self, pdu: Pdu) {
+        let bhs = &pdu.bhs;
+        let itt = bhs.itt();
+        let Some(mut pending) = self.pending.remove(&itt) else {
+            tracing::debug!(itt, "iscsi: Data-Out for no waiting command (answered already); ignored");
+            return;
+        };
+        let (ttt, data_sn, offset) = (bhs.u32_at(20), bhs.u32_at(36), bhs.u32_at(40) as usize);
+        let phase_end = match pending.r2t {
+            None => pending.unsolicited_end,
+            Some((_, end)) => end,
+        };
+        let expected_ttt = pending.r2t.map_or(NO_TAG, |(t, _)| t);
+        let in_order = ttt == expected_ttt
+            && data_sn == pending.next_data_sn
+            && offset == pending.received
+            && offset + pdu.data.len() <= phase_end;
+        if !in_order {
+            tracing::info!(
+                client = %self.peer.client, itt, ttt, data_sn, offset, len = pdu.data.len(),
+                "iscsi: Data-Out out of sequence; the command fails"
+            );
+            IscsiStats::count(&self.server.stats.protocol_errors);
+            self.send(check_condition(itt, Sense::DATA_PHASE_ERROR, pending.expected, pending.counted));
+            return;
+        }
+        pending.store(offset, &pdu.data);
+        pending.received += pdu.data.len();
+        pending.next_data_sn = pending.next_data_sn.wrapping_add(1);
+        self.advance(itt, pending).await;
+    }
+
+    /// All of a command's data is in: run it.
+    async fn data_complete(&mut self, itt: u32, pending: PendingData) {
+        let PendingData { lun, counted, expected, residual, sink, admission, started, .. } = pending;
+        match sink {
+            Sink::Write { offset, fua, pieces, .. } => {
+                let Some(admission) = admission else { return };
+                if pieces.is_empty() {
+                    self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+                    return;
+                }
+                let data = WriteData::from_pieces(pieces.into_iter().map(Arc::new).collect());
+                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
+                self.submit(Command::Write { offset, data, fua }, admission, started, itt, lun, expected, counted, answer).await;
+            }
+            Sink::Compare { offset, buffer } => {
+                let Some(admission) = admission else { return };
+                if buffer.is_empty() {
+                    self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+                    return;
+                }
+                let command = Command::Read { offset, length: buffer.len() as u32, prefix_bytes: 0, holes: false };
+                let answer = Answer::Compare { data: Arc::new(buffer), residual };
+                self.submit(command, admission, started, itt, lun, expected, counted, answer).await;
+            }
+            Sink::ModeSelect { ten, buffer } => {
+                let Some(unit) = &self.unit else { return };
+                let current = unit.wce.load(Ordering::Relaxed);
+                let pdu = match scsi::mode_select(&buffer, ten, current) {
+                    Ok(Some(wce)) if wce != current => {
+                        unit.wce.store(wce, Ordering::Relaxed);
+                        let registry = self.server.frontend.registry.clone();
+                        let export = unit.export.clone();
+                        let value = if wce { "on" } else { "off" };
+                        let saved = tokio::task::spawn_blocking(move || registry.set_property(&export, "wce", value)).await;
+                        match saved {
+                            Ok(Ok(())) => tracing::info!(export = %unit.export, wce = value, "iscsi: write cache changed by MODE SELECT"),
+                            Ok(Err(error)) => {
+                                tracing::warn!(export = %unit.export, %error, "iscsi: the wce property could not be saved")
+                            }
+                            Err(_) => {}
+                        }
+                        scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted)
+                    }
+                    Ok(_) => scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted),
+                    Err(sense) => check_condition(itt, sense, expected, counted),
+                };
+                self.send(pdu);
+                drop(admission);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn submit(
+        &mut self,
+        command: Command,
+        admission: Admission,
+        started: Instant,
+        itt: u32,
+        lun: [u8; 8],
+        expected: usize,
+        counted: bool,
+        answer: Answer,
+    ) {
+        let Some(unit) = &self.unit else { return };
+        let completer = || IoCompleter { replies: unit.replies.clone(), itt, lun, expected, counted, answer: answer.clone() };
+        match unit.executor.submit(Request { command, started }, admission, completer) {
+            Submitted::Inline(completion) => completer().complete(completion),
+            Submitted::Started => {}
+            Submitted::Blocked(blocked) => unit.executor.resume(blocked, || {}).await,
+        }
+    }
+
+    /// Wait (bounded by the shutdown grace) for the commands in flight.
+    async fn drain(&mut self) {
+        self.pending.clear();
+        if let Some(unit) = &self.unit {
+            if tokio::time::timeout(self.server.config.shutdown_grace, unit.executor.idle()).await.is_err() {
+                tracing::warn!(client = %self.peer.client, "iscsi: commands still in flight after the shutdown grace");
+            }
+        }
+    }
+
+    async fn finish(&mut self) {
+        self.drain().await;
+    }
+}

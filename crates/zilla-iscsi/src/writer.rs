@@ -1,0 +1,242 @@
+//! writer: the write side of one connection, and the session's command window.
+//!
+//! Theory of operation
+//! -------------------
+//! Everything a connection sends (login and text responses, R2Ts, Data-In, SCSI
+//! Responses, NOP-Ins, Rejects) is an [`OutPdu`] handed to one writer task through an
+//! unbounded channel; completions on any thread (engine, blocking pool) only build the
+//! PDUs and send them, they never wait for the client. The channel is bounded by what
+//! feeds it: every command holds a slot of the CmdSN window (and its admission, with
+//! its share of the memory budget) until its last PDU is on the wire.
+//!
+//! The writer fills in the sequence numbers as each PDU leaves, so they are in wire
+//! order whatever thread finished the command: StatSN (advanced by every PDU that
+//! carries a status, told to an R2T without advancing), ExpCmdSN and MaxCmdSN from
+//! the [`CommandWindow`]. MaxCmdSN = ExpCmdSN - 1 + window - commands in flight, so a
+//! command's slot reopens only when its response is written, and MaxCmdSN never goes
+//! back. Digests are computed here too. A client whose socket takes nothing for
+//! `reply_stall_timeout` ends the connection.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::mpsc;
+use zilla_frontend::volume::SharedSlice;
+use zilla_frontend::{Admission, Frontend};
+
+use crate::pdu::{self, Bhs, Digests};
+
+/// The CmdSN window of a session (one connection per session here).
+#[derive(Debug)]
+pub(crate) struct CommandWindow {
+    pub(crate) exp_cmd_sn: u32,
+    pub(crate) in_flight: u32,
+    pub(crate) size: u32,
+}
+
+impl CommandWindow {
+    pub(crate) fn max_cmd_sn(&self) -> u32 {
+        self.exp_cmd_sn.wrapping_sub(1).wrapping_add(self.size.saturating_sub(self.in_flight))
+    }
+}
+
+/// How a PDU treats StatSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatSn {
+    /// Not carried (Data-In without status).
+    None,
+    /// Carries the current StatSN and advances it.
+    Advance,
+    /// Carries the next StatSN without advancing (R2T, Reject of a data PDU).
+    Peek,
+}
+
+/// Read data shared by the Data-In PDUs of one command.
+pub(crate) enum ReadBody {
+    Copied { buffer: Vec<u8>, frontend: Arc<Frontend> },
+    Shared(Vec<SharedSlice>),
+    Owned(Vec<u8>),
+}
+
+impl ReadBody {
+    /// The pieces of `[start, start+len)`.
+    fn pieces(&self, start: usize, len: usize) -> Vec<&[u8]> {
+        let end = start + len;
+        let mut out = Vec::new();
+        let mut f = |p| out.push(p);
+        match self {
+            ReadBody::Copied { buffer, .. } | ReadBody::Owned(buffer) => f(buffer.get(start..end).unwrap_or(&[])),
+            ReadBody::Shared(slices) => {
+                let mut at = 0;
+                for s in slices {
+                    let (from, to) = (at, at + s.len());
+                    at = to;
+                    if to <= start || from >= end {
+                        continue;
+                    }
+                    let a = start.max(from) - from;
+                    let b = end.min(to) - from;
+                    f(&s.as_slice()[a..b]);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl ReadBody {
+    /// Do the body's first `expected.len()` bytes equal `expected`?
+    pub(crate) fn equals(&self, expected: &[u8]) -> bool {
+        let mut at = 0;
+        for piece in self.pieces(0, expected.len()) {
+            if expected.get(at..at + piece.len()) != Some(piece) {
+                return false;
+            }
+            at += piece.len();
+        }
+        at == expected.len()
+    }
+}
+
+impl Drop for ReadBody {
+    fn drop(&mut self) {
+        if let ReadBody::Copied { buffer, frontend } = self {
+            frontend.buffers.give(std::mem::take(buffer));
+        }
+    }
+}
+
+/// A PDU's data segment.
+pub(crate) enum Payload {
+    None,
+    Bytes(Vec<u8>),
+    Range { body: Arc<ReadBody>, start: usize, len: usize },
+}
+
+impl Payload {
+    fn len(&self) -> usize {
+        match self {
+            Payload::None => 0,
+            Payload::Bytes(b) => b.len(),
+            Payload::Range { len, .. } => *len,
+        }
+    }
+}
+
+/// One PDU to send.
+pub(crate) struct OutPdu {
+    pub(crate) bhs: Bhs,
+    pub(crate) data: Payload,
+    pub(crate) stat_sn: StatSn,
+    /// The last PDU of a non-immediate command: its window slot reopens once written.
+    pub(crate) ends_command: bool,
+    /// Held until the PDU is on the wire (budget, request slot).
+    pub(crate) admission: Option<Admission>,
+    /// Close the connection after this PDU (Logout Response, fatal Reject).
+    pub(crate) then_close: bool,
+}
+
+impl OutPdu {
+    pub(crate) fn new(bhs: Bhs, data: Payload, stat_sn: StatSn) -> OutPdu {
+        OutPdu { bhs, data, stat_sn, ends_command: false, admission: None, then_close: false }
+    }
+}
+
+pub(crate) type OutSender = mpsc::UnboundedSender<OutPdu>;
+
+/// Most PDUs written before a flush.
+const GATHER_MAX: usize = 64;
+
+/// Write PDUs until the channel closes (every sender dropped) or a PDU asks to close.
+pub(crate) async fn run<W: AsyncWrite + Unpin>(
+    writer: W,
+    mut queue: mpsc::UnboundedReceiver<OutPdu>,
+    window: Arc<Mutex<CommandWindow>>,
+    mut stat_sn: u32,
+    digests: Digests,
+    stall: Duration,
+) -> io::Result<()> {
+    let mut out = BufWriter::with_capacity(32 << 10, writer);
+    let stall = if stall.is_zero() { Duration::from_secs(100 * 365 * 86_400) } else { stall };
+    while let Some(first) = queue.recv().await {
+        let mut next = Some(first);
+        let mut written = 0;
+        let mut close = false;
+        while let Some(mut pdu) = next.take() {
+            // fill the sequence numbers in wire order
+            {
+                let mut w = window.lock();
+                if pdu.ends_command {
+                    w.in_flight = w.in_flight.saturating_sub(1);
+                }
+                match pdu.stat_sn {
+                    StatSn::None => {}
+                    StatSn::Advance => {
+                        pdu.bhs.set_u32(24, stat_sn);
+                        stat_sn = stat_sn.wrapping_add(1);
+                    }
+                    StatSn::Peek => pdu.bhs.set_u32(24, stat_sn),
+                }
+                pdu.bhs.set_u32(28, w.exp_cmd_sn);
+                pdu.bhs.set_u32(32, w.max_cmd_sn());
+            }
+            pdu.bhs.set_data_segment_bytes(pdu.data.len());
+            tokio::time::timeout(stall, write_pdu(&mut out, &pdu, digests)).await.map_err(|_| stalled())??;
+            close |= pdu.then_close;
+            drop(pdu);
+            written += 1;
+            if close || written >= GATHER_MAX {
+                break;
+            }
+            next = queue.try_recv().ok();
+        }
+        tokio::time::timeout(stall, out.flush()).await.map_err(|_| stalled())??;
+        if close {
+            break;
+        }
+    }
+    let _ = out.shutdown().await;
+    Ok(())
+}
+
+fn stalled() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the client took no bytes for the stall timeout")
+}
+
+async fn write_pdu<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, pdu: &OutPdu, digests: Digests) -> io::Result<()> {
+    out.write_all(&pdu.bhs.0).await?;
+    if digests.header {
+        out.write_all(&pdu::crc32c(&pdu.bhs.0).to_le_bytes()).await?;
+    }
+    let len = pdu.data.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let pad = [0u8; 3];
+    let pad = &pad[..pdu::padded(len) - len];
+    let mut crc = 0u32;
+    match &pdu.data {
+        Payload::None => {}
+        Payload::Bytes(b) => {
+            out.write_all(b).await?;
+            crc = pdu::crc32c_append(crc, b);
+        }
+        Payload::Range { body, start, len } => {
+            for p in body.pieces(*start, *len) {
+                out.write_all(p).await?;
+                if digests.data {
+                    crc = pdu::crc32c_append(crc, p);
+                }
+            }
+        }
+    }
+    out.write_all(pad).await?;
+    if digests.data {
+        crc = pdu::crc32c_append(crc, pad);
+        out.write_all(&crc.to_le_bytes()).await?;
+    }
+    Ok(())
+}

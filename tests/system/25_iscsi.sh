@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Goal: iSCSI initiators discover every volume, log in to its target, see a stable
+# identity and the right size, read back what they wrote, and the SCSI and iSCSI core
+# families of libiscsi's conformance suite pass.
+# Method: a daemon with --iscsi; iscsi-ls (SendTargets), iscsi-inq (standard, VPD
+# 0x80/0xb0), iscsi-readcapacity16, a refused unknown target, qemu-img over iscsi://
+# when qemu has its iscsi driver, iscsi-test-cu families, then a restart (same serial).
+. "$(dirname "$0")/lib.sh"
+ISCSI_PORT=$(free_port)
+ISCSI_ADDR=127.0.0.1:$ISCSI_PORT
+start_daemon
+make_pool tank 256M
+make_volume tank/vol0 64M
+make_volume tank/Data_1 16M
+PORTAL=iscsi://127.0.0.1:$ISCSI_PORT
+TARGET=iqn.2026-11.io.zilla:tank.vol0
+LUN=$PORTAL/$TARGET/0
+
+# Discovery lists every volume, names lowercased and mapped.
+iscsi-ls -s "$PORTAL" | tee "$T/ls"
+grep -q "^Target:$TARGET Portal:127.0.0.1:$ISCSI_PORT,1$" "$T/ls" || fail "vol0 not discovered"
+grep -q "^Target:iqn.2026-11.io.zilla:tank.data-1 " "$T/ls" || fail "tank/Data_1 not discovered as tank.data-1"
+grep -q "Lun:0 *Type:DIRECT_ACCESS" "$T/ls" || fail "LUN 0 is not a direct-access unit"
+
+# Identity and size.
+iscsi-inq "$LUN" | tee "$T/inq"
+grep -q "^Vendor:ZILLA" "$T/inq" || fail "vendor is not ZILLA"
+grep -q "^CmdQue:1" "$T/inq" || fail "command queueing not reported"
+serial=$(iscsi-inq --evpd=1 --pagecode=128 "$LUN" | sed -n 's/^Unit Serial Number:\[\(.*\)\]$/\1/p')
+[ ${#serial} -eq 16 ] || fail "unit serial '$serial' is not 16 characters"
+iscsi-inq --evpd=1 --pagecode=176 "$LUN" | tee "$T/limits"
+grep -q "^optimal transfer length granularity:32$" "$T/limits" || fail "granularity is not the 16K volblocksize"
+iscsi-readcapacity16 "$LUN" | tee "$T/cap"
+grep -q "^Total size:$((64 << 20))$" "$T/cap" || fail "capacity is not 64M"
+grep -q "LOGICAL BLOCK LENGTH IN BYTES:512" "$T/cap" || fail "logical block is not 512 bytes"
+
+# An unknown target is refused at login.
+if iscsi-inq "$PORTAL/iqn.2026-11.io.zilla:tank.nope/0" >"$T/nope" 2>&1; then fail "unknown target accepted"; fi
+grep -qi "not found" "$T/nope" || fail "unknown target: no 'not found' status: $(cat "$T/nope")"
+
+# Data written over iSCSI reads back (qemu's iscsi driver comes with qemu-block-extra).
+if qemu-img --help | grep -qw iscsi; then
+    head -c 8M /dev/urandom >"$T/src"
+    qemu-img convert -n -f raw -O raw "$T/src" "$LUN"
+    qemu-img convert -f raw -O raw "$LUN" "$T/back"
+    cmp -n $((8 << 20)) "$T/src" "$T/back" || fail "data read back over iSCSI differs"
+    # and over NBD: the same volume, the same request path
+    qemu-img convert -f raw -O raw "$(nbd_unix_uri tank/vol0)" "$T/back-nbd"
+    cmp -n $((8 << 20)) "$T/src" "$T/back-nbd" || fail "data written over iSCSI differs over NBD"
+    log "qemu-img round trip over iscsi:// OK"
+else
+    log "qemu-img has no iscsi driver (qemu-block-extra): data round trip through iscsi-test-cu only"
+fi
+
+# libiscsi's conformance suite: the families this target implements (--dataloss: the
+# write tests run instead of skipping).
+families=(SCSI.TestUnitReady SCSI.Inquiry SCSI.ReadCapacity10 SCSI.ReadCapacity16 SCSI.Read6 SCSI.Read10
+    SCSI.Read12 SCSI.Read16 SCSI.Write10 SCSI.Write12 SCSI.Write16 SCSI.WriteVerify10 SCSI.WriteVerify16
+    SCSI.Verify10 SCSI.Verify12 SCSI.Verify16 SCSI.ModeSense6 SCSI.Mandatory SCSI.ReportSupportedOpcodes
+    iSCSI.iSCSIcmdsn iSCSI.iSCSIdatasn iSCSI.iSCSIResiduals)
+for family in "${families[@]}"; do
+    if ! timeout 60 iscsi-test-cu --dataloss -t "$family" "$LUN" >"$T/cu" 2>&1; then
+        grep -E "FAILED|Run Summary|tests " "$T/cu" | head -20
+        fail "iscsi-test-cu $family failed"
+    fi
+    log "iscsi-test-cu $family: $(awk '/^ *tests /{print $4 " of " $2 " passed"}' "$T/cu")"
+done
+
+# /metrics counts the target's sessions and requests.
+curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >"$T/metrics"
+awk '$1 == "zilla_iscsi_sessions_started_total" && $2 > 0 { ok = 1 } END { exit !ok }' "$T/metrics" ||
+    fail "zilla_iscsi_sessions_started_total is not above 0"
+awk '$1 == "zilla_iscsi_requests_total{op=\"write\"}" && $2 > 0 { ok = 1 } END { exit !ok }' "$T/metrics" ||
+    fail "no iSCSI write counted in /metrics"
+
+# The identity survives a restart.
+stop_daemon
+start_daemon
+again=$(iscsi-inq --evpd=1 --pagecode=128 "$LUN" | sed -n 's/^Unit Serial Number:\[\(.*\)\]$/\1/p')
+[ "$again" = "$serial" ] || fail "unit serial changed across a restart: $serial -> $again"
+stop_daemon
+log "iSCSI OK"
