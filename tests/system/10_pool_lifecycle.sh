@@ -45,7 +45,7 @@ z get logbias tank/v1 | grep -q "^note:" && fail "logbias (in effect since the i
 z set secondarycache=metadata tank/v1
 z get secondarycache tank/v1 | grep -q "^note:" && fail "secondarycache (in effect since the L2ARC) flagged as inert"
 z set wce=on tank/v1
-z get wce tank/v1 | grep -q "^note: wce is stored but has no effect yet" || fail "inert wce not flagged"
+z get wce tank/v1 | grep -q "^note:" && fail "wce (in effect since the iSCSI target) flagged as inert"
 z get sync tank/v1 | grep -q "^note:" && fail "sync flagged as inert"
 z set compression=lz4 tank/v1
 [ "$(z get -H compression,logbias tank/v1 | wc -l)" = 2 ] || fail "get with a list"

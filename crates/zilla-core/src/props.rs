@@ -129,6 +129,7 @@ pub const PROPS: &[PropDef] = &[
     PropDef { name: "checksum", default: "on", values: &["on", "fletcher4", "blake3", "sha256", "off"], settable: true, no_effect_yet: None },
     PropDef { name: "readonly", default: "off", values: &["off", "on"], settable: true, no_effect_yet: None },
     PropDef { name: "refreservation", default: "none", values: &[], settable: true, no_effect_yet: None },
+    PropDef { name: "shareiscsi", default: "on", values: &["on", "off"], settable: true, no_effect_yet: None },
 ];
 
 /// Read-only / create-time properties reported by `get` but not in `PROPS`.

@@ -452,8 +452,8 @@ fn identify(
 /// The export (and its volume) a normal login names.
 fn resolve_target(server: &ServerShared, requested: &str) -> Option<(String, Arc<dyn BlockVolume>)> {
     let registry = &*server.frontend.registry;
-    let listed = registry.list();
-    let name = names::export_for_target(requested, listed.iter().map(|e| e.name.as_str()))?;
+    let listed = names::shared_exports(registry);
+    let name = names::export_for_target(requested, listed.iter().map(|e| e.as_str()))?;
     registry.open(name).map(|volume| (name.to_string(), volume))
 }
 
@@ -910,7 +910,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
         let registry = &self.server.frontend.registry;
         let exports: Vec<String> = match (&self.unit, self.session_type) {
             (Some(unit), _) => vec![unit.export.clone()],
-            (None, SessionType::Discovery) => registry.list().into_iter().map(|e| e.name).collect(),
+            (None, SessionType::Discovery) => names::shared_exports(&**registry),
             (None, SessionType::Normal) => Vec::new(),
         };
         let mut out = Vec::new();

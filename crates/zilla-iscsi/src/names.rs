@@ -4,8 +4,10 @@
 //! volume as LUN 0. The name is lowercased; every character an IQN may not hold here
 //! (anything but `a-z`, `0-9`, `-`, `.`) becomes `-`. Two volumes whose names map to the
 //! same target name: the first in sort order is served under it, the other not (a
-//! warning is logged when a client asks). Initiators compare target names without
-//! case, and so do we.
+//! warning is logged when a client asks; the daemon refuses to create or share a volume
+//! whose name would clash). Initiators compare target names without case, and so do
+//! we. A volume with `shareiscsi=off` is no target at all: discovery does not list it
+//! and a login naming it is refused as for an unknown target.
 
 /// The naming authority of every target.
 pub const IQN_PREFIX: &str = "iqn.2026-11.io.zilla:";
@@ -23,6 +25,12 @@ pub fn target_name(export: &str) -> String {
         });
     }
     out
+}
+
+/// The exports served over iSCSI: every volume of `registry` but those with
+/// `shareiscsi=off`, in the registry's order.
+pub fn shared_exports(registry: &dyn zilla_frontend::ExportRegistry) -> Vec<String> {
+    registry.list().into_iter().map(|e| e.name).filter(|name| registry.property(name, "shareiscsi").as_deref() != Some("off")).collect()
 }
 
 /// The export (of `exports`, in sort order) whose target name is `requested`.

@@ -289,6 +289,11 @@ impl Daemon {
         Err(ApiError(StatusCode::CONFLICT, format!("pool '{shown}' is UNAVAIL (not imported): {}{way_out}", u.reason)))
     }
 
+    /// The export registry over this daemon's pools (what the front ends serve).
+    fn exports(&self) -> crate::exports::Exports {
+        crate::exports::Exports { pools: self.pools.clone() }
+    }
+
     /// Split "pool/vol" and find the pool.
     fn volume_pool(&self, full: &str) -> Result<(Arc<Pool>, String), ApiError> {
         let (p, v) = full
@@ -1121,6 +1126,9 @@ async fn volume_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<Creat
     for (k, v) in &req.props {
         zilla_core::props::validate(k, v)?;
     }
+    if !req.props.iter().any(|(k, v)| k == "shareiscsi" && v == "off") {
+        d.exports().check_iscsi_target_free(&req.name).map_err(ApiError::bad)?;
+    }
     let mut props = req.props;
     if !req.sparse && !props.iter().any(|(k, _)| k == "refreservation") {
         props.push(("refreservation".into(), "auto".into())); // thick, as zfs create -V
@@ -1169,6 +1177,9 @@ async fn prop_set(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<SetReq>) -
     }
     let (p, vol) = d.volume_pool(&req.name)?;
     zilla_core::props::validate(&req.property, &req.value)?;
+    if req.property == "shareiscsi" && req.value == "on" {
+        d.exports().check_iscsi_target_free(&req.name).map_err(ApiError::bad)?;
+    }
     blocking_for(pool_of(&req.name).to_string(), move || Ok(p.set_prop(&vol, &req.property, &req.value)?)).await?;
     Ok(Json(Empty {}))
 }

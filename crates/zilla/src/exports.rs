@@ -29,6 +29,29 @@ impl Exports {
         out
     }
 
+    /// The volume other than `export`, served over iSCSI (`shareiscsi` not off), whose
+    /// target name `export` would also map to (names are lowercased and characters an
+    /// IQN may not hold become `-`, so `tank/Vol_1` and `tank/vol-1` clash).
+    pub fn iscsi_target_taken_by(&self, export: &str) -> Option<String> {
+        let want = zilla_iscsi::names::target_name(export);
+        self.list().into_iter().map(|(name, _)| name).filter(|name| name != export).find(|name| {
+            zilla_iscsi::names::target_name(name) == want && zilla_nbd::ExportRegistry::property(self, name, "shareiscsi").as_deref() != Some("off")
+        })
+    }
+
+    /// Refuse to serve `export` over iSCSI when another shared volume has its target
+    /// name; the message says how to go on.
+    pub fn check_iscsi_target_free(&self, export: &str) -> Result<(), String> {
+        match self.iscsi_target_taken_by(export) {
+            None => Ok(()),
+            Some(other) => Err(format!(
+                "volume '{export}' would be iSCSI target {}, which '{other}' already is (names are lowercased and \
+                 characters other than a-z, 0-9, '-' and '.' become '-'): choose another name, or set shareiscsi=off on one of them",
+                zilla_iscsi::names::target_name(export)
+            )),
+        }
+    }
+
     /// Open "POOL/NAME"; None if there is no such volume.
     pub fn open(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
         let (pool, vol) = name.split_once('/')?;
