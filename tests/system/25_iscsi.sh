@@ -57,7 +57,7 @@ fi
 families=(SCSI.TestUnitReady SCSI.Inquiry SCSI.ReadCapacity10 SCSI.ReadCapacity16 SCSI.Read6 SCSI.Read10
     SCSI.Read12 SCSI.Read16 SCSI.Write10 SCSI.Write12 SCSI.Write16 SCSI.WriteVerify10 SCSI.WriteVerify16
     SCSI.Verify10 SCSI.Verify12 SCSI.Verify16 SCSI.ModeSense6 SCSI.Mandatory SCSI.ReportSupportedOpcodes
-    iSCSI.iSCSIcmdsn iSCSI.iSCSIdatasn iSCSI.iSCSIResiduals)
+    iSCSI.iSCSIcmdsn iSCSI.iSCSIdatasn iSCSI.iSCSIResiduals iSCSI.iSCSITMF)
 for family in "${families[@]}"; do
     if ! timeout 60 iscsi-test-cu --dataloss -t "$family" "$LUN" >"$T/cu" 2>&1; then
         grep -E "FAILED|Run Summary|tests " "$T/cu" | head -20

@@ -829,14 +829,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 self.send(out);
             }
             op::SCSI_COMMAND => self.on_scsi_command(pdu, counted).await?,
-            op::TASK_MANAGEMENT => {
-                let mut bhs = Bhs::new(op::TASK_MANAGEMENT_RESPONSE, true);
-                bhs.0[2] = 5; // function not supported
-                bhs.set_u32(16, pdu.bhs.itt());
-                let mut out = OutPdu::new(bhs, Payload::None, StatSn::Advance);
-                out.ends_command = counted;
-                self.send(out);
-            }
+            op::TASK_MANAGEMENT => self.on_task_management(&pdu.bhs, counted).await,
             op::TEXT => self.on_text(pdu, counted),
             op::LOGOUT => {
                 let reason = pdu.bhs.flags() & 0x7f;
@@ -853,6 +846,78 @@ impl<R: AsyncRead + Unpin> Session<R> {
             _ => {}
         }
         Ok(Flow::Continue)
+    }
+
+    /// Task management (RFC 7143 §11.5) for a session of one connection at error
+    /// recovery level 0. ABORT TASK drops the referenced command if it still waits for
+    /// Data-Out (it gets no response of its own; its window slot and budget are freed);
+    /// a command whose I/O is already in flight runs to its end and answers first, and
+    /// the abort answers "task does not exist", as for a tag no command has (commands of
+    /// one connection arrive in CmdSN order, so a referenced command was seen and
+    /// answered).
+    /// ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET and TARGET WARM RESET drop
+    /// every command of the session waiting for data and wait for those in flight. The
+    /// response comes after the affected commands' own (bounded by the shutdown grace).
+    /// CLEAR ACA, TARGET COLD RESET and TASK REASSIGN are not supported.
+    async fn on_task_management(&mut self, bhs: &Bhs, counted: bool) {
+        const COMPLETE: u8 = 0;
+        const NO_TASK: u8 = 1;
+        const NO_LUN: u8 = 2;
+        const NO_REASSIGN: u8 = 4;
+        const NOT_SUPPORTED: u8 = 5;
+        let function = bhs.flags() & 0x7f;
+        let lun0 = bhs.lun() == [0u8; 8];
+        let response = match function {
+            1 | 2 | 4 | 5 if self.unit.is_none() || !lun0 => NO_LUN,
+            1 => {
+                let ref_itt = bhs.u32_at(20);
+                if let Some(p) = self.pending.remove(&ref_itt) {
+                    self.forget(p);
+                    COMPLETE
+                } else {
+                    // answered already, or its I/O in flight: let it answer first
+                    self.settle().await;
+                    NO_TASK
+                }
+            }
+            2 | 4 | 5 | 6 => {
+                for (_, p) in std::mem::take(&mut self.pending) {
+                    self.forget(p);
+                }
+                self.settle().await;
+                tracing::info!(client = %self.peer.client, function, "iscsi: task management: the session's commands were aborted");
+                COMPLETE
+            }
+            8 => NO_REASSIGN,
+            _ => NOT_SUPPORTED,
+        };
+        IscsiStats::count(&self.server.stats.task_management);
+        let mut out = Bhs::new(op::TASK_MANAGEMENT_RESPONSE, true);
+        out.0[2] = response;
+        out.set_u32(16, bhs.itt());
+        let mut pdu = OutPdu::new(out, Payload::None, StatSn::Advance);
+        pdu.ends_command = counted;
+        self.send(pdu);
+    }
+
+    /// Drop a command waiting for its data without answering it: its budget goes back
+    /// and its CmdSN window slot reopens.
+    fn forget(&self, pending: PendingData) {
+        if pending.counted {
+            let mut w = self.window.lock();
+            w.in_flight = w.in_flight.saturating_sub(1);
+        }
+        drop(pending);
+    }
+
+    /// Wait (bounded by the shutdown grace) until the unit's commands in flight have
+    /// completed and queued their responses.
+    async fn settle(&self) {
+        if let Some(unit) = &self.unit {
+            if tokio::time::timeout(self.server.config.shutdown_grace, unit.executor.idle()).await.is_err() {
+                tracing::warn!(client = %self.peer.client, "iscsi: task management: commands still in flight after the grace");
+            }
+        }
     }
 
     /// SendTargets (the only text key we answer in the full-feature phase).

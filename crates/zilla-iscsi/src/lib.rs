@@ -16,7 +16,9 @@
 //! [`IscsiConfig`], binds the listener itself and calls [`IscsiServer::serve_tcp`]
 //! with a `watch::Receiver<bool>` that turns true on shutdown.
 //!
-//! Not in this build: task management (answered "function not supported"), CHAP and
+//! Task management: ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET,
+//! TARGET WARM RESET within the session (no unit attentions on other sessions yet).
+//! Not in this build: CHAP and
 //! ACLs, persistent reservations, UNMAP / WRITE SAME / GET LBA STATUS, COMPARE AND
 //! WRITE, several connections per session, error recovery levels above 0.
 
@@ -113,6 +115,8 @@ pub struct IscsiStats {
     pub protocol_errors: AtomicU64,
     /// Commands ignored for a CmdSN outside the window.
     pub commands_out_of_window: AtomicU64,
+    /// Task management requests answered.
+    pub task_management: AtomicU64,
     /// Requests and bytes of every session.
     pub io: zilla_frontend::VolumeIoStats,
 }
@@ -127,6 +131,7 @@ pub struct IscsiStatsSnapshot {
     pub logins_refused: u64,
     pub protocol_errors: u64,
     pub commands_out_of_window: u64,
+    pub task_management: u64,
     pub io: zilla_frontend::VolumeIoSnapshot,
 }
 
@@ -145,6 +150,7 @@ impl IscsiStats {
             logins_refused: load(&self.logins_refused),
             protocol_errors: load(&self.protocol_errors),
             commands_out_of_window: load(&self.commands_out_of_window),
+            task_management: load(&self.task_management),
             io: self.io.snapshot(),
         }
     }

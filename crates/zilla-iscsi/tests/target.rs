@@ -112,6 +112,23 @@ impl Initiator {
         self.send(bhs, data).await;
     }
 
+    /// A task management request (`function`, referenced task `ref_itt`) and its
+    /// response.
+    async fn task_management(&mut self, function: u8, ref_itt: u32, ref_cmd_sn: u32) -> Response {
+        let itt = self.next_itt();
+        let mut bhs = Bhs::new(op::TASK_MANAGEMENT, true);
+        bhs.0[1] = 0x80 | function;
+        bhs.set_u32(16, itt);
+        bhs.set_u32(20, ref_itt);
+        bhs.set_u32(24, self.cmd_sn);
+        self.cmd_sn += 1;
+        bhs.set_u32(32, ref_cmd_sn);
+        self.send(bhs, &[]).await;
+        let r = self.receive().await.expect("a task management response");
+        assert_eq!((r.bhs.opcode(), r.bhs.itt()), (op::TASK_MANAGEMENT_RESPONSE, itt), "the response to the request");
+        r
+    }
+
     /// Data-In until the status: (data, status, residual flags, residual).
     async fn read_status(&mut self) -> (Vec<u8>, u8, u8, u32, Vec<u8>) {
         let mut data = Vec::new();
@@ -447,4 +464,47 @@ async fn writes_beyond_the_memory_share_wait_and_complete() {
         assert!(data.iter().all(|&b| b == fill(itt)), "write {n} read back");
     }
     assert!(frontend.memory.stats().waits > 0, "the third write waited for the memory budget");
+}
+
+#[tokio::test]
+async fn task_management_aborts_writes_waiting_for_data_and_frees_their_window_slots() {
+    let (mut i, _stop) = start(4 << 20);
+    assert_eq!(i.login(NORMAL).await.bhs.0[36], 0);
+    // a 32 KiB WRITE sent without data: the target asks for it with an R2T and waits
+    let payload = vec![0xABu8; 32 << 10];
+    let itt = i.command(&write10(0, 64), payload.len() as u32, false, true, true, &[]).await;
+    let r2t = i.receive().await.unwrap();
+    assert_eq!(r2t.bhs.opcode(), op::R2T);
+    let r = i.task_management(1, itt, i.cmd_sn - 1).await;
+    assert_eq!(r.bhs.0[2], 0, "ABORT TASK of a write waiting for data: function complete");
+    // its window slot is free again: MaxCmdSN is ExpCmdSN + 7 (a window of 8, nothing in flight)
+    assert_eq!(r.bhs.u32_at(32), r.bhs.u32_at(28).wrapping_add(7), "the aborted write still holds a window slot");
+    // Data-Out for it now is ignored; it never answers and wrote nothing
+    i.data_out(itt, r2t.bhs.u32_at(20), 0, 0, &payload[..8192], false).await;
+    let read = i.command(&read10(0, 64), payload.len() as u32, true, false, true, &[]).await;
+    let first = i.receive().await.unwrap();
+    assert_eq!((first.bhs.opcode(), first.bhs.itt()), (op::DATA_IN, read), "the aborted write answered");
+    let mut data = first.data.clone();
+    let mut last = first;
+    while last.bhs.flags() & 0x01 == 0 {
+        last = i.receive().await.unwrap();
+        data.extend_from_slice(&last.data);
+    }
+    assert!(data.iter().all(|&b| b == 0), "the aborted write reached the volume");
+    // a task that was answered already: task does not exist
+    let r = i.task_management(1, read, i.cmd_sn - 2).await;
+    assert_eq!(r.bhs.0[2], 1, "ABORT TASK of an answered command");
+    // LOGICAL UNIT RESET drops every write waiting for data
+    let a = i.command(&write10(0, 64), payload.len() as u32, false, true, true, &[]).await;
+    let b = i.command(&write10(64, 64), payload.len() as u32, false, true, true, &[]).await;
+    for _ in 0..2 {
+        assert_eq!(i.receive().await.unwrap().bhs.opcode(), op::R2T);
+    }
+    let r = i.task_management(5, 0, 0).await;
+    assert_eq!(r.bhs.0[2], 0, "LUN RESET: function complete");
+    assert_eq!(r.bhs.u32_at(32), r.bhs.u32_at(28).wrapping_add(7), "the reset writes still hold window slots");
+    let _ = (a, b);
+    // unsupported functions say so
+    assert_eq!(i.task_management(7, 0, 0).await.bhs.0[2], 5, "TARGET COLD RESET: not supported");
+    assert_eq!(i.task_management(8, itt, 0).await.bhs.0[2], 4, "TASK REASSIGN: allegiance reassignment not supported");
 }

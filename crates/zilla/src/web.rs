@@ -440,6 +440,7 @@ fn register_iscsi(reg: &mut Registry, i: &zilla_iscsi::IscsiStatsSnapshot) {
     counter(reg, "zilla_iscsi_logins_refused", "iSCSI logins refused (unknown target, bad keys, timeout)", i.logins_refused);
     counter(reg, "zilla_iscsi_protocol_errors", "iSCSI PDUs rejected and connections closed on malformed PDUs", i.protocol_errors);
     counter(reg, "zilla_iscsi_commands_out_of_window", "iSCSI commands dropped for a CmdSN outside the window", i.commands_out_of_window);
+    counter(reg, "zilla_iscsi_task_management", "iSCSI task management requests answered", i.task_management);
     let op = |name: &str| labels(&[("op", name)]);
     counters(reg, "zilla_iscsi_requests", "iSCSI volume requests completed, by operation", [
         (op("read"), i.io.read_ops),
