@@ -452,8 +452,12 @@ fn identify(
 /// The export (and its volume) a normal login names.
 fn resolve_target(server: &ServerShared, requested: &str) -> Option<(String, Arc<dyn BlockVolume>)> {
     let registry = &*server.frontend.registry;
-    let listed = names::shared_exports(registry);
-    let name = names::export_for_target(requested, listed.iter().map(|e| e.as_str()))?;
+    let listed = registry.list();
+    // a volume's property is read only when its name maps to the requested target
+    let candidates = listed.iter().map(|e| e.name.as_str()).filter(|name| {
+        names::target_name(name).eq_ignore_ascii_case(requested) && names::is_shared(registry, name)
+    });
+    let name = names::export_for_target(requested, candidates)?;
     registry.open(name).map(|volume| (name.to_string(), volume))
 }
 
@@ -911,11 +915,11 @@ impl<R: AsyncRead + Unpin> Session<R> {
     }
 
     /// Wait (bounded by the shutdown grace) until the unit's commands in flight have
-    /// completed and queued their responses.
+    /// completed and queued their responses (task management, logout, close).
     async fn settle(&self) {
         if let Some(unit) = &self.unit {
             if tokio::time::timeout(self.server.config.shutdown_grace, unit.executor.idle()).await.is_err() {
-                tracing::warn!(client = %self.peer.client, "iscsi: task management: commands still in flight after the grace");
+                tracing::warn!(client = %self.peer.client, "iscsi: commands still in flight after the shutdown grace");
             }
         }
     }
@@ -1329,11 +1333,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
     /// Wait (bounded by the shutdown grace) for the commands in flight.
     async fn drain(&mut self) {
         self.pending.clear();
-        if let Some(unit) = &self.unit {
-            if tokio::time::timeout(self.server.config.shutdown_grace, unit.executor.idle()).await.is_err() {
-                tracing::warn!(client = %self.peer.client, "iscsi: commands still in flight after the shutdown grace");
-            }
-        }
+        self.settle().await;
     }
 
     async fn finish(&mut self) {

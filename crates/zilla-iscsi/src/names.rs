@@ -27,10 +27,15 @@ pub fn target_name(export: &str) -> String {
     out
 }
 
+/// Whether volume `export` of `registry` is served over iSCSI (`shareiscsi` not off).
+pub fn is_shared(registry: &dyn zilla_frontend::ExportRegistry, export: &str) -> bool {
+    registry.property(export, "shareiscsi").as_deref() != Some("off")
+}
+
 /// The exports served over iSCSI: every volume of `registry` but those with
 /// `shareiscsi=off`, in the registry's order.
 pub fn shared_exports(registry: &dyn zilla_frontend::ExportRegistry) -> Vec<String> {
-    registry.list().into_iter().map(|e| e.name).filter(|name| registry.property(name, "shareiscsi").as_deref() != Some("off")).collect()
+    registry.list().into_iter().map(|e| e.name).filter(|name| is_shared(registry, name)).collect()
 }
 
 /// The export (of `exports`, in sort order) whose target name is `requested`.

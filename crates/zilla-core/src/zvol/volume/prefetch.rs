@@ -96,11 +96,9 @@ impl Volume {
             run.clear();
             return false;
         }
-        let blocks = std::mem::take(run);
-        let (pool, vol) = (self.pool.clone(), self.vol.clone());
-        let io = self.pool.io();
-        let issued = blocks.clone();
-        io.read_run_first_async(&issued, IoClass::AsyncRead, hint, Box::new(move |span| {
+        let blocks: Arc<[BlockPointer]> = std::mem::take(run).into();
+        let (pool, vol, issued) = (self.pool.clone(), self.vol.clone(), blocks.clone());
+        self.pool.io().read_run_first_async(&issued, IoClass::AsyncRead, hint, Box::new(move |span| {
             // blocks that do not verify are dropped: their demand reads try every copy
             if let Some(span) = span.filter(|_| !vol.destroyed.load(Ordering::Acquire)) {
                 for (bp, phys) in blocks.iter().zip(PoolIo::split_run(&blocks, &span)) {
