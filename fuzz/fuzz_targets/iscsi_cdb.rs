@@ -16,6 +16,7 @@ fuzz_target!(|data: &[u8]| {
         blocks,
         volume_block_bytes: 16384,
         read_only: knobs & 1 != 0,
+        thin: knobs & 16 != 0,
         transfer_max_bytes: 32 << 20,
         naa: 0x3000_0000_0000_0001,
         serial: "0000000000000001".into(),
@@ -29,4 +30,7 @@ fuzz_target!(|data: &[u8]| {
         _ => {}
     }
     let _ = scsi::mode_select(params, knobs & 4 != 0, knobs & 8 != 0);
+    if let Ok(ranges) = zilla_iscsi::thin::unmap_ranges(params, &g) {
+        assert!(ranges.iter().all(|&(lba, n)| lba.checked_add(n).is_some_and(|end| end <= blocks)));
+    }
 });

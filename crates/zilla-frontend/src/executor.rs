@@ -48,9 +48,10 @@
 //! then still needs a thread. UNMAP, WRITE ZEROES and WRITE SAME run one at a time per
 //! connection, in calls of at most [`ZERO_CALL_MAX_BYTES`]; BLOCK STATUS looks at most
 //! [`BLOCK_STATUS_SPAN_MAX_BYTES`] ahead; WRITE SAME's pattern buffer is at most
-//! [`WRITE_SAME_BUFFER_MAX_BYTES`]. COMPARE AND WRITE is atomic against other
-//! COMPARE AND WRITEs of the volume (one of `CAW_LOCKS` locks, by volume name), as
-//! SCSI targets do it; plain writes are not held back by it.
+//! [`WRITE_SAME_BUFFER_MAX_BYTES`]. COMPARE AND WRITE is atomic against every write
+//! to its volume, from any connection or protocol: every volume call that applies
+//! data does it inside the volume's [`WriteGate`] (write_gate.rs), which a write
+//! passes with two atomic adds while no COMPARE AND WRITE is in flight.
 //!
 //! Waiting. `submit` never waits: a request whose volume call or zero-call slot is not
 //! free comes back `Blocked`, and `resume` waits for it. `admit` and `resume` call the
@@ -68,6 +69,7 @@ use zilla_core::Error;
 
 use crate::budget::{BudgetPermit, BudgetShare};
 use crate::iostats::{IoKind, VolumeIoStats};
+use crate::write_gate::WriteGate;
 use crate::Frontend;
 
 /// Largest range one BLOCK STATUS request examines; clients ask again for the rest.
@@ -80,8 +82,6 @@ pub const WRITE_SAME_BUFFER_MAX_BYTES: usize = 1 << 20;
 /// UNMAP / WRITE ZEROES / WRITE SAME requests one connection may have running at once:
 /// they are long and dirty much metadata, so a flood of them must not crowd the txg.
 const ZERO_CALLS_PER_CONNECTION: usize = 1;
-/// Locks serialising COMPARE AND WRITE, chosen by volume name.
-const CAW_LOCKS: usize = 16;
 
 /// What a front end asks of a volume, with its buffers.
 #[derive(Debug)]
@@ -97,6 +97,8 @@ pub enum Command {
     Flush,
     /// Deallocate (reads return zeros afterwards).
     Unmap { offset: u64, length: u64, fua: bool },
+    /// Deallocate each `(offset, length)` (SCSI UNMAP's descriptors), in order.
+    UnmapList { ranges: Vec<(u64, u64)>, fua: bool },
     WriteZeroes { offset: u64, length: u64, fua: bool },
     /// `pattern` repeated over `[offset, offset+length)`; `length` is a multiple of
     /// the pattern's length.
@@ -119,6 +121,7 @@ impl Command {
             Command::CompareAndWrite { data, .. } => (IoKind::Write, data.len() as u64),
             Command::Flush => (IoKind::Flush, 0),
             Command::Unmap { length, .. } => (IoKind::Trim, *length),
+            Command::UnmapList { ranges, .. } => (IoKind::Trim, ranges.iter().map(|r| r.1).sum()),
             Command::WriteZeroes { length, .. } | Command::WriteSame { length, .. } => (IoKind::WriteZeroes, *length),
             Command::BlockStatus { length, .. } | Command::Prefetch { length, .. } => (IoKind::Other, *length),
         }
@@ -213,9 +216,15 @@ struct Shared {
     frontend: Arc<Frontend>,
     stats: Arc<VolumeIoStats>,
     also: Box<[Arc<dyn IoCounters>]>,
+    /// The volume's [`WriteGate`] in `frontend.write_gates`.
+    gate_index: usize,
 }
 
 impl Shared {
+    fn gate(&self) -> &WriteGate {
+        self.frontend.write_gates.get(self.gate_index)
+    }
+
     fn record(&self, kind: IoKind, bytes: u64, started: Instant, failed: bool) {
         let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.record(kind, bytes, latency_ns, failed);
@@ -310,6 +319,7 @@ impl Executor {
         let requests_max = requests_max.clamp(1, u32::MAX as usize);
         Executor {
             shared: Arc::new(Shared {
+                gate_index: frontend.write_gates.index_of(&volume.name()),
                 volume,
                 stats: frontend.io_stats.volume(export),
                 frontend: frontend.clone(),
@@ -463,7 +473,7 @@ pub struct Blocked<C: Completer> {
 
 /// UNMAP / WRITE ZEROES / WRITE SAME: one at a time per connection.
 fn is_zero_call(command: &Command) -> bool {
-    matches!(command, Command::Unmap { .. } | Command::WriteZeroes { .. } | Command::WriteSame { .. })
+    matches!(command, Command::Unmap { .. } | Command::UnmapList { .. } | Command::WriteZeroes { .. } | Command::WriteSame { .. })
 }
 
 /// Start a request that holds its permits the cheapest way it goes: an async engine
@@ -498,10 +508,13 @@ fn try_inline(shared: &Shared, command: Command) -> Inline {
         },
         // A write the volume can take without blocking (no throttle delay, no device
         // read) is applied here.
-        Command::Write { offset, data, fua: false } => match shared.volume.try_write_nonblocking(offset, &data) {
-            Some(result) => Inline::Done(result.map(|()| Output::Done)),
-            None => Inline::No(Command::Write { offset, data, fua: false }),
-        },
+        Command::Write { offset, data, fua: false } => {
+            let applied = shared.gate().try_enter().and_then(|_token| shared.volume.try_write_nonblocking(offset, &data));
+            match applied {
+                Some(result) => Inline::Done(result.map(|()| Output::Done)),
+                None => Inline::No(Command::Write { offset, data, fua: false }),
+            }
+        }
         // The ARC decides what stays in memory: acknowledged at once.
         Command::Prefetch { .. } => Inline::Done(Ok(Output::Done)),
         command => Inline::No(command),
@@ -581,7 +594,8 @@ fn try_commit_async<C: Completer>(pending: Pending<C>, command: Command) -> Resu
         Command::Flush => {}
         Command::Write { offset, data, fua } => {
             let shared = pending.shared().clone();
-            match shared.volume.try_write_nonblocking_sync(offset, &data, fua) {
+            let applied = shared.gate().try_enter().and_then(|_token| shared.volume.try_write_nonblocking_sync(offset, &data, fua));
+            match applied {
                 None => return Err((pending, Command::Write { offset, data, fua })),
                 Some(Ok(true)) => {}
                 Some(done) => {
@@ -616,7 +630,8 @@ fn commit_then_complete<C: Completer>(pending: Pending<C>) {
 async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data: WriteData, fua: bool, delay: Duration) {
     crate::delay_timer::sleep(delay).await;
     let shared = pending.shared().clone();
-    let needs_commit = match shared.volume.try_write_after_delay(offset, &data, fua) {
+    let applied = shared.gate().try_enter().and_then(|_token| shared.volume.try_write_after_delay(offset, &data, fua));
+    let needs_commit = match applied {
         Some(Ok(true)) => true,
         Some(done) => return pending.complete(done.map(|_| Output::Done)),
         None => false,
@@ -628,7 +643,10 @@ async fn delayed_write<C: Completer>(mut pending: Pending<C>, offset: u64, data:
         return commit_then_complete(pending);
     }
     tokio::task::spawn_blocking(move || {
-        let result = shared.volume.write_after_delay(offset, &data, fua);
+        let result = {
+            let _token = shared.gate().enter();
+            shared.volume.write_after_delay(offset, &data, fua)
+        };
         pending.complete(result.map(|()| Output::Done));
     });
 }
@@ -657,14 +675,24 @@ fn execute_blocking(shared: &Shared, command: &Command) -> zilla_core::Result<Ou
         Command::BlockStatus { offset, length } => {
             volume.block_status(offset, length.min(BLOCK_STATUS_SPAN_MAX_BYTES)).map(Output::Extents)
         }
-        Command::Write { offset, ref data, fua } => volume.write_data(offset, data, fua).map(|()| Output::Done),
+        Command::Write { offset, ref data, fua } => {
+            // (a durable write holds the gate through its commit: a COMPARE AND WRITE
+            // may wait that long, plain writes never do)
+            let _token = shared.gate().enter();
+            volume.write_data(offset, data, fua).map(|()| Output::Done)
+        }
         Command::Flush => volume.flush().map(|()| Output::Done),
         Command::Unmap { offset, length, fua } => {
-            in_pieces(offset, length, |at, len| volume.unmap(at, len)).and_then(|()| then_flush(fua)).map(|()| Output::Done)
+            in_pieces(offset, length, |at, len| gated(shared, || volume.unmap(at, len))).and_then(|()| then_flush(fua)).map(|()| Output::Done)
         }
+        Command::UnmapList { ref ranges, fua } => ranges
+            .iter()
+            .try_for_each(|&(offset, length)| in_pieces(offset, length, |at, len| gated(shared, || volume.unmap(at, len))))
+            .and_then(|()| then_flush(fua))
+            .map(|()| Output::Done),
         // Zeroing is done the cheap way (blocks freed, partial ones zeroed): a
         // copy-on-write pool cannot promise space for future overwrites either way.
-        Command::WriteZeroes { offset, length, fua } => in_pieces(offset, length, |at, len| volume.write_zeroes(at, len))
+        Command::WriteZeroes { offset, length, fua } => in_pieces(offset, length, |at, len| gated(shared, || volume.write_zeroes(at, len)))
             .and_then(|()| then_flush(fua))
             .map(|()| Output::Done),
         Command::WriteSame { offset, length, ref pattern, fua } => {
@@ -673,6 +701,12 @@ fn execute_blocking(shared: &Shared, command: &Command) -> zilla_core::Result<Ou
         Command::CompareAndWrite { offset, ref compare, ref data, fua } => compare_and_write(shared, offset, compare, data, fua),
         Command::Prefetch { .. } => Ok(Output::Done),
     }
+}
+
+/// A write-like volume call inside the volume's write gate (a blocking thread).
+fn gated<T>(shared: &Shared, call: impl FnOnce() -> T) -> T {
+    let _token = shared.gate().enter();
+    call()
 }
 
 /// Apply `op` to `[offset, offset+length)` in pieces of at most `ZERO_CALL_MAX_BYTES`.
@@ -720,7 +754,7 @@ fn write_same(shared: &Shared, offset: u64, length: u64, pattern: &[u8]) -> zill
         return Err(Error::invalid(format!("write same: {length} bytes is not a multiple of a {}-byte pattern", pattern.len())));
     }
     if pattern.iter().all(|&b| b == 0) {
-        return in_pieces(offset, length, |at, len| volume.write_zeroes(at, len));
+        return in_pieces(offset, length, |at, len| gated(shared, || volume.write_zeroes(at, len)));
     }
     let repeats = (WRITE_SAME_BUFFER_MAX_BYTES / pattern.len()).max(1) as u64;
     let piece_max = (repeats * pattern.len() as u64).min(length);
@@ -732,7 +766,7 @@ fn write_same(shared: &Shared, offset: u64, length: u64, pattern: &[u8]) -> zill
     let mut result = Ok(());
     while done < length && result.is_ok() {
         let piece = (length - done).min(piece_max);
-        result = volume.write(offset + done, &buffer[..piece as usize], false);
+        result = gated(shared, || volume.write(offset + done, &buffer[..piece as usize], false));
         done += piece;
     }
     shared.frontend.buffers.give(buffer);
@@ -745,25 +779,21 @@ fn compare_and_write(shared: &Shared, offset: u64, compare: &[u8], data: &[u8], 
         return Err(Error::invalid(format!("compare and write: {} bytes to compare, {} to write", compare.len(), data.len())));
     }
     let volume = &*shared.volume;
-    let lock = &shared.frontend.compare_and_write_locks[caw_lock_index(&volume.name())];
-    let _held = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let mut current = shared.frontend.buffers.take(compare.len());
-    let read = volume.read(offset, &mut current);
-    let differs = current.iter().zip(compare).position(|(a, b)| a != b);
-    shared.frontend.buffers.give(current);
-    read?;
-    if let Some(at) = differs {
-        return Ok(Output::Miscompare { offset: at as u64 });
+    // the write is applied inside the gate; its commit (FUA) after it
+    let applied = shared.gate().exclusive(|| {
+        let mut current = shared.frontend.buffers.take(compare.len());
+        let read = volume.read(offset, &mut current);
+        let differs = current.iter().zip(compare).position(|(a, b)| a != b);
+        shared.frontend.buffers.give(current);
+        read?;
+        if let Some(at) = differs {
+            return Ok(Some(at as u64));
+        }
+        volume.write(offset, data, false).map(|()| None)
+    })?;
+    match applied {
+        Some(at) => Ok(Output::Miscompare { offset: at }),
+        None if fua => volume.flush().map(|()| Output::Done),
+        None => Ok(Output::Done),
     }
-    volume.write(offset, data, fua).map(|()| Output::Done)
-}
-
-fn caw_lock_index(volume_name: &str) -> usize {
-    let hash = volume_name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    (hash % CAW_LOCKS as u64) as usize
-}
-
-/// The locks COMPARE AND WRITE takes (a `Frontend` holds one set).
-pub(crate) fn new_caw_locks() -> Box<[std::sync::Mutex<()>]> {
-    (0..CAW_LOCKS).map(|_| std::sync::Mutex::new(())).collect()
 }

@@ -30,6 +30,7 @@ pub mod executor;
 pub mod iostats;
 pub mod registry;
 pub mod sessions;
+pub mod write_gate;
 
 /// What a protocol sees of the engine's volumes: the front-end contract and its data
 /// types, and an in-memory stand-in volume for protocol tests. A protocol crate
@@ -157,8 +158,8 @@ pub struct Frontend {
     pub clients: ClientStatsTable,
     /// Live sessions by export (destroy refuses while clients are attached).
     pub sessions: sessions::SessionTable,
-    /// COMPARE AND WRITE's locks (see [`executor`]).
-    compare_and_write_locks: Box<[std::sync::Mutex<()>]>,
+    /// COMPARE AND WRITE's gates against every other write (see [`write_gate`]).
+    pub write_gates: write_gate::WriteGates,
 }
 
 /// Everything /metrics shows about the front ends.
@@ -198,7 +199,7 @@ impl Frontend {
             io_stats: IoStatsTable::default(),
             clients: ClientStatsTable::new(config.clients_max),
             sessions: sessions::SessionTable::default(),
-            compare_and_write_locks: executor::new_caw_locks(),
+            write_gates: write_gate::WriteGates::default(),
             registry,
             config,
         })

@@ -55,12 +55,14 @@ use crate::login::{LoginRefusal, Negotiation, SessionParams, SessionType};
 use crate::pdu::{self, op, reject, Bhs, Digests, Pdu, NO_TAG};
 use crate::scsi::{self, Geometry, Operation, Sense, LOGICAL_BLOCK_BYTES};
 use crate::writer::{self, CommandWindow, OutPdu, OutSender, Payload, ReadBody, StatSn};
-use crate::{names, IscsiConfig, IscsiStats};
+use crate::{names, thin, IscsiConfig, IscsiStats};
 
 /// PDUs held back (beyond the window) while the reader waits for budget.
 const DEFERRED_EXTRA: usize = 16;
 /// Bytes of text a login may spread over PDUs with the C bit.
 const LOGIN_TEXT_MAX_BYTES: usize = 64 << 10;
+/// Largest UNMAP parameter list read (header and `UNMAP_DESCRIPTORS_MAX` descriptors).
+const UNMAP_LIST_MAX_BYTES: usize = 8 + 16 * thin::UNMAP_DESCRIPTORS_MAX as usize;
 /// Memory units charged on top of a transfer (headers, bookkeeping).
 const COMMAND_OVERHEAD_UNITS: usize = 1024;
 
@@ -135,13 +137,17 @@ fn clamp32(n: usize) -> u32 {
 
 /// A SCSI Response PDU.
 fn scsi_response(itt: u32, status: u8, sense: Option<Sense>, residual: Residual, counted: bool) -> OutPdu {
+    scsi_response_with_sense(itt, status, sense.map(|s| s.fixed()), residual, counted)
+}
+
+/// A SCSI Response PDU with these fixed-format sense bytes.
+fn scsi_response_with_sense(itt: u32, status: u8, sense: Option<[u8; 18]>, residual: Residual, counted: bool) -> OutPdu {
     let mut bhs = Bhs::new(op::SCSI_RESPONSE, true);
     bhs.0[3] = status;
     bhs.set_u32(16, itt);
     residual.apply(&mut bhs);
     let data = match sense {
-        Some(sense) => {
-            let fixed = sense.fixed();
+        Some(fixed) => {
             let mut d = Vec::with_capacity(2 + fixed.len());
             d.extend_from_slice(&(fixed.len() as u16).to_be_bytes());
             d.extend_from_slice(&fixed);
@@ -207,6 +213,10 @@ fn data_in(
 /// What a submitted command answers when it completes.
 #[derive(Clone)]
 enum Answer {
+    /// COMPARE AND WRITE: a miscompare is reported with its byte offset.
+    CompareAndWrite { residual: Residual },
+    /// GET LBA STATUS from `lba`, at most `allocation` bytes.
+    LbaStatus { lba: u64, allocation: usize, residual_of: usize },
     /// READ of `len` bytes.
     Read { len: usize, residual: Residual },
     /// VERIFY with BYTCHK 1: the read is compared with `data`.
@@ -250,18 +260,36 @@ impl IoCompleter {
                     vec![check_condition(self.itt, Sense::MISCOMPARE, 0, self.counted)]
                 }
             }
-            (Ok(_), Answer::Done { residual, .. }) => {
+            (Ok(Output::Miscompare { offset }), Answer::CompareAndWrite { .. }) => {
+                let sense = Sense::MISCOMPARE.fixed_with_information(clamp32(offset as usize));
+                vec![scsi_response_with_sense(self.itt, scsi::STATUS_CHECK_CONDITION, Some(sense), Residual::None, self.counted)]
+            }
+            (Ok(Output::Extents(extents)), Answer::LbaStatus { lba, allocation, residual_of }) => {
+                let extents: Vec<(u64, u64, bool)> = extents.iter().map(|e| (e.offset, e.length, e.hole)).collect();
+                let mut data = thin::lba_status(lba, &extents, allocation);
+                let len = data.len().min(residual_of);
+                let residual = Residual::of(residual_of, data.len());
+                data.truncate(len);
+                if data.is_empty() {
+                    vec![scsi_response(self.itt, scsi::STATUS_GOOD, None, residual, self.counted)]
+                } else {
+                    let body = Arc::new(ReadBody::Owned(data));
+                    data_in(self.itt, self.lun, body, len, residual, r.data_in_segment_bytes, r.burst_bytes, self.counted)
+                }
+            }
+            (Ok(_), Answer::Done { residual, .. } | Answer::CompareAndWrite { residual }) => {
                 vec![scsi_response(self.itt, scsi::STATUS_GOOD, None, residual, self.counted)]
             }
-            (Ok(_), Answer::Read { .. } | Answer::Compare { .. }) => {
+            (Ok(_), Answer::Read { .. } | Answer::Compare { .. } | Answer::LbaStatus { .. }) => {
                 vec![check_condition(self.itt, Sense::INTERNAL_FAILURE, self.expected, self.counted)]
             }
             (Err(error), answer) => {
                 let sense = match (&error, answer) {
                     (zilla_frontend::volume::Error::NoSpace, _) => Sense::NO_SPACE,
                     (zilla_frontend::volume::Error::ReadOnly(_), _) => Sense::WRITE_PROTECTED,
-                    (_, Answer::Read { .. } | Answer::Compare { .. }) => Sense::UNRECOVERED_READ_ERROR,
+                    (_, Answer::Read { .. } | Answer::Compare { .. } | Answer::LbaStatus { .. }) => Sense::UNRECOVERED_READ_ERROR,
                     (_, Answer::Done { sense, .. }) => sense,
+                    (_, Answer::CompareAndWrite { .. }) => Sense::WRITE_ERROR,
                 };
                 tracing::debug!(%error, itt = self.itt, "iscsi: command failed");
                 vec![check_condition(self.itt, sense, self.expected, self.counted)]
@@ -289,6 +317,12 @@ enum Sink {
     ModeSelect { ten: bool, buffer: Vec<u8> },
     /// VERIFY's data, compared with what the volume holds at `offset`.
     Compare { offset: u64, buffer: Vec<u8> },
+    /// UNMAP's parameter list.
+    Unmap { buffer: Vec<u8> },
+    /// WRITE SAME's one block, to repeat over `length` bytes at `offset`.
+    WriteSame { offset: u64, length: u64, unmap: bool, fua: bool, buffer: Vec<u8> },
+    /// COMPARE AND WRITE's data: the blocks to compare, then those to write.
+    CompareAndWrite { offset: u64, fua: bool, buffer: Vec<u8> },
 }
 
 /// A WRITE's buffers for `keep` bytes at `offset`: cut at the volume's block
@@ -335,7 +369,11 @@ impl PendingData {
         }
         let bytes = &bytes[..end - at];
         match &mut self.sink {
-            Sink::ModeSelect { buffer, .. } | Sink::Compare { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
+            Sink::ModeSelect { buffer, .. }
+            | Sink::Compare { buffer, .. }
+            | Sink::Unmap { buffer }
+            | Sink::WriteSame { buffer, .. }
+            | Sink::CompareAndWrite { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
             Sink::Write { pieces, starts, .. } => {
                 for (piece, &start) in pieces.iter_mut().zip(starts.iter()) {
                     let piece_end = start + piece.len();
@@ -613,6 +651,7 @@ fn open_unit(
         blocks: volume.size() / u64::from(LOGICAL_BLOCK_BYTES),
         volume_block_bytes: volume.block_size(),
         read_only: volume.read_only(),
+        thin: registry.property(&export, "refreservation").is_none_or(|v| v == "none"),
         transfer_max_bytes: zilla_frontend::REQUEST_MAX_BYTES as u32,
         naa: names::naa(pool_id, &export),
         serial: names::serial(pool_id, &export),
@@ -1099,6 +1138,52 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let sink = Sink::Compare { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), buffer: vec![0; keep] };
                 self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
             }
+            Operation::Unmap { parameter_bytes } => {
+                let keep = (parameter_bytes as usize).min(expected).min(UNMAP_LIST_MAX_BYTES);
+                let sink = Sink::Unmap { buffer: vec![0; keep] };
+                let residual = Residual::of(expected, parameter_bytes as usize);
+                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
+            }
+            Operation::WriteSame { lba, blocks, unmap, ndob } => {
+                let block = LOGICAL_BLOCK_BYTES as usize;
+                // the data is one block (none with NDOB): another length is an error
+                // in the command, not a residual
+                if expected != if ndob { 0 } else { block } {
+                    unit.executor.refuse(IoKind::WriteZeroes, expected as u64, started);
+                    self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
+                    return Ok(());
+                }
+                let (offset, length) = (lba * u64::from(LOGICAL_BLOCK_BYTES), blocks * u64::from(LOGICAL_BLOCK_BYTES));
+                let fua = !unit.wce.load(Ordering::Relaxed);
+                let wanted = if ndob { 0 } else { block };
+                // NDOB: no data, the blocks are unmapped (they read zeros)
+                let keep = if ndob { 0 } else { block.min(expected) };
+                let sink = Sink::WriteSame { offset, length, unmap: unmap || ndob, fua, buffer: vec![0; keep] };
+                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
+            }
+            Operation::CompareAndWrite { lba, blocks, fua } => {
+                let wanted = 2 * usize::from(blocks) * LOGICAL_BLOCK_BYTES as usize;
+                // the data must be exactly the blocks to compare and to write
+                if expected != wanted {
+                    unit.executor.refuse(IoKind::Write, expected as u64, started);
+                    self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
+                    return Ok(());
+                }
+                let keep = wanted.min(expected);
+                let fua = fua || !unit.wce.load(Ordering::Relaxed);
+                let sink = Sink::CompareAndWrite { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), fua, buffer: vec![0; keep] };
+                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
+            }
+            Operation::GetLbaStatus { lba, allocation } => {
+                let Some(admission) = self.admit(COMMAND_OVERHEAD_UNITS + allocation.min(1 << 16) as usize).await? else {
+                    return Ok(());
+                };
+                let Some(unit) = &self.unit else { return Ok(()) };
+                let (offset, end) = (lba * u64::from(LOGICAL_BLOCK_BYTES), unit.geometry.blocks * u64::from(LOGICAL_BLOCK_BYTES));
+                let length = (end - offset).min(zilla_frontend::executor::BLOCK_STATUS_SPAN_MAX_BYTES);
+                let answer = Answer::LbaStatus { lba, allocation: allocation as usize, residual_of: expected };
+                self.submit(Command::BlockStatus { offset, length }, admission, started, itt, lun, expected, counted, answer).await;
+            }
             Operation::ModeSelect { parameter_bytes, ten, save: _ } => {
                 let keep = (parameter_bytes as usize).min(expected).min(4096);
                 let sink = Sink::ModeSelect { ten, buffer: vec![0; keep] };
@@ -1280,6 +1365,51 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let command = Command::Read { offset, length: buffer.len() as u32, prefix_bytes: 0, holes: false };
                 let answer = Answer::Compare { data: Arc::new(buffer), residual };
                 self.submit(command, admission, started, itt, lun, expected, counted, answer).await;
+            }
+            Sink::Unmap { buffer } => {
+                let Some(admission) = admission else { return };
+                let Some(unit) = &self.unit else { return };
+                let ranges = match thin::unmap_ranges(&buffer, &unit.geometry) {
+                    Ok(ranges) => ranges,
+                    Err(sense) => return self.send(check_condition(itt, sense, expected, counted)),
+                };
+                if ranges.is_empty() {
+                    return self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+                }
+                let block = u64::from(LOGICAL_BLOCK_BYTES);
+                let ranges = ranges.into_iter().map(|(lba, blocks)| (lba * block, blocks * block)).collect();
+                let fua = !unit.wce.load(Ordering::Relaxed);
+                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
+                self.submit(Command::UnmapList { ranges, fua }, admission, started, itt, lun, expected, counted, answer).await;
+            }
+            Sink::WriteSame { offset, length, unmap, fua, buffer } => {
+                let Some(admission) = admission else { return };
+                let zero = buffer.iter().all(|&b| b == 0);
+                if !unmap && !zero && buffer.len() < LOGICAL_BLOCK_BYTES as usize {
+                    return self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
+                }
+                // UNMAP set: the blocks are deallocated (they read zeros, LBPRZ) and the
+                // block sent is not written, as SBC-4 allows and initiators expect
+                let command = match (unmap, zero) {
+                    (true, _) => Command::Unmap { offset, length, fua },
+                    (false, true) => Command::WriteZeroes { offset, length, fua },
+                    (false, false) => Command::WriteSame { offset, length, pattern: buffer, fua },
+                };
+                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
+                self.submit(command, admission, started, itt, lun, expected, counted, answer).await;
+            }
+            Sink::CompareAndWrite { offset, fua, mut buffer } => {
+                let Some(admission) = admission else { return };
+                if buffer.is_empty() {
+                    return self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+                }
+                if buffer.len() % (2 * LOGICAL_BLOCK_BYTES as usize) != 0 {
+                    // the initiator sent less than both halves: nothing is compared
+                    return self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
+                }
+                let data = buffer.split_off(buffer.len() / 2);
+                let command = Command::CompareAndWrite { offset, compare: buffer, data, fua };
+                self.submit(command, admission, started, itt, lun, expected, counted, Answer::CompareAndWrite { residual }).await;
             }
             Sink::ModeSelect { ten, buffer } => {
                 let Some(unit) = &self.unit else { return };

@@ -6,6 +6,7 @@
 //! - [`pdu`]: the wire format (headers, digests, text keys), pure (fuzzed);
 //! - [`login`]: the login phase's key negotiation, pure;
 //! - [`scsi`]: CDB decoding, sense data, INQUIRY/VPD/MODE pages, pure (fuzzed);
+//! - [`thin`]: UNMAP, WRITE SAME, GET LBA STATUS, COMPARE AND WRITE decoding, pure;
 //! - [`names`]: target names and the unit's stable identifiers;
 //! - `framing`: a cancel-safe PDU reader;
 //! - `writer`: the write side of a connection (StatSN, CmdSN window, digests);
@@ -18,9 +19,8 @@
 //!
 //! Task management: ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET,
 //! TARGET WARM RESET within the session (no unit attentions on other sessions yet).
-//! Not in this build: CHAP and
-//! ACLs, persistent reservations, UNMAP / WRITE SAME / GET LBA STATUS, COMPARE AND
-//! WRITE, several connections per session, error recovery levels above 0.
+//! Not in this build: CHAP and ACLs, persistent reservations, several connections per
+//! session, error recovery levels above 0.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -30,6 +30,7 @@ pub mod names;
 pub mod pdu;
 pub mod scsi;
 pub mod server;
+pub mod thin;
 
 mod connection;
 mod framing;

@@ -9,10 +9,14 @@
 //! reads, writes and cache flushes go to the volume through the front end's executor;
 //! everything answered from the unit's description (INQUIRY and its VPD pages, READ
 //! CAPACITY, MODE SENSE, REPORT LUNS, REQUEST SENSE) is built here into a small
-//! buffer, cut to the CDB's allocation length. Logical blocks are 512 bytes; the
-//! volume's block size is reported as the physical block (READ CAPACITY 16) and as
-//! the optimal transfer granularity (Block Limits VPD), so initiators align to it.
+//! buffer, cut to the CDB's allocation length. Logical and physical blocks are 512
+//! bytes: a write of part of a volume block is correct and atomic (the pool reads,
+//! modifies and writes the block), only slower. The volume's block size is reported as
+//! the optimal transfer and unmap granularity (Block Limits VPD: Linux takes it as
+//! the device's minimum I/O size), so initiators align to it.
 //! Sense data is fixed format (0x70), autosensed in the SCSI Response.
+
+use crate::thin;
 
 /// Bytes of a logical block.
 pub const LOGICAL_BLOCK_BYTES: u32 = 512;
@@ -28,6 +32,8 @@ pub struct Geometry {
     /// The volume's block size (volblocksize).
     pub volume_block_bytes: u32,
     pub read_only: bool,
+    /// A sparse volume (no refreservation): reported thin provisioned.
+    pub thin: bool,
     /// Largest READ/WRITE in bytes.
     pub transfer_max_bytes: u32,
     /// 8-byte NAA identifier (type 3, locally assigned).
@@ -62,6 +68,14 @@ impl Sense {
     pub const SAVING_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x39, ascq: 0x00 };
     pub const MISCOMPARE: Sense = Sense { key: 0x0e, asc: 0x1d, ascq: 0x00 };
 
+    /// Fixed-format sense data with the INFORMATION field set (VALID).
+    pub fn fixed_with_information(&self, information: u32) -> [u8; 18] {
+        let mut s = self.fixed();
+        s[0] |= 0x80;
+        s[3..7].copy_from_slice(&information.to_be_bytes());
+        s
+    }
+
     /// Fixed-format sense data (18 bytes).
     pub fn fixed(&self) -> [u8; 18] {
         let mut s = [0u8; 18];
@@ -89,6 +103,14 @@ pub enum Operation {
     SynchronizeCache,
     /// MODE SELECT of `parameter_bytes` bytes (6 or 10 byte header).
     ModeSelect { parameter_bytes: u32, ten: bool, save: bool },
+    /// UNMAP with a parameter list of `parameter_bytes` (Data-Out).
+    Unmap { parameter_bytes: u32 },
+    /// WRITE SAME of one block (Data-Out, none with `ndob`) over `blocks` at `lba`.
+    WriteSame { lba: u64, blocks: u64, unmap: bool, ndob: bool },
+    /// COMPARE AND WRITE: Data-Out of `2 * blocks` blocks (compare, then write).
+    CompareAndWrite { lba: u64, blocks: u8, fua: bool },
+    /// GET LBA STATUS from `lba`, answered in at most `allocation` bytes.
+    GetLbaStatus { lba: u64, allocation: u32 },
     /// MODE SENSE: built by the caller (it needs the live WCE).
     ModeSense { ten: bool, dbd: bool, llbaa: bool, page_control: u8, page: u8, subpage: u8, allocation: u32 },
 }
@@ -145,6 +167,10 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
             Ok(Operation::DataIn(d))
         }
         0xa3 if c[1] & 0x1f == 0x0c => report_supported_operation_codes(&c),
+        0x42 => thin::decode_unmap(&c, geometry),
+        0x41 | 0x93 => thin::decode_write_same(&c, geometry),
+        0x89 => thin::decode_compare_and_write(&c, geometry),
+        0x9e if c[1] & 0x1f == 0x12 => thin::decode_get_lba_status(&c, geometry),
         0x9e if c[1] & 0x1f == 0x10 => {
             let allocation = be(&c[10..14]) as usize;
             Ok(Operation::DataIn(cut(read_capacity16(geometry), allocation)))
@@ -258,6 +284,11 @@ fn cdb_usage(opcode: u8, sa: Option<u16>) -> Option<Vec<u8>> {
         (0x15, None) => vec![0x15, 0x11, 0, 0, 0xff, 0],
         (0x1a, None) => vec![0x1a, 0x08, 0xff, 0xff, 0xff, 0],
         (0x25, None) => vec![0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        (0x41, None) => with(RW10.to_vec(), 0x08),
+        (0x42, None) => vec![0x42, 0, 0, 0, 0, 0, 0x1f, 0xff, 0xff, 0],
+        (0x89, None) => vec![0x89, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0, 0],
+        (0x93, None) => with(RW16.to_vec(), 0x09),
+        (0x9e, Some(0x12)) => vec![0x9e, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0],
         (0x28 | 0x2a, None) => with(RW10.to_vec(), 0x18),
         (0x2e | 0x2f, None) => with(RW10.to_vec(), 0x12),
         (0x35, None) => with(RW10.to_vec(), 0x02),
@@ -284,8 +315,9 @@ fn has_service_action(opcode: u8) -> bool {
 /// Every supported (opcode, service action).
 const SUPPORTED_COMMANDS: &[(u8, Option<u16>)] = &[
     (0x00, None), (0x03, None), (0x08, None), (0x0a, None), (0x12, None), (0x15, None), (0x1a, None),
-    (0x25, None), (0x28, None), (0x2a, None), (0x2e, None), (0x2f, None), (0x35, None), (0x55, None),
-    (0x5a, None), (0x88, None), (0x8a, None), (0x8e, None), (0x8f, None), (0x91, None), (0x9e, Some(0x10)),
+    (0x25, None), (0x28, None), (0x2a, None), (0x2e, None), (0x2f, None), (0x35, None), (0x41, None),
+    (0x42, None), (0x55, None), (0x5a, None), (0x88, None), (0x89, None), (0x8a, None), (0x8e, None),
+    (0x8f, None), (0x91, None), (0x93, None), (0x9e, Some(0x10)), (0x9e, Some(0x12)),
     (0xa0, None), (0xa3, Some(0x0c)), (0xa8, None), (0xaa, None), (0xae, None), (0xaf, None),
 ];
 
@@ -374,14 +406,12 @@ fn read_capacity16(g: &Geometry) -> Vec<u8> {
     let mut d = vec![0u8; 32];
     d[0..8].copy_from_slice(&g.blocks.saturating_sub(1).to_be_bytes());
     d[8..12].copy_from_slice(&LOGICAL_BLOCK_BYTES.to_be_bytes());
-    d[13] = physical_exponent(g);
+    // physical block exponent 0: every 512-byte block is addressed, written, unmapped
+    // and reported (GET LBA STATUS) on its own; the volume block is a performance
+    // hint, given in the Block Limits page (see the module comment)
+    d[13] = 0;
+    d[14] = 0xc0; // LBPME, LBPRZ
     d
-}
-
-/// log2 of logical blocks per volume block (READ CAPACITY 16's exponent), at most 15.
-fn physical_exponent(g: &Geometry) -> u8 {
-    let per = (g.volume_block_bytes / LOGICAL_BLOCK_BYTES).max(1);
-    (31 - per.leading_zeros()).min(15) as u8
 }
 
 fn inquiry(c: &[u8; 16], lun0: bool, g: &Geometry) -> Result<Operation, Sense> {
@@ -422,7 +452,7 @@ fn inquiry(c: &[u8; 16], lun0: bool, g: &Geometry) -> Result<Operation, Sense> {
             b[1] = 0x00; // medium rotation rate: not reported (a hybrid pool)
             b
         }
-        0xb2 => vec![0u8; 4], // no logical block provisioning management in this build
+        0xb2 => thin::provisioning_vpd(g),
         _ => return Err(Sense::INVALID_FIELD_IN_CDB),
     };
     let mut d = vec![peripheral, page];
@@ -462,6 +492,7 @@ fn block_limits(g: &Geometry) -> Vec<u8> {
     b[4..8].copy_from_slice(&max_blocks.to_be_bytes());
     let optimal = ((1u32 << 20) / LOGICAL_BLOCK_BYTES).max(u32::from(granularity)).min(max_blocks);
     b[8..12].copy_from_slice(&optimal.to_be_bytes());
+    thin::block_limits_thin(g, &mut b);
     b
 }
 
@@ -652,6 +683,7 @@ mod tests {
             blocks: 2048,
             volume_block_bytes: 16384,
             read_only: false,
+            thin: true,
             transfer_max_bytes: 32 << 20,
             naa: 0x3123_4567_89ab_cdef,
             serial: "0123456789abcdef".into(),
@@ -756,8 +788,10 @@ mod tests {
         let Ok(Operation::DataIn(one)) = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x2a, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
         assert_eq!(one[1] & 0x07, 0x03);
         assert_eq!(&one[4..6], &[0x2a, 0x18], "WRITE 10 takes DPO and FUA");
-        let Ok(Operation::DataIn(none)) = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x42, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
-        assert_eq!(none[1] & 0x07, 0x01, "UNMAP is not supported");
+        let Ok(Operation::DataIn(none)) = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x04, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
+        assert_eq!(none[1] & 0x07, 0x01, "FORMAT UNIT is not supported");
+        let Ok(Operation::DataIn(unmap)) = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x42, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
+        assert_eq!(unmap[1] & 0x07, 0x03, "UNMAP is supported");
         assert_eq!(decode(&cdb(&[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g), Err(Sense::INVALID_FIELD_IN_CDB));
         let Ok(Operation::DataIn(sa)) = decode(&cdb(&[0xa3, 0x0c, 0x02, 0x9e, 0, 0x10, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
         assert_eq!(sa[1] & 0x07, 0x03);

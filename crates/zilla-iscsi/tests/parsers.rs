@@ -18,6 +18,7 @@ fn geometry(blocks: u64, read_only: bool) -> Geometry {
         blocks,
         volume_block_bytes: 16384,
         read_only,
+        thin: true,
         transfer_max_bytes: 32 << 20,
         naa: 0x3000_0000_0000_0001,
         serial: "0000000000000001".into(),
@@ -61,6 +62,10 @@ proptest! {
     #[test]
     fn mode_select_lists_never_panic(params in proptest::collection::vec(any::<u8>(), 0..64), ten: bool, wce: bool) {
         let _ = scsi::mode_select(&params, ten, wce);
+        let g = geometry(4096, false);
+        if let Ok(ranges) = zilla_iscsi::thin::unmap_ranges(&params, &g) {
+            prop_assert!(ranges.iter().all(|&(lba, n)| lba + n <= 4096));
+        }
     }
 }
 
