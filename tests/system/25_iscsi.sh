@@ -3,8 +3,9 @@
 # identity and the right size, read back what they wrote, and the SCSI and iSCSI core
 # families of libiscsi's conformance suite pass.
 # Method: a daemon with --iscsi; iscsi-ls (SendTargets), iscsi-inq (standard, VPD
-# 0x80/0xb0), iscsi-readcapacity16, a refused unknown target, qemu-img over iscsi://
-# when qemu has its iscsi driver, iscsi-test-cu families, then a restart (same serial).
+# 0x80/0xb0/0xb2), iscsi-readcapacity16, a refused unknown target, qemu-img over
+# iscsi:// when qemu has its iscsi driver, iscsi-test-cu families (thin provisioning and
+# COMPARE AND WRITE must run, not skip), then a restart (same serial).
 . "$(dirname "$0")/lib.sh"
 ISCSI_PORT=$(free_port)
 ISCSI_ADDR=127.0.0.1:$ISCSI_PORT
@@ -58,13 +59,25 @@ families=(SCSI.TestUnitReady SCSI.Inquiry SCSI.ReadCapacity10 SCSI.ReadCapacity1
     SCSI.Read12 SCSI.Read16 SCSI.Write10 SCSI.Write12 SCSI.Write16 SCSI.WriteVerify10 SCSI.WriteVerify16
     SCSI.Verify10 SCSI.Verify12 SCSI.Verify16 SCSI.ModeSense6 SCSI.Mandatory SCSI.ReportSupportedOpcodes
     iSCSI.iSCSIcmdsn iSCSI.iSCSIdatasn iSCSI.iSCSIResiduals iSCSI.iSCSITMF)
-for family in "${families[@]}"; do
-    if ! timeout 60 iscsi-test-cu --dataloss -t "$family" "$LUN" >"$T/cu" 2>&1; then
+# thin provisioning and COMPARE AND WRITE: these must run, not skip as unsupported
+implemented=(SCSI.Unmap SCSI.WriteSame10 SCSI.WriteSame16 SCSI.GetLBAStatus SCSI.CompareAndWrite)
+for family in "${families[@]}" "${implemented[@]}"; do
+    if ! timeout 120 iscsi-test-cu --dataloss -t "$family" "$LUN" >"$T/cu" 2>&1; then
         grep -E "FAILED|Run Summary|tests " "$T/cu" | head -20
         fail "iscsi-test-cu $family failed"
     fi
+    if [[ " ${implemented[*]} " == *" $family "* ]] &&
+        grep -E "SKIPPED" "$T/cu" | grep -vE "LBPPB < 2|PERSISTENT RESERVE" | grep -q .; then
+        grep SKIPPED "$T/cu" | head
+        fail "iscsi-test-cu $family skipped tests as unsupported"
+    fi
     log "iscsi-test-cu $family: $(awk '/^ *tests /{print $4 " of " $2 " passed"}' "$T/cu")"
 done
+
+# The provisioning page: UNMAP and WRITE SAME with UNMAP, zeros after unmap, thin.
+iscsi-inq --evpd=1 --pagecode=178 "$LUN" | tee "$T/lbp"
+grep -qi "LBPU:1" "$T/lbp" || fail "VPD 0xB2 does not report UNMAP"
+grep -qi "LBPRZ:1" "$T/lbp" || fail "VPD 0xB2 does not report that unmapped blocks read zeros"
 
 # /metrics counts the target's sessions and requests.
 curl -sf "http://127.0.0.1:$HTTP_PORT/metrics" >"$T/metrics"

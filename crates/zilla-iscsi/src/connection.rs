@@ -530,7 +530,9 @@ impl LoginState {
         let tsih = if done { server.next_tsih.fetch_add(1, Ordering::Relaxed).max(1) } else { 0 };
         let data = pdu::encode_text(&answers);
         if data.len() > self.negotiation.params.initiator_max_recv_data_segment_bytes.max(8192) {
-            return Err((3, 0));
+            // only keys we do not know can make the answer this long: the initiator's error
+            tracing::info!(client = %peer.client, keys = keys.len(), "iscsi: login refused: more unknown keys than one response can answer");
+            return Err((2, 0));
         }
         Ok((login_response(bhs, transit, nsg, tsih, (0, 0)), data, done))
     }
@@ -694,7 +696,7 @@ where
     let digests = Digests { header: params.header_digest, data: params.data_digest };
     reader.digests = digests;
     let window = Arc::new(Mutex::new(CommandWindow { exp_cmd_sn, in_flight: 0, size: config.command_window }));
-    let (out, queue) = tokio::sync::mpsc::unbounded_channel();
+    let (out, queue) = writer::queue();
     let writer = tokio::spawn(writer::run(write_half, queue, window.clone(), stat_sn, digests, config.reply_stall_timeout));
 
     // a normal session: its unit, listed among the sessions, counted per client
@@ -783,11 +785,25 @@ impl<R: AsyncRead + Unpin> Session<R> {
         loop {
             let frame = match self.deferred.pop_front() {
                 Some(pdu) => Ok(Frame::Pdu(pdu)),
-                None => tokio::select! {
-                    _ = stop.wait_for(|s| *s) => return Ok(()),
-                    Ok(_) = disconnect.wait_for(|s| *s) => return Ok(()),
-                    frame = self.reader.read_pdu() => frame,
-                },
+                None => {
+                    // a client that does not read its replies gets no more of its PDUs read
+                    if self.out.queued() > writer::QUEUED_PDUS_MAX {
+                        tokio::select! {
+                            _ = stop.wait_for(|s| *s) => return Ok(()),
+                            Ok(_) = disconnect.wait_for(|s| *s) => return Ok(()),
+                            _ = self.out.closed() => return Ok(()),
+                            _ = self.out.room() => {}
+                        }
+                    }
+                    tokio::select! {
+                        _ = stop.wait_for(|s| *s) => return Ok(()),
+                        Ok(_) = disconnect.wait_for(|s| *s) => return Ok(()),
+                        // the writer stopped (a client that took no reply for the stall
+                        // timeout): nothing can be answered any more
+                        _ = self.out.closed() => return Ok(()),
+                        frame = self.reader.read_pdu() => frame,
+                    }
+                }
             };
             let pdu = match frame {
                 Ok(Frame::Pdu(pdu)) => pdu,

@@ -29,8 +29,9 @@ use crate::scsi::{Geometry, Operation, Sense, LOGICAL_BLOCK_BYTES};
 
 /// Block descriptors one UNMAP may carry.
 pub const UNMAP_DESCRIPTORS_MAX: u32 = 256;
-/// Blocks one UNMAP descriptor (and one UNMAP in all) may name: 1 GiB.
-pub const UNMAP_BLOCKS_MAX: u32 = (1 << 30) / LOGICAL_BLOCK_BYTES;
+/// Blocks one UNMAP descriptor (and one UNMAP in all) may name: 512 MiB (SBC-3
+/// initiators expect at most 2^20).
+pub const UNMAP_BLOCKS_MAX: u32 = 1 << 20;
 /// Blocks one WRITE SAME may cover: 1 GiB.
 pub const WRITE_SAME_BLOCKS_MAX: u64 = (1 << 30) / LOGICAL_BLOCK_BYTES as u64;
 /// Blocks one COMPARE AND WRITE may cover.

@@ -3,11 +3,15 @@
 //! Theory of operation
 //! -------------------
 //! Everything a connection sends (login and text responses, R2Ts, Data-In, SCSI
-//! Responses, NOP-Ins, Rejects) is an [`OutPdu`] handed to one writer task through an
-//! unbounded channel; completions on any thread (engine, blocking pool) only build the
-//! PDUs and send them, they never wait for the client. The channel is bounded by what
-//! feeds it: every command holds a slot of the CmdSN window (and its admission, with
-//! its share of the memory budget) until its last PDU is on the wire.
+//! Responses, NOP-Ins, Rejects) is an [`OutPdu`] handed to one writer task through a
+//! channel; completions on any thread (engine, blocking pool) only build the PDUs and
+//! send them, they never wait for the client. The channel is bounded by what feeds it:
+//! every command holds a slot of the CmdSN window (and its admission, with its share
+//! of the memory budget) until its last PDU is on the wire; what holds no slot
+//! (immediate commands, NOP-Outs, rejects) is bounded by the count of queued PDUs: the
+//! connection's reader takes no new PDU from the client while more than
+//! `QUEUED_PDUS_MAX` wait here ([`OutSender::room`]), so a client that sends without
+//! reading its replies stalls itself, and `reply_stall_timeout` ends it.
 //!
 //! The writer fills in the sequence numbers as each PDU leaves, so they are in wire
 //! order whatever thread finished the command: StatSN (advanced by every PDU that
@@ -23,7 +27,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::{mpsc, Notify};
 use zilla_frontend::volume::SharedSlice;
 use zilla_frontend::{Admission, Frontend};
 
@@ -145,7 +150,68 @@ impl OutPdu {
     }
 }
 
-pub(crate) type OutSender = mpsc::UnboundedSender<OutPdu>;
+/// PDUs queued for the writer above which the reader takes no new PDU.
+pub(crate) const QUEUED_PDUS_MAX: usize = 4096;
+
+/// How many PDUs wait for the writer, and a wake-up when it wrote some.
+#[derive(Default)]
+struct QueueDepth {
+    pdus: AtomicUsize,
+    drained: Notify,
+}
+
+/// The sending side of a connection's PDU queue (cloned by every completion).
+#[derive(Clone)]
+pub(crate) struct OutSender {
+    tx: mpsc::UnboundedSender<OutPdu>,
+    depth: Arc<QueueDepth>,
+}
+
+/// The writer's side of the queue.
+pub(crate) struct OutReceiver {
+    rx: mpsc::UnboundedReceiver<OutPdu>,
+    depth: Arc<QueueDepth>,
+}
+
+/// A connection's PDU queue.
+pub(crate) fn queue() -> (OutSender, OutReceiver) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let depth = Arc::new(QueueDepth::default());
+    (OutSender { tx, depth: depth.clone() }, OutReceiver { rx, depth })
+}
+
+impl OutSender {
+    /// Queue `pdu` for the writer; `Err` once the writer is gone.
+    pub(crate) fn send(&self, pdu: OutPdu) -> Result<(), mpsc::error::SendError<OutPdu>> {
+        self.depth.pdus.fetch_add(1, Ordering::Relaxed);
+        let sent = self.tx.send(pdu);
+        if sent.is_err() {
+            self.depth.pdus.fetch_sub(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    /// Wait until at most `QUEUED_PDUS_MAX` PDUs are queued.
+    pub(crate) async fn room(&self) {
+        loop {
+            let drained = self.depth.drained.notified();
+            if self.depth.pdus.load(Ordering::Relaxed) <= QUEUED_PDUS_MAX {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    /// Resolves when the writer has stopped (the client stalled, the socket failed).
+    pub(crate) async fn closed(&self) {
+        self.tx.closed().await
+    }
+
+    /// PDUs queued now.
+    pub(crate) fn queued(&self) -> usize {
+        self.depth.pdus.load(Ordering::Relaxed)
+    }
+}
 
 /// Most PDUs written before a flush.
 const GATHER_MAX: usize = 64;
@@ -153,7 +219,7 @@ const GATHER_MAX: usize = 64;
 /// Write PDUs until the channel closes (every sender dropped) or a PDU asks to close.
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
     writer: W,
-    mut queue: mpsc::UnboundedReceiver<OutPdu>,
+    queue: OutReceiver,
     window: Arc<Mutex<CommandWindow>>,
     mut stat_sn: u32,
     digests: Digests,
@@ -161,6 +227,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     let mut out = BufWriter::with_capacity(32 << 10, writer);
     let stall = if stall.is_zero() { Duration::from_secs(100 * 365 * 86_400) } else { stall };
+    let OutReceiver { rx: mut queue, depth } = queue;
     while let Some(first) = queue.recv().await {
         let mut next = Some(first);
         let mut written = 0;
@@ -188,6 +255,9 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
             close |= pdu.then_close;
             drop(pdu);
             written += 1;
+            if depth.pdus.fetch_sub(1, Ordering::Relaxed) == QUEUED_PDUS_MAX + 1 {
+                depth.drained.notify_waiters();
+            }
             if close || written >= GATHER_MAX {
                 break;
             }

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Unfriendly iSCSI clients, each against a target while a well-behaved session works.
+
+    iscsi_abuse.py HOST:PORT TARGET garbage         # random bytes instead of a login
+    iscsi_abuse.py HOST:PORT TARGET keys            # a login with thousands of unknown keys
+    iscsi_abuse.py HOST:PORT TARGET half-write LBA  # a WRITE whose Data-Out stops halfway, then close
+    iscsi_abuse.py HOST:PORT TARGET flood           # immediate commands, replies never read
+    iscsi_abuse.py HOST:PORT TARGET window          # commands far outside the CmdSN window
+
+Each prints one line saying what the target did, and exits 1 when it did something a
+target must not (accepted garbage, wrote part of an unfinished WRITE, answered a command
+outside the window, ...).
+"""
+
+import os
+import socket
+import struct
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from iscsi_client import BLOCK, Initiator  # noqa: E402
+
+
+def closed_within(sock, seconds):
+    """True when the target closes `sock` (EOF or reset) within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def garbage(portal, _target, _args):
+    host, port = portal.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(os.urandom(48 * 64))
+    if not closed_within(s, 15):
+        raise SystemExit("the target kept a connection that sent garbage")
+    print("garbage: connection closed")
+
+
+def keys(portal, target, _args):
+    host, port = portal.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    text = f"InitiatorName=iqn.2026-11.io.zilla:abuse\0TargetName={target}\0SessionType=Normal\0".encode()
+    text += b"".join(f"X-junk-{n}=v\0".encode() for n in range(3000))
+    text = text[:60000]
+    bhs = bytearray(48)
+    bhs[0] = 0x43
+    bhs[1] = 0x80 | (1 << 2) | 3
+    bhs[5:8] = len(text).to_bytes(3, "big")
+    bhs[8:14] = bytes([0x80, 0, 0, 0x11, 0x22, 0x44])
+    s.sendall(bytes(bhs) + text + b"\0" * ((-len(text)) % 4))
+    s.settimeout(15)
+    reply = b""
+    while len(reply) < 48:
+        part = s.recv(48 - len(reply))
+        if not part:
+            raise SystemExit("the target closed without a login response")
+        reply += part
+    status_class, detail = reply[36], reply[37]
+    if status_class != 2:
+        raise SystemExit(f"login with 3,000 unknown keys: status class {status_class} detail {detail}, not an initiator error")
+    print(f"keys: login refused, class {status_class} detail {detail}")
+
+
+def half_write(portal, target, args):
+    lba = int(args[0])
+    i = Initiator(portal, target)
+    total = 1 << 20
+    first = 32 << 10
+    i.itt += 1
+    bhs = bytearray(48)
+    bhs[0] = 0x01
+    bhs[1] = 0x80 | 0x20 | 0x01                       # F: no unsolicited Data-Out follows
+    struct.pack_into(">IIII", bhs, 16, i.itt, total, i.cmd_sn, i.stat_sn + 1)
+    bhs[32:42] = struct.pack(">BBIBHB", 0x2a, 0, lba, 0, total // BLOCK, 0)
+    i.cmd_sn += 1
+    i.send(bhs, b"\xab" * first)
+    reply, _ = i.recv()
+    if reply[0] & 0x3f != 0x31:
+        raise SystemExit(f"expected an R2T, got opcode {reply[0] & 0x3f:#x}")
+    ttt = struct.unpack_from(">I", reply, 20)[0]
+    offset, length = struct.unpack_from(">II", reply, 40)
+    # half of what the R2T asked for, then the connection goes away
+    half = min(length // 2, 64 << 10)
+    out = bytearray(48)
+    out[0] = 0x05
+    struct.pack_into(">I", out, 16, i.itt)
+    struct.pack_into(">I", out, 20, ttt)
+    struct.pack_into(">I", out, 36, 0)
+    struct.pack_into(">I", out, 40, offset)
+    i.send(out, b"\xab" * half)
+    i.sock.close()
+    print(f"half-write: {first + half} of {total} bytes sent, connection closed")
+
+
+def flood(portal, target, _args):
+    i = Initiator(portal, target)
+    i.sock.settimeout(2)
+    sent = 0
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline and sent < 200_000:
+            batch = bytearray()
+            for _ in range(256):
+                i.itt += 1
+                bhs = bytearray(48)
+                bhs[0] = 0x41                               # immediate SCSI Command
+                bhs[1] = 0x80 | 0x01
+                struct.pack_into(">IIII", bhs, 16, i.itt, 0, i.cmd_sn, i.stat_sn + 1)
+                batch += bytes(bhs)                         # TEST UNIT READY: CDB all zero
+            i.sock.sendall(bytes(batch))
+            sent += 256
+    except (socket.timeout, BlockingIOError):
+        pass                                                # the target stopped reading: bounded
+    except (ConnectionResetError, BrokenPipeError):
+        print(f"flood: the target closed the connection after {sent} immediate commands")
+        return
+    print(f"flood: {sent} immediate commands sent before the target stopped reading")
+    i.sock.close()
+
+
+def window(portal, target, _args):
+    i = Initiator(portal, target)
+    # CmdSN far ahead of the window: dropped without an answer
+    i.itt += 1
+    bhs = bytearray(48)
+    bhs[0] = 0x01
+    bhs[1] = 0x80 | 0x01
+    struct.pack_into(">IIII", bhs, 16, i.itt, 0, i.cmd_sn + 100_000, i.stat_sn + 1)
+    i.send(bhs)
+    i.sock.settimeout(2)
+    try:
+        reply, _ = i.recv()
+        raise SystemExit(f"a command outside the window was answered (opcode {reply[0] & 0x3f:#x})")
+    except socket.timeout:
+        pass
+    i.sock.settimeout(30)
+    # the session goes on: an in-window command is answered
+    i.command(bytes(10))
+    print("window: out-of-window command dropped, session goes on")
+
+
+def main(argv):
+    if len(argv) < 4:
+        raise SystemExit(__doc__)
+    ops = {"garbage": garbage, "keys": keys, "half-write": half_write, "flood": flood, "window": window}
+    if argv[3] not in ops:
+        raise SystemExit(f"unknown operation {argv[3]}")
+    ops[argv[3]](argv[1], argv[2], argv[4:])
+
+
+if __name__ == "__main__":
+    main(sys.argv)
