@@ -1,15 +1,22 @@
-"""The servers under test: a zilla daemon and an nbdkit server.
+"""The servers under test: a zilla daemon, an nbdkit server and a tgtd iSCSI target.
 
 Theory of operation: each server is a child process in its own session with its log in
 the scenario's workdir, listening on free loopback TCP ports; the constructor returns
 once it accepts connections (and, for zilla, once its admin socket exists), and the
 process is stopped at exit even if the scenario fails (proc.spawn). A zilla daemon gets
-its own state dir, so an old and a new build can run side by side.
+its own state dir, so an old and a new build can run side by side; a build whose
+`serve` takes `--iscsi` gets a free port for it too (never the default 3260, which a
+system target or a second daemon may hold), whether or not that build serves iSCSI yet
+(lib/iscsi.probe tells). tgtd runs in the foreground with its own management socket
+(`-C PORT`) and portal, so it never talks to or clashes with a system tgtd.
 """
 
 import os
+import random
+import re
 import socket
 import time
+from functools import lru_cache
 
 from .admin import AdminClient
 from .machine import free_port
@@ -29,6 +36,16 @@ def wait_port(port, proc, what, timeout_s=30):
     raise BenchError(f"{what} did not listen on port {port} within {timeout_s}s")
 
 
+@lru_cache(maxsize=None)
+def takes_iscsi_flag(binary):
+    """Whether `binary serve` accepts `--iscsi ADDR` (builds before the flag refuse it)."""
+    r = run([binary, "serve", "--help"], check=False)
+    return "--iscsi" in (r.stdout or "")
+
+
+ISCSI_IQN_PREFIX = "iqn.2026-11.io.zilla"
+
+
 class Zilla:
     """`zilla serve` of one build (build.Build) with its own state dir in `workdir`."""
 
@@ -42,12 +59,16 @@ class Zilla:
         os.makedirs(self.state, exist_ok=True)
         self.nbd_port = free_port()
         self.http_port = free_port()
+        # the iSCSI port, or None for a build without the flag
+        self.iscsi_port = free_port() if takes_iscsi_flag(build.binary) else None
         self.logpath = os.path.join(workdir, f"{self.label}{'-' + log_tag if log_tag else ''}.log")
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
         extra = [x for t in tunables for x in ("--tunable", t)]
         self.proc = spawn([build.binary, "--state-dir", self.state, "serve",
                            "--nbd", f"127.0.0.1:{self.nbd_port}",
-                           "--http", f"127.0.0.1:{self.http_port}"] + extra, self.logpath, env=env)
+                           "--http", f"127.0.0.1:{self.http_port}"]
+                          + (["--iscsi", f"127.0.0.1:{self.iscsi_port}"] if self.iscsi_port else [])
+                          + extra, self.logpath, env=env)
         self.pid = self.proc.pid
         wait_port(self.nbd_port, self.proc, f"{self.label} serve")
         sock = os.path.join(self.state, "zilla.sock")
@@ -68,6 +89,20 @@ class Zilla:
 
     def uri(self, export):
         return f"nbd://127.0.0.1:{self.nbd_port}/{export}"
+
+    @staticmethod
+    def iqn(volume):
+        """The target name of POOL/VOLUME (docs/cli.md): iqn.2026-11.io.zilla:POOL.VOLUME,
+        lowercased, every character but a-z, 0-9, '-' and '.' made '-'."""
+        name = volume.lower().replace("/", ".")
+        return f"{ISCSI_IQN_PREFIX}:{re.sub(r'[^a-z0-9.-]', '-', name)}"
+
+    def iscsi_url(self, volume, lun=0):
+        """iscsi://127.0.0.1:PORT/iqn.2026-11.io.zilla:POOL.VOLUME/0 (None for a build
+        without `--iscsi`)."""
+        if self.iscsi_port is None:
+            return None
+        return f"iscsi://127.0.0.1:{self.iscsi_port}/{self.iqn(volume)}/{lun}"
 
     def stop(self):
         stop(self.proc)
@@ -100,3 +135,68 @@ class Nbdkit:
 
     def stop(self):
         stop(self.proc)
+
+
+class Tgtd:
+    """`tgtd -f` (the Linux SCSI target framework's user-space iSCSI target) with its own
+    management socket and portal on a free loopback port; LUNs on files with the rdwr
+    backing store (the page cache), target `iqn.2026-11.io.zilla.bench:tgt`."""
+
+    label = "tgtd"
+    iqn = "iqn.2026-11.io.zilla.bench:tgt"
+    SOCKET_DIR = "/var/run/tgtd"
+
+    def __init__(self, workdir):
+        if os.geteuid() != 0:
+            raise BenchError("tgtd needs root (its management socket is in /var/run/tgtd)")
+        self.port = free_port()
+        self.control_port = self._free_control_port()
+        self.logpath = os.path.join(workdir, "tgtd.log")
+        self.proc = spawn(["tgtd", "-f", "-C", str(self.control_port),
+                           "--iscsi", f"portal=127.0.0.1:{self.port}"], self.logpath)
+        self.pid = self.proc.pid
+        wait_port(self.port, self.proc, "tgtd")
+        self.tgtadm("--op", "new", "--mode", "target", "--tid", "1", "-T", self.iqn)
+        self.tgtadm("--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL")
+        self.luns = {}
+
+    # tgtd takes a control port of at most 32767 (`-C`); the "port" only names its unix
+    # socket /var/run/tgtd/socket.N, so any number no socket there holds will do
+    CONTROL_PORTS = range(20000, 32000)
+
+    def _free_control_port(self):
+        for _ in range(100):
+            n = random.choice(self.CONTROL_PORTS)
+            if not os.path.exists(os.path.join(self.SOCKET_DIR, f"socket.{n}")):
+                return n
+        raise BenchError(f"no free tgtd control port (socket.N in {self.SOCKET_DIR})")
+
+    def tgtadm(self, *args):
+        return run(["tgtadm", "-C", str(self.control_port), "--lld", "iscsi"] + list(args)).stdout
+
+    def add_lun(self, lun, path, thin=False):
+        """LUN `lun` (1 and up: tgt's LUN 0 is its controller) on the file `path`;
+        `thin`: thin_provisioning=1 (UNMAP, WRITE SAME with UNMAP, LBPME=1)."""
+        self.tgtadm("--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun),
+                    "-b", path, "--bstype", "rdwr")
+        if thin:
+            self.tgtadm("--op", "update", "--mode", "logicalunit", "--tid", "1",
+                        "--lun", str(lun), "--params", "thin_provisioning=1")
+        self.luns[lun] = path
+
+    def url(self, lun):
+        return f"iscsi://127.0.0.1:{self.port}/{self.iqn}/{lun}"
+
+    def stop(self):
+        """tgtd ignores SIGTERM while it has targets: delete them, then the system."""
+        if self.proc.poll() is None:
+            run(["tgtadm", "-C", str(self.control_port), "--lld", "iscsi", "--op", "delete",
+                 "--force", "--mode", "target", "--tid", "1"], check=False, timeout=30)
+            run(["tgtadm", "-C", str(self.control_port), "--op", "delete", "--mode", "system"],
+                check=False, timeout=30)
+        stop(self.proc, grace_s=10)
+        for suffix in ("", ".lock"):
+            try:
+                os.unlink(os.path.join(self.SOCKET_DIR, f"socket.{self.control_port}{suffix}"))
+            except OSError:
+                pass

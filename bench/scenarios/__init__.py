@@ -5,10 +5,12 @@ the JSON, including its `goals` list); ctx is a Context. Every scenario runs its
 baseline in the same run, and with ctx.old set also the old build, interleaved.
 """
 
-from . import l2arc, logbias, nbd_vs_nbdkit, picket_fence, pool_vs_direct, scrub_impact, slog, tar_sync, throttle
+from . import (iscsi_compliance, iscsi_vs_tgt, l2arc, logbias, nbd_vs_nbdkit, picket_fence,
+               pool_vs_direct, scrub_impact, slog, tar_sync, throttle)
 
 SCENARIOS = {m.NAME: m for m in (nbd_vs_nbdkit, pool_vs_direct, slog, tar_sync, logbias, throttle,
-                                         picket_fence, scrub_impact, l2arc)}
+                                         picket_fence, scrub_impact, l2arc, iscsi_vs_tgt,
+                                         iscsi_compliance)}
 
 
 class Context:
