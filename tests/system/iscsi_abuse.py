@@ -104,9 +104,10 @@ def flood(portal, target, _args):
     i = Initiator(portal, target)
     i.sock.settimeout(2)
     sent = 0
-    deadline = time.monotonic() + 10
+    cap = 1_000_000                                         # 48 MB of headers: beyond any socket buffers
+    deadline = time.monotonic() + 30
     try:
-        while time.monotonic() < deadline and sent < 200_000:
+        while time.monotonic() < deadline and sent < cap:
             batch = bytearray()
             for _ in range(256):
                 i.itt += 1
@@ -122,6 +123,8 @@ def flood(portal, target, _args):
     except (ConnectionResetError, BrokenPipeError):
         print(f"flood: the target closed the connection after {sent} immediate commands")
         return
+    if sent >= cap or time.monotonic() >= deadline:
+        raise SystemExit(f"flood: the target read {sent} immediate commands whose replies were never read")
     print(f"flood: {sent} immediate commands sent before the target stopped reading")
     i.sock.close()
 

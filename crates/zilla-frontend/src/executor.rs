@@ -106,6 +106,8 @@ pub enum Command {
     /// Atomically: if `[offset, offset+compare.len())` holds `compare`, write `data`
     /// (of the same length) there; else [`Output::Miscompare`].
     CompareAndWrite { offset: u64, compare: Vec<u8>, data: Vec<u8>, fua: bool },
+    /// Atomically: `[offset, offset+data.len())` becomes its bitwise OR with `data`.
+    OrWrite { offset: u64, data: Vec<u8>, fua: bool },
     /// Allocation of `[offset, offset+length)` (at most `BLOCK_STATUS_SPAN_MAX_BYTES`).
     BlockStatus { offset: u64, length: u64 },
     /// A hint that the range will be read; acknowledged at once.
@@ -118,7 +120,7 @@ impl Command {
         match self {
             Command::Read { length, .. } => (IoKind::Read, u64::from(*length)),
             Command::Write { data, .. } => (IoKind::Write, data.len() as u64),
-            Command::CompareAndWrite { data, .. } => (IoKind::Write, data.len() as u64),
+            Command::CompareAndWrite { data, .. } | Command::OrWrite { data, .. } => (IoKind::Write, data.len() as u64),
             Command::Flush => (IoKind::Flush, 0),
             Command::Unmap { length, .. } => (IoKind::Trim, *length),
             Command::UnmapList { ranges, .. } => (IoKind::Trim, ranges.iter().map(|r| r.1).sum()),
@@ -662,6 +664,7 @@ fn give_buffers(shared: &Shared, command: Command) {
             shared.frontend.buffers.give(compare);
             shared.frontend.buffers.give(data);
         }
+        Command::OrWrite { data, .. } => shared.frontend.buffers.give(data),
         _ => {}
     }
 }
@@ -699,6 +702,7 @@ fn execute_blocking(shared: &Shared, command: &Command) -> zilla_core::Result<Ou
             write_same(shared, offset, length, pattern).and_then(|()| then_flush(fua)).map(|()| Output::Done)
         }
         Command::CompareAndWrite { offset, ref compare, ref data, fua } => compare_and_write(shared, offset, compare, data, fua),
+        Command::OrWrite { offset, ref data, fua } => or_write(shared, offset, data, fua),
         Command::Prefetch { .. } => Ok(Output::Done),
     }
 }
@@ -771,6 +775,24 @@ fn write_same(shared: &Shared, offset: u64, length: u64, pattern: &[u8]) -> zill
     }
     shared.frontend.buffers.give(buffer);
     result
+}
+
+/// OR WRITE inside the volume's write gate: read, OR, write, with no write between.
+fn or_write(shared: &Shared, offset: u64, data: &[u8], fua: bool) -> zilla_core::Result<Output> {
+    let volume = &*shared.volume;
+    shared.gate().exclusive(|| {
+        let mut current = shared.frontend.buffers.take(data.len());
+        let result = volume.read(offset, &mut current).and_then(|()| {
+            current.iter_mut().zip(data).for_each(|(c, d)| *c |= d);
+            volume.write(offset, &current, false)
+        });
+        shared.frontend.buffers.give(current);
+        result
+    })?;
+    if fua {
+        volume.flush()?;
+    }
+    Ok(Output::Done)
 }
 
 /// COMPARE AND WRITE under the volume's lock: read, compare, write if equal.

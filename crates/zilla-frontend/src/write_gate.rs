@@ -6,6 +6,7 @@
 //! data and, if equal, writes new data there, as one atomic operation: no other write
 //! to those blocks, from any session or protocol, may land between its read and its
 //! write. Plain writes must not pay for this while no COMPARE AND WRITE is in flight.
+//! OR WRITE (read, OR, write) takes the gate the same way.
 //!
 //! Each volume maps (by name) to one of `GATES` gates. A gate counts the writes that
 //! are applying their data (`writers`) and the COMPARE AND WRITEs waiting or running

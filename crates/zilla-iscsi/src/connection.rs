@@ -323,6 +323,8 @@ enum Sink {
     WriteSame { offset: u64, length: u64, unmap: bool, fua: bool, buffer: Vec<u8> },
     /// COMPARE AND WRITE's data: the blocks to compare, then those to write.
     CompareAndWrite { offset: u64, fua: bool, buffer: Vec<u8> },
+    /// OR WRITE's data.
+    OrWrite { offset: u64, fua: bool, buffer: Vec<u8> },
 }
 
 /// A WRITE's buffers for `keep` bytes at `offset`: cut at the volume's block
@@ -373,7 +375,8 @@ impl PendingData {
             | Sink::Compare { buffer, .. }
             | Sink::Unmap { buffer }
             | Sink::WriteSame { buffer, .. }
-            | Sink::CompareAndWrite { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
+            | Sink::CompareAndWrite { buffer, .. }
+            | Sink::OrWrite { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
             Sink::Write { pieces, starts, .. } => {
                 for (piece, &start) in pieces.iter_mut().zip(starts.iter()) {
                     let piece_end = start + piece.len();
@@ -1123,7 +1126,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
             }
         };
         match operation {
-            Operation::TestUnitReady | Operation::Verify => {
+            Operation::TestUnitReady | Operation::Verify | Operation::Prefetch => {
                 self.send(scsi_response(itt, scsi::STATUS_GOOD, None, Residual::of(expected, 0), counted));
             }
             Operation::DataIn(data) => self.send_small_data_in(itt, lun, data, expected, counted),
@@ -1188,6 +1191,13 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let keep = wanted.min(expected);
                 let fua = fua || !unit.wce.load(Ordering::Relaxed);
                 let sink = Sink::CompareAndWrite { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), fua, buffer: vec![0; keep] };
+                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
+            }
+            Operation::OrWrite { lba, blocks, fua } => {
+                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
+                let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
+                let fua = fua || !unit.wce.load(Ordering::Relaxed);
+                let sink = Sink::OrWrite { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), fua, buffer: vec![0; keep] };
                 self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
             }
             Operation::GetLbaStatus { lba, allocation } => {
@@ -1426,6 +1436,14 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let data = buffer.split_off(buffer.len() / 2);
                 let command = Command::CompareAndWrite { offset, compare: buffer, data, fua };
                 self.submit(command, admission, started, itt, lun, expected, counted, Answer::CompareAndWrite { residual }).await;
+            }
+            Sink::OrWrite { offset, fua, buffer } => {
+                let Some(admission) = admission else { return };
+                if buffer.is_empty() {
+                    return self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
+                }
+                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
+                self.submit(Command::OrWrite { offset, data: buffer, fua }, admission, started, itt, lun, expected, counted, answer).await;
             }
             Sink::ModeSelect { ten, buffer } => {
                 let Some(unit) = &self.unit else { return };

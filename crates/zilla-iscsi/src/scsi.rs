@@ -50,23 +50,34 @@ pub struct Sense {
     pub key: u8,
     pub asc: u8,
     pub ascq: u8,
+    /// The field in error (sense-key specific): in the CDB (else the parameter list),
+    /// its byte and bit.
+    pub field: Option<FieldPointer>,
+}
+
+/// Where an INVALID FIELD lies (SPC-4 §4.5.2.4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldPointer {
+    pub in_cdb: bool,
+    pub byte: u16,
+    pub bit: Option<u8>,
 }
 
 impl Sense {
-    pub const INVALID_OPCODE: Sense = Sense { key: 0x05, asc: 0x20, ascq: 0x00 };
-    pub const LBA_OUT_OF_RANGE: Sense = Sense { key: 0x05, asc: 0x21, ascq: 0x00 };
-    pub const INVALID_FIELD_IN_CDB: Sense = Sense { key: 0x05, asc: 0x24, ascq: 0x00 };
-    pub const LUN_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x25, ascq: 0x00 };
-    pub const INVALID_FIELD_IN_PARAMETER_LIST: Sense = Sense { key: 0x05, asc: 0x26, ascq: 0x00 };
-    pub const PARAMETER_LIST_LENGTH_ERROR: Sense = Sense { key: 0x05, asc: 0x1a, ascq: 0x00 };
-    pub const WRITE_PROTECTED: Sense = Sense { key: 0x07, asc: 0x27, ascq: 0x00 };
-    pub const UNRECOVERED_READ_ERROR: Sense = Sense { key: 0x03, asc: 0x11, ascq: 0x00 };
-    pub const WRITE_ERROR: Sense = Sense { key: 0x03, asc: 0x0c, ascq: 0x00 };
-    pub const NO_SPACE: Sense = Sense { key: 0x07, asc: 0x27, ascq: 0x07 };
-    pub const DATA_PHASE_ERROR: Sense = Sense { key: 0x0b, asc: 0x4b, ascq: 0x00 };
-    pub const INTERNAL_FAILURE: Sense = Sense { key: 0x04, asc: 0x44, ascq: 0x00 };
-    pub const SAVING_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x39, ascq: 0x00 };
-    pub const MISCOMPARE: Sense = Sense { key: 0x0e, asc: 0x1d, ascq: 0x00 };
+    pub const INVALID_OPCODE: Sense = Sense { key: 0x05, asc: 0x20, ascq: 0x00, field: None };
+    pub const LBA_OUT_OF_RANGE: Sense = Sense { key: 0x05, asc: 0x21, ascq: 0x00, field: None };
+    pub const INVALID_FIELD_IN_CDB: Sense = Sense { key: 0x05, asc: 0x24, ascq: 0x00, field: None };
+    pub const LUN_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x25, ascq: 0x00, field: None };
+    pub const INVALID_FIELD_IN_PARAMETER_LIST: Sense = Sense { key: 0x05, asc: 0x26, ascq: 0x00, field: None };
+    pub const PARAMETER_LIST_LENGTH_ERROR: Sense = Sense { key: 0x05, asc: 0x1a, ascq: 0x00, field: None };
+    pub const WRITE_PROTECTED: Sense = Sense { key: 0x07, asc: 0x27, ascq: 0x00, field: None };
+    pub const UNRECOVERED_READ_ERROR: Sense = Sense { key: 0x03, asc: 0x11, ascq: 0x00, field: None };
+    pub const WRITE_ERROR: Sense = Sense { key: 0x03, asc: 0x0c, ascq: 0x00, field: None };
+    pub const NO_SPACE: Sense = Sense { key: 0x07, asc: 0x27, ascq: 0x07, field: None };
+    pub const DATA_PHASE_ERROR: Sense = Sense { key: 0x0b, asc: 0x4b, ascq: 0x00, field: None };
+    pub const INTERNAL_FAILURE: Sense = Sense { key: 0x04, asc: 0x44, ascq: 0x00, field: None };
+    pub const SAVING_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x39, ascq: 0x00, field: None };
+    pub const MISCOMPARE: Sense = Sense { key: 0x0e, asc: 0x1d, ascq: 0x00, field: None };
 
     /// Fixed-format sense data with the INFORMATION field set (VALID).
     pub fn fixed_with_information(&self, information: u32) -> [u8; 18] {
@@ -84,7 +95,16 @@ impl Sense {
         s[7] = 10;
         s[12] = self.asc;
         s[13] = self.ascq;
+        if let Some(f) = self.field {
+            s[15] = 0x80 | if f.in_cdb { 0x40 } else { 0 } | f.bit.map_or(0, |bit| 0x08 | (bit & 0x07));
+            s[16..18].copy_from_slice(&f.byte.to_be_bytes());
+        }
         s
+    }
+
+    /// This sense naming the CDB byte in error.
+    pub const fn at_cdb_byte(self, byte: u16) -> Sense {
+        Sense { field: Some(FieldPointer { in_cdb: true, byte, bit: None }), ..self }
     }
 }
 
@@ -109,6 +129,11 @@ pub enum Operation {
     WriteSame { lba: u64, blocks: u64, unmap: bool, ndob: bool },
     /// COMPARE AND WRITE: Data-Out of `2 * blocks` blocks (compare, then write).
     CompareAndWrite { lba: u64, blocks: u8, fua: bool },
+    /// PRE-FETCH of a checked range: answered GOOD (the ARC and read-ahead decide
+    /// what is cached).
+    Prefetch,
+    /// OR WRITE: the blocks at `lba` become their OR with the data sent, atomically.
+    OrWrite { lba: u64, blocks: u32, fua: bool },
     /// GET LBA STATUS from `lba`, answered in at most `allocation` bytes.
     GetLbaStatus { lba: u64, allocation: u32 },
     /// MODE SENSE: built by the caller (it needs the live WCE).
@@ -168,6 +193,26 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
         }
         0xa3 if c[1] & 0x1f == 0x0c => report_supported_operation_codes(&c),
         0x42 => thin::decode_unmap(&c, geometry),
+        0x34 | 0x90 => {
+            let (lba, blocks) = if opcode == 0x34 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
+            check_range(lba, blocks, geometry)?;
+            Ok(Operation::Prefetch)
+        }
+        0x37 | 0xb7 => Ok(Operation::DataIn(read_defect_data(&c))),
+        0x8b => {
+            if c[1] & 0xe0 != 0 || c[14] & 0x07 != 0 {
+                return Err(Sense::INVALID_FIELD_IN_CDB); // ORPROTECT, BMOP other than OR
+            }
+            let (lba, blocks) = (be(&c[2..10]), be(&c[10..14]));
+            check_range(lba, blocks, geometry)?;
+            if blocks * u64::from(LOGICAL_BLOCK_BYTES) > u64::from(geometry.transfer_max_bytes) {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            if geometry.read_only {
+                return Err(Sense::WRITE_PROTECTED);
+            }
+            Ok(Operation::OrWrite { lba, blocks: blocks as u32, fua: c[1] & 0x08 != 0 })
+        }
         0x41 | 0x93 => thin::decode_write_same(&c, geometry),
         0x89 => thin::decode_compare_and_write(&c, geometry),
         0x9e if c[1] & 0x1f == 0x12 => thin::decode_get_lba_status(&c, geometry),
@@ -284,8 +329,17 @@ fn cdb_usage(opcode: u8, sa: Option<u16>) -> Option<Vec<u8>> {
         (0x15, None) => vec![0x15, 0x11, 0, 0, 0xff, 0],
         (0x1a, None) => vec![0x1a, 0x08, 0xff, 0xff, 0xff, 0],
         (0x25, None) => vec![0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        (0x34, None) => with(RW10.to_vec(), 0x02),
+        (0x37, None) => vec![0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0],
         (0x41, None) => with(RW10.to_vec(), 0x08),
         (0x42, None) => vec![0x42, 0, 0, 0, 0, 0, 0x1f, 0xff, 0xff, 0],
+        (0x8b, None) => {
+            let mut usage = with(RW16.to_vec(), 0x18);
+            usage[14] = 0x07;
+            usage
+        }
+        (0x90, None) => with(RW16.to_vec(), 0x02),
+        (0xb7, None) => vec![0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         (0x89, None) => vec![0x89, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0, 0],
         (0x93, None) => with(RW16.to_vec(), 0x09),
         (0x9e, Some(0x12)) => vec![0x9e, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0],
@@ -315,9 +369,10 @@ fn has_service_action(opcode: u8) -> bool {
 /// Every supported (opcode, service action).
 const SUPPORTED_COMMANDS: &[(u8, Option<u16>)] = &[
     (0x00, None), (0x03, None), (0x08, None), (0x0a, None), (0x12, None), (0x15, None), (0x1a, None),
-    (0x25, None), (0x28, None), (0x2a, None), (0x2e, None), (0x2f, None), (0x35, None), (0x41, None),
-    (0x42, None), (0x55, None), (0x5a, None), (0x88, None), (0x89, None), (0x8a, None), (0x8e, None),
-    (0x8f, None), (0x91, None), (0x93, None), (0x9e, Some(0x10)), (0x9e, Some(0x12)),
+    (0x25, None), (0x28, None), (0x2a, None), (0x2e, None), (0x2f, None), (0x34, None), (0x35, None),
+    (0x37, None), (0x41, None), (0x42, None), (0x55, None), (0x5a, None), (0x88, None), (0x89, None),
+    (0x8a, None), (0x8b, None), (0x8e, None), (0x8f, None), (0x90, None), (0x91, None), (0x93, None),
+    (0x9e, Some(0x10)), (0x9e, Some(0x12)), (0xb7, None),
     (0xa0, None), (0xa3, Some(0x0c)), (0xa8, None), (0xaa, None), (0xae, None), (0xaf, None),
 ];
 
@@ -348,8 +403,10 @@ fn report_supported_operation_codes(c: &[u8; 16]) -> Result<Operation, Sense> {
             d[0..4].copy_from_slice(&length.to_be_bytes());
         }
         option @ (1 | 2) => {
+            // asking by service action for an opcode without them, or the reverse: the
+            // REQUESTED OPERATION CODE (byte 3) is in error
             if (option == 1) == has_service_action(opcode) {
-                return Err(Sense::INVALID_FIELD_IN_CDB);
+                return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb_byte(3));
             }
             let usage = cdb_usage(opcode, (option == 2).then_some(sa));
             let support = if usage.is_some() { 0x03 } else { 0x01 };
@@ -361,7 +418,7 @@ fn report_supported_operation_codes(c: &[u8; 16]) -> Result<Operation, Sense> {
                 d.extend_from_slice(&TIMEOUTS_DESCRIPTOR);
             }
         }
-        _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb_byte(2)),
     }
     Ok(Operation::DataIn(cut(d, allocation)))
 }
@@ -393,6 +450,18 @@ fn rw(write: bool, lba: u64, blocks: u32, fua: bool, geometry: &Geometry) -> Res
         Ok(Operation::Write { lba, blocks, fua })
     } else {
         Ok(Operation::Read { lba, blocks, fua })
+    }
+}
+
+/// READ DEFECT DATA 10 / 12: the lists asked for, empty (a volume has no defects),
+/// in the format asked for.
+fn read_defect_data(c: &[u8; 16]) -> Vec<u8> {
+    if c[0] == 0x37 {
+        let allocation = be(&c[7..9]) as usize;
+        cut(vec![0, c[2] & 0x1f, 0, 0], allocation)
+    } else {
+        let allocation = be(&c[6..10]) as usize;
+        cut(vec![0, c[1] & 0x1f, 0, 0, 0, 0, 0, 0], allocation)
     }
 }
 
@@ -512,7 +581,7 @@ fn request_sense(c: &[u8; 16]) -> Result<Operation, Sense> {
         // descriptor format: NO SENSE, no descriptors
         return Ok(Operation::DataIn(cut(vec![0x72, 0, 0, 0, 0, 0, 0, 0], allocation)));
     }
-    Ok(Operation::DataIn(cut(Sense { key: 0, asc: 0, ascq: 0 }.fixed().to_vec(), allocation)))
+    Ok(Operation::DataIn(cut(Sense { key: 0, asc: 0, ascq: 0, field: None }.fixed().to_vec(), allocation)))
 }
 
 /// Caching mode page (0x08) with WCE as given.
@@ -769,7 +838,8 @@ mod tests {
             panic!()
         };
         assert_eq!(u64::from_be_bytes(c16[0..8].try_into().unwrap()), 2047);
-        assert_eq!(c16[13], 5);
+        assert_eq!(c16[13], 0, "512-byte physical blocks");
+        assert_eq!(c16[14] & 0xc0, 0xc0, "LBPME and LBPRZ");
         let Ok(Operation::DataIn(luns)) = decode(&cdb(&[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0]), true, &g) else { panic!() };
         assert_eq!(luns, [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(decode(&cdb(&[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0]), true, &g), Err(Sense::INVALID_FIELD_IN_CDB));
@@ -792,7 +862,10 @@ mod tests {
         assert_eq!(none[1] & 0x07, 0x01, "FORMAT UNIT is not supported");
         let Ok(Operation::DataIn(unmap)) = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x42, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
         assert_eq!(unmap[1] & 0x07, 0x03, "UNMAP is supported");
-        assert_eq!(decode(&cdb(&[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g), Err(Sense::INVALID_FIELD_IN_CDB));
+        let by_opcode_only = decode(&cdb(&[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 1, 0, 0, 0]), true, &g);
+        assert_eq!(by_opcode_only, Err(Sense::INVALID_FIELD_IN_CDB.at_cdb_byte(3)));
+        let sense = Sense::INVALID_FIELD_IN_CDB.at_cdb_byte(3).fixed();
+        assert_eq!(&sense[15..18], &[0xc0, 0, 3], "SKSV, C/D: the field pointer names CDB byte 3");
         let Ok(Operation::DataIn(sa)) = decode(&cdb(&[0xa3, 0x0c, 0x02, 0x9e, 0, 0x10, 0, 0, 1, 0, 0, 0]), true, &g) else { panic!() };
         assert_eq!(sa[1] & 0x07, 0x03);
         // every supported command decodes to something other than INVALID OPCODE
