@@ -85,6 +85,13 @@ awk '$1 == "zilla_iscsi_sessions_started_total" && $2 > 0 { ok = 1 } END { exit 
     fail "zilla_iscsi_sessions_started_total is not above 0"
 awk '$1 == "zilla_iscsi_requests_total{op=\"write\"}" && $2 > 0 { ok = 1 } END { exit !ok }' "$T/metrics" ||
     fail "no iSCSI write counted in /metrics"
+# per target (volume) and per initiator (client): counts and latency histograms
+grep -qE '^zilla_volume_request_latency_seconds_count\{volume="tank/vol0",op="write"\} [1-9]' "$T/metrics" ||
+    fail "no write latency histogram for the target tank/vol0"
+grep -qE '^zilla_volume_request_latency_seconds_bucket\{le="\+Inf",volume="tank/vol0",op="read"\} [1-9]' "$T/metrics" ||
+    fail "the read latency histogram of tank/vol0 has no +Inf bucket"
+grep -qE '^zilla_client_requests_total\{protocol="iscsi",client="127.0.0.1",op="read"\} [1-9]' "$T/metrics" ||
+    fail "no per-initiator read count"
 
 # The identity survives a restart.
 stop_daemon

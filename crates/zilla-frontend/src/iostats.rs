@@ -33,6 +33,48 @@ pub enum IoKind {
     Other,
 }
 
+/// Buckets of a [`LatencyHistogram`]: bucket 0 counts requests under 1 us, bucket i
+/// those of [2^(i-1), 2^i) us, the last everything from 2^(LATENCY_BUCKETS-2) us
+/// (about 16.8 s) on.
+pub const LATENCY_BUCKETS: usize = 26;
+
+/// Request latencies in power-of-two microsecond buckets (relaxed atomic adds).
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS],
+    sum_ns: AtomicU64,
+}
+
+/// Plain copy of a [`LatencyHistogram`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LatencySnapshot {
+    /// Requests per bucket (empty in a default snapshot).
+    pub buckets: Vec<u64>,
+    /// Sum of their latencies.
+    pub sum_ns: u64,
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, latency_ns: u64) {
+        let us = latency_ns / 1000;
+        let bucket = ((u64::BITS - us.leading_zeros()) as usize).min(LATENCY_BUCKETS - 1);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(latency_ns, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> LatencySnapshot {
+        LatencySnapshot {
+            buckets: self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The upper bound of bucket `i` in seconds (`None`: the last, unbounded).
+    pub fn upper_bound_s(i: usize) -> Option<f64> {
+        (i + 1 < LATENCY_BUCKETS).then(|| (1u64 << i) as f64 / 1e6)
+    }
+}
+
 /// Counters of one volume, cumulative since the daemon started.
 #[derive(Debug, Default)]
 pub struct VolumeIoStats {
@@ -47,6 +89,10 @@ pub struct VolumeIoStats {
     pub error_ops: AtomicU64,
     /// Sum of request service times (front end receipt to reply queued).
     pub busy_ns: AtomicU64,
+    /// Service times of reads, of writes, and of everything else (flush, trim, ...).
+    pub latency_read: LatencyHistogram,
+    pub latency_write: LatencyHistogram,
+    pub latency_other: LatencyHistogram,
 }
 
 impl VolumeIoStats {
@@ -67,6 +113,12 @@ impl VolumeIoStats {
             self.error_ops.fetch_add(1, Ordering::Relaxed);
         }
         self.busy_ns.fetch_add(latency_ns, Ordering::Relaxed);
+        match kind {
+            IoKind::Read => &self.latency_read,
+            IoKind::Write => &self.latency_write,
+            _ => &self.latency_other,
+        }
+        .record(latency_ns);
     }
 
     pub fn snapshot(&self) -> VolumeIoSnapshot {
@@ -82,6 +134,9 @@ impl VolumeIoStats {
             other_ops: load(&self.other_ops),
             error_ops: load(&self.error_ops),
             busy_ns: load(&self.busy_ns),
+            latency_read: self.latency_read.snapshot(),
+            latency_write: self.latency_write.snapshot(),
+            latency_other: self.latency_other.snapshot(),
         }
     }
 }
@@ -99,6 +154,12 @@ pub struct VolumeIoSnapshot {
     pub other_ops: u64,
     pub error_ops: u64,
     pub busy_ns: u64,
+    #[serde(default)]
+    pub latency_read: LatencySnapshot,
+    #[serde(default)]
+    pub latency_write: LatencySnapshot,
+    #[serde(default)]
+    pub latency_other: LatencySnapshot,
 }
 
 /// Export name to counters.

@@ -46,7 +46,8 @@ pub use executor::{Admission, Blocked, Command, Completer, Completion, Executor,
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
 pub use iostats::{
-    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, VolumeIoSnapshot, VolumeIoStats,
+    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, LatencyHistogram, LatencySnapshot, VolumeIoSnapshot,
+    VolumeIoStats, LATENCY_BUCKETS,
 };
 pub use registry::{resolve_export, ExportInfo, ExportRegistry, ResolvedExport, StaticRegistry};
 

@@ -78,6 +78,11 @@ struct FrontendMetrics {
     nbd_idle_timeout_s: u64,
     nbd_reply_stall_timeout_s: u64,
     iscsi: zilla_iscsi::IscsiStatsSnapshot,
+    /// Every volume a client opened: the target of its iSCSI sessions, the export of
+    /// its NBD ones.
+    volumes: Vec<(String, zilla_frontend::VolumeIoSnapshot)>,
+    /// Every client (initiator) the bounded client table holds.
+    clients: Vec<zilla_frontend::ClientIoSnapshot>,
 }
 
 impl FrontendMetrics {
@@ -91,6 +96,8 @@ impl FrontendMetrics {
             nbd_idle_timeout_s: config.idle_timeout.as_secs(),
             nbd_reply_stall_timeout_s: config.reply_stall_timeout.as_secs(),
             iscsi: v.iscsi_stats.snapshot(),
+            volumes: v.frontend.io_stats.snapshot(),
+            clients: v.frontend.clients.snapshot(),
         }
     }
 }
@@ -215,6 +222,91 @@ fn gauges(reg: &mut Registry, name: &str, help: &str, samples: impl IntoIterator
         family.get_or_create(&l).set(v);
     }
     reg.register(name, help, family);
+}
+
+/// A histogram given by its buckets (already counted elsewhere, here only encoded).
+#[derive(Debug, Default)]
+struct FixedHistogram {
+    /// Per bucket: upper bound in seconds (`f64::MAX`: +Inf) and count (not cumulative).
+    buckets: parking_lot::Mutex<(f64, u64, Vec<(f64, u64)>)>,
+}
+
+impl prometheus_client::encoding::EncodeMetric for FixedHistogram {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (sum, count, buckets) = &*self.buckets.lock();
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(*sum, *count, buckets, None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for FixedHistogram {
+    const TYPE: prometheus_client::metrics::MetricType = prometheus_client::metrics::MetricType::Histogram;
+}
+
+/// Register a latency histogram family from [`zilla_frontend::LatencyHistogram`]
+/// buckets and the sum of the latencies in seconds.
+fn latency_histograms<'a>(
+    reg: &mut Registry,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, &'a zilla_frontend::LatencySnapshot)>,
+) {
+    let family = Family::<Labels, FixedHistogram>::default();
+    for (l, latency) in samples {
+        let count = latency.buckets.iter().sum();
+        let sum_s = latency.sum_ns as f64 / 1e9;
+        let bounds = latency
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (zilla_frontend::LatencyHistogram::upper_bound_s(i).unwrap_or(f64::MAX), n))
+            .collect();
+        *family.get_or_create(&l).buckets.lock() = (sum_s, count, bounds);
+    }
+    reg.register(name, help, family);
+}
+
+/// Requests, bytes and latency of every volume (an iSCSI target, an NBD export) and
+/// of every client (an iSCSI initiator or NBD client, by address), over both protocols.
+fn register_volume_and_client_io(reg: &mut Registry, f: &FrontendMetrics) {
+    let rows: Vec<(Labels, &zilla_frontend::VolumeIoSnapshot)> = f
+        .volumes
+        .iter()
+        .map(|(name, io)| (labels(&[("volume", name)]), io))
+        .chain(f.clients.iter().map(|c| (labels(&[("protocol", &c.protocol), ("client", &c.address)]), &c.io)))
+        .collect();
+    let with_op = |l: &Labels, op: &str| {
+        let mut l = l.clone();
+        l.push(("op", LabelValue(op.to_string())));
+        l
+    };
+    let (volumes, clients) = rows.split_at(f.volumes.len());
+    for (rows, what) in [(volumes, "volume"), (clients, "client")] {
+        counters(reg, &format!("zilla_{what}_requests"), &format!("Requests completed per {what}, by operation"), rows.iter().flat_map(|(l, io)| {
+            [
+                (with_op(l, "read"), io.read_ops),
+                (with_op(l, "write"), io.write_ops),
+                (with_op(l, "flush"), io.flush_ops),
+                (with_op(l, "trim"), io.trim_ops),
+                (with_op(l, "other"), io.other_ops),
+            ]
+        }));
+        counters(reg, &format!("zilla_{what}_bytes"), &format!("Request bytes per {what}, by operation (trim includes zeroing)"), rows.iter().flat_map(|(l, io)| {
+            [(with_op(l, "read"), io.read_bytes), (with_op(l, "write"), io.write_bytes), (with_op(l, "trim"), io.trim_bytes)]
+        }));
+        counters(reg, &format!("zilla_{what}_request_errors"), &format!("Requests answered with an error per {what}"), rows.iter().map(|(l, io)| (l.clone(), io.error_ops)));
+        latency_histograms(
+            reg,
+            &format!("zilla_{what}_request_latency_seconds"),
+            &format!("Request service time per {what} (receipt to reply queued), by read, write and other"),
+            rows.iter().flat_map(|(l, io)| {
+                [(with_op(l, "read"), &io.latency_read), (with_op(l, "write"), &io.latency_write), (with_op(l, "other"), &io.latency_other)]
+            }),
+        );
+    }
 }
 
 fn counters(reg: &mut Registry, name: &str, help: &str, samples: impl IntoIterator<Item = (Labels, u64)>) {
@@ -429,6 +521,7 @@ fn register_frontend(reg: &mut Registry, f: &FrontendMetrics) {
     ]);
     counter(reg, "zilla_nbd_request_errors", "NBD requests answered with an error", io.error_ops);
     register_iscsi(reg, &f.iscsi);
+    register_volume_and_client_io(reg, f);
 }
 
 /// `zilla_iscsi_*`: connections and logins by fate, commands and bytes.
