@@ -3,8 +3,8 @@
 # identity and the right size, read back what they wrote, and the SCSI and iSCSI core
 # families of libiscsi's conformance suite pass.
 # Method: a daemon with --iscsi; iscsi-ls (SendTargets), iscsi-inq (standard, VPD
-# 0x80/0xb0/0xb2), iscsi-readcapacity16, a refused unknown target, qemu-img over
-# iscsi:// when qemu has its iscsi driver, iscsi-test-cu families (thin provisioning and
+# 0x80/0xb0/0xb2), iscsi-readcapacity16, a refused unknown target, qemu-img convert
+# over iscsi:// (and compare after the restart), iscsi-test-cu families (thin provisioning and
 # COMPARE AND WRITE must run, not skip), then a restart (same serial).
 . "$(dirname "$0")/lib.sh"
 ISCSI_PORT=$(free_port)
@@ -40,18 +40,18 @@ if iscsi-inq "$PORTAL/iqn.2026-11.io.zilla:tank.nope/0" >"$T/nope" 2>&1; then fa
 grep -qi "not found" "$T/nope" || fail "unknown target: no 'not found' status: $(cat "$T/nope")"
 
 # Data written over iSCSI reads back (qemu's iscsi driver comes with qemu-block-extra).
-if qemu-img --help | grep -qw iscsi; then
-    head -c 8M /dev/urandom >"$T/src"
-    qemu-img convert -n -f raw -O raw "$T/src" "$LUN"
-    qemu-img convert -f raw -O raw "$LUN" "$T/back"
-    cmp -n $((8 << 20)) "$T/src" "$T/back" || fail "data read back over iSCSI differs"
-    # and over NBD: the same volume, the same request path
-    qemu-img convert -f raw -O raw "$(nbd_unix_uri tank/vol0)" "$T/back-nbd"
-    cmp -n $((8 << 20)) "$T/src" "$T/back-nbd" || fail "data written over iSCSI differs over NBD"
-    log "qemu-img round trip over iscsi:// OK"
-else
-    log "qemu-img has no iscsi driver (qemu-block-extra): data round trip through iscsi-test-cu only"
-fi
+qemu-img --help | grep -qw iscsi || fail "qemu-img has no iscsi driver (qemu-block-extra is not installed)"
+head -c 8M /dev/urandom >"$T/src"
+qemu-img convert -n -f raw -O raw "$T/src" "$LUN"
+qemu-img convert -f raw -O raw "$LUN" "$T/back"
+cmp -n $((8 << 20)) "$T/src" "$T/back" || fail "data read back over iSCSI differs"
+# and over NBD: the same volume, the same request path
+qemu-img convert -f raw -O raw "$(nbd_unix_uri tank/vol0)" "$T/back-nbd"
+cmp -n $((8 << 20)) "$T/src" "$T/back-nbd" || fail "data written over iSCSI differs over NBD"
+# an image onto the other volume, compared after a restart (below)
+DATA_LUN=$PORTAL/iqn.2026-11.io.zilla:tank.data-1/0
+qemu-img convert -n -f raw -O raw "$T/src" "$DATA_LUN"
+log "qemu-img round trip over iscsi:// OK"
 
 # libiscsi's conformance suite: the families this target implements (--dataloss: the
 # write tests run instead of skipping).
@@ -98,5 +98,6 @@ stop_daemon
 start_daemon
 again=$(iscsi-inq --evpd=1 --pagecode=128 "$LUN" | sed -n 's/^Unit Serial Number:\[\(.*\)\]$/\1/p')
 [ "$again" = "$serial" ] || fail "unit serial changed across a restart: $serial -> $again"
+qemu-img compare -f raw -F raw "$T/src" "$DATA_LUN" || fail "the image written over iSCSI differs after a restart"
 stop_daemon
 log "iSCSI OK"
