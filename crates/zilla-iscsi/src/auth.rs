@@ -282,7 +282,7 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
         } as u32)
     };
     let body = text.trim_end_matches('=');
-    if text.len() - body.len() > 2 || (text.len() != body.len() && text.len() % 4 != 0) {
+    if text.len() - body.len() > 2 || (text.len() != body.len() && !text.len().is_multiple_of(4)) {
         return None;
     }
     let raw = body.as_bytes();

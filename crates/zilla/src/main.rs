@@ -1240,33 +1240,6 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn iostat_positional_args() {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(iostat_args(&s(&["tank", "1", "3"])).unwrap(), (s(&["tank"]), Some(1.0), Some(3)));
-        assert_eq!(iostat_args(&s(&["2"])).unwrap(), (vec![], Some(2.0), None));
-        assert_eq!(iostat_args(&s(&[])).unwrap(), (vec![], None, None));
-        assert!(iostat_args(&s(&["0"])).is_err());
-    }
-
-    #[test]
-    fn config_lines() {
-        let c = config::parse_lines("# x\nnbd = \"127.0.0.1:1\"\nhttp=off\n").unwrap();
-        assert_eq!(c, vec![("nbd".into(), "127.0.0.1:1".into()), ("http".into(), "off".into())]);
-        assert!(config::parse_lines("garbage").is_err());
-    }
-}
-
 // ---------------------------------------------------------------------------------
 // iSCSI
 
@@ -1384,3 +1357,31 @@ async fn iscsi_cmd(c: &Client, cmd: IscsiCmd) -> Result<(), String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn iostat_positional_args() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(iostat_args(&s(&["tank", "1", "3"])).unwrap(), (s(&["tank"]), Some(1.0), Some(3)));
+        assert_eq!(iostat_args(&s(&["2"])).unwrap(), (vec![], Some(2.0), None));
+        assert_eq!(iostat_args(&s(&[])).unwrap(), (vec![], None, None));
+        assert!(iostat_args(&s(&["0"])).is_err());
+    }
+
+    #[test]
+    fn config_lines() {
+        let c = config::parse_lines("# x\nnbd = \"127.0.0.1:1\"\nhttp=off\n").unwrap();
+        assert_eq!(c, vec![("nbd".into(), "127.0.0.1:1".into()), ("http".into(), "off".into())]);
+        assert!(config::parse_lines("garbage").is_err());
+    }
+}
+
