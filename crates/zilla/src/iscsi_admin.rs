@@ -138,11 +138,14 @@ pub fn target_name(arg: &str) -> Result<String, String> {
 }
 
 /// The store after `req`, and the target name it changed (`None`: the default entry).
+/// A target's first settings start from the default entry's (so adding an initiator
+/// list to a target under a default CHAP user keeps that user); `clear` starts from
+/// nothing.
 pub fn apply(store: &AuthStore, req: &IscsiAuthRequest) -> Result<(AuthStore, Option<String>), String> {
     let target = req.target.as_deref().map(target_name).transpose()?;
     let mut entry = match (&target, req.clear) {
         (_, true) => TargetAuth::default(),
-        (Some(name), false) => store.own_entry(name).cloned().unwrap_or_default(),
+        (Some(name), false) => store.own_entry(name).cloned().unwrap_or_else(|| store.default.clone()),
         (None, false) => store.default.clone(),
     };
     if let Some(chap) = credential(req.user.as_deref(), req.secret.as_deref(), "CHAP")? {
@@ -268,6 +271,16 @@ mod tests {
         c.clear = true;
         let (store, _) = apply(&store, &c).unwrap();
         assert!(store.own_entry("iqn.2026-11.io.zilla:tank.vol").is_none());
+        // a target's first settings start from the default's: its CHAP user stays
+        let mut d = req(None);
+        d.user = Some("disco".into());
+        d.secret = Some("defaultsecret56".into());
+        let (store, _) = apply(&store, &d).unwrap();
+        let mut acl = req(Some("tank/other"));
+        acl.initiators = Some(vec!["iqn.2026-11.org.example:h2".into()]);
+        let (store, _) = apply(&store, &acl).unwrap();
+        let entry = store.own_entry("iqn.2026-11.io.zilla:tank.other").unwrap();
+        assert_eq!((entry.kind(), entry.initiators.len()), ("chap", 1));
     }
 
     #[test]
