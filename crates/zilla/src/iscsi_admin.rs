@@ -95,6 +95,12 @@ pub fn load(dir: &Path) -> anyhow::Result<AuthStore> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(AuthStore::default()),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
+    if let Ok(meta) = std::fs::symlink_metadata(&path) {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!("{} can be read by other users (mode {:o}); it holds CHAP secrets: chmod 600 it", path.display(), meta.permissions().mode() & 0o777);
+        }
+    }
     let file: AuthFile = serde_json::from_slice(&bytes).map_err(|e| {
         // serde's message may quote a value, which may be a secret: give the place only
         anyhow::anyhow!("{} is not a valid iSCSI authentication file (line {}, column {})", path.display(), e.line(), e.column())
@@ -112,6 +118,12 @@ pub fn load(dir: &Path) -> anyhow::Result<AuthStore> {
         let entry = entry.to_entry().map_err(|e| anyhow::anyhow!("{}: target {shown}: {e}", path.display()))?;
         store.set_target(name, entry).map_err(|e| anyhow::anyhow!("{}: target {shown}: {e}", path.display()))?;
     }
+    tracing::info!(
+        "iSCSI authentication from {}: default {}, {} targets with settings of their own",
+        path.display(),
+        store.default.kind(),
+        store.targets().count()
+    );
     Ok(store)
 }
 

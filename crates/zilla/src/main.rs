@@ -434,9 +434,17 @@ fn main() {
                 let _ = e.print();
                 std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
             }
-            // One line: clap's first line without its "error: " prefix.
+            // One line: clap's first line without its "error: " prefix, and the
+            // indented lines it introduces (which arguments are missing)
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
+            let mut lines = text.lines();
+            let mut first = lines.next().unwrap_or("bad arguments").trim_start_matches("error: ").to_string();
+            if first.ends_with(':') {
+                let listed: Vec<&str> = lines.take_while(|l| l.starts_with("  ")).map(str::trim).collect();
+                if !listed.is_empty() {
+                    first = format!("{first} {}", listed.join(", "));
+                }
+            }
             eprintln!("zilla: {first} (see 'zilla --help')");
             std::process::exit(2);
         }
