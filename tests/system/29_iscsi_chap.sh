@@ -8,8 +8,8 @@
 # our initiator name refuses it; mutual CHAP with libiscsi's target credentials works;
 # the default entry guards discovery; iscsi-perf keeps a session open while
 # `zilla iscsi list sessions` shows it; the daemon is restarted on 0.0.0.0 (not
-# loopback): tank/open refuses, then with --iscsi-auth none takes logins and the log
-# warns once.
+# loopback): tank/open refuses, then with --iscsi-auth none (or iscsi_auth = none in
+# the config file) takes logins and the log warns once.
 . "$(dirname "$0")/lib.sh"
 ISCSI_PORT=$(free_port)
 ISCSI_ADDR=127.0.0.1:$ISCSI_PORT
@@ -141,4 +141,12 @@ stop_daemon
 start_daemon --iscsi-auth none
 inq "iscsi://$HOST/$OPEN/0" || fail "with --iscsi-auth none: login failed: $(cat "$T/inq")"
 [ "$(grep -c "not authenticated (--iscsi-auth none)" "$T/daemon.log")" -eq 1 ] || fail "no single warning of unauthenticated logins"
+# the same from the config file; the command line wins over it
+printf 'iscsi_auth = none\n' >"$T/zilla.conf"
+stop_daemon
+start_daemon --config "$T/zilla.conf"
+inq "iscsi://$HOST/$OPEN/0" || fail "with iscsi_auth = none in the config file: login failed: $(cat "$T/inq")"
+stop_daemon
+start_daemon --config "$T/zilla.conf" --iscsi-auth chap
+if inq "iscsi://$HOST/$OPEN/0"; then fail "--iscsi-auth chap did not win over the config file"; fi
 echo PASS

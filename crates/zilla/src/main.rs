@@ -189,7 +189,7 @@ struct ServeArgs {
     #[command(flatten)]
     listen: ListenArgs,
     /// Config file: `key = value` lines: nbd, iscsi, http (addresses; options given
-    /// on the command line win), admin_group, admin_connections_max,
+    /// on the command line win), iscsi_auth, admin_group, admin_connections_max,
     /// http_connections_max, nbd_connections_max, http_header_timeout_s,
     /// http_body_max_bytes, fd_reserve (see docs/cli.md)
     #[arg(long, value_name = "FILE")]
@@ -202,10 +202,10 @@ struct ServeArgs {
     /// `--tunable zil_replay_disable=1`: for those read at import
     #[arg(long = "tunable", value_name = "NAME=VALUE")]
     tunables: Vec<String>,
-    /// iSCSI logins to a target without a CHAP user: `chap` refuses them unless the
-    /// iSCSI address is a loopback one; `none` takes them on any address
-    #[arg(long, value_name = "MODE", default_value = "chap", value_parser = ["chap", "none"])]
-    iscsi_auth: String,
+    /// iSCSI logins to a target without a CHAP user: `chap` (the default) refuses them
+    /// unless the iSCSI address is a loopback one; `none` takes them on any address
+    #[arg(long, value_name = "MODE", value_parser = ["chap", "none"])]
+    iscsi_auth: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -625,6 +625,7 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
             die(format!("--tunable {a}: {e}"));
         }
     }
+    let iscsi_auth_from_file = settings.iscsi_auth.clone();
     let l = listen_opts(&listen);
     let lock = daemon::lock_state_dir(&state_dir, &settings).unwrap_or_else(|e| die(format!("{e:#}")));
     let opts = daemon::ServeOpts {
@@ -633,7 +634,7 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
         http: l.http,
         settings,
         no_import: args.no_import,
-        iscsi_unauthenticated: args.iscsi_auth == "none",
+        iscsi_unauthenticated: args.iscsi_auth.as_deref().or(iscsi_auth_from_file.as_deref()) == Some("none"),
     };
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
     if let Err(e) = rt.block_on(daemon::run(opts, lock, vec![], |_| {})) {
