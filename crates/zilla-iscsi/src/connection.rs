@@ -4,7 +4,7 @@
 //! -------------------
 //! ```text
 //!   login (reader writes its responses itself, bounded by login_timeout)
-//!     security stage (AuthMethod=None) -> operational stage -> full feature phase
+//!     security stage (None or CHAP, security.rs) -> operational stage -> full feature phase
 //!   full feature phase:
 //!   socket read half                                              socket write half
 //!        |                                                               ^
@@ -52,6 +52,8 @@ use zilla_frontend::{
 
 use crate::framing::{Frame, PduReader};
 use crate::login::{LoginRefusal, Negotiation, SessionParams, SessionType};
+use crate::security::{self, SecurityStage};
+use crate::sessions::SessionInfo;
 use crate::pdu::{self, op, reject, Bhs, Digests, Pdu, NO_TAG};
 use crate::scsi::{self, Geometry, Operation, Sense, LOGICAL_BLOCK_BYTES};
 use crate::writer::{self, CommandWindow, OutPdu, OutSender, Payload, ReadBody, StatSn};
@@ -72,11 +74,17 @@ pub(crate) struct ServerShared {
     pub(crate) config: IscsiConfig,
     pub(crate) stats: Arc<IscsiStats>,
     pub(crate) next_tsih: AtomicU16,
+    /// Who may log in (read at each login) and the live sessions.
+    pub(crate) access: crate::server::Access,
 }
 
 /// Where a connection is, for its logs and SendTargets.
 pub(crate) struct Peer {
     pub(crate) client: String,
+    /// "ip:port" of the initiator, for the session listing.
+    pub(crate) address: String,
+    /// The listener is on a loopback address (a target with no CHAP user is open here).
+    pub(crate) listener_loopback: bool,
     /// "ip:port" of our end, for TargetAddress; `None` for a plain stream.
     pub(crate) portal: Option<String>,
 }
@@ -400,6 +408,8 @@ struct LoggedIn {
     stat_sn: u32,
     exp_cmd_sn: u32,
     target_name: String,
+    /// The session as the admin's listing shows it.
+    info: SessionInfo,
 }
 
 fn login_response(request: &Bhs, transit: bool, nsg: u8, tsih: u16, status: (u8, u8)) -> Bhs {
@@ -465,24 +475,39 @@ fn refusal_reason(refusal: &LoginRefusal) -> String {
     }
 }
 
-/// The target the first Login Request names: its name and, for a normal session, the
-/// export and volume; `Err`: the login status refusing it.
+/// The target the first Login Request names: its name, for a normal session the
+/// export and volume, and what its security stage requires (the current
+/// authentication store's entry); `Err`: the login status refusing it (an initiator
+/// not on the target's list: authorization failure).
 #[allow(clippy::type_complexity)]
 fn identify(
     negotiation: &Negotiation,
     server: &ServerShared,
     peer: &Peer,
-) -> Result<(String, Option<(String, Arc<dyn BlockVolume>)>), (u8, u8)> {
+) -> Result<(String, Option<(String, Arc<dyn BlockVolume>)>, SecurityStage), (u8, u8)> {
     if let Err(refusal) = negotiation.check_required() {
         tracing::info!(client = %peer.client, reason = %refusal_reason(&refusal), "iscsi: login refused");
         return Err(refusal.status());
     }
+    let store = server.access.store();
+    let unauthenticated_allowed = peer.listener_loopback || server.config.unauthenticated_logins;
     if negotiation.session_type == SessionType::Discovery {
-        return Ok(("discovery".to_string(), None));
+        let stage = SecurityStage::new(security::requirement(&store.default, unauthenticated_allowed));
+        return Ok(("discovery".to_string(), None, stage));
     }
     let requested = negotiation.target_name.clone().unwrap_or_default();
     match resolve_target(server, &requested) {
-        Some(found) => Ok((names::target_name(&found.0), Some(found))),
+        Some(found) => {
+            let name = names::target_name(&found.0);
+            let entry = store.entry(&name);
+            let initiator = negotiation.initiator_name.as_deref().unwrap_or_default();
+            if !entry.allows(initiator) {
+                tracing::info!(client = %peer.client, %initiator, target = %name, "iscsi: login refused: initiator not allowed on this target");
+                return Err((2, 2));
+            }
+            let stage = SecurityStage::new(security::requirement(entry, unauthenticated_allowed));
+            Ok((name, Some(found), stage))
+        }
         None => {
             tracing::info!(client = %peer.client, target = %requested, "iscsi: login to an unknown target");
             Err((2, 3))
@@ -508,6 +533,9 @@ struct LoginState {
     export: Option<(String, Arc<dyn BlockVolume>)>,
     target_name: String,
     portal_group_sent: bool,
+    /// Set by the first request (once the target is known).
+    security: Option<SecurityStage>,
+    tsih: u16,
 }
 
 impl LoginState {
@@ -515,22 +543,28 @@ impl LoginState {
     /// text, and whether the full-feature phase starts; `Err`: the refusing status.
     fn step(&mut self, keys: &[(String, String)], bhs: &Bhs, server: &ServerShared, peer: &Peer) -> Result<(Bhs, Vec<u8>, bool), (u8, u8)> {
         let (transit, csg, nsg) = (bhs.flags() & 0x80 != 0, (bhs.flags() >> 2) & 0x03, bhs.flags() & 0x03);
-        let mut answers = self.negotiation.offer(keys, csg, transit && nsg == 3).map_err(|refusal| {
+        // the security stage's keys go to the security stage (once the target is known)
+        let (security_keys, keys): (Vec<_>, Vec<_>) = keys.iter().cloned().partition(|(k, _)| csg == 0 && security::is_security_key(k));
+        let mut answers = self.negotiation.offer(&keys, csg, transit && nsg == 3).map_err(|refusal| {
             tracing::info!(client = %peer.client, reason = %refusal_reason(&refusal), "iscsi: login refused");
             refusal.status()
         })?;
         // the first request names the initiator and the target
         if self.target_name.is_empty() {
-            let (name, found) = identify(&self.negotiation, server, peer)?;
+            let (name, found, stage) = identify(&self.negotiation, server, peer)?;
             self.target_name = name;
             self.export = found;
+            self.security = Some(stage);
         }
+        let may_go = self.security_step(&security_keys, &mut answers, csg, transit, peer)?;
+        let transit = transit && may_go;
         if self.negotiation.session_type == SessionType::Normal && !self.portal_group_sent {
             self.portal_group_sent = true;
             answers.push(("TargetPortalGroupTag".into(), "1".into()));
         }
         let done = transit && nsg == 3;
         let tsih = if done { server.next_tsih.fetch_add(1, Ordering::Relaxed).max(1) } else { 0 };
+        self.tsih = tsih;
         let data = pdu::encode_text(&answers);
         if data.len() > self.negotiation.params.initiator_max_recv_data_segment_bytes.max(8192) {
             // only keys we do not know can make the answer this long: the initiator's error
@@ -538,6 +572,34 @@ impl LoginState {
             return Err((2, 0));
         }
         Ok((login_response(bhs, transit, nsg, tsih, (0, 0)), data, done))
+    }
+
+    /// Answer the security keys of a request in stage `csg` into `answers`; whether
+    /// the login may leave the security stage now (when `transit` asks it to, or it
+    /// is past it already); `Err`: authentication failure (logged without secrets).
+    fn security_step(
+        &mut self,
+        security_keys: &[(String, String)],
+        answers: &mut Vec<(String, String)>,
+        csg: u8,
+        transit: bool,
+        peer: &Peer,
+    ) -> Result<bool, (u8, u8)> {
+        let (initiator, target) = (self.negotiation.initiator_name.as_deref().unwrap_or_default(), &self.target_name);
+        let Some(stage) = self.security.as_mut() else {
+            return Err((3, 0));
+        };
+        let refuse = |failure: security::SecurityFailure| {
+            tracing::info!(client = %peer.client, %initiator, %target, reason = %failure, "iscsi: login refused: authentication failure");
+            failure.refusal().status()
+        };
+        if csg == 0 {
+            answers.extend(stage.offer(security_keys).map_err(refuse)?);
+        }
+        if csg == 0 && !transit {
+            return Ok(false);
+        }
+        stage.may_leave(csg != 0).map_err(refuse)
     }
 }
 
@@ -553,6 +615,8 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         export: None,
         target_name: String::new(),
         portal_group_sent: false,
+        security: None,
+        tsih: 0,
     };
     let window = server.config.command_window;
     let mut stat_sn = 0u32;
@@ -589,14 +653,30 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let (response, data, done) = match state.step(&keys, bhs, server, peer) {
             Ok(step) => step,
             Err(status) => {
+                if status == (2, 1) || status == (2, 2) {
+                    IscsiStats::count(&server.stats.logins_auth_failed);
+                }
                 write_login(w, refuse(status), &[], &mut stat_sn, exp_cmd_sn, window).await?;
                 return Ok(None);
             }
         };
         write_login(w, response, &data, &mut stat_sn, exp_cmd_sn, window).await?;
         if done {
-            let LoginState { negotiation, export, target_name, .. } = state;
+            let mut isid = [0u8; 6];
+            isid.copy_from_slice(&bhs.0[8..14]);
+            let LoginState { negotiation, export, target_name, security, tsih, .. } = state;
+            let info = SessionInfo::new(
+                negotiation.initiator_name.as_deref().unwrap_or_default(),
+                isid,
+                tsih,
+                &peer.address,
+                &target_name,
+                negotiation.session_type,
+                security.as_ref().map_or("none", |s| s.method()),
+                &negotiation.params,
+            );
             return Ok(Some(LoggedIn {
+                info,
                 params: negotiation.params,
                 session_type: negotiation.session_type,
                 export,
@@ -695,7 +775,9 @@ where
     let Some(logged_in) = login_in_time(&mut reader, &mut write_half, &server, &peer, &mut stop).await? else {
         return Ok(());
     };
-    let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name } = logged_in;
+    let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name, info } = logged_in;
+    // listed for the admin until the connection ends (not when the registry is full)
+    let _listed_session = server.access.sessions.register(info);
     let digests = Digests { header: params.header_digest, data: params.data_digest };
     reader.digests = digests;
     let window = Arc::new(Mutex::new(CommandWindow { exp_cmd_sn, in_flight: 0, size: config.command_window }));

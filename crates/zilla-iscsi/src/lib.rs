@@ -5,6 +5,9 @@
 //! Modules, in reading order:
 //! - [`pdu`]: the wire format (headers, digests, text keys), pure (fuzzed);
 //! - [`login`]: the login phase's key negotiation, pure;
+//! - [`auth`]: who may log in to which target, and CHAP, pure;
+//! - [`security`]: the security stage of a login (None or CHAP, initiator lists), pure;
+//! - [`sessions`]: the live sessions, for the admin's listing;
 //! - [`scsi`]: CDB decoding, sense data, INQUIRY/VPD/MODE pages, pure (fuzzed);
 //! - [`thin`]: UNMAP, WRITE SAME, GET LBA STATUS, COMPARE AND WRITE decoding, pure;
 //! - [`names`]: target names and the unit's stable identifiers;
@@ -19,17 +22,22 @@
 //!
 //! Task management: ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET,
 //! TARGET WARM RESET within the session (no unit attentions on other sessions yet).
-//! Not in this build: CHAP and ACLs, persistent reservations, several connections per
-//! session, error recovery levels above 0.
+//! Authentication: CHAP (MD5, one-way and mutual) and initiator lists per target, from
+//! an [`auth::AuthStore`] the daemon sets and may replace at any time
+//! ([`IscsiServer::set_auth_store`]). Not in this build: persistent reservations,
+//! several connections per session, error recovery levels above 0.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub mod auth;
 pub mod login;
 pub mod names;
 pub mod pdu;
 pub mod scsi;
+pub mod security;
 pub mod server;
+pub mod sessions;
 pub mod thin;
 
 mod connection;
@@ -60,6 +68,10 @@ pub struct IscsiConfig {
     pub shutdown_grace: Duration,
     /// Simultaneous connections; beyond it new clients wait in the listen backlog.
     pub connections_max: usize,
+    /// A target without a CHAP user takes logins without authentication on every
+    /// listener. When false (the default) it does so on a loopback listener only, and
+    /// elsewhere refuses them (authentication failure).
+    pub unauthenticated_logins: bool,
 }
 
 impl Default for IscsiConfig {
@@ -73,6 +85,7 @@ impl Default for IscsiConfig {
             reply_stall_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(5),
             connections_max: 1024,
+            unauthenticated_logins: false,
         }
     }
 }
@@ -110,8 +123,11 @@ pub struct IscsiStats {
     /// Normal sessions that reached the full-feature phase.
     pub sessions_started: AtomicU64,
     pub discovery_sessions: AtomicU64,
-    /// Logins refused (unknown target, bad keys, timeout).
+    /// Logins refused (unknown target, bad keys, authentication, timeout).
     pub logins_refused: AtomicU64,
+    /// Of those, refused for failed authentication (wrong or missing CHAP
+    /// credentials) or authorization (an initiator not on the target's list).
+    pub logins_auth_failed: AtomicU64,
     /// PDUs answered with a Reject, and connections closed on a malformed PDU.
     pub protocol_errors: AtomicU64,
     /// Commands ignored for a CmdSN outside the window.
@@ -130,6 +146,7 @@ pub struct IscsiStatsSnapshot {
     pub sessions_started: u64,
     pub discovery_sessions: u64,
     pub logins_refused: u64,
+    pub logins_auth_failed: u64,
     pub protocol_errors: u64,
     pub commands_out_of_window: u64,
     pub task_management: u64,
@@ -149,6 +166,7 @@ impl IscsiStats {
             sessions_started: load(&self.sessions_started),
             discovery_sessions: load(&self.discovery_sessions),
             logins_refused: load(&self.logins_refused),
+            logins_auth_failed: load(&self.logins_auth_failed),
             protocol_errors: load(&self.protocol_errors),
             commands_out_of_window: load(&self.commands_out_of_window),
             task_management: load(&self.task_management),

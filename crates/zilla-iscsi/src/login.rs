@@ -9,8 +9,10 @@
 //! initiator's list we support (digests, AuthMethod), "OR"/"AND" booleans combine
 //! with our wish, numbers take the minimum (maximum for DefaultTime2Wait) of theirs
 //! and ours. MaxRecvDataSegmentLength is declarative: the initiator's value bounds
-//! the PDUs we send, and we declare ours once, unasked. Security: AuthMethod=None
-//! only (CHAP is not offered, so a target that requires it is never announced).
+//! the PDUs we send, and we declare ours once, unasked. Security: the connection
+//! hands the security stage's keys (AuthMethod, CHAP_*) to [`crate::security`];
+//! what reaches [`Negotiation::offer`] of them in stage 0 is answered as for a
+//! target without authentication (AuthMethod=None).
 //!
 //! Our values are the target's limits ([`crate::IscsiConfig`]); a value out of its
 //! RFC range is answered `Reject` and the default kept.

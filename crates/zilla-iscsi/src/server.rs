@@ -17,17 +17,50 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use zilla_frontend::{ExportRegistry, Frontend, FrontendConfig};
 
+use crate::auth::AuthStore;
 use crate::connection::{self, Peer, ServerShared};
-use crate::{IscsiConfig, IscsiStats};
+use crate::sessions::{SessionInfo, SessionRegistry};
+use crate::{names, IscsiConfig, IscsiStats};
 
 const ACCEPT_RETRY_PAUSE_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// Who may log in, and who is logged in.
+pub(crate) struct Access {
+    /// Replaced whole by the daemon; each login reads the current one.
+    store: Mutex<Arc<AuthStore>>,
+    pub(crate) sessions: Arc<SessionRegistry>,
+}
+
+impl Access {
+    pub(crate) fn store(&self) -> Arc<AuthStore> {
+        self.store.lock().clone()
+    }
+}
+
+/// One target as the admin's listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetInfo {
+    /// The target name.
+    pub iqn: String,
+    /// The volume, POOL/NAME.
+    pub volume: String,
+    /// Served over iSCSI (`shareiscsi` not off).
+    pub shared: bool,
+    /// "none", "chap" or "mutual" (from the target's entry or the default).
+    pub auth: String,
+    /// The target has settings of its own (else the default entry applies).
+    pub own_entry: bool,
+    /// Initiator names allowed (0: any).
+    pub initiators: usize,
+}
 
 /// The iSCSI target: the shared front end plus configuration. Cheap to clone.
 #[derive(Clone)]
@@ -50,9 +83,13 @@ impl IscsiServer {
         IscsiServer {
             shared: Arc::new(ServerShared {
                 frontend,
-                config,
                 stats: Arc::new(IscsiStats::default()),
                 next_tsih: AtomicU16::new(1),
+                access: Access {
+                    store: Mutex::new(Arc::new(AuthStore::default())),
+                    sessions: Arc::new(SessionRegistry::new(config.connections_max)),
+                },
+                config,
             }),
         }
     }
@@ -65,10 +102,51 @@ impl IscsiServer {
         &self.shared.config
     }
 
+    /// Replace who may log in; logins from now on use `store` (sessions already
+    /// logged in stay).
+    pub fn set_auth_store(&self, store: AuthStore) {
+        *self.shared.access.store.lock() = Arc::new(store);
+    }
+
+    /// The authentication store in use.
+    pub fn auth_store(&self) -> Arc<AuthStore> {
+        self.shared.access.store()
+    }
+
+    /// The live sessions (normal and discovery), oldest first.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        self.shared.access.sessions.snapshot()
+    }
+
+    /// Every volume as a target, with its authentication. Reads the volumes'
+    /// `shareiscsi` property: call off the async runtime's worker threads.
+    pub fn targets(&self) -> Vec<TargetInfo> {
+        let registry = &*self.shared.frontend.registry;
+        let store = self.auth_store();
+        registry
+            .list()
+            .into_iter()
+            .map(|export| {
+                let iqn = names::target_name(&export.name);
+                let entry = store.entry(&iqn);
+                TargetInfo {
+                    shared: names::is_shared(registry, &export.name),
+                    auth: entry.kind().to_string(),
+                    own_entry: store.own_entry(&iqn).is_some(),
+                    initiators: entry.initiators.len(),
+                    volume: export.name,
+                    iqn,
+                }
+            })
+            .collect()
+    }
+
     /// Serve on a TCP listener until `shutdown` turns true (or its sender goes); then
     /// stop accepting and wait (bounded by the grace time) for connections to finish.
     pub async fn serve_tcp(&self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) -> io::Result<()> {
         let slots = Arc::new(Semaphore::new(self.shared.config.connections_max.clamp(1, 1 << 20)));
+        // a target with no CHAP user is open to logins on a loopback listener only
+        let listener_loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
         let mut connections = JoinSet::new();
         let mut pause = ACCEPT_RETRY_PAUSE_MIN;
         let mut failing = false;
@@ -104,7 +182,7 @@ impl IscsiServer {
             let _ = stream.set_nodelay(true);
             let portal = stream.local_addr().ok().map(|a| a.to_string());
             let (read_half, write_half) = stream.into_split();
-            let peer = Peer { client: peer.ip().to_string(), portal };
+            let peer = Peer { client: peer.ip().to_string(), address: peer.to_string(), listener_loopback, portal };
             let (server, stop) = (self.clone(), shutdown.clone());
             connections.spawn(async move {
                 let _slot = slot;
@@ -126,7 +204,8 @@ impl IscsiServer {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (read_half, write_half) = tokio::io::split(stream);
-        self.run(read_half, write_half, Peer { client: "stream".into(), portal }, shutdown).await;
+        let peer = Peer { client: "stream".into(), address: "stream".into(), listener_loopback: true, portal };
+        self.run(read_half, write_half, peer, shutdown).await;
     }
 
     async fn run<R, W>(&self, read_half: R, write_half: W, peer: Peer, stop: watch::Receiver<bool>)

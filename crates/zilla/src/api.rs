@@ -344,6 +344,93 @@ impl IostatEntry {
     }
 }
 
+/// `POST /v1/iscsi/auth`: change the authentication of one target (or the default
+/// entry). Secrets travel only in requests, never in answers.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct IscsiAuthRequest {
+    /// A target name, or POOL/NAME of its volume; `None`: the default entry.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Remove the entry's settings first (alone: remove them all).
+    #[serde(default)]
+    pub clear: bool,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub secret: Option<String>,
+    #[serde(default)]
+    pub mutual_user: Option<String>,
+    #[serde(default)]
+    pub mutual_secret: Option<String>,
+    /// `Some`: the new list of allowed initiators (replacing the old one).
+    #[serde(default)]
+    pub initiators: Option<Vec<String>>,
+}
+
+/// One entry of the iSCSI authentication settings, without its secrets.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct IscsiAuthView {
+    /// The target name, or "default".
+    pub target: String,
+    /// "none", "chap" or "mutual".
+    pub auth: String,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub mutual_user: Option<String>,
+    /// Allowed initiators; empty: any.
+    #[serde(default)]
+    pub initiators: Vec<String>,
+    /// The target has settings of its own (else the default entry applies to it).
+    #[serde(default)]
+    pub own_entry: bool,
+}
+
+/// One target in `GET /v1/iscsi`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IscsiTargetRow {
+    pub iqn: String,
+    pub volume: String,
+    pub shared: bool,
+    pub auth: String,
+    pub own_entry: bool,
+    /// Allowed initiators (0: any).
+    pub initiators: usize,
+}
+
+/// One live session in `GET /v1/iscsi`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IscsiSessionRow {
+    pub initiator: String,
+    pub isid: String,
+    pub tsih: u16,
+    pub peer: String,
+    pub target: String,
+    pub discovery: bool,
+    pub auth: String,
+    /// The initiator's MaxRecvDataSegmentLength (largest data segment we send).
+    pub max_recv_data_segment_length: usize,
+    /// Ours (largest data segment we receive).
+    pub target_max_recv_data_segment_length: usize,
+    pub max_burst_length: usize,
+    pub first_burst_length: usize,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub started_unix_s: u64,
+}
+
+/// `GET /v1/iscsi`: the targets with their authentication, the default entry, the
+/// per-target entries and the live sessions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IscsiListing {
+    pub default: IscsiAuthView,
+    pub entries: Vec<IscsiAuthView>,
+    pub targets: Vec<IscsiTargetRow>,
+    pub sessions: Vec<IscsiSessionRow>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

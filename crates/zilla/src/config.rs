@@ -42,6 +42,8 @@ const CONNECTIONS_MIN: usize = 16;
 pub struct Settings {
     pub nbd: Option<String>,
     pub iscsi: Option<String>,
+    /// `chap` or `none` (as `serve --iscsi-auth`, which wins).
+    pub iscsi_auth: Option<String>,
     pub http: Option<String>,
     pub admin_group: Option<String>,
     pub admin_connections_max: Option<usize>,
@@ -62,6 +64,7 @@ pub struct Settings {
 pub const KEYS: &[&str] = &[
     "nbd",
     "iscsi",
+    "iscsi_auth",
     "http",
     "admin_group",
     "admin_connections_max",
@@ -109,6 +112,10 @@ impl Settings {
             match k.as_str() {
                 "nbd" => s.nbd = Some(v),
                 "iscsi" => s.iscsi = Some(v),
+                "iscsi_auth" => match v.as_str() {
+                    "chap" | "none" => s.iscsi_auth = Some(v),
+                    _ => return Err(format!("iscsi_auth: '{}' is not chap or none", crate::clip::clip(&v))),
+                },
                 "http" => s.http = Some(v),
                 "admin_group" => s.admin_group = Some(v),
                 "admin_connections_max" => s.admin_connections_max = Some(number(&k, &v, 1, 1 << 20)? as usize),
@@ -281,6 +288,8 @@ mod tests {
         assert!(Settings::parse("garbage").is_err());
         assert!(Settings::parse("frob = 1").unwrap_err().contains("unknown setting 'frob'"));
         assert!(Settings::parse("http_connections_max = 0").unwrap_err().contains("out of range"));
+        assert_eq!(Settings::parse("iscsi_auth = none").unwrap().iscsi_auth.as_deref(), Some("none"));
+        assert!(Settings::parse("iscsi_auth = off").unwrap_err().contains("not chap or none"));
     }
 
     #[test]

@@ -102,11 +102,14 @@ pub struct ServeOpts {
     pub settings: crate::config::Settings,
     /// Import no pool at start (`serve --no-import`); the cache file is kept.
     pub no_import: bool,
+    /// `serve --iscsi-auth none`: a target without a CHAP user takes logins without
+    /// authentication on any address (else on a loopback address only).
+    pub iscsi_unauthenticated: bool,
 }
 
 impl ServeOpts {
     pub fn new(nbd: Option<String>, iscsi: Option<String>, http: Option<String>) -> ServeOpts {
-        ServeOpts { nbd, iscsi, http, settings: Default::default(), no_import: false }
+        ServeOpts { nbd, iscsi, http, settings: Default::default(), no_import: false, iscsi_unauthenticated: false }
     }
 }
 
@@ -230,6 +233,7 @@ impl Daemon {
         info: DaemonInfo,
         frontend_config: zilla_frontend::FrontendConfig,
         nbd_config: zilla_nbd::NbdConfig,
+        iscsi_config: zilla_iscsi::IscsiConfig,
     ) -> Arc<Daemon> {
         let pools = Arc::new(PoolTable::default());
         // the block-buffer slab keeps free memory only while the ARC and the dirty data
@@ -238,7 +242,7 @@ impl Daemon {
         let registry = Arc::new(crate::exports::Exports { pools: pools.clone() });
         let frontend = zilla_frontend::Frontend::new(registry, frontend_config);
         let nbd = crate::nbd_glue::server(frontend.clone(), nbd_config);
-        let iscsi = crate::iscsi_glue::server(frontend.clone(), zilla_iscsi::IscsiConfig::default());
+        let iscsi = crate::iscsi_glue::server(frontend.clone(), iscsi_config);
         Arc::new(Daemon {
             state_dir,
             pools,
@@ -588,7 +592,19 @@ pub async fn run(
         http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
         notices: vec![],
     };
-    let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config);
+    // CHAP users and initiator lists: a file that cannot be read stops the start (serving
+    // without the CHAP the admin set up would open the targets)
+    let iscsi_auth = crate::iscsi_admin::load(&dir)?;
+    let iscsi_config = zilla_iscsi::IscsiConfig { unauthenticated_logins: opts.iscsi_unauthenticated, ..Default::default() };
+    let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config, iscsi_config);
+    daemon.iscsi.set_auth_store(iscsi_auth);
+    if let Some(addr) = iscsi.as_ref().and_then(|l| l.local_addr().ok()).filter(|a| !a.ip().is_loopback()) {
+        if opts.iscsi_unauthenticated {
+            tracing::warn!("iSCSI on {addr}: logins to targets without a CHAP user are not authenticated (--iscsi-auth none)");
+        } else {
+            tracing::info!("iSCSI on {addr}: targets without a CHAP user refuse logins (set one with `zilla iscsi auth`)");
+        }
+    }
     for p in preimported {
         daemon.pools.insert(p.name(), p);
     }
@@ -701,6 +717,8 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/arcstats", get(arcstats))
         .route("/v1/zilstats", get(zilstats))
         .route("/v1/clients", get(client_list))
+        .route("/v1/iscsi", get(iscsi_list))
+        .route("/v1/iscsi/auth", post(iscsi_auth))
         .fallback(|| async { ApiError::not_found("no such API route") })
         .with_state(d)
 }
@@ -1212,6 +1230,39 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
 /// Per-client front-end counters (bounded table; see zilla-frontend iostats).
 async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
     Json(d.frontend.clients.snapshot())
+}
+
+/// The iSCSI targets with their authentication, and the live sessions.
+async fn iscsi_list(State(d): State<Arc<Daemon>>) -> ApiResult<crate::api::IscsiListing> {
+    let server = d.iscsi.clone();
+    Ok(Json(blocking(move || Ok(crate::iscsi_admin::listing(&server))).await?))
+}
+
+/// Change one target's (or the default) CHAP users and initiator list: written to
+/// DIR/iscsi-auth.json first, then used by the next login.
+async fn iscsi_auth(
+    State(d): State<Arc<Daemon>>,
+    ApiJson(req): ApiJson<crate::api::IscsiAuthRequest>,
+) -> ApiResult<crate::api::IscsiAuthView> {
+    let _g = d.admin.lock().await;
+    let (next, target) = crate::iscsi_admin::apply(&d.iscsi.auth_store(), &req).map_err(ApiError::bad)?;
+    let dir = d.state_dir.clone();
+    let saved = next.clone();
+    blocking(move || {
+        crate::iscsi_admin::save(&dir, &saved).map_err(|e| {
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write {}: {e}", dir.join(crate::iscsi_admin::AUTH_FILE_NAME).display()))
+        })
+    })
+    .await?;
+    let view = crate::iscsi_admin::view(&next, target.as_deref());
+    d.iscsi.set_auth_store(next);
+    tracing::info!(
+        "iSCSI authentication of {} set: {}, {} allowed initiators (0: any)",
+        crate::clip::clip(&view.target),
+        view.auth,
+        view.initiators.len()
+    );
+    Ok(Json(view))
 }
 
 /// The intent-log kstat (OpenZFS names, /proc/spl/kstat/zfs/zil) summed over the

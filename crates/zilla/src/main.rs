@@ -17,6 +17,7 @@ mod exports;
 mod format;
 mod memory;
 mod http_serve;
+mod iscsi_admin;
 mod iscsi_glue;
 mod nbd_glue;
 mod pools;
@@ -121,6 +122,53 @@ enum Cmd {
     /// Read or change run-time tunables
     #[command(subcommand)]
     Tunable(TunableCmd),
+    /// iSCSI target: CHAP users, allowed initiators, targets and sessions
+    #[command(subcommand)]
+    Iscsi(IscsiCmd),
+}
+
+#[derive(Subcommand)]
+enum IscsiCmd {
+    /// Set (or show) who may log in to a target: CHAP users and secrets, allowed
+    /// initiators. With no option, show the target's settings (never its secrets)
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["target", "default"])))]
+    Auth {
+        /// The target: its name (iqn.2026-11.io.zilla:POOL.NAME) or POOL/NAME
+        target: Option<String>,
+        /// The default entry: targets without settings of their own, and discovery
+        #[arg(long)]
+        default: bool,
+        /// CHAP user the initiator logs in as (with --secret-file)
+        #[arg(long, value_name = "USER", requires = "secret_file")]
+        user: Option<String>,
+        /// File holding the CHAP secret (12 to 255 bytes; one trailing newline is ignored)
+        #[arg(long, value_name = "FILE", requires = "user")]
+        secret_file: Option<PathBuf>,
+        /// Mutual CHAP: the user the target answers as (with --mutual-secret-file)
+        #[arg(long, value_name = "USER", requires = "mutual_secret_file")]
+        mutual_user: Option<String>,
+        /// File holding the target's mutual CHAP secret (not the initiator's secret)
+        #[arg(long, value_name = "FILE", requires = "mutual_user")]
+        mutual_secret_file: Option<PathBuf>,
+        /// Allow this initiator (repeatable; replaces the list; none given: any initiator)
+        #[arg(long = "initiator", value_name = "IQN")]
+        initiators: Vec<String>,
+        /// Remove the settings first (alone: remove them all)
+        #[arg(long)]
+        clear: bool,
+    },
+    /// The targets with their authentication, and the logged-in sessions
+    List {
+        /// Scripted: no headers, tab-separated
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Exact numbers
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Only one table: targets or sessions
+        #[arg(value_parser = ["targets", "sessions"])]
+        what: Option<String>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -141,7 +189,7 @@ struct ServeArgs {
     #[command(flatten)]
     listen: ListenArgs,
     /// Config file: `key = value` lines: nbd, iscsi, http (addresses; options given
-    /// on the command line win), admin_group, admin_connections_max,
+    /// on the command line win), iscsi_auth, admin_group, admin_connections_max,
     /// http_connections_max, nbd_connections_max, http_header_timeout_s,
     /// http_body_max_bytes, fd_reserve (see docs/cli.md)
     #[arg(long, value_name = "FILE")]
@@ -154,6 +202,10 @@ struct ServeArgs {
     /// `--tunable zil_replay_disable=1`: for those read at import
     #[arg(long = "tunable", value_name = "NAME=VALUE")]
     tunables: Vec<String>,
+    /// iSCSI logins to a target without a CHAP user: `chap` (the default) refuses them
+    /// unless the iSCSI address is a loopback one; `none` takes them on any address
+    #[arg(long, value_name = "MODE", value_parser = ["chap", "none"])]
+    iscsi_auth: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -382,9 +434,17 @@ fn main() {
                 let _ = e.print();
                 std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
             }
-            // One line: clap's first line without its "error: " prefix.
+            // One line: clap's first line without its "error: " prefix, and the
+            // indented lines it introduces (which arguments are missing)
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
+            let mut lines = text.lines();
+            let mut first = lines.next().unwrap_or("bad arguments").trim_start_matches("error: ").to_string();
+            if first.ends_with(':') {
+                let listed: Vec<&str> = lines.take_while(|l| l.starts_with("  ")).map(str::trim).collect();
+                if !listed.is_empty() {
+                    first = format!("{first} {}", listed.join(", "));
+                }
+            }
             eprintln!("zilla: {first} (see 'zilla --help')");
             std::process::exit(2);
         }
@@ -565,9 +625,17 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
             die(format!("--tunable {a}: {e}"));
         }
     }
+    let iscsi_auth_from_file = settings.iscsi_auth.clone();
     let l = listen_opts(&listen);
     let lock = daemon::lock_state_dir(&state_dir, &settings).unwrap_or_else(|e| die(format!("{e:#}")));
-    let opts = daemon::ServeOpts { nbd: l.nbd, iscsi: l.iscsi, http: l.http, settings, no_import: args.no_import };
+    let opts = daemon::ServeOpts {
+        nbd: l.nbd,
+        iscsi: l.iscsi,
+        http: l.http,
+        settings,
+        no_import: args.no_import,
+        iscsi_unauthenticated: args.iscsi_auth.as_deref().or(iscsi_auth_from_file.as_deref()) == Some("none"),
+    };
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
     if let Err(e) = rt.block_on(daemon::run(opts, lock, vec![], |_| {})) {
         die(format!("{e:#}"));
@@ -669,6 +737,7 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Tunable(t) => tunable_cmd(c, t).await,
+        Cmd::Iscsi(i) => iscsi_cmd(c, i).await,
         Cmd::Serve(_) | Cmd::Demo { .. } => unreachable!("handled in main"),
     }
 }
@@ -1180,6 +1249,124 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------
+// iSCSI
+
+/// A CHAP secret from a file: its bytes less one trailing newline, as text.
+fn read_secret(path: &Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bytes = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+    let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+    String::from_utf8(bytes.to_vec()).map_err(|_| format!("{}: a CHAP secret must be text (UTF-8)", path.display()))
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
+}
+
+async fn iscsi_cmd(c: &Client, cmd: IscsiCmd) -> Result<(), String> {
+    match cmd {
+        IscsiCmd::Auth { target, default: _, user, secret_file, mutual_user, mutual_secret_file, initiators, clear } => {
+            let shown = target.clone().unwrap_or_else(|| "default".into());
+            let err = |e: String| format!("cannot set iSCSI authentication of '{shown}': {e}");
+            let secret = secret_file.as_deref().map(read_secret).transpose().map_err(err)?;
+            let mutual_secret = mutual_secret_file.as_deref().map(read_secret).transpose().map_err(err)?;
+            let changes = clear || user.is_some() || mutual_user.is_some() || !initiators.is_empty();
+            let view: IscsiAuthView = if changes {
+                let req = IscsiAuthRequest {
+                    target,
+                    clear,
+                    user,
+                    secret,
+                    mutual_user,
+                    mutual_secret,
+                    initiators: (!initiators.is_empty()).then_some(initiators),
+                };
+                c.post("/v1/iscsi/auth", &req).await.map_err(err)?
+            } else {
+                let listing: IscsiListing = c.get("/v1/iscsi").await?;
+                match &target {
+                    None => listing.default,
+                    Some(t) => {
+                        let name = iscsi_admin::target_name(t).map_err(ctx(format!("cannot show '{shown}'")))?;
+                        listing.entries.into_iter().find(|e| e.target == name).unwrap_or(IscsiAuthView {
+                            target: name,
+                            auth: listing.default.auth.clone(),
+                            user: listing.default.user.clone(),
+                            mutual_user: listing.default.mutual_user.clone(),
+                            initiators: listing.default.initiators.clone(),
+                            own_entry: false,
+                        })
+                    }
+                }
+            };
+            println!("target       {}", view.target);
+            println!("auth         {}{}", view.auth, if view.own_entry { "" } else { " (from the default entry)" });
+            println!("user         {}", view.user.as_deref().unwrap_or("-"));
+            println!("mutual user  {}", view.mutual_user.as_deref().unwrap_or("-"));
+            let list = if view.initiators.is_empty() { "any".to_string() } else { view.initiators.join(", ") };
+            println!("initiators   {list}");
+            Ok(())
+        }
+        IscsiCmd::List { scripted, parsable, what } => {
+            let listing: IscsiListing = c.get("/v1/iscsi").await?;
+            let size = |n: usize| if parsable { n.to_string() } else { units::nicebytes(n as u64) };
+            let show_targets = what.as_deref() != Some("sessions");
+            let show_sessions = what.as_deref() != Some("targets");
+            if show_targets {
+                let mut rows = vec![vec![
+                    "default".to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    listing.default.auth.clone(),
+                    listing.default.initiators.len().to_string(),
+                ]];
+                for t in &listing.targets {
+                    rows.push(vec![t.iqn.clone(), t.volume.clone(), yes_no(t.shared), t.auth.clone(), t.initiators.to_string()]);
+                }
+                let a = [format::Align::Left, format::Align::Left, format::Align::Left, format::Align::Left, format::Align::Right];
+                print!("{}", format::table(&["TARGET", "VOLUME", "SHARED", "AUTH", "ACL"], &a, &rows, scripted));
+            }
+            if show_sessions {
+                if show_targets && !scripted {
+                    println!();
+                }
+                let rows: Vec<Vec<String>> = listing
+                    .sessions
+                    .iter()
+                    .map(|s| {
+                        let digest = |on: bool| if on { "CRC32C" } else { "None" }.to_string();
+                        vec![
+                            s.initiator.clone(),
+                            s.isid.clone(),
+                            s.tsih.to_string(),
+                            s.peer.clone(),
+                            if s.discovery { "discovery".to_string() } else { s.target.clone() },
+                            s.auth.clone(),
+                            size(s.max_recv_data_segment_length),
+                            size(s.max_burst_length),
+                            size(s.first_burst_length),
+                            yes_no(s.immediate_data),
+                            yes_no(s.initial_r2t),
+                            digest(s.header_digest),
+                            digest(s.data_digest),
+                        ]
+                    })
+                    .collect();
+                if rows.is_empty() && !scripted {
+                    println!("no iSCSI sessions");
+                } else {
+                    use format::Align::{Left, Right};
+                    let a = [Left, Left, Right, Left, Left, Left, Right, Right, Right, Left, Left, Left, Left];
+                    let h = ["INITIATOR", "ISID", "TSIH", "PEER", "TARGET", "AUTH", "MAXRECVDSL", "MAXBURST", "FIRSTBURST", "IMMDATA", "INITR2T", "HDRDIGEST", "DATADIGEST"];
+                    print!("{}", format::table(&h, &a, &rows, scripted));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1206,3 +1393,4 @@ mod tests {
         assert!(config::parse_lines("garbage").is_err());
     }
 }
+

@@ -18,6 +18,8 @@
 //!                     admin_group)
 //!   DIR/nbd.sock      NBD, the same mode as the admin socket: volume data is no
 //!                     less private than the admin API
+//!   DIR/iscsi-auth.json 0600, the iSCSI CHAP users, secrets and initiator lists
+//!                     (iscsi_admin.rs); replaced atomically as the cache file is
 //!   DIR/zilla.stopped 0600, written by the panic hook when the daemon stops on a
 //!                     broken invariant: the pool it was working for, when, why. The
 //!                     next start marks that pool held in the cache file (not imported
@@ -204,7 +206,7 @@ const CACHE_MAX_BYTES: u64 = 64 << 20;
 
 /// The bytes of a regular file of at most `max_bytes`, opened so that a FIFO or a
 /// device put in its place cannot block or flood the reader.
-fn read_regular_file(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_regular_file(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
     let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK).open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
@@ -368,12 +370,20 @@ fn create_private(path: &Path) -> std::io::Result<File> {
 /// Replace DIR/zilla.cache atomically (temp file, fsync, rename, fsync DIR). On
 /// failure the old cache file is untouched and the temp file removed.
 pub fn write_cache(dir: &Path, cache: &CacheFile) -> std::io::Result<()> {
-    let path = dir.join(CACHE_NAME);
-    let tmp = dir.join(CACHE_TMP_NAME);
+    let mut bytes = serde_json::to_vec_pretty(cache).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    replace_private(dir, CACHE_NAME, CACHE_TMP_NAME, &bytes)
+}
+
+/// Replace DIR/`name` with `bytes` atomically, mode 0600: `tmp_name` is created new
+/// (never following a link), written, fsync'd, renamed over `name`, then DIR is
+/// fsync'd. On failure the old file is untouched and the temp file removed.
+pub(crate) fn replace_private(dir: &Path, name: &str, tmp_name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let path = dir.join(name);
+    let tmp = dir.join(tmp_name);
     let r = (|| {
         let mut f = create_private(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(cache).expect("cache serializes"))?;
-        f.write_all(b"\n")?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &path)
     })();

@@ -530,7 +530,8 @@ fn register_iscsi(reg: &mut Registry, i: &zilla_iscsi::IscsiStatsSnapshot) {
     counter(reg, "zilla_iscsi_connections_accepted", "iSCSI connections accepted", i.connections_accepted);
     counter(reg, "zilla_iscsi_sessions_started", "iSCSI normal sessions logged in", i.sessions_started);
     counter(reg, "zilla_iscsi_discovery_sessions", "iSCSI discovery sessions logged in", i.discovery_sessions);
-    counter(reg, "zilla_iscsi_logins_refused", "iSCSI logins refused (unknown target, bad keys, timeout)", i.logins_refused);
+    counter(reg, "zilla_iscsi_logins_refused", "iSCSI logins refused (unknown target, bad keys, authentication, timeout)", i.logins_refused);
+    counter(reg, "zilla_iscsi_logins_auth_failed", "iSCSI logins refused for failed CHAP authentication or an initiator not allowed", i.logins_auth_failed);
     counter(reg, "zilla_iscsi_protocol_errors", "iSCSI PDUs rejected and connections closed on malformed PDUs", i.protocol_errors);
     counter(reg, "zilla_iscsi_commands_out_of_window", "iSCSI commands dropped for a CmdSN outside the window", i.commands_out_of_window);
     counter(reg, "zilla_iscsi_task_management", "iSCSI task management requests answered", i.task_management);
