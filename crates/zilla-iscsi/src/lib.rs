@@ -28,6 +28,7 @@ use std::time::Duration;
 pub mod login;
 pub mod names;
 pub mod pdu;
+pub mod pr;
 pub mod scsi;
 pub mod server;
 

@@ -53,6 +53,7 @@ impl IscsiServer {
                 config,
                 stats: Arc::new(IscsiStats::default()),
                 next_tsih: AtomicU16::new(1),
+                units: Default::default(),
             }),
         }
     }
