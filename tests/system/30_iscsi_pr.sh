@@ -8,7 +8,8 @@
 # CONFLICT, its READ succeeds; kill -9 right after the PR OUT returned; after the
 # restart (and an export/import) B still sees A's key and reservation and still
 # conflicts; A releases and B writes. Then a registration without APTPL is gone after
-# a restart.
+# a restart. Last, libiscsi's reservation families and its multipath LUN reset (a unit
+# attention on every path).
 . "$(dirname "$0")/lib.sh"
 ISCSI_PORT=$(free_port)
 ISCSI_ADDR=127.0.0.1:$ISCSI_PORT
@@ -56,4 +57,22 @@ $A pr-register b 0
 kill9_daemon
 start_daemon
 [ -z "$($B pr-keys)" ] || fail "registrations without APTPL survived a restart: $($B pr-keys)"
+
+# libiscsi's conformance families for reservations, with two initiators (the URL twice:
+# a second session under its second initiator name). A family whose command is not
+# implemented "passes" as skipped: that counts as a failure here.
+LUN=iscsi://127.0.0.1:$ISCSI_PORT/iqn.2026-11.io.zilla:tank.vol/0
+for family in SCSI.PrinReadKeys SCSI.PrinServiceactionRange SCSI.PrinReportCapabilities SCSI.ProutRegister \
+    SCSI.ProutReserve SCSI.ProutClear SCSI.ProutPreempt SCSI.Reserve6 ALL.MultipathIO.Reset; do
+    if ! timeout 120 iscsi-test-cu --dataloss -t "$family" "$LUN" "$LUN" >"$T/cu" 2>&1; then
+        grep -E "FAILED|tests " "$T/cu" | head -20
+        fail "iscsi-test-cu $family failed"
+    fi
+    if grep "SKIPPED" "$T/cu" | grep -v "ColdReset" | grep -q .; then
+        grep SKIPPED "$T/cu"
+        fail "iscsi-test-cu $family skipped tests"
+    fi
+    grep -qE "^ *tests +[0-9]+ +[0-9]+ +[0-9]+ +0 " "$T/cu" || fail "iscsi-test-cu $family: $(grep 'tests ' "$T/cu")"
+    log "iscsi-test-cu $family: $(awk '/^ *tests /{print $4 " of " $2 " passed"}' "$T/cu")"
+done
 echo PASS

@@ -914,7 +914,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 self.settle().await;
                 if let (Some(unit), 5 | 6) = (&self.unit, function) {
                     let attention = if function == 5 { pr::UA_LUN_RESET } else { pr::UA_TARGET_RESET };
-                    unit.reservations.state.lock().reset(&unit.nexus, attention);
+                    unit.reservations.state.lock().reset(attention);
                 }
                 tracing::info!(client = %self.peer.client, function, "iscsi: task management: the session's commands were aborted");
                 COMPLETE

@@ -730,11 +730,15 @@ impl UnitState {
         }
     }
 
-    /// LOGICAL UNIT RESET or TARGET WARM RESET from `nexus`: the RESERVE(6)
-    /// reservation goes, the other nexuses get `sense` (persistent reservations stay).
-    pub fn reset(&mut self, nexus: &str, sense: Sense) {
+    /// LOGICAL UNIT RESET or TARGET WARM RESET: the RESERVE(6) reservation goes and
+    /// every nexus, the requesting one too (SAM-5; libiscsi's MultipathIO.Reset checks
+    /// each path), gets `sense`. Persistent reservations stay.
+    pub fn reset(&mut self, sense: Sense) {
         self.reserve6 = None;
-        self.raise_for_others(nexus, sense);
+        let nexuses: Vec<String> = self.attached.keys().cloned().collect();
+        for nexus in nexuses {
+            self.raise(&nexus, sense);
+        }
     }
 
     /// PERSISTENT RESERVE OUT from `nexus` with its parameter list `parameters`
@@ -1067,12 +1071,13 @@ mod tests {
         u.detach(A);
         assert_eq!(u.check(B, &RESERVE6), Verdict::Run);
         u.reserve6(B).unwrap();
-        // a LUN reset releases, and tells the others
+        // a LUN reset releases, and tells every session
         u.attach(A);
-        u.reset(C, UA_LUN_RESET);
-        assert_eq!(u.check(A, &WRITE10), Verdict::Refuse(Refusal::Check(UA_LUN_RESET)));
-        assert_eq!(u.check(A, &WRITE10), Verdict::Run);
-        assert_eq!(u.check(C, &WRITE10), Verdict::Run);
+        u.reset(UA_LUN_RESET);
+        for n in [A, B, C] {
+            assert_eq!(u.check(n, &WRITE10), Verdict::Refuse(Refusal::Check(UA_LUN_RESET)));
+            assert_eq!(u.check(n, &WRITE10), Verdict::Run);
+        }
         // registrations make RESERVE(6) conflict
         out(&mut u, C, 6, 0, 0, 0xc).unwrap();
         assert_eq!(u.check(A, &RESERVE6), Verdict::Refuse(Refusal::Conflict));
