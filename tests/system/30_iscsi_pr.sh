@@ -43,7 +43,9 @@ log "a Write Exclusive reservation with APTPL survived kill -9 and export/import
 
 # The state is internal: not listed, not settable.
 if z get all tank/vol | grep -q _iscsi_pr; then fail "get all shows the internal reservation property"; fi
-if z set _iscsi_pr=x tank/vol 2>/dev/null; then fail "set accepted the internal reservation property"; fi
+if z set _iscsi_pr=x tank/vol 2>"$T/err"; then fail "set accepted the internal reservation property"; fi
+grep -q "unknown property" "$T/err" || fail "set of the internal property: $(cat "$T/err")"
+if z get _iscsi_pr tank/vol >/dev/null 2>&1; then fail "get shows the internal reservation property"; fi
 
 $A pr-release a 1
 [ "$($B pr-reservation)" = none ] || fail "the reservation is still there after A released it"

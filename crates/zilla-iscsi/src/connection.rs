@@ -613,6 +613,7 @@ async fn login_in_time<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 }
 
 /// The logical unit of a normal session on `export`.
+#[allow(clippy::too_many_arguments)]
 fn open_unit(
     server: &Arc<ServerShared>,
     export: String,

@@ -364,7 +364,7 @@ impl PrState {
                     }
                 }
             }
-            _ if registered != Some(p.key) || registered.is_none() => Err(Refusal::Conflict),
+            _ if registered != Some(p.key) => Err(Refusal::Conflict),
             1 => {
                 let kind = PrType::from_code(kind).ok_or(Refusal::Check(Sense::INVALID_FIELD_IN_CDB))?;
                 match &self.reservation {
@@ -603,7 +603,7 @@ fn unescape(s: &str) -> Option<String> {
 fn iscsi_transport_id(nexus: &str) -> Vec<u8> {
     let mut name = nexus.as_bytes().to_vec();
     name.push(0);
-    while name.len() % 4 != 0 || name.len() < 16 {
+    while !name.len().is_multiple_of(4) || name.len() < 16 {
         name.push(0);
     }
     let mut id = vec![0x40 | 0x05, 0];
@@ -907,7 +907,7 @@ mod tests {
             assert_eq!(run(&mut u, C, &WRITE10), unreg_write, "unregistered write, type {kind}");
             // INQUIRY and TEST UNIT READY always; MODE SENSE conflicts for non-holders
             assert!(run(&mut u, C, &INQUIRY) && run(&mut u, C, &TUR));
-            assert_eq!(run(&mut u, C, &MODE_SENSE6), false);
+            assert!(!run(&mut u, C, &MODE_SENSE6));
             assert_eq!(u.check(C, &WRITE10), Verdict::Refuse(Refusal::Conflict));
         }
     }
