@@ -915,7 +915,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 self.settle().await;
                 if let (Some(unit), 5 | 6) = (&self.unit, function) {
                     let attention = if function == 5 { pr::UA_LUN_RESET } else { pr::UA_TARGET_RESET };
-                    unit.reservations.state.lock().reset(attention);
+                    unit.reservations.update(|state| state.reset(attention));
                 }
                 tracing::info!(client = %self.peer.client, function, "iscsi: task management: the session's commands were aborted");
                 COMPLETE
@@ -1325,7 +1325,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let pdu = match scsi::mode_select(&buffer, ten, current) {
                     Ok(Some(wce)) if wce != current => {
                         unit.wce.store(wce, Ordering::Relaxed);
-                        unit.reservations.state.lock().raise_for_others(&unit.nexus, pr::UA_MODE_PARAMETERS_CHANGED);
+                        unit.reservations.update(|state| state.raise_for_others(&unit.nexus, pr::UA_MODE_PARAMETERS_CHANGED));
                         let registry = self.server.frontend.registry.clone();
                         let export = unit.export.clone();
                         let value = if wce { "on" } else { "off" };
@@ -1357,7 +1357,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
     /// command conflicts with, answers it instead (`true`).
     fn reservations_refuse(&self, cdb: &[u8], itt: u32, lun: [u8; 8], expected: usize, counted: bool) -> bool {
         let Some(unit) = &self.unit else { return false };
-        let verdict = unit.reservations.state.lock().check(&unit.nexus, cdb);
+        let verdict = unit.reservations.check(&unit.nexus, cdb);
         match verdict {
             pr::Verdict::Run => return false,
             pr::Verdict::Refuse(pr::Refusal::Conflict) => {
@@ -1375,8 +1375,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
 
     /// RESERVE, RELEASE and PERSISTENT RESERVE IN (they need no data).
     fn on_reservation(&self, unit: &Unit, command: pr::Command, itt: u32, lun: [u8; 8], expected: usize, counted: bool) {
-        let mut state = unit.reservations.state.lock();
-        let answer = match command {
+        let answer = unit.reservations.update(|state| match command {
             pr::Command::Reserve => state.reserve6(&unit.nexus).map(|()| None),
             pr::Command::Release => {
                 state.release6(&unit.nexus);
@@ -1386,8 +1385,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 state.pr.read(service_action, usize::from(allocation)).map(Some).map_err(pr::Refusal::Check)
             }
             pr::Command::Out { .. } => Err(pr::Refusal::Check(Sense::INTERNAL_FAILURE)),
-        };
-        drop(state);
+        });
         match answer {
             Ok(None) => self.send(scsi_response(itt, scsi::STATUS_GOOD, None, Residual::of(expected, 0), counted)),
             Ok(Some(data)) => self.send_small_data_in(itt, lun, data, expected, counted),
@@ -1405,7 +1403,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
         let Some(unit) = &self.unit else { return check_condition(itt, Sense::INTERNAL_FAILURE, expected, counted) };
         let shared = unit.reservations.clone();
         let _serial = shared.out_serial.lock().await;
-        let result = shared.state.lock().persistent_reserve_out(&unit.nexus, service_action, kind, parameter_bytes, &buffer);
+        let result = shared.update(|state| state.persistent_reserve_out(&unit.nexus, service_action, kind, parameter_bytes, &buffer));
         match result {
             Ok(None) => scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted),
             Ok(Some(text)) => {

@@ -32,6 +32,7 @@
 //! nexuses already running complete normally.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -656,6 +657,11 @@ impl UnitState {
         }
     }
 
+    /// Nothing registered or reserved, no unit attention pending.
+    fn is_quiet(&self) -> bool {
+        self.pr.is_empty() && self.reserve6.is_none() && self.attached.values().all(|a| a.attentions.is_empty())
+    }
+
     /// No session, nothing registered or reserved: the state may be dropped.
     pub fn is_idle(&self) -> bool {
         self.attached.is_empty() && self.pr.is_empty() && self.reserve6.is_none()
@@ -789,10 +795,36 @@ impl UnitState {
 /// One logical unit's state, shared by its sessions.
 #[derive(Default)]
 pub struct SharedUnit {
-    pub state: Mutex<UnitState>,
+    state: Mutex<UnitState>,
+    /// Nothing registered or reserved and no unit attention pending: every command
+    /// runs, and [`check`](Self::check) answers without taking the lock.
+    quiet: AtomicBool,
     /// Serialises PERSISTENT RESERVE OUT with the storing of its result, so the
     /// stored state is always the latest.
     pub out_serial: tokio::sync::Mutex<()>,
+}
+
+impl SharedUnit {
+    fn new(state: UnitState) -> SharedUnit {
+        let quiet = AtomicBool::new(state.is_quiet());
+        SharedUnit { state: Mutex::new(state), quiet, out_serial: Default::default() }
+    }
+
+    /// [`UnitState::check`], without a lock while the unit is quiet.
+    pub fn check(&self, nexus: &str, c: &[u8]) -> Verdict {
+        if self.quiet.load(Ordering::Acquire) {
+            return Verdict::Run;
+        }
+        self.update(|state| state.check(nexus, c))
+    }
+
+    /// Run `f` on the state (under its lock).
+    pub fn update<R>(&self, f: impl FnOnce(&mut UnitState) -> R) -> R {
+        let mut state = self.state.lock();
+        let result = f(&mut state);
+        self.quiet.store(state.is_quiet(), Ordering::Release);
+        result
+    }
 }
 
 /// The units of the server, by export name (at most [`UNITS_MAX`]).
@@ -810,7 +842,7 @@ impl Units {
             Some(unit) => unit.clone(),
             None => {
                 if map.len() >= UNITS_MAX {
-                    map.retain(|_, u| !u.state.lock().is_idle());
+                    map.retain(|_, u| !u.update(|s| s.is_idle()));
                 }
                 let pr = match load() {
                     Some(text) if !text.is_empty() => PrState::decode(&text).unwrap_or_else(|| {
@@ -819,25 +851,24 @@ impl Units {
                     }),
                     _ => PrState::default(),
                 };
-                let unit = Arc::new(SharedUnit { state: Mutex::new(UnitState::new(pr)), out_serial: Default::default() });
+                let unit = Arc::new(SharedUnit::new(UnitState::new(pr)));
                 if map.len() < UNITS_MAX {
                     map.insert(export.to_string(), unit.clone());
                 }
                 unit
             }
         };
-        unit.state.lock().attach(nexus);
+        unit.update(|s| s.attach(nexus));
         unit
     }
 
     /// A session of `nexus` on `export` ends.
     pub fn detach(&self, export: &str, nexus: &str, unit: &Arc<SharedUnit>) {
         let mut map = self.map.lock();
-        let idle = {
-            let mut state = unit.state.lock();
-            state.detach(nexus);
-            state.is_idle()
-        };
+        let idle = unit.update(|s| {
+            s.detach(nexus);
+            s.is_idle()
+        });
         if idle && map.get(export).is_some_and(|u| Arc::ptr_eq(u, unit)) {
             map.remove(export);
         }
@@ -1081,6 +1112,33 @@ mod tests {
         // registrations make RESERVE(6) conflict
         out(&mut u, C, 6, 0, 0, 0xc).unwrap();
         assert_eq!(u.check(A, &RESERVE6), Verdict::Refuse(Refusal::Conflict));
+    }
+
+    #[test]
+    fn a_quiet_unit_answers_without_the_lock_and_wakes_on_any_change() {
+        let units = Units::default();
+        let a = units.attach("tank/vol", A, || None);
+        let b = units.attach("tank/vol", B, || None);
+        assert!(Arc::ptr_eq(&a, &b), "one state per volume");
+        assert!(a.quiet.load(Ordering::Acquire));
+        a.update(|s| s.raise_for_others(A, UA_MODE_PARAMETERS_CHANGED));
+        assert!(!a.quiet.load(Ordering::Acquire));
+        assert_eq!(b.check(B, &WRITE10), Verdict::Refuse(Refusal::Check(UA_MODE_PARAMETERS_CHANGED)));
+        assert!(a.quiet.load(Ordering::Acquire), "quiet again once reported");
+        a.update(|s| s.reserve6(A)).unwrap();
+        assert_eq!(b.check(B, &WRITE10), Verdict::Refuse(Refusal::Conflict));
+        units.detach("tank/vol", A, &a);
+        assert_eq!(b.check(B, &WRITE10), Verdict::Run, "the holder's session ended");
+        units.detach("tank/vol", B, &b);
+        assert!(units.map.lock().is_empty(), "an idle unit is dropped");
+        // a stored state is loaded on first use
+        let stored = {
+            let mut u = UnitState::default();
+            u.persistent_reserve_out(A, 6, 0, 24, &params(0, 0xa, true)).unwrap().unwrap()
+        };
+        let c = units.attach("tank/other", C, || Some(stored.clone()));
+        assert_eq!(c.update(|s| s.pr.key_of(A)), Some(0xa));
+        assert!(!c.quiet.load(Ordering::Acquire));
     }
 
     #[test]
