@@ -10,11 +10,21 @@ MODE SENSE / MODE SELECT of the caching page, and reads.
     iscsi_client.py HOST:PORT TARGET sync                 # SYNCHRONIZE CACHE(10)
     iscsi_client.py HOST:PORT TARGET wce                  # print the caching page's WCE bit
     iscsi_client.py HOST:PORT TARGET set-wce 0|1          # MODE SELECT(10) of the caching page
+    iscsi_client.py HOST:PORT TARGET pr-register KEY APTPL      # PR OUT REGISTER AND IGNORE EXISTING KEY
+    iscsi_client.py HOST:PORT TARGET pr-unregister KEY          # PR OUT REGISTER to key 0
+    iscsi_client.py HOST:PORT TARGET pr-reserve KEY TYPE        # PR OUT RESERVE (TYPE 1 WE, 3 EA, ...)
+    iscsi_client.py HOST:PORT TARGET pr-release KEY TYPE        # PR OUT RELEASE
+    iscsi_client.py HOST:PORT TARGET pr-keys              # PR IN READ KEYS: one hex key a line
+    iscsi_client.py HOST:PORT TARGET pr-reservation       # PR IN READ RESERVATION: "KEY TYPE" or "none"
+
+KEY is hexadecimal. The initiator name is $ISCSI_INITIATOR (default
+iqn.2026-11.io.zilla:systest); two names are two I_T nexuses.
 
 Every command must end GOOD; otherwise the status and sense are printed and the exit
-status is 1.
+status is 1 (RESERVATION CONFLICT prints "status 0x18").
 """
 
+import os
 import socket
 import struct
 import sys
@@ -54,7 +64,8 @@ class Initiator:
         return bhs, data
 
     def login(self, target):
-        keys = {"InitiatorName": "iqn.2026-11.io.zilla:systest", "TargetName": target,
+        initiator = os.environ.get("ISCSI_INITIATOR", "iqn.2026-11.io.zilla:systest")
+        keys = {"InitiatorName": initiator, "TargetName": target,
                 "SessionType": "Normal", "HeaderDigest": "None", "DataDigest": "None",
                 "ImmediateData": "Yes", "InitialR2T": "No", "MaxRecvDataSegmentLength": "65536",
                 "FirstBurstLength": "65536", "MaxBurstLength": "262144", "ErrorRecoveryLevel": "0"}
@@ -129,6 +140,16 @@ def caching_page(i):
     return bytearray(data[8 + desc:])
 
 
+def pr_out(i, service_action, key, service_action_key=0, kind=0, aptpl=False):
+    params = struct.pack(">QQIBBH", key, service_action_key, 0, 0x01 if aptpl else 0, 0, 0)
+    cdb = struct.pack(">BBBHIB", 0x5f, service_action, kind, 0, len(params), 0)
+    i.command(cdb, expected=len(params), write=params)
+
+
+def pr_in(i, service_action):
+    return i.command(bytes([0x5e, service_action, 0, 0, 0, 0, 0, 0x10, 0, 0]), expected=4096, read=True)
+
+
 def main(argv):
     if len(argv) < 4:
         raise SystemExit(__doc__)
@@ -153,6 +174,25 @@ def main(argv):
         params = bytes(8) + bytes(page[:2 + page[1]])
         cdb = bytes([0x55, 0x10, 0, 0, 0, 0, 0, 0, len(params), 0])   # PF
         i.command(cdb, expected=len(params), write=params)
+    elif op == "pr-register":
+        pr_out(i, 6, 0, service_action_key=int(argv[4], 16), aptpl=argv[5] == "1")
+    elif op == "pr-unregister":
+        pr_out(i, 0, int(argv[4], 16), service_action_key=0)
+    elif op == "pr-reserve":
+        pr_out(i, 1, int(argv[4], 16), kind=int(argv[5]))
+    elif op == "pr-release":
+        pr_out(i, 2, int(argv[4], 16), kind=int(argv[5]))
+    elif op == "pr-keys":
+        data = pr_in(i, 0)
+        length = struct.unpack_from(">I", data, 4)[0]
+        for at in range(8, 8 + length, 8):
+            print(f"{struct.unpack_from('>Q', data, at)[0]:016x}")
+    elif op == "pr-reservation":
+        data = pr_in(i, 1)
+        if struct.unpack_from(">I", data, 4)[0] == 0:
+            print("none")
+        else:
+            print(f"{struct.unpack_from('>Q', data, 8)[0]:016x} {data[21] & 0x0f}")
     else:
         raise SystemExit(f"unknown operation {op}")
 

@@ -132,6 +132,19 @@ pub const PROPS: &[PropDef] = &[
     PropDef { name: "shareiscsi", default: "on", values: &["on", "off"], settable: true, no_effect_yet: None },
 ];
 
+/// Internal properties: kept with the volume for the product itself (the iSCSI
+/// persistent reservations of a volume whose initiators asked for them to survive a
+/// restart). `get` does not list them and `set` refuses them (`validate` does not
+/// know them); only the pool's own callers write them, through [`PropSet::set`].
+pub const INTERNAL_PROPS: &[&str] = &["_iscsi_pr"];
+/// Longest value of an internal property (bytes).
+pub const INTERNAL_VALUE_MAX_BYTES: usize = 64 << 10;
+
+/// `name` is an internal property.
+pub fn is_internal(name: &str) -> bool {
+    INTERNAL_PROPS.contains(&name)
+}
+
 /// Read-only / create-time properties reported by `get` but not in `PROPS`.
 pub const READONLY_PROPS: &[&str] =
     &["volsize", "volblocksize", "used", "logicalused", "referenced", "available", "usedbyrefreservation", "usedbydataset"];
@@ -272,7 +285,19 @@ impl PropSet {
     pub fn value(&self, name: &str) -> String {
         self.get(name).0
     }
+    /// Set a property (an internal one too: an empty value removes it).
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        if is_internal(name) {
+            if value.len() > INTERNAL_VALUE_MAX_BYTES || value.chars().any(|c| c.is_control()) {
+                return Err(Error::invalid(format!("value of internal property '{name}' out of range ({} bytes)", value.len())));
+            }
+            if value.is_empty() {
+                self.local.remove(name);
+            } else {
+                self.local.insert(name.to_string(), value.to_string());
+            }
+            return Ok(());
+        }
         let v = validate(name, value)?;
         self.typed.apply(name, &v);
         self.local.insert(name.to_string(), v);
@@ -371,6 +396,18 @@ mod tests {
         }
         assert_eq!(refreservation_bytes("none"), 0);
         assert_eq!(refreservation_bytes("4096"), 4096);
+    }
+
+    #[test]
+    fn internal_properties_are_kept_but_not_user_settable() {
+        let mut p = PropSet::default();
+        assert!(validate("_iscsi_pr", "x").is_err(), "users cannot set it");
+        p.set("_iscsi_pr", "zpr1 1 0 -").unwrap();
+        assert_eq!(p.local().get("_iscsi_pr").map(String::as_str), Some("zpr1 1 0 -"));
+        assert!(p.set("_iscsi_pr", &"x".repeat(INTERNAL_VALUE_MAX_BYTES + 1)).is_err());
+        assert!(!PROPS.iter().any(|d| is_internal(d.name)), "never listed by get all");
+        p.set("_iscsi_pr", "").unwrap();
+        assert!(p.local().is_empty());
     }
 
     #[test]

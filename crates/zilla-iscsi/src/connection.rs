@@ -55,6 +55,7 @@ use crate::login::{LoginRefusal, Negotiation, SessionParams, SessionType};
 use crate::security::{self, SecurityStage};
 use crate::sessions::SessionInfo;
 use crate::pdu::{self, op, reject, Bhs, Digests, Pdu, NO_TAG};
+use crate::pr;
 use crate::scsi::{self, Geometry, Operation, Sense, LOGICAL_BLOCK_BYTES};
 use crate::writer::{self, CommandWindow, OutPdu, OutSender, Payload, ReadBody, StatSn};
 use crate::{names, thin, IscsiConfig, IscsiStats};
@@ -76,6 +77,8 @@ pub(crate) struct ServerShared {
     pub(crate) next_tsih: AtomicU16,
     /// Who may log in (read at each login) and the live sessions.
     pub(crate) access: crate::server::Access,
+    /// Reservation state and unit attentions of each served volume.
+    pub(crate) units: pr::Units,
 }
 
 /// Where a connection is, for its logs and SendTargets.
@@ -96,6 +99,9 @@ struct Unit {
     export: String,
     wce: AtomicBool,
     replies: Arc<Replies>,
+    /// This session's I_T nexus and the unit's shared reservation state.
+    nexus: String,
+    reservations: Arc<pr::SharedUnit>,
 }
 
 /// What a completion needs to answer.
@@ -333,6 +339,8 @@ enum Sink {
     CompareAndWrite { offset: u64, fua: bool, buffer: Vec<u8> },
     /// OR WRITE's data.
     OrWrite { offset: u64, fua: bool, buffer: Vec<u8> },
+    /// PERSISTENT RESERVE OUT's parameter list.
+    ReservationOut { service_action: u8, kind: u8, parameter_bytes: u32, buffer: Vec<u8> },
 }
 
 /// A WRITE's buffers for `keep` bytes at `offset`: cut at the volume's block
@@ -384,7 +392,8 @@ impl PendingData {
             | Sink::Unmap { buffer }
             | Sink::WriteSame { buffer, .. }
             | Sink::CompareAndWrite { buffer, .. }
-            | Sink::OrWrite { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
+            | Sink::OrWrite { buffer, .. }
+            | Sink::ReservationOut { buffer, .. } => buffer[at..end].copy_from_slice(bytes),
             Sink::Write { pieces, starts, .. } => {
                 for (piece, &start) in pieces.iter_mut().zip(starts.iter()) {
                     let piece_end = start + piece.len();
@@ -410,6 +419,8 @@ struct LoggedIn {
     target_name: String,
     /// The session as the admin's listing shows it.
     info: SessionInfo,
+    /// The initiator port (`InitiatorName,i,0xISID`).
+    nexus: String,
 }
 
 fn login_response(request: &Bhs, transit: bool, nsg: u8, tsih: u16, status: (u8, u8)) -> Bhs {
@@ -622,6 +633,7 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let mut stat_sn = 0u32;
     let mut first = true;
     let mut text = Vec::new();
+    let mut isid = [0u8; 6];
     loop {
         let pdu = match reader.read_pdu().await? {
             Frame::Pdu(pdu) => pdu,
@@ -637,6 +649,7 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             stat_sn = bhs.u32_at(28);
             first = false;
         }
+        isid.copy_from_slice(&bhs.0[8..14]);
         let cont = bhs.flags() & 0x40 != 0;
         let refuse = |status: (u8, u8)| login_response(bhs, false, 0, 0, status);
         if let Some(status) = login_request_refusal(bhs, text.len() + pdu.data.len()) {
@@ -662,8 +675,6 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         };
         write_login(w, response, &data, &mut stat_sn, exp_cmd_sn, window).await?;
         if done {
-            let mut isid = [0u8; 6];
-            isid.copy_from_slice(&bhs.0[8..14]);
             let LoginState { negotiation, export, target_name, security, tsih, .. } = state;
             let info = SessionInfo::new(
                 negotiation.initiator_name.as_deref().unwrap_or_default(),
@@ -675,8 +686,10 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 security.as_ref().map_or("none", |s| s.method()),
                 &negotiation.params,
             );
+            let nexus = pr::nexus_name(negotiation.initiator_name.as_deref().unwrap_or_default(), isid);
             return Ok(Some(LoggedIn {
                 info,
+                nexus,
                 params: negotiation.params,
                 session_type: negotiation.session_type,
                 export,
@@ -720,6 +733,7 @@ async fn login_in_time<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 }
 
 /// The logical unit of a normal session on `export`.
+#[allow(clippy::too_many_arguments)]
 fn open_unit(
     server: &Arc<ServerShared>,
     export: String,
@@ -728,8 +742,10 @@ fn open_unit(
     params: &SessionParams,
     out: &OutSender,
     client: Arc<zilla_frontend::ClientIoStats>,
+    nexus: String,
 ) -> Unit {
     let registry = &server.frontend.registry;
+    let reservations = server.units.attach(&export, &nexus, || registry.property(&export, pr::PROPERTY));
     let pool_id = registry.pool_id(&export);
     let wce = registry.property(&export, "wce").is_some_and(|v| v == "on");
     let geometry = Geometry {
@@ -755,6 +771,8 @@ fn open_unit(
             data_in_segment_bytes: params.initiator_max_recv_data_segment_bytes,
             burst_bytes: params.max_burst_bytes,
         }),
+        nexus,
+        reservations,
     }
 }
 
@@ -775,7 +793,7 @@ where
     let Some(logged_in) = login_in_time(&mut reader, &mut write_half, &server, &peer, &mut stop).await? else {
         return Ok(());
     };
-    let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name, info } = logged_in;
+    let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name, info, nexus } = logged_in;
     // listed for the admin until the connection ends (not when the registry is full)
     let _listed_session = server.access.sessions.register(info);
     let digests = Digests { header: params.header_digest, data: params.data_digest };
@@ -792,7 +810,7 @@ where
             IscsiStats::count(&server.stats.sessions_started);
             listed = Some(server.frontend.sessions.attach(&export));
             tracing::debug!(client = %peer.client, %export, "iscsi: session started");
-            Some(open_unit(&server, export, volume, target_name, &params, &out, client.stats().clone()))
+            Some(open_unit(&server, export, volume, target_name, &params, &out, client.stats().clone(), nexus))
         }
         None => {
             IscsiStats::count(&server.stats.discovery_sessions);
@@ -816,6 +834,9 @@ where
     };
     let result = session.run(stop, disconnect).await;
     session.finish().await;
+    if let Some(unit) = &session.unit {
+        server.units.detach(&unit.export, &unit.nexus, &unit.reservations);
+    }
     drop(session);
     match tokio::time::timeout(config.shutdown_grace + config.reply_stall_timeout, writer).await {
         Ok(Ok(Err(error))) => tracing::debug!(%error, "iscsi: writer ended with an error"),
@@ -1029,6 +1050,10 @@ impl<R: AsyncRead + Unpin> Session<R> {
                     self.forget(p);
                 }
                 self.settle().await;
+                if let (Some(unit), 5 | 6) = (&self.unit, function) {
+                    let attention = if function == 5 { pr::UA_LUN_RESET } else { pr::UA_TARGET_RESET };
+                    unit.reservations.update(|state| state.reset(attention));
+                }
                 tracing::info!(client = %self.peer.client, function, "iscsi: task management: the session's commands were aborted");
                 COMPLETE
             }
@@ -1196,6 +1221,9 @@ impl<R: AsyncRead + Unpin> Session<R> {
         }
         let started = Instant::now();
         let lun0 = lun == [0; 8];
+        if lun0 && self.reservations_refuse(bhs.cdb(), itt, lun, expected, counted) {
+            return Ok(());
+        }
         let operation = match scsi::decode(bhs.cdb(), lun0, &unit.geometry) {
             Ok(op) => op,
             Err(sense) => {
@@ -1292,6 +1320,13 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let answer = Answer::LbaStatus { lba, allocation: allocation as usize, residual_of: expected };
                 self.submit(Command::BlockStatus { offset, length }, admission, started, itt, lun, expected, counted, answer).await;
             }
+            Operation::Reservation(pr::Command::Out { service_action, kind, parameter_bytes }) => {
+                let keep = (parameter_bytes as usize).min(expected).min(pr::PARAMETER_LIST_BYTES * 2);
+                let sink = Sink::ReservationOut { service_action, kind, parameter_bytes, buffer: vec![0; keep] };
+                let residual = Residual::of(expected, parameter_bytes as usize);
+                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
+            }
+            Operation::Reservation(command) => self.on_reservation(unit, command, itt, lun, expected, counted),
             Operation::ModeSelect { parameter_bytes, ten, save: _ } => {
                 let keep = (parameter_bytes as usize).min(expected).min(4096);
                 let sink = Sink::ModeSelect { ten, buffer: vec![0; keep] };
@@ -1533,6 +1568,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let pdu = match scsi::mode_select(&buffer, ten, current) {
                     Ok(Some(wce)) if wce != current => {
                         unit.wce.store(wce, Ordering::Relaxed);
+                        unit.reservations.update(|state| state.raise_for_others(&unit.nexus, pr::UA_MODE_PARAMETERS_CHANGED));
                         let registry = self.server.frontend.registry.clone();
                         let export = unit.export.clone();
                         let value = if wce { "on" } else { "off" };
@@ -1552,6 +1588,82 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 self.send(pdu);
                 drop(admission);
             }
+            Sink::ReservationOut { service_action, kind, parameter_bytes, buffer } => {
+                let pdu = self.reservation_out(service_action, kind, parameter_bytes, buffer, itt, residual, expected, counted).await;
+                self.send(pdu);
+                drop(admission);
+            }
+        }
+    }
+
+    /// Before a command of LUN 0 runs: a pending unit attention, or a reservation the
+    /// command conflicts with, answers it instead (`true`).
+    fn reservations_refuse(&self, cdb: &[u8], itt: u32, lun: [u8; 8], expected: usize, counted: bool) -> bool {
+        let Some(unit) = &self.unit else { return false };
+        let verdict = unit.reservations.check(&unit.nexus, cdb);
+        match verdict {
+            pr::Verdict::Run => return false,
+            pr::Verdict::Refuse(pr::Refusal::Conflict) => {
+                self.send(scsi_response(itt, pr::STATUS_RESERVATION_CONFLICT, None, Residual::of(expected, 0), counted));
+            }
+            pr::Verdict::Refuse(pr::Refusal::Check(sense)) => self.send(check_condition(itt, sense, expected, counted)),
+            pr::Verdict::SenseData(sense) => {
+                let mut data = sense.fixed().to_vec();
+                data.truncate(usize::from(cdb[4]));
+                self.send_small_data_in(itt, lun, data, expected, counted);
+            }
+        }
+        true
+    }
+
+    /// RESERVE, RELEASE and PERSISTENT RESERVE IN (they need no data).
+    fn on_reservation(&self, unit: &Unit, command: pr::Command, itt: u32, lun: [u8; 8], expected: usize, counted: bool) {
+        let answer = unit.reservations.update(|state| match command {
+            pr::Command::Reserve => state.reserve6(&unit.nexus).map(|()| None),
+            pr::Command::Release => {
+                state.release6(&unit.nexus);
+                Ok(None)
+            }
+            pr::Command::In { service_action, allocation } => {
+                state.pr.read(service_action, usize::from(allocation)).map(Some).map_err(pr::Refusal::Check)
+            }
+            pr::Command::Out { .. } => Err(pr::Refusal::Check(Sense::INTERNAL_FAILURE)),
+        });
+        match answer {
+            Ok(None) => self.send(scsi_response(itt, scsi::STATUS_GOOD, None, Residual::of(expected, 0), counted)),
+            Ok(Some(data)) => self.send_small_data_in(itt, lun, data, expected, counted),
+            Err(pr::Refusal::Conflict) => {
+                self.send(scsi_response(itt, pr::STATUS_RESERVATION_CONFLICT, None, Residual::of(expected, 0), counted))
+            }
+            Err(pr::Refusal::Check(sense)) => self.send(check_condition(itt, sense, expected, counted)),
+        }
+    }
+
+    /// PERSISTENT RESERVE OUT with its parameter list in: applied to the unit's state
+    /// and, with APTPL, stored in the volume before the answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn reservation_out(&self, service_action: u8, kind: u8, parameter_bytes: u32, buffer: Vec<u8>, itt: u32, residual: Residual, expected: usize, counted: bool) -> OutPdu {
+        let Some(unit) = &self.unit else { return check_condition(itt, Sense::INTERNAL_FAILURE, expected, counted) };
+        let shared = unit.reservations.clone();
+        let _serial = shared.out_serial.lock().await;
+        let result = shared.update(|state| state.persistent_reserve_out(&unit.nexus, service_action, kind, parameter_bytes, &buffer));
+        match result {
+            Ok(None) => scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted),
+            Ok(Some(text)) => {
+                let registry = self.server.frontend.registry.clone();
+                let export = unit.export.clone();
+                let saved = tokio::task::spawn_blocking(move || registry.set_property(&export, pr::PROPERTY, &text)).await;
+                match saved {
+                    Ok(Ok(())) => scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted),
+                    Ok(Err(error)) => {
+                        tracing::warn!(export = %unit.export, %error, "iscsi: persistent reservations could not be stored");
+                        check_condition(itt, Sense::INTERNAL_FAILURE, expected, counted)
+                    }
+                    Err(_) => check_condition(itt, Sense::INTERNAL_FAILURE, expected, counted),
+                }
+            }
+            Err(pr::Refusal::Conflict) => scsi_response(itt, pr::STATUS_RESERVATION_CONFLICT, None, residual, counted),
+            Err(pr::Refusal::Check(sense)) => check_condition(itt, sense, expected, counted),
         }
     }
 

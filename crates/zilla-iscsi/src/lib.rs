@@ -34,6 +34,7 @@ pub mod auth;
 pub mod login;
 pub mod names;
 pub mod pdu;
+pub mod pr;
 pub mod scsi;
 pub mod security;
 pub mod server;

@@ -138,6 +138,9 @@ pub enum Operation {
     GetLbaStatus { lba: u64, allocation: u32 },
     /// MODE SENSE: built by the caller (it needs the live WCE).
     ModeSense { ten: bool, dbd: bool, llbaa: bool, page_control: u8, page: u8, subpage: u8, allocation: u32 },
+    /// RESERVE/RELEASE and PERSISTENT RESERVE IN/OUT: run against the unit's shared
+    /// reservation state (`pr`).
+    Reservation(crate::pr::Command),
 }
 
 fn be(bytes: &[u8]) -> u64 {
@@ -180,6 +183,7 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
     }
     match opcode {
         0x00 => Ok(Operation::TestUnitReady),
+        0x16 | 0x17 | 0x56 | 0x57 | 0x5e | 0x5f => crate::pr::decode(&c).map(Operation::Reservation),
         0x25 => {
             // READ CAPACITY 10: PMI/LBA fields obsolete in SBC-3, must be zero
             if c[8] & 0x01 != 0 || be(&c[2..6]) != 0 {

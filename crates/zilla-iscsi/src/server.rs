@@ -89,6 +89,7 @@ impl IscsiServer {
                     store: Mutex::new(Arc::new(AuthStore::default())),
                     sessions: Arc::new(SessionRegistry::new(config.connections_max)),
                 },
+                units: Default::default(),
                 config,
             }),
         }

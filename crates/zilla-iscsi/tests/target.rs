@@ -508,3 +508,85 @@ async fn task_management_aborts_writes_waiting_for_data_and_frees_their_window_s
     assert_eq!(i.task_management(7, 0, 0).await.bhs.0[2], 5, "TARGET COLD RESET: not supported");
     assert_eq!(i.task_management(8, itt, 0).await.bhs.0[2], 4, "TASK REASSIGN: allegiance reassignment not supported");
 }
+
+/// Two initiators on one volume: a persistent reservation by one fences the other's
+/// writes (RESERVATION CONFLICT), reads stay open; MODE SELECT and a LUN reset reach
+/// the other session as unit attentions; with APTPL the state is stored as the volume's
+/// internal property and a restarted target loads it.
+#[tokio::test]
+async fn persistent_reservations_fence_other_sessions_and_persist_with_aptpl() {
+    let registry = Arc::new(PropertyRegistry {
+        inner: StaticRegistry::new().with("tank/vol", Arc::new(MemVolume::new("tank/vol", 1 << 20, 16384))),
+        properties: Default::default(),
+    });
+    let (_stop_tx, stop) = watch::channel(false);
+    let connect = |server: &IscsiServer| {
+        let (client, served) = tokio::io::duplex(1 << 20);
+        let (server, stop) = (server.clone(), stop.clone());
+        tokio::spawn(async move { server.serve_stream(served, None, stop).await });
+        Initiator { stream: client, cmd_sn: 1, itt: 1, header_digest: false }
+    };
+    let as_initiator = |name: &'static str| {
+        let mut keys = NORMAL.to_vec();
+        keys[0] = ("InitiatorName", name);
+        keys
+    };
+    let server = IscsiServer::new(registry.clone(), IscsiConfig::default());
+    let mut a = connect(&server);
+    assert_eq!(a.login(&as_initiator("iqn.2026-11.test:a")).await.bhs.0[36], 0);
+    let mut b = connect(&server);
+    assert_eq!(b.login(&as_initiator("iqn.2026-11.test:b")).await.bhs.0[36], 0);
+    let pr_out = |service_action: u8, kind: u8| [0x5f, service_action, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut params = [0u8; 24];
+    params[8..16].copy_from_slice(&0xa_u64.to_be_bytes());
+    params[20] = 0x01; // APTPL
+    a.command(&pr_out(6, 0), 24, false, true, true, &params).await;
+    assert_eq!(a.read_status().await.1, 0, "REGISTER AND IGNORE EXISTING KEY");
+    let mut params = [0u8; 24];
+    params[..8].copy_from_slice(&0xa_u64.to_be_bytes());
+    a.command(&pr_out(1, 1), 24, false, true, true, &params).await;
+    assert_eq!(a.read_status().await.1, 0, "RESERVE, Write Exclusive");
+    let stored = registry.property("tank/vol", "_iscsi_pr").expect("the APTPL state is stored");
+    assert!(stored.starts_with("zpr1 1 1 0 000000000000000a="), "{stored}");
+
+    b.command(&write10(0, 1), 512, false, true, true, &[7u8; 512]).await;
+    assert_eq!(b.read_status().await.1, 0x18, "B's WRITE: RESERVATION CONFLICT");
+    b.command(&read10(0, 1), 512, true, false, true, &[]).await;
+    assert_eq!(b.read_status().await.1, 0, "B's READ under Write Exclusive");
+    a.command(&write10(0, 1), 512, false, true, true, &[7u8; 512]).await;
+    assert_eq!(a.read_status().await.1, 0, "the holder writes");
+
+    // MODE SELECT by A: B hears of it once, then runs
+    let mut mode = vec![0u8, 0, 0, 0, 0x08, 0x12, 0x04];
+    mode.resize(4 + 20, 0);
+    a.command(&[0x15, 0x10, 0, 0, mode.len() as u8, 0], mode.len() as u32, false, true, true, &mode).await;
+    assert_eq!(a.read_status().await.1, 0);
+    b.command(&[0x12, 0, 0, 0, 36, 0], 36, true, false, true, &[]).await;
+    assert_eq!(b.read_status().await.1, 0, "INQUIRY does not report a unit attention");
+    b.command(&[0; 6], 0, false, false, true, &[]).await;
+    let (_, status, _, _, sense) = b.read_status().await;
+    assert_eq!((status, sense[2 + 2] & 0x0f, sense[2 + 12], sense[2 + 13]), (2, 6, 0x2a, 0x01), "MODE PARAMETERS CHANGED");
+    b.command(&[0; 6], 0, false, false, true, &[]).await;
+    assert_eq!(b.read_status().await.1, 0, "reported once");
+    a.command(&[0; 6], 0, false, false, true, &[]).await;
+    assert_eq!(a.read_status().await.1, 0, "not to the session that changed it");
+
+    // a LUN reset: every session hears of it; the persistent reservation stays
+    assert_eq!(b.task_management(5, 0, 0).await.bhs.0[2], 0);
+    for i in [&mut a, &mut b] {
+        i.command(&[0; 6], 0, false, false, true, &[]).await;
+        let (_, status, _, _, sense) = i.read_status().await;
+        assert_eq!((status, sense[2 + 12], sense[2 + 13]), (2, 0x29, 0x03), "BUS DEVICE RESET FUNCTION OCCURRED");
+    }
+
+    // a restarted target loads the stored state
+    let restarted = IscsiServer::new(registry.clone(), IscsiConfig::default());
+    let mut c = connect(&restarted);
+    assert_eq!(c.login(&as_initiator("iqn.2026-11.test:c")).await.bhs.0[36], 0);
+    c.command(&[0x5e, 1, 0, 0, 0, 0, 0, 0, 64, 0], 64, true, false, true, &[]).await;
+    let (data, status, ..) = c.read_status().await;
+    assert_eq!(status, 0);
+    assert_eq!((&data[8..16], data[21]), (&0xa_u64.to_be_bytes()[..], 1), "A's Write Exclusive reservation, loaded");
+    c.command(&write10(0, 1), 512, false, true, true, &[7u8; 512]).await;
+    assert_eq!(c.read_status().await.1, 0x18, "still fenced after the restart");
+}

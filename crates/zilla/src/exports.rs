@@ -84,6 +84,9 @@ impl zilla_nbd::ExportRegistry for Exports {
     }
     fn property(&self, name: &str, property: &str) -> Option<String> {
         let (pool, vol) = name.split_once('/')?;
+        if zilla_core::props::is_internal(property) {
+            return self.pools.get(pool)?.internal_prop(vol, property);
+        }
         let rows = self.pools.get(pool)?.get_props(vol, &[property.to_string()]).ok()?;
         rows.into_iter().next().map(|row| row.value)
     }

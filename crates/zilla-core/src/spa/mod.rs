@@ -752,6 +752,13 @@ impl Pool {
         Ok(out)
     }
 
+    /// The value of internal property `prop` of `volume` (not shown by `get_props`).
+    pub fn internal_prop(&self, volume: &str, prop: &str) -> Option<String> {
+        let v = self.inner.volumes.read().get(volume).cloned()?;
+        let value = v.props.snapshot().local().get(prop).cloned();
+        value
+    }
+
     /// `zpool set PROP=VALUE`: change a pool property (not `ashift`); it is written by
     /// the sync this call waits for.
     pub fn set_pool_prop(&self, prop: &str, value: &str) -> Result<()> {
