@@ -21,11 +21,12 @@
 //! with a `watch::Receiver<bool>` that turns true on shutdown.
 //!
 //! Task management: ABORT TASK, ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET,
-//! TARGET WARM RESET within the session (no unit attentions on other sessions yet).
+//! TARGET WARM RESET on the session's commands, with unit attentions to every session of
+//! the volume ([`pr`]: persistent reservations, RESERVE/RELEASE, unit attentions).
 //! Authentication: CHAP (MD5, one-way and mutual) and initiator lists per target, from
 //! an [`auth::AuthStore`] the daemon sets and may replace at any time
-//! ([`IscsiServer::set_auth_store`]). Not in this build: persistent reservations,
-//! several connections per session, error recovery levels above 0.
+//! ([`IscsiServer::set_auth_store`]). Not in this build: several connections per
+//! session, error recovery levels above 0, WRITE ATOMIC, EXTENDED COPY.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -333,6 +333,10 @@ fn cdb_usage(opcode: u8, sa: Option<u16>) -> Option<Vec<u8>> {
         (0x15, None) => vec![0x15, 0x11, 0, 0, 0xff, 0],
         (0x1a, None) => vec![0x1a, 0x08, 0xff, 0xff, 0xff, 0],
         (0x25, None) => vec![0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        (0x16 | 0x17, None) => vec![opcode, 0, 0, 0, 0, 0],
+        (0x56 | 0x57, None) => vec![opcode, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        (0x5e, Some(sa @ 0..=3)) => vec![0x5e, sa as u8, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+        (0x5f, Some(sa @ (0..=6))) => vec![0x5f, sa as u8, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
         (0x34, None) => with(RW10.to_vec(), 0x02),
         (0x37, None) => vec![0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0],
         (0x41, None) => with(RW10.to_vec(), 0x08),
@@ -367,7 +371,7 @@ fn cdb_usage(opcode: u8, sa: Option<u16>) -> Option<Vec<u8>> {
 
 /// Opcodes that take a service action (in CDB byte 1).
 fn has_service_action(opcode: u8) -> bool {
-    matches!(opcode, 0x9e | 0xa3)
+    matches!(opcode, 0x5e | 0x5f | 0x9e | 0xa3)
 }
 
 /// Every supported (opcode, service action).
@@ -376,7 +380,9 @@ const SUPPORTED_COMMANDS: &[(u8, Option<u16>)] = &[
     (0x25, None), (0x28, None), (0x2a, None), (0x2e, None), (0x2f, None), (0x34, None), (0x35, None),
     (0x37, None), (0x41, None), (0x42, None), (0x55, None), (0x5a, None), (0x88, None), (0x89, None),
     (0x8a, None), (0x8b, None), (0x8e, None), (0x8f, None), (0x90, None), (0x91, None), (0x93, None),
-    (0x9e, Some(0x10)), (0x9e, Some(0x12)), (0xb7, None),
+    (0x9e, Some(0x10)), (0x9e, Some(0x12)), (0xb7, None), (0x16, None), (0x17, None), (0x56, None),
+    (0x57, None), (0x5e, Some(0)), (0x5e, Some(1)), (0x5e, Some(2)), (0x5e, Some(3)), (0x5f, Some(0)),
+    (0x5f, Some(1)), (0x5f, Some(2)), (0x5f, Some(3)), (0x5f, Some(4)), (0x5f, Some(5)), (0x5f, Some(6)),
     (0xa0, None), (0xa3, Some(0x0c)), (0xa8, None), (0xaa, None), (0xae, None), (0xaf, None),
 ];
 
