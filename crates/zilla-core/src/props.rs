@@ -147,7 +147,7 @@ pub fn is_internal(name: &str) -> bool {
 
 /// Read-only / create-time properties reported by `get` but not in `PROPS`.
 pub const READONLY_PROPS: &[&str] =
-    &["volsize", "volblocksize", "used", "logicalused", "referenced", "available", "usedbyrefreservation", "usedbydataset"];
+    &["volsize", "volblocksize", "used", "logicalused", "referenced", "available", "usedbyrefreservation", "usedbydataset", "createtxg", "objsetid"];
 
 /// `refreservation` as stored: `none`, or bytes. (`auto`, accepted by `validate`, is
 /// resolved by the pool from the volume's size before it is stored.)

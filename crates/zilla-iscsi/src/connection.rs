@@ -745,7 +745,13 @@ fn open_unit(
     nexus: String,
 ) -> Unit {
     let registry = &server.frontend.registry;
-    let reservations = server.units.attach(&export, &nexus, || registry.property(&export, pr::PROPERTY));
+    // the volume's identity: its objset id and creation txg (a StaticRegistry has none)
+    let identity = format!(
+        "{}@{}",
+        registry.property(&export, "objsetid").unwrap_or_default(),
+        registry.property(&export, "createtxg").unwrap_or_default()
+    );
+    let reservations = server.units.attach(&export, &identity, &nexus, || registry.property(&export, pr::PROPERTY));
     let pool_id = registry.pool_id(&export);
     let wce = registry.property(&export, "wce").is_some_and(|v| v == "on");
     let geometry = Geometry {

@@ -830,19 +830,23 @@ impl SharedUnit {
 /// The units of the server, by export name (at most [`UNITS_MAX`]).
 #[derive(Default)]
 pub struct Units {
-    map: Mutex<HashMap<String, Arc<SharedUnit>>>,
+    /// Per export: which volume the state belongs to (its `objsetid` and `createtxg`:
+    /// a volume destroyed and created again under the same name is another volume, and
+    /// its state starts afresh from what it stores) and the state.
+    map: Mutex<HashMap<String, (String, Arc<SharedUnit>)>>,
 }
 
 impl Units {
     /// Attach a session of `nexus` to `export`'s unit, creating it (from the state
     /// `load` returns, the stored APTPL state) on first use.
-    pub fn attach(&self, export: &str, nexus: &str, load: impl FnOnce() -> Option<String>) -> Arc<SharedUnit> {
+    pub fn attach(&self, export: &str, identity: &str, nexus: &str, load: impl FnOnce() -> Option<String>) -> Arc<SharedUnit> {
         let mut map = self.map.lock();
         let unit = match map.get(export) {
-            Some(unit) => unit.clone(),
-            None => {
+            Some((owner, unit)) if owner == identity => unit.clone(),
+            _ => {
+                map.remove(export);
                 if map.len() >= UNITS_MAX {
-                    map.retain(|_, u| !u.update(|s| s.is_idle()));
+                    map.retain(|_, (_, u)| !u.update(|s| s.is_idle()));
                 }
                 let pr = match load() {
                     Some(text) if !text.is_empty() => PrState::decode(&text).unwrap_or_else(|| {
@@ -853,7 +857,7 @@ impl Units {
                 };
                 let unit = Arc::new(SharedUnit::new(UnitState::new(pr)));
                 if map.len() < UNITS_MAX {
-                    map.insert(export.to_string(), unit.clone());
+                    map.insert(export.to_string(), (identity.to_string(), unit.clone()));
                 }
                 unit
             }
@@ -869,7 +873,7 @@ impl Units {
             s.detach(nexus);
             s.is_idle()
         });
-        if idle && map.get(export).is_some_and(|u| Arc::ptr_eq(u, unit)) {
+        if idle && map.get(export).is_some_and(|(_, u)| Arc::ptr_eq(u, unit)) {
             map.remove(export);
         }
     }
@@ -1117,8 +1121,8 @@ mod tests {
     #[test]
     fn a_quiet_unit_answers_without_the_lock_and_wakes_on_any_change() {
         let units = Units::default();
-        let a = units.attach("tank/vol", A, || None);
-        let b = units.attach("tank/vol", B, || None);
+        let a = units.attach("tank/vol", "1@4", A, || None);
+        let b = units.attach("tank/vol", "1@4", B, || None);
         assert!(Arc::ptr_eq(&a, &b), "one state per volume");
         assert!(a.quiet.load(Ordering::Acquire));
         a.update(|s| s.raise_for_others(A, UA_MODE_PARAMETERS_CHANGED));
@@ -1136,9 +1140,13 @@ mod tests {
             let mut u = UnitState::default();
             u.persistent_reserve_out(A, 6, 0, 24, &params(0, 0xa, true)).unwrap().unwrap()
         };
-        let c = units.attach("tank/other", C, || Some(stored.clone()));
+        let c = units.attach("tank/other", "2@9", C, || Some(stored.clone()));
         assert_eq!(c.update(|s| s.pr.key_of(A)), Some(0xa));
         assert!(!c.quiet.load(Ordering::Acquire));
+        // the volume destroyed and created again under its name: not its state
+        let d = units.attach("tank/other", "3@20", B, || None);
+        assert!(!Arc::ptr_eq(&c, &d), "a new volume under an old name gets a fresh state");
+        assert_eq!(d.update(|s| s.pr.key_of(A)), None);
     }
 
     #[test]

@@ -726,6 +726,8 @@ impl Pool {
             ("logicalused".into(), s.logicalused.to_string(), "-".into(), None),
             ("usedbydataset".into(), s.referenced.to_string(), "-".into(), None),
             ("usedbyrefreservation".into(), v.space.unused_settled().to_string(), "-".into(), None),
+            ("createtxg".into(), v.created_txg.0.to_string(), "-".into(), None),
+            ("objsetid".into(), v.id.to_string(), "-".into(), None),
         ];
         for d in crate::props::PROPS {
             let (val, src) = ps.get(d.name);
