@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use std::io::IoSlice;
+
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{mpsc, Notify};
 use zilla_frontend::volume::SharedSlice;
@@ -213,24 +215,26 @@ impl OutSender {
     }
 }
 
-/// Most PDUs written before a flush.
+/// Most PDUs gathered into one vectored write.
 const GATHER_MAX: usize = 64;
 
 /// Write PDUs until the channel closes (every sender dropped) or a PDU asks to close.
+/// The PDUs waiting when the writer wakes (up to `GATHER_MAX`) go out in vectored
+/// writes: headers, digests and padding from small arrays, data segments straight
+/// from the read's buffers (a volume block shared with the ARC is never copied).
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
-    writer: W,
+    mut out: W,
     queue: OutReceiver,
     window: Arc<Mutex<CommandWindow>>,
     mut stat_sn: u32,
     digests: Digests,
     stall: Duration,
 ) -> io::Result<()> {
-    let mut out = BufWriter::with_capacity(32 << 10, writer);
     let stall = if stall.is_zero() { Duration::from_secs(100 * 365 * 86_400) } else { stall };
     let OutReceiver { rx: mut queue, depth } = queue;
+    let mut batch: Vec<OutPdu> = Vec::with_capacity(GATHER_MAX);
     while let Some(first) = queue.recv().await {
         let mut next = Some(first);
-        let mut written = 0;
         let mut close = false;
         while let Some(mut pdu) = next.take() {
             // fill the sequence numbers in wire order
@@ -251,19 +255,20 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
                 pdu.bhs.set_u32(32, w.max_cmd_sn());
             }
             pdu.bhs.set_data_segment_bytes(pdu.data.len());
-            tokio::time::timeout(stall, write_pdu(&mut out, &pdu, digests)).await.map_err(|_| stalled())??;
             close |= pdu.then_close;
-            drop(pdu);
-            written += 1;
-            if depth.pdus.fetch_sub(1, Ordering::Relaxed) == QUEUED_PDUS_MAX + 1 {
-                depth.drained.notify_waiters();
-            }
-            if close || written >= GATHER_MAX {
+            batch.push(pdu);
+            if close || batch.len() >= GATHER_MAX {
                 break;
             }
             next = queue.try_recv().ok();
         }
-        tokio::time::timeout(stall, out.flush()).await.map_err(|_| stalled())??;
+        tokio::time::timeout(stall, write_batch(&mut out, &batch, digests)).await.map_err(|_| stalled())??;
+        let written = batch.len();
+        batch.clear(); // admissions and buffers go back now that the bytes are on the wire
+        let before = depth.pdus.fetch_sub(written, Ordering::Relaxed);
+        if before > QUEUED_PDUS_MAX && before - written <= QUEUED_PDUS_MAX {
+            depth.drained.notify_waiters();
+        }
         if close {
             break;
         }
@@ -272,41 +277,74 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// What a PDU adds around its data: the header (and its digest), then the padding and
+/// the data digest.
+struct Framing {
+    head: [u8; 52],
+    head_len: usize,
+    tail: [u8; 7],
+    tail_len: usize,
+}
+
+fn framing(pdu: &OutPdu, digests: Digests) -> Framing {
+    let mut f = Framing { head: [0; 52], head_len: 48, tail: [0; 7], tail_len: 0 };
+    f.head[..48].copy_from_slice(&pdu.bhs.0);
+    if digests.header {
+        f.head[48..52].copy_from_slice(&pdu::crc32c(&pdu.bhs.0).to_le_bytes());
+        f.head_len = 52;
+    }
+    let len = pdu.data.len();
+    if len > 0 {
+        let pad = pdu::padded(len) - len;
+        f.tail_len = pad; // zeros
+        if digests.data {
+            let mut crc = 0u32;
+            for piece in payload_pieces(&pdu.data) {
+                crc = pdu::crc32c_append(crc, piece);
+            }
+            crc = pdu::crc32c_append(crc, &[0u8; 3][..pad]);
+            f.tail[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
+            f.tail_len = pad + 4;
+        }
+    }
+    f
+}
+
+fn payload_pieces(data: &Payload) -> Vec<&[u8]> {
+    match data {
+        Payload::None => Vec::new(),
+        Payload::Bytes(b) => vec![b.as_slice()],
+        Payload::Range { body, start, len } => body.pieces(*start, *len),
+    }
+}
+
+/// Write every byte of `batch` with as few (vectored) system calls as the socket takes.
+async fn write_batch<W: AsyncWrite + Unpin>(out: &mut W, batch: &[OutPdu], digests: Digests) -> io::Result<()> {
+    let framings: Vec<Framing> = batch.iter().map(|pdu| framing(pdu, digests)).collect();
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len() * 3);
+    for (pdu, f) in batch.iter().zip(&framings) {
+        slices.push(IoSlice::new(&f.head[..f.head_len]));
+        for piece in payload_pieces(&pdu.data) {
+            if !piece.is_empty() {
+                slices.push(IoSlice::new(piece));
+            }
+        }
+        if f.tail_len > 0 {
+            slices.push(IoSlice::new(&f.tail[..f.tail_len]));
+        }
+    }
+    let mut rest: &mut [IoSlice<'_>] = &mut slices;
+    while !rest.is_empty() {
+        let n = out.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "the connection took no bytes"));
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    out.flush().await
+}
+
 fn stalled() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "the client took no bytes for the stall timeout")
 }
 
-async fn write_pdu<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, pdu: &OutPdu, digests: Digests) -> io::Result<()> {
-    out.write_all(&pdu.bhs.0).await?;
-    if digests.header {
-        out.write_all(&pdu::crc32c(&pdu.bhs.0).to_le_bytes()).await?;
-    }
-    let len = pdu.data.len();
-    if len == 0 {
-        return Ok(());
-    }
-    let pad = [0u8; 3];
-    let pad = &pad[..pdu::padded(len) - len];
-    let mut crc = 0u32;
-    match &pdu.data {
-        Payload::None => {}
-        Payload::Bytes(b) => {
-            out.write_all(b).await?;
-            crc = pdu::crc32c_append(crc, b);
-        }
-        Payload::Range { body, start, len } => {
-            for p in body.pieces(*start, *len) {
-                out.write_all(p).await?;
-                if digests.data {
-                    crc = pdu::crc32c_append(crc, p);
-                }
-            }
-        }
-    }
-    out.write_all(pad).await?;
-    if digests.data {
-        crc = pdu::crc32c_append(crc, pad);
-        out.write_all(&crc.to_le_bytes()).await?;
-    }
-    Ok(())
-}
