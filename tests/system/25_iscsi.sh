@@ -29,6 +29,13 @@ grep -q "^Vendor:ZILLA" "$T/inq" || fail "vendor is not ZILLA"
 grep -q "^CmdQue:1" "$T/inq" || fail "command queueing not reported"
 serial=$(iscsi-inq --evpd=1 --pagecode=128 "$LUN" | sed -n 's/^Unit Serial Number:\[\(.*\)\]$/\1/p')
 [ ${#serial} -eq 16 ] || fail "unit serial '$serial' is not 16 characters"
+# every VPD page the target lists answers, and the list is the one documented
+iscsi-inq --evpd=1 --pagecode=0 "$LUN" | tee "$T/vpd0"
+for page in 0x00 0x80 0x83 0xb0 0xb1 0xb2; do
+    grep -qi "$page" "$T/vpd0" || fail "VPD page $page is not in the supported pages list"
+    iscsi-inq --evpd=1 --pagecode=$((page)) "$LUN" >"$T/vpd-$page" || fail "VPD page $page does not answer"
+done
+grep -q "iqn.2026-11.io.zilla:tank.vol0" "$T/vpd-0x83" || fail "VPD 0x83 does not name the target"
 iscsi-inq --evpd=1 --pagecode=176 "$LUN" | tee "$T/limits"
 grep -q "^optimal transfer length granularity:32$" "$T/limits" || fail "granularity is not the 16K volblocksize"
 iscsi-readcapacity16 "$LUN" | tee "$T/cap"
