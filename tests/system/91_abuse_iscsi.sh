@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Goal: unfriendly iSCSI clients (garbage bytes, a login stuffed with unknown keys, a
 # WRITE whose Data-Out stops halfway before the client vanishes, a flood of immediate
-# commands whose replies are never read, commands outside the CmdSN window) get a
+# commands whose replies are never read, commands outside the CmdSN window, more
+# silent connections from one address than the connection cap) get a
 # clear refusal or a closed connection; none harms another session, writes part of an
 # unfinished WRITE, or keeps front-end memory after it is gone.
 # Method: a well-behaved initiator writes and verifies 256 KiB rounds in the background
@@ -43,6 +44,12 @@ $ABUSE keys | tee -a "$T/abuse"
 $ABUSE half-write 4096 | tee -a "$T/abuse"
 $ABUSE flood | tee -a "$T/abuse"
 $ABUSE window | tee -a "$T/abuse"
+# more silent connections from one address than the target's connection cap (1,024):
+# the target keeps at most 16 of them in the login phase, so a login from another
+# address still gets in
+$ABUSE login-flood 1100 | tee -a "$T/abuse"
+kept=$(sed -n 's/^login-flood: [0-9]* connections made, \([0-9]*\) kept.*/\1/p' "$T/abuse")
+[ "${kept:-9999}" -le 16 ] || fail "the target kept $kept silent connections of one address in the login phase"
 sleep 1
 touch "$T/stop"
 wait "$GOOD_PID"

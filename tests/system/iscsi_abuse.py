@@ -6,6 +6,8 @@
     iscsi_abuse.py HOST:PORT TARGET half-write LBA  # a WRITE whose Data-Out stops halfway, then close
     iscsi_abuse.py HOST:PORT TARGET flood           # immediate commands, replies never read
     iscsi_abuse.py HOST:PORT TARGET window          # commands far outside the CmdSN window
+    iscsi_abuse.py HOST:PORT TARGET login-flood N   # N silent connections from 127.0.0.2, then a
+                                                    # login from 127.0.0.1 must still succeed
 
 Each prints one line saying what the target did, and exits 1 when it did something a
 target must not (accepted garbage, wrote part of an unfinished WRITE, answered a command
@@ -150,10 +152,52 @@ def window(portal, target, _args):
     print("window: out-of-window command dropped, session goes on")
 
 
+def login_flood(portal, target, args):
+    import resource
+    import subprocess
+    count = int(args[0])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = count + 64
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard) if hard != resource.RLIM_INFINITY else want, hard))
+    host, port = portal.rsplit(":", 1)
+    held = []
+    for _ in range(count):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.2", 0))
+        s.settimeout(5)
+        try:
+            s.connect((host, int(port)))
+        except OSError:
+            s.close()
+            continue
+        held.append(s)
+    time.sleep(2)
+    still_open = 0
+    for s in held:
+        s.setblocking(False)
+        try:
+            still_open += 1 if s.recv(1) is None else 0
+        except BlockingIOError:
+            still_open += 1                                 # nothing to read: open
+        except OSError:
+            pass
+    # a well-behaved initiator on another address logs in while the flood is held
+    url = f"iscsi://{portal}/{target}/0"
+    r = subprocess.run(["timeout", "10", "iscsi-inq", url], capture_output=True, text=True)
+    for s in held:
+        s.close()
+    if r.returncode != 0:
+        raise SystemExit(f"login-flood: with {still_open} silent connections held, a login from another address failed: {r.stderr.strip()}")
+    print(f"login-flood: {len(held)} connections made, {still_open} kept by the target; another address logged in")
+    return still_open
+
+
 def main(argv):
     if len(argv) < 4:
         raise SystemExit(__doc__)
-    ops = {"garbage": garbage, "keys": keys, "half-write": half_write, "flood": flood, "window": window}
+    ops = {"garbage": garbage, "keys": keys, "half-write": half_write, "flood": flood, "window": window,
+           "login-flood": login_flood}
     if argv[3] not in ops:
         raise SystemExit(f"unknown operation {argv[3]}")
     ops[argv[3]](argv[1], argv[2], argv[4:])

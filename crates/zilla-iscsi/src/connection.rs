@@ -79,6 +79,8 @@ pub(crate) struct ServerShared {
     pub(crate) access: crate::server::Access,
     /// Reservation state and unit attentions of each served volume.
     pub(crate) units: pr::Units,
+    /// Connections in the login phase, per client address.
+    pub(crate) logins: Arc<crate::server::LoginsInProgress>,
 }
 
 /// Where a connection is, for its logs and SendTargets.
@@ -90,6 +92,8 @@ pub(crate) struct Peer {
     pub(crate) listener_loopback: bool,
     /// "ip:port" of our end, for TargetAddress; `None` for a plain stream.
     pub(crate) portal: Option<String>,
+    /// Held while the connection is in the login phase (the per-address bound).
+    pub(crate) login_slot: Option<crate::server::LoginSlot>,
 }
 
 /// The logical unit of a normal session.
@@ -787,7 +791,7 @@ pub(crate) async fn serve<R, W>(
     read_half: R,
     mut write_half: W,
     server: Arc<ServerShared>,
-    peer: Peer,
+    mut peer: Peer,
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<()>
 where
@@ -796,7 +800,9 @@ where
 {
     let config = &server.config;
     let mut reader = PduReader::new(read_half, config.max_recv_data_segment_bytes);
-    let Some(logged_in) = login_in_time(&mut reader, &mut write_half, &server, &peer, &mut stop).await? else {
+    let logged_in = login_in_time(&mut reader, &mut write_half, &server, &peer, &mut stop).await;
+    drop(peer.login_slot.take());
+    let Some(logged_in) = logged_in? else {
         return Ok(());
     };
     let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name, info, nexus } = logged_in;

@@ -12,7 +12,9 @@
 //! doubling to 1 s and logs one warning per failure streak. Every socket gets
 //! TCP_NODELAY.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +92,7 @@ impl IscsiServer {
                     sessions: Arc::new(SessionRegistry::new(config.connections_max)),
                 },
                 units: Default::default(),
+                logins: Default::default(),
                 config,
             }),
         }
@@ -180,10 +183,19 @@ impl IscsiServer {
                     continue;
                 }
             };
+            // one address may not hold more than LOGINS_PER_ADDRESS_MAX connections in
+            // the login phase: a flood from one host cannot fill the connection cap
+            // with logins that never finish while others wait
+            let Some(login_slot) = LoginsInProgress::try_take(&self.shared.logins, peer.ip()) else {
+                IscsiStats::count(&self.shared.stats.logins_refused);
+                tracing::debug!(client = %peer.ip(), "iscsi: too many logins in progress from this address; connection closed");
+                drop(stream);
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let portal = stream.local_addr().ok().map(|a| a.to_string());
             let (read_half, write_half) = stream.into_split();
-            let peer = Peer { client: peer.ip().to_string(), address: peer.to_string(), listener_loopback, portal };
+            let peer = Peer { client: peer.ip().to_string(), address: peer.to_string(), listener_loopback, portal, login_slot: Some(login_slot) };
             let (server, stop) = (self.clone(), shutdown.clone());
             connections.spawn(async move {
                 let _slot = slot;
@@ -205,7 +217,7 @@ impl IscsiServer {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (read_half, write_half) = tokio::io::split(stream);
-        let peer = Peer { client: "stream".into(), address: "stream".into(), listener_loopback: true, portal };
+        let peer = Peer { client: "stream".into(), address: "stream".into(), listener_loopback: true, portal, login_slot: None };
         self.run(read_half, write_half, peer, shutdown).await;
     }
 
@@ -222,5 +234,65 @@ impl IscsiServer {
             tracing::debug!(%client, %error, "iscsi: connection ended with an error");
         }
         stats.connections_active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Connections one address may have in the login phase at once (beyond: closed at
+/// accept, counted as refused logins).
+pub(crate) const LOGINS_PER_ADDRESS_MAX: usize = 16;
+
+/// Connections in the login phase per client address. Every entry has at least one
+/// connection, so the map is bounded by the connection cap.
+#[derive(Default)]
+pub(crate) struct LoginsInProgress {
+    by_address: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection's place among its address's logins in progress; dropped when the
+/// login ends (the session starts, or the connection is refused or closed).
+pub(crate) struct LoginSlot {
+    logins: Arc<LoginsInProgress>,
+    address: IpAddr,
+}
+
+impl LoginsInProgress {
+    pub(crate) fn try_take(logins: &Arc<LoginsInProgress>, address: IpAddr) -> Option<LoginSlot> {
+        let mut map = logins.by_address.lock();
+        let count = map.entry(address).or_insert(0);
+        if *count >= LOGINS_PER_ADDRESS_MAX {
+            return None;
+        }
+        *count += 1;
+        Some(LoginSlot { logins: logins.clone(), address })
+    }
+}
+
+impl Drop for LoginSlot {
+    fn drop(&mut self) {
+        let mut map = self.logins.by_address.lock();
+        if let Some(count) = map.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.address);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod login_tests {
+    use super::*;
+
+    #[test]
+    fn one_address_holds_a_bounded_number_of_logins_and_others_are_not_held_back() {
+        let logins = Arc::new(LoginsInProgress::default());
+        let flood: IpAddr = "192.0.2.1".parse().unwrap();
+        let other: IpAddr = "192.0.2.2".parse().unwrap();
+        let held: Vec<LoginSlot> = (0..LOGINS_PER_ADDRESS_MAX).map(|_| LoginsInProgress::try_take(&logins, flood).unwrap()).collect();
+        assert!(LoginsInProgress::try_take(&logins, flood).is_none(), "the flooding address is capped");
+        assert!(LoginsInProgress::try_take(&logins, other).is_some(), "another address still logs in");
+        drop(held);
+        assert!(LoginsInProgress::try_take(&logins, flood).is_some(), "slots come back when logins end");
+        assert!(logins.by_address.lock().is_empty(), "no entry is left for addresses with no login in progress");
     }
 }
