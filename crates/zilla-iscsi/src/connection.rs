@@ -76,11 +76,11 @@ pub(crate) struct ServerShared {
     pub(crate) stats: Arc<IscsiStats>,
     pub(crate) next_tsih: AtomicU16,
     /// Who may log in (read at each login) and the live sessions.
-    pub(crate) access: crate::server::Access,
+    pub(crate) access: crate::access::Access,
     /// Reservation state and unit attentions of each served volume.
     pub(crate) units: pr::Units,
     /// Connections in the login phase, per client address.
-    pub(crate) logins: Arc<crate::server::LoginsInProgress>,
+    pub(crate) logins: Arc<crate::access::LoginsInProgress>,
 }
 
 /// Where a connection is, for its logs and SendTargets.
@@ -93,7 +93,7 @@ pub(crate) struct Peer {
     /// "ip:port" of our end, for TargetAddress; `None` for a plain stream.
     pub(crate) portal: Option<String>,
     /// Held while the connection is in the login phase (the per-address bound).
-    pub(crate) login_slot: Option<crate::server::LoginSlot>,
+    pub(crate) login_slot: Option<crate::access::LoginSlot>,
 }
 
 /// The logical unit of a normal session.
@@ -413,6 +413,131 @@ impl PendingData {
     }
 }
 
+/// What a command whose Data-Out is all in does next.
+enum Collected {
+    /// Submit this request; answer it so.
+    Submit(Command, Answer),
+    /// Nothing to do (no data): GOOD.
+    Good,
+    /// CHECK CONDITION with this sense; nothing done.
+    Check(Sense),
+    /// The session applies these itself.
+    ModeSelect { ten: bool, buffer: Vec<u8> },
+    ReservationOut { service_action: u8, kind: u8, parameter_bytes: u32, buffer: Vec<u8> },
+}
+
+/// The request a sink's data makes (pure: the unit's geometry and write cache).
+fn collected(sink: Sink, residual: Residual, geometry: &Geometry, wce: bool) -> Collected {
+    let done = Answer::Done { residual, sense: Sense::WRITE_ERROR };
+    match sink {
+        Sink::Write { pieces, .. } if pieces.is_empty() => Collected::Good,
+        Sink::Write { offset, fua, pieces, .. } => {
+            let data = WriteData::from_pieces(pieces.into_iter().map(Arc::new).collect());
+            Collected::Submit(Command::Write { offset, data, fua }, done)
+        }
+        Sink::Compare { buffer, .. } | Sink::OrWrite { buffer, .. } | Sink::CompareAndWrite { buffer, .. } if buffer.is_empty() => {
+            Collected::Good
+        }
+        Sink::Compare { offset, buffer } => {
+            let command = Command::Read { offset, length: buffer.len() as u32, prefix_bytes: 0, holes: false };
+            Collected::Submit(command, Answer::Compare { data: Arc::new(buffer), residual })
+        }
+        Sink::OrWrite { offset, fua, buffer } => Collected::Submit(Command::OrWrite { offset, data: buffer, fua }, done),
+        // the initiator sent less than both halves: nothing is compared
+        Sink::CompareAndWrite { buffer, .. } if buffer.len() % (2 * LOGICAL_BLOCK_BYTES as usize) != 0 => {
+            Collected::Check(Sense::INVALID_FIELD_IN_CDB)
+        }
+        Sink::CompareAndWrite { offset, fua, mut buffer } => {
+            let data = buffer.split_off(buffer.len() / 2);
+            Collected::Submit(Command::CompareAndWrite { offset, compare: buffer, data, fua }, Answer::CompareAndWrite { residual })
+        }
+        Sink::Unmap { buffer } => match thin::unmap_ranges(&buffer, geometry) {
+            Err(sense) => Collected::Check(sense),
+            Ok(ranges) if ranges.is_empty() => Collected::Good,
+            Ok(ranges) => {
+                let block = u64::from(LOGICAL_BLOCK_BYTES);
+                let ranges = ranges.into_iter().map(|(lba, blocks)| (lba * block, blocks * block)).collect();
+                Collected::Submit(Command::UnmapList { ranges, fua: !wce }, done)
+            }
+        },
+        // UNMAP set: the blocks are deallocated (they read zeros, LBPRZ) and the block
+        // sent is not written, as SBC-4 allows and initiators expect
+        Sink::WriteSame { offset, length, unmap: true, fua, .. } => Collected::Submit(Command::Unmap { offset, length, fua }, done),
+        Sink::WriteSame { offset, length, fua, buffer, .. } if buffer.iter().all(|&b| b == 0) => {
+            Collected::Submit(Command::WriteZeroes { offset, length, fua }, done)
+        }
+        Sink::WriteSame { buffer, .. } if buffer.len() < LOGICAL_BLOCK_BYTES as usize => Collected::Check(Sense::INVALID_FIELD_IN_CDB),
+        Sink::WriteSame { offset, length, fua, buffer, .. } => Collected::Submit(Command::WriteSame { offset, length, pattern: buffer, fua }, done),
+        Sink::ModeSelect { ten, buffer } => Collected::ModeSelect { ten, buffer },
+        Sink::ReservationOut { service_action, kind, parameter_bytes, buffer } => {
+            Collected::ReservationOut { service_action, kind, parameter_bytes, buffer }
+        }
+    }
+}
+
+/// What a command's Data-Out becomes.
+enum DataOutPlan {
+    /// Collect `keep` bytes into `sink` (the rest, up to the expected length, is read
+    /// and dropped), then run it.
+    Collect { keep: usize, residual: Residual, sink: Sink },
+    /// The expected length contradicts the CDB: INVALID FIELD IN CDB, counted as `kind`.
+    Refuse(IoKind),
+    /// The command takes no Data-Out.
+    NoData(Operation),
+}
+
+/// Where the Data-Out of `operation` goes, given the initiator's expected length, the
+/// unit's write cache setting and the volume's block size.
+fn data_out_plan(operation: Operation, expected: usize, wce: bool, block_bytes: u64) -> DataOutPlan {
+    let block = LOGICAL_BLOCK_BYTES as usize;
+    let at = |lba: u64| lba * u64::from(LOGICAL_BLOCK_BYTES);
+    // an expected length below the command's: only whole blocks of it are taken
+    let whole = |wanted: usize| wanted.min(expected) / block * block;
+    let collect = |keep: usize, wanted: usize, sink: Sink| DataOutPlan::Collect { keep, residual: Residual::of(expected, wanted), sink };
+    match operation {
+        Operation::Write { lba, blocks, fua } => {
+            let wanted = blocks as usize * block;
+            let keep = whole(wanted);
+            collect(keep, wanted, write_sink(at(lba), keep, fua || !wce, block_bytes))
+        }
+        Operation::VerifyCompare { lba, blocks } => {
+            let wanted = blocks as usize * block;
+            collect(whole(wanted), wanted, Sink::Compare { offset: at(lba), buffer: vec![0; whole(wanted)] })
+        }
+        Operation::OrWrite { lba, blocks, fua } => {
+            let wanted = blocks as usize * block;
+            collect(whole(wanted), wanted, Sink::OrWrite { offset: at(lba), fua: fua || !wce, buffer: vec![0; whole(wanted)] })
+        }
+        Operation::Unmap { parameter_bytes } => {
+            let keep = (parameter_bytes as usize).min(expected).min(UNMAP_LIST_MAX_BYTES);
+            collect(keep, parameter_bytes as usize, Sink::Unmap { buffer: vec![0; keep] })
+        }
+        // the data is one block (none with NDOB): another length is an error in the
+        // command, not a residual; NDOB and UNMAP unmap (the blocks read zeros)
+        Operation::WriteSame { ndob, .. } if expected != if ndob { 0 } else { block } => DataOutPlan::Refuse(IoKind::WriteZeroes),
+        Operation::WriteSame { lba, blocks, unmap, ndob } => {
+            let wanted = if ndob { 0 } else { block };
+            let length = blocks * u64::from(LOGICAL_BLOCK_BYTES);
+            collect(wanted, wanted, Sink::WriteSame { offset: at(lba), length, unmap: unmap || ndob, fua: !wce, buffer: vec![0; wanted] })
+        }
+        // the data must be exactly the blocks to compare and those to write
+        Operation::CompareAndWrite { blocks, .. } if expected != 2 * usize::from(blocks) * block => DataOutPlan::Refuse(IoKind::Write),
+        Operation::CompareAndWrite { lba, blocks, fua } => {
+            let wanted = 2 * usize::from(blocks) * block;
+            collect(wanted, wanted, Sink::CompareAndWrite { offset: at(lba), fua: fua || !wce, buffer: vec![0; wanted] })
+        }
+        Operation::Reservation(pr::Command::Out { service_action, kind, parameter_bytes }) => {
+            let keep = (parameter_bytes as usize).min(expected).min(pr::PARAMETER_LIST_BYTES * 2);
+            collect(keep, parameter_bytes as usize, Sink::ReservationOut { service_action, kind, parameter_bytes, buffer: vec![0; keep] })
+        }
+        Operation::ModeSelect { parameter_bytes, ten, save: _ } => {
+            let keep = (parameter_bytes as usize).min(expected).min(4096);
+            collect(keep, parameter_bytes as usize, Sink::ModeSelect { ten, buffer: vec![0; keep] })
+        }
+        operation => DataOutPlan::NoData(operation),
+    }
+}
+
 /// The outcome of the login phase.
 struct LoggedIn {
     params: SessionParams,
@@ -679,28 +804,35 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         };
         write_login(w, response, &data, &mut stat_sn, exp_cmd_sn, window).await?;
         if done {
-            let LoginState { negotiation, export, target_name, security, tsih, .. } = state;
-            let info = SessionInfo::new(
-                negotiation.initiator_name.as_deref().unwrap_or_default(),
-                isid,
-                tsih,
-                &peer.address,
-                &target_name,
-                negotiation.session_type,
-                security.as_ref().map_or("none", |s| s.method()),
-                &negotiation.params,
-            );
-            let nexus = pr::nexus_name(negotiation.initiator_name.as_deref().unwrap_or_default(), isid);
-            return Ok(Some(LoggedIn {
-                info,
-                nexus,
-                params: negotiation.params,
-                session_type: negotiation.session_type,
-                export,
-                stat_sn,
-                exp_cmd_sn,
-                target_name,
-            }));
+            return Ok(Some(state.logged_in(isid, peer, stat_sn, exp_cmd_sn)));
+        }
+    }
+}
+
+impl LoginState {
+    /// The session the finished login starts.
+    fn logged_in(self, isid: [u8; 6], peer: &Peer, stat_sn: u32, exp_cmd_sn: u32) -> LoggedIn {
+        let LoginState { negotiation, export, target_name, security, tsih, .. } = self;
+        let initiator = negotiation.initiator_name.as_deref().unwrap_or_default();
+        let info = SessionInfo::new(
+            initiator,
+            isid,
+            tsih,
+            &peer.address,
+            &target_name,
+            negotiation.session_type,
+            security.as_ref().map_or("none", |s| s.method()),
+            &negotiation.params,
+        );
+        LoggedIn {
+            info,
+            nexus: pr::nexus_name(initiator, isid),
+            params: negotiation.params,
+            session_type: negotiation.session_type,
+            export,
+            stat_sn,
+            exp_cmd_sn,
+            target_name,
         }
     }
 }
@@ -850,13 +982,18 @@ where
         server.units.detach(&unit.export, &unit.nexus, &unit.reservations);
     }
     drop(session);
+    writer_finished(writer, config).await;
+    drop(listed);
+    result
+}
+
+/// Wait (bounded) for a connection's writer to put its last PDUs on the wire.
+async fn writer_finished(writer: tokio::task::JoinHandle<io::Result<()>>, config: &IscsiConfig) {
     match tokio::time::timeout(config.shutdown_grace + config.reply_stall_timeout, writer).await {
         Ok(Ok(Err(error))) => tracing::debug!(%error, "iscsi: writer ended with an error"),
         Err(_) => tracing::warn!("iscsi: a connection's writer did not finish; dropping it"),
         _ => {}
     }
-    drop(listed);
-    result
 }
 
 /// Whether the reader goes on.
@@ -1247,10 +1384,24 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 return Ok(());
             }
         };
-        match operation {
-            Operation::TestUnitReady | Operation::Verify | Operation::Prefetch => {
-                self.send(scsi_response(itt, scsi::STATUS_GOOD, None, Residual::of(expected, 0), counted));
+        let wce = unit.wce.load(Ordering::Relaxed);
+        match data_out_plan(operation, expected, wce, unit.executor.block_bytes()) {
+            DataOutPlan::Collect { keep, residual, sink } => {
+                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
             }
+            DataOutPlan::Refuse(kind) => {
+                unit.executor.refuse(kind, expected as u64, started);
+                self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
+            }
+            DataOutPlan::NoData(operation) => self.run_operation(operation, started, itt, lun, expected, counted).await?,
+        }
+        Ok(())
+    }
+
+    /// A command that takes no Data-Out: answered at once or submitted.
+    async fn run_operation(&mut self, operation: Operation, started: Instant, itt: u32, lun: [u8; 8], expected: usize, counted: bool) -> io::Result<()> {
+        let Some(unit) = &self.unit else { return Ok(()) };
+        match operation {
             Operation::DataIn(data) => self.send_small_data_in(itt, lun, data, expected, counted),
             Operation::ModeSense { ten, dbd, llbaa, page_control, page, subpage, allocation } => {
                 let wce = unit.wce.load(Ordering::Relaxed);
@@ -1265,63 +1416,6 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let answer = Answer::Done { residual: Residual::of(expected, 0), sense: Sense::WRITE_ERROR };
                 self.submit(Command::Flush, admission, started, itt, lun, expected, counted, answer).await;
             }
-            Operation::Write { lba, blocks, fua } => {
-                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
-                // an expected length below the command's: only whole blocks of it are written
-                let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
-                let fua = fua || !unit.wce.load(Ordering::Relaxed);
-                let sink = write_sink(lba * u64::from(LOGICAL_BLOCK_BYTES), keep, fua, unit.executor.block_bytes());
-                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
-            }
-            Operation::VerifyCompare { lba, blocks } => {
-                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
-                let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
-                let sink = Sink::Compare { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), buffer: vec![0; keep] };
-                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
-            }
-            Operation::Unmap { parameter_bytes } => {
-                let keep = (parameter_bytes as usize).min(expected).min(UNMAP_LIST_MAX_BYTES);
-                let sink = Sink::Unmap { buffer: vec![0; keep] };
-                let residual = Residual::of(expected, parameter_bytes as usize);
-                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
-            }
-            Operation::WriteSame { lba, blocks, unmap, ndob } => {
-                let block = LOGICAL_BLOCK_BYTES as usize;
-                // the data is one block (none with NDOB): another length is an error
-                // in the command, not a residual
-                if expected != if ndob { 0 } else { block } {
-                    unit.executor.refuse(IoKind::WriteZeroes, expected as u64, started);
-                    self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
-                    return Ok(());
-                }
-                let (offset, length) = (lba * u64::from(LOGICAL_BLOCK_BYTES), blocks * u64::from(LOGICAL_BLOCK_BYTES));
-                let fua = !unit.wce.load(Ordering::Relaxed);
-                let wanted = if ndob { 0 } else { block };
-                // NDOB: no data, the blocks are unmapped (they read zeros)
-                let keep = if ndob { 0 } else { block.min(expected) };
-                let sink = Sink::WriteSame { offset, length, unmap: unmap || ndob, fua, buffer: vec![0; keep] };
-                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
-            }
-            Operation::CompareAndWrite { lba, blocks, fua } => {
-                let wanted = 2 * usize::from(blocks) * LOGICAL_BLOCK_BYTES as usize;
-                // the data must be exactly the blocks to compare and to write
-                if expected != wanted {
-                    unit.executor.refuse(IoKind::Write, expected as u64, started);
-                    self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
-                    return Ok(());
-                }
-                let keep = wanted.min(expected);
-                let fua = fua || !unit.wce.load(Ordering::Relaxed);
-                let sink = Sink::CompareAndWrite { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), fua, buffer: vec![0; keep] };
-                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
-            }
-            Operation::OrWrite { lba, blocks, fua } => {
-                let wanted = blocks as usize * LOGICAL_BLOCK_BYTES as usize;
-                let keep = wanted.min(expected) / LOGICAL_BLOCK_BYTES as usize * LOGICAL_BLOCK_BYTES as usize;
-                let fua = fua || !unit.wce.load(Ordering::Relaxed);
-                let sink = Sink::OrWrite { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), fua, buffer: vec![0; keep] };
-                self.start_data_out(pdu, counted, expected, keep, Residual::of(expected, wanted), sink, started).await?;
-            }
             Operation::GetLbaStatus { lba, allocation } => {
                 let Some(admission) = self.admit(COMMAND_OVERHEAD_UNITS + allocation.min(1 << 16) as usize).await? else {
                     return Ok(());
@@ -1332,19 +1426,10 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let answer = Answer::LbaStatus { lba, allocation: allocation as usize, residual_of: expected };
                 self.submit(Command::BlockStatus { offset, length }, admission, started, itt, lun, expected, counted, answer).await;
             }
-            Operation::Reservation(pr::Command::Out { service_action, kind, parameter_bytes }) => {
-                let keep = (parameter_bytes as usize).min(expected).min(pr::PARAMETER_LIST_BYTES * 2);
-                let sink = Sink::ReservationOut { service_action, kind, parameter_bytes, buffer: vec![0; keep] };
-                let residual = Residual::of(expected, parameter_bytes as usize);
-                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
-            }
             Operation::Reservation(command) => self.on_reservation(unit, command, itt, lun, expected, counted),
-            Operation::ModeSelect { parameter_bytes, ten, save: _ } => {
-                let keep = (parameter_bytes as usize).min(expected).min(4096);
-                let sink = Sink::ModeSelect { ten, buffer: vec![0; keep] };
-                let residual = Residual::of(expected, parameter_bytes as usize);
-                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
-            }
+            // TEST UNIT READY, VERIFY (BYTCHK 0), PRE-FETCH; the Data-Out commands are
+            // not here (data_out_plan took them)
+            _ => self.send(scsi_response(itt, scsi::STATUS_GOOD, None, Residual::of(expected, 0), counted)),
         }
         Ok(())
     }
@@ -1500,111 +1585,50 @@ impl<R: AsyncRead + Unpin> Session<R> {
     /// All of a command's data is in: run it.
     async fn data_complete(&mut self, itt: u32, pending: PendingData) {
         let PendingData { lun, counted, expected, residual, sink, admission, started, .. } = pending;
-        match sink {
-            Sink::Write { offset, fua, pieces, .. } => {
+        let Some(unit) = &self.unit else { return };
+        let wce = unit.wce.load(Ordering::Relaxed);
+        match collected(sink, residual, &unit.geometry, wce) {
+            Collected::Submit(command, answer) => {
                 let Some(admission) = admission else { return };
-                if pieces.is_empty() {
-                    self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
-                    return;
-                }
-                let data = WriteData::from_pieces(pieces.into_iter().map(Arc::new).collect());
-                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
-                self.submit(Command::Write { offset, data, fua }, admission, started, itt, lun, expected, counted, answer).await;
-            }
-            Sink::Compare { offset, buffer } => {
-                let Some(admission) = admission else { return };
-                if buffer.is_empty() {
-                    self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
-                    return;
-                }
-                let command = Command::Read { offset, length: buffer.len() as u32, prefix_bytes: 0, holes: false };
-                let answer = Answer::Compare { data: Arc::new(buffer), residual };
                 self.submit(command, admission, started, itt, lun, expected, counted, answer).await;
             }
-            Sink::Unmap { buffer } => {
-                let Some(admission) = admission else { return };
-                let Some(unit) = &self.unit else { return };
-                let ranges = match thin::unmap_ranges(&buffer, &unit.geometry) {
-                    Ok(ranges) => ranges,
-                    Err(sense) => return self.send(check_condition(itt, sense, expected, counted)),
-                };
-                if ranges.is_empty() {
-                    return self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
-                }
-                let block = u64::from(LOGICAL_BLOCK_BYTES);
-                let ranges = ranges.into_iter().map(|(lba, blocks)| (lba * block, blocks * block)).collect();
-                let fua = !unit.wce.load(Ordering::Relaxed);
-                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
-                self.submit(Command::UnmapList { ranges, fua }, admission, started, itt, lun, expected, counted, answer).await;
-            }
-            Sink::WriteSame { offset, length, unmap, fua, buffer } => {
-                let Some(admission) = admission else { return };
-                let zero = buffer.iter().all(|&b| b == 0);
-                if !unmap && !zero && buffer.len() < LOGICAL_BLOCK_BYTES as usize {
-                    return self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
-                }
-                // UNMAP set: the blocks are deallocated (they read zeros, LBPRZ) and the
-                // block sent is not written, as SBC-4 allows and initiators expect
-                let command = match (unmap, zero) {
-                    (true, _) => Command::Unmap { offset, length, fua },
-                    (false, true) => Command::WriteZeroes { offset, length, fua },
-                    (false, false) => Command::WriteSame { offset, length, pattern: buffer, fua },
-                };
-                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
-                self.submit(command, admission, started, itt, lun, expected, counted, answer).await;
-            }
-            Sink::CompareAndWrite { offset, fua, mut buffer } => {
-                let Some(admission) = admission else { return };
-                if buffer.is_empty() {
-                    return self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
-                }
-                if buffer.len() % (2 * LOGICAL_BLOCK_BYTES as usize) != 0 {
-                    // the initiator sent less than both halves: nothing is compared
-                    return self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
-                }
-                let data = buffer.split_off(buffer.len() / 2);
-                let command = Command::CompareAndWrite { offset, compare: buffer, data, fua };
-                self.submit(command, admission, started, itt, lun, expected, counted, Answer::CompareAndWrite { residual }).await;
-            }
-            Sink::OrWrite { offset, fua, buffer } => {
-                let Some(admission) = admission else { return };
-                if buffer.is_empty() {
-                    return self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted));
-                }
-                let answer = Answer::Done { residual, sense: Sense::WRITE_ERROR };
-                self.submit(Command::OrWrite { offset, data: buffer, fua }, admission, started, itt, lun, expected, counted, answer).await;
-            }
-            Sink::ModeSelect { ten, buffer } => {
-                let Some(unit) = &self.unit else { return };
-                let current = unit.wce.load(Ordering::Relaxed);
-                let pdu = match scsi::mode_select(&buffer, ten, current) {
-                    Ok(Some(wce)) if wce != current => {
-                        unit.wce.store(wce, Ordering::Relaxed);
-                        unit.reservations.update(|state| state.raise_for_others(&unit.nexus, pr::UA_MODE_PARAMETERS_CHANGED));
-                        let registry = self.server.frontend.registry.clone();
-                        let export = unit.export.clone();
-                        let value = if wce { "on" } else { "off" };
-                        let saved = tokio::task::spawn_blocking(move || registry.set_property(&export, "wce", value)).await;
-                        match saved {
-                            Ok(Ok(())) => tracing::info!(export = %unit.export, wce = value, "iscsi: write cache changed by MODE SELECT"),
-                            Ok(Err(error)) => {
-                                tracing::warn!(export = %unit.export, %error, "iscsi: the wce property could not be saved")
-                            }
-                            Err(_) => {}
-                        }
-                        scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted)
-                    }
-                    Ok(_) => scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted),
-                    Err(sense) => check_condition(itt, sense, expected, counted),
-                };
+            Collected::Good => self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted)),
+            Collected::Check(sense) => self.send(check_condition(itt, sense, expected, counted)),
+            Collected::ModeSelect { ten, buffer } => {
+                let pdu = self.mode_select(ten, &buffer, itt, residual, expected, counted).await;
                 self.send(pdu);
                 drop(admission);
             }
-            Sink::ReservationOut { service_action, kind, parameter_bytes, buffer } => {
+            Collected::ReservationOut { service_action, kind, parameter_bytes, buffer } => {
                 let pdu = self.reservation_out(service_action, kind, parameter_bytes, buffer, itt, residual, expected, counted).await;
                 self.send(pdu);
                 drop(admission);
             }
+        }
+    }
+
+    /// MODE SELECT's parameter list is in: a WCE change is applied, saved as the
+    /// volume's `wce` property and announced to the other sessions.
+    async fn mode_select(&self, ten: bool, buffer: &[u8], itt: u32, residual: Residual, expected: usize, counted: bool) -> OutPdu {
+        let Some(unit) = &self.unit else { return check_condition(itt, Sense::INTERNAL_FAILURE, expected, counted) };
+        let current = unit.wce.load(Ordering::Relaxed);
+        match scsi::mode_select(buffer, ten, current) {
+            Ok(Some(wce)) if wce != current => {
+                unit.wce.store(wce, Ordering::Relaxed);
+                unit.reservations.update(|state| state.raise_for_others(&unit.nexus, pr::UA_MODE_PARAMETERS_CHANGED));
+                let registry = self.server.frontend.registry.clone();
+                let export = unit.export.clone();
+                let value = if wce { "on" } else { "off" };
+                let saved = tokio::task::spawn_blocking(move || registry.set_property(&export, "wce", value)).await;
+                match saved {
+                    Ok(Ok(())) => tracing::info!(export = %unit.export, wce = value, "iscsi: write cache changed by MODE SELECT"),
+                    Ok(Err(error)) => tracing::warn!(export = %unit.export, %error, "iscsi: the wce property could not be saved"),
+                    Err(_) => {}
+                }
+                scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted)
+            }
+            Ok(_) => scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted),
+            Err(sense) => check_condition(itt, sense, expected, counted),
         }
     }
 

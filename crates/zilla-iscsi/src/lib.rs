@@ -8,8 +8,10 @@
 //! - [`auth`]: who may log in to which target, and CHAP, pure;
 //! - [`security`]: the security stage of a login (None or CHAP, initiator lists), pure;
 //! - [`sessions`]: the live sessions, for the admin's listing;
-//! - [`scsi`]: CDB decoding, sense data, INQUIRY/VPD/MODE pages, pure (fuzzed);
-//! - [`thin`]: UNMAP, WRITE SAME, GET LBA STATUS, COMPARE AND WRITE decoding, pure;
+//! - `access`: the authentication store in use, the sessions, logins in progress per address;
+//! - [`sense`]: the unit's description, status and sense data (what the SCSI modules share);
+//! - [`thin`], [`pr`]: provisioning and atomic commands, reservations and unit attentions;
+//! - [`scsi`]: CDB decoding, INQUIRY/VPD/MODE pages, pure (fuzzed);
 //! - [`names`]: target names and the unit's stable identifiers;
 //! - `framing`: a cancel-safe PDU reader;
 //! - `writer`: the write side of a connection (StatSN, CmdSN window, digests);
@@ -31,6 +33,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+mod access;
 pub mod auth;
 pub mod login;
 pub mod names;
@@ -38,6 +41,7 @@ pub mod pdu;
 pub mod pr;
 pub mod scsi;
 pub mod security;
+pub mod sense;
 pub mod server;
 pub mod sessions;
 pub mod thin;

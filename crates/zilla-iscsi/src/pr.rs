@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::scsi::Sense;
+use crate::sense::Sense;
 
 /// Registrations a logical unit keeps.
 pub const REGISTRATIONS_MAX: usize = 256;
@@ -329,42 +329,7 @@ impl PrState {
     pub fn out(&mut self, nexus: &str, service_action: u8, kind: u8, p: OutParameters) -> Result<Attentions, Refusal> {
         let registered = self.key_of(nexus);
         match service_action {
-            0 | 6 => {
-                let ignore_key = service_action == 6;
-                match registered {
-                    None => {
-                        if !ignore_key && p.key != 0 {
-                            return Err(Refusal::Conflict);
-                        }
-                        if p.service_action_key == 0 {
-                            return Ok(Vec::new());
-                        }
-                        if self.registrations.len() >= REGISTRATIONS_MAX {
-                            return Err(Refusal::Check(INSUFFICIENT_REGISTRATION_RESOURCES));
-                        }
-                        self.registrations.push((nexus.to_string(), p.service_action_key));
-                        self.generation = self.generation.wrapping_add(1);
-                        self.aptpl = p.aptpl;
-                        Ok(Vec::new())
-                    }
-                    Some(key) => {
-                        if !ignore_key && p.key != key {
-                            return Err(Refusal::Conflict);
-                        }
-                        let attentions = if p.service_action_key == 0 {
-                            self.unregister(nexus)
-                        } else {
-                            if let Some(entry) = self.registrations.iter_mut().find(|(n, _)| n == nexus) {
-                                entry.1 = p.service_action_key;
-                            }
-                            Vec::new()
-                        };
-                        self.generation = self.generation.wrapping_add(1);
-                        self.aptpl = p.aptpl;
-                        Ok(attentions)
-                    }
-                }
-            }
+            0 | 6 => self.register(nexus, registered, service_action == 6, p),
             _ if registered != Some(p.key) => Err(Refusal::Conflict),
             1 => {
                 let kind = PrType::from_code(kind).ok_or(Refusal::Check(Sense::INVALID_FIELD_IN_CDB))?;
@@ -400,6 +365,44 @@ impl PrState {
             }
             4 | 5 => self.preempt(nexus, kind, p.service_action_key),
             _ => Err(Refusal::Check(Sense::INVALID_FIELD_IN_CDB)),
+        }
+    }
+
+    /// REGISTER (`ignore_key`: REGISTER AND IGNORE EXISTING KEY) by `nexus`, whose key
+    /// is `registered`.
+    fn register(&mut self, nexus: &str, registered: Option<u64>, ignore_key: bool, p: OutParameters) -> Result<Attentions, Refusal> {
+        match registered {
+            None => {
+                if !ignore_key && p.key != 0 {
+                    return Err(Refusal::Conflict);
+                }
+                if p.service_action_key == 0 {
+                    return Ok(Vec::new());
+                }
+                if self.registrations.len() >= REGISTRATIONS_MAX {
+                    return Err(Refusal::Check(INSUFFICIENT_REGISTRATION_RESOURCES));
+                }
+                self.registrations.push((nexus.to_string(), p.service_action_key));
+                self.generation = self.generation.wrapping_add(1);
+                self.aptpl = p.aptpl;
+                Ok(Vec::new())
+            }
+            Some(key) => {
+                if !ignore_key && p.key != key {
+                    return Err(Refusal::Conflict);
+                }
+                let attentions = if p.service_action_key == 0 {
+                    self.unregister(nexus)
+                } else {
+                    if let Some(entry) = self.registrations.iter_mut().find(|(n, _)| n == nexus) {
+                        entry.1 = p.service_action_key;
+                    }
+                    Vec::new()
+                };
+                self.generation = self.generation.wrapping_add(1);
+                self.aptpl = p.aptpl;
+                Ok(attentions)
+            }
         }
     }
 

@@ -18,95 +18,7 @@
 
 use crate::thin;
 
-/// Bytes of a logical block.
-pub const LOGICAL_BLOCK_BYTES: u32 = 512;
-
-pub const STATUS_GOOD: u8 = 0x00;
-pub const STATUS_CHECK_CONDITION: u8 = 0x02;
-
-/// What the unit is, as the SCSI answers describe it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Geometry {
-    /// Logical blocks of the volume.
-    pub blocks: u64,
-    /// The volume's block size (volblocksize).
-    pub volume_block_bytes: u32,
-    pub read_only: bool,
-    /// A sparse volume (no refreservation): reported thin provisioned.
-    pub thin: bool,
-    /// Largest READ/WRITE in bytes.
-    pub transfer_max_bytes: u32,
-    /// 8-byte NAA identifier (type 3, locally assigned).
-    pub naa: u64,
-    /// Unit serial number (VPD 0x80), ASCII.
-    pub serial: String,
-    /// The iSCSI target name (SCSI name string designator).
-    pub target_name: String,
-}
-
-/// A CHECK CONDITION's sense key and additional sense code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sense {
-    pub key: u8,
-    pub asc: u8,
-    pub ascq: u8,
-    /// The field in error (sense-key specific): in the CDB (else the parameter list),
-    /// its byte and bit.
-    pub field: Option<FieldPointer>,
-}
-
-/// Where an INVALID FIELD lies (SPC-4 §4.5.2.4.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FieldPointer {
-    pub in_cdb: bool,
-    pub byte: u16,
-    pub bit: Option<u8>,
-}
-
-impl Sense {
-    pub const INVALID_OPCODE: Sense = Sense { key: 0x05, asc: 0x20, ascq: 0x00, field: None };
-    pub const LBA_OUT_OF_RANGE: Sense = Sense { key: 0x05, asc: 0x21, ascq: 0x00, field: None };
-    pub const INVALID_FIELD_IN_CDB: Sense = Sense { key: 0x05, asc: 0x24, ascq: 0x00, field: None };
-    pub const LUN_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x25, ascq: 0x00, field: None };
-    pub const INVALID_FIELD_IN_PARAMETER_LIST: Sense = Sense { key: 0x05, asc: 0x26, ascq: 0x00, field: None };
-    pub const PARAMETER_LIST_LENGTH_ERROR: Sense = Sense { key: 0x05, asc: 0x1a, ascq: 0x00, field: None };
-    pub const WRITE_PROTECTED: Sense = Sense { key: 0x07, asc: 0x27, ascq: 0x00, field: None };
-    pub const UNRECOVERED_READ_ERROR: Sense = Sense { key: 0x03, asc: 0x11, ascq: 0x00, field: None };
-    pub const WRITE_ERROR: Sense = Sense { key: 0x03, asc: 0x0c, ascq: 0x00, field: None };
-    pub const NO_SPACE: Sense = Sense { key: 0x07, asc: 0x27, ascq: 0x07, field: None };
-    pub const DATA_PHASE_ERROR: Sense = Sense { key: 0x0b, asc: 0x4b, ascq: 0x00, field: None };
-    pub const INTERNAL_FAILURE: Sense = Sense { key: 0x04, asc: 0x44, ascq: 0x00, field: None };
-    pub const SAVING_NOT_SUPPORTED: Sense = Sense { key: 0x05, asc: 0x39, ascq: 0x00, field: None };
-    pub const MISCOMPARE: Sense = Sense { key: 0x0e, asc: 0x1d, ascq: 0x00, field: None };
-
-    /// Fixed-format sense data with the INFORMATION field set (VALID).
-    pub fn fixed_with_information(&self, information: u32) -> [u8; 18] {
-        let mut s = self.fixed();
-        s[0] |= 0x80;
-        s[3..7].copy_from_slice(&information.to_be_bytes());
-        s
-    }
-
-    /// Fixed-format sense data (18 bytes).
-    pub fn fixed(&self) -> [u8; 18] {
-        let mut s = [0u8; 18];
-        s[0] = 0x70;
-        s[2] = self.key & 0x0f;
-        s[7] = 10;
-        s[12] = self.asc;
-        s[13] = self.ascq;
-        if let Some(f) = self.field {
-            s[15] = 0x80 | if f.in_cdb { 0x40 } else { 0 } | f.bit.map_or(0, |bit| 0x08 | (bit & 0x07));
-            s[16..18].copy_from_slice(&f.byte.to_be_bytes());
-        }
-        s
-    }
-
-    /// This sense naming the CDB byte in error.
-    pub const fn at_cdb_byte(self, byte: u16) -> Sense {
-        Sense { field: Some(FieldPointer { in_cdb: true, byte, bit: None }), ..self }
-    }
-}
+pub use crate::sense::{FieldPointer, Geometry, Sense, LOGICAL_BLOCK_BYTES, STATUS_CHECK_CONDITION, STATUS_GOOD};
 
 /// A decoded CDB.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,6 +53,17 @@ pub enum Operation {
     /// RESERVE/RELEASE and PERSISTENT RESERVE IN/OUT: run against the unit's shared
     /// reservation state (`pr`).
     Reservation(crate::pr::Command),
+}
+
+impl From<thin::Command> for Operation {
+    fn from(command: thin::Command) -> Operation {
+        match command {
+            thin::Command::Unmap { parameter_bytes } => Operation::Unmap { parameter_bytes },
+            thin::Command::WriteSame { lba, blocks, unmap, ndob } => Operation::WriteSame { lba, blocks, unmap, ndob },
+            thin::Command::CompareAndWrite { lba, blocks, fua } => Operation::CompareAndWrite { lba, blocks, fua },
+            thin::Command::GetLbaStatus { lba, allocation } => Operation::GetLbaStatus { lba, allocation },
+        }
+    }
 }
 
 fn be(bytes: &[u8]) -> u64 {
@@ -181,6 +104,9 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
     if let Some(decoded) = decode_block_io(opcode, &c, geometry) {
         return decoded;
     }
+    if let Some(decoded) = decode_provisioning(opcode, &c, geometry) {
+        return decoded;
+    }
     match opcode {
         0x00 => Ok(Operation::TestUnitReady),
         0x16 | 0x17 | 0x56 | 0x57 | 0x5e | 0x5f => crate::pr::decode(&c).map(Operation::Reservation),
@@ -196,13 +122,58 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
             Ok(Operation::DataIn(d))
         }
         0xa3 if c[1] & 0x1f == 0x0c => report_supported_operation_codes(&c),
-        0x42 => thin::decode_unmap(&c, geometry),
+        0x9e if c[1] & 0x1f == 0x10 => {
+            let allocation = be(&c[10..14]) as usize;
+            Ok(Operation::DataIn(cut(read_capacity16(geometry), allocation)))
+        }
+        0x35 | 0x91 => {
+            let (lba, blocks) = if opcode == 0x35 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
+            check_range(lba, blocks, geometry)?;
+            Ok(Operation::SynchronizeCache)
+        }
+        0x1a | 0x5a => Ok(mode_sense_cdb(&c)),
+        0x15 | 0x55 => {
+            let ten = opcode == 0x55;
+            let parameter_bytes = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
+            if geometry.read_only {
+                return Err(Sense::WRITE_PROTECTED);
+            }
+            Ok(Operation::ModeSelect { parameter_bytes, ten, save: c[1] & 0x01 != 0 })
+        }
+        _ => Err(Sense::INVALID_OPCODE),
+    }
+}
+
+/// MODE SENSE 6 or 10, its fields.
+fn mode_sense_cdb(c: &[u8; 16]) -> Operation {
+    let ten = c[0] == 0x5a;
+    let allocation = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
+    Operation::ModeSense {
+        ten,
+        dbd: c[1] & 0x08 != 0,
+        llbaa: ten && c[1] & 0x10 != 0,
+        page_control: c[2] >> 6,
+        page: c[2] & 0x3f,
+        subpage: c[3],
+        allocation,
+    }
+}
+
+/// UNMAP, WRITE SAME, COMPARE AND WRITE, GET LBA STATUS (thin.rs), PRE-FETCH, OR WRITE
+/// and READ DEFECT DATA; `None`: another opcode.
+fn decode_provisioning(opcode: u8, c: &[u8; 16], geometry: &Geometry) -> Option<Result<Operation, Sense>> {
+    let known = matches!(opcode, 0x42 | 0x34 | 0x90 | 0x37 | 0xb7 | 0x8b | 0x41 | 0x93 | 0x89) || (opcode == 0x9e && c[1] & 0x1f == 0x12);
+    if !known {
+        return None;
+    }
+    let decoded = (|| match opcode {
+        0x42 => thin::decode_unmap(c, geometry).map(Operation::from),
         0x34 | 0x90 => {
             let (lba, blocks) = if opcode == 0x34 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
             check_range(lba, blocks, geometry)?;
             Ok(Operation::Prefetch)
         }
-        0x37 | 0xb7 => Ok(Operation::DataIn(read_defect_data(&c))),
+        0x37 | 0xb7 => Ok(Operation::DataIn(read_defect_data(c))),
         0x8b => {
             if c[1] & 0xe0 != 0 || c[14] & 0x07 != 0 {
                 return Err(Sense::INVALID_FIELD_IN_CDB); // ORPROTECT, BMOP other than OR
@@ -217,41 +188,12 @@ pub fn decode(cdb: &[u8], lun0: bool, geometry: &Geometry) -> Result<Operation, 
             }
             Ok(Operation::OrWrite { lba, blocks: blocks as u32, fua: c[1] & 0x08 != 0 })
         }
-        0x41 | 0x93 => thin::decode_write_same(&c, geometry),
-        0x89 => thin::decode_compare_and_write(&c, geometry),
-        0x9e if c[1] & 0x1f == 0x12 => thin::decode_get_lba_status(&c, geometry),
-        0x9e if c[1] & 0x1f == 0x10 => {
-            let allocation = be(&c[10..14]) as usize;
-            Ok(Operation::DataIn(cut(read_capacity16(geometry), allocation)))
-        }
-        0x35 | 0x91 => {
-            let (lba, blocks) = if opcode == 0x35 { (be(&c[2..6]), be(&c[7..9])) } else { (be(&c[2..10]), be(&c[10..14])) };
-            check_range(lba, blocks, geometry)?;
-            Ok(Operation::SynchronizeCache)
-        }
-        0x1a | 0x5a => {
-            let ten = opcode == 0x5a;
-            let allocation = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
-            Ok(Operation::ModeSense {
-                ten,
-                dbd: c[1] & 0x08 != 0,
-                llbaa: ten && c[1] & 0x10 != 0,
-                page_control: c[2] >> 6,
-                page: c[2] & 0x3f,
-                subpage: c[3],
-                allocation,
-            })
-        }
-        0x15 | 0x55 => {
-            let ten = opcode == 0x55;
-            let parameter_bytes = if ten { be(&c[7..9]) as u32 } else { u32::from(c[4]) };
-            if geometry.read_only {
-                return Err(Sense::WRITE_PROTECTED);
-            }
-            Ok(Operation::ModeSelect { parameter_bytes, ten, save: c[1] & 0x01 != 0 })
-        }
+        0x41 | 0x93 => thin::decode_write_same(c, geometry).map(Operation::from),
+        0x89 => thin::decode_compare_and_write(c, geometry).map(Operation::from),
+        0x9e if c[1] & 0x1f == 0x12 => thin::decode_get_lba_status(c, geometry).map(Operation::from),
         _ => Err(Sense::INVALID_OPCODE),
-    }
+    })();
+    Some(decoded)
 }
 
 /// READ, WRITE, WRITE AND VERIFY and VERIFY of every size; `None`: another opcode.

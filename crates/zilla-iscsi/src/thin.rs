@@ -25,7 +25,20 @@
 //! blocks (zero blocks: to the end of the unit, within that limit), COMPARE AND WRITE of at
 //! most `COMPARE_AND_WRITE_BLOCKS_MAX` blocks.
 
-use crate::scsi::{Geometry, Operation, Sense, LOGICAL_BLOCK_BYTES};
+use crate::sense::{Geometry, Sense, LOGICAL_BLOCK_BYTES};
+
+/// A decoded provisioning or atomic command (scsi.rs makes it an `Operation`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// UNMAP with a parameter list of `parameter_bytes` (Data-Out).
+    Unmap { parameter_bytes: u32 },
+    /// WRITE SAME of one block (Data-Out, none with `ndob`) over `blocks` at `lba`.
+    WriteSame { lba: u64, blocks: u64, unmap: bool, ndob: bool },
+    /// COMPARE AND WRITE: Data-Out of `2 * blocks` blocks (compare, then write).
+    CompareAndWrite { lba: u64, blocks: u8, fua: bool },
+    /// GET LBA STATUS from `lba`, answered in at most `allocation` bytes.
+    GetLbaStatus { lba: u64, allocation: u32 },
+}
 
 /// Block descriptors one UNMAP may carry.
 pub const UNMAP_DESCRIPTORS_MAX: u32 = 256;
@@ -51,14 +64,14 @@ fn in_range(lba: u64, blocks: u64, g: &Geometry) -> Result<(), Sense> {
 }
 
 /// UNMAP (0x42): its parameter list comes as Data-Out.
-pub fn decode_unmap(c: &[u8; 16], g: &Geometry) -> Result<Operation, Sense> {
+pub fn decode_unmap(c: &[u8; 16], g: &Geometry) -> Result<Command, Sense> {
     if c[1] & 0x01 != 0 {
         return Err(Sense::INVALID_FIELD_IN_CDB); // ANCHOR: anchored blocks are not supported
     }
     if g.read_only {
         return Err(Sense::WRITE_PROTECTED);
     }
-    Ok(Operation::Unmap { parameter_bytes: be(&c[7..9]) as u32 })
+    Ok(Command::Unmap { parameter_bytes: be(&c[7..9]) as u32 })
 }
 
 /// The ranges of an UNMAP parameter list, in blocks, checked whole.
@@ -95,7 +108,7 @@ pub fn unmap_ranges(list: &[u8], g: &Geometry) -> Result<Vec<(u64, u64)>, Sense>
 }
 
 /// WRITE SAME 10 (0x41) and 16 (0x93).
-pub fn decode_write_same(c: &[u8; 16], g: &Geometry) -> Result<Operation, Sense> {
+pub fn decode_write_same(c: &[u8; 16], g: &Geometry) -> Result<Command, Sense> {
     let sixteen = c[0] == 0x93;
     // WRPROTECT, ANCHOR, PBDATA/LBDATA (obsolete): not supported
     if c[1] & 0xf6 != 0 {
@@ -113,11 +126,11 @@ pub fn decode_write_same(c: &[u8; 16], g: &Geometry) -> Result<Operation, Sense>
     if g.read_only {
         return Err(Sense::WRITE_PROTECTED);
     }
-    Ok(Operation::WriteSame { lba, blocks, unmap, ndob })
+    Ok(Command::WriteSame { lba, blocks, unmap, ndob })
 }
 
 /// COMPARE AND WRITE (0x89): `blocks` to compare, then as many to write.
-pub fn decode_compare_and_write(c: &[u8; 16], g: &Geometry) -> Result<Operation, Sense> {
+pub fn decode_compare_and_write(c: &[u8; 16], g: &Geometry) -> Result<Command, Sense> {
     if c[1] & 0xe1 != 0 {
         return Err(Sense::INVALID_FIELD_IN_CDB); // WRPROTECT, reserved
     }
@@ -129,16 +142,16 @@ pub fn decode_compare_and_write(c: &[u8; 16], g: &Geometry) -> Result<Operation,
     if g.read_only {
         return Err(Sense::WRITE_PROTECTED);
     }
-    Ok(Operation::CompareAndWrite { lba, blocks, fua: c[1] & 0x08 != 0 })
+    Ok(Command::CompareAndWrite { lba, blocks, fua: c[1] & 0x08 != 0 })
 }
 
 /// GET LBA STATUS (0x9E / 0x12).
-pub fn decode_get_lba_status(c: &[u8; 16], g: &Geometry) -> Result<Operation, Sense> {
+pub fn decode_get_lba_status(c: &[u8; 16], g: &Geometry) -> Result<Command, Sense> {
     let lba = be(&c[2..10]);
     if lba >= g.blocks {
         return Err(Sense::LBA_OUT_OF_RANGE);
     }
-    Ok(Operation::GetLbaStatus { lba, allocation: be(&c[10..14]) as u32 })
+    Ok(Command::GetLbaStatus { lba, allocation: be(&c[10..14]) as u32 })
 }
 
 /// The GET LBA STATUS answer for extents `(offset_bytes, length_bytes, hole)` read
@@ -246,11 +259,11 @@ mod tests {
         c[1] = 0x08;
         c[9] = 16;
         c[13] = 32;
-        assert_eq!(decode_write_same(&c, &g), Ok(Operation::WriteSame { lba: 16, blocks: 32, unmap: true, ndob: false }));
+        assert_eq!(decode_write_same(&c, &g), Ok(Command::WriteSame { lba: 16, blocks: 32, unmap: true, ndob: false }));
         c[13] = 0;
         assert_eq!(
             decode_write_same(&c, &g),
-            Ok(Operation::WriteSame { lba: 16, blocks: 2048 - 16, unmap: true, ndob: false }),
+            Ok(Command::WriteSame { lba: 16, blocks: 2048 - 16, unmap: true, ndob: false }),
             "zero blocks: to the end of the unit"
         );
         let huge = Geometry { blocks: 1 << 40, ..geometry() };
@@ -267,7 +280,7 @@ mod tests {
         w[1] = 0x08;
         w[9] = 4;
         w[13] = 1;
-        assert_eq!(decode_compare_and_write(&w, &g), Ok(Operation::CompareAndWrite { lba: 4, blocks: 1, fua: true }));
+        assert_eq!(decode_compare_and_write(&w, &g), Ok(Command::CompareAndWrite { lba: 4, blocks: 1, fua: true }));
         w[9] = 0xff;
         w[8] = 0x07;
         w[13] = 2;

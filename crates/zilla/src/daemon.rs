@@ -553,6 +553,18 @@ fn remove_stale_sockets(socks: &[&Path]) -> anyhow::Result<()> {
     Ok(())
 }
 
+
+/// On a listener other than loopback, say once how targets without a CHAP user are
+/// treated.
+fn log_iscsi_exposure(iscsi: Option<&tokio::net::TcpListener>, unauthenticated: bool) {
+    if let Some(addr) = iscsi.and_then(|l| l.local_addr().ok()).filter(|a| !a.ip().is_loopback()) {
+        if unauthenticated {
+            tracing::warn!("iSCSI on {addr}: logins to targets without a CHAP user are not authenticated (--iscsi-auth none)");
+        } else {
+            tracing::info!("iSCSI on {addr}: targets without a CHAP user refuse logins (set one with `zilla iscsi auth`)");
+        }
+    }
+}
 /// Run the daemon until SIGTERM/SIGINT. `preimported` pools (the demo's) are added
 /// before the cache file is read. `ready` is called once every listener is bound.
 pub async fn run(
@@ -582,29 +594,15 @@ pub async fn run(
     let http = bind_tcp(opts.http.as_deref(), "HTTP").await?;
     let iscsi = bind_tcp(opts.iscsi.as_deref(), "iSCSI").await?;
 
-    let info = DaemonInfo {
-        version: env!("CARGO_PKG_VERSION").into(),
-        pid: std::process::id(),
-        state_dir: dir.display().to_string(),
-        nbd_tcp: nbd_tcp.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
-        nbd_unix: Some(nbd_sock.display().to_string()),
-        iscsi: iscsi.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
-        http: http.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()),
-        notices: vec![],
-    };
+    let address = |l: Option<&tokio::net::TcpListener>| l.and_then(|l| l.local_addr().ok()).map(|a| a.to_string());
+    let info = DaemonInfo::serving(&dir, address(nbd_tcp.as_ref()), &nbd_sock, address(iscsi.as_ref()), address(http.as_ref()));
     // CHAP users and initiator lists: a file that cannot be read stops the start (serving
     // without the CHAP the admin set up would open the targets)
     let iscsi_auth = crate::iscsi_admin::load(&dir)?;
     let iscsi_config = zilla_iscsi::IscsiConfig { unauthenticated_logins: opts.iscsi_unauthenticated, ..Default::default() };
     let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config, iscsi_config);
     daemon.iscsi.set_auth_store(iscsi_auth);
-    if let Some(addr) = iscsi.as_ref().and_then(|l| l.local_addr().ok()).filter(|a| !a.ip().is_loopback()) {
-        if opts.iscsi_unauthenticated {
-            tracing::warn!("iSCSI on {addr}: logins to targets without a CHAP user are not authenticated (--iscsi-auth none)");
-        } else {
-            tracing::info!("iSCSI on {addr}: targets without a CHAP user refuse logins (set one with `zilla iscsi auth`)");
-        }
-    }
+    log_iscsi_exposure(iscsi.as_ref(), opts.iscsi_unauthenticated);
     for p in preimported {
         daemon.pools.insert(p.name(), p);
     }
@@ -656,6 +654,22 @@ pub async fn run(
     tracing::info!("stopped");
     drop(lock);
     Ok(())
+}
+
+impl DaemonInfo {
+    /// What a daemon serving from `dir` on these addresses tells its clients.
+    fn serving(dir: &std::path::Path, nbd_tcp: Option<String>, nbd_sock: &std::path::Path, iscsi: Option<String>, http: Option<String>) -> DaemonInfo {
+        DaemonInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            state_dir: dir.display().to_string(),
+            nbd_tcp,
+            nbd_unix: Some(nbd_sock.display().to_string()),
+            iscsi,
+            http,
+            notices: vec![],
+        }
+    }
 }
 
 /// A TCP listener on `addr` (`None`: that listener is off).

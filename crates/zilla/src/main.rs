@@ -1310,59 +1310,65 @@ async fn iscsi_cmd(c: &Client, cmd: IscsiCmd) -> Result<(), String> {
         }
         IscsiCmd::List { scripted, parsable, what } => {
             let listing: IscsiListing = c.get("/v1/iscsi").await?;
-            let size = |n: usize| if parsable { n.to_string() } else { units::nicebytes(n as u64) };
-            let show_targets = what.as_deref() != Some("sessions");
-            let show_sessions = what.as_deref() != Some("targets");
-            if show_targets {
-                let mut rows = vec![vec![
-                    "default".to_string(),
-                    "-".to_string(),
-                    "-".to_string(),
-                    listing.default.auth.clone(),
-                    listing.default.initiators.len().to_string(),
-                ]];
-                for t in &listing.targets {
-                    rows.push(vec![t.iqn.clone(), t.volume.clone(), yes_no(t.shared), t.auth.clone(), t.initiators.to_string()]);
-                }
-                let a = [format::Align::Left, format::Align::Left, format::Align::Left, format::Align::Left, format::Align::Right];
-                print!("{}", format::table(&["TARGET", "VOLUME", "SHARED", "AUTH", "ACL"], &a, &rows, scripted));
-            }
-            if show_sessions {
-                if show_targets && !scripted {
-                    println!();
-                }
-                let rows: Vec<Vec<String>> = listing
-                    .sessions
-                    .iter()
-                    .map(|s| {
-                        let digest = |on: bool| if on { "CRC32C" } else { "None" }.to_string();
-                        vec![
-                            s.initiator.clone(),
-                            s.isid.clone(),
-                            s.tsih.to_string(),
-                            s.peer.clone(),
-                            if s.discovery { "discovery".to_string() } else { s.target.clone() },
-                            s.auth.clone(),
-                            size(s.max_recv_data_segment_length),
-                            size(s.max_burst_length),
-                            size(s.first_burst_length),
-                            yes_no(s.immediate_data),
-                            yes_no(s.initial_r2t),
-                            digest(s.header_digest),
-                            digest(s.data_digest),
-                        ]
-                    })
-                    .collect();
-                if rows.is_empty() && !scripted {
-                    println!("no iSCSI sessions");
-                } else {
-                    use format::Align::{Left, Right};
-                    let a = [Left, Left, Right, Left, Left, Left, Right, Right, Right, Left, Left, Left, Left];
-                    let h = ["INITIATOR", "ISID", "TSIH", "PEER", "TARGET", "AUTH", "MAXRECVDSL", "MAXBURST", "FIRSTBURST", "IMMDATA", "INITR2T", "HDRDIGEST", "DATADIGEST"];
-                    print!("{}", format::table(&h, &a, &rows, scripted));
-                }
-            }
+            print_iscsi_listing(&listing, scripted, parsable, what.as_deref());
             Ok(())
+        }
+    }
+}
+
+
+/// `zilla iscsi list`: the targets and the sessions (`what`: only one of them).
+fn print_iscsi_listing(listing: &IscsiListing, scripted: bool, parsable: bool, what: Option<&str>) {
+    let size = |n: usize| if parsable { n.to_string() } else { units::nicebytes(n as u64) };
+    let show_targets = what != Some("sessions");
+    let show_sessions = what != Some("targets");
+    if show_targets {
+        let mut rows = vec![vec![
+            "default".to_string(),
+            "-".to_string(),
+            "-".to_string(),
+            listing.default.auth.clone(),
+            listing.default.initiators.len().to_string(),
+        ]];
+        for t in &listing.targets {
+            rows.push(vec![t.iqn.clone(), t.volume.clone(), yes_no(t.shared), t.auth.clone(), t.initiators.to_string()]);
+        }
+        let a = [format::Align::Left, format::Align::Left, format::Align::Left, format::Align::Left, format::Align::Right];
+        print!("{}", format::table(&["TARGET", "VOLUME", "SHARED", "AUTH", "ACL"], &a, &rows, scripted));
+    }
+    if show_sessions {
+        if show_targets && !scripted {
+            println!();
+        }
+        let rows: Vec<Vec<String>> = listing
+            .sessions
+            .iter()
+            .map(|s| {
+                let digest = |on: bool| if on { "CRC32C" } else { "None" }.to_string();
+                vec![
+                    s.initiator.clone(),
+                    s.isid.clone(),
+                    s.tsih.to_string(),
+                    s.peer.clone(),
+                    if s.discovery { "discovery".to_string() } else { s.target.clone() },
+                    s.auth.clone(),
+                    size(s.max_recv_data_segment_length),
+                    size(s.max_burst_length),
+                    size(s.first_burst_length),
+                    yes_no(s.immediate_data),
+                    yes_no(s.initial_r2t),
+                    digest(s.header_digest),
+                    digest(s.data_digest),
+                ]
+            })
+            .collect();
+        if rows.is_empty() && !scripted {
+            println!("no iSCSI sessions");
+        } else {
+            use format::Align::{Left, Right};
+            let a = [Left, Left, Right, Left, Left, Left, Right, Right, Right, Left, Left, Left, Left];
+            let h = ["INITIATOR", "ISID", "TSIH", "PEER", "TARGET", "AUTH", "MAXRECVDSL", "MAXBURST", "FIRSTBURST", "IMMDATA", "INITR2T", "HDRDIGEST", "DATADIGEST"];
+            print!("{}", format::table(&h, &a, &rows, scripted));
         }
     }
 }
