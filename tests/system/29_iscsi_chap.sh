@@ -40,6 +40,8 @@ inq "iscsi://$HOST/$TARGET/0" || fail "login without CHAP configured failed: $(c
 
 # Bad settings are refused with one line and change nothing.
 expect_error "12 to 255 bytes" z iscsi auth tank/vol --user alice --secret-file "$T/short"
+# a device named by mistake: read no further than a secret can be
+expect_error "12 to 255 bytes" timeout 10 "$ZILLA" --state-dir "$STATE" iscsi auth tank/vol --user alice --secret-file /dev/zero
 expect_error "not an iSCSI name" z iscsi auth tank/vol --user alice --secret-file "$T/secret" --initiator bogus
 expect_error "mutual CHAP needs" z iscsi auth tank/vol --mutual-user tgt --mutual-secret-file "$T/mutual"
 inq "iscsi://$HOST/$TARGET/0" || fail "a refused change took effect: $(cat "$T/inq")"

@@ -64,8 +64,9 @@ use crate::{names, thin, IscsiConfig, IscsiStats};
 const DEFERRED_EXTRA: usize = 16;
 /// Bytes of text a login may spread over PDUs with the C bit.
 const LOGIN_TEXT_MAX_BYTES: usize = 64 << 10;
-/// Largest UNMAP parameter list read (header and `UNMAP_DESCRIPTORS_MAX` descriptors).
-const UNMAP_LIST_MAX_BYTES: usize = 8 + 16 * thin::UNMAP_DESCRIPTORS_MAX as usize;
+/// Largest UNMAP parameter list read: the header, `UNMAP_DESCRIPTORS_MAX` descriptors and
+/// one more, so a list with too many is refused whole instead of losing its tail.
+const UNMAP_LIST_MAX_BYTES: usize = 8 + 16 * (thin::UNMAP_DESCRIPTORS_MAX as usize + 1);
 /// Memory units charged on top of a transfer (headers, bookkeeping).
 const COMMAND_OVERHEAD_UNITS: usize = 1024;
 

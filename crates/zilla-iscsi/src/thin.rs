@@ -83,9 +83,10 @@ pub fn unmap_ranges(list: &[u8], g: &Geometry) -> Result<Vec<(u64, u64)>, Sense>
         return Err(Sense::PARAMETER_LIST_LENGTH_ERROR);
     }
     let descriptor_bytes = be(&list[2..4]) as usize;
-    // a partial last descriptor is ignored (SBC-3 §5.28.2)
+    // a partial last descriptor is ignored (SBC-3 §5.28.2); a list declaring more
+    // descriptors than the limit is refused whole, even if less of it arrived
     let available = (list.len() - 8).min(descriptor_bytes) / 16;
-    if available > UNMAP_DESCRIPTORS_MAX as usize {
+    if available > UNMAP_DESCRIPTORS_MAX as usize || descriptor_bytes / 16 > UNMAP_DESCRIPTORS_MAX as usize {
         return Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST);
     }
     let mut ranges = Vec::with_capacity(available);
@@ -244,6 +245,13 @@ mod tests {
         let many: Vec<(u64, u32)> = (0..=UNMAP_DESCRIPTORS_MAX as u64).map(|i| (i, 1)).collect();
         let big = Geometry { blocks: 1 << 40, ..geometry() };
         assert_eq!(unmap_ranges(&list(&many), &big), Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST));
+        // the list as the connection reads it (cut after one descriptor past the limit)
+        let read = list(&many);
+        assert_eq!(unmap_ranges(&read[..8 + 16 * 257], &big), Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST));
+        // a header declaring too many, however little of it arrived
+        let mut short = list(&[(0, 1)]);
+        short[2..4].copy_from_slice(&(16 * 300u16).to_be_bytes());
+        assert_eq!(unmap_ranges(&short, &big), Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST));
         assert_eq!(unmap_ranges(&list(&[(0, UNMAP_BLOCKS_MAX + 1)]), &big), Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST));
         // a list longer than its descriptor length field: only the declared ones count
         let mut l = list(&[(0, 8)]);

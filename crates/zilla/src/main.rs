@@ -1254,7 +1254,16 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
 
 /// A CHAP secret from a file: its bytes less one trailing newline, as text.
 fn read_secret(path: &Path) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    use std::io::Read;
+    // a secret has at most 255 bytes (and a line end): read no more than that, so a
+    // device or a pipe named by mistake cannot fill memory
+    const READ_MAX_BYTES: u64 = 258;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(READ_MAX_BYTES).read_to_end(&mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 == READ_MAX_BYTES {
+        return Err(format!("{}: a CHAP secret has 12 to 255 bytes; the file is longer", path.display()));
+    }
     let bytes = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
     let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
     String::from_utf8(bytes.to_vec()).map_err(|_| format!("{}: a CHAP secret must be text (UTF-8)", path.display()))
