@@ -14,7 +14,7 @@ ISCSI_PORT=$(free_port)
 ISCSI_ADDR=127.0.0.1:$ISCSI_PORT
 TARGET=iqn.2026-11.io.zilla:tank.vol
 CLIENT="python3 $(dirname "$0")/iscsi_client.py 127.0.0.1:$ISCSI_PORT $TARGET"
-ABUSE="python3 $(dirname "$0")/iscsi_abuse.py 127.0.0.1:$ISCSI_PORT $TARGET"
+ABUSE="env ISCSI_INITIATOR=iqn.2026-11.io.zilla:abuser python3 $(dirname "$0")/iscsi_abuse.py 127.0.0.1:$ISCSI_PORT $TARGET"
 start_daemon
 make_pool tank 256M
 make_volume tank/vol 64M
@@ -48,6 +48,9 @@ $ABUSE window | tee -a "$T/abuse"
 # the target keeps at most 16 of them in the login phase, so a login from another
 # address still gets in
 $ABUSE login-flood 1100 | tee -a "$T/abuse"
+# session reinstatement: the same initiator name and ISID log in again (RFC 7143 §6.3.5)
+env ISCSI_INITIATOR=iqn.2026-11.io.zilla:reinstated python3 "$(dirname "$0")/iscsi_abuse.py" \
+    "127.0.0.1:$ISCSI_PORT" "$TARGET" reinstate | tee -a "$T/abuse"
 kept=$(sed -n 's/^login-flood: [0-9]* connections made, \([0-9]*\) kept.*/\1/p' "$T/abuse")
 [ "${kept:-9999}" -le 16 ] || fail "the target kept $kept silent connections of one address in the login phase"
 sleep 1

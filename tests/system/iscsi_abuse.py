@@ -8,6 +8,8 @@
     iscsi_abuse.py HOST:PORT TARGET window          # commands far outside the CmdSN window
     iscsi_abuse.py HOST:PORT TARGET login-flood N   # N silent connections from 127.0.0.2, then a
                                                     # login from 127.0.0.1 must still succeed
+    iscsi_abuse.py HOST:PORT TARGET reinstate       # a second login with the session's initiator
+                                                    # name and ISID ends the first session
 
 Each prints one line saying what the target did, and exits 1 when it did something a
 target must not (accepted garbage, wrote part of an unfinished WRITE, answered a command
@@ -193,11 +195,22 @@ def login_flood(portal, target, args):
     return still_open
 
 
+def reinstate(portal, target, _args):
+    first = Initiator(portal, target)
+    first.command(bytes(10))                                # TEST UNIT READY: the session works
+    second = Initiator(portal, target)                      # same name, same ISID, TSIH 0
+    second.command(bytes(10))
+    if not closed_within(first.sock, 10):
+        raise SystemExit("reinstate: the first session still runs after a login with its initiator name and ISID")
+    second.command(bytes(10))
+    print("reinstate: the first session ended, the new one serves")
+
+
 def main(argv):
     if len(argv) < 4:
         raise SystemExit(__doc__)
     ops = {"garbage": garbage, "keys": keys, "half-write": half_write, "flood": flood, "window": window,
-           "login-flood": login_flood}
+           "login-flood": login_flood, "reinstate": reinstate}
     if argv[3] not in ops:
         raise SystemExit(f"unknown operation {argv[3]}")
     ops[argv[3]](argv[1], argv[2], argv[4:])

@@ -940,7 +940,7 @@ where
     };
     let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name, info, nexus } = logged_in;
     // listed for the admin until the connection ends (not when the registry is full)
-    let _listed_session = server.access.sessions.register(info);
+    let listed_session = server.access.sessions.register(info);
     let digests = Digests { header: params.header_digest, data: params.data_digest };
     reader.digests = digests;
     let window = Arc::new(Mutex::new(CommandWindow { exp_cmd_sn, in_flight: 0, size: config.command_window }));
@@ -977,7 +977,8 @@ where
         text_rest: None,
         session_type,
     };
-    let result = session.run(stop, disconnect).await;
+    let reinstated = listed_session.as_ref().map(|l| l.reinstated.clone());
+    let result = session.run(stop, disconnect, reinstated).await;
     session.finish().await;
     if let Some(unit) = &session.unit {
         server.units.detach(&unit.export, &unit.nexus, &unit.reservations);
@@ -1034,10 +1035,17 @@ impl<R: AsyncRead + Unpin> Session<R> {
         self.send(pdu);
     }
 
-    async fn run(&mut self, mut stop: watch::Receiver<bool>, disconnect: Option<watch::Receiver<bool>>) -> io::Result<()> {
+    async fn run(
+        &mut self,
+        mut stop: watch::Receiver<bool>,
+        disconnect: Option<watch::Receiver<bool>>,
+        reinstated: Option<watch::Receiver<bool>>,
+    ) -> io::Result<()> {
         // a discovery session is not listed: nothing asks it to go but the shutdown
         let (_keep, unlisted) = watch::channel(false);
-        let mut disconnect = disconnect.unwrap_or(unlisted);
+        let mut disconnect = disconnect.unwrap_or_else(|| unlisted.clone());
+        // a new login of the same initiator and ISID ends this session
+        let mut reinstated = reinstated.unwrap_or(unlisted);
         loop {
             let frame = match self.deferred.pop_front() {
                 Some(pdu) => Ok(Frame::Pdu(pdu)),
@@ -1054,6 +1062,10 @@ impl<R: AsyncRead + Unpin> Session<R> {
                     tokio::select! {
                         _ = stop.wait_for(|s| *s) => return Ok(()),
                         Ok(_) = disconnect.wait_for(|s| *s) => return Ok(()),
+                        Ok(_) = reinstated.wait_for(|r| *r) => {
+                            tracing::info!(client = %self.peer.client, "iscsi: session reinstated by a new login of its initiator and ISID; closing");
+                            return Ok(());
+                        }
                         // the writer stopped (a client that took no reply for the stall
                         // timeout): nothing can be answered any more
                         _ = self.out.closed() => return Ok(()),

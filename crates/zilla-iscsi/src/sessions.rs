@@ -79,7 +79,8 @@ impl SessionInfo {
 
 /// The bounded registry of live sessions.
 pub(crate) struct SessionRegistry {
-    entries: Mutex<BTreeMap<u64, SessionInfo>>,
+    /// Each live session and the signal that ends it when a new login reinstates it.
+    entries: Mutex<BTreeMap<u64, (SessionInfo, tokio::sync::watch::Sender<bool>)>>,
     next_id: AtomicU64,
     capacity: usize,
 }
@@ -88,6 +89,9 @@ pub(crate) struct SessionRegistry {
 pub(crate) struct Listed {
     registry: Arc<SessionRegistry>,
     id: u64,
+    /// Turns true when a later login of the same initiator and ISID reinstates the
+    /// session (RFC 7143 §6.3.5): it is to end.
+    pub(crate) reinstated: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Drop for Listed {
@@ -101,20 +105,30 @@ impl SessionRegistry {
         SessionRegistry { entries: Mutex::new(BTreeMap::new()), next_id: AtomicU64::new(1), capacity: capacity.max(1) }
     }
 
-    /// List `info` until the guard is dropped; `None` when the registry is full.
+    /// List `info` until the guard is dropped; `None` when the registry is full. A
+    /// normal session of the same initiator name and ISID already listed is told to end
+    /// (session reinstatement).
     pub(crate) fn register(self: &Arc<Self>, info: SessionInfo) -> Option<Listed> {
         let mut entries = self.entries.lock();
+        if !info.discovery {
+            for (old, end) in entries.values() {
+                if !old.discovery && old.initiator_name == info.initiator_name && old.isid == info.isid {
+                    end.send_replace(true);
+                }
+            }
+        }
         if entries.len() >= self.capacity {
             return None;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        entries.insert(id, info);
-        Some(Listed { registry: self.clone(), id })
+        let (end, reinstated) = tokio::sync::watch::channel(false);
+        entries.insert(id, (info, end));
+        Some(Listed { registry: self.clone(), id, reinstated })
     }
 
     /// The live sessions, oldest first.
     pub(crate) fn snapshot(&self) -> Vec<SessionInfo> {
-        self.entries.lock().values().cloned().collect()
+        self.entries.lock().values().map(|(info, _)| info.clone()).collect()
     }
 }
 
