@@ -271,6 +271,9 @@ pub struct WritePolicy {
     pub txg: Txg,
     /// Keep the new indirect blocks for the ARC (primarycache all or metadata).
     pub cache_metadata: bool,
+    /// How an old indirect block read for the rewrite is cached: the volume's
+    /// `secondarycache` decides whether it may go to a cache device.
+    pub read_hint: crate::arc::CacheHint,
 }
 
 /// A block written by a sync, to enter the ARC once its txg has committed.
@@ -309,7 +312,7 @@ pub fn apply_changes(
         let mut ind: Vec<u8> = if bp.is_hole() {
             vec![0u8; INDIRECT_SIZE]
         } else {
-            read_indirect(io, bp, IoClass::AsyncRead)?.to_vec()
+            read_indirect_hinted(io, bp, IoClass::AsyncRead, pol.read_hint)?.to_vec()
         };
         let mut i = 0;
         while i < changes.len() {

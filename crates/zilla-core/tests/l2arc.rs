@@ -282,8 +282,12 @@ fn secondarycache_none_keeps_a_volumes_data_off_the_cache_device() {
     let pool = Pool::create_with("l2n", tops_with_cache(), zilla_core::spa::CreateOptions::default(), devs.opener()).expect("create");
     pool.volume_create("v", VOL, BS as u32, &[("secondarycache".into(), "none".into())]).unwrap();
     let v = pool.open_volume("v").unwrap();
-    for off in (0..VOL).step_by(MIB as usize) {
-        v.write(off, &pattern(17 ^ off, MIB as usize), false).unwrap();
+    // the second pass rewrites every indirect block: its sync reads the old ones
+    for _pass in 0..2 {
+        for off in (0..VOL).step_by(MIB as usize) {
+            v.write(off, &pattern(17 ^ off, MIB as usize), false).unwrap();
+        }
+        pool.sync().unwrap();
     }
     v.flush().unwrap();
     drop(v);

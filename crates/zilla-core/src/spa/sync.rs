@@ -526,7 +526,9 @@ impl PoolInner {
             let changes = self.sync_volume_data(v, &recs, &overrides, pass)?;
             let props = v.props.typed();
             let cache_metadata = props.primarycache != crate::props::CachePolicy::None;
-            trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg, cache_metadata }));
+            let l2_eligible = props.secondarycache != crate::props::CachePolicy::None;
+            let read_hint = crate::arc::CacheHint { l2_eligible, ..crate::arc::CacheHint::METADATA };
+            trees.push((v.clone(), root, changes, WritePolicy { algo: props.checksum, comp: props.compression, txg, cache_metadata, read_hint }));
         }
         Ok(trees)
     }
