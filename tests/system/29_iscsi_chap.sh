@@ -71,6 +71,11 @@ z iscsi auth "$TARGET" --initiator "$ALLOWED" >/dev/null
 inq "iscsi://alice%$SECRET@$HOST/$TARGET/0" -i "$ALLOWED" || fail "an allowed initiator was refused: $(cat "$T/inq")"
 if inq "iscsi://alice%$SECRET@$HOST/$TARGET/0" -i "$OTHER"; then fail "an initiator off the list logged in"; fi
 auth_failed || fail "initiator off the list: no authorization failure: $(cat "$T/inq")"
+# discovery shows the target to the allowed initiator only
+timeout 20 iscsi-ls -i "$ALLOWED" "iscsi://alice%$SECRET@$HOST" >"$T/ls-allowed" 2>&1 || fail "discovery by the allowed initiator failed: $(cat "$T/ls-allowed")"
+grep -q "^Target:$TARGET " "$T/ls-allowed" || fail "discovery hides $TARGET from the allowed initiator"
+timeout 20 iscsi-ls -i "$OTHER" "iscsi://alice%$SECRET@$HOST" >"$T/ls-other" 2>&1 || true
+if grep -q "^Target:$TARGET " "$T/ls-other"; then fail "discovery shows $TARGET to an initiator off its list"; fi
 
 # Mutual CHAP: the target proves its own secret to libiscsi.
 z iscsi auth "$TARGET" --mutual-user tgt --mutual-secret-file "$T/mutual" | tee "$T/auth"

@@ -940,6 +940,7 @@ where
     };
     let LoggedIn { params, session_type, export, stat_sn, exp_cmd_sn, target_name, info, nexus } = logged_in;
     // listed for the admin until the connection ends (not when the registry is full)
+    let initiator_name = info.initiator_name.clone();
     let listed_session = server.access.sessions.register(info);
     let digests = Digests { header: params.header_digest, data: params.data_digest };
     reader.digests = digests;
@@ -976,6 +977,7 @@ where
         next_ttt: 1,
         text_rest: None,
         session_type,
+        initiator_name,
     };
     let reinstated = listed_session.as_ref().map(|l| l.reinstated.clone());
     let result = session.run(stop, disconnect, reinstated).await;
@@ -1018,6 +1020,8 @@ struct Session<R> {
     /// SendTargets text still to send: (TTT, bytes).
     text_rest: Option<(u32, Vec<u8>)>,
     session_type: SessionType,
+    /// The initiator's name (discovery lists only the targets whose list allows it).
+    initiator_name: String,
 }
 
 impl<R: AsyncRead + Unpin> Session<R> {
@@ -1311,9 +1315,14 @@ impl<R: AsyncRead + Unpin> Session<R> {
         };
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
+        let store = self.server.access.store();
         for export in exports {
             let name = names::target_name(&export);
             if value != "All" && !value.is_empty() && !value.eq_ignore_ascii_case(&name) {
+                continue;
+            }
+            // a target whose initiator list leaves this initiator out is not shown to it
+            if !store.entry(&name).allows(&self.initiator_name) {
                 continue;
             }
             if !seen.insert(name.clone()) {
