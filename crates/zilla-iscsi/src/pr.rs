@@ -406,6 +406,16 @@ impl PrState {
         }
     }
 
+    /// The registrations of `victim_key` removed by `nexus`'s PREEMPT; a key nobody
+    /// holds (not even `nexus` itself) is a RESERVATION CONFLICT.
+    fn preempt_key(&mut self, victim_key: u64, nexus: &str) -> Result<Vec<String>, Refusal> {
+        let removed = self.remove_key(victim_key, nexus);
+        if removed.is_empty() && self.key_of(nexus) != Some(victim_key) {
+            return Err(Refusal::Conflict);
+        }
+        Ok(removed)
+    }
+
     /// PREEMPT (and PREEMPT AND ABORT) by registered `nexus`.
     fn preempt(&mut self, nexus: &str, kind: u8, victim_key: u64) -> Result<Attentions, Refusal> {
         let kind = PrType::from_code(kind).ok_or(Refusal::Check(Sense::INVALID_FIELD_IN_CDB))?;
@@ -416,10 +426,7 @@ impl PrState {
                 if victim_key == 0 {
                     return Err(Refusal::Check(Sense::INVALID_FIELD_IN_PARAMETER_LIST));
                 }
-                let removed = self.remove_key(victim_key, nexus);
-                if removed.is_empty() && self.key_of(nexus) != Some(victim_key) {
-                    return Err(Refusal::Conflict);
-                }
+                let removed = self.preempt_key(victim_key, nexus)?;
                 attentions.extend(preempted(removed));
             }
             Some(r) if r.kind.all_registrants() => {
@@ -429,10 +436,7 @@ impl PrState {
                     self.reservation = Some(Reservation { holder: nexus.to_string(), kind });
                     attentions.extend(preempted(removed));
                 } else {
-                    let removed = self.remove_key(victim_key, nexus);
-                    if removed.is_empty() && self.key_of(nexus) != Some(victim_key) {
-                        return Err(Refusal::Conflict);
-                    }
+                    let removed = self.preempt_key(victim_key, nexus)?;
                     if r.holder != nexus && removed.contains(&r.holder) {
                         self.reservation = Some(Reservation { holder: nexus.to_string(), kind: r.kind });
                     }
@@ -453,10 +457,7 @@ impl PrState {
                     if victim_key == 0 {
                         return Err(Refusal::Check(Sense::INVALID_FIELD_IN_PARAMETER_LIST));
                     }
-                    let removed = self.remove_key(victim_key, nexus);
-                    if removed.is_empty() && self.key_of(nexus) != Some(victim_key) {
-                        return Err(Refusal::Conflict);
-                    }
+                    let removed = self.preempt_key(victim_key, nexus)?;
                     attentions.extend(preempted(removed));
                 }
             }
