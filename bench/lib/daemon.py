@@ -84,6 +84,17 @@ class Zilla:
         run([build.binary, "--state-dir", self.state, "tunable", "set",
              "sim_flush_backing=0"], check=False)
 
+    def create_mirror_pool(self, workdir, leaf_bytes, name="bench"):
+        """Pool `name` of two 2-way mirrors of sparse files of `leaf_bytes` in `workdir`."""
+        leaves = []
+        for i in range(4):
+            p = os.path.join(workdir, f"zilla-d{i}.img")
+            with open(p, "wb") as f:
+                f.truncate(leaf_bytes)
+            leaves.append(p)
+        self.cli("pool", "create", name, "mirror", leaves[0], leaves[1], "mirror", leaves[2], leaves[3])
+        return leaves
+
     def cli(self, *args):
         return run([self.build.binary, "--state-dir", self.state] + list(args)).stdout
 

@@ -69,6 +69,17 @@ def stop(p, grace_s=60):
         _procs.remove(p)
 
 
+def write_random_file(path, size):
+    """`size` bytes of random data (a scenario's servers all hold the same bytes)."""
+    chunk = 8 << 20
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(chunk, left)
+            f.write(os.urandom(n))
+            left -= n
+
+
 def make_workdir(prefix="zilla-bench-"):
     """A fresh temp dir under $BENCH_TMPDIR (default $TMPDIR or /tmp), removed at exit."""
     base = os.environ.get("BENCH_TMPDIR") or tempfile.gettempdir()

@@ -96,13 +96,7 @@ def run_scenario(ctx):
 
 
 def make_pool(z, wd):
-    leaves = []
-    for i in range(4):
-        p = os.path.join(wd, f"zilla-d{i}.img")
-        with open(p, "wb") as f:
-            f.truncate(2 * VOLUME_BYTES + 2 * GiB)
-        leaves.append(p)
-    z.cli("pool", "create", "bench", "mirror", leaves[0], leaves[1], "mirror", leaves[2], leaves[3])
+    z.create_mirror_pool(wd, 2 * VOLUME_BYTES + 2 * GiB)
     z.cli("volume", "create", "-V", str(VOLUME_BYTES), "bench/thick")
     z.cli("volume", "create", "-s", "-V", str(VOLUME_BYTES), "bench/sparse")
 

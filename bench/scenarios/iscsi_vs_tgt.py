@@ -52,7 +52,7 @@ from lib.fio import fio
 from lib.goals import goal
 from lib.machine import loadavg, wait_idle
 from lib.packages import ensure_packages, ensure_tools, package_versions
-from lib.proc import BenchError, log, make_workdir, run
+from lib.proc import BenchError, log, make_workdir, run, write_random_file
 from lib.tables import fmt, median_of, ratio, table
 
 NAME = "iscsi-vs-tgt"
@@ -179,25 +179,9 @@ def run_scenario(ctx):
             "results": results, "goals": goals(results)}
 
 
-def write_random_file(path, size):
-    chunk = 8 * MiB
-    with open(path, "wb") as f:
-        left = size
-        while left > 0:
-            n = min(chunk, left)
-            f.write(os.urandom(n))
-            left -= n
-
-
 def make_pool(z, wd, size):
     """Two 2-way mirrors of sparse files with room for both volumes plus dirty data."""
-    leaves = []
-    for i in range(4):
-        p = os.path.join(wd, f"zilla-d{i}.img")
-        with open(p, "wb") as f:
-            f.truncate(2 * size + 5 * GiB)
-        leaves.append(p)
-    z.cli("pool", "create", "bench", "mirror", leaves[0], leaves[1], "mirror", leaves[2], leaves[3])
+    z.create_mirror_pool(wd, 2 * size + 5 * GiB)
     z.cli("volume", "create", "-V", str(size), "bench/vol")
     z.cli("volume", "create", "-V", str(size), "-o", "wce=on", "bench/wvol")
 

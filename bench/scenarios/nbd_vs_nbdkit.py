@@ -19,7 +19,7 @@ from lib.fio import fio, nbd_flush
 from lib.goals import goal, new_over_old
 from lib.machine import loadavg, proc_status_kib, wait_idle
 from lib.packages import ensure_tools
-from lib.proc import BenchError, log, make_workdir, run
+from lib.proc import BenchError, log, make_workdir, run, write_random_file
 from lib.tables import fmt, median_of, ratio, table
 
 NAME = "nbd-vs-nbdkit"
@@ -58,17 +58,6 @@ def run_scenario(ctx):
         s.stop()
     return {"config": config, "fill": fill, "results": results,
             "zilla_vmhwm_kib": hwm["zilla"], "vmhwm_kib": hwm, "goals": goals(results, ctx)}
-
-
-def write_random_file(path, size):
-    """`size` bytes of random data (shared by every server so they hold the same bytes)."""
-    chunk = 8 * MiB
-    with open(path, "wb") as f:
-        left = size
-        while left > 0:
-            n = min(chunk, left)
-            f.write(os.urandom(n))
-            left -= n
 
 
 def start_zilla(build, wd, size):
