@@ -218,6 +218,13 @@ impl OutSender {
 /// Most PDUs gathered into one vectored write.
 const GATHER_MAX: usize = 64;
 
+/// Gathering stops once this many data bytes are in the batch (NBD's bound). A long
+/// write holds the socket's lock, and the client's ACKs that arrive meanwhile wait in
+/// the socket's backlog for this thread to process, and to push the rest of the data
+/// from, when the write ends: 64 Data-In PDUs of 128 KiB each made the writer do the
+/// receive side's work too.
+const GATHER_BYTES_MAX: usize = 1 << 20;
+
 /// Write PDUs until the channel closes (every sender dropped) or a PDU asks to close.
 /// The PDUs waiting when the writer wakes (up to `GATHER_MAX`) go out in vectored
 /// writes: headers, digests and padding from small arrays, data segments straight
@@ -236,6 +243,7 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
     while let Some(first) = queue.recv().await {
         let mut next = Some(first);
         let mut close = false;
+        let mut gathered_bytes = 0usize;
         while let Some(mut pdu) = next.take() {
             // fill the sequence numbers in wire order
             {
@@ -256,8 +264,9 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
             }
             pdu.bhs.set_data_segment_bytes(pdu.data.len());
             close |= pdu.then_close;
+            gathered_bytes += pdu.data.len();
             batch.push(pdu);
-            if close || batch.len() >= GATHER_MAX {
+            if close || batch.len() >= GATHER_MAX || gathered_bytes >= GATHER_BYTES_MAX {
                 break;
             }
             next = queue.try_recv().ok();
