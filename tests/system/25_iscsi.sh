@@ -97,8 +97,8 @@ grep -qE '^zilla_volume_request_latency_seconds_count\{volume="tank/vol0",op="wr
     fail "no write latency histogram for the target tank/vol0"
 grep -qE '^zilla_volume_request_latency_seconds_bucket\{le="\+Inf",volume="tank/vol0",op="read"\} [1-9]' "$T/metrics" ||
     fail "the read latency histogram of tank/vol0 has no +Inf bucket"
-grep -qE '^zilla_client_requests_total\{protocol="iscsi",client="127.0.0.1",op="read"\} [1-9]' "$T/metrics" ||
-    fail "no per-initiator read count"
+grep -qE '^zilla_client_requests_total\{protocol="iscsi",client="iqn\.[^"]+",op="read"\} [1-9]' "$T/metrics" ||
+    fail "no per-initiator read count (an iSCSI client is its initiator name)"
 
 # The identity survives a restart.
 stop_daemon

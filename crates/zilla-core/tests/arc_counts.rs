@@ -4,7 +4,6 @@
 //! the read that follows; counted twice, arcstats misses and hit ratios were wrong.)
 mod common;
 use common::*;
-use zilla_core::zvol::BlockVolume;
 
 const BS: usize = 16384;
 

@@ -29,8 +29,8 @@
 //! ([`BlockVolume`]'s `try_`, `_async` and `_after_delay` calls); a protocol never
 //! calls the engine's volume for I/O. Statistics are recorded here only: every
 //! completion, and every request a protocol refuses before submitting
-//! ([`Executor::refuse`]), is counted once on the volume's [`VolumeIoStats`] and on
-//! the session's other counters (its client's row, the protocol's totals).
+//! ([`Executor::refuse`]), is counted once on the session's [`Recorder`], which the
+//! [`crate::iostats`] table sums per volume, client and protocol.
 //!
 //! Exactly once. Inline, the completion is returned to the caller (which batches its
 //! reply) and no completer exists. Otherwise the completer travels inside a [`Pending`] that
@@ -68,7 +68,7 @@ use zilla_core::zvol::{BlockVolume, Extent, SharedSlice, WriteData, WriteDelay};
 use zilla_core::Error;
 
 use crate::budget::{BudgetPermit, BudgetShare};
-use crate::iostats::{IoKind, VolumeIoStats};
+use crate::iostats::{IoKind, Recorder, SessionLabels};
 use crate::write_gate::WriteGate;
 use crate::Frontend;
 
@@ -193,33 +193,23 @@ impl Admission {
     }
 }
 
-/// Counters a session records every request on besides its volume's (a client's row,
-/// a protocol's totals).
-pub trait IoCounters: Send + Sync {
-    fn io(&self) -> &VolumeIoStats;
-}
-
-impl IoCounters for VolumeIoStats {
-    fn io(&self) -> &VolumeIoStats {
-        self
-    }
-}
-
-impl IoCounters for crate::ClientIoStats {
-    fn io(&self) -> &VolumeIoStats {
-        &self.io
-    }
-}
-
 /// What every request of a session shares; one `Arc` clone per request that leaves
 /// the reader.
 struct Shared {
     volume: Arc<dyn BlockVolume>,
     frontend: Arc<Frontend>,
-    stats: Arc<VolumeIoStats>,
-    also: Box<[Arc<dyn IoCounters>]>,
+    /// The session's statistics (see [`crate::iostats`]); retired when the last
+    /// request and the executor are gone.
+    recorder: Arc<Recorder>,
+    recorder_id: u64,
     /// The volume's [`WriteGate`] in `frontend.write_gates`.
     gate_index: usize,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.frontend.io_stats.retire(self.recorder_id);
+    }
 }
 
 impl Shared {
@@ -229,10 +219,7 @@ impl Shared {
 
     fn record(&self, kind: IoKind, bytes: u64, started: Instant, failed: bool) {
         let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.stats.record(kind, bytes, latency_ns, failed);
-        for counters in self.also.iter() {
-            counters.io().record(kind, bytes, latency_ns, failed);
-        }
+        self.recorder.record(kind, bytes, latency_ns, failed);
     }
 
     /// Record and build the completion.
@@ -309,23 +296,25 @@ impl<C: Completer> Drop for Pending<C> {
 
 impl Executor {
     /// The executor of one connection to `volume` (exported as `export`), with at most
-    /// `requests_max` requests in flight, recording on the volume's counters and `also`.
+    /// `requests_max` requests in flight, recording on a recorder registered with
+    /// `labels` (see [`crate::iostats`]).
     pub fn new(
         frontend: &Arc<Frontend>,
         volume: Arc<dyn BlockVolume>,
         export: &str,
         requests_max: usize,
-        also: Vec<Arc<dyn IoCounters>>,
+        labels: SessionLabels,
     ) -> Executor {
         // Clamped so that idle()'s acquire_many(u32) can take every slot.
         let requests_max = requests_max.clamp(1, u32::MAX as usize);
+        let registration = frontend.io_stats.register(export, labels);
         Executor {
             shared: Arc::new(Shared {
                 gate_index: frontend.write_gates.index_of(&volume.name()),
                 volume,
-                stats: frontend.io_stats.volume(export),
+                recorder: registration.recorder,
+                recorder_id: registration.id,
                 frontend: frontend.clone(),
-                also: also.into_boxed_slice(),
             }),
             requests: Arc::new(Semaphore::new(requests_max)),
             requests_max,

@@ -1,29 +1,49 @@
-//! iostats: per-volume I/O statistics recorded by the front ends.
+//! iostats: what every completed front-end request leaves for statistics.
 //!
-//! The seam for analytics: a front end resolves a [`VolumeIoStats`] once per session
-//! ([`IoStatsTable::volume`]) and records every completed request on it with relaxed
-//! atomic adds, so the data path does no lookup and takes no lock. The table is keyed
-//! by export name ("POOL/NAME"); entries exist only for exports a client has opened
-//! and are dropped by [`IoStatsTable::retain`] when volumes go away, so it is bounded
-//! by the number of volumes.
+//! Theory of operation
+//! -------------------
+//! Recording must cost the data path no lock and no cache line another connection
+//! writes. So every session (one connection's [`crate::Executor`]) owns a [`Recorder`]:
+//! per kind of request (read, write, flush, ...), its count, bytes, failures, summed
+//! latency, a latency histogram and (reads and writes) a size histogram, all relaxed
+//! atomic adds on the session's own memory. The executor records there, at the one
+//! place every request completes ([`crate::executor`]'s `Shared::finish`); nothing
+//! else on the data path touches statistics.
 //!
-//! Per-client statistics use the same counters: a front end opens a [`ClientSession`]
-//! for each connection that reaches the data phase ([`ClientStatsTable::connect`],
-//! keyed by protocol and peer host: the IP address for TCP, `uid N` for a unix socket)
-//! and records every request on it as well. The table holds at most `clients_max`
-//! entries; a new client beyond that replaces the entry seen longest ago (preferring
-//! one with no open connection), so a scan of many source addresses costs a bounded
-//! table, not memory. Entries outlive their connections until replaced, so a client
-//! that reconnects keeps adding to the same counters.
+//! The session registers its recorder once, at connect time, in the [`IoStatsTable`]
+//! with what it is: protocol, export ("POOL/NAME") and client. Readers sum: a volume's,
+//! a client's or a protocol's totals are what its ended sessions left ("retired"
+//! totals, folded in when a session ends) plus its live sessions' recorders, summed
+//! when asked (`/metrics`, `/v1/clients`, the analytics collector once a second). Sums
+//! only grow while a key exists, so a collector's per-second delta of two sums is the
+//! I/O of that second, however sessions came and went in between.
+//!
+//! ```text
+//!   session A ──record──> Recorder A ─┐ live (registered at connect)
+//!   session B ──record──> Recorder B ─┤
+//!                                     ├──> IoStatsTable::{volume,protocol,client}_totals
+//!   ended sessions ──fold at end──> retired totals per volume / protocol / client
+//! ```
+//!
+//! Histograms use the analytics buckets: log-linear, four per power of two of
+//! nanoseconds (bytes for sizes), from 1 us to about 17 s ([`bucket_of`]); they fold
+//! exactly into `zpool iostat -w`'s power-of-two buckets ([`log2_of_bucket`]).
+//!
+//! Bounds: a recorder is [`Recorder::BYTES`] (about 6.5 KiB), one per session, and
+//! sessions are bounded by the front ends' connection limits. Retired totals exist per
+//! volume (dropped by [`IoStatsTable::retain`] when volumes go away), per protocol,
+//! and per client in the [`ClientStatsTable`], which holds at most `clients_max`
+//! entries: a new client beyond that replaces the entry seen longest ago (preferring
+//! one with no open connection). A client is its TCP peer address, `uid N` on a Unix
+//! socket, or its iSCSI initiator name.
 
-use std::collections::BTreeMap;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What a request did, as the statistics see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum IoKind {
     Read,
     Write,
@@ -33,19 +53,228 @@ pub enum IoKind {
     Other,
 }
 
-/// Buckets of a [`LatencyHistogram`]: bucket 0 counts requests under 1 us, bucket i
-/// those of [2^(i-1), 2^i) us, the last everything from 2^(LATENCY_BUCKETS-2) us
-/// (about 16.8 s) on.
-pub const LATENCY_BUCKETS: usize = 26;
+impl IoKind {
+    pub const ALL: [IoKind; 6] = [IoKind::Read, IoKind::Write, IoKind::Flush, IoKind::Trim, IoKind::WriteZeroes, IoKind::Other];
 
-/// Request latencies in power-of-two microsecond buckets (relaxed atomic adds).
-#[derive(Debug, Default)]
-pub struct LatencyHistogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS],
-    sum_ns: AtomicU64,
+    /// The analytics name of the kind (the `op` breakdown's key).
+    pub fn name(self) -> &'static str {
+        match self {
+            IoKind::Read => "read",
+            IoKind::Write => "write",
+            IoKind::Flush => "flush",
+            IoKind::Trim => "trim",
+            IoKind::WriteZeroes => "write_zeroes",
+            IoKind::Other => "other",
+        }
+    }
 }
 
-/// Plain copy of a [`LatencyHistogram`].
+const KINDS: usize = IoKind::ALL.len();
+
+/// Histogram buckets: 0 below 1024, then four per power of two up to 2^34, then one
+/// for everything from 2^34 on (ns: 1.02 us .. 17.2 s).
+pub const BUCKETS: usize = 98;
+
+/// The bucket of `value` (ns or bytes): bucket 1 + 4k + q holds
+/// `[2^(10+k) * (4+q)/4, 2^(10+k) * (5+q)/4)`.
+pub fn bucket_of(value: u64) -> usize {
+    if value < 1024 {
+        return 0;
+    }
+    let log2 = 63 - value.leading_zeros() as usize; // >= 10
+    if log2 >= 34 {
+        return BUCKETS - 1;
+    }
+    let quarter = ((value >> (log2 - 2)) & 3) as usize;
+    1 + 4 * (log2 - 10) + quarter
+}
+
+/// The lower bound of bucket `i` (`i < BUCKETS`).
+pub fn bucket_lower(i: usize) -> u64 {
+    match i {
+        0 => 0,
+        _ if i >= BUCKETS - 1 => 1 << 34,
+        _ => {
+            let (k, q) = ((i - 1) / 4, (i - 1) % 4);
+            (1u64 << (10 + k)) / 4 * (4 + q as u64)
+        }
+    }
+}
+
+/// The upper bound (exclusive) of bucket `i`; `None` for the last.
+pub fn bucket_upper(i: usize) -> Option<u64> {
+    (i + 1 < BUCKETS).then(|| bucket_lower(i + 1))
+}
+
+/// The `zpool iostat -w` bucket (`[2^j, 2^(j+1))`) bucket `i` folds into: 9 for bucket 0
+/// (everything below 2^10), 34 for the last.
+pub fn log2_of_bucket(i: usize) -> usize {
+    match i {
+        0 => 9,
+        _ => (10 + (i - 1) / 4).min(34),
+    }
+}
+
+/// One kind's cells in a [`Recorder`].
+struct KindCells {
+    ops: AtomicU64,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+    latency_ns: AtomicU64,
+    latency: [AtomicU64; BUCKETS],
+}
+
+impl Default for KindCells {
+    fn default() -> KindCells {
+        KindCells {
+            ops: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            latency_ns: AtomicU64::new(0),
+            latency: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// The statistics one session records on: its own memory, written by whichever thread
+/// completes one of its requests, read by the collectors. Aligned so no other
+/// session's recorder shares its first or last cache line.
+#[repr(align(128))]
+pub struct Recorder {
+    kinds: [KindCells; KINDS],
+    /// Transfer sizes of reads and writes.
+    sizes: [[AtomicU64; BUCKETS]; 2],
+}
+
+impl Default for Recorder {
+    fn default() -> Recorder {
+        Recorder {
+            kinds: std::array::from_fn(|_| KindCells::default()),
+            sizes: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
+}
+
+impl Recorder {
+    /// What one recorder holds.
+    pub const BYTES: usize = std::mem::size_of::<Recorder>();
+
+    /// Record one completed request of `bytes` that took `latency_ns`.
+    pub fn record(&self, kind: IoKind, bytes: u64, latency_ns: u64, failed: bool) {
+        let cells = &self.kinds[kind as usize];
+        cells.ops.fetch_add(1, Ordering::Relaxed);
+        cells.bytes.fetch_add(bytes, Ordering::Relaxed);
+        cells.latency_ns.fetch_add(latency_ns, Ordering::Relaxed);
+        cells.latency[bucket_of(latency_ns)].fetch_add(1, Ordering::Relaxed);
+        if failed {
+            cells.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(sizes) = self.sizes.get(kind as usize) {
+            sizes[bucket_of(bytes)].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Add what this recorder holds to `into`.
+    pub fn add_to(&self, into: &mut IoTotals) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        for (cells, kind) in self.kinds.iter().zip(into.kinds.iter_mut()) {
+            kind.ops += load(&cells.ops);
+            kind.bytes += load(&cells.bytes);
+            kind.errors += load(&cells.errors);
+            kind.latency_ns += load(&cells.latency_ns);
+            for (cell, sum) in cells.latency.iter().zip(kind.latency.iter_mut()) {
+                *sum += load(cell);
+            }
+        }
+        for (cells, sums) in self.sizes.iter().zip(into.sizes.iter_mut()) {
+            for (cell, sum) in cells.iter().zip(sums.iter_mut()) {
+                *sum += load(cell);
+            }
+        }
+    }
+}
+
+/// Totals of one kind of request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KindTotals {
+    pub ops: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    /// Sum of the requests' latencies.
+    pub latency_ns: u64,
+    /// Latencies in [`bucket_of`]'s buckets.
+    pub latency: [u64; BUCKETS],
+}
+
+impl Default for KindTotals {
+    fn default() -> KindTotals {
+        KindTotals { ops: 0, bytes: 0, errors: 0, latency_ns: 0, latency: [0; BUCKETS] }
+    }
+}
+
+/// Plain sums of recorders: per kind (indexed by `IoKind as usize`), and the transfer
+/// sizes of reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoTotals {
+    pub kinds: [KindTotals; KINDS],
+    pub sizes: [[u64; BUCKETS]; 2],
+}
+
+impl Default for IoTotals {
+    fn default() -> IoTotals {
+        IoTotals { kinds: std::array::from_fn(|_| KindTotals::default()), sizes: [[0; BUCKETS]; 2] }
+    }
+}
+
+impl IoTotals {
+    pub fn kind(&self, kind: IoKind) -> &KindTotals {
+        &self.kinds[kind as usize]
+    }
+
+    pub fn add(&mut self, other: &IoTotals) {
+        for (a, b) in self.kinds.iter_mut().zip(&other.kinds) {
+            a.ops += b.ops;
+            a.bytes += b.bytes;
+            a.errors += b.errors;
+            a.latency_ns += b.latency_ns;
+            a.latency.iter_mut().zip(&b.latency).for_each(|(x, y)| *x += y);
+        }
+        for (a, b) in self.sizes.iter_mut().zip(&other.sizes) {
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        }
+    }
+
+    /// The flat view the admin API and /metrics show.
+    pub fn snapshot(&self) -> VolumeIoSnapshot {
+        let k = |kind| self.kind(kind);
+        let (trim, zeroes) = (k(IoKind::Trim), k(IoKind::WriteZeroes));
+        let latency = |kinds: &[IoKind]| {
+            let mut s = LatencySnapshot { buckets: vec![0; BUCKETS], sum_ns: 0 };
+            for &kind in kinds {
+                s.sum_ns += k(kind).latency_ns;
+                s.buckets.iter_mut().zip(&k(kind).latency).for_each(|(x, y)| *x += y);
+            }
+            s
+        };
+        VolumeIoSnapshot {
+            read_ops: k(IoKind::Read).ops,
+            read_bytes: k(IoKind::Read).bytes,
+            write_ops: k(IoKind::Write).ops,
+            write_bytes: k(IoKind::Write).bytes,
+            flush_ops: k(IoKind::Flush).ops,
+            trim_ops: trim.ops + zeroes.ops,
+            trim_bytes: trim.bytes + zeroes.bytes,
+            other_ops: k(IoKind::Other).ops,
+            error_ops: self.kinds.iter().map(|t| t.errors).sum(),
+            busy_ns: self.kinds.iter().map(|t| t.latency_ns).sum(),
+            latency_read: latency(&[IoKind::Read]),
+            latency_write: latency(&[IoKind::Write]),
+            latency_other: latency(&[IoKind::Flush, IoKind::Trim, IoKind::WriteZeroes, IoKind::Other]),
+        }
+    }
+}
+
+/// A latency histogram as the admin API shows it: [`bucket_of`]'s buckets.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LatencySnapshot {
     /// Requests per bucket (empty in a default snapshot).
@@ -54,94 +283,22 @@ pub struct LatencySnapshot {
     pub sum_ns: u64,
 }
 
-impl LatencyHistogram {
-    pub fn record(&self, latency_ns: u64) {
-        let us = latency_ns / 1000;
-        let bucket = ((u64::BITS - us.leading_zeros()) as usize).min(LATENCY_BUCKETS - 1);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(latency_ns, Ordering::Relaxed);
-    }
-
-    pub fn snapshot(&self) -> LatencySnapshot {
-        LatencySnapshot {
-            buckets: self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
-            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+impl LatencySnapshot {
+    /// Folded into power-of-two buckets: (upper bound in seconds, count), the first
+    /// for everything under 2^10 ns, the last (`None`) unbounded.
+    pub fn log2_buckets(&self) -> Vec<(Option<f64>, u64)> {
+        let mut out: Vec<(Option<f64>, u64)> = (9..=34).map(|j| (Some((1u64 << (j + 1)) as f64 / 1e9), 0)).collect();
+        if let Some(last) = out.last_mut() {
+            last.0 = None;
         }
-    }
-
-    /// The upper bound of bucket `i` in seconds (`None`: the last, unbounded).
-    pub fn upper_bound_s(i: usize) -> Option<f64> {
-        (i + 1 < LATENCY_BUCKETS).then(|| (1u64 << i) as f64 / 1e6)
+        for (i, &n) in self.buckets.iter().enumerate().take(BUCKETS) {
+            out[log2_of_bucket(i) - 9].1 += n;
+        }
+        out
     }
 }
 
-/// Counters of one volume, cumulative since the daemon started.
-#[derive(Debug, Default)]
-pub struct VolumeIoStats {
-    pub read_ops: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub write_ops: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub flush_ops: AtomicU64,
-    pub trim_ops: AtomicU64,
-    pub trim_bytes: AtomicU64,
-    pub other_ops: AtomicU64,
-    pub error_ops: AtomicU64,
-    /// Sum of request service times (front end receipt to reply queued).
-    pub busy_ns: AtomicU64,
-    /// Service times of reads, of writes, and of everything else (flush, trim, ...).
-    pub latency_read: LatencyHistogram,
-    pub latency_write: LatencyHistogram,
-    pub latency_other: LatencyHistogram,
-}
-
-impl VolumeIoStats {
-    /// Record one completed request of `bytes` that took `latency_ns`.
-    pub fn record(&self, kind: IoKind, bytes: u64, latency_ns: u64, failed: bool) {
-        let (ops, byte_counter) = match kind {
-            IoKind::Read => (&self.read_ops, Some(&self.read_bytes)),
-            IoKind::Write => (&self.write_ops, Some(&self.write_bytes)),
-            IoKind::Flush => (&self.flush_ops, None),
-            IoKind::Trim | IoKind::WriteZeroes => (&self.trim_ops, Some(&self.trim_bytes)),
-            IoKind::Other => (&self.other_ops, None),
-        };
-        ops.fetch_add(1, Ordering::Relaxed);
-        if let Some(counter) = byte_counter {
-            counter.fetch_add(bytes, Ordering::Relaxed);
-        }
-        if failed {
-            self.error_ops.fetch_add(1, Ordering::Relaxed);
-        }
-        self.busy_ns.fetch_add(latency_ns, Ordering::Relaxed);
-        match kind {
-            IoKind::Read => &self.latency_read,
-            IoKind::Write => &self.latency_write,
-            _ => &self.latency_other,
-        }
-        .record(latency_ns);
-    }
-
-    pub fn snapshot(&self) -> VolumeIoSnapshot {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        VolumeIoSnapshot {
-            read_ops: load(&self.read_ops),
-            read_bytes: load(&self.read_bytes),
-            write_ops: load(&self.write_ops),
-            write_bytes: load(&self.write_bytes),
-            flush_ops: load(&self.flush_ops),
-            trim_ops: load(&self.trim_ops),
-            trim_bytes: load(&self.trim_bytes),
-            other_ops: load(&self.other_ops),
-            error_ops: load(&self.error_ops),
-            busy_ns: load(&self.busy_ns),
-            latency_read: self.latency_read.snapshot(),
-            latency_write: self.latency_write.snapshot(),
-            latency_other: self.latency_other.snapshot(),
-        }
-    }
-}
-
-/// Plain copy of [`VolumeIoStats`].
+/// The flat totals of a volume, a client or a protocol.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VolumeIoSnapshot {
     pub read_ops: u64,
@@ -162,48 +319,169 @@ pub struct VolumeIoSnapshot {
     pub latency_other: LatencySnapshot,
 }
 
-/// Export name to counters.
+/// What a session is, for the statistics: set once, at connect time.
+#[derive(Clone)]
+pub struct SessionLabels {
+    /// "nbd" or "iscsi" (or a test's name).
+    pub protocol: &'static str,
+    /// The client's row ([`ClientStatsTable::connect`]); `None` records no client.
+    pub client: Option<Arc<ClientIoStats>>,
+}
+
+impl SessionLabels {
+    /// A session of no client (tests, tools).
+    pub fn anonymous(protocol: &'static str) -> SessionLabels {
+        SessionLabels { protocol, client: None }
+    }
+}
+
+/// One live session in the table.
+struct LiveSession {
+    export: Arc<str>,
+    labels: SessionLabels,
+    recorder: Arc<Recorder>,
+}
+
+#[derive(Default)]
+struct TableInner {
+    next_id: u64,
+    live: BTreeMap<u64, LiveSession>,
+    /// What ended sessions left, per export and per protocol.
+    retired_volumes: BTreeMap<Arc<str>, IoTotals>,
+    retired_protocols: BTreeMap<&'static str, IoTotals>,
+}
+
+/// A live session's recorder with its labels (for a collector).
+pub struct LiveRecorder {
+    pub export: Arc<str>,
+    pub protocol: &'static str,
+    /// The client's (protocol, address), if it has a row.
+    pub client: Option<(String, String)>,
+    pub recorder: Arc<Recorder>,
+}
+
+/// The sessions' recorders and what ended sessions left (see the module comment).
 #[derive(Default)]
 pub struct IoStatsTable {
-    volumes: Mutex<BTreeMap<String, Arc<VolumeIoStats>>>,
+    inner: Mutex<TableInner>,
+}
+
+/// A session's place in the [`IoStatsTable`]: its recorder, and its registration until
+/// [`IoStatsTable::retire`].
+pub struct Registration {
+    pub id: u64,
+    pub recorder: Arc<Recorder>,
 }
 
 impl IoStatsTable {
-    /// The counters of `export`, created on first use.
-    pub fn volume(&self, export: &str) -> Arc<VolumeIoStats> {
-        let Ok(mut volumes) = self.volumes.lock() else { return Arc::default() };
-        volumes.entry(export.to_string()).or_default().clone()
+    /// The table, also after a panic elsewhere while it was held (sums stay valid).
+    fn lock(&self) -> MutexGuard<'_, TableInner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Keep only the exports `keep` says still exist.
+    /// Register a session on `export`; its recorder counts from zero.
+    pub fn register(&self, export: &str, labels: SessionLabels) -> Registration {
+        let recorder = Arc::new(Recorder::default());
+        let mut inner = self.lock();
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.live.insert(id, LiveSession { export: Arc::from(export), labels, recorder: recorder.clone() });
+        Registration { id, recorder }
+    }
+
+    /// The session ended: fold its recorder into its volume's, protocol's and client's
+    /// retired totals.
+    pub fn retire(&self, id: u64) {
+        let mut inner = self.lock();
+        let Some(session) = inner.live.remove(&id) else { return };
+        let mut totals = IoTotals::default();
+        session.recorder.add_to(&mut totals);
+        inner.retired_volumes.entry(session.export.clone()).or_default().add(&totals);
+        inner.retired_protocols.entry(session.labels.protocol).or_default().add(&totals);
+        if let Some(client) = &session.labels.client {
+            client.retired.lock().unwrap_or_else(|p| p.into_inner()).add(&totals);
+        }
+    }
+
+    /// Keep only the exports `keep` says still exist (their retired totals).
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
-        if let Ok(mut volumes) = self.volumes.lock() {
-            volumes.retain(|name, _| keep(name));
-        }
+        self.lock().retired_volumes.retain(|name, _| keep(name));
     }
 
-    /// Every volume's counters, sorted by export name.
-    pub fn snapshot(&self) -> Vec<(String, VolumeIoSnapshot)> {
-        match self.volumes.lock() {
-            Ok(volumes) => volumes.iter().map(|(name, stats)| (name.clone(), stats.snapshot())).collect(),
-            Err(_) => Vec::new(),
+    /// Totals per export (retired plus live), sorted by export name.
+    pub fn volume_totals(&self) -> Vec<(String, IoTotals)> {
+        let inner = self.lock();
+        let mut sums: BTreeMap<&str, IoTotals> = inner.retired_volumes.iter().map(|(n, t)| (&**n, t.clone())).collect();
+        for s in inner.live.values() {
+            s.recorder.add_to(sums.entry(&s.export).or_default());
         }
+        sums.into_iter().map(|(n, t)| (n.to_string(), t)).collect()
     }
+
+    /// Totals per protocol (retired plus live).
+    pub fn protocol_totals(&self) -> BTreeMap<&'static str, IoTotals> {
+        let inner = self.lock();
+        let mut sums = inner.retired_protocols.clone();
+        for s in inner.live.values() {
+            s.recorder.add_to(sums.entry(s.labels.protocol).or_default());
+        }
+        sums
+    }
+
+    /// The flat totals of one export (zero if it has none).
+    pub fn volume_snapshot(&self, export: &str) -> VolumeIoSnapshot {
+        self.volume_totals().into_iter().find(|(n, _)| n == export).map(|(_, t)| t.snapshot()).unwrap_or_default()
+    }
+
+    /// The flat totals of every export, sorted by name.
+    pub fn snapshot(&self) -> Vec<(String, VolumeIoSnapshot)> {
+        self.volume_totals().into_iter().map(|(n, t)| (n, t.snapshot())).collect()
+    }
+
+    /// The live sessions' recorders, for a collector.
+    pub fn live(&self) -> Vec<LiveRecorder> {
+        live_recorders(&self.lock())
+    }
+
+    /// Retired totals per export and per protocol, for a collector (with
+    /// [`IoStatsTable::live`], taken under one lock so no session is counted twice or
+    /// never).
+    pub fn retired_and_live(&self) -> (Vec<(Arc<str>, IoTotals)>, BTreeMap<&'static str, IoTotals>, Vec<LiveRecorder>) {
+        let inner = self.lock();
+        let volumes = inner.retired_volumes.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
+        (volumes, inner.retired_protocols.clone(), live_recorders(&inner))
+    }
+}
+
+fn live_recorders(inner: &TableInner) -> Vec<LiveRecorder> {
+    inner
+        .live
+        .values()
+        .map(|s| LiveRecorder {
+            export: s.export.clone(),
+            protocol: s.labels.protocol,
+            client: s.labels.client.as_ref().map(|c| c.key.clone()),
+            recorder: s.recorder.clone(),
+        })
+        .collect()
 }
 
 fn unix_now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Counters of one client (protocol + peer host), cumulative while it is in the table.
+/// One client's row (protocol + address): its connections, and what its ended sessions
+/// left (its live sessions' recorders are in the [`IoStatsTable`]).
 #[derive(Debug, Default)]
 pub struct ClientIoStats {
-    pub io: VolumeIoStats,
+    /// (protocol, address).
+    pub key: (String, String),
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub first_seen_s: AtomicU64,
     /// Unix seconds of the last connect or disconnect.
     pub last_seen_s: AtomicU64,
+    pub retired: Mutex<IoTotals>,
 }
 
 /// One row of [`ClientStatsTable::snapshot`], and of the admin API's GET /v1/clients
@@ -220,8 +498,7 @@ pub struct ClientIoSnapshot {
     pub io: VolumeIoSnapshot,
 }
 
-/// A connection's handle on its client's counters; counts the connection open until
-/// dropped.
+/// A connection's handle on its client's row; counts the connection open until dropped.
 pub struct ClientSession {
     stats: Arc<ClientIoStats>,
 }
@@ -239,7 +516,7 @@ impl Drop for ClientSession {
     }
 }
 
-/// (protocol, address) to counters, at most `clients_max` entries.
+/// (protocol, address) to rows, at most `clients_max` entries.
 pub struct ClientStatsTable {
     clients_max: usize,
     clients: Mutex<HashMap<(String, String), Arc<ClientIoStats>>>,
@@ -254,25 +531,27 @@ impl ClientStatsTable {
         self.clients_max
     }
 
+    fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), Arc<ClientIoStats>>> {
+        self.clients.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// A connection of `address` over `protocol` reached the data phase.
     pub fn connect(&self, protocol: &str, address: &str) -> ClientSession {
         let now = unix_now_s();
-        let stats = match self.clients.lock() {
-            Ok(mut clients) => {
-                let key = (protocol.to_string(), address.to_string());
-                if !clients.contains_key(&key) && clients.len() >= self.clients_max {
-                    Self::evict_one(&mut clients);
-                }
-                clients
-                    .entry(key)
-                    .or_insert_with(|| {
-                        let fresh = ClientIoStats::default();
-                        fresh.first_seen_s.store(now, Ordering::Relaxed);
-                        Arc::new(fresh)
-                    })
-                    .clone()
+        let stats = {
+            let mut clients = self.lock();
+            let key = (protocol.to_string(), address.to_string());
+            if !clients.contains_key(&key) && clients.len() >= self.clients_max {
+                Self::evict_one(&mut clients);
             }
-            Err(_) => Arc::default(),
+            clients
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    let fresh = ClientIoStats { key, ..ClientIoStats::default() };
+                    fresh.first_seen_s.store(now, Ordering::Relaxed);
+                    Arc::new(fresh)
+                })
+                .clone()
         };
         stats.connections_open.fetch_add(1, Ordering::Relaxed);
         stats.connections_total.fetch_add(1, Ordering::Relaxed);
@@ -294,24 +573,45 @@ impl ClientStatsTable {
         }
     }
 
-    /// Every client's counters, sorted by protocol and address.
-    pub fn snapshot(&self) -> Vec<ClientIoSnapshot> {
-        let Ok(clients) = self.clients.lock() else { return Vec::new() };
+    /// Every client's totals (retired plus the live sessions in `io`), sorted by
+    /// protocol and address.
+    pub fn totals(&self, io: &IoStatsTable) -> Vec<(Arc<ClientIoStats>, IoTotals)> {
+        let rows: Vec<Arc<ClientIoStats>> = self.lock().values().cloned().collect();
+        let mut sums: HashMap<*const ClientIoStats, IoTotals> = HashMap::new();
+        for s in io.lock().live.values() {
+            if let Some(client) = &s.labels.client {
+                s.recorder.add_to(sums.entry(Arc::as_ptr(client)).or_default());
+            }
+        }
+        let mut out: Vec<(Arc<ClientIoStats>, IoTotals)> = rows
+            .into_iter()
+            .map(|c| {
+                let mut t = c.retired.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Some(live) = sums.get(&Arc::as_ptr(&c)) {
+                    t.add(live);
+                }
+                (c, t)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+        out
+    }
+
+    /// Every client's row, sorted by protocol and address.
+    pub fn snapshot(&self, io: &IoStatsTable) -> Vec<ClientIoSnapshot> {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut rows: Vec<ClientIoSnapshot> = clients
-            .iter()
-            .map(|((protocol, address), c)| ClientIoSnapshot {
-                protocol: protocol.clone(),
-                address: address.clone(),
+        self.totals(io)
+            .into_iter()
+            .map(|(c, t)| ClientIoSnapshot {
+                protocol: c.key.0.clone(),
+                address: c.key.1.clone(),
                 connections_open: load(&c.connections_open),
                 connections_total: load(&c.connections_total),
                 first_seen_s: load(&c.first_seen_s),
                 last_seen_s: load(&c.last_seen_s),
-                io: c.io.snapshot(),
+                io: t.snapshot(),
             })
-            .collect();
-        rows.sort_by(|a, b| (&a.protocol, &a.address).cmp(&(&b.protocol, &b.address)));
-        rows
+            .collect()
     }
 }
 
@@ -320,19 +620,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn records_per_volume_and_forgets_removed_ones() {
+    fn buckets_are_log_linear_and_fold_into_powers_of_two() {
+        assert_eq!(bucket_of(0), 0);
+        assert_eq!(bucket_of(1023), 0);
+        assert_eq!(bucket_of(1024), 1);
+        assert_eq!(bucket_of(1279), 1);
+        assert_eq!(bucket_of(1280), 2);
+        assert_eq!(bucket_of(2047), 4);
+        assert_eq!(bucket_of(2048), 5);
+        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+        for v in (0..40).flat_map(|s| [1u64 << s, (1u64 << s) + 1, (3u64 << s) / 2, (1u64 << s).wrapping_sub(1)]) {
+            let i = bucket_of(v);
+            assert!(bucket_lower(i) <= v, "{v} in bucket {i} below its lower bound {}", bucket_lower(i));
+            assert!(bucket_upper(i).is_none_or(|u| v < u), "{v} in bucket {i} not below its upper bound");
+            let log2 = if v == 0 { 0 } else { 63 - v.leading_zeros() as usize };
+            assert_eq!(log2_of_bucket(i), log2.clamp(9, 34), "{v}");
+        }
+    }
+
+    #[test]
+    fn totals_are_retired_plus_live_and_survive_the_session() {
         let table = IoStatsTable::default();
-        let a = table.volume("p/a");
-        a.record(IoKind::Write, 4096, 10, false);
-        a.record(IoKind::Read, 8192, 10, true);
-        table.volume("p/b").record(IoKind::Flush, 0, 5, false);
-        assert!(Arc::ptr_eq(&a, &table.volume("p/a")));
-        let snapshot = table.snapshot();
-        assert_eq!(snapshot.len(), 2);
-        assert_eq!(snapshot[0].1.write_bytes, 4096);
-        assert_eq!(snapshot[0].1.read_bytes, 8192);
-        assert_eq!(snapshot[0].1.error_ops, 1);
-        assert_eq!(snapshot[1].1.flush_ops, 1);
+        let clients = ClientStatsTable::new(4);
+        let c = clients.connect("nbd", "10.0.0.1");
+        let a = table.register("p/a", SessionLabels { protocol: "nbd", client: Some(c.stats().clone()) });
+        a.recorder.record(IoKind::Write, 4096, 3000, false);
+        a.recorder.record(IoKind::Read, 8192, 5000, true);
+        let b = table.register("p/b", SessionLabels::anonymous("iscsi"));
+        b.recorder.record(IoKind::Flush, 0, 5, false);
+        let before = table.snapshot();
+        assert_eq!(before.len(), 2);
+        assert_eq!(before[0].1.write_bytes, 4096);
+        assert_eq!(before[0].1.read_bytes, 8192);
+        assert_eq!(before[0].1.error_ops, 1);
+        assert_eq!(before[0].1.latency_read.buckets.iter().sum::<u64>(), 1);
+        assert_eq!(before[1].1.flush_ops, 1);
+        assert_eq!(clients.snapshot(&table)[0].io.write_ops, 1);
+        table.retire(a.id);
+        table.retire(a.id); // twice is once
+        assert_eq!(table.snapshot(), before, "a retired session's I/O stays in its volume's totals");
+        assert_eq!(clients.snapshot(&table)[0].io.write_ops, 1, "and in its client's");
+        assert_eq!(table.protocol_totals()["nbd"].kind(IoKind::Read).ops, 1);
         table.retain(|name| name != "p/a");
         assert_eq!(table.snapshot().len(), 1);
     }
@@ -340,17 +668,19 @@ mod tests {
     #[test]
     fn client_table_is_bounded_and_keeps_connected_clients() {
         let table = ClientStatsTable::new(2);
+        let io = IoStatsTable::default();
         let a = table.connect("nbd", "10.0.0.1");
-        a.stats().io.record(IoKind::Write, 4096, 1, false);
+        let r = io.register("p/v", SessionLabels { protocol: "nbd", client: Some(a.stats().clone()) });
+        r.recorder.record(IoKind::Write, 4096, 1, false);
         {
             let b = table.connect("nbd", "10.0.0.2");
             assert_eq!(b.stats().connections_open.load(Ordering::Relaxed), 1);
         }
         let again = table.connect("nbd", "10.0.0.1");
-        assert!(Arc::ptr_eq(a.stats(), again.stats()), "same client, same counters");
+        assert!(Arc::ptr_eq(a.stats(), again.stats()), "same client, same row");
         // Full: the third client replaces the one with no open connection (10.0.0.2).
         let _c = table.connect("nbd", "10.0.0.3");
-        let rows = table.snapshot();
+        let rows = table.snapshot(&io);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].address, "10.0.0.1");
         assert_eq!(rows[0].connections_open, 2);
@@ -358,10 +688,25 @@ mod tests {
         assert_eq!(rows[0].io.write_bytes, 4096);
         assert_eq!(rows[1].address, "10.0.0.3");
         drop((a, again));
-        assert_eq!(table.snapshot()[0].connections_open, 0);
+        assert_eq!(table.snapshot(&io)[0].connections_open, 0);
         // Even with every entry connected, a new client gets a row (the table never grows).
         let _d = table.connect("nbd", "10.0.0.4");
         let _e = table.connect("nbd", "10.0.0.5");
-        assert_eq!(table.snapshot().len(), 2);
+        assert_eq!(table.snapshot(&io).len(), 2);
+    }
+
+    #[test]
+    fn log2_folding_keeps_every_count() {
+        let mut t = IoTotals::default();
+        let r = Recorder::default();
+        for ns in [10, 1500, 3000, 1 << 20, 1 << 40] {
+            r.record(IoKind::Read, 4096, ns, false);
+        }
+        r.add_to(&mut t);
+        let folded = t.snapshot().latency_read.log2_buckets();
+        assert_eq!(folded.iter().map(|b| b.1).sum::<u64>(), 5);
+        assert_eq!(folded[0].1, 1, "10 ns under 2^10");
+        assert_eq!(folded.last().map(|b| (b.0, b.1)), Some((None, 1)));
+        assert!(Recorder::BYTES < 8 << 10, "a recorder is {} bytes", Recorder::BYTES);
     }
 }

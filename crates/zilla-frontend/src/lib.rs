@@ -7,7 +7,8 @@
 //!   fairly by connections ([`SharedBudget`], [`BudgetShare`]);
 //! - [`buffers`]: one byte-bounded, idle-trimmed pool of reply buffers;
 //! - [`delay_timer`]: precise async sleeps for the write throttle's delays;
-//! - [`iostats`]: per-volume I/O counters the front ends record and analytics read;
+//! - [`iostats`]: each session's recorder of its requests, summed per volume, client
+//!   and protocol for the admin API, /metrics and analytics;
 //! - [`sessions`]: the live sessions by export, which destroy counts and disconnects;
 //! - [`executor`]: the one request path: a protocol submits owned requests and gets
 //!   exactly one completion each ([`Executor`]).
@@ -42,12 +43,12 @@ pub mod volume {
     pub use zilla_core::{Error, Result};
 }
 
-pub use executor::{Admission, Blocked, Command, Completer, Completion, Executor, IoCounters, Output, ReadData, Request, Submitted};
+pub use executor::{Admission, Blocked, Command, Completer, Completion, Executor, Output, ReadData, Request, Submitted};
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
 pub use iostats::{
-    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, LatencyHistogram, LatencySnapshot, VolumeIoSnapshot,
-    VolumeIoStats, LATENCY_BUCKETS,
+    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, IoTotals, LatencySnapshot, LiveRecorder, Recorder,
+    SessionLabels, VolumeIoSnapshot,
 };
 pub use registry::{resolve_export, ExportInfo, ExportRegistry, ResolvedExport, StaticRegistry};
 
@@ -154,8 +155,9 @@ pub struct Frontend {
     /// FIFO order, any task may wait. `volume_calls_max / 4` (at least 2).
     pub delayed_write_calls: Arc<tokio::sync::Semaphore>,
     pub buffers: BufferPool,
+    /// The sessions' recorders and what ended sessions left (see [`iostats`]).
     pub io_stats: IoStatsTable,
-    /// Per-client counters (bounded; see [`iostats`]).
+    /// Per-client rows (bounded; see [`iostats`]).
     pub clients: ClientStatsTable,
     /// Live sessions by export (destroy refuses while clients are attached).
     pub sessions: sessions::SessionTable,

@@ -264,7 +264,7 @@ fn run_random(volume: Arc<ModelVolume>, frontend: &Arc<Frontend>, seed: u64, cou
     let mut seen: HashMap<u64, usize> = HashMap::new();
     let mut inline = 0;
     runtime.block_on(async {
-        let executor = Executor::new(frontend, volume.clone(), "model/vol", 8, Vec::new());
+        let executor = Executor::new(frontend, volume.clone(), "model/vol", 8, zilla_frontend::SessionLabels::anonymous("test"));
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         for id in 0..count {
             if Some(id) == drop_connection_at {
@@ -333,7 +333,7 @@ fn every_request_kind_and_path_completes_exactly_once_and_returns_its_budget() {
         assert!(inline > 0 && inline < 400, "seed {seed}: both inline and later completions ({inline})");
         assert!(volume.delays.load(Ordering::Relaxed) > 0, "seed {seed}: some writes took the throttle delay");
         assert_budgets_returned(&frontend, seed);
-        let snapshot = frontend.io_stats.volume("model/vol").snapshot();
+        let snapshot = frontend.io_stats.volume_snapshot("model/vol");
         let ops = snapshot.read_ops + snapshot.write_ops + snapshot.flush_ops + snapshot.trim_ops + snapshot.other_ops;
         assert_eq!(ops, 400, "seed {seed}: the statistics count every request once: {snapshot:?}");
         assert!(snapshot.error_ops > 0, "seed {seed}: the injected errors are counted");
@@ -354,7 +354,7 @@ fn a_disconnected_client_still_gets_every_budget_back() {
 fn run_one(volume: Arc<dyn BlockVolume>, frontend: &Arc<Frontend>, command: Command) -> Completion {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     runtime.block_on(async {
-        let executor = Executor::new(frontend, volume, "model/vol", 4, Vec::new());
+        let executor = Executor::new(frontend, volume, "model/vol", 4, zilla_frontend::SessionLabels::anonymous("test"));
         let (to, from) = mpsc::channel();
         let admission: Admission = executor.admit(1 << 20, || {}).await;
         let request = Request { command, started: tokio::time::Instant::now() };
@@ -425,10 +425,19 @@ fn write_same_compare_and_write_and_holes_do_what_scsi_and_nbd_expect() {
 fn requests_a_protocol_refuses_are_counted_as_errors() {
     let frontend = frontend();
     let volume: Arc<dyn BlockVolume> = Arc::new(MemVolume::new("model/vol", VOLUME_BYTES, BLOCK_BYTES));
-    let executor = Executor::new(&frontend, volume, "model/vol", 4, vec![frontend.io_stats.volume("totals")]);
+    let clients = zilla_frontend::ClientStatsTable::new(4);
+    let client = clients.connect("test", "client");
+    let labels = zilla_frontend::SessionLabels { protocol: "test", client: Some(client.stats().clone()) };
+    let executor = Executor::new(&frontend, volume, "model/vol", 4, labels);
     executor.refuse(zilla_frontend::IoKind::Write, 4096, tokio::time::Instant::now());
-    for name in ["model/vol", "totals"] {
-        let snapshot = frontend.io_stats.volume(name).snapshot();
-        assert_eq!((snapshot.write_ops, snapshot.error_ops), (1, 1), "{name}: {snapshot:?}");
+    let snapshots = [
+        ("volume", frontend.io_stats.volume_snapshot("model/vol")),
+        ("protocol", frontend.io_stats.protocol_totals()["test"].snapshot()),
+        ("client", clients.snapshot(&frontend.io_stats)[0].io.clone()),
+    ];
+    for (what, snapshot) in snapshots {
+        assert_eq!((snapshot.write_ops, snapshot.error_ops), (1, 1), "{what}: {snapshot:?}");
     }
+    drop(executor);
+    assert_eq!(frontend.io_stats.volume_snapshot("model/vol").error_ops, 1, "the ended session's count stays");
 }

@@ -70,7 +70,7 @@ async fn serve(frontend: Arc<Frontend>, stream: tokio::io::DuplexStream) {
         }
     });
     let volume = Arc::new(MemVolume::new("toy/vol", 1 << 20, 4096));
-    let executor = Executor::new(&frontend, volume, "toy/vol", 4, Vec::new());
+    let executor = Executor::new(&frontend, volume, "toy/vol", 4, zilla_frontend::SessionLabels::anonymous("test"));
     let mut lines = BufReader::new(read_half).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let Some((tag, command)) = parse(&line) else {
@@ -118,7 +118,7 @@ async fn a_second_protocol_needs_only_the_executor() {
     client_write.shutdown().await.unwrap();
     drop(client_write);
     server.await.unwrap();
-    let stats = frontend.io_stats.volume("toy/vol").snapshot();
+    let stats = frontend.io_stats.volume_snapshot("toy/vol");
     assert_eq!((stats.read_ops, stats.write_ops, stats.flush_ops, stats.trim_ops), (3, 1, 1, 2), "{stats:?}");
     assert_eq!(stats.error_ops, 2, "the unparsable line and the read past the end: {stats:?}");
     assert_eq!(frontend.stats().memory.in_use, 0);

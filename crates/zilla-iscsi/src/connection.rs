@@ -47,7 +47,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use zilla_frontend::volume::{AlignedBuf, BlockVolume, WriteData};
 use zilla_frontend::{
-    Admission, Command, Completer, Completion, Executor, Frontend, IoCounters, IoKind, Output, ReadData, Request, Submitted,
+    Admission, Command, Completer, Completion, Executor, Frontend, IoKind, Output, ReadData, Request, Submitted,
 };
 
 use crate::framing::{Frame, PduReader};
@@ -901,8 +901,8 @@ fn open_unit(
         serial: names::serial(pool_id, &export),
         target_name,
     };
-    let also: Vec<Arc<dyn IoCounters>> = vec![client, server.stats.clone()];
-    let executor = Executor::new(&server.frontend, volume, &export, server.config.command_window as usize, also);
+    let labels = zilla_frontend::SessionLabels { protocol: "iscsi", client: Some(client) };
+    let executor = Executor::new(&server.frontend, volume, &export, server.config.command_window as usize, labels);
     Unit {
         executor,
         geometry,
@@ -948,8 +948,8 @@ where
     let (out, queue) = writer::queue();
     let writer = tokio::spawn(writer::run(write_half, queue, window.clone(), stat_sn, digests, config.reply_stall_timeout));
 
-    // a normal session: its unit, listed among the sessions, counted per client
-    let client = server.frontend.clients.connect("iscsi", &peer.client);
+    // a normal session: its unit, listed among the sessions, counted per initiator name
+    let client = server.frontend.clients.connect("iscsi", &initiator_name);
     let mut listed = None;
     let unit = match export {
         Some((export, volume)) => {

@@ -140,8 +140,6 @@ pub struct IscsiStats {
     pub commands_out_of_window: AtomicU64,
     /// Task management requests answered.
     pub task_management: AtomicU64,
-    /// Requests and bytes of every session.
-    pub io: zilla_frontend::VolumeIoStats,
 }
 
 /// Plain copy of [`IscsiStats`].
@@ -164,7 +162,8 @@ impl IscsiStats {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> IscsiStatsSnapshot {
+    /// The counters, with the iSCSI sessions' I/O totals from `io`.
+    pub fn snapshot(&self, io: &zilla_frontend::IoStatsTable) -> IscsiStatsSnapshot {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         IscsiStatsSnapshot {
             connections_accepted: load(&self.connections_accepted),
@@ -176,13 +175,7 @@ impl IscsiStats {
             protocol_errors: load(&self.protocol_errors),
             commands_out_of_window: load(&self.commands_out_of_window),
             task_management: load(&self.task_management),
-            io: self.io.snapshot(),
+            io: io.protocol_totals().get("iscsi").map(|t| t.snapshot()).unwrap_or_default(),
         }
-    }
-}
-
-impl zilla_frontend::IoCounters for IscsiStats {
-    fn io(&self) -> &zilla_frontend::VolumeIoStats {
-        &self.io
     }
 }

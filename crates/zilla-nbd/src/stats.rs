@@ -1,10 +1,12 @@
 //! stats: the NBD server's counters (connections by fate, requests and bytes), kept
 //! by the accept loop and the transmission loops and read by the daemon's /metrics.
+//! Requests and bytes are not here: each session records them on its own recorder
+//! (zilla-frontend's iostats), which the snapshot sums for the protocol.
 //! Relaxed atomics only; nothing here allocates after start.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use zilla_frontend::{VolumeIoSnapshot, VolumeIoStats};
+use zilla_frontend::{IoStatsTable, VolumeIoSnapshot};
 
 /// Counters for the admin API / metrics.
 #[derive(Debug, Default)]
@@ -29,8 +31,6 @@ pub struct NbdStats {
     pub replies_written_direct: AtomicU64,
     /// Replies written by a connection's writer task (the socket was full or busy).
     pub replies_written_by_writer: AtomicU64,
-    /// Requests and bytes of every session (the sum over clients and volumes).
-    pub io: VolumeIoStats,
 }
 
 /// Plain copy of [`NbdStats`].
@@ -45,11 +45,13 @@ pub struct NbdStatsSnapshot {
     pub connections_idle_timed_out: u64,
     pub replies_written_direct: u64,
     pub replies_written_by_writer: u64,
+    /// Requests and bytes of every NBD session (the sum over clients and volumes).
     pub io: VolumeIoSnapshot,
 }
 
 impl NbdStats {
-    pub fn snapshot(&self) -> NbdStatsSnapshot {
+    /// The counters, with the NBD sessions' I/O totals from `io`.
+    pub fn snapshot(&self, io: &IoStatsTable) -> NbdStatsSnapshot {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         NbdStatsSnapshot {
             connections_accepted: load(&self.connections_accepted),
@@ -61,13 +63,7 @@ impl NbdStats {
             connections_idle_timed_out: load(&self.connections_idle_timed_out),
             replies_written_direct: load(&self.replies_written_direct),
             replies_written_by_writer: load(&self.replies_written_by_writer),
-            io: self.io.snapshot(),
+            io: io.protocol_totals().get("nbd").map(|t| t.snapshot()).unwrap_or_default(),
         }
-    }
-}
-
-impl zilla_frontend::IoCounters for NbdStats {
-    fn io(&self) -> &VolumeIoStats {
-        &self.io
     }
 }

@@ -101,8 +101,8 @@ struct ReplyContext {
     frontend: Arc<Frontend>,
 }
 
-/// Where a session's requests are counted besides its volume: its client's row and
-/// the server's totals.
+/// What a session's statistics are kept with: its client's row (the labels of its
+/// recorder) and the server's connection counters.
 #[derive(Clone)]
 pub(crate) struct SessionRecorders {
     pub(crate) client: Arc<ClientIoStats>,
@@ -474,8 +474,8 @@ fn session_context(
         replies,
         frontend: frontend.clone(),
     });
-    let also: Vec<Arc<dyn zilla_frontend::IoCounters>> = vec![recorders.client.clone(), recorders.server.clone()];
-    let executor = Executor::new(frontend, volume, &session.export.name, config.in_flight_requests_max, also);
+    let labels = zilla_frontend::SessionLabels { protocol: "nbd", client: Some(recorders.client.clone()) };
+    let executor = Executor::new(frontend, volume, &session.export.name, config.in_flight_requests_max, labels);
     (limits, context, executor)
 }
 

@@ -250,7 +250,7 @@ async fn requests_of_a_client_that_reset_are_not_run() {
     #[allow(deprecated)]
     client.stream.set_linger(Some(Duration::ZERO)).unwrap();
     drop(client);
-    let reads = || harness.frontend.io_stats.volume("pool/big").snapshot().read_ops;
+    let reads = || harness.frontend.io_stats.volume_snapshot("pool/big").read_ops;
     let deadline = Instant::now() + Duration::from_secs(3);
     while harness.frontend.memory.stats().in_use > 0 {
         assert!(Instant::now() < deadline, "still serving a gone client after 3 s: {} reads run", reads());

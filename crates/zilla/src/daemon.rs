@@ -271,7 +271,8 @@ impl Daemon {
 
     /// The daemon's memory beyond the ARC and dirty data, and its bound (memory.rs).
     fn memory_report(&self) -> crate::memory::MemoryReport {
-        let connections = self.nbd.stats().snapshot().connections_active + self.iscsi.stats().snapshot().connections_active;
+        let active = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let connections = active(&self.nbd.stats().connections_active) + active(&self.iscsi.stats().connections_active);
         crate::memory::measure(&self.pools, &self.frontend.stats(), connections)
     }
 
@@ -1243,7 +1244,7 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
 
 /// Per-client front-end counters (bounded table; see zilla-frontend iostats).
 async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
-    Json(d.frontend.clients.snapshot())
+    Json(d.frontend.clients.snapshot(&d.frontend.io_stats))
 }
 
 /// The iSCSI targets with their authentication, and the live sessions.

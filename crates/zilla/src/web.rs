@@ -90,14 +90,14 @@ impl FrontendMetrics {
         let config = &v.nbd_config;
         FrontendMetrics {
             stats: v.frontend.stats(),
-            nbd: v.nbd_stats.snapshot(),
+            nbd: v.nbd_stats.snapshot(&v.frontend.io_stats),
             nbd_connections_max: config.connections_max,
             nbd_in_flight_requests_max: config.in_flight_requests_max,
             nbd_idle_timeout_s: config.idle_timeout.as_secs(),
             nbd_reply_stall_timeout_s: config.reply_stall_timeout.as_secs(),
-            iscsi: v.iscsi_stats.snapshot(),
+            iscsi: v.iscsi_stats.snapshot(&v.frontend.io_stats),
             volumes: v.frontend.io_stats.snapshot(),
-            clients: v.frontend.clients.snapshot(),
+            clients: v.frontend.clients.snapshot(&v.frontend.io_stats),
         }
     }
 }
@@ -108,7 +108,8 @@ async fn snapshot(v: &Arc<View>) -> Result<Snapshot, String> {
     let frontend = FrontendMetrics::of(v);
     let v2 = v.clone();
     tokio::task::spawn_blocking(move || {
-        let connections = v2.nbd_stats.snapshot().connections_active + v2.iscsi_stats.snapshot().connections_active;
+        let active = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let connections = active(&v2.nbd_stats.connections_active) + active(&v2.iscsi_stats.connections_active);
         let memory = crate::memory::measure(&v2.pools, &v2.frontend.stats(), connections);
         Snapshot {
             arcstats: crate::arcstats::arcstats_map(&memory, &v2.pools),
@@ -258,19 +259,14 @@ fn latency_histograms<'a>(
     for (l, latency) in samples {
         let count = latency.buckets.iter().sum();
         let sum_s = latency.sum_ns as f64 / 1e9;
-        let bounds = latency
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (zilla_frontend::LatencyHistogram::upper_bound_s(i).unwrap_or(f64::MAX), n))
-            .collect();
+        let bounds = latency.log2_buckets().into_iter().map(|(upper_s, n)| (upper_s.unwrap_or(f64::MAX), n)).collect();
         *family.get_or_create(&l).buckets.lock() = (sum_s, count, bounds);
     }
     reg.register(name, help, family);
 }
 
 /// Requests, bytes and latency of every volume (an iSCSI target, an NBD export) and
-/// of every client (an iSCSI initiator or NBD client, by address), over both protocols.
+/// of every client (an iSCSI initiator by name, an NBD client by address), over both protocols.
 fn register_volume_and_client_io(reg: &mut Registry, f: &FrontendMetrics) {
     let rows: Vec<(Labels, &zilla_frontend::VolumeIoSnapshot)> = f
         .volumes
