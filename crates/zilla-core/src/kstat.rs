@@ -20,15 +20,16 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 pub const HISTOGRAM_BUCKETS: usize = 37;
 
-/// A log2 latency histogram (nanoseconds), lock-free.
+/// A log2 latency histogram (nanoseconds) with the sum of its samples, lock-free.
 #[derive(Debug)]
 pub struct Histogram {
     buckets: [AtomicU64; HISTOGRAM_BUCKETS],
+    sum_ns: AtomicU64,
 }
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram { buckets: std::array::from_fn(|_| AtomicU64::new(0)) }
+        Histogram { buckets: std::array::from_fn(|_| AtomicU64::new(0)), sum_ns: AtomicU64::new(0) }
     }
 }
 
@@ -39,6 +40,11 @@ impl Histogram {
     }
     pub fn record(&self, value_ns: u64) {
         self.buckets[Self::bucket_of(value_ns)].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(value_ns, Ordering::Relaxed);
+    }
+    /// The sum of the samples recorded.
+    pub fn sum_ns(&self) -> u64 {
+        self.sum_ns.load(Ordering::Relaxed)
     }
     pub fn snapshot(&self) -> Vec<u64> {
         self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect()

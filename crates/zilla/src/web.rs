@@ -3,7 +3,8 @@
 //! `/metrics` in the OpenMetrics text format (what Prometheus scrapes), rendered by
 //! the prometheus-client crate (HELP, TYPE, `# EOF`; label values escaped here),
 //! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
-//! richardelling/zpool_prometheus `zpool_stats_*`; counters' samples end in `_total`),
+//! richardelling/zpool_prometheus `zpool_stats_*` and the `zpool_latency_*` histograms;
+//! counters' samples end in `_total`),
 //! node_exporter's ZFS collector `node_zfs_arc_<arcstats name>` for the ARC (every key
 //! of `/v1/arcstats` but Zilla's own, so keys added there appear here; its `zfetch_*`
 //! keys, the read-ahead's zfetchstats, as `node_zfs_zfetch_<name>`),
@@ -247,8 +248,8 @@ impl prometheus_client::metrics::TypedMetric for FixedHistogram {
     const TYPE: prometheus_client::metrics::MetricType = prometheus_client::metrics::MetricType::Histogram;
 }
 
-/// Register a latency histogram family from [`zilla_frontend::LatencyHistogram`]
-/// buckets and the sum of the latencies in seconds.
+/// Register a latency histogram family from [`zilla_frontend::LatencySnapshot`]s (folded to
+/// power-of-two buckets) and the sum of the latencies in seconds.
 fn latency_histograms<'a>(
     reg: &mut Registry,
     name: &str,
@@ -368,6 +369,7 @@ fn render_metrics(s: &Snapshot) -> String {
     }
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
     register_vdev_queue(&mut reg, &rows);
+    register_vdev_latency(&mut reg, &rows);
     // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
     register_pool_kstats(&mut reg, "zfs_", "Intent log counter (OpenZFS zil kstat)", &s.zil);
     register_dmu_tx(&mut reg, &s.dmu_tx);
@@ -415,6 +417,35 @@ fn register_vdev_queue(reg: &mut Registry, rows: &[(Labels, &LeafStats)]) {
     counters(reg, "zilla_vdev_requests", "Requests completed", per_class(&|s, c| s.ops[c]));
     counters(reg, "zilla_vdev_device_ops", "Device calls (an aggregate is one)", per_class(&|s, c| s.device_ops[c]));
     counters(reg, "zilla_vdev_aggregated", "Requests that reached the device inside an aggregate", per_class(&|s, c| s.aggregated[c]));
+}
+
+/// zpool_prometheus's latency histograms per vdev: `zpool_latency_{total,disk}_wait_
+/// {read,write}` (total: queued and on the device; disk: on the device), the `zpool
+/// iostat -w` power-of-two buckets in seconds. Reads are the read classes (sync,
+/// async, scrub), writes the write classes; trim is not counted.
+fn register_vdev_latency(reg: &mut Registry, rows: &[(Labels, &LeafStats)]) {
+    for (wait, total) in [("total_wait", true), ("disk_wait", false)] {
+        for (direction, read) in [("read", true), ("write", false)] {
+            let family = Family::<Labels, FixedHistogram>::default();
+            for (l, st) in rows {
+                let (hists, sums) = if total { (&st.total_latency_hist, &st.total_latency_sum_ns) } else { (&st.disk_latency_hist, &st.disk_latency_sum_ns) };
+                let classes: Vec<usize> = IoClass::ALL.iter().filter(|&&c| c != IoClass::Trim && c.is_read() == read).map(|&c| c as usize).collect();
+                let mut buckets = vec![0u64; zilla_core::kstat::HISTOGRAM_BUCKETS];
+                for &c in &classes {
+                    for (b, n) in buckets.iter_mut().zip(hists.get(c).map(Vec::as_slice).unwrap_or(&[])) {
+                        *b += n;
+                    }
+                }
+                let sum_s = classes.iter().map(|&c| sums[c]).sum::<u64>() as f64 / 1e9;
+                let count = buckets.iter().sum();
+                let last = buckets.len() - 1;
+                let bounds = buckets.iter().enumerate().map(|(i, &n)| (if i == last { f64::MAX } else { (1u64 << (i + 1)) as f64 / 1e9 }, n)).collect();
+                *family.get_or_create(l).buckets.lock() = (sum_s, count, bounds);
+            }
+            let help = format!("{} latency of {direction}s per vdev (zpool iostat -w buckets)", if total { "Total (queued and device)" } else { "Device" });
+            reg.register(format!("zpool_latency_{wait}_{direction}"), help, family);
+        }
+    }
 }
 
 /// The write throttle per pool, named after OpenZFS's dmu_tx kstat: dirty bytes and

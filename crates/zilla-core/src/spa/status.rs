@@ -260,6 +260,8 @@ impl Pool {
                 a.queued[i] += b.queued[i];
                 a.errors[i] += b.errors[i];
                 a.active[i] += b.active[i];
+                a.total_latency_sum_ns[i] += b.total_latency_sum_ns[i];
+                a.disk_latency_sum_ns[i] += b.disk_latency_sum_ns[i];
             }
             a.flushes += b.flushes;
             for (ha, hb) in [(&mut a.total_latency_hist, &b.total_latency_hist), (&mut a.disk_latency_hist, &b.disk_latency_hist)] {

@@ -249,6 +249,11 @@ pub struct LeafStats {
     /// Flush latency log2 histogram (ns).
     #[serde(default)]
     pub flush_latency_hist: Vec<u64>,
+    /// Per class: the sums of the total and of the device latencies (ns).
+    #[serde(default)]
+    pub total_latency_sum_ns: [u64; CLASSES],
+    #[serde(default)]
+    pub disk_latency_sum_ns: [u64; CLASSES],
 }
 
 /// Where the limits come from: the live tunables (default) or fixed values (tests).
@@ -810,6 +815,8 @@ impl LeafQueue {
             queued,
             active,
             flush_latency_hist: sh.flush_latency.snapshot(),
+            total_latency_sum_ns: std::array::from_fn(|c| sh.stats[c].total_latency.sum_ns()),
+            disk_latency_sum_ns: std::array::from_fn(|c| sh.stats[c].disk_latency.sum_ns()),
         }
     }
 }
