@@ -68,6 +68,13 @@ fn acc_series_bytes(kind: Kind) -> usize {
     std::mem::size_of::<Series>() + buckets + 32
 }
 
+/// Sparse histogram counts: (bucket, count) pairs, ascending, no zero counts.
+pub type SparseBuckets = Vec<(u8, u64)>;
+/// A saved key table: (key id, key).
+pub(super) type SavedKeys = Vec<(u16, String)>;
+/// Saved minute points: (minute end in unix s, encoded point), oldest first.
+pub(super) type SavedMinutes = Vec<(u64, Vec<u8>)>;
+
 /// What a collector measured in one second for one key of a dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
@@ -565,8 +572,8 @@ impl History {
 
     /// Every minute point, oldest first (the minute being summed last), and the keys
     /// they name: what is saved.
-    pub fn export_minutes(&self) -> (Vec<(u16, String)>, Vec<(u64, Vec<u8>)>) {
-        let mut minutes: Vec<(u64, Vec<u8>)> =
+    pub fn export_minutes(&self) -> (SavedKeys, SavedMinutes) {
+        let mut minutes: SavedMinutes =
             self.minutes.slots.iter().filter_map(|s| Some((s.time, s.point.as_deref()?.to_vec()))).collect();
         minutes.sort_by_key(|m| m.0);
         minutes.extend(self.minute_in_progress());
@@ -577,7 +584,7 @@ impl History {
     /// A history holding saved minutes. Each minute must be a well-formed point within
     /// the dataset's bound naming only the given keys, times strictly increasing
     /// multiples of 60; an error says what is wrong.
-    pub fn import_minutes(id: DatasetId, keys: &[(u16, String)], minutes: Vec<(u64, Vec<u8>)>) -> Result<History, String> {
+    pub fn import_minutes(id: DatasetId, keys: &[(u16, String)], minutes: SavedMinutes) -> Result<History, String> {
         let mut h = History::new(id);
         for (kid, name) in keys {
             if *kid == OTHER_ID {
@@ -631,7 +638,7 @@ pub struct QuerySeries {
     pub values: Vec<Option<f64>>,
     /// Histogram only: per time, the sparse (bucket, events in the interval) pairs.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub buckets: Option<Vec<Option<Vec<(u8, u64)>>>>,
+    pub buckets: Option<Vec<Option<SparseBuckets>>>,
 }
 
 #[cfg(test)]
@@ -685,6 +692,35 @@ mod tests {
         let names: Vec<&str> = p.series.iter().map(|s| h.key_name(s.key)).collect();
         assert!(names.contains(&"other") && names.contains(&"tank/mirror-0/d199"), "{names:?}");
         assert!(!names.contains(&"tank/mirror-0/d0"), "the least busy is summed into other");
+    }
+
+    #[test]
+    fn long_keys_and_keys_past_the_table_go_into_other() {
+        let id = DatasetId::parse("io.ops/client").unwrap();
+        let mut h = History::new(id);
+        let long = "x".repeat(KEY_BYTES_MAX + 1);
+        h.ingest(1, &[(long, Value::Counter(5)), ("tcp 192.0.2.7".into(), Value::Counter(3)), ("uid 0".into(), Value::Histogram(vec![(1, 1)]))]);
+        let p = h.point(1, 1).unwrap();
+        let got: Vec<(&str, u64)> = p.series.iter().map(|s| (h.key_name(s.key), s.value)).collect();
+        assert_eq!(got, [("other", 5), ("tcp 192.0.2.7", 3)], "a histogram value for a counter is not this dataset's");
+        // 64 new clients a second: the table fills at KEY_TABLE_MAX, later keys count as other
+        for sec in 2..=20u64 {
+            let input: Vec<(String, Value)> = (0..64).map(|k| (format!("tcp 10.0.{sec}.{k}"), Value::Counter(1))).collect();
+            h.ingest(sec, &input);
+            let p = h.point(sec, 1).unwrap();
+            assert_eq!(p.series.iter().map(|s| s.value).sum::<u64>(), 64, "second {sec}");
+        }
+        assert_eq!(h.keys.names.len(), KEY_TABLE_MAX);
+        let p = h.point(20, 1).unwrap();
+        assert_eq!((p.series.len(), h.key_name(p.series[0].key), p.series[0].value), (1, "other", 64));
+        // a key whose points aged out is freed and its id reused
+        let mut t = KeyTable::new();
+        let a = t.intern("a");
+        let pt = Point { seconds: 1, series: vec![Series { key: a, value: 1, buckets: vec![] }] };
+        t.retain(&pt);
+        t.release(&pt);
+        assert!(!t.live(a));
+        assert_eq!(t.intern("b"), a);
     }
 
     proptest! {

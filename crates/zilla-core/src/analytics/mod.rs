@@ -59,7 +59,7 @@ use catalog::{DatasetId, Kind, Statistic, STATISTICS};
 use history::History;
 
 pub use catalog::DEFAULT_DATASETS;
-pub use history::{QuerySeries, Sample, Value, MINUTE_POINTS, SECOND_POINTS};
+pub use history::{QuerySeries, Sample, SparseBuckets, Value, MINUTE_POINTS, SECOND_POINTS};
 pub use query::{LiveDataset, LiveSeries, Query, QueryAnswer, QUERY_KEYS_MAX, QUERY_POINTS_MAX};
 
 /// Default bound of the enabled datasets' history memory.

@@ -13,7 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::catalog::DatasetId;
-use super::history::{KEY_BYTES_MAX, KEY_TABLE_MAX, MINUTE_POINTS};
+use super::history::{SavedKeys, SavedMinutes, KEY_BYTES_MAX, KEY_TABLE_MAX, MINUTE_POINTS};
 
 pub(super) const MAGIC: &[u8; 8] = b"ZLANHIS1";
 pub(super) const VERSION: u32 = 1;
@@ -29,8 +29,8 @@ pub(super) const FILE_SLACK_BYTES: u64 = 64 * 1024;
 /// unix s, encoded point), oldest first.
 pub(super) struct SavedDataset {
     pub id: DatasetId,
-    pub keys: Vec<(u16, String)>,
-    pub minutes: Vec<(u64, Vec<u8>)>,
+    pub keys: SavedKeys,
+    pub minutes: SavedMinutes,
 }
 
 /// The whole file.

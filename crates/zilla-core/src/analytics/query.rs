@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::buckets::BUCKETS;
 use super::catalog::{DatasetId, Kind, OTHER_KEY};
-use super::history::{History, Point, QuerySeries};
+use super::history::{History, Point, QuerySeries, SparseBuckets};
 use super::{AnalyticsError, Store};
 
 /// Most points one answer holds.
@@ -53,7 +53,7 @@ pub struct LiveSeries {
     /// Counter: events (or bytes) per second; histogram: events in the second.
     pub value: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub buckets: Option<Vec<(u8, u64)>>,
+    pub buckets: Option<SparseBuckets>,
 }
 
 /// One dataset's last second, as the live stream sends it.

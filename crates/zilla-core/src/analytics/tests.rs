@@ -144,6 +144,12 @@ fn queries_are_checked_and_json_has_the_contracts_shape() {
     // a disabled dataset answers with nothing collected; an older second is refused
     assert!(query(&store, "io.bytes/op", T0, T0 + 1, 1, &["read"]).series[0].values[0].is_none());
     assert!(matches!(store.ingest(1, &ops(1, 1)), Err(AnalyticsError::OutOfOrder { .. })));
+    // a dataset named twice in one sample: the first entry counts
+    let mut twice = ops(5, 5);
+    twice.datasets.push(("io.ops/op".into(), vec![("read".into(), Value::Counter(1000))]));
+    store.ingest(2, &twice).unwrap();
+    let live = store.latest("io.ops/op").unwrap().unwrap().1;
+    assert_eq!(live.series[0], LiveSeries { key: "read".into(), value: 5, buckets: None });
 }
 
 #[test]
