@@ -633,10 +633,12 @@ fn add_value(s: &mut Series, value: &Value) {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QuerySeries {
     pub key: String,
-    /// Counter: per-second rate (the average over the interval); histogram: events per
-    /// second. None (null) where nothing was collected.
+    /// Counter: per-second rate; histogram: events per second. At resolution 60, the
+    /// average over the seconds of the minute that were collected. None (null) where
+    /// nothing was collected.
     pub values: Vec<Option<f64>>,
-    /// Histogram only: per time, the sparse (bucket, events in the interval) pairs.
+    /// Histogram only: per time, the sparse (bucket, events in the interval) pairs
+    /// (None where nothing was collected).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub buckets: Option<Vec<Option<SparseBuckets>>>,
 }

@@ -261,7 +261,9 @@ impl Store {
     /// missing from it get a hole.
     pub fn ingest(&mut self, mono_s: u64, sample: &Sample) -> Result<(), AnalyticsError> {
         let unix_s = self.unix_of(mono_s);
-        if let Some(last_unix_s) = self.last_unix_s.filter(|l| *l >= unix_s) {
+        // after a load, the newest saved minute's last second counts as ingested
+        let last_unix_s = self.last_unix_s.unwrap_or(0).max(self.loaded_newest_minute);
+        if unix_s <= last_unix_s && (self.last_unix_s.is_some() || self.loaded_newest_minute > 0) {
             return Err(AnalyticsError::OutOfOrder { unix_s, last_unix_s });
         }
         self.last_unix_s = Some(unix_s);
@@ -277,8 +279,15 @@ impl Store {
     }
 
     /// Save every enabled dataset's minutes (the minute being summed included) to
-    /// `path`, replacing the file atomically.
+    /// `path`, replacing the file atomically. To keep the fsyncs out of a lock around
+    /// the store, take [`Store::history_file_bytes`] under it and write them with
+    /// [`write_history_file`] after.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        write_history_file(path, &self.history_file_bytes())
+    }
+
+    /// The history file's bytes as of now (see [`Store::save`]).
+    pub fn history_file_bytes(&self) -> Vec<u8> {
         let datasets: Vec<persist::SavedDataset> = self
             .histories
             .values()
@@ -288,8 +297,7 @@ impl Store {
             })
             .collect();
         let newest = self.histories.values().filter_map(|h| h.newest_minute()).max().unwrap_or(0);
-        let saved = persist::Saved { newest_minute: newest.max(self.loaded_newest_minute), datasets };
-        persist::write_file(path, &persist::encode(&saved))
+        persist::encode(&persist::Saved { newest_minute: newest.max(self.loaded_newest_minute), datasets })
     }
 
     /// The most bytes a history file of this store can have.
@@ -343,6 +351,12 @@ impl Store {
         self.anchor_unix_s = newest_minute.saturating_add(1);
         self.anchor_unix_s - unix_now
     }
+}
+
+/// Replace `path` with a history file's `bytes` (temp file `path`.tmp, fsync, rename,
+/// fsync of the directory): a crash leaves the old file or the new one.
+pub fn write_history_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    persist::write_file(path, bytes)
 }
 
 #[cfg(test)]

@@ -248,6 +248,7 @@ fn persistence_round_trip_and_restart_after_the_wall_clock_went_back() {
     let after = query(&store2, "io.bytes/volume", T0, T0 + 180, 60, &[]);
     assert_eq!(before.series, after.series);
     // new seconds land after the newest saved minute, and their minute after it
+    assert!(matches!(store2.ingest(4, &ops(7, 7)), Err(AnalyticsError::OutOfOrder { .. })), "a second of the saved minute");
     store2.ingest(5, &ops(7, 7)).unwrap();
     assert_eq!(store2.latest("io.ops/op").unwrap().unwrap().0, T0 + 181);
     let m = query(&store2, "io.ops/op", T0, T0 + 240, 60, &[]);
