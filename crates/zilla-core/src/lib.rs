@@ -25,6 +25,7 @@ pub mod scan;
 pub mod zvol;
 pub mod props;
 pub mod memvol;
+pub mod analytics;
 
 pub use error::{Error, Result};
 pub use types::{BlockId, Guid, Txg, VdevId};
@@ -49,6 +50,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
     &["spa"],          // the pool: create/import/export, sync, uberblocks
+    &["analytics"],    // the history of the statistics the web UI draws (no engine internals)
 ];
 
 /// Every tunable of the engine by name: the admin API's `tunable get` / `tunable set`.
