@@ -5,7 +5,9 @@
 //! Every subsystem keeps its statistics in plain atomics so that recording a stat on
 //! the data path never takes a lock. Latency histograms use the buckets of
 //! `zpool iostat -w`: bucket `i` counts samples in `[2^i, 2^(i+1))` nanoseconds, 0..=36
-//! (up to ~68 s; larger samples land in the last bucket).
+//! (up to ~68 s; larger samples land in the last bucket). Analytics and the front ends'
+//! recorders use finer buckets, four per power of two ([`buckets`]), that fold into
+//! these exactly.
 //!
 //! Tunables are process-wide (as OpenZFS module parameters are). kstat imports nothing
 //! from the rest of the crate: each module that owns tunables declares them as typed
@@ -16,6 +18,8 @@
 //! module reads its static directly: one relaxed atomic load, no lookup by name, so hot
 //! paths may read tunables freely. A value outside `min..=max` is refused with an error
 //! that names the range; a name lookup never panics.
+
+pub mod buckets;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 pub const HISTOGRAM_BUCKETS: usize = 37;

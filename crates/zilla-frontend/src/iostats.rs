@@ -27,7 +27,7 @@
 //!
 //! Histograms use the analytics buckets: log-linear, four per power of two of
 //! nanoseconds (bytes for sizes), from 1 us to about 17 s ([`bucket_of`]); they fold
-//! exactly into `zpool iostat -w`'s power-of-two buckets ([`log2_of_bucket`]).
+//! exactly into `zpool iostat -w`'s power-of-two buckets ([`fold_to_log2`]).
 //!
 //! Bounds: a recorder is [`Recorder::BYTES`] (about 6.5 KiB), one per session, and
 //! sessions are bounded by the front ends' connection limits. Retired totals exist per
@@ -41,6 +41,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use zilla_core::kstat::buckets::{bucket_of, fold_to_log2, BUCKETS};
 
 /// What a request did, as the statistics see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,50 +72,6 @@ impl IoKind {
 }
 
 const KINDS: usize = IoKind::ALL.len();
-
-/// Histogram buckets: 0 below 1024, then four per power of two up to 2^34, then one
-/// for everything from 2^34 on (ns: 1.02 us .. 17.2 s).
-pub const BUCKETS: usize = 98;
-
-/// The bucket of `value` (ns or bytes): bucket 1 + 4k + q holds
-/// `[2^(10+k) * (4+q)/4, 2^(10+k) * (5+q)/4)`.
-pub fn bucket_of(value: u64) -> usize {
-    if value < 1024 {
-        return 0;
-    }
-    let log2 = 63 - value.leading_zeros() as usize; // >= 10
-    if log2 >= 34 {
-        return BUCKETS - 1;
-    }
-    let quarter = ((value >> (log2 - 2)) & 3) as usize;
-    1 + 4 * (log2 - 10) + quarter
-}
-
-/// The lower bound of bucket `i` (`i < BUCKETS`).
-pub fn bucket_lower(i: usize) -> u64 {
-    match i {
-        0 => 0,
-        _ if i >= BUCKETS - 1 => 1 << 34,
-        _ => {
-            let (k, q) = ((i - 1) / 4, (i - 1) % 4);
-            (1u64 << (10 + k)) / 4 * (4 + q as u64)
-        }
-    }
-}
-
-/// The upper bound (exclusive) of bucket `i`; `None` for the last.
-pub fn bucket_upper(i: usize) -> Option<u64> {
-    (i + 1 < BUCKETS).then(|| bucket_lower(i + 1))
-}
-
-/// The `zpool iostat -w` bucket (`[2^j, 2^(j+1))`) bucket `i` folds into: 9 for bucket 0
-/// (everything below 2^10), 34 for the last.
-pub fn log2_of_bucket(i: usize) -> usize {
-    match i {
-        0 => 9,
-        _ => (10 + (i - 1) / 4).min(34),
-    }
-}
 
 /// One kind's cells in a [`Recorder`].
 struct KindCells {
@@ -292,7 +250,7 @@ impl LatencySnapshot {
             last.0 = None;
         }
         for (i, &n) in self.buckets.iter().enumerate().take(BUCKETS) {
-            out[log2_of_bucket(i) - 9].1 += n;
+            out[fold_to_log2(i) - 9].1 += n;
         }
         out
     }
@@ -618,25 +576,6 @@ impl ClientStatsTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn buckets_are_log_linear_and_fold_into_powers_of_two() {
-        assert_eq!(bucket_of(0), 0);
-        assert_eq!(bucket_of(1023), 0);
-        assert_eq!(bucket_of(1024), 1);
-        assert_eq!(bucket_of(1279), 1);
-        assert_eq!(bucket_of(1280), 2);
-        assert_eq!(bucket_of(2047), 4);
-        assert_eq!(bucket_of(2048), 5);
-        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
-        for v in (0..40).flat_map(|s| [1u64 << s, (1u64 << s) + 1, (3u64 << s) / 2, (1u64 << s).wrapping_sub(1)]) {
-            let i = bucket_of(v);
-            assert!(bucket_lower(i) <= v, "{v} in bucket {i} below its lower bound {}", bucket_lower(i));
-            assert!(bucket_upper(i).is_none_or(|u| v < u), "{v} in bucket {i} not below its upper bound");
-            let log2 = if v == 0 { 0 } else { 63 - v.leading_zeros() as usize };
-            assert_eq!(log2_of_bucket(i), log2.clamp(9, 34), "{v}");
-        }
-    }
 
     #[test]
     fn totals_are_retired_plus_live_and_survive_the_session() {

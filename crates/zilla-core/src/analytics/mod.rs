@@ -42,7 +42,7 @@
 //! The store is a plain value: the caller serialises access (one mutex) and runs the
 //! once-a-second collection and the periodic save.
 
-pub mod buckets;
+pub use crate::kstat::buckets;
 pub mod catalog;
 pub mod history;
 mod persist;

@@ -254,6 +254,10 @@ pub struct LeafStats {
     pub total_latency_sum_ns: [u64; CLASSES],
     #[serde(default)]
     pub disk_latency_sum_ns: [u64; CLASSES],
+    /// Per class: device latency in analytics' buckets (for the collector; not in the
+    /// admin API's JSON).
+    #[serde(skip)]
+    pub disk_latency_fine: Vec<Vec<u64>>,
 }
 
 /// Where the limits come from: the live tunables (default) or fixed values (tests).
@@ -472,6 +476,8 @@ struct ClassStats {
     aggregated: AtomicU64,
     total_latency: Histogram,
     disk_latency: Histogram,
+    /// Device latency in analytics' finer buckets (four per power of two).
+    disk_latency_fine: [AtomicU64; crate::kstat::buckets::BUCKETS],
 }
 
 /// Which device engine a leaf uses.
@@ -590,6 +596,7 @@ impl LeafQueue {
                 aggregated: AtomicU64::new(0),
                 total_latency: Histogram::default(),
                 disk_latency: Histogram::default(),
+                disk_latency_fine: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
             flushes: AtomicU64::new(0),
             device_flush_lock: Mutex::new(()),
@@ -817,6 +824,7 @@ impl LeafQueue {
             flush_latency_hist: sh.flush_latency.snapshot(),
             total_latency_sum_ns: std::array::from_fn(|c| sh.stats[c].total_latency.sum_ns()),
             disk_latency_sum_ns: std::array::from_fn(|c| sh.stats[c].disk_latency.sum_ns()),
+            disk_latency_fine: sh.stats.iter().map(|s| s.disk_latency_fine.iter().map(|b| b.load(Ordering::Relaxed)).collect()).collect(),
         }
     }
 }
@@ -1049,6 +1057,7 @@ impl Shared {
             s.errors.fetch_add(1, Ordering::Relaxed);
         }
         s.disk_latency.record(done_at_ns.saturating_sub(issued_at_ns));
+        s.disk_latency_fine[crate::kstat::buckets::bucket_of(done_at_ns.saturating_sub(issued_at_ns))].fetch_add(1, Ordering::Relaxed);
         s.total_latency.record(done_at_ns.saturating_sub(q.queued_at_ns));
     }
 
