@@ -21,6 +21,7 @@ mod iscsi_admin;
 mod iscsi_glue;
 mod nbd_glue;
 mod pools;
+mod reads;
 mod state_dir;
 mod status_text;
 mod units;
