@@ -61,7 +61,7 @@
       vdevRows(st.name, st.config, 1, rows);
     }
     return el("table", { id: "vdev-table" },
-      el("tr", {}, ["Pool", "Device", "State", "Read", "Write", "Cksum", ""].map((h) => el("th", {}, h))), rows);
+      el("tr", {}, ["Pool", "Device", "State", "Read", "Write", "Cksum", ""].map((h, i) => el("th", i === 1 ? { style: "text-align:left" } : {}, h))), rows);
   }
 
   function volumesTable(volumes) {
@@ -87,7 +87,7 @@
       kv("ARC hit ratio", ratio(arc.hits || 0, arc.misses || 0), "arc_hit_ratio"),
       kv("ARC hits / misses", num(arc.hits) + " / " + num(arc.misses)),
       kv("MRU / MFU", bytes(arc.mru_size) + " / " + bytes(arc.mfu_size)),
-      kv("L2ARC size", bytes(arc.l2_size) + " (" + bytes(arc.l2_asize) + " allocated)", "l2_size"),
+      kv("L2ARC size", arc.l2_size == null ? "no cache device" : bytes(arc.l2_size) + " (" + bytes(arc.l2_asize) + " allocated)", "l2_size"),
       kv("L2ARC hit ratio", ratio(arc.l2_hits || 0, arc.l2_misses || 0), "l2_hit_ratio"),
       kv("L2ARC read / written", bytes(arc.l2_read_bytes) + " / " + bytes(arc.l2_write_bytes)),
       kv("ZIL commits", num(zil.zil_commit_count), "zil_commit_count"),

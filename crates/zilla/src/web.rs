@@ -690,6 +690,26 @@ mod tests {
     }
 
     #[test]
+    fn assets_are_compiled_in_and_pages_name_only_served_assets() {
+        for a in ASSETS {
+            assert!(!a.body.is_empty(), "{} is empty", a.name);
+        }
+        // every /ui/assets/ URL the pages and scripts name is one we serve (no
+        // request would 404, none goes elsewhere)
+        let texts = [DASHBOARD_HTML, WORKSHEET_HTML];
+        for text in texts {
+            for (i, _) in text.match_indices("/ui/assets/") {
+                let rest = &text[i + "/ui/assets/".len()..];
+                let name: String = rest.chars().take_while(|c| !matches!(c, '"' | '\'' | ' ' | '>')).collect();
+                assert!(ASSETS.iter().any(|a| a.name == name), "page names unserved asset {name}");
+            }
+            assert!(!text.contains("http://") && !text.contains("https://"), "a page names another origin");
+        }
+        assert_eq!(etag_of(b"x"), etag_of(b"x"));
+        assert_ne!(etag_of(b"x"), etag_of(b"y"));
+    }
+
+    #[test]
     fn unlabelled_samples_have_no_braces() {
         let mut reg = Registry::default();
         gauge(&mut reg, "zilla_x_bytes", "help", 5);
