@@ -78,6 +78,11 @@
     if (unit === "B/s") return Z.bytes(v) + "/s";
     return Z.num(v) + (unit ? " " + unit : "");
   }
+  // colour `c` (#rrggbb) mixed with white, fraction f of white
+  function whiten(c, f) {
+    const n = parseInt(c.slice(1), 16);
+    return "rgb(" + [16, 8, 0].map((sh) => Math.round(((n >> sh) & 255) * (1 - f) + 255 * f)).join(",") + ")";
+  }
   function heatColor(t) {
     const x = Math.max(0, Math.min(1, t)) * (HEAT_STOPS.length - 1);
     const i = Math.min(HEAT_STOPS.length - 2, Math.floor(x)), f = x - i;
@@ -85,7 +90,10 @@
     return "rgb(" + [0, 1, 2].map((k) => Math.round(a[k] + (b[k] - a[k]) * f)).join(",") + ")";
   }
   // key highlighted: the key itself or, for the device tree, a node above it
-  function isHl(key) { return S.hl != null && (key === S.hl || key.startsWith(S.hl + "/")); }
+  // (or, in a drill-down's keys, the key it was drilled from: `tank/v1` in `tank/v1:read`)
+  function isHl(key) {
+    return S.hl != null && (key === S.hl || key.startsWith(S.hl + "/") || key.startsWith(S.hl + ":") || key.endsWith(":" + S.hl));
+  }
 
   // ---------------------------------------------------------------- one chart
   class Chart {
@@ -142,6 +150,7 @@
       const to = S.from != null ? S.to : S.now;
       const from = S.from != null ? S.from : S.now - LIVE_WINDOW_S;
       let url = "/api/v1/analytics/query?dataset=" + encodeURIComponent(this.name) + "&from=" + from + "&to=" + to;
+      if (to - from > POINTS_MAX) url += "&resolution=60"; // a long saved range: minutes
       if (this.filter) url += "&filter=" + encodeURIComponent(this.filter);
       try {
         const q = await Z.json(url);
@@ -223,9 +232,11 @@
       return {
         series: [{}, ...keys.map((k) => {
           const c = this.series.get(k).color;
+          const dim = () => S.hl != null && !isHl(k) && this.keys().some(isHl);
           return {
-            label: k, stroke: () => (S.hl != null && !isHl(k) ? c + "40" : c), width: 1,
-            fill: () => (S.hl != null && !isHl(k) ? c + "22" : c + "b0"), points: { show: false },
+            // opaque fills: each area covers the one drawn before it without blending
+            label: k, stroke: () => (dim() ? whiten(c, 0.7) : c), width: 1,
+            fill: () => whiten(c, dim() ? 0.88 : 0.25), points: { show: false },
           };
         })],
         scales: { x: { time: true, range: () => this.xRange() }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.05)] } },
@@ -610,6 +621,8 @@
     await Promise.all(S.charts.map((c) => c.load()));
     restartStream();
     window.addEventListener("resize", () => S.charts.forEach((c) => c.resize()));
+    // a hash typed or pasted by hand (ours are written with replaceState, no event)
+    window.addEventListener("hashchange", () => location.reload());
     $("worksheet").dataset.ready = "1";
   }
   start();
