@@ -95,6 +95,19 @@
     return S.hl != null && (key === S.hl || key.startsWith(S.hl + "/") || key.startsWith(S.hl + ":") || key.endsWith(":" + S.hl));
   }
 
+  // A device key as tree levels: the pool, a class of devices (logs, cache, ...), a
+  // vdev (mirror-0, raidz1-0, ...), the leaf (its name may hold `/`: a path).
+  const CLASS_RE = /^(logs|cache|spares|special|dedup)$/;
+  const VDEV_RE = /^(mirror|raidz[123]?|draid[123]?|replacing|spare)(-\d+)?$/;
+  function devicePath(key) {
+    const parts = key.split("/"), out = [parts[0]];
+    let i = 1;
+    if (i < parts.length - 1 && CLASS_RE.test(parts[i])) out.push(parts[i++]);
+    if (i < parts.length - 1 && VDEV_RE.test(parts[i])) out.push(parts[i++]);
+    if (i < parts.length) out.push(parts.slice(i).join("/"));
+    return out;
+  }
+
   // ---------------------------------------------------------------- one chart
   class Chart {
     constructor(name, filter) {
@@ -128,7 +141,14 @@
         this.note,
         el("button", { class: "close", title: "Remove", onclick: () => removeChart(this) }, "✕")),
       el("div", { class: "chart" }, this.plotBox, el("div", { class: "side" }, this.legend, this.average)));
-      if (this.kind === "histogram") this.root.dataset.cellsNonzero = "0";
+      if (this.kind === "histogram") {
+        this.root.dataset.cellsNonzero = "0";
+        // the colour key: a count of 1 .. the largest cell count, log-scaled
+        const stops = [0, 0.25, 0.5, 0.75, 1].map((t) => heatColor(HEAT_MIN + (1 - HEAT_MIN) * t));
+        this.heatMax = el("span", {}, "");
+        this.legend.before(el("div", { class: "muted heat-key" }, "events per cell: 1 ",
+          el("span", { class: "heat-scale", style: "background:linear-gradient(to right," + stops.join(",") + ")" }), " ", this.heatMax));
+      }
       if (!this.meta) this.note.textContent = "unknown dataset";
       else if (!this.meta.enabled) this.showEnable();
     }
@@ -318,6 +338,7 @@
       ctx.restore();
       this.root.dataset.cellsNonzero = String(cells);
       this.root.dataset.countMax = String(max);
+      this.heatMax.textContent = String(max);
     }
     heatOpts() {
       return {
@@ -412,22 +433,27 @@
     renderLegend() {
       const rows = [];
       if (this.breakdown === "device") {
-        // the pool's tree from the `/`-separated keys: pool, vdev, leaf
-        const nodes = new Map(); // path -> {sum, depth, leaf}
+        // the pool's tree from the `/`-separated keys: pool, [logs|cache|...], vdev, leaf
+        const root = { children: new Map() };
         for (const k of this.keys()) {
-          const parts = k.split("/"), v = this.current(k) || 0;
-          for (let d = 1; d <= parts.length; d++) {
-            const p = parts.slice(0, d).join("/");
-            const n = nodes.get(p) || { sum: 0, depth: d - 1, leaf: false, label: parts[d - 1] };
-            n.sum += v;
-            if (d === parts.length) n.leaf = true;
-            nodes.set(p, n);
+          let node = root, path = "";
+          for (const part of devicePath(k)) {
+            path = path ? path + "/" + part : part;
+            if (!node.children.has(part)) node.children.set(part, { name: part, path, children: new Map(), sum: 0 });
+            node = node.children.get(part);
+            node.sum += this.current(k) || 0;
           }
+          node.leaf = k;
         }
-        for (const p of [...nodes.keys()].sort()) {
-          const n = nodes.get(p);
-          rows.push(this.legendRow(p, n.label, n.leaf ? this.current(p) : n.sum, n.depth, n.leaf ? this.series.get(p).color : null, !n.leaf));
-        }
+        const walk = (node, depth) => {
+          const kids = [...node.children.values()].sort((a, b) => (CLASS_RE.test(a.name) - CLASS_RE.test(b.name)) || a.name.localeCompare(b.name));
+          for (const n of kids) {
+            const leaf = n.leaf != null && !n.children.size;
+            rows.push(this.legendRow(n.path, n.name, leaf ? this.current(n.leaf) : n.sum, depth, leaf ? this.series.get(n.leaf).color : null, !leaf));
+            walk(n, depth + 1);
+          }
+        };
+        walk(root, 0);
       } else {
         for (const k of this.keys()) rows.push(this.legendRow(k, k, this.current(k), 0, this.series.get(k).color, false));
       }
