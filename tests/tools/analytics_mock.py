@@ -191,6 +191,7 @@ DASHBOARD = {
 }
 
 LIVE_SUBSCRIBERS = [0]
+PAGE_POLICY = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -209,6 +210,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-cache")
+        if ctype.startswith("text/html"):  # as the daemon (web.rs PAGE_POLICY)
+            self.send_header("Content-Security-Policy", PAGE_POLICY)
         self.end_headers()
         self.wfile.write(body)
 

@@ -14,7 +14,7 @@ what the web UI tests need:
         b.hover(x, y); b.click(x, y); b.drag(x0, y0, x1, y1)
         b.screenshot("/tmp/page.png")
         b.requests                                   # every request URL the page made
-        b.console                                    # console messages and exceptions
+        b.console                                    # console messages, exceptions, browser log
 """
 
 import base64
@@ -142,7 +142,7 @@ class Browser:
              "--hide-scrollbars", "--mute-audio", "about:blank"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.ws = WebSocket(self._page_ws_url(), timeout=timeout)
-        for domain in ("Page", "Runtime", "Network"):
+        for domain in ("Page", "Runtime", "Network", "Log"):
             self.call(f"{domain}.enable")
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
 
@@ -169,6 +169,9 @@ class Browser:
             self.requests.append(p["request"]["url"])
         elif method == "Runtime.consoleAPICalled":
             self.console.append(p.get("type", "log") + ": " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+        elif method == "Log.entryAdded":  # browser messages: CSP violations, failed loads
+            e = p.get("entry", {})
+            self.console.append(f"log-{e.get('level')}: {e.get('source')}: {e.get('text')} {e.get('url', '')}")
         elif method == "Runtime.exceptionThrown":
             d = p.get("exceptionDetails", {})
             self.console.append("exception: " + str(d.get("exception", {}).get("description") or d.get("text")))

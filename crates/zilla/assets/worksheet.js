@@ -580,7 +580,14 @@
       renderAll();
       $("error").textContent = "";
     });
-    es.onerror = () => { $("error").textContent = "live stream interrupted; reconnecting"; };
+    es.onerror = () => {
+      $("error").textContent = "live stream interrupted; reconnecting";
+      // a refused stream (503: too many subscribers) is not retried by the browser
+      if (es.readyState === EventSource.CLOSED && S.stream === es) {
+        S.stream = null;
+        setTimeout(() => { if (!S.stream) { S.streamKey = ""; restartStream(); } }, 5000);
+      }
+    };
     S.stream = es;
   }
 

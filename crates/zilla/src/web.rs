@@ -154,12 +154,22 @@ async fn asset(UrlPath(file): UrlPath<String>, headers: HeaderMap) -> Response {
     }
 }
 
+/// The pages load scripts, styles and data from this origin only (and no frame may
+/// embed them): what the test asserts, the browser enforces.
+const PAGE_POLICY: &str = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'";
+
+fn page(headers: &HeaderMap, html: &'static str) -> Response {
+    let mut r = compiled_in(headers, "text/html; charset=utf-8", html.as_bytes());
+    r.headers_mut().insert(header::CONTENT_SECURITY_POLICY, header::HeaderValue::from_static(PAGE_POLICY));
+    r
+}
+
 async fn dashboard(headers: HeaderMap) -> Response {
-    compiled_in(&headers, "text/html; charset=utf-8", DASHBOARD_HTML.as_bytes())
+    page(&headers, DASHBOARD_HTML)
 }
 
 async fn worksheet(headers: HeaderMap) -> Response {
-    compiled_in(&headers, "text/html; charset=utf-8", WORKSHEET_HTML.as_bytes())
+    page(&headers, WORKSHEET_HTML)
 }
 
 /// Everything the page and the metrics need, gathered off the async threads.
