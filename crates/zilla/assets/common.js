@@ -31,7 +31,13 @@ const Z = (() => {
     if (n < 1e9) return +(n / 1e6).toPrecision(3) + "ms";
     return +(n / 1e9).toPrecision(3) + "s";
   }
-  // el("tag", {attr: v, class: "x", onclick: f}, child, "text", ...)
+  // Control characters, bidi overrides and invisible format characters in names are
+  // shown as the text \u{...}, as every other output of Zilla shows them.
+  const UNSAFE = /[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]/g;
+  function printable(s) {
+    return String(s).replace(UNSAFE, (c) => "\\u{" + c.charCodeAt(0).toString(16) + "}");
+  }
+  // el("tag", {attr: v, class: "x", onclick: f}, child, "text", ...); text is printable()
   function el(tag, attrs, ...children) {
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -41,9 +47,9 @@ const Z = (() => {
       else if (k === "style") e.style.cssText = v;
       else e.setAttribute(k, v === true ? "" : String(v));
     }
-    for (const c of children.flat()) if (c != null) e.append(c instanceof Node ? c : String(c));
+    for (const c of children.flat()) if (c != null) e.append(c instanceof Node ? c : printable(c));
     return e;
   }
   function time(t) { return new Date(t * 1000).toLocaleTimeString(); }
-  return { json, bytes, num, ns, el, time };
+  return { json, bytes, num, ns, el, time, printable };
 })();

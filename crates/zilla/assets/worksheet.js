@@ -403,7 +403,7 @@
         text += rows.map(([k, v]) => "  " + k + " " + fmt(this.unit, v)).join("");
         h.dataset.values = String(rows.length);
       }
-      h.textContent = text;
+      h.textContent = Z.printable(text);
       h.style.display = "block";
       h.style.left = Math.min(u.cursor.left + u.bbox.left / devicePixelRatio + 12, this.plotBox.clientWidth - 200) + "px";
       h.style.top = Math.max(0, u.cursor.top - 24) + "px";
