@@ -53,8 +53,10 @@
 //! pool table (pools.rs), the one front end every protocol shares (zilla-frontend's
 //! `Frontend`: export registry over the pool table (exports.rs), budgets, sessions,
 //! statistics), handed to the NBD server (nbd_glue.rs) and the iSCSI target (iscsi_glue.rs),
-//! and a read-only view of both for the page and /metrics (web.rs). The admin API
-//! below changes the pool table and asks the front end's sessions.
+//! and a read-only view of both (web.rs `View`) for the web pages, /metrics and the
+//! read-only queries (reads.rs), which the admin socket serves under `/v1` and the HTTP
+//! port under `/api/v1`. The admin API below changes the pool table and asks the front
+//! end's sessions; it is on the socket only.
 //!
 //! Engine calls block (device I/O, txg syncs); the async side reaches them only
 //! through `spawn_blocking`. A panic anywhere is a broken invariant: the panic hook
@@ -254,8 +256,9 @@ impl Daemon {
         })
     }
 
-    /// What the page and /metrics read: the pool table, the front end, the NBD
-    /// server's counters and limits, where the daemon serves.
+    /// What the web pages, the read-only queries and /metrics read: the pool table, the
+    /// front end, the NBD and iSCSI counters and limits, where the daemon serves, its
+    /// notices.
     fn web_view(&self) -> Arc<crate::web::View> {
         Arc::new(crate::web::View {
             pools: self.pools.clone(),
