@@ -3,6 +3,9 @@
 //! Theory of operation
 //! -------------------
 //! Everything here only reads (through [`View`]); nothing on HTTP changes a pool.
+//! The pages are plain HTML, JavaScript and CSS (no build step) in `assets/`, compiled
+//! in; they carry a Content-Security-Policy that lets them load and fetch from this
+//! origin only.
 //!
 //! ```text
 //!   /                      the dashboard (assets/dashboard.html + dashboard.js): pools,
@@ -11,7 +14,9 @@
 //!   /status                the same facts rendered here as text (no JavaScript needed;
 //!                          the dashboard's <noscript> points to it)
 //!   /ui/worksheet          the analytics worksheet (assets/worksheet.html + .js): it
-//!                          reads /api/v1/analytics/... (the analytics store)
+//!                          reads /api/v1/analytics/{datasets,query,live} and turns
+//!                          datasets on and off (PUT); where those routes are not
+//!                          served it says analytics are not available
 //!   /ui/assets/{file}      the page assets and the vendored uPlot, compiled into the
 //!                          binary (include_bytes!), with a content type and an ETag;
 //!                          nothing is fetched from elsewhere at run time
