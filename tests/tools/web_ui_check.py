@@ -211,8 +211,8 @@ def main():
         b.pump(0.5)
         foreign = [u for u in b.requests if not (u.startswith(origin + "/") or u.startswith(("about:", "data:")))]
         check(b.requests and not foreign, f"all {len(b.requests)} requests went to {origin}" + (f"; not these: {foreign[:5]}" if foreign else ""))
-        exceptions = [c for c in b.console if c.startswith("exception") or "Content Security Policy" in c]
-        check(not exceptions, f"no uncaught exceptions or policy violations in the pages {exceptions[:3]}")
+        exceptions = [c for c in b.console if c.startswith("exception") or "Content Security Policy" in c or "Failed to load resource" in c]
+        check(not exceptions, f"no uncaught exceptions, policy violations or failed loads in the pages {exceptions[:3]}")
     except (Failed, TimeoutError, LookupError, RuntimeError) as e:
         print("FAIL:", e, file=sys.stderr)
         for c in b.console[-10:]:
