@@ -53,15 +53,16 @@
 //! pool table (pools.rs), the one front end every protocol shares (zilla-frontend's
 //! `Frontend`: export registry over the pool table (exports.rs), budgets, sessions,
 //! statistics), handed to the NBD server (nbd_glue.rs) and the iSCSI target (iscsi_glue.rs),
-//! and a read-only view of both for the page and /metrics (web.rs). The admin API
-//! below changes the pool table and asks the front end's sessions.
+//! and a read-only view of both (web.rs `View`) for the web pages, /metrics and the
+//! read-only queries (reads.rs), which the admin socket serves under `/v1` and the HTTP
+//! port under `/api/v1`. The admin API below changes the pool table and asks the front
+//! end's sessions; it is on the socket only.
 //!
 //! Engine calls block (device I/O, txg syncs); the async side reaches them only
 //! through `spawn_blocking`. A panic anywhere is a broken invariant: the panic hook
 //! (`stop_on_broken_invariant` in main.rs) logs it and stops the daemon; see
 //! docs/design.md "Broken invariants".
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,7 +155,7 @@ pub struct Daemon {
     admin: tokio::sync::Mutex<()>,
     /// What the admin should know about this start (a cache file that could not be
     /// read): `/v1/info`, shown by `pool status` and the import listing.
-    notices: Mutex<Vec<String>>,
+    notices: Arc<Mutex<Vec<String>>>,
     pub info: DaemonInfo,
     /// The one front end every protocol shares (export registry over `pools`, memory
     /// and volume-call budgets, reply buffers, sessions, per-volume and per-client
@@ -246,7 +247,7 @@ impl Daemon {
         Arc::new(Daemon {
             state_dir,
             pools,
-            notices: Mutex::new(vec![]),
+            notices: Arc::new(Mutex::new(vec![])),
             admin: tokio::sync::Mutex::new(()),
             info,
             frontend,
@@ -255,8 +256,9 @@ impl Daemon {
         })
     }
 
-    /// What the page and /metrics read: the pool table, the front end, the NBD
-    /// server's counters and limits, where the daemon serves.
+    /// What the web pages, the read-only queries and /metrics read: the pool table, the
+    /// front end, the NBD and iSCSI counters and limits, where the daemon serves, its
+    /// notices.
     fn web_view(&self) -> Arc<crate::web::View> {
         Arc::new(crate::web::View {
             pools: self.pools.clone(),
@@ -266,32 +268,15 @@ impl Daemon {
             iscsi_stats: self.iscsi.stats().clone(),
             state_dir: self.info.state_dir.clone(),
             nbd_tcp: self.info.nbd_tcp.clone(),
+            info: self.info.clone(),
+            notices: self.notices.clone(),
         })
-    }
-
-    /// The daemon's memory beyond the ARC and dirty data, and its bound (memory.rs).
-    fn memory_report(&self) -> crate::memory::MemoryReport {
-        let active = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        let connections = active(&self.nbd.stats().connections_active) + active(&self.iscsi.stats().connections_active);
-        crate::memory::measure(&self.pools, &self.frontend.stats(), connections)
     }
 
     /// The imported pool `name`; for a pool of the cache file not imported here, an
     /// error that says so, why, and the way out (not "no such pool").
     fn pool(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
-        if let Some(p) = self.pools.get(name) {
-            return Ok(p);
-        }
-        let Some(u) = self.pools.unavailable_entry(name) else {
-            return Err(ApiError::not_found("no such pool"));
-        };
-        let shown = crate::clip::clip(name);
-        let way_out = if u.reason.contains("zilla pool import") {
-            String::new()
-        } else {
-            format!("; once its devices (or their labels) are fixed, import it with `zilla pool import {shown}`")
-        };
-        Err(ApiError(StatusCode::CONFLICT, format!("pool '{shown}' is UNAVAIL (not imported): {}{way_out}", u.reason)))
+        crate::reads::pool_named(&self.pools, name)
     }
 
     /// The export registry over this daemon's pools (what the front ends serve).
@@ -709,10 +694,7 @@ async fn wait_for_signal() {
 
 fn admin_router(d: Arc<Daemon>) -> Router {
     Router::new()
-        .route("/v1/info", get(info))
-        .route("/v1/pools", get(pool_list).post(pool_create))
-        .route("/v1/status", get(pool_status))
-        .route("/v1/iostat", get(pool_iostat))
+        .route("/v1/pools", post(pool_create))
         .route("/v1/importable", post(pool_importable))
         .route("/v1/import", post(pool_import))
         .route("/v1/import/rewind-plan", post(pool_rewind_plan))
@@ -722,83 +704,17 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/pools/{pool}/trim", post(pool_trim))
         .route("/v1/pools/{pool}/add", post(pool_add))
         .route("/v1/pools/{pool}/{op}", post(pool_device_op))
-        .route("/v1/pools/{pool}/props", get(pool_props))
-        .route("/v1/pools/{pool}/txgs", get(pool_txgs))
-        .route("/v1/volumes", get(volume_list).post(volume_create))
+        .route("/v1/volumes", post(volume_create))
         .route("/v1/volumes/{pool}/{name}", delete(volume_destroy))
         .route("/v1/get", post(prop_get))
         .route("/v1/set", post(prop_set))
         .route("/v1/tunables", get(tunable_list).post(tunable_set))
-        .route("/v1/arcstats", get(arcstats))
-        .route("/v1/zilstats", get(zilstats))
-        .route("/v1/clients", get(client_list))
         .route("/v1/iscsi", get(iscsi_list))
         .route("/v1/iscsi/auth", post(iscsi_auth))
         .fallback(|| async { ApiError::not_found("no such API route") })
-        .with_state(d)
-}
-
-async fn info(State(d): State<Arc<Daemon>>) -> Json<DaemonInfo> {
-    Json(DaemonInfo { notices: d.notices.lock().clone(), ..d.info.clone() })
-}
-
-#[derive(Deserialize)]
-struct PoolQuery {
-    pool: Option<String>,
-}
-
-/// The named pool, or every pool (sorted by name).
-fn select_pools(d: &Daemon, q: &PoolQuery) -> Result<Vec<Arc<Pool>>, ApiError> {
-    match &q.pool {
-        Some(p) => Ok(vec![d.pool(p)?]),
-        None => Ok(d.pools.all().into_iter().map(|(_, p)| p).collect()),
-    }
-}
-
-/// The imported pools the query selects and the unavailable ones; "no such pool" when
-/// a named pool is neither.
-fn select_all(d: &Daemon, q: &PoolQuery) -> Result<(Vec<Arc<Pool>>, Vec<Unavailable>), ApiError> {
-    let unavailable = d.pools.unavailable(q.pool.as_deref());
-    if q.pool.is_some() && !unavailable.is_empty() {
-        return Ok((vec![], unavailable));
-    }
-    Ok((select_pools(d, q)?, unavailable))
-}
-
-async fn pool_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::PoolListRow>> {
-    let (pools, unavailable) = select_all(&d, &q)?;
-    let mut rows: Vec<_> = blocking(move || Ok(pools.iter().map(|p| p.list_row()).collect::<Vec<_>>())).await?;
-    rows.extend(unavailable.iter().map(|u| u.list_row()));
-    rows.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Json(rows))
-}
-
-async fn pool_status(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<PoolStatusEntry>> {
-    let (pools, unavailable) = select_all(&d, &q)?;
-    let mut v: Vec<PoolStatusEntry> = blocking(move || {
-        Ok(pools.iter().map(|p| PoolStatusEntry { status: p.status(), unavailable: None }).collect::<Vec<_>>())
-    })
-    .await?;
-    v.extend(unavailable.iter().map(|u| u.status()));
-    v.sort_by(|a, b| a.status.name.cmp(&b.status.name));
-    Ok(Json(v))
-}
-
-async fn pool_iostat(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<IostatEntry>> {
-    let pools = select_pools(&d, &q)?;
-    let table = d.pools.clone();
-    Ok(Json(
-        blocking(move || {
-            Ok(pools
-                .iter()
-                .map(|p| {
-                    let snapshot = p.iostat();
-                    IostatEntry::new(table.opened_ns(&snapshot.pool), &snapshot)
-                })
-                .collect())
-        })
-        .await?,
-    ))
+        .with_state(d.clone())
+        // the read-only queries, the same handlers the HTTP port serves under /api/v1
+        .merge(crate::reads::routes("/v1", d.web_view()))
 }
 
 async fn pool_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreatePool>) -> ApiResult<Empty> {
@@ -1111,30 +1027,6 @@ async fn pool_device_op(
     Ok(Json(Empty {}))
 }
 
-async fn pool_props(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>) -> ApiResult<Vec<zilla_core::props::PropRow>> {
-    let p = d.pool(&pool)?;
-    Ok(Json(blocking_for(&pool, move || Ok(p.get_pool_props())).await?))
-}
-
-#[derive(Deserialize)]
-struct TxgsQuery {
-    n: Option<usize>,
-}
-
-/// The pool's last `n` txgs (all it keeps, `zfs_txg_history`, without `n`), oldest first.
-async fn pool_txgs(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, Query(q): Query<TxgsQuery>) -> ApiResult<Vec<crate::api::TxgEntry>> {
-    let p = d.pool(&pool)?;
-    let n = q.n.unwrap_or(usize::MAX);
-    Ok(Json(p.txg_history(n).iter().map(crate::api::TxgEntry::from_record).collect()))
-}
-
-async fn volume_list(State(d): State<Arc<Daemon>>, Query(q): Query<PoolQuery>) -> ApiResult<Vec<zilla_core::spa::VolumeInfo>> {
-    let pools = select_pools(&d, &q)?;
-    let mut v = blocking(move || Ok(pools.iter().flat_map(|p| p.volumes()).collect::<Vec<_>>())).await?;
-    v.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Json(v))
-}
-
 async fn volume_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreateVolume>) -> ApiResult<Empty> {
     let (p, vol) = d.volume_pool(&req.name)?;
     zilla_core::spa::validate_volume_name(&vol)?;
@@ -1242,11 +1134,6 @@ async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
     Ok(Json(Empty {}))
 }
 
-/// Per-client front-end counters (bounded table; see zilla-frontend iostats).
-async fn client_list(State(d): State<Arc<Daemon>>) -> Json<Vec<ClientRow>> {
-    Json(d.frontend.clients.snapshot(&d.frontend.io_stats))
-}
-
 /// The iSCSI targets with their authentication, and the live sessions.
 async fn iscsi_list(State(d): State<Arc<Daemon>>) -> ApiResult<crate::api::IscsiListing> {
     let server = d.iscsi.clone();
@@ -1280,21 +1167,4 @@ async fn iscsi_auth(
     Ok(Json(view))
 }
 
-/// The intent-log kstat (OpenZFS names, /proc/spl/kstat/zfs/zil) summed over the
-/// imported pools.
-async fn zilstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
-    let mut m: BTreeMap<String, u64> = BTreeMap::new();
-    for (_, pool) in d.pools.all() {
-        for (k, v) in pool.zil_stats() {
-            *m.entry(k.to_string()).or_default() += v;
-        }
-    }
-    Json(m)
-}
-
-/// arcstats kstat names -> values of the daemon's ARC (one for every pool; the names
-/// are those of /proc/spl/kstat/zfs/arcstats), and Zilla's memory keys (arcstats.rs).
-async fn arcstats(State(d): State<Arc<Daemon>>) -> Json<BTreeMap<String, u64>> {
-    Json(crate::arcstats::arcstats_map(&d.memory_report(), &d.pools))
-}
 

@@ -21,6 +21,7 @@ mod iscsi_admin;
 mod iscsi_glue;
 mod nbd_glue;
 mod pools;
+mod reads;
 mod state_dir;
 mod status_text;
 mod units;
@@ -179,7 +180,7 @@ struct ListenArgs {
     /// iSCSI address (the target serves every volume as iqn.2026-11.io.zilla:POOL.NAME, LUN 0)
     #[arg(long, value_name = "ADDR", default_value = daemon::DEFAULT_ISCSI)]
     iscsi: String,
-    /// HTTP address for the status page and /metrics ("off" to disable)
+    /// HTTP address for the dashboard, analytics, status page and /metrics ("off" to disable)
     #[arg(long, value_name = "ADDR", default_value = daemon::DEFAULT_HTTP)]
     http: String,
 }

@@ -1,24 +1,49 @@
-//! The HTTP side for people and Prometheus (--http ADDR, default 127.0.0.1:8080):
-//! `/` a small status page (latency heat maps are not in this build) and
-//! `/metrics` in the OpenMetrics text format (what Prometheus scrapes), rendered by
-//! the prometheus-client crate (HELP, TYPE, `# EOF`; label values escaped here),
-//! with the family names ZFS exporters use (pdf/zfs_exporter `zfs_pool_*`,
-//! richardelling/zpool_prometheus `zpool_stats_*` and the `zpool_latency_*` histograms;
-//! counters' samples end in `_total`),
-//! node_exporter's ZFS collector `node_zfs_arc_<arcstats name>` for the ARC (every key
-//! of `/v1/arcstats` but Zilla's own, so keys added there appear here; its `zfetch_*`
-//! keys, the read-ahead's zfetchstats, as `node_zfs_zfetch_<name>`),
-//! and `zilla_frontend_*` / `zilla_nbd_*` / `zilla_iscsi_*` for the front ends' memory budget, limits
-//! and connection and request counters, `zilla_memory_*` for the daemon's memory beyond
-//! the ARC and dirty data (memory.rs).
+//! The HTTP side for people and Prometheus (--http ADDR, default 127.0.0.1:8080).
+//!
+//! Theory of operation
+//! -------------------
+//! Everything here only reads (through [`View`]); nothing on HTTP changes a pool.
+//! The pages are plain HTML, JavaScript and CSS (no build step) in `assets/`, compiled
+//! in; they carry a Content-Security-Policy that lets them load and fetch from this
+//! origin only.
+//!
+//! ```text
+//!   /                      the dashboard (assets/dashboard.html + dashboard.js): pools,
+//!                          vdev tree with error counters, volumes, scrub/resilver,
+//!                          ARC/L2ARC/ZIL, refreshed from the /api/v1 routes below
+//!   /status                the same facts rendered here as text (no JavaScript needed;
+//!                          the dashboard's <noscript> points to it)
+//!   /ui/worksheet          the analytics worksheet (assets/worksheet.html + .js): it
+//!                          reads /api/v1/analytics/{datasets,query,live} and turns
+//!                          datasets on and off (PUT); where those routes are not
+//!                          served it says analytics are not available
+//!   /ui/assets/{file}      the page assets and the vendored uPlot, compiled into the
+//!                          binary (include_bytes!), with a content type and an ETag;
+//!                          nothing is fetched from elsewhere at run time
+//!   /api/v1/{info,pools,status,iostat,volumes,arcstats,zilstats,clients},
+//!   /api/v1/pools/{pool}/{props,txgs}
+//!                          the read-only admin queries, the very handlers the admin
+//!                          socket serves under /v1 (reads.rs), same JSON
+//!   /metrics               OpenMetrics text (what Prometheus scrapes)
+//! ```
+//!
+//! `/metrics` is rendered by the prometheus-client crate (HELP, TYPE, `# EOF`; label
+//! values escaped here), with the family names ZFS exporters use (pdf/zfs_exporter
+//! `zfs_pool_*`, richardelling/zpool_prometheus `zpool_stats_*` and the `zpool_latency_*`
+//! histograms; counters' samples end in `_total`), node_exporter's ZFS collector `node_zfs_arc_<arcstats name>` for the
+//! ARC (every key of `/v1/arcstats` but Zilla's own, so keys added there appear here;
+//! its `zfetch_*` keys, the read-ahead's zfetchstats, as `node_zfs_zfetch_<name>`),
+//! and `zilla_frontend_*` / `zilla_nbd_*` / `zilla_iscsi_*` for the front ends' memory
+//! budget, limits and connection and request counters, `zilla_memory_*` for the
+//! daemon's memory beyond the ARC and dirty data (memory.rs).
 
 use std::fmt::Write;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::{Html, IntoResponse};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
@@ -32,9 +57,10 @@ use zilla_core::vdev::IoClass;
 
 use crate::pools::PoolTable;
 
-/// What the page and /metrics read, and all they may: the pool table, the front end
-/// every protocol shares, the NBD server's counters and limits, where the daemon
-/// serves. The daemon builds it; nothing here changes any of them.
+/// What the pages, the read-only API and /metrics read, and all they may: the pool
+/// table, the front end every protocol shares, the NBD server's counters and limits,
+/// where the daemon serves and what it noticed at start. The daemon builds it; nothing
+/// here changes any of them.
 pub struct View {
     pub pools: Arc<PoolTable>,
     pub frontend: Arc<zilla_frontend::Frontend>,
@@ -45,10 +71,110 @@ pub struct View {
     pub state_dir: String,
     /// The NBD TCP address, if NBD listens on TCP.
     pub nbd_tcp: Option<String>,
+    /// What `/v1/info` answers (without the notices).
+    pub info: crate::api::DaemonInfo,
+    /// What the admin should know about this start (`/v1/info`'s notices).
+    pub notices: Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 pub fn router(v: Arc<View>) -> Router {
-    Router::new().route("/", get(index)).route("/metrics", get(metrics)).with_state(v)
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/status", get(index))
+        .route("/ui/worksheet", get(worksheet))
+        .route("/ui/assets/{*file}", get(asset))
+        .route("/metrics", get(metrics))
+        .with_state(v.clone())
+        .merge(crate::reads::routes("/api/v1", v))
+}
+
+/// One file of the web UI, compiled in.
+struct Asset {
+    /// The path under `/ui/assets/`.
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static [u8],
+}
+
+macro_rules! asset {
+    ($name:literal, $type:expr) => {
+        Asset { name: $name, content_type: $type, body: include_bytes!(concat!("../assets/", $name)) }
+    };
+}
+
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
+
+/// Every file under `/ui/assets/` (the pages themselves are `/` and `/ui/worksheet`).
+static ASSETS: &[Asset] = &[
+    asset!("zilla.css", CSS),
+    asset!("common.js", JS),
+    asset!("dashboard.js", JS),
+    asset!("worksheet.js", JS),
+    asset!("vendor/uplot/uPlot.iife.min.js", JS),
+    asset!("vendor/uplot/uPlot.min.css", CSS),
+    asset!("vendor/uplot/LICENSE", "text/plain; charset=utf-8"),
+    asset!("vendor/uplot/README", "text/plain; charset=utf-8"),
+];
+
+static DASHBOARD_HTML: &str = include_str!("../assets/dashboard.html");
+static WORKSHEET_HTML: &str = include_str!("../assets/worksheet.html");
+
+/// A strong validator for a compiled-in body: FNV-1a of the bytes and the version
+/// (the same binary always answers the same ETag; a new build a new one when a file
+/// changed).
+fn etag_of(body: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in body.iter().chain(env!("CARGO_PKG_VERSION").as_bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("\"{h:016x}\"")
+}
+
+/// A compiled-in file: 304 when the browser's copy is current, else the body. The
+/// browser revalidates each load (`no-cache`), so a new binary's files show at once.
+fn compiled_in(headers: &HeaderMap, content_type: &'static str, body: &'static [u8]) -> Response {
+    let etag = etag_of(body);
+    let cache = (header::CACHE_CONTROL, "no-cache");
+    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.split(',').any(|t| t.trim() == etag)) {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag), (cache.0, cache.1.to_string())]).into_response();
+    }
+    (
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::ETAG, etag),
+            (cache.0, cache.1.to_string()),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn asset(UrlPath(file): UrlPath<String>, headers: HeaderMap) -> Response {
+    match ASSETS.iter().find(|a| a.name == file) {
+        Some(a) => compiled_in(&headers, a.content_type, a.body),
+        None => (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "no such asset\n").into_response(),
+    }
+}
+
+/// The pages load scripts, styles and data from this origin only (and no frame may
+/// embed them): what the test asserts, the browser enforces.
+const PAGE_POLICY: &str = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'";
+
+fn page(headers: &HeaderMap, html: &'static str) -> Response {
+    let mut r = compiled_in(headers, "text/html; charset=utf-8", html.as_bytes());
+    r.headers_mut().insert(header::CONTENT_SECURITY_POLICY, header::HeaderValue::from_static(PAGE_POLICY));
+    r
+}
+
+async fn dashboard(headers: HeaderMap) -> Response {
+    page(&headers, DASHBOARD_HTML)
+}
+
+async fn worksheet(headers: HeaderMap) -> Response {
+    page(&headers, WORKSHEET_HTML)
 }
 
 /// Everything the page and the metrics need, gathered off the async threads.
@@ -109,9 +235,7 @@ async fn snapshot(v: &Arc<View>) -> Result<Snapshot, String> {
     let frontend = FrontendMetrics::of(v);
     let v2 = v.clone();
     tokio::task::spawn_blocking(move || {
-        let active = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        let connections = active(&v2.nbd_stats.connections_active) + active(&v2.iscsi_stats.connections_active);
-        let memory = crate::memory::measure(&v2.pools, &v2.frontend.stats(), connections);
+        let memory = crate::reads::memory_report(&v2);
         Snapshot {
             arcstats: crate::arcstats::arcstats_map(&memory, &v2.pools),
             memory,
@@ -146,7 +270,7 @@ async fn index(State(v): State<Arc<View>>) -> Html<String> {
     );
     let _ = write!(
         o,
-        "<p>state dir <code>{}</code> &middot; NBD {} &middot; <a href=/metrics>/metrics</a></p>",
+        "<p>state dir <code>{}</code> &middot; NBD {} &middot; <a href=/>dashboard</a> &middot; <a href=/ui/worksheet>analytics</a> &middot; <a href=/metrics>/metrics</a></p>",
         esc(&v.state_dir),
         esc(v.nbd_tcp.as_deref().unwrap_or("off"))
     );
@@ -603,6 +727,26 @@ mod tests {
         assert!(out.contains("\nnode_zfs_arc_l2_hits 3\n"), "{out}");
         assert!(out.contains("\nnode_zfs_zfetch_hits 4\n") && !out.contains("arc_zfetch"), "{out}");
         assert!(!out.contains("zilla_overhead"), "{out}");
+    }
+
+    #[test]
+    fn assets_are_compiled_in_and_pages_name_only_served_assets() {
+        for a in ASSETS {
+            assert!(!a.body.is_empty(), "{} is empty", a.name);
+        }
+        // every /ui/assets/ URL the pages and scripts name is one we serve (no
+        // request would 404, none goes elsewhere)
+        let texts = [DASHBOARD_HTML, WORKSHEET_HTML];
+        for text in texts {
+            for (i, _) in text.match_indices("/ui/assets/") {
+                let rest = &text[i + "/ui/assets/".len()..];
+                let name: String = rest.chars().take_while(|c| !matches!(c, '"' | '\'' | ' ' | '>')).collect();
+                assert!(ASSETS.iter().any(|a| a.name == name), "page names unserved asset {name}");
+            }
+            assert!(!text.contains("http://") && !text.contains("https://"), "a page names another origin");
+        }
+        assert_eq!(etag_of(b"x"), etag_of(b"x"));
+        assert_ne!(etag_of(b"x"), etag_of(b"y"));
     }
 
     #[test]
