@@ -168,20 +168,7 @@ pub struct Daemon {
 }
 
 pub use crate::api_error::ApiError;
-
-/// Run an engine call for pool `pool` on the blocking pool: a broken invariant in it
-/// (or in a thread it starts) is recorded as a stop while working for that pool.
-pub(crate) async fn blocking_for<T: Send + 'static>(
-    pool: impl Into<String>,
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let pool: String = pool.into();
-    blocking(move || {
-        let _w = zilla_core::env::WorkingForPool::enter(&pool);
-        f()
-    })
-    .await
-}
+use crate::api_error::{blocking, blocking_for};
 
 /// A JSON request body whose rejection (bad JSON, wrong type) is an [`ApiError`]: one
 /// line, `{"error": ...}`, with any echoed value clipped.
@@ -203,28 +190,6 @@ where
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
-
-/// Run an engine call on the blocking pool. (A panic stops the daemon in the panic hook
-/// before it could get here; the 500 remains for embedders without that hook.)
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) => {
-            let msg = match e.try_into_panic() {
-                Ok(p) => p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".into()),
-                Err(e) => e.to_string(),
-            };
-            tracing::error!("engine call panicked: {msg}");
-            Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("internal error in the storage engine: {msg}")))
-        }
-    }
-}
 
 impl Daemon {
     /// A daemon with no pool yet, and the one front end every protocol shares (its

@@ -52,7 +52,7 @@ fn vdev_args(dir: &Path) -> Vec<String> {
 async fn engine<T: Send + 'static>(
     f: impl FnOnce() -> zilla_core::Result<T> + Send + 'static,
 ) -> anyhow::Result<T> {
-    daemon::blocking(move || f().map_err(ApiError::from)).await.map_err(|ApiError(_, m)| anyhow!(m))
+    crate::api_error::blocking(move || f().map_err(ApiError::from)).await.map_err(|ApiError(_, m)| anyhow!(m))
 }
 
 /// Find or make the pool. None = the state directory's cache file has it, so the

@@ -55,27 +55,8 @@ use zilla_core::spa::{IostatNode, IostatSnapshot, PoolListRow, VolumeInfo};
 use zilla_core::vdev::queue::LeafStats;
 use zilla_core::vdev::IoClass;
 
-use crate::pools::PoolTable;
 
-/// What the pages, the read-only API and /metrics read, and all they may: the pool
-/// table, the front end every protocol shares, the NBD server's counters and limits,
-/// where the daemon serves and what it noticed at start. The daemon builds it; nothing
-/// here changes any of them.
-pub struct View {
-    pub pools: Arc<PoolTable>,
-    pub frontend: Arc<zilla_frontend::Frontend>,
-    pub nbd_stats: Arc<zilla_nbd::NbdStats>,
-    pub nbd_config: zilla_nbd::NbdConfig,
-    /// The iSCSI target's counters.
-    pub iscsi_stats: Arc<zilla_iscsi::IscsiStats>,
-    pub state_dir: String,
-    /// The NBD TCP address, if NBD listens on TCP.
-    pub nbd_tcp: Option<String>,
-    /// What `/v1/info` answers (without the notices).
-    pub info: crate::api::DaemonInfo,
-    /// What the admin should know about this start (`/v1/info`'s notices).
-    pub notices: Arc<parking_lot::Mutex<Vec<String>>>,
-}
+pub use crate::reads::View;
 
 pub fn router(v: Arc<View>) -> Router {
     Router::new()
