@@ -165,6 +165,8 @@ pub struct Daemon {
     pub nbd: zilla_nbd::NbdServer,
     /// The iSCSI target over `frontend` (its own counters and limits).
     pub iscsi: zilla_iscsi::IscsiServer,
+    /// The statistics history the web UI draws (analytics.rs).
+    pub analytics: Arc<crate::analytics::Analytics>,
 }
 
 pub use crate::api_error::ApiError;
@@ -209,7 +211,9 @@ impl Daemon {
         let frontend = zilla_frontend::Frontend::new(registry, frontend_config);
         let nbd = crate::nbd_glue::server(frontend.clone(), nbd_config);
         let iscsi = crate::iscsi_glue::server(frontend.clone(), iscsi_config);
+        let analytics = crate::analytics::Analytics::open(&state_dir, zilla_core::env::real());
         Arc::new(Daemon {
+            analytics,
             state_dir,
             pools,
             notices: Arc::new(Mutex::new(vec![])),
@@ -235,6 +239,7 @@ impl Daemon {
             nbd_tcp: self.info.nbd_tcp.clone(),
             info: self.info.clone(),
             notices: self.notices.clone(),
+            analytics: self.analytics.clone(),
         })
     }
 
@@ -574,11 +579,7 @@ pub async fn run(
     };
     let nbd_task = crate::nbd_glue::spawn(daemon.nbd.clone(), nbd_tcp, nbd_unix, stop_rx.clone());
     let iscsi_task = iscsi.map(|l| crate::iscsi_glue::spawn(daemon.iscsi.clone(), l, stop_rx.clone()));
-    let http_task = http.map(|l| {
-        let app = crate::http_serve::with_body_limits(crate::web::router(daemon.web_view()), limits.http);
-        let listener = crate::http_serve::Listener::Tcp(l);
-        tokio::spawn(crate::http_serve::serve("HTTP", listener, app, limits.http, stop_rx.clone(), HTTP_DRAIN))
-    });
+    let background = spawn_web_and_analytics(&daemon, http, limits.http, &stop_rx);
 
     tracing::info!(
         "serving {}: admin {}, NBD {} and {}, iSCSI {}, HTTP {}",
@@ -596,9 +597,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     drain_front_ends(nbd_task, iscsi_task).await;
     let _ = admin_task.await;
-    if let Some(t) = http_task {
-        let _ = t.await;
-    }
+    background.join().await;
     daemon.export_all().await;
     let _ = std::fs::remove_file(&admin_sock);
     let _ = std::fs::remove_file(&nbd_sock);
@@ -620,6 +619,37 @@ impl DaemonInfo {
             http,
             notices: vec![],
         }
+    }
+}
+
+/// The HTTP server (if it listens) and the analytics collector, both until `stop`.
+struct Background {
+    http: Option<tokio::task::JoinHandle<()>>,
+    collector: tokio::task::JoinHandle<()>,
+}
+
+fn spawn_web_and_analytics(
+    daemon: &Arc<Daemon>,
+    http: Option<tokio::net::TcpListener>,
+    limits: crate::http_serve::HttpLimits,
+    stop: &watch::Receiver<bool>,
+) -> Background {
+    let http = http.map(|l| {
+        let app = crate::http_serve::with_body_limits(crate::web::router(daemon.web_view()), limits);
+        let listener = crate::http_serve::Listener::Tcp(l);
+        tokio::spawn(crate::http_serve::serve("HTTP", listener, app, limits, stop.clone(), HTTP_DRAIN))
+    });
+    let collector = crate::analytics::run_collector(daemon.analytics.clone(), daemon.pools.clone(), daemon.frontend.clone(), stop.clone());
+    Background { http, collector: tokio::spawn(collector) }
+}
+
+impl Background {
+    /// Wait for both to end (the collector saves the history last).
+    async fn join(self) {
+        if let Some(t) = self.http {
+            let _ = t.await;
+        }
+        let _ = self.collector.await;
     }
 }
 

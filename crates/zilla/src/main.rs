@@ -6,6 +6,7 @@
 //! failure is one line on stderr, `zilla: ...`, and exit status 1 (2 for bad usage).
 
 mod api;
+mod analytics;
 mod api_error;
 mod arcstats;
 mod client;

@@ -43,6 +43,8 @@ pub struct View {
     pub info: crate::api::DaemonInfo,
     /// What the admin should know about this start (`/v1/info`'s notices).
     pub notices: Arc<parking_lot::Mutex<Vec<String>>>,
+    /// The statistics history (`/api/v1/analytics`).
+    pub analytics: Arc<crate::analytics::Analytics>,
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;

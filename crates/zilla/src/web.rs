@@ -66,6 +66,7 @@ pub fn router(v: Arc<View>) -> Router {
         .route("/ui/assets/{*file}", get(asset))
         .route("/metrics", get(metrics))
         .with_state(v.clone())
+        .merge(crate::analytics::routes(v.analytics.clone()))
         .merge(crate::reads::routes("/api/v1", v))
 }
 

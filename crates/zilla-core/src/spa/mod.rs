@@ -541,6 +541,12 @@ impl Pool {
         out
     }
 
+    /// Intent-log commits per volume (its name in the pool, `zil_commit_count`).
+    pub fn zil_commits_by_volume(&self) -> Vec<(String, u64)> {
+        let volumes = self.inner.volumes.read();
+        volumes.iter().map(|(name, v)| (name.clone(), v.zil.stats.zil_commit_count.load(std::sync::atomic::Ordering::Relaxed))).collect()
+    }
+
     pub fn arc_stats(&self) -> crate::arc::ArcStats {
         self.inner.io.arc_stats()
     }

@@ -1,0 +1,502 @@
+//! analytics: the daemon's collector of the statistics history, and its HTTP API.
+//!
+//! Theory of operation
+//! -------------------
+//! The history itself is zilla-core's `analytics::Store` (datasets, rings, the saved
+//! minutes). This module feeds it and serves it:
+//!
+//! ```text
+//!   every second (Env clock)                          HTTP (/api/v1/analytics)
+//!   collector ── reads cumulative sums ──┐            GET  datasets
+//!     front end: IoStatsTable / clients  │            PUT  datasets/{statistic}/{breakdown}
+//!     pools: iostat leaves, ARC, ZIL, txg├─ delta ─>  GET  query?dataset=&from=&to=&...
+//!                                        │  Sample    GET  live?dataset=... (SSE)
+//!   every minute, and at shutdown: save the minutes to STATE/analytics-history
+//! ```
+//!
+//! Every source is a cumulative sum that only grows while its key exists (the front
+//! end's ended sessions stay in their volume's, client's and protocol's totals), so a
+//! second's value is the difference of two sums; a key seen for the first time counts
+//! from zero, one that shrank (a pool re-imported, a client row replaced) counts as
+//! new. Only enabled datasets are computed. The first tick only takes the sums.
+//!
+//! Bounds: at most [`LIVE_SUBSCRIBERS_MAX`] live streams, each of at most
+//! [`LIVE_DATASETS_MAX`] datasets and one event a second; a query answers at most the
+//! store's points and keys limits. The store's memory is bounded by the catalog.
+//!
+//! The history file: loaded at start; a file that cannot be used (torn, corrupt,
+//! foreign) is reported, moved aside to `analytics-history.bad` and replaced.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, Query as UrlQuery, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::sync::watch;
+use zilla_core::analytics::{AnalyticsError, Query, Sample, Store, Value};
+use zilla_core::env::Env;
+use zilla_core::vdev::{IoClass, Role};
+use zilla_frontend::{Frontend, IoKind, IoTotals};
+
+use crate::api_error::ApiError;
+use crate::pools::PoolTable;
+
+/// Live streams served at once.
+pub const LIVE_SUBSCRIBERS_MAX: usize = 16;
+/// Datasets one live stream may follow.
+pub const LIVE_DATASETS_MAX: usize = 8;
+/// How often the minutes are saved.
+const SAVE_EVERY_S: u64 = 60;
+const HISTORY_FILE: &str = "analytics-history";
+
+/// The history, where it is saved, and the tick the live streams wait for.
+pub struct Analytics {
+    store: Mutex<Store>,
+    path: PathBuf,
+    env: Arc<dyn Env>,
+    /// The last second ingested (monotonic s); live streams wake on its change.
+    tick: watch::Sender<u64>,
+    subscribers: AtomicUsize,
+}
+
+impl Analytics {
+    /// The history of `state_dir`, loaded from its file if there is one (a bad file is
+    /// reported, moved aside, and the history starts empty).
+    pub fn open(state_dir: &std::path::Path, env: Arc<dyn Env>) -> Arc<Analytics> {
+        let path = state_dir.join(HISTORY_FILE);
+        let mut store = Store::new(env.clone(), zilla_core::analytics::MEMORY_MAX_BYTES_DEFAULT);
+        match store.load(&path) {
+            Ok(r) if r.file_found => {
+                tracing::info!(datasets = r.datasets.len(), minutes = r.minutes, clock_shift_s = r.clock_shift_s, "analytics: history loaded from {}", path.display());
+                if !r.skipped_over_memory.is_empty() {
+                    tracing::warn!("analytics: datasets left off (over the memory bound): {}", r.skipped_over_memory.join(", "));
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let aside = state_dir.join(format!("{HISTORY_FILE}.bad"));
+                let moved = std::fs::rename(&path, &aside).map(|_| format!("moved to {}", aside.display()));
+                tracing::warn!("analytics: {e}; starting an empty history ({})", moved.unwrap_or_else(|e| format!("not moved: {e}")));
+            }
+        }
+        let (tick, _) = watch::channel(0);
+        Arc::new(Analytics { store: Mutex::new(store), path, env, tick, subscribers: AtomicUsize::new(0) })
+    }
+
+    /// Save the minutes now (the fsyncs outside the lock).
+    pub fn save(&self) {
+        let bytes = self.store.lock().history_file_bytes();
+        if let Err(e) = zilla_core::analytics::write_history_file(&self.path, &bytes) {
+            tracing::warn!("analytics: cannot save the history to {}: {e}", self.path.display());
+        }
+    }
+
+    fn mono_s(&self) -> u64 {
+        self.env.now_ns() / 1_000_000_000
+    }
+}
+
+/// Run the collector until `stop` turns true: one sample a second, the minutes saved
+/// every minute and once more at the end.
+pub async fn run_collector(analytics: Arc<Analytics>, pools: Arc<PoolTable>, frontend: Arc<Frontend>, mut stop: watch::Receiver<bool>) {
+    let mut collector = Collector::default();
+    let mut last_save_s = analytics.mono_s();
+    let mut next_s = analytics.mono_s() + 1;
+    loop {
+        let wait_ns = (next_s * 1_000_000_000).saturating_sub(analytics.env.now_ns());
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_nanos(wait_ns)) => {}
+            _ = stop.changed() => break,
+        }
+        if *stop.borrow() {
+            break;
+        }
+        let now_s = analytics.mono_s();
+        next_s = now_s + 1;
+        let enabled = analytics.store.lock().enabled();
+        let (a, p, f) = (analytics.clone(), pools.clone(), frontend.clone());
+        let sample = tokio::task::spawn_blocking(move || {
+            let sample = collector.sample(&enabled, &p, &f);
+            (collector, sample)
+        })
+        .await;
+        let Ok((back, sample)) = sample else { break };
+        collector = back;
+        if let Some(sample) = sample {
+            if let Err(e) = a.store.lock().ingest(now_s, &sample) {
+                tracing::debug!("analytics: sample not taken: {e}");
+            }
+            a.tick.send_replace(now_s);
+        }
+        if now_s >= last_save_s + SAVE_EVERY_S {
+            last_save_s = now_s;
+            let a = analytics.clone();
+            let _ = tokio::task::spawn_blocking(move || a.save()).await;
+        }
+    }
+    let a = analytics.clone();
+    let _ = tokio::task::spawn_blocking(move || a.save()).await;
+}
+
+/// A key's cumulative front-end totals.
+type FrontSums = HashMap<String, IoTotals>;
+
+/// The previous second's cumulative sums, per source and key.
+#[derive(Default)]
+struct Collector {
+    started: bool,
+    volumes: FrontSums,
+    protocols: FrontSums,
+    clients: FrontSums,
+    /// (device key, class) -> (ops, bytes, latency buckets).
+    devices: HashMap<(String, IoClass), (u64, u64, Vec<u64>)>,
+    arc: BTreeMap<&'static str, u64>,
+    zil: BTreeMap<String, u64>,
+    txgs: BTreeMap<String, u64>,
+}
+
+fn sub_totals(now: &IoTotals, before: Option<&IoTotals>) -> IoTotals {
+    let Some(before) = before else { return now.clone() };
+    if now.kinds.iter().zip(&before.kinds).any(|(a, b)| a.ops < b.ops) {
+        return now.clone(); // the key started over
+    }
+    let mut d = now.clone();
+    for (a, b) in d.kinds.iter_mut().zip(&before.kinds) {
+        a.ops -= b.ops;
+        a.bytes = a.bytes.saturating_sub(b.bytes);
+        a.errors = a.errors.saturating_sub(b.errors);
+        a.latency_ns = a.latency_ns.saturating_sub(b.latency_ns);
+        a.latency.iter_mut().zip(&b.latency).for_each(|(x, y)| *x = x.saturating_sub(*y));
+    }
+    for (a, b) in d.sizes.iter_mut().zip(&before.sizes) {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x = x.saturating_sub(*y));
+    }
+    d
+}
+
+/// The second's deltas of `now` against `before` (which becomes `now`).
+fn deltas(now: FrontSums, before: &mut FrontSums) -> Vec<(String, IoTotals)> {
+    let out = now.iter().map(|(k, t)| (k.clone(), sub_totals(t, before.get(k)))).collect();
+    *before = now;
+    out
+}
+
+fn sparse(buckets: &[u64]) -> Vec<(u8, u64)> {
+    buckets.iter().enumerate().filter(|(_, n)| **n > 0).map(|(i, n)| (i as u8, *n)).collect()
+}
+
+/// The value of front-end statistic `statistic` for the requests of `kinds` in `t`.
+fn front_value(statistic: &str, t: &IoTotals, kinds: &[IoKind]) -> Option<Value> {
+    let ks = || kinds.iter().map(|&k| t.kind(k));
+    let v = match statistic {
+        "io.ops" => Value::Counter(ks().map(|k| k.ops).sum()),
+        "io.bytes" => Value::Counter(ks().map(|k| k.bytes).sum()),
+        "io.latency" => {
+            let mut b = vec![0u64; zilla_frontend::iostats::BUCKETS];
+            ks().for_each(|k| b.iter_mut().zip(&k.latency).for_each(|(x, y)| *x += y));
+            Value::Histogram(sparse(&b))
+        }
+        "io.size" => {
+            let mut b = vec![0u64; zilla_frontend::iostats::BUCKETS];
+            for &k in kinds {
+                if let Some(sizes) = t.sizes.get(k as usize) {
+                    b.iter_mut().zip(sizes).for_each(|(x, y)| *x += y);
+                }
+            }
+            Value::Histogram(sparse(&b))
+        }
+        _ => return None,
+    };
+    let empty = match &v {
+        Value::Counter(n) => *n == 0,
+        Value::Histogram(b) => b.is_empty(),
+    };
+    (!empty).then_some(v)
+}
+
+fn sum_totals<'a>(all: impl Iterator<Item = &'a IoTotals>) -> IoTotals {
+    let mut s = IoTotals::default();
+    all.for_each(|t| s.add(t));
+    s
+}
+
+impl Collector {
+    /// One second's sample of the `enabled` datasets; None on the first call (it only
+    /// takes the sums).
+    fn sample(&mut self, enabled: &[String], pools: &PoolTable, frontend: &Frontend) -> Option<Sample> {
+        let wants = |prefix: &str| enabled.iter().any(|d| d.starts_with(prefix));
+        let mut sample = Sample::default();
+        if wants("io.") || !self.started {
+            self.sample_front(enabled, frontend, &mut sample);
+        }
+        let all_pools = pools.all();
+        if wants("disk.") || !self.started {
+            self.sample_disks(enabled, &all_pools, &mut sample);
+        }
+        self.sample_engine(enabled, &all_pools, &mut sample);
+        let first = !self.started;
+        self.started = true;
+        for d in enabled {
+            sample.touch(d);
+        }
+        (!first).then_some(sample)
+    }
+
+    fn sample_front(&mut self, enabled: &[String], frontend: &Frontend, sample: &mut Sample) {
+        let io = &frontend.io_stats;
+        let volumes = deltas(io.volume_totals().into_iter().collect(), &mut self.volumes);
+        let protocols = deltas(io.protocol_totals().into_iter().map(|(k, t)| (k.to_string(), t)).collect(), &mut self.protocols);
+        let clients = deltas(frontend.clients.totals(io).into_iter().map(|(c, t)| (c.key.1.clone(), t)).collect(), &mut self.clients);
+        let all = sum_totals(protocols.iter().map(|(_, t)| t));
+        for dataset in enabled.iter().filter(|d| d.starts_with("io.")) {
+            let Some((statistic, breakdown)) = dataset.split_once('/') else { continue };
+            let mut add = |key: &str, t: &IoTotals, kinds: &[IoKind]| {
+                if let Some(v) = front_value(statistic, t, kinds) {
+                    sample.add(dataset, key, v);
+                }
+            };
+            match breakdown {
+                "none" => add("all", &all, &IoKind::ALL),
+                "op" => IoKind::ALL.iter().for_each(|&k| add(k.name(), &all, &[k])),
+                "volume" => volumes.iter().for_each(|(key, t)| add(key, t, &IoKind::ALL)),
+                "protocol" => protocols.iter().for_each(|(key, t)| add(key, t, &IoKind::ALL)),
+                "client" => clients.iter().for_each(|(key, t)| add(key, t, &IoKind::ALL)),
+                "volume+op" => {
+                    for (key, t) in &volumes {
+                        IoKind::ALL.iter().for_each(|&k| add(&format!("{key}:{}", k.name()), t, &[k]));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn sample_disks(&mut self, enabled: &[String], pools: &[(String, Arc<zilla_core::spa::Pool>)], sample: &mut Sample) {
+        let mut now: HashMap<(String, IoClass), (u64, u64, Vec<u64>)> = HashMap::new();
+        for (name, pool) in pools {
+            let snap = pool.iostat();
+            for top in &snap.vdevs {
+                let prefix = match top.role {
+                    Role::Normal => name.clone(),
+                    Role::Log => format!("{name}/logs"),
+                    Role::Cache => format!("{name}/cache"),
+                    Role::Spare => format!("{name}/spares"),
+                };
+                leaves(top, &prefix, &mut |key, st| {
+                    for c in IoClass::ALL {
+                        let fine = st.disk_latency_fine.get(c as usize).cloned().unwrap_or_default();
+                        now.insert((key.to_string(), c), (st.ops[c as usize], st.bytes[c as usize], fine));
+                    }
+                });
+            }
+        }
+        let mut per: Vec<(String, IoClass, u64, u64, Vec<u64>)> = Vec::new();
+        for ((key, class), (ops, bytes, fine)) in &now {
+            let (o, b, f) = match self.devices.get(&(key.clone(), *class)) {
+                Some((o0, b0, f0)) if *o0 <= *ops => {
+                    (ops - o0, bytes.saturating_sub(*b0), fine.iter().zip(f0.iter().chain(std::iter::repeat(&0))).map(|(x, y)| x.saturating_sub(*y)).collect())
+                }
+                _ => (*ops, *bytes, fine.clone()),
+            };
+            if o > 0 {
+                per.push((key.clone(), *class, o, b, f));
+            }
+        }
+        self.devices = now;
+        for dataset in enabled.iter().filter(|d| d.starts_with("disk.")) {
+            let Some((statistic, breakdown)) = dataset.split_once('/') else { continue };
+            let mut groups: BTreeMap<String, (u64, u64, Vec<u64>)> = BTreeMap::new();
+            for (key, class, o, b, f) in &per {
+                let group = match breakdown {
+                    "device" => key.clone(),
+                    "class" => class.name().to_string(),
+                    "op" => (if class.is_read() { "read" } else { "write" }).to_string(),
+                    _ => "all".to_string(),
+                };
+                let g = groups.entry(group).or_insert_with(|| (0, 0, vec![0; zilla_frontend::iostats::BUCKETS]));
+                g.0 += o;
+                g.1 += b;
+                g.2.iter_mut().zip(f).for_each(|(x, y)| *x += y);
+            }
+            for (key, (o, b, f)) in groups {
+                let v = match statistic {
+                    "disk.ops" => Value::Counter(o),
+                    "disk.bytes" => Value::Counter(b),
+                    _ => Value::Histogram(sparse(&f)),
+                };
+                sample.add(dataset, &key, v);
+            }
+        }
+    }
+
+    /// ARC accesses, intent-log commits and txg syncs.
+    fn sample_engine(&mut self, enabled: &[String], pools: &[(String, Arc<zilla_core::spa::Pool>)], sample: &mut Sample) {
+        let started = self.started;
+        let mut arc: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut zil: BTreeMap<String, u64> = BTreeMap::new();
+        let mut txgs: BTreeMap<String, u64> = BTreeMap::new();
+        let a = zilla_core::arc::daemon_arc().stats(); // one ARC for every pool
+        arc.insert("hit", a.hits);
+        arc.insert("miss", a.misses);
+        for (name, pool) in pools {
+            if let Some(l) = pool.l2_stats() {
+                *arc.entry("l2_hit").or_default() += l.l2_hits;
+                *arc.entry("l2_miss").or_default() += l.l2_misses;
+            }
+            for (volume, commits) in pool.zil_commits_by_volume() {
+                zil.insert(format!("{name}/{volume}"), commits);
+            }
+            txgs.insert(name.clone(), pool.synced_txg().0);
+        }
+        let diff = |now: u64, before: Option<&u64>| match before {
+            Some(b) if *b <= now => now - b,
+            _ => now,
+        };
+        let mut emit = |dataset: &str, rows: Vec<(String, u64)>| {
+            if started && enabled.iter().any(|d| d == dataset) {
+                for (k, v) in rows.into_iter().filter(|(_, v)| *v > 0) {
+                    sample.add(dataset, &k, Value::Counter(v));
+                }
+            }
+        };
+        let arc_d: Vec<(String, u64)> = arc.iter().map(|(k, v)| (k.to_string(), diff(*v, self.arc.get(k)))).collect();
+        emit("arc.accesses/result", arc_d.clone());
+        emit("arc.accesses/none", vec![("all".into(), arc_d.iter().filter(|(k, _)| k == "hit" || k == "miss").map(|(_, v)| v).sum())]);
+        let zil_d: Vec<(String, u64)> = zil.iter().map(|(k, v)| (k.clone(), diff(*v, self.zil.get(k)))).collect();
+        emit("zil.commits/none", vec![("all".into(), zil_d.iter().map(|(_, v)| v).sum())]);
+        emit("zil.commits/volume", zil_d);
+        let txg_d: Vec<(String, u64)> = txgs.iter().map(|(k, v)| (k.clone(), diff(*v, self.txgs.get(k)))).collect();
+        emit("txg.syncs/none", vec![("all".into(), txg_d.iter().map(|(_, v)| v).sum())]);
+        emit("txg.syncs/pool", txg_d);
+        (self.arc, self.zil, self.txgs) = (arc, zil, txgs);
+    }
+}
+
+/// Call `f` with the key (`prefix/.../leaf`) and stats of every leaf under `node`.
+fn leaves(node: &zilla_core::spa::IostatNode, prefix: &str, f: &mut dyn FnMut(&str, &zilla_core::vdev::queue::LeafStats)) {
+    let key = format!("{prefix}/{}", node.name);
+    if node.children.is_empty() {
+        f(&key, &node.stats);
+    }
+    for c in &node.children {
+        leaves(c, &key, f);
+    }
+}
+
+// --- HTTP ------------------------------------------------------------------------------
+
+/// The analytics routes, under `/api/v1/analytics`.
+pub fn routes(analytics: Arc<Analytics>) -> Router {
+    Router::new()
+        .route("/api/v1/analytics/datasets", get(datasets))
+        .route("/api/v1/analytics/datasets/{statistic}/{breakdown}", put(set_dataset))
+        .route("/api/v1/analytics/query", get(query))
+        .route("/api/v1/analytics/live", get(live))
+        .with_state(analytics)
+}
+
+fn store_error(e: AnalyticsError) -> ApiError {
+    let status = match &e {
+        AnalyticsError::UnknownDataset(_) => StatusCode::NOT_FOUND,
+        AnalyticsError::MemoryExceeded { .. } => StatusCode::CONFLICT,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    ApiError(status, e.to_string())
+}
+
+async fn datasets(State(a): State<Arc<Analytics>>) -> Response {
+    Json(a.store.lock().datasets()).into_response()
+}
+
+#[derive(Deserialize)]
+struct Enable {
+    enabled: bool,
+}
+
+async fn set_dataset(
+    State(a): State<Arc<Analytics>>,
+    UrlPath((statistic, breakdown)): UrlPath<(String, String)>,
+    body: Result<Json<Enable>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(Enable { enabled }) = body.map_err(|e| ApiError::bad(format!("expected {{\"enabled\": true|false}}: {}", crate::clip::clip(&e.body_text()))))?;
+    let name = format!("{statistic}/{breakdown}");
+    let info = a.store.lock().set_enabled(&name, enabled).map_err(store_error)?;
+    tracing::info!("analytics: dataset {name} {}", if enabled { "enabled" } else { "disabled" });
+    Ok(Json(info).into_response())
+}
+
+async fn query(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
+    let mut q = Query::default();
+    let number = |k: &str, v: &str| v.parse::<u64>().map_err(|_| ApiError::bad(format!("{k}: expected a whole number, got {:?}", crate::clip::clip(v))));
+    for (k, v) in &params {
+        match k.as_str() {
+            "dataset" => q.dataset = v.clone(),
+            "from" => q.from = Some(number(k, v)?),
+            "to" => q.to = Some(number(k, v)?),
+            "resolution" => q.resolution = Some(number(k, v)?),
+            "filter" => q.filter.extend(v.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
+            _ => return Err(ApiError::bad(format!("unknown parameter {:?} (dataset, from, to, resolution, filter)", crate::clip::clip(k)))),
+        }
+    }
+    if q.dataset.is_empty() {
+        return Err(ApiError::bad("dataset= is required (e.g. dataset=io.latency/op)"));
+    }
+    let answer = a.store.lock().query(&q).map_err(store_error)?;
+    Ok(Json(answer).into_response())
+}
+
+/// Counts a live stream while it lives.
+struct Subscriber(Arc<Analytics>);
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.0.subscribers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
+    let names: Vec<String> = params.into_iter().filter(|(k, _)| k == "dataset").map(|(_, v)| v).collect();
+    if names.is_empty() || names.len() > LIVE_DATASETS_MAX {
+        return Err(ApiError::bad(format!("name 1 to {LIVE_DATASETS_MAX} datasets (dataset=NAME, repeated)")));
+    }
+    for n in &names {
+        a.store.lock().dataset(n).map_err(store_error)?;
+    }
+    if a.subscribers.fetch_add(1, Ordering::Relaxed) >= LIVE_SUBSCRIBERS_MAX {
+        a.subscribers.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("at most {LIVE_SUBSCRIBERS_MAX} live streams at once; close one")));
+    }
+    let guard = Subscriber(a.clone());
+    let tick = a.tick.subscribe();
+    let stream = futures_util::stream::unfold((guard, tick, names), |(guard, mut tick, names)| async move {
+        tick.changed().await.ok()?;
+        let event = live_event(&guard.0, &names);
+        Some((Ok::<Event, Infallible>(event), (guard, tick, names)))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// One live event: the last second of each of `names`.
+fn live_event(a: &Analytics, names: &[String]) -> Event {
+    let store = a.store.lock();
+    let mut time = 0;
+    let mut datasets = serde_json::Map::new();
+    for n in names {
+        if let Ok(Some((t, point))) = store.latest(n) {
+            time = time.max(t);
+            datasets.insert(n.clone(), serde_json::to_value(point).unwrap_or_default());
+        }
+    }
+    let data = serde_json::json!({ "time": time, "datasets": datasets });
+    Event::default().event("point").data(data.to_string())
+}
