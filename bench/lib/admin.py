@@ -47,6 +47,20 @@ class AdminClient:
         finally:
             c.close()
 
+    def http(self, port, method, path, body=None):
+        """A request to the daemon's HTTP port (the web API); the JSON answer."""
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            c.request(method, path, body=json.dumps(body) if body is not None else None,
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            data = r.read()
+            if r.status != 200:
+                raise BenchError(f"HTTP {method} {path}: {r.status}: {data[:300]!r}")
+            return json.loads(data)
+        finally:
+            c.close()
+
     def iostat(self, pool):
         snaps = self.get(f"/v1/iostat?pool={pool}")
         return snaps[0] if isinstance(snaps, list) else snaps

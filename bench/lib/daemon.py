@@ -49,10 +49,11 @@ ISCSI_IQN_PREFIX = "iqn.2026-11.io.zilla"
 class Zilla:
     """`zilla serve` of one build (build.Build) with its own state dir in `workdir`."""
 
-    def __init__(self, build, workdir, tunables=(), log_tag=""):
+    def __init__(self, build, workdir, tunables=(), log_tag="", config=None):
         """`tunables` ("name=value" strings) are set with `serve --tunable`, before the
         pools of the state dir are imported (a restart on the same `workdir` re-imports
-        them); `log_tag` names a separate log for such a restart."""
+        them); `log_tag` names a separate log for such a restart; `config` ({key: value})
+        is written to a `serve --config` file."""
         self.build = build
         self.label = build.label
         self.state = os.path.join(workdir, f"{self.label}-state")
@@ -64,6 +65,11 @@ class Zilla:
         self.logpath = os.path.join(workdir, f"{self.label}{'-' + log_tag if log_tag else ''}.log")
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
         extra = [x for t in tunables for x in ("--tunable", t)]
+        if config:
+            path = os.path.join(workdir, f"{self.label}.conf")
+            with open(path, "w") as f:
+                f.writelines(f"{k} = {v}\n" for k, v in config.items())
+            extra += ["--config", path]
         self.proc = spawn([build.binary, "--state-dir", self.state, "serve",
                            "--nbd", f"127.0.0.1:{self.nbd_port}",
                            "--http", f"127.0.0.1:{self.http_port}"]

@@ -8,6 +8,11 @@ back to back, their order rotated every rep; read tests start with every export 
 once (untimed), write tests end with an NBD FLUSH and a wait for the server to go idle,
 so one server's write-back does not run during another's test. With an old build, its
 daemon is a third server in the same rotation, and each figure gets a new/old ratio.
+
+Analytics overhead: on the new build's daemon, 4K random reads at QD32 run with only the
+default analytics datasets on and with every dataset of the catalog on (enabled over
+the HTTP API; the daemon's history bound raised so they fit), alternating, the order
+swapped every rep; the goal compares the daemon's CPU per read (/proc/PID/stat).
 """
 
 import os
@@ -51,17 +56,20 @@ def run_scenario(ctx):
     servers = [start_zilla(b, wd, size) for b in ctx.builds] + [start_nbdkit(wd, size)]
     fill = {s.label: fill_export(s, rand) for s in servers}
     samples = measure(servers, size, runtime, reps, wd)
+    overhead = analytics_overhead(servers[0], size, runtime, reps, wd)
     hwm = {s.label: proc_status_kib(s.pid, "VmHWM") for s in servers if isinstance(s, Zilla)}
     results = summarise(samples, [s.label for s in servers], reps)
     print_tables(results, reps, ctx)
     for s in servers:
         s.stop()
-    return {"config": config, "fill": fill, "results": results,
-            "zilla_vmhwm_kib": hwm["zilla"], "vmhwm_kib": hwm, "goals": goals(results, ctx)}
+    return {"config": config, "fill": fill, "results": results, "analytics_overhead": overhead,
+            "zilla_vmhwm_kib": hwm["zilla"], "vmhwm_kib": hwm,
+            "goals": goals(results, ctx) + overhead_goals(overhead)}
 
 
 def start_zilla(build, wd, size):
-    z = Zilla(build, wd)
+    # the new build: room for every analytics dataset (the overhead test enables them all)
+    z = Zilla(build, wd, config={"analytics_memory_max_bytes": "2G"} if build.label == "zilla" else None)
     # Sparse leaves with room for the default zfs_dirty_data_max (10% of RAM, <= 4 GiB)
     # on top of the volume, so a full volume plus a txg of dirty data always fits.
     leaves = []
@@ -125,6 +133,49 @@ def measure(servers, size, runtime, reps, wd):
                     nbd_flush(s.export_uri, wd, f"{s.label}-{rw}-{rep}")
                     wait_idle(s.pid)
     return samples
+
+
+def set_datasets(z, every):
+    """Every dataset of the catalog on (`every`), or only the defaults."""
+    cat = z.admin.http(z.http_port, "GET", "/api/v1/analytics/datasets")
+    for d in cat["datasets"]:
+        want = every or d["default"]
+        if d["enabled"] != want:
+            z.admin.http(z.http_port, "PUT", f"/api/v1/analytics/datasets/{d['name']}", {"enabled": want})
+    on = [d["name"] for d in z.admin.http(z.http_port, "GET", "/api/v1/analytics/datasets")["datasets"]
+          if d["enabled"]]
+    return on
+
+
+def analytics_overhead(z, size, runtime, reps, wd):
+    """4K random reads with the default datasets and with every dataset, alternating."""
+    runs = {"default": [], "every": []}
+    enabled = {}
+    for rep in range(reps):
+        order = ["default", "every"] if rep % 2 == 0 else ["every", "default"]
+        run(["nbdcopy", z.export_uri, "null:"])
+        for mode in order:
+            enabled[mode] = len(set_datasets(z, mode == "every"))
+            time.sleep(2)  # a collector second with the new set
+            smp = one_test(z, "randread", "4k", size, runtime, wd, f"analytics-{mode}-{rep}")
+            runs[mode].append(smp)
+            log(f"rep {rep + 1}/{reps} 4K randread QD32 analytics {mode:7} ({enabled[mode]:2} datasets): "
+                f"{smp['iops']:>10,.0f} IOPS  {smp['server_cpu_us_per_io']} CPU-us/IO")
+    set_datasets(z, False)
+    out = {m: {"datasets_enabled": enabled[m], "iops": median_of(runs[m], "iops"),
+               "server_cpu_us_per_io": median_of(runs[m], "server_cpu_us_per_io"),
+               "samples": runs[m]} for m in runs}
+    out["cpu_ratio_every_over_default"] = ratio(out["every"]["server_cpu_us_per_io"],
+                                                out["default"]["server_cpu_us_per_io"])
+    print(table(["4K randread QD32, analytics", "datasets on", "IOPS", "daemon CPU us/IO"],
+                [[m, str(out[m]["datasets_enabled"]), fmt(out[m]["iops"]),
+                  fmt(out[m]["server_cpu_us_per_io"], 2)] for m in ("default", "every")]))
+    return out
+
+
+def overhead_goals(o):
+    return [goal("4K random read daemon CPU per I/O, every analytics dataset / defaults", "<=", 1.03,
+                 o["cpu_ratio_every_over_default"])]
 
 
 def one_test(s, rw, bs, size, runtime, wd, rep):

@@ -72,9 +72,11 @@ pub struct Analytics {
 impl Analytics {
     /// The history of `state_dir`, loaded from its file if there is one (a bad file is
     /// reported, moved aside, and the history starts empty).
-    pub fn open(state_dir: &std::path::Path, env: Arc<dyn Env>) -> Arc<Analytics> {
+    /// `memory_max_bytes` bounds the enabled datasets' history (config key
+    /// `analytics_memory_max_bytes`).
+    pub fn open(state_dir: &std::path::Path, env: Arc<dyn Env>, memory_max_bytes: u64) -> Arc<Analytics> {
         let path = state_dir.join(HISTORY_FILE);
-        let mut store = Store::new(env.clone(), zilla_core::analytics::MEMORY_MAX_BYTES_DEFAULT);
+        let mut store = Store::new(env.clone(), memory_max_bytes);
         match store.load(&path) {
             Ok(r) if r.file_found => {
                 tracing::info!(datasets = r.datasets.len(), minutes = r.minutes, clock_shift_s = r.clock_shift_s, "analytics: history loaded from {}", path.display());

@@ -59,6 +59,8 @@ pub struct Settings {
     pub nbd_idle_timeout_s: Option<u64>,
     pub nbd_reply_stall_timeout_s: Option<u64>,
     pub nbd_handshake_timeout_s: Option<u64>,
+    /// Bound of the analytics history's memory (enabled datasets).
+    pub analytics_memory_max_bytes: Option<u64>,
 }
 
 pub const KEYS: &[&str] = &[
@@ -80,6 +82,7 @@ pub const KEYS: &[&str] = &[
     "nbd_idle_timeout_s",
     "nbd_reply_stall_timeout_s",
     "nbd_handshake_timeout_s",
+    "analytics_memory_max_bytes",
 ];
 
 /// `key = "value"` or `key = value` lines, `#` comments.
@@ -124,6 +127,7 @@ impl Settings {
                 "http_header_timeout_s" => s.http_header_timeout_s = Some(number(&k, &v, 1, 3600)?),
                 "http_body_max_bytes" => s.http_body_max_bytes = Some(number(&k, &v, 4096, 1 << 30)?),
                 "fd_reserve" => s.fd_reserve = Some(number(&k, &v, 32, 1 << 20)? as usize),
+                "analytics_memory_max_bytes" => s.analytics_memory_max_bytes = Some(number(&k, &v, 1 << 20, 64 << 30)?),
                 "frontend_memory_budget_bytes" => {
                     s.frontend_memory_budget_bytes = Some(number(&k, &v, FRONTEND_MEMORY_MIN_BYTES, 1 << 40)?)
                 }

@@ -202,6 +202,7 @@ impl Daemon {
         frontend_config: zilla_frontend::FrontendConfig,
         nbd_config: zilla_nbd::NbdConfig,
         iscsi_config: zilla_iscsi::IscsiConfig,
+        analytics_memory_max_bytes: Option<u64>,
     ) -> Arc<Daemon> {
         let pools = Arc::new(PoolTable::default());
         // the block-buffer slab keeps free memory only while the ARC and the dirty data
@@ -211,7 +212,8 @@ impl Daemon {
         let frontend = zilla_frontend::Frontend::new(registry, frontend_config);
         let nbd = crate::nbd_glue::server(frontend.clone(), nbd_config);
         let iscsi = crate::iscsi_glue::server(frontend.clone(), iscsi_config);
-        let analytics = crate::analytics::Analytics::open(&state_dir, zilla_core::env::real());
+        let analytics_bytes = analytics_memory_max_bytes.unwrap_or(zilla_core::analytics::MEMORY_MAX_BYTES_DEFAULT);
+        let analytics = crate::analytics::Analytics::open(&state_dir, zilla_core::env::real(), analytics_bytes);
         Arc::new(Daemon {
             analytics,
             state_dir,
@@ -556,7 +558,7 @@ pub async fn run(
     // without the CHAP the admin set up would open the targets)
     let iscsi_auth = crate::iscsi_admin::load(&dir)?;
     let iscsi_config = zilla_iscsi::IscsiConfig { unauthenticated_logins: opts.iscsi_unauthenticated, ..Default::default() };
-    let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config, iscsi_config);
+    let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config, iscsi_config, opts.settings.analytics_memory_max_bytes);
     daemon.iscsi.set_auth_store(iscsi_auth);
     log_iscsi_exposure(iscsi.as_ref(), opts.iscsi_unauthenticated);
     for p in preimported {

@@ -46,7 +46,7 @@ pub use crate::kstat::buckets;
 pub mod catalog;
 pub mod history;
 mod persist;
-mod query;
+pub mod query;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -131,19 +131,47 @@ fn empty_series(key: &str, kind: Kind, n: usize) -> QuerySeries {
     QuerySeries { key: key.to_string(), values: vec![None; n], buckets: (kind == Kind::Histogram).then(|| vec![None; n]) }
 }
 
-/// The keys an answer shows and the series each stored key adds into: the filter's
-/// keys, or the busiest `QUERY_KEYS_MAX` with the rest in `other`.
-fn choose_keys(points: &[Option<Point>], h: &History, filter: &[&str]) -> (Vec<String>, HashMap<String, usize>) {
-    if !filter.is_empty() {
-        let route = filter.iter().enumerate().map(|(i, k)| (k.to_string(), i)).collect();
-        return (filter.iter().map(|k| k.to_string()).collect(), route);
+/// Does `key` match `pattern`, where `*` stands for any text (`tank/v1:*`)?
+pub fn glob_match(pattern: &str, key: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if parts.len() == 1 {
+        return pattern == key;
     }
+    if key.len() < first.len() + last.len() || !key.starts_with(first) || !key.ends_with(last) {
+        return false;
+    }
+    let mut rest = &key[first.len()..key.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The keys an answer shows and the series each stored key adds into: the filter's
+/// keys (a key with `*` stands for every stored key it matches, busiest first, up to
+/// `QUERY_KEYS_MAX` in all), or the busiest `QUERY_KEYS_MAX` with the rest in `other`.
+fn choose_keys(points: &[Option<Point>], h: &History, filter: &[&str]) -> (Vec<String>, HashMap<String, usize>) {
     let mut totals: HashMap<&str, u64> = HashMap::new();
     for s in points.iter().flatten().flat_map(|p| &p.series) {
         *totals.entry(h.key_name(s.key)).or_default() += s.value;
     }
     let mut keys: Vec<(&str, u64)> = totals.into_iter().collect();
     keys.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    if !filter.is_empty() {
+        let mut names: Vec<String> = filter.iter().filter(|k| !k.contains('*')).map(|k| k.to_string()).collect();
+        let patterns: Vec<&str> = filter.iter().copied().filter(|k| k.contains('*')).collect();
+        for (k, _) in &keys {
+            if names.len() < QUERY_KEYS_MAX && patterns.iter().any(|p| glob_match(p, k)) && !names.iter().any(|n| n == k) {
+                names.push(k.to_string());
+            }
+        }
+        let route = names.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
+        return (names, route);
+    }
     let mut names: Vec<String> = Vec::new();
     let mut route = HashMap::new();
     let mut other: Option<usize> = None;

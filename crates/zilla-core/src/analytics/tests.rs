@@ -362,3 +362,26 @@ proptest! {
 thread_local! {
     static GOOD: Vec<u8> = saved_file();
 }
+
+#[test]
+fn filter_patterns_expand_to_the_matching_keys() {
+    assert!(query::glob_match("tank/v1:*", "tank/v1:read"));
+    assert!(query::glob_match("*:read", "tank/v1:read"));
+    assert!(query::glob_match("a*b*c", "a-b-c"));
+    assert!(!query::glob_match("tank/v1:*", "tank/v10"));
+    assert!(!query::glob_match("a*b*c", "a-c"));
+    assert!(query::glob_match("exact", "exact") && !query::glob_match("exact", "exactly"));
+    let env = TestEnv::new(100, T0);
+    let mut store = Store::new(env.clone(), MEMORY_MAX_BYTES_DEFAULT);
+    store.set_enabled("io.ops/volume+op", true).unwrap();
+    let mut s = Sample::default();
+    for (k, n) in [("tank/v1:read", 5), ("tank/v1:write", 7), ("tank/v10:read", 9), ("pool/x:read", 1)] {
+        s.add("io.ops/volume+op", k, Value::Counter(n));
+    }
+    store.ingest(101, &s).unwrap();
+    env.set(101, T0 + 1);
+    let a = query(&store, "io.ops/volume+op", T0, T0 + 1, 1, &["tank/v1:*"]);
+    assert_eq!(a.series.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["tank/v1:write", "tank/v1:read"], "matches, busiest first");
+    let b = query(&store, "io.ops/volume+op", T0, T0 + 1, 1, &["*:read", "none:flush"]);
+    assert_eq!(b.series.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["none:flush", "tank/v10:read", "tank/v1:read", "pool/x:read"]);
+}
