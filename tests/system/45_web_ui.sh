@@ -3,7 +3,8 @@
 # vdev tree and the volume; the analytics worksheet draws live data under fio load
 # (counter charts have points, the latency heat map non-zero cells), hover, drag to
 # zoom (range average), click a legend key (drill-down chart), a saved URL reopens
-# the same worksheet, and no request leaves the daemon's origin.
+# the same worksheet, each statistic of the catalog draws in a worksheet, and no
+# request leaves the daemon's origin.
 # Method: the real daemon, fio (nbd engine) in the background, headless chromium
 # driven over CDP by tests/tools/web_ui_check.py; the read-only /api/v1 routes and
 # the compiled-in assets checked with curl first. Screenshots go to
@@ -47,7 +48,7 @@ curl -sf "$BASE/metrics" >"$T/metrics" && grep -q '^zfs_pool_health{pool="tank"}
 
 # load for the charts: random reads and writes for the rest of the test
 fio --name=webui --ioengine=nbd --uri="$(nbd_tcp_uri tank/vol0)" --rw=randrw --bs=4k --iodepth=4 \
-    --size=32M --time_based --runtime=600 --rate_iops=300 >"$T/fio.out" 2>&1 &
+    --size=32M --time_based --runtime=600 --rate_iops=300 --fsync=64 >"$T/fio.out" 2>&1 &
 FIO_PID=$!
 on_exit "kill $FIO_PID"
 sleep 3
@@ -55,7 +56,7 @@ sleep 3
 SHOTS=${ZILLA_SCREENSHOTS:-$(mktemp -d /tmp/zilla-webui-shots.XXXXXX)}
 log "screenshots: $SHOTS"
 python3 "$ROOT/tests/tools/web_ui_check.py" --base "$BASE" --pool tank --volume tank/vol0 \
-    --parts "${WEB_UI_PARTS:-dashboard,worksheet}" --screenshots "$SHOTS" || fail "web UI checks failed (screenshots in $SHOTS)"
+    --parts "${WEB_UI_PARTS:-dashboard,worksheet,statistics}" --screenshots "$SHOTS" || fail "web UI checks failed (screenshots in $SHOTS)"
 kill "$FIO_PID" 2>/dev/null || true
 wait "$FIO_PID" 2>/dev/null || true
 stop_daemon
