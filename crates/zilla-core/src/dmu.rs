@@ -204,15 +204,18 @@ pub fn lookup_hinted(io: &PoolIo, root: &TreeRoot, blkid: BlockId, class: IoClas
 }
 
 /// Visit every non-hole L0 block pointer whose blkid lies in `[first, last]`, in order,
-/// skipping hole subtrees. `f` returns false to stop.
+/// skipping hole subtrees; the indirect blocks read are cached as `hint` says. `f`
+/// returns false to stop.
 pub fn walk_range(
     io: &PoolIo,
     root: &TreeRoot,
     first: BlockId,
     last: BlockId,
     class: IoClass,
+    hint: crate::arc::CacheHint,
     f: &mut dyn FnMut(BlockId, &BlockPointer) -> Result<bool>,
 ) -> Result<bool> {
+    #[allow(clippy::too_many_arguments)]
     fn rec(
         io: &PoolIo,
         bp: &BlockPointer,
@@ -221,6 +224,7 @@ pub fn walk_range(
         first: u64,
         last: u64,
         class: IoClass,
+        hint: crate::arc::CacheHint,
         f: &mut dyn FnMut(BlockId, &BlockPointer) -> Result<bool>,
     ) -> Result<bool> {
         if bp.is_hole() {
@@ -230,23 +234,29 @@ pub fn walk_range(
             return f(BlockId(base), bp);
         }
         let span = EPB.pow(level - 1);
-        let ind = read_indirect(io, bp, class)?;
+        let ind = read_indirect_hinted(io, bp, class, hint)?;
         let lo = first.saturating_sub(base) / span;
         let hi = ((last - base) / span).min(EPB - 1);
         for idx in lo..=hi {
             let c = tree_child(&ind, idx, level - 1, bp.birth)?;
-            if !rec(io, &c, level - 1, base + idx * span, first, last, class, f)? {
+            if !rec(io, &c, level - 1, base + idx * span, first, last, class, hint, f)? {
                 return Ok(false);
             }
         }
         Ok(true)
     }
-    rec(io, &root.bp, root.nlevels as u32 - 1, 0, first.get(), last.get(), class, f)
+    rec(io, &root.bp, root.nlevels as u32 - 1, 0, first.get(), last.get(), class, hint, f)
 }
 
 /// Visit every block pointer of the tree (indirects included), parents before children.
 pub fn walk_all(io: &PoolIo, root: &TreeRoot, class: IoClass, f: &mut dyn FnMut(&BlockPointer, u8) -> Result<()>) -> Result<()> {
-    fn rec(io: &PoolIo, bp: &BlockPointer, level: u32, class: IoClass, f: &mut dyn FnMut(&BlockPointer, u8) -> Result<()>) -> Result<()> {
+    walk_all_hinted(io, root, class, crate::arc::CacheHint::METADATA, f)
+}
+
+/// [`walk_all`], the indirect blocks it reads cached as `hint` says (a volume's
+/// `secondarycache` decides whether they may go to a cache device).
+pub fn walk_all_hinted(io: &PoolIo, root: &TreeRoot, class: IoClass, hint: crate::arc::CacheHint, f: &mut dyn FnMut(&BlockPointer, u8) -> Result<()>) -> Result<()> {
+    fn rec(io: &PoolIo, bp: &BlockPointer, level: u32, class: IoClass, hint: crate::arc::CacheHint, f: &mut dyn FnMut(&BlockPointer, u8) -> Result<()>) -> Result<()> {
         if bp.is_hole() {
             return Ok(());
         }
@@ -254,14 +264,14 @@ pub fn walk_all(io: &PoolIo, root: &TreeRoot, class: IoClass, f: &mut dyn FnMut(
         if level == 0 {
             return Ok(());
         }
-        let ind = read_indirect(io, bp, class)?;
+        let ind = read_indirect_hinted(io, bp, class, hint)?;
         for idx in 0..EPB {
             let c = tree_child(&ind, idx, level - 1, bp.birth)?;
-            rec(io, &c, level - 1, class, f)?;
+            rec(io, &c, level - 1, class, hint, f)?;
         }
         Ok(())
     }
-    rec(io, &root.bp, root.nlevels as u32 - 1, class, f)
+    rec(io, &root.bp, root.nlevels as u32 - 1, class, hint, f)
 }
 
 /// Per-volume settings the syncing context needs.

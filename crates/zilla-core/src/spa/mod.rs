@@ -561,6 +561,21 @@ impl Pool {
         out
     }
 
+    /// How many of `volume`'s committed blocks (data and indirect) the pool's cache
+    /// devices hold (`secondarycache` checks; 0 without cache devices).
+    pub fn l2_blocks_of_volume(&self, volume: &str) -> Result<usize> {
+        let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
+        let Some(l2) = self.inner.io.l2arc() else { return Ok(0) };
+        let root = *v.committed.read();
+        let hint = crate::arc::CacheHint { l2_eligible: false, ..crate::arc::CacheHint::METADATA };
+        let mut held = 0;
+        crate::dmu::walk_all_hinted(&self.inner.io, &root, crate::vdev::IoClass::SyncRead, hint, &mut |bp, _| {
+            held += usize::from(l2.holds(&crate::arc::BlockKey::of(bp)));
+            Ok(())
+        })?;
+        Ok(held)
+    }
+
     /// The pool's L2ARC statistics (None without cache devices).
     pub fn l2_stats(&self) -> Option<crate::l2arc::L2Stats> {
         self.inner.io.l2_stats()

@@ -982,7 +982,7 @@ impl BlockVolume for Volume {
             (first.get()..=last.get()).map(BlockId).filter_map(|b| self.vol.dirty.newest(b).map(|d| (b, d.is_none()))).collect();
         let root = *self.vol.committed.read();
         let mut allocated: Vec<BlockId> = Vec::new();
-        dmu::walk_range(&self.pool.io(), &root, first, last, IoClass::SyncRead, &mut |blk, _| {
+        dmu::walk_range(&self.pool.io(), &root, first, last, IoClass::SyncRead, self.metadata_hint(), &mut |blk, _| {
             allocated.push(blk);
             Ok(true)
         })?;

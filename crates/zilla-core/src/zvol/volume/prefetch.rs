@@ -37,7 +37,9 @@ impl Volume {
     fn prefetch_range(&self, range: std::ops::Range<u64>) -> u64 {
         let mut memo = None;
         let data = CacheHint { prefetched: true, ..self.data_hint() };
-        let metadata = Access::Prefetch.hint(BufKind::Metadata);
+        // the volume's secondarycache decides for read-ahead too (an indirect block read
+        // ahead is the same block a demand read would cache)
+        let metadata = CacheHint { prefetched: true, ..self.metadata_hint() };
         // the run being gathered and the block it starts at
         let mut run: Vec<BlockPointer> = Vec::new();
         let mut run_start = range.start;
