@@ -40,7 +40,9 @@ def _cdp():
 
 
 def chromium_binary():
-    return os.environ.get("CHROMIUM") or shutil.which("chromium")
+    """$CHROMIUM or `chromium` on the PATH, if it is an executable; else None."""
+    b = os.environ.get("CHROMIUM") or shutil.which("chromium")
+    return b if b and os.path.isfile(b) and os.access(b, os.X_OK) else None
 
 
 def _get(port, path, timeout_s=30):
