@@ -74,6 +74,13 @@ active_min_dirty_percent`) and gives the sync-read class its own slots, so a rea
 waits behind at most a few writes; legacy gives async writes a fixed 10 slots from
 the first byte, and the reads of each sync wait behind all of them: the square wave.
 
+The daemon's analytics history gives the pictures: the worksheet's heat map of the
+reader's latency (`io.latency/op` filtered to `read`, one column a second) for each
+mode's run and for both runs on one axis, saved in bench/results/picket-fence-heatmap-
+{default,legacy}.png and picket-fence-heatmap.png (headless chromium; skipped without
+it); the JSON's `heatmaps` record has their time ranges and each second's read p99
+bucket from the query API.
+
 Goals: in openzfs mode the highest interval p99 is at most 3x the lowest,
 and the reader's p99 under the writer stays within 3x of its idle p99. The legacy
 ratio is reported, not judged (it is the baseline the fence is seen in).
@@ -88,8 +95,9 @@ import time
 from lib.daemon import Zilla
 from lib.fio import nbd_flush
 from lib.goals import goal
+from lib.heatmap import analytics_catalog, analytics_enable, analytics_now, analytics_query, screenshot_worksheet
 from lib.packages import ensure_tools
-from lib.proc import BenchError, allocated_bytes, fs_used_bytes, is_memdir, log, make_memdir, make_workdir, run
+from lib.proc import ROOT, BenchError, allocated_bytes, fs_used_bytes, is_memdir, log, make_memdir, make_workdir, run
 from lib.tables import fmt, table
 
 from .slog import sparse
@@ -123,6 +131,8 @@ def run_scenario(ctx):
     wd = make_workdir()
     z = Zilla(ctx.new, wd)
     z.cli("tunable", "set", f"zfs_txg_timeout={cfg['zfs_txg_timeout_s']}")
+    for name, _ in HEATMAP_DATASETS:
+        analytics_enable(z.http_port, name)      # the pictures' datasets are collected
     for kv in cfg["extra_tunables"]:
         z.cli("tunable", "set", kv)
     # every device's bytes in memory: the model, not the lab disk, sets their time
@@ -150,17 +160,21 @@ def run_scenario(ctx):
     rate = int(bw * cfg["write_rate_fraction"])
     log(f"pool write bandwidth {bw / 1e6:.1f} MB/s; the stream writes at {rate / 1e6:.1f} MB/s")
 
-    runs = {}
+    runs, spans = {}, {}
     for mode in MODES:
         z.cli("tunable", "set", f"zfs_vdev_scheduler_mode={mode}")
         nbd_flush(z.uri("bench/wr"), wd, f"before-{mode}")
+        t0 = analytics_now(z.http_port)
         runs[mode] = under_writer(z, wd, cfg, mode, rate)
+        spans[mode] = (t0, analytics_now(z.http_port))
         memory[f"after_{mode}"] = allocated_bytes(files)
         r = runs[mode]
         log(f"{mode:>7}: {r['reads']} reads, p99 {r['p99_us']} us; interval p99 "
             f"{r['interval_p99_min_us']}..{r['interval_p99_max_us']} us (x{r['interval_p99_ratio']}); "
             f"writer {r['writer_MBps']} MB/s")
     z.cli("tunable", "set", "zfs_vdev_scheduler_mode=openzfs")
+    time.sleep(2)          # the last second's point is collected
+    heatmaps = heatmap_pictures(z, spans, cfg)
     txgs = txg_history(z)
     pool_list = pool_capacity(z)
     z.cli("pool", "export", "bench")
@@ -180,8 +194,72 @@ def run_scenario(ctx):
             "writer_rate_MBps": round(rate / 1e6, 1), "idle": idle, "results": runs,
             "legacy_interval_p99_ratio": runs["legacy"]["interval_p99_ratio"],
             "interval_p99_series_us": series, "txgs_after": txgs, "pool_list_end": pool_list,
-            "backing_memory": backing_memory, "plot": os.path.relpath(plot),
+            "backing_memory": backing_memory, "plot": os.path.relpath(plot, ROOT), "heatmaps": heatmaps,
             "goals": goals(idle, runs)}
+
+
+# the reader's latency as the front end saw it: every read beside the stream is the
+# reader's (disk.latency/op|read draws the same picture; disk.latency/device mixes in
+# the stream's writes)
+HEATMAP_DATASETS = [("io.latency/op", "read")]
+HEATMAP_NAMES = {"openzfs": "default", "legacy": "legacy"}
+
+
+def heatmap_pictures(z, spans, cfg):
+    """The worksheet's heat maps of each mode's run (daemon-clock `spans`) as
+    bench/results/picket-fence-heatmap-{default,legacy}.png (each with its own latency
+    axis), of both runs in one as picket-fence-heatmap.png, and per mode the read
+    latency per second from the query API (the bucket of each second's p99), so the
+    fence can be checked in numbers."""
+    port = z.http_port
+    edges = analytics_catalog(port)["buckets"]
+    out = {"datasets": ["|".join(x for x in d if x) for d in HEATMAP_DATASETS],
+           "clock": "daemon analytics clock, unix s"}
+    for mode, (t0, t1) in spans.items():
+        png = os.path.join(ROOT, "bench", "results", f"picket-fence-heatmap-{HEATMAP_NAMES[mode]}.png")
+        label = "OpenZFS (default)" if mode == "openzfs" else "legacy"
+        got = screenshot_worksheet(port, HEATMAP_DATASETS, t0, t1, png,
+                                   caption=f"{label} I/O scheduler: QD1 4K reads beside a 1M async write stream "
+                                           f"(zfs_txg_timeout={cfg['zfs_txg_timeout_s']} s)")
+        q = analytics_query(port, "io.latency/op", t0, t1, "read")
+        p99s = per_second_p99_us(q, edges)
+        out[mode] = {"picture": os.path.relpath(got, ROOT) if got else None, "from": t0, "to": t1,
+                     "read_p99_us_per_second_median": (statistics.median(v for _, v in p99s) if p99s else None),
+                     "read_p99_us_per_second": p99s}
+        log(f"{mode:>7}: per-second read p99 (bucket upper edge) median "
+            f"{out[mode]['read_p99_us_per_second_median']} us over {len(p99s)} s")
+    # both runs in one chart: one latency axis for both modes
+    t0, t1, switch = spans["openzfs"][0], spans["legacy"][1], spans["legacy"][0]
+    png = os.path.join(ROOT, "bench", "results", "picket-fence-heatmap.png")
+    got = screenshot_worksheet(port, HEATMAP_DATASETS, t0, t1, png,
+                               caption=f"QD1 4K reads beside a 1M async write stream: OpenZFS (default) I/O scheduler, "
+                                       f"then legacy from {time.strftime('%H:%M:%S', time.localtime(switch))}")
+    out["both"] = {"picture": os.path.relpath(got, ROOT) if got else None, "from": t0, "to": t1,
+                   "legacy_from": switch}
+    return out
+
+
+def per_second_p99_us(query, edges):
+    """[[time, upper edge (us) of the bucket holding that second's p99 read]] over the
+    query's keys; seconds without reads are left out."""
+    out = []
+    for i, t in enumerate(query.get("times", [])):
+        counts = {}
+        for s in query.get("series", []):
+            b = (s.get("buckets") or [None] * (i + 1))[i]
+            for bucket, n in b or []:
+                counts[bucket] = counts.get(bucket, 0) + n
+        total = sum(counts.values())
+        if not total:
+            continue
+        seen = 0
+        for bucket in sorted(counts):
+            seen += counts[bucket]
+            if seen >= 0.99 * total:
+                hi = edges["upper"][bucket] if edges["upper"][bucket] is not None else 2 * edges["lower"][bucket]
+                out.append([t, round(hi / 1000, 1)])
+                break
+    return out
 
 
 def backing_worst_case(cfg):

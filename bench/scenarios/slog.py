@@ -18,6 +18,13 @@ QD1 latency with the log is held to two bounds: minus the sim-ssd model of its l
 <= 100 us, and minus that model and minus the floor <= 60 us (what the daemon itself
 adds); all three numbers are printed.
 
+Last, the picture (`heatmap_phase`): a fresh daemon, the `nolog` pool's layout, one
+`sync=always` volume taking QD1 4K writes; halfway through, a sim-ssd log mirror is
+added with `zilla pool add` while they go on. The analytics worksheet's write-latency
+heat map of the run is saved as bench/results/slog-heatmap.png (headless chromium;
+skipped without it), and the JSON's `heatmap` record has the times and the median
+write latency before and after the add, from the analytics query API.
+
 Goals (seed 000): QD1 sync-write IOPS with the log >= 12x without; mean
 latency >= 20x lower; QD1 latency with the log within the sim-ssd model of the lwbs it
 wrote + 100 us, and within that model + the nbdkit null floor + 60 us; IOPS rising from
@@ -25,12 +32,16 @@ wrote + 100 us, and within that model + the nbdkit null floor + 60 us; IOPS risi
 """
 
 import os
+import subprocess
+import time
 
 from lib.daemon import Nbdkit, Zilla
 from lib.goals import goal
+from lib.heatmap import (analytics_catalog, analytics_now, analytics_query, median_latency_ns,
+                         screenshot_worksheet, summed_buckets)
 from lib.machine import loadavg, wait_idle
 from lib.packages import ensure_tools
-from lib.proc import log, make_memdir, make_workdir
+from lib.proc import ROOT, BenchError, log, make_memdir, make_workdir
 from lib.syncio import ZilDelta, log_model_us, sync_fio, tunables
 from lib.tables import fmt, ratio, table
 
@@ -69,6 +80,7 @@ def run_scenario(ctx):
     log(f"nbdkit null, 1 writer: {floor['iops']:,.0f} IOPS, {floor['lat_mean_us']} us (protocol floor)")
     k.stop()
     z.stop()
+    heat = heatmap_phase(ctx, wd, 8 if ctx.quick else 12)
     by = {(r["pool"], r["writers"]): r for r in rows}
     qd1 = by[("slog", 1)]
     qd1["log_model_us"] = log_model_us(t, qd1["zil"])
@@ -86,8 +98,81 @@ def run_scenario(ctx):
               "nbdkit": "nbdkit file (one plain file)", "transport": "TCP loopback",
               "sim_tunables": {k2: v for k2, v in t.items() if k2.startswith("sim_ssd_log")}}
     return {"config": config, "results": rows, "plain_vs_nbdkit": {"zilla": plain, "nbdkit": kit},
-            "protocol_floor_nbdkit_null": floor,
+            "protocol_floor_nbdkit_null": floor, "heatmap": heat,
             "goals": goals(by, plain, kit, floor)}
+
+
+HEATMAP_PNG = os.path.join(ROOT, "bench", "results", "slog-heatmap.png")
+
+
+def heatmap_phase(ctx, wd, half_s):
+    """The picture: a fresh daemon and pool of two sim-hdd mirrors without a log, one
+    `sync=always` volume taking 4K random writes at QD1 (each write is committed to the
+    intent log before it is answered) for `half_s` seconds; then `pool add POOL log
+    mirror sim-ssd sim-ssd` while the writes go on, `half_s` seconds more. The
+    worksheet's `io.latency/op` heat map filtered to `write` over the whole run goes to
+    bench/results/slog-heatmap.png; the JSON gets the daemon-clock times and the median
+    write latency of each half from the query API (the bucket holding the median)."""
+    hd = os.path.join(wd, "heatmap")
+    os.makedirs(hd)
+    z = Zilla(ctx.new, hd)
+    vol = 1 * GiB
+    d = ["sim-hdd:" + sparse(os.path.join(hd, f"d{i}.img"), vol + 2 * GiB) for i in range(4)]
+    z.cli("pool", "create", "heat", "mirror", d[0], d[1], "mirror", d[2], d[3])
+    z.cli("volume", "create", "-s", "-V", str(vol), "-o", "sync=always", "heat/vol")
+    md = make_memdir(need_bytes=1 * GiB)
+    logs = ["sim-ssd:" + sparse(os.path.join(md, f"heat-log{i}.img"), 512 * MiB) for i in range(2)]
+    out = os.path.join(hd, "fio-heat.json")
+    cmd = ["fio", "--output-format=json", f"--output={out}", "--name=heat", "--ioengine=nbd",
+           f"--uri={z.uri('heat/vol')}", "--rw=randwrite", "--bs=4k", "--iodepth=1",
+           f"--size={vol}", f"--runtime={2 * half_s}", "--time_based"]
+    port = z.http_port
+    t_start = analytics_now(port)
+    w0 = time.time()
+    fio = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(half_s)
+        t_add = analytics_now(port)
+        a0 = time.time()
+        z.cli("pool", "add", "heat", "log", "mirror", *logs)
+        add_s = time.time() - a0
+        t_added = analytics_now(port)
+        log(f"heat map: log mirror added {time.time() - w0:.1f}s into the writes (took {add_s:.2f}s)")
+        _, err = fio.communicate(timeout=2 * half_s + 60)
+    finally:
+        if fio.poll() is None:
+            fio.kill()
+            fio.wait()
+    if fio.returncode != 0:
+        raise BenchError(f"fio heat map writer failed ({fio.returncode}): {(err or '').strip()[-200:]}")
+    time.sleep(2)          # the last second's point is collected
+    t_end = analytics_now(port)
+    edges = analytics_catalog(port)["buckets"]
+    q = analytics_query(port, "io.latency/op", t_start, t_end, "write")
+    before = median_latency_ns(summed_buckets(q, t_start, t_add), edges)
+    # the second the add returned in may hold writes of both kinds: left out
+    after = median_latency_ns(summed_buckets(q, t_added + 1, t_end), edges)
+    png = screenshot_worksheet(port, [("io.latency/op", "write")], t_start - 2, t_end + 1, HEATMAP_PNG,
+                               caption=f"4K sync writes (sync=always, QD1) on two sim-hdd mirrors; "
+                                       f"a sim-ssd log mirror added at {time.strftime('%H:%M:%S', time.localtime(t_add))}")
+    z.stop()
+    log(f"heat map: median write latency {fmt_bucket(before)} before the log, {fmt_bucket(after)} after")
+    return {"picture": os.path.relpath(png, ROOT) if png else None,
+            "worksheet": f"/ui/worksheet#ds=io.latency/op|write&from={t_start - 2}&to={t_end + 1}",
+            "dataset": "io.latency/op", "filter": "write", "clock": "daemon analytics clock, unix s",
+            "writes_from": t_start, "log_add_started": t_add, "log_add_returned": t_added,
+            "add_duration_s": round(add_s, 2), "writes_to": t_end, "seconds_per_half": half_s,
+            "fio": "--ioengine=nbd --rw=randwrite --bs=4k --iodepth=1, volume sync=always",
+            "pool": "mirror sim-hdd sim-hdd mirror sim-hdd sim-hdd, then + log mirror sim-ssd sim-ssd",
+            "median_write_latency_before": before, "median_write_latency_after": after,
+            "median_ratio_before_after": (round(before["median_ns"] / after["median_ns"], 1)
+                                          if before and after else None)}
+
+
+def fmt_bucket(m):
+    if not m:
+        return "-"
+    return f"{m['lower_ns'] / 1000:g}..{m['upper_ns'] / 1000:g} us ({m['events']} writes)"
 
 
 def sparse(path, size):

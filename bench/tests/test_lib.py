@@ -252,3 +252,37 @@ class CurrentFigures(unittest.TestCase):
                 f.write("no markers\n")
             with self.assertRaises(ValueError):
                 summary.write_into(doc, "x")
+
+
+class HeatmapFigures(unittest.TestCase):
+    """The numbers a heat-map picture is checked against, from analytics query answers."""
+
+    # buckets 0..3: [0, 1000), [1000, 2000), [2000, 4000), [4000, open)
+    EDGES = {"lower": [0, 1000, 2000, 4000], "upper": [1000, 2000, 4000, None]}
+
+    def query(self):
+        return {"times": [10, 11, 12, 13],
+                "series": [{"key": "write", "buckets": [[[3, 5]], [[3, 4], [1, 1]], None, [[1, 9]]]},
+                           {"key": "other", "buckets": [[[1, 1]], [], [[2, 2]], [[1, 1]]]}]}
+
+    def test_a_range_sums_its_points_and_keys_and_the_median_bucket_is_found(self):
+        from lib import heatmap
+        q = self.query()
+        before = heatmap.summed_buckets(q, 9, 11)                 # times 10, 11
+        self.assertEqual(before, {3: 9, 1: 2})
+        m = heatmap.median_latency_ns(before, self.EDGES)
+        self.assertEqual((m["bucket"], m["lower_ns"], m["upper_ns"], m["events"]), (3, 4000, 8000, 11))
+        after = heatmap.summed_buckets(q, 11, 13)                 # times 12, 13
+        self.assertEqual(heatmap.median_latency_ns(after, self.EDGES)["bucket"], 1)
+        self.assertIsNone(heatmap.median_latency_ns({}, self.EDGES))
+
+    def test_each_second_gets_the_bucket_of_its_p99(self):
+        from scenarios import picket_fence
+        p99 = picket_fence.per_second_p99_us(self.query(), self.EDGES)
+        self.assertEqual(p99, [[10, 8.0], [11, 8.0], [12, 4.0], [13, 2.0]])
+
+    def test_the_worksheet_url_carries_datasets_filters_and_range(self):
+        from lib import heatmap
+        url = heatmap.worksheet_url(8080, [("io.latency/op", "write"), "disk.latency/device"], 100, 200)
+        self.assertEqual(url, "http://127.0.0.1:8080/ui/worksheet#ds=io.latency/op|write"
+                              "&ds=disk.latency/device&from=100&to=200")

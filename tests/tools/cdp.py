@@ -276,7 +276,13 @@ class Browser:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
-        shutil.rmtree(self.profile, ignore_errors=True)
+        # chromium's helper processes may still write the profile for a moment after
+        # the browser process exits
+        for _ in range(10):
+            shutil.rmtree(self.profile, ignore_errors=True)
+            if not os.path.exists(self.profile):
+                break
+            time.sleep(0.2)
 
     def __enter__(self):
         return self
