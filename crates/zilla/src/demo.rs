@@ -153,7 +153,9 @@ fn print_banner(dir: &Path, state: &Path, info: &crate::api::DaemonInfo) {
         "  fio:          fio --name=demo --ioengine=nbd --uri={nbd} --rw=randrw --bs=4k --iodepth=16 --offset=256M --size=64M --runtime=10 --time_based\n"
     ));
     if let Some(h) = &info.http {
-        o.push_str(&format!("  browser:      http://{}/\n", h.replace("0.0.0.0", "127.0.0.1")));
+        let h = h.replace("0.0.0.0", "127.0.0.1");
+        o.push_str(&format!("  browser:      http://{h}/  (dashboard)\n"));
+        o.push_str(&format!("                http://{h}/ui/worksheet#ds=io.latency/op&ds=io.ops/op&ds=disk.latency/device  (latency heat maps)\n"));
     }
     if let Some(i) = &info.iscsi {
         let portal = i.replace("0.0.0.0", "127.0.0.1");
