@@ -8,11 +8,14 @@
 #    at 409 and memory_bytes stays under memory_max_bytes.
 # 2. Live streams: 0 or 9 datasets are refused; 16 streams are served, the 17th gets
 #    503; 16 clients that drop their connections without a word free their slots.
-# 3. A pool exported and imported again shows no spike in txg.syncs/pool (a txg number
+# 3. 600 NBD clients, each from its own address, one read each, with io.ops/client on:
+#    every read is counted (the clients table keeps 256: the evicted ones count as
+#    `other`), at most 64 keys a point, every dataset under its memory bound.
+# 4. A pool exported and imported again shows no spike in txg.syncs/pool (a txg number
 #    is not a count from zero), and the syncs after the import are counted.
-# 4. SIGTERM with live streams open: the daemon exits within 1.5 s, without waiting
+# 5. SIGTERM with live streams open: the daemon exits within 1.5 s, without waiting
 #    out the HTTP drain.
-# 5. A history file of random bytes, empty, a directory, a symlink to /dev/zero or a
+# 6. A history file of random bytes, empty, a directory, a symlink to /dev/zero or a
 #    FIFO: the daemon starts, serves, moves it aside and saves a good file at exit.
 . "$(dirname "$0")/lib.sh"
 start_daemon
@@ -145,7 +148,40 @@ while True:
 print("live: 16 served, the 17th refused, slots freed after abrupt disconnects")
 EOF
 
-# --- 3. export and import: no txg spike ---------------------------------------------------
+# --- 3. hundreds of clients: at most 64 keys a point, every read counted ------------------
+curl -sf -X PUT -H 'content-type: application/json' -d '{"enabled":true}' \
+    "$BASE/api/v1/analytics/datasets/io.ops/client" >/dev/null || fail "enable io.ops/client"
+sleep 1.2
+t_clients=$(date +%s)
+python3 - "$NBD_PORT" "$ROOT/tests/tools" <<'EOF' || fail "600 NBD clients"
+import socket, sys
+sys.path.insert(0, sys.argv[2])
+import nbd_abuse as nb
+port, connect = int(sys.argv[1]), socket.create_connection
+for i in range(600):  # each from its own address, 127.0.1.2 ... 127.0.3.101
+    src = f"127.0.{1 + i // 250}.{2 + i % 250}"
+    socket.create_connection = lambda addr, timeout=None, src=src: connect(addr, timeout=timeout, source_address=(src, 0))
+    s = nb.open_export("127.0.0.1", port, "tank/vol")
+    s.sendall(nb.request(nb.CMD_READ, i, 0, 4096))
+    nb.recv_exact(s, 16 + 4096)
+    s.close()
+EOF
+sleep 2.2
+curl -sf "$BASE/api/v1/analytics/query?dataset=io.ops/client&from=$((t_clients - 2))" >"$T/clients.q" || fail "query io.ops/client"
+curl -sf "$BASE/api/v1/analytics/datasets" >"$T/ds.json" || fail "datasets"
+python3 - "$T/clients.q" "$T/ds.json" <<'EOF' || fail "io.ops/client with 600 clients"
+import json, sys
+q, ds = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+total = sum(v for s in q["series"] for v in s["values"] if v)
+print(f"io.ops/client: {len(q['series'])} series, {total:.0f} reads counted of 600")
+assert len(q["series"]) <= 65, len(q["series"])
+assert any(s["key"] == "other" for s in q["series"]), "no other"
+assert total == 600, f"{total} reads counted (clients evicted from the table must still count)"
+for d in ds["datasets"]:
+    assert d["memory_bytes"] <= d["memory_max_bytes"], d
+EOF
+
+# --- 4. export and import: no txg spike ---------------------------------------------------
 for i in $(seq 1 12); do z volume create -s -V 1M "tank/t$i" >/dev/null; done
 z pool export tank
 sleep 1.5
@@ -166,7 +202,7 @@ assert max(values, default=0) <= 10, f"a spike: {values}"
 assert sum(values) >= 1, f"the sync after the write was not counted: {values}"
 EOF
 
-# --- 4. SIGTERM with live streams open ----------------------------------------------------
+# --- 5. SIGTERM with live streams open ----------------------------------------------------
 python3 - "$HTTP_PORT" "$DAEMON_PID" <<'EOF' || fail "SIGTERM with live streams open"
 import os, signal, socket, sys, time
 port, pid = int(sys.argv[1]), int(sys.argv[2])
@@ -195,7 +231,7 @@ wait "$DAEMON_PID" || fail "daemon exited with an error after SIGTERM"
 DAEMON_PID=
 grep -q "requests still running" "$T/daemon.log" && fail "the HTTP drain waited on live streams"
 
-# --- 5. bad history files -----------------------------------------------------------------
+# --- 6. bad history files -----------------------------------------------------------------
 H=$STATE/analytics-history
 for damage in random empty directory symlink fifo; do
     rm -rf "$H" "$H.bad" "$H.tmp"
