@@ -56,6 +56,7 @@ cases = [
     ("10,000 filter keys", "dataset=io.ops/op&filter=" + ",".join(f"k{i}" for i in range(10000)), 400),
     ("10,000 filter parameters", "dataset=io.ops/op&" + "&".join(f"filter=k{i}" for i in range(5000)), 400),
     ("star patterns", "dataset=io.ops/op&filter=" + ",".join(["*********a", "*", "**", "a*b*c*d*e*f*"] + ["*" * 600 + "x" + str(i) for i in range(40)]), 200),
+    ("a + left unescaped", "dataset=io.ops/volume+op", 200),
     ("filter of duplicates", "dataset=io.ops/op&filter=" + ",".join(["read"] * 5000), 200),
 ]
 for name, q, want in cases:

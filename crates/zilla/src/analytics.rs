@@ -465,12 +465,18 @@ async fn set_dataset(
     Ok(Json(info).into_response())
 }
 
+/// A dataset name from a query string: `+` there decodes to a space, and no dataset
+/// name has a space, so `dataset=io.ops/volume+op` means what it says.
+fn plus_kept(name: &str) -> String {
+    name.replace(' ', "+")
+}
+
 async fn query(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
     let mut q = Query::default();
     let number = |k: &str, v: &str| v.parse::<u64>().map_err(|_| ApiError::bad(format!("{k}: expected a whole number, got {:?}", crate::clip::clip(v))));
     for (k, v) in &params {
         match k.as_str() {
-            "dataset" => q.dataset = v.clone(),
+            "dataset" => q.dataset = plus_kept(v),
             "from" => q.from = Some(number(k, v)?),
             "to" => q.to = Some(number(k, v)?),
             "resolution" => q.resolution = Some(number(k, v)?),
@@ -495,7 +501,7 @@ impl Drop for Subscriber {
 }
 
 async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
-    let names: Vec<String> = params.into_iter().filter(|(k, _)| k == "dataset").map(|(_, v)| v).collect();
+    let names: Vec<String> = params.into_iter().filter(|(k, _)| k == "dataset").map(|(_, v)| plus_kept(&v)).collect();
     if names.is_empty() || names.len() > LIVE_DATASETS_MAX {
         return Err(ApiError::bad(format!("name 1 to {LIVE_DATASETS_MAX} datasets (dataset=NAME, repeated)")));
     }
