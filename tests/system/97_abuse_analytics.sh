@@ -12,7 +12,8 @@
 #    every read is counted (the clients table keeps 256: the evicted ones count as
 #    `other`), at most 64 keys a point, every dataset under its memory bound.
 # 4. A pool exported and imported again shows no spike in txg.syncs/pool (a txg number
-#    is not a count from zero), and the syncs after the import are counted.
+#    is not a count from zero), and the syncs after the import are counted; a volume
+#    destroyed leaves no totals behind (/metrics, the collector's sums).
 # 5. SIGTERM with live streams open: the daemon exits within 1.5 s, without waiting
 #    out the HTTP drain.
 # 6. A history file of random bytes, empty, a directory, a symlink to /dev/zero or a
@@ -183,6 +184,21 @@ for d in ds["datasets"]:
 EOF
 
 # --- 4. export and import: no txg spike ---------------------------------------------------
+# a volume destroyed takes its front-end totals with it (a name created and destroyed
+# in a loop must not grow the table); one of the same name counts from zero
+make_volume tank/gone 4M
+head -c 1M /dev/urandom >"$T/data"
+nbdcopy "$T/data" "$(nbd_tcp_uri tank/gone)" || fail "nbdcopy to tank/gone"
+sleep 0.3
+curl -sf "$BASE/metrics" >"$T/metrics" || fail "/metrics"
+grep -q 'volume="tank/gone"' "$T/metrics" || fail "no metrics for tank/gone after a write"
+z volume destroy tank/gone
+sleep 0.3
+curl -sf "$BASE/metrics" >"$T/metrics" || fail "/metrics"
+grep -q 'volume="tank/gone"' "$T/metrics" && fail "the destroyed volume's totals are still kept"
+make_volume tank/gone 4M
+z volume destroy tank/gone
+
 for i in $(seq 1 12); do z volume create -s -V 1M "tank/t$i" >/dev/null; done
 z pool export tank
 sleep 1.5
