@@ -34,7 +34,8 @@
 //! volume (dropped by [`IoStatsTable::retain`] when volumes go away), per protocol,
 //! and per client in the [`ClientStatsTable`], which holds at most `clients_max`
 //! entries: a new client beyond that replaces the entry seen longest ago (preferring
-//! one with no open connection). A client is its TCP peer address, `uid N` on a Unix
+//! one with no open connection); what the row's ended sessions left is added to the
+//! table's evicted sum, so a collector still counts it. A client is its TCP peer address, `uid N` on a Unix
 //! socket, or its iSCSI initiator name.
 
 use std::collections::{BTreeMap, HashMap};
@@ -478,11 +479,14 @@ impl Drop for ClientSession {
 pub struct ClientStatsTable {
     clients_max: usize,
     clients: Mutex<HashMap<(String, String), Arc<ClientIoStats>>>,
+    /// What the evicted rows' ended sessions left: a collector's per-second deltas
+    /// keep the I/O of a client evicted before its next look (counted as `other`).
+    evicted: Mutex<IoTotals>,
 }
 
 impl ClientStatsTable {
     pub fn new(clients_max: usize) -> ClientStatsTable {
-        ClientStatsTable { clients_max: clients_max.max(1), clients: Mutex::default() }
+        ClientStatsTable { clients_max: clients_max.max(1), clients: Mutex::default(), evicted: Mutex::default() }
     }
 
     pub fn clients_max(&self) -> usize {
@@ -500,7 +504,10 @@ impl ClientStatsTable {
             let mut clients = self.lock();
             let key = (protocol.to_string(), address.to_string());
             if !clients.contains_key(&key) && clients.len() >= self.clients_max {
-                Self::evict_one(&mut clients);
+                if let Some(victim) = Self::evict_one(&mut clients) {
+                    let retired = victim.retired.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    self.evicted.lock().unwrap_or_else(|p| p.into_inner()).add(&retired);
+                }
             }
             clients
                 .entry(key.clone())
@@ -517,8 +524,9 @@ impl ClientStatsTable {
         ClientSession { stats }
     }
 
-    /// Drop the entry seen longest ago, preferring one with no open connection.
-    fn evict_one(clients: &mut HashMap<(String, String), Arc<ClientIoStats>>) {
+    /// Drop the entry seen longest ago, preferring one with no open connection; the
+    /// row dropped.
+    fn evict_one(clients: &mut HashMap<(String, String), Arc<ClientIoStats>>) -> Option<Arc<ClientIoStats>> {
         let victim = clients
             .iter()
             .min_by_key(|(_, c)| {
@@ -526,9 +534,12 @@ impl ClientStatsTable {
                 (open, c.last_seen_s.load(Ordering::Relaxed))
             })
             .map(|(key, _)| key.clone());
-        if let Some(key) = victim {
-            clients.remove(&key);
-        }
+        clients.remove(&victim?)
+    }
+
+    /// The sum of what the evicted rows' ended sessions left (only grows).
+    pub fn evicted_totals(&self) -> IoTotals {
+        self.evicted.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Every client's totals (retired plus the live sessions in `io`), sorted by
@@ -632,6 +643,22 @@ mod tests {
         let _d = table.connect("nbd", "10.0.0.4");
         let _e = table.connect("nbd", "10.0.0.5");
         assert_eq!(table.snapshot(&io).len(), 2);
+    }
+
+    #[test]
+    fn an_evicted_clients_io_stays_in_the_evicted_sum() {
+        let table = ClientStatsTable::new(1);
+        let io = IoStatsTable::default();
+        {
+            let a = table.connect("nbd", "10.0.0.1");
+            let r = io.register("p/v", SessionLabels { protocol: "nbd", client: Some(a.stats().clone()) });
+            r.recorder.record(IoKind::Read, 4096, 1, false);
+            io.retire(r.id);
+        }
+        assert_eq!(table.evicted_totals().kind(IoKind::Read).ops, 0);
+        let _b = table.connect("nbd", "10.0.0.2"); // replaces 10.0.0.1
+        assert_eq!(table.snapshot(&io).len(), 1);
+        assert_eq!(table.evicted_totals().kind(IoKind::Read).ops, 1, "10.0.0.1's read is still counted");
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub const LIVE_DATASETS_MAX: usize = 8;
 /// How often the minutes are saved.
 const SAVE_EVERY_S: u64 = 60;
 const HISTORY_FILE: &str = "analytics-history";
+/// The tick value that tells the live streams the daemon is stopping (they end, so
+/// the HTTP server's graceful shutdown does not wait on them).
+const TICK_STOPPING: u64 = u64::MAX;
 
 /// The history, where it is saved, and the tick the live streams wait for.
 pub struct Analytics {
@@ -146,6 +149,7 @@ pub async fn run_collector(analytics: Arc<Analytics>, pools: Arc<PoolTable>, fro
             let _ = tokio::task::spawn_blocking(move || a.save()).await;
         }
     }
+    analytics.tick.send_replace(TICK_STOPPING);
     let a = analytics.clone();
     let _ = tokio::task::spawn_blocking(move || a.save()).await;
 }
@@ -162,7 +166,8 @@ struct Collector {
     clients: FrontSums,
     /// (device key, class) -> (ops, bytes, latency buckets).
     devices: HashMap<(String, IoClass), (u64, u64, Vec<u64>)>,
-    arc: BTreeMap<&'static str, u64>,
+    /// ARC hits and misses, and per pool its L2ARC's (`l2_hit/POOL`).
+    arc: BTreeMap<String, u64>,
     zil: BTreeMap<String, u64>,
     txgs: BTreeMap<String, u64>,
 }
@@ -190,6 +195,14 @@ fn sub_totals(now: &IoTotals, before: Option<&IoTotals>) -> IoTotals {
 fn deltas(now: FrontSums, before: &mut FrontSums) -> Vec<(String, IoTotals)> {
     let out = now.iter().map(|(k, t)| (k.clone(), sub_totals(t, before.get(k)))).collect();
     *before = now;
+    out
+}
+
+/// Rows keyed by `key`, rows with the same key summed (an iSCSI initiator may call
+/// itself what an NBD client's address is).
+fn summed(rows: impl Iterator<Item = (String, IoTotals)>) -> FrontSums {
+    let mut out = FrontSums::new();
+    rows.for_each(|(k, t)| out.entry(k).or_default().add(&t));
     out
 }
 
@@ -258,7 +271,10 @@ impl Collector {
         let io = &frontend.io_stats;
         let volumes = deltas(io.volume_totals().into_iter().collect(), &mut self.volumes);
         let protocols = deltas(io.protocol_totals().into_iter().map(|(k, t)| (k.to_string(), t)).collect(), &mut self.protocols);
-        let clients = deltas(frontend.clients.totals(io).into_iter().map(|(c, t)| (c.key.1.clone(), t)).collect(), &mut self.clients);
+        // clients evicted from the table (it keeps clients_max) count as `other`
+        let evicted = (zilla_core::analytics::catalog::OTHER_KEY.to_string(), frontend.clients.evicted_totals());
+        let rows = frontend.clients.totals(io).into_iter().map(|(c, t)| (c.key.1.clone(), t)).chain(std::iter::once(evicted));
+        let clients = deltas(summed(rows), &mut self.clients);
         let all = sum_totals(protocols.iter().map(|(_, t)| t));
         for dataset in enabled.iter().filter(|d| d.starts_with("io.")) {
             let Some((statistic, breakdown)) = dataset.split_once('/') else { continue };
@@ -344,26 +360,23 @@ impl Collector {
     /// ARC accesses, intent-log commits and txg syncs.
     fn sample_engine(&mut self, enabled: &[String], pools: &[(String, Arc<zilla_core::spa::Pool>)], sample: &mut Sample) {
         let started = self.started;
-        let mut arc: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut arc: BTreeMap<String, u64> = BTreeMap::new();
         let mut zil: BTreeMap<String, u64> = BTreeMap::new();
         let mut txgs: BTreeMap<String, u64> = BTreeMap::new();
         let a = zilla_core::arc::daemon_arc().stats(); // one ARC for every pool
-        arc.insert("hit", a.hits);
-        arc.insert("miss", a.misses);
+        arc.insert("hit".into(), a.hits);
+        arc.insert("miss".into(), a.misses);
         for (name, pool) in pools {
+            // per pool: a pool exported or imported must not move the others' sums
             if let Some(l) = pool.l2_stats() {
-                *arc.entry("l2_hit").or_default() += l.l2_hits;
-                *arc.entry("l2_miss").or_default() += l.l2_misses;
+                arc.insert(format!("l2_hit/{name}"), l.l2_hits);
+                arc.insert(format!("l2_miss/{name}"), l.l2_misses);
             }
             for (volume, commits) in pool.zil_commits_by_volume() {
                 zil.insert(format!("{name}/{volume}"), commits);
             }
             txgs.insert(name.clone(), pool.synced_txg().0);
         }
-        let diff = |now: u64, before: Option<&u64>| match before {
-            Some(b) if *b <= now => now - b,
-            _ => now,
-        };
         let mut emit = |dataset: &str, rows: Vec<(String, u64)>| {
             if started && enabled.iter().any(|d| d == dataset) {
                 for (k, v) in rows.into_iter().filter(|(_, v)| *v > 0) {
@@ -371,16 +384,31 @@ impl Collector {
                 }
             }
         };
-        let arc_d: Vec<(String, u64)> = arc.iter().map(|(k, v)| (k.to_string(), diff(*v, self.arc.get(k)))).collect();
-        emit("arc.accesses/result", arc_d.clone());
-        emit("arc.accesses/none", vec![("all".into(), arc_d.iter().filter(|(k, _)| k == "hit" || k == "miss").map(|(_, v)| v).sum())]);
-        let zil_d: Vec<(String, u64)> = zil.iter().map(|(k, v)| (k.clone(), diff(*v, self.zil.get(k)))).collect();
+        let mut arc_d: BTreeMap<String, u64> = BTreeMap::new();
+        for (k, v) in &arc {
+            let result = k.split('/').next().unwrap_or(k);
+            *arc_d.entry(result.to_string()).or_default() += counter_delta(*v, self.arc.get(k));
+        }
+        emit("arc.accesses/none", vec![("all".into(), arc_d.iter().filter(|(k, _)| *k == "hit" || *k == "miss").map(|(_, v)| v).sum())]);
+        emit("arc.accesses/result", arc_d.into_iter().collect());
+        let zil_d: Vec<(String, u64)> = zil.iter().map(|(k, v)| (k.clone(), counter_delta(*v, self.zil.get(k)))).collect();
         emit("zil.commits/none", vec![("all".into(), zil_d.iter().map(|(_, v)| v).sum())]);
         emit("zil.commits/volume", zil_d);
-        let txg_d: Vec<(String, u64)> = txgs.iter().map(|(k, v)| (k.clone(), diff(*v, self.txgs.get(k)))).collect();
+        // a txg number is not a count from zero: a pool seen for the first time (imported)
+        // or rewound counts nothing this second
+        let txg_d: Vec<(String, u64)> = txgs.iter().map(|(k, v)| (k.clone(), self.txgs.get(k).map_or(0, |b| v.saturating_sub(*b)))).collect();
         emit("txg.syncs/none", vec![("all".into(), txg_d.iter().map(|(_, v)| v).sum())]);
         emit("txg.syncs/pool", txg_d);
         (self.arc, self.zil, self.txgs) = (arc, zil, txgs);
+    }
+}
+
+/// The change of a counter that counts from zero since its key appeared: all of it
+/// when the key is new or shrank (it started over).
+fn counter_delta(now: u64, before: Option<&u64>) -> u64 {
+    match before {
+        Some(b) if *b <= now => now - b,
+        _ => now,
     }
 }
 
@@ -437,12 +465,18 @@ async fn set_dataset(
     Ok(Json(info).into_response())
 }
 
+/// A dataset name from a query string: `+` there decodes to a space, and no dataset
+/// name has a space, so `dataset=io.ops/volume+op` means what it says.
+fn plus_kept(name: &str) -> String {
+    name.replace(' ', "+")
+}
+
 async fn query(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
     let mut q = Query::default();
     let number = |k: &str, v: &str| v.parse::<u64>().map_err(|_| ApiError::bad(format!("{k}: expected a whole number, got {:?}", crate::clip::clip(v))));
     for (k, v) in &params {
         match k.as_str() {
-            "dataset" => q.dataset = v.clone(),
+            "dataset" => q.dataset = plus_kept(v),
             "from" => q.from = Some(number(k, v)?),
             "to" => q.to = Some(number(k, v)?),
             "resolution" => q.resolution = Some(number(k, v)?),
@@ -467,7 +501,7 @@ impl Drop for Subscriber {
 }
 
 async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
-    let names: Vec<String> = params.into_iter().filter(|(k, _)| k == "dataset").map(|(_, v)| v).collect();
+    let names: Vec<String> = params.into_iter().filter(|(k, _)| k == "dataset").map(|(_, v)| plus_kept(&v)).collect();
     if names.is_empty() || names.len() > LIVE_DATASETS_MAX {
         return Err(ApiError::bad(format!("name 1 to {LIVE_DATASETS_MAX} datasets (dataset=NAME, repeated)")));
     }
@@ -478,10 +512,17 @@ async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(S
         a.subscribers.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("at most {LIVE_SUBSCRIBERS_MAX} live streams at once; close one")));
     }
+    if *a.tick.borrow() == TICK_STOPPING {
+        a.subscribers.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping".into()));
+    }
     let guard = Subscriber(a.clone());
     let tick = a.tick.subscribe();
     let stream = futures_util::stream::unfold((guard, tick, names), |(guard, mut tick, names)| async move {
         tick.changed().await.ok()?;
+        if *tick.borrow_and_update() == TICK_STOPPING {
+            return None;
+        }
         let event = live_event(&guard.0, &names);
         Some((Ok::<Event, Infallible>(event), (guard, tick, names)))
     });
@@ -501,4 +542,26 @@ fn live_event(a: &Analytics, names: &[String]) -> Event {
     }
     let data = serde_json::json!({ "time": time, "datasets": datasets });
     Event::default().event("point").data(data.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_rows_with_one_key_are_summed_and_counters_restart_from_zero() {
+        let totals = |ops: u64| {
+            let mut t = IoTotals::default();
+            t.kinds[IoKind::Read as usize].ops = ops;
+            t
+        };
+        // an NBD client at 10.0.0.1 and an iSCSI initiator that calls itself 10.0.0.1
+        let rows = vec![("10.0.0.1".to_string(), totals(5)), ("10.0.0.1".to_string(), totals(7)), ("uid 0".to_string(), totals(1))];
+        let sums = summed(rows.into_iter());
+        assert_eq!(sums.len(), 2);
+        assert_eq!(sums["10.0.0.1"].kind(IoKind::Read).ops, 12);
+        assert_eq!(counter_delta(10, Some(&4)), 6);
+        assert_eq!(counter_delta(3, Some(&40)), 3, "a counter that shrank started over");
+        assert_eq!(counter_delta(9, None), 9, "a new key counts from zero");
+    }
 }

@@ -915,6 +915,8 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
         return Err(ApiError::not_found("no such pool"));
     }
     let report = d.retire_pool(&pool, Pool::destroy_report, false).await?;
+    let prefix = format!("{pool}/");
+    d.frontend.io_stats.retain(|n| !n.starts_with(&prefix));
     if report.labels_kept.is_empty() {
         tracing::info!("destroyed pool '{pool}'");
         return Ok(Json(Empty {}));
@@ -1066,6 +1068,9 @@ async fn volume_destroy(State(d): State<Arc<Daemon>>, UrlPath((pool, name)): Url
     let e = export.clone();
     clear_sessions(&d, &format!("volume '{export}'"), q.force, &move |x| x == e).await?;
     blocking_for(&pool, move || Ok(p.volume_destroy(&name)?)).await?;
+    // its front-end totals go with it (a name created and destroyed in a loop must not
+    // grow the table; one created again counts from zero)
+    d.frontend.io_stats.retain(|n| n != export);
     Ok(Json(Empty {}))
 }
 

@@ -37,7 +37,9 @@
 //! `unix = anchor_unix + (mono - anchor_mono)`, so a wall-clock jump while running
 //! neither loses nor reorders points (the time axis drifts from the wall clock by the
 //! jump until the next start). Loading a saved history moves the anchor, when the wall
-//! clock went back across a restart, so new minutes come strictly after saved ones.
+//! clock went back across a restart, so new minutes come strictly after saved ones; a
+//! file more than [`CLOCK_BEHIND_MAX_S`] ahead of the wall clock (saved under a clock
+//! set far ahead) is refused instead, or every point after it would stay misdated.
 //!
 //! The store is a plain value: the caller serialises access (one mutex) and runs the
 //! once-a-second collection and the periodic save.
@@ -61,6 +63,10 @@ use history::History;
 pub use catalog::DEFAULT_DATASETS;
 pub use history::{QuerySeries, Sample, SparseBuckets, Value, MINUTE_POINTS, SECOND_POINTS};
 pub use query::{LiveDataset, LiveSeries, Query, QueryAnswer, QUERY_KEYS_MAX, QUERY_POINTS_MAX};
+
+/// How far behind the newest saved minute the wall clock may be at start for the time
+/// axis to be moved past it; a file further ahead is refused.
+pub const CLOCK_BEHIND_MAX_S: u64 = 86_400;
 
 /// Default bound of the enabled datasets' history memory.
 pub const MEMORY_MAX_BYTES_DEFAULT: u64 = 64 << 20;
@@ -315,6 +321,13 @@ impl Store {
             return Ok(LoadReport::default());
         };
         let saved = persist::decode(&bytes).map_err(LoadError::Corrupt)?;
+        let ahead_s = saved.newest_minute.saturating_sub(self.now_unix_s());
+        if ahead_s > CLOCK_BEHIND_MAX_S {
+            // following it would date every new point that far in the future, for good
+            return Err(LoadError::Corrupt(format!(
+                "its newest minute is {ahead_s} s ahead of the clock (more than {CLOCK_BEHIND_MAX_S} s: a clock that was wrong when it was saved)"
+            )));
+        }
         let mut report = LoadReport { file_found: true, ..LoadReport::default() };
         let mut histories = BTreeMap::new();
         let mut committed = 0u64;

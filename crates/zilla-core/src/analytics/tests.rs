@@ -385,3 +385,32 @@ fn filter_patterns_expand_to_the_matching_keys() {
     let b = query(&store, "io.ops/volume+op", T0, T0 + 1, 1, &["*:read", "none:flush"]);
     assert_eq!(b.series.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["none:flush", "tank/v10:read", "tank/v1:read", "pool/x:read"]);
 }
+
+#[test]
+fn a_file_saved_under_a_clock_far_ahead_is_refused() {
+    let good = saved_file(); // newest minute T0 + 180
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(temp_path(&dir), &good).unwrap();
+    // an hour behind: the time axis moves past the file
+    let mut store = Store::new(TestEnv::new(0, T0 - 3600), MEMORY_MAX_BYTES_DEFAULT);
+    assert!(store.load(&temp_path(&dir)).unwrap().clock_shift_s > 3600);
+    // a day and more behind (the file came from a clock set ahead): refused, the store
+    // keeps its own time
+    let env = TestEnv::new(0, T0 - CLOCK_BEHIND_MAX_S - 3600);
+    let mut store = Store::new(env, MEMORY_MAX_BYTES_DEFAULT);
+    let before = store.now_unix_s();
+    assert!(matches!(store.load(&temp_path(&dir)), Err(LoadError::Corrupt(m)) if m.contains("ahead of the clock")));
+    assert_eq!(store.now_unix_s(), before);
+}
+
+#[test]
+fn a_filter_counts_distinct_keys_and_stops_at_the_limit() {
+    let store = Store::new(TestEnv::new(0, T0), MEMORY_MAX_BYTES_DEFAULT);
+    let q = |filter: Vec<String>| store.query(&Query { dataset: "io.ops/op".into(), from: Some(T0 - 60), to: Some(T0), resolution: Some(1), filter });
+    let same: Vec<String> = vec!["read".to_string(); 10_000];
+    assert_eq!(q(same).unwrap().series.len(), 1, "repeats of one key are one key");
+    let many: Vec<String> = (0..10_000).map(|i| format!("k{i}")).collect();
+    assert!(matches!(q(many), Err(AnalyticsError::BadQuery(m)) if m.contains("more than 64")));
+    let limit: Vec<String> = (0..QUERY_KEYS_MAX).map(|i| format!("k{i}")).collect();
+    assert_eq!(q(limit).unwrap().series.len(), QUERY_KEYS_MAX);
+}
