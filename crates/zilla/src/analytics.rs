@@ -21,8 +21,11 @@
 //! new. Only enabled datasets are computed. The first tick only takes the sums.
 //!
 //! Bounds: at most [`LIVE_SUBSCRIBERS_MAX`] live streams, each of at most
-//! [`LIVE_DATASETS_MAX`] datasets and one event a second; a query answers at most the
-//! store's points and keys limits. The store's memory is bounded by the catalog.
+//! [`LIVE_DATASETS_MAX`] datasets and one event a second, ending after
+//! [`LIVE_EVENTS_MAX`] events (its first tells the browser to reconnect within a
+//! second), so a client that stops reading holds its slot at most that long; a query
+//! answers at most the store's points and keys limits. The store's memory is bounded
+//! by the catalog.
 //!
 //! The history file: loaded at start; a file that cannot be used (torn, corrupt,
 //! foreign) is reported, moved aside to `analytics-history.bad` and replaced.
@@ -55,6 +58,9 @@ use crate::pools::PoolTable;
 pub const LIVE_SUBSCRIBERS_MAX: usize = 16;
 /// Datasets one live stream may follow.
 pub const LIVE_DATASETS_MAX: usize = 8;
+/// Events a live stream sends before it ends (a browser's EventSource reconnects
+/// within a second): a client that stops reading gives its slot back within this long.
+pub const LIVE_EVENTS_MAX: u64 = 300;
 /// How often the minutes are saved.
 const SAVE_EVERY_S: u64 = 60;
 const HISTORY_FILE: &str = "analytics-history";
@@ -518,13 +524,19 @@ async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(S
     }
     let guard = Subscriber(a.clone());
     let tick = a.tick.subscribe();
-    let stream = futures_util::stream::unfold((guard, tick, names), |(guard, mut tick, names)| async move {
+    let stream = futures_util::stream::unfold((guard, tick, names, 0u64), |(guard, mut tick, names, sent)| async move {
+        if sent >= LIVE_EVENTS_MAX {
+            return None;
+        }
         tick.changed().await.ok()?;
         if *tick.borrow_and_update() == TICK_STOPPING {
             return None;
         }
-        let event = live_event(&guard.0, &names);
-        Some((Ok::<Event, Infallible>(event), (guard, tick, names)))
+        let mut event = live_event(&guard.0, &names);
+        if sent == 0 {
+            event = event.retry(Duration::from_secs(1));
+        }
+        Some((Ok::<Event, Infallible>(event), (guard, tick, names, sent + 1)))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }

@@ -32,6 +32,7 @@ use crate::http_serve::HttpLimits;
 pub const DEFAULT_ADMIN_CONNECTIONS_MAX: usize = 64;
 pub const DEFAULT_HTTP_CONNECTIONS_MAX: usize = 256;
 pub const DEFAULT_HTTP_HEADER_TIMEOUT_S: u64 = 10;
+pub const DEFAULT_HTTP_WRITE_STALL_TIMEOUT_S: u64 = 60;
 pub const DEFAULT_HTTP_BODY_MAX_BYTES: u64 = 1 << 20;
 pub const DEFAULT_FD_RESERVE: usize = 256;
 /// Smallest cap a default shrinks to; below it the start is refused.
@@ -50,6 +51,7 @@ pub struct Settings {
     pub http_connections_max: Option<usize>,
     pub nbd_connections_max: Option<usize>,
     pub http_header_timeout_s: Option<u64>,
+    pub http_write_stall_timeout_s: Option<u64>,
     pub http_body_max_bytes: Option<u64>,
     pub fd_reserve: Option<usize>,
     pub frontend_memory_budget_bytes: Option<u64>,
@@ -73,6 +75,7 @@ pub const KEYS: &[&str] = &[
     "http_connections_max",
     "nbd_connections_max",
     "http_header_timeout_s",
+    "http_write_stall_timeout_s",
     "http_body_max_bytes",
     "fd_reserve",
     "frontend_memory_budget_bytes",
@@ -125,6 +128,7 @@ impl Settings {
                 "http_connections_max" => s.http_connections_max = Some(number(&k, &v, 1, 1 << 20)? as usize),
                 "nbd_connections_max" => s.nbd_connections_max = Some(number(&k, &v, 1, 1 << 20)? as usize),
                 "http_header_timeout_s" => s.http_header_timeout_s = Some(number(&k, &v, 1, 3600)?),
+                "http_write_stall_timeout_s" => s.http_write_stall_timeout_s = Some(number(&k, &v, 1, 86_400)?),
                 "http_body_max_bytes" => s.http_body_max_bytes = Some(number(&k, &v, 4096, 1 << 30)?),
                 "fd_reserve" => s.fd_reserve = Some(number(&k, &v, 32, 1 << 20)? as usize),
                 "analytics_memory_max_bytes" => s.analytics_memory_max_bytes = Some(number(&k, &v, 1 << 20, 64 << 30)?),
@@ -217,6 +221,7 @@ impl Limits {
     /// Fit the caps under `fd_limit` (see the module comment).
     pub fn resolve(s: &Settings, fd_limit: u64, nbd_listeners: usize, nbd_default: usize) -> anyhow::Result<Limits> {
         let header_timeout = Duration::from_secs(s.http_header_timeout_s.unwrap_or(DEFAULT_HTTP_HEADER_TIMEOUT_S));
+        let write_stall_timeout = Duration::from_secs(s.http_write_stall_timeout_s.unwrap_or(DEFAULT_HTTP_WRITE_STALL_TIMEOUT_S));
         let body_max_bytes = s.http_body_max_bytes.unwrap_or(DEFAULT_HTTP_BODY_MAX_BYTES) as usize;
         let reserve = s.fd_reserve.unwrap_or(DEFAULT_FD_RESERVE);
         let admin = s.admin_connections_max.unwrap_or(DEFAULT_ADMIN_CONNECTIONS_MAX);
@@ -251,8 +256,8 @@ impl Limits {
         Ok(Limits {
             fd_limit,
             fd_reserve: reserve,
-            admin: HttpLimits { connections_max: admin, header_timeout, body_max_bytes },
-            http: HttpLimits { connections_max: http, header_timeout, body_max_bytes },
+            admin: HttpLimits { connections_max: admin, header_timeout, body_max_bytes, write_stall_timeout },
+            http: HttpLimits { connections_max: http, header_timeout, body_max_bytes, write_stall_timeout },
             nbd_connections_max: nbd,
             nbd_listeners,
         })

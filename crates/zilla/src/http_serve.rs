@@ -13,6 +13,9 @@
 //!   │  it also runs while a kept-alive connection sits idle, so idle ones close too)
 //!   ├─ the body must arrive within header_timeout as well and be at most
 //!   │  body_max_bytes (413 / 408 otherwise), read before the handler runs
+//!   ├─ a client that takes no byte of a response for write_stall_timeout is
+//!   │  disconnected ([`StallGuard`]): a live stream it stopped reading ends, and its
+//!   │  slot and connection come back
 //!   └─ at stop: no new connections; in-flight requests finish (hyper graceful
 //!      shutdown) within the caller's bound
 //! ```
@@ -46,6 +49,9 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// Largest request body accepted.
     pub body_max_bytes: usize,
+    /// Time a client may leave a response unread (no byte taken) before it is
+    /// disconnected.
+    pub write_stall_timeout: Duration,
 }
 
 /// How often at most an accept error is logged.
@@ -161,9 +167,10 @@ pub async fn serve(
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
         let service = TowerToHyperService::new(router.clone());
+        let stall = limits.write_stall_timeout;
         match io {
-            Stream::Tcp(s) => spawn_conn(&graceful, builder.serve_connection(TokioIo::new(s), service), permit),
-            Stream::Unix(s) => spawn_conn(&graceful, builder.serve_connection(TokioIo::new(s), service), permit),
+            Stream::Tcp(s) => spawn_conn(&graceful, builder.serve_connection(TokioIo::new(StallGuard::new(s, stall)), service), permit),
+            Stream::Unix(s) => spawn_conn(&graceful, builder.serve_connection(TokioIo::new(StallGuard::new(s, stall)), service), permit),
         }
     }
     drop(listener);
@@ -175,6 +182,69 @@ pub async fn serve(
 enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
+}
+
+/// A connection whose writes fail with `TimedOut` once the peer has taken no byte for
+/// `stall` (a write stays pending that long); reads pass through.
+pub struct StallGuard<S> {
+    inner: S,
+    stall: Duration,
+    /// Set while a write is pending: when the stall is over.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> StallGuard<S> {
+    pub fn new(inner: S, stall: Duration) -> StallGuard<S> {
+        StallGuard { inner, stall, deadline: None }
+    }
+
+    /// After a write returned `r`: clear the deadline on progress, arm it on Pending,
+    /// and fail once it has passed.
+    fn watch<T>(&mut self, cx: &mut std::task::Context<'_>, r: std::task::Poll<std::io::Result<T>>) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if !r.is_pending() {
+            self.deadline = None;
+            return r;
+        }
+        let stall = self.stall;
+        let deadline = self.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the client took no response byte for the stall timeout"))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for StallGuard<S> {
+    fn poll_read(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for StallGuard<S> {
+    fn poll_write(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, r)
+    }
+
+    fn poll_write_vectored(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, r)
+    }
+
+    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 async fn accept(l: &Listener) -> std::io::Result<Stream> {
