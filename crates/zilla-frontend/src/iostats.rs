@@ -310,15 +310,6 @@ struct TableInner {
     retired_protocols: BTreeMap<&'static str, IoTotals>,
 }
 
-/// A live session's recorder with its labels (for a collector).
-pub struct LiveRecorder {
-    pub export: Arc<str>,
-    pub protocol: &'static str,
-    /// The client's (protocol, address), if it has a row.
-    pub client: Option<(String, String)>,
-    pub recorder: Arc<Recorder>,
-}
-
 /// The sessions' recorders and what ended sessions left (see the module comment).
 #[derive(Default)]
 pub struct IoStatsTable {
@@ -396,33 +387,6 @@ impl IoStatsTable {
     pub fn snapshot(&self) -> Vec<(String, VolumeIoSnapshot)> {
         self.volume_totals().into_iter().map(|(n, t)| (n, t.snapshot())).collect()
     }
-
-    /// The live sessions' recorders, for a collector.
-    pub fn live(&self) -> Vec<LiveRecorder> {
-        live_recorders(&self.lock())
-    }
-
-    /// Retired totals per export and per protocol, for a collector (with
-    /// [`IoStatsTable::live`], taken under one lock so no session is counted twice or
-    /// never).
-    pub fn retired_and_live(&self) -> (Vec<(Arc<str>, IoTotals)>, BTreeMap<&'static str, IoTotals>, Vec<LiveRecorder>) {
-        let inner = self.lock();
-        let volumes = inner.retired_volumes.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
-        (volumes, inner.retired_protocols.clone(), live_recorders(&inner))
-    }
-}
-
-fn live_recorders(inner: &TableInner) -> Vec<LiveRecorder> {
-    inner
-        .live
-        .values()
-        .map(|s| LiveRecorder {
-            export: s.export.clone(),
-            protocol: s.labels.protocol,
-            client: s.labels.client.as_ref().map(|c| c.key.clone()),
-            recorder: s.recorder.clone(),
-        })
-        .collect()
 }
 
 fn unix_now_s() -> u64 {

@@ -47,7 +47,7 @@ pub use executor::{Admission, Blocked, Command, Completer, Completion, Executor,
 pub use budget::{BudgetPermit, BudgetShare, BudgetStats, SharedBudget};
 pub use buffers::{BufferPool, BufferPoolStats};
 pub use iostats::{
-    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, IoTotals, LatencySnapshot, LiveRecorder, Recorder,
+    ClientIoSnapshot, ClientIoStats, ClientSession, ClientStatsTable, IoKind, IoStatsTable, IoTotals, LatencySnapshot, Recorder,
     SessionLabels, VolumeIoSnapshot,
 };
 pub use registry::{resolve_export, ExportInfo, ExportRegistry, ResolvedExport, StaticRegistry};
