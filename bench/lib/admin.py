@@ -36,30 +36,12 @@ class AdminClient:
         self.sock_path = sock_path
 
     def get(self, path):
-        c = _UnixHTTP(self.sock_path)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            body = r.read()
-            if r.status != 200:
-                raise BenchError(f"admin API {path}: HTTP {r.status}: {body[:200]!r}")
-            return json.loads(body)
-        finally:
-            c.close()
+        return _json_request(_UnixHTTP(self.sock_path), "GET", path, None, "admin API")
 
     def http(self, port, method, path, body=None):
         """A request to the daemon's HTTP port (the web API); the JSON answer."""
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        try:
-            c.request(method, path, body=json.dumps(body) if body is not None else None,
-                      headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            data = r.read()
-            if r.status != 200:
-                raise BenchError(f"HTTP {method} {path}: {r.status}: {data[:300]!r}")
-            return json.loads(data)
-        finally:
-            c.close()
+        return _json_request(http.client.HTTPConnection("127.0.0.1", port, timeout=30),
+                             method, path, body, "HTTP")
 
     def iostat(self, pool):
         snaps = self.get(f"/v1/iostat?pool={pool}")
@@ -106,6 +88,21 @@ class AdminClient:
         except Exception:
             return {}
         return {k: a[k] for k in ("hits", "misses", "size", "c_max") if k in a}
+
+
+def _json_request(c, method, path, body, what):
+    """`method path` on connection `c` (a JSON body if given); the JSON answer, or a
+    BenchError saying what came back instead of 200."""
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None else None,
+                  headers={"Content-Type": "application/json"} if body is not None else {})
+        r = c.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise BenchError(f"{what} {method} {path}: HTTP {r.status}: {data[:300]!r}")
+        return json.loads(data)
+    finally:
+        c.close()
 
 
 def class_stats(stats):
