@@ -63,7 +63,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 use zilla_core::zvol::{BlockVolume, Extent, SharedSlice, WriteData, WriteDelay};
 use zilla_core::Error;
 
@@ -130,11 +129,12 @@ impl Command {
     }
 }
 
-/// A command and when the front end received it (the statistics' start).
+/// A command and when the front end received it (the statistics' start), on the
+/// front end's clock ([`Executor::now_ns`]).
 #[derive(Debug)]
 pub struct Request {
     pub command: Command,
-    pub started: Instant,
+    pub started_ns: u64,
 }
 
 /// Read data as the completion carries it.
@@ -217,14 +217,14 @@ impl Shared {
         self.frontend.write_gates.get(self.gate_index)
     }
 
-    fn record(&self, kind: IoKind, bytes: u64, started: Instant, failed: bool) {
-        let latency_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    fn record(&self, kind: IoKind, bytes: u64, started_ns: u64, failed: bool) {
+        let latency_ns = self.frontend.clock.now_ns().saturating_sub(started_ns);
         self.recorder.record(kind, bytes, latency_ns, failed);
     }
 
     /// Record and build the completion.
-    fn finish(&self, kind: (IoKind, u64), started: Instant, result: zilla_core::Result<Output>, admission: Admission) -> Completion {
-        self.record(kind.0, kind.1, started, result.is_err());
+    fn finish(&self, kind: (IoKind, u64), started_ns: u64, result: zilla_core::Result<Output>, admission: Admission) -> Completion {
+        self.record(kind.0, kind.1, started_ns, result.is_err());
         Completion { result, admission }
     }
 }
@@ -257,7 +257,7 @@ struct PendingInner<C> {
     completer: C,
     admission: Admission,
     kind: (IoKind, u64),
-    started: Instant,
+    started_ns: u64,
     shared: Arc<Shared>,
     _call: CallPermit,
     _zero_call: Option<OwnedSemaphorePermit>,
@@ -266,10 +266,10 @@ struct PendingInner<C> {
 impl<C: Completer> Pending<C> {
     fn complete(mut self, result: zilla_core::Result<Output>) {
         if let Some(inner) = self.inner.take() {
-            let PendingInner { completer, admission, kind, started, shared, _call, _zero_call } = inner;
+            let PendingInner { completer, admission, kind, started_ns, shared, _call, _zero_call } = inner;
             // the volume call ends before the completion is handed on
             drop((_call, _zero_call));
-            completer.complete(shared.finish(kind, started, result, admission));
+            completer.complete(shared.finish(kind, started_ns, result, admission));
         }
     }
 
@@ -356,8 +356,14 @@ impl Executor {
 
     /// Count a request the protocol answered without submitting it (refused by
     /// validation, the server stopping).
-    pub fn refuse(&self, kind: IoKind, bytes: u64, started: Instant) {
-        self.shared.record(kind, bytes, started, true);
+    pub fn refuse(&self, kind: IoKind, bytes: u64, started_ns: u64) {
+        self.shared.record(kind, bytes, started_ns, true);
+    }
+
+    /// Now on the front end's clock: a request's `started_ns`.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.shared.frontend.clock.now_ns()
     }
 
     /// True when no admission of this connection is held.
@@ -378,9 +384,9 @@ impl Executor {
     pub fn submit<C: Completer>(&self, request: Request, admission: Admission, completer: impl FnOnce() -> C) -> Submitted<C> {
         let shared = &self.shared;
         let kind = request.command.io_kind();
-        let Request { command, started } = request;
+        let Request { command, started_ns } = request;
         let command = match try_inline(shared, command) {
-            Inline::Done(result) => return Submitted::Inline(shared.finish(kind, started, result, admission)),
+            Inline::Done(result) => return Submitted::Inline(shared.finish(kind, started_ns, result, admission)),
             Inline::No(command) => command,
         };
         let pending = Pending {
@@ -388,7 +394,7 @@ impl Executor {
                 completer: completer(),
                 admission,
                 kind,
-                started,
+                started_ns,
                 shared: shared.clone(),
                 _call: CallPermit::None,
                 _zero_call: None,

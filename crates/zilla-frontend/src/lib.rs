@@ -23,6 +23,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use zilla_core::env::{Clock, Env};
 
 pub mod budget;
 pub mod buffers;
@@ -163,6 +164,9 @@ pub struct Frontend {
     pub sessions: sessions::SessionTable,
     /// COMPARE AND WRITE's gates against every other write (see [`write_gate`]).
     pub write_gates: write_gate::WriteGates,
+    /// The clock request latencies are measured on: the daemon's Env (a simulated
+    /// Env's front end records simulated latencies).
+    pub clock: Clock,
 }
 
 /// Everything /metrics shows about the front ends.
@@ -177,6 +181,11 @@ impl Frontend {
     /// Build from a config; out-of-range values are clamped (call
     /// [`FrontendConfig::validate`] first to refuse them instead).
     pub fn new(registry: Arc<dyn ExportRegistry>, config: FrontendConfig) -> Arc<Frontend> {
+        Frontend::with_env(registry, config, &zilla_core::env::real())
+    }
+
+    /// [`Frontend::new`] timing requests on `env`'s clock.
+    pub fn with_env(registry: Arc<dyn ExportRegistry>, config: FrontendConfig, env: &Arc<dyn Env>) -> Arc<Frontend> {
         let calls_reserve = (config.volume_calls_max / 8).max(1);
         Arc::new(Frontend {
             memory: SharedBudget::with_lane(
@@ -203,6 +212,7 @@ impl Frontend {
             clients: ClientStatsTable::new(config.clients_max),
             sessions: sessions::SessionTable::default(),
             write_gates: write_gate::WriteGates::default(),
+            clock: Clock::of(env),
             registry,
             config,
         })

@@ -52,6 +52,8 @@ struct ModelVolume {
     /// Fail blocking calls this often (percent); panic in `write` when `panic_writes`.
     fail_percent: u32,
     panic_writes: bool,
+    /// A blocking `write` takes this long on this simulated clock.
+    sim_write: Option<(Arc<zilla_core::env::SimEnv>, u64)>,
     delays: AtomicU64,
 }
 
@@ -63,6 +65,7 @@ impl ModelVolume {
             threads: Mutex::new(Vec::new()),
             fail_percent,
             panic_writes: false,
+            sim_write: None,
             delays: AtomicU64::new(0),
         }
     }
@@ -132,6 +135,9 @@ impl BlockVolume for ModelVolume {
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         assert!(!self.panic_writes, "model volume: a write panics");
+        if let Some((env, took_ns)) = &self.sim_write {
+            zilla_core::env::Env::sleep_ns(&**env, *took_ns);
+        }
         if self.fails() {
             return Err(ModelVolume::io_error());
         }
@@ -279,7 +285,7 @@ fn run_random(volume: Arc<ModelVolume>, frontend: &Arc<Frontend>, seed: u64, cou
                 drain(&from, &mut seen);
                 tokio::time::sleep(Duration::from_micros(100)).await;
             };
-            let request = Request { command, started: tokio::time::Instant::now() };
+            let request = Request { command, started_ns: executor.now_ns() };
             let completer_for = |id| TestCompleter { id, to: to.clone(), calls: calls.clone() };
             match executor.submit(request, admission, || completer_for(id)) {
                 Submitted::Inline(completion) => {
@@ -357,7 +363,7 @@ fn run_one(volume: Arc<dyn BlockVolume>, frontend: &Arc<Frontend>, command: Comm
         let executor = Executor::new(frontend, volume, "model/vol", 4, zilla_frontend::SessionLabels::anonymous("test"));
         let (to, from) = mpsc::channel();
         let admission: Admission = executor.admit(1 << 20, || {}).await;
-        let request = Request { command, started: tokio::time::Instant::now() };
+        let request = Request { command, started_ns: executor.now_ns() };
         let completer = TestCompleter { id: 0, to, calls: Arc::new(AtomicUsize::new(0)) };
         match executor.submit(request, admission, || completer) {
             Submitted::Inline(completion) => completion,
@@ -379,6 +385,29 @@ fn a_blocking_call_that_panics_is_answered_with_an_io_error() {
     assert!(matches!(completion.result, Err(Error::Io(_))), "{:?}", completion.result);
     drop(completion);
     assert_budgets_returned(&frontend, 1);
+}
+
+#[test]
+fn latency_is_measured_on_the_front_ends_clock() {
+    // Goal: a front end on a simulated Env records simulated latencies (what an
+    // Analytics heat map of a simulated pool shows), not the OS clock's.
+    // Method: WRITE SAME runs on the blocking pool, where the volume's write takes one
+    // simulated second (and no real time); the session's recorder must put it in the
+    // one-second bucket.
+    let env = Arc::new(zilla_core::env::SimEnv::new(3));
+    let env_dyn: Arc<dyn zilla_core::env::Env> = env.clone();
+    let frontend = Frontend::with_env(Arc::new(StaticRegistry::new()), FrontendConfig::default(), &env_dyn);
+    let mut model = ModelVolume::new(1, 0);
+    model.sim_write = Some((env.clone(), 1_000_000_000));
+    let real = std::time::Instant::now();
+    let done = run_one(Arc::new(model), &frontend, Command::WriteSame { offset: 0, length: 8192, pattern: vec![7; 512], fua: false });
+    assert!(matches!(done.result, Ok(Output::Done)), "{:?}", done.result);
+    drop(done);
+    let one_second = zilla_frontend::iostats::bucket_of(1_000_000_000);
+    let totals = &frontend.io_stats.volume_totals()[0].1;
+    let write_same = totals.kind(zilla_frontend::IoKind::WriteZeroes);
+    assert_eq!((write_same.ops, write_same.latency[one_second]), (1, 1), "one request in the simulated second's bucket: {write_same:?}");
+    assert!(real.elapsed() < Duration::from_secs(1), "a simulated second took {:?}", real.elapsed());
 }
 
 #[test]
@@ -429,7 +458,7 @@ fn requests_a_protocol_refuses_are_counted_as_errors() {
     let client = clients.connect("test", "client");
     let labels = zilla_frontend::SessionLabels { protocol: "test", client: Some(client.stats().clone()) };
     let executor = Executor::new(&frontend, volume, "model/vol", 4, labels);
-    executor.refuse(zilla_frontend::IoKind::Write, 4096, tokio::time::Instant::now());
+    executor.refuse(zilla_frontend::IoKind::Write, 4096, executor.now_ns());
     let snapshots = [
         ("volume", frontend.io_stats.volume_snapshot("model/vol")),
         ("protocol", frontend.io_stats.protocol_totals()["test"].snapshot()),

@@ -74,13 +74,13 @@ async fn serve(frontend: Arc<Frontend>, stream: tokio::io::DuplexStream) {
     let mut lines = BufReader::new(read_half).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let Some((tag, command)) = parse(&line) else {
-            executor.refuse(zilla_frontend::IoKind::Other, 0, tokio::time::Instant::now());
+            executor.refuse(zilla_frontend::IoKind::Other, 0, executor.now_ns());
             let _ = replies.send("? ERR 22".into());
             continue;
         };
         let admission = executor.admit(64 << 10, || {}).await;
         let completer = || LineCompleter { tag: tag.clone(), replies: replies.clone() };
-        let request = Request { command, started: tokio::time::Instant::now() };
+        let request = Request { command, started_ns: executor.now_ns() };
         match executor.submit(request, admission, &completer) {
             Submitted::Inline(completion) => completer().complete(completion),
             Submitted::Started => {}

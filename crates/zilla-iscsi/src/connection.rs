@@ -44,7 +44,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
-use tokio::time::Instant;
 use zilla_frontend::volume::{AlignedBuf, BlockVolume, WriteData};
 use zilla_frontend::{
     Admission, Command, Completer, Completion, Executor, Frontend, IoKind, Output, ReadData, Request, Submitted,
@@ -380,7 +379,7 @@ struct PendingData {
     residual: Residual,
     sink: Sink,
     admission: Option<Admission>,
-    started: Instant,
+    started_ns: u64,
 }
 
 impl PendingData {
@@ -1390,7 +1389,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
             self.reject(bhs, reject::PROTOCOL_ERROR, counted);
             return Ok(());
         }
-        let started = Instant::now();
+        let started_ns = self.server.frontend.clock.now_ns();
         let lun0 = lun == [0; 8];
         if lun0 && self.reservations_refuse(bhs.cdb(), itt, lun, expected, counted) {
             return Ok(());
@@ -1400,7 +1399,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
             Err(sense) => {
                 if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88 | 0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e) {
                     let kind = if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88) { IoKind::Read } else { IoKind::Write };
-                    unit.executor.refuse(kind, expected as u64, started);
+                    unit.executor.refuse(kind, expected as u64, started_ns);
                 }
                 self.send(check_condition(itt, sense, expected, counted));
                 return Ok(());
@@ -1409,19 +1408,19 @@ impl<R: AsyncRead + Unpin> Session<R> {
         let wce = unit.wce.load(Ordering::Relaxed);
         match data_out_plan(operation, expected, wce, unit.executor.block_bytes()) {
             DataOutPlan::Collect { keep, residual, sink } => {
-                self.start_data_out(pdu, counted, expected, keep, residual, sink, started).await?;
+                self.start_data_out(pdu, counted, expected, keep, residual, sink, started_ns).await?;
             }
             DataOutPlan::Refuse(kind) => {
-                unit.executor.refuse(kind, expected as u64, started);
+                unit.executor.refuse(kind, expected as u64, started_ns);
                 self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
             }
-            DataOutPlan::NoData(operation) => self.run_operation(operation, started, itt, lun, expected, counted).await?,
+            DataOutPlan::NoData(operation) => self.run_operation(operation, started_ns, itt, lun, expected, counted).await?,
         }
         Ok(())
     }
 
     /// A command that takes no Data-Out: answered at once or submitted.
-    async fn run_operation(&mut self, operation: Operation, started: Instant, itt: u32, lun: [u8; 8], expected: usize, counted: bool) -> io::Result<()> {
+    async fn run_operation(&mut self, operation: Operation, started_ns: u64, itt: u32, lun: [u8; 8], expected: usize, counted: bool) -> io::Result<()> {
         let Some(unit) = &self.unit else { return Ok(()) };
         match operation {
             Operation::DataIn(data) => self.send_small_data_in(itt, lun, data, expected, counted),
@@ -1432,11 +1431,11 @@ impl<R: AsyncRead + Unpin> Session<R> {
                     Err(sense) => self.send(check_condition(itt, sense, expected, counted)),
                 }
             }
-            Operation::Read { lba, blocks, .. } => self.start_read(lba, blocks, started, itt, lun, expected, counted).await?,
+            Operation::Read { lba, blocks, .. } => self.start_read(lba, blocks, started_ns, itt, lun, expected, counted).await?,
             Operation::SynchronizeCache => {
                 let Some(admission) = self.admit(COMMAND_OVERHEAD_UNITS).await? else { return Ok(()) };
                 let answer = Answer::Done { residual: Residual::of(expected, 0), sense: Sense::WRITE_ERROR };
-                self.submit(Command::Flush, admission, started, itt, lun, expected, counted, answer).await;
+                self.submit(Command::Flush, admission, started_ns, itt, lun, expected, counted, answer).await;
             }
             Operation::GetLbaStatus { lba, allocation } => {
                 let Some(admission) = self.admit(COMMAND_OVERHEAD_UNITS + allocation.min(1 << 16) as usize).await? else {
@@ -1446,7 +1445,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 let (offset, end) = (lba * u64::from(LOGICAL_BLOCK_BYTES), unit.geometry.blocks * u64::from(LOGICAL_BLOCK_BYTES));
                 let length = (end - offset).min(zilla_frontend::executor::BLOCK_STATUS_SPAN_MAX_BYTES);
                 let answer = Answer::LbaStatus { lba, allocation: allocation as usize, residual_of: expected };
-                self.submit(Command::BlockStatus { offset, length }, admission, started, itt, lun, expected, counted, answer).await;
+                self.submit(Command::BlockStatus { offset, length }, admission, started_ns, itt, lun, expected, counted, answer).await;
             }
             Operation::Reservation(command) => self.on_reservation(unit, command, itt, lun, expected, counted),
             // TEST UNIT READY, VERIFY (BYTCHK 0), PRE-FETCH; the Data-Out commands are
@@ -1462,7 +1461,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
         &mut self,
         lba: u64,
         blocks: u32,
-        started: Instant,
+        started_ns: u64,
         itt: u32,
         lun: [u8; 8],
         expected: usize,
@@ -1477,7 +1476,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
         }
         let Some(admission) = self.admit(len + COMMAND_OVERHEAD_UNITS).await? else { return Ok(()) };
         let command = Command::Read { offset: lba * u64::from(LOGICAL_BLOCK_BYTES), length: len as u32, prefix_bytes: 0, holes: false };
-        self.submit(command, admission, started, itt, lun, expected, counted, Answer::Read { len, residual }).await;
+        self.submit(command, admission, started_ns, itt, lun, expected, counted, Answer::Read { len, residual }).await;
         Ok(())
     }
 
@@ -1505,7 +1504,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
         keep: usize,
         residual: Residual,
         sink: Sink,
-        started: Instant,
+        started_ns: u64,
     ) -> io::Result<()> {
         let itt = pdu.bhs.itt();
         let unsolicited_end = if !self.params.initial_r2t && !pdu.bhs.final_bit() {
@@ -1536,7 +1535,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
             residual,
             sink,
             admission,
-            started,
+            started_ns,
         };
         pending.store(0, &pdu.data);
         pending.received = pdu.data.len();
@@ -1606,13 +1605,13 @@ impl<R: AsyncRead + Unpin> Session<R> {
 
     /// All of a command's data is in: run it.
     async fn data_complete(&mut self, itt: u32, pending: PendingData) {
-        let PendingData { lun, counted, expected, residual, sink, admission, started, .. } = pending;
+        let PendingData { lun, counted, expected, residual, sink, admission, started_ns, .. } = pending;
         let Some(unit) = &self.unit else { return };
         let wce = unit.wce.load(Ordering::Relaxed);
         match collected(sink, residual, &unit.geometry, wce) {
             Collected::Submit(command, answer) => {
                 let Some(admission) = admission else { return };
-                self.submit(command, admission, started, itt, lun, expected, counted, answer).await;
+                self.submit(command, admission, started_ns, itt, lun, expected, counted, answer).await;
             }
             Collected::Good => self.send(scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted)),
             Collected::Check(sense) => self.send(check_condition(itt, sense, expected, counted)),
@@ -1730,7 +1729,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
         &mut self,
         command: Command,
         admission: Admission,
-        started: Instant,
+        started_ns: u64,
         itt: u32,
         lun: [u8; 8],
         expected: usize,
@@ -1739,7 +1738,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
     ) {
         let Some(unit) = &self.unit else { return };
         let completer = || IoCompleter { replies: unit.replies.clone(), itt, lun, expected, counted, answer: answer.clone() };
-        match unit.executor.submit(Request { command, started }, admission, completer) {
+        match unit.executor.submit(Request { command, started_ns }, admission, completer) {
             Submitted::Inline(completion) => completer().complete(completion),
             Submitted::Started => {}
             Submitted::Blocked(blocked) => unit.executor.resume(blocked, || {}).await,

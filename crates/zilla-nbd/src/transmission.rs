@@ -335,8 +335,8 @@ where
             NextHeader::Again => continue,
             NextHeader::End(end) => break end,
         };
-        let started = Instant::now();
-        watch.last_request = started;
+        let started_ns = executor.now_ns();
+        watch.last_request = Instant::now();
         slot.touch();
         let Ok(header) = header else { break ReaderEnd::ClientGone };
         let Ok(request) = parse_request(&header) else {
@@ -347,7 +347,7 @@ where
             break ReaderEnd::Disconnect;
         }
         let verdict = if watch.stopping { Err(NBD_ESHUTDOWN) } else { validate_request(&request, &limits) };
-        let step = take_request(&mut reader, &context, &executor, &mut batch, request, verdict, config, started);
+        let step = take_request(&mut reader, &context, &executor, &mut batch, request, verdict, config, started_ns);
         if let Err(end) = step.await {
             break end;
         }
@@ -532,7 +532,7 @@ async fn take_request<R: AsyncRead + Unpin>(
     request: Request,
     verdict: Result<(), u32>,
     config: &NbdConfig,
-    started: Instant,
+    started_ns: u64,
 ) -> Result<(), ReaderEnd> {
     let has_payload = request.command == CMD_WRITE;
     if has_payload && request.length > config.payload_max_bytes {
@@ -546,7 +546,7 @@ async fn take_request<R: AsyncRead + Unpin>(
             return Err(ReaderEnd::ClientGone);
         }
         let admission = admit(executor, context, batch, SMALL_REPLY_UNITS).await;
-        executor.refuse(io_kind(request.command), u64::from(request.length), started);
+        executor.refuse(io_kind(request.command), u64::from(request.length), started_ns);
         batch.push(Reply::new(context.error_reply_bytes(&request, error, ""), admission));
         return Ok(());
     }
@@ -571,7 +571,7 @@ async fn take_request<R: AsyncRead + Unpin>(
     } else {
         WriteData::default()
     };
-    if let Some(blocked) = submit(context, executor, request, payload, admission, batch, started) {
+    if let Some(blocked) = submit(context, executor, request, payload, admission, batch, started_ns) {
         executor.resume(blocked, || context.send(std::mem::take(batch))).await;
     }
     Ok(())
@@ -587,15 +587,15 @@ fn submit(
     payload: WriteData,
     admission: Admission,
     batch: &mut Vec<Reply>,
-    started: Instant,
+    started_ns: u64,
 ) -> Option<Blocked<NbdCompleter>> {
     let Some(command) = context.command(&request, payload) else {
-        executor.refuse(io_kind(request.command), u64::from(request.length), started);
+        executor.refuse(io_kind(request.command), u64::from(request.length), started_ns);
         batch.push(simple_reply_inline(NBD_EINVAL, request.cookie, admission));
         return None;
     };
     let completer = || NbdCompleter { context: context.clone(), request };
-    match executor.submit(zilla_frontend::Request { command, started }, admission, completer) {
+    match executor.submit(zilla_frontend::Request { command, started_ns }, admission, completer) {
         Submitted::Inline(completion) => {
             batch.push(context.reply(&request, completion));
             None

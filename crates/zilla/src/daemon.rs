@@ -209,11 +209,13 @@ impl Daemon {
         // leave room for it (docs/design.md, "Memory")
         zilla_core::vdev::abd::set_budget_fn(Arc::new(|| zilla_core::arc::daemon_arc().c_max() + zilla_core::dsl_pool::dirty_data_max()));
         let registry = Arc::new(crate::exports::Exports { pools: pools.clone() });
-        let frontend = zilla_frontend::Frontend::new(registry, frontend_config);
+        // one clock for the daemon: the pools it imports, request latencies, Analytics
+        let env = zilla_core::env::real();
+        let frontend = zilla_frontend::Frontend::with_env(registry, frontend_config, &env);
         let nbd = crate::nbd_glue::server(frontend.clone(), nbd_config);
         let iscsi = crate::iscsi_glue::server(frontend.clone(), iscsi_config);
         let analytics_bytes = analytics_memory_max_bytes.unwrap_or(zilla_core::analytics::MEMORY_MAX_BYTES_DEFAULT);
-        let analytics = crate::analytics::Analytics::open(&state_dir, zilla_core::env::real(), analytics_bytes);
+        let analytics = crate::analytics::Analytics::open(&state_dir, env, analytics_bytes);
         Arc::new(Daemon {
             analytics,
             state_dir,
