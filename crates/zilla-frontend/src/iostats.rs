@@ -34,12 +34,14 @@
 //! volume (dropped by [`IoStatsTable::retain`] when volumes go away), per protocol,
 //! and per client in the [`ClientStatsTable`], which holds at most `clients_max`
 //! entries: a new client beyond that replaces the entry seen longest ago (preferring
-//! one with no open connection); what the row's ended sessions left is added to the
-//! table's evicted sum, so a collector still counts it. A client is its TCP peer address, `uid N` on a Unix
+//! one with no open connection); what the row's ended sessions left moves to the
+//! table's evicted sum, and its sessions still open count there from then on, so a
+//! collector still counts every request once. A session still open when its volume is
+//! destroyed stops counting for that volume (a new volume of the name starts at zero). A client is its TCP peer address, `uid N` on a Unix
 //! socket, or its iSCSI initiator name.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -299,6 +301,9 @@ struct LiveSession {
     export: Arc<str>,
     labels: SessionLabels,
     recorder: Arc<Recorder>,
+    /// Its volume went away while it lived ([`IoStatsTable::retain`]): its I/O no
+    /// longer counts for the volume (a new volume of the same name starts from zero).
+    volume_forgotten: bool,
 }
 
 #[derive(Default)]
@@ -335,7 +340,7 @@ impl IoStatsTable {
         let mut inner = self.lock();
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.live.insert(id, LiveSession { export: Arc::from(export), labels, recorder: recorder.clone() });
+        inner.live.insert(id, LiveSession { export: Arc::from(export), labels, recorder: recorder.clone(), volume_forgotten: false });
         Registration { id, recorder }
     }
 
@@ -346,23 +351,32 @@ impl IoStatsTable {
         let Some(session) = inner.live.remove(&id) else { return };
         let mut totals = IoTotals::default();
         session.recorder.add_to(&mut totals);
-        inner.retired_volumes.entry(session.export.clone()).or_default().add(&totals);
+        if !session.volume_forgotten {
+            inner.retired_volumes.entry(session.export.clone()).or_default().add(&totals);
+        }
         inner.retired_protocols.entry(session.labels.protocol).or_default().add(&totals);
         if let Some(client) = &session.labels.client {
-            client.retired.lock().unwrap_or_else(|p| p.into_inner()).add(&totals);
+            client.add_retired(&totals);
         }
     }
 
-    /// Keep only the exports `keep` says still exist (their retired totals).
+    /// Keep only the exports `keep` says still exist: the others' retired totals are
+    /// dropped, and sessions still open on them stop counting for them.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
-        self.lock().retired_volumes.retain(|name, _| keep(name));
+        let mut inner = self.lock();
+        inner.retired_volumes.retain(|name, _| keep(name));
+        for session in inner.live.values_mut() {
+            if !keep(&session.export) {
+                session.volume_forgotten = true;
+            }
+        }
     }
 
     /// Totals per export (retired plus live), sorted by export name.
     pub fn volume_totals(&self) -> Vec<(String, IoTotals)> {
         let inner = self.lock();
         let mut sums: BTreeMap<&str, IoTotals> = inner.retired_volumes.iter().map(|(n, t)| (&**n, t.clone())).collect();
-        for s in inner.live.values() {
+        for s in inner.live.values().filter(|s| !s.volume_forgotten) {
             s.recorder.add_to(sums.entry(&s.export).or_default());
         }
         sums.into_iter().map(|(n, t)| (n.to_string(), t)).collect()
@@ -404,7 +418,37 @@ pub struct ClientIoStats {
     pub first_seen_s: AtomicU64,
     /// Unix seconds of the last connect or disconnect.
     pub last_seen_s: AtomicU64,
-    pub retired: Mutex<IoTotals>,
+    /// What this client's ended sessions left, while the row is in the table.
+    retired: Mutex<IoTotals>,
+    /// The row was evicted (set under `retired`'s lock): sessions that end later
+    /// add to the table's evicted sum instead, and live ones count there.
+    evicted: AtomicBool,
+    /// The table's evicted sum.
+    evicted_sum: Arc<Mutex<IoTotals>>,
+}
+
+impl ClientIoStats {
+    /// A session of this client ended leaving `totals`.
+    fn add_retired(&self, totals: &IoTotals) {
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        if self.evicted.load(Ordering::Relaxed) {
+            self.evicted_sum.lock().unwrap_or_else(|p| p.into_inner()).add(totals);
+        } else {
+            retired.add(totals);
+        }
+    }
+
+    /// The row leaves the table: what it holds moves to the evicted sum.
+    fn evict(&self) {
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        self.evicted.store(true, Ordering::Relaxed);
+        self.evicted_sum.lock().unwrap_or_else(|p| p.into_inner()).add(&retired);
+        *retired = IoTotals::default();
+    }
+
+    fn retired(&self) -> IoTotals {
+        self.retired.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// One row of [`ClientStatsTable::snapshot`], and of the admin API's GET /v1/clients
@@ -445,12 +489,12 @@ pub struct ClientStatsTable {
     clients: Mutex<HashMap<(String, String), Arc<ClientIoStats>>>,
     /// What the evicted rows' ended sessions left: a collector's per-second deltas
     /// keep the I/O of a client evicted before its next look (counted as `other`).
-    evicted: Mutex<IoTotals>,
+    evicted: Arc<Mutex<IoTotals>>,
 }
 
 impl ClientStatsTable {
     pub fn new(clients_max: usize) -> ClientStatsTable {
-        ClientStatsTable { clients_max: clients_max.max(1), clients: Mutex::default(), evicted: Mutex::default() }
+        ClientStatsTable { clients_max: clients_max.max(1), clients: Mutex::default(), evicted: Arc::default() }
     }
 
     pub fn clients_max(&self) -> usize {
@@ -469,14 +513,13 @@ impl ClientStatsTable {
             let key = (protocol.to_string(), address.to_string());
             if !clients.contains_key(&key) && clients.len() >= self.clients_max {
                 if let Some(victim) = Self::evict_one(&mut clients) {
-                    let retired = victim.retired.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    self.evicted.lock().unwrap_or_else(|p| p.into_inner()).add(&retired);
+                    victim.evict();
                 }
             }
             clients
                 .entry(key.clone())
                 .or_insert_with(|| {
-                    let fresh = ClientIoStats { key, ..ClientIoStats::default() };
+                    let fresh = ClientIoStats { key, evicted_sum: self.evicted.clone(), ..ClientIoStats::default() };
                     fresh.first_seen_s.store(now, Ordering::Relaxed);
                     Arc::new(fresh)
                 })
@@ -501,9 +544,17 @@ impl ClientStatsTable {
         clients.remove(&victim?)
     }
 
-    /// The sum of what the evicted rows' ended sessions left (only grows).
-    pub fn evicted_totals(&self) -> IoTotals {
-        self.evicted.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    /// The I/O of every evicted row: what their ended sessions left plus their live
+    /// sessions in `io` (only grows).
+    pub fn evicted_totals(&self, io: &IoStatsTable) -> IoTotals {
+        let live = io.lock();
+        let mut sum = self.evicted.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for s in live.live.values() {
+            if s.labels.client.as_ref().is_some_and(|c| c.evicted.load(Ordering::Relaxed)) {
+                s.recorder.add_to(&mut sum);
+            }
+        }
+        sum
     }
 
     /// Every client's totals (retired plus the live sessions in `io`), sorted by
@@ -519,7 +570,7 @@ impl ClientStatsTable {
         let mut out: Vec<(Arc<ClientIoStats>, IoTotals)> = rows
             .into_iter()
             .map(|c| {
-                let mut t = c.retired.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let mut t = c.retired();
                 if let Some(live) = sums.get(&Arc::as_ptr(&c)) {
                     t.add(live);
                 }
@@ -619,10 +670,57 @@ mod tests {
             r.recorder.record(IoKind::Read, 4096, 1, false);
             io.retire(r.id);
         }
-        assert_eq!(table.evicted_totals().kind(IoKind::Read).ops, 0);
+        assert_eq!(table.evicted_totals(&io).kind(IoKind::Read).ops, 0);
         let _b = table.connect("nbd", "10.0.0.2"); // replaces 10.0.0.1
         assert_eq!(table.snapshot(&io).len(), 1);
-        assert_eq!(table.evicted_totals().kind(IoKind::Read).ops, 1, "10.0.0.1's read is still counted");
+        assert_eq!(table.evicted_totals(&io).kind(IoKind::Read).ops, 1, "10.0.0.1's read is still counted");
+    }
+
+    #[test]
+    fn a_client_evicted_while_connected_keeps_counting_once() {
+        // Goal: the sum over the table's rows and its evicted sum only grows and counts
+        // every request once, also for a row evicted while its session is open (a full
+        // table evicts connected rows too), before and after that session ends.
+        let table = ClientStatsTable::new(1);
+        let io = IoStatsTable::default();
+        let all_reads = |table: &ClientStatsTable| {
+            let rows: u64 = table.totals(&io).iter().map(|(_, t)| t.kind(IoKind::Read).ops).sum();
+            rows + table.evicted_totals(&io).kind(IoKind::Read).ops
+        };
+        let a = table.connect("nbd", "10.0.0.1");
+        let old = io.register("p/v", SessionLabels { protocol: "nbd", client: Some(a.stats().clone()) });
+        old.recorder.record(IoKind::Read, 4096, 1, false);
+        io.retire(old.id);
+        let live = io.register("p/v", SessionLabels { protocol: "nbd", client: Some(a.stats().clone()) });
+        live.recorder.record(IoKind::Read, 4096, 1, false);
+        assert_eq!(all_reads(&table), 2);
+        let _b = table.connect("nbd", "10.0.0.2"); // evicts 10.0.0.1, still connected
+        assert_eq!(table.totals(&io).len(), 1);
+        assert_eq!(all_reads(&table), 2, "the evicted row's ended and live sessions both count");
+        live.recorder.record(IoKind::Read, 4096, 1, false);
+        assert_eq!(all_reads(&table), 3, "its live session goes on counting");
+        io.retire(live.id);
+        assert_eq!(all_reads(&table), 3, "and is counted once when it ends");
+        assert_eq!(table.evicted_totals(&io).kind(IoKind::Read).ops, 3);
+    }
+
+    #[test]
+    fn a_session_outliving_its_volume_does_not_bring_its_totals_back() {
+        // Goal: a volume destroyed (retain) while a session's last request is still
+        // being answered leaves no totals behind when that session ends, so a new
+        // volume of the same name starts from zero; protocol totals keep the I/O.
+        let io = IoStatsTable::default();
+        let r = io.register("p/v", SessionLabels::anonymous("nbd"));
+        r.recorder.record(IoKind::Write, 4096, 1, false);
+        io.retain(|name| name != "p/v");
+        assert!(io.volume_totals().is_empty(), "a forgotten volume shows no totals: {:?}", io.volume_totals().len());
+        io.retire(r.id);
+        assert!(io.volume_totals().is_empty(), "not after its session ends either");
+        assert_eq!(io.protocol_totals()["nbd"].kind(IoKind::Write).ops, 1);
+        let fresh = io.register("p/v", SessionLabels::anonymous("nbd"));
+        fresh.recorder.record(IoKind::Read, 512, 1, false);
+        let totals = io.volume_totals();
+        assert_eq!((totals[0].1.kind(IoKind::Write).ops, totals[0].1.kind(IoKind::Read).ops), (0, 1));
     }
 
     #[test]

@@ -278,7 +278,7 @@ impl Collector {
         let volumes = deltas(io.volume_totals().into_iter().collect(), &mut self.volumes);
         let protocols = deltas(io.protocol_totals().into_iter().map(|(k, t)| (k.to_string(), t)).collect(), &mut self.protocols);
         // clients evicted from the table (it keeps clients_max) count as `other`
-        let evicted = (zilla_core::analytics::catalog::OTHER_KEY.to_string(), frontend.clients.evicted_totals());
+        let evicted = (zilla_core::analytics::catalog::OTHER_KEY.to_string(), frontend.clients.evicted_totals(&frontend.io_stats));
         let rows = frontend.clients.totals(io).into_iter().map(|(c, t)| (c.key.1.clone(), t)).chain(std::iter::once(evicted));
         let clients = deltas(summed(rows), &mut self.clients);
         let all = sum_totals(protocols.iter().map(|(_, t)| t));
