@@ -1385,8 +1385,7 @@ impl Zilog {
                 });
                 let cb = ChainBlock { ptr, seq, max_txg, written: false, records: body.len() as u32, record_bytes: body_len as u32 };
                 debug_assert!(c.blocks.back().is_none_or(|b| b.seq + 1 == cb.seq), "chain blocks are one seq apart");
-                debug_assert!(c.blocks.back().is_none_or(|b| b.seq + 1 == cb.seq), "chain blocks are one seq apart");
-            c.blocks.push_back(cb);
+                c.blocks.push_back(cb);
                 planned.push((cb, Arc::new(block)));
             }
         }
