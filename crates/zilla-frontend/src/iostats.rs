@@ -547,38 +547,47 @@ impl ClientStatsTable {
     /// The I/O of every evicted row: what their ended sessions left plus their live
     /// sessions in `io` (only grows).
     pub fn evicted_totals(&self, io: &IoStatsTable) -> IoTotals {
-        let live = io.lock();
-        let mut sum = self.evicted.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for s in live.live.values() {
-            if s.labels.client.as_ref().is_some_and(|c| c.evicted.load(Ordering::Relaxed)) {
-                s.recorder.add_to(&mut sum);
-            }
-        }
-        sum
+        self.look(io).1
     }
 
     /// Every client's totals (retired plus the live sessions in `io`), sorted by
     /// protocol and address.
     pub fn totals(&self, io: &IoStatsTable) -> Vec<(Arc<ClientIoStats>, IoTotals)> {
-        let rows: Vec<Arc<ClientIoStats>> = self.lock().values().cloned().collect();
+        self.look(io).0
+    }
+
+    /// Every row's totals (as [`Self::totals`]) and the evicted sum (as
+    /// [`Self::evicted_totals`]) at one instant: no row is evicted and no session ends
+    /// while they are summed, so every request is in exactly one of them (a collector
+    /// that subtracts two looks counts it once).
+    pub fn look(&self, io: &IoStatsTable) -> (Vec<(Arc<ClientIoStats>, IoTotals)>, IoTotals) {
+        // lock order: clients, then the io table (retire), then a row's retired totals
+        let clients = self.lock();
+        let live = io.lock();
+        let mut evicted = self.evicted.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut sums: HashMap<*const ClientIoStats, IoTotals> = HashMap::new();
-        for s in io.lock().live.values() {
-            if let Some(client) = &s.labels.client {
+        for s in live.live.values() {
+            let Some(client) = &s.labels.client else { continue };
+            if client.evicted.load(Ordering::Relaxed) {
+                s.recorder.add_to(&mut evicted);
+            } else {
                 s.recorder.add_to(sums.entry(Arc::as_ptr(client)).or_default());
             }
         }
-        let mut out: Vec<(Arc<ClientIoStats>, IoTotals)> = rows
-            .into_iter()
+        let mut out: Vec<(Arc<ClientIoStats>, IoTotals)> = clients
+            .values()
             .map(|c| {
                 let mut t = c.retired();
-                if let Some(live) = sums.get(&Arc::as_ptr(&c)) {
+                if let Some(live) = sums.get(&Arc::as_ptr(c)) {
                     t.add(live);
                 }
-                (c, t)
+                (c.clone(), t)
             })
             .collect();
+        drop(live);
+        drop(clients);
         out.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-        out
+        (out, evicted)
     }
 
     /// Every client's row, sorted by protocol and address.
