@@ -20,7 +20,9 @@
 //! from zero, one that shrank (a pool re-imported) counts as new. Client rows are
 //! followed one by one (a row evicted from the clients table moves its sums to the
 //! table's evicted sum, `other`, of which only the part not yet counted under the
-//! row's own key is new), from one consistent look at rows and evicted sum. Only enabled datasets are computed. The first tick only takes the sums.
+//! row's own key is new), from one consistent look at rows and evicted sum. The sums
+//! are read every second; only the enabled datasets' values are computed (so one
+//! enabled again starts from its first second). The first tick only takes the sums.
 //!
 //! Bounds: at most [`LIVE_SUBSCRIBERS_MAX`] live streams, each of at most
 //! [`LIVE_DATASETS_MAX`] datasets and one event a second, ending after
@@ -268,17 +270,14 @@ fn sum_totals<'a>(all: impl Iterator<Item = &'a IoTotals>) -> IoTotals {
 
 impl Collector {
     /// One second's sample of the `enabled` datasets; None on the first call (it only
-    /// takes the sums).
+    /// takes the sums). The sums are taken every second, also while no dataset of
+    /// theirs is enabled: the first second after one is enabled again is that second's
+    /// I/O, not everything since it was disabled.
     fn sample(&mut self, enabled: &[String], pools: &PoolTable, frontend: &Frontend) -> Option<Sample> {
-        let wants = |prefix: &str| enabled.iter().any(|d| d.starts_with(prefix));
         let mut sample = Sample::default();
-        if wants("io.") || !self.started {
-            self.sample_front(enabled, &frontend.io_stats, &frontend.clients, &mut sample);
-        }
+        self.sample_front(enabled, &frontend.io_stats, &frontend.clients, &mut sample);
         let all_pools = pools.all();
-        if wants("disk.") || !self.started {
-            self.sample_disks(enabled, &all_pools, &mut sample);
-        }
+        self.sample_disks(enabled, &all_pools, &mut sample);
         self.sample_engine(enabled, &all_pools, &mut sample);
         let first = !self.started;
         self.started = true;
@@ -597,6 +596,33 @@ fn live_event(a: &Analytics, names: &[String]) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dataset_enabled_again_starts_from_that_second() {
+        // Goal: with every io.* dataset disabled for a while, the first second after
+        // one is enabled again shows that second's requests, not all since.
+        use zilla_frontend::iostats::SessionLabels;
+        let frontend = Frontend::new(Arc::new(zilla_frontend::StaticRegistry::new()), zilla_frontend::FrontendConfig::default());
+        let pools = PoolTable::default();
+        let on = vec!["io.ops/none".to_string()];
+        let mut collector = Collector::default();
+        let r = frontend.io_stats.register("p/v", SessionLabels::anonymous("nbd"));
+        let reads = |n: u64| (0..n).for_each(|_| r.recorder.record(IoKind::Read, 4096, 1000, false));
+        let ops = |s: Option<Sample>| {
+            let s = s.expect("a sample after the first second");
+            let all = s.datasets.iter().find(|(d, _)| d == "io.ops/none").map(|(_, v)| v.clone()).unwrap_or_default();
+            all.iter().map(|(_, v)| if let Value::Counter(n) = v { *n } else { 0 }).sum::<u64>()
+        };
+        assert!(collector.sample(&on, &pools, &frontend).is_none(), "the first second only takes the sums");
+        reads(3);
+        assert_eq!(ops(collector.sample(&on, &pools, &frontend)), 3);
+        reads(500); // while disabled
+        collector.sample(&[], &pools, &frontend);
+        reads(200);
+        collector.sample(&[], &pools, &frontend);
+        reads(2);
+        assert_eq!(ops(collector.sample(&on, &pools, &frontend)), 2, "the second after enabling");
+    }
 
     #[test]
     fn every_client_request_is_counted_once_through_evictions() {
