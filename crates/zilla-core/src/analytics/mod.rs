@@ -36,8 +36,10 @@
 //! store maps them to unix seconds from one anchor taken when it starts:
 //! `unix = anchor_unix + (mono - anchor_mono)`, so a wall-clock jump while running
 //! neither loses nor reorders points (the time axis drifts from the wall clock by the
-//! jump until the next start). Loading a saved history moves the anchor, when the wall
-//! clock went back across a restart, so new minutes come strictly after saved ones; a
+//! jump until the next start). Loading a saved history within its newest minute (the
+//! one being summed at the stop, saved with its end still ahead) goes on summing that
+//! minute; loading it with the wall clock gone back across a restart moves the anchor,
+//! so new minutes come strictly after saved ones; a
 //! file more than [`CLOCK_BEHIND_MAX_S`] ahead of the wall clock (saved under a clock
 //! set far ahead) is refused instead, or every point after it would stay misdated.
 //!
