@@ -120,11 +120,14 @@ impl Recorder {
     /// What one recorder holds.
     pub const BYTES: usize = std::mem::size_of::<Recorder>();
 
-    /// Record one completed request of `bytes` that took `latency_ns`.
+    /// Record one completed request of `bytes` that took `latency_ns`. A failed one
+    /// transferred nothing: it adds no bytes (its size still goes in the histogram).
     pub fn record(&self, kind: IoKind, bytes: u64, latency_ns: u64, failed: bool) {
         let cells = &self.kinds[kind as usize];
         cells.ops.fetch_add(1, Ordering::Relaxed);
-        cells.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if !failed {
+            cells.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
         cells.latency_ns.fetch_add(latency_ns, Ordering::Relaxed);
         cells.latency[bucket_of(latency_ns)].fetch_add(1, Ordering::Relaxed);
         if failed {
@@ -547,38 +550,47 @@ impl ClientStatsTable {
     /// The I/O of every evicted row: what their ended sessions left plus their live
     /// sessions in `io` (only grows).
     pub fn evicted_totals(&self, io: &IoStatsTable) -> IoTotals {
-        let live = io.lock();
-        let mut sum = self.evicted.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for s in live.live.values() {
-            if s.labels.client.as_ref().is_some_and(|c| c.evicted.load(Ordering::Relaxed)) {
-                s.recorder.add_to(&mut sum);
-            }
-        }
-        sum
+        self.look(io).1
     }
 
     /// Every client's totals (retired plus the live sessions in `io`), sorted by
     /// protocol and address.
     pub fn totals(&self, io: &IoStatsTable) -> Vec<(Arc<ClientIoStats>, IoTotals)> {
-        let rows: Vec<Arc<ClientIoStats>> = self.lock().values().cloned().collect();
+        self.look(io).0
+    }
+
+    /// Every row's totals (as [`Self::totals`]) and the evicted sum (as
+    /// [`Self::evicted_totals`]) at one instant: no row is evicted and no session ends
+    /// while they are summed, so every request is in exactly one of them (a collector
+    /// that subtracts two looks counts it once).
+    pub fn look(&self, io: &IoStatsTable) -> (Vec<(Arc<ClientIoStats>, IoTotals)>, IoTotals) {
+        // lock order: clients, then the io table (retire), then a row's retired totals
+        let clients = self.lock();
+        let live = io.lock();
+        let mut evicted = self.evicted.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut sums: HashMap<*const ClientIoStats, IoTotals> = HashMap::new();
-        for s in io.lock().live.values() {
-            if let Some(client) = &s.labels.client {
+        for s in live.live.values() {
+            let Some(client) = &s.labels.client else { continue };
+            if client.evicted.load(Ordering::Relaxed) {
+                s.recorder.add_to(&mut evicted);
+            } else {
                 s.recorder.add_to(sums.entry(Arc::as_ptr(client)).or_default());
             }
         }
-        let mut out: Vec<(Arc<ClientIoStats>, IoTotals)> = rows
-            .into_iter()
+        let mut out: Vec<(Arc<ClientIoStats>, IoTotals)> = clients
+            .values()
             .map(|c| {
                 let mut t = c.retired();
-                if let Some(live) = sums.get(&Arc::as_ptr(&c)) {
+                if let Some(live) = sums.get(&Arc::as_ptr(c)) {
                     t.add(live);
                 }
-                (c, t)
+                (c.clone(), t)
             })
             .collect();
+        drop(live);
+        drop(clients);
         out.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-        out
+        (out, evicted)
     }
 
     /// Every client's row, sorted by protocol and address.
@@ -616,7 +628,7 @@ mod tests {
         let before = table.snapshot();
         assert_eq!(before.len(), 2);
         assert_eq!(before[0].1.write_bytes, 4096);
-        assert_eq!(before[0].1.read_bytes, 8192);
+        assert_eq!(before[0].1.read_bytes, 0, "a failed read transfers nothing");
         assert_eq!(before[0].1.error_ops, 1);
         assert_eq!(before[0].1.latency_read.buckets.iter().sum::<u64>(), 1);
         assert_eq!(before[1].1.flush_ops, 1);
@@ -721,6 +733,22 @@ mod tests {
         fresh.recorder.record(IoKind::Read, 512, 1, false);
         let totals = io.volume_totals();
         assert_eq!((totals[0].1.kind(IoKind::Write).ops, totals[0].1.kind(IoKind::Read).ops), (0, 1));
+    }
+
+    #[test]
+    fn a_failed_request_transfers_no_bytes() {
+        // Goal: bytes are what was transferred: a request refused or failed (a read of
+        // 4 GiB past the end of the volume) counts as a request and an error, its size
+        // in the size histogram, but adds no bytes.
+        let r = Recorder::default();
+        r.record(IoKind::Read, 0xFFFF_F000, 1000, true);
+        r.record(IoKind::Write, 4096, 1000, true);
+        r.record(IoKind::Read, 4096, 1000, false);
+        let mut t = IoTotals::default();
+        r.add_to(&mut t);
+        let s = t.snapshot();
+        assert_eq!((s.read_ops, s.read_bytes, s.write_ops, s.write_bytes, s.error_ops), (2, 4096, 1, 0, 2));
+        assert_eq!(t.sizes[IoKind::Read as usize][bucket_of(0xFFFF_F000)], 1);
     }
 
     #[test]

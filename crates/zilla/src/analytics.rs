@@ -17,8 +17,12 @@
 //! Every source is a cumulative sum that only grows while its key exists (the front
 //! end's ended sessions stay in their volume's, client's and protocol's totals), so a
 //! second's value is the difference of two sums; a key seen for the first time counts
-//! from zero, one that shrank (a pool re-imported, a client row replaced) counts as
-//! new. Only enabled datasets are computed. The first tick only takes the sums.
+//! from zero, one that shrank (a pool re-imported) counts as new. Client rows are
+//! followed one by one (a row evicted from the clients table moves its sums to the
+//! table's evicted sum, `other`, of which only the part not yet counted under the
+//! row's own key is new), from one consistent look at rows and evicted sum. The sums
+//! are read every second; only the enabled datasets' values are computed (so one
+//! enabled again starts from its first second). The first tick only takes the sums.
 //!
 //! Bounds: at most [`LIVE_SUBSCRIBERS_MAX`] live streams, each of at most
 //! [`LIVE_DATASETS_MAX`] datasets and one event a second, ending after
@@ -49,6 +53,7 @@ use tokio::sync::watch;
 use zilla_core::analytics::{AnalyticsError, Query, Sample, Store, Value};
 use zilla_core::env::Env;
 use zilla_core::vdev::{IoClass, Role};
+use zilla_frontend::iostats::{ClientIoStats, ClientStatsTable, IoStatsTable};
 use zilla_frontend::{Frontend, IoKind, IoTotals};
 
 use crate::api_error::ApiError;
@@ -169,7 +174,11 @@ struct Collector {
     started: bool,
     volumes: FrontSums,
     protocols: FrontSums,
-    clients: FrontSums,
+    /// Per client row (by its address in memory, the row kept alive here so the
+    /// address is not reused): the row and its totals.
+    client_rows: HashMap<usize, (Arc<ClientIoStats>, IoTotals)>,
+    /// The clients table's evicted sum.
+    clients_evicted: IoTotals,
     /// (device key, class) -> (ops, bytes, latency buckets).
     devices: HashMap<(String, IoClass), (u64, u64, Vec<u64>)>,
     /// ARC hits and misses, and per pool its L2ARC's (`l2_hit/POOL`).
@@ -204,12 +213,20 @@ fn deltas(now: FrontSums, before: &mut FrontSums) -> Vec<(String, IoTotals)> {
     out
 }
 
-/// Rows keyed by `key`, rows with the same key summed (an iSCSI initiator may call
-/// itself what an NBD client's address is).
-fn summed(rows: impl Iterator<Item = (String, IoTotals)>) -> FrontSums {
-    let mut out = FrontSums::new();
-    rows.for_each(|(k, t)| out.entry(k).or_default().add(&t));
-    out
+/// `now - before` per cell, never below zero.
+fn saturating_sub_totals(now: &IoTotals, before: &IoTotals) -> IoTotals {
+    let mut d = now.clone();
+    for (a, b) in d.kinds.iter_mut().zip(&before.kinds) {
+        a.ops = a.ops.saturating_sub(b.ops);
+        a.bytes = a.bytes.saturating_sub(b.bytes);
+        a.errors = a.errors.saturating_sub(b.errors);
+        a.latency_ns = a.latency_ns.saturating_sub(b.latency_ns);
+        a.latency.iter_mut().zip(&b.latency).for_each(|(x, y)| *x = x.saturating_sub(*y));
+    }
+    for (a, b) in d.sizes.iter_mut().zip(&before.sizes) {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x = x.saturating_sub(*y));
+    }
+    d
 }
 
 fn sparse(buckets: &[u64]) -> Vec<(u8, u64)> {
@@ -253,17 +270,14 @@ fn sum_totals<'a>(all: impl Iterator<Item = &'a IoTotals>) -> IoTotals {
 
 impl Collector {
     /// One second's sample of the `enabled` datasets; None on the first call (it only
-    /// takes the sums).
+    /// takes the sums). The sums are taken every second, also while no dataset of
+    /// theirs is enabled: the first second after one is enabled again is that second's
+    /// I/O, not everything since it was disabled.
     fn sample(&mut self, enabled: &[String], pools: &PoolTable, frontend: &Frontend) -> Option<Sample> {
-        let wants = |prefix: &str| enabled.iter().any(|d| d.starts_with(prefix));
         let mut sample = Sample::default();
-        if wants("io.") || !self.started {
-            self.sample_front(enabled, frontend, &mut sample);
-        }
+        self.sample_front(enabled, &frontend.io_stats, &frontend.clients, &mut sample);
         let all_pools = pools.all();
-        if wants("disk.") || !self.started {
-            self.sample_disks(enabled, &all_pools, &mut sample);
-        }
+        self.sample_disks(enabled, &all_pools, &mut sample);
         self.sample_engine(enabled, &all_pools, &mut sample);
         let first = !self.started;
         self.started = true;
@@ -273,14 +287,37 @@ impl Collector {
         (!first).then_some(sample)
     }
 
-    fn sample_front(&mut self, enabled: &[String], frontend: &Frontend, sample: &mut Sample) {
-        let io = &frontend.io_stats;
+    /// The second's I/O per client address (rows of one address summed: an iSCSI
+    /// initiator may call itself what an NBD client's address is). Clients evicted
+    /// from the table (it keeps clients_max) count as `other`: the growth of the
+    /// evicted sum, less what the rows evicted since the last look held then (that
+    /// was counted under their own key).
+    fn client_deltas(&mut self, clients: &ClientStatsTable, io: &IoStatsTable) -> Vec<(String, IoTotals)> {
+        let (rows, evicted) = clients.look(io);
+        let mut out = FrontSums::new();
+        let mut now: HashMap<usize, (Arc<ClientIoStats>, IoTotals)> = HashMap::new();
+        for (row, t) in rows {
+            let id = Arc::as_ptr(&row) as usize;
+            let d = sub_totals(&t, self.client_rows.get(&id).map(|(_, before)| before));
+            out.entry(row.key.1.clone()).or_default().add(&d);
+            now.insert(id, (row, t));
+        }
+        let mut counted = self.clients_evicted.clone();
+        for (id, (_, before)) in &self.client_rows {
+            if !now.contains_key(id) {
+                counted.add(before);
+            }
+        }
+        out.entry(zilla_core::analytics::catalog::OTHER_KEY.to_string()).or_default().add(&saturating_sub_totals(&evicted, &counted));
+        self.client_rows = now;
+        self.clients_evicted = evicted;
+        out.into_iter().collect()
+    }
+
+    fn sample_front(&mut self, enabled: &[String], io: &IoStatsTable, clients: &ClientStatsTable, sample: &mut Sample) {
         let volumes = deltas(io.volume_totals().into_iter().collect(), &mut self.volumes);
         let protocols = deltas(io.protocol_totals().into_iter().map(|(k, t)| (k.to_string(), t)).collect(), &mut self.protocols);
-        // clients evicted from the table (it keeps clients_max) count as `other`
-        let evicted = (zilla_core::analytics::catalog::OTHER_KEY.to_string(), frontend.clients.evicted_totals(&frontend.io_stats));
-        let rows = frontend.clients.totals(io).into_iter().map(|(c, t)| (c.key.1.clone(), t)).chain(std::iter::once(evicted));
-        let clients = deltas(summed(rows), &mut self.clients);
+        let clients = self.client_deltas(clients, io);
         let all = sum_totals(protocols.iter().map(|(_, t)| t));
         for dataset in enabled.iter().filter(|d| d.starts_with("io.")) {
             let Some((statistic, breakdown)) = dataset.split_once('/') else { continue };
@@ -561,17 +598,79 @@ mod tests {
     use super::*;
 
     #[test]
-    fn client_rows_with_one_key_are_summed_and_counters_restart_from_zero() {
-        let totals = |ops: u64| {
-            let mut t = IoTotals::default();
-            t.kinds[IoKind::Read as usize].ops = ops;
-            t
+    fn a_dataset_enabled_again_starts_from_that_second() {
+        // Goal: with every io.* dataset disabled for a while, the first second after
+        // one is enabled again shows that second's requests, not all since.
+        use zilla_frontend::iostats::SessionLabels;
+        let frontend = Frontend::new(Arc::new(zilla_frontend::StaticRegistry::new()), zilla_frontend::FrontendConfig::default());
+        let pools = PoolTable::default();
+        let on = vec!["io.ops/none".to_string()];
+        let mut collector = Collector::default();
+        let r = frontend.io_stats.register("p/v", SessionLabels::anonymous("nbd"));
+        let reads = |n: u64| (0..n).for_each(|_| r.recorder.record(IoKind::Read, 4096, 1000, false));
+        let ops = |s: Option<Sample>| {
+            let s = s.expect("a sample after the first second");
+            let all = s.datasets.iter().find(|(d, _)| d == "io.ops/none").map(|(_, v)| v.clone()).unwrap_or_default();
+            all.iter().map(|(_, v)| if let Value::Counter(n) = v { *n } else { 0 }).sum::<u64>()
         };
-        // an NBD client at 10.0.0.1 and an iSCSI initiator that calls itself 10.0.0.1
-        let rows = vec![("10.0.0.1".to_string(), totals(5)), ("10.0.0.1".to_string(), totals(7)), ("uid 0".to_string(), totals(1))];
-        let sums = summed(rows.into_iter());
-        assert_eq!(sums.len(), 2);
-        assert_eq!(sums["10.0.0.1"].kind(IoKind::Read).ops, 12);
+        assert!(collector.sample(&on, &pools, &frontend).is_none(), "the first second only takes the sums");
+        reads(3);
+        assert_eq!(ops(collector.sample(&on, &pools, &frontend)), 3);
+        reads(500); // while disabled
+        collector.sample(&[], &pools, &frontend);
+        reads(200);
+        collector.sample(&[], &pools, &frontend);
+        reads(2);
+        assert_eq!(ops(collector.sample(&on, &pools, &frontend)), 2, "the second after enabling");
+    }
+
+    #[test]
+    fn every_client_request_is_counted_once_through_evictions() {
+        // Goal: the per-second client deltas (rows and `other`) add up to the requests
+        // made, however rows are evicted (seen before or not, connected or not) and
+        // however clients share an address (an NBD client and an iSCSI initiator
+        // both called 10.0.0.N).
+        use zilla_frontend::iostats::SessionLabels;
+        let io = IoStatsTable::default();
+        let clients = ClientStatsTable::new(3);
+        let mut collector = Collector::default();
+        let ops = |d: &[(String, IoTotals)]| d.iter().map(|(_, t)| t.kind(IoKind::Read).ops).sum::<u64>();
+        assert_eq!(ops(&collector.client_deltas(&clients, &io)), 0);
+        let (mut made, mut counted) = (0u64, 0u64);
+        let mut open = Vec::new();
+        for i in 0..40u64 {
+            let protocol = if i % 3 == 0 { "iscsi" } else { "nbd" };
+            let session = clients.connect(protocol, &format!("10.0.0.{}", i % 7));
+            let r = io.register("p/v", SessionLabels { protocol, client: Some(session.stats().clone()) });
+            for _ in 0..=i % 5 {
+                r.recorder.record(IoKind::Read, 4096, 1000, false);
+                made += 1;
+            }
+            if i % 4 == 0 {
+                open.push((session, r)); // stays connected, reads again later
+            } else {
+                io.retire(r.id);
+            }
+            if let Some((_, r)) = open.get((i as usize * 5) % open.len().max(1)) {
+                r.recorder.record(IoKind::Read, 4096, 1000, false);
+                made += 1;
+            }
+            if i % 6 == 5 {
+                if let Some((_, r)) = open.pop() {
+                    io.retire(r.id);
+                }
+            }
+            if i % 2 == 1 {
+                let d = collector.client_deltas(&clients, &io);
+                counted += ops(&d);
+                assert_eq!(counted, made, "after client {i}: {d:?}");
+            }
+        }
+        for (_, r) in open.drain(..) {
+            io.retire(r.id);
+        }
+        counted += ops(&collector.client_deltas(&clients, &io));
+        assert_eq!(counted, made);
         assert_eq!(counter_delta(10, Some(&4)), 6);
         assert_eq!(counter_delta(3, Some(&40)), 3, "a counter that shrank started over");
         assert_eq!(counter_delta(9, None), 9, "a new key counts from zero");

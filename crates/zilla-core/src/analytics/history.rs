@@ -543,19 +543,36 @@ impl History {
         self.acc = None;
     }
 
+    /// The saved minute ending at `minute_end` can take `seconds_to_come` more seconds
+    /// (a minute point holds at most 60); true when there is no such point.
+    pub fn can_resume_minute(&self, minute_end: u64, seconds_to_come: u64) -> bool {
+        match self.minutes.get(minute_end).and_then(|b| decode(self.kind, b, |id| self.keys.live(id))) {
+            Some(p) => u64::from(p.seconds) + seconds_to_come <= 60,
+            None => true,
+        }
+    }
+
+    /// Go on summing the saved minute ending at `minute_end` (a restart within it): its
+    /// point becomes the minute being summed. The point stays in the minute ring, holding
+    /// its keys, until the minute is finished and replaces it.
+    pub fn resume_minute(&mut self, minute_end: u64) {
+        let Some(p) = self.minutes.get(minute_end).and_then(|b| decode(self.kind, b, |id| self.keys.live(id))) else { return };
+        let series = p.series.into_iter().map(|s| (s.key, s)).collect();
+        self.acc = Some(Acc { minute_end, seconds: p.seconds, series });
+    }
+
     /// The point at `time` of resolution `step_s` (1 or 60), the minute being summed
     /// included.
     pub fn point(&self, time: u64, step_s: u64) -> Option<Point> {
         let blob;
+        let in_progress = self.acc.as_ref().is_some_and(|a| a.minute_end == time);
         let bytes = match step_s {
             1 => self.seconds.get(time)?,
-            _ => match self.minutes.get(time) {
-                Some(b) => b,
-                None => {
-                    blob = self.minute_in_progress().filter(|(t, _)| *t == time)?.1;
-                    &blob
-                }
-            },
+            _ if in_progress => {
+                blob = self.minute_in_progress()?.1;
+                &blob
+            }
+            _ => self.minutes.get(time)?,
         };
         decode(self.kind, bytes, |id| self.keys.live(id))
     }
@@ -573,8 +590,15 @@ impl History {
     /// Every minute point, oldest first (the minute being summed last), and the keys
     /// they name: what is saved.
     pub fn export_minutes(&self) -> (SavedKeys, SavedMinutes) {
-        let mut minutes: SavedMinutes =
-            self.minutes.slots.iter().filter_map(|s| Some((s.time, s.point.as_deref()?.to_vec()))).collect();
+        // a resumed minute's saved point is still in the ring: the one in progress replaces it
+        let in_progress = self.acc.as_ref().map(|a| a.minute_end);
+        let mut minutes: SavedMinutes = self
+            .minutes
+            .slots
+            .iter()
+            .filter(|s| Some(s.time) != in_progress)
+            .filter_map(|s| Some((s.time, s.point.as_deref()?.to_vec())))
+            .collect();
         minutes.sort_by_key(|m| m.0);
         minutes.extend(self.minute_in_progress());
         let keys = self.keys.names.iter().enumerate().filter_map(|(i, n)| Some((i as u16, n.as_deref()?.to_string()))).collect();

@@ -36,8 +36,10 @@
 //! store maps them to unix seconds from one anchor taken when it starts:
 //! `unix = anchor_unix + (mono - anchor_mono)`, so a wall-clock jump while running
 //! neither loses nor reorders points (the time axis drifts from the wall clock by the
-//! jump until the next start). Loading a saved history moves the anchor, when the wall
-//! clock went back across a restart, so new minutes come strictly after saved ones; a
+//! jump until the next start). Loading a saved history within its newest minute (the
+//! one being summed at the stop, saved with its end still ahead) goes on summing that
+//! minute; loading it with the wall clock gone back across a restart moves the anchor,
+//! so new minutes come strictly after saved ones; a
 //! file more than [`CLOCK_BEHIND_MAX_S`] ahead of the wall clock (saved under a clock
 //! set far ahead) is refused instead, or every point after it would stay misdated.
 //!
@@ -167,6 +169,9 @@ pub struct Store {
     last_unix_s: Option<u64>,
     /// End of the newest minute of a loaded file (kept for the next save).
     loaded_newest_minute: u64,
+    /// After a load, the last second that counts as ingested (unix s): the newest
+    /// saved minute's end, or the second of the load when that minute goes on.
+    loaded_last_s: u64,
 }
 
 impl Store {
@@ -175,7 +180,7 @@ impl Store {
     pub fn new(env: Arc<dyn Env>, memory_max_bytes: u64) -> Store {
         let anchor_mono_s = env.now_ns() / 1_000_000_000;
         let anchor_unix_s = env.unix_time_ns() / 1_000_000_000;
-        let mut s = Store { env, memory_max_bytes, histories: BTreeMap::new(), anchor_mono_s, anchor_unix_s, last_unix_s: None, loaded_newest_minute: 0 };
+        let mut s = Store { env, memory_max_bytes, histories: BTreeMap::new(), anchor_mono_s, anchor_unix_s, last_unix_s: None, loaded_newest_minute: 0, loaded_last_s: 0 };
         for d in DEFAULT_DATASETS {
             // the defaults fit any bound the daemon accepts; one that does not stays off
             let _ = s.set_enabled(d, true);
@@ -267,9 +272,9 @@ impl Store {
     /// missing from it get a hole.
     pub fn ingest(&mut self, mono_s: u64, sample: &Sample) -> Result<(), AnalyticsError> {
         let unix_s = self.unix_of(mono_s);
-        // after a load, the newest saved minute's last second counts as ingested
-        let last_unix_s = self.last_unix_s.unwrap_or(0).max(self.loaded_newest_minute);
-        if unix_s <= last_unix_s && (self.last_unix_s.is_some() || self.loaded_newest_minute > 0) {
+        // after a load, the seconds up to the load count as ingested
+        let last_unix_s = self.last_unix_s.unwrap_or(0).max(self.loaded_last_s);
+        if unix_s <= last_unix_s && (self.last_unix_s.is_some() || self.loaded_last_s > 0) {
             return Err(AnalyticsError::OutOfOrder { unix_s, last_unix_s });
         }
         self.last_unix_s = Some(unix_s);
@@ -346,9 +351,24 @@ impl Store {
             histories.insert(d.id, h);
             report.datasets.push(name);
         }
+        // Stopped and started again within the minute being summed when saved (its end
+        // still ahead): go on summing it, on the wall clock. Otherwise (the clock went
+        // back) new seconds come after it.
+        let newest = saved.newest_minute;
+        let unix_now = self.now_unix_s();
+        let resume = newest > 0
+            && unix_now < newest
+            && history::minute_end(unix_now + 1) == newest
+            && histories.values().all(|h| h.can_resume_minute(newest, newest - unix_now));
         self.histories = histories;
-        self.loaded_newest_minute = saved.newest_minute;
-        report.clock_shift_s = self.place_after(saved.newest_minute);
+        self.loaded_newest_minute = newest;
+        if resume {
+            self.histories.values_mut().for_each(|h| h.resume_minute(newest));
+            self.loaded_last_s = unix_now;
+        } else {
+            self.loaded_last_s = newest;
+            report.clock_shift_s = self.place_after(newest);
+        }
         Ok(report)
     }
 

@@ -414,3 +414,49 @@ fn a_filter_counts_distinct_keys_and_stops_at_the_limit() {
     let limit: Vec<String> = (0..QUERY_KEYS_MAX).map(|i| format!("k{i}")).collect();
     assert_eq!(q(limit).unwrap().series.len(), QUERY_KEYS_MAX);
 }
+
+#[test]
+fn a_restart_within_the_saved_minute_keeps_the_wall_clock() {
+    // Goal: a daemon stopped and started again within a minute (the minute being summed
+    // is saved with its end, still ahead) goes on with the wall clock: no shift, that
+    // minute's seconds from before and after the restart in one point, and restarts in
+    // a loop never move the time axis ahead.
+    let dir = tempfile::tempdir().unwrap();
+    let path = temp_path(&dir);
+    let env = TestEnv::new(100, T0);
+    let mut store = Store::new(env.clone(), MEMORY_MAX_BYTES_DEFAULT);
+    for i in 1..=70u64 {
+        env.set(100 + i, T0 + i);
+        store.ingest(100 + i, &ops(1, 0)).unwrap();
+    }
+    store.save(&path).unwrap(); // minute T0+60 done, T0+120 holds seconds 61..=70
+    let mut mono = 7;
+    let mut unix = T0 + 75;
+    for restart in 0..3 {
+        let env2 = TestEnv::new(mono, unix);
+        let mut store2 = Store::new(env2.clone(), MEMORY_MAX_BYTES_DEFAULT);
+        let report = store2.load(&path).unwrap();
+        assert_eq!((restart, report.clock_shift_s), (restart, 0));
+        assert_eq!(store2.now_unix_s(), unix, "restart {restart}: the time axis is the wall clock");
+        assert!(matches!(store2.ingest(mono, &ops(9, 0)), Err(AnalyticsError::OutOfOrder { .. })), "a second before the restart");
+        for _ in 0..3 {
+            mono += 1;
+            unix += 1;
+            env2.set(mono, unix);
+            store2.ingest(mono, &ops(3, 0)).unwrap();
+        }
+        assert_eq!(store2.latest("io.ops/op").unwrap().unwrap().0, unix);
+        let m = query(&store2, "io.ops/op", T0, T0 + 120, 60, &[]);
+        assert_eq!(m.times, [T0 + 60, T0 + 120]);
+        let after = 3 * (restart + 1) as u64;
+        assert_eq!(series(&m, "read").values[0], Some(1.0));
+        assert_eq!(series(&m, "read").values[1], Some((10 + 3 * after) as f64 / (10 + after) as f64), "restart {restart}");
+        store2.save(&path).unwrap();
+        mono += 2;
+        unix += 2;
+    }
+    // the wall clock an hour behind: new seconds still come after the saved minute
+    let env3 = TestEnv::new(5, T0 - 3600);
+    let mut store3 = Store::new(env3, MEMORY_MAX_BYTES_DEFAULT);
+    assert_eq!(store3.load(&path).unwrap().clock_shift_s, T0 + 120 + 1 - (T0 - 3600));
+}
