@@ -37,8 +37,11 @@
 //! one with no open connection); what the row's ended sessions left moves to the
 //! table's evicted sum, and its sessions still open count there from then on, so a
 //! collector still counts every request once. A session still open when its volume is
-//! destroyed stops counting for that volume (a new volume of the name starts at zero). A client is its TCP peer address, `uid N` on a Unix
-//! socket, or its iSCSI initiator name.
+//! destroyed stops counting for that volume (a new volume of the name starts at zero);
+//! the volume's totals at that moment wait, in order, for the collector's next look
+//! ([`IoStatsTable::volume_look`], at most [`GONE_VOLUMES_MAX`]), so the I/O it did
+//! since the collector's last look is counted too. A client is its TCP peer address,
+//! `uid N` on a Unix socket, or its iSCSI initiator name.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -316,7 +319,13 @@ struct TableInner {
     /// What ended sessions left, per export and per protocol.
     retired_volumes: BTreeMap<Arc<str>, IoTotals>,
     retired_protocols: BTreeMap<&'static str, IoTotals>,
+    /// Volumes gone ([`IoStatsTable::retain`]) since the collector last looked, in
+    /// order, with their totals then (at most [`GONE_VOLUMES_MAX`], the oldest dropped).
+    gone_volumes: std::collections::VecDeque<(Arc<str>, IoTotals)>,
 }
+
+/// Gone volumes kept for the collector's next look.
+pub const GONE_VOLUMES_MAX: usize = 256;
 
 /// The sessions' recorders and what ended sessions left (see the module comment).
 #[derive(Default)]
@@ -367,17 +376,45 @@ impl IoStatsTable {
     /// dropped, and sessions still open on them stop counting for them.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
         let mut inner = self.lock();
-        inner.retired_volumes.retain(|name, _| keep(name));
-        for session in inner.live.values_mut() {
+        let mut gone: BTreeMap<Arc<str>, IoTotals> = BTreeMap::new();
+        let TableInner { live, retired_volumes, .. } = &mut *inner;
+        retired_volumes.retain(|name, totals| {
+            let kept = keep(name);
+            if !kept {
+                gone.insert(name.clone(), std::mem::take(totals));
+            }
+            kept
+        });
+        for session in live.values_mut().filter(|s| !s.volume_forgotten) {
             if !keep(&session.export) {
                 session.volume_forgotten = true;
+                session.recorder.add_to(gone.entry(session.export.clone()).or_default());
             }
         }
+        for entry in gone {
+            if inner.gone_volumes.len() >= GONE_VOLUMES_MAX {
+                inner.gone_volumes.pop_front();
+            }
+            inner.gone_volumes.push_back(entry);
+        }
+    }
+
+    /// The collector's look: every volume's totals (as [`Self::volume_totals`]) and
+    /// the volumes gone since its last look with their totals when they went, in
+    /// order (taken: the next look starts a new list). The I/O a volume did between
+    /// a look and its end is in the second list.
+    pub fn volume_look(&self) -> (Vec<(String, IoTotals)>, Vec<(Arc<str>, IoTotals)>) {
+        let mut inner = self.lock();
+        let gone = std::mem::take(&mut inner.gone_volumes).into_iter().collect();
+        (Self::volume_sums(&inner), gone)
     }
 
     /// Totals per export (retired plus live), sorted by export name.
     pub fn volume_totals(&self) -> Vec<(String, IoTotals)> {
-        let inner = self.lock();
+        Self::volume_sums(&self.lock())
+    }
+
+    fn volume_sums(inner: &TableInner) -> Vec<(String, IoTotals)> {
         let mut sums: BTreeMap<&str, IoTotals> = inner.retired_volumes.iter().map(|(n, t)| (&**n, t.clone())).collect();
         for s in inner.live.values().filter(|s| !s.volume_forgotten) {
             s.recorder.add_to(sums.entry(&s.export).or_default());
@@ -749,6 +786,33 @@ mod tests {
         let s = t.snapshot();
         assert_eq!((s.read_ops, s.read_bytes, s.write_ops, s.write_bytes, s.error_ops), (2, 4096, 1, 0, 2));
         assert_eq!(t.sizes[IoKind::Read as usize][bucket_of(0xFFFF_F000)], 1);
+    }
+
+    #[test]
+    fn a_gone_volume_leaves_its_totals_for_the_collector_once() {
+        // Goal: the I/O a volume did up to its destruction reaches the collector's next
+        // look once (in order, per generation of a name), never /metrics' totals.
+        let io = IoStatsTable::default();
+        let ended = io.register("p/v", SessionLabels::anonymous("nbd"));
+        ended.recorder.record(IoKind::Read, 512, 1, false);
+        io.retire(ended.id);
+        let open = io.register("p/v", SessionLabels::anonymous("nbd"));
+        open.recorder.record(IoKind::Read, 512, 1, false);
+        io.retain(|n| n != "p/v");
+        let again = io.register("p/v", SessionLabels::anonymous("nbd"));
+        again.recorder.record(IoKind::Write, 512, 1, false);
+        io.retain(|n| n != "p/v");
+        open.recorder.record(IoKind::Read, 512, 1, false); // after its volume went: not the volume's
+        let (now, gone) = io.volume_look();
+        assert!(now.is_empty() && io.volume_totals().is_empty());
+        let ops: Vec<(u64, u64)> = gone.iter().map(|(_, t)| (t.kind(IoKind::Read).ops, t.kind(IoKind::Write).ops)).collect();
+        assert_eq!(ops, [(2, 0), (0, 1)]);
+        assert!(io.volume_look().1.is_empty(), "taken once");
+        for _ in 0..GONE_VOLUMES_MAX + 5 {
+            io.register("p/w", SessionLabels::anonymous("nbd"));
+            io.retain(|n| n != "p/w");
+        }
+        assert_eq!(io.volume_look().1.len(), GONE_VOLUMES_MAX, "bounded");
     }
 
     #[test]

@@ -17,7 +17,9 @@
 //! Every source is a cumulative sum that only grows while its key exists (the front
 //! end's ended sessions stay in their volume's, client's and protocol's totals), so a
 //! second's value is the difference of two sums; a key seen for the first time counts
-//! from zero, one that shrank (a pool re-imported) counts as new. Client rows are
+//! from zero, one that shrank (a pool re-imported) counts as new. A volume destroyed
+//! since the last look counts what it did until then (the front end keeps its totals
+//! at its end for the next look); one created again counts from zero. Client rows are
 //! followed one by one (a row evicted from the clients table moves its sums to the
 //! table's evicted sum, `other`, of which only the part not yet counted under the
 //! row's own key is new), from one consistent look at rows and evicted sum. The sums
@@ -314,8 +316,29 @@ impl Collector {
         out.into_iter().collect()
     }
 
+    /// The second's I/O per volume: of each volume gone since the last look, what it
+    /// did after that look (a name gone and created again counts the new one from
+    /// zero); of the others, the change of their sums.
+    fn volume_deltas(&mut self, io: &IoStatsTable) -> Vec<(String, IoTotals)> {
+        let (now, gone) = io.volume_look();
+        let mut out = FrontSums::new();
+        for (name, last) in gone {
+            let d = match self.volumes.remove(&*name) {
+                Some(before) => saturating_sub_totals(&last, &before),
+                None => last,
+            };
+            out.entry(name.to_string()).or_default().add(&d);
+        }
+        let now: FrontSums = now.into_iter().collect();
+        for (name, t) in &now {
+            out.entry(name.clone()).or_default().add(&sub_totals(t, self.volumes.get(name)));
+        }
+        self.volumes = now;
+        out.into_iter().collect()
+    }
+
     fn sample_front(&mut self, enabled: &[String], io: &IoStatsTable, clients: &ClientStatsTable, sample: &mut Sample) {
-        let volumes = deltas(io.volume_totals().into_iter().collect(), &mut self.volumes);
+        let volumes = self.volume_deltas(io);
         let protocols = deltas(io.protocol_totals().into_iter().map(|(k, t)| (k.to_string(), t)).collect(), &mut self.protocols);
         let clients = self.client_deltas(clients, io);
         let all = sum_totals(protocols.iter().map(|(_, t)| t));
@@ -622,6 +645,36 @@ mod tests {
         collector.sample(&[], &pools, &frontend);
         reads(2);
         assert_eq!(ops(collector.sample(&on, &pools, &frontend)), 2, "the second after enabling");
+    }
+
+    #[test]
+    fn a_volume_destroyed_between_two_looks_keeps_its_last_io() {
+        // Goal: io.*/volume counts the I/O of a volume up to its destruction, also of
+        // one created, used and destroyed between two looks, and of a name created
+        // again (from zero), every request once.
+        use zilla_frontend::iostats::SessionLabels;
+        let io = IoStatsTable::default();
+        let mut collector = Collector::default();
+        let reads = |d: &[(String, IoTotals)]| d.iter().filter(|(k, _)| k == "p/v").map(|(_, t)| t.kind(IoKind::Read).ops).sum::<u64>();
+        let session = |n: u64| {
+            let r = io.register("p/v", SessionLabels::anonymous("nbd"));
+            (0..n).for_each(|_| r.recorder.record(IoKind::Read, 4096, 1000, false));
+            r
+        };
+        assert_eq!(reads(&collector.volume_deltas(&io)), 0);
+        let a = session(10);
+        assert_eq!(reads(&collector.volume_deltas(&io)), 10);
+        a.recorder.record(IoKind::Read, 4096, 1000, false);
+        io.retire(a.id);
+        io.retain(|n| n != "p/v"); // seen, then 1 more read, then destroyed
+        let b = session(5); // created again: from zero
+        io.retire(b.id);
+        io.retain(|n| n != "p/v");
+        let c = session(300); // more reads than the first one had
+        assert_eq!(reads(&collector.volume_deltas(&io)), 1 + 5 + 300);
+        c.recorder.record(IoKind::Read, 4096, 1000, false);
+        assert_eq!(reads(&collector.volume_deltas(&io)), 1);
+        assert_eq!(reads(&collector.volume_deltas(&io)), 0);
     }
 
     #[test]

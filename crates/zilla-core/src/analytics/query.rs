@@ -26,7 +26,8 @@ pub struct Query {
     pub from: Option<u64>,
     /// Unix s; default now.
     pub to: Option<u64>,
-    /// 1 or 60; default 1 when `from` is within the last hour, else 60.
+    /// 1 or 60; default 1 when `from` is within the last hour and the range fits
+    /// [`QUERY_POINTS_MAX`] seconds, else 60.
     pub resolution: Option<u64>,
     /// Only these keys (empty: all).
     pub filter: Vec<String>,
@@ -97,7 +98,8 @@ impl Store {
         if from >= to {
             return Err(AnalyticsError::BadQuery(format!("from ({from}) must be before to ({to})")));
         }
-        let step = q.resolution.unwrap_or(if from >= now.saturating_sub(3600) { 1 } else { 60 });
+        let per_second = from >= now.saturating_sub(3600) && to - from <= QUERY_POINTS_MAX;
+        let step = q.resolution.unwrap_or(if per_second { 1 } else { 60 });
         if step != 1 && step != 60 {
             return Err(AnalyticsError::BadQuery(format!("resolution {step}: it is 1 or 60 (seconds)")));
         }

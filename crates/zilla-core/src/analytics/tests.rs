@@ -460,3 +460,23 @@ fn a_restart_within_the_saved_minute_keeps_the_wall_clock() {
     let mut store3 = Store::new(env3, MEMORY_MAX_BYTES_DEFAULT);
     assert_eq!(store3.load(&path).unwrap().clock_shift_s, T0 + 120 + 1 - (T0 - 3600));
 }
+
+#[test]
+fn the_default_resolution_fits_the_range() {
+    // Goal: a query that names no resolution is answered: per second when its range
+    // starts within the last hour and fits 3600 points, else per minute (a client
+    // whose clock is a second ahead asks for the last hour as now-3600..now+1).
+    let env = TestEnv::new(0, T0);
+    let mut store = Store::new(env.clone(), MEMORY_MAX_BYTES_DEFAULT);
+    for i in 1..=10u64 {
+        env.set(i, T0 + i);
+        store.ingest(i, &ops(i, 0)).unwrap();
+    }
+    let now = store.now_unix_s();
+    let ask = |from: u64, to: u64| store.query(&Query { dataset: "io.ops/op".into(), from: Some(from), to: Some(to), ..Query::default() });
+    assert_eq!(ask(now - 3600, now).unwrap().resolution, 1);
+    assert_eq!(ask(now - 3600, now + 1).unwrap().resolution, 60);
+    assert_eq!(ask(now - 100, now + 4000).unwrap().resolution, 60);
+    assert_eq!(ask(now - 7200, now).unwrap().resolution, 60);
+    assert!(store.query(&Query { dataset: "io.ops/op".into(), from: Some(now - 3600), to: Some(now + 1), resolution: Some(1), ..Query::default() }).is_err(), "asked for: refused");
+}
