@@ -211,13 +211,15 @@ t_import=$(date +%s)
 head -c 1M /dev/urandom >"$T/data"
 nbdcopy "$T/data" "$(nbd_tcp_uri tank/vol)" || fail "nbdcopy to tank/vol"
 sleep 7
-curl -sf "$BASE/api/v1/analytics/query?dataset=txg.syncs/pool&from=$((t_import - 30))" >"$T/txg.q" || fail "query txg.syncs/pool"
+# from the import on: the volume creates before the export sync a txg each, more than
+# ten in one second on a fast machine, which are real syncs and no spike
+curl -sf "$BASE/api/v1/analytics/query?dataset=txg.syncs/pool&from=$((t_import - 1))" >"$T/txg.q" || fail "query txg.syncs/pool"
 curl -sf "$BASE/api/v1/pools/tank/txgs" >"$T/txgs.json" || true
 python3 - "$T/txg.q" <<'EOF' || fail "txg.syncs/pool spiked at import"
 import json, sys
 q = json.load(open(sys.argv[1]))
 values = [v for s in q["series"] for v in s["values"] if v is not None]
-print(f"txg.syncs/pool, the last 30 s: max {max(values, default=0)} per second")
+print(f"txg.syncs/pool since the import: max {max(values, default=0)} per second")
 assert max(values, default=0) <= 10, f"a spike: {values}"
 assert sum(values) >= 1, f"the sync after the write was not counted: {values}"
 EOF
