@@ -194,18 +194,7 @@ fn sub_totals(now: &IoTotals, before: Option<&IoTotals>) -> IoTotals {
     if now.kinds.iter().zip(&before.kinds).any(|(a, b)| a.ops < b.ops) {
         return now.clone(); // the key started over
     }
-    let mut d = now.clone();
-    for (a, b) in d.kinds.iter_mut().zip(&before.kinds) {
-        a.ops -= b.ops;
-        a.bytes = a.bytes.saturating_sub(b.bytes);
-        a.errors = a.errors.saturating_sub(b.errors);
-        a.latency_ns = a.latency_ns.saturating_sub(b.latency_ns);
-        a.latency.iter_mut().zip(&b.latency).for_each(|(x, y)| *x = x.saturating_sub(*y));
-    }
-    for (a, b) in d.sizes.iter_mut().zip(&before.sizes) {
-        a.iter_mut().zip(b).for_each(|(x, y)| *x = x.saturating_sub(*y));
-    }
-    d
+    saturating_sub_totals(now, before)
 }
 
 /// The second's deltas of `now` against `before` (which becomes `now`).
