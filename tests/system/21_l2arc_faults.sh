@@ -93,7 +93,16 @@ lost=$(( $(stat_of l2_io_error) + $(stat_of l2_cksum_bad) - bad_before ))
 log "truncate live: $(stat_of l2_io_error) unreadable copies counted, cache device $(cache_state tank "$T/disks/c0"), reads correct"
 no_panic "truncated live"
 
-# --- truncate, between runs: the pool comes back and its cache device is not trusted
+# --- truncate, between runs: the pool comes back and its cache device is not trusted.
+# A cache device faulted while running stays FAULTED across a restart (it is not used
+# again until cleared): clear it first, so the restart rebuilds from the shrunk file.
+if [ "$(cache_state tank "$T/disks/c0")" = FAULTED ]; then
+    stop_daemon
+    start_daemon "${ARC[@]}"
+    st=$(cache_state tank "$T/disks/c0")
+    [ "$st" = FAULTED ] || fail "a faulted cache device came back $st after a restart: $(z pool status tank)"
+    z pool clear tank "$T/disks/c0"
+fi
 stop_daemon
 truncate -s 96M "$T/disks/c0"
 start_daemon "${ARC[@]}"
@@ -114,8 +123,15 @@ if [ "$(id -u)" -eq 0 ] && losetup -f >/dev/null 2>&1; then
     z pool add tank cache "$L0"
     warm $((64 * MIB))
     e0=$(stat_of l2_io_error)
-    truncate -s 16M "$T/disks/l0"
-    losetup -c "$L0"
+    # the feed may write between the truncate and the new capacity, growing the file
+    # again (its hole reads as zeros, not EIO): repeat until the device is 16 MiB; from
+    # then on a write past the end fails and cannot grow it
+    for i in $(seq 20); do
+        truncate -s 16M "$T/disks/l0"
+        losetup -c "$L0"
+        [ "$(blockdev --getsize64 "$L0")" = $((16 * MIB)) ] && break
+    done
+    [ "$(blockdev --getsize64 "$L0")" = $((16 * MIB)) ] || fail "the loop device did not shrink to 16 MiB"
     for i in 1 2 3; do read_pass "EIO pass $i"; done
     [ "$(stat_of l2_io_error)" -gt "$e0" ] || fail "EIO from the cache device not counted: $(arcstats)"
     st=$(cache_state tank "$L0")

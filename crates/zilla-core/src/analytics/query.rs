@@ -81,8 +81,11 @@ impl Store {
                 return Err(AnalyticsError::BadQuery(format!("the filter names more than {QUERY_KEYS_MAX} keys; the limit is {QUERY_KEYS_MAX}")));
             }
         }
+        // a point's time is the end of its interval (t - step, t]: the points that
+        // overlap (from, to], the minute being summed at `to` included
         let first = (from / step + 1).saturating_mul(step);
-        let times: Vec<u64> = (first..=to).step_by(step as usize).collect();
+        let last = to.div_ceil(step).saturating_mul(step);
+        let times: Vec<u64> = (first..=last).step_by(step as usize).collect();
         let series = match self.histories.get(&id) {
             Some(h) => build_series(h, &times, step, &filter),
             None => filter.iter().map(|k| empty_series(k, id.kind(), times.len())).collect(),
@@ -103,7 +106,7 @@ impl Store {
         if step != 1 && step != 60 {
             return Err(AnalyticsError::BadQuery(format!("resolution {step}: it is 1 or 60 (seconds)")));
         }
-        let points = to / step - from / step;
+        let points = to.div_ceil(step) - from / step;
         if points > QUERY_POINTS_MAX {
             return Err(AnalyticsError::BadQuery(format!(
                 "{from}..{to} at resolution {step} is {points} points; the limit is {QUERY_POINTS_MAX} (narrow the range or use resolution 60)"

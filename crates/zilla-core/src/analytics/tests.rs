@@ -446,6 +446,9 @@ fn a_restart_within_the_saved_minute_keeps_the_wall_clock() {
             store2.ingest(mono, &ops(3, 0)).unwrap();
         }
         assert_eq!(store2.latest("io.ops/op").unwrap().unwrap().0, unix);
+        // a query up to now (within the minute) answers the minute being summed
+        let now_q = query(&store2, "io.ops/op", T0, unix, 60, &[]);
+        assert_eq!(now_q.times, [T0 + 60, T0 + 120], "restart {restart}: the minute in progress is in a query to now");
         let m = query(&store2, "io.ops/op", T0, T0 + 120, 60, &[]);
         assert_eq!(m.times, [T0 + 60, T0 + 120]);
         let after = 3 * (restart + 1) as u64;

@@ -1099,7 +1099,11 @@ impl TopVdev {
     /// has them. Removing or offlining `leaf` would lose those txgs' blocks.
     /// `committed(guid)` adds what the committed MOS says a child misses: a resilver
     /// may have cleared a DTL in memory whose repairs are not durable yet.
+    /// Cache and spare devices hold no txgs: the pool's blocks are never only there.
     pub fn txgs_only_on(&self, leaf: &Leaf, through: Txg, committed: &dyn Fn(Guid) -> Vec<(Txg, Txg)>) -> Vec<(Txg, Txg)> {
+        if matches!(self.role, Role::Cache | Role::Spare) {
+            return Vec::new();
+        }
         let all = vec![(Txg(1), through)];
         let mut missing_elsewhere = all.clone();
         for c in self.children().iter().filter(|c| c.guid != leaf.guid) {
@@ -1167,6 +1171,19 @@ mod dtl_tests {
         other.begin_dtl_journal();
         other.finish_dtl_journal(&[], &[]);
         assert_eq!(other.dtl(), r(&[(1, 60)]));
+    }
+
+    /// A faulted cache or spare device holds no txgs, so import leaves it faulted and
+    /// offline is not refused; the only child of a normal or log vdev holds them all.
+    #[test]
+    fn only_pool_vdevs_hold_txgs() {
+        let l = Arc::new(leaf());
+        l.set_state(LeafState::Faulted);
+        for role in [Role::Normal, Role::Log, Role::Cache, Role::Spare] {
+            let top = TopVdev { id: VdevId(0), guid: Guid(10), role, is_mirror: false, ashift: 12, children: parking_lot::RwLock::new(vec![l.clone()]), suspect_reads: Default::default() };
+            let held = top.txgs_required(&l);
+            assert_eq!(held.is_empty(), matches!(role, Role::Cache | Role::Spare), "{role:?}: {held:?}");
+        }
     }
 
     #[test]
