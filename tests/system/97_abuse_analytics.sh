@@ -70,6 +70,11 @@ for name, q, want in cases:
         msg = json.loads(data)["error"]
         assert "\x1b" not in msg and "\n" not in msg and "\x00" not in msg, f"{name}: raw control characters in {msg!r}"
     print(f"ok {name}: {status} in {took*1000:.0f} ms")
+# the live stream refuses what the query refuses (answers before any event is sent)
+for name, q in [("unknown parameter", "dataset=io.ops/op&bogus=1"), ("no dataset", ""), ("unknown dataset", "dataset=io.ops/nope")]:
+    status, data, took = req("GET", "/api/v1/analytics/live?" + q)
+    assert status in (400, 404), f"live, {name}: HTTP {status}: {data[:200]!r}"
+    print(f"ok live, {name}: {status}")
 
 D = "/api/v1/analytics/datasets/"
 for name, path, body, want in [

@@ -556,7 +556,10 @@ impl Drop for Subscriber {
 }
 
 async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
-    let names: Vec<String> = params.into_iter().filter(|(k, _)| k == "dataset").map(|(_, v)| plus_kept(&v)).collect();
+    if let Some((k, _)) = params.iter().find(|(k, _)| k != "dataset") {
+        return Err(ApiError::bad(format!("unknown parameter {:?} (dataset, repeated)", crate::clip::clip(k))));
+    }
+    let names: Vec<String> = params.into_iter().map(|(_, v)| plus_kept(&v)).collect();
     if names.is_empty() || names.len() > LIVE_DATASETS_MAX {
         return Err(ApiError::bad(format!("name 1 to {LIVE_DATASETS_MAX} datasets (dataset=NAME, repeated)")));
     }
