@@ -625,6 +625,11 @@ impl L2Arc {
         self.counters.write_bytes.fetch_add(total, Ordering::Relaxed);
         // one feed thread claims and writes: nothing reclaimed [at, at + total) meanwhile
         let mut r = dev.ring.lock();
+        // faulted by a read while this batch was written: the fault dropped every header
+        // (under this lock, after setting the flag), and these must not come back
+        if dev.faulted.load(Ordering::Relaxed) {
+            return;
+        }
         let mut addr = at;
         for (key, data, kind, len) in items {
             if !r.hdrs.contains(&key) {
