@@ -229,6 +229,36 @@ assert max(values, default=0) <= 10, f"a spike: {values}"
 assert sum(values) >= 1, f"the sync after the write was not counted: {values}"
 EOF
 
+# --- 4b. a stalled daemon (SIGSTOP for 3 s, as a VM pause or an overloaded host would):
+# the collector wakes late and spreads what it took over the seconds it missed, so the
+# per-second reads have no hole and add up to what fio completed
+if command -v fio >/dev/null; then
+    sleep 1.5
+    t_stall=$(date +%s)
+    fio --name=stall --ioengine=nbd --uri="$(nbd_tcp_uri tank/vol)" --rw=randread --bs=4k --iodepth=4 \
+        --size=8M --time_based --runtime=8 --rate_iops=200 --output-format=json >"$T/stall.json" 2>"$T/stall.err" &
+    fio_pid=$!
+    sleep 3
+    kill -STOP "$DAEMON_PID"
+    sleep 3
+    kill -CONT "$DAEMON_PID"
+    wait "$fio_pid" || fail "fio across the stall: $(cat "$T/stall.err")"
+    sleep 2.5
+    curl -sf "$BASE/api/v1/analytics/query?dataset=io.ops/op&filter=read&from=$((t_stall - 1))" >"$T/stall.q" || fail "query after the stall"
+    python3 - "$T/stall.json" "$T/stall.q" <<'EOF' || fail "a stalled collector lost or lumped seconds"
+import json, sys
+text = open(sys.argv[1]).read()
+fio = json.loads(text[text.index("{"):])["jobs"][0]["read"]["total_ios"]
+q = json.load(open(sys.argv[2]))
+values = [s for s in q["series"] if s["key"] == "read"][0]["values"]
+busy = [i for i, v in enumerate(values) if v]
+first, last = busy[0], busy[-1]
+print(f"after a 3 s stall: fio {fio} reads, analytics {sum(v for v in values if v):.0f}: {values[first:last + 1]}")
+assert sum(v for v in values if v) == fio, "reads lost or counted twice"
+assert all(v is not None for v in values[first:last + 1]), f"a hole: {values}"
+EOF
+fi
+
 # --- 5. SIGTERM with live streams open ----------------------------------------------------
 python3 - "$HTTP_PORT" "$DAEMON_PID" <<'EOF' || fail "SIGTERM with live streams open"
 import os, signal, socket, sys, time

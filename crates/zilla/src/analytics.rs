@@ -25,6 +25,9 @@
 //! row's own key is new), from one consistent look at rows and evicted sum. The sums
 //! are read every second; only the enabled datasets' values are computed (so one
 //! enabled again starts from its first second). The first tick only takes the sums.
+//! A tick that comes late (the machine busy) spreads what it took evenly over the
+//! seconds since the last one (at most a minute), so neither a hole nor a doubled
+//! second shows in the rates, and the totals stay exact.
 //!
 //! Bounds: at most [`LIVE_SUBSCRIBERS_MAX`] live streams, each of at most
 //! [`LIVE_DATASETS_MAX`] datasets and one event a second, ending after
@@ -124,12 +127,17 @@ impl Analytics {
     }
 }
 
+/// The most seconds one late sample is spread over; a longer stall puts its events in
+/// its last minute.
+const LATE_SPREAD_MAX_S: u64 = 60;
+
 /// Run the collector until `stop` turns true: one sample a second, the minutes saved
 /// every minute and once more at the end.
 pub async fn run_collector(analytics: Arc<Analytics>, pools: Arc<PoolTable>, frontend: Arc<Frontend>, mut stop: watch::Receiver<bool>) {
     let mut collector = Collector::default();
     let mut last_save_s = analytics.mono_s();
     let mut next_s = analytics.mono_s() + 1;
+    let mut last_sample_s: Option<u64> = None;
     loop {
         let wait_ns = (next_s * 1_000_000_000).saturating_sub(analytics.env.now_ns());
         tokio::select! {
@@ -151,11 +159,20 @@ pub async fn run_collector(analytics: Arc<Analytics>, pools: Arc<PoolTable>, fro
         let Ok((back, sample)) = sample else { break };
         collector = back;
         if let Some(sample) = sample {
-            if let Err(e) = a.store.lock().ingest(now_s, &sample) {
-                tracing::debug!("analytics: sample not taken: {e}");
+            // woken late (a busy machine): the sums cover every second since the last
+            // sample, spread evenly over them rather than put into one
+            let seconds = last_sample_s.map_or(1, |l| now_s.saturating_sub(l).clamp(1, LATE_SPREAD_MAX_S));
+            let parts = if seconds > 1 { sample.split(seconds) } else { vec![sample] };
+            let mut store = a.store.lock();
+            for (i, part) in parts.iter().enumerate() {
+                if let Err(e) = store.ingest(now_s + 1 + i as u64 - seconds, part) {
+                    tracing::debug!("analytics: sample not taken: {e}");
+                }
             }
+            drop(store);
             a.tick.send_replace(now_s);
         }
+        last_sample_s = Some(now_s);
         if now_s >= last_save_s + SAVE_EVERY_S {
             last_save_s = now_s;
             let a = analytics.clone();

@@ -107,6 +107,36 @@ impl Sample {
             self.datasets.push((dataset.to_string(), Vec::new()));
         }
     }
+
+    /// This sample's events spread evenly over `seconds` seconds (a collector that woke
+    /// late took that many seconds' sums at once), oldest first. Every value is a
+    /// count of events, so the parts add up exactly to the whole: part `i` of `n`
+    /// takes `v / n`, plus one of the remainder for the first `v % n` parts.
+    pub fn split(&self, seconds: u64) -> Vec<Sample> {
+        let n = seconds.max(1);
+        let share = |v: u64, i: u64| v / n + u64::from(i < v % n);
+        (0..n)
+            .map(|i| Sample {
+                datasets: self
+                    .datasets
+                    .iter()
+                    .map(|(name, list)| {
+                        let list = list
+                            .iter()
+                            .map(|(key, value)| {
+                                let value = match value {
+                                    Value::Counter(v) => Value::Counter(share(*v, i)),
+                                    Value::Histogram(b) => Value::Histogram(b.iter().map(|&(bucket, c)| (bucket, share(c, i))).filter(|&(_, c)| c > 0).collect()),
+                                };
+                                (key.clone(), value)
+                            })
+                            .collect();
+                        (name.clone(), list)
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
 }
 
 /// A decoded series: a key id, its total (counter value, or histogram events) and,
@@ -674,6 +704,31 @@ mod tests {
 
     fn hist(pairs: &[(u8, u64)]) -> Value {
         Value::Histogram(pairs.to_vec())
+    }
+
+    proptest! {
+        /// A late collector's sample spread over its seconds: the parts add up to the
+        /// whole for every key and bucket, and no two parts differ by more than one.
+        #[test]
+        fn a_split_sample_adds_up_to_the_whole(v in 0u64..10_000, c in 1u64..500, seconds in 0u64..70) {
+            let mut whole = Sample::default();
+            whole.add("io.ops/op", "read", Value::Counter(v));
+            whole.add("io.latency/op", "read", hist(&[(3, c), (9, v)]));
+            whole.touch("txg.syncs/none");
+            let parts = whole.split(seconds);
+            prop_assert_eq!(parts.len() as u64, seconds.max(1));
+            let counter = |s: &Sample| match &s.datasets[0].1[0].1 { Value::Counter(x) => *x, _ => unreachable!() };
+            let bucket = |s: &Sample, b: u8| match &s.datasets[1].1[0].1 {
+                Value::Histogram(h) => h.iter().filter(|e| e.0 == b).map(|e| e.1).sum::<u64>(),
+                _ => unreachable!(),
+            };
+            prop_assert_eq!(parts.iter().map(counter).sum::<u64>(), v);
+            prop_assert_eq!(parts.iter().map(|p| bucket(p, 3)).sum::<u64>(), c);
+            prop_assert_eq!(parts.iter().map(|p| bucket(p, 9)).sum::<u64>(), v);
+            let (lo, hi) = (parts.iter().map(counter).min().unwrap(), parts.iter().map(counter).max().unwrap());
+            prop_assert!(hi - lo <= 1, "{} .. {}", lo, hi);
+            prop_assert!(parts.iter().all(|p| p.datasets.len() == 3 && p.datasets[2].1.is_empty()), "a touched dataset stays touched");
+        }
     }
 
     #[test]
