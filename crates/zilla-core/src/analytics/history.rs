@@ -114,28 +114,22 @@ impl Sample {
     /// takes `v / n`, plus one of the remainder for the first `v % n` parts.
     pub fn split(&self, seconds: u64) -> Vec<Sample> {
         let n = seconds.max(1);
-        let share = |v: u64, i: u64| v / n + u64::from(i < v % n);
-        (0..n)
-            .map(|i| Sample {
-                datasets: self
-                    .datasets
-                    .iter()
-                    .map(|(name, list)| {
-                        let list = list
-                            .iter()
-                            .map(|(key, value)| {
-                                let value = match value {
-                                    Value::Counter(v) => Value::Counter(share(*v, i)),
-                                    Value::Histogram(b) => Value::Histogram(b.iter().map(|&(bucket, c)| (bucket, share(c, i))).filter(|&(_, c)| c > 0).collect()),
-                                };
-                                (key.clone(), value)
-                            })
-                            .collect();
-                        (name.clone(), list)
-                    })
-                    .collect(),
-            })
-            .collect()
+        let part = |i| Sample {
+            datasets: self.datasets.iter().map(|(name, list)| (name.clone(), list.iter().map(|(k, v)| (k.clone(), v.share(i, n))).collect())).collect(),
+        };
+        (0..n).map(part).collect()
+    }
+}
+
+impl Value {
+    /// Part `i` of this count split into `n` (see [`Sample::split`]); a histogram
+    /// keeps only its buckets with a count in that part.
+    fn share(&self, i: u64, n: u64) -> Value {
+        let share = |v: u64| v / n + u64::from(i < v % n);
+        match self {
+            Value::Counter(v) => Value::Counter(share(*v)),
+            Value::Histogram(b) => Value::Histogram(b.iter().map(|&(bucket, c)| (bucket, share(c))).filter(|&(_, c)| c > 0).collect()),
+        }
     }
 }
 

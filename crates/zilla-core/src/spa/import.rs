@@ -867,6 +867,19 @@ fn settle_leaf_states(io: &PoolIo, leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: 
     // what the labels show a device missed, which the MOS cannot know (spa/stale.rs)
     judged.apply(leaves);
     keep_required_leaves(io);
+    retry_faulted_caches(io);
+}
+
+/// A faulted cache device is tried again at every import, as OpenZFS reopens its
+/// L2ARC devices: it holds only copies, each checked as it is restored and read, and
+/// one that still fails is faulted again. An offline one stays offline (the admin's).
+fn retry_faulted_caches(io: &crate::zio::PoolIo) {
+    for t in io.vdevs.read().iter().filter(|t| t.role == crate::vdev::Role::Cache) {
+        for l in t.children().iter().filter(|l| l.state() == LeafState::Faulted) {
+            tracing::info!(device = %l.spec.shown(), "cache device was faulted: tried again");
+            l.set_state(LeafState::Online);
+        }
+    }
 }
 
 /// Leaf health from the MOS: DTLs and faults. A leaf the MOS does not list joined
@@ -898,18 +911,8 @@ fn apply_leaf_health(leaves: &[Arc<Leaf>], cfg: &PoolConfig, mos: &crate::dmu::M
 /// A faulted leaf's siblings may have been attached, offlined or faulted since; an
 /// offline leaf can be needed only after a rewind (offline refuses the only holder),
 /// to a txg whose MOS still says a sibling's resilver had not finished.
-/// A faulted cache device is tried again at every import, as OpenZFS reopens its
-/// L2ARC devices: it holds only copies, each checked as it is restored and read, and
-/// one that still fails is faulted again. An offline one stays offline (the admin's).
 fn keep_required_leaves(io: &crate::zio::PoolIo) {
     for t in io.vdevs.read().iter() {
-        if t.role == crate::vdev::Role::Cache {
-            for l in t.children().iter().filter(|l| l.state() == LeafState::Faulted) {
-                tracing::info!(device = %l.spec.shown(), "cache device was faulted: tried again");
-                l.set_state(LeafState::Online);
-            }
-            continue;
-        }
         for l in t.children().iter().filter(|l| matches!(l.state(), LeafState::Faulted | LeafState::Offline)) {
             let only_here = t.txgs_required(l);
             if !only_here.is_empty() {
