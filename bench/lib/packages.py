@@ -7,7 +7,8 @@ command may have several lines (qemu-img: qemu-utils, and qemu-block-extra for i
 iscsi:// driver). tests/run installs every package of its list whose command is missing
 or that dpkg does not know; a scenario asks for the commands it runs (`ensure_tools`)
 and every package either list gives for a missing one is installed the same way
-(apt-get as root, or with `sudo -n`; otherwise it fails and names what to install);
+(tests/tools/apt-install, which never removes a package and installs none of their
+recommends, as root or with `sudo -n`; otherwise it fails and names what to install);
 `ensure_packages` installs named packages dpkg does not know (a module a present
 command loads).
 """
@@ -86,10 +87,9 @@ def _apt_install(pkgs, why):
     prefix = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
     if prefix is None:
         raise BenchError(f"{why}: run as root or apt-get install {' '.join(pkgs)}")
-    log(f"installing {' '.join(pkgs)} with apt-get ({why})")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    run(prefix + ["apt-get", "update", "-qq"], env=env)
-    run(prefix + ["apt-get", "install", "-y", "-qq"] + pkgs, env=env)
+    log(f"installing {' '.join(pkgs)} with tests/tools/apt-install ({why})")
+    # the tests' installer: no recommends, never a removal, same-version groups
+    run([os.path.join(ROOT, "tests", "tools", "apt-install")] + pkgs)
 
 
 def package_versions(packages):
