@@ -31,10 +31,18 @@
 //!
 //! Errors: a malformed header (a length above our limit, a wrong header digest)
 //! closes the connection with a log line; a PDU we do not take (SNACK, an unknown
-//! opcode, a Login in the full-feature phase, a bad data digest) gets a Reject; a
-//! data phase out of order fails its command with ABORTED COMMAND / DATA PHASE ERROR.
-//! Every SCSI error is a CHECK CONDITION with fixed-format sense and the residual
-//! count of what was not transferred.
+//! opcode, a Login in the full-feature phase, a bad data digest, a Data-Out for no
+//! command) gets a Reject; a data phase out of order fails its command with ABORTED
+//! COMMAND / DATA PHASE ERROR; Data-Out still on the way for a command that ended
+//! early is dropped (`tags`). A bidirectional command (R and W both set) is refused:
+//! INVALID FIELD IN CDB. Every SCSI error is a CHECK CONDITION with fixed-format sense
+//! and the residual count of what was not transferred.
+//!
+//! A command waiting for Data-Out waits at most `data_out_timeout` for each next PDU
+//! (while the reader is reading): then the connection ends with a log line, and the
+//! commands' budget and window slots return. Ending the connection is what RFC 7143
+//! allows a target at error recovery level 0, and it is safe: nothing of an unfinished
+//! WRITE reaches the volume.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -53,6 +61,7 @@ use crate::framing::{Frame, PduReader};
 use crate::login::{LoginRefusal, Negotiation, SessionParams, SessionType};
 use crate::security::{self, SecurityStage};
 use crate::sessions::SessionInfo;
+use crate::tags::EndedTags;
 use crate::pdu::{self, op, reject, Bhs, Digests, Pdu, NO_TAG};
 use crate::pr;
 use crate::scsi::{self, Geometry, Operation, Sense, LOGICAL_BLOCK_BYTES};
@@ -380,6 +389,8 @@ struct PendingData {
     sink: Sink,
     admission: Option<Admission>,
     started_ns: u64,
+    /// When the command gives up waiting for its next Data-Out.
+    due: tokio::time::Instant,
 }
 
 impl PendingData {
@@ -683,12 +694,15 @@ impl LoginState {
     /// text, and whether the full-feature phase starts; `Err`: the refusing status.
     fn step(&mut self, keys: &[(String, String)], bhs: &Bhs, server: &ServerShared, peer: &Peer) -> Result<(Bhs, Vec<u8>, bool), (u8, u8)> {
         let (transit, csg, nsg) = (bhs.flags() & 0x80 != 0, (bhs.flags() >> 2) & 0x03, bhs.flags() & 0x03);
-        // the security stage's keys go to the security stage (once the target is known)
-        let (security_keys, keys): (Vec<_>, Vec<_>) = keys.iter().cloned().partition(|(k, _)| csg == 0 && security::is_security_key(k));
-        let mut answers = self.negotiation.offer(&keys, csg, transit && nsg == 3).map_err(|refusal| {
+        let refused = |refusal: LoginRefusal| {
             tracing::info!(client = %peer.client, reason = %refusal_reason(&refusal), "iscsi: login refused");
             refusal.status()
-        })?;
+        };
+        // every key once per login (the identity keys may repeat their first value)
+        self.negotiation.declare(keys).map_err(refused)?;
+        // the security stage's keys go to the security stage (once the target is known)
+        let (security_keys, keys): (Vec<_>, Vec<_>) = keys.iter().cloned().partition(|(k, _)| csg == 0 && security::is_security_key(k));
+        let mut answers = self.negotiation.offer(&keys, csg, transit && nsg == 3).map_err(refused)?;
         // the first request names the initiator and the target
         if self.target_name.is_empty() {
             let (name, found, stage) = identify(&self.negotiation, server, peer)?;
@@ -977,6 +991,7 @@ where
         text_rest: None,
         session_type,
         initiator_name,
+        ended: EndedTags::new(config.command_window as usize + DEFERRED_EXTRA),
     };
     let reinstated = listed_session.as_ref().map(|l| l.reinstated.clone());
     let result = session.run(stop, disconnect, reinstated).await;
@@ -1021,6 +1036,16 @@ struct Session<R> {
     session_type: SessionType,
     /// The initiator's name (discovery lists only the targets whose list allows it).
     initiator_name: String,
+    /// Commands that ended with Data-Out perhaps still on the way (dropped, not rejected).
+    ended: EndedTags,
+}
+
+/// Sleep until `due`; without one, never wake.
+async fn until(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl<R: AsyncRead + Unpin> Session<R> {
@@ -1062,17 +1087,21 @@ impl<R: AsyncRead + Unpin> Session<R> {
                             _ = self.out.room() => {}
                         }
                     }
+                    let due = self.data_out_due();
                     tokio::select! {
+                        biased;
                         _ = stop.wait_for(|s| *s) => return Ok(()),
                         Ok(_) = disconnect.wait_for(|s| *s) => return Ok(()),
                         Ok(_) = reinstated.wait_for(|r| *r) => {
-                            tracing::info!(client = %self.peer.client, "iscsi: session reinstated by a new login of its initiator and ISID; closing");
+                            tracing::info!(client = %self.peer.client, "iscsi: session reinstated by a new login of its initiator and ISID to its target; closing");
                             return Ok(());
                         }
                         // the writer stopped (a client that took no reply for the stall
                         // timeout): nothing can be answered any more
                         _ = self.out.closed() => return Ok(()),
+                        // what has arrived is read before a Data-Out is given up
                         frame = self.reader.read_pdu() => frame,
+                        () = until(due) => return Err(self.data_out_expired()),
                     }
                 }
             };
@@ -1085,6 +1114,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                         // its command cannot complete: fail it
                         if let Some(p) = self.pending.remove(&bhs.itt()) {
                             self.send(check_condition(bhs.itt(), Sense::DATA_PHASE_ERROR, p.expected, p.counted));
+                            self.ended.note(bhs.itt());
                         }
                     }
                     continue;
@@ -1144,6 +1174,9 @@ impl<R: AsyncRead + Unpin> Session<R> {
             return Ok(Flow::Continue);
         }
         let Some(counted) = self.accept_cmd_sn(&pdu.bhs) else {
+            if opcode == op::SCSI_COMMAND && !pdu.bhs.final_bit() {
+                self.ended.note(pdu.bhs.itt()); // its unsolicited Data-Out follows
+            }
             return Ok(Flow::Continue);
         };
         match opcode {
@@ -1202,7 +1235,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
             1 => {
                 let ref_itt = bhs.u32_at(20);
                 if let Some(p) = self.pending.remove(&ref_itt) {
-                    self.forget(p);
+                    self.forget(ref_itt, p);
                     COMPLETE
                 } else {
                     // answered already, or its I/O in flight: let it answer first
@@ -1211,8 +1244,8 @@ impl<R: AsyncRead + Unpin> Session<R> {
                 }
             }
             2 | 4 | 5 | 6 => {
-                for (_, p) in std::mem::take(&mut self.pending) {
-                    self.forget(p);
+                for (itt, p) in std::mem::take(&mut self.pending) {
+                    self.forget(itt, p);
                 }
                 self.settle().await;
                 if let (Some(unit), 5 | 6) = (&self.unit, function) {
@@ -1235,13 +1268,31 @@ impl<R: AsyncRead + Unpin> Session<R> {
     }
 
     /// Drop a command waiting for its data without answering it: its budget goes back
-    /// and its CmdSN window slot reopens.
-    fn forget(&self, pending: PendingData) {
+    /// and its CmdSN window slot reopens; Data-Out still on the way for it is dropped.
+    fn forget(&mut self, itt: u32, pending: PendingData) {
         if pending.counted {
             let mut w = self.window.lock();
             w.in_flight = w.in_flight.saturating_sub(1);
         }
         drop(pending);
+        self.ended.note(itt);
+    }
+
+    /// When the command that has waited longest for its next Data-Out gives up.
+    fn data_out_due(&self) -> Option<tokio::time::Instant> {
+        self.pending.values().map(|p| p.due).min()
+    }
+
+    /// A command's next Data-Out did not come in time: the connection ends (the
+    /// commands waiting for data are dropped with it, their budget returned).
+    fn data_out_expired(&self) -> io::Error {
+        IscsiStats::count(&self.server.stats.protocol_errors);
+        let timeout_s = self.server.config.data_out_timeout.as_secs_f64();
+        tracing::warn!(
+            client = %self.peer.client, waiting = self.pending.len(), timeout_s,
+            "iscsi: a command got no Data-Out within the data-out timeout; closing the connection"
+        );
+        io::Error::new(io::ErrorKind::TimedOut, "no Data-Out within the data-out timeout")
     }
 
     /// Wait (bounded by the shutdown grace) until the unit's commands in flight have
@@ -1353,10 +1404,13 @@ impl<R: AsyncRead + Unpin> Session<R> {
             return Ok(Some(admission));
         }
         loop {
+            let due = self.data_out_due();
             let Some(unit) = &self.unit else { return Ok(None) };
             let frame = tokio::select! {
+                biased;
                 admission = unit.executor.admit(units, || {}) => return Ok(Some(admission)),
                 frame = self.reader.read_pdu() => frame?,
+                () = until(due) => return Err(self.data_out_expired()),
             };
             match frame {
                 Frame::Pdu(pdu) if pdu.bhs.opcode() == op::DATA_OUT && self.pending.contains_key(&pdu.bhs.itt()) => {
@@ -1373,7 +1427,20 @@ impl<R: AsyncRead + Unpin> Session<R> {
         }
     }
 
+    /// A SCSI Command: answered, submitted or waiting for its data. One that ends
+    /// without waiting for data while unsolicited Data-Out follows it (no F bit) has
+    /// that Data-Out dropped.
     async fn on_scsi_command(&mut self, pdu: Pdu, counted: bool) -> io::Result<()> {
+        let (itt, unsolicited_follows) = (pdu.bhs.itt(), !pdu.bhs.final_bit());
+        self.ended.reuse(itt);
+        self.scsi_command(pdu, counted).await?;
+        if unsolicited_follows && !self.pending.contains_key(&itt) {
+            self.ended.note(itt);
+        }
+        Ok(())
+    }
+
+    async fn scsi_command(&mut self, pdu: Pdu, counted: bool) -> io::Result<()> {
         let bhs = &pdu.bhs;
         let itt = bhs.itt();
         let expected = bhs.u32_at(20) as usize;
@@ -1387,6 +1454,12 @@ impl<R: AsyncRead + Unpin> Session<R> {
         if immediate > 0 && (!self.params.immediate_data || immediate > self.params.first_burst_bytes || immediate > expected) {
             tracing::info!(client = %self.peer.client, immediate, expected, "iscsi: immediate data beyond what was negotiated; rejected");
             self.reject(bhs, reject::PROTOCOL_ERROR, counted);
+            return Ok(());
+        }
+        if bhs.flags() & 0x60 == 0x60 {
+            // R and W: a bidirectional command, which no command of this unit is
+            tracing::debug!(client = %self.peer.client, itt, opcode = bhs.cdb()[0], "iscsi: bidirectional command refused");
+            self.send(check_condition(itt, Sense::INVALID_FIELD_IN_CDB, expected, counted));
             return Ok(());
         }
         let started_ns = self.server.frontend.clock.now_ns();
@@ -1536,6 +1609,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
             sink,
             admission,
             started_ns,
+            due: tokio::time::Instant::now() + self.server.config.data_out_timeout,
         };
         pending.store(0, &pdu.data);
         pending.received = pdu.data.len();
@@ -1575,7 +1649,12 @@ impl<R: AsyncRead + Unpin> Session<R> {
         let bhs = &pdu.bhs;
         let itt = bhs.itt();
         let Some(mut pending) = self.pending.remove(&itt) else {
-            tracing::debug!(itt, "iscsi: Data-Out for no waiting command (answered already); ignored");
+            if self.ended.contains(itt) {
+                tracing::debug!(itt, "iscsi: Data-Out for a command that ended before its data; dropped");
+            } else {
+                tracing::debug!(client = %self.peer.client, itt, "iscsi: Data-Out for no command; rejected");
+                self.reject(bhs, reject::INVALID_PDU_FIELD, false);
+            }
             return;
         };
         let (ttt, data_sn, offset) = (bhs.u32_at(20), bhs.u32_at(36), bhs.u32_at(40) as usize);
@@ -1595,11 +1674,13 @@ impl<R: AsyncRead + Unpin> Session<R> {
             );
             IscsiStats::count(&self.server.stats.protocol_errors);
             self.send(check_condition(itt, Sense::DATA_PHASE_ERROR, pending.expected, pending.counted));
+            self.ended.note(itt);
             return;
         }
         pending.store(offset, &pdu.data);
         pending.received += pdu.data.len();
         pending.next_data_sn = pending.next_data_sn.wrapping_add(1);
+        pending.due = tokio::time::Instant::now() + self.server.config.data_out_timeout;
         self.advance(itt, pending).await;
     }
 

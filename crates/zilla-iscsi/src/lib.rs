@@ -14,6 +14,7 @@
 //! - [`scsi`]: CDB decoding, INQUIRY/VPD/MODE pages, pure (fuzzed);
 //! - [`names`]: target names and the unit's stable identifiers;
 //! - `framing`: a cancel-safe PDU reader;
+//! - `tags`: the task tags of commands that ended before their Data-Out did;
 //! - `writer`: the write side of a connection (StatSN, CmdSN window, digests);
 //! - `connection`: login, discovery and the full-feature phase of one connection;
 //! - [`server`]: accept loop, connection cap, graceful shutdown.
@@ -48,6 +49,7 @@ pub mod thin;
 
 mod connection;
 mod framing;
+mod tags;
 mod writer;
 
 pub use server::IscsiServer;
@@ -70,6 +72,10 @@ pub struct IscsiConfig {
     pub login_timeout: Duration,
     /// A client whose socket accepts no bytes for this long is disconnected.
     pub reply_stall_timeout: Duration,
+    /// A command waiting for Data-Out that gets none for this long ends the connection
+    /// (its budget and window slot return): an initiator that stops sending mid-burst
+    /// cannot hold memory the other sessions need.
+    pub data_out_timeout: Duration,
     /// How long shutdown waits for in-flight commands before closing connections.
     pub shutdown_grace: Duration,
     /// Simultaneous connections; beyond it new clients wait in the listen backlog.
@@ -89,6 +95,7 @@ impl Default for IscsiConfig {
             first_burst_bytes: 256 << 10,
             login_timeout: Duration::from_secs(30),
             reply_stall_timeout: Duration::from_secs(60),
+            data_out_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(5),
             connections_max: 1024,
             unauthenticated_logins: false,
@@ -114,6 +121,9 @@ impl IscsiConfig {
         if self.connections_max == 0 || self.connections_max > 1 << 20 {
             return Err(format!("connections_max {} out of range 1..=1048576", self.connections_max));
         }
+        if self.data_out_timeout.is_zero() || self.data_out_timeout > Duration::from_secs(3600) {
+            return Err(format!("data_out_timeout {:?} out of range (0, 3600 s]", self.data_out_timeout));
+        }
         if self.shutdown_grace > Duration::from_secs(60) {
             return Err("shutdown_grace above 60 s".into());
         }
@@ -134,7 +144,8 @@ pub struct IscsiStats {
     /// Of those, refused for failed authentication (wrong or missing CHAP
     /// credentials) or authorization (an initiator not on the target's list).
     pub logins_auth_failed: AtomicU64,
-    /// PDUs answered with a Reject, and connections closed on a malformed PDU.
+    /// PDUs answered with a Reject, connections closed on a malformed PDU, and
+    /// connections closed for a command whose Data-Out stopped coming.
     pub protocol_errors: AtomicU64,
     /// Commands ignored for a CmdSN outside the window.
     pub commands_out_of_window: AtomicU64,

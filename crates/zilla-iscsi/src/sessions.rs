@@ -1,9 +1,18 @@
-//! sessions: the live sessions of the target, for the admin's listing.
+//! sessions: the live sessions of the target, for the admin's listing and session
+//! reinstatement.
 //!
-//! A connection registers its session once logged in and the [`Listed`] guard it
-//! keeps removes it when the connection ends. The registry holds at most `capacity`
-//! entries (the connection cap: one session per connection here); a session beyond it
-//! is served but not listed.
+//! A connection registers its session once logged in (its login has passed the
+//! target's authentication and initiator list) and the [`Listed`] guard it keeps
+//! removes it when the connection ends. The registry holds at most `capacity` entries
+//! (the connection cap: one session per connection here); a session beyond it is
+//! served but not listed.
+//!
+//! Session identity (RFC 7143 §4.4.3): initiator name, ISID and target name (our one
+//! portal group). A new normal session with the identity of a listed one reinstates it
+//! (§6.3.5): the old session is told to end. The same initiator name and ISID on
+//! another target is another session and ends nothing; a login that was refused never
+//! reaches the registry, so it ends nothing either. Names compare without regard to
+//! case, as the initiator lists do.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +52,15 @@ pub struct SessionInfo {
 }
 
 impl SessionInfo {
+    /// Both are normal sessions with one identity: initiator name, ISID and target.
+    pub fn same_session(&self, other: &SessionInfo) -> bool {
+        !self.discovery
+            && !other.discovery
+            && self.isid == other.isid
+            && self.initiator_name.eq_ignore_ascii_case(&other.initiator_name)
+            && self.target.eq_ignore_ascii_case(&other.target)
+    }
+
     /// The listing entry of a session just logged in.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -89,8 +107,8 @@ pub(crate) struct SessionRegistry {
 pub(crate) struct Listed {
     registry: Arc<SessionRegistry>,
     id: u64,
-    /// Turns true when a later login of the same initiator and ISID reinstates the
-    /// session (RFC 7143 §6.3.5): it is to end.
+    /// Turns true when a later login with the session's identity (initiator name,
+    /// ISID, target) reinstates it (RFC 7143 §6.3.5): it is to end.
     pub(crate) reinstated: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -105,16 +123,14 @@ impl SessionRegistry {
         SessionRegistry { entries: Mutex::new(BTreeMap::new()), next_id: AtomicU64::new(1), capacity: capacity.max(1) }
     }
 
-    /// List `info` until the guard is dropped; `None` when the registry is full. A
-    /// normal session of the same initiator name and ISID already listed is told to end
-    /// (session reinstatement).
+    /// List `info` (a session whose login succeeded) until the guard is dropped;
+    /// `None` when the registry is full. A normal session listed with the same identity
+    /// is told to end (session reinstatement).
     pub(crate) fn register(self: &Arc<Self>, info: SessionInfo) -> Option<Listed> {
         let mut entries = self.entries.lock();
-        if !info.discovery {
-            for (old, end) in entries.values() {
-                if !old.discovery && old.initiator_name == info.initiator_name && old.isid == info.isid {
-                    end.send_replace(true);
-                }
+        for (old, end) in entries.values() {
+            if old.same_session(&info) {
+                end.send_replace(true);
             }
         }
         if entries.len() >= self.capacity {
@@ -138,8 +154,32 @@ mod tests {
     use crate::IscsiConfig;
 
     fn info(name: &str) -> SessionInfo {
+        session(name, "iqn.t", SessionType::Normal)
+    }
+
+    fn session(name: &str, target: &str, session_type: SessionType) -> SessionInfo {
         let params = SessionParams::defaults(&IscsiConfig::default());
-        SessionInfo::new(name, [0x80, 0, 0x12, 0x34, 0, 1], 7, "10.0.0.1:5000", "iqn.t", SessionType::Normal, "chap", &params)
+        SessionInfo::new(name, [0x80, 0, 0x12, 0x34, 0, 1], 7, "10.0.0.1:5000", target, session_type, "chap", &params)
+    }
+
+    #[test]
+    fn only_a_session_of_the_same_initiator_isid_and_target_is_reinstated() {
+        let registry = Arc::new(SessionRegistry::new(16));
+        let victim = registry.register(session("iqn.n", "iqn.a", SessionType::Normal)).unwrap();
+        // the same initiator name and ISID on another target, or in discovery: another session
+        let other_target = registry.register(session("iqn.n", "iqn.b", SessionType::Normal)).unwrap();
+        let discovery = registry.register(session("iqn.n", "discovery", SessionType::Discovery)).unwrap();
+        let other_name = registry.register(session("iqn.m", "iqn.a", SessionType::Normal)).unwrap();
+        let mut other_isid = session("iqn.n", "iqn.a", SessionType::Normal);
+        other_isid.isid = "800012340002".into();
+        let other_isid = registry.register(other_isid).unwrap();
+        assert!(!*victim.reinstated.borrow(), "a session of another target, name or ISID ended the victim");
+        // the same identity (names in another case): the victim is reinstated, nothing else
+        let again = registry.register(session("IQN.N", "iqn.A", SessionType::Normal)).unwrap();
+        assert!(*victim.reinstated.borrow());
+        for kept in [&other_target, &discovery, &other_name, &other_isid, &again] {
+            assert!(!*kept.reinstated.borrow());
+        }
     }
 
     #[test]

@@ -231,3 +231,110 @@ async fn discovery_uses_the_default_entry_and_the_store_changes_live() {
     let mut login = Login::start(&server);
     assert_eq!(login.request(0, 3, true, &discovery).await.unwrap().status, (0, 0));
 }
+
+const GOOD: &str = "iqn.2026-11.org.good:h1";
+const EVIL: &str = "iqn.2026-11.org.evil:h9";
+const OTHER_TARGET: &str = "iqn.2026-11.io.zilla:tank.other";
+
+/// tank/vol with CHAP for `GOOD` only, tank/other open.
+fn two_targets() -> IscsiServer {
+    let mut registry = StaticRegistry::new();
+    registry.insert("tank/vol", "", Arc::new(MemVolume::new("tank/vol", 1 << 20, 4096)));
+    registry.insert("tank/other", "", Arc::new(MemVolume::new("tank/other", 1 << 20, 4096)));
+    let server = IscsiServer::new(Arc::new(registry), IscsiConfig::default());
+    let mut store = AuthStore::default();
+    store.set_target(TARGET, chap(&[GOOD], false)).unwrap();
+    server.set_auth_store(store);
+    server
+}
+
+impl Login {
+    /// A CHAP login of `initiator` to `TARGET` with `secret`, to the full-feature phase;
+    /// the last response's status.
+    async fn chap_login(&mut self, initiator: &str, secret: &[u8]) -> (u8, u8) {
+        let session = [("InitiatorName", initiator), ("TargetName", TARGET), ("SessionType", "Normal")];
+        let (identifier, challenge) = self.chap_challenge(&session).await;
+        let response = encode_hex(&chap_response(identifier, secret, &challenge));
+        let a = self.request(0, 1, true, &[("CHAP_N", "alice"), ("CHAP_R", &response)]).await.unwrap();
+        if a.status != (0, 0) {
+            return a.status;
+        }
+        self.request(1, 3, true, &[("HeaderDigest", "None")]).await.unwrap().status
+    }
+
+    /// A NOP-Out in the full-feature phase: answered (`true`), or the session is gone.
+    async fn alive(&mut self) -> bool {
+        let mut bhs = Bhs::new(op::NOP_OUT, true);
+        bhs.0[0] |= 0x40;
+        bhs.set_u32(16, 0x99);
+        bhs.set_u32(20, 0xffff_ffff);
+        if self.stream.write_all(&bhs.0).await.is_err() {
+            return false;
+        }
+        let mut response = Bhs::default();
+        match tokio::time::timeout(TIMEOUT, self.stream.read_exact(&mut response.0)).await.expect("an answer or a close in time") {
+            Ok(_) => response.opcode() == op::NOP_IN,
+            Err(_) => false,
+        }
+    }
+}
+
+/// Session identity is initiator name, ISID and target: a login with the victim's
+/// name and ISID to another target, or to its target with a wrong secret, leaves the
+/// victim's session alone; a successful login to its target reinstates it.
+#[tokio::test]
+async fn only_a_successful_login_to_the_same_target_reinstates_a_session() {
+    let server = two_targets();
+    let mut victim = Login::start(&server);
+    assert_eq!(victim.chap_login(GOOD, SECRET).await, (0, 0));
+    assert!(victim.alive().await);
+    // the same name and ISID, another (open) target
+    let mut other = Login::start(&server);
+    let keys = [("InitiatorName", GOOD), ("TargetName", OTHER_TARGET), ("SessionType", "Normal")];
+    assert_eq!(other.request(1, 3, true, &keys).await.unwrap().status, (0, 0));
+    assert!(other.alive().await);
+    assert!(victim.alive().await, "a login to another target ended the victim's session");
+    // the victim's target with a wrong secret
+    let mut wrong = Login::start(&server);
+    assert_eq!(wrong.chap_login(GOOD, b"wrongsecret12").await, (2, 1));
+    assert!(victim.alive().await, "a failed login ended the victim's session");
+    // its target, right secret: reinstated
+    let mut again = Login::start(&server);
+    assert_eq!(again.chap_login(GOOD, SECRET).await, (0, 0));
+    assert!(!victim.alive().await, "the old session survived its reinstatement");
+    assert!(again.alive().await && other.alive().await);
+}
+
+/// The initiator list is checked on the name the first request gives; a later
+/// request naming another initiator is refused (initiator error), so the session can
+/// never run under a name the list did not allow. Repeating the first name is fine.
+#[tokio::test]
+async fn an_initiator_name_declared_again_with_another_value_is_refused() {
+    let server = server();
+    let mut store = AuthStore::default();
+    store.set_target(TARGET, TargetAuth { initiators: vec![GOOD.into()], ..Default::default() }).unwrap();
+    server.set_auth_store(store);
+    let first = [("InitiatorName", GOOD), ("TargetName", TARGET), ("SessionType", "Normal"), ("AuthMethod", "None")];
+    let mut login = Login::start(&server);
+    assert_eq!(login.request(0, 1, true, &first).await.unwrap().status, (0, 0));
+    let a = login.request(1, 3, true, &[("InitiatorName", EVIL), ("HeaderDigest", "None")]).await.unwrap();
+    assert_eq!(a.status, (2, 0), "a second InitiatorName: initiator error");
+    assert!(server.sessions().is_empty(), "{:?}", server.sessions());
+    // the same name again (as libiscsi sends it): in, under that name
+    let mut login = Login::start(&server);
+    assert_eq!(login.request(0, 1, true, &first).await.unwrap().status, (0, 0));
+    let again = [("InitiatorName", GOOD), ("TargetName", TARGET), ("SessionType", "Normal"), ("HeaderDigest", "None")];
+    assert_eq!(login.request(1, 3, true, &again).await.unwrap().status, (0, 0));
+    let sessions = server.sessions();
+    assert_eq!(sessions.iter().map(|s| s.initiator_name.as_str()).collect::<Vec<_>>(), [GOOD]);
+    // a discovery login turning into a normal one later: refused
+    let mut login = Login::start(&server);
+    let discovery = [("InitiatorName", EVIL), ("SessionType", "Discovery"), ("AuthMethod", "None")];
+    assert_eq!(login.request(0, 1, true, &discovery).await.unwrap().status, (0, 0));
+    let a = login.request(1, 3, true, &[("SessionType", "Normal"), ("TargetName", TARGET)]).await.unwrap();
+    assert_eq!(a.status, (2, 0));
+    // a bad receive limit: refused
+    let mut login = Login::start(&server);
+    let a = login.request(1, 3, true, &[("InitiatorName", GOOD), ("TargetName", TARGET), ("MaxRecvDataSegmentLength", "12")]).await.unwrap();
+    assert_eq!(a.status, (2, 0));
+}

@@ -590,3 +590,91 @@ async fn persistent_reservations_fence_other_sessions_and_persist_with_aptpl() {
     c.command(&write10(0, 1), 512, false, true, true, &[7u8; 512]).await;
     assert_eq!(c.read_status().await.1, 0x18, "still fenced after the restart");
 }
+
+/// A target on one 1 MiB MemVolume with `config`, its front end, and an initiator.
+fn start_with(config: IscsiConfig) -> (Initiator, Arc<zilla_frontend::Frontend>, watch::Sender<bool>) {
+    let registry = StaticRegistry::new().with("tank/vol", Arc::new(MemVolume::new("tank/vol", 1 << 20, 4096)));
+    let frontend = zilla_frontend::Frontend::new(Arc::new(registry), zilla_frontend::FrontendConfig::default());
+    let server = IscsiServer::with_frontend(frontend.clone(), config);
+    let (client, served) = tokio::io::duplex(1 << 20);
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move { server.serve_stream(served, None, stop).await });
+    (Initiator { stream: client, cmd_sn: 1, itt: 1, header_digest: false }, frontend, stop_tx)
+}
+
+async fn test_unit_ready_is_good(i: &mut Initiator) {
+    let itt = i.command(&[0; 6], 0, false, false, true, &[]).await;
+    let r = i.receive().await.expect("the session goes on");
+    assert_eq!((r.bhs.opcode(), r.bhs.itt(), r.bhs.0[3]), (op::SCSI_RESPONSE, itt, 0), "TEST UNIT READY answered GOOD next");
+}
+
+/// A Data-Out for a tag no command has is answered with a Reject (invalid PDU field)
+/// and the session goes on; one for a command that ended before its unsolicited data
+/// (refused, aborted) is dropped without an answer.
+#[tokio::test]
+async fn a_data_out_for_no_command_is_rejected_and_stragglers_are_dropped() {
+    let (mut i, _frontend, _stop) = start_with(IscsiConfig::default());
+    let mut keys = NORMAL.to_vec();
+    keys.retain(|(k, _)| *k != "InitialR2T");
+    keys.push(("InitialR2T", "No"));
+    assert_eq!(i.login(&keys).await.bhs.0[36], 0);
+    i.data_out(0x7777, 0xffff_ffff, 0, 0, &[0xab; 512], true).await;
+    let r = i.receive().await.expect("a Reject");
+    assert_eq!((r.bhs.opcode(), r.bhs.0[2]), (op::REJECT, 0x09), "Reject, invalid PDU field");
+    assert_eq!(r.data.len(), BHS_BYTES);
+    assert_eq!(Bhs(r.data[..BHS_BYTES].try_into().unwrap()).itt(), 0x7777, "the Reject carries the rejected header");
+    test_unit_ready_is_good(&mut i).await;
+    // a WRITE beyond the end whose unsolicited Data-Out follows (no F bit): refused, its
+    // Data-Out dropped
+    let itt = i.command(&write10(4096, 2), 1024, false, true, false, &[0xcd; 512]).await;
+    let (_, status, ..) = i.read_status().await;
+    assert_eq!(status, 2, "LBA out of range");
+    i.data_out(itt, 0xffff_ffff, 0, 512, &[0xcd; 512], true).await;
+    test_unit_ready_is_good(&mut i).await;
+}
+
+/// A command with both R and W set is refused: CHECK CONDITION, ILLEGAL REQUEST,
+/// INVALID FIELD IN CDB, and nothing is written.
+#[tokio::test]
+async fn a_bidirectional_command_is_refused_with_invalid_field_in_cdb() {
+    let (mut i, _frontend, _stop) = start_with(IscsiConfig::default());
+    assert_eq!(i.login(NORMAL).await.bhs.0[36], 0);
+    i.command(&write10(0, 1), 512, true, true, true, &[0xee; 512]).await;
+    let (_, status, _, _, sense) = i.read_status().await;
+    assert_eq!(status, 2, "CHECK CONDITION");
+    // sense data: 2 length bytes, then fixed format (key at 2, ASC/ASCQ at 12/13)
+    assert_eq!((sense[2 + 2] & 0x0f, sense[2 + 12], sense[2 + 13]), (0x05, 0x24, 0x00), "ILLEGAL REQUEST, INVALID FIELD IN CDB");
+    i.command(&read10(0, 1), 512, true, false, true, &[]).await;
+    let (data, status, ..) = i.read_status().await;
+    assert_eq!(status, 0);
+    assert!(data.iter().all(|&b| b == 0), "the bidirectional WRITE wrote");
+}
+
+/// A WRITE whose Data-Out stops halfway through the R2T's burst: after the data-out
+/// timeout the connection ends and the budget the command held returns.
+#[tokio::test]
+async fn a_write_whose_data_out_stops_ends_the_connection_after_the_timeout() {
+    let config = IscsiConfig { data_out_timeout: Duration::from_millis(400), ..IscsiConfig::default() };
+    let (mut i, frontend, _stop) = start_with(config);
+    assert_eq!(i.login(NORMAL).await.bhs.0[36], 0);
+    let itt = i.command(&write10(0, 16), 8192, false, true, true, &[]).await;
+    let r2t = i.receive().await.unwrap();
+    assert_eq!(r2t.bhs.opcode(), op::R2T);
+    // a steady trickle within the timeout keeps the command alive
+    for n in 0..3u32 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        i.data_out(itt, r2t.bhs.u32_at(20), n, n * 512, &[0x11; 512], false).await;
+    }
+    assert!(frontend.memory.stats().in_use > 0, "the waiting write holds budget");
+    let started = std::time::Instant::now();
+    assert!(i.receive().await.is_none(), "the connection ends");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(5), "closed after {waited:?}");
+    for _ in 0..100 {
+        if frontend.memory.stats().in_use == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(frontend.memory.stats().in_use, 0, "the stalled write's budget returned");
+}

@@ -19,9 +19,10 @@
 //! Caps left at their defaults shrink to fit (NBD first, then HTTP; logged); caps set
 //! in the file that do not fit refuse the start with the sum spelled out.
 //!
-//! The front-end memory budget and the NBD per-connection limits come from the same
-//! file ([`frontend_config`], [`nbd_config`]); every value has a range, and a value
-//! out of range or inconsistent with another refuses the start with the reason.
+//! The front-end memory budget, the NBD per-connection limits and the iSCSI target's
+//! come from the same file ([`frontend_config`], [`nbd_config`], [`iscsi_config`]);
+//! every value has a range, and a value out of range or inconsistent with another
+//! refuses the start with the reason.
 
 use std::time::Duration;
 
@@ -61,6 +62,8 @@ pub struct Settings {
     pub nbd_idle_timeout_s: Option<u64>,
     pub nbd_reply_stall_timeout_s: Option<u64>,
     pub nbd_handshake_timeout_s: Option<u64>,
+    /// How long an iSCSI command waits for its next Data-Out before the connection ends.
+    pub iscsi_data_out_timeout_s: Option<u64>,
     /// Bound of the analytics history's memory (enabled datasets).
     pub analytics_memory_max_bytes: Option<u64>,
 }
@@ -85,6 +88,7 @@ pub const KEYS: &[&str] = &[
     "nbd_idle_timeout_s",
     "nbd_reply_stall_timeout_s",
     "nbd_handshake_timeout_s",
+    "iscsi_data_out_timeout_s",
     "analytics_memory_max_bytes",
 ];
 
@@ -141,6 +145,7 @@ impl Settings {
                 "nbd_idle_timeout_s" => s.nbd_idle_timeout_s = Some(number(&k, &v, 0, 7 * 86_400)?),
                 "nbd_reply_stall_timeout_s" => s.nbd_reply_stall_timeout_s = Some(number(&k, &v, 0, 86_400)?),
                 "nbd_handshake_timeout_s" => s.nbd_handshake_timeout_s = Some(number(&k, &v, 1, 3600)?),
+                "iscsi_data_out_timeout_s" => s.iscsi_data_out_timeout_s = Some(number(&k, &v, 1, 3600)?),
                 other => {
                     return Err(format!("unknown setting '{}' (expected one of: {})", crate::clip::clip(other), KEYS.join(", ")))
                 }
@@ -186,6 +191,19 @@ pub fn nbd_config(s: &Settings, connections_max: usize) -> anyhow::Result<zilla_
         ..defaults
     };
     config.validate().map_err(|e| anyhow!("NBD limits in the config file: {e}"))?;
+    Ok(config)
+}
+
+/// The iSCSI target's limits from the file (defaults: [`zilla_iscsi::IscsiConfig`]);
+/// `unauthenticated_logins` from `--iscsi-auth`.
+pub fn iscsi_config(s: &Settings, unauthenticated_logins: bool) -> anyhow::Result<zilla_iscsi::IscsiConfig> {
+    let defaults = zilla_iscsi::IscsiConfig::default();
+    let config = zilla_iscsi::IscsiConfig {
+        data_out_timeout: s.iscsi_data_out_timeout_s.map_or(defaults.data_out_timeout, Duration::from_secs),
+        unauthenticated_logins,
+        ..defaults
+    };
+    config.validate().map_err(|e| anyhow!("iSCSI limits in the config file: {e}"))?;
     Ok(config)
 }
 
@@ -299,6 +317,17 @@ mod tests {
         assert!(Settings::parse("http_connections_max = 0").unwrap_err().contains("out of range"));
         assert_eq!(Settings::parse("iscsi_auth = none").unwrap().iscsi_auth.as_deref(), Some("none"));
         assert!(Settings::parse("iscsi_auth = off").unwrap_err().contains("not chap or none"));
+    }
+
+    #[test]
+    fn the_iscsi_data_out_timeout_comes_from_the_file() {
+        let s = Settings::parse("iscsi_data_out_timeout_s = 2\n").unwrap();
+        let c = iscsi_config(&s, true).unwrap();
+        assert_eq!((c.data_out_timeout, c.unauthenticated_logins), (Duration::from_secs(2), true));
+        let c = iscsi_config(&Settings::default(), false).unwrap();
+        assert_eq!(c.data_out_timeout, Duration::from_secs(30));
+        assert!(Settings::parse("iscsi_data_out_timeout_s = 0").unwrap_err().contains("out of range"));
+        assert!(Settings::parse("iscsi_data_out_timeout_s = 3601").unwrap_err().contains("out of range"));
     }
 
     #[test]

@@ -559,7 +559,7 @@ pub async fn run(
     // CHAP users and initiator lists: a file that cannot be read stops the start (serving
     // without the CHAP the admin set up would open the targets)
     let iscsi_auth = crate::iscsi_admin::load(&dir)?;
-    let iscsi_config = zilla_iscsi::IscsiConfig { unauthenticated_logins: opts.iscsi_unauthenticated, ..Default::default() };
+    let iscsi_config = crate::config::iscsi_config(&opts.settings, opts.iscsi_unauthenticated)?;
     let daemon = Daemon::new(dir.clone(), info.clone(), frontend_config, nbd_config, iscsi_config, opts.settings.analytics_memory_max_bytes);
     daemon.iscsi.set_auth_store(iscsi_auth);
     log_iscsi_exposure(iscsi.as_ref(), opts.iscsi_unauthenticated);
