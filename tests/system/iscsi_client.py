@@ -18,12 +18,15 @@ MODE SENSE / MODE SELECT of the caching page, and reads.
     iscsi_client.py HOST:PORT TARGET pr-reservation       # PR IN READ RESERVATION: "KEY TYPE" or "none"
 
 KEY is hexadecimal. The initiator name is $ISCSI_INITIATOR (default
-iqn.2026-11.io.zilla:systest); two names are two I_T nexuses.
+iqn.2026-11.io.zilla:systest); two names are two I_T nexuses. As a module it also
+offers the login one request at a time (`Initiator.login_request`) and a CHAP login
+(`Initiator.chap_login`), for tests of the login itself.
 
 Every command must end GOOD; otherwise the status and sense are printed and the exit
 status is 1 (RESERVATION CONFLICT prints "status 0x18").
 """
 
+import hashlib
 import os
 import socket
 import struct
@@ -31,14 +34,21 @@ import sys
 
 BLOCK = 512
 CHUNK = 32 << 10          # immediate data per WRITE (FirstBurstLength is 64 KiB)
+ISID = bytes([0x80, 0, 0, 0x11, 0x22, 0x33])
+OPERATIONAL = [("HeaderDigest", "None"), ("DataDigest", "None"), ("ImmediateData", "Yes"), ("InitialR2T", "No"),
+               ("MaxRecvDataSegmentLength", "65536"), ("FirstBurstLength", "65536"), ("MaxBurstLength", "262144"),
+               ("ErrorRecoveryLevel", "0")]
 
 
 class Initiator:
-    def __init__(self, portal, target):
+    def __init__(self, portal, target, login=True, initiator=None, isid=ISID):
         host, port = portal.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=30)
         self.cmd_sn, self.itt, self.stat_sn = 1, 1, 0
-        self.login(target)
+        self.initiator = initiator or os.environ.get("ISCSI_INITIATOR", "iqn.2026-11.io.zilla:systest")
+        self.isid = isid
+        if login:
+            self.login(target)
 
     def send(self, bhs, data=b""):
         bhs = bytearray(bhs)
@@ -63,23 +73,47 @@ class Initiator:
         data = self.recv_exact(dlen + (-dlen) % 4)[:dlen]
         return bhs, data
 
-    def login(self, target):
-        initiator = os.environ.get("ISCSI_INITIATOR", "iqn.2026-11.io.zilla:systest")
-        keys = {"InitiatorName": initiator, "TargetName": target,
-                "SessionType": "Normal", "HeaderDigest": "None", "DataDigest": "None",
-                "ImmediateData": "Yes", "InitialR2T": "No", "MaxRecvDataSegmentLength": "65536",
-                "FirstBurstLength": "65536", "MaxBurstLength": "262144", "ErrorRecoveryLevel": "0"}
-        text = b"".join(f"{k}={v}".encode() + b"\0" for k, v in keys.items())
+    def login_request(self, csg, nsg, transit, keys):
+        """One Login Request in stage `csg` (to `nsg` when `transit`) with `keys`, a list
+        of (key, value); returns (status class, status detail, transit, {key: value})."""
+        text = b"".join(f"{k}={v}".encode() + b"\0" for k, v in keys)
         bhs = bytearray(48)
         bhs[0] = 0x43                       # Login, immediate
-        bhs[1] = 0x80 | (1 << 2) | 3        # T, operational stage -> full feature phase
-        bhs[8:14] = bytes([0x80, 0, 0, 0x11, 0x22, 0x33])
+        bhs[1] = (0x80 | (csg << 2) | nsg) if transit else csg << 2
+        bhs[8:14] = self.isid
         struct.pack_into(">III", bhs, 16, 0, 0, self.cmd_sn)
         self.send(bhs, text)
         reply, data = self.recv()
-        if reply[0] & 0x3f != 0x23 or reply[36] != 0:
-            raise SystemExit(f"login refused: class {reply[36]} detail {reply[37]} {data!r}")
+        if reply[0] & 0x3f != 0x23:
+            raise SystemExit(f"a login request answered with opcode {reply[0] & 0x3f:#x}")
         self.stat_sn = struct.unpack_from(">I", reply, 24)[0]
+        answers = dict(pair.decode(errors="replace").split("=", 1) for pair in data.split(b"\0") if b"=" in pair)
+        return reply[36], reply[37], bool(reply[1] & 0x80), answers
+
+    def login(self, target):
+        keys = [("InitiatorName", self.initiator), ("TargetName", target), ("SessionType", "Normal")] + OPERATIONAL
+        status_class, detail, _, answers = self.login_request(1, 3, True, keys)
+        if status_class != 0:
+            raise SystemExit(f"login refused: class {status_class} detail {detail} {answers!r}")
+
+    def chap_login(self, target, user, secret):
+        """A login with CHAP (MD5) to the full-feature phase: (status class, detail) of
+        the request that ended it."""
+        first = [("InitiatorName", self.initiator), ("TargetName", target), ("SessionType", "Normal"),
+                 ("AuthMethod", "CHAP,None")]
+        status_class, detail, _, answers = self.login_request(0, 1, True, first)
+        if status_class or answers.get("AuthMethod") != "CHAP":
+            return status_class, detail
+        status_class, detail, _, answers = self.login_request(0, 1, False, [("CHAP_A", "5")])
+        if status_class:
+            return status_class, detail
+        identifier, challenge = int(answers["CHAP_I"]), bytes.fromhex(answers["CHAP_C"][2:])
+        response = hashlib.md5(bytes([identifier]) + secret.encode() + challenge).hexdigest()
+        status_class, detail, _, _ = self.login_request(0, 1, True, [("CHAP_N", user), ("CHAP_R", "0x" + response)])
+        if status_class:
+            return status_class, detail
+        status_class, detail, _, _ = self.login_request(1, 3, True, OPERATIONAL)
+        return status_class, detail
 
     def command(self, cdb, expected=0, write=None, read=False):
         """A SCSI command with `write` bytes as immediate data; returns the data read."""
