@@ -995,12 +995,7 @@ where
     };
     let reinstated = listed_session.as_ref().map(|l| l.reinstated.clone());
     let result = session.run(stop, disconnect, reinstated).await;
-    session.finish().await;
-    if let Some(unit) = &session.unit {
-        server.units.detach(&unit.export, &unit.nexus, &unit.reservations);
-    }
-    drop(session);
-    writer_finished(writer, config).await;
+    session.close(writer).await;
     drop(listed);
     result
 }
@@ -1832,7 +1827,15 @@ impl<R: AsyncRead + Unpin> Session<R> {
         self.settle().await;
     }
 
-    async fn finish(&mut self) {
+    /// The connection is over: its commands finish (bounded), the unit lets go of this
+    /// session's I_T nexus, and the writer puts the last PDUs on the wire.
+    async fn close(mut self, writer: tokio::task::JoinHandle<io::Result<()>>) {
         self.drain().await;
+        if let Some(unit) = &self.unit {
+            self.server.units.detach(&unit.export, &unit.nexus, &unit.reservations);
+        }
+        let server = self.server.clone();
+        drop(self);
+        writer_finished(writer, &server.config).await;
     }
 }
