@@ -1,5 +1,6 @@
-//! Fuzz the login phase's key negotiation: text keys from untrusted bytes offered in
-//! both stages, then the check for required keys.
+//! Fuzz the login phase's key negotiation: text keys from untrusted bytes declared and
+//! offered in both stages (the second time as a later request of the same login),
+//! then the check for required keys.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -10,7 +11,9 @@ use zilla_iscsi::IscsiConfig;
 fuzz_target!(|data: &[u8]| {
     let keys = pdu::parse_text(data);
     let mut n = Negotiation::new(&IscsiConfig::default());
+    let _ = n.declare(&keys);
     let _ = n.offer(&keys, 0, false);
+    let _ = n.declare(&keys);
     let _ = n.offer(&keys, 1, true);
     let _ = n.check_required();
 });

@@ -67,7 +67,9 @@ proptest! {
         }
         let keys = pdu::parse_text(&bytes);
         let mut n = Negotiation::new(&IscsiConfig::default());
+        let _ = n.declare(&keys);
         let _ = n.offer(&keys, 0, false);
+        let _ = n.declare(&keys);
         let _ = n.offer(&keys, 1, true);
         let _ = n.check_required();
     }
