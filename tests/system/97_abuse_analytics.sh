@@ -6,8 +6,9 @@
 #    patterns of stars) are refused with a short 4xx at once or answered; PUT with bad
 #    JSON, a 3 MB body or an unknown dataset is refused; enabling every dataset stops
 #    at 409 and memory_bytes stays under memory_max_bytes.
-# 2. Live streams: 0 or 9 datasets are refused; 16 streams are served, the 17th gets
-#    503; 16 clients that drop their connections without a word free their slots.
+# 2. Live streams: 0 or 9 datasets are refused; 16 streams (4 from each of four
+#    addresses, a client's share) are served, the 17th gets 503; 16 clients that drop
+#    their connections without a word free their slots.
 # 3. 600 NBD clients, each from its own address, one read each, spread over about 3 s
 #    with io.ops/client on: every read is counted once (the clients table keeps 256:
 #    the evicted ones count as `other`, also those the collector had seen under their
@@ -117,9 +118,9 @@ EOF
 python3 - "$HTTP_PORT" <<'EOF' || fail "live stream limits"
 import socket, sys, time
 port = int(sys.argv[1])
-def open_stream(query="dataset=io.ops/op"):
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.sendall(f"GET /api/v1/analytics/live?{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+def open_stream(query="dataset=io.ops/op", source="127.0.0.1"):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    s.sendall(f"GET /api/v1/analytics/live?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     head = b""
     while b"\r\n" not in head:
         chunk = s.recv(4096)
@@ -131,9 +132,11 @@ for q, want in [("", 400), ("&".join(["dataset=io.ops/op"] * 9), 400), ("dataset
     s, status = open_stream(q)
     s.close()
     assert status == want, f"live {q[:40]!r}: {status}, expected {want}"
-streams = [open_stream() for _ in range(16)]
+# at most 4 streams per client address: 16 from four addresses fill every slot
+sources = [f"127.0.0.{1 + i // 4}" for i in range(16)]
+streams = [open_stream(source=src) for src in sources]
 assert all(st == 200 for _, st in streams), [st for _, st in streams]
-s, status = open_stream()
+s, status = open_stream(source="127.0.0.5")
 s.close()
 assert status == 503, f"the 17th stream got {status}"
 # vanish: reset the connections (no FIN handshake, never read again)
@@ -143,8 +146,8 @@ for s, _ in streams:
 deadline = time.time() + 6
 while True:
     got = []
-    for _ in range(16):
-        s, status = open_stream()
+    for src in sources:
+        s, status = open_stream(source=src)
         got.append((s, status))
     ok = sum(1 for _, st in got if st == 200)
     for s, _ in got:
@@ -153,7 +156,7 @@ while True:
         break
     assert time.time() < deadline, f"only {ok} of 16 slots free 6 s after the clients vanished"
     time.sleep(0.5)
-print("live: 16 served, the 17th refused, slots freed after abrupt disconnects")
+print("live: 16 served (4 per address), the 17th refused, slots freed after abrupt disconnects")
 EOF
 
 # --- 3. hundreds of clients: at most 64 keys a point, every read counted ------------------
@@ -266,7 +269,7 @@ port, pid = int(sys.argv[1]), int(sys.argv[2])
 streams = []
 for _ in range(4):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.sendall(b"GET /api/v1/analytics/live?dataset=io.ops/op HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /api/v1/analytics/live?dataset=io.ops/op HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert b" 200 " in s.recv(4096)
     streams.append(s)
 time.sleep(1.2)

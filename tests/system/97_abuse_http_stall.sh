@@ -17,7 +17,7 @@ import socket, sys, time
 port = int(sys.argv[1])
 # 256 x 50 KiB: more than the socket buffers hold (loopback autotunes the sender's
 # to 4 MiB), so every one of these connections stalls
-req = b"GET /ui/assets/vendor/uplot/uPlot.iife.min.js HTTP/1.1\r\nHost: x\r\n\r\n" * 256
+req = b"GET /ui/assets/vendor/uplot/uPlot.iife.min.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 256
 stalled = []
 for _ in range(16):
     s = socket.socket()
@@ -28,7 +28,7 @@ for _ in range(16):
 t0 = time.time()
 # every slot is taken: a new client is served only once the daemon cuts a stalled one
 new = socket.create_connection(("127.0.0.1", port), timeout=15)
-new.sendall(b"GET /api/v1/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+new.sendall(b"GET /api/v1/info HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
 reply = b""
 while b"\r\n\r\n" not in reply:
     chunk = new.recv(4096)

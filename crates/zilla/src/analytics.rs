@@ -29,12 +29,15 @@
 //! seconds since the last one (at most a minute), so neither a hole nor a doubled
 //! second shows in the rates, and the totals stay exact.
 //!
-//! Bounds: at most [`LIVE_SUBSCRIBERS_MAX`] live streams, each of at most
-//! [`LIVE_DATASETS_MAX`] datasets and one event a second, ending after
-//! [`LIVE_EVENTS_MAX`] events (its first tells the browser to reconnect within a
-//! second), so a client that stops reading holds its slot at most that long; a query
-//! answers at most the store's points and keys limits. The store's memory is bounded
-//! by the catalog.
+//! Bounds: at most [`LIVE_SUBSCRIBERS_MAX`] live streams, at most
+//! [`LIVE_PER_CLIENT_MAX`] of them from one client address (an IPv6 client: its /64),
+//! so one client cannot take every slot (429 beyond its share, 503 when all are
+//! taken); each of at most [`LIVE_DATASETS_MAX`] datasets and one event a second,
+//! ending after [`LIVE_EVENTS_MAX`] events (its first tells the browser to reconnect
+//! within a second). A client that stops reading is disconnected by the HTTP server's
+//! write-stall guard (http_serve.rs: no byte acknowledged for
+//! `http_write_stall_timeout_s`), which gives its slot back; a query answers at most
+//! the store's points and keys limits. The store's memory is bounded by the catalog.
 //!
 //! The history file: loaded at start; a file that cannot be used (torn, corrupt,
 //! foreign) is reported, moved aside to `analytics-history.bad` and replaced.
@@ -42,7 +45,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +68,8 @@ use crate::pools::PoolTable;
 
 /// Live streams served at once.
 pub const LIVE_SUBSCRIBERS_MAX: usize = 16;
+/// Live streams one client address may hold (a browser tab holds one).
+pub const LIVE_PER_CLIENT_MAX: usize = 4;
 /// Datasets one live stream may follow.
 pub const LIVE_DATASETS_MAX: usize = 8;
 /// Events a live stream sends before it ends (a browser's EventSource reconnects
@@ -85,7 +89,48 @@ pub struct Analytics {
     env: Arc<dyn Env>,
     /// The last second ingested (monotonic s); live streams wake on its change.
     tick: watch::Sender<u64>,
-    subscribers: AtomicUsize,
+    live: Mutex<LiveSlots>,
+}
+
+/// The live streams open: in all, and per client (at most [`LIVE_SUBSCRIBERS_MAX`]
+/// rows, one per client holding a stream).
+#[derive(Default)]
+struct LiveSlots {
+    total: usize,
+    per_client: HashMap<std::net::IpAddr, usize>,
+}
+
+impl LiveSlots {
+    /// Take a slot for `client` (`None`: a caller without an address), or say why not.
+    fn take(&mut self, client: Option<std::net::IpAddr>) -> Result<(), ApiError> {
+        if self.total >= LIVE_SUBSCRIBERS_MAX {
+            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("at most {LIVE_SUBSCRIBERS_MAX} live streams at once; close one")));
+        }
+        if let Some(c) = client {
+            let held = self.per_client.entry(c).or_insert(0);
+            if *held >= LIVE_PER_CLIENT_MAX {
+                return Err(ApiError(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!("at most {LIVE_PER_CLIENT_MAX} live streams per client address ({c} holds {held}); close one"),
+                ));
+            }
+            *held += 1;
+        }
+        self.total += 1;
+        Ok(())
+    }
+
+    fn give_back(&mut self, client: Option<std::net::IpAddr>) {
+        self.total = self.total.saturating_sub(1);
+        if let Some(c) = client {
+            if let Some(held) = self.per_client.get_mut(&c) {
+                *held = held.saturating_sub(1);
+                if *held == 0 {
+                    self.per_client.remove(&c);
+                }
+            }
+        }
+    }
 }
 
 impl Analytics {
@@ -111,7 +156,7 @@ impl Analytics {
             }
         }
         let (tick, _) = watch::channel(0);
-        Arc::new(Analytics { store: Mutex::new(store), path, env, tick, subscribers: AtomicUsize::new(0) })
+        Arc::new(Analytics { store: Mutex::new(store), path, env, tick, live: Mutex::new(LiveSlots::default()) })
     }
 
     /// Save the minutes now (the fsyncs outside the lock).
@@ -563,16 +608,20 @@ async fn query(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(
     Ok(Json(answer).into_response())
 }
 
-/// Counts a live stream while it lives.
-struct Subscriber(Arc<Analytics>);
+/// Holds a live stream's slot while it lives.
+struct Subscriber(Arc<Analytics>, Option<std::net::IpAddr>);
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        self.0.subscribers.fetch_sub(1, Ordering::Relaxed);
+        self.0.live.lock().give_back(self.1);
     }
 }
 
-async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(String, String)>>) -> Result<Response, ApiError> {
+async fn live(
+    State(a): State<Arc<Analytics>>,
+    peer: Option<axum::Extension<crate::http_serve::PeerAddr>>,
+    UrlQuery(params): UrlQuery<Vec<(String, String)>>,
+) -> Result<Response, ApiError> {
     if let Some((k, _)) = params.iter().find(|(k, _)| k != "dataset") {
         return Err(ApiError::bad(format!("unknown parameter {:?} (dataset, repeated)", crate::clip::clip(k))));
     }
@@ -583,15 +632,12 @@ async fn live(State(a): State<Arc<Analytics>>, UrlQuery(params): UrlQuery<Vec<(S
     for n in &names {
         a.store.lock().dataset(n).map_err(store_error)?;
     }
-    if a.subscribers.fetch_add(1, Ordering::Relaxed) >= LIVE_SUBSCRIBERS_MAX {
-        a.subscribers.fetch_sub(1, Ordering::Relaxed);
-        return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("at most {LIVE_SUBSCRIBERS_MAX} live streams at once; close one")));
-    }
     if *a.tick.borrow() == TICK_STOPPING {
-        a.subscribers.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping".into()));
     }
-    let guard = Subscriber(a.clone());
+    let client = peer.map(|axum::Extension(p)| p.client_key());
+    a.live.lock().take(client)?;
+    let guard = Subscriber(a.clone(), client);
     let tick = a.tick.subscribe();
     let stream = futures_util::stream::unfold((guard, tick, names, 0u64), |(guard, mut tick, names, sent)| async move {
         if sent >= LIVE_EVENTS_MAX {
@@ -628,6 +674,32 @@ fn live_event(a: &Analytics, names: &[String]) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_client_takes_at_most_its_share_of_the_live_slots() {
+        let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+        let mut slots = LiveSlots::default();
+        for _ in 0..LIVE_PER_CLIENT_MAX {
+            slots.take(ip("127.0.0.1")).unwrap();
+        }
+        let e = slots.take(ip("127.0.0.1")).unwrap_err();
+        assert_eq!(e.0, StatusCode::TOO_MANY_REQUESTS);
+        assert!(e.1.contains("127.0.0.1 holds 4"), "{}", e.1);
+        for c in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+            for _ in 0..LIVE_PER_CLIENT_MAX {
+                slots.take(ip(c)).unwrap();
+            }
+        }
+        assert_eq!(slots.take(ip("127.0.0.5")).unwrap_err().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(slots.take(None).unwrap_err().0, StatusCode::SERVICE_UNAVAILABLE);
+        slots.give_back(ip("127.0.0.1"));
+        slots.take(ip("127.0.0.5")).unwrap();
+        for c in ["127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.5"] {
+            slots.give_back(ip(c));
+        }
+        assert_eq!(slots.per_client.len(), 3, "a client holding nothing has no row");
+        assert_eq!(slots.total, 12);
+    }
 
     #[test]
     fn a_dataset_enabled_again_starts_from_that_second() {

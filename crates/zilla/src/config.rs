@@ -54,6 +54,8 @@ pub struct Settings {
     pub http_header_timeout_s: Option<u64>,
     pub http_write_stall_timeout_s: Option<u64>,
     pub http_body_max_bytes: Option<u64>,
+    /// Names the HTTP port answers besides IP addresses and localhost (http_host.rs).
+    pub http_allowed_hosts: Option<crate::http_host::AllowedHosts>,
     pub fd_reserve: Option<usize>,
     pub frontend_memory_budget_bytes: Option<u64>,
     pub frontend_buffer_pool_bytes_max: Option<u64>,
@@ -80,6 +82,7 @@ pub const KEYS: &[&str] = &[
     "http_header_timeout_s",
     "http_write_stall_timeout_s",
     "http_body_max_bytes",
+    "http_allowed_hosts",
     "fd_reserve",
     "frontend_memory_budget_bytes",
     "frontend_buffer_pool_bytes_max",
@@ -134,6 +137,7 @@ impl Settings {
                 "http_header_timeout_s" => s.http_header_timeout_s = Some(number(&k, &v, 1, 3600)?),
                 "http_write_stall_timeout_s" => s.http_write_stall_timeout_s = Some(number(&k, &v, 1, 86_400)?),
                 "http_body_max_bytes" => s.http_body_max_bytes = Some(number(&k, &v, 4096, 1 << 30)?),
+                "http_allowed_hosts" => s.http_allowed_hosts = Some(crate::http_host::AllowedHosts::parse(&v)?),
                 "fd_reserve" => s.fd_reserve = Some(number(&k, &v, 32, 1 << 20)? as usize),
                 "analytics_memory_max_bytes" => s.analytics_memory_max_bytes = Some(number(&k, &v, 1 << 20, 64 << 30)?),
                 "frontend_memory_budget_bytes" => {
@@ -317,6 +321,9 @@ mod tests {
         assert!(Settings::parse("http_connections_max = 0").unwrap_err().contains("out of range"));
         assert_eq!(Settings::parse("iscsi_auth = none").unwrap().iscsi_auth.as_deref(), Some("none"));
         assert!(Settings::parse("iscsi_auth = off").unwrap_err().contains("not chap or none"));
+        let s = Settings::parse("http_allowed_hosts = \"nas.example, zilla.lan\"").unwrap();
+        assert_eq!(s.http_allowed_hosts, Some(crate::http_host::AllowedHosts::parse("nas.example zilla.lan").unwrap()));
+        assert!(Settings::parse("http_allowed_hosts = nas:8080").unwrap_err().contains("is not a host name"));
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod demo;
 mod exports;
 mod format;
 mod memory;
+mod http_host;
 mod http_serve;
 mod iscsi_admin;
 mod iscsi_glue;
@@ -193,7 +194,7 @@ struct ServeArgs {
     /// Config file: `key = value` lines: nbd, iscsi, http (addresses; options given
     /// on the command line win), iscsi_auth, admin_group, admin_connections_max,
     /// http_connections_max, nbd_connections_max, http_header_timeout_s,
-    /// http_body_max_bytes, fd_reserve (see docs/cli.md)
+    /// http_body_max_bytes, http_allowed_hosts, fd_reserve (see docs/cli.md)
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Start with no pool imported (the pools of the cache file show as UNAVAIL until

@@ -3,6 +3,9 @@
 //! Theory of operation
 //! -------------------
 //! Everything here only reads (through [`View`]); nothing on HTTP changes a pool.
+//! The daemon puts http_host.rs's check in front of this router: requests for a name
+//! other than an IP address, localhost or a configured one (DNS rebinding), and writes
+//! from another site's page, are refused before any route runs.
 //! The pages are plain HTML, JavaScript and CSS (no build step) in `assets/`, compiled
 //! in; they carry a Content-Security-Policy that lets them load and fetch from this
 //! origin only.
