@@ -197,7 +197,7 @@ impl Pool {
                     read_errors: c.read_errors.load(Ordering::Relaxed),
                     write_errors: c.write_errors.load(Ordering::Relaxed),
                     cksum_errors: c.cksum_errors.load(Ordering::Relaxed),
-                    note: leaf_note(c, resilvering),
+                    note: c.unavail_reason().unwrap_or_else(|| leaf_note(c, resilvering)),
                     children: vec![],
                 })
                 .collect();
@@ -280,10 +280,17 @@ impl Pool {
         }
         // space per top-level vdev, read under the allocator lock without copying its trees
         let tops = self.inner.tops();
-        let (vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
+        let (mut vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
             let ms = &self.inner.io.ms;
             (tops.iter().map(|t| ms.vdev_space(t.id)).collect(), ms.space(Role::Normal))
         };
+        // a cache device has no allocator: its alloc is what the L2ARC holds on it, its
+        // size the ring's (zpool iostat -v); one the L2ARC does not use shows none
+        if let Some(l2) = self.inner.io.l2arc() {
+            for (t, space) in tops.iter().zip(vdev_space.iter_mut()).filter(|(t, _)| t.role == Role::Cache) {
+                *space = l2.device_space(t.id).unwrap_or((0, 0));
+            }
+        }
         let mut total = LeafStats::default();
         let mut vdevs = Vec::new();
         for (t, &(size, alloc)) in tops.iter().zip(&vdev_space) {
@@ -299,11 +306,11 @@ impl Pool {
             }
             let name = if t.is_mirror { format!("mirror-{}", t.id) } else { children[0].name.clone() };
             if t.is_mirror {
-                vdevs.push(IostatNode { name, role: t.role, alloc, free: size - alloc, stats: tstats, children });
+                vdevs.push(IostatNode { name, role: t.role, alloc, free: size.saturating_sub(alloc), stats: tstats, children });
             } else {
                 let mut c = children.pop().unwrap();
                 c.alloc = alloc;
-                c.free = size - alloc;
+                c.free = size.saturating_sub(alloc);
                 vdevs.push(c);
             }
         }
