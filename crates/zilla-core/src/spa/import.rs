@@ -4,10 +4,15 @@
 //! -------------------
 //! Create opens every leaf, refuses devices that belong to another pool (unless forced),
 //! wipes stale labels, writes the config, and syncs the first txg: the pool exists on disk
-//! exactly when that uberblock is durable. Import reads every label, takes the config with
-//! the highest config txg, matches leaves by guid (missing ones become UNAVAIL), and loads
-//! the MOS from the newest uberblock whose object directory reads back, claiming the
-//! MOS blocks in a fresh allocator. Leaves whose uberblock rings show they missed txgs
+//! exactly when that uberblock is durable. Import reads every label, takes the newest
+//! config of the pool most of the devices are data or log devices of, matches leaves by
+//! guid (missing ones become UNAVAIL), and loads the MOS from the newest uberblock whose
+//! object directory reads back, claiming the MOS blocks in a fresh allocator.
+//! Another pool's device at one of the pool's paths (a reboot that renamed /dev/sdX, a
+//! symlink pointed elsewhere) costs a cache or spare slot only that slot: UNAVAIL, with
+//! whose label is there in `pool status`, the device released at once and never written
+//! (a cache device holds copies, a spare nothing). In a data or log slot it refuses
+//! the import, as a device held by another pool or process does. Leaves whose uberblock rings show they missed txgs
 //! or were written apart from the pool get those txgs in their DTL (spa/stale.rs).
 //! Two devices whose labels claim the same device guid cannot both be it: import
 //! refuses, naming both (which is the pool's cannot be told; an older copy alone is
@@ -1177,6 +1182,12 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<(Vec<(LeafSpec, LabelJson)>, 
             return Err(Error::NotFound(p.display().to_string()));
         }
     }
+    // one device reached by two paths (a symlink, a hard link) is listed once, by a
+    // path that is not a symlink if it has one: else it would claim its own guid twice
+    let identity = |f: &PathBuf| std::fs::metadata(f).ok().map(|md| crate::vdev::DeviceIdentity::from_metadata(&md));
+    let is_link = |f: &PathBuf| std::fs::symlink_metadata(f).is_ok_and(|md| md.file_type().is_symlink());
+    let by_plain_path: Vec<crate::vdev::DeviceIdentity> = files.iter().filter(|f| !is_link(f)).filter_map(identity).collect();
+    let mut seen: Vec<crate::vdev::DeviceIdentity> = Vec::new();
     let (mut out, mut unusable) = (Vec::new(), Vec::new());
     for f in files {
         let Ok(md) = std::fs::metadata(&f) else { continue };
@@ -1184,6 +1195,11 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<(Vec<(LeafSpec, LabelJson)>, 
         if !(md.is_file() || md.file_type().is_block_device()) || (md.is_file() && md.len() < label::MIN_DEVICE_SIZE) {
             continue;
         }
+        let id = crate::vdev::DeviceIdentity::from_metadata(&md);
+        if seen.contains(&id) || (is_link(&f) && by_plain_path.contains(&id)) {
+            continue;
+        }
+        seen.push(id);
         let raw = LeafSpec { path: f.clone(), model: None };
         // read-only and unlocked: listing must work while a pool holds the leaf
         let Ok(dev) = crate::vdev::file::FileDevice::open_shared(&f) else { continue };
