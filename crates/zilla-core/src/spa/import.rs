@@ -660,16 +660,43 @@ fn choose_config(devs: &[DevLabel]) -> Option<PoolConfig> {
     best.or_else(|| devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()))
 }
 
+/// What opening and reading the devices to import found.
+#[derive(Default)]
+struct Found {
+    devs: Vec<DevLabel>,
+    /// Paths that do not exist.
+    missing: Vec<LeafSpec>,
+    /// Devices held by another pool or process, with the error saying so.
+    held: Vec<(LeafSpec, Error)>,
+    reasons: Vec<PathReason>,
+}
+
 /// Every device's labels, the config import goes by ([`choose_config`]), and why the
 /// paths of the config that hold no device of the pool could not be used. Devices
 /// that are not the pool's (another pool's, [`stranger_verdict`]) are released and
 /// left out; a device held elsewhere refuses the import unless it is such a stranger
 /// in a cache or spare slot.
 fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<(Vec<DevLabel>, PoolConfig, Vec<PathReason>)> {
-    let mut devs: Vec<DevLabel> = Vec::new();
-    let mut missing: Vec<LeafSpec> = Vec::new();
-    let mut held: Vec<(LeafSpec, Error)> = Vec::new();
-    let mut reasons: Vec<PathReason> = Vec::new();
+    let mut found = open_devices(specs, opener, claims)?;
+    let Some(best_cfg) = choose_config(&found.devs) else {
+        return Err(match found.held.into_iter().next() {
+            Some((_, busy)) => busy,
+            None => no_valid_label(specs, &found.missing),
+        });
+    };
+    if best_cfg.state == "destroyed" {
+        return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));
+    }
+    set_strangers_aside(&mut found, &best_cfg)?;
+    check_one_device_per_guid(&found.devs, &best_cfg)?;
+    check_one_name(&found.devs, &best_cfg)?;
+    Ok((found.devs, best_cfg, found.reasons))
+}
+
+/// Open (claim) each device and read its labels. A device held elsewhere is noted
+/// for [`set_strangers_aside`]; one that cannot be opened or read, with why.
+fn open_devices(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<Found> {
+    let mut found = Found::default();
     for s in specs {
         let dev = match opener(s, Role::Normal) {
             Ok(d) => {
@@ -680,14 +707,14 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
             // unless it is another pool's device in a cache or spare slot (known once
             // the config is)
             Err(e @ Error::Busy(_)) => {
-                held.push((s.clone(), e));
+                found.held.push((s.clone(), e));
                 continue;
             }
             Err(e) => {
                 if matches!(&e, Error::NotFound(_)) || matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound) {
-                    missing.push(s.clone());
+                    found.missing.push(s.clone());
                 } else {
-                    reasons.push((s.path.clone(), format!("cannot be opened: {e}")));
+                    found.reasons.push((s.path.clone(), format!("cannot be opened: {e}")));
                 }
                 tracing::warn!("import: cannot open {}: {e}", s.shown());
                 continue;
@@ -697,7 +724,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
             Ok(sc) => sc,
             Err(e) => {
                 tracing::warn!("import: cannot read labels of {}: {e}", s.shown());
-                reasons.push((s.path.clone(), format!("its labels cannot be read: {e}")));
+                found.reasons.push((s.path.clone(), format!("its labels cannot be read: {e}")));
                 continue;
             }
         };
@@ -709,63 +736,60 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
         for why in &scan.rejected {
             tracing::warn!(device = %s.shown(), "import: {why}; not used");
         }
-        devs.push((s.clone(), dev, scan, lj));
+        found.devs.push((s.clone(), dev, scan, lj));
     }
-    let Some(best_cfg) = choose_config(&devs) else {
-        return Err(match held.into_iter().next() {
-            Some((_, busy)) => busy,
-            None => no_valid_label(specs, &missing),
-        });
-    };
-    if best_cfg.state == "destroyed" {
-        return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));
-    }
+    Ok(found)
+}
+
+/// Judge the devices that are not `best`'s ([`stranger_verdict`]): refuse the import,
+/// or leave them out (released) with the reason for their slot. Also note why the
+/// devices left that are none of its leaves (no label, a guid it does not list) are not.
+fn set_strangers_aside(found: &mut Found, best: &PoolConfig) -> Result<()> {
+    let reasons = &mut found.reasons;
     let mut keep_out = |spec: &LeafSpec, verdict: StrangerVerdict| -> bool {
         match verdict {
             StrangerVerdict::Unavail(why) => {
-                tracing::warn!(pool = %best_cfg.name, device = %spec.shown(), "import: {why}; not used (the slot is UNAVAIL)");
+                tracing::warn!(pool = %best.name, device = %spec.shown(), "import: {why}; not used (the slot is UNAVAIL)");
                 reasons.push((spec.path.clone(), why));
                 true
             }
             StrangerVerdict::Refuse => false,
         }
     };
-    for (spec, busy) in held {
+    for (spec, busy) in std::mem::take(&mut found.held) {
         let stranger = match peek_label(&spec) {
-            Ok(Some(lj)) if lj.config.guid != best_cfg.guid => Stranger::Held { label: Some((lj.config.name, lj.config.guid)) },
+            Ok(Some(lj)) if lj.config.guid != best.guid => Stranger::Held { label: Some((lj.config.name, lj.config.guid)) },
             Ok(None) => Stranger::Held { label: None },
             // this pool's device held elsewhere (imported there?), or unreadable
             _ => return Err(busy),
         };
-        if !keep_out(&spec, stranger_verdict(slot_at(&best_cfg, &spec.path), &stranger)) {
+        if !keep_out(&spec, stranger_verdict(slot_at(best, &spec.path), &stranger)) {
             return Err(busy);
         }
     }
     let mut strangers = Vec::new();
-    for (i, d) in devs.iter().enumerate() {
-        let Some(lj) = d.3.as_ref().filter(|lj| lj.config.guid != best_cfg.guid) else { continue };
+    for (i, d) in found.devs.iter().enumerate() {
+        let Some(lj) = d.3.as_ref().filter(|lj| lj.config.guid != best.guid) else { continue };
         let stranger = Stranger::OtherPool { name: lj.config.name.clone(), guid: lj.config.guid, cache: labels_a_cache_device(lj) };
-        if !keep_out(&d.0, stranger_verdict(slot_at(&best_cfg, &d.0.path), &stranger)) {
+        if !keep_out(&d.0, stranger_verdict(slot_at(best, &d.0.path), &stranger)) {
             return Err(Error::invalid(format!("{} belongs to another pool ('{}', guid {})", d.0.display(), lj.config.name, lj.config.guid)));
         }
         strangers.push(i);
     }
     for i in strangers.into_iter().rev() {
         // not the pool's: not held a moment longer than the label read took
-        devs.remove(i).1.release();
+        found.devs.remove(i).1.release();
     }
-    for (spec, _, _, lj) in &devs {
+    for (spec, _, _, lj) in &found.devs {
         match lj {
-            None => reasons.push((spec.path.clone(), "no valid label".into())),
-            Some(lj) if !in_config(&best_cfg, lj.this_guid) => {
-                reasons.push((spec.path.clone(), format!("label names device guid {} of this pool, which its config does not list", lj.this_guid)))
-            }
+            None => found.reasons.push((spec.path.clone(), "no valid label".into())),
+            Some(lj) if !in_config(best, lj.this_guid) => found
+                .reasons
+                .push((spec.path.clone(), format!("label names device guid {} of this pool, which its config does not list", lj.this_guid))),
             Some(_) => {}
         }
     }
-    check_one_device_per_guid(&devs, &best_cfg)?;
-    check_one_name(&devs, &best_cfg)?;
-    Ok((devs, best_cfg, reasons))
+    Ok(())
 }
 
 /// Whether the label `lj` is a cache device's (its own leaf is in a cache vdev).

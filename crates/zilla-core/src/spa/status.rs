@@ -157,6 +157,35 @@ fn leaf_note(c: &crate::vdev::mirror::Leaf, resilvering: bool) -> String {
     }
 }
 
+/// Add leaf statistics `b` into `a` (a vdev's sum over its children).
+fn add_stats(a: &mut LeafStats, b: &LeafStats) {
+    for i in 0..crate::vdev::IoClass::ALL.len() {
+        a.ops[i] += b.ops[i];
+        a.bytes[i] += b.bytes[i];
+        a.device_ops[i] += b.device_ops[i];
+        a.aggregated[i] += b.aggregated[i];
+        a.queued[i] += b.queued[i];
+        a.errors[i] += b.errors[i];
+        a.active[i] += b.active[i];
+        a.total_latency_sum_ns[i] += b.total_latency_sum_ns[i];
+        a.disk_latency_sum_ns[i] += b.disk_latency_sum_ns[i];
+    }
+    a.flushes += b.flushes;
+    for (ha, hb) in [(&mut a.total_latency_hist, &b.total_latency_hist), (&mut a.disk_latency_hist, &b.disk_latency_hist)] {
+        if ha.len() < hb.len() {
+            ha.resize(hb.len(), vec![]);
+        }
+        for (x, y) in ha.iter_mut().zip(hb.iter()) {
+            if x.len() < y.len() {
+                x.resize(y.len(), 0);
+            }
+            for (p, q) in x.iter_mut().zip(y.iter()) {
+                *p += q;
+            }
+        }
+    }
+}
+
 impl Pool {
     /// True while the pool's txg syncs fail (it retries with backoff; writes are held).
     pub fn is_suspended(&self) -> bool {
@@ -251,33 +280,6 @@ impl Pool {
     }
 
     pub fn iostat(&self) -> IostatSnapshot {
-        fn add(a: &mut LeafStats, b: &LeafStats) {
-            for i in 0..crate::vdev::IoClass::ALL.len() {
-                a.ops[i] += b.ops[i];
-                a.bytes[i] += b.bytes[i];
-                a.device_ops[i] += b.device_ops[i];
-                a.aggregated[i] += b.aggregated[i];
-                a.queued[i] += b.queued[i];
-                a.errors[i] += b.errors[i];
-                a.active[i] += b.active[i];
-                a.total_latency_sum_ns[i] += b.total_latency_sum_ns[i];
-                a.disk_latency_sum_ns[i] += b.disk_latency_sum_ns[i];
-            }
-            a.flushes += b.flushes;
-            for (ha, hb) in [(&mut a.total_latency_hist, &b.total_latency_hist), (&mut a.disk_latency_hist, &b.disk_latency_hist)] {
-                if ha.len() < hb.len() {
-                    ha.resize(hb.len(), vec![]);
-                }
-                for (x, y) in ha.iter_mut().zip(hb.iter()) {
-                    if x.len() < y.len() {
-                        x.resize(y.len(), 0);
-                    }
-                    for (p, q) in x.iter_mut().zip(y.iter()) {
-                        *p += q;
-                    }
-                }
-            }
-        }
         // space per top-level vdev, read under the allocator lock without copying its trees
         let tops = self.inner.tops();
         let (mut vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
@@ -298,11 +300,11 @@ impl Pool {
             let mut children = Vec::new();
             for c in t.children() {
                 let s = c.queue.stats();
-                add(&mut tstats, &s);
+                add_stats(&mut tstats, &s);
                 children.push(IostatNode { name: c.spec.display(), role: t.role, alloc: 0, free: 0, stats: s, children: vec![] });
             }
             if t.role == Role::Normal {
-                add(&mut total, &tstats);
+                add_stats(&mut total, &tstats);
             }
             let name = if t.is_mirror { format!("mirror-{}", t.id) } else { children[0].name.clone() };
             if t.is_mirror {
