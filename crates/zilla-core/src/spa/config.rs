@@ -820,7 +820,8 @@ impl Pool {
             return Err(e);
         }
         tracing::info!(pool = %inner.name, device = %fresh.spec.shown(), "{} device brought online", if top.role == Role::Cache { "cache" } else { "spare" });
-        if top.role == Role::Cache {
+        // the L2ARC had no use of the placeholder (no space): it takes the device now
+        if top.role == Role::Cache && inner.io.l2arc().is_none_or(|l| l.device_space(top.id).is_none()) {
             inner.io.cache_vdev_added(top.clone());
         }
         Ok(())
