@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Goal: a pool's cache device serves what the ARC evicts, and is warm again after the
 # daemon restarts, and after kill -9: reads are correct throughout, the counters say
-# where they came from, `pool status` lists the cache device; secondarycache=none
-# keeps a volume's data off it.
+# where they came from, `pool status` lists the cache device, `pool iostat -v` and
+# /v1/iostat show its alloc and free; secondarycache=none keeps a volume's data off it.
 # Method: an ARC at its 64 MiB floor, a 160 MiB volume read twice (the second pass
 # finds what the first evicted on the cache device), then a clean restart and a
 # kill -9, each followed by a read pass compared with the data written.
@@ -39,6 +39,24 @@ h0=$(stat_of l2_hits)
 read_pass "warm"
 [ "$(stat_of l2_hits)" -gt "$h0" ] || fail "no L2ARC hits on a warm pass"
 [ "$(stat_of l2_cksum_bad)" = 0 ] || fail "bad copies on a clean device"
+# iostat -v shows the cache device's alloc (the L2ARC's bytes on it) and free (the rest
+# of its ring), as zpool does, in the CLI and in the API
+asize=$(stat_of l2_asize)
+z pool iostat -v tank | tee "$T/iostat"
+row=$(z pool iostat -Hpv tank | awk -v d="$T/disks/c0" '$1 == d')
+read -r _ c_alloc c_free _ <<<"$row"
+log "cache device in iostat -Hpv: alloc $c_alloc free $c_free (l2_asize $asize)"
+[[ $c_alloc =~ ^[0-9]+$ && $c_alloc -gt 0 ]] || fail "iostat -v shows no alloc for the cache device: '$row'"
+[[ $c_free =~ ^[0-9]+$ && $c_free -gt 0 ]] || fail "iostat -v shows no free for the cache device: '$row'"
+[ $((c_alloc + c_free)) -le $((512 << 20)) ] || fail "cache alloc + free exceed the device: '$row'"
+# the feed runs meanwhile: alloc is within a feed's writes of l2_asize read just before
+[ $((c_alloc - asize)) -le $((128 << 20)) ] && [ $((asize - c_alloc)) -le $((128 << 20)) ] || fail "cache alloc $c_alloc is not l2_asize $asize"
+curl -sf --unix-socket "$STATE/zilla.sock" "http://zilla/v1/iostat?pool=tank" | python3 -c "
+import json, sys
+entry = json.load(sys.stdin)[0]
+cache = [v for v in entry['vdevs'] if v['role'] == 'cache']
+assert cache and cache[0]['alloc'] > 0 and cache[0]['free'] > 0, ('API /v1/iostat: cache device', cache and {k: cache[0][k] for k in ('name', 'alloc', 'free')})
+" || fail "/v1/iostat shows no alloc or free for the cache device"
 
 # a clean restart: the cache device's log brings its contents back
 stop_daemon

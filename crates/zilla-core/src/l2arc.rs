@@ -962,6 +962,13 @@ impl L2Arc {
         }
     }
 
+    /// Cache vdev `id`'s space as `zpool iostat -v` shows it: the ring's size and the
+    /// bytes its copies take there (each rounded up to the ring's unit, as `l2_asize`);
+    /// None when the L2ARC does not use the device (missing or unusable at import).
+    pub fn device_space(&self, id: crate::VdevId) -> Option<(u64, u64)> {
+        self.devs.read().iter().find(|d| d.top.id == id).map(|d| (d.end - d.start, d.ring.lock().hdrs.asize))
+    }
+
     pub fn stats(&self) -> L2Stats {
         let c = &self.counters;
         let (mut size, mut asize, mut blocks, mut hdr_size) = (0, 0, 0, 0);

@@ -746,9 +746,10 @@ impl Pool {
     pub fn online(&self, dev: &str) -> Result<()> {
         self.check_open()?;
         let inner = &self.inner;
-        let (_top, leaf) = inner.find_leaf(dev).ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
+        let (top, leaf) = inner.find_leaf(dev).ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
         match leaf.state() {
             LeafState::Online => return Ok(()),
+            LeafState::Unavail if matches!(top.role, Role::Cache | Role::Spare) => return self.online_missing_aux(&top, &leaf, dev),
             LeafState::Unavail => {
                 return Err(Error::invalid(format!("cannot online {dev}: device was missing at import; export and import the pool")));
             }
@@ -764,6 +765,64 @@ impl Pool {
         }
         if !leaf.dtl_empty() {
             crate::scan::start_resilver(&inner.scanner());
+        }
+        Ok(())
+    }
+
+    /// `online` of a cache or spare device that was UNAVAIL at import (missing, or
+    /// another pool's device at its path): the device now at its path is taken only if
+    /// its label is this leaf's (this pool, this device guid). It then replaces the
+    /// placeholder and gets the current config; a cache device joins the L2ARC empty.
+    /// Anything else at the path is refused, saying what is there, and is not written.
+    fn online_missing_aux(&self, top: &Arc<TopVdev>, leaf: &Arc<Leaf>, name: &str) -> Result<()> {
+        let inner = &self.inner;
+        let dev = (inner.opener)(&leaf.spec, top.role).map_err(|e| match e {
+            Error::NotFound(_) => Error::NotFound(format!("cannot online {name}: {} does not exist", leaf.spec.display())),
+            e => e,
+        })?;
+        let found = label::scan_labels(&*dev).ok().and_then(|scan| scan.config).map(|(_, j)| parse_label(&j));
+        let why = match &found {
+            Some(Ok(lj)) if lj.config.guid == inner.guid && lj.this_guid == leaf.guid => None,
+            Some(Ok(lj)) if lj.config.guid != inner.guid => {
+                Some(format!("label belongs to pool '{}' (guid {})", printable(&lj.config.name), lj.config.guid))
+            }
+            Some(Ok(lj)) => Some(format!("label names device guid {} of this pool, not this device (guid {})", lj.this_guid, leaf.guid)),
+            Some(Err(why)) => Some(format!("its label does not parse: {why}")),
+            None => Some("no valid label".to_string()),
+        };
+        if let Some(why) = why {
+            dev.release();
+            leaf.set_unavail_reason(why.clone());
+            return Err(Error::invalid(format!(
+                "cannot online {name}: {why}; put this pool's device back at {}, or remove the device from the pool and add one anew",
+                leaf.spec.display()
+            )));
+        }
+        let fresh = Arc::new(Leaf::new(leaf.guid, leaf.spec.clone(), dev, &inner.env));
+        let swap = |from: &Arc<Leaf>, to: &Arc<Leaf>| {
+            for c in top.children.write().iter_mut().filter(|c| c.guid == from.guid) {
+                *c = to.clone();
+            }
+            for c in inner.leaves.write().iter_mut().filter(|c| c.guid == from.guid) {
+                *c = to.clone();
+            }
+        };
+        let labelled = self.lock_for_change().and_then(|_g| {
+            swap(leaf, &fresh);
+            let r = inner.write_config_labels("active");
+            if r.is_err() {
+                swap(&fresh, leaf);
+            }
+            r
+        });
+        if let Err(e) = labelled {
+            fresh.device().release();
+            return Err(e);
+        }
+        tracing::info!(pool = %inner.name, device = %fresh.spec.shown(), "{} device brought online", if top.role == Role::Cache { "cache" } else { "spare" });
+        // the L2ARC had no use of the placeholder (no space): it takes the device now
+        if top.role == Role::Cache && inner.io.l2arc().is_none_or(|l| l.device_space(top.id).is_none()) {
+            inner.io.cache_vdev_added(top.clone());
         }
         Ok(())
     }

@@ -4,10 +4,15 @@
 //! -------------------
 //! Create opens every leaf, refuses devices that belong to another pool (unless forced),
 //! wipes stale labels, writes the config, and syncs the first txg: the pool exists on disk
-//! exactly when that uberblock is durable. Import reads every label, takes the config with
-//! the highest config txg, matches leaves by guid (missing ones become UNAVAIL), and loads
-//! the MOS from the newest uberblock whose object directory reads back, claiming the
-//! MOS blocks in a fresh allocator. Leaves whose uberblock rings show they missed txgs
+//! exactly when that uberblock is durable. Import reads every label, takes the newest
+//! config of the pool most of the devices are data or log devices of, matches leaves by
+//! guid (missing ones become UNAVAIL), and loads the MOS from the newest uberblock whose
+//! object directory reads back, claiming the MOS blocks in a fresh allocator.
+//! Another pool's device at one of the pool's paths (a reboot that renamed /dev/sdX, a
+//! symlink pointed elsewhere) costs a cache or spare slot only that slot: UNAVAIL, with
+//! whose label is there in `pool status`, the device released at once and never written
+//! (a cache device holds copies, a spare nothing). In a data or log slot it refuses
+//! the import, as a device held by another pool or process does. Leaves whose uberblock rings show they missed txgs
 //! or were written apart from the pool get those txgs in their DTL (spa/stale.rs).
 //! Two devices whose labels claim the same device guid cannot both be it: import
 //! refuses, naming both (which is the pool's cannot be told; an older copy alone is
@@ -499,16 +504,17 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     if specs.is_empty() {
         return Err(Error::invalid("no devices to import from"));
     }
-    let (devs, mut cfg) = read_labels(specs, opener, claims)?;
+    let (devs, mut cfg, reasons) = read_labels(specs, opener, claims)?;
     let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
     super::mmp::check_import_ownership(&cfg, &checked, &**env, opts.force)?;
     if !opts.dry_run {
-        // the pool is ours and nothing of it has written yet
-        for (spec, dev, _, _) in &devs {
+        // the pool is ours and nothing of it has written yet; a device at one of its
+        // paths that is none of its leaves is not written
+        for (spec, dev, _, _) in devs.iter().filter(|d| d.3.as_ref().is_some_and(|lj| in_config(&cfg, lj.this_guid))) {
             crate::vdev::fill_log_region(&**dev, &spec.display());
         }
     }
-    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, opener, env, claims)?;
+    let (vdevs, leaves, ubs, bad_labels) = build_tree(&mut cfg, &devs, &reasons, opener, env, claims)?;
     if let (true, Some((spec, _, scan, _))) = (ubs.is_empty(), devs.iter().find(|d| !d.2.rejected.is_empty())) {
         return Err(Error::Corrupt(format!("pool '{}': no valid uberblock; {}: {}", cfg.name, spec.display(), scan.rejected[0])));
     }
@@ -561,21 +567,154 @@ fn no_valid_label(specs: &[LeafSpec], missing: &[LeafSpec]) -> Error {
     Error::InvalidArgument(format!("no valid pool label: {what}"))
 }
 
-/// Every device's labels, and the config with the highest config txg.
-fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<(Vec<DevLabel>, PoolConfig)> {
-    let mut devs: Vec<DevLabel> = Vec::new();
-    let mut missing: Vec<LeafSpec> = Vec::new();
+/// A path of the pool's config, and why import could not use what it found there:
+/// shown by `pool status` beside the leaf, UNAVAIL.
+type PathReason = (PathBuf, String);
+
+/// What import found at a path that is not one of the pool's devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stranger {
+    /// A label of another pool (`cache`: of one of its cache devices).
+    OtherPool { name: String, guid: Guid, cache: bool },
+    /// Held by another pool or process (taking it failed busy), and its label, read
+    /// without taking it, is not this pool's: another pool's, or (None) none.
+    Held { label: Option<(String, Guid)> },
+}
+
+impl Stranger {
+    /// Why the slot is UNAVAIL, as `pool status` shows it.
+    fn reason(&self) -> String {
+        let pool = |name: &str, guid: &Guid| format!("label belongs to pool '{}' (guid {guid})", super::config::printable(name));
+        match self {
+            Stranger::OtherPool { name, guid, .. } => pool(name, guid),
+            Stranger::Held { label: Some((name, guid)) } => format!("{}; the device is in use", pool(name, guid)),
+            Stranger::Held { label: None } => "in use by another process, with no label of this pool".into(),
+        }
+    }
+}
+
+/// What import does with a stranger at a path of its config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StrangerVerdict {
+    /// The slot is UNAVAIL for this reason, and the pool imports: the device is
+    /// released at once, never read again nor written.
+    Unavail(String),
+    /// The import is refused (the error names the device).
+    Refuse,
+}
+
+/// A stranger in a cache or spare slot (`slot`: the role of the config's leaf at its
+/// path, None when the config names no leaf there) costs only that slot: a cache
+/// device holds copies, a spare nothing, so the pool imports with the slot UNAVAIL
+/// (as OpenZFS does). In a data or log slot, or at a path the config does not name,
+/// it refuses the import: the pool's data may be what is missing, and which device
+/// is the pool's is for the admin to say. Another pool's cache device is passed by
+/// wherever it is (it names no data): a slot it stands in is UNAVAIL.
+fn stranger_verdict(slot: Option<Role>, s: &Stranger) -> StrangerVerdict {
+    match (slot, s) {
+        (Some(Role::Cache | Role::Spare), _) | (_, Stranger::OtherPool { cache: true, .. }) => StrangerVerdict::Unavail(s.reason()),
+        _ => StrangerVerdict::Refuse,
+    }
+}
+
+/// The role of `cfg`'s leaf whose path is `path` (None: no leaf there).
+fn slot_at(cfg: &PoolConfig, path: &std::path::Path) -> Option<Role> {
+    cfg.tops.iter().find_map(|t| t.children.iter().any(|c| c.spec.path == path).then_some(t.role))
+}
+
+/// Whether `cfg` lists a leaf with guid `guid`.
+fn in_config(cfg: &PoolConfig, guid: Guid) -> bool {
+    cfg.tops.iter().any(|t| t.children.iter().any(|c| c.guid == guid))
+}
+
+/// The label of a device held elsewhere, read without taking it (read-only,
+/// unlocked): Ok(None) when it has none, Err when it cannot be read.
+fn peek_label(spec: &LeafSpec) -> std::result::Result<Option<LabelJson>, ()> {
+    let dev = crate::vdev::file::FileDevice::open_shared(&spec.path).map_err(|_| ())?;
+    let scan = label::scan_labels(&dev).map_err(|_| ())?;
+    match scan.config {
+        None => Ok(None),
+        Some((_, j)) => super::config::parse_label(&j).map(Some).map_err(|_| ()),
+    }
+}
+
+/// The config import goes by: the newest of the pool whose data and log devices are
+/// most of those found (then: most of them at the path their config gives; then the
+/// newest config), so one device of another pool at one of the pool's paths cannot
+/// make the pool's own devices look foreign, whichever config is newer. A cache
+/// device's label (optional, never holding data) names the pool only when nothing else
+/// does, so another pool's cache device put in its place cannot either.
+fn choose_config(devs: &[DevLabel]) -> Option<PoolConfig> {
+    let mut by_pool: BTreeMap<Guid, (usize, usize, &PoolConfig)> = BTreeMap::new();
+    for (spec, _, _, lj) in devs {
+        let Some(lj) = lj.as_ref().filter(|lj| !labels_a_cache_device(lj)) else { continue };
+        let at_home = lj.config.tops.iter().flat_map(|t| t.children.iter()).any(|c| c.guid == lj.this_guid && c.spec.path == spec.path);
+        let e = by_pool.entry(lj.config.guid).or_insert((0, 0, &lj.config));
+        e.0 += 1;
+        e.1 += at_home as usize;
+        if lj.config.txg > e.2.txg {
+            e.2 = &lj.config;
+        }
+    }
+    let best = by_pool.into_values().max_by_key(|(found, at_home, cfg)| (*found, *at_home, cfg.txg)).map(|(_, _, cfg)| cfg.clone());
+    best.or_else(|| devs.iter().filter_map(|d| d.3.as_ref()).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone()))
+}
+
+/// What opening and reading the devices to import found.
+#[derive(Default)]
+struct Found {
+    devs: Vec<DevLabel>,
+    /// Paths that do not exist.
+    missing: Vec<LeafSpec>,
+    /// Devices held by another pool or process, with the error saying so.
+    held: Vec<(LeafSpec, Error)>,
+    reasons: Vec<PathReason>,
+}
+
+/// Every device's labels, the config import goes by ([`choose_config`]), and why the
+/// paths of the config that hold no device of the pool could not be used. Devices
+/// that are not the pool's (another pool's, [`stranger_verdict`]) are released and
+/// left out; a device held elsewhere refuses the import unless it is such a stranger
+/// in a cache or spare slot.
+fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<(Vec<DevLabel>, PoolConfig, Vec<PathReason>)> {
+    let mut found = open_devices(specs, opener, claims)?;
+    let Some(best_cfg) = choose_config(&found.devs) else {
+        return Err(match found.held.into_iter().next() {
+            Some((_, busy)) => busy,
+            None => no_valid_label(specs, &found.missing),
+        });
+    };
+    if best_cfg.state == "destroyed" {
+        return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));
+    }
+    set_strangers_aside(&mut found, &best_cfg)?;
+    check_one_device_per_guid(&found.devs, &best_cfg)?;
+    check_one_name(&found.devs, &best_cfg)?;
+    Ok((found.devs, best_cfg, found.reasons))
+}
+
+/// Open (claim) each device and read its labels. A device held elsewhere is noted
+/// for [`set_strangers_aside`]; one that cannot be opened or read, with why.
+fn open_devices(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Result<Found> {
+    let mut found = Found::default();
     for s in specs {
         let dev = match opener(s, Role::Normal) {
             Ok(d) => {
                 claims.0.push(d.clone());
                 d
             }
-            // held by a live pool (here or in another process): never import around it
-            Err(e @ Error::Busy(_)) => return Err(e),
+            // held by a live pool (here or in another process): never import around it,
+            // unless it is another pool's device in a cache or spare slot (known once
+            // the config is)
+            Err(e @ Error::Busy(_)) => {
+                found.held.push((s.clone(), e));
+                continue;
+            }
             Err(e) => {
                 if matches!(&e, Error::NotFound(_)) || matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound) {
-                    missing.push(s.clone());
+                    found.missing.push(s.clone());
+                } else {
+                    found.reasons.push((s.path.clone(), format!("cannot be opened: {e}")));
                 }
                 tracing::warn!("import: cannot open {}: {e}", s.shown());
                 continue;
@@ -585,6 +724,7 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
             Ok(sc) => sc,
             Err(e) => {
                 tracing::warn!("import: cannot read labels of {}: {e}", s.shown());
+                found.reasons.push((s.path.clone(), format!("its labels cannot be read: {e}")));
                 continue;
             }
         };
@@ -596,37 +736,60 @@ fn read_labels(specs: &[LeafSpec], opener: &Opener, claims: &mut Claims) -> Resu
         for why in &scan.rejected {
             tracing::warn!(device = %s.shown(), "import: {why}; not used");
         }
-        devs.push((s.clone(), dev, scan, lj));
+        found.devs.push((s.clone(), dev, scan, lj));
     }
-    // the config comes from the pool's own devices: a cache device (optional, never
-    // holding data) names the pool only when nothing else does, so another pool's cache
-    // device put in its place cannot make the pool look foreign
-    let best_of = |cache: bool| devs.iter().filter_map(|d| d.3.as_ref()).filter(|lj| labels_a_cache_device(lj) == cache).max_by_key(|lj| lj.config.txg).map(|lj| lj.config.clone());
-    let Some(best_cfg) = best_of(false).or_else(|| best_of(true)) else {
-        return Err(no_valid_label(specs, &missing));
-    };
-    if best_cfg.state == "destroyed" {
-        return Err(Error::NotFound(format!("pool '{}' was destroyed", best_cfg.name)));
-    }
-    let mut foreign_caches = Vec::new();
-    for (i, d) in devs.iter().enumerate() {
-        if let Some(lj) = &d.3 {
-            if lj.config.guid != best_cfg.guid {
-                if labels_a_cache_device(lj) {
-                    tracing::warn!(device = %d.0.shown(), "import: a cache device of another pool ('{}'); not used", super::config::printable(&lj.config.name));
-                    foreign_caches.push(i);
-                    continue;
-                }
-                return Err(Error::invalid(format!("{} belongs to another pool ('{}', guid {})", d.0.display(), lj.config.name, lj.config.guid)));
+    Ok(found)
+}
+
+/// Judge the devices that are not `best`'s ([`stranger_verdict`]): refuse the import,
+/// or leave them out (released) with the reason for their slot. Also note why the
+/// devices left that are none of its leaves (no label, a guid it does not list) are not.
+fn set_strangers_aside(found: &mut Found, best: &PoolConfig) -> Result<()> {
+    let reasons = &mut found.reasons;
+    let mut keep_out = |spec: &LeafSpec, verdict: StrangerVerdict| -> bool {
+        match verdict {
+            StrangerVerdict::Unavail(why) => {
+                tracing::warn!(pool = %best.name, device = %spec.shown(), "import: {why}; not used (the slot is UNAVAIL)");
+                reasons.push((spec.path.clone(), why));
+                true
             }
+            StrangerVerdict::Refuse => false,
+        }
+    };
+    for (spec, busy) in std::mem::take(&mut found.held) {
+        let stranger = match peek_label(&spec) {
+            Ok(Some(lj)) if lj.config.guid != best.guid => Stranger::Held { label: Some((lj.config.name, lj.config.guid)) },
+            Ok(None) => Stranger::Held { label: None },
+            // this pool's device held elsewhere (imported there?), or unreadable
+            _ => return Err(busy),
+        };
+        if !keep_out(&spec, stranger_verdict(slot_at(best, &spec.path), &stranger)) {
+            return Err(busy);
         }
     }
-    for i in foreign_caches.into_iter().rev() {
-        devs.remove(i);
+    let mut strangers = Vec::new();
+    for (i, d) in found.devs.iter().enumerate() {
+        let Some(lj) = d.3.as_ref().filter(|lj| lj.config.guid != best.guid) else { continue };
+        let stranger = Stranger::OtherPool { name: lj.config.name.clone(), guid: lj.config.guid, cache: labels_a_cache_device(lj) };
+        if !keep_out(&d.0, stranger_verdict(slot_at(best, &d.0.path), &stranger)) {
+            return Err(Error::invalid(format!("{} belongs to another pool ('{}', guid {})", d.0.display(), lj.config.name, lj.config.guid)));
+        }
+        strangers.push(i);
     }
-    check_one_device_per_guid(&devs, &best_cfg)?;
-    check_one_name(&devs, &best_cfg)?;
-    Ok((devs, best_cfg))
+    for i in strangers.into_iter().rev() {
+        // not the pool's: not held a moment longer than the label read took
+        found.devs.remove(i).1.release();
+    }
+    for (spec, _, _, lj) in &found.devs {
+        match lj {
+            None => found.reasons.push((spec.path.clone(), "no valid label".into())),
+            Some(lj) if !in_config(best, lj.this_guid) => found
+                .reasons
+                .push((spec.path.clone(), format!("label names device guid {} of this pool, which its config does not list", lj.this_guid))),
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Whether the label `lj` is a cache device's (its own leaf is in a cache vdev).
@@ -656,9 +819,10 @@ fn check_one_name(devs: &[DevLabel], best: &PoolConfig) -> Result<()> {
 }
 
 /// The live vdev tree for `cfg`, leaves matched to devices by guid (missing ones
-/// UNAVAIL); also every uberblock found and the count of damaged labels.
+/// UNAVAIL, with the reason found at their path, if any); also every uberblock found
+/// and the count of damaged labels.
 #[allow(clippy::type_complexity)]
-fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, env: &Arc<dyn Env>, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
+fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], reasons: &[PathReason], opener: &Opener, env: &Arc<dyn Env>, claims: &mut Claims) -> Result<(Vec<Arc<crate::vdev::mirror::TopVdev>>, Vec<Arc<Leaf>>, Vec<label::Uberblock>, usize)> {
     let (mut vdevs, mut leaves, mut ubs, mut bad_labels) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let pool_guid = cfg.guid;
     for t in cfg.tops.iter_mut() {
@@ -680,6 +844,9 @@ fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], opener: &Opener, env: &Ar
                 None => {
                     let l = Arc::new(Leaf::new(lc.guid, lc.spec.clone(), Arc::new(MissingDevice), env));
                     l.set_state(LeafState::Unavail);
+                    if let Some((_, why)) = reasons.iter().find(|(p, _)| *p == lc.spec.path) {
+                        l.set_unavail_reason(why.clone());
+                    }
                     l
                 }
             };
@@ -1039,6 +1206,12 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<(Vec<(LeafSpec, LabelJson)>, 
             return Err(Error::NotFound(p.display().to_string()));
         }
     }
+    // one device reached by two paths (a symlink, a hard link) is listed once, by a
+    // path that is not a symlink if it has one: else it would claim its own guid twice
+    let identity = |f: &PathBuf| std::fs::metadata(f).ok().map(|md| crate::vdev::DeviceIdentity::from_metadata(&md));
+    let is_link = |f: &PathBuf| std::fs::symlink_metadata(f).is_ok_and(|md| md.file_type().is_symlink());
+    let by_plain_path: Vec<crate::vdev::DeviceIdentity> = files.iter().filter(|f| !is_link(f)).filter_map(identity).collect();
+    let mut seen: Vec<crate::vdev::DeviceIdentity> = Vec::new();
     let (mut out, mut unusable) = (Vec::new(), Vec::new());
     for f in files {
         let Ok(md) = std::fs::metadata(&f) else { continue };
@@ -1046,6 +1219,11 @@ fn scan_search_paths(search: &[PathBuf]) -> Result<(Vec<(LeafSpec, LabelJson)>, 
         if !(md.is_file() || md.file_type().is_block_device()) || (md.is_file() && md.len() < label::MIN_DEVICE_SIZE) {
             continue;
         }
+        let id = crate::vdev::DeviceIdentity::from_metadata(&md);
+        if seen.contains(&id) || (is_link(&f) && by_plain_path.contains(&id)) {
+            continue;
+        }
+        seen.push(id);
         let raw = LeafSpec { path: f.clone(), model: None };
         // read-only and unlocked: listing must work while a pool holds the leaf
         let Ok(dev) = crate::vdev::file::FileDevice::open_shared(&f) else { continue };
@@ -1097,6 +1275,54 @@ mod tests {
 
     fn ub(txg: u64, guid_sum: u64) -> label::Uberblock {
         label::Uberblock { txg: Txg(txg), guid_sum, timestamp_ns: 0, pool_guid: Guid(1), root: BlockPointer::hole(), heartbeat: None }
+    }
+
+    /// Another pool's device costs a cache or spare slot only that slot; in a data or
+    /// log slot, or at a path the config does not name, it refuses the import (another
+    /// pool's cache device excepted: it names no data, wherever it stands).
+    #[test]
+    fn a_stranger_costs_a_cache_or_spare_slot_and_refuses_a_data_or_log_one() {
+        let other = |cache| Stranger::OtherPool { name: "other".into(), guid: Guid(77), cache };
+        let held = |label: Option<(String, Guid)>| Stranger::Held { label };
+        let owned = held(Some(("other".into(), Guid(77))));
+        for slot in [Some(Role::Cache), Some(Role::Spare)] {
+            assert_eq!(stranger_verdict(slot, &other(false)), StrangerVerdict::Unavail("label belongs to pool 'other' (guid 77)".into()));
+            assert_eq!(stranger_verdict(slot, &other(true)), StrangerVerdict::Unavail("label belongs to pool 'other' (guid 77)".into()));
+            assert_eq!(stranger_verdict(slot, &owned), StrangerVerdict::Unavail("label belongs to pool 'other' (guid 77); the device is in use".into()));
+            assert_eq!(stranger_verdict(slot, &held(None)), StrangerVerdict::Unavail("in use by another process, with no label of this pool".into()));
+        }
+        for slot in [Some(Role::Normal), Some(Role::Log), None] {
+            assert_eq!(stranger_verdict(slot, &other(false)), StrangerVerdict::Refuse, "{slot:?}");
+            assert_eq!(stranger_verdict(slot, &owned), StrangerVerdict::Refuse, "{slot:?}");
+            assert_eq!(stranger_verdict(slot, &held(None)), StrangerVerdict::Refuse, "{slot:?}");
+            assert!(matches!(stranger_verdict(slot, &other(true)), StrangerVerdict::Unavail(_)), "{slot:?}");
+        }
+        // a name from a label is shown printable
+        let odd = Stranger::OtherPool { name: "a\u{1b}b".into(), guid: Guid(5), cache: false };
+        assert!(!odd.reason().contains('\u{1b}'), "{}", odd.reason());
+    }
+
+    fn label_of(pool: &PoolConfig, this: u64, at: &str) -> DevLabel {
+        let dev: Arc<dyn Device> = Arc::new(MissingDevice);
+        let scan = label::LabelScan { config: None, valid_configs: 0, uberblocks: vec![], heartbeats: vec![], bad_labels: 0, rejected: vec![] };
+        (LeafSpec { path: at.into(), model: None }, dev, scan, Some(LabelJson { this_guid: Guid(this), config: pool.clone() }))
+    }
+
+    /// The config comes from the pool most of the devices are data devices of, even when
+    /// the one stranger among them carries a newer config; a tie goes to the pool whose
+    /// devices sit at the paths their config gives.
+    #[test]
+    fn the_config_is_the_pool_most_devices_belong_to() {
+        let tank = cfg(10, &[3, 4]);
+        let mut other = cfg(500, &[8]);
+        other.name = "other".into();
+        other.guid = Guid(2);
+        let devs = [label_of(&tank, 3, "d3"), label_of(&tank, 4, "d4"), label_of(&other, 8, "d4-renamed")];
+        assert_eq!(choose_config(&devs).map(|c| c.name), Some("tank".to_string()));
+        let tie = [label_of(&tank, 3, "d3"), label_of(&other, 8, "d3-cache")];
+        assert_eq!(choose_config(&tie).map(|c| c.name), Some("tank".to_string()), "tie not broken by the paths");
+        let tie = [label_of(&tank, 3, "o8"), label_of(&other, 8, "d8")];
+        assert_eq!(choose_config(&tie).map(|c| c.name), Some("other".to_string()), "tie not broken by the paths");
     }
 
     /// An uberblock written at or after the config's txg must carry the config's guid

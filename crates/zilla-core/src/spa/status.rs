@@ -157,6 +157,35 @@ fn leaf_note(c: &crate::vdev::mirror::Leaf, resilvering: bool) -> String {
     }
 }
 
+/// Add leaf statistics `b` into `a` (a vdev's sum over its children).
+fn add_stats(a: &mut LeafStats, b: &LeafStats) {
+    for i in 0..crate::vdev::IoClass::ALL.len() {
+        a.ops[i] += b.ops[i];
+        a.bytes[i] += b.bytes[i];
+        a.device_ops[i] += b.device_ops[i];
+        a.aggregated[i] += b.aggregated[i];
+        a.queued[i] += b.queued[i];
+        a.errors[i] += b.errors[i];
+        a.active[i] += b.active[i];
+        a.total_latency_sum_ns[i] += b.total_latency_sum_ns[i];
+        a.disk_latency_sum_ns[i] += b.disk_latency_sum_ns[i];
+    }
+    a.flushes += b.flushes;
+    for (ha, hb) in [(&mut a.total_latency_hist, &b.total_latency_hist), (&mut a.disk_latency_hist, &b.disk_latency_hist)] {
+        if ha.len() < hb.len() {
+            ha.resize(hb.len(), vec![]);
+        }
+        for (x, y) in ha.iter_mut().zip(hb.iter()) {
+            if x.len() < y.len() {
+                x.resize(y.len(), 0);
+            }
+            for (p, q) in x.iter_mut().zip(y.iter()) {
+                *p += q;
+            }
+        }
+    }
+}
+
 impl Pool {
     /// True while the pool's txg syncs fail (it retries with backoff; writes are held).
     pub fn is_suspended(&self) -> bool {
@@ -197,7 +226,7 @@ impl Pool {
                     read_errors: c.read_errors.load(Ordering::Relaxed),
                     write_errors: c.write_errors.load(Ordering::Relaxed),
                     cksum_errors: c.cksum_errors.load(Ordering::Relaxed),
-                    note: leaf_note(c, resilvering),
+                    note: c.unavail_reason().unwrap_or_else(|| leaf_note(c, resilvering)),
                     children: vec![],
                 })
                 .collect();
@@ -251,39 +280,19 @@ impl Pool {
     }
 
     pub fn iostat(&self) -> IostatSnapshot {
-        fn add(a: &mut LeafStats, b: &LeafStats) {
-            for i in 0..crate::vdev::IoClass::ALL.len() {
-                a.ops[i] += b.ops[i];
-                a.bytes[i] += b.bytes[i];
-                a.device_ops[i] += b.device_ops[i];
-                a.aggregated[i] += b.aggregated[i];
-                a.queued[i] += b.queued[i];
-                a.errors[i] += b.errors[i];
-                a.active[i] += b.active[i];
-                a.total_latency_sum_ns[i] += b.total_latency_sum_ns[i];
-                a.disk_latency_sum_ns[i] += b.disk_latency_sum_ns[i];
-            }
-            a.flushes += b.flushes;
-            for (ha, hb) in [(&mut a.total_latency_hist, &b.total_latency_hist), (&mut a.disk_latency_hist, &b.disk_latency_hist)] {
-                if ha.len() < hb.len() {
-                    ha.resize(hb.len(), vec![]);
-                }
-                for (x, y) in ha.iter_mut().zip(hb.iter()) {
-                    if x.len() < y.len() {
-                        x.resize(y.len(), 0);
-                    }
-                    for (p, q) in x.iter_mut().zip(y.iter()) {
-                        *p += q;
-                    }
-                }
-            }
-        }
         // space per top-level vdev, read under the allocator lock without copying its trees
         let tops = self.inner.tops();
-        let (vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
+        let (mut vdev_space, (size, alloc)): (Vec<(u64, u64)>, (u64, u64)) = {
             let ms = &self.inner.io.ms;
             (tops.iter().map(|t| ms.vdev_space(t.id)).collect(), ms.space(Role::Normal))
         };
+        // a cache device has no allocator: its alloc is what the L2ARC holds on it, its
+        // size the ring's (zpool iostat -v); one the L2ARC does not use shows none
+        if let Some(l2) = self.inner.io.l2arc() {
+            for (t, space) in tops.iter().zip(vdev_space.iter_mut()).filter(|(t, _)| t.role == Role::Cache) {
+                *space = l2.device_space(t.id).unwrap_or((0, 0));
+            }
+        }
         let mut total = LeafStats::default();
         let mut vdevs = Vec::new();
         for (t, &(size, alloc)) in tops.iter().zip(&vdev_space) {
@@ -291,19 +300,19 @@ impl Pool {
             let mut children = Vec::new();
             for c in t.children() {
                 let s = c.queue.stats();
-                add(&mut tstats, &s);
+                add_stats(&mut tstats, &s);
                 children.push(IostatNode { name: c.spec.display(), role: t.role, alloc: 0, free: 0, stats: s, children: vec![] });
             }
             if t.role == Role::Normal {
-                add(&mut total, &tstats);
+                add_stats(&mut total, &tstats);
             }
             let name = if t.is_mirror { format!("mirror-{}", t.id) } else { children[0].name.clone() };
             if t.is_mirror {
-                vdevs.push(IostatNode { name, role: t.role, alloc, free: size - alloc, stats: tstats, children });
+                vdevs.push(IostatNode { name, role: t.role, alloc, free: size.saturating_sub(alloc), stats: tstats, children });
             } else {
                 let mut c = children.pop().unwrap();
                 c.alloc = alloc;
-                c.free = size - alloc;
+                c.free = size.saturating_sub(alloc);
                 vdevs.push(c);
             }
         }

@@ -96,6 +96,9 @@ pub struct Leaf {
     /// Why import found this leaf behind or apart from its siblings ("missed txgs
     /// 12-20"), shown by `pool status` while its DTL is not empty.
     import_note: Mutex<String>,
+    /// Why import could not use what it found at this leaf's path (another pool's
+    /// label, no label), shown by `pool status` while the leaf is UNAVAIL.
+    unavail_reason: Mutex<String>,
 }
 
 /// A leaf's unflushed writes and flushes in flight, by birth txg range.
@@ -159,6 +162,7 @@ impl Leaf {
             consecutive_errors: std::sync::atomic::AtomicU32::new(0),
             dtl_journal: Mutex::new(None),
             import_note: Mutex::new(String::new()),
+            unavail_reason: Mutex::new(String::new()),
         }
     }
 
@@ -367,6 +371,18 @@ impl Leaf {
             return None;
         }
         let n = self.import_note.lock().clone();
+        (!n.is_empty()).then_some(n)
+    }
+    /// Why the device at this leaf's path is not the leaf (see `unavail_reason`).
+    pub fn set_unavail_reason(&self, why: String) {
+        *self.unavail_reason.lock() = why;
+    }
+    /// The reason while the leaf is UNAVAIL.
+    pub fn unavail_reason(&self) -> Option<String> {
+        if self.state() != LeafState::Unavail {
+            return None;
+        }
+        let n = self.unavail_reason.lock().clone();
         (!n.is_empty()).then_some(n)
     }
     pub fn clear_errors(&self) {
