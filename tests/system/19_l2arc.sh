@@ -17,6 +17,9 @@ truncate -s 512M "$T/disks/c0"
 z pool create tank mirror "$T/disks/a0" "$T/disks/a1" mirror "$T/disks/b0" "$T/disks/b1" cache "$T/disks/c0"
 z pool status tank | tee "$T/status"
 grep -Eq "^[[:space:]]*cache$" "$T/status" || fail "pool status lists no cache section"
+# a cache device holds no intent log: the pool does not fill its holes with zeros
+used_kib=$(du -k "$T/disks/c0" | cut -f1)
+[ "$used_kib" -lt 4096 ] || fail "the new cache device has $used_kib KiB written (no log region to fill)"
 make_volume tank/v 160M
 uri=$(nbd_unix_uri tank/v)
 head -c $((160 << 20)) /dev/urandom >"$T/data"
@@ -66,6 +69,7 @@ bufs=$(stat_of l2_rebuild_bufs)
 log "after a restart: $bufs copies restored"
 [ "$bufs" -gt 0 ] || fail "nothing restored after a restart: $(arcstats)"
 read_pass "after restart"
+! grep -q "disks/c0.*of zeros" "$T/daemon.log" || fail "the import filled the cache device's holes with zeros: $(grep 'of zeros' "$T/daemon.log")"
 [ "$(stat_of l2_hits)" -gt 0 ] || fail "no L2ARC hits after a restart"
 
 # kill -9 while reads and the feed run

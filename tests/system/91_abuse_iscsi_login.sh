@@ -14,7 +14,10 @@
 # - a Data-Out for no command: Reject (invalid PDU field), the session goes on;
 # - a WRITE(10) with R and W: CHECK CONDITION, INVALID FIELD IN CDB, nothing written;
 # - a WRITE whose Data-Out stops while the connection stays: closed after
-#   iscsi_data_out_timeout_s (2 s here), its budget returned, nothing written.
+#   iscsi_data_out_timeout_s (2 s here), its budget returned, nothing written; two
+#   WRITEs with R2Ts out, the first fed one PDU every 0.6 s and the second after it:
+#   not cut (the connection progresses);
+# - an ISID changed between the login's requests: refused.
 . "$(dirname "$0")/lib.sh"
 ISCSI_PORT=$(free_port)
 ISCSI_ADDR=127.0.0.1:$ISCSI_PORT
@@ -69,6 +72,10 @@ done
 [ "$in_use" = 0 ] || fail "front-end memory still in use after the stalled WRITE's connection closed: $in_use bytes"
 $CLIENT read 4096 2048 "$T/after"
 cmp -s "$T/before" "$T/after" || fail "part of a WRITE whose Data-Out stopped was written"
+
+ATTACK="python3 $(dirname "$0")/iscsi_attack.py 127.0.0.1:$ISCSI_PORT"
+$ATTACK starve "$A" "$B" "$GOOD" alice "$SECRET" 2 || fail "a WRITE queued behind one being fed was cut"
+$ATTACK isid-change "$A" "$B" "$GOOD" alice "$SECRET" || fail "an ISID changed mid-login was taken"
 
 # and a well-behaved initiator still gets in
 iscsi-inq -i "$GOOD" "iscsi://127.0.0.1:$ISCSI_PORT/$B/0" >/dev/null || fail "no new session after the abuse"

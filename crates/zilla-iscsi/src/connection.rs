@@ -39,7 +39,9 @@
 //! and the residual count of what was not transferred.
 //!
 //! A command waiting for Data-Out waits at most `data_out_timeout` for each next PDU
-//! (while the reader is reading): then the connection ends with a log line, and the
+//! (while the reader is reading), counted from its own last Data-Out or, if later, the
+//! last Data-Out of any command (initiators answer R2Ts in order: a command queued
+//! behind one being fed is not stalled): then the connection ends with a log line, and the
 //! commands' budget and window slots return. Ending the connection is what RFC 7143
 //! allows a target at error recovery level 0, and it is safe: nothing of an unfinished
 //! WRITE reaches the volume.
@@ -788,13 +790,18 @@ async fn login<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             return Ok(None);
         }
         let exp_cmd_sn = bhs.u32_at(24);
+        let refuse = |status: (u8, u8)| login_response(bhs, false, 0, 0, status);
         if first {
             stat_sn = bhs.u32_at(28);
+            isid.copy_from_slice(&bhs.0[8..14]);
             first = false;
+        } else if bhs.0[8..14] != isid {
+            // the ISID is the session's identity: one value for the whole login (RFC 7143 §11.12.5)
+            tracing::info!(client = %peer.client, "iscsi: the ISID changed during the login; refused");
+            write_login(w, refuse((2, 0)), &[], &mut stat_sn, exp_cmd_sn, window).await?;
+            return Ok(None);
         }
-        isid.copy_from_slice(&bhs.0[8..14]);
         let cont = bhs.flags() & 0x40 != 0;
-        let refuse = |status: (u8, u8)| login_response(bhs, false, 0, 0, status);
         if let Some(status) = login_request_refusal(bhs, text.len() + pdu.data.len()) {
             write_login(w, refuse(status), &[], &mut stat_sn, exp_cmd_sn, window).await?;
             return Ok(None);
@@ -986,6 +993,7 @@ where
         peer,
         unit,
         pending: HashMap::new(),
+        data_out_progress: None,
         deferred: VecDeque::new(),
         next_ttt: 1,
         text_rest: None,
@@ -1024,6 +1032,9 @@ struct Session<R> {
     peer: Peer,
     unit: Option<Unit>,
     pending: HashMap<u32, PendingData>,
+    /// When the last Data-Out of any command was taken: initiators serve R2Ts in
+    /// order, so a command queued behind a command being fed is waiting, not stalled.
+    data_out_progress: Option<tokio::time::Instant>,
     deferred: VecDeque<Pdu>,
     next_ttt: u32,
     /// SendTargets text still to send: (TTT, bytes).
@@ -1273,9 +1284,12 @@ impl<R: AsyncRead + Unpin> Session<R> {
         self.ended.note(itt);
     }
 
-    /// When the command that has waited longest for its next Data-Out gives up.
+    /// When the command that has waited longest for its next Data-Out gives up: its own
+    /// deadline, or later while Data-Out for another command keeps coming (the
+    /// connection is making progress).
     fn data_out_due(&self) -> Option<tokio::time::Instant> {
-        self.pending.values().map(|p| p.due).min()
+        let progress_due = self.data_out_progress.map(|t| t + self.server.config.data_out_timeout);
+        self.pending.values().map(|p| progress_due.map_or(p.due, |d| d.max(p.due))).min()
     }
 
     /// A command's next Data-Out did not come in time: the connection ends (the
@@ -1675,7 +1689,9 @@ impl<R: AsyncRead + Unpin> Session<R> {
         pending.store(offset, &pdu.data);
         pending.received += pdu.data.len();
         pending.next_data_sn = pending.next_data_sn.wrapping_add(1);
-        pending.due = tokio::time::Instant::now() + self.server.config.data_out_timeout;
+        let now = tokio::time::Instant::now();
+        pending.due = now + self.server.config.data_out_timeout;
+        self.data_out_progress = Some(now);
         self.advance(itt, pending).await;
     }
 

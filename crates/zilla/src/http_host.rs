@@ -164,7 +164,7 @@ fn parse_authority(s: &str) -> Option<Authority> {
 
 /// `scheme://host[:port]` of an Origin header, with the scheme's default port filled
 /// in: `None` for "null", another scheme, or anything malformed.
-fn parse_origin(s: &str) -> Option<(Authority, u16)> {
+fn parse_origin(s: &str) -> Option<(Authority, u16, u16)> {
     let (scheme, rest) = s.split_once("://")?;
     let default_port = match scheme.to_ascii_lowercase().as_str() {
         "http" => 80,
@@ -173,7 +173,7 @@ fn parse_origin(s: &str) -> Option<(Authority, u16)> {
     };
     let origin = parse_authority(rest)?;
     let port = origin.port.unwrap_or(default_port);
-    Some((origin, port))
+    Some((origin, port, default_port))
 }
 
 /// Methods that change nothing (and so need no Origin check).
@@ -225,8 +225,9 @@ fn check(allowed: &AllowedHosts, method: &Method, version: Version, uri_authorit
             ),
         )
     };
-    let (o, o_port) = parse_origin(origin_text).ok_or_else(forbidden)?;
-    let same_origin = host.as_ref().is_some_and(|h| h.host == o.host && h.port.unwrap_or(o_port) == o_port);
+    let (o, o_port, scheme_port) = parse_origin(origin_text).ok_or_else(forbidden)?;
+    // a Host without a port names the scheme's default port (80, or 443 behind a TLS proxy)
+    let same_origin = host.as_ref().is_some_and(|h| h.host == o.host && h.port.map_or(o_port == scheme_port, |p| p == o_port));
     if same_origin || allowed.is_configured(&o.host) {
         Ok(())
     } else {
@@ -306,7 +307,10 @@ mod tests {
         assert_eq!(put(&none, "[::1]:8080", "http://[::1]:8080"), 200);
         assert_eq!(put(&none, "localhost:8080", "http://LOCALHOST:8080"), 200);
         assert_eq!(put(&none, "127.0.0.1", "http://127.0.0.1"), 200);
-        assert_eq!(put(&none, "127.0.0.1", "https://127.0.0.1"), 200, "a missing Host port takes the origin's");
+        assert_eq!(put(&none, "127.0.0.1", "https://127.0.0.1"), 200, "a missing Host port is the origin scheme's default");
+        assert_eq!(put(&none, "127.0.0.1", "http://127.0.0.1:80"), 200);
+        assert_eq!(put(&none, "127.0.0.1", "http://127.0.0.1:3000"), 403, "a page on another port of the host");
+        assert_eq!(put(&none, "localhost", "http://localhost:8000"), 403, "a page on another port of the host");
         for refused in ["http://attacker.example:8080", "http://attacker.example", "http://127.0.0.1:3000", "http://localhost:8080", "http://203.0.113.9", "null", "file://", "ftp://127.0.0.1:8080", "garbage"] {
             assert_eq!(put(&none, "127.0.0.1:8080", refused), 403, "{refused}");
             assert_eq!(status(&none, Method::POST, &[("host", "127.0.0.1:8080"), ("origin", refused)]), 403, "{refused}");

@@ -274,8 +274,10 @@ impl<S> StallGuard<S> {
 
     /// Before a write: has the peer acknowledged nothing of what waits for `stall`?
     /// `unacknowledged` is the send queue now. A queue that drained, or any newly
-    /// acknowledged byte, restarts the clock; so a client that reads, however slowly,
-    /// is never cut, and one whose receive window stays closed is.
+    /// acknowledged byte, restarts the clock; so a client whose reads reopen its
+    /// receive window is not cut, and one whose window stays closed is. (A client
+    /// reading a byte at a time from a full buffer does not reopen it: TCP waits for a
+    /// segment's worth of room before it advertises more, so such a client is cut too.)
     fn peer_stalled(&mut self, unacknowledged: Option<u64>, now: tokio::time::Instant) -> bool {
         let Some(queued) = unacknowledged.filter(|&q| q > 0) else {
             self.waiting = None;

@@ -445,7 +445,7 @@ impl Pool {
                 }
                 check_system_use(l, force)?;
                 let dev = (inner.opener)(l, t.role)?;
-                take_new_leaf(&*dev, l, force)?;
+                take_new_leaf(&*dev, l, t.role, force)?;
                 label::wipe_labels(&*dev)?;
                 let g = new_guid(&*inner.env);
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev, &inner.env)));
@@ -507,7 +507,7 @@ impl Pool {
         check_leaf_path(new)?;
         check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
-        take_new_leaf(&*dev, new, force)?;
+        take_new_leaf(&*dev, new, top.role, force)?;
         let need = device_ashift(&*dev, new)?;
         if need > top.ashift {
             return Err(Error::invalid(format!(
@@ -1008,11 +1008,20 @@ pub(super) fn check_system_use(spec: &LeafSpec, force: bool) -> Result<()> {
 
 /// Take a new leaf into the pool: [`check_device_free`], then, the leaf being ours and
 /// nothing of the pool having written to it, fill its log region's holes
-/// ([`crate::vdev::fill_log_region`]). Create, add and attach all come through here.
-pub(super) fn take_new_leaf(dev: &dyn Device, spec: &LeafSpec, force: bool) -> Result<()> {
+/// ([`crate::vdev::fill_log_region`]; a cache or spare device holds no intent log).
+/// Create, add and attach all come through here.
+pub(super) fn take_new_leaf(dev: &dyn Device, spec: &LeafSpec, role: Role, force: bool) -> Result<()> {
     check_device_free(dev, spec, force)?;
-    crate::vdev::fill_log_region(dev, &spec.display());
+    if holds_intent_log(role) {
+        crate::vdev::fill_log_region(dev, &spec.display());
+    }
     Ok(())
+}
+
+/// Whether a leaf of a top-level vdev of `role` may hold intent-log blocks (normal
+/// vdevs in their embedded log region, log vdevs throughout; cache and spare: never).
+pub(super) fn holds_intent_log(role: Role) -> bool {
+    matches!(role, Role::Normal | Role::Log)
 }
 
 /// Refuse a device that carries a label of an active or exported pool, or a known file

@@ -145,7 +145,7 @@ fn open_new_leaves(tops: &[TopSpec], opener: &Opener, force: bool, claims: &mut 
             check_system_use(l, force)?;
             let dev = opener(l, t.role)?;
             claims.0.push(dev.clone());
-            take_new_leaf(&*dev, l, force)?;
+            take_new_leaf(&*dev, l, t.role, force)?;
             v.push(Opened { spec: l.clone(), dev });
         }
         opened_tops.push((t.clone(), v));
@@ -510,7 +510,11 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     if !opts.dry_run {
         // the pool is ours and nothing of it has written yet; a device at one of its
         // paths that is none of its leaves is not written
+        // (a cache or spare device holds no intent log: not filled)
         for (spec, dev, _, _) in devs.iter().filter(|d| d.3.as_ref().is_some_and(|lj| in_config(&cfg, lj.this_guid))) {
+            if slot_at(&cfg, &spec.path).is_some_and(|role| !super::config::holds_intent_log(role)) {
+                continue;
+            }
             crate::vdev::fill_log_region(&**dev, &spec.display());
         }
     }
