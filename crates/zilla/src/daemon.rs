@@ -583,11 +583,7 @@ pub async fn run(
     };
     let nbd_task = crate::nbd_glue::spawn(daemon.nbd.clone(), nbd_tcp, nbd_unix, stop_rx.clone());
     let iscsi_task = iscsi.map(|l| crate::iscsi_glue::spawn(daemon.iscsi.clone(), l, stop_rx.clone()));
-    let allowed_hosts = Arc::new(opts.settings.http_allowed_hosts.clone().unwrap_or_default());
-    if http.is_some() {
-        tracing::info!("HTTP: answering requests for {}", allowed_hosts.describe());
-    }
-    let background = spawn_web_and_analytics(&daemon, http, limits.http, allowed_hosts, &stop_rx);
+    let background = spawn_web_and_analytics(&daemon, http, limits.http, opts.settings.http_allowed_hosts.clone().unwrap_or_default(), &stop_rx);
 
     tracing::info!(
         "serving {}: admin {}, NBD {} and {}, iSCSI {}, HTTP {}",
@@ -640,10 +636,12 @@ fn spawn_web_and_analytics(
     daemon: &Arc<Daemon>,
     http: Option<tokio::net::TcpListener>,
     limits: crate::http_serve::HttpLimits,
-    allowed_hosts: Arc<crate::http_host::AllowedHosts>,
+    allowed_hosts: crate::http_host::AllowedHosts,
     stop: &watch::Receiver<bool>,
 ) -> Background {
     let http = http.map(|l| {
+        tracing::info!("HTTP: answering requests for {}", allowed_hosts.describe());
+        let allowed_hosts = Arc::new(allowed_hosts);
         let app = crate::http_serve::with_body_limits(crate::web::router(daemon.web_view()), limits);
         // outermost: a request for another site's name is refused before anything runs
         let app = crate::http_host::with_host_check(app, allowed_hosts);
