@@ -1,0 +1,302 @@
+"""Work per I/O of each build, counted: user-space instructions and system calls per
+request, for the new/old CPU goals of a `--compare-old` run.
+
+Theory of operation: per build, one daemon on its own pool (two 2-way mirrors of
+sparse files, as the scenarios build) with one volume filled with the same seeded
+pseudo-random bytes in every run and for every build, read twice (ARC warm). Then two
+passes of the same windows (lib/valgrind.py says why windows, rates and slopes):
+
+1. *System calls*: the daemon runs natively; `strace -f -c -p PID` is attached for
+   each window (every thread, and any thread started during it) and detached after it.
+2. *Instructions*: the daemon is stopped and started again on the same state dir
+   under `valgrind --tool=callgrind --instr-atstart=no` (the pool is imported again,
+   the volume read once more with instrumentation off); `callgrind_control` counts only
+   the windows. Valgrind cannot run a thread that waits in io_uring_enter beside the
+   others (it holds valgrind's lock while the kernel waits for requests the others
+   would submit), so this pass sets ZILLA_IO_ENGINE=threads; the windows read only
+   from the ARC, and no device I/O enters their count.
+
+Before the windows of each pass, fio reads at the higher rate for SETTLE_S seconds:
+the warm-up's parallel reads started runtime threads that exit after 10 idle seconds,
+and an exit inside a window costs ~0.5 M instructions. A window is fio's nbd engine at
+iodepth 1, `--rate_iops=R`, `--io_size=N x bs` (N = R x window seconds), the same random
+sequence each time (fio's fixed seed), over a span no window reads past (a sequential
+window never wraps, so read-ahead sees one stream from offset 0 in every window). The
+pair of rates (r, 3r) gives N and 3N requests in the same time; per I/O is the
+least-squares slope over every window of the workload (`pairs` pairs). One idle
+window per build (no requests) shows what the daemon does on its own.
+"""
+
+import glob
+import os
+import signal
+import subprocess
+import time
+
+from . import valgrind as vg
+from .daemon import Zilla
+from .fio import fio
+from .goals import goal
+from .proc import BenchError, log, run, write_seeded_file
+from .tables import fmt, table
+
+MiB, GiB = 1 << 20, 1 << 30
+SETTLE_S = 11       # tokio's blocking threads exit after 10 s idle
+RATE_KEPT = 0.9     # a window whose fio fell below this share of its rate is flagged
+
+
+class Workload:
+    """One kind of request: fio `rw` of `bs` bytes over the first `span` bytes of the
+    volume, counted at each rate of `rates` (requests per second)."""
+
+    def __init__(self, key, name, rw, bs, span, rates):
+        self.key, self.name, self.rw, self.bs, self.span, self.rates = key, name, rw, bs, span, rates
+
+    def describe(self):
+        return {"name": self.name, "rw": self.rw, "bs": self.bs, "span_bytes": self.span,
+                "rates_iops": list(self.rates), "iodepth": 1}
+
+
+def settings(quick):
+    return {"window_s": 3 if quick else 5, "pairs": 1 if quick else 2, "settle_s": SETTLE_S}
+
+
+def valgrind_cmd(outdir):
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=no",
+            f"--callgrind-out-file={os.path.join(outdir, 'callgrind.out')}"]
+
+
+def count_builds(builds, wd, workloads, volume_bytes, quick, config=None):
+    """{"config", "builds": {label: record}, "ratios": {workload key: {...}}} for every
+    build in `builds` (the first is the new one, the second the old)."""
+    for tool in ("valgrind", "callgrind_control", "strace", "fio", "nbdcopy"):
+        if run(["sh", "-c", f"command -v {tool}"], check=False).returncode != 0:
+            raise BenchError(f"counting work per I/O needs {tool}")
+    s = settings(quick)
+    span_max = max(w.span for w in workloads)
+    if span_max > volume_bytes:
+        raise BenchError("a workload's span is larger than the counted volume")
+    for w in workloads:
+        if w.rw == "read" and max(w.rates) * s["window_s"] * w.bs > w.span:
+            raise BenchError(f"{w.name}: a window would read past its span")
+    fill = os.path.join(wd, "count-fill.img")
+    write_seeded_file(fill, volume_bytes, seed=1)
+    out = {"config": dict(s, volume_bytes=volume_bytes, fill="seeded pseudo-random bytes (seed 1)",
+                          workloads={w.key: w.describe() for w in workloads},
+                          timed_work_excluded=list(vg.TIMED_WORK),
+                          slope="least squares of counted work against requests over the "
+                                "windows of a workload (the same length, different rates)",
+                          **(config or {})),
+           "builds": {}}
+    for b in builds:
+        out["builds"][b.label] = count_build(b, wd, fill, workloads, volume_bytes, s)
+    os.unlink(fill)
+    out["ratios"] = ratios(out["builds"], workloads)
+    return out
+
+
+def count_build(build, wd, fill, workloads, volume_bytes, s):
+    d = os.path.join(wd, f"count-{build.label}")
+    os.makedirs(d, exist_ok=True)
+    log(f"{build.label}: counting work per I/O (strace pass, then callgrind pass)")
+    z = Zilla(build, d, log_tag="count-native")
+    z.create_mirror_pool(d, volume_bytes + GiB)
+    z.cli("volume", "create", "-V", str(volume_bytes), "bench/vol")
+    uri = z.uri("bench/vol")
+    run(["nbdcopy", "--flush", fill, uri])
+    r = run(["sh", "-c", f"nbdcopy '{uri}' - | cmp - '{fill}'"], check=False)
+    if r.returncode != 0:
+        raise BenchError(f"{build.label}: the counted volume does not hold its fill")
+    run(["nbdcopy", uri, "null:"])
+    settle(z, workloads[0], s["settle_s"], d, "native")
+    rec = {"git_commit": build.commit, "workloads": {}}
+    for w in workloads:
+        rec["workloads"][w.key] = {"syscall_windows": windows(
+            w, s, lambda fn, tag: strace_window(z.pid, os.path.join(d, f"strace-{tag}.txt"), fn),
+            z, d, "strace")}
+    z.stop()
+
+    cgdir = os.path.join(d, "callgrind")
+    os.makedirs(cgdir, exist_ok=True)
+    z = Zilla(build, d, log_tag="count-callgrind", wrapper=valgrind_cmd(cgdir),
+              env={"ZILLA_IO_ENGINE": "threads"})
+    run(["nbdcopy", z.uri("bench/vol"), "null:"], timeout=600)
+    settle(z, workloads[0], s["settle_s"], d, "callgrind")
+    counter = lambda fn, tag: callgrind_window(z.pid, cgdir, fn)
+    rec["idle"] = counter(lambda: time.sleep(s["window_s"]), "idle")
+    rec["idle"]["instructions_per_s"] = round(rec["idle"]["instructions"] / rec["idle"]["window_s"])
+    for w in workloads:
+        wr = rec["workloads"][w.key]
+        wr["windows"] = windows(w, s, counter, z, d, "callgrind")
+        wr.update(per_io(wr))
+        log(f"{build.label} {w.name}: {fmt(wr['instructions_per_io'])} instructions, "
+            f"{fmt(wr['syscalls_per_io'], 2)} system calls per I/O")
+    z.stop()
+    return rec
+
+
+def settle(z, w, seconds, d, tag):
+    """QD1 reads at the workload's higher rate for `seconds`: threads the warm-up
+    started and no longer needs exit before the windows, not inside one."""
+    fio(fio_args(z, w, max(w.rates), None) + [f"--runtime={seconds}", "--time_based"],
+        d, f"settle-{tag}")
+
+
+def fio_args(z, w, rate, n):
+    a = [f"--name=count-{w.key}", "--ioengine=nbd", f"--uri={z.uri('bench/vol')}",
+         f"--rw={w.rw}", f"--bs={w.bs}", "--iodepth=1", "--numjobs=1", f"--size={w.span}",
+         f"--rate_iops={rate}", "--randrepeat=1"]
+    return a + ([f"--io_size={n * w.bs}"] if n else [])
+
+
+def windows(w, s, counter, z, d, tag):
+    """Every window of workload `w`: `pairs` x each rate, counted by `counter`."""
+    out = []
+    for p in range(s["pairs"]):
+        for rate in w.rates:
+            n = int(round(rate * s["window_s"]))
+            t = f"{tag}-{w.key}-{rate}-{p}"
+            res = {}
+
+            def one():
+                res["fio"] = fio(fio_args(z, w, rate, n), d, t)
+            rec = counter(one, t)
+            f = res["fio"]
+            rec.update({"rate_iops": rate, "ios": f["ios"], "fio_iops": f["iops"],
+                        "fio_runtime_s": f["runtime_s"],
+                        "rate_kept": bool(f["iops"] >= RATE_KEPT * rate)})
+            if not rec["rate_kept"]:
+                log(f"{t}: fio reached {f['iops']:.0f} of {rate} requests/s (the daemon did not keep up)")
+            out.append(rec)
+    return out
+
+
+def per_io(wr):
+    """The slopes of a workload's windows: instructions and system calls per I/O (and
+    per I/O of each system call that makes at least 0.01 per I/O)."""
+    ins = vg.slope([(x["ios"], x["instructions"]) for x in wr["windows"]])
+    sys_ = vg.slope([(x["ios"], x["syscalls"]) for x in wr["syscall_windows"]])
+    names = set()
+    for x in wr["syscall_windows"]:
+        names.update(x["by_call"])
+    by = {}
+    for n in sorted(names):
+        v = vg.slope([(x["ios"], x["by_call"].get(n, 0)) for x in wr["syscall_windows"]])
+        if v is not None and abs(v) >= 0.01:
+            by[n] = round(v, 3)
+    return {"instructions_per_io": round(ins, 1) if ins is not None else None,
+            "syscalls_per_io": round(sys_, 3) if sys_ is not None else None,
+            "syscalls_per_io_by_call": by,
+            "rate_kept": all(x["rate_kept"] for x in wr["windows"] + wr["syscall_windows"])}
+
+
+def callgrind_control(pid, *args):
+    r = run(["callgrind_control"] + list(args) + [str(pid)], check=False, timeout=120)
+    text = (r.stdout or "") + (r.stderr or "")
+    if r.returncode != 0 or "Error" in text or "OK" not in text:
+        raise BenchError(f"callgrind_control {' '.join(args)} {pid}: {text.strip()[-300:]}")
+
+
+def callgrind_window(pid, outdir, fn):
+    """Count `fn()`'s window: instrumentation on, counters zeroed, fn, dump, off.
+    Returns {"window_s", "instructions_total", "instructions_timed_work",
+    "instructions" (total minus timed work), "dump"}."""
+    before = set(glob.glob(os.path.join(outdir, "callgrind.out*")))
+    callgrind_control(pid, "--instr=on")
+    callgrind_control(pid, "--zero")
+    t0 = time.monotonic()
+    fn()
+    callgrind_control(pid, "--dump")
+    t1 = time.monotonic()
+    callgrind_control(pid, "--instr=off")
+    prof, path = None, None
+    deadline = time.time() + 30
+    while prof is None:
+        new = sorted(set(glob.glob(os.path.join(outdir, "callgrind.out*"))) - before,
+                     key=os.path.getmtime)
+        if new:
+            path = new[-1]
+            with open(path) as f:
+                text = f.read()
+            if "\ntotals:" in text or "\nsummary:" in text:
+                prof = vg.parse_callgrind(text)
+                break
+        if time.time() > deadline:
+            raise BenchError(f"no callgrind dump appeared in {outdir}")
+        time.sleep(0.2)
+    total, timed = prof.total("Ir"), prof.cost_under(vg.TIMED_WORK)
+    return {"window_s": round(t1 - t0, 3), "instructions_total": total,
+            "instructions_timed_work": timed, "instructions": total - timed,
+            "dump": os.path.basename(path)}
+
+
+def strace_window(pid, path, fn):
+    """`strace -f -c` attached to every thread of `pid` for `fn()`'s window."""
+    p = subprocess.Popen(["strace", "-f", "-c", "-o", path, "-p", str(pid)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()          # "strace: Process PID attached with N threads"
+    if "attached" not in line:
+        p.kill()
+        raise BenchError(f"strace could not attach to {pid}: {line.strip()}")
+    t0 = time.monotonic()
+    try:
+        fn()
+    finally:
+        t1 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+    with open(path) as f:
+        s = vg.parse_strace_summary(f.read())
+    return {"window_s": round(t1 - t0, 3), "syscalls": s["total"], "by_call": s["calls"]}
+
+
+def ratios(recs, workloads):
+    """new / old per workload, when both builds were counted."""
+    labels = list(recs)
+    if len(labels) < 2:
+        return {}
+    new, old = recs[labels[0]]["workloads"], recs[labels[1]]["workloads"]
+    return {w.key: {"instructions_per_io": ratio4(new[w.key]["instructions_per_io"],
+                                                  old[w.key]["instructions_per_io"]),
+                    "syscalls_per_io": ratio4(new[w.key]["syscalls_per_io"],
+                                              old[w.key]["syscalls_per_io"])}
+            for w in workloads}
+
+
+def ratio4(a, b):
+    """a / b to 4 places (a same-binary comparison is read to 0.1 %), None if either
+    is missing."""
+    return None if a is None or not b else round(a / b, 4)
+
+
+def goal_for(counts, w, rev, wall_ratio=None):
+    """The goal `new / old <= 1.0` for workload `w`, decided by instructions per I/O;
+    the wall-clock CPU ratio of the scenario's own runs and both builds' counts stand
+    beside it in the record."""
+    labels = list(counts["builds"])
+    new = counts["builds"][labels[0]]["workloads"][w.key]
+    old = counts["builds"][labels[1]]["workloads"][w.key]
+    g = goal(f"{w.name} daemon CPU per I/O, new / old ({rev}), by user-space instructions per I/O",
+             "<=", 1.0, counts["ratios"][w.key]["instructions_per_io"])
+    g.update({"instructions_per_io": {"new": new["instructions_per_io"], "old": old["instructions_per_io"]},
+              "syscalls_per_io": {"new": new["syscalls_per_io"], "old": old["syscalls_per_io"]},
+              "syscalls_ratio": counts["ratios"][w.key]["syscalls_per_io"],
+              "wall_cpu_ratio": wall_ratio})
+    return g
+
+
+def print_counts(counts, workloads, wall=None):
+    """One row per workload: both builds' instructions and system calls per I/O, the
+    ratios, and the wall-clock CPU ratio of the scenario's runs (`wall`: {key: ratio})."""
+    labels = list(counts["builds"])
+    rows = []
+    for w in workloads:
+        n = counts["builds"][labels[0]]["workloads"][w.key]
+        o = counts["builds"][labels[1]]["workloads"][w.key] if len(labels) > 1 else None
+        q = counts["ratios"].get(w.key, {})
+        rows.append([w.name, fmt(n["instructions_per_io"]), fmt(o and o["instructions_per_io"]),
+                     fmt(q.get("instructions_per_io"), 3), fmt(n["syscalls_per_io"], 2),
+                     fmt(o and o["syscalls_per_io"], 2), fmt(q.get("syscalls_per_io"), 3),
+                     fmt((wall or {}).get(w.key), 3)])
+    print(table(["work per I/O (QD1, fixed rate)", "instr new", "instr old", "new/old",
+                 "syscalls new", "syscalls old", "new/old", "wall CPU new/old"], rows))
