@@ -3,8 +3,11 @@ request, for the new/old CPU goals of a `--compare-old` run.
 
 Theory of operation: per build, one daemon on its own pool (two 2-way mirrors of
 sparse files, as the scenarios build) with one volume filled with the same seeded
-pseudo-random bytes in every run and for every build, read twice (ARC warm). Then two
-passes of the same windows (lib/valgrind.py says why windows, rates and slopes):
+pseudo-random bytes in every run and for every build, and read back (checked, and the
+ARC warm). Copies go one request at a time (nbdcopy --connections=1 --requests=1): a
+burst of parallel requests starts runtime threads that exit 10 idle seconds later,
+and an exit inside a window costs ~0.5 M instructions. Then two passes of the same
+windows (lib/valgrind.py says why windows, rates and slopes):
 
 1. *System calls*: the daemon runs natively; `strace -f -c -p PID` is attached for
    each window (every thread, and any thread started during it) and detached after it.
@@ -14,17 +17,18 @@ passes of the same windows (lib/valgrind.py says why windows, rates and slopes):
    the windows. Valgrind cannot run a thread that waits in io_uring_enter beside the
    others (it holds valgrind's lock while the kernel waits for requests the others
    would submit), so this pass sets ZILLA_IO_ENGINE=threads; the windows read only
-   from the ARC, and no device I/O enters their count.
+   from the ARC, and no device I/O enters their count. Before its windows, fio reads at
+   the first workload's higher rate for SETTLE_S seconds, so the threads the import
+   started are gone; in a full run one idle window (no requests) shows what the daemon
+   does on its own.
 
-Before the windows of each pass, fio reads at the higher rate for SETTLE_S seconds:
-the warm-up's parallel reads started runtime threads that exit after 10 idle seconds,
-and an exit inside a window costs ~0.5 M instructions. A window is fio's nbd engine at
-iodepth 1, `--rate_iops=R`, `--io_size=N x bs` (N = R x window seconds), the same random
-sequence each time (fio's fixed seed), over a span no window reads past (a sequential
-window never wraps, so read-ahead sees one stream from offset 0 in every window). The
-pair of rates (r, 3r) gives N and 3N requests in the same time; per I/O is the
-least-squares slope over every window of the workload (`pairs` pairs). One idle
-window per build (no requests) shows what the daemon does on its own.
+A window is fio's nbd engine at iodepth 1, `--rate_iops=R`, `--io_size=N x bs` (N = R x
+the window's seconds), the same random sequence each time (fio's fixed seed), over a
+span no window reads past (a sequential window never wraps). Before each window of a
+sequential workload the read-ahead streams are parked (park_streams), so every such
+window starts from the same detector state. The rates of a workload (r, 5r for cached
+reads) give N and 5N requests in the same time; per I/O is the least-squares slope over
+every window of the workload (`pairs` pairs).
 """
 
 import glob
@@ -45,6 +49,7 @@ SETTLE_S = 11       # tokio's blocking threads exit after 10 s idle
 PAUSE_S = 1.5       # every read-ahead stream idle past zfetch_min_sec_reap (1 s)
 PARK_STREAMS = 8    # zfetch_max_streams
 PARK_BYTES = 32 * MiB
+QD1_COPY = ["--connections=1", "--requests=1"]
 RATE_KEPT = 0.9     # a window whose fio fell below this share of its rate is flagged
 
 
@@ -61,7 +66,10 @@ class Workload:
 
 
 def settings(quick):
-    return {"window_s": 3 if quick else 5, "pairs": 1 if quick else 2, "settle_s": SETTLE_S}
+    """Window length, pairs of windows per workload, the settle time, and whether an
+    idle window (no requests; what the daemon does on its own) is counted too."""
+    return {"window_s": 3 if quick else 5, "pairs": 1 if quick else 2, "settle_s": SETTLE_S,
+            "idle_window": not quick}
 
 
 def valgrind_cmd(outdir):
@@ -110,12 +118,12 @@ def count_build(build, wd, fill, workloads, volume_bytes, s):
     z.create_mirror_pool(d, volume_bytes + GiB)
     z.cli("volume", "create", "-V", str(volume_bytes), "bench/vol")
     uri = z.uri("bench/vol")
-    run(["nbdcopy", "--flush", fill, uri])
-    r = run(["sh", "-c", f"nbdcopy '{uri}' - | cmp - '{fill}'"], check=False)
+    # one request at a time (QD1 nbdcopy): no runtime threads started for a burst that
+    # then exit, 10 s later, inside a window
+    run(["nbdcopy", "--flush"] + QD1_COPY + [fill, uri])
+    r = run(["sh", "-c", f"nbdcopy {' '.join(QD1_COPY)} '{uri}' - | cmp - '{fill}'"], check=False)
     if r.returncode != 0:
         raise BenchError(f"{build.label}: the counted volume does not hold its fill")
-    run(["nbdcopy", uri, "null:"])
-    settle(z, workloads[0], s["settle_s"], d, "native")
     rec = {"git_commit": build.commit, "workloads": {}}
     for w in workloads:
         rec["workloads"][w.key] = {"syscall_windows": windows(
@@ -127,11 +135,14 @@ def count_build(build, wd, fill, workloads, volume_bytes, s):
     os.makedirs(cgdir, exist_ok=True)
     z = Zilla(build, d, log_tag="count-callgrind", wrapper=valgrind_cmd(cgdir),
               env={"ZILLA_IO_ENGINE": "threads"})
-    run(["nbdcopy", z.uri("bench/vol"), "null:"], timeout=600)
-    settle(z, workloads[0], s["settle_s"], d, "callgrind")
+    up = time.monotonic()
+    run(["nbdcopy"] + QD1_COPY + [z.uri("bench/vol"), "null:"], timeout=600)
+    # the QD1 warm-up keeps one thread busy: the settle counts from the daemon's start
+    settle(z, workloads[0], max(2, round(s["settle_s"] - (time.monotonic() - up))), d, "callgrind")
     counter = lambda fn, tag: callgrind_window(z.pid, cgdir, fn)
-    rec["idle"] = counter(lambda: time.sleep(s["window_s"]), "idle")
-    rec["idle"]["instructions_per_s"] = round(rec["idle"]["instructions"] / rec["idle"]["window_s"])
+    if s["idle_window"]:
+        rec["idle"] = counter(lambda: time.sleep(s["window_s"]), "idle")
+        rec["idle"]["instructions_per_s"] = round(rec["idle"]["instructions"] / rec["idle"]["window_s"])
     for w in workloads:
         wr = rec["workloads"][w.key]
         park_at = volume_bytes - PARK_BYTES if w.rw == "read" else None
@@ -144,8 +155,9 @@ def count_build(build, wd, fill, workloads, volume_bytes, s):
 
 
 def settle(z, w, seconds, d, tag):
-    """QD1 reads at the workload's higher rate for `seconds`: threads the warm-up
-    started and no longer needs exit before the windows, not inside one."""
+    """QD1 reads at the workload's higher rate for `seconds`: threads that the pool's
+    import and the warm-up started and no longer need exit before the windows, not
+    inside one."""
     fio(fio_args(z, w, max(w.rates), None) + [f"--runtime={seconds}", "--time_based"],
         d, f"settle-{tag}")
 

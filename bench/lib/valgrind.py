@@ -1,5 +1,5 @@
 """Counting a daemon's work per I/O: user-space instructions (callgrind) and system calls
-(strace), and the slope that turns two counted windows into a cost per request.
+(strace), and the slope that turns counted windows into a cost per request.
 
 Theory of operation: wall-clock CPU per I/O on a shared 2-vCPU VM moves by 15-20 %
 between identical runs, and the VM has no hardware counters, so a new/old comparison
@@ -7,30 +7,31 @@ of CPU per I/O cannot be decided from it. Instructions executed in user space ar
 property of the code and the request sequence, not of the machine's load. The daemon
 runs under `valgrind --tool=callgrind --instr-atstart=no` (no instrumentation, so
 startup, import and warm-up run at valgrind's core speed and are not counted);
-`callgrind_control` zeroes the counters and switches instrumentation on just before a
-window of requests and dumps and switches it off after it. Each dump is parsed here
-(`parse_callgrind`): the total Ir, each function's self cost and the inclusive cost of
-every call, so the cost under given functions can be taken out (`cost_under`).
+`callgrind_control` switches instrumentation on and zeroes the counters just before a
+window of requests, and dumps and switches it off after it (lib/countio.py). Each dump
+is parsed here (`parse_callgrind`): the total Ir, each function's self cost and the
+inclusive cost of every call, so the cost under given functions can be taken out
+(`cost_under`). Valgrind runs one thread at a time; the counts are of every thread.
 
-What is taken out: the daemon's work that runs on a clock, not per request. Its
-analytics collector samples every counter once a second (~0.45 M instructions a
-second on a small pool, growing with every client seen) and saves its history once a
-minute; over a 5 s window at 400 reads/s that is 10 % of the count and, depending on
-where the ticks fall, +-3 % of the per-read figure. The inclusive cost of the calls into
-the functions of TIMED_WORK is subtracted from each window (a build without them
-subtracts 0; the amount is reported). What is left of the daemon's clock-driven work
-(txg timer, evictor, slab trim) is ~50 k instructions a second, the cost of ~5 reads.
+What is taken out (TIMED_WORK): work that runs on a clock, not per request. The
+daemon's analytics collector samples every counter once a second (~0.45 M instructions
+a second on a small pool, growing with every client seen) and saves its history once
+a minute, and the txg timer syncs a txg every few seconds; over a 5 s window at 400
+reads/s that was 10 % of the count and, depending on where the ticks fell, +-3 % of
+the per-read figure. The inclusive cost of the calls into those functions is
+subtracted from each window (a build without them subtracts 0; the amount is
+reported). What is left of the clock-driven work (timers, the evictor's checks) is
+~70 k instructions a second, the cost of ~6 cached reads.
 
-Windows and the slope: every window runs as long (T seconds) at a fixed low rate,
+Windows and the slope: the windows of a workload run equally long at fixed low rates,
 one request at a time (iodepth 1), so each request finds the daemon idle and takes the
-same path (at rates close to what the daemon manages under valgrind, threads find
-work before they park and the path changes); the two windows of a pair differ only in
-the rate (r and 2r: N and 2N requests in the same time). Per I/O is the slope
-(I2 - I1) / (N2 - N1), which cancels what both windows share: the client's connection
-and handshake, and whatever clock-driven work was not taken out. System calls are
-counted the same way with `strace -f -c` attached to the daemon running natively
-(`parse_strace_summary`), in a second pass of the same windows: under valgrind the
-daemon's system calls are valgrind's too.
+same path (near the rate the daemon manages under valgrind, threads find work before
+they park and the path changes); they differ only in the rate, so in the number of
+requests. Per I/O is the slope of counted work against requests (two windows: the
+difference quotient), which cancels what every window shares: the client's connection
+and handshake, and the clock-driven work not taken out. System calls are counted the
+same way with `strace -f -c` attached to the daemon running natively
+(`parse_strace_summary`): under valgrind its system calls would be valgrind's too.
 """
 
 import re
@@ -46,6 +47,9 @@ TIMED_WORK = (r"zilla::analytics::.*", r".*::spa_sync", r".*::sync_until_done")
 
 
 _NAME = re.compile(r"^\((\d+)\)(?: (.*))?$")
+_RECURSION = re.compile(r"'\d+$")
+# a cost line's first position: a number (decimal or 0x hex), relative (+N, -N) or "*"
+_POSITION = re.compile(r"[+-]?(?:0x[0-9a-fA-F]+|\d+)|\*")
 
 
 class Profile:
@@ -59,13 +63,26 @@ class Profile:
         return self.totals.get(event, 0)
 
     def cost_under(self, patterns, event="Ir"):
-        """Inclusive cost of the calls into any function matching one of `patterns`
-        (regexes, full match), counted where the caller does not match (a matched
-        function calling another is counted once)."""
+        """Instructions (`event`) under any function matching one of `patterns`
+        (regexes, full match; callgrind's recursion suffix 'N ignored): the inclusive
+        cost of every call into a matched function from an unmatched caller (a matched
+        function calling another is counted once), and for a matched function no
+        function calls (a thread's first function), its self cost and its calls to
+        unmatched functions."""
         rx = [re.compile(p) for p in patterns]
-        match = lambda name: any(r.fullmatch(name) for r in rx)
-        return sum(c.get(event, 0) for (caller, callee), c in self.calls.items()
-                   if match(callee) and not match(caller))
+        match = lambda name: name is not None and any(r.fullmatch(_RECURSION.sub("", name)) for r in rx)
+        total, entered = 0, set()
+        for (caller, callee), c in self.calls.items():
+            if caller != callee:
+                entered.add(callee)
+            if match(callee) and not match(caller):
+                total += c.get(event, 0)
+        for f in self.self_cost:
+            if match(f) and f not in entered:
+                total += self.self_cost[f].get(event, 0)
+                total += sum(c.get(event, 0) for (caller, callee), c in self.calls.items()
+                             if caller == f and not match(callee))
+        return total
 
     def functions(self, event="Ir"):
         """{function: self cost of `event`}."""
@@ -133,7 +150,7 @@ def parse_callgrind(text):
                 summary = dict(zip(events, (int(x) for x in rest.split())))
             continue
         fields = line.split()
-        if not fields or not re.fullmatch(r"[+\-*]?\d*", fields[0]):
+        if not fields or not _POSITION.fullmatch(fields[0]):
             continue
         c = costs(fields)
         if pending_call:
