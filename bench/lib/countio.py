@@ -46,8 +46,8 @@ from .tables import fmt, table
 
 MiB, GiB = 1 << 20, 1 << 30
 SETTLE_S = 11       # tokio's blocking threads exit after 10 s idle
-PAUSE_S = 1.5       # every read-ahead stream idle past zfetch_min_sec_reap (1 s)
-PARK_STREAMS = 8    # zfetch_max_streams
+PARK_STREAMS = 8    # zfetch_max_streams (default)
+REAP_DEFAULT_S = 1  # zfetch_min_sec_reap (default)
 PARK_BYTES = 32 * MiB
 QD1_COPY = ["--connections=1", "--requests=1"]
 RATE_KEPT = 0.9     # a window whose fio fell below this share of its rate is flagged
@@ -57,12 +57,16 @@ class Workload:
     """One kind of request: fio `rw` of `bs` bytes over the first `span` bytes of the
     volume, counted at each rate of `rates` (requests per second)."""
 
-    def __init__(self, key, name, rw, bs, span, rates):
+    def __init__(self, key, name, rw, bs, span, rates, syscall_rates=None):
+        """`syscall_rates` (default: `rates`) for the strace pass, where every system
+        call stops the daemon for strace: at 1,000 4K reads/s it kept 433."""
         self.key, self.name, self.rw, self.bs, self.span, self.rates = key, name, rw, bs, span, rates
+        self.syscall_rates = syscall_rates or rates
 
     def describe(self):
         return {"name": self.name, "rw": self.rw, "bs": self.bs, "span_bytes": self.span,
-                "rates_iops": list(self.rates), "iodepth": 1}
+                "rates_iops": list(self.rates), "syscall_rates_iops": list(self.syscall_rates),
+                "iodepth": 1}
 
 
 def settings(quick):
@@ -128,7 +132,7 @@ def count_build(build, wd, fill, workloads, volume_bytes, s):
     for w in workloads:
         rec["workloads"][w.key] = {"syscall_windows": windows(
             w, s, lambda fn, tag: strace_window(z.pid, os.path.join(d, f"strace-{tag}.txt"), fn),
-            z, d, "strace")}
+            z, d, "strace", rates=w.syscall_rates)}
     z.stop()
 
     cgdir = os.path.join(d, "callgrind")
@@ -169,12 +173,13 @@ def fio_args(z, w, rate, n):
     return a + ([f"--io_size={n * w.bs}"] if n else [])
 
 
-def windows(w, s, counter, z, d, tag, park_at=None):
-    """Every window of workload `w`: `pairs` x each rate, counted by `counter`; with
-    `park_at`, the read-ahead streams are parked there before each (park_streams)."""
+def windows(w, s, counter, z, d, tag, park_at=None, rates=None):
+    """Every window of workload `w`: `pairs` x each rate (`rates`, default the
+    workload's), counted by `counter`; with `park_at`, the read-ahead streams are
+    parked there before each (park_streams)."""
     out = []
     for p in range(s["pairs"]):
-        for rate in w.rates:
+        for rate in rates or w.rates:
             n = int(round(rate * s["window_s"]))
             t = f"{tag}-{w.key}-{rate}-{p}"
             res = {}
@@ -184,6 +189,8 @@ def windows(w, s, counter, z, d, tag, park_at=None):
             if park_at is not None:
                 park_streams(z, d, t, park_at)
             rec = counter(one, t)
+            if park_at is not None:
+                unpark(z)
             f = res["fio"]
             rec.update({"rate_iops": rate, "ios": f["ios"], "fio_iops": f["iops"],
                         "fio_runtime_s": f["runtime_s"],
@@ -204,27 +211,33 @@ def park_streams(z, d, tag, park_at):
     zfetch_min_sec_reap, 1 s): one probe measured 24.6 k or 33.4 k instructions per 128K
     read from one run to the next, and 0.75 % apart with the slot alone. So, with
     single 4K reads 1 MiB apart in the volume's last PARK_BYTES (no window reads there),
-    each a miss that starts a stream: after a pause past the reap time, 8 such reads
-    replace every stream; with zfetch_max_streams at 1, one more read (no slot idle long
-    enough) cuts the list to its first slot; with it back at 8, 7 reads fill the slots
-    after it in order; after another pause the window's first read takes the oldest,
-    slot 0. A build without the tunable (or without read-ahead) ignores the settings."""
+    each a miss: with zfetch_max_streams at 1 and no stream old enough to replace
+    (zfetch_min_sec_reap at an hour), one read leaves exactly one stream, in slot 0 (it
+    cuts the list, or starts it); with zfetch_max_streams back at 8 and every stream
+    replaceable (zfetch_min_sec_reap 0), 7 reads fill slots 1-7; the window's first read
+    then replaces the oldest, slot 0, and its reads continue that stream alone.
+    `unpark` puts zfetch_min_sec_reap back after the window. A build without these
+    tunables (or without read-ahead) ignores the settings."""
     def reads(first, count):
         run(["fio", "--name=park", "--ioengine=nbd", f"--uri={z.uri('bench/vol')}",
              f"--rw=read:{MiB - 4096}", "--bs=4k", "--iodepth=1",
              f"--offset={park_at + first * MiB}", f"--size={count * MiB}",
              f"--io_size={count * 4096}", f"--output={os.path.join(d, f'park-{tag}-{first}.txt')}"])
+    tunables(z, zfetch_max_streams=1, zfetch_min_sec_reap=3600)
+    reads(0, 1)
+    tunables(z, zfetch_max_streams=PARK_STREAMS, zfetch_min_sec_reap=0)
+    reads(1, PARK_STREAMS - 1)
 
-    def streams(n):
-        run([z.build.binary, "--state-dir", z.state, "tunable", "set", f"zfetch_max_streams={n}"],
-            check=False)
-    time.sleep(PAUSE_S)
-    reads(0, PARK_STREAMS)
-    streams(1)
-    reads(PARK_STREAMS, 1)
-    streams(PARK_STREAMS)
-    reads(PARK_STREAMS + 1, PARK_STREAMS - 1)
-    time.sleep(PAUSE_S)
+
+def unpark(z):
+    """zfetch_min_sec_reap back at its default after a parked window."""
+    tunables(z, zfetch_min_sec_reap=REAP_DEFAULT_S)
+
+
+def tunables(z, **values):
+    """Set the daemon's run-time tunables (a build without one ignores it)."""
+    for k, v in values.items():
+        run([z.build.binary, "--state-dir", z.state, "tunable", "set", f"{k}={v}"], check=False)
 
 
 def per_io(wr):

@@ -38,12 +38,27 @@ import re
 
 # Work that runs on a clock, not per request: the inclusive cost of calls into these
 # functions (demangled names; regular expressions that must match the whole name) is
-# left out of a window's count. The daemon's analytics collector and store (module
-# zilla::analytics of the daemon: the once-a-second sample, its ingest, the
-# once-a-minute history save; the per-request recorder is elsewhere, in the front end,
-# and is counted), and the txg sync the txg timer starts every few seconds (a read from
-# the ARC dirties nothing; the sync of an otherwise empty txg still writes uberblocks).
-TIMED_WORK = (r"zilla::analytics::.*", r".*::spa_sync", r".*::sync_until_done")
+# left out of a window's count:
+# - the daemon's analytics collector and store (its module zilla::analytics: the
+#   once-a-second sample, its ingest, the once-a-minute history save; the per-request
+#   recorder is in the front end and is counted);
+# - the txg sync the txg timer starts every few seconds (a read from the ARC dirties
+#   nothing; the sync of an otherwise empty txg still writes uberblocks);
+# - what the device queues' worker threads do for those writes (take the next I/O,
+#   perform it, complete it: a read from the ARC issues no device I/O);
+# - the ARC evictor's look at the system's free memory.
+# Flat call edges cannot follow a call through an unmatched function, so a matched
+# function reached from inside another matched one's subtree through unmatched ones is
+# counted twice: the list names entry points that do not reach each other (the worker
+# functions, not the queue's submit, which the sync calls; a sync's synchronous label
+# writes reach two of them, ~1 k instructions).
+TIMED_WORK = (r"zilla::analytics::.*",
+              r".*::spa_sync", r".*::sync_until_done",
+              r"zilla_core::vdev::queue::Shared::(finish|perform_req)",
+              r"zilla_core::vdev::queue::select::QueueState::next",
+              r".*QueueLimits>::from_tunables",
+              r"core::ptr::drop_in_place<zilla_core::vdev::queue::IoDone>",
+              r"zilla_core::env::Env::memory_available_bytes")
 
 
 _NAME = re.compile(r"^\((\d+)\)(?: (.*))?$")

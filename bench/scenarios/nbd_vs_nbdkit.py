@@ -46,8 +46,9 @@ TESTS = [("4K randread QD32", "randread", "4k"), ("4K randwrite QD32", "randwrit
 FIGURES = ("iops", "MBps", "lat_mean_us", "lat_p99_us", "server_cpu_us_per_io", "server_cores")
 # work per I/O of each build (--compare-old): the requests whose new/old CPU goal it decides
 COUNT_VOLUME = 256 * MiB
-COUNTED = (countio.Workload("randread4k", "4K random read", "randread", 4096, 256 * MiB, (200, 1000)),
-           countio.Workload("read128k", "128K sequential read", "read", 128 << 10, 224 * MiB, (50, 250)))
+COUNTED = (countio.Workload("randread4k", "4K random read", "randread", 4096, 256 * MiB, (200, 1000),
+                             (200, 500)),
+           countio.Workload("read128k", "128K sequential read", "read", 128 << 10, 224 * MiB, (40, 200)))
 
 
 def run_scenario(ctx):
