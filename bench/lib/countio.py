@@ -61,7 +61,7 @@ class Workload:
         """`syscall_rates` (default: `rates`) for the strace pass, where every system
         call stops the daemon for strace: at 1,000 4K reads/s it kept 433."""
         self.key, self.name, self.rw, self.bs, self.span, self.rates = key, name, rw, bs, span, rates
-        self.syscall_rates = syscall_rates or rates
+        self.rates, self.syscall_rates = tuple(rates), tuple(syscall_rates or rates)
 
     def describe(self):
         return {"name": self.name, "rw": self.rw, "bs": self.bs, "span_bytes": self.span,
@@ -96,7 +96,7 @@ def count_builds(builds, wd, workloads, volume_bytes, quick, config=None):
             raise BenchError(f"{w.name}: a sequential span must leave the volume's last "
                              f"{PARK_BYTES // MiB} MiB for parking read-ahead streams")
     for w in workloads:
-        if w.rw == "read" and max(w.rates) * s["window_s"] * w.bs > w.span:
+        if w.rw == "read" and max(w.rates + w.syscall_rates) * s["window_s"] * w.bs > w.span:
             raise BenchError(f"{w.name}: a window would read past its span")
     fill = os.path.join(wd, "count-fill.img")
     write_seeded_file(fill, volume_bytes, seed=1)

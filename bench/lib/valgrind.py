@@ -13,15 +13,16 @@ is parsed here (`parse_callgrind`): the total Ir, each function's self cost and 
 inclusive cost of every call, so the cost under given functions can be taken out
 (`cost_under`). Valgrind runs one thread at a time; the counts are of every thread.
 
-What is taken out (TIMED_WORK): work that runs on a clock, not per request. The
-daemon's analytics collector samples every counter once a second (~0.45 M instructions
-a second on a small pool, growing with every client seen) and saves its history once
-a minute, and the txg timer syncs a txg every few seconds; over a 5 s window at 400
-reads/s that was 10 % of the count and, depending on where the ticks fell, +-3 % of
-the per-read figure. The inclusive cost of the calls into those functions is
-subtracted from each window (a build without them subtracts 0; the amount is
-reported). What is left of the clock-driven work (timers, the evictor's checks) is
-~70 k instructions a second, the cost of ~6 cached reads.
+What is taken out (TIMED_WORK): work that runs on a clock or per connection, not per
+request. The daemon's analytics collector samples every counter once a second (~0.45 M
+instructions a second on a small pool, growing with every client seen) and saves its
+history once a minute, and the txg timer syncs a txg every few seconds; over a 5 s
+window at 400 reads/s that was 10 % of the count and, depending on where the ticks
+fell, +-3 % of the per-read figure. The inclusive cost of the calls into those
+functions is subtracted from each window (a build without them subtracts 0; the
+amount is reported). What is left besides the requests (the runtime's timers and
+parking, the connection's handshake) is ~50 k instructions a second, the cost of ~5
+cached reads, and the slope cancels it.
 
 Windows and the slope: the windows of a workload run equally long at fixed low rates,
 one request at a time (iodepth 1), so each request finds the daemon idle and takes the
@@ -36,7 +37,7 @@ same way with `strace -f -c` attached to the daemon running natively
 
 import re
 
-# Work that runs on a clock, not per request: the inclusive cost of calls into these
+# Work that runs on a clock or per connection, not per request: the inclusive cost of calls into these
 # functions (demangled names; regular expressions that must match the whole name) is
 # left out of a window's count:
 # - the daemon's analytics collector and store (its module zilla::analytics: the
@@ -46,7 +47,10 @@ import re
 #   nothing; the sync of an otherwise empty txg still writes uberblocks);
 # - what the device queues' worker threads do for those writes (take the next I/O,
 #   perform it, complete it: a read from the ARC issues no device I/O);
-# - the ARC evictor's look at the system's free memory.
+# - the ARC evictor's look at the system's free memory;
+# - the NBD listener's task (accept a connection, spawn its task, reap finished ones:
+#   per connection, and whether a finished one is reaped inside a window or before it
+#   depends on the listener's buffer-trim tick; connections run in their own tasks).
 # Flat call edges cannot follow a call through an unmatched function, so a matched
 # function reached from inside another matched one's subtree through unmatched ones is
 # counted twice: the list names entry points that do not reach each other (the worker
@@ -58,7 +62,8 @@ TIMED_WORK = (r"zilla::analytics::.*",
               r"zilla_core::vdev::queue::select::QueueState::next",
               r".*QueueLimits>::from_tunables",
               r"core::ptr::drop_in_place<zilla_core::vdev::queue::IoDone>",
-              r"zilla_core::env::Env::memory_available_bytes")
+              r"zilla_core::env::Env::memory_available_bytes",
+              r"zilla::nbd_glue::spawn::\{\{closure\}\}")
 
 
 _NAME = re.compile(r"^\((\d+)\)(?: (.*))?$")

@@ -47,8 +47,9 @@ FIGURES = ("iops", "MBps", "lat_mean_us", "lat_p99_us", "server_cpu_us_per_io", 
 # work per I/O of each build (--compare-old): the requests whose new/old CPU goal it decides
 COUNT_VOLUME = 256 * MiB
 COUNTED = (countio.Workload("randread4k", "4K random read", "randread", 4096, 256 * MiB, (200, 1000),
-                             (200, 500)),
-           countio.Workload("read128k", "128K sequential read", "read", 128 << 10, 224 * MiB, (40, 200)))
+                             (100, 500)),
+           countio.Workload("read128k", "128K sequential read", "read", 128 << 10, 224 * MiB, (40, 200),
+                            (40, 300)))
 
 
 def run_scenario(ctx):

@@ -56,7 +56,7 @@ FIGURES = (("seqwrite_1M", "MBps", "1 MiB sequential write MB/s"),
 # work per read of each build (--compare-old): the warm read over the warm working set
 COUNT_VOLUME = 64 * MiB
 COUNTED = (countio.Workload("randread_16K_warm", "16K random read with a warm ARC", "randread",
-                            16 << 10, 32 * MiB, (200, 1000), (200, 500)),)
+                            16 << 10, 32 * MiB, (200, 1000), (100, 500)),)
 
 
 def settings(quick):
