@@ -37,9 +37,9 @@ same way with `strace -f -c` attached to the daemon running natively
 
 import re
 
-# Work that runs on a clock or per connection, not per request: the inclusive cost of calls into these
-# functions (demangled names; regular expressions that must match the whole name) is
-# left out of a window's count:
+# Work that runs on a clock or per connection, not per request: the inclusive cost of
+# calls into these functions (demangled names; regular expressions that must match the
+# whole name) is left out of a window's count:
 # - the daemon's analytics collector and store (its module zilla::analytics: the
 #   once-a-second sample, its ingest, the once-a-minute history save; the per-request
 #   recorder is in the front end and is counted);
