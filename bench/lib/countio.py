@@ -41,6 +41,7 @@ from . import valgrind as vg
 from .daemon import Zilla
 from .fio import fio
 from .goals import goal
+from .packages import ensure_tools
 from .proc import BenchError, log, run, write_seeded_file
 from .tables import fmt, table
 
@@ -84,9 +85,7 @@ def valgrind_cmd(outdir):
 def count_builds(builds, wd, workloads, volume_bytes, quick, config=None):
     """{"config", "builds": {label: record}, "ratios": {workload key: {...}}} for every
     build in `builds` (the first is the new one, the second the old)."""
-    for tool in ("valgrind", "callgrind_control", "strace", "fio", "nbdcopy"):
-        if run(["sh", "-c", f"command -v {tool}"], check=False).returncode != 0:
-            raise BenchError(f"counting work per I/O needs {tool}")
+    ensure_tools(["valgrind", "callgrind_control", "strace", "fio", "nbdcopy"])
     s = settings(quick)
     span_max = max(w.span for w in workloads)
     if span_max > volume_bytes:
