@@ -17,7 +17,10 @@ windows (lib/valgrind.py says why windows, rates and slopes):
    the windows. Valgrind cannot run a thread that waits in io_uring_enter beside the
    others (it holds valgrind's lock while the kernel waits for requests the others
    would submit), so this pass sets ZILLA_IO_ENGINE=threads; the windows read only
-   from the ARC, and no device I/O enters their count. Before its windows, fio reads at
+   from the ARC, and no device I/O enters their count. It also sets GLIBC_TUNABLES so
+   memcpy and memset never use rep movsb / rep stosb (NO_REP_STRINGS): valgrind counts
+   every iteration of those as an instruction, one per byte, and a build that copies a
+   block would count as if each byte were an instruction. Before its windows, fio reads at
    the first workload's higher rate for SETTLE_S seconds, so the threads the import
    started are gone; in a full run one idle window (no requests) shows what the daemon
    does on its own.
@@ -51,6 +54,12 @@ PARK_STREAMS = 8    # zfetch_max_streams (default)
 REAP_DEFAULT_S = 1  # zfetch_min_sec_reap (default)
 PARK_BYTES = 32 * MiB
 QD1_COPY = ["--connections=1", "--requests=1"]
+# glibc's memcpy/memmove and memset use rep movsb / rep stosb above ~2 KiB, and
+# valgrind counts every iteration of a rep-prefixed instruction as one instruction: a
+# 128 KiB copy counted 131,000, a 4 KiB memset 4,100, more than all the rest of a read.
+# With these thresholds out of reach they run their vector loops at every size, and a
+# copy counts the instructions it executes (about one per 16 bytes).
+NO_REP_STRINGS = "glibc.cpu.x86_rep_movsb_threshold=0x10000000000:glibc.cpu.x86_rep_stosb_threshold=0x10000000000"
 RATE_KEPT = 0.9     # a window whose fio fell below this share of its rate is flagged
 
 
@@ -102,6 +111,7 @@ def count_builds(builds, wd, workloads, volume_bytes, quick, config=None):
     out = {"config": dict(s, volume_bytes=volume_bytes, fill="seeded pseudo-random bytes (seed 1)",
                           workloads={w.key: w.describe() for w in workloads},
                           timed_work_excluded=list(vg.TIMED_WORK),
+                          callgrind_env={"ZILLA_IO_ENGINE": "threads", "GLIBC_TUNABLES": NO_REP_STRINGS},
                           slope="least squares of counted work against requests over the "
                                 "windows of a workload (the same length, different rates)",
                           **(config or {})),
@@ -137,7 +147,7 @@ def count_build(build, wd, fill, workloads, volume_bytes, s):
     cgdir = os.path.join(d, "callgrind")
     os.makedirs(cgdir, exist_ok=True)
     z = Zilla(build, d, log_tag="count-callgrind", wrapper=valgrind_cmd(cgdir),
-              env={"ZILLA_IO_ENGINE": "threads"})
+              env={"ZILLA_IO_ENGINE": "threads", "GLIBC_TUNABLES": NO_REP_STRINGS})
     up = time.monotonic()
     run(["nbdcopy"] + QD1_COPY + [z.uri("bench/vol"), "null:"], timeout=600)
     # the QD1 warm-up keeps one thread busy: the settle counts from the daemon's start
