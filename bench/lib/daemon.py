@@ -49,11 +49,13 @@ ISCSI_IQN_PREFIX = "iqn.2026-11.io.zilla"
 class Zilla:
     """`zilla serve` of one build (build.Build) with its own state dir in `workdir`."""
 
-    def __init__(self, build, workdir, tunables=(), log_tag="", config=None):
+    def __init__(self, build, workdir, tunables=(), log_tag="", config=None, wrapper=(), env=None):
         """`tunables` ("name=value" strings) are set with `serve --tunable`, before the
         pools of the state dir are imported (a restart on the same `workdir` re-imports
         them); `log_tag` names a separate log for such a restart; `config` ({key: value})
-        is written to a `serve --config` file."""
+        is written to a `serve --config` file; `wrapper` is a command the daemon runs
+        under (valgrind: its pid is the daemon's, valgrind execs its tool in place);
+        `env` adds environment variables."""
         self.build = build
         self.label = build.label
         self.state = os.path.join(workdir, f"{self.label}-state")
@@ -63,20 +65,20 @@ class Zilla:
         # the iSCSI port, or None for a build without the flag
         self.iscsi_port = free_port() if takes_iscsi_flag(build.binary) else None
         self.logpath = os.path.join(workdir, f"{self.label}{'-' + log_tag if log_tag else ''}.log")
-        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"), **(env or {}))
         extra = [x for t in tunables for x in ("--tunable", t)]
         if config:
             path = os.path.join(workdir, f"{self.label}.conf")
             with open(path, "w") as f:
                 f.writelines(f"{k} = {v}\n" for k, v in config.items())
             extra += ["--config", path]
-        self.proc = spawn([build.binary, "--state-dir", self.state, "serve",
+        self.proc = spawn(list(wrapper) + [build.binary, "--state-dir", self.state, "serve",
                            "--nbd", f"127.0.0.1:{self.nbd_port}",
                            "--http", f"127.0.0.1:{self.http_port}"]
                           + (["--iscsi", f"127.0.0.1:{self.iscsi_port}"] if self.iscsi_port else [])
                           + extra, self.logpath, env=env)
         self.pid = self.proc.pid
-        wait_port(self.nbd_port, self.proc, f"{self.label} serve")
+        wait_port(self.nbd_port, self.proc, f"{self.label} serve", timeout_s=120 if wrapper else 30)
         sock = os.path.join(self.state, "zilla.sock")
         deadline = time.time() + 30
         while not os.path.exists(sock):

@@ -80,6 +80,20 @@ def write_random_file(path, size):
             left -= n
 
 
+def write_seeded_file(path, size, seed=1):
+    """`size` pseudo-random bytes from `seed`: the same bytes in every run (a count of
+    work per request is compared across runs and builds)."""
+    import random
+    r = random.Random(seed)
+    chunk = 8 << 20
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(chunk, left)
+            f.write(r.randbytes(n))
+            left -= n
+
+
 def make_workdir(prefix="zilla-bench-"):
     """A fresh temp dir under $BENCH_TMPDIR (default $TMPDIR or /tmp), removed at exit."""
     base = os.environ.get("BENCH_TMPDIR") or tempfile.gettempdir()
