@@ -4,7 +4,12 @@
 # (counter charts have points, the latency heat map non-zero cells), hover, drag to
 # zoom (range average), click a legend key (drill-down chart), a saved URL reopens
 # the same worksheet, each statistic of the catalog draws in a worksheet, and no
-# request leaves the daemon's origin.
+# request leaves the daemon's origin. The dashboard's I/O panel shows non-zero ops/s,
+# bandwidth and latency (mean, p50, p99) for the pool and the volume under load; the
+# vdev tree shows whole device names, with log, cache and spare devices in sections
+# as zpool status has them; the heat map's range average gives mean, p50 and p99;
+# the device legend shows distinct names (whole names as titles) and leaves out a
+# destroyed pool and a removed cache device that had I/O minutes before.
 # Method: the real daemon, fio (nbd engine) in the background, headless chromium
 # driven over CDP by tests/tools/web_ui_check.py; the read-only /api/v1 routes and
 # the compiled-in assets checked with curl first. Screenshots go to
@@ -14,8 +19,23 @@
 command -v chromium >/dev/null || skip "chromium is not installed (tests/packages.txt)"
 start_daemon
 make_pool tank 256M
+for d in log0 c0 c1 s0; do truncate -s 128M "$T/disks/tank-$d"; done
+z pool add tank log "$T/disks/tank-log0" cache "$T/disks/tank-c0" "$T/disks/tank-c1" spare "$T/disks/tank-s0"
 make_volume tank/vol0 64M
 BASE="http://127.0.0.1:$HTTP_PORT"
+
+# a pool with I/O in the analytics history, destroyed: it must leave the legends
+make_pool gone 128M
+make_volume gone/v 16M
+fio --name=gone --ioengine=nbd --uri="$(nbd_tcp_uri gone/v)" --rw=write --bs=64k --size=8M --fsync=16 >"$T/fio-gone.out" 2>&1 ||
+    fail "fio on gone/v: $(tail -3 "$T/fio-gone.out")"
+seen_in_history() { # DATASET KEY-GLOB: the key has had data in the last 5 minutes
+    curl -sf "$BASE/api/v1/analytics/query?dataset=$1&filter=$2" |
+        python3 -c 'import json,sys; a=json.load(sys.stdin); sys.exit(0 if any(v for s in a["series"] for v in s["values"]) else 1)'
+}
+for i in $(seq 20); do seen_in_history disk.latency/device 'gone/*' && break; sleep 0.5; done
+seen_in_history disk.latency/device 'gone/*' || fail "no device I/O of pool gone in the analytics history"
+z pool destroy gone
 
 # The read-only routes answer the socket's JSON; nothing that changes state is on HTTP.
 for r in info pools status iostat volumes arcstats zilstats clients pools/tank/props pools/tank/txgs; do
@@ -52,10 +72,14 @@ fio --name=webui --ioengine=nbd --uri="$(nbd_tcp_uri tank/vol0)" --rw=randrw --b
 FIO_PID=$!
 on_exit "kill $FIO_PID"
 sleep 3
+# a cache device with I/O (the L2ARC feed under load), then removed
+for i in $(seq 40); do seen_in_history disk.latency/device "tank/cache/*tank-c1" && break; sleep 0.5; done
+seen_in_history disk.latency/device "tank/cache/*tank-c1" || fail "no I/O of cache device tank-c1 in the analytics history"
+z pool remove tank "$T/disks/tank-c1"
 
 SHOTS=${ZILLA_SCREENSHOTS:-$(mktemp -d /tmp/zilla-webui-shots.XXXXXX)}
 log "screenshots: $SHOTS"
-python3 "$ROOT/tests/tools/web_ui_check.py" --base "$BASE" --pool tank --volume tank/vol0 \
+python3 "$ROOT/tests/tools/web_ui_check.py" --base "$BASE" --pool tank --volume tank/vol0 --gone gone --removed "$T/disks/tank-c1" \
     --parts "${WEB_UI_PARTS:-dashboard,worksheet,statistics}" --screenshots "$SHOTS" || fail "web UI checks failed (screenshots in $SHOTS)"
 kill "$FIO_PID" 2>/dev/null || true
 wait "$FIO_PID" 2>/dev/null || true

@@ -6,14 +6,20 @@ tests/system/45_web_ui.sh; runs alone against the analytics mock with --mock).
         [--parts dashboard,worksheet] [--screenshots DIR]
     web_ui_check.py --mock [--screenshots DIR]     # tests/tools/analytics_mock.py
 
-Dashboard: the pool (with health), its vdev tree and the volume are shown.
+Dashboard: the pool (with health), its vdev tree and the volume are shown; under load
+the I/O panel shows non-zero ops/s, bandwidth and latency (mean, p50, p99) for the
+pool and the volume; device names are whole (and titled); log, cache and spare
+devices sit in their own sections in zpool status's order; --gone pools are absent.
 Worksheet: charts of io.ops/op, io.latency/op, disk.latency/device and io.ops/volume
 get data points (the heat map non-zero cells) and keep getting live points; hover
 over a heat-map cell shows its time, bucket and count; enabling io.ops/volume (PUT)
 and clicking the volume's legend row highlights it and adds the drill-down chart
 io.ops/volume+op filtered to VOLUME:*; dragging across a chart zooms every chart
 and shows the range average panel; reopening the saved URL shows the same charts,
-zoom and highlight. Every request the page made went to the page's origin.
+zoom and highlight; the latency heat map's range average gives mean, p50 and p99; the
+device legend shows every leaf's name (shortened from the left, distinct, the whole
+name as its title) and nothing of a --gone pool or a --removed device.
+Every request the page made went to the page's origin.
 Each check prints `ok: ...`; the first failure prints `FAIL: ...` and exits 1.
 """
 
@@ -61,7 +67,22 @@ def attr_num(b, sel, name):
     return b.eval(f"(() => {{ const e = {q(sel)}; return e ? Number(e.dataset.{name} || 0) : -1; }})()")
 
 
-def dashboard(b, base, shots, pool, volume):
+def status_leaves(base, pool):
+    """(role, leaf name) of every leaf of POOL in /api/v1/status."""
+    st = json.load(urllib.request.urlopen(base + "/api/v1/status?pool=" + pool, timeout=10))
+    out = []
+
+    def walk(n, role):
+        if not n["children"]:
+            out.append((role, n["name"]))
+        for c in n["children"]:
+            walk(c, role)
+    for top in st[0]["config"]:
+        walk(top, top["role"])
+    return out
+
+
+def dashboard(b, base, shots, pool, volume, gone):
     b.open(base + "/")
     b.wait("Number(document.getElementById('dashboard').dataset.loaded) >= 1", 15, "the dashboard's first refresh")
     pool_row = q(f'#pool-table tr[data-pool="{pool}"]')
@@ -76,7 +97,49 @@ def dashboard(b, base, shots, pool, volume):
     n = b.eval("Number(document.getElementById('dashboard').dataset.loaded)")
     b.wait(f"Number(document.getElementById('dashboard').dataset.loaded) > {n}", 10, "a refresh after a few seconds")
     ok("dashboard refreshes")
+    dashboard_io(b, pool, volume)
+    dashboard_devices(b, base, pool)
+    for g in gone:
+        absent = b.eval(f"![...document.querySelectorAll('[data-pool],[data-vdev],[data-io],[data-scan]')].some((e) => "
+                        f"Object.values(e.dataset).some((v) => v === {json.dumps(g)} || v.startsWith({json.dumps(g + '/')})))")
+        check(absent, f"destroyed pool {g} is nowhere on the dashboard")
     b.screenshot(os.path.join(shots, "dashboard.png"))
+
+
+def dashboard_io(b, pool, volume):
+    """Under load: ops/s, bandwidth and latency (mean <= p99, p50 <= p99) for the pool and the volume."""
+    for kind, name in (("pool", pool), ("volume", volume)):
+        row = q(f'#io-table tr[data-io="{name}"][data-io-kind="{kind}"]')
+        b.wait(f"(() => {{ const r = {row}; return r && ['ops', 'bytes', 'mean', 'p50', 'p99'].every((k) => Number(r.dataset[k]) > 0); }})()",
+               20, f"non-zero ops, bandwidth and latency for {kind} {name} in the I/O panel")
+        d = b.eval(f"Object.assign({{text: {row}.textContent}}, {row}.dataset)")
+        p50, p99, mean = float(d["p50"]), float(d["p99"]), float(d["mean"])
+        check(p50 <= p99 and mean <= p99 * 1.01, f"{kind} {name}: {float(d['ops']):.0f} ops/s, {float(d['bytes']):.0f} B/s, "
+              f"latency mean {mean:.0f} p50 {p50:.0f} p99 {p99:.0f} ns: {d['text']!r}")
+
+
+def dashboard_devices(b, base, pool):
+    """Every leaf's whole name shown (and as title); logs, cache, spares sections in zpool's order."""
+    leaves = status_leaves(base, pool)
+    shown = b.eval(f"[...document.querySelectorAll({json.dumps(f'#vdev-table tr[data-vdev^={chr(34)}{pool}/{chr(34)}] td.device')})]"
+                   ".map((td) => [td.textContent, td.title, td.scrollWidth <= td.clientWidth + 1])")
+    texts = [t for t, _, _ in shown]
+    for _, name in leaves:
+        check(name in texts and any(t == name and title == name and fits for t, title, fits in shown),
+              f"device {name} shown whole in the vdev tree")
+    order = b.eval("[...document.querySelectorAll('#vdev-table tr')].map((r) => r.dataset.section ? 'section:' + r.dataset.section : (r.dataset.vdev || ''))")
+    sections = [o.split(":", 1)[1] for o in order if o.startswith("section:")]
+    want = [f"{pool}/{s}" for s in ("logs", "cache", "spares")]
+    check(sections == want, f"the vdev tree has the sections {want} in zpool status's order (has {sections})")
+    for role, section in (("log", "logs"), ("cache", "cache"), ("spare", "spares")):
+        start = order.index(f"section:{pool}/{section}")
+        end = next((i for i in range(start + 1, len(order)) if order[i].startswith("section:") or "/" not in order[i]), len(order))
+        members = {o for o in order[start + 1:end]}
+        for r, name in leaves:
+            if r == role:
+                check(any(m.endswith("/" + name) for m in members), f"{role} device {name} is under {section}")
+            elif any(m.endswith("/" + name) for m in members):
+                raise Failed(f"{r} device {name} is listed under {section}")
 
 
 def heat_cell_js(ds):
@@ -99,7 +162,36 @@ def heat_cell_js(ds):
       return null; }})()"""
 
 
-def worksheet(b, base, shots, volume):
+def device_legend(b, base, pool, gone, removed):
+    """Each leaf of POOL in the device legend: distinct visible names that end as the
+    whole name does, the whole name as title, the value column in view; nothing of a
+    destroyed pool or a removed device."""
+    dl = chart("disk.latency/device")
+    with_roles = status_leaves(base, pool)
+    leaves = [name for _, name in with_roles]
+    busy = [name for role, name in with_roles if role in ("normal", "log")]  # under fio load with fsyncs
+    b.wait(f"(() => {{ const have = [...{q(dl)}.querySelectorAll('.legend tr[data-key]')].map((r) => r.dataset.key); "
+           f"return {json.dumps(busy)}.every((n) => have.some((k) => k.endsWith('/' + n))); }})()",
+           20, f"every data and log device in the device legend {busy}")
+    rows = b.eval(f"""(() => {{ const side = {q(dl)}.querySelector('.side').getBoundingClientRect();
+        return [...{q(dl)}.querySelectorAll('.legend tr[data-key]:not([data-tree])')].map((r) => {{
+          const label = r.querySelector('td.label'), value = r.lastElementChild.getBoundingClientRect();
+          return [r.dataset.key, label.textContent, label.title, value.right <= side.right + 1 && label.scrollWidth <= label.clientWidth + 1]; }}); }})()""")
+    mine = [r for r in rows if r[0].startswith(pool + "/")]
+    texts = [t for _, t, _, _ in mine]
+    check(len(set(texts)) == len(texts), f"device legend names are distinct: {texts}")
+    for key, text, title, fits in mine:
+        leaf = next((n for n in leaves if key.endswith("/" + n)), None)
+        check(leaf is not None and title == leaf and fits and (text == leaf or (text.startswith("\u2026") and leaf.endswith(text[1:]))),
+              f"legend row {key}: shows {text!r} in view, title {title!r}")
+    keys = [r[0] for r in rows] + b.eval(f"[...{q(dl)}.querySelectorAll('.legend tr[data-key]')].map((r) => r.dataset.key)")
+    for g in gone:
+        check(not any(k == g or k.startswith(g + "/") for k in keys), f"destroyed pool {g} is not in the device legend")
+    for r in removed:
+        check(not any(k.endswith("/" + r) for k in keys), f"removed device {r} is not in the device legend")
+
+
+def worksheet(b, base, shots, volume, gone=(), removed=()):
     origin = base
     url = base + "/ui/worksheet#ds=io.ops/op&ds=io.latency/op&ds=disk.latency/device&ds=io.ops/volume"
     b.open(url)
@@ -117,6 +209,7 @@ def worksheet(b, base, shots, volume):
     b.wait(f"!!{root}", 10, "device tree root")
     depth = b.eval(f"Math.max(...[...{q(chart('disk.latency/device'))}.querySelectorAll('.legend tr[data-key]')].map((r) => r.dataset.key.split('/').length))")
     check(depth >= 3, f"device legend is the pool's tree (depth {depth})")
+    device_legend(b, base, pool, gone, removed)
     n = attr_num(b, chart("io.ops/op"), "points")
     b.wait(f"Number({q(chart('io.ops/op'))}.dataset.points) > {n}", 10, "live points")
     ok("live points arrive")
@@ -160,6 +253,12 @@ def worksheet(b, base, shots, volume):
     check("from=" in b.eval("location.hash") and "to=" in b.eval("location.hash"), "the zoomed range is in the URL")
     zoom = b.eval("(() => { const u = window.zillaWorksheet.charts[0].plot; return [u.scales.x.min, u.scales.x.max]; })()")
     check(zoom[1] - zoom[0] < 300, f"charts zoomed to {zoom[1] - zoom[0]:.0f} s")
+    lat = chart("io.latency/op") + " .range-average"
+    b.wait(f"!{q(lat)}.hidden", 5, "the heat map's range average")
+    stats = b.eval(f"[...{q(lat)}.querySelectorAll('tr[data-key], tr.total')].map((r) => Object.assign({{text: r.textContent}}, r.dataset))")
+    good = [r for r in stats if all(float(r.get(k) or 0) > 0 for k in ("mean", "p50", "p99")) and float(r["p50"]) <= float(r["p99"])]
+    check(good and len(good) >= len([r for r in stats if float(r.get("value") or 0) > 0]),
+          f"the heat map's range average gives mean, p50 and p99: {[r['text'] for r in stats]}")
     b.screenshot(os.path.join(shots, "worksheet-zoom.png"))
 
     # the saved URL reopens the same worksheet
@@ -210,6 +309,8 @@ def main():
     ap.add_argument("--pool", default="tank")
     ap.add_argument("--volume", default="tank/v1")
     ap.add_argument("--parts", default="dashboard,worksheet")
+    ap.add_argument("--gone", action="append", default=[], help="a destroyed pool: absent from the dashboard and the legends")
+    ap.add_argument("--removed", action="append", default=[], help="a device removed from --pool: absent from the legends")
     ap.add_argument("--screenshots", default=os.environ.get("ZILLA_SCREENSHOTS"))
     a = ap.parse_args()
     mock = None
@@ -232,9 +333,9 @@ def main():
     try:
         parts = a.parts.split(",")
         if "dashboard" in parts:
-            dashboard(b, a.base, shots, a.pool, a.volume)
+            dashboard(b, a.base, shots, a.pool, a.volume, a.gone)
         if "worksheet" in parts:
-            worksheet(b, a.base, shots, a.volume)
+            worksheet(b, a.base, shots, a.volume, a.gone, a.removed)
         if "statistics" in parts:
             every_statistic(b, a.base, shots)
         b.pump(0.5)

@@ -51,5 +51,53 @@ const Z = (() => {
     return e;
   }
   function time(t) { return new Date(t * 1000).toLocaleTimeString(); }
-  return { json, bytes, num, ns, el, time, printable };
+  // A long name shortened from the left to `max` characters ("…disks/d1"): the end of
+  // a device path is what tells disks apart. Show the whole name as the title.
+  function tail(s, max) {
+    s = printable(s);
+    return s.length <= max ? s : "\u2026" + s.slice(s.length - max + 1);
+  }
+  // Statistics of a histogram in the catalog's buckets (edges: {lower, upper}; counts:
+  // a Map or [bucket, count] pairs): events, mean and percentiles, each event taken at
+  // its bucket's middle (the mean) or placed evenly across its bucket (percentiles).
+  // The open top bucket is taken as [lower, 2 x lower).
+  function histStats(counts, edges) {
+    const pairs = [...(counts instanceof Map ? counts.entries() : counts)].filter((p) => p[1] > 0).sort((a, b) => a[0] - b[0]);
+    const range = (b) => {
+      const lo = edges.lower[b] || 0, up = edges.upper[b];
+      return [lo, up == null ? Math.max(2 * lo, 1) : up];
+    };
+    let n = 0, sum = 0;
+    for (const [b, c] of pairs) { const [lo, hi] = range(b); n += c; sum += c * (lo + hi) / 2; }
+    const pct = (q) => {
+      if (!n) return null;
+      const rank = q * n;
+      let seen = 0;
+      for (const [b, c] of pairs) {
+        if (seen + c >= rank) { const [lo, hi] = range(b); return lo + (hi - lo) * Math.max(0, rank - seen) / c; }
+        seen += c;
+      }
+      return range(pairs[pairs.length - 1][0])[1];
+    };
+    return { count: n, mean: n ? sum / n : null, p50: pct(0.5), p99: pct(0.99) };
+  }
+  // Add sparse [bucket, count] pairs into the Map `into`.
+  function addBuckets(into, pairs) {
+    for (const [b, c] of pairs || []) into.set(b, (into.get(b) || 0) + c);
+    return into;
+  }
+  // A device key of the analytics (disk.*/device) as tree levels: the pool, a class of
+  // devices (logs, cache, ...), a vdev (mirror-0, raidz1-0, ...), the leaf (its name
+  // may hold `/`: a path).
+  const CLASS_RE = /^(logs|cache|spares|special|dedup)$/;
+  const VDEV_RE = /^(mirror|raidz[123]?|draid[123]?|replacing|spare)(-\d+)?$/;
+  function devicePath(key) {
+    const parts = key.split("/"), out = [parts[0]];
+    let i = 1;
+    if (i < parts.length - 1 && CLASS_RE.test(parts[i])) out.push(parts[i++]);
+    if (i < parts.length - 1 && VDEV_RE.test(parts[i])) out.push(parts[i++]);
+    if (i < parts.length) out.push(parts.slice(i).join("/"));
+    return out;
+  }
+  return { json, bytes, num, ns, el, time, printable, tail, histStats, addBuckets, CLASS_RE, devicePath };
 })();

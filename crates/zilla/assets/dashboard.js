@@ -1,9 +1,26 @@
-// The dashboard: pools, the vdev tree with error counters, volumes, scrub/resilver
-// progress, ARC/L2ARC/ZIL, from the read-only /api/v1 routes, refreshed every 3 s.
+// The dashboard: pools, their I/O and their volumes' (from the analytics history),
+// the vdev tree with error counters, volumes, scrub/resilver progress, ARC/L2ARC/ZIL,
+// from the read-only /api/v1 routes, refreshed every 3 s.
+//
+// I/O: the last IO_WINDOW_S seconds of the analytics history, averaged. A pool's
+// figures are its devices' (as zpool iostat's pool row: every device but the cache
+// devices), from disk.latency/device (operations are its counts) and
+// disk.bytes/device; a volume's are its front-end requests', from io.latency/volume
+// and io.bytes/volume. Mean and percentiles come from the latency histograms.
+//
+// For tests the DOM says what is shown: `#io-table tr[data-io]` (a pool or volume
+// name) with `data-ops` (per second), `data-bytes` (per second), `data-mean`,
+// `data-p50`, `data-p99` (ns; empty when nothing completed); `#vdev-table` section
+// rows `tr[data-section="POOL/logs"]` (cache, spares) before their devices.
 "use strict";
 (() => {
   const { el, bytes, num } = Z;
   const REFRESH_MS = 3000;
+  const IO_WINDOW_S = 5;
+  const IO_DATASETS = {
+    devLatency: "disk.latency/device", devBytes: "disk.bytes/device",
+    volLatency: "io.latency/volume", volBytes: "io.bytes/volume",
+  };
   const $ = (id) => document.getElementById(id);
 
   function replace(id, node) { const c = $(id); c.replaceChildren(node); }
@@ -44,7 +61,7 @@
     for (const n of nodes || []) {
       const errs = [n.read_errors, n.write_errors, n.cksum_errors];
       out.push(el("tr", { class: "tree-" + Math.min(depth, 3), "data-vdev": pool + "/" + n.name, "data-state": n.state },
-        el("td", {}, pool), el("td", { style: "text-align:left" }, n.name + (n.role && n.role !== "normal" && depth === 1 ? " (" + n.role + ")" : "")),
+        el("td", {}, pool), el("td", { class: "device", title: n.name }, n.name),
         el("td", { class: "health-" + n.state }, n.state),
         errs.map((e) => el("td", { class: e ? "nonzero" : "" }, num(e))),
         el("td", { class: "muted", style: "text-align:left" }, n.note || "")));
@@ -52,16 +69,105 @@
     }
   }
 
+  // zpool status's sections: the data vdevs under the pool, then logs, cache, spares
+  const SECTIONS = [["log", "logs"], ["cache", "cache"], ["spare", "spares"]];
+
   function vdevTable(status) {
     const rows = [];
     for (const st of status) {
       rows.push(el("tr", { "data-vdev": st.name, "data-state": st.state },
-        el("td", {}, st.name), el("td", { style: "text-align:left" }, st.name), el("td", { class: "health-" + st.state }, st.state),
+        el("td", {}, st.name), el("td", { class: "device" }, st.name), el("td", { class: "health-" + st.state }, st.state),
         el("td", {}), el("td", {}), el("td", {}), el("td", { class: "muted", style: "text-align:left" }, st.unavailable || "")));
-      vdevRows(st.name, st.config, 1, rows);
+      const tops = st.config || [];
+      vdevRows(st.name, tops.filter((n) => !SECTIONS.some(([role]) => role === n.role)), 1, rows);
+      for (const [role, section] of SECTIONS) {
+        const members = tops.filter((n) => n.role === role);
+        if (!members.length) continue;
+        rows.push(el("tr", { class: "section", "data-section": st.name + "/" + section },
+          el("td", {}, st.name), el("td", { class: "device" }, section), el("td", { colspan: 5 })));
+        vdevRows(st.name, members, 1, rows);
+      }
     }
     return el("table", { id: "vdev-table" },
       el("tr", {}, ["Pool", "Device", "State", "Read", "Write", "Cksum", ""].map((h, i) => el("th", i === 1 ? { style: "text-align:left" } : {}, h))), rows);
+  }
+
+  // ------------------------------------------------------------ I/O from the history
+  async function ioHistory() {
+    const cat = await Z.json("/api/v1/analytics/datasets");
+    const enabled = new Set(cat.datasets.filter((d) => d.enabled).map((d) => d.name));
+    const answers = {};
+    await Promise.all(Object.entries(IO_DATASETS).filter(([, name]) => enabled.has(name)).map(async ([k, name]) => {
+      answers[k] = await Z.json("/api/v1/analytics/query?dataset=" + encodeURIComponent(name) +
+        "&from=" + (cat.now - IO_WINDOW_S - 1) + "&to=" + cat.now);
+    }));
+    return { cat, answers, off: Object.values(IO_DATASETS).filter((n) => !enabled.has(n)) };
+  }
+
+  // Seconds of `answer` with a point (a hole is no second); 0 without any key.
+  function secondsWithData(answer) {
+    if (!answer) return 0;
+    return answer.times.filter((t, i) => answer.series.some((s) => s.values[i] != null)).length;
+  }
+
+  // The figures of the keys of the latency and bytes answers that `mine` picks:
+  // {ops, bytes} per second, and the latency histogram's {mean, p50, p99}.
+  function figures(latency, bytesAnswer, mine, edges) {
+    const buckets = new Map();
+    let bytesSum = 0;
+    for (const s of latency ? latency.series : []) {
+      if (mine(s.key)) (s.buckets || []).forEach((b) => Z.addBuckets(buckets, b));
+    }
+    for (const s of bytesAnswer ? bytesAnswer.series : []) {
+      if (mine(s.key)) s.values.forEach((v) => { bytesSum += v || 0; });
+    }
+    const st = Z.histStats(buckets, edges);
+    const ls = secondsWithData(latency), bs = secondsWithData(bytesAnswer);
+    return { ops: ls ? st.count / ls : 0, bytes: bs ? bytesSum / bs : 0, mean: st.mean, p50: st.p50, p99: st.p99 };
+  }
+
+  function ioRow(kind, name, f, href, depth) {
+    const cell = (v, text) => el("td", {}, v == null ? "-" : text);
+    return el("tr", {
+      class: "tree-" + depth, "data-io": name, "data-io-kind": kind, "data-ops": f.ops, "data-bytes": f.bytes,
+      "data-mean": f.mean == null ? "" : f.mean, "data-p50": f.p50 == null ? "" : f.p50, "data-p99": f.p99 == null ? "" : f.p99,
+    },
+    el("td", {}, el("a", { href, title: "in the analytics worksheet" }, name)), el("td", { class: "muted" }, kind),
+    cell(f.ops, num(f.ops)), cell(f.bytes, bytes(f.bytes) + "/s"),
+    cell(f.mean, Z.ns(f.mean)), cell(f.p50, Z.ns(f.p50)), cell(f.p99, Z.ns(f.p99)));
+  }
+
+  function ioTable(pools, volumes, io) {
+    const edges = io.cat.buckets, a = io.answers;
+    const rows = [];
+    for (const p of pools) {
+      const mine = (key) => { const path = Z.devicePath(key); return path[0] === p.name && path[1] !== "cache"; };
+      const ds = "ds=" + encodeURIComponent("disk.latency/device|" + p.name + "/*") + "&ds=" + encodeURIComponent("disk.bytes/device|" + p.name + "/*");
+      rows.push(ioRow("pool", p.name, figures(a.devLatency, a.devBytes, mine, edges), "/ui/worksheet#" + ds, 0));
+      for (const v of volumes.filter((v) => v.name.startsWith(p.name + "/"))) {
+        const vds = "ds=" + encodeURIComponent("io.latency/volume|" + v.name) + "&ds=" + encodeURIComponent("io.bytes/volume|" + v.name);
+        rows.push(ioRow("volume", v.name, figures(a.volLatency, a.volBytes, (key) => key === v.name, edges), "/ui/worksheet#" + vds, 1));
+      }
+    }
+    const table = pools.length ? el("table", { id: "io-table" },
+      el("tr", {}, ["Name", "", "Ops/s", "Bandwidth", "Latency mean", "p50", "p99"].map((h) => el("th", {}, h))), rows)
+      : el("p", { class: "muted" }, "No pools.");
+    const off = io.off.length ? el("p", { class: "muted", id: "io-off" }, "Not collected: " + io.off.join(", ") + " ",
+      el("button", { onclick: () => enableIo(io.off) }, "Enable")) : null;
+    return [table, off, el("p", { class: "muted" }, "Average of the last " + IO_WINDOW_S + " s. Pools: their devices (cache devices apart), as zpool iostat; volumes: client requests (NBD, iSCSI).")];
+  }
+
+  async function enableIo(names) {
+    try {
+      for (const n of names) {
+        await Z.json("/api/v1/analytics/datasets/" + n, {
+          method: "PUT", headers: { "Content-Type": "application/json", Accept: "application/json" }, body: JSON.stringify({ enabled: true }),
+        });
+      }
+    } catch (e) {
+      $("error").textContent = "Cannot enable: " + e.message;
+    }
+    refresh();
   }
 
   function volumesTable(volumes) {
@@ -100,9 +206,10 @@
 
   async function refresh() {
     try {
-      const [pools, status, volumes, arc, zil] = await Promise.all(
-        ["pools", "status", "volumes", "arcstats", "zilstats"].map((r) => Z.json("/api/v1/" + r)));
+      const [pools, status, volumes, arc, zil, io] = await Promise.all(
+        ["pools", "status", "volumes", "arcstats", "zilstats"].map((r) => Z.json("/api/v1/" + r)).concat([ioHistory()]));
       replace("pools", poolsTable(pools));
+      $("io").replaceChildren(...ioTable(pools, volumes, io).filter((n) => n));
       $("scans").replaceChildren(...(status.length ? status.map(scanRow) : [el("p", { class: "muted" }, "No pools.")]));
       replace("vdevs", vdevTable(status));
       replace("volumes", volumesTable(volumes));

@@ -16,7 +16,13 @@
 // For tests the DOM says what is drawn: each chart `[data-dataset]` with
 // `data-kind`, `data-points` (times with data), heat maps `data-cells-nonzero`
 // (cells drawn), legend rows `[data-key]` with `data-value`, the hover box
-// `.hover[data-time]`, the range average panel `.range-average` with `[data-key]` rows.
+// `.hover[data-time]`, the range average panel `.range-average` with `[data-key]` rows
+// (a histogram's with `data-mean`, `data-p50`, `data-p99` in its unit, and a
+// `tr.total` row for all its keys together).
+//
+// Legends list what exists now: a key of a destroyed pool or volume, or of a device
+// no longer in its pool (replaced, detached, removed), leaves the legend (its history
+// stays drawn); the pools, their devices and the volumes are read every 5 s.
 "use strict";
 (() => {
   const { el } = Z;
@@ -29,7 +35,10 @@
   const HEAT_STOPS = [[0, 0, 0], [20, 40, 200], [0, 220, 255], [255, 230, 0], [230, 20, 20], [255, 255, 255]];
   const HEAT_MIN = 0.14; // a cell with a count of 1 still shows
 
-  const S = { catalog: null, charts: [], hl: null, from: null, to: null, now: null, stream: null, streamKey: "" };
+  const S = { catalog: null, charts: [], hl: null, from: null, to: null, now: null, stream: null, streamKey: "", present: null };
+  const PRESENT_REFRESH_MS = 5000;
+  const LABEL_CHARS_MAX = 28; // longer legend names are shortened from the left
+  const AVERAGE_LABEL_CHARS_MAX = 16; // in a histogram's range average (four more columns)
   const $ = (id) => document.getElementById(id);
   window.zillaWorksheet = S; // for tests and the console: charts, their data and plots
 
@@ -95,17 +104,42 @@
     return S.hl != null && (key === S.hl || key.startsWith(S.hl + "/") || key.startsWith(S.hl + ":") || key.endsWith(":" + S.hl));
   }
 
-  // A device key as tree levels: the pool, a class of devices (logs, cache, ...), a
-  // vdev (mirror-0, raidz1-0, ...), the leaf (its name may hold `/`: a path).
-  const CLASS_RE = /^(logs|cache|spares|special|dedup)$/;
-  const VDEV_RE = /^(mirror|raidz[123]?|draid[123]?|replacing|spare)(-\d+)?$/;
-  function devicePath(key) {
-    const parts = key.split("/"), out = [parts[0]];
-    let i = 1;
-    if (i < parts.length - 1 && CLASS_RE.test(parts[i])) out.push(parts[i++]);
-    if (i < parts.length - 1 && VDEV_RE.test(parts[i])) out.push(parts[i++]);
-    if (i < parts.length) out.push(parts.slice(i).join("/"));
-    return out;
+  const { CLASS_RE, devicePath } = Z;
+  const CLASS_ORDER = ["dedup", "special", "logs", "cache", "spares"];
+
+  // ---------------------------------------------------------------- what exists now
+  // {pools: Map pool -> Set of its vdev names (every level), volumes: Set}, or null
+  async function readPresent() {
+    try {
+      const [status, volumes] = await Promise.all([Z.json("/api/v1/status"), Z.json("/api/v1/volumes")]);
+      const pools = new Map();
+      const names = (nodes, into) => (nodes || []).forEach((n) => { into.add(n.name); names(n.children, into); });
+      for (const st of status) {
+        const set = new Set();
+        names(st.config, set);
+        pools.set(st.name, set);
+      }
+      S.present = { pools, volumes: new Set(volumes.map((v) => v.name)) };
+    } catch (e) {
+      return; // not known: keep what was known
+    }
+    for (const c of S.charts) c.renderLegend();
+  }
+  // Does `key` of chart `c` name something that exists now (or that is not known)?
+  function present(c, key) {
+    const p = S.present;
+    if (!p || key === "other") return true;
+    const volume = (v) => p.volumes.has(v);
+    switch (c.breakdown) {
+      case "pool": return p.pools.has(key);
+      case "device": {
+        const path = devicePath(key), names = p.pools.get(path[0]);
+        return !!names && names.has(path[path.length - 1]);
+      }
+      case "volume": return volume(key);
+      case "volume+op": return volume(key.slice(0, key.lastIndexOf(":")));
+      default: return true;
+    }
   }
 
   // ---------------------------------------------------------------- one chart
@@ -398,7 +432,7 @@
         text += "  " + f(S.catalog.buckets.lower[bucket]) + " .. " + (upper == null ? "∞" : f(hi)) + ": " + count;
         Object.assign(h.dataset, { bucket: String(bucket), lower: String(lo), count: String(count) });
       } else {
-        const rows = this.keys().map((k) => [k, this.series.get(k).values[i]]).filter((r) => r[1] != null)
+        const rows = this.legendKeys().map((k) => [k, this.series.get(k).values[i]]).filter((r) => r[1] != null)
           .sort((a, b) => b[1] - a[1]).slice(0, 6);
         text += rows.map(([k, v]) => "  " + k + " " + fmt(this.unit, v)).join("");
         h.dataset.values = String(rows.length);
@@ -428,14 +462,16 @@
         onclick: () => clickKey(this, key),
       },
       el("td", { class: "swatch" }, color ? el("span", { style: "background:" + color }) : null),
-      el("td", { style: "text-align:left" }, label), el("td", {}, fmt(this.valueUnit(), value)));
+      el("td", { class: "label", title: Z.printable(label) }, Z.tail(label, LABEL_CHARS_MAX)), el("td", {}, fmt(this.valueUnit(), value)));
     }
+    // the keys that exist now (all of them while that is not known)
+    legendKeys() { return this.keys().filter((k) => present(this, k)); }
     renderLegend() {
       const rows = [];
       if (this.breakdown === "device") {
         // the pool's tree from the `/`-separated keys: pool, [logs|cache|...], vdev, leaf
         const root = { children: new Map() };
-        for (const k of this.keys()) {
+        for (const k of this.legendKeys()) {
           let node = root, path = "";
           for (const part of devicePath(k)) {
             path = path ? path + "/" + part : part;
@@ -445,8 +481,10 @@
           }
           node.leaf = k;
         }
+        // zpool status's order: data vdevs, then the classes (dedup, special, logs, cache, spares)
+        const rank = (n) => { const m = CLASS_RE.exec(n.name); return m ? 1 + CLASS_ORDER.indexOf(m[1]) : 0; };
         const walk = (node, depth) => {
-          const kids = [...node.children.values()].sort((a, b) => (CLASS_RE.test(a.name) - CLASS_RE.test(b.name)) || a.name.localeCompare(b.name));
+          const kids = [...node.children.values()].sort((a, b) => (rank(a) - rank(b)) || a.name.localeCompare(b.name));
           for (const n of kids) {
             const leaf = n.leaf != null && !n.children.size;
             rows.push(this.legendRow(n.path, n.name, leaf ? this.current(n.leaf) : n.sum, depth, leaf ? this.series.get(n.leaf).color : null, !leaf));
@@ -455,7 +493,7 @@
         };
         walk(root, 0);
       } else {
-        for (const k of this.keys()) rows.push(this.legendRow(k, k, this.current(k), 0, this.series.get(k).color, false));
+        for (const k of this.legendKeys()) rows.push(this.legendRow(k, k, this.current(k), 0, this.series.get(k).color, false));
       }
       this.legend.replaceChildren(el("tr", {}, el("th", {}), el("th", {}, this.breakdown), el("th", {}, "now")), ...rows);
     }
@@ -464,19 +502,43 @@
         this.average.hidden = true;
         return;
       }
+      const inRange = (t) => t > S.from && t <= S.to;
+      const hist = this.kind === "histogram", edges = S.catalog.buckets;
+      const all = new Map();
+      let allSeconds = 0;
       const rows = [];
       for (const k of this.keys()) {
-        const v = this.series.get(k).values;
+        const ser = this.series.get(k);
         let sum = 0, n = 0;
+        const merged = new Map();
         this.times.forEach((t, i) => {
-          if (t > S.from && t <= S.to && v[i] != null) { sum += v[i]; n++; }
+          if (!inRange(t) || ser.values[i] == null) return;
+          sum += ser.values[i];
+          n++;
+          if (hist && ser.buckets) Z.addBuckets(merged, ser.buckets[i]);
         });
+        allSeconds = Math.max(allSeconds, n);
         const avg = n ? sum / n : null;
-        rows.push(el("tr", { "data-key": k, "data-value": avg == null ? "" : avg }, el("td", { style: "text-align:left" }, k),
-          el("td", {}, fmt(this.valueUnit(), avg))));
+        if (hist) merged.forEach((c, b) => all.set(b, (all.get(b) || 0) + c));
+        const label = this.breakdown === "device" ? devicePath(k).pop() : k; // a device by its leaf's name
+        rows.push(this.averageRow({ "data-key": k, title: k }, label, avg, hist ? Z.histStats(merged, edges) : null));
       }
+      if (hist && rows.length > 1) {
+        const st = Z.histStats(all, edges);
+        rows.push(this.averageRow({ class: "total" }, "all", allSeconds ? st.count / allSeconds : null, st));
+      }
+      const head = el("tr", {}, el("th", {}), el("th", {}, this.valueUnit()), hist ? ["mean", "p50", "p99"].map((h) => el("th", {}, h)) : null);
       this.average.hidden = false;
-      this.average.replaceChildren(el("h3", {}, "Range average " + Z.time(S.from) + " – " + Z.time(S.to)), el("table", {}, rows));
+      this.average.replaceChildren(el("h3", {}, "Range average " + Z.time(S.from) + " – " + Z.time(S.to)), el("table", {}, head, rows));
+    }
+    // one row of the range average: the key's rate, and a histogram's mean and percentiles
+    averageRow(attrs, label, avg, st) {
+      const unit = this.unit === "bytes" ? "bytes" : "ns";
+      const stat = (name) => (st ? [el("td", {}, fmt(unit, st[name]))] : []);
+      const data = st ? { "data-mean": st.mean == null ? "" : st.mean, "data-p50": st.p50 == null ? "" : st.p50, "data-p99": st.p99 == null ? "" : st.p99 } : {};
+      return el("tr", Object.assign({ "data-value": avg == null ? "" : avg }, data, attrs, { title: null }),
+        el("td", { class: "label", title: Z.printable(attrs.title || label) }, Z.tail(label, st ? AVERAGE_LABEL_CHARS_MAX : LABEL_CHARS_MAX)),
+        el("td", {}, st ? Z.num(avg) : fmt(this.valueUnit(), avg)), stat("mean"), stat("p50"), stat("p99"));
     }
     resize() { if (this.plot) this.plot.setSize({ width: Math.max(300, this.plotBox.clientWidth), height: 260 }); }
     destroy() { if (this.plot) this.plot.destroy(); this.root.remove(); }
@@ -653,6 +715,8 @@
     showMode();
     await Promise.all(S.charts.map((c) => c.load()));
     restartStream();
+    readPresent();
+    setInterval(readPresent, PRESENT_REFRESH_MS);
     window.addEventListener("resize", () => S.charts.forEach((c) => c.resize()));
     // a hash typed or pasted by hand (ours are written with replaceState, no event)
     window.addEventListener("hashchange", () => location.reload());

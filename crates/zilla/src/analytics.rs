@@ -75,6 +75,10 @@ pub const LIVE_DATASETS_MAX: usize = 8;
 /// Events a live stream sends before it ends (a browser's EventSource reconnects
 /// within a second): a client that stops reading gives its slot back within this long.
 pub const LIVE_EVENTS_MAX: u64 = 300;
+/// Datasets the dashboard's I/O panel reads (operations are their histograms'
+/// counts): per pool, from its devices' latency (a default dataset) and bytes; per
+/// volume, its requests' latency and bytes. Enabled with the defaults in a new history.
+pub const DASHBOARD_DATASETS: &[&str] = &["disk.bytes/device", "io.latency/volume", "io.bytes/volume"];
 /// How often the minutes are saved.
 const SAVE_EVERY_S: u64 = 60;
 const HISTORY_FILE: &str = "analytics-history";
@@ -141,7 +145,17 @@ impl Analytics {
     pub fn open(state_dir: &std::path::Path, env: Arc<dyn Env>, memory_max_bytes: u64) -> Arc<Analytics> {
         let path = state_dir.join(HISTORY_FILE);
         let mut store = Store::new(env.clone(), memory_max_bytes);
-        match store.load(&path) {
+        let loaded = store.load(&path);
+        if !matches!(loaded, Ok(ref r) if r.file_found) {
+            // a new history: the dashboard's datasets on beside the defaults (a saved
+            // one keeps the datasets it had; the dashboard offers to enable them)
+            for d in DASHBOARD_DATASETS {
+                if let Err(e) = store.set_enabled(d, true) {
+                    tracing::warn!("analytics: dataset {d} for the dashboard not enabled: {e}");
+                }
+            }
+        }
+        match loaded {
             Ok(r) if r.file_found => {
                 tracing::info!(datasets = r.datasets.len(), minutes = r.minutes, clock_shift_s = r.clock_shift_s, "analytics: history loaded from {}", path.display());
                 if !r.skipped_over_memory.is_empty() {

@@ -29,7 +29,7 @@
 //!
 //! Memory: a dataset's cost is the bound of its history (points × budget, slots, key
 //! table), stated in the catalog before it is enabled; enabling a dataset whose cost
-//! would take the enabled datasets past `memory_max_bytes` (64 MiB by default) is
+//! would take the enabled datasets past `memory_max_bytes` (128 MiB by default) is
 //! refused with the numbers. Disabling one frees its history.
 //!
 //! Time: the collector stamps samples with monotonic seconds (the Env's `now_ns`). The
@@ -71,7 +71,7 @@ pub use query::{LiveDataset, LiveSeries, Query, QueryAnswer, QUERY_KEYS_MAX, QUE
 pub const CLOCK_BEHIND_MAX_S: u64 = 86_400;
 
 /// Default bound of the enabled datasets' history memory.
-pub const MEMORY_MAX_BYTES_DEFAULT: u64 = 64 << 20;
+pub const MEMORY_MAX_BYTES_DEFAULT: u64 = 128 << 20;
 
 /// What the store refuses, and why.
 #[derive(Debug, thiserror::Error)]
