@@ -62,7 +62,8 @@ STATS = [
     ("txg.syncs", "counter", "/s", ["none", "pool"], "Transaction group syncs"),
 ]
 DEFAULTS = {"io.ops/op", "io.latency/op", "disk.latency/device"}
-ENABLED = set(DEFAULTS)
+# the daemon also enables the dashboard's I/O datasets in a new history
+ENABLED = set(DEFAULTS) | {"disk.bytes/device", "io.latency/volume", "io.bytes/volume"}
 LOCK = threading.Lock()
 MEMORY_MAX = 64 << 20
 PER_DATASET = 1 << 20

@@ -129,9 +129,12 @@ def dashboard_devices(b, base, pool):
               f"device {name} shown whole in the vdev tree")
     order = b.eval("[...document.querySelectorAll('#vdev-table tr')].map((r) => r.dataset.section ? 'section:' + r.dataset.section : (r.dataset.vdev || ''))")
     sections = [o.split(":", 1)[1] for o in order if o.startswith("section:")]
-    want = [f"{pool}/{s}" for s in ("logs", "cache", "spares")]
+    roles = {r for r, _ in leaves}
+    want = [f"{pool}/{s}" for r, s in (("log", "logs"), ("cache", "cache"), ("spare", "spares")) if r in roles]
     check(sections == want, f"the vdev tree has the sections {want} in zpool status's order (has {sections})")
     for role, section in (("log", "logs"), ("cache", "cache"), ("spare", "spares")):
+        if role not in roles:
+            continue
         start = order.index(f"section:{pool}/{section}")
         end = next((i for i in range(start + 1, len(order)) if order[i].startswith("section:") or "/" not in order[i]), len(order))
         members = {o for o in order[start + 1:end]}
@@ -175,15 +178,18 @@ def device_legend(b, base, pool, gone, removed):
            20, f"every data and log device in the device legend {busy}")
     rows = b.eval(f"""(() => {{ const side = {q(dl)}.querySelector('.side').getBoundingClientRect();
         return [...{q(dl)}.querySelectorAll('.legend tr[data-key]:not([data-tree])')].map((r) => {{
-          const label = r.querySelector('td.label'), value = r.lastElementChild.getBoundingClientRect();
-          return [r.dataset.key, label.textContent, label.title, value.right <= side.right + 1 && label.scrollWidth <= label.clientWidth + 1]; }}); }})()""")
+          const label = r.children[1], value = r.lastElementChild.getBoundingClientRect();
+          return [r.dataset.key, label.textContent, label.title,
+                  [Math.round(value.right), Math.round(side.right), label.scrollWidth, label.clientWidth]]; }}); }})()""")
     mine = [r for r in rows if r[0].startswith(pool + "/")]
     texts = [t for _, t, _, _ in mine]
     check(len(set(texts)) == len(texts), f"device legend names are distinct: {texts}")
-    for key, text, title, fits in mine:
+    for key, text, title, (value_right, side_right, label_scroll, label_client) in mine:
+        fits = value_right <= side_right + 1 and label_scroll <= label_client + 1
         leaf = next((n for n in leaves if key.endswith("/" + n)), None)
         check(leaf is not None and title == leaf and fits and (text == leaf or (text.startswith("\u2026") and leaf.endswith(text[1:]))),
-              f"legend row {key}: shows {text!r} in view, title {title!r}")
+              f"legend row {key}: shows {text!r} in view, title {title!r} "
+              f"(value column ends at {value_right} of {side_right} px; label {label_scroll} of {label_client} px)")
     keys = [r[0] for r in rows] + b.eval(f"[...{q(dl)}.querySelectorAll('.legend tr[data-key]')].map((r) => r.dataset.key)")
     for g in gone:
         check(not any(k == g or k.startswith(g + "/") for k in keys), f"destroyed pool {g} is not in the device legend")

@@ -37,7 +37,7 @@
 
   const S = { catalog: null, charts: [], hl: null, from: null, to: null, now: null, stream: null, streamKey: "", present: null };
   const PRESENT_REFRESH_MS = 5000;
-  const LABEL_CHARS_MAX = 28; // longer legend names are shortened from the left
+  const LABEL_CHARS_MAX = 24; // longer legend names are shortened from the left
   const AVERAGE_LABEL_CHARS_MAX = 16; // in a histogram's range average (four more columns)
   const $ = (id) => document.getElementById(id);
   window.zillaWorksheet = S; // for tests and the console: charts, their data and plots
