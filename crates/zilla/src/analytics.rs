@@ -40,7 +40,9 @@
 //! the store's points and keys limits. The store's memory is bounded by the catalog.
 //!
 //! The history file: loaded at start; a file that cannot be used (torn, corrupt,
-//! foreign) is reported, moved aside to `analytics-history.bad` and replaced.
+//! foreign) is reported, moved aside to `analytics-history.bad` and replaced. A new
+//! history (no usable file) has the store's defaults and the datasets the dashboard's
+//! I/O panel reads ([`DASHBOARD_DATASETS`]) enabled; a loaded one has the file's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;

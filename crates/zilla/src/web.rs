@@ -12,8 +12,10 @@
 //!
 //! ```text
 //!   /                      the dashboard (assets/dashboard.html + dashboard.js): pools,
-//!                          vdev tree with error counters, volumes, scrub/resilver,
-//!                          ARC/L2ARC/ZIL, refreshed from the /api/v1 routes below
+//!                          I/O per pool and volume (the last seconds of the analytics
+//!                          history), vdev tree with error counters in zpool status's
+//!                          sections, volumes, scrub/resilver, ARC/L2ARC/ZIL, refreshed
+//!                          from the /api/v1 routes below
 //!   /status                the same facts rendered here as text (no JavaScript needed;
 //!                          the dashboard's <noscript> points to it)
 //!   /ui/worksheet          the analytics worksheet (assets/worksheet.html + .js): it
