@@ -99,7 +99,7 @@
     const answers = {};
     await Promise.all(Object.entries(IO_DATASETS).filter(([, name]) => enabled.has(name)).map(async ([k, name]) => {
       answers[k] = await Z.json("/api/v1/analytics/query?dataset=" + encodeURIComponent(name) +
-        "&from=" + (cat.now - IO_WINDOW_S - 1) + "&to=" + cat.now);
+        "&from=" + (cat.now - IO_WINDOW_S) + "&to=" + cat.now);
     }));
     return { cat, answers, off: Object.values(IO_DATASETS).filter((n) => !enabled.has(n)) };
   }
