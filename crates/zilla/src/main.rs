@@ -440,9 +440,14 @@ enum TunableCmd {
     Set { assignment: String },
 }
 
-/// Exit with one line on stderr.
+/// Exit with one line on stderr (zpool's multi-line refusal of a vdev specification
+/// keeps its lines, each made printable).
 fn die(msg: impl std::fmt::Display) -> ! {
-    eprintln!("zilla: {}", clip::clip_message(&msg.to_string()));
+    let msg = msg.to_string();
+    match msg.starts_with("invalid vdev specification\n") {
+        true => eprintln!("zilla: {}", msg.lines().map(clip::clip_message).collect::<Vec<_>>().join("\n")),
+        false => eprintln!("zilla: {}", clip::clip_message(&msg)),
+    }
     std::process::exit(1)
 }
 
