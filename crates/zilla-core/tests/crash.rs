@@ -1325,7 +1325,7 @@ impl Harness {
                     3 if top.len() >= 2 => ("offline", acked_call(dom, move || p.offline(&old))),
                     4 if !free.is_empty() && !armed.devs.contains(&l.dev) => {
                         let new = leaf(&dev_name(free[0]));
-                        ("replace", acked_call(dom, move || p.replace(&old, &new, force)))
+                        ("replace", acked_call(dom, move || p.replace(&old, &new, force).and_then(|()| p.replace_wait())))
                     }
                     _ => return Step::Go,
                 }

@@ -79,6 +79,23 @@ pub struct AddReq {
     pub tops: Vec<TopSpec>,
     #[serde(default)]
     pub force: bool,
+    /// `add -n`: check and answer the layout the pool would have; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The answer to an add: with `dry_run`, the config tree the pool would have.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct AddReply {
+    #[serde(default)]
+    pub would_be: Vec<zilla_core::spa::VdevStatus>,
+}
+
+/// `pool wait`: the activities to wait for (empty: all of them).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct WaitReq {
+    #[serde(default)]
+    pub activities: Vec<zilla_core::spa::Activity>,
 }
 
 /// attach (device + new), replace (device + optional new), detach/offline/online
@@ -91,6 +108,10 @@ pub struct DeviceReq {
     pub new: Option<LeafSpec>,
     #[serde(default)]
     pub force: bool,
+    /// attach, replace: answer once the resilver has finished (replace: and the old
+    /// device is detached), not once it has started.
+    #[serde(default)]
+    pub wait: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

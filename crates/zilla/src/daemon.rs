@@ -301,6 +301,27 @@ impl Daemon {
         self.save_cache_without(None).await
     }
 
+    /// A replace answers once its resilver has started; this task completes it (the
+    /// engine detaches the old device when the resilver has finished) and then writes
+    /// the cache file. Started by `replace` and for a pool imported mid-replace.
+    fn finish_replacements_later(self: &Arc<Self>, name: &str, p: Arc<Pool>) {
+        if !p.replacing() {
+            return;
+        }
+        let (d, name) = (self.clone(), name.to_string());
+        tokio::spawn(async move {
+            match blocking_for(&name, move || Ok(p.replace_wait()?)).await {
+                Ok(()) => {
+                    let _g = d.admin.lock().await;
+                    if let Err(ApiError(_, m)) = d.save_cache_after_device_change("the replace").await {
+                        tracing::error!("pool '{}': {m}", crate::clip::clip(&name));
+                    }
+                }
+                Err(ApiError(_, m)) => tracing::warn!("pool '{}': {m}", crate::clip::clip(&name)),
+            }
+        });
+    }
+
     /// Put a just-created or just-imported pool in the table and the cache file; if
     /// the cache file cannot be written, take it out again and `undo` it (destroy or
     /// export), so nothing changed. The error says what failed and what was undone.
@@ -314,6 +335,7 @@ impl Daemon {
         let was_unavailable = self.pools.forget_unavailable(name);
         self.pools.insert(name.to_string(), pool.clone());
         let Err(ApiError(status, msg)) = self.save_cache().await else {
+            self.finish_replacements_later(name, pool);
             return Ok(());
         };
         self.pools.remove(name);
@@ -417,6 +439,7 @@ impl Daemon {
                         tracing::warn!("cache entry '{shown}' imported as pool '{}'", crate::clip::clip(&got));
                     }
                     tracing::info!("imported pool '{}' from the cache file", crate::clip::clip(&got));
+                    self.finish_replacements_later(&got, pool.clone());
                     self.pools.insert(got, pool);
                 }
                 Err(ApiError(_, msg)) => {
@@ -707,6 +730,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/pools/{pool}/scrub", post(pool_scrub))
         .route("/v1/pools/{pool}/trim", post(pool_trim))
         .route("/v1/pools/{pool}/add", post(pool_add))
+        .route("/v1/pools/{pool}/wait", post(pool_wait))
         .route("/v1/pools/{pool}/{op}", post(pool_device_op))
         .route("/v1/volumes", post(volume_create))
         .route("/v1/volumes/{pool}/{name}", delete(volume_destroy))
@@ -942,9 +966,14 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
 async fn pool_scrub(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<ScrubReq>) -> ApiResult<Empty> {
     let p = d.pool(&pool)?;
     blocking_for(&pool, move || {
-        p.scrub(req.cmd)?;
-        if req.wait && req.cmd == zilla_core::spa::ScrubCmd::Start {
-            p.scrub_wait()?;
+        let start = req.cmd == zilla_core::spa::ScrubCmd::Start;
+        match p.scrub(req.cmd) {
+            // `scrub -w` on a scrub already running waits for that one
+            Err(zilla_core::Error::Busy(_)) if req.wait && start && p.scan_status().func == zilla_core::scan::ScanFunc::Scrub => {}
+            r => r?,
+        }
+        if req.wait && start {
+            p.wait_activity(zilla_core::spa::Activity::Scrub)?;
         }
         Ok(())
     })
@@ -965,12 +994,37 @@ async fn pool_trim(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>,
     Ok(Json(Empty {}))
 }
 
-async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<AddReq>) -> ApiResult<Empty> {
+async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<AddReq>) -> ApiResult<AddReply> {
     let _g = d.admin.lock().await;
     let p = d.pool(&pool)?;
+    if req.dry_run {
+        let would_be = blocking_for(&pool, move || Ok(p.add_dry_run(&req.tops, req.force)?)).await?;
+        return Ok(Json(AddReply { would_be }));
+    }
     blocking_for(&pool, move || Ok(p.add(req.tops, req.force)?)).await?;
     d.save_cache_after_device_change("the add").await?;
+    Ok(Json(AddReply::default()))
+}
+
+/// `pool wait [-t ACTIVITY,...]`: answer once none of them is in progress.
+async fn pool_wait(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, ApiJson(req): ApiJson<WaitReq>) -> ApiResult<Empty> {
+    let p = d.pool(&pool)?;
+    let activities = if req.activities.is_empty() { zilla_core::spa::Activity::ALL.to_vec() } else { req.activities };
+    blocking_for(&pool, move || activities.into_iter().try_for_each(|a| Ok(p.wait_activity(a)?))).await?;
     Ok(Json(Empty {}))
+}
+
+/// After an attach or replace with `-w`: wait, without the admin lock (other commands
+/// go on meanwhile), for the resilver to finish, and a replace to complete.
+async fn wait_for_resilver(pool: &str, p: Arc<Pool>, replace: bool) -> Result<(), ApiError> {
+    blocking_for(pool, move || {
+        match replace {
+            true => p.replace_wait()?,
+            false => p.wait_activity(zilla_core::spa::Activity::Resilver)?,
+        }
+        Ok(())
+    })
+    .await
 }
 
 /// attach, detach, remove, replace, offline, online, clear.
@@ -979,8 +1033,9 @@ async fn pool_device_op(
     UrlPath((pool, op)): UrlPath<(String, String)>,
     ApiJson(req): ApiJson<DeviceReq>,
 ) -> ApiResult<Empty> {
-    let _g = d.admin.lock().await;
+    let admin = d.admin.lock().await;
     let p = d.pool(&pool)?;
+    let (waiter, wait) = (p.clone(), req.wait);
     let device = req.device.clone();
     let need_dev = || device.clone().ok_or_else(|| ApiError::bad("missing device"));
     let changes_config = matches!(op.as_str(), "detach" | "replace" | "remove");
@@ -1006,7 +1061,8 @@ async fn pool_device_op(
                 Some(n) => n,
                 None => LeafSpec::parse(&dev).map_err(ApiError::from)?,
             };
-            blocking_for(&pool, move || Ok(p.replace(&dev, &new, req.force)?)).await?
+            blocking_for(&pool, move || Ok(p.replace(&dev, &new, req.force)?)).await?;
+            d.finish_replacements_later(&pool, waiter.clone());
         }
         "detach" => {
             let dev = need_dev()?;
@@ -1029,6 +1085,10 @@ async fn pool_device_op(
     }
     if changes_config {
         d.save_cache_after_device_change(&format!("the {op}")).await?;
+    }
+    drop(admin);
+    if wait && matches!(op.as_str(), "attach" | "replace") {
+        wait_for_resilver(&pool, waiter, op == "replace").await?;
     }
     Ok(Json(Empty {}))
 }

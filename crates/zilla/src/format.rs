@@ -149,6 +149,28 @@ pub fn pool_status(s: &PoolStatus, unavailable: Option<&str>, verbose: bool) -> 
     o
 }
 
+/// The tree `zpool add -n` prints: the pool, its data vdevs, then the `logs`, `cache`
+/// and `spares` sections, names only, indented two spaces a level after a tab.
+pub fn layout_tree(pool: &str, tops: &[VdevStatus]) -> String {
+    fn push(o: &mut String, v: &VdevStatus, depth: usize) {
+        let _ = writeln!(o, "\t{}{}", "  ".repeat(depth), safe(&v.name));
+        for c in &v.children {
+            push(o, c, depth + 1);
+        }
+    }
+    let mut o = format!("\t{}\n", safe(pool));
+    for (role, header) in [(Role::Normal, ""), (Role::Log, "logs"), (Role::Cache, "cache"), (Role::Spare, "spares")] {
+        let members: Vec<&VdevStatus> = tops.iter().filter(|v| v.role == role).collect();
+        if !members.is_empty() && !header.is_empty() {
+            let _ = writeln!(o, "\t{header}");
+        }
+        for v in members {
+            push(&mut o, v, 1);
+        }
+    }
+    o
+}
+
 type StatusRow<'a> = (String, &'a str, String, String, String, &'a str);
 
 fn push_vdev<'a>(rows: &mut Vec<StatusRow<'a>>, v: &'a VdevStatus, depth: usize) {

@@ -337,18 +337,26 @@ enum PoolCmd {
         force: bool,
         pool: String,
     },
-    /// Add top-level vdevs: POOL VDEV...
+    /// Add top-level vdevs: POOL VDEV... (refused when their replication differs from
+    /// the pool's, unless -f)
     Add {
+        /// Add even if the new vdevs' replication level differs from the pool's
         #[arg(short = 'f')]
         force: bool,
+        /// Dry run: print the configuration the pool would have, change nothing
+        #[arg(short = 'n')]
+        dry_run: bool,
         pool: String,
         #[arg(required = true, num_args = 1..)]
         vdevs: Vec<String>,
     },
-    /// Attach NEW_DEVICE as a mirror of DEVICE
+    /// Attach NEW_DEVICE as a mirror of DEVICE; returns once the resilver has started
     Attach {
         #[arg(short = 'f')]
         force: bool,
+        /// Wait until the resilver has finished
+        #[arg(short = 'w')]
+        wait: bool,
         pool: String,
         device: String,
         new_device: String,
@@ -361,16 +369,28 @@ enum PoolCmd {
     Offline { pool: String, device: String },
     /// Bring DEVICE online
     Online { pool: String, device: String },
-    /// Replace DEVICE with NEW_DEVICE (or with itself)
+    /// Replace DEVICE with NEW_DEVICE (or with itself); returns once the resilver has
+    /// started, the old device is detached when it has finished
     Replace {
         #[arg(short = 'f')]
         force: bool,
+        /// Wait until the replace has finished (resilvered, old device detached)
+        #[arg(short = 'w')]
+        wait: bool,
         pool: String,
         device: String,
         new_device: Option<String>,
     },
-    /// Clear device error counters
+    /// Clear device error counters (and retry opening devices missing since import)
     Clear { pool: String, device: Option<String> },
+    /// Wait until the activities (-t scrub,resilver,replace,trim; default all) have
+    /// ended in POOL
+    Wait {
+        /// Activities to wait for, comma-separated: replace, resilver, scrub, trim
+        #[arg(short = 't', value_name = "ACTIVITY", value_delimiter = ',')]
+        activities: Vec<String>,
+        pool: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -420,9 +440,14 @@ enum TunableCmd {
     Set { assignment: String },
 }
 
-/// Exit with one line on stderr.
+/// Exit with one line on stderr (zpool's multi-line refusal of a vdev specification
+/// keeps its lines, each made printable).
 fn die(msg: impl std::fmt::Display) -> ! {
-    eprintln!("zilla: {}", clip::clip_message(&msg.to_string()));
+    let msg = msg.to_string();
+    match msg.starts_with("invalid vdev specification\n") {
+        true => eprintln!("zilla: {}", msg.lines().map(clip::clip_message).collect::<Vec<_>>().join("\n")),
+        false => eprintln!("zilla: {}", clip::clip_message(&msg)),
+    }
     std::process::exit(1)
 }
 
@@ -841,39 +866,63 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         PoolCmd::Destroy { force, pool } => {
             let _: Empty = c.delete(&format!("/v1/pools/{}{}", enc(&pool), force_query(force))).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
         }
-        PoolCmd::Add { force, pool, vdevs } => {
-            let err = ctx(format!("cannot add to '{pool}'"));
-            let tops = match parse_tops(&vdevs) {
-                Ok(t) => t,
-                Err(e) => return Err(err(e)),
-            };
-            let _: Empty = c.post(&format!("/v1/pools/{}/add", enc(&pool)), &AddReq { tops, force }).await.map_err(err)?;
-        }
-        PoolCmd::Attach { force, pool, device, new_device } => {
-            let err = ctx(format!("cannot attach {new_device} to {device}"));
-            let new = match LeafSpec::parse(&new_device).map_err(|e| e.to_string()).and_then(resolve_leaf) {
-                Ok(l) => l,
-                Err(e) => return Err(err(e)),
-            };
-            let req = DeviceReq { device: Some(device_name(&device)), new: Some(new), force };
-            let _: Empty = c.post(&format!("/v1/pools/{}/attach", enc(&pool)), &req).await.map_err(err)?;
-        }
-        PoolCmd::Replace { force, pool, device, new_device } => {
-            let err = ctx(format!("cannot replace {device} with {}", new_device.as_deref().unwrap_or(&device)));
-            let new = match new_device.as_deref().map(|n| LeafSpec::parse(n).map_err(|e| e.to_string()).and_then(resolve_leaf)) {
-                Some(Err(e)) => return Err(err(e)),
-                Some(Ok(l)) => Some(l),
-                None => None,
-            };
-            let req = DeviceReq { device: Some(device_name(&device)), new, force };
-            let _: Empty = c.post(&format!("/v1/pools/{}/replace", enc(&pool)), &req).await.map_err(err)?;
-        }
+        PoolCmd::Add { force, dry_run, pool, vdevs } => add_cmd(c, force, dry_run, &pool, &vdevs).await?,
+        PoolCmd::Attach { force, wait, pool, device, new_device } => attach_cmd(c, force, wait, &pool, &device, Some(&new_device)).await?,
+        PoolCmd::Replace { force, wait, pool, device, new_device } => replace_cmd(c, force, wait, &pool, &device, new_device.as_deref()).await?,
+        PoolCmd::Wait { activities, pool } => wait_cmd(c, &activities, &pool).await?,
         PoolCmd::Detach { pool, device } => device_op(c, "detach", &pool, Some(device)).await?,
         PoolCmd::Remove { pool, device } => device_op(c, "remove", &pool, Some(device)).await?,
         PoolCmd::Offline { pool, device } => device_op(c, "offline", &pool, Some(device)).await?,
         PoolCmd::Online { pool, device } => device_op(c, "online", &pool, Some(device)).await?,
         PoolCmd::Clear { pool, device } => device_op(c, "clear", &pool, device).await?,
     }
+    Ok(())
+}
+
+/// `pool add [-f] [-n] POOL VDEV...`; -n prints the layout the pool would have, as
+/// `zpool add -n` does. A replication mismatch is zpool's message as it is.
+async fn add_cmd(c: &Client, force: bool, dry_run: bool, pool: &str, vdevs: &[String]) -> Result<(), String> {
+    let what = format!("cannot add to '{pool}'");
+    // the daemon's answer is one line (newlines escaped); zpool prints this one on three
+    let err = |e: String| if e.starts_with("invalid vdev specification") { e.replace("\\n", "\n") } else { ctx(what.clone())(e) };
+    let tops = parse_tops(vdevs).map_err(err)?;
+    let reply: AddReply = c.post(&format!("/v1/pools/{}/add", enc(pool)), &AddReq { tops, force, dry_run }).await.map_err(err)?;
+    if dry_run {
+        print!("would update '{pool}' to the following configuration:\n{}", format::layout_tree(pool, &reply.would_be));
+    }
+    Ok(())
+}
+
+/// `pool attach [-f] [-w]` and `pool replace [-f] [-w]` (new device None: in place).
+async fn attach_cmd(c: &Client, force: bool, wait: bool, pool: &str, device: &str, new_device: Option<&str>) -> Result<(), String> {
+    let err = ctx(format!("cannot attach {} to {device}", new_device.unwrap_or(device)));
+    let new = match new_device.map(|n| LeafSpec::parse(n).map_err(|e| e.to_string()).and_then(resolve_leaf)) {
+        Some(Err(e)) => return Err(err(e)),
+        Some(Ok(l)) => Some(l),
+        None => None,
+    };
+    let req = DeviceReq { device: Some(device_name(device)), new, force, wait };
+    let _: Empty = c.post(&format!("/v1/pools/{}/attach", enc(pool)), &req).await.map_err(err)?;
+    Ok(())
+}
+
+async fn replace_cmd(c: &Client, force: bool, wait: bool, pool: &str, device: &str, new_device: Option<&str>) -> Result<(), String> {
+    let err = ctx(format!("cannot replace {device} with {}", new_device.unwrap_or(device)));
+    let new = match new_device.map(|n| LeafSpec::parse(n).map_err(|e| e.to_string()).and_then(resolve_leaf)) {
+        Some(Err(e)) => return Err(err(e)),
+        Some(Ok(l)) => Some(l),
+        None => None,
+    };
+    let req = DeviceReq { device: Some(device_name(device)), new, force, wait };
+    let _: Empty = c.post(&format!("/v1/pools/{}/replace", enc(pool)), &req).await.map_err(err)?;
+    Ok(())
+}
+
+/// `pool wait [-t ACTIVITY,...] POOL`.
+async fn wait_cmd(c: &Client, activities: &[String], pool: &str) -> Result<(), String> {
+    let err = |e: String| ctx(format!("cannot wait for '{pool}'"))(e);
+    let activities = activities.iter().map(|a| zilla_core::spa::Activity::parse(a).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>().map_err(err)?;
+    let _: Empty = c.post(&format!("/v1/pools/{}/wait", enc(pool)), &WaitReq { activities }).await.map_err(err)?;
     Ok(())
 }
 
@@ -944,7 +993,7 @@ async fn device_op(c: &Client, op: &str, pool: &str, device: Option<String>) -> 
         Some(d) => format!("cannot {op} {d}"),
         None => format!("cannot clear errors for '{pool}'"),
     };
-    let req = DeviceReq { device: device.as_deref().map(device_name), new: None, force: false };
+    let req = DeviceReq { device: device.as_deref().map(device_name), new: None, force: false, wait: false };
     let _: Empty = c.post(&format!("/v1/pools/{}/{op}", enc(pool)), &req).await.map_err(ctx(what))?;
     Ok(())
 }

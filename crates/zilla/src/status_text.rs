@@ -13,6 +13,14 @@ use zilla_core::spa::{PoolStatus, VdevStatus};
 
 /// `status:` and `action:` paragraphs; both empty when there is nothing to say.
 pub fn status_action(s: &PoolStatus) -> (String, String) {
+    let resilvering = s.scan.func == zilla_core::scan::ScanFunc::Resilver && s.scan.state == zilla_core::scan::ScanState::Scanning;
+    if resilvering && matches!(s.state.as_str(), "ONLINE" | "DEGRADED") && !any_leaf_down(&s.config) {
+        // zpool: a resilver with every device present, onto a new disk or one back
+        return (
+            "One or more devices is currently being resilvered.  The pool will\n\tcontinue to function, possibly in a degraded state.".to_string(),
+            "Wait for the resilver to complete.".to_string(),
+        );
+    }
     let (status, action): (&str, &str) = match s.state.as_str() {
         "ONLINE" if device_errors(&s.config) > 0 => (
             "One or more devices has experienced an unrecoverable error.  An\n\tattempt was made to correct the error.  Applications are unaffected.",
@@ -30,6 +38,11 @@ pub fn status_action(s: &PoolStatus) -> (String, String) {
         _ => ("One or more devices could not be used.", "Attach the missing device and import again."),
     };
     (status.to_string(), action.to_string())
+}
+
+/// Some device in the tree is offline, missing or faulted.
+fn any_leaf_down(vdevs: &[VdevStatus]) -> bool {
+    vdevs.iter().any(|v| if v.children.is_empty() { v.state != "ONLINE" } else { any_leaf_down(&v.children) })
 }
 
 /// Read + write + checksum errors over every device in the tree.

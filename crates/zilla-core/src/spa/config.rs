@@ -51,6 +51,10 @@ pub struct LeafConfig {
     /// label whatever a DTL grows to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dtl: Vec<(Txg, Txg)>,
+    /// While a `replace` resilvers this (new) leaf: the guid of the sibling it
+    /// replaces, detached once the resilver has finished (docs/on-disk-format.md §2.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacing: Option<Guid>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -273,7 +277,7 @@ pub(super) fn validate_pool_prop(k: &str, v: &str) -> Result<String> {
 
 /// The live top-level vdev for a config entry: the one place a `TopVdev` is built.
 pub(super) fn open_top(tc: &TopConfig, children: Vec<Arc<Leaf>>) -> Arc<TopVdev> {
-    Arc::new(TopVdev { id: tc.id, guid: tc.guid, role: tc.role, is_mirror: tc.mirror, ashift: tc.ashift, children: RwLock::new(children), suspect_reads: Default::default() })
+    Arc::new(TopVdev { id: tc.id, guid: tc.guid, role: tc.role, ashift: tc.ashift, children: RwLock::new(children), suspect_reads: Default::default() })
 }
 
 impl PoolInner {
@@ -428,6 +432,9 @@ impl Pool {
     pub fn add(&self, tops: Vec<TopSpec>, force: bool) -> Result<()> {
         self.check_open()?;
         let inner = &self.inner;
+        if !force {
+            check_replication(&inner.config.lock(), &tops)?;
+        }
         let _g = self.lock_for_change()?;
         let mut new_tops = Vec::new();
         let mut next_id = inner.tops().iter().map(|t| t.id.next()).max().unwrap_or(VdevId(0));
@@ -449,7 +456,7 @@ impl Pool {
                 label::wipe_labels(&*dev)?;
                 let g = new_guid(&*inner.env);
                 kids.push(Arc::new(Leaf::new(g, l.clone(), dev, &inner.env)));
-                cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
+                cfg_kids.push(LeafConfig { guid: g, spec: l.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![], replacing: None });
             }
             let pool_ashift = inner.config.lock().props.get("ashift").and_then(|a| a.parse().ok()).unwrap_or(label::MIN_ASHIFT);
             let ashift = kids.iter().try_fold(pool_ashift, |a, k| device_ashift(&**k.device(), &k.spec).map(|d| a.max(d)))?;
@@ -493,10 +500,50 @@ impl Pool {
         self.sync()
     }
 
-    pub fn attach(&self, existing: &str, new: &LeafSpec, force: bool) -> Result<()> {
+    /// `zpool add -n`: the checks `add` makes before it opens a device (replication
+    /// unless `force`, paths, leaves already in the pool), and the tree the pool would
+    /// have: its top-level vdevs, then the new ones (numbered as `add` would number them).
+    /// Nothing is opened or written.
+    pub fn add_dry_run(&self, tops: &[TopSpec], force: bool) -> Result<Vec<super::status::VdevStatus>> {
         self.check_open()?;
         let inner = &self.inner;
-        let (top, _) = inner.find_leaf(existing).ok_or_else(|| Error::NotFound(format!("device '{existing}' in pool '{}'", inner.name)))?;
+        if !force {
+            check_replication(&inner.config.lock(), tops)?;
+        }
+        let new_specs: Vec<&LeafSpec> = tops.iter().flat_map(|t| t.leaves.iter()).collect();
+        check_distinct_leaves(&new_specs, &inner.leaves.read(), &inner.name)?;
+        for l in &new_specs {
+            check_leaf_path(l)?;
+            if inner.find_leaf(&l.display()).is_some() {
+                return Err(Error::invalid(format!("{} is already in pool '{}'", l.display(), inner.name)));
+            }
+        }
+        let mut tree = self.status().config;
+        let mut next_id = inner.tops().iter().map(|t| t.id.next()).max().unwrap_or(VdevId(0));
+        let node = |name: String, kind: &str, role: Role, children| super::status::VdevStatus {
+            name, kind: kind.into(), role, state: String::new(), read_errors: 0, write_errors: 0, cksum_errors: 0, note: String::new(), children,
+        };
+        for t in tops {
+            let leaves: Vec<_> = t.leaves.iter().map(|l| node(l.display(), "disk", t.role, vec![])).collect();
+            match t.mirror {
+                true => tree.push(node(format!("mirror-{next_id}"), "mirror", t.role, leaves)),
+                false => tree.extend(leaves),
+            }
+            next_id = next_id.next();
+        }
+        Ok(tree)
+    }
+
+    pub fn attach(&self, existing: &str, new: &LeafSpec, force: bool) -> Result<()> {
+        self.attach_leaf(existing, new, force, false)
+    }
+
+    /// `attach`, or with `replacing` the first half of `replace`: the new leaf's config
+    /// names `existing` as the leaf it replaces ([`Pool::finish_replacements`]).
+    fn attach_leaf(&self, existing: &str, new: &LeafSpec, force: bool, replacing: bool) -> Result<()> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let (top, old) = inner.find_leaf(existing).ok_or_else(|| Error::NotFound(format!("device '{existing}' in pool '{}'", inner.name)))?;
         if top.role == Role::Cache || top.role == Role::Spare {
             return Err(Error::invalid("cannot attach to a cache or spare device"));
         }
@@ -530,7 +577,7 @@ impl Pool {
             // the labels are written before a sync may put the new guid sum in an
             // uberblock (see the module comment)
             let _g = self.lock_for_change()?;
-            let lc = LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] };
+            let lc = LeafConfig { guid: g, spec: new.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![], replacing: replacing.then_some(old.guid) };
             // the new leaf is labelled first, as in `add`: a cut after an old leaf took
             // the config naming it once left it unlabelled, UNAVAIL at import
             if let Err(e) = inner.label_new_leaves(std::slice::from_ref(&leaf), |cfg| push_child(cfg, top.id, lc.clone())) {
@@ -592,6 +639,9 @@ impl Pool {
                 let mut cfg = inner.config.lock();
                 for tc in cfg.tops.iter_mut() {
                     tc.children.retain(|c| c.guid != leaf.guid);
+                    tc.mirror = tc.children.len() > 1;
+                    // a replace ends with either of its two leaves detached
+                    tc.children.iter_mut().filter(|c| c.replacing == Some(leaf.guid)).for_each(|c| c.replacing = None);
                 }
                 if top.role == Role::Cache || top.role == Role::Spare {
                     cfg.tops.retain(|t| t.id != top.id);
@@ -749,9 +799,9 @@ impl Pool {
         let (top, leaf) = inner.find_leaf(dev).ok_or_else(|| Error::NotFound(format!("device '{dev}' in pool '{}'", inner.name)))?;
         match leaf.state() {
             LeafState::Online => return Ok(()),
-            LeafState::Unavail if matches!(top.role, Role::Cache | Role::Spare) => return self.online_missing_aux(&top, &leaf, dev),
+            LeafState::Unavail if reopenable(&top, &leaf) => return self.online_missing(&top, &leaf, dev),
             LeafState::Unavail => {
-                return Err(Error::invalid(format!("cannot online {dev}: device was missing at import; export and import the pool")));
+                return Err(Error::invalid(format!("cannot online {dev}: it is the only device of its vdev and was missing at import; export and import the pool")));
             }
             _ => {}
         }
@@ -769,12 +819,14 @@ impl Pool {
         Ok(())
     }
 
-    /// `online` of a cache or spare device that was UNAVAIL at import (missing, or
-    /// another pool's device at its path): the device now at its path is taken only if
-    /// its label is this leaf's (this pool, this device guid). It then replaces the
-    /// placeholder and gets the current config; a cache device joins the L2ARC empty.
-    /// Anything else at the path is refused, saying what is there, and is not written.
-    fn online_missing_aux(&self, top: &Arc<TopVdev>, leaf: &Arc<Leaf>, name: &str) -> Result<()> {
+    /// `online` (and `clear`) of a device that was UNAVAIL at import (missing, or
+    /// another pool's device at its path), as `zpool online` reopens it: the device now
+    /// at its path is taken only if its label is this leaf's (this pool, this device
+    /// guid). It then replaces the placeholder and gets the current config; a cache
+    /// device joins the L2ARC empty; a data or log device first gets in its DTL every
+    /// txg it may lack ([`missed_while_away`]) and is resilvered. Anything else at the
+    /// path is refused, saying what is there, and is not written.
+    fn online_missing(&self, top: &Arc<TopVdev>, leaf: &Arc<Leaf>, name: &str) -> Result<()> {
         let inner = &self.inner;
         let dev = (inner.opener)(&leaf.spec, top.role).map_err(|e| match e {
             Error::NotFound(_) => Error::NotFound(format!("cannot online {name}: {} does not exist", leaf.spec.display())),
@@ -799,7 +851,12 @@ impl Pool {
             )));
         }
         let fresh = Arc::new(Leaf::new(leaf.guid, leaf.spec.clone(), dev, &inner.env));
+        let data = holds_intent_log(top.role);
         let swap = |from: &Arc<Leaf>, to: &Arc<Leaf>| {
+            if data && Arc::ptr_eq(to, &fresh) {
+                // under the sync lock: what it missed is in its DTL before any read
+                to.set_dtl(missed_while_away(inner, top, from, &**to.device()));
+            }
             for c in top.children.write().iter_mut().filter(|c| c.guid == from.guid) {
                 *c = to.clone();
             }
@@ -819,7 +876,16 @@ impl Pool {
             fresh.device().release();
             return Err(e);
         }
-        tracing::info!(pool = %inner.name, device = %fresh.spec.shown(), "{} device brought online", if top.role == Role::Cache { "cache" } else { "spare" });
+        let what = match top.role {
+            Role::Cache => "cache",
+            Role::Spare => "spare",
+            Role::Log => "log",
+            Role::Normal => "data",
+        };
+        tracing::info!(pool = %inner.name, device = %fresh.spec.shown(), "{what} device missing at import reopened");
+        if data {
+            crate::scan::start_resilver(&inner.scanner());
+        }
         // the L2ARC had no use of the placeholder (no space): it takes the device now
         if top.role == Role::Cache && inner.io.l2arc().is_none_or(|l| l.device_space(top.id).is_none()) {
             inner.io.cache_vdev_added(top.clone());
@@ -827,27 +893,82 @@ impl Pool {
         Ok(())
     }
 
-    /// Attach `new` next to `old`, resilver, then detach `old` — only if `new` then
-    /// holds everything `old` did; otherwise both stay and the error says why.
+    /// `zpool replace`: attach `new` next to `old` as its replacement and start the
+    /// resilver; returns once it has started. The two show as `replacing-N` until the
+    /// resilver has finished, when [`Pool::finish_replacements`] detaches `old`
+    /// ([`Pool::replace_wait`] waits for that).
     pub fn replace(&self, old: &str, new: &LeafSpec, force: bool) -> Result<()> {
         self.check_open()?;
-        self.attach(old, new, force)?;
-        crate::scan::wait(&self.inner.scanner());
-        // the resilver's repairs and cleared DTL become durable before the old device
-        // goes (a cut in between must not leave the new one alone and incomplete)
+        let inner = &self.inner;
+        let (_, leaf) = inner.find_leaf(old).ok_or_else(|| Error::NotFound(format!("device '{old}' in pool '{}'", inner.name)))?;
+        if let Some((_, by)) = inner.replacements().into_iter().find(|&(o, _)| o == leaf.guid) {
+            let by = inner.leaves.read().iter().find(|l| l.guid == by).map(|l| l.spec.display()).unwrap_or_default();
+            return Err(Error::Busy(format!("{old} is already being replaced by {by}; wait for it with 'zilla pool wait -t replace'")));
+        }
+        self.attach_leaf(old, new, force, true)
+    }
+
+    /// Finish the replacements whose new leaf holds everything (no DTL, no resilver
+    /// running): the resilver's repairs and cleared DTLs are made durable first (a
+    /// cut in between must not leave the new leaf alone and incomplete), then the old
+    /// leaf is detached. Each is detached at most once, however many callers race.
+    pub fn finish_replacements(&self) -> Result<()> {
+        let inner = &self.inner;
+        let _one = inner.replace_lock.lock();
+        let done = |new: Guid| !crate::scan::is_running(&inner.scanner()) && inner.leaves.read().iter().any(|l| l.guid == new && l.readable() && l.dtl_empty());
+        if !inner.replacements().into_iter().any(|(_, new)| done(new)) {
+            return Ok(());
+        }
         self.sync()?;
-        self.detach(old).map_err(|e| match e {
-            Error::Busy(why) => Error::Busy(format!(
-                "replace of {old} by {} did not complete, both are kept: {why}",
-                new.display()
-            )),
-            e => e,
-        })
+        for (old, new) in inner.replacements() {
+            if !done(new) {
+                continue;
+            }
+            let shown = |g: Guid| inner.leaves.read().iter().find(|l| l.guid == g).map(|l| l.spec.display()).unwrap_or_default();
+            let (old_name, new_name) = (shown(old), shown(new));
+            self.detach(&old.to_string()).map_err(|e| match e {
+                Error::Busy(why) => Error::Busy(format!("replace of {old_name} by {new_name} did not complete, both are kept: {why}")),
+                e => e,
+            })?;
+            tracing::info!(pool = %inner.name, old = %old_name, new = %new_name, "replace finished");
+        }
+        Ok(())
+    }
+
+    /// Wait until no replacement is in progress (`replace -w`, `pool wait -t
+    /// replace`): each resilver's end finishes those it completed. One the resilver
+    /// ended without completing is an error that names it (both leaves are kept).
+    pub fn replace_wait(&self) -> Result<()> {
+        loop {
+            crate::scan::wait(&self.inner.scanner());
+            self.finish_replacements()?;
+            let left = self.inner.replacements();
+            if left.is_empty() {
+                return Ok(());
+            }
+            if !crate::scan::is_running(&self.inner.scanner()) {
+                let leaves = self.inner.leaves.read().clone();
+                let shown = |g: Guid| leaves.iter().find(|l| l.guid == g).map(|l| l.spec.display()).unwrap_or_default();
+                let (old, new) = left[0];
+                return Err(Error::Busy(format!(
+                    "replace of {} by {} did not complete: the resilver ended with {} still missing data; both are kept (zilla pool status)",
+                    shown(old),
+                    shown(new),
+                    shown(new)
+                )));
+            }
+        }
+    }
+
+    /// Whether a replacement is in progress.
+    pub fn replacing(&self) -> bool {
+        !self.inner.replacements().is_empty()
     }
 
     pub fn clear(&self, dev: Option<&str>) -> Result<()> {
         self.check_open()?;
         let inner = &self.inner;
+        self.reopen_missing(dev);
         match dev {
             Some(d) => {
                 let (_, l) = inner.find_leaf(d).ok_or_else(|| Error::NotFound(format!("device '{d}' in pool '{}'", inner.name)))?;
@@ -892,6 +1013,72 @@ impl Pool {
         Ok(())
     }
 
+}
+
+impl Pool {
+    /// `clear` retries the devices missing since import (all, or the one named), as
+    /// `zpool clear` reopens its devices: one now back at its path rejoins
+    /// ([`Pool::online_missing`]); one still missing stays UNAVAIL, its reason updated.
+    fn reopen_missing(&self, dev: Option<&str>) {
+        let tops = self.inner.tops();
+        for t in &tops {
+            for l in t.children().iter().filter(|l| l.state() == LeafState::Unavail && reopenable(t, l)) {
+                let named = dev.is_none_or(|d| self.inner.find_leaf(d).is_some_and(|(_, x)| x.guid == l.guid));
+                if named {
+                    if let Err(e) = self.online_missing(t, l, &l.spec.display()) {
+                        tracing::info!(pool = %self.inner.name, device = %l.spec.shown(), "clear: device still unavailable: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A device missing at import can be reopened in place when it holds no data of its
+/// own that the pool lacks: a cache or spare device, or a child with a readable sibling
+/// (a lone data or log device missing at import is refused: export and import).
+fn reopenable(top: &TopVdev, leaf: &Leaf) -> bool {
+    matches!(top.role, Role::Cache | Role::Spare) || top.children().iter().any(|c| c.guid != leaf.guid && c.readable())
+}
+
+/// The txgs a device back at its path may lack: every txg after the newest uberblock
+/// on it up to the open one (what the pool wrote while it was away; at least what the
+/// placeholder's DTL recorded), or every txg when its uberblocks disagree with its
+/// siblings' (written apart from the pool: spa/stale.rs).
+fn missed_while_away(inner: &PoolInner, top: &TopVdev, placeholder: &Leaf, dev: &dyn Device) -> Vec<(Txg, Txg)> {
+    let ours = |scan: Option<label::LabelScan>| -> Vec<label::Uberblock> {
+        scan.map(|s| s.uberblocks.into_iter().filter(|u| u.pool_guid == inner.guid).collect()).unwrap_or_default()
+    };
+    let mine = ours(label::scan_labels(dev).ok());
+    let mut rings: Vec<(Guid, Vec<label::Uberblock>)> =
+        top.children().iter().filter(|c| c.guid != placeholder.guid && c.readable()).map(|c| (c.guid, ours(label::scan_labels(&**c.device()).ok()))).collect();
+    let newest = rings.iter().flat_map(|(_, u)| u.iter()).max_by_key(|u| (u.txg, u.timestamp_ns)).cloned();
+    let newest_mine = mine.iter().map(|u| u.txg).max().unwrap_or(Txg::ZERO);
+    rings.push((placeholder.guid, mine));
+    let open = inner.txg.open_txg();
+    let diverged = newest.is_some_and(|n| matches!(super::stale::judge(&rings, &n).verdict(placeholder.guid), super::stale::Verdict::Diverged { .. }));
+    let mut dtl = placeholder.dtl();
+    let first = if diverged { Txg(1) } else { newest_mine.next() };
+    if first <= open {
+        crate::vdev::mirror::range_insert(&mut dtl, first, open);
+    }
+    dtl
+}
+
+impl PoolInner {
+    /// The replacements in progress: (old leaf, new leaf) guids, siblings in the tree.
+    pub(super) fn replacements(&self) -> Vec<(Guid, Guid)> {
+        let cfg = self.config.lock();
+        let mut out = Vec::new();
+        for t in &cfg.tops {
+            for c in &t.children {
+                if let Some(old) = c.replacing.filter(|&o| o != c.guid && t.children.iter().any(|s| s.guid == o)) {
+                    out.push((old, c.guid));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The live tree a change (attach, detach) is about to alter: `top`'s children, the
@@ -1057,4 +1244,105 @@ pub(super) fn check_device_free(dev: &dyn Device, spec: &LeafSpec, force: bool) 
         return Err(Error::Busy(format!("{} has an existing {sig}; use -f to overwrite it", spec.display())));
     }
     Ok(())
+}
+
+/// A data vdev's replication as `zpool add` compares it: "disk", or "mirror" with its
+/// width (a replacement in progress does not widen a vdev).
+fn replication_of(mirror: bool, width: usize) -> (&'static str, usize) {
+    if mirror && width > 1 { ("mirror", width) } else { ("disk", 1) }
+}
+
+/// `zpool add`'s replication check (its `check_replication`): the new data vdevs must
+/// agree with each other and with the pool's (when the pool's agree among themselves),
+/// else the add is refused unless forced. Log, cache and spare vdevs hold no pool data
+/// and are not compared.
+pub(super) fn check_replication(cfg: &PoolConfig, tops: &[TopSpec]) -> Result<()> {
+    let new: Vec<(&str, usize)> = tops.iter().filter(|t| t.role == Role::Normal).map(|t| replication_of(t.mirror, t.leaves.len())).collect();
+    let Some(&first) = new.first() else { return Ok(()) };
+    let mismatch = |why: String| {
+        Err(Error::invalid(format!("invalid vdev specification\nuse '-f' to override the following errors:\nmismatched replication level: {why}")))
+    };
+    if let Some(&other) = new.iter().find(|&&r| r != first) {
+        return match first.0 == other.0 {
+            true => mismatch(format!("both {}-way and {}-way {} vdevs are present", first.1, other.1, first.0)),
+            false => mismatch("both disk and mirror vdevs are present".to_string()),
+        };
+    }
+    let pool: Vec<(&str, usize)> = cfg
+        .tops
+        .iter()
+        .filter(|t| t.role == Role::Normal)
+        .map(|t| replication_of(t.mirror, t.children.iter().filter(|c| c.replacing.is_none()).count()))
+        .collect();
+    let Some(&have) = pool.first() else { return Ok(()) };
+    if pool.iter().any(|&r| r != have) || have == first {
+        return Ok(()); // a pool already mixed (forced before) is not held to one level
+    }
+    if have.0 != first.0 {
+        return mismatch(format!("pool uses {} and new vdev is {}", have.0, first.0));
+    }
+    mismatch(format!("pool uses {}-way {} and new vdev uses {}-way {}", have.1, have.0, first.1, first.0))
+}
+
+#[cfg(test)]
+mod replication_tests {
+    use super::*;
+
+    fn cfg(tops: &[(Role, bool, usize)]) -> PoolConfig {
+        let mut g = 0u64;
+        let mut guid = || {
+            g += 1;
+            Guid(g)
+        };
+        let leaf = |g: Guid| LeafConfig { guid: g, spec: LeafSpec { path: format!("d{g}").into(), model: None }, offline: false, offline_since: Txg::ZERO, dtl: vec![], replacing: None };
+        let tops = tops
+            .iter()
+            .enumerate()
+            .map(|(i, &(role, mirror, n))| TopConfig { id: VdevId(i as u32), guid: guid(), role, mirror, ashift: 12, children: (0..n).map(|_| leaf(guid())).collect() })
+            .collect();
+        PoolConfig { name: "tank".into(), guid: Guid(99), version: 1, state: "active".into(), txg: Txg(5), tops, props: BTreeMap::new(), hostid: 0, hostname: String::new() }
+    }
+
+    fn spec(role: Role, mirror: bool, n: usize) -> TopSpec {
+        TopSpec { role, mirror, leaves: (0..n).map(|i| LeafSpec { path: format!("n{i}").into(), model: None }).collect() }
+    }
+
+    fn why(r: Result<()>) -> String {
+        match r {
+            Err(Error::InvalidArgument(m)) => m.lines().last().unwrap_or_default().to_string(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lone_disk_on_a_pool_of_mirrors_is_refused_in_zpools_words() {
+        let mirrors = cfg(&[(Role::Normal, true, 2), (Role::Normal, true, 2)]);
+        let r = check_replication(&mirrors, &[spec(Role::Normal, false, 1)]);
+        let Err(Error::InvalidArgument(m)) = &r else { panic!("{r:?}") };
+        assert_eq!(m, "invalid vdev specification\nuse '-f' to override the following errors:\nmismatched replication level: pool uses mirror and new vdev is disk");
+        assert_eq!(why(check_replication(&mirrors, &[spec(Role::Normal, true, 3)])), "mismatched replication level: pool uses 2-way mirror and new vdev uses 3-way mirror");
+        assert!(check_replication(&mirrors, &[spec(Role::Normal, true, 2)]).is_ok());
+        let disks = cfg(&[(Role::Normal, false, 1)]);
+        assert_eq!(why(check_replication(&disks, &[spec(Role::Normal, true, 2)])), "mismatched replication level: pool uses disk and new vdev is mirror");
+        assert!(check_replication(&disks, &[spec(Role::Normal, false, 1)]).is_ok());
+    }
+
+    #[test]
+    fn log_cache_and_spare_are_not_compared_and_new_vdevs_must_agree() {
+        let mirrors = cfg(&[(Role::Normal, true, 2), (Role::Log, false, 1)]);
+        for role in [Role::Log, Role::Cache, Role::Spare] {
+            assert!(check_replication(&mirrors, &[spec(role, false, 1)]).is_ok(), "{role:?}");
+        }
+        assert_eq!(
+            why(check_replication(&mirrors, &[spec(Role::Normal, true, 2), spec(Role::Normal, false, 1)])),
+            "mismatched replication level: both disk and mirror vdevs are present"
+        );
+        assert_eq!(
+            why(check_replication(&mirrors, &[spec(Role::Normal, true, 2), spec(Role::Normal, true, 3)])),
+            "mismatched replication level: both 2-way and 3-way mirror vdevs are present"
+        );
+        // a pool already mixed (forced) is not held to one level
+        let mixed = cfg(&[(Role::Normal, true, 2), (Role::Normal, false, 1)]);
+        assert!(check_replication(&mixed, &[spec(Role::Normal, false, 1)]).is_ok());
+    }
 }

@@ -220,7 +220,7 @@ impl Pool {
             let mut leaf_objs = Vec::new();
             for o in opened {
                 let g = new_guid(&*env);
-                children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![] });
+                children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![], replacing: None });
                 let leaf = Arc::new(Leaf::new(g, o.spec, o.dev, &env));
                 leaves.push(leaf.clone());
                 leaf_objs.push(leaf);
@@ -1262,7 +1262,7 @@ mod tests {
     fn cfg(txg: u64, guids: &[u64]) -> PoolConfig {
         let children = guids
             .iter()
-            .map(|&g| LeafConfig { guid: Guid(g), spec: LeafSpec { path: format!("d{g}").into(), model: None }, offline: false, offline_since: Txg::ZERO, dtl: vec![] })
+            .map(|&g| LeafConfig { guid: Guid(g), spec: LeafSpec { path: format!("d{g}").into(), model: None }, offline: false, offline_since: Txg::ZERO, dtl: vec![], replacing: None })
             .collect();
         PoolConfig {
             name: "tank".into(),

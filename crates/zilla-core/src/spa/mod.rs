@@ -86,6 +86,35 @@ pub enum ScrubCmd {
     Stop,
 }
 
+/// What `zilla pool wait -t` waits for (zpool wait's activities that Zilla has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activity {
+    /// A scrub scanning (a paused one is not in progress, as in zpool wait).
+    Scrub,
+    /// A resilver (every pass).
+    Resilver,
+    /// A `replace` not yet finished: resilvered, and the old device detached.
+    Replace,
+    /// A manual trim.
+    Trim,
+}
+
+impl Activity {
+    pub const ALL: [Activity; 4] = [Activity::Replace, Activity::Resilver, Activity::Scrub, Activity::Trim];
+
+    /// The name `-t` takes, or why it is refused (zpool's message, with the list).
+    pub fn parse(s: &str) -> Result<Activity> {
+        match s {
+            "scrub" => Ok(Activity::Scrub),
+            "resilver" => Ok(Activity::Resilver),
+            "replace" => Ok(Activity::Replace),
+            "trim" => Ok(Activity::Trim),
+            _ => Err(Error::invalid(format!("invalid activity '{s}'; valid activities: replace, resilver, scrub, trim"))),
+        }
+    }
+}
+
 pub const POOL_VERSION: u64 = 1;
 
 /// How long `Pool::sync` (every admin command that changes the pool) waits on a
@@ -181,6 +210,8 @@ pub(crate) struct PoolInner {
     trim_stats: crate::vdev::trim::TrimStats,
     /// The manual trim (`zilla pool trim`, spa/trim.rs).
     manual_trim: Mutex<trim::ManualTrim>,
+    /// Serialises finishing replacements (one detach of each old leaf).
+    replace_lock: Mutex<()>,
 }
 
 /// A random non-zero guid from `env`'s RNG (seeded under simulation).
@@ -238,6 +269,7 @@ impl PoolInner {
             last_ub: Mutex::new(None),
             trim_stats: Default::default(),
             manual_trim: Default::default(),
+            replace_lock: Mutex::new(()),
         })
     }
 
@@ -597,6 +629,27 @@ impl Pool {
 
     pub fn scrub_wait(&self) -> Result<()> {
         crate::scan::wait(&self.inner.scanner());
+        Ok(())
+    }
+
+    /// `zpool wait -t ACTIVITY`: return once `activity` is not in progress (at once if
+    /// it is not now). A pool exported meanwhile ends the wait with an error.
+    pub fn wait_activity(&self, activity: Activity) -> Result<()> {
+        const POLL: std::time::Duration = std::time::Duration::from_millis(50);
+        let scanning = |func: crate::scan::ScanFunc| {
+            let s = self.scan_status();
+            s.func == func && (s.state == crate::scan::ScanState::Scanning || crate::scan::is_running(&self.inner.scanner()))
+        };
+        match activity {
+            Activity::Trim => return self.trim_wait(),
+            Activity::Replace => return self.replace_wait(),
+            Activity::Scrub | Activity::Resilver => {}
+        }
+        let func = if activity == Activity::Scrub { crate::scan::ScanFunc::Scrub } else { crate::scan::ScanFunc::Resilver };
+        while scanning(func) {
+            self.check_open()?;
+            std::thread::sleep(POLL);
+        }
         Ok(())
     }
 

@@ -9,6 +9,9 @@ use std::sync::atomic::Ordering;
 
 use super::Pool;
 use crate::props::PropRow;
+use std::sync::Arc;
+
+use crate::vdev::mirror::{Leaf, LeafState, TopVdev};
 use crate::vdev::queue::LeafStats;
 use crate::vdev::Role;
 use crate::Guid;
@@ -186,6 +189,66 @@ fn add_stats(a: &mut LeafStats, b: &LeafStats) {
     }
 }
 
+/// How `status` and `iostat -v` show a top-level vdev: `name` None when it is its one
+/// leaf, else `mirror-N` or (a lone disk being replaced) `replacing-N`; `groups` its
+/// children in order, each a leaf (None, [index]) or a `replacing-I` pair
+/// (Some, [old, new]), I the old leaf's index among its siblings, as zpool numbers them.
+struct TopLayout {
+    name: Option<String>,
+    groups: Vec<(Option<String>, Vec<usize>)>,
+}
+
+fn top_layout(t: &TopVdev, pairs: &[(Guid, Guid)]) -> TopLayout {
+    let kids = t.children();
+    let at = |g: Guid| kids.iter().position(|c| c.guid == g);
+    let pairs: Vec<(usize, usize)> = pairs.iter().filter_map(|&(old, new)| Some((at(old)?, at(new)?))).collect();
+    if kids.len() == 1 {
+        return TopLayout { name: None, groups: vec![(None, vec![0])] };
+    }
+    if kids.len() == 2 && pairs.len() == 1 {
+        let (old, new) = pairs[0];
+        return TopLayout { name: Some(format!("replacing-{}", t.id)), groups: vec![(None, vec![old]), (None, vec![new])] };
+    }
+    let mut groups = Vec::new();
+    for i in 0..kids.len() {
+        if pairs.iter().any(|&(_, new)| new == i) {
+            continue; // shown under its replacing-I
+        }
+        match pairs.iter().find(|&&(old, _)| old == i) {
+            Some(&(old, new)) => groups.push((Some(format!("replacing-{old}")), vec![old, new])),
+            None => groups.push((None, vec![i])),
+        }
+    }
+    TopLayout { name: Some(format!("mirror-{}", t.id)), groups }
+}
+
+/// The leaves a resilver is repairing now: while it runs, every readable leaf with a
+/// DTL except those the last pass could not repair.
+fn resilver_repairs(inner: &std::sync::Arc<super::PoolInner>) -> Vec<Guid> {
+    let scan = inner.scanner();
+    let s = crate::scan::status(&scan);
+    let active = s.func == crate::scan::ScanFunc::Resilver && (s.state == crate::scan::ScanState::Scanning || crate::scan::is_running(&scan));
+    if !active {
+        return Vec::new();
+    }
+    inner.leaves.read().iter().filter(|l| l.readable() && !l.dtl_empty() && !s.unrepaired_devices.contains(&l.guid)).map(|l| l.guid).collect()
+}
+
+/// A data or log vdev's state from its leaves, by zpool's rules: ONLINE when every
+/// leaf is; a leaf that misses txgs (DTL) counts as healthy while a resilver repairs it
+/// (a new disk being resilvered, one back from offline), as degraded otherwise; UNAVAIL
+/// when none can be read; else DEGRADED.
+fn top_state(leaves: &[Arc<Leaf>], repairing: &[Guid]) -> &'static str {
+    let readable = leaves.iter().filter(|c| c.readable()).count();
+    if readable == 0 {
+        "UNAVAIL"
+    } else if readable < leaves.len() || leaves.iter().any(|c| !c.dtl_empty() && !repairing.contains(&c.guid)) {
+        "DEGRADED"
+    } else {
+        "ONLINE"
+    }
+}
+
 impl Pool {
     /// True while the pool's txg syncs fail (it retries with backoff; writes are held).
     pub fn is_suspended(&self) -> bool {
@@ -196,12 +259,13 @@ impl Pool {
         if self.inner.suspended.load(Ordering::Relaxed) {
             return PoolHealth::Suspended;
         }
+        let repairing = resilver_repairs(&self.inner);
         let mut worst = PoolHealth::Online;
         for t in self.inner.tops() {
             if t.role == Role::Cache || t.role == Role::Spare {
                 continue;
             }
-            match t.state_name() {
+            match top_state(&t.children(), &repairing) {
                 "UNAVAIL" if t.role == Role::Normal => return PoolHealth::Unavail,
                 "ONLINE" => {}
                 _ => worst = PoolHealth::Degraded,
@@ -214,11 +278,13 @@ impl Pool {
         let inner = &self.inner;
         let mut config = Vec::new();
         let resilvering = crate::scan::is_resilvering(&inner.scanner());
+        let repairing = resilver_repairs(inner);
+        let pairs = inner.replacements();
         for t in inner.tops() {
-            let kids: Vec<VdevStatus> = t
-                .children()
-                .iter()
-                .map(|c| VdevStatus {
+            let kids = t.children();
+            let leaf = |i: usize| {
+                let c = &kids[i];
+                VdevStatus {
                     name: c.spec.display(),
                     kind: c.device().kind().to_string(),
                     role: t.role,
@@ -228,26 +294,29 @@ impl Pool {
                     cksum_errors: c.cksum_errors.load(Ordering::Relaxed),
                     note: c.unavail_reason().unwrap_or_else(|| leaf_note(c, resilvering)),
                     children: vec![],
+                }
+            };
+            let interior = |name: String, members: &[usize], children: Vec<VdevStatus>| {
+                let of: Vec<Arc<Leaf>> = members.iter().map(|&i| kids[i].clone()).collect();
+                let state = match t.role {
+                    Role::Cache | Role::Spare => if of.iter().all(|k| k.state() == LeafState::Online) { "ONLINE" } else { "UNAVAIL" },
+                    _ => top_state(&of, &repairing),
+                };
+                let kind = if name.starts_with("replacing") { "replacing" } else { "mirror" };
+                VdevStatus { name, kind: kind.into(), role: t.role, state: state.into(), read_errors: 0, write_errors: 0, cksum_errors: 0, note: String::new(), children }
+            };
+            let layout = top_layout(&t, &pairs);
+            let groups: Vec<VdevStatus> = layout
+                .groups
+                .iter()
+                .map(|(name, members)| match name {
+                    None => leaf(members[0]),
+                    Some(n) => interior(n.clone(), members, members.iter().map(|&i| leaf(i)).collect()),
                 })
                 .collect();
-            let state = match t.role {
-                Role::Cache | Role::Spare => if kids.iter().all(|k| k.state == "ONLINE") { "ONLINE" } else { "UNAVAIL" },
-                _ => t.state_name(),
-            };
-            if t.is_mirror {
-                config.push(VdevStatus {
-                    name: format!("mirror-{}", t.id),
-                    kind: "mirror".into(),
-                    role: t.role,
-                    state: state.into(),
-                    read_errors: 0,
-                    write_errors: 0,
-                    cksum_errors: 0,
-                    note: String::new(),
-                    children: kids,
-                });
-            } else {
-                config.extend(kids);
+            match layout.name {
+                None => config.extend(groups),
+                Some(n) => config.push(interior(n, &(0..kids.len()).collect::<Vec<_>>(), groups)),
             }
         }
         PoolStatus {
@@ -295,6 +364,7 @@ impl Pool {
         }
         let mut total = LeafStats::default();
         let mut vdevs = Vec::new();
+        let pairs = self.inner.replacements();
         for (t, &(size, alloc)) in tops.iter().zip(&vdev_space) {
             let mut tstats = LeafStats::default();
             let mut children = Vec::new();
@@ -306,14 +376,27 @@ impl Pool {
             if t.role == Role::Normal {
                 add_stats(&mut total, &tstats);
             }
-            let name = if t.is_mirror { format!("mirror-{}", t.id) } else { children[0].name.clone() };
-            if t.is_mirror {
-                vdevs.push(IostatNode { name, role: t.role, alloc, free: size.saturating_sub(alloc), stats: tstats, children });
-            } else {
-                let mut c = children.pop().unwrap();
-                c.alloc = alloc;
-                c.free = size.saturating_sub(alloc);
-                vdevs.push(c);
+            let layout = top_layout(t, &pairs);
+            let mut groups: Vec<IostatNode> = layout
+                .groups
+                .iter()
+                .map(|(name, members)| match name {
+                    None => children[members[0]].clone(),
+                    Some(n) => {
+                        let mut stats = LeafStats::default();
+                        members.iter().for_each(|&i| add_stats(&mut stats, &children[i].stats));
+                        IostatNode { name: n.clone(), role: t.role, alloc: 0, free: 0, stats, children: members.iter().map(|&i| children[i].clone()).collect() }
+                    }
+                })
+                .collect();
+            match layout.name {
+                Some(name) => vdevs.push(IostatNode { name, role: t.role, alloc, free: size.saturating_sub(alloc), stats: tstats, children: groups }),
+                None => {
+                    let mut c = groups.pop().expect("a top-level vdev has a child");
+                    c.alloc = alloc;
+                    c.free = size.saturating_sub(alloc);
+                    vdevs.push(c);
+                }
             }
         }
         IostatSnapshot {

@@ -413,8 +413,9 @@ pub struct TopVdev {
     pub id: VdevId,
     pub guid: Guid,
     pub role: Role,
-    pub is_mirror: bool,
     pub ashift: u8,
+    /// Two or more make a mirror ([`TopVdev::is_mirror`]): attach and detach change
+    /// this list only, so every view of the tree follows it at once.
     pub children: parking_lot::RwLock<Vec<Arc<Leaf>>>,
     /// Reads whose asynchronous first try failed on a child, newest last, at most
     /// `SUSPECT_READS_MAX`: the blocking retry reads the other children first and
@@ -481,6 +482,12 @@ impl TopVdev {
 
     pub fn children(&self) -> Vec<Arc<Leaf>> {
         self.children.read().clone()
+    }
+
+    /// A mirror: more than one child (as `zpool` shows a vdev a detach left with one
+    /// child as that disk, and one an attach gave a second child as `mirror-N`).
+    pub fn is_mirror(&self) -> bool {
+        self.children.read().len() > 1
     }
 
     /// Usable bytes for allocation: the smallest child, minus the label areas. Children
@@ -1196,7 +1203,7 @@ mod dtl_tests {
         let l = Arc::new(leaf());
         l.set_state(LeafState::Faulted);
         for role in [Role::Normal, Role::Log, Role::Cache, Role::Spare] {
-            let top = TopVdev { id: VdevId(0), guid: Guid(10), role, is_mirror: false, ashift: 12, children: parking_lot::RwLock::new(vec![l.clone()]), suspect_reads: Default::default() };
+            let top = TopVdev { id: VdevId(0), guid: Guid(10), role, ashift: 12, children: parking_lot::RwLock::new(vec![l.clone()]), suspect_reads: Default::default() };
             let held = top.txgs_required(&l);
             assert_eq!(held.is_empty(), matches!(role, Role::Cache | Role::Spare), "{role:?}: {held:?}");
         }
@@ -1278,7 +1285,6 @@ mod flush_race_tests {
             id: VdevId(0),
             guid: Guid(10),
             role: Role::Normal,
-            is_mirror: true,
             ashift: 12,
             children: parking_lot::RwLock::new(vec![leaf.clone()]),
             suspect_reads: Default::default(),
