@@ -277,7 +277,8 @@ fn replace_onto_a_device_that_refuses_writes_keeps_the_old_one() {
     let mut rig = Rig::new(&["a", "c"], vec![TopSpec { role: Role::Normal, mirror: false, leaves: vec![leaf("a")] }]);
     rig.write_flush(1, 0, 1 << 20).unwrap();
     rig.disk("c").fail_data_writes.store(true, Ordering::SeqCst);
-    let e = rig.pool().replace("a", &leaf("c"), false).expect_err("replace onto a device that refuses writes succeeded");
+    // replace returns once the resilver has started; waiting for it reports the failure
+    let e = rig.pool().replace("a", &leaf("c"), false).and_then(|()| rig.pool().replace_wait()).expect_err("replace onto a device that refuses writes succeeded");
     assert!(e.to_string().contains("did not complete"), "{e}");
     assert!(rig.pool().leaf_specs().iter().any(|s| s.path.to_string_lossy() == "a"), "a was detached");
     assert!(rig.pool().scan_status().errors > 0 || rig.leaf_state("c").1 > 0, "resilver reported no trouble");
