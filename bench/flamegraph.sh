@@ -6,6 +6,10 @@
 #
 #   bench/flamegraph.sh [ZILLA_BIN [TAG]]   -> docs/flamegraphs/{seqwrite,randread-cold}-TAG.svg
 #
+# The release binary has symbols but no debug info, so inlined functions fold into
+# their callers; for inlined frames use the profiling build (line tables):
+#   cargo build --profile profiling -p zilla && bench/flamegraph.sh target/profiling/zilla
+#
 # Needs perf (linux-perf), fio and inferno (`cargo install inferno`, installed here if
 # missing). Work files go to $BENCH_TMPDIR or /tmp (a real file system, for O_DIRECT).
 set -euo pipefail

@@ -103,15 +103,17 @@ pub static ZFS_ARC_MAX: Tunable = Tunable::new_auto(
     64 << 20,
     1 << 50,
     Applies::Live,
-    "ARC size limit in bytes, one ARC for every pool of the daemon; 0 = auto: 1/8 of RAM, at least 64 MiB (OpenZFS: 5/8 of RAM, min 64 MiB; Zilla shares the box with its clients). Lowering it evicts at once",
-);
+    "ARC size limit in bytes, one ARC for every pool of the daemon; 0 = auto: 1/8 of RAM, at least 64 MiB (OpenZFS: 5/8 of RAM, min 64 MiB; Zilla shares the box with its clients); below RAM and not below zfs_arc_min. Lowering it evicts at once",
+)
+.bounded(arc_max_bound);
 pub static ZFS_ARC_MIN: Tunable = Tunable::new_auto(
     "zfs_arc_min",
     32 << 20,
     1 << 50,
     Applies::Live,
-    "The ARC's target never shrinks below this under memory pressure (bytes); 0 = auto: 1/32 of RAM, at least 32 MiB, at most zfs_arc_max (OpenZFS's default)",
-);
+    "The ARC's target never shrinks below this under memory pressure (bytes); 0 = auto: 1/32 of RAM, at least 32 MiB, at most zfs_arc_max (OpenZFS's default); not above zfs_arc_max",
+)
+.bounded(arc_min_bound);
 pub static ZFS_ARC_META_BALANCE: Tunable = Tunable::new(
     "zfs_arc_meta_balance",
     500,
@@ -133,8 +135,57 @@ pub static ZFS_ARC_SYS_FREE: Tunable = Tunable::new_auto(
     1 << 20,
     1 << 50,
     Applies::Live,
-    "The ARC shrinks when the system's available memory (MemAvailable, the cgroup's limit) falls below this (bytes); 0 = auto: 1/64 of RAM, at least 64 MiB",
-);
+    "The ARC shrinks when the system's available memory (MemAvailable, the cgroup's limit) falls below this (bytes); 0 = auto: 1/64 of RAM, at least 64 MiB; below RAM",
+)
+.bounded(below_physical_memory);
+
+/// The start of a refusal: "value 1T is".
+fn value_is(value: u64) -> String {
+    format!("value {} is", crate::kstat::size_words(value))
+}
+
+/// The machine's RAM as a refusal names it: "physical memory (23.47G)".
+fn physical_memory_words() -> String {
+    format!("physical memory ({})", crate::kstat::size_words(physical_memory_bytes()))
+}
+
+/// OpenZFS's rule for zfs_arc_max (arc.c, the FreeBSD sysctl handler; Linux ignores
+/// such a value with a warning): 0 (auto), or below physical memory and above
+/// zfs_arc_min. Zilla's automatic zfs_arc_min follows zfs_arc_max down, so only an
+/// explicit zfs_arc_min bounds it.
+fn arc_max_bound(value: u64) -> Result<(), String> {
+    let min = ZFS_ARC_MIN.get();
+    if value == 0 {
+        Ok(())
+    } else if value >= physical_memory_bytes() {
+        Err(format!("{} not below the machine's {}", value_is(value), physical_memory_words()))
+    } else if min != 0 && value < min {
+        Err(format!("{} below zfs_arc_min ({})", value_is(value), crate::kstat::size_words(min)))
+    } else {
+        Ok(())
+    }
+}
+
+/// OpenZFS's rule for zfs_arc_min: 0 (auto), or at most the ARC's limit (zfs_arc_max,
+/// or its automatic value).
+fn arc_min_bound(value: u64) -> Result<(), String> {
+    let max = match ZFS_ARC_MAX.get() {
+        0 => (physical_memory_bytes() / 8).max(64 << 20),
+        v => v,
+    };
+    if value > max {
+        return Err(format!("{} above the ARC's limit zfs_arc_max ({})", value_is(value), crate::kstat::size_words(max)));
+    }
+    Ok(())
+}
+
+/// A size that must stay below the machine's RAM (zfs_arc_sys_free).
+fn below_physical_memory(value: u64) -> Result<(), String> {
+    if value >= physical_memory_bytes() {
+        return Err(format!("{} not below the machine's {}", value_is(value), physical_memory_words()));
+    }
+    Ok(())
+}
 
 const SHARDS: usize = 16;
 /// Headers an eviction round takes from one shard's list per visit (OpenZFS
@@ -1529,6 +1580,20 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         cache.evict_round();
+    }
+
+    #[test]
+    fn arc_limits_are_bounded_by_the_machine_as_openzfs_bounds_them() {
+        let ram = physical_memory_bytes();
+        let e = ZFS_ARC_MAX.check(ram).unwrap_err().to_string();
+        assert!(e.starts_with("zfs_arc_max: value ") && e.contains("is not below the machine's physical memory ("), "{e}");
+        assert!(ZFS_ARC_MAX.check(1 << 50).is_err(), "far beyond any RAM");
+        assert!(ZFS_ARC_MAX.check(0).is_ok(), "auto is always allowed");
+        assert!(ZFS_ARC_MAX.check(64 << 20).is_ok());
+        assert!(ZFS_ARC_SYS_FREE.check(ram).is_err());
+        assert!(ZFS_ARC_MIN.check(ram).unwrap_err().to_string().contains("above the ARC's limit zfs_arc_max"));
+        let e = crate::dsl_pool::ZFS_DIRTY_DATA_MAX.check(ram / 4 + (1 << 20)).unwrap_err().to_string();
+        assert!(e.contains("above 25% of the machine's physical memory"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,11 @@
 //! module reads its static directly: one relaxed atomic load, no lookup by name, so hot
 //! paths may read tunables freely. A value outside `min..=max` is refused with an error
 //! that names the range; a name lookup never panics.
+//!
+//! Where OpenZFS bounds a tunable by what the machine has (zfs_arc_max below physical
+//! memory and not below zfs_arc_min, ...), the tunable carries a `bound`: a check run on
+//! every change after the range check, refusing the value with the machine's figure
+//! named ([`Tunable::bounded`]).
 
 pub mod buckets;
 
@@ -98,6 +103,8 @@ pub struct Tunable {
     pub description: &'static str,
     /// For a mode switch: the name of each value 0, 1, ... (`set` by name or number).
     pub choices: &'static [&'static str],
+    /// A check against the machine (RAM, another tunable) run after the range check.
+    pub bound: Option<fn(u64) -> Result<(), String>>,
     value: AtomicU64,
 }
 
@@ -106,6 +113,9 @@ pub struct Tunable {
 pub enum TunableError {
     Unknown { name: String },
     OutOfRange { name: &'static str, value: u64, min: u64, max: u64, zero_is_auto: bool },
+    /// In range, but beyond what the machine allows: the bound's reason, which names
+    /// the value.
+    Refused { name: &'static str, value: u64, reason: String },
 }
 
 impl std::fmt::Display for TunableError {
@@ -116,6 +126,7 @@ impl std::fmt::Display for TunableError {
                 let auto = if *zero_is_auto { "0 (auto) or " } else { "" };
                 write!(f, "{name}: value {value} is out of range (allowed {auto}{min} to {max})")
             }
+            TunableError::Refused { name, reason, .. } => write!(f, "{name}: {reason}"),
         }
     }
 }
@@ -127,14 +138,14 @@ impl Tunable {
     /// for statics (a const panic).
     pub const fn new(name: &'static str, default: u64, min: u64, max: u64, applies: Applies, description: &'static str) -> Tunable {
         assert!(min <= default && default <= max, "tunable default outside its range");
-        Tunable { name, default, min, max, zero_is_auto: false, applies, description, choices: &[], value: AtomicU64::new(default) }
+        Tunable { name, default, min, max, zero_is_auto: false, applies, description, choices: &[], bound: None, value: AtomicU64::new(default) }
     }
 
     /// A mode switch: value i means `choices[i]`; the default is `choices[0]`.
     pub const fn new_choice(name: &'static str, choices: &'static [&'static str], applies: Applies, description: &'static str) -> Tunable {
         assert!(!choices.is_empty(), "a mode tunable needs choices");
         let max = choices.len() as u64 - 1;
-        Tunable { name, default: 0, min: 0, max, zero_is_auto: false, applies, description, choices, value: AtomicU64::new(0) }
+        Tunable { name, default: 0, min: 0, max, zero_is_auto: false, applies, description, choices, bound: None, value: AtomicU64::new(0) }
     }
 
     /// The name of the current value of a mode switch (None for a number).
@@ -151,7 +162,13 @@ impl Tunable {
     /// lie in `min..=max`.
     pub const fn new_auto(name: &'static str, min: u64, max: u64, applies: Applies, description: &'static str) -> Tunable {
         assert!(min <= max, "tunable range empty");
-        Tunable { name, default: 0, min, max, zero_is_auto: true, applies, description, choices: &[], value: AtomicU64::new(0) }
+        Tunable { name, default: 0, min, max, zero_is_auto: true, applies, description, choices: &[], bound: None, value: AtomicU64::new(0) }
+    }
+
+    /// The same tunable with a check against the machine, run on every change.
+    pub const fn bounded(mut self, bound: fn(u64) -> Result<(), String>) -> Tunable {
+        self.bound = Some(bound);
+        self
     }
 
     pub fn in_range(&self, value: u64) -> bool {
@@ -164,14 +181,43 @@ impl Tunable {
         self.value.load(Ordering::Relaxed)
     }
 
-    /// Change the value; refused (and unchanged) outside `min..=max`.
+    /// Change the value; refused (and unchanged) outside `min..=max` or its bound.
     pub fn set(&self, value: u64) -> Result<(), TunableError> {
+        self.check(value)?;
+        self.value.store(value, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether `set(value)` would be accepted, and why not.
+    pub fn check(&self, value: u64) -> Result<(), TunableError> {
         if !self.in_range(value) {
             let (name, min, max, zero_is_auto) = (self.name, self.min, self.max, self.zero_is_auto);
             return Err(TunableError::OutOfRange { name, value, min, max, zero_is_auto });
         }
-        self.value.store(value, Ordering::Relaxed);
+        if let Some(Err(reason)) = self.bound.map(|b| b(value)) {
+            return Err(TunableError::Refused { name: self.name, value, reason });
+        }
         Ok(())
+    }
+}
+
+/// A byte count as a refusal names it: "24G", "1.50G", "512M", "4096" (bytes below
+/// 1 KiB), binary units as zfs prints them.
+pub fn size_words(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["K", "M", "G", "T", "P", "E"];
+    if bytes < 1024 {
+        return bytes.to_string();
+    }
+    let mut unit = 0;
+    let mut scaled = bytes as f64 / 1024.0;
+    while scaled >= 1024.0 && unit + 1 < UNITS.len() {
+        scaled /= 1024.0;
+        unit += 1;
+    }
+    if scaled.fract() == 0.0 {
+        format!("{}{}", scaled as u64, UNITS[unit])
+    } else {
+        format!("{scaled:.2}{}", UNITS[unit])
     }
 }
 
@@ -222,6 +268,20 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_bound_refuses_in_range_values_with_its_reason() {
+        fn even(v: u64) -> Result<(), String> {
+            if v % 2 == 0 { Ok(()) } else { Err(format!("value {v} is odd")) }
+        }
+        static T: Tunable = Tunable::new("zilla_test_even", 2, 0, 10, Applies::Live, "test").bounded(even);
+        T.set(4).unwrap();
+        let e = T.set(5).unwrap_err();
+        assert_eq!(e.to_string(), "zilla_test_even: value 5 is odd");
+        assert_eq!(T.get(), 4, "a refused value leaves the tunable as it was");
+        assert!(matches!(T.set(11), Err(TunableError::OutOfRange { .. })), "the range is checked first");
+        assert_eq!((size_words(512), size_words(24 << 30), size_words(3 << 29), size_words(1 << 40)), ("512".into(), "24G".into(), "1.50G".into(), "1T".into()));
+    }
+
     #[test]
     fn a_mode_switch_is_set_by_name_or_number() {
         static MODE: Tunable = Tunable::new_choice("zilla_test_mode", &["openzfs", "legacy"], Applies::Live, "test");

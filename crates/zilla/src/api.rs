@@ -161,12 +161,22 @@ pub struct TunableRow {
     /// A mode switch's value names (value i is choices[i]); empty for a number.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub choices: Vec<String>,
+    /// Where the value came from: default, config, persistent, cmdline, temporary.
+    #[serde(default)]
+    pub source: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct TunableSet {
     pub name: String,
     pub value: u64,
+    /// Also keep it across restarts (DIR/tunables.conf; `tunable set -p`).
+    #[serde(default)]
+    pub persistent: bool,
+    /// `NAME=default`: the value a start without a persistent setting gives (`value`
+    /// is ignored); with `persistent`, the persistent setting is removed.
+    #[serde(default)]
+    pub reset: bool,
 }
 
 /// GET /v1/info: what this daemon serves.

@@ -3,7 +3,9 @@
 //! Theory of operation
 //! -------------------
 //! The file is `key = value` lines (`#` comments, values optionally in double
-//! quotes). Listen addresses given on the command line win over the file.
+//! quotes). Listen addresses given on the command line win over the file. Engine
+//! tunables are `tunable.NAME = VALUE` lines (tunables.rs says how they combine with
+//! `tunable set -p` and `serve --tunable`); contrib/zilla.conf is a commented example.
 //!
 //! Every connection costs a descriptor, and a daemon out of descriptors cannot open a
 //! device, accept an admin call or write its cache file. So at start the soft
@@ -68,7 +70,13 @@ pub struct Settings {
     pub iscsi_data_out_timeout_s: Option<u64>,
     /// Bound of the analytics history's memory (enabled datasets).
     pub analytics_memory_max_bytes: Option<u64>,
+    /// `tunable.NAME = VALUE` lines (NAME without the prefix), in file order; applied
+    /// at start by `tunables::apply_at_start`.
+    pub tunables: Vec<(String, String)>,
 }
+
+/// The prefix of a tunable's key: `tunable.zfs_arc_max = 4G`.
+pub const TUNABLE_PREFIX: &str = "tunable.";
 
 pub const KEYS: &[&str] = &[
     "nbd",
@@ -150,8 +158,13 @@ impl Settings {
                 "nbd_reply_stall_timeout_s" => s.nbd_reply_stall_timeout_s = Some(number(&k, &v, 0, 86_400)?),
                 "nbd_handshake_timeout_s" => s.nbd_handshake_timeout_s = Some(number(&k, &v, 1, 3600)?),
                 "iscsi_data_out_timeout_s" => s.iscsi_data_out_timeout_s = Some(number(&k, &v, 1, 3600)?),
+                other if other.starts_with(TUNABLE_PREFIX) => s.tunables.push((other[TUNABLE_PREFIX.len()..].to_string(), v)),
                 other => {
-                    return Err(format!("unknown setting '{}' (expected one of: {})", crate::clip::clip(other), KEYS.join(", ")))
+                    return Err(format!(
+                        "unknown setting '{}' (expected one of: {}, or tunable.NAME)",
+                        crate::clip::clip(other),
+                        KEYS.join(", ")
+                    ))
                 }
             }
         }
@@ -318,6 +331,8 @@ mod tests {
         assert_eq!(s.http_body_max_bytes, Some(65536));
         assert!(Settings::parse("garbage").is_err());
         assert!(Settings::parse("frob = 1").unwrap_err().contains("unknown setting 'frob'"));
+        let s = Settings::parse("tunable.zfs_arc_max = 4G\ntunable.zfs_write_throttle_mode = legacy\n").unwrap();
+        assert_eq!(s.tunables, vec![("zfs_arc_max".into(), "4G".into()), ("zfs_write_throttle_mode".into(), "legacy".into())]);
         assert!(Settings::parse("http_connections_max = 0").unwrap_err().contains("out of range"));
         assert_eq!(Settings::parse("iscsi_auth = none").unwrap().iscsi_auth.as_deref(), Some("none"));
         assert!(Settings::parse("iscsi_auth = off").unwrap_err().contains("not chap or none"));

@@ -714,6 +714,7 @@ async fn wait_for_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
+    crate::sd_notify::stopping("stopping: draining clients and exporting pools");
 }
 
 // ---------------------------------------------------------------------------------
@@ -1192,14 +1193,20 @@ async fn tunable_list() -> Json<Vec<TunableRow>> {
             applies: t.applies.as_str().into(),
             description: t.description.into(),
             choices: t.choices.iter().map(|c| c.to_string()).collect(),
+            source: crate::tunables::source(t.name).as_str().into(),
         })
         .collect();
     Json(rows)
 }
 
-async fn tunable_set(ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
-    zilla_core::tunables().set(&req.name, req.value).map_err(zilla_core::Error::from)?;
-    tracing::info!("tunable {} set to {}", req.name, req.value);
+async fn tunable_set(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<TunableSet>) -> ApiResult<Empty> {
+    let dir = d.state_dir.clone();
+    let value = (!req.reset).then_some(req.value);
+    let name = req.name.clone();
+    blocking(move || crate::tunables::set_live(&dir, &name, value, req.persistent).map_err(ApiError::bad)).await?;
+    let now = zilla_core::tunables().get(&req.name).unwrap_or_default();
+    let persistent = if req.persistent { ", persistent setting changed" } else { "" };
+    tracing::info!("tunable {} set to {now} ({}{persistent})", crate::clip::clip(&req.name), crate::tunables::source(&req.name).as_str());
     Ok(Json(Empty {}))
 }
 

@@ -21,11 +21,15 @@ mod http_host;
 mod http_serve;
 mod iscsi_admin;
 mod iscsi_glue;
+#[cfg(test)]
+mod manuals;
 mod nbd_glue;
 mod pools;
 mod reads;
 mod state_dir;
+mod sd_notify;
 mod status_text;
+mod tunables;
 mod units;
 mod vdev_grammar;
 mod web;
@@ -194,7 +198,8 @@ struct ServeArgs {
     /// Config file: `key = value` lines: nbd, iscsi, http (addresses; options given
     /// on the command line win), iscsi_auth, admin_group, admin_connections_max,
     /// http_connections_max, nbd_connections_max, http_header_timeout_s,
-    /// http_body_max_bytes, http_allowed_hosts, fd_reserve (see docs/cli.md)
+    /// http_body_max_bytes, http_allowed_hosts, fd_reserve, tunable.NAME (see
+    /// docs/cli.md and contrib/zilla.conf)
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Start with no pool imported (the pools of the cache file show as UNAVAIL until
@@ -202,7 +207,8 @@ struct ServeArgs {
     #[arg(long)]
     no_import: bool,
     /// Set a tunable before any pool is imported (repeatable), e.g.
-    /// `--tunable zil_replay_disable=1`: for those read at import
+    /// `--tunable zil_replay_disable=1`: for those read at import; wins over the
+    /// config file and `tunable set -p`
     #[arg(long = "tunable", value_name = "NAME=VALUE")]
     tunables: Vec<String>,
     /// iSCSI logins to a target without a CHAP user: `chap` (the default) refuses them
@@ -430,14 +436,29 @@ enum VolumeCmd {
 
 #[derive(Subcommand)]
 enum TunableCmd {
-    /// Show one tunable or all
+    /// Show one tunable or all: NAME VALUE DEFAULT SOURCE RANGE APPLIES (sizes as 4G),
+    /// with each description under its row for one NAME or with -v
     Get {
+        /// Scripted: no header, tab-separated, the description last
         #[arg(short = 'H')]
         scripted: bool,
+        /// Exact numbers
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Descriptions under every row
+        #[arg(short = 'v')]
+        verbose: bool,
         name: Option<String>,
     },
-    /// Set NAME=VALUE (sizes like 1G accepted)
-    Set { assignment: String },
+    /// Set NAME=VALUE (sizes like 1G accepted; NAME=default: the config file's value or
+    /// the built-in default); the change is lost at restart unless -p
+    Set {
+        /// Persistent: also keep it across restarts (in DIR/tunables.conf; with
+        /// NAME=default, remove it from there)
+        #[arg(short = 'p')]
+        persistent: bool,
+        assignment: String,
+    },
 }
 
 /// Exit with one line on stderr (zpool's multi-line refusal of a vdev specification
@@ -644,18 +665,13 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
             }
         }
     }
-    for a in &args.tunables {
-        let set = parse_assignment(a).and_then(|(name, v)| {
-            let value = units::parse_size(&v).map_err(|_| format!("bad value '{v}': expected a number"))?;
-            zilla_core::tunables().set(&name, value).map_err(|e| format!("cannot set tunable '{name}': {e}"))
-        });
-        if let Err(e) = set {
-            die(format!("--tunable {a}: {e}"));
-        }
-    }
     let iscsi_auth_from_file = settings.iscsi_auth.clone();
     let l = listen_opts(&listen);
     let lock = daemon::lock_state_dir(&state_dir, &settings).unwrap_or_else(|e| die(format!("{e:#}")));
+    let config_path = args.config.clone().unwrap_or_default();
+    if let Err(e) = tunables::apply_at_start(&config_path, &settings.tunables, &lock.dir, &args.tunables) {
+        die(e);
+    }
     let opts = daemon::ServeOpts {
         nbd: l.nbd,
         iscsi: l.iscsi,
@@ -665,7 +681,9 @@ fn serve(state_dir: PathBuf, args: ServeArgs) {
         iscsi_unauthenticated: args.iscsi_auth.as_deref().or(iscsi_auth_from_file.as_deref()) == Some("none"),
     };
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| die(format!("cannot start runtime: {e}")));
-    if let Err(e) = rt.block_on(daemon::run(opts, lock, vec![], |_| {})) {
+    // a service manager (Type=notify) hears when the daemon serves (sd_notify.rs)
+    let ready = |info: &api::DaemonInfo| sd_notify::ready(&format!("serving {}", info.state_dir));
+    if let Err(e) = rt.block_on(daemon::run(opts, lock, vec![], ready)) {
         die(format!("{e:#}"));
     }
     // Engine threads blocked in I/O must not keep a stopped daemon alive.
@@ -1263,7 +1281,7 @@ async fn volume_cmd(c: &Client, cmd: VolumeCmd) -> Result<(), String> {
 
 async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
     match cmd {
-        TunableCmd::Get { scripted, name } => {
+        TunableCmd::Get { scripted, parsable, verbose, name } => {
             let mut rows: Vec<TunableRow> = c.get("/v1/tunables").await?;
             if let Some(n) = &name {
                 rows.retain(|r| &r.name == n);
@@ -1271,31 +1289,19 @@ async fn tunable_cmd(c: &Client, cmd: TunableCmd) -> Result<(), String> {
                     return Err(format!("unknown tunable '{n}'"));
                 }
             }
-            let cells: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| {
-                    let auto = if r.zero_is_auto { "0," } else { "" };
-                    let named = |v: u64| r.choices.get(v as usize).cloned().unwrap_or_else(|| v.to_string());
-                    let range = if r.choices.is_empty() { format!("{auto}{}..{}", r.min, r.max) } else { r.choices.join("|") };
-                    vec![r.name.clone(), named(r.value), named(r.default), range, r.applies.clone(), r.description.clone()]
-                })
-                .collect();
-            use format::Align::*;
-            let headers = ["NAME", "VALUE", "DEFAULT", "RANGE", "APPLIES", "DESCRIPTION"];
-            print!("{}", format::table(&headers, &[Left, Right, Right, Left, Left, Left], &cells, scripted));
+            print!("{}", tunables::listing(&rows, scripted, parsable, verbose || name.is_some()));
         }
-        TunableCmd::Set { assignment } => {
+        TunableCmd::Set { persistent, assignment } => {
             let (name, v) = parse_assignment(&assignment)?;
             let err = ctx(format!("cannot set tunable '{name}'"));
-            let rows: Vec<TunableRow> = c.get("/v1/tunables").await.map_err(ctx(format!("cannot set tunable '{name}'")))?;
-            let choices = rows.iter().find(|r| r.name == name).map(|r| r.choices.clone()).unwrap_or_default();
-            let value = match (choices.iter().position(|c| *c == v), units::parse_size(&v)) {
-                (Some(i), _) => i as u64,
-                (None, Ok(n)) => n,
-                (None, Err(_)) if !choices.is_empty() => return Err(err(format!("bad value '{v}': expected one of {}", choices.join(", ")))),
-                (None, Err(_)) => return Err(err(format!("bad value '{v}': expected a number (size suffixes K, M, G allowed)"))),
+            let reset = v == "default";
+            let value = match zilla_core::tunables().find(&name) {
+                Some(_) if reset => 0,
+                Some(t) => tunables::parse_value(t, &v).map_err(ctx(format!("cannot set tunable '{name}'")))?,
+                None => return Err(err(format!("unknown tunable '{}'", clip::clip(&name)))),
             };
-            let _: Empty = c.post("/v1/tunables", &TunableSet { name: name.clone(), value }).await.map_err(err)?;
+            let req = TunableSet { name: name.clone(), value, persistent, reset };
+            let _: Empty = c.post("/v1/tunables", &req).await.map_err(err)?;
         }
     }
     Ok(())
@@ -1442,6 +1448,18 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// The checked-in man pages and completions match the CLI definition (manuals.rs).
+    #[test]
+    fn manuals_are_current() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let generated = manuals::generate(Cli::command()).unwrap();
+        if std::env::var_os("ZILLA_REGENERATE_MANUALS").is_some() {
+            manuals::write(&root, &generated).unwrap();
+        }
+        let stale = manuals::stale(&root, &generated);
+        assert!(stale.is_empty(), "man pages or completions are stale:\n  {}\nregenerate them with:\n  {}", stale.join("\n  "), manuals::REGENERATE);
     }
 
     #[test]

@@ -90,7 +90,20 @@ use crate::vdev::queue::DirtyGauge;
 use crate::Txg;
 
 pub static ZFS_DIRTY_DATA_MAX: Tunable =
-    Tunable::new_auto("zfs_dirty_data_max", 1 << 20, 1 << 44, Applies::Live, "dirty data limit in bytes; 0 = auto: min(10% of RAM, 4 GiB) (dsl_pool.c)");
+    Tunable::new_auto("zfs_dirty_data_max", 1 << 20, 1 << 44, Applies::Live, "dirty data limit in bytes; 0 = auto: min(10% of RAM, 4 GiB) (dsl_pool.c); at most 25% of RAM (zfs_dirty_data_max_max)")
+        .bounded(dirty_data_max_bound);
+
+/// OpenZFS caps zfs_dirty_data_max at zfs_dirty_data_max_max, 25% of physical memory
+/// (zfs_dirty_data_max_max_percent): dirty data beyond it would hold a quarter of the
+/// machine in buffers a sync has not yet written.
+fn dirty_data_max_bound(value: u64) -> Result<(), String> {
+    let ram = crate::arc::physical_memory_bytes();
+    if value > ram / 4 {
+        let words = crate::kstat::size_words;
+        return Err(format!("value {} is above 25% of the machine's physical memory ({} of {})", words(value), words(ram / 4), words(ram)));
+    }
+    Ok(())
+}
 pub static ZFS_DIRTY_DATA_SYNC_PERCENT: Tunable =
     Tunable::new("zfs_dirty_data_sync_percent", 20, 1, 100, Applies::Live, "open-txg dirty percent of max that starts a sync (dsl_pool.c)");
 pub static ZFS_DELAY_MIN_DIRTY_PERCENT: Tunable =
