@@ -31,6 +31,15 @@
 //!   overhead_max  = front-end budget + reply-pool cap + 192 MiB + 128 KiB x connections
 //! ```
 //!
+//! Giving memory back. Block buffers live in the slab's own mappings (vdev/abd.rs), so
+//! a chunk the slab releases leaves RSS at once. The rest of the heap (engine buffers,
+//! trees, queues) is glibc's, in one arena (main.rs), and glibc returns only the top of
+//! its heap when memory is freed: free pages below a live allocation stay resident.
+//! Every [`HEAP_RETURN_INTERVAL`] a thread asks glibc to return the free pages of its
+//! heap (`malloc_trim`) once at least [`HEAP_RETURN_MIN_BYTES`] of it are free, so
+//! memory freed after a burst of writes, a scrub or a resilver goes back to the system
+//! within that interval even when nothing else runs.
+//!
 //! Every term is a number the daemon already has; RSS is read from /proc/self/statm.
 //! Memory the allocator keeps after dirty data or the ARC shrank stays in RSS and so
 //! shows as overhead until it is reused or returned: an overhead above `overhead_max`
@@ -38,6 +47,46 @@
 //! bound is on RSS), but it is the number to watch.
 
 use crate::pools::PoolTable;
+use std::time::Duration;
+
+/// How often the daemon returns the allocator's free heap pages to the system.
+pub const HEAP_RETURN_INTERVAL: Duration = Duration::from_secs(5);
+/// The allocator's free bytes below which nothing is returned (not worth a heap walk).
+pub const HEAP_RETURN_MIN_BYTES: u64 = 4 << 20;
+
+/// Start the thread that returns the allocator's free heap pages (module comment).
+pub fn spawn_heap_returner() {
+    let spawned = std::thread::Builder::new().name("zilla-heap-return".into()).spawn(|| loop {
+        std::thread::sleep(HEAP_RETURN_INTERVAL);
+        return_free_heap();
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the thread that returns free memory: {e}");
+    }
+}
+
+/// Return the allocator's free heap pages to the system if it holds at least
+/// [`HEAP_RETURN_MIN_BYTES`] free; returns the bytes the RSS fell by.
+pub fn return_free_heap() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 and malloc_trim only read and adjust the allocator's own state.
+        let free = unsafe { libc::mallinfo2() }.fordblks as u64;
+        if free < HEAP_RETURN_MIN_BYTES {
+            return 0;
+        }
+        let before = rss_bytes();
+        // SAFETY: as above.
+        unsafe { libc::malloc_trim(0) };
+        let returned = before.saturating_sub(rss_bytes());
+        if returned >= HEAP_RETURN_MIN_BYTES {
+            tracing::debug!(returned_bytes = returned, heap_free_bytes = free, "returned free heap memory to the system");
+        }
+        returned
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    0
+}
 
 /// The fixed term of the memory bound (design.md §5).
 pub const FIXED_OVERHEAD_BYTES: u64 = 192 << 20;

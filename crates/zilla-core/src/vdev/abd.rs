@@ -16,7 +16,7 @@
 //!   size classes:  4 KiB steps up to 128 KiB (32 classes: 4K 8K 12K ... 128K),
 //!                  then powers of two 256 KiB ... 16 MiB (7 classes);
 //!                  larger or more strictly aligned buffers: one allocation each
-//!   chunk:         one allocation (zeroed, 4096-aligned) of max(1, 256 KiB / class)
+//!   chunk:         one anonymous mapping (zeroed, page-aligned) of max(1, 256 KiB / class)
 //!                  slots of one class; a buffer is a slot
 //!   class state:   its chunks, each with its free slots; the chunks with a free slot
 //!                  (LIFO: the most recently freed slot is the warmest)
@@ -38,6 +38,17 @@
 //! only while the slab fits its users' budget ([`set_budget_fn`]: ARC max + dirty data
 //! max): past it a chunk that comes free goes back at once, and a new chunk first
 //! releases whole free chunks of other classes. [`stats`] feeds the memory report.
+//!
+//! Memory from the kernel. Each chunk (and each oversized buffer) is an anonymous
+//! mapping of its own, unmapped when it is released: the pages go back to the system at
+//! once. Chunks taken from the allocator instead (as they once were) went back to it
+//! when released, and the allocator kept them: 256 KiB blocks carved from its heap
+//! among small allocations cannot be returned while one neighbour lives, and glibc
+//! raises its mapping threshold past 256 KiB after the first such free. A daemon that
+//! had written 1 GiB and scrubbed it held 290 MiB that no cache or pool accounted for
+//! (`zilla_overhead_other_bytes`), and 2 GiB after heavier days. A mapping the kernel
+//! refuses (vm.max_map_count) falls back to the allocator. The kernel merges adjacent
+//! mappings, so a slab of many chunks costs few map entries.
 //!
 //! Bytes `[0, len)` are always initialised: chunks are allocated zeroed and a reused
 //! slot holds the bytes of its previous buffer; [`AlignedBuf::zeroed`] clears them,
@@ -96,6 +107,7 @@ fn class_of(len: usize) -> Option<usize> {
 struct Chunk {
     base: NonNull<u8>,
     layout: Layout,
+    backing: Backing,
     /// Free slot indexes (LIFO).
     free: Vec<u32>,
     in_partial: bool,
@@ -273,9 +285,53 @@ fn release_chunk(s: &Slab, st: &mut ClassState, id: u32) -> u64 {
     let bytes = chunk.layout.size() as u64;
     s.idle_bytes.fetch_sub(bytes, Ordering::Relaxed);
     s.chunk_bytes.fetch_sub(bytes, Ordering::Relaxed);
-    // SAFETY: the chunk was allocated with this layout and no slot of it is in use.
-    unsafe { std::alloc::dealloc(chunk.base.as_ptr(), chunk.layout) };
+    // SAFETY: the chunk came from alloc_pages with this layout; no slot of it is in use.
+    unsafe { free_pages(chunk.base, chunk.layout, chunk.backing) };
     bytes
+}
+
+/// Where a chunk's or an oversized buffer's memory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// Its own anonymous mapping: zero pages from the kernel, unmapped when freed.
+    Mapped,
+    /// The allocator (alignment above a page, or the mapping was refused).
+    Heap,
+}
+
+/// Zeroed memory for `layout`: an anonymous mapping of its own where the alignment
+/// allows (module comment, "Memory from the kernel"), else the allocator.
+fn alloc_pages(layout: Layout) -> (NonNull<u8>, Backing) {
+    if layout.align() <= ALIGN {
+        // SAFETY: an anonymous private mapping of a non-zero length, no fixed address.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), layout.size(), libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if p != libc::MAP_FAILED {
+            if let Some(p) = NonNull::new(p.cast::<u8>()) {
+                return (p, Backing::Mapped);
+            }
+        }
+        // out of mappings (vm.max_map_count): the allocator still serves
+    }
+    // SAFETY: the layout has a non-zero size.
+    let p = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+    (p, Backing::Heap)
+}
+
+/// Give back memory from [`alloc_pages`].
+///
+/// # Safety
+/// `ptr` came from `alloc_pages(layout)` with `backing`, and nothing uses it any more.
+unsafe fn free_pages(ptr: NonNull<u8>, layout: Layout, backing: Backing) {
+    match backing {
+        // SAFETY (both arms): the caller's contract.
+        Backing::Mapped => unsafe {
+            let rc = libc::munmap(ptr.as_ptr().cast(), layout.size());
+            debug_assert_eq!(rc, 0, "munmap of a slab mapping failed");
+        },
+        Backing::Heap => unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) },
+    }
 }
 
 /// Take a slot of class `class`: (address, chunk id, slot index).
@@ -304,9 +360,8 @@ fn take_slot(s: &Slab, class: usize) -> (NonNull<u8>, u32, u32) {
 fn new_chunk(s: &Slab, st: &mut ClassState) {
     let bytes = st.slot_bytes * st.slots_per_chunk as usize;
     let layout = Layout::from_size_align(bytes, ALIGN).expect("a chunk layout");
-    // SAFETY: the layout has a non-zero size.
-    let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-    let chunk = Chunk { base, layout, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true, all_free_since: None };
+    let (base, backing) = alloc_pages(layout);
+    let chunk = Chunk { base, layout, backing, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true, all_free_since: None };
     let id = match st.released_ids.pop() {
         Some(id) => {
             st.chunks[id as usize] = Some(chunk);
@@ -360,7 +415,7 @@ enum Home {
     /// A slot of the slab.
     Slab { class: u8, chunk: u32, slot: u32 },
     /// Its own allocation (too large or too strictly aligned for the slab).
-    Own(Layout),
+    Own(Layout, Backing),
 }
 
 /// A byte buffer whose start is aligned (default [`ALIGN`]) and whose capacity is fixed.
@@ -391,12 +446,11 @@ impl AlignedBuf {
             }
             _ => {
                 let layout = Layout::from_size_align(len, align.max(ALIGN)).expect("a buffer layout");
-                // SAFETY: the layout has a non-zero size.
-                let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+                let (ptr, backing) = alloc_pages(layout);
                 let s = slab();
                 s.in_use_bytes.fetch_add(len as u64, Ordering::Relaxed);
                 s.oversized_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                AlignedBuf { ptr, len, cap: len, home: Home::Own(layout) }
+                AlignedBuf { ptr, len, cap: len, home: Home::Own(layout, backing) }
             }
         }
     }
@@ -482,12 +536,12 @@ impl Drop for AlignedBuf {
         match self.home {
             Home::Empty => {}
             Home::Slab { class, chunk, slot } => give_slot(slab(), class as usize, chunk, slot),
-            Home::Own(layout) => {
+            Home::Own(layout, backing) => {
                 let s = slab();
                 s.in_use_bytes.fetch_sub(self.cap as u64, Ordering::Relaxed);
                 s.oversized_bytes.fetch_sub(self.cap as u64, Ordering::Relaxed);
-                // SAFETY: allocated with this layout in `raw`, dropped once.
-                unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+                // SAFETY: allocated by alloc_pages with this layout in `raw`, dropped once.
+                unsafe { free_pages(self.ptr, layout, backing) };
             }
         }
     }
