@@ -29,13 +29,18 @@
 //!                   intent-log itxs), thread stacks, and freed memory the allocator
 //!                   keeps (<= the fixed term)
 //!   overhead_max  = front-end budget + reply-pool cap + 192 MiB + 128 KiB x connections
+//!   frontend_max, reply_pool_max, block_buffers_max
+//!                 = each pool's own bound: the front-end budget, the reply-pool cap,
+//!                   min(1 GiB, ARC max + dirty max) of whole free slab chunks
 //! ```
 //!
 //! Giving memory back. Block buffers live in the slab's own mappings (vdev/abd.rs), so
 //! a chunk the slab releases leaves RSS at once. The rest of the heap (engine buffers,
 //! trees, queues) is glibc's, in one arena (main.rs), and glibc returns only the top of
 //! its heap when memory is freed: free pages below a live allocation stay resident.
-//! Every [`HEAP_RETURN_INTERVAL`] a thread asks glibc to return the free pages of its
+//! Every [`HEAP_RETURN_INTERVAL`] a thread gives the slab's whole free chunks that have
+//! waited out their 30 s back (a pool with nothing dirty syncs no txg that would), and
+//! asks glibc to return the free pages of its
 //! heap (`malloc_trim`) once at least [`HEAP_RETURN_MIN_BYTES`] of it are free, so
 //! memory freed after a burst of writes, a scrub or a resilver goes back to the system
 //! within that interval even when nothing else runs.
@@ -58,6 +63,9 @@ pub const HEAP_RETURN_MIN_BYTES: u64 = 4 << 20;
 pub fn spawn_heap_returner() {
     let spawned = std::thread::Builder::new().name("zilla-heap-return".into()).spawn(|| loop {
         std::thread::sleep(HEAP_RETURN_INTERVAL);
+        // whole free slab chunks past their 30 s (a pool with nothing dirty may not
+        // sync a txg that would trim them), on the clock the daemon's pools use
+        zilla_core::vdev::abd::trim(zilla_core::env::real().now_ns());
         return_free_heap();
     });
     if let Err(e) = spawned {
@@ -104,6 +112,8 @@ pub struct MemoryInputs {
     pub reply_pool: u64,
     pub reply_pool_cap: u64,
     pub block_buffers_idle: u64,
+    /// ARC max + dirty data max: the slab keeps whole free chunks only within it.
+    pub arc_plus_dirty_max: u64,
     pub connections: u64,
 }
 
@@ -117,6 +127,12 @@ pub struct MemoryReport {
     pub block_buffers_idle: u64,
     pub other: u64,
     pub overhead_max: u64,
+    /// The bounds of the parts that are pools or caches: the front-end budget, the
+    /// reply-pool cap, and what the slab keeps of whole free chunks (min(1 GiB,
+    /// ARC max + dirty max), returned 30 s after their last use).
+    pub frontend_max: u64,
+    pub reply_pool_max: u64,
+    pub block_buffers_max: u64,
 }
 
 pub fn report(i: MemoryInputs) -> MemoryReport {
@@ -129,6 +145,9 @@ pub fn report(i: MemoryInputs) -> MemoryReport {
         block_buffers_idle: i.block_buffers_idle,
         other: overhead.saturating_sub(i.frontend_in_use).saturating_sub(i.reply_pool).saturating_sub(i.block_buffers_idle),
         overhead_max: i.frontend_budget + i.reply_pool_cap + FIXED_OVERHEAD_BYTES + i.connections * PER_CONNECTION_BYTES,
+        frontend_max: i.frontend_budget,
+        reply_pool_max: i.reply_pool_cap,
+        block_buffers_max: zilla_core::vdev::abd::IDLE_MAX_BYTES.min(i.arc_plus_dirty_max),
     }
 }
 
@@ -152,6 +171,7 @@ pub fn measure(pools: &PoolTable, frontend: &zilla_frontend::FrontendStats, conn
         reply_pool: frontend.buffers.pooled_bytes,
         reply_pool_cap: frontend.buffers.bytes_max,
         block_buffers_idle: zilla_core::vdev::abd::stats().idle_bytes,
+        arc_plus_dirty_max: zilla_core::arc::daemon_arc().c_max() + zilla_core::dsl_pool::dirty_data_max(),
         connections,
     })
 }
@@ -167,7 +187,7 @@ pub fn rss_bytes() -> u64 {
 
 impl MemoryReport {
     /// The `/v1/arcstats` keys (Zilla names, next to the arcstats kstat names).
-    pub fn kstats(&self) -> [(&'static str, u64); 7] {
+    pub fn kstats(&self) -> [(&'static str, u64); 10] {
         [
             ("zilla_rss_bytes", self.rss),
             ("zilla_overhead_bytes", self.overhead),
@@ -176,6 +196,9 @@ impl MemoryReport {
             ("zilla_overhead_block_buffers_bytes", self.block_buffers_idle),
             ("zilla_overhead_other_bytes", self.other),
             ("zilla_overhead_max_bytes", self.overhead_max),
+            ("zilla_overhead_frontend_max_bytes", self.frontend_max),
+            ("zilla_overhead_reply_pool_max_bytes", self.reply_pool_max),
+            ("zilla_overhead_block_buffers_max_bytes", self.block_buffers_max),
         ]
     }
 }
@@ -195,12 +218,17 @@ mod tests {
             reply_pool: 6 << 20,
             reply_pool_cap: 32 << 20,
             block_buffers_idle: 3 << 20,
+            arc_plus_dirty_max: 512 << 20,
             connections: 4,
         };
         let r = report(i);
         assert_eq!(r.overhead, 336 << 20);
         assert_eq!(r.frontend + r.reply_pool + r.block_buffers_idle + r.other, r.overhead);
         assert_eq!(r.overhead_max, (256 << 20) + (32 << 20) + (192 << 20) + 4 * (128 << 10));
+        // every pool's bound is named: the slab keeps whole free chunks within ARC max +
+        // dirty max, and never more than 1 GiB
+        assert_eq!((r.frontend_max, r.reply_pool_max, r.block_buffers_max), (256 << 20, 32 << 20, 512 << 20));
+        assert_eq!(report(MemoryInputs { arc_plus_dirty_max: 8 << 30, ..i }).block_buffers_max, 1 << 30);
         // more ARC and dirty than RSS (pages not touched yet): no underflow
         assert_eq!(report(MemoryInputs { rss: 10, arc_size: 64, dirty: 5, ..i }).overhead, 0);
     }
