@@ -39,8 +39,10 @@
 //! trees, queues) is glibc's, in one arena (main.rs), and glibc returns only the top of
 //! its heap when memory is freed: free pages below a live allocation stay resident.
 //! Every [`HEAP_RETURN_INTERVAL`] a thread gives the slab's whole free chunks that have
-//! waited out their 30 s back (a pool with nothing dirty syncs no txg that would), and
-//! asks glibc to return the free pages of its
+//! waited out their 30 s back (a pool with nothing dirty syncs no txg that would), once
+//! the slab has not changed for 30 s the pages of its free slots in chunks still partly
+//! in use (a cached block pins its chunk: 186 MiB of such slots after the soak's
+//! scrubs and resilvers with a 64 MiB ARC), and asks glibc to return the free pages of its
 //! heap (`malloc_trim`) once at least [`HEAP_RETURN_MIN_BYTES`] of it are free, so
 //! memory freed after a burst of writes, a scrub or a resilver goes back to the system
 //! within that interval even when nothing else runs.
@@ -59,14 +61,32 @@ pub const HEAP_RETURN_INTERVAL: Duration = Duration::from_secs(5);
 /// The allocator's free bytes below which nothing is returned (not worth a heap walk).
 pub const HEAP_RETURN_MIN_BYTES: u64 = 4 << 20;
 
+/// Ticks of [`HEAP_RETURN_INTERVAL`] with the block-buffer slab unchanged (30 s) after
+/// which the pages of its free slots are given back.
+const SLAB_QUIET_TICKS: u32 = 6;
+
 /// Start the thread that returns the allocator's free heap pages (module comment).
 pub fn spawn_heap_returner() {
-    let spawned = std::thread::Builder::new().name("zilla-heap-return".into()).spawn(|| loop {
-        std::thread::sleep(HEAP_RETURN_INTERVAL);
-        // whole free slab chunks past their 30 s (a pool with nothing dirty may not
-        // sync a txg that would trim them), on the clock the daemon's pools use
-        zilla_core::vdev::abd::trim(zilla_core::env::real().now_ns());
-        return_free_heap();
+    let spawned = std::thread::Builder::new().name("zilla-heap-return".into()).spawn(|| {
+        let (mut last, mut quiet_ticks) = (zilla_core::vdev::abd::stats(), 0u32);
+        loop {
+            std::thread::sleep(HEAP_RETURN_INTERVAL);
+            // whole free slab chunks past their 30 s (a pool with nothing dirty may not
+            // sync a txg that would trim them), on the clock the daemon's pools use
+            zilla_core::vdev::abd::trim(zilla_core::env::real().now_ns());
+            let now = zilla_core::vdev::abd::stats();
+            if (now.in_use_bytes, now.chunk_bytes) == (last.in_use_bytes, last.chunk_bytes) {
+                quiet_ticks += 1;
+            } else {
+                (last, quiet_ticks) = (now, 0);
+            }
+            // the slab unchanged for SLAB_QUIET: the free slots of chunks the ARC
+            // still holds a block of go back too, once
+            if quiet_ticks == SLAB_QUIET_TICKS {
+                zilla_core::vdev::abd::release_free_slots();
+            }
+            return_free_heap();
+        }
     });
     if let Err(e) = spawned {
         tracing::warn!("cannot start the thread that returns free memory: {e}");
@@ -170,7 +190,7 @@ pub fn measure(pools: &PoolTable, frontend: &zilla_frontend::FrontendStats, conn
         frontend_in_use: frontend.memory.in_use,
         reply_pool: frontend.buffers.pooled_bytes,
         reply_pool_cap: frontend.buffers.bytes_max,
-        block_buffers_idle: zilla_core::vdev::abd::stats().idle_bytes,
+        block_buffers_idle: { let st = zilla_core::vdev::abd::stats(); st.idle_bytes.saturating_sub(st.released_bytes) },
         arc_plus_dirty_max: zilla_core::arc::daemon_arc().c_max() + zilla_core::dsl_pool::dirty_data_max(),
         connections,
     })

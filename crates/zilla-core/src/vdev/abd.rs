@@ -111,6 +111,9 @@ struct Chunk {
     /// Free slot indexes (LIFO).
     free: Vec<u32>,
     in_partial: bool,
+    /// Bytes of its free slots whose pages [`release_free_slots`] gave back (0 once a
+    /// slot of it is taken again).
+    released_bytes: u64,
     /// When its last slot in use was freed, as the slab's trim clock then read (None
     /// while a slot is in use).
     all_free_since: Option<u64>,
@@ -140,6 +143,8 @@ struct Slab {
     in_use_bytes: AtomicU64,
     /// Bytes of oversized buffers in use.
     oversized_bytes: AtomicU64,
+    /// Bytes of free slots whose pages were given back (counted in `idle_bytes` too).
+    released_bytes: AtomicU64,
     /// Whole free chunks are released beyond this many idle bytes.
     idle_max_bytes: u64,
     /// What the slab's users may hold together ([`set_budget_fn`]): whole free chunks
@@ -210,6 +215,7 @@ impl Slab {
         chunk_bytes: AtomicU64::new(0),
         in_use_bytes: AtomicU64::new(0),
         oversized_bytes: AtomicU64::new(0),
+        released_bytes: AtomicU64::new(0),
         trim_clock_ns: AtomicU64::new(0),
         }
     }
@@ -226,6 +232,8 @@ pub struct SlabStats {
     pub chunk_bytes: u64,
     /// Bytes of buffers too large for the slab, in use.
     pub oversized_bytes: u64,
+    /// Bytes of free slots (of `idle_bytes`) whose pages went back to the system.
+    pub released_bytes: u64,
 }
 
 pub fn stats() -> SlabStats {
@@ -238,6 +246,7 @@ fn stats_of(s: &Slab) -> SlabStats {
         idle_bytes: s.idle_bytes.load(Ordering::Relaxed),
         chunk_bytes: s.chunk_bytes.load(Ordering::Relaxed),
         oversized_bytes: s.oversized_bytes.load(Ordering::Relaxed),
+        released_bytes: s.released_bytes.load(Ordering::Relaxed),
     }
 }
 
@@ -252,6 +261,46 @@ pub fn trim(now_ns: u64) -> u64 {
 pub fn trim_now() -> u64 {
     let s = slab();
     trim_slab(s, s.trim_clock_ns.load(Ordering::Relaxed), Duration::ZERO)
+}
+
+/// The system's page size.
+fn page_bytes() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(usize::MAX)
+}
+
+/// Give the pages of every free slot of the slab's mapped chunks back to the system
+/// (`MADV_DONTNEED`; a slot's pages read as zeros when touched again, so its bytes stay
+/// initialised): for a daemon that has been idle, whose cached blocks keep chunks
+/// partly in use. Returns the bytes newly given back.
+pub fn release_free_slots() -> u64 {
+    let s = slab();
+    let mut released = 0;
+    for class in &s.classes {
+        let mut st = class.lock();
+        let slot_bytes = st.slot_bytes;
+        let ids: Vec<u32> = st.partial.clone();
+        for id in ids {
+            let Some(chunk) = st.chunks[id as usize].as_mut() else { continue };
+            // a page larger than a slot could hold a slot in use: leave such chunks
+            if chunk.backing != Backing::Mapped || chunk.released_bytes > 0 || slot_bytes % page_bytes() != 0 {
+                continue;
+            }
+            let mut free = chunk.free.clone();
+            free.sort_unstable();
+            for run in free.chunk_by(|a, b| b == &(a + 1)) {
+                // SAFETY: the run's slots are free (no buffer refers to them) and inside
+                // the chunk's mapping; DONTNEED on private anonymous memory only drops pages.
+                unsafe {
+                    libc::madvise(chunk.base.as_ptr().add(run[0] as usize * slot_bytes).cast(), run.len() * slot_bytes, libc::MADV_DONTNEED);
+                }
+            }
+            chunk.released_bytes = (free.len() * slot_bytes) as u64;
+            released += chunk.released_bytes;
+        }
+    }
+    s.released_bytes.fetch_add(released, Ordering::Relaxed);
+    released
 }
 
 /// Release the chunks of `s` all free since before `now_ns - idle_for`.
@@ -285,6 +334,7 @@ fn release_chunk(s: &Slab, st: &mut ClassState, id: u32) -> u64 {
     let bytes = chunk.layout.size() as u64;
     s.idle_bytes.fetch_sub(bytes, Ordering::Relaxed);
     s.chunk_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    s.released_bytes.fetch_sub(chunk.released_bytes, Ordering::Relaxed);
     // SAFETY: the chunk came from alloc_pages with this layout; no slot of it is in use.
     unsafe { free_pages(chunk.base, chunk.layout, chunk.backing) };
     bytes
@@ -345,6 +395,10 @@ fn take_slot(s: &Slab, class: usize) -> (NonNull<u8>, u32, u32) {
     let chunk = st.chunks[id as usize].as_mut().expect("a partial chunk is live");
     let slot = chunk.free.pop().expect("a partial chunk has a free slot");
     chunk.all_free_since = None;
+    if chunk.released_bytes > 0 {
+        // its pages come back as they are touched: count them resident again
+        s.released_bytes.fetch_sub(std::mem::take(&mut chunk.released_bytes), Ordering::Relaxed);
+    }
     let now_full = chunk.free.is_empty();
     // SAFETY: slot < slots_per_chunk, so the address is inside the chunk's allocation.
     let ptr = unsafe { NonNull::new_unchecked(chunk.base.as_ptr().add(slot as usize * slot_bytes)) };
@@ -361,7 +415,7 @@ fn new_chunk(s: &Slab, st: &mut ClassState) {
     let bytes = st.slot_bytes * st.slots_per_chunk as usize;
     let layout = Layout::from_size_align(bytes, ALIGN).expect("a chunk layout");
     let (base, backing) = alloc_pages(layout);
-    let chunk = Chunk { base, layout, backing, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true, all_free_since: None };
+    let chunk = Chunk { base, layout, backing, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true, released_bytes: 0, all_free_since: None };
     let id = match st.released_ids.pop() {
         Some(id) => {
             st.chunks[id as usize] = Some(chunk);
