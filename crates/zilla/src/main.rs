@@ -648,6 +648,7 @@ fn limit_malloc_arenas() {
 fn serve(state_dir: PathBuf, args: ServeArgs) {
     limit_malloc_arenas();
     init_tracing();
+    memory::spawn_heap_returner();
     stop_on_broken_invariant();
     let mut listen = args.listen.clone();
     let mut settings = config::Settings::default();

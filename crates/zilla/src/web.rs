@@ -602,6 +602,9 @@ fn register_memory(reg: &mut Registry, m: &crate::memory::MemoryReport) {
     gauge(reg, "zilla_memory_overhead_block_buffers_bytes", "Overhead part: free block buffers the slab keeps for reuse", m.block_buffers_idle);
     gauge(reg, "zilla_memory_overhead_other_bytes", "Overhead part: engine buffers, thread stacks, memory the allocator keeps", m.other);
     gauge(reg, "zilla_memory_overhead_max_bytes", "Bound of the overhead: front-end budget + reply-pool cap + 192 MiB + 128 KiB per NBD connection", m.overhead_max);
+    gauge(reg, "zilla_memory_overhead_frontend_max_bytes", "Bound of the front-end part: the front-end memory budget", m.frontend_max);
+    gauge(reg, "zilla_memory_overhead_reply_pool_max_bytes", "Bound of the reply-pool part: the reply-buffer pool cap", m.reply_pool_max);
+    gauge(reg, "zilla_memory_overhead_block_buffers_max_bytes", "Bound of the whole free chunks the block-buffer slab keeps: min(1 GiB, ARC max + dirty max)", m.block_buffers_max);
 }
 
 /// node_exporter's ZFS collector names for the ARC: one gauge `node_zfs_arc_<name>` per

@@ -16,7 +16,7 @@
 //!   size classes:  4 KiB steps up to 128 KiB (32 classes: 4K 8K 12K ... 128K),
 //!                  then powers of two 256 KiB ... 16 MiB (7 classes);
 //!                  larger or more strictly aligned buffers: one allocation each
-//!   chunk:         one allocation (zeroed, 4096-aligned) of max(1, 256 KiB / class)
+//!   chunk:         one anonymous mapping (zeroed, page-aligned) of max(1, 256 KiB / class)
 //!                  slots of one class; a buffer is a slot
 //!   class state:   its chunks, each with its free slots; the chunks with a free slot
 //!                  (LIFO: the most recently freed slot is the warmest)
@@ -38,6 +38,17 @@
 //! only while the slab fits its users' budget ([`set_budget_fn`]: ARC max + dirty data
 //! max): past it a chunk that comes free goes back at once, and a new chunk first
 //! releases whole free chunks of other classes. [`stats`] feeds the memory report.
+//!
+//! Memory from the kernel. Each chunk (and each oversized buffer) is an anonymous
+//! mapping of its own, unmapped when it is released: the pages go back to the system at
+//! once. Chunks taken from the allocator instead (as they once were) went back to it
+//! when released, and the allocator kept them: 256 KiB blocks carved from its heap
+//! among small allocations cannot be returned while one neighbour lives, and glibc
+//! raises its mapping threshold past 256 KiB after the first such free. A daemon that
+//! had written 1 GiB and scrubbed it held 290 MiB that no cache or pool accounted for
+//! (`zilla_overhead_other_bytes`), and 2 GiB after heavier days. A mapping the kernel
+//! refuses (vm.max_map_count) falls back to the allocator. The kernel merges adjacent
+//! mappings, so a slab of many chunks costs few map entries.
 //!
 //! Bytes `[0, len)` are always initialised: chunks are allocated zeroed and a reused
 //! slot holds the bytes of its previous buffer; [`AlignedBuf::zeroed`] clears them,
@@ -96,9 +107,13 @@ fn class_of(len: usize) -> Option<usize> {
 struct Chunk {
     base: NonNull<u8>,
     layout: Layout,
+    backing: Backing,
     /// Free slot indexes (LIFO).
     free: Vec<u32>,
     in_partial: bool,
+    /// Bytes of its free slots whose pages [`release_free_slots`] gave back (0 once a
+    /// slot of it is taken again).
+    released_bytes: u64,
     /// When its last slot in use was freed, as the slab's trim clock then read (None
     /// while a slot is in use).
     all_free_since: Option<u64>,
@@ -128,6 +143,8 @@ struct Slab {
     in_use_bytes: AtomicU64,
     /// Bytes of oversized buffers in use.
     oversized_bytes: AtomicU64,
+    /// Bytes of free slots whose pages were given back (counted in `idle_bytes` too).
+    released_bytes: AtomicU64,
     /// Whole free chunks are released beyond this many idle bytes.
     idle_max_bytes: u64,
     /// What the slab's users may hold together ([`set_budget_fn`]): whole free chunks
@@ -198,6 +215,7 @@ impl Slab {
         chunk_bytes: AtomicU64::new(0),
         in_use_bytes: AtomicU64::new(0),
         oversized_bytes: AtomicU64::new(0),
+        released_bytes: AtomicU64::new(0),
         trim_clock_ns: AtomicU64::new(0),
         }
     }
@@ -214,6 +232,8 @@ pub struct SlabStats {
     pub chunk_bytes: u64,
     /// Bytes of buffers too large for the slab, in use.
     pub oversized_bytes: u64,
+    /// Bytes of free slots (of `idle_bytes`) whose pages went back to the system.
+    pub released_bytes: u64,
 }
 
 pub fn stats() -> SlabStats {
@@ -226,6 +246,7 @@ fn stats_of(s: &Slab) -> SlabStats {
         idle_bytes: s.idle_bytes.load(Ordering::Relaxed),
         chunk_bytes: s.chunk_bytes.load(Ordering::Relaxed),
         oversized_bytes: s.oversized_bytes.load(Ordering::Relaxed),
+        released_bytes: s.released_bytes.load(Ordering::Relaxed),
     }
 }
 
@@ -240,6 +261,46 @@ pub fn trim(now_ns: u64) -> u64 {
 pub fn trim_now() -> u64 {
     let s = slab();
     trim_slab(s, s.trim_clock_ns.load(Ordering::Relaxed), Duration::ZERO)
+}
+
+/// The system's page size.
+fn page_bytes() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(usize::MAX)
+}
+
+/// Give the pages of every free slot of the slab's mapped chunks back to the system
+/// (`MADV_DONTNEED`; a slot's pages read as zeros when touched again, so its bytes stay
+/// initialised): for a daemon that has been idle, whose cached blocks keep chunks
+/// partly in use. Returns the bytes newly given back.
+pub fn release_free_slots() -> u64 {
+    let s = slab();
+    let mut released = 0;
+    for class in &s.classes {
+        let mut st = class.lock();
+        let slot_bytes = st.slot_bytes;
+        let ids: Vec<u32> = st.partial.clone();
+        for id in ids {
+            let Some(chunk) = st.chunks[id as usize].as_mut() else { continue };
+            // a page larger than a slot could hold a slot in use: leave such chunks
+            if chunk.backing != Backing::Mapped || chunk.released_bytes > 0 || slot_bytes % page_bytes() != 0 {
+                continue;
+            }
+            let mut free = chunk.free.clone();
+            free.sort_unstable();
+            for run in free.chunk_by(|a, b| b == &(a + 1)) {
+                // SAFETY: the run's slots are free (no buffer refers to them) and inside
+                // the chunk's mapping; DONTNEED on private anonymous memory only drops pages.
+                unsafe {
+                    libc::madvise(chunk.base.as_ptr().add(run[0] as usize * slot_bytes).cast(), run.len() * slot_bytes, libc::MADV_DONTNEED);
+                }
+            }
+            chunk.released_bytes = (free.len() * slot_bytes) as u64;
+            released += chunk.released_bytes;
+        }
+    }
+    s.released_bytes.fetch_add(released, Ordering::Relaxed);
+    released
 }
 
 /// Release the chunks of `s` all free since before `now_ns - idle_for`.
@@ -273,9 +334,54 @@ fn release_chunk(s: &Slab, st: &mut ClassState, id: u32) -> u64 {
     let bytes = chunk.layout.size() as u64;
     s.idle_bytes.fetch_sub(bytes, Ordering::Relaxed);
     s.chunk_bytes.fetch_sub(bytes, Ordering::Relaxed);
-    // SAFETY: the chunk was allocated with this layout and no slot of it is in use.
-    unsafe { std::alloc::dealloc(chunk.base.as_ptr(), chunk.layout) };
+    s.released_bytes.fetch_sub(chunk.released_bytes, Ordering::Relaxed);
+    // SAFETY: the chunk came from alloc_pages with this layout; no slot of it is in use.
+    unsafe { free_pages(chunk.base, chunk.layout, chunk.backing) };
     bytes
+}
+
+/// Where a chunk's or an oversized buffer's memory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// Its own anonymous mapping: zero pages from the kernel, unmapped when freed.
+    Mapped,
+    /// The allocator (alignment above a page, or the mapping was refused).
+    Heap,
+}
+
+/// Zeroed memory for `layout`: an anonymous mapping of its own where the alignment
+/// allows (module comment, "Memory from the kernel"), else the allocator.
+fn alloc_pages(layout: Layout) -> (NonNull<u8>, Backing) {
+    if layout.align() <= ALIGN {
+        // SAFETY: an anonymous private mapping of a non-zero length, no fixed address.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), layout.size(), libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if p != libc::MAP_FAILED {
+            if let Some(p) = NonNull::new(p.cast::<u8>()) {
+                return (p, Backing::Mapped);
+            }
+        }
+        // out of mappings (vm.max_map_count): the allocator still serves
+    }
+    // SAFETY: the layout has a non-zero size.
+    let p = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+    (p, Backing::Heap)
+}
+
+/// Give back memory from [`alloc_pages`].
+///
+/// # Safety
+/// `ptr` came from `alloc_pages(layout)` with `backing`, and nothing uses it any more.
+unsafe fn free_pages(ptr: NonNull<u8>, layout: Layout, backing: Backing) {
+    match backing {
+        // SAFETY (both arms): the caller's contract.
+        Backing::Mapped => unsafe {
+            let rc = libc::munmap(ptr.as_ptr().cast(), layout.size());
+            debug_assert_eq!(rc, 0, "munmap of a slab mapping failed");
+        },
+        Backing::Heap => unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) },
+    }
 }
 
 /// Take a slot of class `class`: (address, chunk id, slot index).
@@ -289,6 +395,10 @@ fn take_slot(s: &Slab, class: usize) -> (NonNull<u8>, u32, u32) {
     let chunk = st.chunks[id as usize].as_mut().expect("a partial chunk is live");
     let slot = chunk.free.pop().expect("a partial chunk has a free slot");
     chunk.all_free_since = None;
+    if chunk.released_bytes > 0 {
+        // its pages come back as they are touched: count them resident again
+        s.released_bytes.fetch_sub(std::mem::take(&mut chunk.released_bytes), Ordering::Relaxed);
+    }
     let now_full = chunk.free.is_empty();
     // SAFETY: slot < slots_per_chunk, so the address is inside the chunk's allocation.
     let ptr = unsafe { NonNull::new_unchecked(chunk.base.as_ptr().add(slot as usize * slot_bytes)) };
@@ -304,9 +414,8 @@ fn take_slot(s: &Slab, class: usize) -> (NonNull<u8>, u32, u32) {
 fn new_chunk(s: &Slab, st: &mut ClassState) {
     let bytes = st.slot_bytes * st.slots_per_chunk as usize;
     let layout = Layout::from_size_align(bytes, ALIGN).expect("a chunk layout");
-    // SAFETY: the layout has a non-zero size.
-    let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-    let chunk = Chunk { base, layout, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true, all_free_since: None };
+    let (base, backing) = alloc_pages(layout);
+    let chunk = Chunk { base, layout, backing, free: (0..st.slots_per_chunk).rev().collect(), in_partial: true, released_bytes: 0, all_free_since: None };
     let id = match st.released_ids.pop() {
         Some(id) => {
             st.chunks[id as usize] = Some(chunk);
@@ -360,7 +469,7 @@ enum Home {
     /// A slot of the slab.
     Slab { class: u8, chunk: u32, slot: u32 },
     /// Its own allocation (too large or too strictly aligned for the slab).
-    Own(Layout),
+    Own(Layout, Backing),
 }
 
 /// A byte buffer whose start is aligned (default [`ALIGN`]) and whose capacity is fixed.
@@ -391,12 +500,11 @@ impl AlignedBuf {
             }
             _ => {
                 let layout = Layout::from_size_align(len, align.max(ALIGN)).expect("a buffer layout");
-                // SAFETY: the layout has a non-zero size.
-                let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+                let (ptr, backing) = alloc_pages(layout);
                 let s = slab();
                 s.in_use_bytes.fetch_add(len as u64, Ordering::Relaxed);
                 s.oversized_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                AlignedBuf { ptr, len, cap: len, home: Home::Own(layout) }
+                AlignedBuf { ptr, len, cap: len, home: Home::Own(layout, backing) }
             }
         }
     }
@@ -482,12 +590,12 @@ impl Drop for AlignedBuf {
         match self.home {
             Home::Empty => {}
             Home::Slab { class, chunk, slot } => give_slot(slab(), class as usize, chunk, slot),
-            Home::Own(layout) => {
+            Home::Own(layout, backing) => {
                 let s = slab();
                 s.in_use_bytes.fetch_sub(self.cap as u64, Ordering::Relaxed);
                 s.oversized_bytes.fetch_sub(self.cap as u64, Ordering::Relaxed);
-                // SAFETY: allocated with this layout in `raw`, dropped once.
-                unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+                // SAFETY: allocated by alloc_pages with this layout in `raw`, dropped once.
+                unsafe { free_pages(self.ptr, layout, backing) };
             }
         }
     }
