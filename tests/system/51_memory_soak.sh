@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Goal: an idle daemon gives back the memory a day's work used. Method: with a small
-# ARC (zfs_arc_max=64M) write 384 MiB of random data to a volume of a 2-way mirror over
+# ARC (zfs_arc_max=64M) write 256 MiB of random data to a volume of a 2-way mirror over
 # NBD, scrub three times, replace a disk three times (each a full resilver), then leave
 # the daemon idle: 60 s after the load stops its RSS is within the ARC's current size
 # + 64 MiB (at rest it holds no dirty data), and the memory report (arcstats
 # zilla_overhead_*) accounts for what it holds.
 . "$(dirname "$0")/lib.sh"
-DATA_MB=384
+DATA_MB=256
 SLACK_MB=64
 start_daemon
 z tunable set zfs_arc_max=64M
@@ -48,7 +48,7 @@ done
 report "after three scrubs"
 old=d1
 for new in d2 d3 d4; do
-    z pool replace tank "$T/disks/$old" "$T/disks/$new"
+    z pool replace -w tank "$T/disks/$old" "$T/disks/$new"
     wait_scan_done resilver
     grep -q "$T/disks/$new" "$T/st" || { cat "$T/st"; fail "$new is not in the pool after the replace"; }
     rm -f "$T/disks/$old"

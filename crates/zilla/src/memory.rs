@@ -40,7 +40,7 @@
 //! its heap when memory is freed: free pages below a live allocation stay resident.
 //! Every [`HEAP_RETURN_INTERVAL`] a thread gives the slab's whole free chunks that have
 //! waited out their 30 s back (a pool with nothing dirty syncs no txg that would), once
-//! the slab has not changed for 30 s the pages of its free slots in chunks still partly
+//! the slab has not changed for 15 s the pages of its free slots in chunks still partly
 //! in use (a cached block pins its chunk: 186 MiB of such slots after the soak's
 //! scrubs and resilvers with a 64 MiB ARC), and asks glibc to return the free pages of its
 //! heap (`malloc_trim`) once at least [`HEAP_RETURN_MIN_BYTES`] of it are free, so
@@ -61,9 +61,9 @@ pub const HEAP_RETURN_INTERVAL: Duration = Duration::from_secs(5);
 /// The allocator's free bytes below which nothing is returned (not worth a heap walk).
 pub const HEAP_RETURN_MIN_BYTES: u64 = 4 << 20;
 
-/// Ticks of [`HEAP_RETURN_INTERVAL`] with the block-buffer slab unchanged (30 s) after
+/// Ticks of [`HEAP_RETURN_INTERVAL`] with the block-buffer slab unchanged (15 s) after
 /// which the pages of its free slots are given back.
-const SLAB_QUIET_TICKS: u32 = 6;
+const SLAB_QUIET_TICKS: u32 = 3;
 
 /// Start the thread that returns the allocator's free heap pages (module comment).
 pub fn spawn_heap_returner() {
