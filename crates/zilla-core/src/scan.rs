@@ -892,6 +892,39 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
     let _ = inner.rewrite_labels();
 }
 
+/// One span's walk (`walk_span`).
+struct Walk<'a> {
+    inner: &'a Arc<dyn ScanPool>,
+    first: u64,
+    last: u64,
+    min_txg: Txg,
+    /// The tree's top level (its root's).
+    top: u32,
+    bad: &'a mut Vec<(BlockId, BlockPointer)>,
+    unrepaired: &'a mut Unrepaired,
+}
+
+impl Walk<'_> {
+    /// The walk reached `bp` (level `level`, first block `base`): counted as scanned
+    /// if it was found now (an indirect in the first span it covers, an L0 root; other
+    /// L0s were counted when their L1 was read, ahead of their reads). Whether it
+    /// needs reading (born at or after `min_txg`).
+    fn found(&self, bp: &BlockPointer, level: u32, base: u64) -> bool {
+        let needed = bp.birth >= self.min_txg;
+        if (level > 0 && base >= self.first) || (level == 0 && self.top == 0) {
+            count_scanned(self.inner, bp, !needed);
+        }
+        needed
+    }
+
+    /// An L1 was read: its L0s are found (scanned before they are issued).
+    fn found_l0s<'b>(&self, kids: impl Iterator<Item = &'b BlockPointer>) {
+        for c in kids.filter(|c| !c.is_hole()) {
+            count_scanned(self.inner, c, c.birth < self.min_txg);
+        }
+    }
+}
+
 /// Scrub every block of `[first, last]` (indirects included) born at or after
 /// `min_txg`. An indirect block no copy of which reads back is an error, and its
 /// subtree is unrepaired (`unrepaired.all`): nothing under it was examined.
@@ -904,31 +937,13 @@ fn walk_span(
     bad: &mut Vec<(BlockId, BlockPointer)>,
     unrepaired: &mut Unrepaired,
 ) -> Result<()> {
-    struct Walk<'a> {
-        inner: &'a Arc<dyn ScanPool>,
-        first: u64,
-        last: u64,
-        min_txg: Txg,
-        top: u32,
-        bad: &'a mut Vec<(BlockId, BlockPointer)>,
-        unrepaired: &'a mut Unrepaired,
-    }
     let top = root.nlevels as u32 - 1;
     let mut w = Walk { inner, first: first.get(), last: last.get(), min_txg, top, bad, unrepaired };
     return rec(&mut w, &root.bp, top, 0);
 
     fn rec(w: &mut Walk<'_>, bp: &BlockPointer, level: u32, base: u64) -> Result<()> {
         let (inner, first, last) = (w.inner, w.first, w.last);
-        if bp.is_hole() {
-            return Ok(());
-        }
-        // found now: an indirect in the first span it covers, an L0 root; other L0s
-        // were counted when their L1 was read, ahead of their reads (scanned, then
-        // issued)
-        if (level > 0 && base >= first) || (level == 0 && level == w.top) {
-            count_scanned(inner, bp, bp.birth < w.min_txg);
-        }
-        if bp.birth < w.min_txg {
+        if bp.is_hole() || !w.found(bp, level, base) {
             return Ok(());
         }
         // an indirect is scrubbed in the first span it covers; L0s in their own span
@@ -958,9 +973,7 @@ fn walk_span(
         let hi = ((last - base) / span).min(EPB - 1);
         let kids: Vec<_> = (lo..=hi).map(|idx| (idx, dmu::tree_child(&ind, idx, level - 1, bp.birth))).collect();
         if level == 1 {
-            for c in kids.iter().filter_map(|(_, c)| c.as_ref().ok()).filter(|c| !c.is_hole()) {
-                count_scanned(inner, c, c.birth < w.min_txg);
-            }
+            w.found_l0s(kids.iter().filter_map(|(_, c)| c.as_ref().ok()));
         }
         for (idx, c) in kids {
             let Ok(c) = c else {

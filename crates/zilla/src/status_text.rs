@@ -46,20 +46,20 @@ pub fn errors_line(s: &PoolStatus) -> String {
 }
 
 /// `scan:` line of `zilla pool status`, in zpool's words
-/// (`print_scan_scrub_resilver_status`).
+/// (`print_scan_scrub_resilver_status`); its lines are indented where it is printed.
 pub fn scan_line(s: &ScanStatus) -> String {
     if s.func == zilla_core::scan::ScanFunc::None {
         return "none requested".into();
     }
     let hms = secs_to_dhms(s.end_time_s.saturating_sub(s.start_time_s));
     match (s.func.as_str(), s.state.as_str()) {
-        ("scrub", "scanning") => format!("scrub in progress since {}\n\t{}", fmt_time(s.start_time_s), scan_progress(s)),
+        ("scrub", "scanning") => format!("scrub in progress since {}\n{}", fmt_time(s.start_time_s), scan_progress(s)),
         ("scrub", "paused") => {
-            format!("scrub paused since {}\n\tscrub started on {}\n\t{}", fmt_time(s.pause_time_s.max(s.start_time_s)), fmt_time(s.start_time_s), scan_progress(s))
+            format!("scrub paused since {}\nscrub started on {}\n{}", fmt_time(s.pause_time_s.max(s.start_time_s)), fmt_time(s.start_time_s), scan_progress(s))
         }
         ("scrub", "canceled") => format!("scrub canceled on {}", fmt_time(s.end_time_s)),
         ("scrub", _) => format!("scrub repaired {} in {hms} with {} errors on {}", nicebytes(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
-        ("resilver", "scanning" | "paused") => format!("resilver in progress since {}\n\t{}", fmt_time(s.start_time_s), scan_progress(s)),
+        ("resilver", "scanning" | "paused") => format!("resilver in progress since {}\n{}", fmt_time(s.start_time_s), scan_progress(s)),
         ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicebytes(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
         _ => "none requested".into(),
     }
@@ -79,7 +79,7 @@ fn scan_progress(s: &ScanStatus) -> String {
         (false, None) => ", no estimated completion time".into(),
     };
     format!(
-        "{} / {} scanned{}, {} / {} issued{}\n\t{} {what}, {:.2}% done{to_go}",
+        "{} / {} scanned{}, {} / {} issued{}\n{} {what}, {:.2}% done{to_go}",
         nicebytes(s.examined_bytes),
         nicebytes(s.to_examine_bytes),
         rate(p.scan_rate_bytes_per_s),
@@ -174,7 +174,7 @@ mod tests {
         s.progress = Some(zilla_core::scan::progress(&s, 1_795_290_300 + 32));
         assert_eq!(
             scan_line(&s),
-            "scrub in progress since Sat Nov 21 19:45:00 2026\n\t1.50G / 2G scanned at 48M/s, 1G / 2G issued at 32M/s\n\t0B repaired, 50.00% done, 00:00:32 to go"
+            "scrub in progress since Sat Nov 21 19:45:00 2026\n1.50G / 2G scanned at 48M/s, 1G / 2G issued at 32M/s\n0B repaired, 50.00% done, 00:00:32 to go"
         );
         // a resilver under 10 MiB/s: no estimate
         s.func = ScanFunc::Resilver;
@@ -190,7 +190,7 @@ mod tests {
         s.progress = Some(zilla_core::scan::progress(&s, 1_795_290_300 + 90));
         assert_eq!(
             scan_line(&s),
-            "scrub paused since Sat Nov 21 19:46:00 2026\n\tscrub started on Sat Nov 21 19:45:00 2026\n\t1.50G / 2G scanned, 1G / 2G issued\n\t1G repaired, 50.00% done"
+            "scrub paused since Sat Nov 21 19:46:00 2026\nscrub started on Sat Nov 21 19:45:00 2026\n1.50G / 2G scanned, 1G / 2G issued\n1G repaired, 50.00% done"
         );
     }
 }
