@@ -8,7 +8,7 @@
 # the API, totals counted once per block, not once per mirror copy. (4) A disk
 # scribbled behind the pool's back: the scrub repairs it and that vdev's checksum
 # counter rises in /metrics, the other side's stays 0.
-# Method: a mirror of two emulated disks slowed to 50 MB/s so a scrub of ~160 MiB is
+# Method: a mirror of two emulated disks slowed to 50 MB/s so a scrub of ~128 MiB is
 # observably in progress; a cache device; random data through NBD; scrub and sample
 # status, API and /metrics; scribble 16 MiB of one side's data area; scrub again.
 . "$(dirname "$0")/lib.sh"
@@ -57,7 +57,7 @@ grep -q '^# TYPE zpool_stats_cksum_errors counter' "$T/metrics" || fail "zpool_s
 
 # (3) data, then a scrub observed in progress
 make_volume tank/v 256M
-head -c $((160 << 20)) /dev/urandom >"$T/data"
+head -c $((128 << 20)) /dev/urandom >"$T/data"
 nbdcopy --flush "$T/data" "$(nbd_unix_uri tank/v)"
 sleep 6 # the txg with the data and its frees settle
 alloc=$(z pool list -Hp -o alloc tank)
@@ -145,6 +145,6 @@ EOF
 [ "$(metric '^zfs_pool_scrub_repaired_bytes\{pool="tank"\}')" -gt 0 ] || fail "zfs_pool_scrub_repaired_bytes"
 [ "$(metric '^zfs_pool_scrub_last_completed_timestamp_seconds\{pool="tank"\}')" -gt 0 ] || fail "no completion time"
 nbdcopy "$(nbd_unix_uri tank/v)" "$T/back"
-cmp -n $((160 << 20)) "$T/data" "$T/back" || fail "data differs after the repair"
+cmp -n $((128 << 20)) "$T/data" "$T/back" || fail "data differs after the repair"
 stop_daemon
 log "metrics, L2ARC rebuild counters and scan progress OK"
