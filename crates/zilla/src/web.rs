@@ -479,9 +479,7 @@ fn render_metrics(s: &Snapshot) -> String {
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
     register_vdev_queue(&mut reg, &rows);
     register_vdev_latency(&mut reg, &rows);
-    register_pool_state(&mut reg, &s.status);
-    register_vdev_health(&mut reg, &s.status);
-    register_scan(&mut reg, &s.status);
+    register_health(&mut reg, &s.status);
     // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
     register_pool_kstats(&mut reg, "zfs_", "Intent log counter (OpenZFS zil kstat)", &s.zil);
     register_dmu_tx(&mut reg, &s.dmu_tx);
@@ -496,6 +494,13 @@ fn render_metrics(s: &Snapshot) -> String {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
     }
     out
+}
+
+/// Pool and vdev states, vdev error counters, scrub and resilver progress.
+fn register_health(reg: &mut Registry, status: &[crate::api::PoolStatusEntry]) {
+    register_pool_state(reg, status);
+    register_vdev_health(reg, status);
+    register_scan(reg, status);
 }
 
 /// node_exporter's `node_zfs_zpool_state{zpool,state}`: one sample per state it
