@@ -46,7 +46,7 @@ warm() {
 wait_rebuilt() {
     local i s
     for i in $(seq 100); do
-        s=$(arcstats | python3 -c "import json,sys; d=json.load(sys.stdin); print(sum(d.get(k, 0) for k in ('l2_rebuild_log_blks','l2_rebuild_dh_errors','l2_rebuild_cksum_lb_errors','l2_rebuild_io_errors')))")
+        s=$(arcstats | python3 -c "import json,sys; d=json.load(sys.stdin); print(sum(d.get(k, 0) for k in ('l2_rebuild_log_blks','l2_rebuild_dh_errors','l2_rebuild_unsupported','l2_rebuild_cksum_lb_errors','l2_rebuild_io_errors')))")
         [ "$s" -gt 0 ] && { sleep 0.3; return 0; }
         sleep 0.1
     done

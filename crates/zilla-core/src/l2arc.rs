@@ -216,8 +216,13 @@ pub struct L2Stats {
     pub l2_rebuild_success: u64,
     pub l2_rebuild_log_blks: u64,
     pub l2_rebuild_bufs: u64,
-    /// Device headers that did not match (another pool's, overwritten, torn): started empty.
+    /// Device headers that could not be read (an I/O error): the device started empty
+    /// (OpenZFS's `l2_rebuild_dh_errors`).
     pub l2_rebuild_dh_errors: u64,
+    /// Device headers read but not this device's (none written yet, another pool's,
+    /// another geometry, overwritten, torn): the device started empty (OpenZFS's
+    /// `l2_rebuild_unsupported`).
+    pub l2_rebuild_unsupported: u64,
     /// Log blocks that failed their checks (checksum, magic, geometry, sequence).
     pub l2_rebuild_cksum_lb_errors: u64,
     pub l2_rebuild_io_errors: u64,
@@ -243,6 +248,7 @@ struct Counters {
     rebuild_log_blks: AtomicU64,
     rebuild_bufs: AtomicU64,
     rebuild_dh_errors: AtomicU64,
+    rebuild_unsupported: AtomicU64,
     rebuild_cksum_lb_errors: AtomicU64,
     rebuild_io_errors: AtomicU64,
     rebuild_lowmem: AtomicU64,
@@ -413,11 +419,18 @@ impl CacheDev {
 
 impl L2Arc {
     /// The L2ARC of the pool whose ARC handle has load id `load_id`, on its cache vdevs
-    /// `caches`; None without usable cache devices. Starts the feed thread.
-    pub fn start(load_id: u32, arc: &Arc<ArcCache>, caches: Vec<Arc<TopVdev>>, env: &Arc<dyn crate::env::Env>) -> Option<Arc<L2Arc>> {
+    /// `caches`; None without usable cache devices. Starts the feed thread. `restore`:
+    /// the devices may hold copies to rebuild (an import); a new pool's or a device just
+    /// added has none, so no rebuild is tried and no rebuild counter moves.
+    pub fn start(load_id: u32, arc: &Arc<ArcCache>, caches: Vec<Arc<TopVdev>>, env: &Arc<dyn crate::env::Env>, restore: bool) -> Option<Arc<L2Arc>> {
         let devs: Vec<Arc<CacheDev>> = caches.into_iter().filter_map(CacheDev::new).collect();
         if devs.is_empty() {
             return None;
+        }
+        if !restore {
+            for d in &devs {
+                d.ring.lock().rebuilt = true;
+            }
         }
         let l2 = Arc::new(L2Arc {
             load_id,
@@ -435,7 +448,7 @@ impl L2Arc {
         let spawned = env.spawn(
             "l2arc_feed".into(),
             Box::new(move || {
-                if let Some(l2) = weak.upgrade() {
+                if let Some(l2) = weak.upgrade().filter(|_| restore) {
                     l2.rebuild_all();
                 }
                 loop {
@@ -764,7 +777,8 @@ impl L2Arc {
         let hdr = match dev.leaf.queue.read_buf(IoClass::AsyncRead, persist::DEV_HDR_BYTES as usize, hdr_at) {
             Ok(b) => persist::DevHeader::decode(&b),
             Err(_) => {
-                self.counters.rebuild_io_errors.fetch_add(1, Ordering::Relaxed);
+                // as OpenZFS counts a header it cannot read
+                self.counters.rebuild_dh_errors.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
         };
@@ -773,7 +787,7 @@ impl L2Arc {
         });
         if h.is_none() {
             // empty, another pool's, overwritten or torn: the device starts empty
-            self.counters.rebuild_dh_errors.fetch_add(1, Ordering::Relaxed);
+            self.counters.rebuild_unsupported.fetch_add(1, Ordering::Relaxed);
         }
         h
     }
@@ -1000,6 +1014,7 @@ impl L2Arc {
             l2_rebuild_log_blks: c.rebuild_log_blks.load(Ordering::Relaxed),
             l2_rebuild_bufs: c.rebuild_bufs.load(Ordering::Relaxed),
             l2_rebuild_dh_errors: c.rebuild_dh_errors.load(Ordering::Relaxed),
+            l2_rebuild_unsupported: c.rebuild_unsupported.load(Ordering::Relaxed),
             l2_rebuild_cksum_lb_errors: c.rebuild_cksum_lb_errors.load(Ordering::Relaxed),
             l2_rebuild_io_errors: c.rebuild_io_errors.load(Ordering::Relaxed),
             l2_rebuild_lowmem: c.rebuild_lowmem.load(Ordering::Relaxed),

@@ -54,6 +54,8 @@
 //! `allocated + free == size` for every vdev. The persisted form (in the MOS) is the
 //! list of allocated extents per vdev plus the defer lists; see docs/on-disk-format.md.
 
+mod frag;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -131,9 +133,15 @@ impl RangeAllocator {
     pub fn allocated_bytes(&self) -> u64 {
         self.size - self.free_bytes - self.trimming_bytes
     }
-    /// Number of free extents (fragmentation indicator).
+    /// Number of free extents.
     pub fn free_extents(&self) -> usize {
         self.free.len()
+    }
+
+    /// This vdev's free-space fragmentation in percent, as OpenZFS computes it
+    /// (frag.rs); None when nothing is free.
+    pub fn fragmentation(&self) -> Option<u64> {
+        frag::vdev_fragmentation(self.size, self.free.iter().map(|(&at, &len)| (at, len)))
     }
 
     /// Allocate `len` bytes of data (the data area first).
@@ -872,20 +880,11 @@ impl Metaslabs {
         }
     }
 
+    /// FRAG of `pool list`: the normal class's free-space fragmentation in percent,
+    /// OpenZFS's `metaslab_class_fragmentation` (frag.rs).
     pub fn frag_percent(&self) -> u64 {
-        let (mut ext, mut free) = (0u64, 0u64);
-        for c in &self.classes {
-            for (_, a) in &c.lock().vdevs {
-                ext += a.free_extents() as u64;
-                free += a.free_bytes();
-            }
-        }
-        if free == 0 {
-            return 0;
-        }
-        // mean free extent size vs 16 MiB: small extents = fragmented
-        let mean = free / ext.max(1);
-        100u64.saturating_sub((mean * 100 / (16 << 20)).min(100))
+        let c = self.classes[0].lock();
+        frag::class_fragmentation(c.vdevs.iter().map(|(_, a)| (a.fragmentation(), a.size)))
     }
 
     /// Allocated extents of every vdev, by vdev id (classes merged).

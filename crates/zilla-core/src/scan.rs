@@ -119,10 +119,35 @@ pub struct ScanStatus {
     pub state: ScanState,
     pub start_time_s: u64,
     pub end_time_s: u64,
-    /// Bytes read so far, every copy on every mirror child counted.
+    /// "Scanned": allocated bytes the walk has found so far (each block pointer's
+    /// copies, once each however many mirror children hold them), issued or not.
     pub examined_bytes: u64,
-    /// Bytes the whole scan reads, counted the same way (allocated × children).
+    /// Allocated bytes of the pool's normal vdevs when the scan began (counted as
+    /// `examined_bytes` is): what `zpool status` shows as the total.
     pub to_examine_bytes: u64,
+    /// "Issued": allocated bytes whose copies were read and verified (every mirror
+    /// child read, each block counted once).
+    #[serde(default)]
+    pub issued_bytes: u64,
+    /// Resilver: allocated bytes the walk found but had no need to read (born before
+    /// the oldest missed txg). Progress is issued of `to_examine - skipped`.
+    #[serde(default)]
+    pub skipped_bytes: u64,
+    /// When this pass began (the scan's start, its resume after a pause or an
+    /// import), and what it scanned and issued since: the rates.
+    #[serde(default)]
+    pub pass_start_time_s: u64,
+    #[serde(default)]
+    pub pass_examined_bytes: u64,
+    #[serde(default)]
+    pub pass_issued_bytes: u64,
+    /// When the scrub was paused (state paused).
+    #[serde(default)]
+    pub pause_time_s: u64,
+    /// Rates, percentage and time left, worked out when the status is asked for
+    /// ([`status`]) while a scan is in progress or paused; never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ScanProgress>,
     pub repaired_bytes: u64,
     pub errors: u64,
     pub bookmark: Bookmark,
@@ -151,6 +176,38 @@ pub struct ScanStatus {
     /// resumed after a restart begins with an empty log and a mark of 0.
     #[serde(skip)]
     pub errors_logged_at_start: u64,
+}
+
+/// A scan's progress as `zpool status` prints it (`print_scan_scrub_resilver_status`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScanProgress {
+    /// Bytes scanned and issued per second over this pass (0 while paused).
+    pub scan_rate_bytes_per_s: u64,
+    pub issue_rate_bytes_per_s: u64,
+    /// What issuing is measured against: `to_examine_bytes - skipped_bytes`.
+    pub issue_total_bytes: u64,
+    /// Issued of `issue_total_bytes`, 0 ..= 100.
+    pub percent_done: f64,
+    /// Seconds to go at the issue rate; None when zpool gives no estimate (paused,
+    /// nothing issued yet, a resilver that repaired nothing yet, or under 10 MiB/s).
+    pub seconds_left: Option<u64>,
+}
+
+/// The issue rate below which zpool gives no time left.
+const ESTIMATE_MIN_RATE_BYTES_PER_S: u64 = 10 << 20;
+
+/// `s`'s progress at `now_s` (zpool's arithmetic: rates over the pass's elapsed
+/// seconds, at least 1; done when issued).
+pub fn progress(s: &ScanStatus, now_s: u64) -> ScanProgress {
+    let elapsed = now_s.saturating_sub(s.pass_start_time_s).max(1);
+    let paused = s.state == ScanState::Paused;
+    let (scan_rate, issue_rate) = if paused { (0, 0) } else { (s.pass_examined_bytes / elapsed, s.pass_issued_bytes / elapsed) };
+    let total = s.to_examine_bytes.saturating_sub(s.skipped_bytes);
+    let percent_done = if total == 0 { 100.0 } else { (s.issued_bytes as f64 * 100.0 / total as f64).min(100.0) };
+    let started = if s.func == ScanFunc::Resilver { s.repaired_bytes > 0 } else { s.issued_bytes > 0 };
+    let seconds_left =
+        (!paused && total >= s.issued_bytes && issue_rate >= ESTIMATE_MIN_RATE_BYTES_PER_S && started).then(|| (total - s.issued_bytes) / issue_rate);
+    ScanProgress { scan_rate_bytes_per_s: scan_rate, issue_rate_bytes_per_s: issue_rate, issue_total_bytes: total, percent_done, seconds_left }
 }
 
 /// One leaf a resilver pass repairs (see [`ScanStatus::targets`]).
@@ -237,8 +294,13 @@ fn persist(inner: &Arc<dyn ScanPool>, mark_changed: bool) {
     inner.save_scan_state(serde_json::to_string(&s).unwrap_or_default(), mark_changed);
 }
 
+/// The scan record, with its progress while a scan is in progress or paused.
 pub fn status(inner: &Arc<dyn ScanPool>) -> ScanStatus {
-    inner.scan().status.lock().clone()
+    let mut s = inner.scan().status.lock().clone();
+    if s.state == ScanState::Scanning || s.state == ScanState::Paused {
+        s.progress = Some(progress(&s, now_s(inner)));
+    }
+    s
 }
 
 /// A scan thread is running (scrub or resilver).
@@ -256,6 +318,13 @@ fn launch(inner: &Arc<dyn ScanPool>) {
         return;
     }
     inner.scan().stop.store(false, Ordering::Release);
+    {
+        // a new pass: the rates count from here
+        let mut s = inner.scan().status.lock();
+        s.pass_start_time_s = now_s(inner);
+        s.pass_examined_bytes = 0;
+        s.pass_issued_bytes = 0;
+    }
     let i = inner.clone();
     let h = inner.env().spawn(
         format!("scan_{}", inner.pool_name()),
@@ -312,6 +381,10 @@ fn another_pass(inner: &Arc<dyn ScanPool>) -> bool {
     s.targets = targets;
     s.unrepaired_all = false;
     s.bookmark = Bookmark::default();
+    // a new walk: its progress counts from nothing
+    s.to_examine_bytes = allocated_bytes(inner);
+    (s.examined_bytes, s.issued_bytes, s.skipped_bytes) = (0, 0, 0);
+    (s.pass_start_time_s, s.pass_examined_bytes, s.pass_issued_bytes) = (now_s(inner), 0, 0);
     true
 }
 
@@ -461,7 +534,11 @@ fn pause_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
     }
     inner.scan().stop.store(true, Ordering::Release);
     join(inner);
-    inner.scan().status.lock().state = ScanState::Paused;
+    {
+        let mut s = inner.scan().status.lock();
+        s.state = ScanState::Paused;
+        s.pause_time_s = now_s(inner);
+    }
     persist(inner, true);
     Ok(inner.txg().open_txg())
 }
@@ -555,16 +632,27 @@ pub fn resume_after_import(inner: &Arc<dyn ScanPool>) {
     }
 }
 
-/// Bytes a scan reads: every allocated byte of every normal top-level vdev, once per
-/// child, counted as `examined_bytes` is, so progress ends at 100 % for a single disk
-/// and an n-way mirror alike.
+/// What a scan walks: the allocated bytes of the normal top-level vdevs, each block
+/// once however many mirror children hold it (what `zpool list` shows as ALLOC), so
+/// progress ends at 100 % on a single disk and an n-way mirror alike.
 fn allocated_bytes(inner: &Arc<dyn ScanPool>) -> u64 {
-    let io = inner.io();
-    let tops = io.vdevs.read().clone();
-    tops.iter()
-        .filter(|t| t.role == crate::vdev::Role::Normal)
-        .map(|t| io.ms.vdev_space(t.id).1 * t.children().len() as u64)
-        .sum()
+    inner.io().ms.space(crate::vdev::Role::Normal).1
+}
+
+/// The allocated bytes of `bp`'s copies (each DVA's asize).
+fn bp_bytes(bp: &BlockPointer) -> u64 {
+    bp.copies().map(|d| d.asize as u64).sum()
+}
+
+/// The walk found `bp` (`skipped`: it needs no reading).
+fn count_scanned(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, skipped: bool) {
+    let n = bp_bytes(bp);
+    let mut s = inner.scan().status.lock();
+    s.examined_bytes += n;
+    s.pass_examined_bytes += n;
+    if skipped {
+        s.skipped_bytes += n;
+    }
 }
 
 /// Leaves a resilver pass could not fully repair: their DTLs stay. `all` when a
@@ -588,7 +676,8 @@ fn scrub_bp(inner: &Arc<dyn ScanPool>, bp: &BlockPointer, unrepaired: &mut Unrep
         let o = tvd.scrub_block(dva.offset, dva.asize as usize, bp.birth, &verify);
         unrepaired.leaves.extend(o.unrepaired.iter().copied());
         let mut s = inner.scan().status.lock();
-        s.examined_bytes += dva.asize as u64 * tvd.children().len() as u64;
+        s.issued_bytes += dva.asize as u64;
+        s.pass_issued_bytes += dva.asize as u64;
         s.repaired_bytes += o.repaired_bytes;
         drop(s);
         if o.repaired_bytes > 0 {
@@ -747,7 +836,9 @@ fn scan_mos(inner: &Arc<dyn ScanPool>, resilver: bool, min_txg: Txg, unrepaired:
     if !mos_root.is_hole() {
         let _pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
         for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
-            if (!resilver || bp.birth >= min_txg) && !scrub_bp(inner, &bp, unrepaired) {
+            let needed = !resilver || bp.birth >= min_txg;
+            count_scanned(inner, &bp, !needed);
+            if needed && !scrub_bp(inner, &bp, unrepaired) {
                 inner.scan().status.lock().errors += 1;
             }
         }
@@ -801,6 +892,39 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
     let _ = inner.rewrite_labels();
 }
 
+/// One span's walk (`walk_span`).
+struct Walk<'a> {
+    inner: &'a Arc<dyn ScanPool>,
+    first: u64,
+    last: u64,
+    min_txg: Txg,
+    /// The tree's top level (its root's).
+    top: u32,
+    bad: &'a mut Vec<(BlockId, BlockPointer)>,
+    unrepaired: &'a mut Unrepaired,
+}
+
+impl Walk<'_> {
+    /// The walk reached `bp` (level `level`, first block `base`): counted as scanned
+    /// if it was found now (an indirect in the first span it covers, an L0 root; other
+    /// L0s were counted when their L1 was read, ahead of their reads). Whether it
+    /// needs reading (born at or after `min_txg`).
+    fn found(&self, bp: &BlockPointer, level: u32, base: u64) -> bool {
+        let needed = bp.birth >= self.min_txg;
+        if (level > 0 && base >= self.first) || (level == 0 && self.top == 0) {
+            count_scanned(self.inner, bp, !needed);
+        }
+        needed
+    }
+
+    /// An L1 was read: its L0s are found (scanned before they are issued).
+    fn found_l0s<'b>(&self, kids: impl Iterator<Item = &'b BlockPointer>) {
+        for c in kids.filter(|c| !c.is_hole()) {
+            count_scanned(self.inner, c, c.birth < self.min_txg);
+        }
+    }
+}
+
 /// Scrub every block of `[first, last]` (indirects included) born at or after
 /// `min_txg`. An indirect block no copy of which reads back is an error, and its
 /// subtree is unrepaired (`unrepaired.all`): nothing under it was examined.
@@ -813,20 +937,13 @@ fn walk_span(
     bad: &mut Vec<(BlockId, BlockPointer)>,
     unrepaired: &mut Unrepaired,
 ) -> Result<()> {
-    struct Walk<'a> {
-        inner: &'a Arc<dyn ScanPool>,
-        first: u64,
-        last: u64,
-        min_txg: Txg,
-        bad: &'a mut Vec<(BlockId, BlockPointer)>,
-        unrepaired: &'a mut Unrepaired,
-    }
-    let mut w = Walk { inner, first: first.get(), last: last.get(), min_txg, bad, unrepaired };
-    return rec(&mut w, &root.bp, root.nlevels as u32 - 1, 0);
+    let top = root.nlevels as u32 - 1;
+    let mut w = Walk { inner, first: first.get(), last: last.get(), min_txg, top, bad, unrepaired };
+    return rec(&mut w, &root.bp, top, 0);
 
     fn rec(w: &mut Walk<'_>, bp: &BlockPointer, level: u32, base: u64) -> Result<()> {
         let (inner, first, last) = (w.inner, w.first, w.last);
-        if bp.is_hole() || bp.birth < w.min_txg {
+        if bp.is_hole() || !w.found(bp, level, base) {
             return Ok(());
         }
         // an indirect is scrubbed in the first span it covers; L0s in their own span
@@ -854,8 +971,12 @@ fn walk_span(
         };
         let lo = first.saturating_sub(base) / span;
         let hi = ((last - base) / span).min(EPB - 1);
-        for idx in lo..=hi {
-            let Ok(c) = dmu::tree_child(&ind, idx, level - 1, bp.birth) else {
+        let kids: Vec<_> = (lo..=hi).map(|idx| (idx, dmu::tree_child(&ind, idx, level - 1, bp.birth))).collect();
+        if level == 1 {
+            w.found_l0s(kids.iter().filter_map(|(_, c)| c.as_ref().ok()));
+        }
+        for (idx, c) in kids {
+            let Ok(c) = c else {
                 inner.scan().status.lock().errors += 1;
                 w.unrepaired.all = true;
                 continue;

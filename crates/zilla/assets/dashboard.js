@@ -40,16 +40,30 @@
         el("td", {}, p.cap_percent + "%"), el("td", {}, bar(p.cap_percent)), el("td", {}, p.frag_percent + "%"))));
   }
 
+  /** zpool's secs_to_dhms: "00:01:05", "2 days 03:00:00". */
+  function dhms(t) {
+    const two = (n) => String(Math.floor(n)).padStart(2, "0");
+    const days = Math.floor(t / 86400);
+    const hms = two((t / 3600) % 24) + ":" + two((t / 60) % 60) + ":" + two(t % 60);
+    return days > 0 ? days + " days " + hms : hms;
+  }
+
   function scanRow(st) {
     const s = st.scan || {};
     const what = s.func || "scan";
     if (!s.state) return el("div", { "data-scan": st.name }, st.name + ": no scrub or resilver has run");
-    const pct = s.to_examine_bytes ? Math.min(100, (100 * s.examined_bytes) / s.to_examine_bytes) : 0;
+    const p = s.progress || null;
+    const pct = p ? p.percent_done : 0;
     const parts = [st.name + ": " + what + " " + s.state];
-    if (s.state === "scanning" || s.state === "paused") {
-      parts.push(bytes(s.examined_bytes) + " of " + bytes(s.to_examine_bytes) + " examined (" + pct.toFixed(1) + "%)");
-    }
-    if (s.repaired_bytes) parts.push(bytes(s.repaired_bytes) + " repaired");
+    if (p) {
+      // as zpool status: scanned and issued of the allocated bytes, rates, time to go
+      const at = (r) => (r && s.state === "scanning" ? " at " + bytes(r) + "/s" : "");
+      parts.push(bytes(s.examined_bytes) + " / " + bytes(s.to_examine_bytes) + " scanned" + at(p.scan_rate_bytes_per_s) +
+        ", " + bytes(s.issued_bytes) + " / " + bytes(p.issue_total_bytes) + " issued" + at(p.issue_rate_bytes_per_s));
+      parts.push(bytes(s.repaired_bytes) + (what === "resilver" ? " resilvered" : " repaired"));
+      parts.push(pct.toFixed(2) + "% done");
+      if (s.state === "scanning") parts.push(p.seconds_left != null ? dhms(p.seconds_left) + " to go" : "no estimated completion time");
+    } else if (s.repaired_bytes) parts.push(bytes(s.repaired_bytes) + " repaired");
     parts.push(s.errors + " errors");
     if (s.end_time_s && s.state !== "scanning") parts.push("ended " + new Date(s.end_time_s * 1000).toLocaleString());
     return el("div", { "data-scan": st.name, "data-scan-state": s.state },

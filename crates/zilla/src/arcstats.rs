@@ -103,6 +103,7 @@ fn add_l2arc_stats(pools: &crate::pools::PoolTable, m: &mut BTreeMap<String, u64
             ("l2_rebuild_log_blks", l.l2_rebuild_log_blks),
             ("l2_rebuild_bufs", l.l2_rebuild_bufs),
             ("l2_rebuild_dh_errors", l.l2_rebuild_dh_errors),
+            ("l2_rebuild_unsupported", l.l2_rebuild_unsupported),
             ("l2_rebuild_cksum_lb_errors", l.l2_rebuild_cksum_lb_errors),
             ("l2_rebuild_io_errors", l.l2_rebuild_io_errors),
             ("l2_rebuild_lowmem", l.l2_rebuild_lowmem),

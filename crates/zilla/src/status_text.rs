@@ -58,28 +58,59 @@ pub fn errors_line(s: &PoolStatus) -> String {
     }
 }
 
-/// `scan:` line of `zilla pool status`.
+/// `scan:` line of `zilla pool status`, in zpool's words
+/// (`print_scan_scrub_resilver_status`); its lines are indented where it is printed.
 pub fn scan_line(s: &ScanStatus) -> String {
     if s.func == zilla_core::scan::ScanFunc::None {
         return "none requested".into();
     }
-    let pct = if s.to_examine_bytes == 0 { 100.0 } else { (s.examined_bytes as f64 * 100.0 / s.to_examine_bytes as f64).min(100.0) };
-    let dur = s.end_time_s.saturating_sub(s.start_time_s);
-    let hms = format!("{:02}:{:02}:{:02}", dur / 3600, dur / 60 % 60, dur % 60);
+    let hms = secs_to_dhms(s.end_time_s.saturating_sub(s.start_time_s));
     match (s.func.as_str(), s.state.as_str()) {
-        ("scrub", "scanning") => format!(
-            "scrub in progress since {}\n\t{} scanned, {} repaired, {:.2}% done",
-            fmt_time(s.start_time_s),
-            nicebytes(s.examined_bytes),
-            nicebytes(s.repaired_bytes),
-            pct
-        ),
-        ("scrub", "paused") => format!("scrub paused since {}\n\t{} scanned, {} repaired", fmt_time(s.start_time_s), nicebytes(s.examined_bytes), nicebytes(s.repaired_bytes)),
+        ("scrub", "scanning") => format!("scrub in progress since {}\n{}", fmt_time(s.start_time_s), scan_progress(s)),
+        ("scrub", "paused") => {
+            format!("scrub paused since {}\nscrub started on {}\n{}", fmt_time(s.pause_time_s.max(s.start_time_s)), fmt_time(s.start_time_s), scan_progress(s))
+        }
         ("scrub", "canceled") => format!("scrub canceled on {}", fmt_time(s.end_time_s)),
         ("scrub", _) => format!("scrub repaired {} in {hms} with {} errors on {}", nicebytes(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
-        ("resilver", "scanning") => format!("resilver in progress since {}\n\t{} scanned, {} resilvered", fmt_time(s.start_time_s), nicebytes(s.examined_bytes), nicebytes(s.repaired_bytes)),
+        ("resilver", "scanning" | "paused") => format!("resilver in progress since {}\n{}", fmt_time(s.start_time_s), scan_progress(s)),
         ("resilver", _) => format!("resilvered {} in {hms} with {} errors on {}", nicebytes(s.repaired_bytes), s.errors, fmt_time(s.end_time_s)),
         _ => "none requested".into(),
+    }
+}
+
+/// The two progress lines of a scan in progress or paused: scanned and issued of the
+/// allocated bytes with their rates, then repaired, percentage and time to go.
+fn scan_progress(s: &ScanStatus) -> String {
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let p = s.progress.clone().unwrap_or_else(|| zilla_core::scan::progress(s, now_s));
+    let paused = s.state == zilla_core::scan::ScanState::Paused;
+    let rate = |r: u64| if paused || r == 0 { String::new() } else { format!(" at {}/s", nicebytes(r)) };
+    let what = if s.func == zilla_core::scan::ScanFunc::Resilver { "resilvered" } else { "repaired" };
+    let to_go = match (paused, p.seconds_left) {
+        (true, _) => String::new(),
+        (false, Some(secs)) => format!(", {} to go", secs_to_dhms(secs)),
+        (false, None) => ", no estimated completion time".into(),
+    };
+    format!(
+        "{} / {} scanned{}, {} / {} issued{}\n{} {what}, {:.2}% done{to_go}",
+        nicebytes(s.examined_bytes),
+        nicebytes(s.to_examine_bytes),
+        rate(p.scan_rate_bytes_per_s),
+        nicebytes(s.issued_bytes),
+        nicebytes(p.issue_total_bytes),
+        rate(p.issue_rate_bytes_per_s),
+        nicebytes(s.repaired_bytes),
+        p.percent_done,
+    )
+}
+
+/// zpool's `secs_to_dhms`: "00:01:05", "2 days 03:00:00".
+pub fn secs_to_dhms(total: u64) -> String {
+    let (days, hours, mins, secs) = (total / 86400, total / 3600 % 24, total / 60 % 60, total % 60);
+    if days > 0 {
+        format!("{days} days {hours:02}:{mins:02}:{secs:02}")
+    } else {
+        format!("{hours:02}:{mins:02}:{secs:02}")
     }
 }
 
@@ -130,5 +161,49 @@ mod tests {
         assert_eq!(nicebytes(1536 << 20), "1.50G");
         assert_eq!(fmt_time(0), "Thu Jan  1 00:00:00 1970");
         assert_eq!(fmt_time(1_795_290_300), "Sat Nov 21 19:45:00 2026");
+        assert_eq!(secs_to_dhms(65), "00:01:05");
+        assert_eq!(secs_to_dhms(2 * 86400 + 3 * 3600), "2 days 03:00:00");
+    }
+
+    /// A scrub half-way on a 2-way mirror: totals are the allocated bytes (not both
+    /// copies), with rates, percentage and time left as zpool prints them.
+    #[test]
+    fn scan_progress_reads_like_zpool() {
+        use zilla_core::scan::{ScanFunc, ScanState};
+        let g = 1u64 << 30;
+        let mut s = ScanStatus {
+            func: ScanFunc::Scrub,
+            state: ScanState::Scanning,
+            start_time_s: 1_795_290_300,
+            pass_start_time_s: 1_795_290_300,
+            examined_bytes: 3 * g / 2,
+            to_examine_bytes: 2 * g,
+            issued_bytes: g,
+            pass_examined_bytes: 3 * g / 2,
+            pass_issued_bytes: g,
+            ..Default::default()
+        };
+        // 32 s in: 48 MiB/s scanned, 32 MiB/s issued, 1 GiB to go: 32 s
+        s.progress = Some(zilla_core::scan::progress(&s, 1_795_290_300 + 32));
+        assert_eq!(
+            scan_line(&s),
+            "scrub in progress since Sat Nov 21 19:45:00 2026\n1.50G / 2G scanned at 48M/s, 1G / 2G issued at 32M/s\n0B repaired, 50.00% done, 00:00:32 to go"
+        );
+        // a resilver under 10 MiB/s: no estimate
+        s.func = ScanFunc::Resilver;
+        s.repaired_bytes = g;
+        s.progress = Some(zilla_core::scan::progress(&s, 1_795_290_300 + 200));
+        let line = scan_line(&s);
+        assert!(line.starts_with("resilver in progress since"), "{line}");
+        assert!(line.ends_with("1G resilvered, 50.00% done, no estimated completion time"), "{line}");
+        // paused: no rates, no estimate
+        s.func = ScanFunc::Scrub;
+        s.state = ScanState::Paused;
+        s.pause_time_s = 1_795_290_300 + 60;
+        s.progress = Some(zilla_core::scan::progress(&s, 1_795_290_300 + 90));
+        assert_eq!(
+            scan_line(&s),
+            "scrub paused since Sat Nov 21 19:46:00 2026\nscrub started on Sat Nov 21 19:45:00 2026\n1.50G / 2G scanned, 1G / 2G issued\n1G repaired, 50.00% done"
+        );
     }
 }

@@ -481,6 +481,7 @@ fn render_metrics(s: &Snapshot) -> String {
     counters(&mut reg, "zpool_stats_flushes", "Cache flushes", rows.iter().map(|(l, st)| (l.clone(), st.flushes)));
     register_vdev_queue(&mut reg, &rows);
     register_vdev_latency(&mut reg, &rows);
+    register_health(&mut reg, &s.status);
     // the intent log: zfs_<kstat name>{pool}, one family per OpenZFS zil kstat
     register_pool_kstats(&mut reg, "zfs_", "Intent log counter (OpenZFS zil kstat)", &s.zil);
     register_dmu_tx(&mut reg, &s.dmu_tx);
@@ -495,6 +496,99 @@ fn render_metrics(s: &Snapshot) -> String {
         return format!("# cannot encode metrics: {e}\n# EOF\n");
     }
     out
+}
+
+/// Pool and vdev states, vdev error counters, scrub and resilver progress.
+fn register_health(reg: &mut Registry, status: &[crate::api::PoolStatusEntry]) {
+    register_pool_state(reg, status);
+    register_vdev_health(reg, status);
+    register_scan(reg, status);
+}
+
+/// node_exporter's `node_zfs_zpool_state{zpool,state}`: one sample per state it
+/// knows, 1 for the pool's health and 0 for the others.
+fn register_pool_state(reg: &mut Registry, status: &[crate::api::PoolStatusEntry]) {
+    const STATES: [&str; 7] = ["online", "degraded", "faulted", "offline", "removed", "unavail", "suspended"];
+    gauges(reg, "node_zfs_zpool_state", "Pool state: 1 for the pool's health, 0 for each other state (node_exporter's ZFS collector)", status.iter().flat_map(|e| {
+        let health = e.status.state.as_str().to_ascii_lowercase();
+        STATES.map(|st| (labels(&[("zpool", &e.status.name), ("state", st)]), (health == st) as i64))
+    }));
+}
+
+/// Every vdev of the status tree with its `zpool_stats` path ("root/mirror-0/d1", as
+/// the I/O counters name it), depth first.
+fn vdev_paths<'a>(prefix: &str, nodes: &'a [zilla_core::spa::VdevStatus], out: &mut Vec<(String, &'a zilla_core::spa::VdevStatus)>) {
+    for v in nodes {
+        let path = format!("{prefix}/{}", v.name);
+        out.push((path.clone(), v));
+        vdev_paths(&path, &v.children, out);
+    }
+}
+
+/// zpool_prometheus's vdev_state_t value for a `zpool status` state (zfs.h:
+/// 2 offline, 3 removed, 4 can't open, 5 faulted, 6 degraded, 7 healthy).
+fn vdev_state_code(state: &str) -> i64 {
+    match state {
+        "ONLINE" => 7,
+        "DEGRADED" => 6,
+        "FAULTED" => 5,
+        "UNAVAIL" => 4,
+        "REMOVED" => 3,
+        "OFFLINE" => 2,
+        _ => 0,
+    }
+}
+
+/// Per vdev: the error counters of `zpool status` (zpool_prometheus's
+/// `zpool_stats_{read,write,cksum}_errors{name,vdev}`), its state as zpool_prometheus
+/// gives it (`zpool_stats_state{name,vdev,state}` = vdev_state_t) and as a state set
+/// (`zilla_vdev_state{pool,vdev,state}`: 1 for its state, 0 for the others).
+fn register_vdev_health(reg: &mut Registry, status: &[crate::api::PoolStatusEntry]) {
+    const STATES: [&str; 6] = ["online", "degraded", "faulted", "offline", "removed", "unavail"];
+    let mut rows: Vec<(&str, String, &zilla_core::spa::VdevStatus)> = vec![];
+    for e in status {
+        let mut paths = vec![];
+        vdev_paths("root", &e.status.config, &mut paths);
+        rows.extend(paths.into_iter().map(|(path, v)| (e.status.name.as_str(), path, v)));
+    }
+    let l = |pool: &str, path: &str| labels(&[("name", pool), ("vdev", path)]);
+    for (name, help, get) in [
+        ("zpool_stats_read_errors", "Read errors (zpool status READ)", (|v| v.read_errors) as fn(&zilla_core::spa::VdevStatus) -> u64),
+        ("zpool_stats_write_errors", "Write errors (zpool status WRITE)", |v| v.write_errors),
+        ("zpool_stats_cksum_errors", "Checksum errors (zpool status CKSUM)", |v| v.cksum_errors),
+    ] {
+        counters(reg, name, help, rows.iter().map(|(pool, path, v)| (l(pool, path), get(v))));
+    }
+    gauges(reg, "zpool_stats_state", "Vdev state (vdev_state_t: 2 offline, 3 removed, 4 unavail, 5 faulted, 6 degraded, 7 online); the state label as zpool status shows it",
+        rows.iter().map(|(pool, path, v)| (labels(&[("name", pool), ("vdev", path), ("state", &v.state)]), vdev_state_code(&v.state))));
+    gauges(reg, "zilla_vdev_state", "Vdev state: 1 for the vdev's state, 0 for each other state", rows.iter().flat_map(|(pool, path, v)| {
+        let state = v.state.to_ascii_lowercase();
+        STATES.map(|st| (labels(&[("pool", pool), ("vdev", path), ("state", st)]), (state == st) as i64))
+    }));
+}
+
+/// pdf/zfs_exporter's scrub family per pool: the last scrub's or resilver's repairs
+/// and errors, when it completed, and, while one runs, its totals and rate.
+fn register_scan(reg: &mut Registry, status: &[crate::api::PoolStatusEntry]) {
+    type Get = fn(&zilla_core::scan::ScanStatus) -> u64;
+    let running = |s: &zilla_core::scan::ScanStatus| s.state == zilla_core::scan::ScanState::Scanning;
+    let rate: Get = |s| s.progress.as_ref().map_or(0, |p| p.issue_rate_bytes_per_s);
+    let families: [(&str, &str, Get, bool); 7] = [
+        ("zfs_pool_scrub_total_bytes", "Allocated bytes the scrub or resilver in progress walks, 0 if none runs", |s| s.to_examine_bytes, true),
+        ("zfs_pool_scrub_scanned_bytes", "Bytes scanned so far by the scrub or resilver in progress, 0 if none runs", |s| s.examined_bytes, true),
+        ("zfs_pool_scrub_issued_bytes", "Bytes verified so far by the scrub or resilver in progress, 0 if none runs", |s| s.issued_bytes, true),
+        ("zfs_pool_scrub_rate_bytes_per_second", "Issue rate of the scrub or resilver in progress, 0 if none runs", rate, true),
+        ("zfs_pool_scrub_repaired_bytes", "Bytes repaired by the most recent scrub or resilver", |s| s.repaired_bytes, false),
+        ("zfs_pool_scrub_errors", "Errors found by the most recent scrub or resilver", |s| s.errors, false),
+        ("zfs_pool_scrub_last_completed_timestamp_seconds", "Unix time the most recent scrub or resilver completed, 0 if none", |s| if s.state == zilla_core::scan::ScanState::Finished { s.end_time_s } else { 0 }, false),
+    ];
+    for (name, help, get, only_running) in families {
+        gauges(reg, name, help, status.iter().map(|e| {
+            let s = &e.status.scan;
+            let v = if only_running && !running(s) { 0 } else { get(s) };
+            (labels(&[("pool", &e.status.name)]), i64::try_from(v).unwrap_or(i64::MAX))
+        }));
+    }
 }
 
 /// One counter family `<prefix><kstat name>{pool}` per kstat of `per_pool` (every pool

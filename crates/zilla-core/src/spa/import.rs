@@ -256,7 +256,7 @@ impl Pool {
         inner.spa_sync(t)?;
         inner.txg.initial_synced(t);
         claims.keep();
-        inner.io.start_l2arc();
+        inner.io.start_l2arc(false);
         Ok(Self::from_inner(inner))
     }
 
@@ -413,7 +413,7 @@ impl Pool {
         }
         claims.keep();
         // the pool is ours: its cache devices may be read back and fed
-        inner.io.start_l2arc();
+        inner.io.start_l2arc(true);
         let pool = Self::from_inner(inner);
         // the intent logs, before anyone can open a volume; only the newest txg's
         // (a rewound pool's logs name blocks reused since)

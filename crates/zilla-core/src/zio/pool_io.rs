@@ -197,11 +197,12 @@ impl PoolIo {
 
     /// Start the L2ARC on the pool's cache vdevs, once the pool is ours (created, or
     /// imported with its ownership checked): before that, nothing may write to them.
-    pub fn start_l2arc(&self) {
+    /// `restore`: rebuild their contents (an import; a new pool has nothing to restore).
+    pub fn start_l2arc(&self, restore: bool) {
         let caches: Vec<Arc<TopVdev>> = self.vdevs.read().iter().filter(|t| t.role == Role::Cache).cloned().collect();
         let mut l2 = self.l2.write();
         if l2.is_none() && !caches.is_empty() {
-            *l2 = crate::l2arc::L2Arc::start(self.arc.load_id(), crate::arc::daemon_arc(), caches, &self.env);
+            *l2 = crate::l2arc::L2Arc::start(self.arc.load_id(), crate::arc::daemon_arc(), caches, &self.env, restore);
         }
     }
 
@@ -210,7 +211,7 @@ impl PoolIo {
         let mut l2 = self.l2.write();
         match &*l2 {
             Some(l) => l.add_device(top),
-            None => *l2 = crate::l2arc::L2Arc::start(self.arc.load_id(), crate::arc::daemon_arc(), vec![top], &self.env),
+            None => *l2 = crate::l2arc::L2Arc::start(self.arc.load_id(), crate::arc::daemon_arc(), vec![top], &self.env, false),
         }
     }
 
