@@ -377,6 +377,7 @@ fn start_scrub_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
         }
         if s.state == ScanState::Paused && s.func == ScanFunc::Scrub {
             s.state = ScanState::Scanning;
+            post_event(inner, &s, crate::fm::CLASS_SCRUB_RESUME);
         } else {
             *s = ScanStatus {
                 func: ScanFunc::Scrub,
@@ -386,6 +387,7 @@ fn start_scrub_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
                 errors_logged_at_start: inner.io().errors_logged(),
                 ..Default::default()
             };
+            post_event(inner, &s, crate::fm::CLASS_SCRUB_START);
         }
     }
     join(inner);
@@ -437,9 +439,19 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             targets,
             ..Default::default()
         };
+        post_event(inner, &s, crate::fm::CLASS_RESILVER_START);
     }
     persist(inner, true);
     launch(inner);
+}
+
+/// Post a scan event (fm.rs) with the scan's counters as `s` has them.
+fn post_event(inner: &Arc<dyn ScanPool>, s: &ScanStatus, class: &str) {
+    let mut e = crate::fm::Event::new(class).pool(inner.pool_name()).str("scan_func", s.func.as_str());
+    if matches!(class, crate::fm::CLASS_SCRUB_FINISH | crate::fm::CLASS_RESILVER_FINISH | crate::fm::CLASS_SCRUB_ABORT) {
+        e = e.u64("scan_examined", s.examined_bytes).u64("scan_repaired", s.repaired_bytes).u64("scan_errors", s.errors);
+    }
+    crate::fm::post(e);
 }
 
 /// Pause the scrub; returns once the pause is on disk (see `wait_durable`).
@@ -461,7 +473,11 @@ fn pause_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
     }
     inner.scan().stop.store(true, Ordering::Release);
     join(inner);
-    inner.scan().status.lock().state = ScanState::Paused;
+    {
+        let mut s = inner.scan().status.lock();
+        s.state = ScanState::Paused;
+        post_event(inner, &s, crate::fm::CLASS_SCRUB_PAUSED);
+    }
     persist(inner, true);
     Ok(inner.txg().open_txg())
 }
@@ -489,6 +505,7 @@ fn cancel_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
         let mut s = inner.scan().status.lock();
         s.state = ScanState::Canceled;
         s.end_time_s = now_s(inner);
+        post_event(inner, &s, crate::fm::CLASS_SCRUB_ABORT);
     }
     persist(inner, true);
     Ok(inner.txg().open_txg())
@@ -725,6 +742,8 @@ fn finish_pass(inner: &Arc<dyn ScanPool>, resilver: bool, unrepaired: &Unrepaire
     } else {
         inner.io().keep_errors_since(errors_mark);
     }
+    let class = if resilver { crate::fm::CLASS_RESILVER_FINISH } else { crate::fm::CLASS_SCRUB_FINISH };
+    post_event(inner, &inner.scan().status.lock(), class);
 }
 
 /// Count the blocks of a span found bad on every copy, rechecked against the current
