@@ -266,6 +266,9 @@ fn launch(inner: &Arc<dyn ScanPool>) {
                 r = run(&i);
                 passes += 1;
             }
+            if r.is_ok() {
+                post_finished(&i);
+            }
             if let Err(e) = r {
                 tracing::warn!(pool = %i.pool_name(), "scan stopped: {e}");
                 let mut s = i.scan().status.lock();
@@ -742,8 +745,16 @@ fn finish_pass(inner: &Arc<dyn ScanPool>, resilver: bool, unrepaired: &Unrepaire
     } else {
         inner.io().keep_errors_since(errors_mark);
     }
-    let class = if resilver { crate::fm::CLASS_RESILVER_FINISH } else { crate::fm::CLASS_SCRUB_FINISH };
-    post_event(inner, &inner.scan().status.lock(), class);
+}
+
+/// The scan thread's passes ended: a finished scan posts its end (a resilver once, after
+/// its last pass; a paused or canceled one posted that already).
+fn post_finished(inner: &Arc<dyn ScanPool>) {
+    let s = inner.scan().status.lock();
+    if s.state == ScanState::Finished {
+        let class = if s.func == ScanFunc::Resilver { crate::fm::CLASS_RESILVER_FINISH } else { crate::fm::CLASS_SCRUB_FINISH };
+        post_event(inner, &s, class);
+    }
 }
 
 /// Count the blocks of a span found bad on every copy, rechecked against the current

@@ -530,6 +530,11 @@ impl Pool {
         m.changed = true;
     }
 
+    /// `guid` is one of this pool's leaves (events name the pool of a device by it).
+    pub fn has_leaf(&self, guid: Guid) -> bool {
+        self.inner.leaves.read().iter().any(|l| l.guid == guid)
+    }
+
     /// The command history, oldest first, and how many records were dropped to keep
     /// its bound.
     pub fn history(&self) -> (Vec<crate::spa_history::HistoryRecord>, u64) {
