@@ -141,8 +141,10 @@ struct Queue {
 static QUEUE: Mutex<Option<Queue>> = Mutex::new(None);
 static POSTED: Condvar = Condvar::new();
 
+/// Wall-clock time of a post, ns since the epoch. The queue is the process's, not a
+/// pool's, so its clock is the process's real Env.
 fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    crate::env::real().unix_time_ns()
 }
 
 impl Queue {
@@ -202,7 +204,8 @@ pub fn after(eid: u64) -> (Vec<Event>, u64) {
 
 /// [`after`], waiting up to `timeout` for one to be posted when there is none yet.
 pub fn wait_after(eid: u64, timeout: Duration) -> Vec<Event> {
-    let deadline = std::time::Instant::now() + timeout;
+    let env = crate::env::real();
+    let deadline_ns = env.now_ns().saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64);
     let mut g = QUEUE.lock();
     loop {
         if let Some(q) = g.as_ref() {
@@ -210,7 +213,7 @@ pub fn wait_after(eid: u64, timeout: Duration) -> Vec<Event> {
                 return q.events.iter().filter(|e| e.eid > eid).cloned().collect();
             }
         }
-        if POSTED.wait_until(&mut g, deadline).timed_out() {
+        if crate::env::wait_until(&*env, &POSTED, &mut g, deadline_ns) {
             return Vec::new();
         }
     }
