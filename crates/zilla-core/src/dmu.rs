@@ -526,6 +526,9 @@ pub struct Mos {
     /// trailing section after the leaf health: object directories written before it
     /// existed decode with none.
     pub zil_headers: Vec<(u64, crate::zil::ZilHeader)>,
+    /// The pool's command history (spa_history.rs): a trailing section after the ZIL
+    /// headers, absent while empty and in object directories written before it existed.
+    pub history: crate::spa_history::History,
 }
 
 /// One leaf's persistent health record in the MOS.
@@ -621,12 +624,15 @@ impl Mos {
         if let Some(h) = &self.leaf_health {
             encode_leaf_health(&mut out, h);
             let zh: Vec<_> = self.zil_headers.iter().filter(|(_, h)| !h.is_empty()).collect();
-            if !zh.is_empty() {
+            if !zh.is_empty() || !self.history.is_empty() {
                 out.extend_from_slice(&(zh.len() as u32).to_le_bytes());
                 for (id, h) in zh {
                     out.extend_from_slice(&id.to_le_bytes());
                     h.encode(&mut out);
                 }
+            }
+            if !self.history.is_empty() {
+                self.history.encode(&mut out);
             }
         } else {
             debug_assert!(self.zil_headers.is_empty(), "ZIL headers need the leaf health section before them");
@@ -696,7 +702,8 @@ impl Mos {
                 zil_headers.push((id, h));
             }
         }
-        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props, leaf_health, zil_headers })
+        let history = if r.remaining() > 0 { crate::spa_history::History::decode(&mut r)? } else { Default::default() };
+        Ok(Mos { txg, next_volume_id, volumes, scan_state, pool_props, leaf_health, zil_headers, history })
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod types;
 pub mod error;
+pub mod fm;
 pub mod kstat;
 pub mod env;
 pub mod block;
@@ -20,6 +21,7 @@ pub mod txg;
 pub mod dsl_pool;
 pub mod zil;
 pub mod zfetch;
+pub mod spa_history;
 pub mod spa;
 pub mod scan;
 pub mod zvol;
@@ -38,6 +40,7 @@ pub use types::{BlockId, Guid, Txg, VdevId};
 pub const LAYERS: &[&[&str]] = &[
     &["kstat", "env", "types"], // counters, histograms, tunables; clock, sleep, spawn, randomness; Txg, Guid, VdevId, BlockId
     &["error"],        // engine errors (one errno each)
+    &["fm"],           // fault-management events (zevents): the bounded queue every layer posts to
     &["block"],        // on-disk block format: block pointers, checksums, compression
     &["vdev", "txg"],  // leaves, per-leaf queue, mirror, labels; txg state machine
     &["metaslab", "props"], // space allocation per top-level vdev; typed volume properties
@@ -45,7 +48,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["l2arc"],        // the second-level cache on a pool's cache devices
     &["zio"],          // the block pipeline: prepare, verified reads + self-heal, allocation, write issue
     &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
-    &["zfetch"],       // sequential-stream detection for read-ahead, per volume
+    &["zfetch", "spa_history"], // sequential-stream detection for read-ahead, per volume; the pool's command history ring
     &["dmu"],          // object directory, volume block-pointer trees, dirty records
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
@@ -112,6 +115,8 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &vdev::ZFS_VDEV_MIRROR_NON_ROTATING_INC,
     &vdev::ZFS_VDEV_MIRROR_NON_ROTATING_SEEK_INC,
     &txg::ZFS_TXG_TIMEOUT,
+    &fm::ZFS_ZEVENT_LEN_MAX,
+    &fm::ZFS_CHECKSUM_EVENTS_PER_SECOND,
     &zio::workers::ZILLA_BACKGROUND_NICE,
     &txg::ZFS_TXG_HISTORY,
     &dsl_pool::ZFS_DIRTY_DATA_MAX,
@@ -250,7 +255,7 @@ mod fuzz_smoke {
         // a real MOS with every single-byte corruption: decode must not panic
         let ms = crate::metaslab::Metaslabs::new();
         ms.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);
-        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None, zil_headers: vec![] };
+        let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: None, zil_headers: vec![], history: Default::default() };
         let blob = mos.encode(&ms);
         for i in 0..blob.len() {
             for v in [0u8, 0xff, 0x7f] {
@@ -281,7 +286,7 @@ mod fuzz_smoke {
                 created_txg: crate::Txg(4),
             };
             let health = vec![crate::dmu::LeafHealth { guid: crate::Guid(77), faulted: true, dtl: vec![(crate::Txg(5), crate::Txg(9))] }];
-            let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health), zil_headers: vec![] };
+            let mos = crate::dmu::Mos { txg: crate::Txg(9), next_volume_id: 2, volumes: vec![vol], scan_state: "{}".into(), pool_props: "{}".into(), leaf_health: Some(health), zil_headers: vec![], history: Default::default() };
             let blob = mos.encode(&ms);
             let mut m = crate::metaslab::Metaslabs::new();
             m.add_vdev(crate::VdevId(0), crate::vdev::Role::Normal, 1 << 30);

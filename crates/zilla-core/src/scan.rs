@@ -335,6 +335,9 @@ fn launch(inner: &Arc<dyn ScanPool>) {
                 r = run(&i);
                 passes += 1;
             }
+            if r.is_ok() {
+                post_finished(&i);
+            }
             if let Err(e) = r {
                 tracing::warn!(pool = %i.pool_name(), "scan stopped: {e}");
                 let mut s = i.scan().status.lock();
@@ -450,6 +453,7 @@ fn start_scrub_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
         }
         if s.state == ScanState::Paused && s.func == ScanFunc::Scrub {
             s.state = ScanState::Scanning;
+            post_event(inner, &s, crate::fm::CLASS_SCRUB_RESUME);
         } else {
             *s = ScanStatus {
                 func: ScanFunc::Scrub,
@@ -459,6 +463,7 @@ fn start_scrub_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
                 errors_logged_at_start: inner.io().errors_logged(),
                 ..Default::default()
             };
+            post_event(inner, &s, crate::fm::CLASS_SCRUB_START);
         }
     }
     join(inner);
@@ -510,9 +515,19 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
             targets,
             ..Default::default()
         };
+        post_event(inner, &s, crate::fm::CLASS_RESILVER_START);
     }
     persist(inner, true);
     launch(inner);
+}
+
+/// Post a scan event (fm.rs) with the scan's counters as `s` has them.
+fn post_event(inner: &Arc<dyn ScanPool>, s: &ScanStatus, class: &str) {
+    let mut e = crate::fm::Event::new(class).pool(inner.pool_name()).str("scan_func", s.func.as_str());
+    if matches!(class, crate::fm::CLASS_SCRUB_FINISH | crate::fm::CLASS_RESILVER_FINISH | crate::fm::CLASS_SCRUB_ABORT) {
+        e = e.u64("scan_examined", s.examined_bytes).u64("scan_repaired", s.repaired_bytes).u64("scan_errors", s.errors);
+    }
+    crate::fm::post(e);
 }
 
 /// Pause the scrub; returns once the pause is on disk (see `wait_durable`).
@@ -538,6 +553,7 @@ fn pause_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
         let mut s = inner.scan().status.lock();
         s.state = ScanState::Paused;
         s.pause_time_s = now_s(inner);
+        post_event(inner, &s, crate::fm::CLASS_SCRUB_PAUSED);
     }
     persist(inner, true);
     Ok(inner.txg().open_txg())
@@ -566,6 +582,7 @@ fn cancel_locked(inner: &Arc<dyn ScanPool>) -> Result<Txg> {
         let mut s = inner.scan().status.lock();
         s.state = ScanState::Canceled;
         s.end_time_s = now_s(inner);
+        post_event(inner, &s, crate::fm::CLASS_SCRUB_ABORT);
     }
     persist(inner, true);
     Ok(inner.txg().open_txg())
@@ -813,6 +830,16 @@ fn finish_pass(inner: &Arc<dyn ScanPool>, resilver: bool, unrepaired: &Unrepaire
         finish_resilver(inner, unrepaired);
     } else {
         inner.io().keep_errors_since(errors_mark);
+    }
+}
+
+/// The scan thread's passes ended: a finished scan posts its end (a resilver once, after
+/// its last pass; a paused or canceled one posted that already).
+fn post_finished(inner: &Arc<dyn ScanPool>) {
+    let s = inner.scan().status.lock();
+    if s.state == ScanState::Finished {
+        let class = if s.func == ScanFunc::Resilver { crate::fm::CLASS_RESILVER_FINISH } else { crate::fm::CLASS_SCRUB_FINISH };
+        post_event(inner, &s, class);
     }
 }
 

@@ -198,7 +198,7 @@ fn a_volume_record_without_the_property_is_sparse() {
         props: zilla_core::props::PropSet::from_local([("sync".to_string(), "always".to_string())].into()),
         created_txg: zilla_core::Txg(4),
     };
-    let mos = zilla_core::dmu::Mos { txg: zilla_core::Txg(9), next_volume_id: 2, volumes: vec![record], scan_state: String::new(), pool_props: "{}".into(), leaf_health: None, zil_headers: vec![] };
+    let mos = zilla_core::dmu::Mos { txg: zilla_core::Txg(9), next_volume_id: 2, volumes: vec![record], scan_state: String::new(), pool_props: "{}".into(), leaf_health: None, zil_headers: vec![], history: Default::default() };
     let blob = mos.encode(&ms);
     // the record's property map is the JSON object it always was
     assert!(!String::from_utf8_lossy(&blob).contains("refreservation"));

@@ -59,6 +59,7 @@ impl Client {
             .uri(path)
             .header("host", "zilla")
             .header("content-type", "application/json")
+            .header(COMMAND_HEADER, command_line())
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| e.to_string())?;
         let resp = sender.send_request(req).await.map_err(|e| format!("daemon did not answer: {e}"))?;
@@ -92,6 +93,25 @@ impl Client {
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
         self.call(Method::DELETE, path, None::<&()>).await
     }
+}
+
+/// The header that carries the command line to the daemon (percent-encoded): what
+/// `pool history` records.
+pub const COMMAND_HEADER: &str = "x-zilla-command";
+
+/// This process's command line as the history shows it: `zilla` and its arguments,
+/// without the global `--state-dir DIR` (where the daemon is, not what was done).
+pub fn command_line() -> String {
+    let mut words = vec!["zilla".to_string()];
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--state-dir" {
+            args.next();
+        } else if !a.starts_with("--state-dir=") {
+            words.push(a);
+        }
+    }
+    enc(&words.join(" "))
 }
 
 /// The query of an admin call that takes `-f` (disconnect attached clients first).

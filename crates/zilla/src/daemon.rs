@@ -167,6 +167,8 @@ pub struct Daemon {
     pub iscsi: zilla_iscsi::IscsiServer,
     /// The statistics history the web UI draws (analytics.rs).
     pub analytics: Arc<crate::analytics::Analytics>,
+    /// The pool events this daemon keeps (events.rs, `pool events`).
+    pub events: Arc<crate::events::EventStore>,
 }
 
 pub use crate::api_error::ApiError;
@@ -216,8 +218,11 @@ impl Daemon {
         let iscsi = crate::iscsi_glue::server(frontend.clone(), iscsi_config);
         let analytics_bytes = analytics_memory_max_bytes.unwrap_or(zilla_core::analytics::MEMORY_MAX_BYTES_DEFAULT);
         let analytics = crate::analytics::Analytics::open(&state_dir, env, analytics_bytes);
+        let events = crate::events::EventStore::open(&state_dir);
+        crate::events::spawn_pump(events.clone(), pools.clone());
         Arc::new(Daemon {
             analytics,
+            events,
             state_dir,
             pools,
             notices: Arc::new(Mutex::new(vec![])),
@@ -461,6 +466,7 @@ impl Daemon {
     /// last synced txg; writes never flushed are dropped, as in a power cut.
     async fn export_all(self: &Arc<Self>) {
         let _g = self.admin.lock().await;
+        crate::events::flush(&self.events, &self.pools);
         if let Err(ApiError(_, e)) = self.save_cache().await {
             tracing::error!("{e}");
         }
@@ -744,6 +750,9 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .with_state(d.clone())
         // the read-only queries, the same handlers the HTTP port serves under /api/v1
         .merge(crate::reads::routes("/v1", d.web_view()))
+        .merge(crate::events::routes(crate::events::EventsApi { store: d.events.clone(), pools: d.pools.clone() }))
+        // every command that changes a pool goes into its history (history.rs)
+        .layer(axum::middleware::from_fn_with_state(d.pools.clone(), crate::history::record))
 }
 
 async fn pool_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreatePool>) -> ApiResult<Empty> {
@@ -767,6 +776,7 @@ async fn pool_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreateP
     let pool = blocking_for(&req.name, move || Ok(Pool::create(&name, req.tops, opts)?)).await?;
     d.commit_new_pool(&req.name, pool, Pool::destroy, "the pool was destroyed again (nothing was created)").await?;
     tracing::info!("created pool '{}'", req.name);
+    crate::events::post_admin("sysevent.fs.zfs.pool_create", &req.name, None, None);
     Ok(Json(Empty {}))
 }
 
@@ -819,6 +829,7 @@ async fn pool_import(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<ImportR
     }
     d.commit_new_pool(&name, pool, Pool::export, "the pool was exported again (nothing was imported)").await?;
     tracing::info!("imported pool '{name}'");
+    crate::events::post_admin("sysevent.fs.zfs.pool_import", &name, None, None);
     Ok(Json(Empty {}))
 }
 
@@ -865,6 +876,7 @@ async fn pool_export(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String
         clear_sessions(&d, &format!("pool '{pool}'"), q.force, &in_pool).await?;
         d.retire_pool(&pool, Pool::export, true).await?;
         tracing::info!("exported pool '{pool}'");
+        crate::events::post_admin("sysevent.fs.zfs.pool_export", &pool, None, None);
         return Ok(Json(Empty {}));
     }
     // Suspended, -f: its clients' requests wait on the pool and would hold their
@@ -947,6 +959,7 @@ async fn pool_destroy(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<Strin
         return Err(ApiError::not_found("no such pool"));
     }
     let report = d.retire_pool(&pool, Pool::destroy_report, false).await?;
+    crate::events::post_admin("sysevent.fs.zfs.pool_destroy", &pool, None, None);
     let prefix = format!("{pool}/");
     d.frontend.io_stats.retain(|n| !n.starts_with(&prefix));
     if report.labels_kept.is_empty() {
@@ -1002,7 +1015,9 @@ async fn pool_add(State(d): State<Arc<Daemon>>, UrlPath(pool): UrlPath<String>, 
         let would_be = blocking_for(&pool, move || Ok(p.add_dry_run(&req.tops, req.force)?)).await?;
         return Ok(Json(AddReply { would_be }));
     }
+    let added: Vec<String> = req.tops.iter().flat_map(|t| t.leaves.iter().map(|l| l.display())).collect();
     blocking_for(&pool, move || Ok(p.add(req.tops, req.force)?)).await?;
+    added.iter().for_each(|a| crate::events::post_admin("sysevent.fs.zfs.vdev_add", &pool, Some(a.as_str()), None));
     d.save_cache_after_device_change("the add").await?;
     Ok(Json(AddReply::default()))
 }
@@ -1038,6 +1053,7 @@ async fn pool_device_op(
     let p = d.pool(&pool)?;
     let (waiter, wait) = (p.clone(), req.wait);
     let device = req.device.clone();
+    let (old_path, new_path) = (req.device.clone(), req.new.as_ref().map(|n| n.display()));
     let need_dev = || device.clone().ok_or_else(|| ApiError::bad("missing device"));
     let changes_config = matches!(op.as_str(), "detach" | "replace" | "remove");
     match op.as_str() {
@@ -1084,6 +1100,7 @@ async fn pool_device_op(
         "clear" => blocking_for(&pool, move || Ok(p.clear(device.as_deref())?)).await?,
         other => return Err(ApiError::not_found(format!("unknown pool operation '{other}'"))),
     }
+    crate::events::post_device_op(&pool, &op, old_path.as_deref(), new_path.as_deref());
     if changes_config {
         d.save_cache_after_device_change(&format!("the {op}")).await?;
     }

@@ -68,6 +68,13 @@ pub struct HttpLimits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub IpAddr);
 
+/// The user of a Unix-socket peer (SO_PEERCRED), carried by each of its requests: who
+/// ran an admin command (`pool history -l`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub uid: Option<u32>,
+}
+
 impl PeerAddr {
     /// What counts as one client for a per-client share: the IPv4 address (also when
     /// it arrives IPv4-mapped), or the /64 prefix of an IPv6 address (one host may
@@ -204,7 +211,12 @@ pub async fn serve(
                 spawn_conn(&graceful, builder.serve_connection(TokioIo::new(StallGuard::new(s, stall)), service), permit)
             }
             Stream::Unix(s) => {
-                let service = TowerToHyperService::new(router.clone());
+                let router = TowerToHyperService::new(router.clone());
+                let cred = PeerCred { uid: s.peer_cred().ok().map(|c| c.uid()) };
+                let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(cred);
+                    router.call(req)
+                });
                 spawn_conn(&graceful, builder.serve_connection(TokioIo::new(StallGuard::new(s, stall)), service), permit)
             }
         }

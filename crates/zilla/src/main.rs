@@ -14,9 +14,11 @@ mod clip;
 mod config;
 mod daemon;
 mod demo;
+mod events;
 mod exports;
 mod format;
 mod memory;
+mod history;
 mod http_host;
 mod http_serve;
 mod iscsi_admin;
@@ -397,6 +399,8 @@ enum PoolCmd {
         activities: Vec<String>,
         pool: String,
     },
+    #[command(flatten)]
+    Log(crate::events::LogCmd),
 }
 
 #[derive(Subcommand)]
@@ -879,8 +883,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         PoolCmd::Trim { wait, suspend, cancel, pool } => trim_cmd(c, wait, suspend, cancel, &pool).await?,
         PoolCmd::Import { dirs, force, rewind, dry_run, missing_log, pool } => import_cmd(c, dirs, ImportFlags { force, rewind, dry_run, missing_log }, pool).await?,
         PoolCmd::Export { force, pool } => {
-            let path = format!("/v1/pools/{}/export{}", enc(&pool), force_query(force));
-            let _: Empty = c.post(&path, &Empty {}).await.map_err(ctx(format!("cannot export '{pool}'")))?;
+            let _: Empty = c.post(&format!("/v1/pools/{}/export{}", enc(&pool), force_query(force)), &Empty {}).await.map_err(ctx(format!("cannot export '{pool}'")))?;
         }
         PoolCmd::Destroy { force, pool } => {
             let _: Empty = c.delete(&format!("/v1/pools/{}{}", enc(&pool), force_query(force))).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
@@ -894,6 +897,7 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         PoolCmd::Offline { pool, device } => device_op(c, "offline", &pool, Some(device)).await?,
         PoolCmd::Online { pool, device } => device_op(c, "online", &pool, Some(device)).await?,
         PoolCmd::Clear { pool, device } => device_op(c, "clear", &pool, device).await?,
+        PoolCmd::Log(l) => crate::events::log_cmd(c, l).await?,
     }
     Ok(())
 }

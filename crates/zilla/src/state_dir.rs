@@ -20,6 +20,8 @@
 //!                     less private than the admin API
 //!   DIR/iscsi-auth.json 0600, the iSCSI CHAP users, secrets and initiator lists
 //!                     (iscsi_admin.rs); replaced atomically as the cache file is
+//!   DIR/events.jsonl  0600, the pool events (events.rs), appended; rewritten
+//!                     atomically as the cache file is once it passes its bound
 //!   DIR/zilla.stopped 0600, written by the panic hook when the daemon stops on a
 //!                     broken invariant: the pool it was working for, when, why. The
 //!                     next start marks that pool held in the cache file (not imported

@@ -244,7 +244,7 @@ impl Pool {
             hostid: env.hostid(),
             hostname: crate::env::system_hostname(),
         };
-        let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![] };
+        let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![], history: Default::default() };
         let io = PoolIo::new(vdevs, ms, env.clone());
         let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL.prev(), opener, env);
         // wipe stale uberblock rings, then config labels, then the first txg
@@ -395,7 +395,7 @@ impl Pool {
             cfg.props.entry(k.to_string()).or_insert_with(|| v.to_string());
         }
         let health = mos.leaf_health.clone().unwrap_or_default();
-        let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false, health };
+        let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false, health, history: mos.history.clone() };
         // After a rewind the next txg follows the newest one seen, so its uberblocks
         // outrank the skipped ones in every slot.
         let inner = PoolInner::new(cfg, io, leaves, volumes, meta, newest_txg.max(ub.txg), opener, env);

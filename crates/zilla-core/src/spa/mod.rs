@@ -174,6 +174,8 @@ pub(crate) struct MosMeta {
     pub changed: bool,
     /// Leaf health (DTLs, faults) as the committed MOS records it.
     pub health: Vec<crate::dmu::LeafHealth>,
+    /// The command history (spa_history.rs), written with every MOS.
+    pub history: crate::spa_history::History,
 }
 
 pub(crate) struct PoolInner {
@@ -549,6 +551,27 @@ impl Pool {
             crate::txg::SyncWait::Suspended(why) => self.suspended_error(&why),
             crate::txg::SyncWait::Failed(e) => e,
         })
+    }
+
+    /// Record an admin command in the pool's history (spa_history.rs, `zilla pool
+    /// history`); it is on disk with the next txg (the caller's [`Pool::sync`]). `pin`:
+    /// the pool's creation, the first record, kept when older ones are dropped.
+    pub fn log_history(&self, rec: crate::spa_history::HistoryRecord, pin: bool) {
+        let mut m = self.inner.meta.lock();
+        m.history.append(rec, pin);
+        m.changed = true;
+    }
+
+    /// `guid` is one of this pool's leaves (events name the pool of a device by it).
+    pub fn has_leaf(&self, guid: Guid) -> bool {
+        self.inner.leaves.read().iter().any(|l| l.guid == guid)
+    }
+
+    /// The command history, oldest first, and how many records were dropped to keep
+    /// its bound.
+    pub fn history(&self) -> (Vec<crate::spa_history::HistoryRecord>, u64) {
+        let m = self.inner.meta.lock();
+        (m.history.records().to_vec(), m.history.dropped)
     }
 
     /// Dirty data and the write throttle: bytes dirty now, the limit, delayed writers.

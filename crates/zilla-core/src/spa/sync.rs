@@ -343,9 +343,9 @@ impl PoolInner {
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
         let mut new_roots: Vec<(Arc<VolumeState>, TreeRoot)> = Vec::new();
-        let (doomed, old_mos, next_id, scan_state) = {
+        let (doomed, old_mos, next_id, scan_state, history) = {
             let m = self.meta.lock();
-            (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone())
+            (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone(), m.history.clone())
         };
         // Pipeline: data blocks are checksummed (pool workers) and allocated in chunks;
         // each chunk's writes are submitted without waiting while the next chunk is
@@ -381,6 +381,7 @@ impl PoolInner {
             pool_props,
             leaf_health: None,
             zil_headers,
+            history,
         }, &mut batch)?;
         phases.mark();
         self.commit_uberblock(txg, mos_root)?;

@@ -299,8 +299,26 @@ impl Leaf {
     pub fn state(&self) -> LeafState {
         LeafState::from_u8(self.state.load(Ordering::Acquire))
     }
+    /// Set the state; a change is posted as `resource.fs.zfs.statechange` (fm.rs).
     pub fn set_state(&self, s: LeafState) {
-        self.state.store(s as u8, Ordering::Release)
+        let old = LeafState::from_u8(self.state.swap(s as u8, Ordering::AcqRel));
+        if old != s {
+            let e = crate::fm::Event::new(crate::fm::CLASS_STATECHANGE).vdev(self.guid, &self.spec.display());
+            crate::fm::post(e.str("vdev_state", s.name()).str("vdev_laststate", old.name()));
+        }
+    }
+
+    /// Post an error report (fm.rs, rate limited per device) for `len` bytes at device
+    /// offset `phys` of this leaf.
+    fn ereport(&self, class: &str, phys: u64, len: u64, birth: Txg, errno: Option<i32>) {
+        let mut e = crate::fm::Event::new(class).vdev(self.guid, &self.spec.display()).u64("zio_offset", phys).u64("zio_size", len);
+        if !birth.is_zero() {
+            e = e.u64("zio_txg", birth.get());
+        }
+        if let Some(n) = errno {
+            e = e.u64("zio_err", n as u64);
+        }
+        crate::fm::post_rate_limited(e);
     }
     pub fn readable(&self) -> bool {
         self.state() == LeafState::Online
@@ -455,6 +473,7 @@ impl TopVdev {
     /// may still work (a disk whose writes fail often still reads). OpenZFS does the
     /// same (`vdev_fault` degrades instead of faulting when `vdev_dtl_required`).
     fn note_error(&self, c: &Leaf, e: &IoError) {
+        c.ereport(crate::fm::CLASS_IO, e.offset, e.len, Txg::ZERO, Some(e.errno.unwrap_or(libc::EIO)));
         let n = c.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
         let gone = e.is_gone();
         if (gone || n >= FAULT_AFTER_CONSECUTIVE_ERRORS) && c.state() == LeafState::Online {
@@ -736,6 +755,7 @@ impl TopVdev {
                     }
                     if !counted {
                         c.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                        c.ereport(crate::fm::CLASS_CHECKSUM, phys, len as u64, birth, None);
                     }
                     last_err = Some(IoError::checksum(&c.queue_name(), phys, len as u64));
                     failed.push(i);
@@ -783,6 +803,7 @@ impl TopVdev {
             Ok(buf) if verify(&buf) == VerifyResult::Good => done(Some(buf)),
             Ok(_) => {
                 leaf.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                leaf.ereport(crate::fm::CLASS_CHECKSUM, phys, len as u64, birth, None);
                 this.note_suspect(phys, birth, leaf.guid);
                 done(None)
             }
@@ -886,6 +907,7 @@ impl TopVdev {
                 Ok(_) => {
                     if !c.dtl_contains(birth) {
                         c.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                        c.ereport(crate::fm::CLASS_CHECKSUM, phys, len as u64, birth, None);
                     }
                     bad.push(i);
                 }
