@@ -756,7 +756,9 @@ pub fn read_mos_blob(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Resul
 pub struct VolumeState {
     pub id: u64,
     pub name: String,
-    pub volsize: u64,
+    /// Its size in bytes: grows with `set volsize` (within the tree height `nlevels`
+    /// of its root allows), read with [`VolumeState::volsize`].
+    pub volsize: std::sync::atomic::AtomicU64,
     pub volblocksize: u32,
     pub created_txg: Txg,
     /// Published as one `Arc`, loaded lock-free on the I/O path.
@@ -773,14 +775,17 @@ pub struct VolumeState {
 }
 
 impl VolumeState {
+    pub fn volsize(&self) -> u64 {
+        self.volsize.load(std::sync::atomic::Ordering::Acquire)
+    }
     pub fn nblocks(&self) -> u64 {
-        self.volsize.div_ceil(self.volblocksize as u64)
+        self.volsize().div_ceil(self.volblocksize as u64)
     }
     pub fn record(&self, root: TreeRoot) -> VolumeRecord {
         VolumeRecord {
             id: self.id,
             name: self.name.clone(),
-            volsize: self.volsize,
+            volsize: self.volsize(),
             volblocksize: self.volblocksize,
             root,
             props: crate::props::PropSet::clone(&self.props.snapshot()),

@@ -466,7 +466,7 @@ fn volumes_from_mos(mos: &crate::dmu::Mos) -> BTreeMap<String, Arc<VolumeState>>
             Arc::new(VolumeState {
                 id: v.id,
                 name: v.name.clone(),
-                volsize: v.volsize,
+                volsize: v.volsize.into(),
                 volblocksize: v.volblocksize,
                 created_txg: v.created_txg,
                 props: crate::props::PublishedProps::new(v.props.clone()),
