@@ -272,6 +272,7 @@ pub async fn list(c: &Client, a: ListArgs) -> Result<(), String> {
     if let Some(bad) = props.iter().chain(sorts.iter().map(|(p, _)| p)).find(|p| !volume_property(p)) {
         return Err(format!("invalid property '{bad}'"));
     }
+    // -r: a pool named stands for its volumes anyway, and volumes have no children
     let _ = a.recursive;
     let mut names = vec![];
     if a.names.is_empty() {
@@ -287,7 +288,7 @@ pub async fn list(c: &Client, a: ListArgs) -> Result<(), String> {
     let mut datasets = vec![];
     if lists_volumes(a.types.as_deref())? {
         for n in names {
-            datasets.push(Dataset::fetch(c, &n).await.map_err(|e| e.replace(": no such volume", ": dataset does not exist"))?);
+            datasets.push(Dataset::fetch(c, &n).await?);
         }
     }
     if datasets.is_empty() {

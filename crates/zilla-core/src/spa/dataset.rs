@@ -4,10 +4,11 @@
 //!
 //! Growing. A volume's size is one field of its MOS record; its block tree has the
 //! height (`nlevels`) its size needs (docs/on-disk-format.md §5-6). A grow that keeps
-//! the height changes nothing but that field: the new size is published at once (reads
-//! and writes up to it are accepted from then on) and written by the sync `set` waits
-//! for, so a crash before it leaves the old size and no block beyond it (no client
-//! could write there before the call returned). A grow that would need a taller tree is
+//! the height changes nothing but that field: the new size goes into the MOS record of
+//! the sync `set` waits for (`grown_volsize`), and only once that sync is done is it
+//! served (reads and writes up to it accepted). A crash before leaves the old size and
+//! no block or intent-log record beyond it; a crash after, the new size (which no
+//! write may have reached yet). If the sync fails the old size stays served. A grow that would need a taller tree is
 //! refused with the largest size the volume can grow to. A thick volume (its
 //! `refreservation` is the one `auto` gives its size) keeps being thick: its
 //! reservation grows with it, first, and a grow the pool cannot reserve is refused.
@@ -72,10 +73,15 @@ impl Pool {
                 inner.reserve_for_volume(&v.space, crate::props::refreservation_bytes(&value))?;
                 v.props.set("refreservation", &value)?;
             }
-            v.volsize.store(new_size, Ordering::Release);
+            v.grown_volsize.store(new_size, Ordering::Release);
         }
         inner.meta.lock().changed = true;
-        self.sync()
+        let synced = self.sync();
+        if synced.is_ok() {
+            v.volsize.store(new_size, Ordering::Release);
+        }
+        v.grown_volsize.store(0, Ordering::Release);
+        synced
     }
 
     /// `zfs rename POOL/OLD POOL/NEW` within the pool; refused while anything holds

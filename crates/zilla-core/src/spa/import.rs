@@ -467,6 +467,7 @@ fn volumes_from_mos(mos: &crate::dmu::Mos) -> BTreeMap<String, Arc<VolumeState>>
                 id: v.id,
                 name: v.name.clone(),
                 volsize: v.volsize.into(),
+                grown_volsize: 0.into(),
                 volblocksize: v.volblocksize,
                 created_txg: v.created_txg,
                 props: crate::props::PublishedProps::new(v.props.clone()),

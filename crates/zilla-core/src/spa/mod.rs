@@ -654,6 +654,7 @@ impl Pool {
                 id,
                 name: name.to_string(),
                 volsize: volsize.into(),
+                grown_volsize: 0.into(),
                 volblocksize,
                 created_txg: inner.txg.open_txg(),
                 props: crate::props::PublishedProps::new(ps),
