@@ -15,7 +15,7 @@ start_daemon
 make_pool tank 256M
 before=$(date +%s)
 z volume create -V 32M tank/vm1 # thick: refreservation follows its size
-make_volume tank/db 16M
+make_volume tank/db 24M
 after=$(date +%s)
 
 # --- get: several datasets, several properties
@@ -94,10 +94,12 @@ expect_error "cannot set property for 'tank/vm1': cannot shrink a volume" z set 
 expect_error "multiple of volume block size" z set volsize=$(((64 << 20) + 512)) tank/vm1
 expect_error "bad value 'lots' for property 'volsize'" z set volsize=lots tank/vm1
 # a sparse volume stays sparse
-z set volsize=16M tank/db
-[ "$(z get -H -o value refreservation tank/db)" = none ] || fail "a sparse volume got a reservation"
+z set volsize=32M tank/db
+[ "$(z get -Hp -o value volsize,refreservation tank/db | tr '\n' ' ')" = "$((32 << 20)) none " ] || fail "sparse grow"
 # a tree of 2 levels of 16K blocks holds at most 16M
-expect_error "needs a taller block tree than this volume has: it can grow to at most 16.00M" z set volsize=32M tank/db
+make_volume tank/small 16M
+expect_error "needs a taller block tree than this volume has: it can grow to at most 16.00M" z set volsize=32M tank/small
+z volume destroy tank/small
 
 # --- rename
 python3 "$TOOL" idle 127.0.0.1 "$NBD_PORT" tank/vm1 1 >"$T/hold.out" 2>&1 &
@@ -119,7 +121,7 @@ qemu-io -f raw -c "read -P 0xa5 $((60 << 20)) 1M" "$(nbd_unix_uri tank/vm2)" | g
 stop_daemon
 start_daemon
 z get -H -p -o name,property,value volsize,type tank/vm2 tank/db | tee "$T/after"
-printf 'tank/vm2\tvolsize\t%s\ntank/vm2\ttype\tvolume\ntank/db\tvolsize\t%s\ntank/db\ttype\tvolume\n' $((64 << 20)) $((16 << 20)) |
+printf 'tank/vm2\tvolsize\t%s\ntank/vm2\ttype\tvolume\ntank/db\tvolsize\t%s\ntank/db\ttype\tvolume\n' $((64 << 20)) $((32 << 20)) |
     cmp - "$T/after" || fail "sizes or names not kept across a restart"
 [ "$(z get -Hp -o value creation tank/vm2)" = "$created" ] || fail "creation not kept across rename and restart"
 stop_daemon
