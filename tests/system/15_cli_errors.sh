@@ -21,7 +21,7 @@ expect_error "multiple of volume block size" z volume create -V 10000 tank/x
 # Properties.
 expect_error "cannot set property for 'tank/v': unknown property 'frobnicate'" z set frobnicate=1 tank/v
 expect_error "bad value 'sometimes' for property 'sync'" z set sync=sometimes tank/v
-expect_error "read-only" z set volsize=1G tank/v
+expect_error "cannot set property for 'tank/v': 'used' is readonly" z set used=1G tank/v
 expect_error "bad property assignment" z set sync tank/v
 expect_error "unknown property" z volume create -V 16M -o bogus=1 tank/x
 expect_error "cannot open 'tank/v'.*unknown property|unknown property" z get nosuchprop tank/v

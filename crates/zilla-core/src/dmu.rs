@@ -763,7 +763,13 @@ pub fn read_mos_blob(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Resul
 pub struct VolumeState {
     pub id: u64,
     pub name: String,
-    pub volsize: u64,
+    /// Its size in bytes: grows with `set volsize` (within the tree height `nlevels`
+    /// of its root allows), read with [`VolumeState::volsize`].
+    pub volsize: std::sync::atomic::AtomicU64,
+    /// A grow on its way to disk (0: none): the size MOS records hold from the sync
+    /// that writes it, before `volsize` serves it, so no write beyond the old end (nor
+    /// its intent-log record) can be acknowledged before the larger size is durable.
+    pub grown_volsize: std::sync::atomic::AtomicU64,
     pub volblocksize: u32,
     pub created_txg: Txg,
     /// Published as one `Arc`, loaded lock-free on the I/O path.
@@ -780,14 +786,17 @@ pub struct VolumeState {
 }
 
 impl VolumeState {
+    pub fn volsize(&self) -> u64 {
+        self.volsize.load(std::sync::atomic::Ordering::Acquire)
+    }
     pub fn nblocks(&self) -> u64 {
-        self.volsize.div_ceil(self.volblocksize as u64)
+        self.volsize().div_ceil(self.volblocksize as u64)
     }
     pub fn record(&self, root: TreeRoot) -> VolumeRecord {
         VolumeRecord {
             id: self.id,
             name: self.name.clone(),
-            volsize: self.volsize,
+            volsize: self.volsize().max(self.grown_volsize.load(std::sync::atomic::Ordering::Acquire)),
             volblocksize: self.volblocksize,
             root,
             props: crate::props::PropSet::clone(&self.props.snapshot()),

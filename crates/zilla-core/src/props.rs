@@ -136,7 +136,7 @@ pub const PROPS: &[PropDef] = &[
 /// persistent reservations of a volume whose initiators asked for them to survive a
 /// restart). `get` does not list them and `set` refuses them (`validate` does not
 /// know them); only the pool's own callers write them, through [`PropSet::set`].
-pub const INTERNAL_PROPS: &[&str] = &["_iscsi_pr"];
+pub const INTERNAL_PROPS: &[&str] = &["_iscsi_pr", "_creation"];
 /// Longest value of an internal property (bytes).
 pub const INTERNAL_VALUE_MAX_BYTES: usize = 64 << 10;
 
@@ -147,7 +147,10 @@ pub fn is_internal(name: &str) -> bool {
 
 /// Read-only / create-time properties reported by `get` but not in `PROPS`.
 pub const READONLY_PROPS: &[&str] =
-    &["volsize", "volblocksize", "used", "logicalused", "referenced", "available", "usedbyrefreservation", "usedbydataset", "createtxg", "objsetid"];
+    &[
+        "volsize", "volblocksize", "used", "logicalused", "referenced", "available", "usedbyrefreservation", "usedbydataset", "createtxg",
+        "objsetid", "type", "name", "creation", "compressratio", "logicalreferenced",
+    ];
 
 /// `refreservation` as stored: `none`, or bytes. (`auto`, accepted by `validate`, is
 /// resolved by the pool from the volume's size before it is stored.)
@@ -171,7 +174,7 @@ fn validate_refreservation(value: &str) -> Result<String> {
 
 /// A size such as `10G`, `512M`, `1.5T` or `4096` (powers of 1024; `B`/`iB` after the
 /// suffix allowed); `None` if it is not one or does not fit in 64 bits.
-fn parse_size(v: &str) -> Option<u64> {
+pub fn parse_size(v: &str) -> Option<u64> {
     let split = v.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(v.len());
     let (num, suffix) = v.split_at(split);
     if num.is_empty() || num == "." {
@@ -208,7 +211,7 @@ pub fn find(name: &str) -> Option<&'static PropDef> {
 pub fn validate(name: &str, value: &str) -> Result<String> {
     let def = find(name).ok_or_else(|| {
         if READONLY_PROPS.contains(&name) {
-            Error::invalid(format!("property '{name}' is read-only"))
+            Error::invalid(format!("'{name}' is readonly"))
         } else {
             Error::invalid(format!("unknown property '{name}'"))
         }

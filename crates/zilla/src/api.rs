@@ -135,6 +135,16 @@ pub struct GetReq {
     pub props: Vec<String>,
 }
 
+/// `zilla rename POOL/OLD POOL/NEW [-f]`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RenameReq {
+    pub from: String,
+    pub to: String,
+    /// Disconnect attached clients first.
+    #[serde(default)]
+    pub force: bool,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SetReq {
     pub name: String,

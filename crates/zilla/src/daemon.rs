@@ -743,6 +743,7 @@ fn admin_router(d: Arc<Daemon>) -> Router {
         .route("/v1/volumes/{pool}/{name}", delete(volume_destroy))
         .route("/v1/get", post(prop_get))
         .route("/v1/set", post(prop_set))
+        .route("/v1/rename", post(volume_rename))
         .route("/v1/tunables", get(tunable_list).post(tunable_set))
         .route("/v1/iscsi", get(iscsi_list))
         .route("/v1/iscsi/auth", post(iscsi_auth))
@@ -1188,11 +1189,43 @@ async fn prop_set(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<SetReq>) -
         return Ok(Json(Empty {}));
     }
     let (p, vol) = d.volume_pool(&req.name)?;
-    zilla_core::props::validate(&req.property, &req.value)?;
+    if req.property != "volsize" {
+        zilla_core::props::validate(&req.property, &req.value)?; // volsize: the pool checks it
+    }
     if req.property == "shareiscsi" && req.value == "on" {
         d.exports().check_iscsi_target_free(&req.name).map_err(ApiError::bad)?;
     }
     blocking_for(pool_of(&req.name).to_string(), move || Ok(p.set_prop(&vol, &req.property, &req.value)?)).await?;
+    Ok(Json(Empty {}))
+}
+
+/// `zilla rename`: a volume gets a new name in its pool; its NBD export and iSCSI
+/// target follow the name. Refused while clients are attached (unless `force`), and
+/// while the iSCSI target has settings of its own (they name the old target).
+async fn volume_rename(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<RenameReq>) -> ApiResult<Empty> {
+    let (p, from) = d.volume_pool(&req.from)?;
+    let (to_pool, to) = req.to.split_once('/').filter(|(p, v)| !p.is_empty() && !v.is_empty()).ok_or_else(|| ApiError::bad(format!("'{}' is not a volume name (expected POOL/NAME)", req.to)))?;
+    if to_pool != pool_of(&req.from) {
+        return Err(ApiError::bad("volumes must stay within the same pool"));
+    }
+    zilla_core::spa::validate_volume_name(to)?;
+    let old_target = zilla_iscsi::names::target_name(&req.from);
+    if d.iscsi.auth_store().targets().any(|(name, _)| name == old_target) {
+        return Err(ApiError::bad(format!(
+            "iSCSI target {old_target} has settings of its own: clear them (`zilla iscsi auth {} --clear`), rename, then set them for the new name",
+            req.from
+        )));
+    }
+    if d.exports().iscsi_target_taken_by(&req.to).is_some_and(|other| other != req.from) {
+        d.exports().check_iscsi_target_free(&req.to).map_err(ApiError::bad)?;
+    }
+    let e = req.from.clone();
+    clear_sessions(&d, &format!("volume '{}'", req.from), req.force, &move |x| x == e).await?;
+    let to = to.to_string();
+    blocking_for(pool_of(&req.from).to_string(), move || Ok(p.volume_rename(&from, &to)?)).await?;
+    let from = req.from.clone();
+    d.frontend.io_stats.retain(|n| n != from);
+    tracing::info!("renamed volume '{}' to '{}'", req.from, req.to);
     Ok(Json(Empty {}))
 }
 

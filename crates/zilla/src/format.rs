@@ -280,30 +280,60 @@ const SIZE_PROPS: &[&str] = &[
     "refreservation",
     "usedbydataset",
     "usedbyrefreservation",
+    "logicalreferenced",
     "size",
     "allocated",
     "free",
 ];
 
-/// `zfs get`: NAME PROPERTY VALUE SOURCE. Size-valued properties are shown as
-/// nicenums, or exact bytes with `-p`, whichever form the engine returned.
-pub fn prop_rows(rows: &[PropRow], scripted: bool, parsable: bool) -> String {
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let mut value = r.value.clone();
-            if SIZE_PROPS.contains(&r.property.as_str()) {
-                if parsable {
-                    if let Ok(n) = parse_size(&value) {
-                        value = n.to_string();
-                    }
-                } else if let Ok(n) = value.parse::<u64>() {
-                    value = nicebytes(n);
-                }
+/// A property's value as `zfs get` prints it from the engine's exact form: sizes as
+/// nicenums (`1.50G`), `creation` as a date (`Wed Dec  2  4:55 2026`, local time),
+/// `compressratio` with its `x`; with `parsable` (`-p`) exact bytes, unix seconds and
+/// `1.00`.
+pub fn prop_value(property: &str, value: &str, parsable: bool) -> String {
+    if SIZE_PROPS.contains(&property) {
+        if parsable {
+            if let Ok(n) = parse_size(value) {
+                return n.to_string();
             }
-            vec![r.name.clone(), r.property.clone(), value, r.source.clone()]
-        })
-        .collect();
+        } else if let Ok(n) = value.parse::<u64>() {
+            return nicebytes(n);
+        }
+    }
+    match (property, value.parse::<i64>()) {
+        ("creation", Ok(seconds)) if !parsable => return zfs_date(seconds),
+        _ => {}
+    }
+    if property == "compressratio" && !parsable && value != "-" {
+        return format!("{value}x");
+    }
+    value.to_string()
+}
+
+/// Properties `zfs list` right-aligns (sizes and ratios).
+pub fn is_numeric_prop(property: &str) -> bool {
+    SIZE_PROPS.contains(&property) || matches!(property, "compressratio" | "createtxg" | "objsetid")
+}
+
+/// Unix seconds as zfs shows a date: strftime `%a %b %e %k:%M %Y`, local time.
+fn zfs_date(seconds: i64) -> String {
+    let t = seconds as libc::time_t;
+    // SAFETY: localtime_r and strftime write only into the buffers given.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            return seconds.to_string();
+        }
+        let mut buf = [0u8; 64];
+        let n = libc::strftime(buf.as_mut_ptr().cast(), buf.len(), c"%a %b %e %k:%M %Y".as_ptr(), &tm);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+}
+
+/// `zfs get`: NAME PROPERTY VALUE SOURCE, values as [`prop_value`] shows them.
+pub fn prop_rows(rows: &[PropRow], scripted: bool, parsable: bool) -> String {
+    let cells: Vec<Vec<String>> =
+        rows.iter().map(|r| vec![r.name.clone(), r.property.clone(), prop_value(&r.property, &r.value, parsable), r.source.clone()]).collect();
     let mut out = table(&["NAME", "PROPERTY", "VALUE", "SOURCE"], &[Align::Left; 4], &cells, scripted);
     if !scripted {
         // properties that are stored but not acted on yet say so under the table

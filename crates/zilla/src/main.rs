@@ -12,6 +12,7 @@ mod arcstats;
 mod client;
 mod clip;
 mod config;
+mod datasets;
 mod daemon;
 mod demo;
 mod events;
@@ -81,18 +82,20 @@ enum Cmd {
     /// Volume commands (as zfs for volumes)
     #[command(subcommand)]
     Volume(VolumeCmd),
-    /// Show properties: NAME PROPERTY VALUE SOURCE
-    Get {
-        /// Scripted: no header, tab-separated
-        #[arg(short = 'H')]
-        scripted: bool,
-        /// Exact numbers
-        #[arg(short = 'p')]
-        parsable: bool,
-        /// PROP[,PROP...] or all
-        props: String,
-        /// POOL/NAME (volume properties) or POOL (pool properties)
+    /// Show properties (as zfs get): NAME PROPERTY VALUE SOURCE
+    Get(datasets::GetArgs),
+    /// List volumes (as zfs list): NAME USED AVAIL REFER MOUNTPOINT
+    List(datasets::ListArgs),
+    /// Rename a volume within its pool: POOL/NAME POOL/NEWNAME (its NBD export and
+    /// iSCSI target follow the name; refused while clients are attached, unless -f)
+    Rename {
+        /// Disconnect attached clients first
+        #[arg(short = 'f')]
+        force: bool,
+        /// The volume
         name: String,
+        /// Its new name, in the same pool
+        new_name: String,
     },
     /// Set a property: PROP=VALUE POOL/NAME (a volume's) or POOL (the pool's, e.g. autotrim=on)
     Set {
@@ -772,7 +775,13 @@ async fn admin(c: &Client, cmd: Cmd) -> Result<(), String> {
     match cmd {
         Cmd::Pool(p) => pool_cmd(c, p).await,
         Cmd::Volume(v) => volume_cmd(c, v).await,
-        Cmd::Get { scripted, parsable, props, name } => get_cmd(c, scripted, parsable, &props, name).await,
+        Cmd::Get(args) => datasets::get(c, args).await,
+        Cmd::List(args) => datasets::list(c, args).await,
+        Cmd::Rename { force, name, new_name } => {
+            let req = RenameReq { from: name.clone(), to: new_name.clone(), force };
+            let _: Empty = c.post("/v1/rename", &req).await.map_err(ctx(format!("cannot rename '{name}'")))?;
+            Ok(())
+        }
         Cmd::Set { assignment, name } => set_cmd(c, &assignment, name).await,
         Cmd::Arcstat { fields, verbose: _, interval, count } => arcstat(c, fields.as_deref(), interval, count).await,
         Cmd::ArcSummary => {

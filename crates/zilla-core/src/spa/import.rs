@@ -466,7 +466,8 @@ fn volumes_from_mos(mos: &crate::dmu::Mos) -> BTreeMap<String, Arc<VolumeState>>
             Arc::new(VolumeState {
                 id: v.id,
                 name: v.name.clone(),
-                volsize: v.volsize,
+                volsize: v.volsize.into(),
+                grown_volsize: 0.into(),
                 volblocksize: v.volblocksize,
                 created_txg: v.created_txg,
                 props: crate::props::PublishedProps::new(v.props.clone()),

@@ -44,6 +44,8 @@ use crate::zvol::{BlockVolume, VolumePool};
 use crate::{Error, Guid, Result, Txg};
 
 mod config;
+mod dataset;
+pub use dataset::{compressratio, max_volsize, CREATION_PROP};
 mod import;
 mod mmp;
 mod replay;
@@ -701,6 +703,8 @@ impl Pool {
             let v = if k == "refreservation" { resolve_refreservation(v, volsize, volblocksize)? } else { v.clone() };
             ps.set(k, &v)?;
         }
+        let created_s = self.inner.env.unix_time_ns() / 1_000_000_000;
+        ps.set(dataset::CREATION_PROP, &created_s.to_string())?;
         let reservation = crate::props::refreservation_bytes(&ps.value("refreservation"));
         let inner = &self.inner;
         let mut vols = inner.volumes.write();
@@ -725,7 +729,8 @@ impl Pool {
             Arc::new(VolumeState {
                 id,
                 name: name.to_string(),
-                volsize,
+                volsize: volsize.into(),
+                grown_volsize: 0.into(),
                 volblocksize,
                 created_txg: inner.txg.open_txg(),
                 props: crate::props::PublishedProps::new(ps),
@@ -779,7 +784,7 @@ impl Pool {
                 let s = VolumeSpaceFigures::of(v, &figures);
                 VolumeInfo {
                     name: format!("{}/{}", self.inner.name, v.name),
-                    volsize: v.volsize,
+                    volsize: v.volsize(),
                     volblocksize: v.volblocksize,
                     used: s.used,
                     readonly: v.props.typed().readonly,
@@ -815,7 +820,7 @@ impl Pool {
         let ps = v.props.snapshot();
         let s = VolumeSpaceFigures::of(&v, &self.space_figures());
         let mut all: Vec<(String, String, String, Option<&str>)> = vec![
-            ("volsize".into(), v.volsize.to_string(), "local".into(), None),
+            ("volsize".into(), v.volsize().to_string(), "local".into(), None),
             ("volblocksize".into(), v.volblocksize.to_string(), "default".into(), None),
             ("used".into(), s.used.to_string(), "-".into(), None),
             ("available".into(), s.available.to_string(), "-".into(), None),
@@ -826,6 +831,7 @@ impl Pool {
             ("createtxg".into(), v.created_txg.0.to_string(), "-".into(), None),
             ("objsetid".into(), v.id.to_string(), "-".into(), None),
         ];
+        all.extend(dataset::statistics(&full, &ps, &s).into_iter().map(|(p, val)| (p.to_string(), val, "-".to_string(), None)));
         for d in crate::props::PROPS {
             let (val, src) = ps.get(d.name);
             all.push((d.name.into(), val, src.into(), d.no_effect_yet));
@@ -883,9 +889,14 @@ impl Pool {
 
     pub fn set_prop(&self, volume: &str, prop: &str, value: &str) -> Result<()> {
         self.check_open()?;
+        if prop == "volsize" {
+            let size = crate::props::parse_size(&value.trim().to_ascii_lowercase())
+                .ok_or_else(|| Error::invalid(format!("bad value '{value}' for property 'volsize': expected a size such as 20G")))?;
+            return self.set_volsize(volume, size);
+        }
         let v = self.inner.volumes.read().get(volume).cloned().ok_or_else(|| Error::NotFound(format!("volume '{}/{volume}'", self.inner.name)))?;
         if prop == "refreservation" {
-            let value = resolve_refreservation(value, v.volsize, v.volblocksize)?;
+            let value = resolve_refreservation(value, v.volsize(), v.volblocksize)?;
             let bytes = crate::props::refreservation_bytes(&value);
             // the reservation and the property change together: one `set` at a time
             let _g = self.inner.volumes.write();

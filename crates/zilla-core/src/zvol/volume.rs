@@ -291,8 +291,8 @@ impl Volume {
 
     fn check_read(&self, offset: u64, len: u64) -> Result<()> {
         self.check_live()?;
-        if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
-            return Err(Error::invalid(format!("range {offset}+{len} beyond volume size {}", self.vol.volsize)));
+        if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize()) {
+            return Err(Error::invalid(format!("range {offset}+{len} beyond volume size {}", self.vol.volsize())));
         }
         Ok(())
     }
@@ -302,7 +302,7 @@ impl Volume {
         if self.vol.props.typed().readonly {
             return Err(Error::ReadOnly(format!("{}/{}", self.pool.pool_name(), self.vol.name)));
         }
-        if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize) {
+        if offset.checked_add(len).map_or(true, |e| e > self.vol.volsize()) {
             return Err(Error::NoSpace);
         }
         Ok(())
@@ -758,7 +758,7 @@ impl BlockVolume for Volume {
         format!("{}/{}", self.pool.pool_name(), self.vol.name)
     }
     fn size(&self) -> u64 {
-        self.vol.volsize
+        self.vol.volsize()
     }
     fn block_size(&self) -> u32 {
         self.vol.volblocksize
