@@ -31,8 +31,14 @@ _zilla() {
             zilla,iscsi)
                 cmd="zilla__subcmd__iscsi"
                 ;;
+            zilla,list)
+                cmd="zilla__subcmd__list"
+                ;;
             zilla,pool)
                 cmd="zilla__subcmd__pool"
+                ;;
+            zilla,rename)
+                cmd="zilla__subcmd__rename"
                 ;;
             zilla,serve)
                 cmd="zilla__subcmd__serve"
@@ -76,11 +82,17 @@ _zilla() {
             zilla__subcmd__pool,detach)
                 cmd="zilla__subcmd__pool__subcmd__detach"
                 ;;
+            zilla__subcmd__pool,events)
+                cmd="zilla__subcmd__pool__subcmd__events"
+                ;;
             zilla__subcmd__pool,export)
                 cmd="zilla__subcmd__pool__subcmd__export"
                 ;;
             zilla__subcmd__pool,get)
                 cmd="zilla__subcmd__pool__subcmd__get"
+                ;;
+            zilla__subcmd__pool,history)
+                cmd="zilla__subcmd__pool__subcmd__history"
                 ;;
             zilla__subcmd__pool,import)
                 cmd="zilla__subcmd__pool__subcmd__import"
@@ -115,6 +127,9 @@ _zilla() {
             zilla__subcmd__pool,trim)
                 cmd="zilla__subcmd__pool__subcmd__trim"
                 ;;
+            zilla__subcmd__pool,wait)
+                cmd="zilla__subcmd__pool__subcmd__wait"
+                ;;
             zilla__subcmd__tunable,get)
                 cmd="zilla__subcmd__tunable__subcmd__get"
                 ;;
@@ -137,7 +152,7 @@ _zilla() {
 
     case "${cmd}" in
         zilla)
-            opts="-h -V --state-dir --help --version serve demo pool volume get set arcstat arc-summary zilstat txgs tunable iscsi"
+            opts="-h -V --state-dir --help --version serve demo pool volume get list rename set arcstat arc-summary zilstat txgs tunable iscsi"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -225,12 +240,20 @@ _zilla() {
             return 0
             ;;
         zilla__subcmd__get)
-            opts="-H -p -h --state-dir --help"
+            opts="-H -p -r -o -s -h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                -o)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -s)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --state-dir)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -316,8 +339,42 @@ _zilla() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        zilla__subcmd__list)
+            opts="-H -p -r -o -t -s -S -h --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                -o)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -t)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -s)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -S)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         zilla__subcmd__pool)
-            opts="-h --state-dir --help create status list iostat set get scrub trim import export destroy add attach detach remove offline online replace clear"
+            opts="-h --state-dir --help create status list iostat set get scrub trim import export destroy add attach detach remove offline online replace clear wait events history"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -335,7 +392,7 @@ _zilla() {
             return 0
             ;;
         zilla__subcmd__pool__subcmd__add)
-            opts="-f -h --state-dir --help"
+            opts="-f -n -h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -353,7 +410,7 @@ _zilla() {
             return 0
             ;;
         zilla__subcmd__pool__subcmd__attach)
-            opts="-f -h --state-dir --help"
+            opts="-f -w -h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -446,6 +503,24 @@ _zilla() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        zilla__subcmd__pool__subcmd__events)
+            opts="-v -f -c -H -h --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         zilla__subcmd__pool__subcmd__export)
             opts="-f -h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -466,6 +541,24 @@ _zilla() {
             ;;
         zilla__subcmd__pool__subcmd__get)
             opts="-H -p -h --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        zilla__subcmd__pool__subcmd__history)
+            opts="-l -h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -599,7 +692,7 @@ _zilla() {
             return 0
             ;;
         zilla__subcmd__pool__subcmd__replace)
-            opts="-f -h --state-dir --help"
+            opts="-f -w -h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -673,6 +766,46 @@ _zilla() {
         zilla__subcmd__pool__subcmd__trim)
             opts="-w -s -c -h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        zilla__subcmd__pool__subcmd__wait)
+            opts="-t -h --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                -t)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        zilla__subcmd__rename)
+            opts="-f -h --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

@@ -54,7 +54,7 @@ pub fn target(method: &Method, path: &str) -> Option<(PoolAt, Phase)> {
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     let seg = |i: usize| segs.get(i).map(|s| percent_decode(s));
     match (method.as_str(), segs.as_slice()) {
-        ("POST", ["", "v1", "pools"]) | ("POST", ["", "v1", "import"]) | ("POST", ["", "v1", "volumes"]) | ("POST", ["", "v1", "set"]) => {
+        ("POST", ["", "v1", "pools"]) | ("POST", ["", "v1", "import"]) | ("POST", ["", "v1", "volumes"]) | ("POST", ["", "v1", "set"]) | ("POST", ["", "v1", "rename"]) => {
             Some((PoolAt::Body, Phase::After))
         }
         ("POST", ["", "v1", "pools", _, "export"]) => Some((PoolAt::Path(seg(3)?), Phase::Before)),
@@ -87,7 +87,8 @@ fn percent_decode(s: &str) -> String {
 /// The pool named by a request body's `name` (`POOL` or `POOL/VOLUME`).
 fn body_pool(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let name = v.get("name")?.as_str()?;
+    // a dataset's name, or the old name of a rename
+    let name = v.get("name").or_else(|| v.get("from"))?.as_str()?;
     Some(name.split(['/', '@']).next()?.to_string())
 }
 
@@ -211,6 +212,8 @@ mod tests {
         assert_eq!(target(&post, "/v1/pools/tank/wait"), None);
         assert_eq!(target(&Method::GET, "/v1/pools/tank/history"), None);
         assert_eq!(body_pool(br#"{"name":"tank/vm1","volsize":1}"#).as_deref(), Some("tank"));
+        assert_eq!(target(&post, "/v1/rename"), Some((PoolAt::Body, Phase::After)));
+        assert_eq!(body_pool(br#"{"from":"tank/vm1","to":"tank/vm2"}"#).as_deref(), Some("tank"));
         assert_eq!(body_pool(br#"{"tops":[]}"#), None);
         assert_eq!(body_pool(b"not json"), None);
     }
