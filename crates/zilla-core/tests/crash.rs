@@ -605,8 +605,23 @@ fn topology(pool: &Pool) -> Vec<Vec<LeafView>> {
         .config
         .iter()
         .filter(|t| t.role == Role::Normal)
-        .map(|t| if t.children.is_empty() { vec![view(&t.name, &t.state)] } else { t.children.iter().map(|c| view(&c.name, &c.state)).collect() })
+        .map(|t| {
+            let mut leaves = Vec::new();
+            collect_leaves(t, &mut |name: &str, state: &str| leaves.push(view(name, state)));
+            leaves
+        })
         .collect()
+}
+
+/// The leaves under a node of the status tree, in order: a mirror's children, and the
+/// old and new device under a `replacing-N` node (a replace in progress).
+fn collect_leaves(node: &zilla_core::spa::VdevStatus, out: &mut impl FnMut(&str, &str)) {
+    if node.children.is_empty() {
+        out(&node.name, &node.state);
+    }
+    for c in &node.children {
+        collect_leaves(c, out);
+    }
 }
 
 // ------------------------------------------------------------------------------------
