@@ -94,7 +94,7 @@ class ZilDelta:
 def tunables(zilla):
     """{name: value} of the daemon's tunables."""
     out = {}
-    for line in zilla.cli("tunable", "get", "-H").splitlines():
+    for line in zilla.cli("tunable", "get", "-H", "-p").splitlines():
         parts = line.split("\t")
         if len(parts) >= 2:
             try:

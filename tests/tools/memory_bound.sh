@@ -24,7 +24,7 @@ api_get() {
 memory_bound_bytes() {
     local arc dirty budget pool conns
     arc=$(api_get /v1/arcstats | python3 -c 'import json,sys; print(json.load(sys.stdin).get("c_max", 0))')
-    dirty=$(z tunable get -H zfs_dirty_data_max | awk '{ print $2 }')
+    dirty=$(z tunable get -H -p zfs_dirty_data_max | awk '{ print $2 }')
     if [ "$dirty" = 0 ]; then # auto: min(10% of RAM, 4 GiB)
         dirty=$(awk '$1 == "MemTotal:" { d = $2 * 1024 / 10; if (d > 4294967296) d = 4294967296; printf "%d", d }' /proc/meminfo)
     fi

@@ -188,8 +188,10 @@ fn push_vdev<'a>(rows: &mut Vec<StatusRow<'a>>, v: &'a VdevStatus, depth: usize)
     }
 }
 
+/// A paragraph's continuation lines indented by one tab, as zpool prints them (lines
+/// that already start with a tab keep just that one).
 fn indent_para(s: &str) -> String {
-    s.lines().collect::<Vec<_>>().join("\n\t")
+    s.lines().map(|l| l.trim_start_matches('\t')).collect::<Vec<_>>().join("\n\t")
 }
 
 // ---------------------------------------------------------------------------------
