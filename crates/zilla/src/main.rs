@@ -898,8 +898,8 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
             let _: Empty = c.delete(&format!("/v1/pools/{}{}", enc(&pool), force_query(force))).await.map_err(ctx(format!("cannot destroy '{pool}'")))?;
         }
         PoolCmd::Add { force, dry_run, pool, vdevs } => add_cmd(c, force, dry_run, &pool, &vdevs).await?,
-        PoolCmd::Attach { force, wait, pool, device, new_device } => attach_cmd(c, force, wait, &pool, &device, Some(&new_device)).await?,
-        PoolCmd::Replace { force, wait, pool, device, new_device } => replace_cmd(c, force, wait, &pool, &device, new_device.as_deref()).await?,
+        PoolCmd::Attach { force, wait, pool, device, new_device } => device_change_cmd(c, "attach", force, wait, &pool, &device, Some(&new_device)).await?,
+        PoolCmd::Replace { force, wait, pool, device, new_device } => device_change_cmd(c, "replace", force, wait, &pool, &device, new_device.as_deref()).await?,
         PoolCmd::Wait { activities, pool } => wait_cmd(c, &activities, &pool).await?,
         PoolCmd::Detach { pool, device } => device_op(c, "detach", &pool, Some(device)).await?,
         PoolCmd::Remove { pool, device } => device_op(c, "remove", &pool, Some(device)).await?,
@@ -925,28 +925,15 @@ async fn add_cmd(c: &Client, force: bool, dry_run: bool, pool: &str, vdevs: &[St
     Ok(())
 }
 
-/// `pool attach [-f] [-w]` and `pool replace [-f] [-w]` (new device None: in place).
-async fn attach_cmd(c: &Client, force: bool, wait: bool, pool: &str, device: &str, new_device: Option<&str>) -> Result<(), String> {
-    let err = ctx(format!("cannot attach {} to {device}", new_device.unwrap_or(device)));
-    let new = match new_device.map(|n| LeafSpec::parse(n).map_err(|e| e.to_string()).and_then(resolve_leaf)) {
-        Some(Err(e)) => return Err(err(e)),
-        Some(Ok(l)) => Some(l),
-        None => None,
-    };
+/// `pool attach [-f] [-w]` and `pool replace [-f] [-w]` (op "attach" or "replace"; a
+/// replace with no new device is in place).
+async fn device_change_cmd(c: &Client, op: &str, force: bool, wait: bool, pool: &str, device: &str, new_device: Option<&str>) -> Result<(), String> {
+    let new_name = new_device.unwrap_or(device);
+    let what = if op == "attach" { format!("cannot attach {new_name} to {device}") } else { format!("cannot replace {device} with {new_name}") };
+    let err = || ctx(what.clone());
+    let new = new_device.map(|n| LeafSpec::parse(n).map_err(|e| e.to_string()).and_then(resolve_leaf)).transpose().map_err(err())?;
     let req = DeviceReq { device: Some(device_name(device)), new, force, wait };
-    let _: Empty = c.post(&format!("/v1/pools/{}/attach", enc(pool)), &req).await.map_err(err)?;
-    Ok(())
-}
-
-async fn replace_cmd(c: &Client, force: bool, wait: bool, pool: &str, device: &str, new_device: Option<&str>) -> Result<(), String> {
-    let err = ctx(format!("cannot replace {device} with {}", new_device.unwrap_or(device)));
-    let new = match new_device.map(|n| LeafSpec::parse(n).map_err(|e| e.to_string()).and_then(resolve_leaf)) {
-        Some(Err(e)) => return Err(err(e)),
-        Some(Ok(l)) => Some(l),
-        None => None,
-    };
-    let req = DeviceReq { device: Some(device_name(device)), new, force, wait };
-    let _: Empty = c.post(&format!("/v1/pools/{}/replace", enc(pool)), &req).await.map_err(err)?;
+    let _: Empty = c.post(&format!("/v1/pools/{}/{op}", enc(pool)), &req).await.map_err(err())?;
     Ok(())
 }
 
