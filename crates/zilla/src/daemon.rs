@@ -152,7 +152,7 @@ pub struct Daemon {
     pub state_dir: PathBuf,
     pub pools: Arc<PoolTable>,
     /// Serialises configuration changes and cache-file writes.
-    admin: tokio::sync::Mutex<()>,
+    pub(crate) admin: tokio::sync::Mutex<()>,
     /// What the admin should know about this start (a cache file that could not be
     /// read): `/v1/info`, shown by `pool status` and the import listing.
     notices: Arc<Mutex<Vec<String>>>,
@@ -309,7 +309,7 @@ impl Daemon {
     /// A replace answers once its resilver has started; this task completes it (the
     /// engine detaches the old device when the resilver has finished) and then writes
     /// the cache file. Started by `replace` and for a pool imported mid-replace.
-    fn finish_replacements_later(self: &Arc<Self>, name: &str, p: Arc<Pool>) {
+    pub(crate) fn finish_replacements_later(self: &Arc<Self>, name: &str, p: Arc<Pool>) {
         if !p.replacing() {
             return;
         }
@@ -388,7 +388,7 @@ impl Daemon {
 
     /// After a device change the engine already committed to the labels: write the
     /// cache file, or say clearly that only the cache file is behind.
-    async fn save_cache_after_device_change(self: &Arc<Self>, what: &str) -> Result<(), ApiError> {
+    pub(crate) async fn save_cache_after_device_change(self: &Arc<Self>, what: &str) -> Result<(), ApiError> {
         self.save_cache().await.map_err(|ApiError(s, m)| {
             ApiError(
                 s,
@@ -659,6 +659,7 @@ impl DaemonInfo {
 struct Background {
     http: Option<tokio::task::JoinHandle<()>>,
     collector: tokio::task::JoinHandle<()>,
+    autoreplace: tokio::task::JoinHandle<()>,
 }
 
 fn spawn_web_and_analytics(
@@ -678,7 +679,8 @@ fn spawn_web_and_analytics(
         tokio::spawn(crate::http_serve::serve("HTTP", listener, app, limits, stop.clone(), HTTP_DRAIN))
     });
     let collector = crate::analytics::run_collector(daemon.analytics.clone(), daemon.pools.clone(), daemon.frontend.clone(), stop.clone());
-    Background { http, collector: tokio::spawn(collector) }
+    let autoreplace = tokio::spawn(crate::autoreplace::run(daemon.clone(), stop.clone()));
+    Background { http, collector: tokio::spawn(collector), autoreplace }
 }
 
 impl Background {
@@ -688,6 +690,7 @@ impl Background {
             let _ = t.await;
         }
         let _ = self.collector.await;
+        let _ = self.autoreplace.await;
     }
 }
 

@@ -9,6 +9,7 @@ mod api;
 mod analytics;
 mod api_error;
 mod arcstats;
+mod autoreplace;
 mod client;
 mod clip;
 mod config;

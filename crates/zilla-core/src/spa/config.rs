@@ -547,10 +547,13 @@ impl Pool {
         if top.role == Role::Cache || top.role == Role::Spare {
             return Err(Error::invalid("cannot attach to a cache or spare device"));
         }
-        if inner.find_leaf(&new.display()).is_some() {
+        // a replacement in place: the new device is at the old one's path
+        let in_place = replacing && new.display() == old.spec.display();
+        if !in_place && inner.find_leaf(&new.display()).is_some() {
             return Err(Error::invalid(format!("{} is already in pool '{}'", new.display(), inner.name)));
         }
-        check_distinct_leaves(&[new], &inner.leaves.read(), &inner.name)?;
+        let others: Vec<Arc<Leaf>> = inner.leaves.read().iter().filter(|l| !(in_place && l.guid == old.guid)).cloned().collect();
+        check_distinct_leaves(&[new], &others, &inner.name)?;
         check_leaf_path(new)?;
         check_system_use(new, force)?;
         let dev = (inner.opener)(new, top.role)?;
@@ -905,7 +908,45 @@ impl Pool {
             let by = inner.leaves.read().iter().find(|l| l.guid == by).map(|l| l.spec.display()).unwrap_or_default();
             return Err(Error::Busy(format!("{old} is already being replaced by {by}; wait for it with 'zilla pool wait -t replace'")));
         }
+        if new.display() == leaf.spec.display() {
+            self.check_replace_in_place(&leaf, force)?;
+        }
         self.attach_leaf(old, new, force, true)
+    }
+
+    /// `zpool replace POOL DEV` with no new device: a new disk put where `leaf` was
+    /// (its path). Refused while `leaf` itself works (zpool: "is busy"), and when the
+    /// device at the path is this very leaf come back (that is `pool online`); the
+    /// device found there must otherwise be free as for any replace (no label of an
+    /// active or exported pool unless forced).
+    fn check_replace_in_place(&self, leaf: &Arc<Leaf>, force: bool) -> Result<()> {
+        let inner = &self.inner;
+        let path = leaf.spec.display();
+        if leaf.readable() {
+            return Err(Error::Busy(format!("{path} is busy: it is this pool's working device; name a new device to replace it with")));
+        }
+        let (top, _) = inner.find_leaf(&leaf.guid.to_string()).ok_or_else(|| Error::NotFound(format!("device '{path}' in pool '{}'", inner.name)))?;
+        if !top.children().iter().any(|c| c.guid != leaf.guid && c.readable()) {
+            return Err(Error::invalid(format!("{path} has no valid replicas to be rebuilt from")));
+        }
+        let dev = (inner.opener)(&leaf.spec, top.role).map_err(|e| match e {
+            Error::NotFound(_) => Error::NotFound(format!("{path} does not exist: put the new device at that path first")),
+            e => e,
+        })?;
+        let own = label::scan_labels(&*dev)
+            .ok()
+            .and_then(|scan| scan.config)
+            .and_then(|(_, j)| parse_label(&j).ok())
+            .is_some_and(|lj| lj.config.guid == inner.guid && lj.this_guid == leaf.guid);
+        let free = if own { Ok(()) } else { check_device_free(&*dev, &leaf.spec, force) };
+        dev.release();
+        if own {
+            return Err(Error::invalid(format!(
+                "{path} holds this pool's device {path} itself, back at its path: bring it back with 'zilla pool online {} {path}'",
+                inner.name
+            )));
+        }
+        free
     }
 
     /// Finish the replacements whose new leaf holds everything (no DTL, no resilver
@@ -1031,6 +1072,79 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+/// What the `autoreplace` pass ([`Pool::autoreplace_pass`]) did, or would not do, for
+/// one unusable device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AutoreplaceOutcome {
+    /// A blank device at its path: a replacement in place started (resilvering).
+    Replaced,
+    /// This pool's own device back at its path: reopened (`pool online`).
+    Onlined,
+    /// Something is at its path that autoreplace must not take; the reason.
+    Refused(String),
+}
+
+impl Pool {
+    /// The `autoreplace` pool property is on.
+    pub fn autoreplace(&self) -> bool {
+        self.inner.config.lock().props.get("autoreplace").is_some_and(|v| v == "on")
+    }
+
+    /// One pass of `autoreplace=on` (the daemon runs it every few seconds and at
+    /// `clear`): for each data or log device that cannot be used (UNAVAIL, FAULTED) and
+    /// has a readable sibling to be rebuilt from, and is not being replaced already,
+    /// look at its path. A device with no label and no file system or partition table
+    /// there is a new disk put in the old one's place: it replaces the old one in place
+    /// (as `zpool replace POOL DEV`). This pool's own device back there is reopened
+    /// (UNAVAIL since import) or left for `pool clear` (FAULTED). Anything else (another
+    /// pool's label, a signature) is refused and never written. Nothing at the path:
+    /// no outcome. Off, exported, or suspended: nothing is done.
+    pub fn autoreplace_pass(&self) -> Vec<(String, AutoreplaceOutcome)> {
+        let inner = &self.inner;
+        if !self.autoreplace() || self.check_open().is_err() || inner.txg.suspended_by().is_some() {
+            return vec![];
+        }
+        let replaced: Vec<Guid> = inner.replacements().into_iter().flat_map(|(o, n)| [o, n]).collect();
+        let mut out = Vec::new();
+        for top in inner.tops().iter().filter(|t| matches!(t.role, Role::Normal | Role::Log)) {
+            for leaf in top.children() {
+                let state = leaf.state();
+                if !matches!(state, LeafState::Unavail | LeafState::Faulted) || replaced.contains(&leaf.guid) {
+                    continue;
+                }
+                if !top.children().iter().any(|c| c.guid != leaf.guid && c.readable()) {
+                    continue;
+                }
+                let path = leaf.spec.display();
+                let Ok(dev) = (inner.opener)(&leaf.spec, top.role) else { continue };
+                let label = label::scan_labels(&*dev).ok().and_then(|scan| scan.config).map(|(_, j)| parse_label(&j));
+                let own = matches!(&label, Some(Ok(lj)) if lj.config.guid == inner.guid && lj.this_guid == leaf.guid);
+                let blank = match &label {
+                    None => check_device_free(&*dev, &leaf.spec, false).err().map(|e| e.to_string()),
+                    Some(Ok(lj)) if own => Some(format!("{path} is this pool's device {path} (guid {})", lj.this_guid)),
+                    Some(Ok(lj)) => Some(format!("{path} holds a label of pool '{}' (guid {})", printable(&lj.config.name), lj.config.guid)),
+                    Some(Err(why)) => Some(format!("{path} holds a label that does not parse ({why})")),
+                };
+                dev.release();
+                let outcome = match (own, state, blank) {
+                    (true, LeafState::Unavail, _) => match self.online_missing(top, &leaf, &path) {
+                        Ok(()) => AutoreplaceOutcome::Onlined,
+                        Err(e) => AutoreplaceOutcome::Refused(e.to_string()),
+                    },
+                    (true, _, _) => AutoreplaceOutcome::Refused(format!("{path} is this pool's device, faulted; 'zilla pool clear {}' takes it back", inner.name)),
+                    (false, _, Some(why)) => AutoreplaceOutcome::Refused(format!("{why}; autoreplace takes only a blank device")),
+                    (false, _, None) => match self.replace(&leaf.guid.to_string(), &leaf.spec, false) {
+                        Ok(()) => AutoreplaceOutcome::Replaced,
+                        Err(e) => AutoreplaceOutcome::Refused(e.to_string()),
+                    },
+                };
+                out.push((path, outcome));
+            }
+        }
+        out
     }
 }
 

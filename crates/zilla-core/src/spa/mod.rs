@@ -55,7 +55,7 @@ mod sync;
 mod verify;
 pub mod trim;
 
-pub use config::{default_opener, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
+pub use config::{default_opener, AutoreplaceOutcome, LabelJson, LeafConfig, Opener, PoolConfig, TopConfig};
 pub use config::{is_unsafe_char, parse_label, printable, printable_text, push_printable_char, validate_label};
 pub use import::{ImportOptions, ImportScan, ImportablePool, RewindPlan, UnusableLabel, REWIND_MAX_TXGS};
 pub use mmp::ZFS_MULTIHOST_INTERVAL_MS;
@@ -294,19 +294,38 @@ impl PoolInner {
     }
 
 
+    /// The leaf a device name means: its path (whole, as given, or its file name), or
+    /// its guid. While a device is replaced in place two leaves share a path: the name
+    /// means the readable one (the new device), `PATH/old` or the guid the old one.
     pub fn find_leaf(&self, name: &str) -> Option<(Arc<TopVdev>, Arc<Leaf>)> {
+        self.find_leaf_as(name, false).or_else(|| self.find_leaf_as(name.strip_suffix("/old")?, true))
+    }
+
+    /// [`PoolInner::find_leaf`]: `old` looks for the device a replacement in place replaces.
+    fn find_leaf_as(&self, name: &str, old: bool) -> Option<(Arc<TopVdev>, Arc<Leaf>)> {
+        let pairs = self.replacements();
+        let mut unreadable = None;
         for t in self.tops() {
             for c in t.children() {
-                if c.spec.display() == name
-                    || c.spec.path.to_string_lossy() == name
-                    || c.spec.path.file_name().map(|f| f.to_string_lossy() == name).unwrap_or(false)
-                    || c.guid.to_string() == name
-                {
+                if c.guid.to_string() == name && !old {
                     return Some((t.clone(), c));
+                }
+                let same = c.spec.display() == name
+                    || c.spec.path.to_string_lossy() == name
+                    || c.spec.path.file_name().map(|f| f.to_string_lossy() == name).unwrap_or(false);
+                if !same {
+                    continue;
+                }
+                let is_old = pairs.iter().any(|&(o, _)| o == c.guid);
+                if old == is_old && (old || c.readable()) {
+                    return Some((t.clone(), c));
+                }
+                if !old && unreadable.is_none() {
+                    unreadable = Some((t.clone(), c));
                 }
             }
         }
-        None
+        unreadable
     }
 }
 

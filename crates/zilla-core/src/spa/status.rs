@@ -222,6 +222,18 @@ fn top_layout(t: &TopVdev, pairs: &[(Guid, Guid)]) -> TopLayout {
     TopLayout { name: Some(format!("mirror-{}", t.id)), groups }
 }
 
+/// A leaf's name in `status` and `iostat -v`: its path, and `PATH/old` for the device a
+/// replacement in place is replacing (the new device at the same path, as zpool names it).
+fn shown_leaf_name(c: &Leaf, pairs: &[(Guid, Guid)], kids: &[Arc<Leaf>]) -> String {
+    let name = c.spec.display();
+    let replaced_in_place = pairs.iter().filter(|&&(old, _)| old == c.guid).any(|&(_, new)| kids.iter().any(|k| k.guid == new && k.spec.display() == name));
+    if replaced_in_place {
+        format!("{name}/old")
+    } else {
+        name
+    }
+}
+
 /// The leaves a resilver is repairing now: while it runs, every readable leaf with a
 /// DTL except those the last pass could not repair.
 fn resilver_repairs(inner: &std::sync::Arc<super::PoolInner>) -> Vec<Guid> {
@@ -285,7 +297,7 @@ impl Pool {
             let leaf = |i: usize| {
                 let c = &kids[i];
                 VdevStatus {
-                    name: c.spec.display(),
+                    name: shown_leaf_name(c, &pairs, &kids),
                     kind: c.device().kind().to_string(),
                     role: t.role,
                     state: c.state().name().to_string(),
@@ -368,10 +380,11 @@ impl Pool {
         for (t, &(size, alloc)) in tops.iter().zip(&vdev_space) {
             let mut tstats = LeafStats::default();
             let mut children = Vec::new();
-            for c in t.children() {
+            let kids = t.children();
+            for c in &kids {
                 let s = c.queue.stats();
                 add_stats(&mut tstats, &s);
-                children.push(IostatNode { name: c.spec.display(), role: t.role, alloc: 0, free: 0, stats: s, children: vec![] });
+                children.push(IostatNode { name: shown_leaf_name(c, &pairs, &kids), role: t.role, alloc: 0, free: 0, stats: s, children: vec![] });
             }
             if t.role == Role::Normal {
                 add_stats(&mut total, &tstats);

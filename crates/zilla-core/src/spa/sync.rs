@@ -339,6 +339,12 @@ impl PoolInner {
     /// Steps 2-7 of the commit protocol.
     fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
         self.rewrite_stale_labels().map_err(SyncError::Failed)?;
+        // a data device that takes no writes (offline, missing, faulted) misses this
+        // txg whatever it writes (at least the MOS): in its DTL before the MOS's leaf
+        // health is taken, so the txg is not written twice to record it
+        for top in self.tops().iter().filter(|t| t.role == crate::vdev::Role::Normal) {
+            top.children().iter().filter(|c| !c.readable()).for_each(|c| c.dtl_add(txg));
+        }
         let mut phases = SyncPhases::start();
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
