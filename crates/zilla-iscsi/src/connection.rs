@@ -110,7 +110,10 @@ pub(crate) struct Peer {
 /// The logical unit of a normal session.
 struct Unit {
     executor: Executor,
-    geometry: Geometry,
+    /// What the SCSI answers describe; `blocks` follows the volume's size
+    /// ([`Connection::notice_capacity`]).
+    geometry: parking_lot::RwLock<Geometry>,
+    volume: Arc<dyn BlockVolume>,
     export: String,
     wce: AtomicBool,
     replies: Arc<Replies>,
@@ -922,10 +925,11 @@ fn open_unit(
         target_name,
     };
     let labels = zilla_frontend::SessionLabels { protocol: "iscsi", client: Some(client) };
-    let executor = Executor::new(&server.frontend, volume, &export, server.config.command_window as usize, labels);
+    let executor = Executor::new(&server.frontend, volume.clone(), &export, server.config.command_window as usize, labels);
     Unit {
         executor,
-        geometry,
+        geometry: parking_lot::RwLock::new(geometry),
+        volume,
         export,
         wce: AtomicBool::new(wce),
         replies: Arc::new(Replies {
@@ -1473,10 +1477,13 @@ impl<R: AsyncRead + Unpin> Session<R> {
         }
         let started_ns = self.server.frontend.clock.now_ns();
         let lun0 = lun == [0; 8];
+        if lun0 {
+            Self::notice_capacity(unit);
+        }
         if lun0 && self.reservations_refuse(bhs.cdb(), itt, lun, expected, counted) {
             return Ok(());
         }
-        let operation = match scsi::decode(bhs.cdb(), lun0, &unit.geometry) {
+        let operation = match scsi::decode(bhs.cdb(), lun0, &unit.geometry.read()) {
             Ok(op) => op,
             Err(sense) => {
                 if matches!(bhs.cdb()[0], 0x08 | 0x28 | 0xa8 | 0x88 | 0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e) {
@@ -1508,7 +1515,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
             Operation::DataIn(data) => self.send_small_data_in(itt, lun, data, expected, counted),
             Operation::ModeSense { ten, dbd, llbaa, page_control, page, subpage, allocation } => {
                 let wce = unit.wce.load(Ordering::Relaxed);
-                match scsi::mode_sense(&unit.geometry, wce, ten, dbd, llbaa, page_control, page, subpage, allocation) {
+                match scsi::mode_sense(&unit.geometry.read(), wce, ten, dbd, llbaa, page_control, page, subpage, allocation) {
                     Ok(data) => self.send_small_data_in(itt, lun, data, expected, counted),
                     Err(sense) => self.send(check_condition(itt, sense, expected, counted)),
                 }
@@ -1524,7 +1531,7 @@ impl<R: AsyncRead + Unpin> Session<R> {
                     return Ok(());
                 };
                 let Some(unit) = &self.unit else { return Ok(()) };
-                let (offset, end) = (lba * u64::from(LOGICAL_BLOCK_BYTES), unit.geometry.blocks * u64::from(LOGICAL_BLOCK_BYTES));
+                let (offset, end) = (lba * u64::from(LOGICAL_BLOCK_BYTES), unit.geometry.read().blocks * u64::from(LOGICAL_BLOCK_BYTES));
                 let length = (end - offset).min(zilla_frontend::executor::BLOCK_STATUS_SPAN_MAX_BYTES);
                 let answer = Answer::LbaStatus { lba, allocation: allocation as usize, residual_of: expected };
                 self.submit(Command::BlockStatus { offset, length }, admission, started_ns, itt, lun, expected, counted, answer).await;
@@ -1700,7 +1707,8 @@ impl<R: AsyncRead + Unpin> Session<R> {
         let PendingData { lun, counted, expected, residual, sink, admission, started_ns, .. } = pending;
         let Some(unit) = &self.unit else { return };
         let wce = unit.wce.load(Ordering::Relaxed);
-        match collected(sink, residual, &unit.geometry, wce) {
+        let collected = collected(sink, residual, &unit.geometry.read(), wce);
+        match collected {
             Collected::Submit(command, answer) => {
                 let Some(admission) = admission else { return };
                 self.submit(command, admission, started_ns, itt, lun, expected, counted, answer).await;
@@ -1743,6 +1751,19 @@ impl<R: AsyncRead + Unpin> Session<R> {
             Ok(_) => scsi_response(itt, scsi::STATUS_GOOD, None, residual, counted),
             Err(sense) => check_condition(itt, sense, expected, counted),
         }
+    }
+
+    /// Before a command of LUN 0 runs: a volume grown since this session last looked
+    /// (`zilla set volsize=`) is the size its answers give from now on, and the session's
+    /// nexus gets the unit attention CAPACITY DATA HAS CHANGED (SBC-4 §4.10), so the
+    /// initiator reads the capacity again (Linux rescans the disk on it).
+    fn notice_capacity(unit: &Unit) {
+        let blocks = unit.volume.size() / u64::from(LOGICAL_BLOCK_BYTES);
+        if blocks == unit.geometry.read().blocks {
+            return;
+        }
+        unit.geometry.write().blocks = blocks;
+        unit.reservations.update(|s| s.raise(&unit.nexus, pr::UA_CAPACITY_DATA_CHANGED));
     }
 
     /// Before a command of LUN 0 runs: a pending unit attention, or a reservation the

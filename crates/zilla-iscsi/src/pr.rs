@@ -63,6 +63,7 @@ pub const UA_RESERVATIONS_PREEMPTED: Sense = Sense { key: 0x06, asc: 0x2a, ascq:
 pub const UA_RESERVATIONS_RELEASED: Sense = Sense { key: 0x06, asc: 0x2a, ascq: 0x04, field: None };
 pub const UA_REGISTRATIONS_PREEMPTED: Sense = Sense { key: 0x06, asc: 0x2a, ascq: 0x05, field: None };
 pub const UA_MODE_PARAMETERS_CHANGED: Sense = Sense { key: 0x06, asc: 0x2a, ascq: 0x01, field: None };
+pub const UA_CAPACITY_DATA_CHANGED: Sense = Sense { key: 0x06, asc: 0x2a, ascq: 0x09, field: None };
 pub const UA_LUN_RESET: Sense = Sense { key: 0x06, asc: 0x29, ascq: 0x03, field: None };
 pub const UA_TARGET_RESET: Sense = Sense { key: 0x06, asc: 0x29, ascq: 0x02, field: None };
 
