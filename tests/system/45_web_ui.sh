@@ -7,7 +7,7 @@
 # request leaves the daemon's origin. The dashboard's I/O panel shows non-zero ops/s,
 # bandwidth and latency (mean, p50, p99) for the pool and the volume under load; the
 # vdev tree shows whole device names, with log, cache and spare devices in sections
-# as zpool status has them; the heat map's range average gives mean, p50 and p99;
+# as zpool status has them; the scan line shows the finished scrub; the heat map's range average gives mean, p50 and p99;
 # the device legend shows distinct names (whole names as titles) and leaves out a
 # destroyed pool and a removed cache device that had I/O minutes before.
 # Method: the real daemon, fio (nbd engine) in the background, headless chromium
@@ -66,6 +66,8 @@ curl -sf "$BASE/" >"$T/index.html" && grep -q 'dashboard.js' "$T/index.html" || 
 curl -sf "$BASE/status" >"$T/status.html" && grep -q 'tank/vol0' "$T/status.html" || fail "/status does not show the volume"
 curl -sf "$BASE/metrics" >"$T/metrics" && grep -q '^zfs_pool_health{pool="tank"} 0' "$T/metrics" || fail "/metrics changed"
 
+# a finished scrub for the dashboard's scan line
+z pool scrub -w tank
 # load for the charts: random reads and writes for the rest of the test
 fio --name=webui --ioengine=nbd --uri="$(nbd_tcp_uri tank/vol0)" --rw=randrw --bs=4k --iodepth=4 \
     --size=32M --time_based --runtime=600 --rate_iops=300 --fsync=64 >"$T/fio.out" 2>&1 &

@@ -97,6 +97,10 @@ def dashboard(b, base, shots, pool, volume, gone):
     n = b.eval("Number(document.getElementById('dashboard').dataset.loaded)")
     b.wait(f"Number(document.getElementById('dashboard').dataset.loaded) > {n}", 10, "a refresh after a few seconds")
     ok("dashboard refreshes")
+    scan_row = q(f'[data-scan="{pool}"]')
+    scan = b.eval(f"(() => {{ const r = {scan_row}; return r ? [r.dataset.scanState, r.textContent] : null; }})()")
+    check(scan is not None and scan[0] == "finished" and f"{pool}: scrub finished" in scan[1] and "0 errors" in scan[1],
+          f"the scan line shows {pool}'s finished scrub with 0 errors (shows {scan})")
     dashboard_io(b, pool, volume)
     dashboard_devices(b, base, pool)
     for g in gone:
