@@ -25,6 +25,7 @@ pub mod spa_history;
 pub mod spa;
 pub mod scan;
 pub mod zvol;
+pub mod zap;
 pub mod props;
 pub mod memvol;
 pub mod analytics;
@@ -41,7 +42,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["kstat", "env", "types"], // counters, histograms, tunables; clock, sleep, spawn, randomness; Txg, Guid, VdevId, BlockId
     &["error"],        // engine errors (one errno each)
     &["fm"],           // fault-management events (zevents): the bounded queue every layer posts to
-    &["block"],        // on-disk block format: block pointers, checksums, compression
+    &["block", "zap"], // on-disk block format: block pointers, checksums, compression; ZAP codec (over a block seam)
     &["vdev", "txg"],  // leaves, per-leaf queue, mirror, labels; txg state machine
     &["metaslab", "props"], // space allocation per top-level vdev; typed volume properties
     &["arc"],          // DRAM block cache

@@ -17,6 +17,7 @@
 //! per device and reason, not every pass.
 //!
 //! The pass runs under the daemon's admin lock, so it never races an admin command.
+//! The daemon is seen through [`Host`] (this module is below it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,13 +27,24 @@ use tokio::sync::watch;
 use zilla_core::spa::AutoreplaceOutcome;
 use zilla_core::spa_history::HistoryRecord;
 
-use crate::daemon::Daemon;
+use zilla_core::spa::Pool;
+
+/// What the task needs of the daemon.
+pub trait Host: Send + Sync + 'static {
+    /// The imported pools.
+    fn pools(&self) -> Vec<(String, Arc<Pool>)>;
+    /// The lock every configuration change holds.
+    fn admin_lock(&self) -> &tokio::sync::Mutex<()>;
+    /// After a device change of `pool` (the admin lock held): the cache file rewritten
+    /// (an error logged), the replacement finished once its resilver ends.
+    fn device_changed(self: Arc<Self>, pool: String, p: Arc<Pool>) -> impl std::future::Future<Output = ()> + Send;
+}
 
 /// How often the pools with `autoreplace=on` are looked at.
 pub const AUTOREPLACE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Run [`pass`] every [`AUTOREPLACE_INTERVAL`] until `stop`.
-pub async fn run(d: Arc<Daemon>, mut stop: watch::Receiver<bool>) {
+pub async fn run<H: Host>(d: Arc<H>, mut stop: watch::Receiver<bool>) {
     let mut refused: HashMap<(String, String), String> = HashMap::new();
     loop {
         tokio::select! {
@@ -48,13 +60,13 @@ pub async fn run(d: Arc<Daemon>, mut stop: watch::Receiver<bool>) {
 
 /// One pass over every pool with `autoreplace=on`. `refused`: the last refusal logged
 /// per (pool, device), so each is logged once until it changes.
-pub async fn pass(d: &Arc<Daemon>, refused: &mut HashMap<(String, String), String>) {
-    for (name, pool) in d.pools.all() {
+pub async fn pass<H: Host>(d: &Arc<H>, refused: &mut HashMap<(String, String), String>) {
+    for (name, pool) in d.pools() {
         if !pool.autoreplace() {
             refused.retain(|(p, _), _| *p != name);
             continue;
         }
-        let admin = d.admin.lock().await;
+        let admin = d.admin_lock().lock().await;
         let p = pool.clone();
         let Ok(outcomes) = tokio::task::spawn_blocking(move || p.autoreplace_pass()).await else { continue };
         let shown = crate::clip::clip(&name);
@@ -85,11 +97,8 @@ pub async fn pass(d: &Arc<Daemon>, refused: &mut HashMap<(String, String), Strin
             }
         }
         if changed {
-            if let Err(crate::daemon::ApiError(_, m)) = d.save_cache_after_device_change("the autoreplace").await {
-                tracing::error!("pool '{shown}': {m}");
-            }
+            d.clone().device_changed(name.clone(), pool.clone()).await;
             drop(admin);
-            d.finish_replacements_later(&name, pool.clone());
             let p = pool.clone();
             if let Ok(Err(e)) = tokio::task::spawn_blocking(move || p.sync()).await {
                 tracing::warn!("pool '{shown}': the history record of an autoreplace is not on disk yet: {e}");

@@ -152,7 +152,7 @@ pub struct Daemon {
     pub state_dir: PathBuf,
     pub pools: Arc<PoolTable>,
     /// Serialises configuration changes and cache-file writes.
-    pub(crate) admin: tokio::sync::Mutex<()>,
+    admin: tokio::sync::Mutex<()>,
     /// What the admin should know about this start (a cache file that could not be
     /// read): `/v1/info`, shown by `pool status` and the import listing.
     notices: Arc<Mutex<Vec<String>>>,
@@ -169,6 +169,21 @@ pub struct Daemon {
     pub analytics: Arc<crate::analytics::Analytics>,
     /// The pool events this daemon keeps (events.rs, `pool events`).
     pub events: Arc<crate::events::EventStore>,
+}
+
+impl crate::autoreplace::Host for Daemon {
+    fn pools(&self) -> Vec<(String, Arc<Pool>)> {
+        self.pools.all()
+    }
+    fn admin_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.admin
+    }
+    async fn device_changed(self: Arc<Self>, pool: String, p: Arc<Pool>) {
+        if let Err(ApiError(_, m)) = self.save_cache_after_device_change("the autoreplace").await {
+            tracing::error!("pool '{}': {m}", crate::clip::clip(&pool));
+        }
+        self.finish_replacements_later(&pool, p);
+    }
 }
 
 pub use crate::api_error::ApiError;
@@ -309,7 +324,7 @@ impl Daemon {
     /// A replace answers once its resilver has started; this task completes it (the
     /// engine detaches the old device when the resilver has finished) and then writes
     /// the cache file. Started by `replace` and for a pool imported mid-replace.
-    pub(crate) fn finish_replacements_later(self: &Arc<Self>, name: &str, p: Arc<Pool>) {
+    fn finish_replacements_later(self: &Arc<Self>, name: &str, p: Arc<Pool>) {
         if !p.replacing() {
             return;
         }
@@ -388,7 +403,7 @@ impl Daemon {
 
     /// After a device change the engine already committed to the labels: write the
     /// cache file, or say clearly that only the cache file is behind.
-    pub(crate) async fn save_cache_after_device_change(self: &Arc<Self>, what: &str) -> Result<(), ApiError> {
+    async fn save_cache_after_device_change(self: &Arc<Self>, what: &str) -> Result<(), ApiError> {
         self.save_cache().await.map_err(|ApiError(s, m)| {
             ApiError(
                 s,

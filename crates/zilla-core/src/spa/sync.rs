@@ -337,14 +337,18 @@ impl PoolInner {
     }
 
     /// Steps 2-7 of the commit protocol.
-    fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
-        self.rewrite_stale_labels().map_err(SyncError::Failed)?;
-        // a data device that takes no writes (offline, missing, faulted) misses this
-        // txg whatever it writes (at least the MOS): in its DTL before the MOS's leaf
-        // health is taken, so the txg is not written twice to record it
+    /// A data device that takes no writes (offline, missing, faulted) misses `txg`
+    /// whatever the txg writes (at least the MOS): in its DTL before the MOS's leaf
+    /// health is taken, so the txg is not written twice to record it.
+    fn note_unwritable_leaves(&self, txg: Txg) {
         for top in self.tops().iter().filter(|t| t.role == crate::vdev::Role::Normal) {
             top.children().iter().filter(|c| !c.readable()).for_each(|c| c.dtl_add(txg));
         }
+    }
+
+    fn spa_sync_inner(&self, txg: Txg) -> std::result::Result<(), SyncError> {
+        self.rewrite_stale_labels().map_err(SyncError::Failed)?;
+        self.note_unwritable_leaves(txg);
         let mut phases = SyncPhases::start();
         let vols: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut batch = Vec::new();
@@ -353,10 +357,9 @@ impl PoolInner {
             let m = self.meta.lock();
             (m.doomed.clone(), m.mos_root, m.next_volume_id, m.scan_state.clone(), m.history.clone())
         };
-        // Pipeline: data blocks are checksummed (pool workers) and allocated in chunks;
-        // each chunk's writes are submitted without waiting while the next chunk is
-        // prepared, and the indirect blocks are rebuilt while the last chunks are still
-        // being written.
+        // Pipeline: data blocks are checksummed (pool workers) and allocated in chunks, each
+        // chunk's writes submitted without waiting while the next is prepared; indirect
+        // blocks are rebuilt while the last chunks are still being written.
         let mut pass = DataPass { txg, writer: crate::zio::SyncWriter::new(&self.io, txg), reservation: self.io.arc_reservation(), written: Vec::new() };
         let trees = self.sync_volumes(&vols, &mut pass, &mut new_roots)?;
         phases.mark();
