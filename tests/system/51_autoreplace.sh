@@ -15,13 +15,13 @@ truncate -s 256M "$d/d1" "$d/d2"
 z pool create tank mirror "$d/d1" "$d/d2"
 make_volume tank/v 128M
 uri=$(nbd_unix_uri tank/v)
-head -c $((32 << 20)) /dev/urandom >"$T/a"
+head -c $((64 << 20)) /dev/urandom >"$T/a"
 nbdcopy --flush "$T/a" "$uri"
 
 check_data_on_d2() { # what: d2 alone holds everything
     z pool offline tank "$d/d1"
     nbdcopy "$uri" "$T/b"
-    cmp <(head -c $((32 << 20)) "$T/b") "$T/a" || fail "$1: data read from the new d2 alone differs"
+    cmp <(head -c $((64 << 20)) "$T/b") "$T/a" || fail "$1: data read from the new d2 alone differs"
     z pool online tank "$d/d1"
     z pool wait -t resilver tank
 }
@@ -45,9 +45,22 @@ expect_error "no valid label" z pool online tank "$d/d2"
 mkfs.ext4 -q -F "$d/d2" >/dev/null
 expect_error "existing ext4|use -f" z pool replace tank "$d/d2"
 swap_d2
+# the resilver pauses after its first span, so the restart below comes in the middle
+z tunable set zfs_scan_pause_every_spans=1
 z pool replace tank "$d/d2"
 z pool status tank | tee "$T/st"
-grep -Eq "replacing-[0-9]+" "$T/st" || grep -q "resilvered" "$T/st" || fail "no replacing-N shown during the replace"
+grep -Eq "replacing-[0-9]+" "$T/st" || fail "no replacing-N shown during the replace"
+if grep -q "d2/old" "$T/st"; then
+    # the path names the new device, PATH/old the old one
+    z pool status tank | grep -Eq '^\s+\S*d2/old +(UNAVAIL|FAULTED)' || fail "PATH/old is not the missing old device"
+else
+    fail "the old device is not shown as PATH/old during a replace in place"
+fi
+# a restart in the middle: two leaves of the config share the path; the pool imports
+stop_daemon
+start_daemon
+z pool status tank | tee "$T/st"
+! grep -q "^ state: UNAVAIL" "$T/st" || fail "the pool is not imported after a restart during a replace in place"
 z pool wait -t replace tank
 z pool status tank | tee "$T/st"
 grep -q "^ state: ONLINE" "$T/st" || fail "pool not ONLINE after the replace in place"

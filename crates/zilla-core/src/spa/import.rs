@@ -505,7 +505,16 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     if specs.is_empty() {
         return Err(Error::invalid("no devices to import from"));
     }
-    let (devs, mut cfg, reasons) = read_labels(specs, opener, claims)?;
+    // one device per path: while a device is replaced in place the config names two
+    // leaves at one path (the old one, now missing, and the new one); the device
+    // there is opened (and locked) once, and its label says which leaf it is
+    let mut unique: Vec<LeafSpec> = Vec::with_capacity(specs.len());
+    for s in specs {
+        if !unique.iter().any(|u| u.path == s.path) {
+            unique.push(s.clone());
+        }
+    }
+    let (devs, mut cfg, reasons) = read_labels(&unique, opener, claims)?;
     let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
     super::mmp::check_import_ownership(&cfg, &checked, &**env, opts.force)?;
     if !opts.dry_run {

@@ -295,8 +295,8 @@ impl PoolInner {
 
 
     /// The leaf a device name means: its path (whole, as given, or its file name), or
-    /// its guid. While a device is replaced in place two leaves share a path: the name
-    /// means the readable one (the new device), `PATH/old` or the guid the old one.
+    /// its guid. While a device is replaced in place two leaves share a path: the path
+    /// means the new device, `PATH/old` (or the guid) the old one, whatever their states.
     pub fn find_leaf(&self, name: &str) -> Option<(Arc<TopVdev>, Arc<Leaf>)> {
         self.find_leaf_as(name, false).or_else(|| self.find_leaf_as(name.strip_suffix("/old")?, true))
     }
@@ -304,7 +304,6 @@ impl PoolInner {
     /// [`PoolInner::find_leaf`]: `old` looks for the device a replacement in place replaces.
     fn find_leaf_as(&self, name: &str, old: bool) -> Option<(Arc<TopVdev>, Arc<Leaf>)> {
         let pairs = self.replacements();
-        let mut unreadable = None;
         for t in self.tops() {
             for c in t.children() {
                 if c.guid.to_string() == name && !old {
@@ -316,16 +315,16 @@ impl PoolInner {
                 if !same {
                     continue;
                 }
-                let is_old = pairs.iter().any(|&(o, _)| o == c.guid);
-                if old == is_old && (old || c.readable()) {
+                // the old half of an in-place pair: its path is the new one's
+                let in_place_old = pairs.iter().any(|&(o, n)| {
+                    o == c.guid && t.children().iter().any(|k| k.guid == n && k.spec.path == c.spec.path)
+                });
+                if old == in_place_old {
                     return Some((t.clone(), c));
-                }
-                if !old && unreadable.is_none() {
-                    unreadable = Some((t.clone(), c));
                 }
             }
         }
-        unreadable
+        None
     }
 }
 
