@@ -740,7 +740,11 @@ pub fn mos_blocks(io: &PoolIo, index: &BlockPointer, class: IoClass) -> Result<V
     }
     let mut out = vec![*index];
     for i in 0..nchunks {
-        out.push(child_bp(&ind, i as u64)?);
+        let bp = child_bp(&ind, i as u64)?;
+        if !bp.is_hole() && bp.kind != blkptr::KIND_MOS_CHUNK {
+            return Err(Error::Corrupt(format!("MOS index: chunk {i}: field kind = {} is out of range", bp.kind)));
+        }
+        out.push(bp);
     }
     Ok(out)
 }
@@ -863,3 +867,9 @@ mod block_id_tests {
         assert_eq!(BlockId(5).offset_bytes(4096), 5 * 4096);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Format 2: dnodes, object trees, objsets (docs/on-disk-format.md §10, §11)
+
+pub mod dnode;
+pub mod object_tree;

@@ -11,7 +11,8 @@
 //!   64   8  fill     L0: 1 for data; indirect/MOS: number of non-hole L0 blocks below
 //!   72   1  checksum algorithm (0 off, 1 fletcher4, 2 blake3, 3 sha256)
 //!   73   1  compression (0 off, 1 lz4, 0x80|level zstd)
-//!   74   1  type     (0 none, 1 volume data, 2 indirect, 3 MOS index, 4 MOS chunk)
+//!   74   1  type     (0 none, 1 volume data, 2 indirect, 3 MOS index, 4 MOS chunk;
+//!                    format 2: 5 objset, 6 dnode block, 7 metadata object data)
 //!   75   1  level    (0 = data)
 //!   76   4  reserved
 //!   80  32  checksum of the asize bytes on disk
@@ -54,6 +55,14 @@ pub const KIND_DATA: u8 = 1;
 pub const KIND_INDIRECT: u8 = 2;
 pub const KIND_MOS_INDEX: u8 = 3;
 pub const KIND_MOS_CHUNK: u8 = 4;
+/// Format 2 (docs/on-disk-format.md §13): an objset block.
+pub const KIND_OBJSET: u8 = 5;
+/// Format 2: a block of 32 dnodes (a meta-dnode's data).
+pub const KIND_DNODE: u8 = 6;
+/// Format 2: a metadata object's data block (ZAP, space map, free list, ...).
+pub const KIND_METADATA: u8 = 7;
+/// The highest kind a block pointer may have.
+pub const KIND_MAX: u8 = KIND_METADATA;
 
 impl BlockPointer {
     pub const SIZE: usize = 128;
@@ -189,7 +198,7 @@ impl BlockPointer {
             & copy_ok(d2)
             & ChecksumAlgo::from_code(self.checksum_code).is_some()
             & Compression::from_code(self.compression_code).is_some()
-            & (KIND_DATA..=KIND_MOS_CHUNK).contains(&self.kind)
+            & (KIND_DATA..=KIND_MAX).contains(&self.kind)
             & (self.level <= MAX_LEVEL)
             & (self.lsize != 0)
             & (self.lsize <= MAX_LSIZE)
@@ -214,7 +223,7 @@ impl BlockPointer {
         if self.compression().is_none() {
             return bad("compression", self.compression_code as u64);
         }
-        if !(KIND_DATA..=KIND_MOS_CHUNK).contains(&self.kind) {
+        if !(KIND_DATA..=KIND_MAX).contains(&self.kind) {
             return bad("kind", self.kind as u64);
         }
         if self.level > MAX_LEVEL {
