@@ -873,3 +873,5 @@ mod block_id_tests {
 
 pub mod dnode;
 pub mod object_tree;
+pub mod objset;
+pub mod zap_store;

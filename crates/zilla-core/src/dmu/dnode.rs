@@ -344,6 +344,13 @@ impl DnodePhys {
 
     /// The limits of §11 on a decoded (or about to be encoded) dnode.
     pub fn check(&self) -> Result<(), String> {
+        self.check_attributes()?;
+        self.check_tree()
+    }
+
+    /// The limits of §11 on everything but the tree (levels, `maxblkid`, roots): what
+    /// open context changes, while the tree fields are the last synced ones.
+    pub fn check_attributes(&self) -> Result<(), String> {
         let bad = |field: &str, v: u64| Err(format!("field {field} = {v} is out of range"));
         if !(MIN_INDBLKSHIFT..=MAX_INDBLKSHIFT).contains(&self.indblkshift) {
             return bad("indblkshift", self.indblkshift as u64);
@@ -368,18 +375,28 @@ impl DnodePhys {
             return bad("compression", self.compression_code as u64);
         }
         let dbs = self.data_block_bytes;
-        if dbs % 512 != 0 || !(MIN_DATA_BLOCK_BYTES..=MAX_DATA_BLOCK_BYTES).contains(&dbs) || (self.maxblkid > 0 && !dbs.is_power_of_two()) {
+        if !dbs.is_multiple_of(512) || !(MIN_DATA_BLOCK_BYTES..=MAX_DATA_BLOCK_BYTES).contains(&dbs) || (self.maxblkid > 0 && !dbs.is_power_of_two()) {
             return bad("data block size", dbs as u64);
-        }
-        let shape = self.shape();
-        if self.maxblkid >= shape.capacity(self.nlevels) {
-            return bad("maxblkid", self.maxblkid);
         }
         if self.used_bytes >= 1 << 63 {
             return bad("used", self.used_bytes);
         }
         if self.generation.is_zero() || !self.generation.is_valid_on_disk() {
             return bad("generation", self.generation.get());
+        }
+        Ok(())
+    }
+
+    /// The limits of §11 on the tree: levels that cover `maxblkid`, root pointers of
+    /// the tree's shape.
+    pub fn check_tree(&self) -> Result<(), String> {
+        let bad = |field: &str, v: u64| Err(format!("field {field} = {v} is out of range"));
+        if !(1..=MAX_NLEVELS).contains(&self.nlevels) {
+            return bad("nlevels", self.nlevels as u64);
+        }
+        let shape = self.shape();
+        if self.maxblkid >= shape.capacity(self.nlevels) {
+            return bad("maxblkid", self.maxblkid);
         }
         let top = self.nlevels as u32 - 1;
         if self.object_type.data_kind().is_none() && (self.maxblkid != 0 || self.blkptr.iter().any(|b| !b.is_hole())) {

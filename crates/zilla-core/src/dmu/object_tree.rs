@@ -173,6 +173,44 @@ impl Tree<'_> {
         Ok(true)
     }
 
+    /// The first block id at or after `from` whose data block is a hole or holds less
+    /// than `full` (its pointer's `fill`): where an object allocator finds a dnode block
+    /// with a free slot. Subtrees whose `fill` says they are full are not read. Past
+    /// the tree's capacity when every block up to it is full.
+    pub fn first_with_room(&self, io: &dyn BlockIo, from: u64, full: u64) -> Result<u64> {
+        let top = self.nlevels as u32 - 1;
+        let span = self.shape.span(top);
+        for i in from / span..self.roots.len() as u64 {
+            if let Some(b) = self.room_below(io, &self.roots[i as usize], top, i * span, from, full)? {
+                return Ok(b);
+            }
+        }
+        Ok(self.capacity().max(from))
+    }
+
+    fn room_below(&self, io: &dyn BlockIo, bp: &BlockPointer, level: u32, base: u64, from: u64, full: u64) -> Result<Option<u64>> {
+        if bp.is_hole() {
+            return Ok(Some(base.max(from)));
+        }
+        let span = self.shape.span(level);
+        // a subtree starting before `from` may be full only after it: look inside
+        if bp.fill >= span.saturating_mul(full) && base >= from {
+            return Ok(None);
+        }
+        if level == 0 {
+            return Ok((bp.fill < full).then_some(base));
+        }
+        let child_span = self.shape.span(level - 1);
+        let ind = read_indirect(io, &self.shape, bp)?;
+        for idx in from.saturating_sub(base) / child_span..1u64 << self.shape.epb_shift() {
+            let c = child(&ind, idx, &self.shape, level - 1, bp)?;
+            if let Some(b) = self.room_below(io, &c, level - 1, base + idx * child_span, from, full)? {
+                return Ok(Some(b));
+            }
+        }
+        Ok(None)
+    }
+
     /// Visit every pointer of the tree, indirect blocks after their children (the
     /// order a destroy frees in), with its level.
     pub fn visit_post_order(&self, io: &dyn BlockIo, f: &mut dyn FnMut(&BlockPointer, u32) -> Result<()>) -> Result<()> {
