@@ -875,3 +875,4 @@ pub mod dnode;
 pub mod object_tree;
 pub mod objset;
 pub mod zap_store;
+pub mod pool_block_io;

@@ -17,6 +17,7 @@ pub mod arc;
 pub mod l2arc;
 pub mod zio;
 pub mod dmu;
+pub mod dsl_dir;
 pub mod txg;
 pub mod dsl_pool;
 pub mod zil;
@@ -50,7 +51,8 @@ pub const LAYERS: &[&[&str]] = &[
     &["zio"],          // the block pipeline: prepare, verified reads + self-heal, allocation, write issue
     &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
     &["zfetch", "spa_history"], // sequential-stream detection for read-ahead, per volume; the pool's command history ring
-    &["dmu"],          // object directory, volume block-pointer trees, dirty records
+    &["dmu"],          // object directory, volume block-pointer trees, dirty records; format 2 objsets
+    &["dsl_dir"],      // the dataset tree over the MOS: names, inherited properties, space fields
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
     &["spa"],          // the pool: create/import/export, sync, uberblocks

@@ -152,6 +152,16 @@ pub const READONLY_PROPS: &[&str] =
         "objsetid", "type", "name", "creation", "compressratio", "logicalreferenced",
     ];
 
+/// Properties a dataset does not inherit from its parent (zfs: space limits and
+/// sizes are per dataset); every other one, and every name this build does not know
+/// (user properties), is inherited.
+pub const NOT_INHERITED: &[&str] = &["quota", "refquota", "reservation", "refreservation", "volsize", "volblocksize"];
+
+/// Whether a dataset without a local value of `name` takes its parent's.
+pub fn inheritable(name: &str) -> bool {
+    !NOT_INHERITED.contains(&name) && !READONLY_PROPS.contains(&name) && !is_internal(name)
+}
+
 /// `refreservation` as stored: `none`, or bytes. (`auto`, accepted by `validate`, is
 /// resolved by the pool from the volume's size before it is stored.)
 pub fn refreservation_bytes(value: &str) -> u64 {
