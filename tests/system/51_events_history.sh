@@ -5,7 +5,8 @@
 # daemon's log at the right level; every command that changed the pool is in its
 # history ("History for 'tank':", `YYYY-MM-DD.HH:MM:SS zilla pool ...`, -l with the
 # user and host). Both survive a daemon restart; the history lives in the pool and
-# survives export/import; -f follows new events; -c clears them.
+# survives export/import; -f follows new events; a scrub ended by a resilver is
+# aborted; -c clears them.
 . "$(dirname "$0")/lib.sh"
 start_daemon
 D=$T/disks
@@ -127,6 +128,18 @@ grep -Eqx "$ts zilla pool export tank" <(sed -n 2p "$T/tail") || fail "history: 
 grep -Eqx "$ts zilla pool import -d $D tank" <(sed -n 3p "$T/tail") || fail "history: no import line"
 z pool events tank | grep -q 'sysevent.fs.zfs.pool_export' || fail "events: no export"
 z pool events tank | grep -q 'sysevent.fs.zfs.pool_import' || fail "events: no import"
+
+# a resilver that takes over from a scrub ends it as zfs does: scrub_abort
+truncate -s 256M "$D/d3"
+z tunable set zfs_scan_pause_every_spans=1
+z pool scrub tank
+for ((i = 0; i < 100; i++)); do z pool status tank | grep -q 'scrub paused' && break; sleep 0.1; done
+z tunable set zfs_scan_pause_every_spans=0
+z pool attach -w tank "$D/d0" "$D/d3"
+z pool events tank >"$T/ev"
+tail -n 6 "$T/ev"
+awk '/scrub_start/{s=NR} /scrub_abort/{a=NR} /vdev_attach/{t=NR} END{exit !(s && a > s && t > s)}' "$T/ev" || fail "events: the scrub the attach's resilver replaced has no scrub_abort"
+z pool status tank | grep -q 'scrub paused' && fail "status still shows the replaced scrub"
 
 n=$(z pool events | tail -n +2 | grep -c .)
 z pool events -c | grep -qx "cleared $n events" || fail "events -c: count"

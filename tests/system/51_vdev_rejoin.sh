@@ -20,6 +20,10 @@ for how in online clear; do
     start_daemon
     z pool status tank | tee "$T/st"
     grep -Eq '^\s+\S*d2 +UNAVAIL' "$T/st" || fail "d2 not UNAVAIL while missing"
+    # the import's state change names the pool and what the device was before (unknown)
+    z pool events -v tank >"$T/ev"
+    grep -Pzq 'resource\.fs\.zfs\.statechange\n        class = "resource\.fs\.zfs\.statechange"\n        pool = "tank"\n        pool_guid = 0x[0-9a-f]+\n        vdev_guid = 0x[0-9a-f]+\n        vdev_path = "[^"]*/d2"\n        vdev_state = "UNAVAIL"\n        vdev_laststate = "UNKNOWN"\n' "$T/ev" ||
+        fail "no statechange naming the pool for the missing d2: $(cat "$T/ev")"
     head -c $((32 << 20)) /dev/urandom >"$T/a"
     nbdcopy --flush "$T/a" "$uri"
     mv "$d/d2.away" "$d/d2"

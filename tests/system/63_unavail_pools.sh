@@ -3,7 +3,7 @@
 # others, and a restart brings back what was there. (1) A pool of the cache file whose
 # devices are gone is UNAVAIL with the reason in `pool status` and `pool list` while the
 # other pool is served; `pool clear` of it names its state, the reason and the way out;
-# `pool export` forgets it. (2) `serve --no-import` imports
+# `pool create` of its name is refused; `pool export` forgets it. (2) `serve --no-import` imports
 # nothing and keeps the cache file; `pool import NAME` imports from the cached devices.
 # (3) kill -9 while `pool export` runs: the pool whose export did not finish is
 # imported at the next start. (4) kill -9 is not a broken invariant: every pool is back.
@@ -33,6 +33,9 @@ grep -qx "gone	UNAVAIL	-" "$T/list" || fail "pool list does not show gone UNAVAI
 grep -q "cannot import pool 'gone' from the cache file" "$T/daemon.log" || fail "no log line for gone"
 # an admin command on it says what state it is in, why, and the way out
 expect_error "cannot clear errors for 'gone': pool 'gone' is UNAVAIL \(not imported\): .*gone-b1: does not exist; .*import it with .zilla pool import gone." z pool clear gone
+# its name is still taken, as zpool's is (the devices may come back)
+truncate -s 128M "$T/disks/new0"
+expect_error "pool already exists: 'gone' is UNAVAIL .*zilla pool export gone. forgets it" z pool create gone "$T/disks/new0"
 nbdcopy "$uri" "$T/back" && cmp -n $((4 << 20)) "$T/data" "$T/back" || fail "good does not serve its data"
 z pool export gone
 z pool list -H -o name | grep -qx gone && fail "gone still listed after export"

@@ -498,6 +498,13 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
         inner.scan().stop.store(true, Ordering::Release);
         join(inner);
     }
+    {
+        // a scrub that the resilver replaces ends as zfs ends it (dsl_scan_done): aborted
+        let s = inner.scan().status.lock();
+        if s.func == ScanFunc::Scrub && matches!(s.state, ScanState::Scanning | ScanState::Paused) {
+            post_event(inner, &s, crate::fm::CLASS_SCRUB_ABORT);
+        }
+    }
     let targets = resilver_targets(inner, &[]);
     let min_txg = targets.iter().flat_map(|t| t.dtl.iter()).map(|r| r.0).min().unwrap_or(Txg::ZERO);
     {

@@ -780,6 +780,16 @@ async fn pool_create(State(d): State<Arc<Daemon>>, ApiJson(req): ApiJson<CreateP
     if d.pools.get(&req.name).is_some() {
         return Err(ApiError(StatusCode::CONFLICT, "pool already exists".into()));
     }
+    if d.pools.unavailable_entry(&req.name).is_some() {
+        // as zpool: an UNAVAIL pool in the cache still holds its name (its disks may come back)
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "pool already exists: '{}' is UNAVAIL (its devices could not be opened); `zilla pool export {}` forgets it",
+                req.name, req.name
+            ),
+        ));
+    }
     let mut opts = CreateOptions { force: req.force, ashift: None, props: vec![], ..Default::default() };
     for (k, v) in req.props {
         if k == "ashift" {

@@ -851,13 +851,16 @@ fn build_tree(cfg: &mut PoolConfig, devs: &[DevLabel], reasons: &[PathReason], o
                     lc.spec = spec.clone();
                     let l = Arc::new(Leaf::new(lc.guid, spec.clone(), dev, env));
                     if lc.offline {
-                        l.set_state(LeafState::Offline);
+                        l.set_initial_state(LeafState::Offline);
                     }
                     l
                 }
                 None => {
                     let l = Arc::new(Leaf::new(lc.guid, lc.spec.clone(), Arc::new(MissingDevice), env));
-                    l.set_state(LeafState::Unavail);
+                    l.set_initial_state(LeafState::Unavail);
+                    let mut e = crate::fm::Event::new(crate::fm::CLASS_STATECHANGE).pool(&cfg.name).vdev(lc.guid, &lc.spec.display());
+                    e.pool_guid = pool_guid.get();
+                    crate::fm::post(e.str("vdev_state", "UNAVAIL").str("vdev_laststate", "UNKNOWN"));
                     if let Some((_, why)) = reasons.iter().find(|(p, _)| *p == lc.spec.path) {
                         l.set_unavail_reason(why.clone());
                     }

@@ -308,6 +308,13 @@ impl Leaf {
         }
     }
 
+    /// The state a leaf is opened in (at import: OFFLINE as the config says, UNAVAIL
+    /// when its device is missing), without an event: the importer posts one that
+    /// names the pool once it knows what the change means.
+    pub fn set_initial_state(&self, s: LeafState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
     /// Post an error report (fm.rs, rate limited per device) for `len` bytes at device
     /// offset `phys` of this leaf.
     fn ereport(&self, class: &str, phys: u64, len: u64, birth: Txg, errno: Option<i32>) {
