@@ -68,6 +68,8 @@ grep -Eq '^\s+\S*d2 +ONLINE' "$T/st" || fail "new d2 not ONLINE"
 ! grep -q "d2/old" "$T/st" || fail "the old d2 is still shown after the replace"
 z pool history tank | grep -q "zilla pool replace tank $d/d2" || fail "replace in place not in history"
 check_data_on_d2 "replace in place"
+# the old half was missing throughout: keeping its DTL is no failure worth a warning
+! grep -q "could not repair every block" "$T/daemon.log" || fail "a warning that the resilver could not repair the missing old device"
 
 # autoreplace=on: the daemon replaces a blank disk put at the path by itself
 z pool set autoreplace=on tank

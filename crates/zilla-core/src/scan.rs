@@ -912,7 +912,9 @@ fn finish_resilver(inner: &Arc<dyn ScanPool>, unrepaired: &Unrepaired) {
         unrepaired.leaves.iter().copied().collect()
     };
     for l in inner.leaves().iter() {
-        if unrepaired.leaves.contains(&l.guid) {
+        // an unreadable leaf (missing, offline, the old half of a replace) keeps its DTL
+        // by design: only a leaf the resilver meant to repair is worth a warning
+        if unrepaired.leaves.contains(&l.guid) && l.readable() {
             tracing::warn!(pool = %inner.pool_name(), device = %l.spec.shown(), "resilver could not repair every block on this device: its DTL is kept");
         }
         match targets.iter().find(|t| t.guid == l.guid) {
