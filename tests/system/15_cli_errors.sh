@@ -47,6 +47,8 @@ expect_error "cannot create 'tank'" z pool create tank "$T/disks/x0"
 expect_error "cannot create '1bad'" z pool create 1bad "$T/disks/x0"
 expect_error "cannot create 'p3': .*" z pool create p3 "$T/disks/tank-a0"   # in use by tank
 expect_error "cannot attach" z pool attach tank "$T/disks/nosuchdev" "$T/disks/x1"
+truncate -s 64M "$T/disks/small"
+expect_error "small is too small to attach: 67108864 bytes, the vdev needs at least [0-9]+ bytes" z pool attach tank "$T/disks/tank-a0" "$T/disks/small"
 
 # Bad arguments to the CLI itself.
 expect_error "unrecognized subcommand 'frob'" z pool frob

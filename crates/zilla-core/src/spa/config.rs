@@ -569,7 +569,14 @@ impl Pool {
             )));
         }
         if label::usable_end(dev.size()) < top.asize() + label::DATA_START {
-            return Err(Error::invalid(format!("{} is too small to attach", new.display())));
+            // zpool: "device is too small"; the sizes say by how much
+            let need_bytes = top.asize() + label::DATA_START + 2 * label::LABEL_SIZE;
+            return Err(Error::invalid(format!(
+                "{} is too small to attach: {} bytes, the vdev needs at least {} bytes",
+                new.display(),
+                dev.size(),
+                need_bytes
+            )));
         }
         label::wipe_labels(&*dev)?;
         let g = new_guid(&*inner.env);
