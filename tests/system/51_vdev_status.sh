@@ -5,6 +5,7 @@
 # resilver has started, the tree shows replacing-N with the old and new device, the
 # pool stays ONLINE with zpool's resilvering status/action lines, and `pool wait -t
 # replace` returns when the old device is gone. `scrub -w` on a running scrub waits.
+# Detaching a resilver's only target ends the resilver.
 . "$(dirname "$0")/lib.sh"
 start_daemon
 d=$T/disks
@@ -49,5 +50,17 @@ z pool scrub tank
 z pool scrub -w tank || fail "scrub -w on a running scrub failed instead of waiting"
 z pool status tank | grep -q "scrub repaired" || fail "scrub -w returned before the scrub finished"
 z pool wait tank
+
+# detaching the device a resilver writes to ends that resilver (nothing is left to write)
+truncate -s 256M "$d/d10"
+z tunable set zfs_scan_pause_every_spans=1
+z pool attach tank "$d/d7" "$d/d10"
+z pool status tank | grep -q "resilver in progress" || fail "no resilver in progress after attach"
+z pool detach tank "$d/d10"
+z tunable set zfs_scan_pause_every_spans=0
+z pool status tank | tee "$T/st"
+grep -q "resilver in progress" "$T/st" && fail "the resilver goes on after its device was detached"
+z pool wait -t resilver tank
+z pool events tank | awk '/resilver_start/{s=NR} /resilver_finish/{f=NR} END{exit !(f > s)}' || fail "no resilver_finish after the detach"
 expect_error "invalid activity 'bogus'" z pool wait -t bogus tank
 log "ok"

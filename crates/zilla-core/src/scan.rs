@@ -528,6 +528,33 @@ pub fn start_resilver(inner: &Arc<dyn ScanPool>) {
     launch(inner);
 }
 
+/// A leaf left the pool (detach): a resilver none of whose targets is still in the
+/// pool has nothing left to write and ends now, as finished (with its event), instead of
+/// reading the whole pool for nobody.
+pub fn leaf_detached(inner: &Arc<dyn ScanPool>) {
+    let _control = inner.scan().control.lock();
+    let leaves = inner.leaves();
+    {
+        let s = inner.scan().status.lock();
+        let kept = s.targets.iter().any(|t| leaves.iter().any(|l| l.guid == t.guid));
+        if s.func != ScanFunc::Resilver || !matches!(s.state, ScanState::Scanning | ScanState::Paused) || kept {
+            return;
+        }
+    }
+    inner.scan().stop.store(true, Ordering::Release);
+    join(inner);
+    {
+        let mut s = inner.scan().status.lock();
+        s.state = ScanState::Finished;
+        s.end_time_s = now_s(inner);
+        s.bookmark = Bookmark::default();
+        s.targets.clear();
+        post_event(inner, &s, crate::fm::CLASS_RESILVER_FINISH);
+    }
+    tracing::info!(pool = %inner.pool_name(), "the resilver's devices were detached: it ends");
+    persist(inner, true);
+}
+
 /// Post a scan event (fm.rs) with the scan's counters as `s` has them.
 fn post_event(inner: &Arc<dyn ScanPool>, s: &ScanStatus, class: &str) {
     let mut e = crate::fm::Event::new(class).pool(inner.pool_name()).str("scan_func", s.func.as_str());

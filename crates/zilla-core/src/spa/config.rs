@@ -671,6 +671,7 @@ impl Pool {
         }
         let _ = label::wipe_labels(&**leaf.device());
         leaf.device().release();
+        crate::scan::leaf_detached(&inner.scanner());
         Ok(())
     }
 
