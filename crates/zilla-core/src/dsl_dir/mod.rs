@@ -198,14 +198,19 @@ impl DslTree<'_> {
         Ok(Some(d))
     }
 
+    /// Every entry of the committed ZAP `obj` (none when `obj` is 0: not made yet).
+    fn zap_entries(&self, obj: u64) -> Result<Vec<zap::ZapEntry>> {
+        if obj == 0 {
+            return Ok(Vec::new());
+        }
+        zap::list(&self.zap(Txg::ZERO, obj), 0, usize::MAX)
+    }
+
     /// The children of `dir`, by name.
     pub fn children(&self, dir: u64) -> Result<BTreeMap<String, u64>> {
         let d = self.dir(dir)?;
         let mut out = BTreeMap::new();
-        if d.child_map == 0 {
-            return Ok(out);
-        }
-        for e in zap::list(&self.zap(Txg::ZERO, d.child_map), 0, usize::MAX)? {
+        for e in self.zap_entries(d.child_map)? {
             let name = String::from_utf8(e.name).map_err(|_| Error::Corrupt(format!("child map of directory {dir}: a name that is not UTF-8")))?;
             let v: [u8; 8] = e.value.try_into().map_err(|_| Error::Corrupt(format!("child map of directory {dir}: a value that is not a u64")))?;
             out.insert(name, u64::from_le_bytes(v));
@@ -258,10 +263,7 @@ impl DslTree<'_> {
     pub fn local_props(&self, dir: u64) -> Result<BTreeMap<String, String>> {
         let d = self.dir(dir)?;
         let mut out = BTreeMap::new();
-        if d.props == 0 {
-            return Ok(out);
-        }
-        for e in zap::list(&self.zap(Txg::ZERO, d.props), 0, usize::MAX)? {
+        for e in self.zap_entries(d.props)? {
             match (String::from_utf8(e.name), String::from_utf8(e.value)) {
                 (Ok(n), Ok(v)) => {
                     out.insert(n, v);
