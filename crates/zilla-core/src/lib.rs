@@ -18,6 +18,7 @@ pub mod l2arc;
 pub mod zio;
 pub mod dmu;
 pub mod dsl_dir;
+pub mod space_map;
 pub mod txg;
 pub mod dsl_pool;
 pub mod zil;
@@ -52,7 +53,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
     &["zfetch", "spa_history"], // sequential-stream detection for read-ahead, per volume; the pool's command history ring
     &["dmu"],          // object directory, volume block-pointer trees, dirty records; format 2 objsets
-    &["dsl_dir"],      // the dataset tree over the MOS: names, inherited properties, space fields
+    &["dsl_dir", "space_map"], // the dataset tree over the MOS: names, inherited properties, space fields; metaslab space maps (format 2)
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
     &["spa"],          // the pool: create/import/export, sync, uberblocks
