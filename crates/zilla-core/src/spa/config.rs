@@ -83,6 +83,12 @@ pub struct PoolConfig {
     /// Its host name, for messages only.
     #[serde(default)]
     pub hostname: String,
+    /// Format 2 (config version 2): the active features a reader must know (§9, §19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features_for_read: Option<Vec<String>>,
+    /// Format 2: the active features only a writer must know.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features_for_write: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -139,9 +145,7 @@ pub fn validate_label(lj: &LabelJson) -> std::result::Result<(), String> {
     if lj.this_guid.get() == 0 {
         return bad("this_guid", &0);
     }
-    if c.version != super::POOL_VERSION {
-        return bad("version", &c.version);
-    }
+    validate_version(c)?;
     if !matches!(c.state.as_str(), "active" | "exported" | "destroyed") {
         return bad("state", &format!("'{}'", printable(&c.state)));
     }
@@ -153,6 +157,20 @@ pub fn validate_label(lj: &LabelJson) -> std::result::Result<(), String> {
     }
     validate_props(&c.props)?;
     validate_tops(c)
+}
+
+/// Config version 1 has no feature lists; version 2 has both (§9).
+fn validate_version(c: &PoolConfig) -> std::result::Result<(), String> {
+    match (c.version, &c.features_for_read, &c.features_for_write) {
+        (1, None, None) => Ok(()),
+        (1, ..) => Err("fields features_for_read and features_for_write are not allowed in config version 1".into()),
+        (2, Some(r), Some(w)) => {
+            crate::zfeature::check_list("features_for_read", r)?;
+            crate::zfeature::check_list("features_for_write", w)
+        }
+        (2, ..) => Err("config version 2 needs both fields features_for_read and features_for_write".into()),
+        (v, ..) => Err(format!("field version = {v} is out of range (1 or 2)")),
+    }
 }
 
 fn validate_props(props: &BTreeMap<String, String>) -> std::result::Result<(), String> {
@@ -1422,7 +1440,7 @@ mod replication_tests {
             .enumerate()
             .map(|(i, &(role, mirror, n))| TopConfig { id: VdevId(i as u32), guid: guid(), role, mirror, ashift: 12, children: (0..n).map(|_| leaf(guid())).collect() })
             .collect();
-        PoolConfig { name: "tank".into(), guid: Guid(99), version: 1, state: "active".into(), txg: Txg(5), tops, props: BTreeMap::new(), hostid: 0, hostname: String::new() }
+        PoolConfig { name: "tank".into(), guid: Guid(99), version: 1, state: "active".into(), txg: Txg(5), tops, props: BTreeMap::new(), hostid: 0, hostname: String::new(), features_for_read: None, features_for_write: None }
     }
 
     fn spec(role: Role, mirror: bool, n: usize) -> TopSpec {
@@ -1434,6 +1452,27 @@ mod replication_tests {
             Err(Error::InvalidArgument(m)) => m.lines().last().unwrap_or_default().to_string(),
             other => format!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn config_version_2_carries_both_feature_lists_and_version_1_neither() {
+        let lj = |c: PoolConfig| LabelJson { this_guid: c.tops[0].children[0].guid, config: c };
+        let v1 = cfg(&[(Role::Normal, true, 2)]);
+        validate_label(&lj(v1.clone())).unwrap();
+        let json = serde_json::to_string(&lj(v1.clone())).unwrap();
+        assert!(!json.contains("features_for"), "a version 1 label is written as before: {json}");
+        let with = |v: u64, r: Option<Vec<&str>>, w: Option<Vec<&str>>| {
+            let own = |l: Option<Vec<&str>>| l.map(|l| l.into_iter().map(String::from).collect());
+            PoolConfig { version: v, features_for_read: own(r), features_for_write: own(w), ..v1.clone() }
+        };
+        assert!(validate_label(&lj(with(1, Some(vec![]), Some(vec![])))).unwrap_err().contains("not allowed in config version 1"));
+        validate_label(&lj(with(2, Some(vec![]), Some(vec!["org.zilla:async_destroy", "com.example:x"])))).unwrap();
+        assert!(validate_label(&lj(with(2, Some(vec![]), None))).unwrap_err().contains("needs both"));
+        assert!(validate_label(&lj(with(2, Some(vec!["Bad Name"]), Some(vec![])))).unwrap_err().contains("features_for_read"));
+        assert!(validate_label(&lj(with(3, None, None))).unwrap_err().contains("version = 3"));
+        let v2 = lj(with(2, Some(vec!["org.zilla:large_blocks"]), Some(vec![])));
+        let back = parse_label(serde_json::to_string(&v2).unwrap().as_bytes()).unwrap();
+        assert_eq!(back.config.features_for_read, Some(vec!["org.zilla:large_blocks".to_string()]));
     }
 
     #[test]

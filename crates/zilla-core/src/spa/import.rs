@@ -137,6 +137,35 @@ struct Opened {
 }
 
 /// Open (claim) every leaf of a new pool, refusing devices in use or with signatures.
+/// The top-level vdevs of a new pool from its opened leaves: their configs, leaves,
+/// vdevs and allocator.
+fn new_tops(opened_tops: Vec<(TopSpec, Vec<Opened>)>, ashift: u8, env: &Arc<dyn Env>) -> (Vec<TopConfig>, Vec<Arc<Leaf>>, Vec<Arc<crate::vdev::mirror::TopVdev>>, Metaslabs) {
+    let mut cfg_tops = Vec::new();
+    let mut leaves = Vec::new();
+    let mut vdevs = Vec::new();
+    let ms = Metaslabs::new();
+    for (id, (t, opened)) in opened_tops.into_iter().enumerate() {
+        let tguid = new_guid(&**env);
+        let mut children = Vec::new();
+        let mut leaf_objs = Vec::new();
+        for o in opened {
+            let g = new_guid(&**env);
+            children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![], replacing: None });
+            let leaf = Arc::new(Leaf::new(g, o.spec, o.dev, env));
+            leaves.push(leaf.clone());
+            leaf_objs.push(leaf);
+        }
+        let tc = TopConfig { id: crate::VdevId(id as u32), guid: tguid, role: t.role, mirror: t.mirror, ashift, children };
+        let top = open_top(&tc, leaf_objs);
+        if matches!(t.role, Role::Normal | Role::Log) {
+            ms.add_vdev(top.id, top.role, top.asize());
+        }
+        vdevs.push(top);
+        cfg_tops.push(tc);
+    }
+    (cfg_tops, leaves, vdevs, ms)
+}
+
 fn open_new_leaves(tops: &[TopSpec], opener: &Opener, force: bool, claims: &mut Claims) -> Result<Vec<(TopSpec, Vec<Opened>)>> {
     let mut opened_tops = Vec::new();
     for t in tops {
@@ -210,29 +239,7 @@ impl Pool {
         pool_props.insert("ashift".into(), ashift.to_string());
         let env = opts.env.clone().unwrap_or_else(crate::env::real);
         let guid = new_guid(&*env);
-        let mut cfg_tops = Vec::new();
-        let mut leaves = Vec::new();
-        let mut vdevs = Vec::new();
-        let ms = Metaslabs::new();
-        for (id, (t, opened)) in opened_tops.into_iter().enumerate() {
-            let tguid = new_guid(&*env);
-            let mut children = Vec::new();
-            let mut leaf_objs = Vec::new();
-            for o in opened {
-                let g = new_guid(&*env);
-                children.push(LeafConfig { guid: g, spec: o.spec.clone(), offline: false, offline_since: Txg::ZERO, dtl: vec![], replacing: None });
-                let leaf = Arc::new(Leaf::new(g, o.spec, o.dev, &env));
-                leaves.push(leaf.clone());
-                leaf_objs.push(leaf);
-            }
-            let tc = TopConfig { id: crate::VdevId(id as u32), guid: tguid, role: t.role, mirror: t.mirror, ashift, children };
-            let top = open_top(&tc, leaf_objs);
-            if matches!(t.role, Role::Normal | Role::Log) {
-                ms.add_vdev(top.id, top.role, top.asize());
-            }
-            vdevs.push(top);
-            cfg_tops.push(tc);
-        }
+        let (cfg_tops, leaves, vdevs, ms) = new_tops(opened_tops, ashift, &env);
         let config = PoolConfig {
             name: name.to_string(),
             guid,
@@ -243,6 +250,8 @@ impl Pool {
             props: pool_props,
             hostid: env.hostid(),
             hostname: crate::env::system_hostname(),
+            features_for_read: None,
+            features_for_write: None,
         };
         let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![], history: Default::default() };
         let io = PoolIo::new(vdevs, ms, env.clone());
@@ -517,6 +526,7 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
     let (devs, mut cfg, reasons) = read_labels(&unique, opener, claims)?;
     let checked: Vec<(&dyn Device, &label::LabelScan)> = devs.iter().filter(|d| d.3.is_some()).map(|d| (&*d.1, &d.2)).collect();
     super::mmp::check_import_ownership(&cfg, &checked, &**env, opts.force)?;
+    check_features(&cfg)?;
     if !opts.dry_run {
         // the pool is ours and nothing of it has written yet; a device at one of its
         // paths that is none of its leaves is not written
@@ -541,6 +551,23 @@ fn load_for_import(specs: &[LeafSpec], opener: &Opener, opts: &ImportOptions, en
         super::replay::check_log_devices(&cfg, &leaves, &chosen.mos, &chosen.ub)?;
     }
     Ok(Loaded { cfg, leaves, io, chosen, bad_labels, judged })
+}
+
+/// The features a format 2 label lists (§19): an unknown read feature refuses the
+/// pool naming it; an unknown write feature would need a read-only import, which this
+/// build does not offer, so it refuses the pool too, saying so.
+fn check_features(cfg: &PoolConfig) -> Result<()> {
+    let (Some(read), Some(write)) = (&cfg.features_for_read, &cfg.features_for_write) else { return Ok(()) };
+    let named = |e: Error| Error::invalid(format!("pool '{}': {e}", cfg.name));
+    match crate::zfeature::import_access(read, write).map_err(named)? {
+        crate::zfeature::Access::ReadWrite => Ok(()),
+        crate::zfeature::Access::ReadOnly { unknown_write } => Err(Error::invalid(format!(
+            "pool '{}' uses feature{} this build does not support for writing: {}; it could be imported only read-only, which this build does not offer",
+            cfg.name,
+            if unknown_write.len() > 1 { "s" } else { "" },
+            unknown_write.join(", ")
+        ))),
+    }
 }
 
 /// Stale and diverged devices (spa/stale.rs), judged by the uberblocks of the pool's
@@ -1287,6 +1314,8 @@ mod tests {
             props: BTreeMap::new(),
             hostid: 0,
             hostname: String::new(),
+            features_for_read: None,
+            features_for_write: None,
         }
     }
 
@@ -1297,6 +1326,21 @@ mod tests {
     /// Another pool's device costs a cache or spare slot only that slot; in a data or
     /// log slot, or at a path the config does not name, it refuses the import (another
     /// pool's cache device excepted: it names no data, wherever it stands).
+    #[test]
+    fn unknown_features_refuse_the_import_naming_them() {
+        let own = |l: &[&str]| Some(l.iter().map(|x| x.to_string()).collect::<Vec<_>>());
+        let mut c = PoolConfig { version: 2, features_for_read: own(&["org.zilla:large_blocks"]), features_for_write: own(&["org.zilla:async_destroy"]), ..cfg(5, &[1, 2]) };
+        check_features(&c).unwrap();
+        check_features(&cfg(5, &[1, 2])).unwrap();
+        c.features_for_read = own(&["com.example:dedup"]);
+        let e = check_features(&c).unwrap_err().to_string();
+        assert!(e.contains("pool 'tank'") && e.contains("com.example:dedup") && e.contains("cannot be imported"), "{e}");
+        c.features_for_read = own(&[]);
+        c.features_for_write = own(&["com.example:w1", "com.example:w2"]);
+        let e = check_features(&c).unwrap_err().to_string();
+        assert!(e.contains("features this build does not support for writing: com.example:w1, com.example:w2") && e.contains("read-only"), "{e}");
+    }
+
     #[test]
     fn a_stranger_costs_a_cache_or_spare_slot_and_refuses_a_data_or_log_one() {
         let other = |cache| Stranger::OtherPool { name: "other".into(), guid: Guid(77), cache };
