@@ -134,7 +134,7 @@ impl ObjsetPhys {
 }
 
 /// One txg's changes to a dnode.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct TxgRecords {
     /// Newest content of each block written in the txg (`None`: freed).
     blocks: BTreeMap<u64, Option<Arc<AlignedBuf>>>,
@@ -195,11 +195,34 @@ struct ObjsetInner {
     alloc_hint: u64,
 }
 
+/// A dnode as a sync attempt found it.
+struct SavedDnode {
+    dnode: Arc<Dnode>,
+    synced: Option<DnodePhys>,
+    current: Option<DnodePhys>,
+    records: Option<TxgRecords>,
+}
+
+/// The objset as a sync attempt of `txg` found it; see [`Objset::sync_begin`].
+struct SyncUndo {
+    txg: Txg,
+    phys: ObjsetPhys,
+    zil_header: Option<(Txg, [u8; ZIL_HEADER_BYTES])>,
+    dirty_set: Option<BTreeSet<u64>>,
+    alloc_hint: u64,
+    saved: HashMap<u64, SavedDnode>,
+}
+
 /// An open objset. Reads and writes take the txg they belong to from the caller (the
 /// DMU transaction); the syncing thread calls [`Objset::sync`] for each txg in order.
 pub struct Objset {
     meta: Arc<Dnode>,
     inner: Mutex<ObjsetInner>,
+    /// While a sync attempt runs (`sync_begin` .. `sync_end` / `sync_abort`): what it
+    /// changed, as it was before. Lock order: a dnode, then this; never a dnode while
+    /// this is held (nor `inner`: `inner` is taken before dnodes elsewhere).
+    undo: Mutex<Option<SyncUndo>>,
+    undo_active: std::sync::atomic::AtomicBool,
 }
 
 fn dnode_block_spec(fill: u64) -> BlockSpec {
@@ -229,7 +252,8 @@ impl Objset {
             object: 0,
             inner: Mutex::new(DnodeInner { synced: Some(phys.meta_dnode.clone()), current: Some(phys.meta_dnode.clone()), dirty: BTreeMap::new(), change_gen: 0 }),
         });
-        Objset { meta, inner: Mutex::new(ObjsetInner { phys, dnodes: HashMap::new(), dirty: BTreeMap::new(), zil_header: None, alloc_hint: 0 }) }
+        let inner = Mutex::new(ObjsetInner { phys, dnodes: HashMap::new(), dirty: BTreeMap::new(), zil_header: None, alloc_hint: 0 });
+        Objset { meta, inner, undo: Mutex::new(None), undo_active: std::sync::atomic::AtomicBool::new(false) }
     }
 
     pub fn objset_type(&self) -> ObjsetType {
@@ -322,6 +346,7 @@ impl Objset {
                 let d = self.dnode(io, object)?;
                 let mut di = d.inner.lock();
                 if di.current.is_none() && di.synced.is_none() && di.dirty.is_empty() {
+                    self.save(&d, &di);
                     di.current = Some(phys.clone());
                     di.changed_in(txg);
                     drop(di);
@@ -341,6 +366,7 @@ impl Objset {
         if object == 0 || di.current.is_none() {
             return Err(Error::NotFound(format!("object {object}")));
         }
+        self.save(&d, &di);
         di.current = None;
         let r = di.changed_in(txg);
         r.freed = true;
@@ -356,11 +382,12 @@ impl Objset {
     pub fn update_dnode(&self, io: &dyn BlockIo, txg: Txg, object: u64, f: impl FnOnce(&mut DnodePhys) -> Result<()>) -> Result<()> {
         let d = self.dnode(io, object)?;
         let mut di = d.inner.lock();
-        let Some(cur) = di.current.as_mut() else { return Err(Error::NotFound(format!("object {object}"))) };
+        let Some(cur) = di.current.as_ref() else { return Err(Error::NotFound(format!("object {object}"))) };
         let mut new = cur.clone();
         f(&mut new)?;
         new.check_attributes().map_err(|e| Error::invalid(format!("object {object}: {e}")))?;
-        *cur = new;
+        self.save(&d, &di);
+        di.current = Some(new);
         di.changed_in(txg);
         drop(di);
         self.note_dirty(txg, object);
@@ -418,7 +445,11 @@ impl Objset {
     pub fn write_block(&self, io: &dyn BlockIo, txg: Txg, object: u64, blkid: u64, data: Option<Arc<AlignedBuf>>) -> Result<()> {
         let d = self.dnode(io, object)?;
         let mut di = d.inner.lock();
-        let Some(cur) = di.current.as_mut() else { return Err(Error::NotFound(format!("object {object}"))) };
+        if di.current.is_none() {
+            return Err(Error::NotFound(format!("object {object}")));
+        }
+        self.save(&d, &di);
+        let Some(cur) = di.current.as_mut() else { unreachable!("checked above") };
         if let Some(b) = &data {
             if b.len() != cur.data_block_bytes as usize {
                 return Err(Error::invalid(format!("object {object}: a block of {} bytes, not {}", b.len(), cur.data_block_bytes)));
@@ -442,6 +473,84 @@ impl Objset {
             self.note_dirty(txg, object);
         }
         Ok(())
+    }
+}
+
+/// A failed sync attempt, undone.
+impl Objset {
+    /// A sync attempt of `txg` begins: until [`Objset::sync_end`] or
+    /// [`Objset::sync_abort`], every dnode it changes (its syncs, and the changes the
+    /// syncing thread makes between passes) is kept as it was, and so is the objset
+    /// block. Several [`Objset::sync`] passes may run within one attempt.
+    pub fn sync_begin(&self, txg: Txg) {
+        let undo = {
+            let i = self.inner.lock();
+            SyncUndo { txg, phys: i.phys.clone(), zil_header: i.zil_header, dirty_set: i.dirty.get(&txg).cloned(), alloc_hint: i.alloc_hint, saved: HashMap::new() }
+        };
+        let mut u = self.undo.lock();
+        assert!(u.is_none(), "a sync attempt of txg {txg} begins while another runs");
+        *u = Some(undo);
+        self.undo_active.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The attempt's txg is committed: what it changed stays.
+    pub fn sync_end(&self, txg: Txg) {
+        self.undo_active.store(false, std::sync::atomic::Ordering::Release);
+        let undo = self.undo.lock().take();
+        assert!(undo.is_some_and(|u| u.txg == txg), "sync_end of txg {txg} without its sync_begin");
+    }
+
+    /// The attempt failed: every dnode it changed, and the objset block, are put back as
+    /// they were at [`Objset::sync_begin`]. A dnode that open context changed for a
+    /// later txg meanwhile keeps that change; only its tree, synced state and records of
+    /// the attempt's txg go back.
+    pub fn sync_abort(&self, txg: Txg) {
+        self.undo_active.store(false, std::sync::atomic::Ordering::Release);
+        let undo = self.undo.lock().take().filter(|u| u.txg == txg).unwrap_or_else(|| panic!("sync_abort of txg {txg} without its sync_begin"));
+        let undo = {
+            let mut i = self.inner.lock();
+            i.phys = undo.phys.clone();
+            i.zil_header = undo.zil_header;
+            i.alloc_hint = undo.alloc_hint;
+            match &undo.dirty_set {
+                Some(set) => i.dirty.insert(txg, set.clone()),
+                None => i.dirty.remove(&txg),
+            };
+            undo
+        };
+        for (object, s) in undo.saved {
+            let mut di = s.dnode.inner.lock();
+            di.synced = s.synced;
+            match s.records {
+                Some(r) => di.dirty.insert(txg, r),
+                None => di.dirty.remove(&txg),
+            };
+            let newer = di.dirty.keys().any(|t| *t > txg);
+            match (newer, di.current.as_mut(), s.current) {
+                (false, _, saved) => di.current = saved,
+                (true, Some(cur), Some(saved)) if cur.generation == saved.generation => {
+                    (cur.nlevels, cur.blkptr, cur.used_bytes) = (saved.nlevels, saved.blkptr, saved.used_bytes);
+                }
+                _ => {}
+            }
+            di.change_gen += 1;
+            drop(di);
+            if object != 0 {
+                self.inner.lock().dnodes.insert(object, s.dnode);
+            }
+        }
+    }
+
+    /// Keep `d` as it is now, if a sync attempt runs and has not kept it yet (`di` is
+    /// its locked state).
+    fn save(&self, d: &Arc<Dnode>, di: &DnodeInner) {
+        if !self.undo_active.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let mut u = self.undo.lock();
+        let Some(undo) = u.as_mut() else { return };
+        let txg = undo.txg;
+        undo.saved.entry(d.object).or_insert_with(|| SavedDnode { dnode: d.clone(), synced: di.synced.clone(), current: di.current.clone(), records: di.dirty.get(&txg).cloned() });
     }
 }
 
@@ -469,8 +578,10 @@ impl Objset {
             }
         };
         let mut changed: Vec<(u64, Option<DnodePhys>)> = Vec::with_capacity(objects.len());
+        self.save(&self.meta, &self.meta.inner.lock());
         for &object in &objects {
             let d = self.dnode(io, object)?;
+            self.save(&d, &d.inner.lock());
             changed.push((object, sync_dnode(io, &d, txg)?));
         }
         self.patch_dnode_blocks(io, txg, &changed)?;

@@ -265,3 +265,161 @@ fn a_zap_in_an_object_grows_from_micro_to_fat_across_syncs() {
     }
     assert_eq!(reachable(&io, &root), io.live.lock().len());
 }
+
+/// The pool's view of one sync attempt over [`MemBlocks`]: writes may fail after a
+/// count; a block born in the attempt and freed in it is freed at once; older blocks'
+/// frees wait for the commit; an abort drops what the attempt wrote.
+struct Attempt<'a> {
+    mem: &'a MemBlocks,
+    fail_after: Option<u64>,
+    writes: AtomicU64,
+    written: Mutex<std::collections::BTreeSet<u64>>,
+    deferred: Mutex<Vec<BlockPointer>>,
+}
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+impl<'a> Attempt<'a> {
+    fn new(mem: &'a MemBlocks, fail_after: Option<u64>) -> Attempt<'a> {
+        Attempt { mem, fail_after, writes: AtomicU64::new(0), written: Mutex::new(Default::default()), deferred: Mutex::new(Vec::new()) }
+    }
+    fn abort(self) {
+        for off in self.written.lock().iter() {
+            self.mem.live.lock().remove(off);
+        }
+    }
+    fn commit(self) {
+        for bp in self.deferred.lock().iter() {
+            self.mem.free(bp);
+        }
+    }
+}
+
+impl BlockIo for Attempt<'_> {
+    fn txg(&self) -> Txg {
+        self.mem.txg()
+    }
+    fn read(&self, bp: &BlockPointer) -> Result<Arc<AlignedBuf>> {
+        self.mem.read(bp)
+    }
+    fn write(&self, data: Arc<AlignedBuf>, spec: BlockSpec) -> Result<BlockPointer> {
+        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.fail_after.is_some_and(|f| n >= f) {
+            return Err(Error::Io(std::io::Error::other("injected write failure")));
+        }
+        let bp = self.mem.write(data, spec)?;
+        self.written.lock().insert(bp.dva[0].offset);
+        Ok(bp)
+    }
+    fn free(&self, bp: &BlockPointer) {
+        if bp.birth == self.txg() {
+            assert!(self.written.lock().remove(&bp.dva[0].offset), "a block born in the attempt's txg that it did not write: {bp:?}");
+            self.mem.free(bp);
+        } else {
+            self.deferred.lock().push(*bp);
+        }
+    }
+}
+
+/// Sync txg `t` of `os` in `passes` passes (a write to `log` before each later one),
+/// the first attempt failing after `fail` writes; `check` after each aborted attempt.
+/// Returns the aborted attempts; `root` is the objset's new root.
+fn sync_in_attempts(io: &MemBlocks, os: &Objset, t: Txg, log: u64, passes: u64, mut fail: Option<u64>, root: &mut BlockPointer, check: &mut dyn FnMut(&Objset)) -> u32 {
+    let mut aborted = 0;
+    loop {
+        let a = Attempt::new(io, fail.take());
+        os.sync_begin(t);
+        let mut r = Ok(None);
+        let mut pass_root: Option<BlockPointer> = None;
+        for pass in 0..passes {
+            if pass > 0 {
+                // the change a pass makes for the next one, the same in every attempt
+                os.write_block(io, t, log, pass, Some(block_of(4096, t.get() << 8 | pass))).unwrap();
+            }
+            r = os.sync(&a, t).map(|s| {
+                // the holder frees the root it replaces (one of this txg: at once)
+                if let (Some(prev), Some(s)) = (pass_root, &s) {
+                    a.free(&prev);
+                    pass_root = Some(s.bp);
+                }
+                pass_root = pass_root.or(s.as_ref().map(|s| s.bp));
+                s.or(pass_root.map(|bp| Synced { bp, dnodes_written: 0 }))
+            });
+            if r.is_err() {
+                break;
+            }
+        }
+        match r {
+            Err(_) => {
+                os.sync_abort(t);
+                a.abort();
+                aborted += 1;
+                check(os);
+            }
+            Ok(s) => {
+                os.sync_end(t);
+                a.commit();
+                if let Some(s) = s {
+                    io.free(root);
+                    *root = s.bp;
+                }
+                return aborted;
+            }
+        }
+    }
+}
+
+/// Txgs synced in several passes (a change between them, as the pool's free list
+/// appends are), with attempts that fail part way and are undone before the retry:
+/// what stays is what the model says, and every live block is reachable exactly once.
+fn run_attempts(seed: u64, txgs: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let io = MemBlocks::new();
+    let os = Objset::create(ObjsetType::Mos, Txg(1));
+    io.set_txg(1);
+    let log = os.allocate(&io, Txg(1), &ObjectSpec::metadata(ObjectType::Bytes, 4096)).unwrap();
+    let mut root = os.sync(&io, Txg(1)).unwrap().unwrap().bp;
+    let mut model: BTreeMap<u64, ModelObject> = BTreeMap::new();
+    let mut log_model = ModelObject { generation: Txg(1), object_type: ObjectType::Bytes, blocks: BTreeMap::new(), bonus0: 0 };
+    let with_log = |m: &BTreeMap<u64, ModelObject>, l: &ModelObject| {
+        let mut all = m.clone();
+        all.insert(log, l.clone());
+        all
+    };
+    let mut freed_in: BTreeMap<u64, Txg> = BTreeMap::new();
+    let (mut aborted, mut multi) = (0, 0);
+    for txg in 2..2 + txgs {
+        let t = Txg(txg);
+        io.set_txg(txg);
+        for _ in 0..rng.gen_range(0..20) {
+            random_change(&mut rng, &io, &os, t, &mut model, &mut freed_in, seed);
+        }
+        let passes = rng.gen_range(1..4u64);
+        let fail = rng.gen_bool(0.3).then(|| rng.gen_range(0..12));
+        let all = with_log(&model, &log_model);
+        aborted += sync_in_attempts(&io, &os, t, log, passes, fail, &mut root, &mut |os: &Objset| {
+            check_objset(&io, os, &all, &format!("seed {seed} txg {txg} after an aborted attempt"))
+        });
+        if passes > 1 {
+            multi += 1;
+            for pass in 1..passes {
+                log_model.blocks.insert(pass, txg << 8 | pass);
+            }
+        }
+        let all = with_log(&model, &log_model);
+        check_objset(&io, &os, &all, &format!("seed {seed} txg {txg}"));
+        let reopened = Objset::open(&io, &root).unwrap();
+        check_objset(&io, &reopened, &all, &format!("seed {seed} txg {txg} reopened"));
+        assert_eq!(reachable(&io, &root), io.live.lock().len(), "seed {seed} txg {txg}: live blocks vs reachable (a leak or a lost block)");
+    }
+    assert!(aborted > 0 && multi > 0, "seed {seed}: {aborted} aborted attempts, {multi} multi-pass txgs");
+}
+
+#[test]
+fn sync_attempts_undo_and_passes() {
+    match std::env::var("OBJSET_ATTEMPT_SEED") {
+        Ok(s) => run_attempts(s.parse().expect("OBJSET_ATTEMPT_SEED is a number"), 60),
+        Err(_) => (0..8).for_each(|s| run_attempts(s, 60)),
+    }
+}
