@@ -50,6 +50,16 @@
 //! frees it deferred are cut back to the mark taken when it began. Nothing else is
 //! rolled back, so allocations made meanwhile outside the sync (log blocks) survive.
 //!
+//! The journal (format 2). A format 2 pool's space maps are logs a txg appends to
+//! (space_map.rs), so the allocator notes, per class and in order, every allocation
+//! and every immediate free since the last cut: sync and open-context allocations,
+//! import claims, a log block once its referrer is durable (never before, nor the
+//! free of one that never was), `free_now`, `free_unused`, and the frees of an undone
+//! sync. Deferred frees are not noted: the sync appends them from the defer lists (in
+//! T's sync, T − 2's) just before they are released. A sync takes the journal at its
+//! cut ([`Metaslabs::take_journal`]) and a failed attempt gives it back
+//! ([`Metaslabs::restore_journal`]). Bounded by one txg's allocations.
+//!
 //! Invariants (asserted): an extent is never freed twice, never allocated twice, and
 //! `allocated + free == size` for every vdev. The persisted form (in the MOS) is the
 //! list of allocated extents per vdev plus the defer lists; see docs/on-disk-format.md.
@@ -237,7 +247,7 @@ impl RangeAllocator {
 
     /// Take every free part of `[at, at+len)` out of the free tree (claiming a log
     /// block at import, whose parts may be free or allocated).
-    pub fn claim_free_parts(&mut self, at: u64, len: u64) {
+    pub fn claim_free_parts(&mut self, at: u64, len: u64) -> Vec<(u64, u64)> {
         let end = at.saturating_add(len).min(self.size);
         let parts: Vec<(u64, u64)> = self
             .free
@@ -247,9 +257,10 @@ impl RangeAllocator {
             .map(|(&s, &l)| (s.max(at), (s + l).min(end)))
             .filter(|(a, b)| a < b)
             .collect();
-        for (a, b) in parts {
+        for &(a, b) in &parts {
             self.remove_range(a, b - a);
         }
+        parts.into_iter().map(|(a, b)| (a, b - a)).collect()
     }
 
     /// Return a range to the free tree. Panics on a double free (an engine bug).
@@ -367,11 +378,14 @@ struct AllocClass {
     /// Vdevs being removed (`zpool remove` of a log vdev): nothing new is allocated on
     /// them; frees and claims still find them. At most the class's vdev count.
     noalloc: Vec<VdevId>,
+    /// Format 2's journal (see "The journal"): allocations (true) and immediate frees
+    /// since the last cut, in order. Empty unless the journal is on.
+    journal: Vec<(Dva, bool)>,
 }
 
 impl AllocClass {
     fn new() -> AllocClass {
-        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new(), noalloc: Vec::new() }
+        AllocClass { vdevs: Vec::new(), rotor: 0, rotor_bytes: 0, sync_txg: Txg::ZERO, sync_allocs: Vec::new(), noalloc: Vec::new(), journal: Vec::new() }
     }
 
     fn get_mut(&mut self, vdev: VdevId) -> Option<&mut RangeAllocator> {
@@ -474,6 +488,8 @@ pub struct Metaslabs {
     /// that saw the same value before and after knows no block it found could have
     /// been reused meanwhile (see [`Metaslabs::release_generation`]).
     release_generation: AtomicU64,
+    /// Whether changes are journaled (a format 2 pool's space maps record them).
+    journal_on: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -514,6 +530,7 @@ impl Metaslabs {
             defer: Mutex::new(DeferLists::default()),
             log_unreferenced: Mutex::new(Vec::new()),
             release_generation: AtomicU64::new(0),
+            journal_on: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -549,13 +566,16 @@ impl Metaslabs {
     /// Allocate `copies` DVAs of `len` bytes in class `role` for the sync of `txg`
     /// (recorded in that sync's undo list), or outside any sync (`txg` = None).
     pub fn alloc(&self, role: Role, len: u64, copies: usize, txg: Option<Txg>) -> Result<Vec<Dva>> {
-        self.alloc_for(role, len, copies, txg, Purpose::Data)
+        self.alloc_for(role, len, copies, txg, Purpose::Data, true)
     }
 
-    fn alloc_for(&self, role: Role, len: u64, copies: usize, txg: Option<Txg>, purpose: Purpose) -> Result<Vec<Dva>> {
+    fn alloc_for(&self, role: Role, len: u64, copies: usize, txg: Option<Txg>, purpose: Purpose, journal: bool) -> Result<Vec<Dva>> {
         let ci = class_index(role).ok_or(Error::NoSpace)?;
         let mut c = self.classes[ci].lock();
         let dvas = c.alloc_copies(len, copies, purpose)?;
+        if journal && self.journaling() {
+            c.journal.extend(dvas.iter().map(|d| (*d, true)));
+        }
         if let Some(t) = txg {
             assert_eq!(c.sync_txg, t, "allocation for txg {t} outside its sync");
             c.sync_allocs.extend_from_slice(&dvas);
@@ -568,7 +588,7 @@ impl Metaslabs {
     /// persisted space maps until [`Metaslabs::log_referenced`].
     pub fn alloc_log(&self, role: Role, len: u64, purpose: Purpose) -> Result<Dva> {
         let mut u = self.log_unreferenced.lock();
-        let d = self.alloc_for(role, len, 1, None, purpose)?[0];
+        let d = self.alloc_for(role, len, 1, None, purpose, false)?[0];
         u.push(d);
         Ok(d)
     }
@@ -578,6 +598,50 @@ impl Metaslabs {
         let mut u = self.log_unreferenced.lock();
         if let Some(i) = u.iter().position(|d| d == dva) {
             u.swap_remove(i);
+            self.journal(dva, true);
+        }
+    }
+
+    fn journaling(&self) -> bool {
+        self.journal_on.load(Ordering::Relaxed)
+    }
+
+    /// Note an allocation (`true`) or immediate free in the journal of `dva`'s class.
+    fn journal(&self, dva: &Dva, allocated: bool) {
+        if self.journaling() {
+            if let Some(c) = self.class_of(dva.vdev) {
+                c.lock().journal.push((*dva, allocated));
+            }
+        }
+    }
+
+    /// Journal changes from now on (a format 2 pool; off: format 1, whose object
+    /// directory lists every allocated extent).
+    pub fn set_journal(&self, on: bool) {
+        self.journal_on.store(on, Ordering::Relaxed);
+        if !on {
+            self.classes.iter().for_each(|c| c.lock().journal.clear());
+        }
+    }
+
+    /// The journal's cut: everything noted since the last one, in order (normal class
+    /// first). What is noted from now on belongs to the next cut.
+    pub fn take_journal(&self) -> Vec<(Dva, bool)> {
+        let mut out = Vec::new();
+        for c in &self.classes {
+            out.append(&mut c.lock().journal);
+        }
+        out
+    }
+
+    /// A failed sync attempt gives its cut back: `taken` goes before what was noted
+    /// since.
+    pub fn restore_journal(&self, taken: Vec<(Dva, bool)>) {
+        for c in &self.classes {
+            let mut c = c.lock();
+            let mine: Vec<(Dva, bool)> = taken.iter().filter(|(d, _)| c.get(d.vdev).is_some()).copied().collect();
+            let since = std::mem::replace(&mut c.journal, mine);
+            c.journal.extend(since);
         }
     }
 
@@ -613,7 +677,10 @@ impl Metaslabs {
         if end > a.size {
             return Err(Error::Corrupt(format!("log block {dva:?} beyond its vdev")));
         }
-        a.claim_free_parts(at, dva.asize as u64);
+        let parts = a.claim_free_parts(at, dva.asize as u64);
+        if self.journaling() {
+            c.journal.extend(parts.into_iter().map(|(o, l)| (Dva { vdev: dva.vdev, asize: l as u32, offset: o }, true)));
+        }
         Ok(())
     }
 
@@ -677,16 +744,43 @@ impl Metaslabs {
 
     pub fn claim(&self, dva: &Dva) -> Result<()> {
         let c = self.class_of(dva.vdev).ok_or_else(|| Error::Corrupt(format!("block on unknown vdev {}", dva.vdev)))?;
-        match c.lock().get_mut(dva.vdev) {
-            Some(a) => a.claim(dva.offset, dva.asize as u64),
-            None => Err(Error::Corrupt(format!("block on unknown vdev {}", dva.vdev))),
+        let mut c = c.lock();
+        match c.get_mut(dva.vdev) {
+            Some(a) => a.claim(dva.offset, dva.asize as u64)?,
+            None => return Err(Error::Corrupt(format!("block on unknown vdev {}", dva.vdev))),
+        }
+        if self.journaling() {
+            c.journal.push((*dva, true));
+        }
+        Ok(())
+    }
+
+    /// Free immediately (a block allocated and never made reachable). A log block
+    /// whose referrer never became durable was never journaled, nor is its free.
+    pub fn free_now(&self, dva: &Dva) {
+        let was_unreferenced = {
+            let mut u = self.log_unreferenced.lock();
+            u.iter().position(|d| d == dva).map(|i| u.swap_remove(i)).is_some()
+        };
+        if let Some(c) = self.class_of(dva.vdev) {
+            let mut c = c.lock();
+            c.free_now(dva);
+            if !was_unreferenced && self.journaling() {
+                c.journal.push((*dva, false));
+            }
         }
     }
 
-    /// Free immediately (a block allocated and never made reachable).
-    pub fn free_now(&self, dva: &Dva) {
-        if let Some(c) = self.class_of(dva.vdev) {
-            c.lock().free_now(dva);
+    /// Free at once a block the sync in progress allocated and no longer references
+    /// (a MOS block rewritten by a later pass of the same txg): off the undo list too.
+    pub fn free_unused(&self, dva: &Dva) {
+        let Some(c) = self.class_of(dva.vdev) else { return };
+        let mut c = c.lock();
+        let i = c.sync_allocs.iter().rposition(|d| d == dva).unwrap_or_else(|| panic!("free_unused of {dva:?}, which the sync in progress did not allocate"));
+        c.sync_allocs.swap_remove(i);
+        c.free_now(dva);
+        if self.journaling() {
+            c.journal.push((*dva, false));
         }
     }
 
@@ -834,6 +928,9 @@ impl Metaslabs {
             let allocs = std::mem::take(&mut c.sync_allocs);
             for d in allocs.iter().rev() {
                 c.free_now(d);
+            }
+            if self.journaling() {
+                c.journal.extend(allocs.iter().rev().map(|d| (*d, false)));
             }
             c.sync_txg = Txg::ZERO;
         }
@@ -1184,6 +1281,38 @@ mod tests {
 
     /// A failed sync undoes exactly its own allocations and deferred frees: log blocks
     /// allocated meanwhile (the intent log, outside the sync) stay allocated.
+    #[test]
+    fn the_journal_notes_what_the_space_maps_must_record() {
+        let ms = Metaslabs::new();
+        ms.add_vdev(VdevId(0), Role::Normal, 64 << 20);
+        ms.add_vdev(VdevId(1), Role::Log, 1 << 20);
+        let before = ms.alloc(Role::Normal, 4096, 1, None).unwrap()[0];
+        assert!(ms.take_journal().is_empty(), "off until a format 2 pool turns it on");
+        ms.set_journal(true);
+        let a = ms.alloc(Role::Normal, 4096, 1, None).unwrap();
+        ms.free_now(&before);
+        // a log block: noted once its referrer is durable; one that never was is not
+        let lwb = ms.alloc_log(Role::Log, 4096, Purpose::IntentLog).unwrap();
+        let lost = ms.alloc_log(Role::Log, 8192, Purpose::IntentLog).unwrap();
+        ms.log_referenced(&lwb);
+        ms.free_now(&lost);
+        let cut = ms.take_journal();
+        assert_eq!(cut, vec![(a[0], true), (before, false), (lwb, true)]);
+        // a sync attempt: its allocations are noted, and so are their frees when undone;
+        // a block it rewrote within the txg nets to nothing as well
+        ms.begin_sync(Txg(3));
+        let s = ms.alloc(Role::Normal, 8192, 1, Some(Txg(3))).unwrap()[0];
+        let gone = ms.alloc(Role::Normal, 512, 1, Some(Txg(3))).unwrap()[0];
+        ms.free_unused(&gone);
+        let attempt = ms.take_journal();
+        assert_eq!(attempt, vec![(s, true), (gone, true), (gone, false)]);
+        ms.undo_sync(Txg(3));
+        ms.restore_journal(attempt);
+        let j = ms.take_journal();
+        assert_eq!(j, vec![(s, true), (gone, true), (gone, false), (s, false)]);
+        ms.set_journal(false);
+    }
+
     #[test]
     fn failed_sync_undoes_only_its_own_allocations() {
         let ms = Metaslabs::new();

@@ -319,6 +319,59 @@ impl TxgDelta {
     }
 }
 
+impl Segments {
+    /// Take the parts of `[at, at + len)` that are in the set out of it; they are
+    /// returned in order.
+    pub fn take_overlap(&mut self, at: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = at + len;
+        let first = self.map.range(..at).next_back().filter(|(s, l)| *s + *l > at).map_or(at, |(s, _)| *s);
+        let hits: Vec<(u64, u64)> = self.map.range(first..end).map(|(s, l)| (*s, *l)).collect();
+        let mut out = Vec::with_capacity(hits.len());
+        for (s, l) in hits {
+            let (a, b) = (s.max(at), (s + l).min(end));
+            if a < b {
+                self.remove(a, b - a).expect("a part of a segment");
+                out.push((a, b - a));
+            }
+        }
+        out
+    }
+}
+
+/// The gaps of `[at, at + len)` between `taken` (sorted parts of it).
+fn gaps(at: u64, len: u64, taken: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut cur = at;
+    for (s, l) in taken {
+        if *s > cur {
+            out.push((cur, s - cur));
+        }
+        cur = s + l;
+    }
+    if cur < at + len {
+        out.push((cur, at + len - cur));
+    }
+    out
+}
+
+/// The net change per top-level vdev of an allocator's journal (metaslab.rs, "The
+/// journal"): allocations (`true`) and immediate frees in order. An allocation of
+/// what the journal already allocated, or a free of what it already freed, is an
+/// engine bug, reported.
+pub fn net_journal(entries: &[(crate::block::blkptr::Dva, bool)]) -> std::result::Result<BTreeMap<crate::VdevId, TxgDelta>, String> {
+    let mut per: BTreeMap<crate::VdevId, (Segments, Segments)> = BTreeMap::new();
+    for (d, allocated) in entries {
+        let (added, removed) = per.entry(d.vdev).or_default();
+        let (at, len) = (d.offset, d.asize as u64);
+        let (undo, into) = if *allocated { (removed, added) } else { (added, removed) };
+        let back = undo.take_overlap(at, len);
+        for (s, l) in gaps(at, len, &back) {
+            into.add(s, l).map_err(|w| format!("journal {} of {d:?}: {w}", if *allocated { "allocation" } else { "free" }))?;
+        }
+    }
+    Ok(per.into_iter().map(|(v, (a, r))| (v, TxgDelta { allocs: a.iter().collect(), frees: r.iter().collect() })).filter(|(_, d)| !d.is_empty()).collect())
+}
+
 /// The extents of `a` not in `b`.
 fn difference(a: &Segments, b: &Segments) -> Vec<(u64, u64)> {
     let mut out = Vec::new();

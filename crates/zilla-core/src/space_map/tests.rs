@@ -193,3 +193,27 @@ fn metaslab_array_entries() {
     assert_eq!((e.len(), e[3], e[255], e.iter().filter(|x| **x != 0).count()), (256, 77, 99, 2));
     assert!(a.phys(area / 2).unwrap_err().to_string().contains("needs 128"));
 }
+
+#[test]
+fn the_journal_nets_to_what_changed() {
+    use crate::block::blkptr::Dva;
+    use crate::VdevId;
+    let d = |v: u32, o: u64, l: u32| Dva { vdev: VdevId(v), asize: l, offset: o };
+    let j = vec![
+        (d(0, 0, 4096), true),
+        (d(0, 0, 4096), false), // allocated and freed within the cut: nothing
+        (d(0, 8192, 1024), true),
+        (d(1, 1 << 20, 512), false), // a free of space allocated before
+        (d(1, 1 << 20, 512), true), // and allocated again: nothing
+        (d(1, 4096, 512), false),
+        (d(0, 7168, 1024), true), // next to the earlier one: one extent
+    ];
+    let net = net_journal(&j).unwrap();
+    assert_eq!(net.len(), 2);
+    assert_eq!(net[&VdevId(0)], TxgDelta { allocs: vec![(7168, 2048)], frees: vec![] });
+    assert_eq!(net[&VdevId(1)], TxgDelta { allocs: vec![], frees: vec![(4096, 512)] });
+    // an allocation half over freed space: the freed half comes back, the rest is new
+    let net = net_journal(&[(d(2, 0, 1024), false), (d(2, 512, 1024), true)]).unwrap();
+    assert_eq!(net[&VdevId(2)], TxgDelta { allocs: vec![(1024, 512)], frees: vec![(0, 512)] });
+    assert!(net_journal(&[(d(0, 0, 1024), true), (d(0, 512, 512), true)]).unwrap_err().contains("allocation"));
+}
