@@ -21,6 +21,7 @@ pub mod dsl_dir;
 pub mod space_map;
 pub mod free_list;
 pub mod zfeature;
+pub mod pool_mos;
 pub mod txg;
 pub mod dsl_pool;
 pub mod zil;
@@ -56,6 +57,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["zfetch", "spa_history"], // sequential-stream detection for read-ahead, per volume; the pool's command history ring
     &["dmu"],          // object directory, volume block-pointer trees, dirty records; format 2 objsets
     &["dsl_dir", "space_map", "free_list", "zfeature"], // over the MOS (format 2): the dataset tree (names, inherited properties, space fields); metaslab space maps; deferred frees; feature flags
+    &["pool_mos"],     // a format 2 pool's MOS: the object directory, what it names, the sync in passes
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)
     &["spa"],          // the pool: create/import/export, sync, uberblocks

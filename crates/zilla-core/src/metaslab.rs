@@ -716,7 +716,7 @@ impl Metaslabs {
             d.lists.retain(|_, l| !l.is_empty());
         }
         for e in &released {
-            self.free_now(e);
+            self.free_unjournaled(e);
         }
         let unref = self.log_unreferenced.lock().iter().filter(|d| d.vdev == id).map(|d| d.asize as u64).sum::<u64>();
         self.vdev_space(id).1 + unref
@@ -845,6 +845,11 @@ impl Metaslabs {
         self.free_released(&released);
     }
 
+    /// The frees deferred in `txg` so far.
+    pub fn deferred_of(&self, txg: Txg) -> Vec<Dva> {
+        self.defer.lock().lists.get(&txg).cloned().unwrap_or_default()
+    }
+
     /// Take the frees of txgs <= `txg` (fewer while a pin holds) off their defer
     /// lists without returning them to the free trees: the blocks are then neither
     /// deferred nor allocatable, so nothing can be written there until
@@ -889,8 +894,15 @@ impl Metaslabs {
 
     /// Return blocks taken by [`Metaslabs::take_released`] to the free trees.
     pub fn free_released(&self, released: &[Dva]) {
+        // not journaled: the sync that released them appended them from the defer list
         for d in released {
-            self.free_now(d);
+            self.free_unjournaled(d);
+        }
+    }
+
+    fn free_unjournaled(&self, dva: &Dva) {
+        if let Some(c) = self.class_of(dva.vdev) {
+            c.lock().free_now(dva);
         }
     }
 

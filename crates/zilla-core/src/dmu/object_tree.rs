@@ -221,15 +221,29 @@ impl Tree<'_> {
         Ok(())
     }
 
+    /// Visit every pointer born in `txg` or later, post-order, without reading any
+    /// subtree whose pointer is older (copy on write: nothing below it is younger).
+    pub fn visit_born_since(&self, io: &dyn BlockIo, txg: Txg, f: &mut dyn FnMut(&BlockPointer, u32) -> Result<()>) -> Result<()> {
+        let top = self.nlevels as u32 - 1;
+        for bp in self.roots {
+            self.post_order_from(io, bp, top, txg, f)?;
+        }
+        Ok(())
+    }
+
     fn post_order_below(&self, io: &dyn BlockIo, bp: &BlockPointer, level: u32, f: &mut dyn FnMut(&BlockPointer, u32) -> Result<()>) -> Result<()> {
-        if bp.is_hole() {
+        self.post_order_from(io, bp, level, Txg::ZERO, f)
+    }
+
+    fn post_order_from(&self, io: &dyn BlockIo, bp: &BlockPointer, level: u32, since: Txg, f: &mut dyn FnMut(&BlockPointer, u32) -> Result<()>) -> Result<()> {
+        if bp.is_hole() || bp.birth < since {
             return Ok(());
         }
         if level > 0 {
             let ind = read_indirect(io, &self.shape, bp)?;
             for idx in 0..1u64 << self.shape.epb_shift() {
                 let c = child(&ind, idx, &self.shape, level - 1, bp)?;
-                self.post_order_below(io, &c, level - 1, f)?;
+                self.post_order_from(io, &c, level - 1, since, f)?;
             }
         }
         f(bp, level)
