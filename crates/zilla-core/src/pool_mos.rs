@@ -85,6 +85,8 @@ struct VdevMaps {
 #[derive(Default)]
 struct SpaceUndo {
     metaslabs: HashMap<(VdevId, usize), (u64, Segments)>,
+    /// Dataset objsets the attempt syncs (each with its own undo).
+    datasets: Vec<Arc<Objset>>,
 }
 
 /// An open format 2 MOS.
@@ -93,6 +95,8 @@ pub struct PoolMos {
     pub dir: Directory,
     vdevs: Mutex<BTreeMap<VdevId, VdevMaps>>,
     undo: Mutex<Option<SpaceUndo>>,
+    /// The open objsets of datasets, by dataset object. Bounded by the pool's datasets.
+    datasets: Mutex<HashMap<u64, Arc<Objset>>>,
 }
 
 fn zap_salt(object: u64, txg: Txg) -> u64 {
@@ -139,7 +143,7 @@ impl PoolMos {
         }
         os.write_block(io, txg, free_list_array, 0, Some(Arc::new(AlignedBuf::from(&block[..]))))?;
         let dir = Directory { root_dataset: root_dir, features, metaslab_arrays, free_lists, free_list_array, pool_props: new_zap(&os, io, txg, ObjectType::PoolProps)?, leaf_health: new_zap(&os, io, txg, ObjectType::LeafHealth)? };
-        let mos = PoolMos { os, dir, vdevs: Mutex::new(BTreeMap::new()), undo: Mutex::new(None) };
+        let mos = PoolMos { os, dir, vdevs: Mutex::new(BTreeMap::new()), undo: Mutex::new(None), datasets: Mutex::new(HashMap::new()) };
         mos.write_directory(io, txg, root.objsetid + 1)?;
         for t in tops {
             mos.add_vdev(io, txg, t)?;
@@ -193,7 +197,7 @@ impl PoolMos {
             pool_props: g("pool_props")?,
             leaf_health: g("leaf_health")?,
         };
-        let mos = PoolMos { os, dir, vdevs: Mutex::new(BTreeMap::new()), undo: Mutex::new(None) };
+        let mos = PoolMos { os, dir, vdevs: Mutex::new(BTreeMap::new()), undo: Mutex::new(None), datasets: Mutex::new(HashMap::new()) };
         for t in tops {
             let maps = mos.load_vdev(io, t).map_err(|e| Error::Corrupt(format!("top-level vdev {} (guid {}): {e}", t.id, guid_name(t.guid))))?;
             mos.vdevs.lock().insert(t.id, maps);
@@ -290,18 +294,24 @@ impl PoolMos {
     /// A sync attempt of `txg` begins (see [`PoolMos::sync_abort`]).
     pub fn sync_begin(&self, txg: Txg) {
         self.os.sync_begin(txg);
-        *self.undo.lock() = Some(SpaceUndo::default());
+        // every open one: the volumes' data pass adopts trees within the attempt
+        let datasets: Vec<Arc<Objset>> = self.datasets.lock().values().cloned().collect();
+        datasets.iter().for_each(|o| o.sync_begin(txg));
+        *self.undo.lock() = Some(SpaceUndo { datasets, ..Default::default() });
     }
 
     pub fn sync_end(&self, txg: Txg) {
         self.os.sync_end(txg);
-        *self.undo.lock() = None;
+        if let Some(u) = self.undo.lock().take() {
+            u.datasets.iter().for_each(|o| o.sync_end(txg));
+        }
     }
 
     /// The attempt failed: the objset and the metaslabs it changed are as they were.
     pub fn sync_abort(&self, txg: Txg) {
         self.os.sync_abort(txg);
         let undo = self.undo.lock().take().unwrap_or_default();
+        undo.datasets.iter().for_each(|o| o.sync_abort(txg));
         let mut vdevs = self.vdevs.lock();
         for ((vdev, i), (map, segments)) in undo.metaslabs {
             if let Some(v) = vdevs.get_mut(&vdev) {
@@ -380,6 +390,9 @@ impl BlockIo for PassIo<'_> {
         self.inner.free(bp);
     }
 }
+
+mod volumes;
+pub use volumes::{VolumeInfo, VOLUME_DATA_OBJECT, VOLUME_INDBLKSHIFT, VOLUME_PROPS_OBJECT};
 
 #[cfg(test)]
 mod tests;

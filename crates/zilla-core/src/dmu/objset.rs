@@ -143,6 +143,10 @@ struct TxgRecords {
     /// The dnode as the txg left it, when the txg changed it (allocated, freed, its
     /// bonus, block size or highest block id); its tree fields are not used.
     phys: Option<Option<DnodePhys>>,
+    /// A tree written by its owner outside this objset's records (a format 1 volume
+    /// path), adopted as the object's tree in the txg: levels, roots, used bytes,
+    /// highest block id.
+    adopted: Option<(u8, Vec<BlockPointer>, u64, u64)>,
 }
 
 impl DnodeInner {
@@ -441,6 +445,27 @@ impl Objset {
         Ok(Some(b))
     }
 
+    /// Adopt a tree its owner wrote in `txg` (already copy on write, its replaced blocks
+    /// already freed by the owner) as `object`'s tree: it replaces the object's tree
+    /// when `txg` syncs. An object with adopted trees takes no block records.
+    pub fn adopt_tree(&self, io: &dyn BlockIo, txg: Txg, object: u64, nlevels: u8, roots: Vec<BlockPointer>, used_bytes: u64, maxblkid: u64) -> Result<()> {
+        let d = self.dnode(io, object)?;
+        let mut di = d.inner.lock();
+        let Some(cur) = di.current.as_ref() else { return Err(Error::NotFound(format!("object {object}"))) };
+        if roots.len() != cur.nblkptr as usize || di.dirty.values().any(|r| !r.blocks.is_empty()) {
+            return Err(Error::invalid(format!("object {object}: a tree of {} roots cannot be adopted here", roots.len())));
+        }
+        self.save(&d, &di);
+        if let Some(cur) = di.current.as_mut() {
+            (cur.nlevels, cur.blkptr, cur.used_bytes, cur.maxblkid) = (nlevels, roots.clone(), used_bytes, maxblkid);
+        }
+        di.dirty.entry(txg).or_default().adopted = Some((nlevels, roots, used_bytes, maxblkid));
+        di.change_gen += 1;
+        drop(di);
+        self.note_dirty(txg, object);
+        Ok(())
+    }
+
     /// Write block `blkid` of `object` whole in `txg` (`None`: free it).
     pub fn write_block(&self, io: &dyn BlockIo, txg: Txg, object: u64, blkid: u64, data: Option<Arc<AlignedBuf>>) -> Result<()> {
         let d = self.dnode(io, object)?;
@@ -663,10 +688,10 @@ impl Objset {
 /// Sync `d`'s records of `txg`: write its blocks, apply them to its tree, and return
 /// its dnode as of `txg` (`None`: free), which becomes its synced phys.
 fn sync_dnode(io: &dyn BlockIo, d: &Dnode, txg: Txg) -> Result<Option<DnodePhys>> {
-    let (synced, freed, blocks, snapshot) = {
+    let (synced, freed, blocks, snapshot, adopted) = {
         let di = d.inner.lock();
         let Some(r) = di.dirty.get(&txg) else { return Ok(di.synced.clone()) };
-        (di.synced.clone(), r.freed, r.blocks.clone(), r.phys.clone())
+        (di.synced.clone(), r.freed, r.blocks.clone(), r.phys.clone(), r.adopted.clone())
     };
     if freed {
         if let Some(old) = &synced {
@@ -685,9 +710,10 @@ fn sync_dnode(io: &dyn BlockIo, d: &Dnode, txg: Txg) -> Result<Option<DnodePhys>
     };
     // the tree as synced, unless the object is new in txg
     let from = synced.as_ref().filter(|s| !freed && s.generation == phys.generation);
-    let (nlevels, roots, used) = match from {
-        Some(s) => (s.nlevels, s.blkptr.clone(), s.used_bytes),
-        None => (1, vec![BlockPointer::hole(); phys.nblkptr as usize], 0),
+    let (nlevels, roots, used) = match (&adopted, from) {
+        (Some((n, r, u, _)), _) => (*n, r.clone(), *u),
+        (None, Some(s)) => (s.nlevels, s.blkptr.clone(), s.used_bytes),
+        (None, None) => (1, vec![BlockPointer::hole(); phys.nblkptr as usize], 0),
     };
     let shape = phys.shape();
     let mut changes = Vec::with_capacity(blocks.len());
@@ -707,7 +733,10 @@ fn sync_dnode(io: &dyn BlockIo, d: &Dnode, txg: Txg) -> Result<Option<DnodePhys>
     phys.used_bytes = u64::try_from(used as i64 + applied.used_delta).map_err(|_| Error::Corrupt(format!("object {}: used bytes below zero", d.object)))?;
     // the highest block the tree has held (a block written and freed in one txg never was)
     let highest = changes.iter().rev().find(|c| !c.1.is_hole()).map_or(0, |c| c.0);
-    phys.maxblkid = highest.max(from.map_or(0, |s| s.maxblkid));
+    phys.maxblkid = match &adopted {
+        Some((.., maxblkid)) => *maxblkid,
+        None => highest.max(from.map_or(0, |s| s.maxblkid)),
+    };
     phys.check().map_err(|e| Error::Corrupt(format!("object {} after txg {txg}: {e}", d.object)))?;
     let mut di = d.inner.lock();
     // open context's dnode carries the tree it reads through

@@ -19,6 +19,8 @@ struct AllocIo {
     txg: Mutex<Txg>,
     data: Mutex<HashMap<(u32, u64), Arc<AlignedBuf>>>,
     fail_after: Mutex<Option<u64>>,
+    /// Blocks the attempt in progress wrote: gone if it is undone.
+    attempt_writes: Mutex<Vec<(u32, u64)>>,
 }
 
 impl AllocIo {
@@ -26,7 +28,7 @@ impl AllocIo {
         let ms = Metaslabs::new();
         ms.add_vdev(VdevId(0), Role::Normal, area);
         ms.add_vdev(VdevId(1), Role::Normal, area);
-        AllocIo { ms, txg: Mutex::new(Txg(1)), data: Mutex::new(HashMap::new()), fail_after: Mutex::new(None) }
+        AllocIo { ms, txg: Mutex::new(Txg(1)), data: Mutex::new(HashMap::new()), fail_after: Mutex::new(None), attempt_writes: Mutex::new(Vec::new()) }
     }
 }
 
@@ -50,6 +52,7 @@ impl BlockIo for AllocIo {
         dva[..dvas.len()].copy_from_slice(&dvas);
         let bp = BlockPointer { dva, lsize: data.len() as u32, psize: data.len() as u32, birth: self.txg(), fill: spec.fill, checksum_code: spec.checksum as u8, compression_code: 0, kind: spec.kind, level: spec.level, checksum: [0; 32] };
         self.data.lock().insert((dva[0].vdev.0, dva[0].offset), data);
+        self.attempt_writes.lock().push((dva[0].vdev.0, dva[0].offset));
         Ok(bp)
     }
     fn free(&self, bp: &BlockPointer) {
@@ -69,7 +72,12 @@ fn tops() -> Vec<TopSpace> {
 }
 
 /// One txg's sync as spa does it, attempts retried; the new MOS root.
-fn sync_txg(io: &AllocIo, mos: &PoolMos, txg: Txg, old_root: Option<BlockPointer>, mut fail: Option<u64>) -> BlockPointer {
+fn sync_txg(io: &AllocIo, mos: &PoolMos, txg: Txg, old_root: Option<BlockPointer>, fail: Option<u64>) -> BlockPointer {
+    sync_txg_with(io, mos, txg, old_root, fail, &|_| Ok(()))
+}
+
+/// As [`sync_txg`], with `data` run first in every attempt (the volumes' data pass).
+fn sync_txg_with(io: &AllocIo, mos: &PoolMos, txg: Txg, old_root: Option<BlockPointer>, mut fail: Option<u64>, data: &dyn Fn(&AllocIo) -> Result<()>) -> BlockPointer {
     // T − 2's frees (and older ones a pin held): out of the defer lists, not yet
     // allocatable; freed in T's maps, reusable once T commits
     let released: Vec<Dva> = io.ms.take_released(txg.minus(2));
@@ -78,11 +86,15 @@ fn sync_txg(io: &AllocIo, mos: &PoolMos, txg: Txg, old_root: Option<BlockPointer
         io.ms.begin_sync(txg);
         mos.sync_begin(txg);
         *io.fail_after.lock() = fail.take();
-        let taken = io.ms.take_journal();
+        io.attempt_writes.lock().clear();
+        let mut taken = Vec::new();
         let attempt = (|| -> Result<BlockPointer> {
             if let Some(r) = old_root {
                 io.free(&r);
             }
+            data(io)?;
+            mos.sync_datasets(io, txg)?;
+            taken = io.ms.take_journal();
             let net = crate::space_map::net_journal(&taken).map_err(Error::Corrupt)?;
             mos.record_space(io, txg, &net, &released)?;
             mos.append_frees(io, txg, &io.ms.deferred_of(txg))?;
@@ -100,6 +112,9 @@ fn sync_txg(io: &AllocIo, mos: &PoolMos, txg: Txg, old_root: Option<BlockPointer
                 assert!(attempt_no == 0, "txg {txg}: a retry failed: {e}");
                 mos.sync_abort(txg);
                 io.ms.undo_sync(txg);
+                for k in io.attempt_writes.lock().drain(..) {
+                    io.data.lock().remove(&k);
+                }
                 io.ms.restore_journal(taken);
             }
         }
@@ -169,4 +184,45 @@ fn mos_space_accounting_model() {
         Ok(s) => run(s.parse().expect("POOL_MOS_SEED is a number"), 80),
         Err(_) => (0..4).for_each(|s| run(s, 80)),
     }
+}
+
+#[test]
+fn volumes_are_datasets_whose_objsets_adopt_their_trees() {
+    use crate::dmu::object_tree::{self, Tree};
+    let io = AllocIo::new(AREA);
+    io.ms.set_journal(true);
+    io.ms.begin_sync(Txg(1));
+    let mos = PoolMos::create(&io, Txg(1), &tops(), NewDataset { creation_time_s: 1, objsetid: 1, guid: 7 }).unwrap();
+    io.ms.end_sync(Txg(1));
+    let mut root = sync_txg(&io, &mos, Txg(1), None, None);
+    *io.txg.lock() = Txg(2);
+    let top = mos.dir.root_dataset;
+    let d0 = mos.create_volume(&io, Txg(2), top, "disk0", 1 << 20, 16384, 100, 11).unwrap();
+    let (vm, _) = DslTree { mos: &mos.os, io: &io }.create_child(Txg(2), top, "vm", &NewDataset { creation_time_s: 100, objsetid: 99, guid: 12 }).unwrap();
+    let d1 = mos.create_volume(&io, Txg(2), vm, "disk1", 64 << 20, 16384, 100, 13).unwrap();
+    assert_eq!((d0.path.as_str(), d1.path.as_str()), ("disk0", "vm/disk1"));
+    root = sync_txg(&io, &mos, Txg(2), Some(root), Some(3));
+    // txg 3: the volume path writes block 3000 of disk1 (a two-level tree) and sets a log
+    *io.txg.lock() = Txg(3);
+    let tree_root = Mutex::new(None);
+    let data_pass = |io: &AllocIo| -> Result<()> {
+        let d = mos.dataset_objset(io, d1.dataset)?.dnode(io, VOLUME_DATA_OBJECT)?.phys().unwrap();
+        let shape = d.shape();
+        let bp = io.write(Arc::new(AlignedBuf::from(&vec![7u8; 16384][..])), BlockSpec { kind: shape.data_kind, level: 0, fill: 1, checksum: crate::block::checksum::ChecksumAlgo::Fletcher4, compression: crate::block::compress::Compression::Off })?;
+        let a = object_tree::apply(io, &Tree { shape, nlevels: d.nlevels, roots: &d.blkptr }, &[(3000, bp)])?;
+        mos.set_volume_tree(io, Txg(3), d1.dataset, a.nlevels, a.roots[0], a.used_delta as u64, (64 << 20) / 16384)?;
+        *tree_root.lock() = Some((a.nlevels, a.roots[0]));
+        Ok(())
+    };
+    mos.set_zil_header(&io, Txg(3), d0.dataset, [5; 40]).unwrap();
+    root = sync_txg_with(&io, &mos, Txg(3), Some(root), Some(3), &data_pass);
+    check_space(&io, &root, Txg(3), "after the volume writes");
+    let reopened = PoolMos::open(&io, &root, &tops()).unwrap();
+    let vols = reopened.volumes(&io).unwrap();
+    assert_eq!(vols.iter().map(|v| v.path.as_str()).collect::<Vec<_>>(), ["disk0", "vm/disk1"]);
+    let (nlevels, bp) = tree_root.lock().unwrap();
+    assert_eq!((vols[1].nlevels, vols[1].root, vols[1].volsize, vols[1].volblocksize), (nlevels, bp, 64 << 20, 16384));
+    assert!(nlevels >= 2, "block 3000 needs an indirect level");
+    assert_eq!((vols[0].zil_header, vols[0].root.is_hole()), ([5; 40], true));
+    assert_eq!(vols[1].zil_header, [0; 40]);
 }

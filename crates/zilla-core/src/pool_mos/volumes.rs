@@ -1,0 +1,152 @@
+//! A format 2 pool's volumes: a dataset each, with a volume objset (§15) whose object 1
+//! is the volume data and object 2 its properties. The volume path writes its block
+//! tree itself (zvol, today's dirty records); the objset adopts the tree's root in the
+//! txg that wrote it, and the dataset's bonus records the objset's new block.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::*;
+use crate::dsl_dir::phys::DatasetPhys;
+
+/// Object numbers in a volume objset.
+pub const VOLUME_DATA_OBJECT: u64 = 1;
+pub const VOLUME_PROPS_OBJECT: u64 = 2;
+/// A volume's indirect blocks: 128 KiB (the format 1 tree's, so `upgrade` adopts it).
+pub const VOLUME_INDBLKSHIFT: u8 = 17;
+
+/// A volume as the MOS holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    /// Below the pool: `vm/disk1`.
+    pub path: String,
+    pub dir: u64,
+    pub dataset: u64,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub nlevels: u8,
+    pub root: BlockPointer,
+    pub zil_header: [u8; 40],
+    pub creation_time_s: u64,
+}
+
+impl PoolMos {
+    fn dsl<'a>(&'a self, io: &'a dyn BlockIo) -> DslTree<'a> {
+        DslTree { mos: &self.os, io }
+    }
+
+    /// The open objset of `dataset` (opened from its bonus the first time).
+    pub fn dataset_objset(&self, io: &dyn BlockIo, dataset: u64) -> Result<Arc<Objset>> {
+        if let Some(os) = self.datasets.lock().get(&dataset) {
+            return Ok(os.clone());
+        }
+        let d = self.dsl(io).dataset(dataset)?;
+        if d.objset_bp.is_hole() {
+            return Err(Error::Corrupt(format!("dataset object {dataset} has no objset")));
+        }
+        let os = Arc::new(Objset::open(io, &d.objset_bp)?);
+        Ok(self.datasets.lock().entry(dataset).or_insert(os).clone())
+    }
+
+    /// Create volume `name` under directory `parent` in `txg`.
+    pub fn create_volume(&self, io: &dyn BlockIo, txg: Txg, parent: u64, name: &str, volsize: u64, volblocksize: u32, creation_time_s: u64, guid: u64) -> Result<VolumeInfo> {
+        let objsetid = get(&self.os, io, DIRECTORY_OBJECT, "next_dataset_id")?;
+        put(&self.os, io, txg, DIRECTORY_OBJECT, "next_dataset_id", objsetid + 1)?;
+        let (dir, dataset) = self.dsl(io).create_child(txg, parent, name, &NewDataset { creation_time_s, objsetid, guid })?;
+        let os = Objset::create(ObjsetType::Volume, txg);
+        let mut spec = ObjectSpec::metadata(ObjectType::VolumeData, volblocksize);
+        (spec.indblkshift, spec.nblkptr) = (VOLUME_INDBLKSHIFT, 1);
+        let data = os.allocate(io, txg, &spec)?;
+        let props = new_zap(&os, io, txg, ObjectType::VolumeProps)?;
+        assert_eq!((data, props), (VOLUME_DATA_OBJECT, VOLUME_PROPS_OBJECT), "a new volume objset's first objects");
+        put(&os, io, txg, props, "size", volsize)?;
+        put(&os, io, txg, props, "creation", creation_time_s)?;
+        self.datasets.lock().insert(dataset, Arc::new(os));
+        let path = self.dsl(io).full_name(dir, "")?.trim_start_matches('/').to_string();
+        Ok(VolumeInfo { path, dir, dataset, volsize, volblocksize, nlevels: 1, root: BlockPointer::hole(), zil_header: [0; 40], creation_time_s })
+    }
+
+    /// The volume's tree as its path wrote it in `txg` (`nblocks` = volsize / volblocksize).
+    pub fn set_volume_tree(&self, io: &dyn BlockIo, txg: Txg, dataset: u64, nlevels: u8, root: BlockPointer, used_bytes: u64, nblocks: u64) -> Result<()> {
+        let os = self.dataset_objset(io, dataset)?;
+        os.adopt_tree(io, txg, VOLUME_DATA_OBJECT, nlevels, vec![root], used_bytes, nblocks.saturating_sub(1))
+    }
+
+    pub fn set_volume_size(&self, io: &dyn BlockIo, txg: Txg, dataset: u64, volsize: u64) -> Result<()> {
+        put(&*self.dataset_objset(io, dataset)?, io, txg, VOLUME_PROPS_OBJECT, "size", volsize)
+    }
+
+    pub fn set_zil_header(&self, io: &dyn BlockIo, txg: Txg, dataset: u64, header: [u8; 40]) -> Result<()> {
+        self.dataset_objset(io, dataset)?.set_zil_header(txg, header);
+        Ok(())
+    }
+
+    /// Sync every dataset objset dirty in `txg` and record its new block in its
+    /// dataset (a MOS change of `txg`); the block it replaces is freed.
+    pub fn sync_datasets(&self, io: &dyn BlockIo, txg: Txg) -> Result<()> {
+        let open: Vec<(u64, Arc<Objset>)> = self.datasets.lock().iter().map(|(d, o)| (*d, o.clone())).collect();
+        for (dataset, os) in open.into_iter().filter(|(_, o)| o.is_dirty(txg)) {
+            let Some(s) = os.sync(io, txg)? else { continue };
+            let dsl = self.dsl(io);
+            let mut d: DatasetPhys = dsl.dataset(dataset)?;
+            io.free(&d.objset_bp);
+            d.objset_bp = s.bp;
+            dsl.set_dataset(txg, dataset, &d)?;
+        }
+        Ok(())
+    }
+
+    /// Every volume in the pool, in name order.
+    pub fn volumes(&self, io: &dyn BlockIo) -> Result<Vec<VolumeInfo>> {
+        let mut out = Vec::new();
+        let mut stack: Vec<(u64, String)> = vec![(self.dir.root_dataset, String::new())];
+        while let Some((dir, path)) = stack.pop() {
+            let dsl = self.dsl(io);
+            for (name, child) in dsl.children(dir)? {
+                let child_path = if path.is_empty() { name } else { format!("{path}/{name}") };
+                if let Some(v) = self.volume_at(io, child, &child_path)? {
+                    out.push(v);
+                }
+                if stack.len() + out.len() > 1 << 20 {
+                    return Err(Error::Corrupt("the dataset tree has more than 2^20 entries".into()));
+                }
+                stack.push((child, child_path));
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn volume_at(&self, io: &dyn BlockIo, dir: u64, path: &str) -> Result<Option<VolumeInfo>> {
+        let dsl = self.dsl(io);
+        let dataset = dsl.dir(dir)?.head_dataset;
+        let d = dsl.dataset(dataset)?;
+        if d.objset_bp.is_hole() {
+            return Ok(None);
+        }
+        let os = self.dataset_objset(io, dataset)?;
+        if os.objset_type() != ObjsetType::Volume {
+            return Ok(None);
+        }
+        let bad = |w: &str| Error::Corrupt(format!("volume {path}: {w}"));
+        let data = os.dnode(io, VOLUME_DATA_OBJECT)?.phys().filter(|p| p.object_type == ObjectType::VolumeData).ok_or_else(|| bad("object 1 is not its data"))?;
+        let volsize = get(&os, io, VOLUME_PROPS_OBJECT, "size")?;
+        let creation_time_s = get(&os, io, VOLUME_PROPS_OBJECT, "creation")?;
+        Ok(Some(VolumeInfo {
+            path: path.to_string(),
+            dir,
+            dataset,
+            volsize,
+            volblocksize: data.data_block_bytes,
+            nlevels: data.nlevels,
+            root: data.blkptr[0],
+            zil_header: os.zil_header(),
+            creation_time_s,
+        }))
+    }
+
+    /// The local properties of each directory on the way (for the caller's PropSet).
+    pub fn local_props(&self, io: &dyn BlockIo, dir: u64) -> Result<BTreeMap<String, String>> {
+        self.dsl(io).local_props(dir)
+    }
+}
