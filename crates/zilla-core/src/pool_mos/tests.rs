@@ -226,3 +226,34 @@ fn volumes_are_datasets_whose_objsets_adopt_their_trees() {
     assert_eq!((vols[0].zil_header, vols[0].root.is_hole()), ([5; 40], true));
     assert_eq!(vols[1].zil_header, [0; 40]);
 }
+
+#[test]
+fn pool_properties_and_leaf_health_write_what_changed() {
+    let io = AllocIo::new(AREA);
+    io.ms.begin_sync(Txg(1));
+    let mos = PoolMos::create(&io, Txg(1), &tops(), NewDataset { creation_time_s: 1, objsetid: 1, guid: 7 }).unwrap();
+    let props: BTreeMap<String, String> = [("autotrim", "on"), ("failmode", "wait")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    mos.set_pool_props(&io, Txg(1), &props).unwrap();
+    let mut health = BTreeMap::new();
+    health.insert(Guid(5), (false, vec![(Txg(3), Txg(9)), (Txg(12), Txg(12))]));
+    health.insert(Guid(6), (true, vec![]));
+    health.insert(Guid(7), (false, vec![]));
+    mos.set_leaf_health(&io, Txg(1), &health).unwrap();
+    let root = mos.sync(&io, Txg(1)).unwrap().unwrap();
+    io.ms.end_sync(Txg(1));
+    let m = PoolMos::open(&io, &root, &tops()).unwrap();
+    assert_eq!(m.pool_props(&io).unwrap(), props);
+    health.remove(&Guid(7));
+    assert_eq!(m.leaf_health(&io).unwrap(), health, "a clean leaf has no entry");
+    // a txg that changes nothing writes nothing
+    *io.txg.lock() = Txg(2);
+    m.set_pool_props(&io, Txg(2), &props).unwrap();
+    m.set_leaf_health(&io, Txg(2), &health).unwrap();
+    assert!(!m.os.is_dirty(Txg(2)));
+    health.insert(Guid(5), (false, vec![]));
+    m.set_leaf_health(&io, Txg(2), &health).unwrap();
+    assert_eq!(m.leaf_health(&io).unwrap().len(), 1, "a repaired leaf's entry goes");
+    for bad in [vec![2u8, 0], vec![0, 1, 0], vec![0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]] {
+        assert!(volumes::decode_leaf_health(&bad).is_err(), "{bad:?}");
+    }
+}

@@ -150,3 +150,95 @@ impl PoolMos {
         self.dsl(io).local_props(dir)
     }
 }
+
+/// Most ranges of one leaf's DTL in its health entry (§14.1).
+pub const LEAF_DTL_MAX_RANGES: usize = 64;
+
+/// One leaf's health entry (§14.1): faulted, and its DTL ranges.
+pub fn encode_leaf_health(faulted: bool, dtl: &[(Txg, Txg)]) -> Vec<u8> {
+    debug_assert!(dtl.len() <= LEAF_DTL_MAX_RANGES);
+    let mut b = vec![faulted as u8, dtl.len() as u8];
+    for (a, z) in dtl {
+        b.extend_from_slice(&a.get().to_le_bytes());
+        b.extend_from_slice(&z.get().to_le_bytes());
+    }
+    b
+}
+
+/// Decode a leaf health entry, every limit of §14.1 checked.
+pub fn decode_leaf_health(b: &[u8]) -> std::result::Result<(bool, Vec<(Txg, Txg)>), String> {
+    let (&flags, &n) = match b {
+        [f, n, ..] => (f, n),
+        _ => return Err(format!("a leaf health entry of {} bytes", b.len())),
+    };
+    if flags > 1 || n as usize > LEAF_DTL_MAX_RANGES || b.len() != 2 + 16 * n as usize {
+        return Err(format!("a leaf health entry with flags {flags}, {n} ranges, {} bytes", b.len()));
+    }
+    let mut dtl = Vec::with_capacity(n as usize);
+    let mut prev_last = 0u64;
+    for c in b[2..].chunks_exact(16) {
+        let a = u64::from_le_bytes(c[..8].try_into().expect("8"));
+        let z = u64::from_le_bytes(c[8..].try_into().expect("8"));
+        if a == 0 || a > z || z >= Txg::LIMIT.get() || (!dtl.is_empty() && a <= prev_last) {
+            return Err(format!("DTL range [{a}, {z}] out of order or out of range"));
+        }
+        prev_last = z;
+        dtl.push((Txg(a), Txg(z)));
+    }
+    Ok((flags == 1, dtl))
+}
+
+impl PoolMos {
+    /// Pool properties become `props` in `txg`: only the entries that differ are written.
+    pub fn set_pool_props(&self, io: &dyn BlockIo, txg: Txg, props: &BTreeMap<String, String>) -> Result<()> {
+        let now = self.pool_props(io)?;
+        let mut z = ObjectInTxg { objset: &self.os, io, txg, object: self.dir.pool_props };
+        for (k, v) in props.iter().filter(|(k, v)| now.get(*k) != Some(*v)) {
+            zap::update(&mut z, k.as_bytes(), v.as_bytes())?;
+        }
+        for k in now.keys().filter(|k| !props.contains_key(*k)) {
+            zap::remove(&mut z, k.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    pub fn pool_props(&self, io: &dyn BlockIo) -> Result<BTreeMap<String, String>> {
+        let z = ObjectInTxg { objset: &self.os, io, txg: Txg::ZERO, object: self.dir.pool_props };
+        let mut out = BTreeMap::new();
+        for e in zap::list(&z, 0, usize::MAX)? {
+            match (String::from_utf8(e.name), String::from_utf8(e.value)) {
+                (Ok(k), Ok(v)) => out.insert(k, v),
+                _ => return Err(Error::Corrupt("pool properties: an entry that is not UTF-8".into())),
+            };
+        }
+        Ok(out)
+    }
+
+    /// Leaf health becomes `health` (guid → faulted, DTL) in `txg`; a clean leaf has no
+    /// entry. Only entries that differ are written.
+    pub fn set_leaf_health(&self, io: &dyn BlockIo, txg: Txg, health: &BTreeMap<Guid, (bool, Vec<(Txg, Txg)>)>) -> Result<()> {
+        let now = self.leaf_health(io)?;
+        let mut z = ObjectInTxg { objset: &self.os, io, txg, object: self.dir.leaf_health };
+        for (g, h) in health.iter().filter(|(_, h)| h.0 || !h.1.is_empty()) {
+            if now.get(g) != Some(h) {
+                zap::update(&mut z, guid_name(*g).as_bytes(), &encode_leaf_health(h.0, &h.1))?;
+            }
+        }
+        for g in now.keys().filter(|g| health.get(*g).is_none_or(|h| !h.0 && h.1.is_empty())) {
+            zap::remove(&mut z, guid_name(*g).as_bytes())?;
+        }
+        Ok(())
+    }
+
+    pub fn leaf_health(&self, io: &dyn BlockIo) -> Result<BTreeMap<Guid, (bool, Vec<(Txg, Txg)>)>> {
+        let z = ObjectInTxg { objset: &self.os, io, txg: Txg::ZERO, object: self.dir.leaf_health };
+        let mut out = BTreeMap::new();
+        for e in zap::list(&z, 0, usize::MAX)? {
+            let name = String::from_utf8(e.name).ok().and_then(|n| u64::from_str_radix(&n, 16).ok().filter(|_| n.len() == 16));
+            let g = name.ok_or_else(|| Error::Corrupt("leaf health: a name that is not a guid".into()))?;
+            let h = decode_leaf_health(&e.value).map_err(|w| Error::Corrupt(format!("leaf health of {g:016x}: {w}")))?;
+            out.insert(Guid(g), h);
+        }
+        Ok(out)
+    }
+}
