@@ -755,6 +755,18 @@ impl Metaslabs {
         Ok(())
     }
 
+    /// Import of a format 2 pool: `[at, at + len)` of vdev `vdev` is allocated (its
+    /// space maps say so), noted in the journal when it is on.
+    pub fn claim_extent(&self, vdev: VdevId, at: u64, len: u64) -> Result<()> {
+        let unknown = || Error::Corrupt(format!("space on unknown vdev {vdev}"));
+        let mut c = self.class_of(vdev).ok_or_else(unknown)?.lock();
+        let a = c.get_mut(vdev).ok_or_else(unknown)?;
+        if at.checked_add(len).is_none_or(|e| e > a.size) {
+            return Err(Error::Corrupt(format!("an allocated extent [{at:#x}, +{len:#x}) beyond vdev {vdev}")));
+        }
+        a.claim(at, len)
+    }
+
     /// Free immediately (a block allocated and never made reachable). A log block
     /// whose referrer never became durable was never journaled, nor is its free.
     pub fn free_now(&self, dva: &Dva) {

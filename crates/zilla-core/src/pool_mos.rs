@@ -366,6 +366,32 @@ impl PoolMos {
     }
 }
 
+impl PoolMos {
+    /// Import: build the allocator `ms` (its vdevs added, nothing allocated) from the
+    /// MOS of uberblock `txg` at `root`: what the space maps hold, the free lists of
+    /// `txg` and `txg − 1` as still deferred, and the MOS blocks born in `txg`
+    /// (journaled, for the next sync to append). Every listed free must lie in
+    /// allocated space.
+    pub fn load_allocator(&self, io: &dyn BlockIo, root: &BlockPointer, txg: Txg, ms: &crate::metaslab::Metaslabs) -> Result<()> {
+        ms.set_journal(false);
+        let ids: Vec<VdevId> = self.vdevs.lock().keys().copied().collect();
+        for id in ids {
+            for (at, len) in self.allocated(id) {
+                ms.claim_extent(id, at, len)?;
+            }
+        }
+        let mut check = |d: &Dva| if ms.is_allocated(d) { Ok(()) } else { Err(format!("{d:?} is not allocated")) };
+        for (t, dvas) in self.deferred_frees(io, &[txg, txg.prev()], &mut check)? {
+            dvas.into_iter().for_each(|d| ms.free_deferred(t, d));
+        }
+        ms.set_journal(true);
+        for d in self.blocks_born_in(io, root, txg)? {
+            ms.claim(&d).map_err(|e| Error::Corrupt(format!("a MOS block of txg {txg}: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
 /// One MOS sync pass's block seam: frees of blocks older than the txg are noted (they
 /// go to the txg's free list) and passed on.
 struct PassIo<'a> {

@@ -137,6 +137,17 @@ fn check_space(io: &AllocIo, root: &BlockPointer, txg: Txg, what: &str) {
         io.ms.extents().get(&t.id).into_iter().flatten().for_each(|(a, l)| alloc.add(*a, *l).unwrap());
         assert_eq!(maps, alloc, "{what}: vdev {} maps + the txg's MOS blocks vs the allocator", t.id);
     }
+    // an import builds the same allocator from the MOS alone
+    let fresh = Metaslabs::new();
+    fresh.add_vdev(VdevId(0), Role::Normal, AREA);
+    fresh.add_vdev(VdevId(1), Role::Normal, AREA);
+    reopened.load_allocator(io, root, txg, &fresh).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(fresh.extents(), io.ms.extents(), "{what}: the imported allocator");
+    let mut imported = fresh.deferred();
+    let mut now: Vec<Dva> = [txg, txg.prev()].iter().flat_map(|t| io.ms.deferred_of(*t)).collect();
+    imported.sort_by_key(|d| (d.vdev, d.offset));
+    now.sort_by_key(|d| (d.vdev, d.offset));
+    assert_eq!(imported, now, "{what}: the imported defer lists");
     let lists = reopened.deferred_frees(io, &[txg, txg.prev()], &mut |_| Ok(())).unwrap();
     let mut listed: Vec<Dva> = lists.into_iter().flat_map(|(_, d)| d).collect();
     let mut deferred: Vec<Dva> = [txg, txg.prev()].iter().flat_map(|t| io.ms.deferred_of(*t)).collect();
