@@ -21,6 +21,7 @@ pub mod dsl_dir;
 pub mod space_map;
 pub mod free_list;
 pub mod zfeature;
+pub mod dsl_destroy;
 pub mod pool_mos;
 pub mod txg;
 pub mod dsl_pool;
@@ -56,7 +57,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["dsl_pool", "zil"], // dirty accounting and the write throttle; the intent log
     &["zfetch", "spa_history"], // sequential-stream detection for read-ahead, per volume; the pool's command history ring
     &["dmu"],          // object directory, volume block-pointer trees, dirty records; format 2 objsets
-    &["dsl_dir", "space_map", "free_list", "zfeature"], // over the MOS (format 2): the dataset tree (names, inherited properties, space fields); metaslab space maps; deferred frees; feature flags
+    &["dsl_dir", "space_map", "free_list", "zfeature", "dsl_destroy"], // over the MOS (format 2): the dataset tree (names, inherited properties, space fields); metaslab space maps; deferred frees; feature flags; background destroy
     &["pool_mos"],     // a format 2 pool's MOS: the object directory, what it names, the sync in passes
     &["zvol", "scan"], // the Volume API the front ends use; scrub and resilver
     &["memvol"],       // an in-memory Volume with the same semantics (tests, demos)

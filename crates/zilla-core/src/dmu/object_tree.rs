@@ -221,6 +221,40 @@ impl Tree<'_> {
         Ok(())
     }
 
+    /// Post-order from a bookmark: visit every pointer whose post-order key
+    /// `(last block id it covers, level)` is at or after `from`, skipping subtrees
+    /// wholly before it (never read) and pointers born at or before `floor` with all
+    /// below them. `f` returns false to stop before that pointer; its key is returned
+    /// (the bookmark to resume from), `None` when the tree is done.
+    pub fn post_order_from_key(&self, io: &dyn BlockIo, from: (u64, u32), floor: Txg, f: &mut dyn FnMut(&BlockPointer, u32) -> Result<bool>) -> Result<Option<(u64, u32)>> {
+        let top = self.nlevels as u32 - 1;
+        for (i, bp) in self.roots.iter().enumerate() {
+            if let Some(k) = self.keyed_below(io, bp, top, i as u64, from, floor, f)? {
+                return Ok(Some(k));
+            }
+        }
+        Ok(None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn keyed_below(&self, io: &dyn BlockIo, bp: &BlockPointer, level: u32, index: u64, from: (u64, u32), floor: Txg, f: &mut dyn FnMut(&BlockPointer, u32) -> Result<bool>) -> Result<Option<(u64, u32)>> {
+        let key = ((index.saturating_add(1)).saturating_mul(self.shape.span(level)).saturating_sub(1), level);
+        if bp.is_hole() || (floor > Txg::ZERO && bp.birth <= floor) || key < from {
+            return Ok(None);
+        }
+        if level > 0 {
+            let ind = read_indirect(io, &self.shape, bp)?;
+            let epb = 1u64 << self.shape.epb_shift();
+            for idx in 0..epb {
+                let c = child(&ind, idx, &self.shape, level - 1, bp)?;
+                if let Some(k) = self.keyed_below(io, &c, level - 1, index.saturating_mul(epb).saturating_add(idx), from, floor, f)? {
+                    return Ok(Some(k));
+                }
+            }
+        }
+        Ok(if f(bp, level)? { None } else { Some(key) })
+    }
+
     /// Visit every pointer born in `txg` or later, post-order, without reading any
     /// subtree whose pointer is older (copy on write: nothing below it is younger).
     pub fn visit_born_since(&self, io: &dyn BlockIo, txg: Txg, f: &mut dyn FnMut(&BlockPointer, u32) -> Result<()>) -> Result<()> {
