@@ -287,13 +287,20 @@ impl DslTree<'_> {
     /// Remove the local value of `name` on `dir` (`zfs inherit`); with `recursive`, on
     /// every descendant too (`zfs inherit -r`).
     pub fn inherit_prop(&self, txg: Txg, dir: u64, name: &str, recursive: bool) -> Result<()> {
+        self.inherit_below(txg, dir, name, recursive, 0)
+    }
+
+    fn inherit_below(&self, txg: Txg, dir: u64, name: &str, recursive: bool, depth: usize) -> Result<()> {
+        if depth >= MAX_DEPTH {
+            return Err(Error::Corrupt(format!("DSL directory {dir}: the tree below is deeper than {MAX_DEPTH}")));
+        }
         let d = self.dir(dir)?;
         if d.props != 0 {
             zap::remove(&mut self.zap(txg, d.props), name.as_bytes())?;
         }
         if recursive {
             for (_, c) in self.children(dir)? {
-                self.inherit_prop(txg, c, name, true)?;
+                self.inherit_below(txg, c, name, true, depth + 1)?;
             }
         }
         Ok(())
