@@ -67,6 +67,7 @@ pub struct Directory {
     pub free_list_array: u64,
     pub pool_props: u64,
     pub leaf_health: u64,
+    pub history: u64,
 }
 
 /// A vdev's space maps as the MOS holds them.
@@ -142,7 +143,10 @@ impl PoolMos {
             block[i * 8..i * 8 + 8].copy_from_slice(&f.to_le_bytes());
         }
         os.write_block(io, txg, free_list_array, 0, Some(Arc::new(AlignedBuf::from(&block[..]))))?;
-        let dir = Directory { root_dataset: root_dir, features, metaslab_arrays, free_lists, free_list_array, pool_props: new_zap(&os, io, txg, ObjectType::PoolProps)?, leaf_health: new_zap(&os, io, txg, ObjectType::LeafHealth)? };
+        let pool_bytes = tops.iter().map(|t| t.area_bytes).sum();
+        let history = history::HistoryRing::create(&os, io, txg, history::history_ring_bytes(pool_bytes))?.object;
+        let (pool_props, leaf_health) = (new_zap(&os, io, txg, ObjectType::PoolProps)?, new_zap(&os, io, txg, ObjectType::LeafHealth)?);
+        let dir = Directory { root_dataset: root_dir, features, metaslab_arrays, free_lists, free_list_array, pool_props, leaf_health, history };
         let mos = PoolMos { os, dir, vdevs: Mutex::new(BTreeMap::new()), undo: Mutex::new(None), datasets: Mutex::new(HashMap::new()) };
         mos.write_directory(io, txg, root.objsetid + 1)?;
         for t in tops {
@@ -162,6 +166,7 @@ impl PoolMos {
             ("free_lists", d.free_list_array),
             ("pool_props", d.pool_props),
             ("leaf_health", d.leaf_health),
+            ("history", d.history),
             ("next_dataset_id", next_dataset_id),
         ];
         for (name, value) in entries {
@@ -196,6 +201,7 @@ impl PoolMos {
             free_list_array,
             pool_props: g("pool_props")?,
             leaf_health: g("leaf_health")?,
+            history: g("history")?,
         };
         let mos = PoolMos { os, dir, vdevs: Mutex::new(BTreeMap::new()), undo: Mutex::new(None), datasets: Mutex::new(HashMap::new()) };
         for t in tops {
@@ -392,6 +398,13 @@ impl PoolMos {
     }
 }
 
+impl PoolMos {
+    /// The pool history ring.
+    pub fn history<'a>(&'a self, io: &'a dyn BlockIo) -> HistoryRing<'a> {
+        HistoryRing { mos: &self.os, io, object: self.dir.history }
+    }
+}
+
 /// One MOS sync pass's block seam: frees of blocks older than the txg are noted (they
 /// go to the txg's free list) and passed on.
 struct PassIo<'a> {
@@ -417,6 +430,8 @@ impl BlockIo for PassIo<'_> {
     }
 }
 
+mod history;
+pub use history::{history_ring_bytes, HistoryPhys, HistoryRing};
 mod volumes;
 pub use volumes::{VolumeInfo, VOLUME_DATA_OBJECT, VOLUME_INDBLKSHIFT, VOLUME_PROPS_OBJECT};
 

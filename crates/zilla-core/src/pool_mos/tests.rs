@@ -270,6 +270,7 @@ fn pool_properties_and_leaf_health_write_what_changed() {
     io.ms.end_sync(Txg(1));
     let m = PoolMos::open(&io, &root, &tops()).unwrap();
     assert_eq!(m.pool_props(&io).unwrap(), props);
+    assert_eq!(m.history(&io).phys().unwrap().ring_bytes, 2 * AREA / 100 / (16 << 10) * (16 << 10), "1 % of the pool");
     health.remove(&Guid(7));
     assert_eq!(m.leaf_health(&io).unwrap(), health, "a clean leaf has no entry");
     // a txg that changes nothing writes nothing
@@ -331,4 +332,61 @@ fn a_txg_writes_metadata_for_what_it_changed_not_for_the_pool() {
     // and compress to nothing); what grows is the MOS meta-dnode's tree, one 4 KiB
     // indirect level deeper at 2000 (two copies, compressed)
     assert!(many as f64 <= some as f64 * 1.35, "{many} bytes with 2000 volumes vs {some} with 300");
+}
+
+/// The history ring against a model: the pinned creation record stays, the oldest of
+/// the rest go to make room, and a txg writes only the blocks its records land in.
+#[test]
+fn history_ring_keeps_the_creation_record_and_drops_the_oldest() {
+    use crate::dmu::object_tree::tests::MemBlocks;
+    let mut rng = StdRng::seed_from_u64(3);
+    let io = MemBlocks::new();
+    io.set_txg(1);
+    let mut os = Objset::create(ObjsetType::Mos, Txg(1));
+    let ring = HistoryRing::create(&os, &io, Txg(1), history_ring_bytes(1 << 20)).unwrap().object;
+    assert_eq!(history_ring_bytes(1 << 20), 128 << 10);
+    assert_eq!(history_ring_bytes(1 << 50), 1 << 30);
+    let mut bp = os.sync(&io, Txg(1)).unwrap().unwrap().bp;
+    let creation = b"{\"cmd\":\"zilla pool create tank\"}".to_vec();
+    let mut model: std::collections::VecDeque<Vec<u8>> = Default::default();
+    let mut dropped = 0u64;
+    for t in 2..200u64 {
+        io.set_txg(t);
+        let r = HistoryRing { mos: &os, io: &io, object: ring };
+        let writes_before = io.writes.load(std::sync::atomic::Ordering::Relaxed);
+        let n = if t == 2 { 1 } else { rng.gen_range(0..4) };
+        for i in 0..n {
+            let rec = if t == 2 && i == 0 { creation.clone() } else { format!("{{\"cmd\":\"{}\"}}", "x".repeat(rng.gen_range(1..3000))).into_bytes() };
+            r.append(Txg(t), &rec, true).unwrap();
+            if t > 2 || i > 0 {
+                model.push_back(rec);
+                let total = |m: &std::collections::VecDeque<Vec<u8>>| m.iter().map(|x| 4 + x.len() as u64).sum::<u64>();
+                while total(&model) > (128 << 10) - (4 + creation.len() as u64) {
+                    model.pop_front();
+                    dropped += 1;
+                }
+            }
+        }
+        if let Some(s) = os.sync(&io, Txg(t)).unwrap() {
+            io.free(&bp);
+            bp = s.bp;
+            let written = io.writes.load(std::sync::atomic::Ordering::Relaxed) - writes_before;
+            assert!(written <= 12, "txg {t}: {written} blocks written for a few records");
+        }
+        if t % 5 == 0 {
+            os = Objset::open(&io, &bp).unwrap();
+        }
+        let r = HistoryRing { mos: &os, io: &io, object: ring };
+        let got = r.records().unwrap();
+        if t >= 2 {
+            assert_eq!(got[0], creation, "txg {t}: the creation record is pinned");
+            assert_eq!(&got[1..], model.iter().cloned().collect::<Vec<_>>().as_slice(), "txg {t}");
+            assert_eq!(r.phys().unwrap().dropped, dropped);
+        }
+    }
+    assert!(dropped > 20, "the ring wrapped: {dropped} dropped");
+    let mut bad = HistoryPhys { ring_bytes: 128 << 10, begin: 10, end: 5, pinned: 0, dropped: 0 }.encode();
+    assert!(HistoryPhys::decode(&bad, 1 << 30).is_err(), "end before begin");
+    bad = HistoryPhys { ring_bytes: 100, begin: 0, end: 0, pinned: 0, dropped: 0 }.encode();
+    assert!(HistoryPhys::decode(&bad, 1 << 30).is_err(), "a ring of 100 bytes");
 }
