@@ -273,13 +273,28 @@ fn pool_properties_and_leaf_health_write_what_changed() {
     assert_eq!(m.history(&io).phys().unwrap().ring_bytes, 2 * AREA / 100 / (16 << 10) * (16 << 10), "1 % of the pool");
     health.remove(&Guid(7));
     assert_eq!(m.leaf_health(&io).unwrap(), health, "a clean leaf has no entry");
-    // a txg that changes nothing writes nothing
+    assert_eq!(m.scan(&io).unwrap(), None);
+    let mut w = [0u64; volumes::SCAN_RECORD_WORDS];
+    (w[0], w[1], w[4], w[14]) = (1, 4, 12345, 9);
     *io.txg.lock() = Txg(2);
-    m.set_pool_props(&io, Txg(2), &props).unwrap();
-    m.set_leaf_health(&io, Txg(2), &health).unwrap();
-    assert!(!m.os.is_dirty(Txg(2)));
+    m.set_scan(&io, Txg(2), &w).unwrap();
+    assert_eq!(m.scan(&io).unwrap(), Some(w));
+    w[1] = 5;
+    assert!(m.set_scan(&io, Txg(2), &w).is_err(), "state 5 is refused");
+    io.ms.begin_sync(Txg(2));
+    let root = m.sync(&io, Txg(2)).unwrap().unwrap();
+    io.ms.end_sync(Txg(2));
+    let m = PoolMos::open(&io, &root, &tops()).unwrap();
+    w[1] = 4;
+    assert_eq!(m.scan(&io).unwrap(), Some(w), "the scan record after a reopen");
+    *io.txg.lock() = Txg(3);
+    // a txg that changes nothing writes nothing
+    m.set_pool_props(&io, Txg(3), &props).unwrap();
+    m.set_leaf_health(&io, Txg(3), &health).unwrap();
+    m.set_scan(&io, Txg(3), &w).unwrap();
+    assert!(!m.os.is_dirty(Txg(3)));
     health.insert(Guid(5), (false, vec![]));
-    m.set_leaf_health(&io, Txg(2), &health).unwrap();
+    m.set_leaf_health(&io, Txg(3), &health).unwrap();
     assert_eq!(m.leaf_health(&io).unwrap().len(), 1, "a repaired leaf's entry goes");
     for bad in [vec![2u8, 0], vec![0, 1, 0], vec![0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]] {
         assert!(volumes::decode_leaf_health(&bad).is_err(), "{bad:?}");

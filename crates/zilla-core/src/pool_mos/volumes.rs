@@ -242,3 +242,44 @@ impl PoolMos {
         Ok(out)
     }
 }
+
+/// Words of the scan record (§14.3).
+pub const SCAN_RECORD_WORDS: usize = 20;
+
+/// The scan record's limits (§14.3): function, state and txgs.
+pub fn check_scan_record(w: &[u64; SCAN_RECORD_WORDS]) -> std::result::Result<(), String> {
+    if w[0] > 2 || w[1] > 4 {
+        return Err(format!("scan record: function {} state {}", w[0], w[1]));
+    }
+    if w[14] >= Txg::LIMIT.get() || w[15] >= Txg::LIMIT.get() {
+        return Err(format!("scan record: txgs {} and {} beyond the limit", w[14], w[15]));
+    }
+    Ok(())
+}
+
+impl PoolMos {
+    /// Record the scan's state in `txg` (the `scan` entry of the object directory).
+    pub fn set_scan(&self, io: &dyn BlockIo, txg: Txg, w: &[u64; SCAN_RECORD_WORDS]) -> Result<()> {
+        check_scan_record(w).map_err(Error::invalid)?;
+        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let z = &mut ObjectInTxg { objset: &self.os, io, txg, object: DIRECTORY_OBJECT };
+        if zap::lookup(z, b"scan")?.as_deref() != Some(&bytes[..]) {
+            zap::update(z, b"scan", &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The scan record, once a scan has run.
+    pub fn scan(&self, io: &dyn BlockIo) -> Result<Option<[u64; SCAN_RECORD_WORDS]>> {
+        let Some(b) = zap::lookup(&ObjectInTxg { objset: &self.os, io, txg: Txg::ZERO, object: DIRECTORY_OBJECT }, b"scan")? else { return Ok(None) };
+        if b.len() != SCAN_RECORD_WORDS * 8 {
+            return Err(Error::Corrupt(format!("scan record of {} bytes", b.len())));
+        }
+        let mut w = [0u64; SCAN_RECORD_WORDS];
+        for (i, c) in b.chunks_exact(8).enumerate() {
+            w[i] = u64::from_le_bytes(c.try_into().expect("8"));
+        }
+        check_scan_record(&w).map_err(Error::Corrupt)?;
+        Ok(Some(w))
+    }
+}
