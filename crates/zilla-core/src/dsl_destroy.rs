@@ -182,8 +182,7 @@ impl<'a> DestroyQueue<'a> {
 
     /// (first unfinished index, entry count).
     pub fn counts(&self) -> Result<(u64, u64)> {
-        let d = self.mos.dnode(self.io, self.object)?.phys().filter(|p| p.object_type == ObjectType::DestroyQueue);
-        let b = d.ok_or_else(|| Error::Corrupt(format!("destroy queue object {} is missing", self.object)))?.bonus;
+        let b = self.mos.typed_dnode(self.io, self.object, ObjectType::DestroyQueue)?.bonus;
         let first = u64::from_le_bytes(b[..8].try_into().expect("8"));
         let count = u64::from_le_bytes(b[8..16].try_into().expect("8"));
         if first > count || count > MAX_ENTRIES {

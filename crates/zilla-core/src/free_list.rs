@@ -101,10 +101,7 @@ impl<'a> FreeList<'a> {
     }
 
     pub fn phys(&self) -> Result<FreeListPhys> {
-        let d = self.mos.dnode(self.io, self.object)?.phys().ok_or_else(|| self.corrupt("a free object".into()))?;
-        if d.object_type != ObjectType::FreeList {
-            return Err(self.corrupt(format!("an object of type {}", d.object_type.code())));
-        }
+        let d = self.mos.typed_dnode(self.io, self.object, ObjectType::FreeList)?;
         FreeListPhys::decode(&d.bonus).map_err(|e| self.corrupt(e))
     }
 
@@ -153,7 +150,7 @@ impl<'a> FreeList<'a> {
     /// be a deferred free of this pool).
     pub fn load(&self, check: &mut dyn FnMut(&Dva) -> std::result::Result<(), String>) -> Result<(Txg, Vec<Dva>)> {
         let p = self.phys()?;
-        let d = self.mos.dnode(self.io, self.object)?.phys().ok_or_else(|| self.corrupt("a free object".into()))?;
+        let d = self.mos.typed_dnode(self.io, self.object, ObjectType::FreeList)?;
         let blocks = p.count.div_ceil(ENTRIES_PER_BLOCK);
         if d.data_block_bytes != BLOCK_BYTES || (blocks > 0 && blocks - 1 > d.maxblkid) {
             return Err(self.corrupt(format!("{} entries beyond its blocks", p.count)));

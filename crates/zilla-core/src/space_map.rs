@@ -406,12 +406,8 @@ impl<'a> SpaceMap<'a> {
     }
 
     pub fn phys(&self) -> Result<SpaceMapPhys> {
-        let d = self.mos.dnode(self.io, self.object)?;
-        match d.phys() {
-            Some(p) if p.object_type == ObjectType::SpaceMap => SpaceMapPhys::decode(&p.bonus).map_err(|e| self.corrupt(e)),
-            Some(p) => Err(self.corrupt(format!("an object of type {}", p.object_type.code()))),
-            None => Err(self.corrupt("a free object".into())),
-        }
+        let p = self.mos.typed_dnode(self.io, self.object, ObjectType::SpaceMap)?;
+        SpaceMapPhys::decode(&p.bonus).map_err(|e| self.corrupt(e))
     }
 
     fn corrupt(&self, why: String) -> Error {
@@ -427,7 +423,7 @@ impl<'a> SpaceMap<'a> {
 
     /// The map's entries, `length_bytes` of them.
     fn read_entries(&self, length_bytes: u64) -> Result<Vec<u8>> {
-        let d = self.mos.dnode(self.io, self.object)?.phys().ok_or_else(|| self.corrupt("a free object".into()))?;
+        let d = self.mos.typed_dnode(self.io, self.object, ObjectType::SpaceMap)?;
         let blocks = length_bytes.div_ceil(BLOCK_BYTES as u64);
         if d.data_block_bytes != BLOCK_BYTES || (blocks > 0 && blocks - 1 > d.maxblkid) {
             return Err(self.corrupt(format!("entries of {length_bytes} bytes beyond its blocks")));
@@ -582,10 +578,7 @@ impl<'a> MetaslabArray<'a> {
 
     pub fn phys(&self, area_bytes: u64) -> Result<MetaslabArrayPhys> {
         let corrupt = |w: String| Error::Corrupt(format!("metaslab array object {}: {w}", self.object));
-        let d = self.mos.dnode(self.io, self.object)?.phys().ok_or_else(|| corrupt("a free object".into()))?;
-        if d.object_type != ObjectType::MetaslabArray {
-            return Err(corrupt(format!("an object of type {}", d.object_type.code())));
-        }
+        let d = self.mos.typed_dnode(self.io, self.object, ObjectType::MetaslabArray)?;
         MetaslabArrayPhys::decode(&d.bonus, area_bytes).map_err(corrupt)
     }
 

@@ -302,6 +302,16 @@ impl Objset {
         Ok(d.clone())
     }
 
+    /// The dnode of `object` as open context sees it, which must be an allocated object
+    /// of type `want`; else the object is corrupt (the error names both).
+    pub fn typed_dnode(&self, io: &dyn BlockIo, object: u64, want: ObjectType) -> Result<DnodePhys> {
+        match self.dnode(io, object)?.phys() {
+            Some(p) if p.object_type == want => Ok(p),
+            Some(p) => Err(Error::Corrupt(format!("object {object} is of type {}, not {} ({want:?})", p.object_type.code(), want.code()))),
+            None => Err(Error::Corrupt(format!("object {object} (a {want:?}) is free"))),
+        }
+    }
+
     /// The synced dnode of `object`, from its dnode block.
     fn read_synced_dnode(&self, io: &dyn BlockIo, object: u64) -> Result<Option<DnodePhys>> {
         let meta = self.meta.inner.lock().synced.clone().expect("an objset has a meta-dnode");

@@ -85,12 +85,7 @@ fn zap_salt(object: u64, txg: Txg) -> u64 {
 
 impl DslTree<'_> {
     fn bonus(&self, object: u64, want: ObjectType) -> Result<Vec<u8>> {
-        let d = self.mos.dnode(self.io, object)?;
-        match d.phys() {
-            Some(p) if p.object_type == want => Ok(p.bonus),
-            Some(p) => Err(Error::Corrupt(format!("MOS object {object} is of type {}, not {}", p.object_type.code(), want.code()))),
-            None => Err(Error::Corrupt(format!("MOS object {object} (a {want:?}) is free"))),
-        }
+        Ok(self.mos.typed_dnode(self.io, object, want)?.bonus)
     }
 
     pub fn dir(&self, dir: u64) -> Result<DirPhys> {

@@ -72,8 +72,7 @@ impl<'a> HistoryRing<'a> {
     }
 
     pub fn phys(&self) -> Result<HistoryPhys> {
-        let d = self.mos.dnode(self.io, self.object)?.phys().filter(|p| p.object_type == ObjectType::PoolHistory);
-        let d = d.ok_or_else(|| Error::Corrupt(format!("history object {} is missing", self.object)))?;
+        let d = self.mos.typed_dnode(self.io, self.object, ObjectType::PoolHistory)?;
         HistoryPhys::decode(&d.bonus, HISTORY_RING_MAX_BYTES).map_err(|e| Error::Corrupt(format!("pool history: {e}")))
     }
 
