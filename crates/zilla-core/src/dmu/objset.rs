@@ -56,6 +56,7 @@ use crate::{Error, Result, Txg};
 
 /// Bytes of an objset block.
 pub const OBJSET_BYTES: usize = 4096;
+const _: () = assert!(OBJSET_BYTES == crate::vdev::label::UB_OBJSET_BYTES as usize, "a version 2 uberblock points at an objset block");
 pub const OBJSET_MAGIC: u64 = 0x5445534a424f4c5a; // "ZLOBJSET" read as LE bytes
 pub const OBJSET_VERSION: u32 = 1;
 /// Txgs a dnode holds records for: open, quiescing, syncing.

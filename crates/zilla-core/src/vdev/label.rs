@@ -77,6 +77,12 @@ pub const LABEL_MAGIC: u64 = 0x5a494c4c_414c424c; // "ZILLALBL"
 pub const UB_MAGIC: u64 = 0x00bab10c;
 pub const TRAILER_MAGIC: u64 = 0x0210da7ab10c7a11;
 pub const FORMAT_VERSION: u64 = 1;
+/// An uberblock's version (§2.2, §9): 1 points at a MOS index, 2 at a MOS objset.
+pub const UB_VERSION_MOS_INDEX: u64 = 1;
+pub const UB_VERSION_OBJSET: u64 = 2;
+/// The size of the objset block a version 2 uberblock points at (objset.rs checks it
+/// is its `OBJSET_BYTES`).
+pub const UB_OBJSET_BYTES: u32 = 4096;
 const TRAILER_SIZE: usize = 40;
 const CONFIG_HEADER_SIZE: usize = 32;
 
@@ -198,7 +204,7 @@ impl Uberblock {
     pub fn encode_slot(&self, offset: u64, slot_size: usize) -> Vec<u8> {
         let mut b = vec![0u8; slot_size];
         b[0..8].copy_from_slice(&UB_MAGIC.to_le_bytes());
-        b[8..16].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[8..16].copy_from_slice(&self.version().to_le_bytes());
         b[16..24].copy_from_slice(&self.txg.get().to_le_bytes());
         b[24..32].copy_from_slice(&self.guid_sum.to_le_bytes());
         b[32..40].copy_from_slice(&self.timestamp_ns.to_le_bytes());
@@ -213,6 +219,20 @@ impl Uberblock {
         }
         seal(&mut b, offset);
         b
+    }
+
+    /// The version its root says: 2 for a MOS objset (format 2), 1 for a MOS index.
+    pub fn version(&self) -> u64 {
+        if self.root.kind == crate::block::blkptr::KIND_OBJSET {
+            UB_VERSION_OBJSET
+        } else {
+            UB_VERSION_MOS_INDEX
+        }
+    }
+
+    /// Format 2: the root is a MOS objset.
+    pub fn is_format2(&self) -> bool {
+        self.version() == UB_VERSION_OBJSET
     }
 
     /// Decode a slot of any supported size (4 KiB .. 8 KiB); `None` if it is not a
@@ -235,8 +255,9 @@ impl Uberblock {
             return Err(None);
         }
         let bad = |field: &str, v: u64| Err(Some(format!("uberblock at offset {offset:#x}: field {field} = {v} is out of range")));
-        if u(8) != FORMAT_VERSION {
-            return bad("version", u(8));
+        let version = u(8);
+        if version != UB_VERSION_MOS_INDEX && version != UB_VERSION_OBJSET {
+            return bad("version", version);
         }
         let txg = Txg(u(16));
         if txg.is_zero() || !txg.is_valid_on_disk() {
@@ -252,10 +273,15 @@ impl Uberblock {
             .map_err(|why| Some(format!("uberblock at offset {offset:#x}: MOS pointer: {why}")))?;
         // every txg, the first one included, writes an object directory before its
         // uberblock: a hole here is as impossible as a pointer of another kind
-        if root.is_hole() || root.kind != crate::block::blkptr::KIND_MOS_INDEX || root.birth > txg || root.checksum_code != 1 {
+        let fits = match version {
+            UB_VERSION_MOS_INDEX => root.kind == crate::block::blkptr::KIND_MOS_INDEX && root.checksum_code == 1,
+            _ => root.kind == crate::block::blkptr::KIND_OBJSET && root.level == 0 && root.lsize == UB_OBJSET_BYTES,
+        };
+        if root.is_hole() || !fits || root.birth > txg {
+            let expected = if version == UB_VERSION_MOS_INDEX { "a fletcher4 MOS index" } else { "a MOS objset block (kind 5, level 0, 4096 bytes)" };
             return Err(Some(format!(
-                "uberblock at offset {offset:#x}: MOS pointer of kind {} born in txg {} with checksum {} (expected a fletcher4 MOS index born by txg {txg})",
-                root.kind, root.birth, root.checksum_code
+                "uberblock at offset {offset:#x}: version {version} MOS pointer of kind {} level {} size {} born in txg {} with checksum {} (expected {expected} born by txg {txg})",
+                root.kind, root.level, root.lsize, root.birth, root.checksum_code
             )));
         }
         let at = HEARTBEAT_AT;
@@ -416,6 +442,45 @@ mod tests {
         assert_eq!(ub_ring_slots(13), 15);
         assert_eq!(heartbeat_offset(1 << 30, 0, 13), CONFIG_REGION_SIZE as u64 + 15 * 8192);
         assert_eq!(ub_offset_at(1 << 30, 0, Txg(16), 13), CONFIG_REGION_SIZE as u64 + 8192);
+    }
+
+    /// Version 2 (§9): an objset root, decoded as version 2; a slot whose version and
+    /// root kind disagree is corrupt, with the reason.
+    #[test]
+    fn version_2_uberblocks_point_at_an_objset_block() {
+        use crate::block::blkptr::{KIND_MOS_INDEX, KIND_OBJSET};
+        let mut root = BlockPointer::hole();
+        root.dva[0] = crate::block::blkptr::Dva { vdev: crate::types::VdevId(0), asize: 4096, offset: 8192 };
+        (root.lsize, root.psize, root.birth, root.fill) = (UB_OBJSET_BYTES, 4096, Txg(6), 1);
+        (root.checksum_code, root.compression_code, root.kind) = (2, 1, KIND_OBJSET);
+        let ub = Uberblock { txg: Txg(7), guid_sum: 1, timestamp_ns: 2, pool_guid: Guid(3), root, heartbeat: None };
+        let b = ub.encode(8192);
+        assert_eq!(u64::from_le_bytes(b[8..16].try_into().unwrap()), UB_VERSION_OBJSET);
+        assert_eq!(Uberblock::decode(&b, 8192), Some(ub.clone()));
+        assert!(ub.is_format2());
+        // the version field and the root kind must agree
+        let mut v1 = b.clone();
+        v1[8..16].copy_from_slice(&UB_VERSION_MOS_INDEX.to_le_bytes());
+        seal(&mut v1, 8192);
+        assert!(matches!(Uberblock::decode_checked(&v1, 8192), Err(Some(w)) if w.contains("version 1") && w.contains("kind 5")));
+        let bad = |f: &dyn Fn(&mut BlockPointer)| {
+            let mut u = ub.clone();
+            f(&mut u.root);
+            Uberblock::decode_checked(&u.encode(8192), 8192)
+        };
+        assert!(matches!(bad(&|r| r.level = 1), Err(Some(_))), "an objset block is level 0");
+        assert!(matches!(bad(&|r| r.lsize = 8192), Err(Some(_))), "an objset block is 4 KiB");
+        assert!(matches!(bad(&|r| r.birth = Txg(8)), Err(Some(_))), "born after its uberblock");
+        let mut v2_index = ub.encode(8192);
+        let mut idx = ub.clone();
+        (idx.root.kind, idx.root.checksum_code) = (KIND_MOS_INDEX, 1);
+        v2_index[48..48 + BlockPointer::SIZE].copy_from_slice(&idx.root.encode());
+        seal(&mut v2_index, 8192);
+        assert!(matches!(Uberblock::decode_checked(&v2_index, 8192), Err(Some(w)) if w.contains("version 2")));
+        let mut v3 = b.clone();
+        v3[8..16].copy_from_slice(&3u64.to_le_bytes());
+        seal(&mut v3, 8192);
+        assert!(matches!(Uberblock::decode_checked(&v3, 8192), Err(Some(w)) if w.contains("version = 3")));
     }
 
     #[test]
