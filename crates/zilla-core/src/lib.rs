@@ -171,6 +171,8 @@ pub static TUNABLES: kstat::Registry = kstat::Registry::new(&[
     &zfetch::ZFETCH_MIN_SEC_REAP,
     &spa::ZFS_DEBUG_FAIL_SYNC_ASSERTION,
     &spa::ZFS_MULTIHOST_INTERVAL_MS,
+    &spa::ZILLA_POOL_CREATE_FORMAT,
+    &pool_mos::ZFS_ASYNC_BLOCK_MAX_BLOCKS,
 ]);
 
 /// The registry of every engine tunable.

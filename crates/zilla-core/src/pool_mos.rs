@@ -223,6 +223,11 @@ impl PoolMos {
         Ok(VdevMaps { area_bytes: t.area_bytes, array: array.object, layout, maps, segments })
     }
 
+    /// Vdev `id` has metaslab arrays in this MOS.
+    pub fn allocated_known(&self, id: VdevId) -> bool {
+        self.vdevs.lock().contains_key(&id)
+    }
+
     /// The allocated segments of vdev `id` as its space maps say (for the allocator).
     pub fn allocated(&self, id: VdevId) -> Vec<(u64, u64)> {
         self.vdevs.lock().get(&id).map_or_else(Vec::new, |v| v.segments.iter().flat_map(|s| s.iter()).collect())
@@ -348,28 +353,62 @@ impl PoolMos {
 
     /// The MOS blocks born in `txg` (import: what no space map lists yet), each copy.
     pub fn blocks_born_in(&self, io: &dyn BlockIo, root: &BlockPointer, txg: Txg) -> Result<Vec<Dva>> {
-        let mut out: Vec<Dva> = root.copies().copied().collect();
-        let meta = self.os.dnode(io, 0)?.phys().expect("an objset has a meta-dnode");
-        let mut dnode_blocks = Vec::new();
-        Tree { shape: meta.shape(), nlevels: meta.nlevels, roots: &meta.blkptr }.visit_born_since(io, txg, &mut |bp, level| {
-            out.extend(bp.copies().copied());
-            if level == 0 {
-                dnode_blocks.push(*bp);
-            }
-            Ok(())
-        })?;
-        for bp in dnode_blocks {
-            let b = io.read(&bp)?;
-            for d in b.chunks_exact(crate::dmu::dnode::DNODE_BYTES) {
-                let Some(p) = crate::dmu::dnode::DnodePhys::decode(d, bp.birth).map_err(|e| Error::Corrupt(format!("MOS dnode block: {e}")))? else { continue };
-                Tree { shape: p.shape(), nlevels: p.nlevels, roots: &p.blkptr }.visit_born_since(io, txg, &mut |bp, _| {
-                    out.extend(bp.copies().copied());
-                    Ok(())
-                })?;
-            }
-        }
-        Ok(out)
+        let mut bps = Vec::new();
+        objset_blocks(io, root, txg, false, &mut bps)?;
+        Ok(bps.iter().flat_map(|bp| bp.copies().copied()).collect())
     }
+}
+
+/// Every block of the MOS at `root` and of the dataset objsets it holds, except the
+/// data trees of volumes (a scan walks those as volumes), each block once: what a
+/// scrub reads and space accounting counts as metadata.
+pub fn metadata_blocks(io: &dyn BlockIo, root: &BlockPointer) -> Result<Vec<BlockPointer>> {
+    let mut out = Vec::new();
+    objset_blocks(io, root, Txg::ZERO, true, &mut out)?;
+    Ok(out)
+}
+
+/// The blocks born in `since` or later of the objset at `root` (its block, the
+/// meta-dnode's tree, every object's tree but volume data), and with `follow`, of
+/// every dataset objset its DSL datasets point at.
+fn objset_blocks(io: &dyn BlockIo, root: &BlockPointer, since: Txg, follow: bool, out: &mut Vec<BlockPointer>) -> Result<()> {
+    use crate::dmu::dnode::{DnodePhys, DNODE_BYTES};
+    if root.is_hole() || root.birth < since {
+        return Ok(());
+    }
+    out.push(*root);
+    let os = Objset::open(io, root)?;
+    let meta = os.dnode(io, 0)?.phys().ok_or_else(|| Error::Corrupt("an objset without a meta-dnode".into()))?;
+    let mut dnode_blocks = Vec::new();
+    Tree { shape: meta.shape(), nlevels: meta.nlevels, roots: &meta.blkptr }.visit_born_since(io, since, &mut |bp, level| {
+        out.push(*bp);
+        if level == 0 {
+            dnode_blocks.push(*bp);
+        }
+        Ok(())
+    })?;
+    let mut datasets = Vec::new();
+    for bp in dnode_blocks {
+        let b = io.read(&bp)?;
+        for d in b.chunks_exact(DNODE_BYTES) {
+            let Some(p) = DnodePhys::decode(d, bp.birth).map_err(|e| Error::Corrupt(format!("dnode block: {e}")))? else { continue };
+            if p.object_type == ObjectType::VolumeData {
+                continue;
+            }
+            if follow && p.object_type == ObjectType::DslDataset {
+                let ds = crate::dsl_dir::phys::DatasetPhys::decode(&p.bonus, bp.birth).map_err(|e| Error::Corrupt(format!("a DSL dataset: {e}")))?;
+                datasets.push(ds.objset_bp);
+            }
+            Tree { shape: p.shape(), nlevels: p.nlevels, roots: &p.blkptr }.visit_born_since(io, since, &mut |bp, _| {
+                out.push(*bp);
+                Ok(())
+            })?;
+        }
+    }
+    for d in datasets {
+        objset_blocks(io, &d, since, false, out)?;
+    }
+    Ok(())
 }
 
 impl PoolMos {
@@ -430,10 +469,12 @@ impl BlockIo for PassIo<'_> {
     }
 }
 
+mod destroy;
+pub use destroy::ZFS_ASYNC_BLOCK_MAX_BLOCKS;
 mod history;
 pub use history::{history_ring_bytes, HistoryPhys, HistoryRing};
 mod volumes;
-pub use volumes::{VolumeInfo, VOLUME_DATA_OBJECT, VOLUME_INDBLKSHIFT, VOLUME_PROPS_OBJECT};
+pub use volumes::{check_scan_record, decode_leaf_health, encode_leaf_health, VolumeInfo, LEAF_DTL_MAX_RANGES, SCAN_RECORD_WORDS, SCAN_TAIL_MAX_BYTES, VOLUME_DATA_OBJECT, VOLUME_INDBLKSHIFT, VOLUME_PROPS_OBJECT};
 
 #[cfg(test)]
 mod tests;

@@ -248,6 +248,9 @@ pub trait ScanPool: Send + Sync {
     fn txg(&self) -> &TxgState;
     /// Root of the committed MOS (its blocks are scanned first).
     fn mos_root(&self) -> BlockPointer;
+    /// Every metadata block of the MOS at `root` (format 2: of the dataset objsets too,
+    /// but not the volumes' trees).
+    fn mos_blocks(&self, root: &BlockPointer, class: IoClass) -> Result<Vec<BlockPointer>>;
     /// The scan record as last stored in the MOS (JSON, empty if none).
     fn saved_scan_state(&self) -> String;
     /// Store the scan record in the MOS with the next sync; `mark_changed` forces one.
@@ -896,7 +899,7 @@ fn scan_mos(inner: &Arc<dyn ScanPool>, resilver: bool, min_txg: Txg, unrepaired:
     let mos_root = inner.mos_root();
     if !mos_root.is_hole() {
         let _pin = inner.io().ms.pin_frees(|| inner.txg().synced_txg());
-        for bp in dmu::mos_blocks(inner.io(), &mos_root, IoClass::Scrub)? {
+        for bp in inner.mos_blocks(&mos_root, IoClass::Scrub)? {
             let needed = !resilver || bp.birth >= min_txg;
             count_scanned(inner, &bp, !needed);
             if needed && !scrub_bp(inner, &bp, unrepaired) {

@@ -116,7 +116,7 @@ impl HistoryRecord {
         check_str("client", &self.client, NAME_MAX_BYTES)
     }
 
-    fn json(&self) -> Vec<u8> {
+    pub fn json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
 }

@@ -254,6 +254,19 @@ impl DslTree<'_> {
         Ok(ds)
     }
 
+    /// Rename child `old` of `parent` to `new` in `txg`.
+    pub fn rename_child(&self, txg: Txg, parent: u64, old: &str, new: &str) -> Result<()> {
+        check_component(new)?;
+        let map = self.dir(parent)?.child_map;
+        let dir = self.child(parent, old)?.ok_or_else(|| Error::NotFound(format!("dataset component '{}'", old.escape_debug())))?;
+        if self.child(parent, new)?.is_some() {
+            return Err(Error::Exists(format!("dataset component '{}'", new.escape_debug())));
+        }
+        let mut z = self.zap(txg, map);
+        zap::remove(&mut z, old.as_bytes())?;
+        zap::update(&mut z, new.as_bytes(), &dir.to_le_bytes())
+    }
+
     /// The local property values of `dir`.
     pub fn local_props(&self, dir: u64) -> Result<BTreeMap<String, String>> {
         let d = self.dir(dir)?;

@@ -285,21 +285,22 @@ fn pool_properties_and_leaf_health_write_what_changed() {
     let mut w = [0u64; volumes::SCAN_RECORD_WORDS];
     (w[0], w[1], w[4], w[14]) = (1, 4, 12345, 9);
     *io.txg.lock() = Txg(2);
-    m.set_scan(&io, Txg(2), &w).unwrap();
-    assert_eq!(m.scan(&io).unwrap(), Some(w));
+    m.set_scan(&io, Txg(2), &w, b"tail").unwrap();
+    assert_eq!(m.scan(&io).unwrap(), Some((w, b"tail".to_vec())));
     w[1] = 5;
-    assert!(m.set_scan(&io, Txg(2), &w).is_err(), "state 5 is refused");
+    assert!(m.set_scan(&io, Txg(2), &w, &[]).is_err(), "state 5 is refused");
+    assert!(m.set_scan(&io, Txg(2), &[0; 20], &vec![0; volumes::SCAN_TAIL_MAX_BYTES + 1]).is_err(), "a tail beyond its bound");
     io.ms.begin_sync(Txg(2));
     let root = m.sync(&io, Txg(2)).unwrap().unwrap();
     io.ms.end_sync(Txg(2));
     let m = PoolMos::open(&io, &root, &tops()).unwrap();
     w[1] = 4;
-    assert_eq!(m.scan(&io).unwrap(), Some(w), "the scan record after a reopen");
+    assert_eq!(m.scan(&io).unwrap(), Some((w, b"tail".to_vec())), "the scan record after a reopen");
     *io.txg.lock() = Txg(3);
     // a txg that changes nothing writes nothing
     m.set_pool_props(&io, Txg(3), &props).unwrap();
     m.set_leaf_health(&io, Txg(3), &health).unwrap();
-    m.set_scan(&io, Txg(3), &w).unwrap();
+    m.set_scan(&io, Txg(3), &w, b"tail").unwrap();
     assert!(!m.os.is_dirty(Txg(3)));
     health.insert(Guid(5), (false, vec![]));
     m.set_leaf_health(&io, Txg(3), &health).unwrap();

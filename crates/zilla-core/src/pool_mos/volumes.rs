@@ -28,10 +28,13 @@ pub struct VolumeInfo {
     pub root: BlockPointer,
     pub zil_header: [u8; 40],
     pub creation_time_s: u64,
+    /// The dataset's `objsetid` (never reused: a format 1 volume's id).
+    pub objsetid: u64,
+    pub creation_txg: Txg,
 }
 
 impl PoolMos {
-    fn dsl<'a>(&'a self, io: &'a dyn BlockIo) -> DslTree<'a> {
+    pub(super) fn dsl<'a>(&'a self, io: &'a dyn BlockIo) -> DslTree<'a> {
         DslTree { mos: &self.os, io }
     }
 
@@ -50,7 +53,24 @@ impl PoolMos {
 
     /// Create volume `name` under directory `parent` in `txg`.
     pub fn create_volume(&self, io: &dyn BlockIo, txg: Txg, parent: u64, name: &str, volsize: u64, volblocksize: u32, creation_time_s: u64, guid: u64) -> Result<VolumeInfo> {
-        let objsetid = get(&self.os, io, DIRECTORY_OBJECT, "next_dataset_id")?;
+        let objsetid = self.next_dataset_id(io)?;
+        self.create_volume_numbered(io, txg, parent, name, (volsize, volblocksize), creation_time_s, guid, objsetid)
+    }
+
+    /// The next `objsetid` to hand out.
+    pub fn next_dataset_id(&self, io: &dyn BlockIo) -> Result<u64> {
+        get(&self.os, io, DIRECTORY_OBJECT, "next_dataset_id")
+    }
+
+    /// As [`PoolMos::create_volume`], with the `objsetid` the caller chose (at least the
+    /// next one: ids are never reused); `size` is (volsize, volblocksize).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_volume_numbered(&self, io: &dyn BlockIo, txg: Txg, parent: u64, name: &str, size: (u64, u32), creation_time_s: u64, guid: u64, objsetid: u64) -> Result<VolumeInfo> {
+        let (volsize, volblocksize) = size;
+        let next = self.next_dataset_id(io)?;
+        if objsetid < next {
+            return Err(Error::invalid(format!("objsetid {objsetid} was handed out already (next is {next})")));
+        }
         put(&self.os, io, txg, DIRECTORY_OBJECT, "next_dataset_id", objsetid + 1)?;
         let (dir, dataset) = self.dsl(io).create_child(txg, parent, name, &NewDataset { creation_time_s, objsetid, guid })?;
         let os = Objset::create(ObjsetType::Volume, txg);
@@ -63,7 +83,7 @@ impl PoolMos {
         put(&os, io, txg, props, "creation", creation_time_s)?;
         self.datasets.lock().insert(dataset, Arc::new(os));
         let path = self.dsl(io).full_name(dir, "")?.trim_start_matches('/').to_string();
-        Ok(VolumeInfo { path, dir, dataset, volsize, volblocksize, nlevels: 1, root: BlockPointer::hole(), zil_header: [0; 40], creation_time_s })
+        Ok(VolumeInfo { path, dir, dataset, volsize, volblocksize, nlevels: 1, root: BlockPointer::hole(), zil_header: [0; 40], creation_time_s, objsetid, creation_txg: txg })
     }
 
     /// The volume's tree as its path wrote it in `txg` (`nblocks` = volsize / volblocksize).
@@ -142,7 +162,34 @@ impl PoolMos {
             root: data.blkptr[0],
             zil_header: os.zil_header(),
             creation_time_s,
+            objsetid: d.objsetid,
+            creation_txg: d.creation_txg,
         }))
+    }
+
+    /// Rename child `old` of directory `parent` to `new` in `txg` (same parent).
+    pub fn rename_child(&self, io: &dyn BlockIo, txg: Txg, parent: u64, old: &str, new: &str) -> Result<()> {
+        self.dsl(io).rename_child(txg, parent, old, new)
+    }
+
+    /// Directory `dir`'s local properties become `props` in `txg`: only what differs is
+    /// written.
+    pub fn set_local_props(&self, io: &dyn BlockIo, txg: Txg, dir: u64, props: &BTreeMap<String, String>) -> Result<()> {
+        let dsl = self.dsl(io);
+        let now = dsl.local_props(dir)?;
+        for (k, v) in props.iter().filter(|(k, v)| now.get(*k) != Some(*v)) {
+            dsl.set_prop(txg, dir, k, v)?;
+        }
+        for k in now.keys().filter(|k| !props.contains_key(*k)) {
+            dsl.inherit_prop(txg, dir, k, false)?;
+        }
+        Ok(())
+    }
+
+    /// Forget the open objset of a destroyed dataset (after the txg that destroyed it
+    /// committed).
+    pub fn forget_dataset(&self, dataset: u64) {
+        self.datasets.lock().remove(&dataset);
     }
 
     /// The local properties of each directory on the way (for the caller's PropSet).
@@ -257,11 +304,19 @@ pub fn check_scan_record(w: &[u64; SCAN_RECORD_WORDS]) -> std::result::Result<()
     Ok(())
 }
 
+/// Most bytes of the scan record's tail (§14.3: the resilver's targets).
+pub const SCAN_TAIL_MAX_BYTES: usize = 64 << 10;
+
 impl PoolMos {
-    /// Record the scan's state in `txg` (the `scan` entry of the object directory).
-    pub fn set_scan(&self, io: &dyn BlockIo, txg: Txg, w: &[u64; SCAN_RECORD_WORDS]) -> Result<()> {
+    /// Record the scan's state in `txg` (the `scan` entry of the object directory): the
+    /// 20 words and the tail of §14.3.
+    pub fn set_scan(&self, io: &dyn BlockIo, txg: Txg, w: &[u64; SCAN_RECORD_WORDS], tail: &[u8]) -> Result<()> {
         check_scan_record(w).map_err(Error::invalid)?;
-        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        if tail.len() > SCAN_TAIL_MAX_BYTES {
+            return Err(Error::invalid(format!("a scan record tail of {} bytes (at most {SCAN_TAIL_MAX_BYTES})", tail.len())));
+        }
+        let mut bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        bytes.extend_from_slice(tail);
         let z = &mut ObjectInTxg { objset: &self.os, io, txg, object: DIRECTORY_OBJECT };
         if zap::lookup(z, b"scan")?.as_deref() != Some(&bytes[..]) {
             zap::update(z, b"scan", &bytes)?;
@@ -269,17 +324,18 @@ impl PoolMos {
         Ok(())
     }
 
-    /// The scan record, once a scan has run.
-    pub fn scan(&self, io: &dyn BlockIo) -> Result<Option<[u64; SCAN_RECORD_WORDS]>> {
+    /// The scan record and its tail, once a scan has run.
+    #[allow(clippy::type_complexity)]
+    pub fn scan(&self, io: &dyn BlockIo) -> Result<Option<([u64; SCAN_RECORD_WORDS], Vec<u8>)>> {
         let Some(b) = zap::lookup(&ObjectInTxg { objset: &self.os, io, txg: Txg::ZERO, object: DIRECTORY_OBJECT }, b"scan")? else { return Ok(None) };
-        if b.len() != SCAN_RECORD_WORDS * 8 {
+        if b.len() < SCAN_RECORD_WORDS * 8 || b.len() > SCAN_RECORD_WORDS * 8 + SCAN_TAIL_MAX_BYTES {
             return Err(Error::Corrupt(format!("scan record of {} bytes", b.len())));
         }
         let mut w = [0u64; SCAN_RECORD_WORDS];
-        for (i, c) in b.chunks_exact(8).enumerate() {
+        for (i, c) in b[..SCAN_RECORD_WORDS * 8].chunks_exact(8).enumerate() {
             w[i] = u64::from_le_bytes(c.try_into().expect("8"));
         }
         check_scan_record(&w).map_err(Error::Corrupt)?;
-        Ok(Some(w))
+        Ok(Some((w, b[SCAN_RECORD_WORDS * 8..].to_vec())))
     }
 }

@@ -240,20 +240,21 @@ impl Pool {
         let env = opts.env.clone().unwrap_or_else(crate::env::real);
         let guid = new_guid(&*env);
         let (cfg_tops, leaves, vdevs, ms) = new_tops(opened_tops, ashift, &env);
+        let format2 = super::format2::create_format() == 2;
         let config = PoolConfig {
             name: name.to_string(),
             guid,
-            version: POOL_VERSION,
+            version: if format2 { 2 } else { POOL_VERSION },
             state: "active".into(),
             txg: crate::txg::TXG_INITIAL,
             tops: cfg_tops,
             props: pool_props,
             hostid: env.hostid(),
             hostname: crate::env::system_hostname(),
-            features_for_read: None,
-            features_for_write: None,
+            features_for_read: format2.then(Vec::new),
+            features_for_write: format2.then(Vec::new),
         };
-        let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![], history: Default::default() };
+        let meta = MosMeta { next_volume_id: 1, mos_root: BlockPointer::hole(), doomed: vec![], scan_state: String::new(), changed: true, health: vec![], history: Default::default(), format2: None };
         let io = PoolIo::new(vdevs, ms, env.clone());
         let inner = PoolInner::new(config, io, leaves, BTreeMap::new(), meta, crate::txg::TXG_INITIAL.prev(), opener, env);
         // wipe stale uberblock rings, then config labels, then the first txg
@@ -262,6 +263,16 @@ impl Pool {
         }
         inner.write_config_labels("active")?;
         let t = inner.txg.open_txg();
+        if format2 {
+            // journaled from the first allocation: the space maps record every one
+            inner.io.ms.set_journal(true);
+            let bio = dmu::pool_block_io::PoolBlockIo::new(&inner.io, t, crate::vdev::IoClass::SyncRead);
+            let creation_s = inner.env.unix_time_ns() / 1_000_000_000;
+            let f2 = super::format2::Format2::create(&bio, &inner.io, t, creation_s, new_guid(&*inner.env).get())?;
+            debug_assert!(bio.take_batch().is_empty(), "creating the MOS writes nothing before its sync");
+            let mut m = inner.meta.lock();
+            (m.format2, m.next_volume_id) = (Some(Arc::new(f2)), 2);
+        }
         inner.spa_sync(t)?;
         inner.txg.initial_synced(t);
         claims.keep();
@@ -388,11 +399,13 @@ impl Pool {
         }
         let mut claims = Claims::default();
         let Loaded { mut cfg, leaves, io, chosen, bad_labels, judged } = load_for_import(specs, &opener, opts, &env, &mut claims)?;
-        let Chosen { ub, mos, ms, newest_txg, plan } = chosen;
+        let Chosen { ub, mos, ms, format2, newest_txg, plan } = chosen;
         if plan.load_txg != plan.newest_txg {
             tracing::warn!(pool = %cfg.name, "rewinding from txg {} to txg {}: {:.1} s of writes dropped ({})", plan.newest_txg, plan.load_txg, plan.dropped_seconds, plan.reason);
         }
         io.ms.replace_with(ms);
+        // a format 2 pool's allocator journals what its space maps must record
+        io.ms.set_journal(format2.is_some());
         io.refresh_space();
         settle_leaf_states(&io, &leaves, &cfg, &mos, &judged);
         let volumes = volumes_from_mos(&mos);
@@ -404,7 +417,7 @@ impl Pool {
             cfg.props.entry(k.to_string()).or_insert_with(|| v.to_string());
         }
         let health = mos.leaf_health.clone().unwrap_or_default();
-        let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false, health, history: mos.history.clone() };
+        let meta = MosMeta { next_volume_id: mos.next_volume_id, mos_root: ub.root, doomed: vec![], scan_state: mos.scan_state.clone(), changed: false, health, history: mos.history.clone(), format2 };
         // After a rewind the next txg follows the newest one seen, so its uberblocks
         // outrank the skipped ones in every slot.
         let inner = PoolInner::new(cfg, io, leaves, volumes, meta, newest_txg.max(ub.txg), opener, env);
@@ -915,6 +928,8 @@ struct Chosen {
     ub: label::Uberblock,
     mos: crate::dmu::Mos,
     ms: Metaslabs,
+    /// A format 2 pool's open MOS.
+    format2: Option<Arc<super::format2::Format2>>,
     newest_txg: Txg,
     plan: RewindPlan,
 }
@@ -941,7 +956,11 @@ fn check_guid_sum(cfg: &PoolConfig, ub: &label::Uberblock) -> Result<()> {
 /// map a real device had.
 const MISSING_LOG_VDEV_ASIZE: u64 = 1 << 56;
 
-fn load_mos(io: &PoolIo, ub: &label::Uberblock) -> Result<(crate::dmu::Mos, Metaslabs)> {
+/// What loading a txg's MOS gives: its record, the allocator, and a format 2 pool's
+/// open MOS.
+type LoadedMos = (crate::dmu::Mos, Metaslabs, Option<Arc<super::format2::Format2>>);
+
+fn load_mos(io: &PoolIo, ub: &label::Uberblock) -> Result<LoadedMos> {
     let mut ms = Metaslabs::new();
     for t in io.vdevs.read().iter() {
         if matches!(t.role, Role::Normal | Role::Log) {
@@ -952,6 +971,12 @@ fn load_mos(io: &PoolIo, ub: &label::Uberblock) -> Result<(crate::dmu::Mos, Meta
             ms.add_vdev(t.id, t.role, if missing { MISSING_LOG_VDEV_ASIZE } else { t.asize() });
         }
     }
+    if ub.is_format2() {
+        // reads of what no sync of this import wrote: as of the txg after the loaded one
+        let bio = dmu::pool_block_io::PoolBlockIo::new(io, ub.txg.next(), crate::vdev::IoClass::SyncRead);
+        let (mos, f2) = super::format2::Format2::load(io, &bio, ub, &ms)?;
+        return Ok((mos, ms, Some(Arc::new(f2))));
+    }
     let blob = dmu::read_mos_blob(io, &ub.root, crate::vdev::IoClass::SyncRead)?;
     let mos = crate::dmu::Mos::decode(&blob, &mut ms)?;
     for bp in dmu::mos_blocks(io, &ub.root, crate::vdev::IoClass::SyncRead)? {
@@ -959,7 +984,7 @@ fn load_mos(io: &PoolIo, ub: &label::Uberblock) -> Result<(crate::dmu::Mos, Meta
             ms.claim(d)?;
         }
     }
-    Ok((mos, ms))
+    Ok((mos, ms, None))
 }
 
 /// Every block the trees of `mos` reference reads back and verifies. Needed before
@@ -1027,20 +1052,20 @@ fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock
         reason,
     };
     let newest_err = match load(&newest) {
-        Ok((mos, ms)) => return Ok(Chosen { plan: plan_for(&newest, String::new()), ub: newest.clone(), mos, ms, newest_txg: newest.txg }),
+        Ok((mos, ms, format2)) => return Ok(Chosen { plan: plan_for(&newest, String::new()), ub: newest.clone(), mos, ms, format2, newest_txg: newest.txg }),
         Err(e) => e,
     };
     let reason = format!("the object directory of txg {} cannot be read: {newest_err}", newest.txg);
     let mut last_err = String::new();
     for ub in ubs.iter().skip(1).filter(|u| u.txg < newest.txg && newest.txg.since(u.txg) <= REWIND_MAX_TXGS) {
-        let r = load(ub).and_then(|(mos, ms)| {
+        let r = load(ub).and_then(|(mos, ms, f2)| {
             if newest.txg.since(ub.txg) > crate::metaslab::TXG_DEFER_SIZE {
                 verify_trees(io, &mos)?;
             }
-            Ok((mos, ms))
+            Ok((mos, ms, f2))
         });
         match r {
-            Ok((mos, ms)) => {
+            Ok((mos, ms, format2)) => {
                 let plan = plan_for(ub, reason.clone());
                 if !opts.rewind {
                     return Err(Error::Corrupt(format!(
@@ -1051,7 +1076,7 @@ fn choose_uberblock(io: &PoolIo, cfg: &PoolConfig, mut ubs: Vec<label::Uberblock
                 // the errors met reading the txgs given up are not errors of the pool
                 // now imported: their blocks are not in it
                 io.clear_errors();
-                return Ok(Chosen { ub: ub.clone(), mos, ms, newest_txg: newest.txg, plan });
+                return Ok(Chosen { ub: ub.clone(), mos, ms, format2, newest_txg: newest.txg, plan });
             }
             Err(e) => last_err = format!("; txg {}: {e}", ub.txg),
         }

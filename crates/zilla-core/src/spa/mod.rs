@@ -45,6 +45,7 @@ use crate::{Error, Guid, Result, Txg};
 
 mod config;
 mod dataset;
+mod format2;
 pub use dataset::{compressratio, max_volsize, CREATION_PROP};
 mod import;
 mod mmp;
@@ -60,6 +61,7 @@ pub use config::{is_unsafe_char, parse_label, printable, printable_text, push_pr
 pub use import::{ImportOptions, ImportScan, ImportablePool, RewindPlan, UnusableLabel, REWIND_MAX_TXGS};
 pub use mmp::ZFS_MULTIHOST_INTERVAL_MS;
 pub use status::{IostatNode, IostatSnapshot, PoolHealth, PoolListRow, PoolStatus, VdevStatus, VolumeInfo};
+pub use format2::ZILLA_POOL_CREATE_FORMAT;
 pub use sync::{SYNC_CHUNK_BLOCKS, ZFS_DEBUG_FAIL_SYNC_ASSERTION};
 
 /// One top-level vdev as the user asked for it.
@@ -178,6 +180,8 @@ pub(crate) struct MosMeta {
     pub health: Vec<crate::dmu::LeafHealth>,
     /// The command history (spa_history.rs), written with every MOS.
     pub history: crate::spa_history::History,
+    /// A format 2 pool's MOS (spa/format2.rs); `None`: format 1.
+    pub format2: Option<Arc<format2::Format2>>,
 }
 
 pub(crate) struct PoolInner {
@@ -229,6 +233,15 @@ pub(crate) fn new_guid(env: &dyn crate::env::Env) -> Guid {
 }
 
 impl PoolInner {
+    /// Every metadata block of the MOS at `root`, in either format.
+    pub(crate) fn mos_blocks_at(&self, root: &BlockPointer, class: crate::vdev::IoClass) -> Result<Vec<BlockPointer>> {
+        if root.kind == crate::block::blkptr::KIND_OBJSET {
+            let bio = crate::dmu::pool_block_io::PoolBlockIo::new(&self.io, Txg::ZERO, class);
+            return crate::pool_mos::metadata_blocks(&bio, root);
+        }
+        crate::dmu::mos_blocks(&self.io, root, class)
+    }
+
     /// This pool as its scan thread sees it.
     pub(super) fn scanner(self: &Arc<Self>) -> Arc<dyn ScanPool> {
         self.clone()
@@ -1044,6 +1057,9 @@ impl ScanPool for PoolInner {
     }
     fn mos_root(&self) -> BlockPointer {
         self.meta.lock().mos_root
+    }
+    fn mos_blocks(&self, root: &BlockPointer, class: crate::vdev::IoClass) -> Result<Vec<BlockPointer>> {
+        self.mos_blocks_at(root, class)
     }
     fn saved_scan_state(&self) -> String {
         self.meta.lock().scan_state.clone()

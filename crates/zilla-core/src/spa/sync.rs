@@ -249,6 +249,10 @@ impl PoolInner {
         if self.io.ms.frees_awaited() {
             return true;
         }
+        // a format 2 pool's destroy queue is worked down txg by txg
+        if self.meta.lock().format2.as_ref().is_some_and(|f| f.destroying()) {
+            return true;
+        }
         self.volumes.read().values().any(|v| v.dirty.has_dirty(txg) || v.zil.needs_header_sync())
     }
 
@@ -269,33 +273,27 @@ impl PoolInner {
         // and T-2 never reference them), so release them outside the undo list: a sync
         // retried after ENOSPC then sees that space. (Step 7 of the previous sync
         // released them already; after an import this is the first release.)
-        self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1));
+        // Format 2 takes T - 2's frees out of the defer lists now, records them in T's
+        // space maps, and frees them in the allocator once T commits (spa/format2.rs).
+        let f2 = self.meta.lock().format2.clone();
+        match &f2 {
+            None => self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE + 1)),
+            Some(f) => {
+                f.take_released(&self.io.ms, txg.minus(crate::metaslab::TXG_DEFER_SIZE));
+            }
+        }
         // a manual trim's step, at the same place and for the same reason (spa/trim.rs)
         self.manual_trim_step(txg);
-        let mut attempt = 0;
-        let r = loop {
-            self.io.ms.begin_sync(txg);
-            let r = self.spa_sync_inner(txg);
-            match r {
-                Ok(()) => self.io.ms.end_sync(txg),
-                Err(_) => self.io.ms.undo_sync(txg),
-            }
-            attempt += 1;
-            match r {
-                Err(SyncError::HealthChanged(why)) if attempt < SYNC_HEALTH_RETRIES => {
-                    tracing::warn!(pool = %self.name, txg = txg.get(), attempt, "rewriting txg: {why}");
-                }
-                Err(SyncError::HealthChanged(why)) => break Err(Error::Io(std::io::Error::other(why))),
-                Err(SyncError::Failed(e)) => break Err(e),
-                Ok(()) => break Ok(()),
-            }
-        };
+        let (r, released) = self.sync_attempts(txg, f2.as_deref());
         if r.is_ok() {
             // Step 7's release: T is the newest uberblock, and no tree of T, T-1 or T-2
             // references a block freed in T-2 or before. Released now rather than at the
             // next sync's start, so that space is back (FREE, admission) even if no
             // further txg syncs soon.
-            self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE));
+            match &f2 {
+                None => self.release_frees(txg.minus(crate::metaslab::TXG_DEFER_SIZE)),
+                Some(_) => self.free_released(released),
+            }
         }
         self.io.refresh_space();
         match r {
@@ -310,11 +308,53 @@ impl PoolInner {
         }
     }
 
+    /// Sync `txg`, writing it again while a device fails during its writes (at most
+    /// [`SYNC_HEALTH_RETRIES`] attempts), each failed attempt undone; a format 2 pool's
+    /// released frees its committed attempt recorded.
+    fn sync_attempts(&self, txg: Txg, f2: Option<&super::format2::Format2>) -> (Result<()>, Vec<crate::block::blkptr::Dva>) {
+        let mut attempt = 0;
+        let mut released = Vec::new();
+        let r = loop {
+            self.io.ms.begin_sync(txg);
+            if let Some(f) = f2 {
+                f.sync_begin(txg);
+            }
+            let r = self.spa_sync_inner(txg);
+            match (&r, f2) {
+                (Ok(()), None) => self.io.ms.end_sync(txg),
+                (Ok(()), Some(f)) => {
+                    released = f.sync_end(txg);
+                    self.io.ms.end_sync(txg);
+                }
+                (Err(_), None) => self.io.ms.undo_sync(txg),
+                (Err(_), Some(f)) => {
+                    f.sync_abort(txg, &self.io.ms);
+                    self.io.ms.undo_sync(txg);
+                }
+            }
+            attempt += 1;
+            match r {
+                Err(SyncError::HealthChanged(why)) if attempt < SYNC_HEALTH_RETRIES => {
+                    tracing::warn!(pool = %self.name, txg = txg.get(), attempt, "rewriting txg: {why}");
+                }
+                Err(SyncError::HealthChanged(why)) => break Err(Error::Io(std::io::Error::other(why))),
+                Err(SyncError::Failed(e)) => break Err(e),
+                Ok(()) => break Ok(()),
+            }
+        };
+        (r, released)
+    }
+
     /// Return the frees of txgs <= `through` to the free trees; with `autotrim=on`,
     /// discard them first (see `vdev::trim`: nothing can allocate them until the
     /// discards completed).
     fn release_frees(&self, through: Txg) {
-        let released = self.io.ms.take_released(through);
+        self.free_released(self.io.ms.take_released(through));
+    }
+
+    /// Return `released` (taken from the defer lists) to the free trees, trimmed first
+    /// with `autotrim=on`.
+    fn free_released(&self, released: Vec<crate::block::blkptr::Dva>) {
         if !released.is_empty() && self.autotrim() {
             use crate::vdev::trim;
             let (min, max) = trim::extent_bounds();
@@ -363,26 +403,23 @@ impl PoolInner {
         let mut pass = DataPass { txg, writer: crate::zio::SyncWriter::new(&self.io, txg), reservation: self.io.arc_reservation(), written: Vec::new() };
         let trees = self.sync_volumes(&vols, &mut pass, &mut new_roots)?;
         phases.mark();
-        let mut indirects = Vec::new();
-        for (v, root, changes, pol) in &trees {
-            let mut written = Vec::new();
-            let nr = dmu::apply_changes(&self.io, root, changes, pol, &mut batch, &mut written)?;
-            // a volume's indirect blocks go to a cache device unless secondarycache=none
-            let l2_eligible = v.props.typed().secondarycache != crate::props::CachePolicy::None;
-            let hint = crate::arc::CacheHint { l2_eligible, ..crate::arc::CacheHint::METADATA };
-            indirects.extend(written.into_iter().map(|w| (w, hint)));
-            new_roots.push((v.clone(), nr));
+        let indirects = self.rebuild_trees(&trees, &mut batch, &mut new_roots)?;
+        let f2 = self.meta.lock().format2.clone();
+        if f2.is_none() {
+            // format 2 queues a destroyed volume's objset instead (pool_mos/destroy.rs)
+            self.free_doomed(&doomed, txg)?;
         }
-        self.free_doomed(&doomed, txg)?;
         let DataPass { writer, reservation, written, .. } = pass;
         phases.mark();
         writer.issue(std::mem::take(&mut batch))?;
         writer.finish()?;
         phases.mark();
-        let mos_frees = self.free_old_mos(&old_mos, txg)?;
+        let mos_frees = if f2.is_none() { self.free_old_mos(&old_mos, txg)? } else { 0 };
         let (zil_headers, zil_tokens) = self.zil_headers_for_sync(&new_roots, txg);
+        // format 2: what the txg frees before its MOS (which frees its own older blocks)
+        let data_frees = self.io.ms.deferred_count(txg);
         let pool_props = serde_json::to_string(&self.config.lock().props).unwrap_or_default();
-        let (mos_root, health) = self.write_mos_and_flush(txg, Mos {
+        let (mos_root, health) = self.write_mos_and_flush(txg, f2.as_deref(), &old_mos, Mos {
             txg,
             next_volume_id: next_id,
             volumes: new_roots.iter().map(|(v, r)| v.record(*r)).collect(),
@@ -394,7 +431,7 @@ impl PoolInner {
         }, &mut batch)?;
         phases.mark();
         self.commit_uberblock(txg, mos_root)?;
-        if self.io.ms.deferred_count(txg) > mos_frees {
+        if (f2.is_none() && self.io.ms.deferred_count(txg) > mos_frees) || (f2.is_some() && data_frees > 0) {
             // this txg freed more than its old MOS: the pool syncs until that is back
             self.io.ms.await_release(txg);
         }
@@ -415,6 +452,22 @@ impl PoolInner {
         phases.mark();
         phases.log(txg);
         Ok(())
+    }
+
+    /// Each changed volume's indirect blocks rewritten (COW) into `batch`, its new root
+    /// in `new_roots`; the indirect blocks written, with the hint each is cached under.
+    fn rebuild_trees(&self, trees: &[VolumeChanges], batch: &mut Vec<crate::zio::PendingWrite>, new_roots: &mut Vec<(Arc<VolumeState>, TreeRoot)>) -> Result<Vec<(dmu::WrittenBlock, crate::arc::CacheHint)>> {
+        let mut indirects = Vec::new();
+        for (v, root, changes, pol) in trees {
+            let mut written = Vec::new();
+            let nr = dmu::apply_changes(&self.io, root, changes, pol, batch, &mut written)?;
+            // a volume's indirect blocks go to a cache device unless secondarycache=none
+            let l2_eligible = v.props.typed().secondarycache != crate::props::CachePolicy::None;
+            let hint = crate::arc::CacheHint { l2_eligible, ..crate::arc::CacheHint::METADATA };
+            indirects.extend(written.into_iter().map(|w| (w, hint)));
+            new_roots.push((v.clone(), nr));
+        }
+        Ok(indirects)
     }
 
     /// The intent logs in txg `txg`: each volume's header, and the log blocks the txg
@@ -458,12 +511,25 @@ impl PoolInner {
     /// flush every leaf. A child that failed a write or flush after the MOS was
     /// encoded missed (part of) this txg and the MOS does not say so: committing would
     /// let a power cut forget it, so the txg is written again.
-    fn write_mos_and_flush(&self, txg: Txg, mut mos: Mos, batch: &mut Vec<crate::zio::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
+    /// A format 2 pool (`f2`) writes its MOS objset instead, replacing `old_mos`.
+    fn write_mos_and_flush(&self, txg: Txg, f2: Option<&super::format2::Format2>, old_mos: &BlockPointer, mut mos: Mos, batch: &mut Vec<crate::zio::PendingWrite>) -> std::result::Result<(BlockPointer, Vec<dmu::LeafHealth>), SyncError> {
         let health = self.leaf_health();
         mos.leaf_health = Some(health.clone());
-        let blob = mos.encode(&self.io.ms);
-        self.dirty.note_mos_bytes(blob.len() as u64);
-        let mos_root = dmu::write_mos(&self.io, &blob, txg, batch)?;
+        let mos_root = match f2 {
+            None => {
+                let blob = mos.encode(&self.io.ms);
+                self.dirty.note_mos_bytes(blob.len() as u64);
+                dmu::write_mos(&self.io, &blob, txg, batch)?
+            }
+            Some(f) => {
+                let bio = dmu::pool_block_io::PoolBlockIo::new(&self.io, txg, crate::vdev::IoClass::AsyncRead);
+                let root = f.sync_txg(&bio, &self.io, txg, &mos, old_mos)?;
+                let writes = bio.take_batch();
+                self.dirty.note_mos_bytes(writes.iter().map(|w| w.data.len() as u64).sum());
+                batch.extend(writes);
+                root
+            }
+        };
         self.io.issue_writes(std::mem::take(batch), txg)?;
         self.flush_all()?;
         let now = self.leaf_health();

@@ -24,7 +24,7 @@ impl Pool {
         };
         let mos_root = inner.meta.lock().mos_root;
         if !mos_root.is_hole() {
-            for bp in dmu::mos_blocks(&inner.io, &mos_root, crate::vdev::IoClass::SyncRead).map_err(|e| e.to_string())? {
+            for bp in inner.mos_blocks_at(&mos_root, crate::vdev::IoClass::SyncRead).map_err(|e| e.to_string())? {
                 add_bp(&bp);
             }
         }
