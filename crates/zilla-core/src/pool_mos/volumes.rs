@@ -62,6 +62,14 @@ impl PoolMos {
         get(&self.os, io, DIRECTORY_OBJECT, "next_dataset_id")
     }
 
+    /// Hand out ids from `next` on (never lowers it).
+    pub fn raise_next_dataset_id(&self, io: &dyn BlockIo, txg: Txg, next: u64) -> Result<()> {
+        if next > self.next_dataset_id(io)? {
+            put(&self.os, io, txg, DIRECTORY_OBJECT, "next_dataset_id", next)?;
+        }
+        Ok(())
+    }
+
     /// As [`PoolMos::create_volume`], with the `objsetid` the caller chose (at least the
     /// next one: ids are never reused); `size` is (volsize, volblocksize).
     #[allow(clippy::too_many_arguments)]
@@ -261,17 +269,18 @@ impl PoolMos {
         Ok(out)
     }
 
-    /// Leaf health becomes `health` (guid → faulted, DTL) in `txg`; a clean leaf has no
-    /// entry. Only entries that differ are written.
+    /// Leaf health becomes `health` (guid → faulted, DTL) in `txg`: an entry per leaf,
+    /// clean ones too (a leaf without one joined after the txg). Only entries that
+    /// differ are written; a leaf no longer listed loses its entry.
     pub fn set_leaf_health(&self, io: &dyn BlockIo, txg: Txg, health: &BTreeMap<Guid, (bool, Vec<(Txg, Txg)>)>) -> Result<()> {
         let now = self.leaf_health(io)?;
         let mut z = ObjectInTxg { objset: &self.os, io, txg, object: self.dir.leaf_health };
-        for (g, h) in health.iter().filter(|(_, h)| h.0 || !h.1.is_empty()) {
+        for (g, h) in health {
             if now.get(g) != Some(h) {
                 zap::update(&mut z, guid_name(*g).as_bytes(), &encode_leaf_health(h.0, &h.1))?;
             }
         }
-        for g in now.keys().filter(|g| health.get(*g).is_none_or(|h| !h.0 && h.1.is_empty())) {
+        for g in now.keys().filter(|g| !health.contains_key(*g)) {
             zap::remove(&mut z, guid_name(*g).as_bytes())?;
         }
         Ok(())

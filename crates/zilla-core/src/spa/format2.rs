@@ -16,7 +16,8 @@
 //! ([`Format2::sync_abort`]): the objsets, the maps, the journal's cut.
 //!
 //! A format 2 volume's id is its dataset's `objsetid` (never reused); the root
-//! dataset has objsetid 1, so volume ids begin at 2.
+//! dataset has objsetid 0, so volume ids begin at 1 as in format 1 (an upgraded
+//! pool's volumes keep theirs).
 //!
 //! **Bounds.** [`Applied`] holds one small record per volume (the pool's table
 //! holds more); the released frees of one txg; the journal's cut of one attempt.
@@ -55,6 +56,9 @@ pub fn create_format() -> u64 {
     std::env::var("ZILLA_POOL_CREATE_FORMAT").ok().and_then(|v| v.parse().ok()).filter(|v| (1..=2).contains(v)).unwrap_or(t)
 }
 
+/// The root dataset's `objsetid`.
+pub const ROOT_OBJSETID: u64 = 0;
+
 /// One volume as the MOS holds it (what a change is compared with).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AppliedVolume {
@@ -77,6 +81,8 @@ struct Applied {
     scan: Option<([u64; SCAN_RECORD_WORDS], Vec<u8>)>,
     /// History records ever appended (the in-memory ring's dropped + held).
     history_total: u64,
+    /// The next volume id the MOS hands out.
+    next_id: u64,
 }
 
 /// A format 2 pool's MOS and the sync state around it.
@@ -108,9 +114,10 @@ fn pool_tops(io: &crate::zio::PoolIo) -> Vec<TopSpace> {
 }
 
 impl Format2 {
-    /// A new pool's MOS, in its first txg (nothing is written until it syncs).
+    /// A new pool's MOS in `txg` (and an upgraded one's: the first sync creates every
+    /// volume of the table, in id order, each keeping its id).
     pub fn create(io: &dyn BlockIo, pool: &crate::zio::PoolIo, txg: Txg, creation_time_s: u64, guid: u64) -> Result<Format2> {
-        let root = crate::dsl_dir::NewDataset { creation_time_s, objsetid: 1, guid };
+        let root = crate::dsl_dir::NewDataset { creation_time_s, objsetid: ROOT_OBJSETID, guid };
         let mos = PoolMos::create(io, txg, &pool_tops(pool), root)?;
         Ok(Format2 { mos, applied: Mutex::new(Applied::default()), pending: Mutex::new(None), released: Mutex::new(Vec::new()), destroying: AtomicBool::new(false) })
     }
@@ -194,7 +201,10 @@ impl Format2 {
             destroyed.push(a.dataset);
         }
         next.volumes.retain(|id, _| ids.contains(id));
-        for v in &m.volumes {
+        // in id order: a new volume's id is at least the next one to hand out
+        let mut by_id: Vec<&VolumeRecord> = m.volumes.iter().collect();
+        by_id.sort_by_key(|v| v.id);
+        for v in by_id {
             let zil = zil_bytes(m.zil_headers.iter().find(|(id, _)| *id == v.id).map(|(_, h)| h));
             let a = match next.volumes.get_mut(&v.id) {
                 Some(a) => a,
@@ -226,6 +236,10 @@ impl Format2 {
                 self.mos.set_zil_header(io, txg, a.dataset, zil)?;
                 a.zil = zil;
             }
+        }
+        if m.next_volume_id > next.next_id {
+            self.mos.raise_next_dataset_id(io, txg, m.next_volume_id)?;
+            next.next_id = m.next_volume_id;
         }
         Ok(())
     }
@@ -288,9 +302,10 @@ impl Format2 {
         };
         let history = load_history(&mos, io)?;
         applied.history_total = history.dropped + history.records().len() as u64;
+        applied.next_id = mos.next_dataset_id(io)?;
         let m = Mos {
             txg: ub.txg,
-            next_volume_id: mos.next_dataset_id(io)?,
+            next_volume_id: applied.next_id,
             volumes,
             scan_state,
             pool_props: serde_json::to_string(&applied.pool_props).unwrap_or_default(),

@@ -270,8 +270,7 @@ impl Pool {
             let creation_s = inner.env.unix_time_ns() / 1_000_000_000;
             let f2 = super::format2::Format2::create(&bio, &inner.io, t, creation_s, new_guid(&*inner.env).get())?;
             debug_assert!(bio.take_batch().is_empty(), "creating the MOS writes nothing before its sync");
-            let mut m = inner.meta.lock();
-            (m.format2, m.next_volume_id) = (Some(Arc::new(f2)), 2);
+            inner.meta.lock().format2 = Some(Arc::new(f2));
         }
         inner.spa_sync(t)?;
         inner.txg.initial_synced(t);
