@@ -717,6 +717,8 @@ impl Metaslabs {
         }
         for e in &released {
             self.free_unjournaled(e);
+            // format 2: the vdev's space maps record them before its maps go
+            self.journal(e, false);
         }
         let unref = self.log_unreferenced.lock().iter().filter(|d| d.vdev == id).map(|d| d.asize as u64).sum::<u64>();
         self.vdev_space(id).1 + unref

@@ -73,6 +73,7 @@ pub struct Directory {
 /// A vdev's space maps as the MOS holds them.
 #[derive(Debug, Clone)]
 struct VdevMaps {
+    guid: Guid,
     area_bytes: u64,
     array: u64,
     layout: MetaslabArrayPhys,
@@ -86,6 +87,8 @@ struct VdevMaps {
 #[derive(Default)]
 struct SpaceUndo {
     metaslabs: HashMap<(VdevId, usize), (u64, Segments)>,
+    /// The accounted vdevs before the attempt added or removed one.
+    vdevs: Option<BTreeMap<VdevId, VdevMaps>>,
     /// Dataset objsets the attempt syncs (each with its own undo).
     datasets: Vec<Arc<Objset>>,
 }
@@ -181,7 +184,8 @@ impl PoolMos {
         put(&self.os, io, txg, self.dir.metaslab_arrays, &guid_name(t.guid), array.object)?;
         let layout = array.phys(t.area_bytes)?;
         let n = layout.count as usize;
-        self.vdevs.lock().insert(t.id, VdevMaps { area_bytes: t.area_bytes, array: array.object, layout, maps: vec![0; n], segments: vec![Segments::default(); n] });
+        self.snapshot_vdevs();
+        self.vdevs.lock().insert(t.id, VdevMaps { guid: t.guid, area_bytes: t.area_bytes, array: array.object, layout, maps: vec![0; n], segments: vec![Segments::default(); n] });
         Ok(())
     }
 
@@ -214,18 +218,46 @@ impl PoolMos {
     fn load_vdev(&self, io: &dyn BlockIo, t: &TopSpace) -> Result<VdevMaps> {
         let array = MetaslabArray { mos: &self.os, io, object: get(&self.os, io, self.dir.metaslab_arrays, &guid_name(t.guid))? };
         let layout = array.phys(t.area_bytes)?;
+        // a log vdev with every device missing: its area as its array records it
+        let area_bytes = if t.area_bytes == 0 { layout.count << layout.ms_shift } else { t.area_bytes };
         let maps = array.entries(layout.count)?;
         let mut segments = Vec::with_capacity(maps.len());
         for (i, &m) in maps.iter().enumerate() {
-            let ms = layout.range(i as u64, t.area_bytes);
+            let ms = layout.range(i as u64, area_bytes);
             segments.push(if m == 0 { Segments::default() } else { SpaceMap { mos: &self.os, io, object: m }.load(ms).map_err(|e| Error::Corrupt(format!("metaslab {i}: {e}")))? });
         }
-        Ok(VdevMaps { area_bytes: t.area_bytes, array: array.object, layout, maps, segments })
+        Ok(VdevMaps { guid: t.guid, area_bytes, array: array.object, layout, maps, segments })
     }
 
-    /// Vdev `id` has metaslab arrays in this MOS.
-    pub fn allocated_known(&self, id: VdevId) -> bool {
-        self.vdevs.lock().contains_key(&id)
+    /// The top-level vdevs this MOS accounts: (id, guid).
+    pub fn vdev_guids(&self) -> Vec<(VdevId, Guid)> {
+        self.vdevs.lock().iter().map(|(id, v)| (*id, v.guid)).collect()
+    }
+
+    /// Before the attempt's first change to which vdevs are accounted: the map as it
+    /// was, for `sync_abort` (a rare, whole copy).
+    fn snapshot_vdevs(&self) {
+        let mut undo = self.undo.lock();
+        if let Some(u) = undo.as_mut().filter(|u| u.vdevs.is_none()) {
+            u.vdevs = Some(self.vdevs.lock().clone());
+        }
+    }
+
+    /// Top-level vdev `id` left the pool in `txg`: its metaslab array and space maps
+    /// are freed. Its maps must hold nothing allocated (removal evacuates it first).
+    pub fn remove_vdev(&self, io: &dyn BlockIo, txg: Txg, id: VdevId) -> Result<()> {
+        let Some(v) = self.vdevs.lock().get(&id).cloned() else { return Ok(()) };
+        if let Some(i) = v.segments.iter().position(|s| s.iter().next().is_some()) {
+            let left: Vec<(u64, u64)> = v.segments[i].iter().take(4).collect();
+            return Err(Error::Busy(format!("vdev {id} metaslab {i}: its space map still lists allocated space ({left:x?} ...)")));
+        }
+        zap::remove(&mut ObjectInTxg { objset: &self.os, io, txg, object: self.dir.metaslab_arrays }, guid_name(v.guid).as_bytes())?;
+        for m in v.maps.iter().copied().filter(|m| *m != 0).chain([v.array]) {
+            self.os.free_object(io, txg, m)?;
+        }
+        self.snapshot_vdevs();
+        self.vdevs.lock().remove(&id);
+        Ok(())
     }
 
     /// The allocated segments of vdev `id` as its space maps say (for the allocator).
@@ -329,6 +361,9 @@ impl PoolMos {
                 (v.maps[i], v.segments[i]) = (map, segments);
             }
         }
+        if let Some(before) = undo.vdevs {
+            *vdevs = before;
+        }
     }
 
     /// Write the MOS of `txg` in passes; its new root. `io` frees a block born in `txg`
@@ -425,9 +460,11 @@ impl PoolMos {
                 ms.claim_extent(id, at, len)?;
             }
         }
-        let mut check = |d: &Dva| if ms.is_allocated(d) { Ok(()) } else { Err(format!("{d:?} is not allocated")) };
+        // a free on a vdev the pool no longer has (a log vdev removed since) is dropped
+        let known = |d: &Dva| self.vdevs.lock().contains_key(&d.vdev);
+        let mut check = |d: &Dva| if !known(d) || ms.is_allocated(d) { Ok(()) } else { Err(format!("{d:?} is not allocated")) };
         for (t, dvas) in self.deferred_frees(io, &[txg, txg.prev()], &mut check)? {
-            dvas.into_iter().for_each(|d| ms.free_deferred(t, d));
+            dvas.into_iter().filter(|d| known(d)).for_each(|d| ms.free_deferred(t, d));
         }
         ms.set_journal(true);
         for d in self.blocks_born_in(io, root, txg)? {

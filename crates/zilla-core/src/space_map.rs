@@ -526,7 +526,8 @@ impl MetaslabArrayPhys {
         b.extend_from_slice(&self.count.to_le_bytes());
         b
     }
-    /// Decoded and checked against the data area it describes.
+    /// Decoded and checked against the data area it describes (0: unknown, a log
+    /// vdev whose every device is missing: then only its own limits are checked).
     pub fn decode(b: &[u8], area_bytes: u64) -> std::result::Result<MetaslabArrayPhys, String> {
         if b.len() != 16 {
             return Err(format!("metaslab array bonus of {} bytes", b.len()));
@@ -536,7 +537,7 @@ impl MetaslabArrayPhys {
         if !(MS_SHIFT_MIN as u64..=MS_SHIFT_MAX as u64).contains(&shift) {
             return Err(format!("ms_shift {shift} outside {MS_SHIFT_MIN} … {MS_SHIFT_MAX}"));
         }
-        let want = area_bytes.div_ceil(1 << shift);
+        let want = if area_bytes == 0 { count.clamp(1, MAX_METASLABS) } else { area_bytes.div_ceil(1 << shift) };
         if count != want || count > MAX_METASLABS {
             return Err(format!("{count} metaslabs of 2^{shift} bytes for a data area of {area_bytes} bytes (needs {want})"));
         }

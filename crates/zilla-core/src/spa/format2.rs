@@ -170,12 +170,7 @@ impl Format2 {
         let mut next = self.applied.lock().clone();
         let mut destroyed = Vec::new();
         *self.pending.lock() = Some((Applied::default(), Vec::new(), Vec::new()));
-        for t in pool_tops(pool) {
-            if self.mos.allocated_known(t.id) {
-                continue;
-            }
-            self.mos.add_vdev(io, txg, &t)?;
-        }
+        self.add_vdevs(io, pool, txg)?;
         self.apply_volumes(io, txg, m, &mut next, &mut destroyed)?;
         if self.mos.step_destroys(io, txg)? > 0 {
             // the pool syncs until these frees are back (see spa/sync.rs, "Idle")
@@ -189,8 +184,34 @@ impl Format2 {
         *self.pending.lock() = Some((next, cut.clone(), destroyed));
         let net = crate::space_map::net_journal(&cut).map_err(|w| Error::Corrupt(format!("txg {txg}: the allocator's journal: {w}")))?;
         self.mos.record_space(io, txg, &net, &released)?;
+        self.remove_vdevs(io, pool, txg)?;
         self.mos.append_frees(io, txg, &pool.ms.deferred_of(txg))?;
         self.mos.sync(io, txg)?.ok_or_else(|| Error::Corrupt(format!("txg {txg}: the MOS had nothing to write")))
+    }
+
+    /// A vdev new to the MOS (added, or a log vdev added again under a removed one's
+    /// id) gets a metaslab array.
+    fn add_vdevs(&self, io: &dyn BlockIo, pool: &crate::zio::PoolIo, txg: Txg) -> Result<()> {
+        let known = self.mos.vdev_guids();
+        for t in pool_tops(pool).iter().filter(|t| !known.contains(&(t.id, t.guid))) {
+            if known.iter().any(|k| k.0 == t.id) {
+                self.mos.remove_vdev(io, txg, t.id)?;
+            }
+            self.mos.add_vdev(io, txg, t)?;
+        }
+        Ok(())
+    }
+
+    /// A vdev that left the pool loses its maps, once the txg's space changes (its last
+    /// frees) are recorded in them.
+    fn remove_vdevs(&self, io: &dyn BlockIo, pool: &crate::zio::PoolIo, txg: Txg) -> Result<()> {
+        let tops = pool_tops(pool);
+        for (id, guid) in self.mos.vdev_guids() {
+            if !tops.iter().any(|t| t.id == id && t.guid == guid) {
+                self.mos.remove_vdev(io, txg, id)?;
+            }
+        }
+        Ok(())
     }
 
     fn apply_volumes(&self, io: &dyn BlockIo, txg: Txg, m: &Mos, next: &mut Applied, destroyed: &mut Vec<u64>) -> Result<()> {
