@@ -859,6 +859,11 @@ impl Metaslabs {
         self.free_released(&released);
     }
 
+    /// The frees still deferred of every txg <= `txg` (a pin held their release).
+    pub fn deferred_through(&self, txg: Txg) -> Vec<Dva> {
+        self.defer.lock().lists.range(..=txg).flat_map(|(_, l)| l.iter().copied()).collect()
+    }
+
     /// The frees deferred in `txg` so far.
     pub fn deferred_of(&self, txg: Txg) -> Vec<Dva> {
         self.defer.lock().lists.get(&txg).cloned().unwrap_or_default()

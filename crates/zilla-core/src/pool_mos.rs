@@ -209,6 +209,12 @@ impl PoolMos {
         };
         let mos = PoolMos { os, dir, vdevs: Mutex::new(BTreeMap::new()), undo: Mutex::new(None), datasets: Mutex::new(HashMap::new()) };
         for t in tops {
+            // a vdev added after this txg (its config reached the labels first) has no
+            // array yet, and nothing allocated on it: the next sync gives it one
+            let z = ObjectInTxg { objset: &mos.os, io, txg: Txg::ZERO, object: mos.dir.metaslab_arrays };
+            if zap::lookup_u64(&z, guid_name(t.guid).as_bytes())?.is_none() {
+                continue;
+            }
             let maps = mos.load_vdev(io, t).map_err(|e| Error::Corrupt(format!("top-level vdev {} (guid {}): {e}", t.id, guid_name(t.guid))))?;
             mos.vdevs.lock().insert(t.id, maps);
         }

@@ -409,6 +409,9 @@ const TREE_WRITES: [u64; 2] = [0, 4 << 20];
 /// An exported pool whose volume `vol` has a three-level tree with data under two L1
 /// indirects; the volume's expected content.
 fn tree_pool() -> (Images, Vec<u8>) {
+    // the crafter (tests/craft/tree.rs) finds the volume's root in a format 1 object
+    // directory
+    zilla_core::spa::ZILLA_POOL_CREATE_FORMAT.set(1).unwrap();
     let rig = CrashRig::new(&NAMES, DEV_SIZE);
     let pool = Pool::create_with("tank", tops(), Default::default(), rig.set.opener()).unwrap();
     pool.volume_create("vol", TREE_VOLSIZE, 4096, &[("compression".into(), "lz4".into())]).unwrap();

@@ -302,8 +302,7 @@ fn indirect_block_repaired_by_scrub() {
 /// first; import must succeed, count the error and rewrite the copy.
 fn mos_heal_on_import(which: usize) {
     let (rig, pool) = setup();
-    let mos_root = pool.debug_mos_root();
-    let bps = dmu::mos_blocks(pool.debug_io(), &mos_root, IoClass::SyncRead).unwrap();
+    let bps = pool.debug_mos_blocks().unwrap();
     assert!(bps.len() >= 2);
     let tops: Vec<Vec<String>> = (0..2).map(|v| children(&pool, zilla_core::VdevId(v))).collect();
     pool.abandon();
@@ -339,8 +338,7 @@ fn mos_chunk_heals_on_import() {
 #[test]
 fn mos_blocks_repaired_by_scrub() {
     let (rig, pool) = setup();
-    let mos_root = pool.debug_mos_root();
-    let bps = dmu::mos_blocks(pool.debug_io(), &mos_root, IoClass::SyncRead).unwrap();
+    let bps = pool.debug_mos_blocks().unwrap();
     let mut damaged = vec![];
     for (i, bp) in bps.iter().enumerate() {
         let d = bp.dva[0];
@@ -354,7 +352,7 @@ fn mos_blocks_repaired_by_scrub() {
     // before the replacement is repaired; one replaced first is freed, not part of any
     // tree the scrub walks, and left as it is. No errors either way.
     assert!(line.state == "finished" && line.errors == 0, "{line:?}");
-    let current = dmu::mos_blocks(pool.debug_io(), &pool.debug_mos_root(), IoClass::SyncRead).unwrap();
+    let current = pool.debug_mos_blocks().unwrap();
     for (bp, d, bad) in &damaged {
         if current.iter().any(|c| c.dva[0] == *d) {
             assert!(cksum(&pool, bad) >= 1, "CKSUM of {bad} did not rise");

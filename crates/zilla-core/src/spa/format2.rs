@@ -39,21 +39,23 @@ use crate::{Error, Guid, Result, Txg};
 
 pub static ZILLA_POOL_CREATE_FORMAT: crate::kstat::Tunable = crate::kstat::Tunable::new(
     "zilla_pool_create_format",
-    1,
-    1,
+    0,
+    0,
     2,
     crate::kstat::Applies::Live,
-    "the on-disk format `pool create` writes: 1, or 2 (objsets, datasets, space maps; docs/on-disk-format.md, Format 2)",
+    "the on-disk format `pool create` writes: 1, or 2 (objsets, datasets, space maps; docs/on-disk-format.md, Format 2); 0: the build's default",
 );
 
-/// The format `pool create` writes: the tunable, or `ZILLA_POOL_CREATE_FORMAT` in the
-/// environment while the tunable is at its default (how a whole test run is switched).
+/// The format a new pool gets by default.
+pub const DEFAULT_CREATE_FORMAT: u64 = 1;
+
+/// The format `pool create` writes: the tunable when set, else `ZILLA_POOL_CREATE_FORMAT`
+/// in the environment (how a whole test run is switched), else the build's default.
 pub fn create_format() -> u64 {
-    let t = ZILLA_POOL_CREATE_FORMAT.get();
-    if t != 1 {
-        return t;
+    match ZILLA_POOL_CREATE_FORMAT.get() {
+        0 => std::env::var("ZILLA_POOL_CREATE_FORMAT").ok().and_then(|v| v.parse().ok()).filter(|v| (1..=2).contains(v)).unwrap_or(DEFAULT_CREATE_FORMAT),
+        t => t,
     }
-    std::env::var("ZILLA_POOL_CREATE_FORMAT").ok().and_then(|v| v.parse().ok()).filter(|v| (1..=2).contains(v)).unwrap_or(t)
 }
 
 /// The root dataset's `objsetid`.
@@ -185,7 +187,11 @@ impl Format2 {
         let net = crate::space_map::net_journal(&cut).map_err(|w| Error::Corrupt(format!("txg {txg}: the allocator's journal: {w}")))?;
         self.mos.record_space(io, txg, &net, &released)?;
         self.remove_vdevs(io, pool, txg)?;
-        self.mos.append_frees(io, txg, &pool.ms.deferred_of(txg))?;
+        // Free list T % 3 replaces T − 3's: frees of T − 3 and before that a pin kept
+        // deferred (a scan in progress) are carried into it, or a crash would forget them.
+        let mut frees = pool.ms.deferred_through(txg.minus(3));
+        frees.extend(pool.ms.deferred_of(txg));
+        self.mos.append_frees(io, txg, &frees)?;
         self.mos.sync(io, txg)?.ok_or_else(|| Error::Corrupt(format!("txg {txg}: the MOS had nothing to write")))
     }
 

@@ -90,6 +90,11 @@ impl Pool {
         self.inner.volumes.read().get(volume).map(|v| *v.committed.read())
     }
     #[doc(hidden)]
+    pub fn debug_mos_blocks(&self) -> crate::Result<Vec<BlockPointer>> {
+        let root = self.inner.meta.lock().mos_root;
+        self.inner.mos_blocks_at(&root, crate::vdev::IoClass::SyncRead)
+    }
+    #[doc(hidden)]
     pub fn debug_mos_root(&self) -> BlockPointer {
         self.inner.meta.lock().mos_root
     }
