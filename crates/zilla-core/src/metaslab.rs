@@ -236,6 +236,12 @@ impl RangeAllocator {
         }
     }
 
+    /// Is every byte of `[at, at + len)` allocated (and inside the vdev)?
+    pub fn is_wholly_allocated(&self, at: u64, len: u64) -> bool {
+        let Some(end) = at.checked_add(len).filter(|e| *e <= self.size) else { return false };
+        self.free.range(..end).next_back().is_none_or(|(&s, &l)| s + l <= at)
+    }
+
     /// Mark an allocated range (import). Error if any part is already allocated.
     pub fn claim(&mut self, at: u64, len: u64) -> Result<()> {
         if len == 0 || at.checked_add(len).map_or(true, |end| end > self.size) || !self.is_free(at, len) {
@@ -803,6 +809,11 @@ impl Metaslabs {
         self.class_of(dva.vdev).is_some_and(|c| c.lock().get(dva.vdev).is_some_and(|a| !a.is_free(dva.offset, dva.asize as u64)))
     }
 
+    /// Is every byte of `dva` allocated?
+    pub fn is_wholly_allocated(&self, dva: &Dva) -> bool {
+        self.class_of(dva.vdev).is_some_and(|c| c.lock().get(dva.vdev).is_some_and(|a| a.is_wholly_allocated(dva.offset, dva.asize as u64)))
+    }
+
     pub fn free_deferred(&self, txg: Txg, dva: Dva) {
         self.defer.lock().lists.entry(txg).or_default().push(dva);
     }
@@ -1024,6 +1035,32 @@ impl Metaslabs {
             }
         }
         out
+    }
+
+    /// Upgrade to format 2: journal from now on, every allocated extent noted first
+    /// (but log blocks no durable referrer names yet, noted when one does), so the
+    /// first format 2 sync's space maps list what format 1's object directory did.
+    pub fn journal_everything_allocated(&self) {
+        let ext = {
+            let u = self.log_unreferenced.lock();
+            let mut ext = self.extents();
+            for d in u.iter() {
+                if let Some(list) = ext.get_mut(&d.vdev) {
+                    cut_extent(list, d.offset, d.asize as u64);
+                }
+            }
+            ext
+        };
+        self.set_journal(true);
+        const PIECE: u64 = 1 << 30;
+        for (vdev, list) in ext {
+            for (at, len) in list {
+                for off in (at..at + len).step_by(PIECE as usize) {
+                    let asize = (at + len - off).min(PIECE) as u32;
+                    self.journal(&Dva { vdev, offset: off, asize }, true);
+                }
+            }
+        }
     }
 
     /// Persisted form: per vdev id the allocated extents; plus defer lists.

@@ -467,10 +467,12 @@ impl PoolMos {
             }
         }
         // a free on a vdev the pool no longer has (a log vdev removed since) is dropped
-        let known = |d: &Dva| self.vdevs.lock().contains_key(&d.vdev);
-        let mut check = |d: &Dva| if !known(d) || ms.is_allocated(d) { Ok(()) } else { Err(format!("{d:?} is not allocated")) };
+        // ... and one the maps list as free was carried into a newer list and released
+        // since (spa/format2.rs)
+        let keep = |d: &Dva| self.vdevs.lock().contains_key(&d.vdev) && ms.is_allocated(d);
+        let mut check = |d: &Dva| if !keep(d) || ms.is_wholly_allocated(d) { Ok(()) } else { Err(format!("{d:?} is partly free")) };
         for (t, dvas) in self.deferred_frees(io, &[txg, txg.prev()], &mut check)? {
-            dvas.into_iter().filter(|d| known(d)).for_each(|d| ms.free_deferred(t, d));
+            dvas.into_iter().filter(|d| keep(d)).for_each(|d| ms.free_deferred(t, d));
         }
         ms.set_journal(true);
         for d in self.blocks_born_in(io, root, txg)? {

@@ -58,6 +58,17 @@ pub fn create_format() -> u64 {
     }
 }
 
+/// `pool create -o version=N`: the format asked for, taken out of the properties.
+pub fn take_version_prop(props: &mut Vec<(String, String)>) -> Result<Option<u64>> {
+    let Some(i) = props.iter().position(|(k, _)| k == "version") else { return Ok(None) };
+    let (_, v) = props.remove(i);
+    match v.trim() {
+        "1" => Ok(Some(1)),
+        "2" => Ok(Some(2)),
+        other => Err(Error::invalid(format!("bad value '{}' for property 'version': this build writes format 1 or 2", crate::types::printable(other)))),
+    }
+}
+
 /// The root dataset's `objsetid`.
 pub const ROOT_OBJSETID: u64 = 0;
 
@@ -166,7 +177,13 @@ impl Format2 {
     /// recorded, written in passes into `io`'s batch; the new MOS root. `old_root`, the
     /// MOS block this txg replaces, is freed.
     pub fn sync_txg(&self, io: &dyn BlockIo, pool: &crate::zio::PoolIo, txg: Txg, m: &Mos, old_root: &BlockPointer) -> Result<BlockPointer> {
-        if !old_root.is_hole() {
+        let upgrading = old_root.kind == crate::block::blkptr::KIND_MOS_INDEX;
+        if upgrading {
+            // the upgrade's txg: format 1's object directory goes whole
+            for bp in crate::dmu::mos_blocks(pool, old_root, crate::vdev::IoClass::AsyncRead)? {
+                io.free(&bp);
+            }
+        } else if !old_root.is_hole() {
             io.free(old_root);
         }
         let mut next = self.applied.lock().clone();
@@ -188,8 +205,10 @@ impl Format2 {
         self.mos.record_space(io, txg, &net, &released)?;
         self.remove_vdevs(io, pool, txg)?;
         // Free list T % 3 replaces T − 3's: frees of T − 3 and before that a pin kept
-        // deferred (a scan in progress) are carried into it, or a crash would forget them.
-        let mut frees = pool.ms.deferred_through(txg.minus(3));
+        // deferred (a scan in progress) are carried into it, or a crash would forget them
+        // (in the upgrade's txg every deferred free: no older list exists). Import drops
+        // a carried entry the maps list as free since (released after it was carried).
+        let mut frees = pool.ms.deferred_through(if upgrading { txg.prev() } else { txg.minus(3) });
         frees.extend(pool.ms.deferred_of(txg));
         self.mos.append_frees(io, txg, &frees)?;
         self.mos.sync(io, txg)?.ok_or_else(|| Error::Corrupt(format!("txg {txg}: the MOS had nothing to write")))
@@ -341,6 +360,58 @@ impl Format2 {
             history,
         };
         Ok((m, Format2 { mos, applied: Mutex::new(applied), pending: Mutex::new(None), released: Mutex::new(Vec::new()), destroying: AtomicBool::new(false) }))
+    }
+}
+
+impl super::Pool {
+    /// The pool's on-disk format: 1, or 2 (objsets, datasets, space maps).
+    pub fn format(&self) -> u64 {
+        if self.inner.meta.lock().format2.is_some() { 2 } else { 1 }
+    }
+
+    /// `zilla pool upgrade`: a format 1 pool becomes format 2 in one txg; false if it is
+    /// format 2 already. The labels say version 2 first; the commit point is the first
+    /// version 2 uberblock (a cut before it imports the pool as format 1, unchanged).
+    /// Everything format 2 holds is new blocks; the volume trees are adopted as they
+    /// are, and format 1's object directory is freed in that txg.
+    pub fn upgrade(&self) -> Result<bool> {
+        self.check_open()?;
+        if self.format() == 2 {
+            return Ok(false);
+        }
+        // destroyed volumes' trees are freed by format 1 first
+        self.sync()?;
+        {
+            let inner = &self.inner;
+            let _g = inner.sync_lock.lock();
+            self.check_open()?;
+            if inner.meta.lock().format2.is_some() {
+                return Ok(false);
+            }
+            if !inner.meta.lock().doomed.is_empty() {
+                return Err(Error::Busy("a destroyed volume's blocks are still being freed; try again".into()));
+            }
+            let before = inner.config.lock().clone();
+            {
+                let mut c = inner.config.lock();
+                (c.version, c.features_for_read, c.features_for_write) = (2, Some(Vec::new()), Some(Vec::new()));
+            }
+            if let Err(e) = inner.write_config_labels("active") {
+                *inner.config.lock() = before;
+                return Err(e);
+            }
+            let txg = inner.txg.synced_txg().next();
+            let bio = crate::dmu::pool_block_io::PoolBlockIo::new(&inner.io, txg, crate::vdev::IoClass::SyncRead);
+            let creation_s = inner.env.unix_time_ns() / 1_000_000_000;
+            let f2 = Format2::create(&bio, &inner.io, txg, creation_s, super::new_guid(&*inner.env).get())?;
+            debug_assert!(bio.take_batch().is_empty(), "creating the MOS writes nothing before its sync");
+            inner.io.ms.journal_everything_allocated();
+            let mut m = inner.meta.lock();
+            m.format2 = Some(std::sync::Arc::new(f2));
+            m.changed = true;
+        }
+        self.sync()?;
+        Ok(true)
     }
 }
 

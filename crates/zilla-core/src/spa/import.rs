@@ -224,6 +224,8 @@ impl Pool {
             return Err(Error::invalid("a pool needs at least one data vdev (not only log/cache/spare)"));
         }
         let mut props = opts.props.clone();
+        // `-o version=1|2`, as zpool create's: the on-disk format (not a stored property)
+        let version = super::format2::take_version_prop(&mut props)?;
         if let Some(a) = opts.ashift {
             props.push(("ashift".into(), a.to_string()));
         }
@@ -240,7 +242,7 @@ impl Pool {
         let env = opts.env.clone().unwrap_or_else(crate::env::real);
         let guid = new_guid(&*env);
         let (cfg_tops, leaves, vdevs, ms) = new_tops(opened_tops, ashift, &env);
-        let format2 = super::format2::create_format() == 2;
+        let format2 = version.unwrap_or_else(super::format2::create_format) == 2;
         let config = PoolConfig {
             name: name.to_string(),
             guid,
