@@ -395,6 +395,10 @@ enum PoolCmd {
     },
     /// Clear device error counters (and retry opening devices missing since import)
     Clear { pool: String, device: Option<String> },
+    /// Upgrade POOL to the newest on-disk format this build writes (format 2: objsets,
+    /// datasets, space maps); a pool already there is left as it is. Older builds
+    /// cannot import an upgraded pool.
+    Upgrade { pool: String },
     /// Wait until the activities (-t scrub,resilver,replace,trim; default all) have
     /// ended in POOL
     Wait {
@@ -907,6 +911,11 @@ async fn pool_cmd(c: &Client, cmd: PoolCmd) -> Result<(), String> {
         PoolCmd::Offline { pool, device } => device_op(c, "offline", &pool, Some(device)).await?,
         PoolCmd::Online { pool, device } => device_op(c, "online", &pool, Some(device)).await?,
         PoolCmd::Clear { pool, device } => device_op(c, "clear", &pool, device).await?,
+        PoolCmd::Upgrade { pool } => {
+            let req = DeviceReq { device: None, new: None, force: false, wait: false };
+            let _: Empty = c.post(&format!("/v1/pools/{}/upgrade", enc(&pool)), &req).await.map_err(ctx(format!("cannot upgrade '{pool}'")))?;
+            println!("pool '{pool}' is at format 2, the newest this build writes");
+        }
         PoolCmd::Log(l) => crate::events::log_cmd(c, l).await?,
     }
     Ok(())
