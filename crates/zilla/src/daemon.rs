@@ -1127,13 +1127,7 @@ async fn pool_device_op(
             blocking_for(&pool, move || Ok(p.online(&dev)?)).await?
         }
         "clear" => blocking_for(&pool, move || Ok(p.clear(device.as_deref())?)).await?,
-        "upgrade" => {
-            blocking_for(&pool, move || {
-                p.upgrade()?;
-                Ok(())
-            })
-            .await?
-        }
+        "upgrade" => blocking_for(&pool, move || Ok(p.upgrade().map(|_| ())?)).await?,
         other => return Err(ApiError::not_found(format!("unknown pool operation '{other}'"))),
     }
     crate::events::post_device_op(&pool, &op, old_path.as_deref(), new_path.as_deref());
