@@ -127,6 +127,9 @@ _zilla() {
             zilla__subcmd__pool,trim)
                 cmd="zilla__subcmd__pool__subcmd__trim"
                 ;;
+            zilla__subcmd__pool,upgrade)
+                cmd="zilla__subcmd__pool__subcmd__upgrade"
+                ;;
             zilla__subcmd__pool,wait)
                 cmd="zilla__subcmd__pool__subcmd__wait"
                 ;;
@@ -374,7 +377,7 @@ _zilla() {
             return 0
             ;;
         zilla__subcmd__pool)
-            opts="-h --state-dir --help create status list iostat set get scrub trim import export destroy add attach detach remove offline online replace clear wait events history"
+            opts="-h --state-dir --help create status list iostat set get scrub trim import export destroy add attach detach remove offline online replace clear upgrade wait events history"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -765,6 +768,24 @@ _zilla() {
             ;;
         zilla__subcmd__pool__subcmd__trim)
             opts="-w -s -c -h --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        zilla__subcmd__pool__subcmd__upgrade)
+            opts="-h --state-dir --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
