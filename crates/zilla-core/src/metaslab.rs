@@ -1037,20 +1037,24 @@ impl Metaslabs {
         out
     }
 
+    /// The allocated extents the persisted state lists: all of them but log blocks no
+    /// durable referrer names yet.
+    fn persisted_extents(&self) -> BTreeMap<VdevId, Vec<(u64, u64)>> {
+        let u = self.log_unreferenced.lock();
+        let mut ext = self.extents();
+        for d in u.iter() {
+            if let Some(list) = ext.get_mut(&d.vdev) {
+                cut_extent(list, d.offset, d.asize as u64);
+            }
+        }
+        ext
+    }
+
     /// Upgrade to format 2: journal from now on, every allocated extent noted first
     /// (but log blocks no durable referrer names yet, noted when one does), so the
     /// first format 2 sync's space maps list what format 1's object directory did.
     pub fn journal_everything_allocated(&self) {
-        let ext = {
-            let u = self.log_unreferenced.lock();
-            let mut ext = self.extents();
-            for d in u.iter() {
-                if let Some(list) = ext.get_mut(&d.vdev) {
-                    cut_extent(list, d.offset, d.asize as u64);
-                }
-            }
-            ext
-        };
+        let ext = self.persisted_extents();
         self.set_journal(true);
         const PIECE: u64 = 1 << 30;
         for (vdev, list) in ext {
@@ -1065,16 +1069,7 @@ impl Metaslabs {
 
     /// Persisted form: per vdev id the allocated extents; plus defer lists.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let ext = {
-            let u = self.log_unreferenced.lock();
-            let mut ext = self.extents();
-            for d in u.iter() {
-                if let Some(list) = ext.get_mut(&d.vdev) {
-                    cut_extent(list, d.offset, d.asize as u64);
-                }
-            }
-            ext
-        };
+        let ext = self.persisted_extents();
         let n = ext.keys().next_back().map_or(0, |&m| m.index() + 1);
         out.extend_from_slice(&(n as u32).to_le_bytes());
         for id in 0..n as u32 {
